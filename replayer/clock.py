@@ -1,0 +1,55 @@
+"""The one monotonic clock, and waiting for absolute deadlines on it.
+
+All measurement uses ``now_ns`` (``time.perf_counter_ns``: monotonic, ns resolution). The event
+loop's own ``loop.time()`` has 1 ms resolution on uvloop, so it is never used to measure, and a
+plain ``asyncio.sleep`` can wake up to ~1 ms late: ``sleep_until`` sleeps coarsely to just before
+the deadline and then yields to the loop until the clock reaches it (wrk2 and vegeta keep
+absolute deadlines the same way). The wall clock appears only as metadata (``Anchor.wall_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+now_ns = time.perf_counter_ns
+
+#: below this much time left, stop sleeping on the loop's timer and yield until the deadline
+SPIN_NS = 1_500_000
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """The run's time origin: ``t0_ns`` on ``now_ns``'s clock and the wall-clock time (Unix s) it
+    corresponds to. Every due time is an offset from ``t0_ns``."""
+
+    t0_ns: int
+    wall_s: float
+
+    @classmethod
+    def at(cls, delay_s: float = 0.0, start_wall_s: float | None = None) -> "Anchor":
+        """An anchor ``delay_s`` from now, or at wall-clock time ``start_wall_s`` when given
+        (aligns processes on different machines; a start time in the past anchors now)."""
+        mono, wall = now_ns(), time.time()
+        if start_wall_s is not None:
+            delay_s = max(0.0, start_wall_s - wall)
+        d_ns = int(delay_s * 1e9)
+        return cls(t0_ns=mono + d_ns, wall_s=wall + d_ns / 1e9)
+
+
+async def sleep_until(deadline_ns: int, spin_ns: int = SPIN_NS) -> None:
+    """Return as soon as ``now_ns() >= deadline_ns`` (an absolute time on ``now_ns``'s clock).
+
+    Sleeps on the loop's timer until ``spin_ns`` before the deadline, then yields with
+    ``asyncio.sleep(0)`` (other tasks keep running) until the deadline has passed. Returns
+    at once for a deadline in the past. Cancellation propagates.
+    """
+    while True:
+        left = deadline_ns - now_ns()
+        if left <= 0:
+            return
+        if left > spin_ns:
+            await asyncio.sleep((left - spin_ns) / 1e9)
+        else:
+            await asyncio.sleep(0)

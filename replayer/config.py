@@ -1,0 +1,121 @@
+"""The run configuration: typed, frozen, validated before anything starts.
+
+``RunConfig`` is the single source of settings and their defaults; the CLI only fills it.
+``load_config`` reports every problem at once, each naming the field and the bound (pydantic
+validation).
+"""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ConfigError(ValueError):
+    """Invalid settings; ``problems`` lists one ``field: message`` per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class RunConfig(BaseModel):
+    """Settings of ``replayer run``; every field has the CLI flag ``--field-name``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    trace: str = Field(description="trace file (canonical Parquet or Mooncake JSONL)")
+    target: str | None = Field(None, description="base URL of the server; none = start the embedded simulator")
+    model: str | None = Field(None, description="request 'model' field; none = the first of GET /v1/models")
+    endpoint: str = Field("/v1/completions", description="API path requests are sent to")
+    speedup: float = Field(1.0, gt=0, description="replay this many times faster than the trace")
+    max_requests: int | None = Field(None, ge=1, description="send at most this many requests")
+    duration_s: float | None = Field(None, gt=0, description="stop scheduling after this many seconds of replay")
+    results: str | None = Field(None, description="results folder; none = ./results/<timestamp>")
+    admin_host: str = Field("127.0.0.1", description="admin/metrics server address")
+    admin_port: int = Field(9400, ge=0, le=65535, description="admin/metrics port (0 = a free port)")
+    seed: int = Field(0, ge=0, lt=2**64, description="prompt seed: same seed, same prompts")
+    block_size: int | None = Field(None, ge=1, description="tokens per hash id; none = from the trace (512)")
+    vocab_range: str = Field("1000:30000", description="token ids LO:HI (HI exclusive) used for prompts")
+    tokenizer: str | None = Field(None, description="local tokenizer.json or folder: use its non-special ids")
+    vllm_extensions: bool = Field(True, description="send ignore_eos and min_tokens (vLLM/SGLang)")
+    api_key_env: str = Field("REPLAYER_API_KEY", description="environment variable holding the API key")
+    api_key_file: str | None = Field(None, description="file holding the API key (overrides the variable)")
+    connect_timeout_s: float = Field(30.0, gt=0, description="TCP connect timeout")
+    read_timeout_s: float = Field(600.0, ge=0, description="longest silence within a response (0 = none)")
+    ready_timeout_s: float = Field(60.0, ge=0, description="wait this long for the target to answer at start")
+    drain_timeout_s: float = Field(30.0, ge=0, description="on stop, wait this long for in-flight requests")
+    lead_s: float = Field(0.5, gt=0, le=60, description="build request bodies this far ahead of their due time")
+    start_delay_s: float = Field(1.0, ge=0, description="anchor the schedule this long after start-up")
+    flush_rows: int = Field(2000, ge=1, description="write a results row group every N results")
+    flush_interval_s: float = Field(2.0, gt=0, description="or every this many seconds")
+    strict: bool = Field(False, description="treat out-of-order timestamps in the trace as an error")
+    quiet: bool = Field(False, description="no progress lines or summary table on the terminal")
+    log_level: str = Field("info", description="debug, info, warning or error")
+
+    @field_validator("vocab_range")
+    @classmethod
+    def _vocab(cls, v: str) -> str:
+        try:
+            lo, hi = (int(x) for x in v.split(":"))
+        except ValueError:
+            raise ValueError("must be LO:HI with integers, e.g. 1000:30000") from None
+        if not 0 <= lo < hi:
+            raise ValueError(f"must satisfy 0 <= LO < HI, got {lo}:{hi}")
+        return v
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, v: str) -> str:
+        if v.lower() not in ("debug", "info", "warning", "error"):
+            raise ValueError("must be debug, info, warning or error")
+        return v.lower()
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:8000")
+        return v
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("must start with '/', e.g. /v1/completions")
+        if "chat/completions" in v:
+            raise ValueError("token-id prompts cannot go to a chat endpoint; use /v1/completions")
+        return v
+
+    @field_validator("trace", "tokenizer", "api_key_file")
+    @classmethod
+    def _exists(cls, v: str | None) -> str | None:
+        if v is not None and not os.path.exists(v):
+            raise ValueError(f"no such file or folder: {v}")
+        return v
+
+    @property
+    def vocab_bounds(self) -> tuple[int, int]:
+        lo, hi = (int(x) for x in self.vocab_range.split(":"))
+        return lo, hi
+
+    def api_key(self) -> str | None:
+        """The API key from ``api_key_file`` or the ``api_key_env`` variable (never logged)."""
+        if self.api_key_file:
+            with open(self.api_key_file, encoding="utf-8") as f:
+                return f.read().strip() or None
+        return os.environ.get(self.api_key_env) or None
+
+
+def load_config(values: dict) -> RunConfig:
+    """Validate ``values`` into a RunConfig, or raise ConfigError listing every problem."""
+    try:
+        return RunConfig(**values)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err["loc"]) or "config"
+            msg = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{loc}: {msg}")
+        raise ConfigError(problems) from None

@@ -1,0 +1,308 @@
+"""Composition root: build everything from a RunConfig, run the replay, drain, summarise.
+
+Flow (one way): trace -> schedule -> prompts/payload -> dispatcher -> client -> results
+(recorder -> requests.parquet) + metrics (registry -> admin /metrics) -> summary.json.
+Signals: the first SIGTERM/SIGINT stops issuing and drains (``drain_timeout_s``); a second one
+cancels in-flight requests at once. Results already measured are flushed in every case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+from prometheus_client import CollectorRegistry
+
+from . import __version__
+from .admin import AdminServer
+from .client import Client
+from .clock import Anchor, now_ns
+from .config import RunConfig
+from .dispatcher import Dispatcher, Observer
+from .metrics import ReplayerMetrics
+from .payload import PayloadBuilder, PreparedRequest
+from .prompts import PromptBuilder, vocab_from_range, vocab_from_tokenizer
+from .recorder import Recorder, read_results
+from .result import RequestResult
+from .schedule import build_schedule
+from .summary import format_summary, summarize
+from .trace import Trace, read_trace
+
+log = logging.getLogger("replayer")
+
+
+class StartupError(RuntimeError):
+    """The replay could not start (target unreachable, bad trace...); nothing was sent."""
+
+
+@dataclass
+class RunState:
+    """Live counters behind ``/status`` and the progress line."""
+
+    state: str = "starting"
+    scheduled: int = 0
+    sent: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    not_started: int = 0
+    max_lag_ms: float = 0.0
+    window_max_lag_ms: float = 0.0
+    target: str = ""
+    results: str = ""
+    started_wall: float = field(default_factory=time.time)
+
+
+class _Accounting(Observer):
+    def __init__(self, state: RunState, metrics: ReplayerMetrics) -> None:
+        self.s = state
+        self.m = metrics
+
+    def on_sent(self, req: PreparedRequest) -> None:
+        self.s.sent += 1
+        self.m.on_sent(req)
+
+    def on_result(self, res: RequestResult) -> None:
+        s = self.s
+        o = res.outcome
+        if o == "success":
+            s.completed += 1
+        elif o == "failed":
+            s.failed += 1
+        elif o == "cancelled":
+            s.cancelled += 1
+        else:
+            s.not_started += 1
+        lag = res.dispatch_lag_ms
+        if lag is not None:
+            if lag > s.max_lag_ms:
+                s.max_lag_ms = lag
+            if lag > s.window_max_lag_ms:
+                s.window_max_lag_ms = lag
+        self.m.on_result(res)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def start_embedded_sim(extra_args: list[str] | None = None) -> tuple[asyncio.subprocess.Process, str]:
+    """Start ``replayer sim`` in a child process on a free loopback port (its own CPU core, so
+    it does not disturb the replayer's timing). Returns the process and its base URL."""
+    port = _free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "replayer", "sim", "--host", "127.0.0.1", "--port", str(port), *(extra_args or []),
+        stdin=asyncio.subprocess.DEVNULL)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def wait_ready(base_url: str, timeout_s: float, api_key: str | None) -> list[str]:
+    """Poll ``GET /v1/models`` until it answers 200 (returns the model ids) or ``timeout_s``
+    passes (raises StartupError naming the URL and the last error)."""
+    deadline = time.monotonic() + timeout_s
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    last = "no answer"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        while True:
+            try:
+                async with session.get(base_url.rstrip("/") + "/v1/models", headers=headers) as r:
+                    if r.status == 200:
+                        data = await r.json(content_type=None)
+                        return [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
+                    last = f"HTTP {r.status}"
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                last = f"{type(e).__name__}: {e}"
+            if time.monotonic() >= deadline:
+                raise StartupError(f"target {base_url} not ready after {timeout_s:.0f} s ({last})")
+            await asyncio.sleep(0.2)
+
+
+def _results_dir(cfg: RunConfig) -> str:
+    path = cfg.results or os.path.join("results", time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def build_prompts(cfg: RunConfig, trace: Trace) -> PromptBuilder:
+    vocab = vocab_from_tokenizer(cfg.tokenizer) if cfg.tokenizer else vocab_from_range(*cfg.vocab_bounds)
+    return PromptBuilder(seed=cfg.seed, block_size=cfg.block_size or trace.block_size, vocab=vocab)
+
+
+async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = None,
+                     state: RunState | None = None) -> dict:
+    """Run one replay as configured; returns the summary dict (also in RESULTS/summary.json).
+
+    Raises StartupError (nothing sent) for an unreachable target; trace.TraceError for a bad trace.
+    """
+    state = state or RunState()
+    registry = registry or CollectorRegistry()
+    trace = read_trace(cfg.trace, block_size=cfg.block_size, strict=cfg.strict)
+    schedule = build_schedule(trace.timestamp_ns, speedup=cfg.speedup, max_requests=cfg.max_requests,
+                              duration_s=cfg.duration_s)
+    prompts = build_prompts(cfg, trace)
+    results_dir = _results_dir(cfg)
+    state.results = results_dir
+    state.scheduled = len(schedule)
+    metrics = ReplayerMetrics(registry, config_info={
+        "speedup": str(cfg.speedup), "trace": os.path.basename(cfg.trace), "endpoint": cfg.endpoint})
+    admin = AdminServer(registry, status=lambda: _status(state, dispatcher_ref),
+                        ready=lambda: state.state in ("running", "draining"))
+    dispatcher_ref: list[Dispatcher] = []
+    admin_url = await admin.start(cfg.admin_host, cfg.admin_port)
+    log.info("admin server on %s (/metrics, /status)", admin_url)
+    sim_proc = None
+    api_key = cfg.api_key()
+    try:
+        target = cfg.target
+        if target is None:
+            sim_proc, target = await start_embedded_sim()
+            log.info("no --target: started the embedded simulator at %s", target)
+        state.target = target
+        models = await wait_ready(target, cfg.ready_timeout_s if cfg.target else 30.0, api_key)
+        model = cfg.model or (models[0] if models else None)
+        if model is None:
+            raise StartupError(f"target {target} lists no model: pass --model")
+        payload = PayloadBuilder(model, vllm_extensions=cfg.vllm_extensions)
+        metrics.on_scheduled(len(schedule))
+        summary = await _replay(cfg, trace, schedule, prompts, payload, target, api_key, metrics,
+                                state, results_dir, model, dispatcher_ref)
+    finally:
+        await admin.stop()
+        if sim_proc is not None and sim_proc.returncode is None:
+            sim_proc.terminate()
+            try:
+                await asyncio.wait_for(sim_proc.wait(), 10)
+            except TimeoutError:
+                sim_proc.kill()
+    return summary
+
+
+async def _replay(cfg, trace, schedule, prompts, payload, target, api_key, metrics, state,
+                  results_dir, model, dispatcher_ref) -> dict:
+    loop = asyncio.get_running_loop()
+    # Everything built so far (modules, trace, tables) lives for the whole run: move it out of
+    # the cyclic GC's reach, or each full collection scans it and stalls the loop for ~100 ms.
+    gc.collect()
+    gc.freeze()
+    anchor = Anchor.at(cfg.start_delay_s)
+    rows, due = schedule.rows, schedule.due_ns
+    inp, outp = trace.input_length, trace.output_length
+
+    def prepare(i: int) -> PreparedRequest:
+        r = int(rows[i])
+        n_in, n_out = int(inp[r]), int(outp[r])
+        body = payload.body(prompts.prompt_json(trace.hash_ids(r), n_in), n_out)
+        return PreparedRequest(index=i, row=r, due_ns=int(due[i]), body=body, input_length=n_in,
+                               output_length=n_out, prompt_len=n_in, max_tokens=n_out)
+
+    def unsent(i: int) -> RequestResult:
+        r = int(rows[i])
+        return RequestResult(row=r, due_ns=int(due[i]), input_length=int(inp[r]), output_length=int(outp[r]))
+
+    meta = {"replayer.version": __version__, "replayer.t0_wall_s": repr(anchor.wall_s),
+            "replayer.trace": os.path.abspath(cfg.trace), "replayer.target": target, "replayer.model": model,
+            "replayer.config": cfg.model_dump_json()}
+    recorder = Recorder(os.path.join(results_dir, "requests.parquet"), flush_rows=cfg.flush_rows,
+                        flush_interval_s=cfg.flush_interval_s, metadata=meta)
+    client = Client(target, t0_ns=anchor.t0_ns, endpoint=cfg.endpoint, api_key=api_key,
+                    connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s or None)
+    acct = _Accounting(state, metrics)
+    dispatcher = Dispatcher(schedule, prepare, client.send, recorder.add, t0_ns=anchor.t0_ns, observer=acct,
+                            lead_ns=int(cfg.lead_s * 1e9), drain_timeout_s=cfg.drain_timeout_s,
+                            unsent_result=unsent)
+    dispatcher_ref.append(dispatcher)
+    signals = 0
+
+    def on_signal(signame: str) -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            log.warning("%s: stopping; draining in-flight requests (again to cancel them)", signame)
+            state.state = "draining"
+            dispatcher.stop()
+        else:
+            log.warning("%s again: cancelling in-flight requests", signame)
+            dispatcher.cancel_in_flight()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig.name)
+    background = [loop.create_task(recorder.run_periodic_flush())]
+    if not cfg.quiet:
+        background.append(loop.create_task(_progress(state, dispatcher, anchor)))
+    log.info("replaying %d requests from %s against %s (model %s) at speedup %g; results in %s",
+             len(schedule), cfg.trace, target, model, cfg.speedup, results_dir)
+    try:
+        await client.start()
+        state.state = "running"
+        await dispatcher.run()
+    finally:
+        for t in background:
+            t.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        await client.close()
+        state.state = "flushing"
+        # shielded and time-boxed: measured results reach the disk even if we are cancelled
+        closing = loop.run_in_executor(None, recorder.close)
+        try:
+            await asyncio.wait_for(asyncio.shield(closing), 60)
+        except TimeoutError:
+            log.error("results flush did not finish in 60 s")
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    state.state = "done"
+    table = read_results(os.path.join(results_dir, "requests.parquet"))
+    summary = summarize(table)
+    summary.update({"target": target, "model": model, "trace": cfg.trace, "speedup": cfg.speedup,
+                    "results": results_dir})
+    with open(os.path.join(results_dir, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2)
+    if not cfg.quiet:
+        print(format_summary(summary), flush=True)
+        print(f"results: {results_dir}/requests.parquet, {results_dir}/summary.json", flush=True)
+    return summary
+
+
+def _status(state: RunState, dispatcher_ref: list[Dispatcher]) -> dict:
+    d = dispatcher_ref[0] if dispatcher_ref else None
+    return {"state": state.state, "target": state.target, "results": state.results,
+            "scheduled": state.scheduled, "sent": state.sent, "completed": state.completed,
+            "failed": state.failed, "cancelled": state.cancelled, "not_started": state.not_started,
+            "in_flight": d.in_flight if d else 0, "next_index": d.next_index if d else 0,
+            "max_dispatch_lag_ms": round(state.max_lag_ms, 3)}
+
+
+async def _progress(state: RunState, dispatcher: Dispatcher, anchor: Anchor, every_s: float = 5.0) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        t = (now_ns() - anchor.t0_ns) / 1e9
+        log.info("t=%.0fs sent %d/%d in-flight %d ok %d failed %d max lag %.1f ms (last %.0fs)",
+                 t, state.sent, state.scheduled, dispatcher.in_flight, state.completed, state.failed,
+                 state.window_max_lag_ms, every_s)
+        state.window_max_lag_ms = 0.0
+
+
+def main_run(cfg: RunConfig) -> int:
+    """Run with uvloop; exit code 0 on a finished replay, 2 on a startup/trace error."""
+    import uvloop
+
+    from .trace import TraceError
+
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        uvloop.run(run_replay(cfg))
+    except (StartupError, TraceError) as e:
+        print(f"replayer: error: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,55 @@
+"""Outcome and error-kind enums: the closed label sets for results and metrics.
+
+This is the only module that names aiohttp exceptions (``classify_exception``). Every request
+ends as exactly one ``Outcome``; failed requests carry exactly one ``ErrorKind``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+
+import aiohttp
+
+
+class Outcome(str, enum.Enum):
+    """How a scheduled request ended (a closed set: safe as a Prometheus label)."""
+
+    SUCCESS = "success"        # stream ended properly and carried no error
+    FAILED = "failed"          # the target or the transport failed; see ErrorKind
+    CANCELLED = "cancelled"    # in flight when the replay was stopped and the drain ran out
+    NOT_STARTED = "not_started"  # scheduled but never sent (replay stopped before its due time)
+
+
+class ErrorKind(str, enum.Enum):
+    """Why a request failed (closed set; the free-text message goes to results only)."""
+
+    NONE = "none"
+    CONNECT = "connect"            # could not connect (refused, DNS, TLS)
+    TIMEOUT = "timeout"            # connect or read (stall) timeout
+    HTTP_STATUS = "http_status"    # HTTP 4xx/5xx; the body is recorded
+    STREAM_ERROR = "stream_error"  # an error object inside the response (200 or not)
+    PROTOCOL = "protocol"          # malformed SSE or JSON, no choices and no usage
+    DISCONNECT = "disconnect"      # the server closed the connection mid-response
+    INCOMPLETE = "incomplete"      # stream ended with no finish_reason, [DONE] or usage
+    CANCELLED = "cancelled"        # cancelled by shutdown
+    CLIENT = "client"              # any other client-side exception (a bug worth reporting)
+
+
+def classify_exception(exc: BaseException) -> ErrorKind:
+    """Map a transport exception raised while sending or reading a request to an ErrorKind.
+
+    ``asyncio.CancelledError`` is never passed here: callers re-raise it.
+    """
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError, aiohttp.ServerTimeoutError)):
+        return ErrorKind.TIMEOUT
+    if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ClientSSLError, ConnectionRefusedError)):
+        return ErrorKind.CONNECT
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError,
+                        aiohttp.ClientOSError, ConnectionResetError)):
+        return ErrorKind.DISCONNECT
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return ErrorKind.HTTP_STATUS
+    if isinstance(exc, aiohttp.ClientError):
+        return ErrorKind.CONNECT
+    return ErrorKind.CLIENT

@@ -1,0 +1,76 @@
+"""The per-request record (``RequestResult``) and its Parquet schema.
+
+One ``RequestResult`` per scheduled trace row, whatever happened to it. Times are integer
+nanoseconds on the one monotonic clock (``replayer.clock``), as offsets from the run's anchor
+``t0_ns`` (the results file's metadata holds the anchor's wall-clock time). Durations derived
+from them are float milliseconds, the unit `vllm bench serve` reports. ``None`` means
+"not measured" and is never replaced by 0 (see docs/metrics.md for the definitions, which follow
+the conventions of ``shared/cases/client-faults.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import pyarrow as pa
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """What happened to one scheduled request.
+
+    Times (``*_ns``): ns since the run anchor ``t0_ns``; ``None`` when the moment never came.
+    ``prompt_tokens``/``completion_tokens``: from the server's ``usage`` (``None`` if none arrived).
+    ``itl_ms``: token-weighted inter-token latencies (a gap ending in an event that carries k
+    tokens adds k samples of gap/k), so mean(itl_ms) == tpot_ms when token counts are known.
+    """
+
+    row: int                       # row index in the (sorted) trace, 0-based
+    loop: int = 0
+    shard: int = 0
+    request_id: str | None = None
+    input_length: int = 0          # from the trace
+    output_length: int = 0         # from the trace
+    prompt_len_sent: int = 0       # token ids actually sent (== input_length unless text mode)
+    max_tokens: int = 0            # as sent
+    due_ns: int = 0
+    sent_ns: int | None = None     # just before the request was written
+    first_token_ns: int | None = None
+    last_token_ns: int | None = None
+    end_ns: int | None = None      # stream closed / response done
+    outcome: str = "not_started"   # replayer.errors.Outcome value
+    error_kind: str = "none"       # replayer.errors.ErrorKind value
+    http_status: int | None = None
+    error: str | None = None       # message (server's error text or exception), truncated
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    usage_source: str = "none"     # "server" (usage object seen) or "none"
+    n_chunks: int = 0              # choice events received
+    finish_reason: str | None = None
+    ttft_ms: float | None = None
+    e2e_ms: float | None = None
+    tpot_ms: float | None = None
+    dispatch_lag_ms: float | None = None  # sent - due (positive = late)
+    itl_ms: list[float] = field(default_factory=list)
+
+
+_TYPES: dict[str, pa.DataType] = {
+    "row": pa.int64(), "loop": pa.int32(), "shard": pa.int32(), "request_id": pa.string(),
+    "input_length": pa.int64(), "output_length": pa.int64(), "prompt_len_sent": pa.int64(),
+    "max_tokens": pa.int64(), "due_ns": pa.int64(), "sent_ns": pa.int64(),
+    "first_token_ns": pa.int64(), "last_token_ns": pa.int64(), "end_ns": pa.int64(),
+    "outcome": pa.string(), "error_kind": pa.string(), "http_status": pa.int32(),
+    "error": pa.string(), "prompt_tokens": pa.int64(), "completion_tokens": pa.int64(),
+    "usage_source": pa.string(), "n_chunks": pa.int32(), "finish_reason": pa.string(),
+    "ttft_ms": pa.float64(), "e2e_ms": pa.float64(), "tpot_ms": pa.float64(),
+    "dispatch_lag_ms": pa.float64(), "itl_ms": pa.list_(pa.float32()),
+}
+
+COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RequestResult))
+SCHEMA: pa.Schema = pa.schema([pa.field(name, _TYPES[name]) for name in COLUMNS])
+
+
+def to_table(results: list[RequestResult]) -> pa.Table:
+    """Columnar Arrow table (schema ``SCHEMA``) from a list of results."""
+    cols = {name: [getattr(r, name) for r in results] for name in COLUMNS}
+    return pa.table(cols, schema=SCHEMA)

@@ -1,0 +1,556 @@
+"""Server-sent-event decoding and OpenAI stream measurement (sans-I/O, hot path).
+
+Two pieces, both free of I/O so they can be tested byte by byte:
+
+``SSEDecoder``
+    Incremental decoder for ``text/event-stream`` following the WHATWG HTML Living Standard,
+    section 9.2 "Server-sent events", subsection "Interpreting an event stream"
+    (https://html.spec.whatwg.org/multipage/server-sent-events.html#event-stream-interpretation):
+
+    * a byte buffer carries over between reads; nothing is trimmed or dropped because of where a
+      transport read happened to split the stream (client-faults B02);
+    * a line ends at LF, CR or CRLF, including a CR that ends one read and an LF that begins the
+      next (one line end, not two);
+    * a single leading UTF-8 BOM of the stream is dropped; only complete lines are UTF-8 decoded
+      (invalid sequences become U+FFFD, as the spec's "UTF-8 decode" does), so a multi-byte
+      character split across reads is decoded correctly;
+    * a line starting with ``:`` is a comment (keep-alive) and is ignored; otherwise the field name
+      runs up to the first ``:`` and exactly one leading space of the value is removed (``data:x``
+      and ``data: x`` are the same field, B09); a line without ``:`` is a field with an empty value;
+    * ``data`` lines are joined with ``\\n``; ``event`` sets the type; ``id`` sets the last event ID
+      unless it contains NUL; ``retry`` is used only if it is ASCII digits; other fields are ignored;
+    * a blank line dispatches the event, unless it has no ``data`` line at all (B10); an event still
+      incomplete at EOF is discarded (``close()`` reports it).
+
+    Each read is cut after its last line end; the complete lines are UTF-8 decoded in one call
+    (a read holding a CR first has CRLF and CR normalised to LF). The common case, a text that is
+    exactly ``data: P\\n\\n`` repeated with nothing pending, becomes events with one ``str.split``;
+    anything else goes line by line. Nothing loops over bytes in Python.
+
+``StreamAccumulator``
+    Interprets the data of each event as an OpenAI ``/v1/completions`` or ``/v1/chat/completions``
+    streaming chunk (``choices[].text`` / ``choices[].delta.content``, ``finish_reason``, ``usage``,
+    ``data: [DONE]``) or a whole non-streaming JSON body, and measures the request with the metric
+    definitions of ``shared/cases/client-faults.md`` ("Conventions used by the expected values"):
+
+    * an event's time is the arrival time of the read that completed it (one clock reading per
+      read; B02, B04);
+    * TTFT: first choice event carrying >= 1 token; never 0 when unmeasured (B05, B18);
+    * E2E ("last"): last choice event carrying tokens or a ``finish_reason``; usage-only events,
+      keep-alives and ``[DONE]`` never move it (B04, B08);
+    * N: ``usage.completion_tokens`` of the last non-null usage object, else an estimate (B11);
+    * TPOT = (last - first) / (N - 1), only for N >= 2 with TTFT measured (B25);
+    * ITL: token-weighted, a gap ending in an event with k tokens gives k samples of gap/k; gaps
+      ending in zero-token events merge into the next token-carrying gap (B04, B07, B12);
+    * per-event token counts: the increases of the running ``usage.completion_tokens`` when every
+      choice event carries usage (vLLM ``continuous_usage_stats``); otherwise 1 per event with
+      non-empty text/content/reasoning, and if usage then reports more tokens than were counted
+      and the last choice event (e.g. an empty-text ``finish_reason: "stop"`` chunk) came after the
+      last counted one, that last event carries the missing ones (so sum(ITL) == E2E - TTFT);
+    * a non-streaming body is one choice event at its arrival time; TPOT and ITL are not
+      observable there (None / empty);
+    * an error object of any shape anywhere fails the request (B06, B13); a response with neither
+      choices nor usage is a protocol failure (B13); a stream that ends without ``finish_reason``,
+      ``[DONE]`` or usage is incomplete; token counts never come from request parameters.
+
+Times are integer nanoseconds of the caller's monotonic clock; durations are float milliseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+from .errors import ErrorKind
+
+__all__ = ["SSEEvent", "SSEDecoder", "StreamAccumulator", "ERROR_TEXT_LIMIT"]
+
+ERROR_TEXT_LIMIT = 500  # characters of error text kept per request
+
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(slots=True)
+class SSEEvent:
+    """One dispatched server-sent event.
+
+    ``data``: the event's ``data`` lines joined with ``"\\n"`` (no trailing newline).
+    ``event``: the ``event`` field, ``""`` when absent (the spec's default type "message").
+    ``id``: the last event ID at dispatch time (it persists across events, as in the spec);
+    ``None`` if no ``id`` field has been seen on this decoder.
+    ``retry``: the reconnection time in ms given by a valid ``retry`` field inside this event's
+    block, else ``None``.
+    """
+
+    data: str
+    event: str = ""
+    id: str | None = None
+    retry: int | None = None
+
+
+class SSEDecoder:
+    """Incremental ``text/event-stream`` decoder (WHATWG grammar; see the module docstring).
+
+    Feed it the raw bytes of each transport read in order; it returns the events whose closing
+    blank line arrived in that read. One decoder per response stream.
+
+    Attributes (read-only): ``last_event_id`` (str | None) and ``retry`` (int ms | None, the last
+    valid ``retry`` field) persist across events and across ``close()``, as an EventSource keeps
+    them across reconnections.
+    """
+
+    __slots__ = ("_rest", "_data", "_event", "_retry", "_pend", "_skip_lf", "_head",
+                 "last_event_id", "retry")
+
+    def __init__(self) -> None:
+        self.last_event_id: str | None = None
+        self.retry: int | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._rest: list[bytes] = []      # pieces of the current partial line (no line end in them)
+        self._data: list[str] = []        # data lines of the event being built
+        self._event = ""                  # event type of the event being built
+        self._retry: int | None = None    # retry field of the event being built
+        self._pend = False                # the event being built has a data/event/retry field
+        self._skip_lf = False             # previous read ended with CR: drop one LF at the next
+        self._head: bytes | None = b""    # bytes seen while a leading BOM is still possible
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Consume one read's bytes; return the events completed by it (possibly empty), in order."""
+        if not chunk:
+            return []
+        if type(chunk) is not bytes:
+            chunk = bytes(chunk)
+        if self._head is not None:  # start of stream: drop one UTF-8 BOM, even if split
+            head = self._head + chunk
+            if len(head) < 3 and _BOM.startswith(head):
+                self._head = head
+                return []
+            self._head = None
+            chunk = head[3:] if head.startswith(_BOM) else head
+            if not chunk:
+                return []
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[0] == 10:
+                chunk = chunk[1:]
+                if not chunk:
+                    return []
+        rest = self._rest
+        if 13 in chunk:  # (int membership is a memchr; b"\r" in chunk is several times slower)
+            # General path: cut after the last CR or LF, then normalise CRLF and CR to LF.
+            if rest:
+                rest.append(chunk)
+                chunk = b"".join(rest)
+                rest.clear()
+            i = max(chunk.rfind(b"\r"), chunk.rfind(b"\n")) + 1  # >= 1
+            if i < len(chunk):
+                rest.append(chunk[i:])
+                chunk = chunk[:i]
+            elif chunk[-1] == 13:  # ends with CR: an LF starting the next read belongs to it
+                self._skip_lf = True
+            text = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        elif chunk[-1] == 10:  # LF-only read ending at a line end (the common case)
+            if rest:
+                rest.append(chunk)
+                text = b"".join(rest)
+                rest.clear()
+            else:
+                text = chunk
+        else:  # LF-only read: cut after its last LF, the rest waits for its line end
+            i = chunk.rfind(b"\n") + 1
+            if not i:
+                rest.append(chunk)
+                return []
+            if rest:
+                rest.append(chunk[:i])
+                text = b"".join(rest)
+                rest.clear()
+            else:
+                text = chunk[:i]
+            rest.append(chunk[i:])
+        # ``text``: complete lines only, each ending with LF.
+        s = text.decode("utf-8", "replace")  # no character is cut at a line end
+        # Fast path: nothing pending and the text is exactly "data: P1\n\ndata: P2\n\n..." with
+        # no LF inside any P: each P is one event's data.
+        if not self._pend and s[:6] == "data: " and s[-2:] == "\n\n":
+            parts = s[6:-2].split("\n\ndata: ")
+            for p in parts:
+                if "\n" in p:
+                    break
+            else:
+                lid = self.last_event_id
+                return [SSEEvent(p, "", lid) for p in parts]
+        out: list[SSEEvent] = []
+        line = self._line
+        for ln in s[:-1].split("\n"):
+            line(ln, out)
+        return out
+
+    def _line(self, ln: str, out: list[SSEEvent]) -> None:
+        if not ln:  # blank line: dispatch
+            if self._pend:
+                data = self._data
+                if data:
+                    out.append(SSEEvent("\n".join(data), self._event, self.last_event_id, self._retry))
+                    self._data = []
+                self._event = ""
+                self._retry = None
+                self._pend = False
+            return
+        if ln[0] == ":":  # comment / keep-alive
+            return
+        name, colon, value = ln.partition(":")
+        if colon and value[:1] == " ":
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+            self._pend = True
+        elif name == "event":
+            self._event = value
+            self._pend = True
+        elif name == "id":
+            if "\0" not in value:
+                self.last_event_id = value
+        elif name == "retry":
+            if value.isascii() and value.isdigit():
+                self._retry = self.retry = int(value)
+                self._pend = True
+
+    def close(self) -> bool:
+        """End of stream. Discard any incomplete event or partial line (the spec's rule) and reset
+        the buffers for reuse. Return True if something was pending (bytes after the last line
+        end, or an event with fields but no closing blank line), else False."""
+        pending = bool(self._rest) or self._pend or bool(self._head)
+        self._reset()
+        return pending
+
+
+# --------------------------------------------------------------------------------------------
+# OpenAI stream interpretation
+
+
+def _error_message(x: object, depth: int = 0) -> str:
+    """The human-readable text of an error value of any common shape."""
+    if isinstance(x, str):
+        return x
+    if isinstance(x, dict) and depth < 8:
+        for key in ("message", "error", "detail", "msg"):
+            v = x.get(key)
+            if v is not None:
+                return _error_message(v, depth + 1)
+    try:
+        return orjson.dumps(x).decode()
+    except TypeError:
+        return repr(x)
+
+
+def _snippet(b: bytes | str, n: int = 200) -> str:
+    s = b.decode("utf-8", "replace") if isinstance(b, (bytes, bytearray)) else b
+    return s[:n]
+
+
+_loads = orjson.loads
+_JSONDecodeError = orjson.JSONDecodeError
+
+
+class StreamAccumulator:
+    """Interprets OpenAI completions / chat-completions responses and measures one request.
+
+    Streaming: call ``on_event(data, t_ns)`` for each SSE event (``SSEEvent.data``), stamped with
+    the arrival time of the read that completed it, then ``finish()`` at EOF. Non-streaming: call
+    ``on_body(body, t_ns)`` once with the whole JSON body, then ``finish()``.
+
+    Results (read after ``finish()``; the measurement attributes and ``itl_ms()``/``tpot_ms()`` are
+    also valid at any earlier moment, for a request cut short):
+
+    * ``success`` (bool), ``error_kind`` (``ErrorKind``: NONE, STREAM_ERROR, PROTOCOL or
+      INCOMPLETE), ``error`` (str | None, at most 500 chars: the server's message, or what was
+      wrong);
+    * ``first_token_ns`` / ``last_token_ns`` (int ns | None): the TTFT and E2E event times;
+    * ``prompt_tokens`` / ``completion_tokens`` (int | None) from the last non-null usage object;
+      ``usage_seen``; ``output_tokens`` (int: completion_tokens, else the count of token-carrying
+      events as an estimate); ``n_chunks`` (choice events); ``finish_reason``; ``done_seen``;
+    * ``text`` (str | None): the generated text (completions ``text`` / chat ``content``), only
+      when constructed with ``keep_text=True``.
+
+    Token-carrying: a choice with non-empty ``text``, ``delta.content``, ``delta.reasoning_content``,
+    ``delta.reasoning`` or ``delta.tool_calls`` (``message.*`` for a non-streaming body). When every
+    choice event carries a usage object (vLLM ``continuous_usage_stats``), per-event token counts
+    are instead the increases of the running ``completion_tokens`` (an event whose count rose
+    carries tokens even with empty text; one whose count did not rise carries none).
+    """
+
+    __slots__ = ("success", "error_kind", "error", "prompt_tokens", "completion_tokens",
+                 "usage_seen", "n_chunks", "finish_reason", "done_seen", "_times", "_flags",
+                 "_totals", "_stream_err", "_proto_err", "_body", "_other", "_texts", "_dirty",
+                 "_first", "_last", "_tok_t", "_tok_k", "_n_out")
+
+    def __init__(self, keep_text: bool = False) -> None:
+        self.success = False
+        self.error_kind = ErrorKind.NONE
+        self.error: str | None = None
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.usage_seen = False
+        self.n_chunks = 0
+        self.finish_reason: str | None = None
+        self.done_seen = False
+        # one entry per choice event: arrival ns, flags (1 = text tokens, 2 = finish_reason),
+        # running completion_tokens of a usage object in the same event (-1 = none)
+        self._times: list[int] = []
+        self._flags: list[int] = []
+        self._totals: list[int] = []
+        self._stream_err = False
+        self._proto_err = False
+        self._body = False
+        self._other: object = None          # first JSON object with no choices/usage/error
+        self._texts: list[str] | None = [] if keep_text else None
+        self._dirty = True
+        self._first: int | None = None
+        self._last: int | None = None
+        self._tok_t: list[int] = []
+        self._tok_k: list[int] = []
+        self._n_out = 0
+
+    # ---- input ---------------------------------------------------------------------------
+
+    def on_event(self, data: str, t_ns: int) -> None:
+        """One SSE event's data (``SSEEvent.data``) that completed at ``t_ns`` (int ns)."""
+        try:
+            obj = _loads(data)
+        except _JSONDecodeError:  # rare: "[DONE]" once per stream, so try the JSON first
+            s = data.strip()
+            if s == "[DONE]":
+                self.done_seen = True
+            elif s:  # (an empty data event is a keep-alive in effect)
+                self._protocol("invalid JSON in SSE event: " + _snippet(data))
+            return
+        if type(obj) is not dict:
+            self._protocol("SSE event is not a JSON object: " + _snippet(data))
+            return
+        self._take(obj, t_ns)
+
+    def on_body(self, body: bytes, t_ns: int) -> None:
+        """A whole non-streaming JSON response body (bytes) that arrived complete at ``t_ns``."""
+        self._body = True
+        if not body or not body.strip():
+            self._protocol("empty response body")
+            return
+        try:
+            obj = _loads(body)
+        except _JSONDecodeError:
+            self._protocol(_snippet(body, ERROR_TEXT_LIMIT))
+            return
+        if type(obj) is not dict:
+            self._protocol("response body is not a JSON object: " + _snippet(body))
+            return
+        self._take(obj, t_ns)
+
+    def _take(self, obj: dict, t: int) -> None:
+        get = obj.get
+        # Each field is read independently (B08): error, usage and choices may share one event.
+        if get("error") is not None:
+            self._stream_error(obj)
+        total = -1
+        usage = get("usage")
+        if usage:
+            if type(usage) is dict:
+                self.usage_seen = True
+                self._dirty = True
+                ct = usage.get("completion_tokens")
+                if type(ct) is int:
+                    self.completion_tokens = total = ct
+                pt = usage.get("prompt_tokens")
+                if type(pt) is int:
+                    self.prompt_tokens = pt
+            else:
+                self._protocol("usage is not an object")
+        choices = get("choices")
+        if choices:
+            if type(choices) is not list:
+                self._protocol("choices is not a list")
+                return
+            flags = 0
+            texts = self._texts
+            for ch in choices:
+                if type(ch) is not dict:
+                    self._protocol("choice is not an object")
+                    continue
+                fr = ch.get("finish_reason")
+                if fr is not None:
+                    self.finish_reason = fr
+                    flags |= 2
+                txt = ch.get("text")
+                if txt:
+                    flags |= 1
+                    if texts is not None:
+                        texts.append(txt)
+                    continue
+                d = ch.get("delta") or ch.get("message")
+                if d and type(d) is dict:
+                    c = d.get("content")
+                    if c:
+                        flags |= 1
+                        if texts is not None and type(c) is str:
+                            texts.append(c)
+                    elif d.get("reasoning_content") or d.get("reasoning") or d.get("tool_calls"):
+                        flags |= 1
+            self.n_chunks += 1
+            self._times.append(t)
+            self._flags.append(flags)
+            self._totals.append(total)
+            self._dirty = True
+        elif get("object") == "error":  # vLLM's older ErrorResponse: {"object":"error","message":..}
+            if get("error") is None:
+                self._stream_error(obj)
+        elif self._other is None and not usage and get("error") is None:
+            self._other = obj
+
+    def _stream_error(self, obj: dict) -> None:
+        err = obj.get("error")
+        msg = _error_message(obj if err is None else err)
+        if not self._stream_err:  # keep the first server message: the root cause
+            self._stream_err = True
+            self.error = msg[:ERROR_TEXT_LIMIT]
+
+    def _protocol(self, msg: str) -> None:
+        if not self._proto_err:
+            self._proto_err = True
+            if self.error is None:
+                self.error = msg[:ERROR_TEXT_LIMIT]
+
+    # ---- derived measurements ------------------------------------------------------------
+
+    def _derive(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
+        times, flags, totals = self._times, self._flags, self._totals
+        first = last = None
+        tok_t: list[int] = []
+        tok_k: list[int] = []
+        if times and -1 not in totals:
+            # continuous usage: tokens per event = increase of the running completion_tokens
+            prev = 0
+            for t, f, u in zip(times, flags, totals):
+                if u > prev:
+                    tok_t.append(t)
+                    tok_k.append(u - prev)
+                    prev = u
+                    if first is None:
+                        first = t
+                    last = t
+                elif f & 2:
+                    last = t
+        else:
+            last_i = tok_i = -1
+            for i, f in enumerate(flags):
+                if f & 1:
+                    t = times[i]
+                    tok_t.append(t)
+                    tok_k.append(1)
+                    if first is None:
+                        first = t
+                    last_i = tok_i = i
+                elif f & 2:
+                    last_i = i
+            if last_i >= 0:
+                last = times[last_i]
+            # Text-only counting misses tokens that decode to "" (typically the stop token in a
+            # final `"text": ""` finish chunk). When usage says tokens are missing and the last
+            # choice event came after the last token-carrying one, that event carries them: the
+            # trailing gap then yields ITL samples, keeping sum(ITL) == E2E - TTFT.
+            ct = self.completion_tokens
+            if ct is not None and tok_i >= 0 and last_i > tok_i:
+                missing = ct - len(tok_t)
+                if missing > 0:
+                    tok_t.append(last)
+                    tok_k.append(missing)
+        self._first, self._last = first, last
+        self._tok_t, self._tok_k = tok_t, tok_k
+        ct = self.completion_tokens
+        self._n_out = ct if ct is not None else sum(tok_k)
+
+    @property
+    def first_token_ns(self) -> int | None:
+        """Arrival ns of the first choice event carrying >= 1 token (TTFT point); None if none."""
+        self._derive()
+        return self._first
+
+    @property
+    def last_token_ns(self) -> int | None:
+        """Arrival ns of the last choice event carrying tokens or a finish_reason (E2E point)."""
+        self._derive()
+        return self._last
+
+    @property
+    def output_tokens(self) -> int:
+        """N: usage completion_tokens if any usage gave it, else the count of token-carrying
+        events (an estimate; check ``usage_seen``)."""
+        self._derive()
+        return self._n_out
+
+    @property
+    def text(self) -> str | None:
+        """Generated text (completions text / chat content) if ``keep_text=True``, else None."""
+        return None if self._texts is None else "".join(self._texts)
+
+    def itl_ms(self) -> list[float]:
+        """Token-weighted inter-token latencies in ms: each gap between successive token-carrying
+        events, ending in an event with k tokens, gives k samples of gap/k. Empty if N < 2 or
+        fewer than two token-carrying events; empty for a non-streaming body."""
+        self._derive()
+        tok_t, tok_k = self._tok_t, self._tok_k
+        if self._n_out < 2 or len(tok_t) < 2 or self._body:
+            return []
+        out: list[float] = []
+        prev = tok_t[0]
+        for t, k in zip(tok_t[1:], tok_k[1:]):
+            g = (t - prev) / 1e6
+            prev = t
+            if k == 1:
+                out.append(g)
+            else:
+                out.extend([g / k] * k)
+        return out
+
+    def tpot_ms(self) -> float | None:
+        """(last - first) / (N - 1) in ms; None unless N >= 2 and the first token was measured.
+        None for a non-streaming body (per-token timing is not observable there)."""
+        self._derive()
+        n = self._n_out
+        if n < 2 or self._first is None or self._last is None or self._body:
+            return None
+        return (self._last - self._first) / 1e6 / (n - 1)
+
+    # ---- verdict -------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """The response ended (EOF or whole body). Decide ``success``/``error_kind``/``error``."""
+        self._derive()
+        if self._stream_err:
+            kind = ErrorKind.STREAM_ERROR
+        elif self._proto_err:
+            kind = ErrorKind.PROTOCOL
+        elif not (self.finish_reason is not None or self.done_seen or self.usage_seen or self._body):
+            kind = ErrorKind.INCOMPLETE
+            if self.error is None:
+                self.error = "stream ended without finish_reason, [DONE] or usage"
+        elif self.n_chunks == 0 and not self.usage_seen:
+            kind = ErrorKind.PROTOCOL
+            if self.error is None:
+                other = self._other
+                if isinstance(other, dict) and any(k in other for k in ("detail", "message", "msg")):
+                    self.error = _error_message(other)[:ERROR_TEXT_LIMIT]
+                elif other is not None:
+                    self.error = ("response has neither choices nor usage: "
+                                  + orjson.dumps(other).decode())[:ERROR_TEXT_LIMIT]
+                else:
+                    self.error = "response has neither choices nor usage"
+        else:
+            kind = ErrorKind.NONE
+        self.error_kind = kind
+        self.success = kind is ErrorKind.NONE

@@ -1,0 +1,140 @@
+"""Run summary: aggregate per-request results into the numbers a user reads first.
+
+Field names follow `vllm bench serve` (``duration``, ``completed``, ``failed``,
+``total_input_tokens``, ``total_output_tokens``, ``request_throughput``, ``output_throughput``,
+``total_token_throughput``, ``mean_/median_/p99_`` of ``ttft_ms``, ``tpot_ms``, ``itl_ms``,
+``e2el_ms``), plus replayer's own accounting (``scheduled``, ``sent``, ``cancelled``,
+``not_started``, dispatch lag, usage audit). Statistics skip unmeasured values (``None``) and an
+empty statistic is ``None`` (printed "n/a"), never 0 (cases B05, B13, B25). Token totals come
+from the server's usage; ``total_input_tokens`` counts the server-reported prompt tokens of
+completed requests.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+PERCENTILES = (50, 90, 99)
+
+
+def _stats(name: str, values: np.ndarray) -> dict[str, float | int | None]:
+    v = values[~np.isnan(values)] if values.dtype.kind == "f" else values
+    out: dict[str, float | int | None] = {f"{name}_count": int(v.size)}
+    if v.size == 0:
+        out.update({f"mean_{name}": None, f"median_{name}": None, f"std_{name}": None})
+        out.update({f"p{p}_{name}": None for p in PERCENTILES})
+        out[f"max_{name}"] = None
+        return out
+    out[f"mean_{name}"] = float(np.mean(v))
+    out[f"median_{name}"] = float(np.median(v))
+    out[f"std_{name}"] = float(np.std(v))
+    for p, q in zip(PERCENTILES, np.percentile(v, PERCENTILES)):
+        out[f"p{p}_{name}"] = float(q)
+    out[f"max_{name}"] = float(np.max(v))
+    return out
+
+
+def _col(table: pa.Table, name: str, mask: np.ndarray | None = None) -> np.ndarray:
+    arr = table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
+    return arr if mask is None else arr[mask]
+
+
+def summarize(table: pa.Table) -> dict:
+    """Summary dict of a results table (schema ``result.SCHEMA``). JSON-ready (None for n/a)."""
+    n = table.num_rows
+    outcome = np.asarray(table.column("outcome").to_pylist(), dtype=object)
+    ok = outcome == "success"
+    sent_ns = _col(table, "sent_ns")
+    end_ns = _col(table, "end_ns")
+    was_sent = ~np.isnan(sent_ns)
+    duration = float((np.nanmax(end_ns) - np.nanmin(sent_ns)) / 1e9) if was_sent.any() else 0.0
+    prompt_tokens = _col(table, "prompt_tokens", ok)
+    completion = _col(table, "completion_tokens", ok)
+    input_length = _col(table, "input_length", ok)
+    output_length = _col(table, "output_length", ok)
+    total_in = int(np.nansum(prompt_tokens))
+    total_out = int(np.nansum(completion))
+    s: dict = {
+        "scheduled": n,
+        "sent": int(was_sent.sum()),
+        "completed": int(ok.sum()),
+        "failed": int((outcome == "failed").sum()),
+        "cancelled": int((outcome == "cancelled").sum()),
+        "not_started": int((outcome == "not_started").sum()),
+        "duration": duration,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": ok.sum() / duration if duration > 0 else None,
+        "output_throughput": total_out / duration if duration > 0 else None,
+        "total_token_throughput": (total_in + total_out) / duration if duration > 0 else None,
+    }
+    ttft = _col(table, "ttft_ms", ok)
+    s.update(_stats("ttft_ms", ttft))
+    s.update(_stats("tpot_ms", _col(table, "tpot_ms", ok)))
+    itl = pc.list_flatten(table.filter(pa.array(ok)).column("itl_ms")).to_numpy(zero_copy_only=False)
+    s.update(_stats("itl_ms", itl.astype(np.float64)))
+    s.update(_stats("e2el_ms", _col(table, "e2e_ms", ok)))
+    lag = _col(table, "dispatch_lag_ms", was_sent)
+    lag_stats = _stats("dispatch_lag_ms", lag)
+    s["dispatch_lag_p50_ms"] = lag_stats["median_dispatch_lag_ms"]
+    s["dispatch_lag_p99_ms"] = lag_stats["p99_dispatch_lag_ms"]
+    s["dispatch_lag_max_ms"] = lag_stats["max_dispatch_lag_ms"]
+    # usage audit: the server's numbers against the trace's
+    has_usage = ~np.isnan(prompt_tokens)
+    s["usage_missing"] = int((~has_usage).sum())
+    s["prompt_token_mismatches"] = int((prompt_tokens[has_usage] != input_length[has_usage]).sum())
+    has_c = ~np.isnan(completion)
+    s["completion_token_mismatches"] = int((completion[has_c] != output_length[has_c]).sum())
+    s["ttft_unmeasured"] = int(np.isnan(ttft).sum())
+    s["zero_token_successes"] = int((completion[has_c] == 0).sum())
+    kinds = table.filter(pa.array(outcome == "failed")).column("error_kind").to_pylist()
+    s["errors_by_kind"] = {k: kinds.count(k) for k in sorted(set(kinds))}
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in s.items()}
+
+
+def format_summary(s: dict) -> str:
+    """A fixed-width text table of the main summary fields (``n/a`` for None)."""
+
+    def fmt(v: object) -> str:
+        if v is None:
+            return "n/a"
+        if isinstance(v, float):
+            return f"{v:.2f}"
+        return str(v)
+
+    rows: list[tuple[str, object] | str] = [
+        "Replay result",
+        ("Scheduled requests", s["scheduled"]), ("Sent requests", s["sent"]),
+        ("Successful requests", s["completed"]), ("Failed requests", s["failed"]),
+        ("Cancelled / not started", f"{s['cancelled']} / {s['not_started']}"),
+        ("Duration (s)", s["duration"]),
+        ("Total input tokens (server)", s["total_input_tokens"]),
+        ("Total output tokens (server)", s["total_output_tokens"]),
+        ("Request throughput (req/s)", s["request_throughput"]),
+        ("Output token throughput (tok/s)", s["output_throughput"]),
+        ("Prompt-token mismatches vs trace", s["prompt_token_mismatches"]),
+        ("Completion-token mismatches", s["completion_token_mismatches"]),
+        ("Usage missing / TTFT unmeasured", f"{s['usage_missing']} / {s['ttft_unmeasured']}"),
+        "Dispatch lag (sent - due)",
+        ("p50 / p99 / max (ms)", " / ".join(fmt(s[k]) for k in
+                                             ("dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "dispatch_lag_max_ms"))),
+    ]
+    for name, label in (("ttft_ms", "Time to first token"), ("tpot_ms", "Time per output token (excl. 1st)"),
+                        ("itl_ms", "Inter-token latency"), ("e2el_ms", "End-to-end latency")):
+        rows.append(label)
+        rows.append((f"mean / median / p99 (ms)", " / ".join(fmt(s[f"{k}_{name}"]) for k in ("mean", "median", "p99"))))
+    if s.get("errors_by_kind"):
+        rows.append("Errors by kind")
+        rows.extend((k, v) for k, v in s["errors_by_kind"].items())
+    width = 50
+    lines = []
+    for r in rows:
+        if isinstance(r, str):
+            lines.append(f"{'-' * 4} {r} ".ljust(width + 14, "-"))
+        else:
+            lines.append(f"{r[0]:<{width - 8}}{fmt(r[1]):>22}")
+    return "\n".join(lines)

@@ -1,0 +1,37 @@
+"""Schedule: due times from one anchor, speed-up, cuts."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from replayer.schedule import build_schedule
+
+
+def test_speedup_divides_offsets():
+    ts = np.array([0, 0, 3_000_000_000, 6_000_000_000], dtype=np.int64)
+    assert build_schedule(ts).due_ns.tolist() == ts.tolist()
+    assert build_schedule(ts, speedup=2).due_ns.tolist() == [0, 0, 1_500_000_000, 3_000_000_000]
+    assert build_schedule(ts, speedup=10).due_ns.tolist() == [0, 0, 300_000_000, 600_000_000]
+
+
+def test_cuts():
+    ts = np.arange(10, dtype=np.int64) * 1_000_000_000
+    assert len(build_schedule(ts, max_requests=3)) == 3
+    s = build_schedule(ts, speedup=2, duration_s=2.0)   # due 0, .5, 1, 1.5 s
+    assert s.due_ns.tolist() == [0, 500_000_000, 1_000_000_000, 1_500_000_000]
+    assert len(build_schedule(ts, duration_s=100, max_requests=4)) == 4
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan")])
+def test_bad_speedup(bad):
+    with pytest.raises(ValueError):
+        build_schedule(np.zeros(2, np.int64), speedup=bad)
+
+
+@given(st.lists(st.integers(0, 10**12), min_size=1, max_size=200), st.floats(0.01, 1000))
+def test_monotone_and_complete(offsets, speedup):
+    ts = np.sort(np.array(offsets, dtype=np.int64))
+    s = build_schedule(ts, speedup=speedup)
+    assert len(s) == ts.size and np.all(np.diff(s.due_ns) >= 0)
+    assert np.all(np.abs(s.due_ns - ts / speedup) <= 0.5 + 1e-6 * ts / speedup)
