@@ -559,7 +559,7 @@ def test_measurements_readable_before_finish():
     assert acc.first_token_ns == 10 * MS and acc.last_token_ns == 25 * MS
     assert acc.itl_ms() == [15.0] and acc.tpot_ms() == 15.0 and acc.success is False
     acc.on_event('{"choices":[{"text":"","finish_reason":"stop"}]}', 40 * MS)
-    assert acc.last_token_ns == 40 * MS and acc.tpot_ms() == 15.0 and acc.itl_ms() == [15.0]
+    assert acc.last_token_ns == 40 * MS and acc.tpot_ms() == 30.0 and acc.itl_ms() == [15.0]  # N estimated 2
     acc.on_event('{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":3}}', 41 * MS)
     assert acc.output_tokens == 3 and acc.tpot_ms() == 15.0 and acc.itl_ms() == [15.0, 15.0]
     acc.finish()
