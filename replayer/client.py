@@ -77,7 +77,7 @@ class Client:
             async with self._session.post(self.url, data=req.body, headers=self._headers) as resp:
                 res.http_status = resp.status
                 if resp.status != 200:
-                    body = await resp.content.read(_ERROR_BODY_LIMIT)
+                    body = await _read_limited(resp.content, _ERROR_BODY_LIMIT)
                     end = now_ns()
                     acc.on_body(body, end)
                     acc.finish()
@@ -118,6 +118,20 @@ class Client:
             _measure(res, acc, sent, t0)
             _fail(res, classify_exception(exc), f"{type(exc).__name__}: {exc}"[:_ERROR_TEXT_LIMIT])
         return res
+
+
+async def _read_limited(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """The body up to EOF or ``limit`` bytes (``StreamReader.read(n)`` alone returns only what
+    has arrived so far: an error body sent in several writes was cut to its first piece)."""
+    parts: list[bytes] = []
+    left = limit
+    while left > 0:
+        data = await content.read(left)
+        if not data:
+            break
+        parts.append(data)
+        left -= len(data)
+    return b"".join(parts)
 
 
 def _fail(res: RequestResult, kind: ErrorKind, error: str | None, outcome: Outcome = Outcome.FAILED) -> None:

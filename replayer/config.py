@@ -31,6 +31,12 @@ class RunConfig(BaseModel):
     endpoint: str = Field("/v1/completions", description="API path requests are sent to")
     speedup: float = Field(1.0, gt=0, description="replay this many times faster than the trace")
     max_requests: int | None = Field(None, ge=1, description="send at most this many requests")
+    loop: str = Field("1", description="passes over the trace: a number, or 'forever'")
+    loop_gap_s: float = Field(0.0, ge=0, description="trace time between the end of one loop and the next")
+    loop_salt: bool = Field(False, description="fresh prefixes in every loop (salted prompt seed) "
+                            "instead of the same prefixes (warm server cache)")
+    shard: str = Field("0/1", description="I/N: send only shard I of N (0-based; sessions stay whole)")
+    start_at: float | None = Field(None, description="anchor the schedule at this Unix time (aligns shards)")
     duration_s: float | None = Field(None, gt=0, description="stop scheduling after this many seconds of replay")
     results: str | None = Field(None, description="results folder; none = ./results/<timestamp>")
     admin_host: str = Field("127.0.0.1", description="admin/metrics server address")
@@ -64,6 +70,34 @@ class RunConfig(BaseModel):
         if not 0 <= lo < hi:
             raise ValueError(f"must satisfy 0 <= LO < HI, got {lo}:{hi}")
         return v
+
+    @field_validator("loop")
+    @classmethod
+    def _loop(cls, v: str) -> str:
+        if v == "forever" or (v.isdigit() and int(v) >= 1):
+            return v
+        raise ValueError("must be a whole number >= 1 or 'forever'")
+
+    @field_validator("shard")
+    @classmethod
+    def _shard(cls, v: str) -> str:
+        try:
+            i, n = (int(x) for x in v.split("/"))
+        except ValueError:
+            raise ValueError("must be I/N, e.g. 0/4") from None
+        if not (n >= 1 and 0 <= i < n):
+            raise ValueError(f"must satisfy 0 <= I < N, got {v}")
+        return v
+
+    @property
+    def loops(self) -> int | None:
+        """Number of passes over the trace (None = forever)."""
+        return None if self.loop == "forever" else int(self.loop)
+
+    @property
+    def shard_index(self) -> tuple[int, int]:
+        i, n = (int(x) for x in self.shard.split("/"))
+        return i, n
 
     @field_validator("log_level")
     @classmethod

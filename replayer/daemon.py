@@ -30,12 +30,12 @@ from .config import RunConfig
 from .dispatcher import Dispatcher, Observer
 from .metrics import ReplayerMetrics
 from .payload import PayloadBuilder, PreparedRequest
-from .prompts import PromptBuilder, vocab_from_range, vocab_from_tokenizer
+from .prompts import PromptBuilder, mix64, vocab_from_range, vocab_from_tokenizer
 from .recorder import Recorder, read_results
 from .result import RequestResult
-from .schedule import build_schedule
+from .schedule import ScheduleBatch, Timeline, iter_schedule
 from .summary import format_summary, summarize
-from .trace import Trace, read_trace
+from .trace import read_trace
 
 log = logging.getLogger("replayer")
 
@@ -134,9 +134,34 @@ def _results_dir(cfg: RunConfig) -> str:
     return path
 
 
-def build_prompts(cfg: RunConfig, trace: Trace) -> PromptBuilder:
-    vocab = vocab_from_tokenizer(cfg.tokenizer) if cfg.tokenizer else vocab_from_range(*cfg.vocab_bounds)
-    return PromptBuilder(seed=cfg.seed, block_size=cfg.block_size or trace.block_size, vocab=vocab)
+class Prompts:
+    """Prompt builders per loop: the same builder every loop, or with ``loop_salt`` a builder
+    whose seed is salted by the loop number (fresh prefixes each loop). Keeps the last two."""
+
+    def __init__(self, cfg: RunConfig, block_size: int) -> None:
+        self.vocab = vocab_from_tokenizer(cfg.tokenizer) if cfg.tokenizer else vocab_from_range(*cfg.vocab_bounds)
+        self.seed = cfg.seed
+        self.salt = cfg.loop_salt
+        self.block_size = block_size
+        self._by_loop: dict[int, PromptBuilder] = {}
+
+    def for_loop(self, loop: int) -> PromptBuilder:
+        key = loop if self.salt else 0
+        b = self._by_loop.get(key)
+        if b is None:
+            seed = mix64(self.seed ^ mix64(key + 1)) if key else self.seed
+            b = PromptBuilder(seed=seed, block_size=self.block_size, vocab=self.vocab)
+            self._by_loop[key] = b
+            for old in sorted(self._by_loop)[:-2]:
+                del self._by_loop[old]
+        return b
+
+
+def open_batches_factory(cfg: RunConfig):
+    """A function returning a fresh iterator of validated trace batches (a new pass each loop),
+    and the trace's block size. Validation runs once, before anything is sent."""
+    trace = read_trace(cfg.trace, block_size=cfg.block_size, strict=cfg.strict)
+    return (lambda: iter((trace,))), trace.block_size, len(trace)
 
 
 async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = None,
@@ -147,18 +172,16 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
     """
     state = state or RunState()
     registry = registry or CollectorRegistry()
-    trace = read_trace(cfg.trace, block_size=cfg.block_size, strict=cfg.strict)
-    schedule = build_schedule(trace.timestamp_ns, speedup=cfg.speedup, max_requests=cfg.max_requests,
-                              duration_s=cfg.duration_s)
-    prompts = build_prompts(cfg, trace)
+    open_batches, block_size, n_rows = open_batches_factory(cfg)
+    prompts = Prompts(cfg, cfg.block_size or block_size)
     results_dir = _results_dir(cfg)
     state.results = results_dir
-    state.scheduled = len(schedule)
     metrics = ReplayerMetrics(registry, config_info={
-        "speedup": str(cfg.speedup), "trace": os.path.basename(cfg.trace), "endpoint": cfg.endpoint})
+        "speedup": str(cfg.speedup), "trace": os.path.basename(cfg.trace), "endpoint": cfg.endpoint,
+        "shard": cfg.shard, "loop": cfg.loop})
+    dispatcher_ref: list[Dispatcher] = []
     admin = AdminServer(registry, status=lambda: _status(state, dispatcher_ref),
                         ready=lambda: state.state in ("running", "draining"))
-    dispatcher_ref: list[Dispatcher] = []
     admin_url = await admin.start(cfg.admin_host, cfg.admin_port)
     log.info("admin server on %s (/metrics, /status)", admin_url)
     sim_proc = None
@@ -174,8 +197,7 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
         if model is None:
             raise StartupError(f"target {target} lists no model: pass --model")
         payload = PayloadBuilder(model, vllm_extensions=cfg.vllm_extensions)
-        metrics.on_scheduled(len(schedule))
-        summary = await _replay(cfg, trace, schedule, prompts, payload, target, api_key, metrics,
+        summary = await _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, metrics,
                                 state, results_dir, model, dispatcher_ref)
     finally:
         await admin.stop()
@@ -188,27 +210,35 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
     return summary
 
 
-async def _replay(cfg, trace, schedule, prompts, payload, target, api_key, metrics, state,
+async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, metrics, state,
                   results_dir, model, dispatcher_ref) -> dict:
     loop = asyncio.get_running_loop()
+    shard, shards = cfg.shard_index
+    batches = iter_schedule(open_batches, loops=cfg.loops, loop_gap_ns=int(cfg.loop_gap_s * 1e9),
+                            shard=shard, shards=shards, max_requests=cfg.max_requests)
     # Everything built so far (modules, trace, tables) lives for the whole run: move it out of
     # the cyclic GC's reach, or each full collection scans it and stalls the loop for ~100 ms.
     gc.collect()
     gc.freeze()
-    anchor = Anchor.at(cfg.start_delay_s)
-    rows, due = schedule.rows, schedule.due_ns
-    inp, outp = trace.input_length, trace.output_length
+    anchor = Anchor.at(cfg.start_delay_s, start_wall_s=cfg.start_at)
+    timeline = Timeline(cfg.speedup)
 
-    def prepare(i: int) -> PreparedRequest:
-        r = int(rows[i])
-        n_in, n_out = int(inp[r]), int(outp[r])
-        body = payload.body(prompts.prompt_json(trace.hash_ids(r), n_in), n_out)
-        return PreparedRequest(index=i, row=r, due_ns=int(due[i]), body=body, input_length=n_in,
-                               output_length=n_out, prompt_len=n_in, max_tokens=n_out)
+    def prepare(sb: ScheduleBatch, j: int) -> PreparedRequest:
+        t = sb.batch
+        i = int(sb.idx[j])
+        n_in, n_out = int(t.input_length[i]), int(t.output_length[i])
+        body = payload.body(prompts.for_loop(sb.loop).prompt_json(t.hash_ids(i), n_in), n_out)
+        trace_ns = int(sb.trace_ns[j])
+        metrics.on_scheduled(1)
+        return PreparedRequest(index=sb.first_index + j, row=int(sb.rows[j]), due_ns=timeline.due(trace_ns),
+                               body=body, input_length=n_in, output_length=n_out, prompt_len=n_in,
+                               max_tokens=n_out, loop=sb.loop, trace_ns=trace_ns)
 
-    def unsent(i: int) -> RequestResult:
-        r = int(rows[i])
-        return RequestResult(row=r, due_ns=int(due[i]), input_length=int(inp[r]), output_length=int(outp[r]))
+    def unsent(sb: ScheduleBatch, j: int) -> RequestResult:
+        t = sb.batch
+        i = int(sb.idx[j])
+        return RequestResult(row=int(sb.rows[j]), loop=sb.loop, due_ns=timeline.due(int(sb.trace_ns[j])),
+                             input_length=int(t.input_length[i]), output_length=int(t.output_length[i]))
 
     meta = {"replayer.version": __version__, "replayer.t0_wall_s": repr(anchor.wall_s),
             "replayer.trace": os.path.abspath(cfg.trace), "replayer.target": target, "replayer.model": model,
@@ -218,9 +248,10 @@ async def _replay(cfg, trace, schedule, prompts, payload, target, api_key, metri
     client = Client(target, t0_ns=anchor.t0_ns, endpoint=cfg.endpoint, api_key=api_key,
                     connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s or None)
     acct = _Accounting(state, metrics)
-    dispatcher = Dispatcher(schedule, prepare, client.send, recorder.add, t0_ns=anchor.t0_ns, observer=acct,
-                            lead_ns=int(cfg.lead_s * 1e9), drain_timeout_s=cfg.drain_timeout_s,
-                            unsent_result=unsent)
+    duration_ns = int(cfg.duration_s * 1e9) if cfg.duration_s else None
+    dispatcher = Dispatcher(batches, prepare, client.send, recorder.add, t0_ns=anchor.t0_ns, timeline=timeline,
+                            unsent=unsent, observer=acct, lead_ns=int(cfg.lead_s * 1e9),
+                            drain_timeout_s=cfg.drain_timeout_s, duration_ns=duration_ns)
     dispatcher_ref.append(dispatcher)
     signals = 0
 
@@ -240,8 +271,9 @@ async def _replay(cfg, trace, schedule, prompts, payload, target, api_key, metri
     background = [loop.create_task(recorder.run_periodic_flush())]
     if not cfg.quiet:
         background.append(loop.create_task(_progress(state, dispatcher, anchor)))
-    log.info("replaying %d requests from %s against %s (model %s) at speedup %g; results in %s",
-             len(schedule), cfg.trace, target, model, cfg.speedup, results_dir)
+    state.scheduled = n_rows if cfg.loops == 1 and shards == 1 else 0
+    log.info("replaying %s (%d rows, loop %s, shard %s) against %s (model %s) at speedup %g; results in %s",
+             cfg.trace, n_rows, cfg.loop, cfg.shard, target, model, cfg.speedup, results_dir)
     try:
         await client.start()
         state.state = "running"
@@ -264,7 +296,8 @@ async def _replay(cfg, trace, schedule, prompts, payload, target, api_key, metri
     table = read_results(os.path.join(results_dir, "requests.parquet"))
     summary = summarize(table)
     summary.update({"target": target, "model": model, "trace": cfg.trace, "speedup": cfg.speedup,
-                    "results": results_dir})
+                    "shard": cfg.shard, "loop": cfg.loop, "results": results_dir,
+                    "stopped_early": dispatcher.stopping})
     with open(os.path.join(results_dir, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
     if not cfg.quiet:
@@ -275,10 +308,13 @@ async def _replay(cfg, trace, schedule, prompts, payload, target, api_key, metri
 
 def _status(state: RunState, dispatcher_ref: list[Dispatcher]) -> dict:
     d = dispatcher_ref[0] if dispatcher_ref else None
+    pos = d.position if d else None
     return {"state": state.state, "target": state.target, "results": state.results,
-            "scheduled": state.scheduled, "sent": state.sent, "completed": state.completed,
+            "sent": state.sent, "completed": state.completed,
             "failed": state.failed, "cancelled": state.cancelled, "not_started": state.not_started,
-            "in_flight": d.in_flight if d else 0, "next_index": d.next_index if d else 0,
+            "in_flight": d.in_flight if d else 0,
+            "position": {"index": pos.index, "loop": pos.loop, "row": pos.row} if pos else None,
+            "speedup": d.timeline.speedup if d else None, "paused": d.timeline.paused if d else False,
             "max_dispatch_lag_ms": round(state.max_lag_ms, 3)}
 
 
@@ -286,8 +322,8 @@ async def _progress(state: RunState, dispatcher: Dispatcher, anchor: Anchor, eve
     while True:
         await asyncio.sleep(every_s)
         t = (now_ns() - anchor.t0_ns) / 1e9
-        log.info("t=%.0fs sent %d/%d in-flight %d ok %d failed %d max lag %.1f ms (last %.0fs)",
-                 t, state.sent, state.scheduled, dispatcher.in_flight, state.completed, state.failed,
+        log.info("t=%.0fs sent %d/%s in-flight %d ok %d failed %d max lag %.1f ms (last %.0fs)",
+                 t, state.sent, state.scheduled or "?", dispatcher.in_flight, state.completed, state.failed,
                  state.window_max_lag_ms, every_s)
         state.window_max_lag_ms = 0.0
 

@@ -1,30 +1,33 @@
 """The open loop: send every scheduled request at its due time, whether or not earlier ones
 finished; account for every one of them.
 
-Deadlines are absolute offsets from the anchor ``t0_ns``, recomputed at every wait (never a chain
-of relative sleeps, which drifts: vLLM issue 21104). Bodies are prepared in a lead window before
-their due time, so nothing heavy runs when a request is due. A late request goes out at once and
-its lag is recorded. There is no concurrency cap: a cap would turn the open loop into a closed
-one and hide lateness.
+Deadlines are absolute offsets from the anchor ``t0_ns`` (``schedule.Timeline``), recomputed at
+every wait (never a chain of relative sleeps, which drifts: vLLM issue 21104). Trace batches are
+read ahead in a worker thread; bodies are prepared in a lead window before their due time, so
+nothing heavy runs when a request is due. A late request goes out at once and its lag is
+recorded. There is no concurrency cap: a cap would turn the open loop into a closed one and hide
+lateness.
 
 Shutdown: ``stop()`` stops issuing; in-flight requests get ``drain_timeout_s`` to finish, then
-are cancelled (recorded as ``cancelled``); unsent ones are recorded as ``not_started``. So
-``sent + not_started == scheduled`` and every sent request ends as success, failed or cancelled.
+are cancelled (recorded as ``cancelled``). Requests already prepared, and the rest of the
+current trace batch, are recorded as ``not_started``. So ``sent + not_started`` = everything
+scheduled so far, and every sent request ends as success, failed or cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 from .clock import SPIN_NS, now_ns, sleep_until
 from .errors import ErrorKind, Outcome
 from .payload import PreparedRequest
 from .result import RequestResult
-from .schedule import Schedule
+from .schedule import ScheduleBatch, Timeline
 
 log = logging.getLogger(__name__)
 
@@ -37,116 +40,199 @@ class Observer:
 
 
 @dataclass
-class DispatchStats:
-    scheduled: int = 0
-    sent: int = 0
-    not_started: int = 0
-    cancelled: int = 0
-    max_lag_ns: int = 0
+class Position:
+    """Where the replay is: the next request to send (for status and resume checkpoints)."""
+
+    index: int = 0   # schedule position
+    loop: int = 0
+    row: int = 0     # global trace row
+    trace_ns: int = 0
+
+
+class BatchFeeder:
+    """Runs a synchronous schedule iterator in one worker thread, one batch ahead, so Parquet
+    reads and batch preparation never run on the event loop."""
+
+    def __init__(self, batches: Iterator[ScheduleBatch]) -> None:
+        self._it = batches
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trace-reader")
+        self._next: asyncio.Future | None = None
+
+    def _fetch(self) -> asyncio.Future:
+        return asyncio.get_running_loop().run_in_executor(self._pool, next, self._it, None)
+
+    async def next(self) -> ScheduleBatch | None:
+        fut = self._next or self._fetch()
+        batch = await fut
+        self._next = self._fetch() if batch is not None else None
+        return batch
+
+    def close(self) -> None:
+        if self._next is not None:
+            self._next.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class Dispatcher:
-    """Runs one schedule.
+    """Runs a schedule against ``send``.
 
-    ``prepare(i)`` builds the i-th scheduled request (pure, may take ~0.5 ms);
-    ``send(req, res)`` is the client's coroutine; ``sink(res)`` receives every result exactly once
-    (also for cancelled and not-started requests). ``lead_ns``: how far ahead bodies are built.
+    ``prepare(sb, j)`` builds the request for item j of schedule batch ``sb`` (pure, may take
+    ~0.5 ms); ``send(req, res)`` is the client's coroutine; ``sink(res)`` receives every result
+    exactly once; ``unsent(sb, j)`` builds the result of an item never sent. ``timeline`` maps
+    trace time to due time (shared with the control API). ``duration_ns``: stop issuing requests
+    due at or after this offset. ``lead_ns``: how far ahead bodies are built.
     """
 
-    def __init__(self, schedule: Schedule, prepare: Callable[[int], PreparedRequest],
-                 send: Callable[[PreparedRequest, RequestResult], "asyncio.Future | object"],
-                 sink: Callable[[RequestResult], None], *, t0_ns: int, observer: Observer | None = None,
-                 lead_ns: int = 500_000_000, drain_timeout_s: float = 30.0,
-                 make_result: Callable[[PreparedRequest], RequestResult] | None = None,
-                 unsent_result: Callable[[int], RequestResult] | None = None) -> None:
-        self.schedule = schedule
+    def __init__(self, batches: Iterator[ScheduleBatch],
+                 prepare: Callable[[ScheduleBatch, int], PreparedRequest],
+                 send: Callable[[PreparedRequest, RequestResult], Awaitable[object]],
+                 sink: Callable[[RequestResult], None], *, t0_ns: int, timeline: Timeline,
+                 unsent: Callable[[ScheduleBatch, int], RequestResult],
+                 observer: Observer | None = None, lead_ns: int = 500_000_000,
+                 drain_timeout_s: float = 30.0, duration_ns: int | None = None) -> None:
+        self._feeder = BatchFeeder(batches)
         self._prepare = prepare
         self._send = send
         self._sink = sink
+        self._unsent = unsent
         self.t0_ns = t0_ns
+        self.timeline = timeline
         self.obs = observer or Observer()
         self.lead_ns = lead_ns
         self.drain_timeout_s = drain_timeout_s
-        self._make_result = make_result or _default_result
-        self._unsent_result = unsent_result or (
-            lambda i: RequestResult(row=int(schedule.rows[i]), due_ns=int(schedule.due_ns[i])))
+        self.duration_ns = duration_ns
         self._stopping = asyncio.Event()
+        self._changed = asyncio.Event()   # timeline changed (pause/resume/speed-up) or stop
         self._idle = asyncio.Event()
         self._idle.set()
         self._tasks: set[asyncio.Task] = set()
-        self.stats = DispatchStats(scheduled=len(schedule))
-        self.next_index = 0  # first schedule index not yet sent
+        self._pending: deque[tuple[PreparedRequest, int]] = deque()  # (request, trace_ns)
+        self._cur: ScheduleBatch | None = None
+        self._j = 0
+        self.position = Position()
+        self.sent = 0
+        self.not_started = 0
+        self.cancelled = 0
+        self.finished = False  # the whole schedule was issued
 
+    # -- control ------------------------------------------------------------------------------
     @property
     def in_flight(self) -> int:
         return len(self._tasks)
-
-    def stop(self) -> None:
-        """Stop issuing requests; ``run`` then drains and returns."""
-        self._stopping.set()
 
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
-    async def run(self) -> DispatchStats:
-        """Send the whole schedule (or until ``stop``), then drain. Returns the accounting."""
+    def stop(self) -> None:
+        """Stop issuing requests; ``run`` then drains and returns."""
+        self._stopping.set()
+        self._changed.set()
+
+    def cancel_in_flight(self) -> None:
+        """Cancel every in-flight request now (second SIGTERM)."""
+        self.stop()
+        for t in list(self._tasks):
+            t.cancel()
+
+    def now_rel(self) -> int:
+        return now_ns() - self.t0_ns
+
+    def pause(self) -> None:
+        self.timeline.pause(self.now_rel())
+        self._changed.set()
+
+    def resume(self) -> None:
+        self.timeline.resume(self.now_rel())
+        self._changed.set()
+
+    def set_speedup(self, speedup: float) -> None:
+        self.timeline.set_speedup(speedup, self.now_rel())
+        self._changed.set()
+
+    # -- the loop -----------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Send the whole schedule (or until ``stop``), then drain and account."""
         try:
             await self._issue()
         finally:
             await self._drain()
-            self._record_not_started()
-        return self.stats
+            self._record_unsent()
+            self._feeder.close()
+
+    async def _next_item(self) -> tuple[ScheduleBatch, int] | None:
+        while self._cur is None or self._j >= len(self._cur):
+            self._cur = await self._feeder.next()
+            self._j = 0
+            if self._cur is None:
+                return None
+        return self._cur, self._j
 
     async def _issue(self) -> None:
-        due = self.schedule.due_ns
-        n = len(self.schedule)
-        t0 = self.t0_ns
-        pending: deque[PreparedRequest] = deque()
-        i_prep = 0
+        tl = self.timeline
+        pending = self._pending
         stopping = self._stopping
-        while self.next_index < n and not stopping.is_set():
-            now = now_ns() - t0
+        exhausted = False
+        while not stopping.is_set():
+            now = self.now_rel()
             # 1. fire everything due
-            while pending and pending[0].due_ns <= now:
-                self._fire(pending.popleft(), now)
-                now = now_ns() - t0
+            while pending and tl.due(pending[0][1]) <= now:
+                self._fire(pending.popleft()[0], now)
+                now = self.now_rel()
             # 2. prepare ahead, but never past the next due time
-            horizon = now + self.lead_ns
             t_yield = now_ns() + 2_000_000
-            while i_prep < n and due[i_prep] <= horizon:
-                if pending and pending[0].due_ns - (now_ns() - t0) <= SPIN_NS:
+            while not exhausted:
+                if pending and tl.due(pending[0][1]) - self.now_rel() <= SPIN_NS:
                     break
-                pending.append(self._prepare(i_prep))
-                i_prep += 1
+                item = self._cur, self._j
+                if self._cur is None or self._j >= len(self._cur):
+                    nxt = await self._next_item()
+                    if nxt is None:
+                        exhausted = True
+                        break
+                    item = nxt
+                sb, j = item
+                trace_ns = int(sb.trace_ns[j])
+                due = tl.due(trace_ns)
+                if self.duration_ns is not None and due >= self.duration_ns and not tl.paused:
+                    exhausted = True
+                    break
+                if due > self.now_rel() + self.lead_ns:
+                    break
+                pending.append((self._prepare(sb, j), trace_ns))
+                self._j += 1
                 if now_ns() > t_yield:  # let streams progress during a long preparation burst
                     await asyncio.sleep(0)
                     t_yield = now_ns() + 2_000_000
             if pending:
-                wake = pending[0].due_ns
-            elif i_prep < n:
-                wake = int(due[i_prep]) - self.lead_ns
+                wake = tl.due(pending[0][1])
+            elif not exhausted and self._cur is not None and self._j < len(self._cur):
+                wake = tl.due(int(self._cur.trace_ns[self._j])) - self.lead_ns
+            elif exhausted:
+                self.finished = True
+                return
             else:
-                break
-            if wake > now_ns() - t0:
-                if wake - (now_ns() - t0) > 2 * SPIN_NS:
-                    await _first(sleep_until(t0 + wake), stopping.wait())
-                else:  # short waits: no extra tasks, a stop is seen within ~1.5 ms anyway
-                    await sleep_until(t0 + wake)
+                continue
+            left = wake - self.now_rel()
+            if left > 2 * SPIN_NS:
+                self._changed.clear()
+                await _first(sleep_until(self.t0_ns + wake), self._changed.wait())
+            elif left > 0:
+                await sleep_until(self.t0_ns + wake)
             else:
                 await asyncio.sleep(0)
 
     def _fire(self, req: PreparedRequest, now_rel: int) -> None:
-        res = self._make_result(req)
-        lag = now_rel - req.due_ns
-        if lag > self.stats.max_lag_ns:
-            self.stats.max_lag_ns = lag
+        res = RequestResult(row=req.row, loop=req.loop, input_length=req.input_length,
+                            output_length=req.output_length, prompt_len_sent=req.prompt_len,
+                            max_tokens=req.max_tokens, due_ns=req.due_ns)
         task = asyncio.get_running_loop().create_task(self._one(req, res))
         self._tasks.add(task)
         self._idle.clear()
         task.add_done_callback(self._task_done)
-        self.stats.sent += 1
-        self.next_index = req.index + 1
+        self.sent += 1
+        p = self.position
+        p.index, p.loop, p.row = req.index + 1, req.loop, req.row + 1
         self.obs.on_sent(req)
 
     def _task_done(self, task: asyncio.Task) -> None:
@@ -155,10 +241,12 @@ class Dispatcher:
             self._idle.set()
 
     async def _one(self, req: PreparedRequest, res: RequestResult) -> None:
+        # the due time is fixed when the request fires (the timeline may change later)
+        req.due_ns = res.due_ns = self.timeline.due(req.trace_ns)
         try:
             await self._send(req, res)
         except asyncio.CancelledError:
-            self.stats.cancelled += 1
+            self.cancelled += 1
             if res.outcome == Outcome.NOT_STARTED.value:  # cancelled before the client began
                 res.outcome, res.error_kind = Outcome.CANCELLED.value, ErrorKind.CANCELLED.value
             self._deliver(res)
@@ -189,31 +277,27 @@ class Dispatcher:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
 
-    def cancel_in_flight(self) -> None:
-        """Cancel every in-flight request now (second SIGTERM)."""
-        self._stopping.set()
-        for t in list(self._tasks):
-            t.cancel()
-
-    def _record_not_started(self) -> None:
-        sched = self.schedule
-        for i in range(self.next_index, len(sched)):
-            res = self._unsent_result(i)
-            self.stats.not_started += 1
+    def _record_unsent(self) -> None:
+        if not self.stopping:
+            return
+        for req, _ in self._pending:
+            res = RequestResult(row=req.row, loop=req.loop, input_length=req.input_length,
+                                output_length=req.output_length, due_ns=self.timeline.due(req.trace_ns))
+            self.not_started += 1
             self._deliver(res)
+        self._pending.clear()
+        if self._cur is not None:
+            for j in range(self._j, len(self._cur)):
+                self.not_started += 1
+                self._deliver(self._unsent(self._cur, j))
+            self._j = len(self._cur)
 
 
-async def _first(*coros) -> None:
-    """Wait until the first of ``coros`` finishes; cancel the others."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
+async def _first(*aws: Awaitable[object]) -> None:
+    """Wait until the first of ``aws`` finishes; cancel the others."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for t in tasks:
             t.cancel()
-
-
-def _default_result(req: PreparedRequest) -> RequestResult:
-    return RequestResult(row=req.row, loop=req.loop, input_length=req.input_length,
-                         output_length=req.output_length, prompt_len_sent=req.prompt_len,
-                         max_tokens=req.max_tokens, due_ns=req.due_ns)

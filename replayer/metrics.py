@@ -2,21 +2,27 @@
 
 Conventions (prometheus.io/docs/practices/naming): ``replayer_`` prefix, base units (seconds,
 tokens), ``_total`` counters, labels only from closed sets (``outcome`` and ``error_kind`` from
-``replayer.errors``), explicit log-spaced histogram buckets (mergeable across shards, unlike
-summaries). Everything is registered on an injected ``CollectorRegistry``; importing this module
-registers nothing. See docs/metrics.md for the table of names, types, units and meanings.
+``replayer.errors``, ``field`` from ``USAGE_FIELDS``), explicit log-spaced histogram buckets
+(mergeable across shards, unlike summaries). Everything is registered on an injected
+``CollectorRegistry``; importing this module registers nothing. docs/metrics.md lists every name,
+type, unit, label and meaning; a test checks that list against a live registry.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from . import __version__
+from .clock import now_ns
 from .errors import ErrorKind, Outcome
 from .payload import PreparedRequest
 from .result import RequestResult
@@ -36,6 +42,49 @@ TOKEN_LATENCY_BUCKETS = log_buckets(0.0001, 10.0)
 #: dispatch lag is signed (early < 0 < late): mirrored log buckets, 10 us .. 100 s
 _LAG = log_buckets(0.00001, 100.0, per_decade=3)
 LAG_BUCKETS = tuple(-b for b in reversed(_LAG[:7])) + (0.0,) + _LAG
+#: the replayer's own event-loop lag (sleep overshoot): 10 us .. 10 s
+LOOP_LAG_BUCKETS = log_buckets(0.00001, 10.0, per_decade=3)
+#: closed label set of replayer_usage_mismatches_total
+USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "missing")
+
+
+def quantile_from_buckets(q: float, bounds: Iterable[float], cumulative: Iterable[float]) -> float | None:
+    """Prometheus ``histogram_quantile`` on one histogram: ``bounds`` are the finite upper bounds
+    (ascending), ``cumulative`` the cumulative counts for them followed by the +Inf count.
+    Linear interpolation inside the bucket; the lowest bucket starts at 0 (or at its own bound
+    if that is negative); a rank in the +Inf bucket returns the highest finite bound. ``None``
+    when the histogram is empty."""
+    b = list(bounds)
+    c = list(cumulative)
+    total = c[-1] if c else 0
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_bound, prev_count = (0.0 if b and b[0] > 0 else (b[0] if b else 0.0)), 0.0
+    for bound, count in zip(b, c):
+        if count >= rank:
+            if count == prev_count:
+                return bound
+            return prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count)
+        prev_bound, prev_count = bound, count
+    return b[-1] if b else None
+
+
+def _hist_state(h: Histogram | "BulkHistogram") -> tuple[list[float], list[float]]:
+    """(finite bounds, cumulative counts incl. +Inf) of a label-less histogram, via collect()."""
+    bounds: list[float] = []
+    counts: list[float] = []
+    inf = 0.0
+    for fam in h.collect():
+        for s in fam.samples:
+            if s.name.endswith("_bucket"):
+                le = s.labels["le"]
+                if le == "+Inf":
+                    inf = s.value
+                else:
+                    bounds.append(float(le))
+                    counts.append(s.value)
+    return bounds, counts + [inf]
 
 
 class BulkHistogram(Collector):
@@ -77,17 +126,57 @@ class BulkHistogram(Collector):
         return [HistogramMetricFamily(self.name, self.documentation)]
 
 
-class ReplayerMetrics:
-    """The replayer's metrics on ``registry``; ``on_sent``/``on_result`` are the dispatcher's
-    observer hooks (O(1) per request except ITL, which is one vectorised call)."""
+class _DueCounter(Collector):
+    """``replayer_requests_due_total``: schedule entries whose due time has passed, computed at
+    scrape time from the schedule (one ``searchsorted``), so its rate is the trace's arrival rate
+    at the replay's speed, independent of whether the replayer kept up."""
 
-    def __init__(self, registry: CollectorRegistry, *, config_info: dict[str, str] | None = None) -> None:
+    NAME = "replayer_requests_due"
+    DOC = "Scheduled requests whose due time has passed (the arrival curve the replay must follow)."
+
+    def __init__(self, registry: CollectorRegistry, clock=now_ns) -> None:
+        self._clock = clock
+        self._due_ns = np.zeros(0, dtype=np.int64)
+        self._t0_ns = 0
+        self._base = 0
+        registry.register(self)
+
+    def track(self, due_ns: np.ndarray, t0_ns: int, already_due: int = 0) -> None:
+        self._due_ns, self._t0_ns, self._base = np.asarray(due_ns, dtype=np.int64), int(t0_ns), int(already_due)
+
+    def value(self) -> int:
+        due, t0, base = self._due_ns, self._t0_ns, self._base
+        if due.size == 0:
+            return base
+        return base + int(np.searchsorted(due, self._clock() - t0, side="right"))
+
+    def collect(self):
+        yield CounterMetricFamily(self.NAME, self.DOC, value=self.value())
+
+    def describe(self):
+        return [CounterMetricFamily(self.NAME, self.DOC)]
+
+
+class ReplayerMetrics:
+    """The replayer's metrics on ``registry``.
+
+    ``on_scheduled``/``on_sent``/``on_result`` are the dispatcher's observer hooks (O(1) per
+    request except ITL, which is one vectorised call). ``set_trace``/``set_loop`` describe the
+    replay's position; ``on_expected_prefix_cache`` counts the prefix-cache hits the trace
+    implies; ``snapshot()`` gives the live numbers for a console or ``/status``.
+    ``process_collector=False`` skips ``process_*`` (only one may exist per registry).
+    """
+
+    def __init__(self, registry: CollectorRegistry, *, config_info: dict[str, str] | None = None,
+                 process_collector: bool = True, clock=now_ns) -> None:
         r = registry
+        self.registry = registry
         self.build_info = Info("replayer_build", "Version of replayer.", registry=r)
         self.build_info.info({"version": __version__})
         self.config_info = Info("replayer_config", "Key settings of this run (bounded set).", registry=r)
         self.config_info.info(config_info or {})
         self.scheduled = Counter("replayer_requests_scheduled", "Requests put on the schedule.", registry=r)
+        self.due = _DueCounter(r, clock)
         self.sent = Counter("replayer_requests_sent", "Requests sent to the target.", registry=r)
         self.requests = Counter("replayer_requests", "Requests finished, by outcome and error kind.",
                                 ["outcome", "error_kind"], registry=r)
@@ -110,13 +199,67 @@ class ReplayerMetrics:
         self.usage_mismatch = Counter("replayer_usage_mismatches",
                                       "Successful requests whose server usage differs from the trace.",
                                       ["field"], registry=r)
+        self.prefix_hit_tokens = Counter(
+            "replayer_expected_prefix_cache_hit_tokens",
+            "Prompt tokens the trace's hash ids say a prefix cache could serve (expected hits).", registry=r)
+        self.prefix_query_tokens = Counter(
+            "replayer_expected_prefix_cache_query_tokens",
+            "Prompt tokens looked up in the expected prefix cache.", registry=r)
+        self.trace_rows = Gauge("replayer_trace_rows", "Rows on the schedule per loop of the trace.", registry=r)
+        self.trace_rows_done = Gauge("replayer_trace_rows_done",
+                                     "Rows of the current loop whose request finished (any outcome).", registry=r)
+        self.trace_duration = Gauge("replayer_trace_duration_seconds",
+                                    "Trace time spanned by the schedule (seconds of trace time).", registry=r)
+        self.trace_time = Gauge("replayer_trace_time_seconds",
+                                "Trace time reached: trace offset of the last request sent.", registry=r)
+        self.loop = Gauge("replayer_loop", "Current loop over the trace (0 = first pass).", registry=r)
+        self.loop_lag = Histogram("replayer_event_loop_lag_seconds",
+                                  "Overshoot of the replayer's own event-loop sleeps.",
+                                  buckets=LOOP_LAG_BUCKETS, registry=r)
+        self.loop_lag_max = Gauge("replayer_event_loop_lag_max_seconds",
+                                  "Largest event-loop sleep overshoot of the last window (about 10 s).",
+                                  registry=r)
+        if process_collector:
+            ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes...
         for outcome in Outcome:
             for kind in ErrorKind:
                 if (outcome is Outcome.SUCCESS) == (kind is ErrorKind.NONE):
                     self.requests.labels(outcome.value, kind.value)
-        for field in ("prompt_tokens", "completion_tokens", "missing"):
+        for field in USAGE_FIELDS:
             self.usage_mismatch.labels(field)
+        self._speedup = 1.0
+        self._loop_no = 0
+        self._loop_start_ns = 0
 
+    # -- replay position -------------------------------------------------------------------
+    def set_trace(self, rows: int, duration_s: float, speedup: float = 1.0) -> None:
+        """The schedule: ``rows`` per loop spanning ``duration_s`` of trace time, replayed
+        ``speedup`` times faster (used to turn due times back into trace time)."""
+        self.trace_rows.set(rows)
+        self.trace_duration.set(duration_s)
+        self._speedup = float(speedup)
+
+    def track_due(self, due_ns: np.ndarray, t0_ns: int, already_due: int = 0) -> None:
+        """Export ``replayer_requests_due_total`` from the schedule's ``due_ns`` (offsets from the
+        monotonic anchor ``t0_ns``); ``already_due`` = requests of earlier loops."""
+        self.due.track(due_ns, t0_ns, already_due)
+
+    def set_loop(self, loop: int, start_due_ns: int = 0) -> None:
+        """Loop ``loop`` (0-based) starts; its first row is due ``start_due_ns`` after the anchor."""
+        self._loop_no, self._loop_start_ns = int(loop), int(start_due_ns)
+        self.loop.set(loop)
+        self.trace_rows_done.set(0)
+
+    def on_expected_prefix_cache(self, query_tokens: int, hit_tokens: int) -> None:
+        """One request's prompt: ``query_tokens`` looked up, ``hit_tokens`` of them expected cached."""
+        self.prefix_query_tokens.inc(query_tokens)
+        if hit_tokens:
+            self.prefix_hit_tokens.inc(hit_tokens)
+
+    def on_event_loop_lag(self, lag_s: float) -> None:
+        self.loop_lag.observe(lag_s)
+
+    # -- observer hooks --------------------------------------------------------------------
     def on_scheduled(self, n: int) -> None:
         self.scheduled.inc(n)
 
@@ -124,9 +267,13 @@ class ReplayerMetrics:
         self.sent.inc()
         self.in_flight.inc()
         self.prompt_tokens_sent.inc(req.prompt_len)
+        if req.loop == self._loop_no:
+            self.trace_time.set(max(0, req.due_ns - self._loop_start_ns) * self._speedup / 1e9)
 
     def on_result(self, res: RequestResult) -> None:
         self.requests.labels(res.outcome, res.error_kind).inc()
+        if res.loop == self._loop_no:
+            self.trace_rows_done.inc()
         if res.sent_ns is None:
             return  # not started: never counted as in flight
         self.in_flight.dec()
@@ -152,3 +299,116 @@ class ReplayerMetrics:
             self.usage_mismatch.labels("prompt_tokens").inc()
         if res.completion_tokens is not None and res.completion_tokens != res.output_length:
             self.usage_mismatch.labels("completion_tokens").inc()
+
+    # -- live view -------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, float | int | None]:
+        """Live numbers since start (JSON-ready; ``None`` = nothing measured yet): cumulative
+        quantiles in seconds from the histograms, token counters, trace position. A few dozen
+        samples are read: cheap enough for a 2 Hz console."""
+        out: dict[str, float | int | None] = {}
+        for name, h, qs in (("ttft", self.ttft, (0.5, 0.99)), ("dispatch_lag", self.lag, (0.5, 0.99)),
+                            ("e2e", self.e2e, (0.5, 0.99)), ("itl", self.itl, (0.5, 0.99))):
+            bounds, cum = _hist_state(h)
+            for q in qs:
+                out[f"{name}_p{int(q * 100)}_s"] = quantile_from_buckets(q, bounds, cum)
+        out["due"] = self.due.value()
+        out["prompt_tokens_total"] = int(self.server_prompt_tokens._value.get())
+        out["completion_tokens_total"] = int(self.server_completion_tokens._value.get())
+        out["trace_rows"] = int(self.trace_rows._value.get())
+        out["trace_rows_done"] = int(self.trace_rows_done._value.get())
+        out["trace_time_s"] = self.trace_time._value.get()
+        out["trace_duration_s"] = self.trace_duration._value.get()
+        out["loop"] = self._loop_no
+        out["event_loop_lag_max_s"] = self.loop_lag_max._value.get()
+        return out
+
+
+class ExpectedPrefixCache:
+    """What a prefix cache could serve, judged from the trace's hash ids alone.
+
+    A request's prompt is the blocks of its ``hash_ids`` (``block_size`` tokens each, the last one
+    cut). Its expected hit is the leading run of ids already seen, in tokens, capped at
+    ``input_length``: an ideal LRU cache of ``capacity_blocks`` blocks, no eviction pressure from
+    the server's KV usage. Compare with the server's own ``prefix_cache_hits / queries``.
+    """
+
+    def __init__(self, block_size: int, capacity_blocks: int = 1_000_000) -> None:
+        if block_size < 1 or capacity_blocks < 1:
+            raise ValueError("block_size and capacity_blocks must be >= 1")
+        self.block_size = block_size
+        self.capacity_blocks = capacity_blocks
+        self._seen: OrderedDict[int, None] = OrderedDict()
+
+    def lookup(self, hash_ids: Iterable[int], input_length: int) -> tuple[int, int]:
+        """Look up one prompt and insert its blocks; returns ``(query_tokens, hit_tokens)``."""
+        seen = self._seen
+        hit_blocks = 0
+        prefix = True
+        for h in hash_ids:
+            h = int(h)
+            if h in seen:
+                seen.move_to_end(h)
+                if prefix:
+                    hit_blocks += 1
+            else:
+                prefix = False
+                seen[h] = None
+                if len(seen) > self.capacity_blocks:
+                    seen.popitem(last=False)
+        return input_length, min(hit_blocks * self.block_size, input_length)
+
+
+class EventLoopLagMonitor:
+    """Measures the replayer's own event-loop lag: sleeps ``interval_s`` again and again and
+    records how late each wake-up is (``time.perf_counter_ns``), into
+    ``replayer_event_loop_lag_seconds`` and the windowed max ``replayer_event_loop_lag_max_seconds``.
+
+    Run ``await monitor.run()`` as a task; cancel it to stop. ``max_lag_s`` is the largest
+    overshoot seen since start.
+    """
+
+    def __init__(self, metrics: ReplayerMetrics, *, interval_s: float = 0.05, window_s: float = 10.0) -> None:
+        if interval_s <= 0 or window_s <= 0:
+            raise ValueError("interval_s and window_s must be > 0")
+        self.metrics = metrics
+        self.interval_s = interval_s
+        self.window_s = window_s
+        self.max_lag_s = 0.0
+        self.samples = 0
+
+    async def run(self) -> None:
+        interval_ns = int(self.interval_s * 1e9)
+        window_ns = int(self.window_s * 1e9)
+        window_start = time.perf_counter_ns()
+        prev_max = cur_max = 0.0
+        while True:
+            t0 = time.perf_counter_ns()
+            await asyncio.sleep(self.interval_s)
+            t1 = time.perf_counter_ns()
+            lag = max(0, t1 - t0 - interval_ns) / 1e9
+            self.samples += 1
+            self.metrics.on_event_loop_lag(lag)
+            if lag > self.max_lag_s:
+                self.max_lag_s = lag
+            if t1 - window_start >= window_ns:
+                prev_max, cur_max, window_start = cur_max, 0.0, t1
+            cur_max = max(cur_max, lag)
+            self.metrics.loop_lag_max.set(max(prev_max, cur_max))
+
+
+def metric_names(registry: CollectorRegistry) -> list[str]:
+    """Family names on ``registry`` as exposed (counters with ``_total``, info with ``_info``)."""
+    names = []
+    for fam in registry.collect():
+        if fam.type == "counter":
+            names.append(fam.name + "_total")
+        elif fam.type == "info":
+            names.append(fam.name + "_info")
+        else:
+            names.append(fam.name)
+    return sorted(set(names))
+
+
+__all__ = ["BulkHistogram", "EventLoopLagMonitor", "ExpectedPrefixCache", "ReplayerMetrics",
+           "LATENCY_BUCKETS", "TOKEN_LATENCY_BUCKETS", "LAG_BUCKETS", "LOOP_LAG_BUCKETS",
+           "log_buckets", "metric_names", "quantile_from_buckets"]

@@ -30,6 +30,7 @@ class PreparedRequest:
     prompt_len: int      # token ids in the body's prompt
     max_tokens: int
     loop: int = 0
+    trace_ns: int = 0    # trace-time offset (loop offset included); due_ns is derived from it
 
 
 class PayloadBuilder:

@@ -278,7 +278,8 @@ class StreamAccumulator:
 
     Token-carrying: a choice with non-empty ``text``, ``delta.content``, ``delta.reasoning_content``,
     ``delta.reasoning`` or ``delta.tool_calls`` (``message.*`` for a non-streaming body). When every
-    choice event carries a usage object (vLLM ``continuous_usage_stats``), per-event token counts
+    choice event with text or a finish_reason carries a usage object (vLLM
+    ``continuous_usage_stats``), per-event token counts
     are instead the increases of the running ``completion_tokens`` (an event whose count rose
     carries tokens even with empty text; one whose count did not rise carries none).
     """
@@ -432,8 +433,9 @@ class StreamAccumulator:
         first = last = None
         tok_t: list[int] = []
         tok_k: list[int] = []
-        if times and -1 not in totals:
-            # continuous usage: tokens per event = increase of the running completion_tokens
+        if times and all(u >= 0 for u, f in zip(totals, flags) if f):
+            # Continuous usage (every choice event with text or a finish_reason carries usage; a
+            # role-only chunk may lack it): tokens per event = rise of the running completion_tokens.
             prev = 0
             for t, f, u in zip(times, flags, totals):
                 if u > prev:

@@ -450,6 +450,18 @@ def test_continuous_usage_role_chunk_with_zero_usage_is_not_a_token():
     assert m["success"] and m["ttft"] == 20 and m["e2e"] == 30 and m["itl"] == [10.0] and m["tpot"] == 10.0
 
 
+def test_continuous_usage_when_role_chunk_has_no_usage():
+    u = lambda n: ',"usage":{"prompt_tokens":2,"completion_tokens":%d,"total_tokens":%d}' % (n, n + 2)
+    tr = [(5, b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'),
+          (20, ('data: {"choices":[{"index":0,"delta":{"content":"ab"},"finish_reason":null}]%s}\n\n' % u(1)).encode()),
+          (30, ('data: {"choices":[{"index":0,"delta":{"content":"cd"},"finish_reason":null}]%s}\n\n' % u(3)).encode()),
+          (40, ('data: {"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]%s}\n\n' % u(4)).encode()),
+          (41, b"data: [DONE]\n\n")]
+    m = metrics(run(tr))
+    assert m["success"] and m["N"] == 4 and m["ttft"] == 20 and m["e2e"] == 40
+    assert m["itl"] == [5.0, 5.0, 10.0] and m["tpot"] == 20 / 3
+
+
 # ----------------------------------------------------------------------------------------------
 # accumulator: failure kinds, error shapes, usage rules
 

@@ -1,0 +1,377 @@
+"""A real aiohttp HTTP server on 127.0.0.1 that plays byte transcripts, with fault knobs (tests only).
+
+A **transcript** is ``[(ms, bytes), ...]``: item ``(ms, b)`` is written as ONE transport write
+(``StreamResponse.write``, which also drains) at ``t0 + ms``, where ``t0`` is the moment the
+request body was fully received (``time.perf_counter_ns``, the same clock as
+``replayer.clock.now_ns``). This is the convention of ``shared/cases/client-faults.md``
+("t = 0 is the moment the last byte of the request is written"). Deadlines are absolute offsets
+from ``t0`` (never chained sleeps), so a late write does not delay the next one's deadline.
+
+Instead of bytes an item may carry one of the markers:
+
+* ``ABORT``: abort the TCP connection at that time (RST, no terminating chunk: the client sees a
+  mid-stream disconnect);
+* ``HANG``: stop writing and keep the connection open until the client goes away or the server
+  stops (a stall longer than any read timeout).
+
+A stall of N s is simply a gap of N*1000 ms between two items.
+
+What to play for a request is a ``Plan`` (status, content type, delay before headers, transcript
+or whole body). ``FaultServer(plan)`` takes one ``Plan`` (used for every request), a list of plans
+(a queue: the k-th request received gets the k-th plan; the last one repeats), or a callable
+``f(request_json) -> Plan`` (``request_json`` is the parsed JSON body, ``None`` if not JSON).
+
+Observations: ``received`` (one ``Received`` per request: raw body, parsed JSON, ``t0_ns``),
+``active``/``peak_active`` (requests inside the handler, i.e. concurrent HTTP/1.1 connections with
+a request in flight), ``peak_connections`` (open TCP connections seen by the server).
+
+Three ways to run it:
+
+* ``async with FaultServer(plan) as srv:`` in the test's own loop (simplest; server and client
+  share one loop, fine for a few requests);
+* ``with ThreadedFaultServer(plan) as srv:`` from sync code: a daemon thread with its own loop;
+* ``with ProcessFaultServer(plan) as srv:`` in a child process (uvloop) with its own core, like a
+  real target: use it for load (B24: 300 streams), where a server sharing the client's loop or
+  GIL would add its own queueing to the client's measurements. The plan must be picklable (a
+  ``Plan``, a list, or a module-level function); the observations (``received``, ``peak_active``,
+  ``peak_connections``) are copied back when the block exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import orjson
+from aiohttp import web
+
+__all__ = ["ABORT", "HANG", "Plan", "Received", "FaultServer", "ThreadedFaultServer", "sse",
+           "choice", "usage_event", "DONE", "huge_event", "PlanSource",
+           "ProcessFaultServer"]
+
+
+class _Marker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+ABORT = _Marker("ABORT")   # abort the connection (TCP RST) at this time
+HANG = _Marker("HANG")     # stop writing; keep the connection open until the client leaves
+
+Item = tuple[float, Union[bytes, _Marker]]
+
+
+# ---- building blocks for transcripts ------------------------------------------------------
+
+def sse(obj: Any) -> bytes:
+    """``data: <json>\\n\\n`` for a JSON-able object (or a str/bytes payload taken verbatim)."""
+    if isinstance(obj, bytes):
+        payload = obj
+    elif isinstance(obj, str):
+        payload = obj.encode()
+    else:
+        payload = orjson.dumps(obj)
+    return b"data: " + payload + b"\n\n"
+
+
+def choice(text: str, finish: str | None = None, usage: dict | None = None) -> bytes:
+    """One completions choice event (``/v1/completions`` streaming chunk)."""
+    obj: dict[str, Any] = {"choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+    if usage is not None:
+        obj["usage"] = usage
+    return sse(obj)
+
+
+def usage_event(prompt_tokens: int, completion_tokens: int) -> bytes:
+    """A usage-only event (``choices: []``)."""
+    return sse({"choices": [], "usage": {"prompt_tokens": prompt_tokens,
+                                         "completion_tokens": completion_tokens,
+                                         "total_tokens": prompt_tokens + completion_tokens}})
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def huge_event(n_bytes: int = 1 << 20, finish: str | None = "length") -> bytes:
+    """One choice event whose ``data`` line is about ``n_bytes`` long (text of 'x' * ...)."""
+    return choice("x" * max(1, n_bytes - 80), finish)
+
+
+# ---- plans --------------------------------------------------------------------------------
+
+@dataclass
+class Plan:
+    """What to play for one request.
+
+    ``status``/``content_type``/``headers``: the response head. ``headers_delay_ms``: time after t0
+    before the head is sent (the connection stays silent until then). ``body``: when not None,
+    sent as a whole (Content-Length) response at ``headers_delay_ms``; else ``transcript`` is
+    streamed (chunked transfer encoding) with each item's timing, then the response is ended
+    (unless an ``ABORT``/``HANG`` marker came first). ``close_at_ms``: shorthand for appending
+    ``(close_at_ms, ABORT)``.
+    """
+
+    transcript: Sequence[Item] = ()
+    status: int = 200
+    content_type: str = "text/event-stream"
+    headers: dict[str, str] = field(default_factory=dict)
+    headers_delay_ms: float = 0.0
+    body: bytes | None = None
+    close_at_ms: float | None = None
+
+    def items(self) -> list[Item]:
+        out = list(self.transcript)
+        if self.close_at_ms is not None:
+            out.append((self.close_at_ms, ABORT))
+        return out
+
+
+PlanSource = Union[Plan, Sequence[Plan], Callable[[Any], Plan]]
+
+
+@dataclass
+class Received:
+    """One request as received: raw ``body`` bytes, ``json`` (parsed, or None), ``t0_ns``
+    (perf_counter_ns when the body was fully read), ``path`` and ``headers``."""
+
+    body: bytes
+    json: Any
+    t0_ns: int
+    path: str
+    headers: dict[str, str]
+
+
+async def _sleep_until(deadline_ns: int) -> None:
+    """Sleep until perf_counter_ns() >= deadline_ns (timer, then a short yield-spin: ~0.1 ms)."""
+    while True:
+        left = deadline_ns - time.perf_counter_ns()
+        if left <= 0:
+            return
+        if left > 1_500_000:
+            await asyncio.sleep((left - 1_000_000) / 1e9)
+        else:
+            await asyncio.sleep(0)
+
+
+class FaultServer:
+    """The transcript-playing server (see the module docstring). ``await start()`` -> base URL;
+    ``await stop()``; or ``async with``. Routes: ``POST`` any path plays a plan; ``GET /health``
+    answers 200."""
+
+    def __init__(self, plan: PlanSource = Plan()) -> None:
+        self.plan = plan
+        self.received: list[Received] = []
+        self.active = 0
+        self.peak_active = 0
+        self.peak_connections = 0
+        self.url: str | None = None
+        self._runner: web.AppRunner | None = None
+        self._handlers: set[asyncio.Task] = set()
+        self._n = 0
+
+    def _choose(self, req_json: Any) -> Plan:
+        p = self.plan
+        i = self._n
+        self._n += 1
+        if isinstance(p, Plan):
+            return p
+        if callable(p):
+            return p(req_json)
+        return p[min(i, len(p) - 1)]
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_get("/health", self._health)
+        app.router.add_post("/{tail:.*}", self._handle)
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, backlog=4096)
+        await site.start()
+        self._runner = runner
+        self.url = f"http://{host}:{runner.addresses[0][1]}"
+        return self.url
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        for t in list(self._handlers):
+            t.cancel()
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> "FaultServer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        task = asyncio.current_task()
+        self._handlers.add(task)
+        self.active += 1
+        self.peak_active = max(self.peak_active, self.active)
+        server = self._runner.server if self._runner is not None else None
+        if server is not None:
+            self.peak_connections = max(self.peak_connections, len(server.connections))
+        try:
+            body = await request.read()
+            t0 = time.perf_counter_ns()
+            try:
+                req_json = orjson.loads(body) if body else None
+            except orjson.JSONDecodeError:
+                req_json = None
+            self.received.append(Received(body, req_json, t0, request.path, dict(request.headers)))
+            return await self._play(request, self._choose(req_json), t0)
+        finally:
+            self.active -= 1
+            self._handlers.discard(task)
+
+    async def _play(self, request: web.Request, plan: Plan, t0: int) -> web.StreamResponse:
+        if plan.headers_delay_ms:
+            await _sleep_until(t0 + int(plan.headers_delay_ms * 1e6))
+        if plan.body is not None:
+            items = plan.items()
+            if items and items[0][1] is ABORT:  # abort before any byte of the response
+                request.transport.abort()
+                raise asyncio.CancelledError  # nothing more to do for this handler
+            return web.Response(status=plan.status, body=plan.body,
+                                headers={"Content-Type": plan.content_type, **plan.headers})
+        resp = web.StreamResponse(status=plan.status,
+                                  headers={"Content-Type": plan.content_type, **plan.headers})
+        await resp.prepare(request)
+        await resp.write(b"")  # flush the head now (aiohttp holds it until the first write)
+        for ms, data in plan.items():
+            await _sleep_until(t0 + int(ms * 1e6))
+            if data is ABORT:
+                tr = request.transport
+                if tr is not None:
+                    tr.abort()
+                raise asyncio.CancelledError  # aiohttp must not try to end the response
+            if data is HANG:
+                await asyncio.Event().wait()  # until the client leaves / the server stops
+            try:
+                await resp.write(data)
+            except (ConnectionError, RuntimeError):
+                return resp  # the client went away
+        try:
+            await resp.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass
+        return resp
+
+
+class ThreadedFaultServer:
+    """A ``FaultServer`` running in a daemon thread with its own event loop, for sync code.
+
+    ``with ThreadedFaultServer(plan) as srv:`` -> ``srv.url``, ``srv.server`` (the FaultServer:
+    read ``received``/``peak_active`` after the requests are done)."""
+
+    def __init__(self, plan: PlanSource = Plan()) -> None:
+        self.server = FaultServer(plan)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.url: str | None = None
+
+    def __enter__(self) -> "ThreadedFaultServer":
+        ready = threading.Event()
+        err: list[BaseException] = []
+
+        def main() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                self.url = loop.run_until_complete(self.server.start())
+            except BaseException as e:  # noqa: BLE001 - reported to the caller
+                err.append(e)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self.server.stop())
+            loop.close()
+
+        self._thread = threading.Thread(target=main, name="faultserver", daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        if err:
+            raise err[0]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+
+
+def _process_main(plan: PlanSource, conn) -> None:  # child process of ProcessFaultServer
+    async def main() -> None:
+        srv = FaultServer(plan)
+        conn.send(await srv.start())
+        loop = asyncio.get_running_loop()
+        asked = asyncio.Event()
+        loop.add_reader(conn.fileno(), asked.set)
+        await asked.wait()
+        loop.remove_reader(conn.fileno())
+        conn.recv()
+        conn.send({"received": srv.received, "peak_active": srv.peak_active,
+                   "peak_connections": srv.peak_connections})
+        await srv.stop()
+
+    try:
+        import uvloop
+        uvloop.run(main())
+    except ImportError:  # pragma: no cover
+        asyncio.run(main())
+
+
+class ProcessFaultServer:
+    """A ``FaultServer`` in a child process (spawned; uvloop). ``with ProcessFaultServer(plan) as
+    srv:`` -> ``srv.url``; after the block: ``srv.received``, ``srv.peak_active``,
+    ``srv.peak_connections`` (copied from the child)."""
+
+    def __init__(self, plan: PlanSource = Plan()) -> None:
+        self.plan = plan
+        self.url: str | None = None
+        self.received: list[Received] = []
+        self.peak_active = 0
+        self.peak_connections = 0
+        self._proc = None
+        self._conn = None
+
+    def __enter__(self) -> "ProcessFaultServer":
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_process_main, args=(self.plan, child), daemon=True)
+        self._proc.start()
+        self._conn = parent
+        if not parent.poll(30):
+            self._proc.kill()
+            raise TimeoutError("fault server process did not start")
+        self.url = parent.recv()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._conn.send("stats")
+            if self._conn.poll(10):
+                st = self._conn.recv()
+                self.received = st["received"]
+                self.peak_active = st["peak_active"]
+                self.peak_connections = st["peak_connections"]
+        finally:
+            self._proc.join(5)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join(5)

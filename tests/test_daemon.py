@@ -1,0 +1,102 @@
+"""The daemon as a process: shutdown accounting, second signal, loops, shards, bad input."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+
+from conftest import wait_http, free_port
+
+
+def _run(args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "replayer", "run", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_sigterm_drains_then_accounts_for_every_row(tmp_path, mooncake_slice, sim_process):
+    trace = mooncake_slice(60)
+    n = sum(1 for _ in open(trace))
+    url, _ = sim_process("--itl-base-ms", "40")         # ~300 tokens x 40 ms: still running at SIGTERM
+    port = free_port()
+    p = _run([str(trace), "--target", url, "--speedup", "10", "--results", str(tmp_path / "r"),
+              "--admin-port", str(port), "--drain-timeout", "1", "--quiet"])
+    wait_http(f"http://127.0.0.1:{port}/readyz", 30)
+    time.sleep(2.5)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err[-2000:]
+    rows = pq.read_table(tmp_path / "r" / "requests.parquet").to_pylist()
+    outcomes = [r["outcome"] for r in rows]
+    assert sorted(r["row"] for r in rows) == list(range(n))       # every row exactly once
+    sent = sum(r["sent_ns"] is not None for r in rows)
+    assert 0 < sent < n
+    assert outcomes.count("cancelled") > 0 and outcomes.count("not_started") == n - sent
+    assert outcomes.count("success") + outcomes.count("failed") + outcomes.count("cancelled") == sent
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["sent"] + s["not_started"] == s["scheduled"] == n
+    assert s["stopped_early"] is True
+
+
+def test_second_signal_cancels_at_once(tmp_path, mooncake_slice, sim_process):
+    trace = mooncake_slice(30)
+    url, _ = sim_process("--itl-base-ms", "50")
+    port = free_port()
+    p = _run([str(trace), "--target", url, "--speedup", "5", "--results", str(tmp_path / "r"),
+              "--admin-port", str(port), "--drain-timeout", "120", "--quiet"])
+    wait_http(f"http://127.0.0.1:{port}/readyz", 30)
+    time.sleep(2.0)
+    p.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    t = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err[-2000:]
+    assert time.monotonic() - t < 15                       # did not wait out the 120 s drain
+    rows = pq.read_table(tmp_path / "r" / "requests.parquet").to_pylist()
+    assert any(r["outcome"] == "cancelled" for r in rows)
+
+
+def test_loops_and_shards_cover_the_trace(tmp_path, mooncake_slice, sim_process):
+    trace = mooncake_slice(20)
+    n = sum(1 for _ in open(trace))
+    url, received = sim_process()
+    got = []
+    for k in range(2):
+        res = tmp_path / f"s{k}"
+        p = _run([str(trace), "--target", url, "--speedup", "40", "--results", str(res), "--admin-port", "0",
+                  "--loop", "2", "--shard", f"{k}/2", "--quiet", "--start-delay", "0.3"])
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+        got += [(r["loop"], r["row"], r["outcome"]) for r in pq.read_table(res / "requests.parquet").to_pylist()]
+    assert sorted((lp, r) for lp, r, _ in got) == sorted((lp, r) for lp in (0, 1) for r in range(n))
+    assert all(o == "success" for _, _, o in got)
+
+
+def test_bad_trace_refused_before_sending(tmp_path, sim_process):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 20, "output_length": 8, "hash_ids": [1, 2]}\n'
+                   '{"timestamp": 5, "input_length": -3, "output_length": 8, "hash_ids": [3]}\n')
+    url, received = sim_process()
+    p = _run([str(bad), "--target", url, "--results", str(tmp_path / "r"), "--admin-port", "0"])
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 2
+    assert "row 1" in err and "hash_ids" in err and "row 2" in err and "input_length" in err
+    assert not received.exists() or received.read_text() == ""
+
+
+def test_bad_flags_listed_at_once(tmp_path):
+    p = _run([str(tmp_path / "missing.parquet"), "--speedup", "-2", "--shard", "3/2"])
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 2
+    assert "trace" in err and "speedup" in err and "shard" in err
+
+
+def test_target_down_fails_clearly(tmp_path, mooncake_slice):
+    trace = mooncake_slice(5)
+    p = _run([str(trace), "--target", f"http://127.0.0.1:{free_port()}", "--ready-timeout", "1",
+              "--results", str(tmp_path / "r"), "--admin-port", "0"])
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and "not ready" in err

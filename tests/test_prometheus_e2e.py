@@ -1,0 +1,122 @@
+"""A real Prometheus (Debian's `prometheus`) scrapes a real replay and the simulator at 1 s; every
+PromQL query of the Grafana dashboard must return data. Also `promtool check metrics` on a live
+scrape of the admin endpoint."""
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, free_port, wait_http
+
+sys.path.insert(0, str(ROOT / "deploy" / "grafana"))
+import dashboard  # noqa: E402
+
+PROMETHEUS = shutil.which("prometheus")
+PROMTOOL = shutil.which("promtool")
+pytestmark = pytest.mark.skipif(PROMETHEUS is None or PROMTOOL is None,
+                                reason="needs the `prometheus` binary and promtool "
+                                       "(apt-get install prometheus; .ci/run installs it)")
+
+
+def _get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _query(base: str, expr: str, at: float | None = None) -> dict:
+    params = {"query": expr}
+    if at is not None:
+        params["time"] = repr(at)
+    return _get_json(f"{base}/api/v1/query?{urllib.parse.urlencode(params)}")
+
+
+@pytest.fixture
+def prometheus(tmp_path):
+    procs = []
+
+    def start(scrape_targets: dict[str, str]) -> str:
+        port = free_port()
+        cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+               "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [hostport]}]}
+                                  for job, hostport in scrape_targets.items()]}
+        (tmp_path / "prometheus.yml").write_text(json.dumps(cfg))  # JSON is YAML
+        p = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
+                              f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "w"))
+        procs.append(p)
+        base = f"http://127.0.0.1:{port}"
+        wait_http(base + "/-/ready", 30)
+        return base
+
+    yield start
+    for p in procs:
+        p.terminate()
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_slice, sim_process, prometheus):
+    trace_path = mooncake_slice(120)  # ~6 s of replay at speedup 20
+    sim_url, _ = sim_process()
+    admin_port = free_port()
+    prom = prometheus({"replayer": f"127.0.0.1:{admin_port}", "target": sim_url.removeprefix("http://")})
+    proc = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace_path), "--target", sim_url,
+                             "--speedup", "20", "--admin-port", str(admin_port), "--results", str(tmp_path / "res"),
+                             "--start-delay", "2", "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    scrape = None
+    try:
+        wait_http(f"http://127.0.0.1:{admin_port}/healthz", 30)
+        time.sleep(4)  # some requests done: histograms and counters carry data
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=5) as r:
+            scrape = r.read()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+
+    # promtool lints the live exposition (naming, units, _total, histogram shape)
+    lint = subprocess.run([PROMTOOL, "check", "metrics"], input=scrape, capture_output=True)
+    assert lint.returncode == 0, lint.stdout.decode() + lint.stderr.decode()
+
+    # evaluate at the last scrape of the replayer (its series go stale once it exits)
+    res = _query(prom, 'replayer_requests_sent_total{job="replayer"}[5m]')
+    samples = res["data"]["result"][0]["values"]
+    assert len(samples) >= 4, samples
+    at = float(samples[-1][0])
+    assert float(samples[-1][1]) > 300  # the whole slice was sent
+
+    exprs = dashboard.expressions(json.loads(dashboard.OUT.read_text()))
+    assert len(exprs) >= 30
+    empty, values = [], {}
+    for expr in exprs:
+        r = _query(prom, expr, at)
+        assert r["status"] == "success", (expr, r)
+        if not r["data"]["result"]:
+            empty.append(expr)
+        else:
+            values[expr] = [float(s["value"][1]) for s in r["data"]["result"]]
+    assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
+
+    def finite_positive(fragment: str) -> None:
+        hits = [v for e, vs in values.items() if fragment in e for v in vs]
+        assert hits and any(math.isfinite(v) and v > 0 for v in hits), (fragment, hits)
+
+    for fragment in ("replayer_requests_due_total", "replayer_requests_sent_total",
+                     'replayer_requests_total{outcome="success"}', "replayer_ttft_seconds_bucket",
+                     "replayer_itl_seconds_bucket", "replayer_e2e_latency_seconds_bucket",
+                     "replayer_server_completion_tokens_total", "vllm:prefix_cache_hits_total",
+                     "process_cpu_seconds_total"):
+        finite_positive(fragment)
