@@ -36,7 +36,7 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
         default = "" if f.is_required() else f" [default: {f.default}]"
         help_text = f"{f.description}{unit}{default}"
         if name in POSITIONAL:
-            p.add_argument(name, help=help_text)
+            p.add_argument(name, nargs="?", default=argparse.SUPPRESS, help=help_text)
         elif typ is bool:
             p.add_argument(flag_name(name), dest=name, action=argparse.BooleanOptionalAction,
                            default=argparse.SUPPRESS, help=help_text)
@@ -45,25 +45,39 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                            metavar=name.removesuffix("_s").upper(), help=help_text)
 
 
+def read_config_file(path: str) -> dict:
+    """Settings from a YAML file whose keys are RunConfig field names (``configs/*.yaml``).
+    Raises ConfigError for unreadable files, non-mapping documents and unknown keys."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError([f"config: cannot read {path}: {e}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([f"config: {path} must hold a mapping of setting: value"])
+    unknown = sorted(set(data) - set(RunConfig.model_fields))
+    if unknown:
+        raise ConfigError([f"config: {path}: unknown setting {k!r}" for k in unknown])
+    return data
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="replayer", description="Replay LLM serving traces against "
                                 "OpenAI-compatible servers, open-loop and token-exact.")
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="replay a trace (against the embedded simulator if no --target)")
+    run = sub.add_parser("run", help="replay a trace (against the embedded simulator if no --target)",
+                         description="Replay a trace. Settings come from --config FILE (YAML, keys = the "
+                         "flag names with underscores) and are overridden by flags.")
+    run.add_argument("--config", dest="config_file", default=None, metavar="FILE",
+                     help="YAML file of settings (see configs/); flags override it")
     add_config_flags(run)
     sub.add_parser("sim", help="run the simulated OpenAI-compatible server (see `replayer sim --help`)",
                    add_help=False)
-    tr = sub.add_parser("trace", help="trace tools")
-    trs = tr.add_subparsers(dest="trace_command", required=True)
-    conv = trs.add_parser("convert", help="convert a trace (Mooncake JSONL, Parquet) to canonical Parquet")
-    conv.add_argument("input")
-    conv.add_argument("-o", "--output", required=True, help="output .parquet path")
-    conv.add_argument("--format", default="auto", help="input format: auto, mooncake, parquet [default: auto]")
-    conv.add_argument("--block-size", type=int, default=None, help="tokens per hash id [default: 512]")
-    conv.add_argument("--first-seconds", type=float, default=None, help="keep rows in the first S seconds")
-    conv.add_argument("--source", default=None, help="provenance text stored in the file metadata")
-    conv.add_argument("--license", default="", help="license text stored in the file metadata")
-    conv.add_argument("--strict", action="store_true", help="out-of-order timestamps are an error")
+    from .tracecli import add_trace_parser
+
+    add_trace_parser(sub)
     sub.add_parser("version", help="print the version")
     return p
 
@@ -81,8 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         print(__version__)
         return 0
     if args.command == "run":
-        values = {k: v for k, v in vars(args).items() if k in RunConfig.model_fields}
+        flags = {k: v for k, v in vars(args).items() if k in RunConfig.model_fields}
         try:
+            values = read_config_file(args.config_file) if args.config_file else {}
+            values.update(flags)
             cfg = load_config(values)
         except ConfigError as e:
             print(f"replayer run: {e}", file=sys.stderr)
@@ -90,18 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         from .daemon import main_run
 
         return main_run(cfg)
-    if args.command == "trace" and args.trace_command == "convert":
-        from .trace import TraceError, convert
+    if args.command == "trace":
+        from .tracecli import run_trace
 
-        try:
-            t = convert(args.input, args.output, fmt=args.format, block_size=args.block_size,
-                        source=args.source, license=args.license, first_seconds=args.first_seconds,
-                        strict=args.strict)
-        except (TraceError, OSError, ValueError) as e:
-            print(f"replayer trace convert: error: {e}", file=sys.stderr)
-            return 2
-        print(f"wrote {args.output}: {len(t)} rows")
-        return 0
+        return run_trace(args)
     return 2
 
 

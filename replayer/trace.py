@@ -27,6 +27,8 @@ smallest timestamp.
 from __future__ import annotations
 
 import dataclasses
+import glob as _glob
+import hashlib
 import itertools
 import math
 import os
@@ -47,10 +49,21 @@ __all__ = [
     "Trace",
     "read_trace",
     "write_parquet",
+    "trace_table",
+    "slice_rows",
     "convert",
+    "coarsest_unit",
     "SCHEMA_VERSION",
     "DEFAULT_BLOCK_SIZE",
     "TIME_UNITS",
+    "FORMATS",
+    "SYNTH_ID_BASE",
+    "HASH_ID_KEY",
+    "hash_id_from_string",
+    "parse_mapping",
+    "TraceSource",
+    "open_trace",
+    "trace_paths",
 ]
 
 SCHEMA_VERSION = "1"
@@ -60,6 +73,18 @@ DEFAULT_TIME_UNIT = "ms"
 TIME_UNITS: dict[str, int] = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 META_PREFIX = "replayer."
 MAX_PROBLEMS = 50
+#: Input formats (``fmt=``); ``"auto"`` picks one from the path (see :func:`read_trace`).
+FORMATS = ("parquet", "mooncake", "azure", "jsonl", "csv")
+#: Time units accepted by ``time_unit=`` for the generic formats (``datetime``: ISO-8601 strings).
+READ_TIME_UNITS = ("s", "ms", "us", "ns", "datetime")
+#: Synthesised hash ids (rows of a trace without prefix information, e.g. the Azure trace) are
+#: ``SYNTH_ID_BASE + k`` for the k-th block of the file (0-based, file order): the reserved range
+#: [2**62, 2**63). Ids read from files should stay below 2**62 to never meet them.
+SYNTH_ID_BASE = 1 << 62
+#: Key of the blake2b hash that maps string hash ids to 64-bit ids (part of the format: never change).
+HASH_ID_KEY = b"replayer.hash_id.v1"
+_U64 = 1 << 64
+_HEX = frozenset("0123456789abcdefABCDEF")
 ROW_GROUP_SIZE = 65_536
 
 _INT64_MAX = int(np.iinfo(np.int64).max)
@@ -132,8 +157,8 @@ class _Problems:
         self.file = file
         self.items: list[TraceProblem] = []
 
-    def add(self, row: int, field_: str, message: str) -> None:
-        self.items.append(TraceProblem(self.file, int(row), field_, message))
+    def add(self, row: int, field_: str, message: str, file: str | None = None) -> None:
+        self.items.append(TraceProblem(file or self.file, int(row), field_, message))
 
     def __bool__(self) -> bool:
         return bool(self.items)
@@ -158,16 +183,20 @@ class Trace:
     * ``input_length`` int64[n]: prompt tokens (>= 1). ``output_length`` int64[n]: tokens to
       generate (>= 1).
     * ``hash_offsets`` int64[n+1], ``hash_values`` int64[total]: the hash ids of row ``i`` are
-      ``hash_values[hash_offsets[i]:hash_offsets[i+1]]`` (Arrow ListArray layout); every id is >= 0
-      and row ``i`` has ``ceil(input_length[i] / block_size)`` of them.
+      ``hash_values[hash_offsets[i]:hash_offsets[i+1]]`` (Arrow ListArray layout) and row ``i`` has
+      ``ceil(input_length[i] / block_size)`` of them. Ids are unsigned 64-bit values stored as their
+      int64 bit pattern: an id >= 2**63 reads as ``id - 2**64`` (``int(h) & (2**64 - 1)`` recovers it;
+      ``prompts`` masks the same way). Ids from integers in the file are < 2**63 in practice; string
+      ids (:func:`hash_id_from_string`) may use all 64 bits.
     * ``source_row`` int64[n]: 1-based row number (JSONL: line number) of each row in the source.
     * ``rows_out_of_order``: rows whose timestamp is smaller than the largest timestamp before them.
     * Optional columns (``request_id``, ``session_id``, ``model``: ``str | None``; ``priority``:
       ``int | None``; ``extra_body``: ``str | None`` holding a JSON object) are lists in sorted
       order, or ``None`` when the source has no such column.
     * ``metadata``: ``schema_version``, ``block_size``, ``time_unit`` (unit of the source's
-      timestamps), ``source``, ``license``, ``format`` ("parquet" or "mooncake"), without the
+      timestamps), ``source``, ``license``, ``format`` (one of :data:`FORMATS`), without the
       ``replayer.`` prefix.
+    * ``row_offset``: index of row 0 in the whole trace (batches of :meth:`TraceSource.batches`).
     """
 
     path: str
@@ -185,6 +214,8 @@ class Trace:
     priority: list[int | None] | None = None
     extra_body: list[str | None] | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    #: Index of this trace's first row in the whole trace (0 unless it is a batch of a TraceSource).
+    row_offset: int = 0
 
     def __len__(self) -> int:
         return int(self.input_length.shape[0])
@@ -222,6 +253,7 @@ class Trace:
             priority=cut(self.priority),
             extra_body=cut(self.extra_body),
             metadata=dict(self.metadata),
+            row_offset=self.row_offset,
         )
 
 
@@ -297,6 +329,47 @@ def _coerce_int(v: Any, field_: str, minimum: int) -> tuple[int | None, str | No
     return iv, None
 
 
+def hash_id_from_string(s: str) -> int:
+    """Map a string hash id to its unsigned 64-bit id (0 <= id < 2**64), the same everywhere.
+
+    Exactly 16 hex digits (case-insensitive, no prefix) parse as their 64-bit value, so ids printed
+    as hex round-trip; any other string -> the big-endian 8-byte keyed blake2b digest
+    (``digest_size=8``, ``key=HASH_ID_KEY``) of its UTF-8 bytes. Never Python's salted ``hash()``,
+    never cut to 32 bits. Raises ValueError for the empty string.
+    """
+    if not s:
+        raise ValueError("empty string")
+    if len(s) == 16 and _HEX.issuperset(s):
+        return int(s, 16)
+    return int.from_bytes(hashlib.blake2b(s.encode("utf-8"), digest_size=8, key=HASH_ID_KEY).digest(), "big")
+
+
+def _coerce_hash(v: Any) -> tuple[int | None, str | None]:
+    """One hash id (int 0..2**64-1, integral float, or string) -> (int64 bit pattern, None) or (None, error)."""
+    if isinstance(v, str):
+        if not v:
+            return None, "empty string is not a hash id"
+        iv = hash_id_from_string(v)
+    elif v is None:
+        return None, "missing (null)"
+    elif isinstance(v, bool):
+        return None, f"expected an integer or string, got boolean {v!r}"
+    elif isinstance(v, (int, np.integer)):
+        iv = int(v)
+    elif isinstance(v, (float, np.floating)):
+        fv = float(v)
+        if not math.isfinite(fv) or not fv.is_integer():
+            return None, f"expected an integer, got non-integer {fv!r}"
+        iv = int(fv)
+    else:
+        return None, f"expected an integer or string, got {_type_name(v)} {_short(v)}"
+    if iv < 0:
+        return None, _range_message("hash_ids", iv)
+    if iv >= _U64:
+        return None, f"value {iv} does not fit in 64 bits (int64/uint64)"
+    return (iv - _U64 if iv > _INT64_MAX else iv), None
+
+
 def _ints_slow(values: list, rows: np.ndarray, field_: str, probs: _Problems) -> tuple[np.ndarray, np.ndarray]:
     minimum = _MIN[field_]
     out = np.zeros(len(values), dtype=np.int64)
@@ -364,7 +437,7 @@ def _hash_slow(lists: list, rows: np.ndarray, probs: _Problems) -> tuple[np.ndar
         vals = []
         errors = []
         for j, v in enumerate(h):
-            iv, err = _coerce_int(v, "hash_ids", 0)
+            iv, err = _coerce_hash(v)
             if err is None:
                 vals.append(iv)
             else:
@@ -387,13 +460,17 @@ def _hash_from_lists(lists: list, rows: np.ndarray, probs: _Problems) -> tuple[n
         vals = None
         if not flat:
             vals = np.zeros(0, dtype=np.int64)
-        elif set(map(type, flat)) == {int}:  # plain ints only (no bool, float, str, None)
-            try:
-                vals = np.array(flat)
-            except (ValueError, OverflowError, TypeError):
-                vals = None
+        else:
+            types = set(map(type, flat))
+            if types == {int}:  # plain ints only (no bool, float, str, None)
+                try:
+                    vals = np.array(flat)
+                except (ValueError, OverflowError, TypeError):
+                    vals = None
+            elif types == {str} and all(flat):
+                vals = np.array([hash_id_from_string(x) for x in flat], dtype=np.uint64)
         if (vals is not None and vals.ndim == 1 and vals.dtype.kind in "iu"
-                and (vals.size == 0 or (vals.min() >= 0 and (vals.dtype.kind == "i" or vals.max() <= _INT64_MAX)))):
+                and (vals.size == 0 or vals.dtype.kind == "u" or vals.min() >= 0)):
             return lengths, vals.astype(np.int64, copy=False), np.ones(n, dtype=bool)
     return _hash_slow(lists, rows, probs)
 
@@ -446,6 +523,150 @@ def _optional_from_list(name: str, values: list, rows: np.ndarray, probs: _Probl
 
 
 # --------------------------------------------------------------------------------------------
+# Reading options and column mapping
+
+
+_ALL_FIELDS = (*_REQUIRED, *_OPTIONAL)
+_AZURE_MAP = {"timestamp": "TIMESTAMP", "input_length": "ContextTokens", "output_length": "GeneratedTokens",
+              "hash_ids": ""}
+
+
+def parse_mapping(text: str | dict[str, str] | None) -> dict[str, str]:
+    """``"timestamp=ts,input_length=prompt_len"`` -> ``{"timestamp": "ts", ...}`` (canonical -> source).
+
+    Keys must be canonical field names (``timestamp``, ``input_length``, ``output_length``,
+    ``hash_ids``, ``request_id``, ``session_id``, ``model``, ``priority``, ``extra_body``); an empty
+    value for ``hash_ids`` (``hash_ids=``) means "no prefix information: synthesise unique ids".
+    Raises ValueError naming the bad entry.
+    """
+    if text is None:
+        return {}
+    items = text.items() if isinstance(text, dict) else (
+        part.split("=", 1) if "=" in part else (part, None) for part in text.split(",") if part.strip())
+    out: dict[str, str] = {}
+    for k, v in items:
+        k = k.strip()
+        if v is None:
+            raise ValueError(f"--map entry {k!r}: expected FIELD=COLUMN")
+        if k not in _ALL_FIELDS:
+            raise ValueError(f"--map entry {k!r}: not a trace field (one of {', '.join(_ALL_FIELDS)})")
+        v = v.strip()
+        if not v and k != "hash_ids":
+            raise ValueError(f"--map entry {k!r}: empty column name (only hash_ids may be empty)")
+        out[k] = v
+    return out
+
+
+@dataclass(frozen=True)
+class _Opts:
+    fmt: str  # resolved format, one of FORMATS
+    block_size: int | None
+    strict: bool
+    mapping: dict[str, str]
+    time_unit: str | None  # None: the format's default (Parquet: metadata)
+    allow_float_time: bool
+
+
+def _src(opts: _Opts, name: str) -> str:
+    """Source column/key of canonical field ``name`` ('' = absent by request)."""
+    return opts.mapping.get(name, name)
+
+
+def _synth_hash(il: np.ndarray, il_ok: np.ndarray, bs: int, start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unique ids for rows without prefix information: block k of the file -> SYNTH_ID_BASE + start + k."""
+    lengths = np.where(il_ok, (il + (bs - 1)) // bs, 0).astype(np.int64)
+    vals = SYNTH_ID_BASE + start + np.arange(int(lengths.sum()), dtype=np.int64)
+    return lengths, vals, il_ok.copy()
+
+
+# --------------------------------------------------------------------------------------------
+# Timestamps: integers in a unit, floats (generic formats), or date-time strings
+
+
+def _parse_datetimes(arr: pa.Array) -> pa.Array | None:
+    for typ in (pa.timestamp("ns"), pa.timestamp("ns", tz="UTC")):
+        try:
+            return arr.cast(typ).cast(pa.int64())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            continue
+    return None
+
+
+def _datetimes_slow(values: list, rows: np.ndarray, probs: _Problems) -> tuple[np.ndarray, np.ndarray]:
+    out = np.zeros(len(values), dtype=np.int64)
+    ok = np.ones(len(values), dtype=bool)
+    for i, v in enumerate(values):
+        if v is None or v is _MISSING:
+            ok[i] = False
+            probs.add(rows[i], "timestamp", "missing" if v is _MISSING else "missing (null)")
+            continue
+        if not isinstance(v, str):
+            ok[i] = False
+            probs.add(rows[i], "timestamp", f"expected a date-time string, got {_type_name(v)} {_short(v)}")
+            continue
+        got = _parse_datetimes(pa.array([v], pa.string()))
+        if got is None:
+            ok[i] = False
+            probs.add(rows[i], "timestamp", f"not a date-time: {_short(v)} (expected e.g. 2023-11-16 18:15:46.6805900)")
+        else:
+            out[i] = got[0].as_py()
+    return out, ok
+
+
+def _timestamps(values: list | pa.ChunkedArray, rows: np.ndarray, unit: str, allow_float: bool,
+                probs: _Problems) -> tuple[np.ndarray, np.ndarray, int]:
+    """Timestamps of one source -> (int64 values, ok mask, ns per value unit)."""
+    col = values if isinstance(values, pa.ChunkedArray) else None
+    if unit == "datetime":
+        if col is not None and (pa.types.is_timestamp(col.type)) and col.null_count == 0:
+            return col.cast(pa.timestamp("ns")).cast(pa.int64()).to_numpy(), np.ones(len(col), bool), 1
+        if col is not None and pa.types.is_string(col.type) and col.null_count == 0:
+            got = _parse_datetimes(col.combine_chunks())
+            if got is not None:
+                return got.to_numpy(), np.ones(len(col), bool), 1
+        vals = col.to_pylist() if col is not None else values
+        if all(type(v) is str for v in vals):
+            got = _parse_datetimes(pa.array(vals, pa.string()))
+            if got is not None:
+                return got.to_numpy(), np.ones(len(vals), bool), 1
+        ts, ok = _datetimes_slow(vals, rows, probs)
+        return ts, ok, 1
+    ns = TIME_UNITS[unit]
+    if col is not None:
+        t = col.type
+        if (pa.types.is_timestamp(t) or pa.types.is_duration(t)) and col.null_count == 0:
+            ns = TIME_UNITS[t.unit]
+            ts, ok = _ints_checked(col.cast(pa.int64()).to_numpy(), rows, "timestamp", probs)
+            return ts, ok, ns
+        if pa.types.is_floating(t) and allow_float and col.null_count == 0:
+            f = col.to_numpy()
+        elif pa.types.is_integer(t) and col.null_count == 0:
+            ts, ok = _ints_checked(col.to_numpy(), rows, "timestamp", probs)
+            return ts, ok, ns
+        else:
+            values = col.to_pylist()
+            f = None
+    else:
+        f = None
+    if f is None:
+        kinds = set(map(type, values))
+        if kinds == {int}:
+            ts, ok = _ints_from_list(values, rows, "timestamp", probs)
+            return ts, ok, ns
+        if not (allow_float and kinds <= {int, float}):
+            ts, ok = _ints_slow(values, rows, "timestamp", probs)
+            return ts, ok, ns
+        f = np.array(values, dtype=np.float64)
+    # Fractional values in a coarse unit: convert to integer ns once, here.
+    ok = np.isfinite(f) & (f >= 0) & (f * ns <= _INT64_MAX)
+    for i in np.flatnonzero(~ok):
+        v = float(f[i])
+        probs.add(rows[i], "timestamp", "expected a number, got NaN" if math.isnan(v) else
+                  (f"negative timestamp {v!r}: must be >= 0" if v < 0 else f"timestamp {v!r} {unit} does not fit in int64 ns"))
+    return np.where(ok, np.round(np.where(ok, f, 0) * ns), 0).astype(np.int64), ok, 1
+
+
+# --------------------------------------------------------------------------------------------
 # Format readers -> raw columns in file order
 
 
@@ -465,9 +686,18 @@ class _Raw:
     ns_per_unit: int
     block_size: int
     metadata: dict[str, str]
+    #: For multi-file sources: file of each shard and the raw index where each shard starts.
+    shard_files: list[str] | None = None
+    shard_start: np.ndarray | None = None
+
+    def file_of(self, i: int) -> str | None:
+        if self.shard_files is None:
+            return None
+        return self.shard_files[int(np.searchsorted(self.shard_start, i, side="right")) - 1]
 
 
-def _read_mooncake(path: str, probs: _Problems, block_size: int | None) -> _Raw | None:
+def _read_jsonl(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
+    """Mooncake / generic JSONL (or a JSON array): rows are physical line numbers (array: index+1)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -507,72 +737,93 @@ def _read_mooncake(path: str, probs: _Problems, block_size: int | None) -> _Raw 
                 continue
             objs.append(o)
             rows.append(lineno)
+    del data
     if not objs:
         if not probs:
             probs.add(0, "file", "no rows (empty trace)")
         return None
     rows_a = np.array(rows, dtype=np.int64)
+    unit = opts.time_unit or DEFAULT_TIME_UNIT
+    k = _src(opts, "timestamp")
+    ts, ts_ok, ns = _timestamps([o.get(k, _MISSING) for o in objs], rows_a, unit, opts.allow_float_time, probs)
     cols = {}
-    for name in ("timestamp", "input_length", "output_length"):
-        cols[name] = _ints_from_list([o.get(name, _MISSING) for o in objs], rows_a, name, probs)
-    hl, hv, hok = _hash_from_lists([o.get("hash_ids", _MISSING) for o in objs], rows_a, probs)
+    for name in ("input_length", "output_length"):
+        k = _src(opts, name)
+        cols[name] = _ints_from_list([o.get(k, _MISSING) for o in objs], rows_a, name, probs)
+    bs = opts.block_size if opts.block_size is not None else DEFAULT_BLOCK_SIZE
+    k = _src(opts, "hash_ids")
+    if k:
+        hl, hv, hok = _hash_from_lists([o.get(k, _MISSING) for o in objs], rows_a, probs)
+    else:
+        hl, hv, hok = _synth_hash(*cols["input_length"], bs, 0)
     optional: dict[str, list] = {}
     for name in _OPTIONAL:
-        if any(name in o for o in objs):
-            optional[name] = _optional_from_list(name, [o.get(name, _MISSING) for o in objs], rows_a, probs)
-    bs = block_size if block_size is not None else DEFAULT_BLOCK_SIZE
-    return _Raw(rows_a, *cols["timestamp"], *cols["input_length"], *cols["output_length"], hl, hv, hok,
-                optional, TIME_UNITS["ms"], bs,
-                {"format": "mooncake", "time_unit": "ms", "block_size": str(bs)})
+        k = _src(opts, name)
+        if k and any(k in o for o in objs):
+            optional[name] = _optional_from_list(name, [o.get(k, _MISSING) for o in objs], rows_a, probs)
+    meta = {"format": opts.fmt, "time_unit": unit, "block_size": str(bs)}
+    if not _src(opts, "hash_ids"):
+        meta["hash_ids"] = "synthesised"
+    return _Raw(rows_a, ts, ts_ok, *cols["input_length"], *cols["output_length"], hl, hv, hok,
+                optional, ns, bs, meta)
 
 
 def _column_ints(col: pa.ChunkedArray, rows: np.ndarray, field_: str, probs: _Problems) -> tuple[np.ndarray, np.ndarray]:
     t = col.type
     if pa.types.is_integer(t) and col.null_count == 0:
         return _ints_checked(col.to_numpy(), rows, field_, probs)
-    if (pa.types.is_timestamp(t) or pa.types.is_duration(t)) and field_ == "timestamp" and col.null_count == 0:
-        return _ints_checked(col.cast(pa.int64()).to_numpy(), rows, field_, probs)
     return _ints_slow(col.to_pylist(), rows, field_, probs)
 
 
 def _column_hash(col: pa.ChunkedArray, rows: np.ndarray, probs: _Problems) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     t = col.type
-    if (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)) \
-            and pa.types.is_integer(t.value_type) and col.null_count == 0:
+    if pa.types.is_string(t) or pa.types.is_large_string(t):  # CSV: a JSON list per cell
+        lists: list = []
+        for i, v in enumerate(col.to_pylist()):
+            if v is None:
+                lists.append(None)
+                continue
+            try:
+                lists.append(orjson.loads(v))
+            except orjson.JSONDecodeError:
+                lists.append(v)  # reported as "expected a list" with the text
+        return _hash_from_lists(lists, rows, probs)
+    if (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)) and col.null_count == 0:
         arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-        lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
-        flat = pc.list_flatten(arr)
-        if flat.null_count == 0:
-            vals = flat.to_numpy(zero_copy_only=False)
-            if vals.size == 0 or (vals.min() >= 0 and (vals.dtype.kind == "i" or vals.max() <= _INT64_MAX)):
-                return lengths, vals.astype(np.int64, copy=False), np.ones(len(arr), dtype=bool)
+        vt = t.value_type
+        if pa.types.is_integer(vt) or pa.types.is_string(vt) or pa.types.is_large_string(vt):
+            lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
+            flat = pc.list_flatten(arr)
+            if flat.null_count == 0:
+                if pa.types.is_integer(vt):
+                    vals = flat.to_numpy(zero_copy_only=False)
+                    if vals.size == 0 or vals.dtype.kind == "u" or vals.min() >= 0:
+                        return lengths, vals.astype(np.int64, copy=False), np.ones(len(arr), dtype=bool)
+                else:
+                    strs = flat.to_pylist()
+                    if all(strs):
+                        vals = np.array([hash_id_from_string(x) for x in strs], dtype=np.uint64)
+                        return lengths, vals.astype(np.int64), np.ones(len(arr), dtype=bool)
     return _hash_slow(col.to_pylist(), rows, probs)
 
 
-def _read_parquet(path: str, probs: _Problems, block_size: int | None) -> _Raw | None:
-    if not os.path.exists(path):
-        probs.add(0, "file", "no such file")
-        return None
-    try:
-        pf = pq.ParquetFile(path)
-        table = pf.read()
-    except (pa.ArrowException, OSError, ValueError) as e:
-        probs.add(0, "file", f"not a readable Parquet file: {e}")
-        return None
-    raw_meta = table.schema.metadata or {}
+def _parquet_meta(schema_meta: dict | None, probs: _Problems, opts: _Opts) -> tuple[dict[str, str], int]:
     meta: dict[str, str] = {"format": "parquet"}
-    for k, v in raw_meta.items():
+    for k, v in (schema_meta or {}).items():
         ks = k.decode("utf-8", "replace")
         if ks.startswith(META_PREFIX):
             meta[ks[len(META_PREFIX):]] = v.decode("utf-8", "replace")
     ver = meta.get("schema_version", SCHEMA_VERSION)
     if ver != SCHEMA_VERSION:
         probs.add(0, "metadata", f"replayer.schema_version {ver!r} is not supported (expected {SCHEMA_VERSION!r})")
+    if opts.time_unit is not None:
+        meta["time_unit"] = opts.time_unit
     unit = meta.get("time_unit", DEFAULT_TIME_UNIT)
-    if unit not in TIME_UNITS:
+    if unit not in TIME_UNITS and unit != "datetime":
         probs.add(0, "metadata", f"replayer.time_unit {unit!r} is not one of s, ms, us, ns")
         unit = DEFAULT_TIME_UNIT
     meta["time_unit"] = unit
+    block_size = opts.block_size
     if block_size is None:
         bs_text = meta.get("block_size", str(DEFAULT_BLOCK_SIZE))
         try:
@@ -584,52 +835,209 @@ def _read_parquet(path: str, probs: _Problems, block_size: int | None) -> _Raw |
             block_size = DEFAULT_BLOCK_SIZE
     meta["block_size"] = str(block_size)
     meta.setdefault("schema_version", SCHEMA_VERSION)
+    return meta, block_size
 
+
+def _num(v: Any) -> Any:
+    """CSV cell text -> int / float when it is one, else unchanged (reported by the checks)."""
+    if isinstance(v, str):
+        try:
+            return int(v)
+        except ValueError:
+            try:
+                return float(v)
+            except ValueError:
+                return v
+    return v
+
+
+def _raw_from_table(table: pa.Table, probs: _Problems, meta: dict[str, str], block_size: int, opts: _Opts,
+                    rows: np.ndarray, synth_start: int = 0) -> _Raw | None:
+    """Validate the columns of ``table`` (Parquet or CSV) -> raw columns; ``rows`` numbers the rows."""
+    if opts.fmt in ("csv", "azure"):  # a bad cell makes the whole CSV column text: re-read the numbers
+        for name in ("timestamp", "input_length", "output_length", "priority"):
+            k = _src(opts, name)
+            if k in table.column_names and (name != "timestamp" or meta["time_unit"] != "datetime"):
+                col = table.column(k)
+                if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+                    vals = [_num(v) for v in col.to_pylist()]
+                    try:
+                        arr = pa.array(vals)
+                    except (pa.ArrowInvalid, pa.ArrowTypeError):
+                        arr = pa.array([None if isinstance(v, str) else v for v in vals])
+                        bad = [(i, v) for i, v in enumerate(vals) if isinstance(v, str)]
+                        for i, v in bad:
+                            probs.add(rows[i], name, f"expected a number, got string {_short(v)}")
+                        arr = pa.array([0 if isinstance(v, str) else v for v in vals])
+                    table = table.set_column(table.column_names.index(k), k, arr)
     names = set(table.column_names)
-    missing = [c for c in _REQUIRED if c not in names]
-    for c in missing:
-        probs.add(0, c, f"missing required column (columns present: {', '.join(table.column_names) or 'none'})")
+    missing = []
+    for c in _REQUIRED:
+        k = _src(opts, c)
+        if k and k not in names:
+            missing.append(c)
+            mapped = f" (mapped from {k!r})" if k != c else ""
+            probs.add(0, c, f"missing required column{mapped} (columns present: "
+                            f"{', '.join(table.column_names) or 'none'})")
     if missing:
         return None
     if table.num_rows == 0:
         probs.add(0, "file", "no rows (empty trace)")
         return None
-    rows = np.arange(1, table.num_rows + 1, dtype=np.int64)
-    ns_per_unit = TIME_UNITS[unit]
-    ts_col = table.column("timestamp")
-    if pa.types.is_timestamp(ts_col.type) or pa.types.is_duration(ts_col.type):
-        ns_per_unit = TIME_UNITS[ts_col.type.unit]
-        meta["time_unit"] = ts_col.type.unit
-    ts, ts_ok = _column_ints(ts_col, rows, "timestamp", probs)
-    il, il_ok = _column_ints(table.column("input_length"), rows, "input_length", probs)
-    ol, ol_ok = _column_ints(table.column("output_length"), rows, "output_length", probs)
-    hl, hv, hok = _column_hash(table.column("hash_ids"), rows, probs)
+    unit = meta["time_unit"]
+    ts, ts_ok, ns = _timestamps(table.column(_src(opts, "timestamp")), rows, unit, opts.allow_float_time, probs)
+    if unit != "datetime" and ns != TIME_UNITS[unit]:
+        meta["time_unit"] = next(u for u, v in TIME_UNITS.items() if v == ns)
+    il, il_ok = _column_ints(table.column(_src(opts, "input_length")), rows, "input_length", probs)
+    ol, ol_ok = _column_ints(table.column(_src(opts, "output_length")), rows, "output_length", probs)
+    if _src(opts, "hash_ids"):
+        hl, hv, hok = _column_hash(table.column(_src(opts, "hash_ids")), rows, probs)
+    else:
+        hl, hv, hok = _synth_hash(il, il_ok, block_size, synth_start)
+        meta["hash_ids"] = "synthesised"
     optional: dict[str, list] = {}
     for name in _OPTIONAL:
-        if name in names:
-            optional[name] = _optional_from_list(name, table.column(name).to_pylist(), rows, probs)
-    return _Raw(rows, ts, ts_ok, il, il_ok, ol, ol_ok, hl, hv, hok, optional, ns_per_unit, block_size, meta)
+        k = _src(opts, name)
+        if k and k in names:
+            optional[name] = _optional_from_list(name, table.column(k).to_pylist(), rows, probs)
+    return _Raw(rows, ts, ts_ok, il, il_ok, ol, ol_ok, hl, hv, hok, optional, ns, block_size, meta)
+
+
+def trace_paths(path: str) -> list[str]:
+    """Files of a Parquet source: the file itself, a folder's ``*.parquet``/``*.pq`` files, or a
+    glob's matches, sorted by name (shards are read in that order as one trace). [] if none."""
+    if os.path.isdir(path):
+        return sorted(os.path.join(path, n) for n in os.listdir(path)
+                      if n.endswith((".parquet", ".pq")) and not n.startswith((".", "_")))
+    if any(c in path for c in "*?[") and not os.path.exists(path):
+        return sorted(p for p in _glob.glob(path) if os.path.isfile(p))
+    return [path]
+
+
+def _concat_raw(raws: list[_Raw], files: list[str]) -> _Raw:
+    if len(raws) == 1:
+        return dataclasses.replace(raws[0], shard_files=files, shard_start=np.zeros(1, dtype=np.int64))
+    cat = np.concatenate
+    optional: dict[str, list] = {}
+    for name in _OPTIONAL:
+        if any(name in r.optional for r in raws):
+            optional[name] = [v for r in raws for v in r.optional.get(name, [None] * len(r.rows))]
+    r0 = raws[0]
+    start = np.cumsum([0] + [len(r.rows) for r in raws[:-1]]).astype(np.int64)
+    return _Raw(cat([r.rows for r in raws]), cat([r.ts for r in raws]), cat([r.ts_ok for r in raws]),
+                cat([r.il for r in raws]), cat([r.il_ok for r in raws]), cat([r.ol for r in raws]),
+                cat([r.ol_ok for r in raws]), cat([r.hash_len for r in raws]), cat([r.hash_vals for r in raws]),
+                cat([r.hash_ok for r in raws]), optional, r0.ns_per_unit, r0.block_size, r0.metadata,
+                shard_files=files, shard_start=start)
+
+
+def _read_parquet(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
+    files = trace_paths(path)
+    if not files:
+        probs.add(0, "file", "no Parquet files match (folder or glob is empty)")
+        return None
+    if len(files) == 1 and not os.path.exists(files[0]):
+        probs.add(0, "file", "no such file")
+        return None
+    raws: list[_Raw] = []
+    synth = 0
+    units = set()
+    for f in files:
+        fp = _Problems(f)
+        try:
+            table = pq.read_table(f)
+        except (pa.ArrowException, OSError, ValueError) as e:
+            probs.add(0, "file", f"not a readable Parquet file: {e}", file=f)
+            continue
+        meta, bs = _parquet_meta(table.schema.metadata, fp, opts)
+        raw = _raw_from_table(table, fp, meta, bs, opts, np.arange(1, table.num_rows + 1, dtype=np.int64), synth)
+        del table
+        if raw is not None:
+            _check_hash_counts(raw, fp)
+        probs.items.extend(fp.items)
+        if raw is not None:
+            synth += int(raw.hash_len.sum()) if raw.metadata.get("hash_ids") == "synthesised" else 0
+            units.add(raw.ns_per_unit)
+            raws.append(raw)
+    if probs or len(raws) != len(files):
+        return None
+    if len(units) > 1:
+        probs.add(0, "metadata", "shards disagree on replayer.time_unit; convert them one by one first")
+        return None
+    return _concat_raw(raws, files)
+
+
+def _sniff_csv_header(path: str) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(65536).decode("utf-8", "replace").strip()
+    except OSError:
+        return []
+    return [c.strip().strip('"') for c in first.split(",")]
+
+
+def _read_csv(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
+    """Azure LLM inference trace CSV or generic CSV (header row; rows are line numbers, header = 1)."""
+    import pyarrow.csv as pcsv
+
+    types = {}
+    unit = opts.time_unit or ("datetime" if opts.fmt == "azure" else DEFAULT_TIME_UNIT)
+    if unit == "datetime":
+        types[_src(opts, "timestamp")] = pa.string()
+    for name in ("hash_ids", "request_id", "session_id", "model", "extra_body"):
+        if _src(opts, name):
+            types[_src(opts, name)] = pa.string()
+    try:
+        table = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(column_types=types,
+                                                                       strings_can_be_null=True))
+    except (pa.ArrowException, OSError, ValueError) as e:
+        probs.add(0, "file", f"not a readable CSV file: {e}")
+        return None
+    bs = opts.block_size if opts.block_size is not None else DEFAULT_BLOCK_SIZE
+    meta = {"format": opts.fmt, "time_unit": unit, "block_size": str(bs)}
+    if opts.fmt == "azure":
+        meta["source"] = ("Azure LLM inference trace 2023 (AzurePublicDataset AzureLLMInferenceTrace; "
+                          "Splitwise, ISCA 2024): " + os.path.basename(path))
+        meta["license"] = "CC-BY-4.0"
+    return _raw_from_table(table, probs, meta, bs, opts, np.arange(2, table.num_rows + 2, dtype=np.int64))
 
 
 # --------------------------------------------------------------------------------------------
 # Public API
 
 
-def _detect_format(path: str, fmt: str, probs: _Problems) -> str | None:
+def _resolve(path: str, fmt: str, block_size: int | None, strict: bool, mapping, time_unit: str | None,
+             probs: _Problems) -> _Opts | None:
+    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    if time_unit is not None and time_unit not in READ_TIME_UNITS:
+        raise ValueError(f"time_unit must be one of {', '.join(READ_TIME_UNITS)}, got {time_unit!r}")
+    mapping = parse_mapping(mapping)
+    kind = fmt
     if fmt == "auto":
         ext = os.path.splitext(path)[1].lower()
-        if ext in (".parquet", ".pq"):
-            return "parquet"
-        if ext in (".jsonl", ".json"):
-            return "mooncake"
-        probs.add(0, "format", f"unknown trace format for extension {ext or '(none)'!r}: "
-                               "expected .parquet/.pq (canonical) or .jsonl/.json (Mooncake); "
-                               "or name the format explicitly")
+        if os.path.isdir(path) or ext in (".parquet", ".pq") or (any(c in path for c in "*?[") and not os.path.exists(path)):
+            kind = "parquet"
+        elif ext in (".jsonl", ".json"):
+            kind = "jsonl" if (mapping or time_unit) else "mooncake"
+        elif ext == ".csv":
+            head = set(_sniff_csv_header(path))
+            kind = "azure" if (not mapping and {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= head) else "csv"
+        else:
+            probs.add(0, "format", f"unknown trace format for extension {ext or '(none)'!r}: expected "
+                                   ".parquet/.pq or a folder/glob of them (canonical), .jsonl/.json "
+                                   "(Mooncake or generic JSONL) or .csv (Azure or generic CSV); "
+                                   "or name the format explicitly")
+            return None
+    elif fmt not in FORMATS:
+        probs.add(0, "format", f"unknown trace format {fmt!r}: expected 'auto' or one of {', '.join(FORMATS)}")
         return None
-    if fmt in ("parquet", "mooncake"):
-        return fmt
-    probs.add(0, "format", f"unknown trace format {fmt!r}: expected 'auto', 'parquet' or 'mooncake'")
-    return None
+    if kind == "azure":
+        mapping = {**_AZURE_MAP, **mapping}
+    if kind == "mooncake" and time_unit not in (None, "ms"):
+        kind = "jsonl"
+    allow_float = kind in ("jsonl", "csv", "azure") or time_unit is not None
+    return _Opts(kind, block_size, strict, mapping, time_unit, allow_float)
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
@@ -637,39 +1045,9 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def read_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | None = None,
-               strict: bool = False) -> Trace:
-    """Read and validate a trace file; return its rows stable-sorted by timestamp.
-
-    ``fmt``: ``"auto"`` picks by extension (``.parquet``/``.pq`` -> canonical Parquet,
-    ``.jsonl``/``.json`` -> Mooncake JSONL), or ``"parquet"`` / ``"mooncake"``.
-    ``block_size``: tokens per hash id; ``None`` -> Parquet ``replayer.block_size`` metadata,
-    else 512 (Mooncake). An explicit value overrides the metadata.
-    ``strict``: rows out of timestamp order are an error instead of a :class:`TraceOrderWarning`.
-
-    Raises :class:`TraceError` listing every problem (file, row, field, message): missing,
-    unreadable or empty file; corrupt Parquet; unknown format; missing required column; invalid
-    JSON line; a value of the wrong type, null, NaN or non-integer; ``timestamp`` < 0;
-    ``input_length`` or ``output_length`` < 1 (``output_length`` 0 is an error); a ``hash_ids`` that
-    is not a list of integers >= 0 or whose length is not ``ceil(input_length / block_size)``.
-    """
-    path = os.fspath(path)
-    probs = _Problems(path)
-    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
-        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
-    kind = _detect_format(path, fmt, probs)
-    if kind is None:
-        raise TraceError(probs.items)
-    if kind == "mooncake" and not os.path.exists(path):
-        probs.add(0, "file", "no such file")
-        raise TraceError(probs.items)
-    raw = (_read_parquet if kind == "parquet" else _read_mooncake)(path, probs, block_size)
-    if raw is None:
-        probs.raise_if_any()
-        raise TraceError([TraceProblem(path, 0, "file", "no rows (empty trace)")])  # pragma: no cover
+def _check_hash_counts(raw: _Raw, probs: _Problems) -> None:
+    """hash_ids count must match the prompt length (checked where both are valid)."""
     bs = raw.block_size
-
-    # hash_ids count must match the prompt length (checked where both are valid).
     both = raw.il_ok & raw.hash_ok
     expected = (raw.il + (bs - 1)) // bs
     wrong = both & (expected != raw.hash_len)
@@ -678,17 +1056,32 @@ def read_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | 
         probs.add(raw.rows[i], "hash_ids",
                   f"expected {e} hash id{'s' if e != 1 else ''} (ceil(input_length {L} / block_size {bs})), got {a}")
 
-    # Timestamps: converted to ns offsets; the span must fit in int64 nanoseconds.
+
+def _finish(raw: _Raw, probs: _Problems, path: str, strict: bool, *, origin: int | None = None,
+            not_before: int | None = None, row_offset: int = 0, stacklevel: int = 3) -> Trace:
+    """Checks that need whole rows, then sort and build the Trace.
+
+    ``origin`` (raw units): time 0 (default: the smallest timestamp). ``not_before`` (raw units):
+    streaming only; a row earlier than this is an error (an earlier row group went past it).
+    """
+    if raw.shard_files is None:  # shards were checked one by one (problems name the shard)
+        _check_hash_counts(raw, probs)
     ts = raw.ts
     ns = raw.ns_per_unit
     rows_out = 0
     if raw.ts_ok.all():
-        tmin = int(ts.min())
+        tmin = int(ts.min()) if origin is None else int(origin)
+        if not_before is not None and int(ts.min()) < not_before:
+            i = int(np.flatnonzero(ts < not_before)[0])
+            probs.add(raw.rows[i], "timestamp",
+                      f"timestamp {int(ts[i])} goes back in time: an earlier row group reached {not_before}; "
+                      "this Parquet source is not sorted - run `replayer trace convert` (which sorts) first",
+                      file=raw.file_of(i))
         span_limit = _INT64_MAX // ns
         too_far = (ts - tmin) > span_limit
         for i in np.flatnonzero(too_far):
             probs.add(raw.rows[i], "timestamp", f"timestamp {int(ts[i])} is too far from the first "
-                                                 f"({tmin}) to fit in int64 nanoseconds")
+                                                 f"({tmin}) to fit in int64 nanoseconds", file=raw.file_of(i))
         if ts.shape[0] > 1:
             prev_max = np.maximum.accumulate(ts)[:-1]
             late = ts[1:] < prev_max
@@ -697,18 +1090,19 @@ def read_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | 
                 first = int(np.flatnonzero(late)[0]) + 1
                 probs.add(raw.rows[first], "timestamp",
                           f"{rows_out} rows out of timestamp order (first here: {int(ts[first])} after "
-                          f"{int(prev_max[first - 1])}); strict mode requires sorted timestamps")
+                          f"{int(prev_max[first - 1])}); strict mode requires sorted timestamps",
+                          file=raw.file_of(first))
     probs.raise_if_any()
 
     n = ts.shape[0]
-    offsets_ns = (ts - ts.min()) * ns
+    offsets_ns = (ts - (ts.min() if origin is None else origin)) * ns
     hash_offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(raw.hash_len, out=hash_offsets[1:])
     hash_values = raw.hash_vals
     order = None
     if rows_out:
         warnings.warn(f"{path}: {rows_out} rows out of timestamp order; rows were stable-sorted by "
-                      "timestamp (whole rows move together)", TraceOrderWarning, stacklevel=2)
+                      "timestamp (whole rows move together)", TraceOrderWarning, stacklevel=stacklevel)
         order = np.argsort(ts, kind="stable")
         new_len = raw.hash_len[order]
         new_off = np.zeros(n + 1, dtype=np.int64)
@@ -732,7 +1126,7 @@ def read_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | 
         output_length=take(raw.ol),
         hash_offsets=_readonly(hash_offsets),
         hash_values=_readonly(np.ascontiguousarray(hash_values, dtype=np.int64)),
-        block_size=bs,
+        block_size=raw.block_size,
         source_row=take(raw.rows),
         rows_out_of_order=rows_out,
         request_id=take_list(raw.optional.get("request_id")),
@@ -741,17 +1135,260 @@ def read_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | 
         priority=take_list(raw.optional.get("priority")),
         extra_body=take_list(raw.optional.get("extra_body")),
         metadata=raw.metadata,
+        row_offset=row_offset,
     )
 
 
-def write_parquet(trace: Trace, path: str | os.PathLike, *, time_unit: str = "ms", source: str = "",
-                  license: str = "") -> None:  # noqa: A002 - the metadata key is "license"
-    """Write ``trace`` as canonical Parquet (schema in ``traces/README.md``).
+_READERS = {"parquet": _read_parquet, "mooncake": _read_jsonl, "jsonl": _read_jsonl, "csv": _read_csv,
+            "azure": _read_csv}
 
-    Timestamps are written as integer offsets from the first arrival in ``time_unit`` (s/ms/us/ns);
-    ``ValueError`` if an offset is not a whole number of that unit. Empty ``source``/``license``
-    fall back to ``trace.metadata``. Rows groups of 65,536 rows, zstd compression. The file is
-    written to a temporary name and renamed into place.
+
+def read_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | None = None,
+               strict: bool = False, mapping: str | dict[str, str] | None = None,
+               time_unit: str | None = None) -> Trace:
+    """Read and validate a whole trace; return its rows stable-sorted by timestamp.
+
+    ``path``: a file, or (Parquet) a folder of ``*.parquet`` shards or a glob; shards are read in
+    name order as one trace. ``fmt``: ``"auto"`` (by extension: ``.parquet``/``.pq``/folder/glob
+    -> ``parquet``; ``.jsonl``/``.json`` -> ``mooncake``, or ``jsonl`` when a mapping or time unit
+    is given; ``.csv`` -> ``azure`` when the header has ``TIMESTAMP,ContextTokens,GeneratedTokens``,
+    else ``csv``) or one of :data:`FORMATS`:
+
+    * ``parquet``: canonical Parquet (``traces/README.md``); time unit from ``replayer.time_unit``.
+    * ``mooncake``: Mooncake FAST'25 trace release JSONL (kvcache-ai/Mooncake
+      ``FAST25-release/traces``): integer ms ``timestamp``, ``input_length``, ``output_length``,
+      ``hash_ids`` (block 512).
+    * ``azure``: Azure Public Dataset AzureLLMInferenceTrace 2023 CSV (Splitwise, ISCA 2024):
+      ``TIMESTAMP`` (date-time, 7 fractional digits, no zone), ``ContextTokens``,
+      ``GeneratedTokens``. No prefix information: row blocks get unique ids from
+      :data:`SYNTH_ID_BASE` (k-th block of the file, in file order).
+    * ``jsonl`` / ``csv``: generic files; ``mapping`` names the source column of each field
+      (:func:`parse_mapping`; ``hash_ids=`` empty -> synthesised unique ids); ``time_unit`` is one
+      of ``s``, ``ms`` (default), ``us``, ``ns`` (numbers, fractions allowed) or ``datetime``
+      (ISO-8601 strings; offsets from the first). CSV ``hash_ids`` cells hold a JSON list.
+
+    Hash ids may be integers (0 <= id < 2**64) or strings (:func:`hash_id_from_string`).
+    ``block_size``: tokens per hash id; ``None`` -> Parquet ``replayer.block_size`` metadata, else
+    512. ``strict``: rows out of timestamp order are an error instead of a :class:`TraceOrderWarning`.
+
+    Raises :class:`TraceError` listing every problem (file, row, field, message; rows are 1-based
+    data rows for Parquet, line numbers for JSONL and CSV where the header is line 1): missing,
+    unreadable or empty file; corrupt Parquet; unknown format; missing required column; invalid
+    JSON line; a value of the wrong type, null, NaN or non-integer; ``timestamp`` < 0 or not a
+    date-time; ``input_length`` or ``output_length`` < 1; a ``hash_ids`` that is not a list of ids
+    or whose length is not ``ceil(input_length / block_size)``. ValueError for a bad ``block_size``,
+    ``time_unit`` or ``mapping``.
+    """
+    path = os.fspath(path)
+    probs = _Problems(path)
+    opts = _resolve(path, fmt, block_size, strict, mapping, time_unit, probs)
+    if opts is None:
+        raise TraceError(probs.items)
+    if opts.fmt != "parquet" and not os.path.exists(path):
+        probs.add(0, "file", "no such file")
+        raise TraceError(probs.items)
+    raw = _READERS[opts.fmt](path, probs, opts)
+    if raw is None:
+        probs.raise_if_any()
+        raise TraceError([TraceProblem(path, 0, "file", "no rows (empty trace)")])  # pragma: no cover
+    return _finish(raw, probs, path, strict)
+
+
+# --------------------------------------------------------------------------------------------
+# Streaming
+
+
+class TraceSource:
+    """A trace opened for streaming (:func:`open_trace`).
+
+    * ``path``; ``num_rows``: rows in the whole trace (``None`` if unknown); ``metadata`` (as
+      :attr:`Trace.metadata`); ``block_size`` (tokens per hash id).
+    * :meth:`batches` yields :class:`Trace` objects of at most ``max_rows`` consecutive rows in
+      arrival order. Each has ``timestamp_ns`` as offsets from the trace's first timestamp (one
+      global origin, not per batch) and ``row_offset`` = index of its first row in the whole trace.
+    * :meth:`validate` streams over everything and raises one :class:`TraceError` listing every
+      problem (capped), keeping no rows: call it before sending anything.
+    """
+
+    path: str
+    num_rows: int | None
+    metadata: dict[str, str]
+    block_size: int
+
+    def batches(self, max_rows: int = 65_536):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def validate(self) -> None:
+        problems: list[TraceProblem] = []
+        for _ in self._iter(65_536, problems):
+            pass
+        if problems:
+            raise TraceError(problems)
+
+    def _iter(self, max_rows: int, problems: list | None):  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class _LoadedSource(TraceSource):
+    """JSONL / CSV (and anything needing a sort): read whole, sorted, then served in slices."""
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.path = trace.path
+        self.num_rows = len(trace)
+        self.metadata = dict(trace.metadata)
+        self.block_size = trace.block_size
+
+    def batches(self, max_rows: int = 65_536):
+        return self._iter(max_rows, None)
+
+    def _iter(self, max_rows: int, problems: list | None):
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        t = self.trace
+        for start in range(0, len(t), max_rows):
+            yield slice_rows(t, start, min(len(t), start + max_rows))
+
+
+def slice_rows(t: Trace, a: int, b: int) -> Trace:
+    """Rows ``a:b`` of ``t`` as a Trace sharing its arrays (``row_offset`` advanced by ``a``)."""
+    ha, hb = int(t.hash_offsets[a]), int(t.hash_offsets[b])
+
+    def cut(lst):
+        return None if lst is None else lst[a:b]
+
+    return Trace(path=t.path, timestamp_ns=t.timestamp_ns[a:b], input_length=t.input_length[a:b],
+                 output_length=t.output_length[a:b], hash_offsets=_readonly(t.hash_offsets[a:b + 1] - ha),
+                 hash_values=t.hash_values[ha:hb], block_size=t.block_size, source_row=t.source_row[a:b],
+                 rows_out_of_order=t.rows_out_of_order if a == 0 else 0, request_id=cut(t.request_id),
+                 session_id=cut(t.session_id), model=cut(t.model), priority=cut(t.priority),
+                 extra_body=cut(t.extra_body), metadata=t.metadata, row_offset=t.row_offset + a)
+
+
+class _ParquetSource(TraceSource):
+    """Canonical Parquet file / folder / glob, streamed with ``ParquetFile.iter_batches``.
+
+    Rows must already be in time order across batches (``trace convert`` writes them so); a batch
+    that goes back in time raises TraceError. Rows out of order *within* one batch are stable-sorted
+    there (warning; an error with ``strict``), which equals the global sort.
+    """
+
+    def __init__(self, path: str, files: list[str], opts: _Opts):
+        self.path = path
+        self.files = files
+        self.opts = opts
+        probs = _Problems(path)
+        rows = 0
+        meta0 = None
+        for f in files:
+            try:
+                md = pq.ParquetFile(f)
+            except (pa.ArrowException, OSError, ValueError) as e:
+                probs.add(0, "file", f"not a readable Parquet file: {e}", file=f)
+                continue
+            rows += md.metadata.num_rows
+            if meta0 is None:
+                fp = _Problems(f)
+                meta0, bs = _parquet_meta(md.schema_arrow.metadata, fp, opts)
+                probs.items.extend(fp.items)
+        probs.raise_if_any()
+        self.num_rows = rows
+        self.metadata = meta0
+        self.block_size = bs
+
+    def batches(self, max_rows: int = 65_536):
+        return self._iter(max_rows, None)
+
+    def _iter(self, max_rows: int, problems: list | None):
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        origin = None
+        ns0 = None
+        prev_max = None
+        offset = 0
+        synth = 0
+        for f in self.files:
+            pf = pq.ParquetFile(f)
+            fp = _Problems(f)
+            meta, bs = _parquet_meta(pf.schema_arrow.metadata, fp, self.opts)
+            if fp:
+                if problems is None:
+                    fp.raise_if_any()
+                problems.extend(fp.items)
+                continue
+            row = 1
+            for rb in pf.iter_batches(batch_size=max_rows):
+                table = pa.Table.from_batches([rb])
+                n = table.num_rows
+                bp = _Problems(f)
+                raw = _raw_from_table(table, bp, dict(meta), bs, self.opts,
+                                      np.arange(row, row + n, dtype=np.int64), synth)
+                del table, rb
+                row += n
+                try:
+                    if raw is None:
+                        bp.raise_if_any()
+                        continue
+                    if ns0 is not None and raw.ns_per_unit != ns0:
+                        bp.add(0, "metadata", "shards disagree on replayer.time_unit")
+                        bp.raise_if_any()
+                    if origin is None and raw.ts_ok.all():
+                        origin, ns0 = int(raw.ts.min()), raw.ns_per_unit
+                    if raw.metadata.get("hash_ids") == "synthesised":
+                        synth += int(raw.hash_len.sum())
+                    batch = _finish(raw, bp, self.path, self.opts.strict, origin=origin,
+                                    not_before=prev_max, row_offset=offset, stacklevel=4)
+                except TraceError as e:
+                    if problems is None:
+                        raise
+                    problems.extend(e.problems)
+                    if len(problems) > 10 * MAX_PROBLEMS:
+                        return
+                    offset += n
+                    continue
+                offset += n
+                if n:
+                    last = int(raw.ts.max())
+                    prev_max = last if prev_max is None else max(prev_max, last)
+                if problems is None:
+                    yield batch
+
+
+def open_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | None = None,
+               strict: bool = False, mapping: str | dict[str, str] | None = None,
+               time_unit: str | None = None) -> TraceSource:
+    """Open a trace for streaming; options as :func:`read_trace`.
+
+    Parquet (file, folder or glob) is streamed batch by batch (memory bounded by ``max_rows``);
+    it must be sorted across row groups (a row group going back in time raises TraceError telling
+    the user to run ``trace convert``). JSONL and CSV are read whole, validated and sorted first
+    (they have no row groups), then served in batches. Raises TraceError at open for a missing or
+    unreadable file or bad metadata; row problems surface in :meth:`TraceSource.validate` or when
+    the batch holding them is read.
+    """
+    path = os.fspath(path)
+    probs = _Problems(path)
+    opts = _resolve(path, fmt, block_size, strict, mapping, time_unit, probs)
+    if opts is None:
+        raise TraceError(probs.items)
+    if opts.fmt == "parquet":
+        files = trace_paths(path)
+        if not files:
+            raise TraceError([TraceProblem(path, 0, "file", "no Parquet files match (folder or glob is empty)")])
+        if len(files) == 1 and not os.path.exists(files[0]):
+            raise TraceError([TraceProblem(path, 0, "file", "no such file")])
+        return _ParquetSource(path, files, opts)
+    return _LoadedSource(read_trace(path, fmt=opts.fmt, block_size=block_size, strict=strict,
+                                    mapping=mapping, time_unit=time_unit))
+
+
+def trace_table(trace: Trace, *, time_unit: str = "ms", source: str = "", license: str = "",  # noqa: A002
+                extra_metadata: dict[str, str] | None = None) -> pa.Table:
+    """``trace`` as a canonical Arrow table with ``replayer.*`` schema metadata (see :func:`write_parquet`).
+
+    Timestamps become integer offsets in ``time_unit`` (s/ms/us/ns); ``ValueError`` if an offset is
+    not a whole number of that unit. ``hash_ids`` is list<int64>, or list<uint64> when some id is
+    >= 2**63 (64 bits are kept). Empty ``source``/``license`` fall back to ``trace.metadata``.
     """
     if time_unit not in TIME_UNITS:
         raise ValueError(f"time_unit must be one of {', '.join(TIME_UNITS)}, got {time_unit!r}")
@@ -763,7 +1400,12 @@ def write_parquet(trace: Trace, path: str | os.PathLike, *, time_unit: str = "ms
         raise ValueError(f"timestamp offset {int(ts[i])} ns (row {i + 1}) is not a whole number of "
                          f"{time_unit}; choose a finer time_unit")
     offsets = np.asarray(trace.hash_offsets, dtype=np.int64)
-    values = pa.array(np.asarray(trace.hash_values, dtype=np.int64), type=pa.int64())
+    offsets = offsets - offsets[0]
+    hv = np.asarray(trace.hash_values, dtype=np.int64)
+    if hv.size and hv.min() < 0:  # ids >= 2**63 (string ids): keep all 64 bits as uint64
+        values = pa.array(hv.view(np.uint64), type=pa.uint64())
+    else:
+        values = pa.array(hv, type=pa.int64())
     if offsets[-1] <= np.iinfo(np.int32).max:
         hash_col = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
     else:
@@ -784,8 +1426,19 @@ def write_parquet(trace: Trace, path: str | os.PathLike, *, time_unit: str = "ms
         "time_unit": time_unit,
         "source": source or trace.metadata.get("source", ""),
         "license": license or trace.metadata.get("license", ""),
+        **(extra_metadata or {}),
     }
-    table = pa.table(cols).replace_schema_metadata({META_PREFIX + k: v for k, v in meta.items()})
+    return pa.table(cols).replace_schema_metadata({META_PREFIX + k: v for k, v in meta.items()})
+
+
+def write_parquet(trace: Trace, path: str | os.PathLike, *, time_unit: str = "ms", source: str = "",
+                  license: str = "") -> None:  # noqa: A002 - the metadata key is "license"
+    """Write ``trace`` as canonical Parquet (schema in ``traces/README.md``; table as :func:`trace_table`).
+
+    Row groups of 65,536 rows, zstd compression. The file is written to a temporary name and
+    renamed into place. ``ValueError`` if an offset is not a whole number of ``time_unit``.
+    """
+    table = trace_table(trace, time_unit=time_unit, source=source, license=license)
     path = os.fspath(path)
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
@@ -796,12 +1449,24 @@ def write_parquet(trace: Trace, path: str | os.PathLike, *, time_unit: str = "ms
             os.unlink(tmp)
 
 
+def coarsest_unit(timestamp_ns: np.ndarray) -> str:
+    """The coarsest of s, ms, us, ns that holds every offset in ``timestamp_ns`` exactly."""
+    ts = np.asarray(timestamp_ns, dtype=np.int64)
+    for unit in ("s", "ms", "us"):
+        if not (ts % TIME_UNITS[unit]).any():
+            return unit
+    return "ns"
+
+
 def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str = "auto", block_size: int | None = None,
             source: str | None = None, license: str = "", first_seconds: float | None = None,  # noqa: A002
-            strict: bool = False) -> Trace:
+            strict: bool = False, mapping: str | dict[str, str] | None = None,
+            time_unit: str | None = None) -> Trace:
     """Read and validate ``src``, optionally keep rows with offset < ``first_seconds``, write ``dst``.
 
-    ``dst`` is canonical Parquet with timestamps in the source's unit (ms for Mooncake JSONL).
+    Reads any format :func:`read_trace` reads (``fmt``, ``mapping``, ``time_unit`` as there).
+    ``dst`` is canonical Parquet with timestamps in the source's unit (ms for Mooncake JSONL), or
+    the coarsest unit that holds them exactly (date-time and fractional sources).
     ``source`` ``None`` -> the source's own ``replayer.source`` or ``"converted from <file name>"``.
     Returns the trace that was written. Raises :class:`TraceError` (invalid input) or
     ``ValueError`` (bad ``first_seconds``, or no rows left after cutting).
@@ -811,7 +1476,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str = "auto"
             isinstance(first_seconds, (int, float)) and not isinstance(first_seconds, bool)
             and math.isfinite(first_seconds) and first_seconds > 0):
         raise ValueError(f"first_seconds must be a positive number, got {first_seconds!r}")
-    trace = read_trace(src, fmt=fmt, block_size=block_size, strict=strict)
+    trace = read_trace(src, fmt=fmt, block_size=block_size, strict=strict, mapping=mapping, time_unit=time_unit)
     if first_seconds is not None:
         limit_ns = int(round(first_seconds * 1_000_000_000))
         n = int(np.searchsorted(trace.timestamp_ns, limit_ns, side="left"))
@@ -821,8 +1486,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str = "auto"
     if source is None:
         source = trace.metadata.get("source") or f"converted from {os.path.basename(src)}"
     unit = trace.metadata.get("time_unit", DEFAULT_TIME_UNIT)
-    if unit not in TIME_UNITS:
-        unit = DEFAULT_TIME_UNIT
+    if unit not in TIME_UNITS or (trace.timestamp_ns % TIME_UNITS[unit]).any():
+        unit = coarsest_unit(trace.timestamp_ns)
     write_parquet(trace, dst, time_unit=unit, source=source, license=license)
     meta = dict(trace.metadata)
     meta.update(source=source, license=license or meta.get("license", ""), time_unit=unit,

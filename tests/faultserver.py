@@ -140,13 +140,16 @@ PlanSource = Union[Plan, Sequence[Plan], Callable[[Any], Plan]]
 @dataclass
 class Received:
     """One request as received: raw ``body`` bytes, ``json`` (parsed, or None), ``t0_ns``
-    (perf_counter_ns when the body was fully read), ``path`` and ``headers``."""
+    (perf_counter_ns when the body was fully read; CLOCK_MONOTONIC, comparable across processes
+    on Linux), ``path``, ``headers``, and ``write_ns`` (perf_counter_ns after each transcript
+    write returned: how late the server itself was)."""
 
     body: bytes
     json: Any
     t0_ns: int
     path: str
     headers: dict[str, str]
+    write_ns: list[int] = field(default_factory=list)
 
 
 async def _sleep_until(deadline_ns: int) -> None:
@@ -231,13 +234,15 @@ class FaultServer:
                 req_json = orjson.loads(body) if body else None
             except orjson.JSONDecodeError:
                 req_json = None
-            self.received.append(Received(body, req_json, t0, request.path, dict(request.headers)))
-            return await self._play(request, self._choose(req_json), t0)
+            rec = Received(body, req_json, t0, request.path, dict(request.headers))
+            self.received.append(rec)
+            return await self._play(request, self._choose(req_json), t0, rec.write_ns)
         finally:
             self.active -= 1
             self._handlers.discard(task)
 
-    async def _play(self, request: web.Request, plan: Plan, t0: int) -> web.StreamResponse:
+    async def _play(self, request: web.Request, plan: Plan, t0: int,
+                    write_ns: list[int]) -> web.StreamResponse:
         if plan.headers_delay_ms:
             await _sleep_until(t0 + int(plan.headers_delay_ms * 1e6))
         if plan.body is not None:
@@ -264,6 +269,7 @@ class FaultServer:
                 await resp.write(data)
             except (ConnectionError, RuntimeError):
                 return resp  # the client went away
+            write_ns.append(time.perf_counter_ns())
         try:
             await resp.write_eof()
         except (ConnectionError, RuntimeError):

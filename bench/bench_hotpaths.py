@@ -1,0 +1,136 @@
+"""Hot-path micro-benchmarks (issue 7): prints numbers, asserts nothing.
+
+* building + serialising a 12k-token prompt body (warm block cache and cold),
+* SSE decode + OpenAI chunk accounting per event (see also bench/bench_sse.py),
+* per-request recording (Recorder.add + the writer thread's Arrow/Parquet work) and metrics.
+
+Run: ``.venv/bin/python bench/bench_hotpaths.py``. Numbers are CPU-bound and vary with what else
+runs on the machine; each figure is the best of 5 repeats.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from replayer.metrics import ReplayerMetrics
+from replayer.payload import PayloadBuilder
+from replayer.prompts import PromptBuilder
+from replayer.recorder import Recorder
+from replayer.result import RequestResult
+from replayer.sse import SSEDecoder, StreamAccumulator
+
+
+def best(fn, n: int, repeat: int = 5) -> float:
+    """Best per-call time in microseconds over ``repeat`` runs of ``n`` calls."""
+    out = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn(n)
+        out.append((time.perf_counter() - t) / n * 1e6)
+    return min(out)
+
+
+def bench_prompt() -> None:
+    payload = PayloadBuilder("model")
+    warm = PromptBuilder()
+    ids = list(range(24))
+    warm.prompt_json(ids, 12_000)
+
+    def run_warm(n):
+        for _ in range(n):
+            payload.body(warm.prompt_json(ids, 12_000), 300)
+
+    counter = iter(range(10**9))
+
+    def run_cold(n):
+        p = PromptBuilder()
+        for _ in range(n):
+            k = next(counter) * 24
+            payload.body(p.prompt_json(list(range(k, k + 24)), 12_000), 300)
+
+    print(f"prompt body 12k tokens, warm block cache : {best(run_warm, 2000):8.1f} us")
+    print(f"prompt body 12k tokens, cold (24 new blocks): {best(run_cold, 200):8.1f} us")
+    print(f"prompt body bytes: {len(payload.body(warm.prompt_json(ids, 12_000), 300)):,}")
+
+
+def _stream(n_tokens: int) -> list[bytes]:
+    chunks = [b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
+              b'"text":" tok","logprobs":null,"finish_reason":null}]}\n\n' for _ in range(n_tokens - 1)]
+    chunks.append(b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
+                  b'"text":" tok","logprobs":null,"finish_reason":"length"}]}\n\n')
+    chunks.append(b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],'
+                  b'"usage":{"prompt_tokens":12000,"completion_tokens":%d,"total_tokens":1}}\n\ndata: [DONE]\n\n'
+                  % n_tokens)
+    return chunks
+
+
+def bench_sse() -> None:
+    chunks = _stream(500)
+
+    def run(n):
+        for _ in range(n):
+            dec, acc = SSEDecoder(), StreamAccumulator()
+            t = 0
+            for c in chunks:
+                t += 1000
+                for ev in dec.feed(c):
+                    acc.on_event(ev.data, t)
+            acc.finish()
+            acc.itl_ms()
+
+    per_req = best(run, 20)
+    print(f"SSE decode + accounting, per event        : {per_req / len(chunks):8.2f} us "
+          f"({per_req / 1000:.2f} ms per 500-token request incl. ITL)")
+
+
+def bench_record() -> None:
+    reg = CollectorRegistry()
+    m = ReplayerMetrics(reg)
+    itl = [10.0] * 300
+
+    def make(i):
+        return RequestResult(row=i, input_length=12000, output_length=300, prompt_len_sent=12000, max_tokens=300,
+                             due_ns=i, sent_ns=i, first_token_ns=i + 10, last_token_ns=i + 20, end_ns=i + 21,
+                             outcome="success", prompt_tokens=12000, completion_tokens=300, usage_source="server",
+                             n_chunks=300, finish_reason="length", ttft_ms=50.0, e2e_ms=3000.0, tpot_ms=10.0,
+                             dispatch_lag_ms=0.1, itl_ms=itl)
+
+    with tempfile.TemporaryDirectory() as d:
+        rec = Recorder(os.path.join(d, "r.parquet"), flush_rows=2000)
+        results = [make(i) for i in range(20_000)]
+        it = iter(results)
+
+        def run_add(n):
+            for _ in range(n):
+                rec.add(next(it))
+
+        add_us = best(run_add, 2000, repeat=5)
+        t = time.perf_counter()
+        rec.close()
+        close_s = time.perf_counter() - t
+    print(f"recorder add (event loop side)            : {add_us:8.2f} us per request")
+    print(f"recorder final flush of the rest           : {close_s * 1e3:8.1f} ms")
+
+    from replayer.result import to_table
+    batch = results[:2000]
+    t = time.perf_counter()
+    to_table(batch)
+    print(f"to_table (writer thread), 300 ITL each     : {(time.perf_counter() - t) / 2000 * 1e6:8.1f} us per request")
+
+    def run_metrics(n):
+        r = make(0)
+        for _ in range(n):
+            m.on_result(r)
+
+    print(f"metrics.on_result (300 ITL samples)        : {best(run_metrics, 2000):8.1f} us per request")
+
+
+if __name__ == "__main__":
+    bench_prompt()
+    bench_sse()
+    bench_record()

@@ -1,0 +1,146 @@
+"""The ``replayer trace`` subcommands: flags -> calls into ``trace``, ``tracetools``, ``synth``.
+
+``convert``, ``inspect``, ``slice``, ``scale``, ``synth``. Exit codes: 0 done, 2 bad input or
+flags (the message names file, row and field for trace problems; nothing is written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _add_input(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", help="trace: Parquet file, folder or glob of shards; .jsonl; .csv")
+    p.add_argument("--format", default="auto",
+                   help="auto, parquet, mooncake, azure, jsonl, csv [default: auto, from the extension]")
+    p.add_argument("--map", default=None, metavar="FIELD=COL,...",
+                   help="source column of each field, e.g. timestamp=ts,input_length=prompt_tokens; "
+                        "hash_ids= (empty) synthesises unique ids")
+    p.add_argument("--time-unit", default=None, choices=("s", "ms", "us", "ns", "datetime"),
+                   help="unit of the timestamp column [default: format's own; ms for generic files]")
+    p.add_argument("--block-size", type=int, default=None, help="tokens per hash id [default: 512 or metadata]")
+    p.add_argument("--strict", action="store_true", help="out-of-order timestamps are an error, not a warning")
+
+
+def _add_output(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", required=True, help="output canonical .parquet path")
+
+
+def add_trace_parser(sub) -> None:
+    """Add ``trace`` and its subcommands to ``sub`` (the top-level subparsers)."""
+    tr = sub.add_parser("trace", help="trace tools: convert, inspect, slice, scale, synth")
+    trs = tr.add_subparsers(dest="trace_command", required=True)
+
+    conv = trs.add_parser("convert", help="validate, sort and write any trace as canonical Parquet")
+    _add_input(conv)
+    _add_output(conv)
+    conv.add_argument("--first-seconds", type=float, default=None, help="keep rows in the first S seconds")
+    conv.add_argument("--source", default=None, help="provenance text stored in the file metadata")
+    conv.add_argument("--license", default="", help="license text stored in the file metadata")
+
+    ins = trs.add_parser("inspect", help="rows, span, rates, lengths, blocks, prefix-cache hit ratio, sessions")
+    _add_input(ins)
+    ins.add_argument("--json", action="store_true", help="print one JSON object")
+    ins.add_argument("--cache-tokens", type=int, default=None, metavar="N",
+                     help="also estimate the hit ratio of an LRU prefix cache of N tokens")
+
+    sl = trs.add_parser("slice", help="time window / first N rows / seeded sample (sessions kept whole)")
+    _add_input(sl)
+    _add_output(sl)
+    sl.add_argument("--start", type=float, default=None, metavar="S", help="window start (seconds from first row)")
+    sl.add_argument("--end", type=float, default=None, metavar="S", help="window end, exclusive (seconds)")
+    sl.add_argument("--head", type=int, default=None, metavar="N", help="first N rows")
+    sl.add_argument("--sample", type=float, default=None, metavar="F", help="keep a fraction F of sessions/rows")
+    sl.add_argument("--seed", type=int, default=0, help="seed of --sample [default: 0]")
+    sl.add_argument("--split-sessions", action="store_true", help="cut sessions at the edges instead of keeping them whole")
+
+    sc = trs.add_parser("scale", help="scale times and lengths (hash ids recomputed consistently)")
+    _add_input(sc)
+    _add_output(sc)
+    sc.add_argument("--time", type=float, default=1.0, help="time factor (2 = twice as long, half the rate)")
+    sc.add_argument("--input", type=float, default=1.0, dest="input_factor", help="input length factor")
+    sc.add_argument("--output-factor", type=float, default=1.0, help="output length factor")
+
+    sy = trs.add_parser("synth", help="generate a synthetic trace (seeded)")
+    _add_output(sy)
+    sy.add_argument("--rows", type=int, required=True)
+    sy.add_argument("--rate", type=float, required=True, help="requests per second")
+    sy.add_argument("--arrival", default="poisson", choices=("poisson", "gamma"))
+    sy.add_argument("--cv", type=float, default=1.0, help="gamma: coefficient of variation of the gaps")
+    sy.add_argument("--input-dist", default="lognormal:1024:1.0",
+                    help="new user tokens per turn: const:N, uniform:LO:HI, lognormal:MEAN:CV, normal:MEAN:SD, exp:MEAN")
+    sy.add_argument("--output-dist", default="lognormal:256:0.8", help="output tokens (same forms)")
+    sy.add_argument("--lengths-from", default=None, metavar="TRACE", help="resample (input, output) pairs from a trace")
+    sy.add_argument("--system-prompts", type=int, default=0, help="number of shared system prompts")
+    sy.add_argument("--system-prompt-tokens", type=int, default=0, help="tokens per system prompt")
+    sy.add_argument("--turns", type=int, default=1, help="turns per session (multi-turn growth)")
+    sy.add_argument("--sessions", type=int, default=1, help="concurrent sessions interleaved")
+    sy.add_argument("--max-input-tokens", type=int, default=None)
+    sy.add_argument("--block-size", type=int, default=512)
+    sy.add_argument("--seed", type=int, default=0)
+
+
+def _open_opts(args) -> dict:
+    return dict(fmt=args.format, block_size=args.block_size, strict=args.strict, mapping=args.map,
+                time_unit=args.time_unit)
+
+
+def run_trace(args) -> int:
+    """Run one ``trace`` subcommand; returns the exit code."""
+    import json
+    import warnings
+
+    from .trace import TraceError, TraceOrderWarning, coarsest_unit, convert, read_trace, write_parquet
+
+    name = f"replayer trace {args.trace_command}"
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TraceOrderWarning)
+            code = _run(args, json, convert, read_trace, write_parquet, coarsest_unit)
+        for w in caught:
+            print(f"{name}: warning: {w.message}", file=sys.stderr)
+        return code
+    except (TraceError, OSError, ValueError) as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args, json, convert, read_trace, write_parquet, coarsest_unit) -> int:
+    cmd = args.trace_command
+    if cmd == "convert":
+        t = convert(args.input, args.output, source=args.source, license=args.license,
+                    first_seconds=args.first_seconds, **_open_opts(args))
+        print(f"wrote {args.output}: {len(t)} rows")
+        return 0
+    if cmd == "inspect":
+        from .tracetools import format_inspect, inspect_trace
+
+        s = inspect_trace(args.input, cache_tokens=args.cache_tokens, **_open_opts(args))
+        print(json.dumps(s, indent=2) if args.json else format_inspect(s))
+        return 0
+    if cmd in ("slice", "scale"):
+        from .tracetools import scale_trace, slice_trace
+
+        t = read_trace(args.input, **_open_opts(args))
+        if cmd == "slice":
+            t = slice_trace(t, start_s=args.start, end_s=args.end, head=args.head, fraction=args.sample,
+                            seed=args.seed, whole_sessions=not args.split_sessions)
+        else:
+            t = scale_trace(t, time_factor=args.time, input_factor=args.input_factor,
+                            output_factor=args.output_factor)
+        write_parquet(t, args.output, time_unit=coarsest_unit(t.timestamp_ns))
+        print(f"wrote {args.output}: {len(t)} rows")
+        return 0
+    if cmd == "synth":
+        from .synth import SynthSpec, write_synth
+
+        spec = SynthSpec(rows=args.rows, rate_per_s=args.rate, arrival=args.arrival, cv=args.cv,
+                         input_dist=args.input_dist, output_dist=args.output_dist, lengths_from=args.lengths_from,
+                         system_prompts=args.system_prompts, system_prompt_tokens=args.system_prompt_tokens,
+                         turns=args.turns, sessions=args.sessions, max_input_tokens=args.max_input_tokens,
+                         block_size=args.block_size, seed=args.seed)
+        n = write_synth(spec, args.output)
+        print(f"wrote {args.output}: {n} rows")
+        return 0
+    return 2

@@ -1,0 +1,455 @@
+"""Trace tools: ``inspect`` (streaming statistics), ``slice`` and ``scale`` (Trace -> Trace).
+
+Pure, synchronous code over :class:`replayer.trace.Trace`; no I/O except :func:`inspect_trace`,
+which streams a source batch by batch (memory bounded by the batch size plus the distinct hash ids
+and session ids seen, 8 bytes per hash id).
+
+Prefix-cache estimate (``inspect``): a row's hit tokens are ``min(k * block_size, input_length)``
+where ``k`` is the number of leading hash ids of the row that earlier rows already contained
+(prefix caching only reuses a leading run). The infinite cache is computed here, vectorised over
+batches. The LRU cache of ``cache_tokens`` capacity uses ``replayer.prefix_cache.PrefixCacheModel``
+when that module exists, else the small local :class:`LruPrefixCache` (hash-id granularity).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import OrderedDict
+from typing import Any, Iterable
+
+import numpy as np
+
+from .prompts import mix64
+from .trace import Trace, TraceSource, hash_id_from_string, open_trace
+
+__all__ = ["inspect_trace", "inspect_source", "format_inspect", "take_rows", "slice_trace", "scale_trace",
+           "LruPrefixCache", "GRIDS_NS"]
+
+#: Candidate timestamp grids, coarsest first: (label, ns).
+GRIDS_NS = (("1 s", 1_000_000_000), ("100 ms", 100_000_000), ("10 ms", 10_000_000), ("1 ms", 1_000_000),
+            ("100 us", 100_000), ("1 us", 1_000))
+PERCENTILES = (50, 90, 95, 99)
+_U = np.uint64
+
+
+def _mix64_np(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 finalizer on a uint64 array (same function as ``prompts.mix64``)."""
+    z = x.astype(np.uint64, copy=True)
+    z ^= z >> _U(30)
+    z *= _U(0xBF58476D1CE4E5B9)
+    z ^= z >> _U(27)
+    z *= _U(0x94D049BB133111EB)
+    z ^= z >> _U(31)
+    return z
+
+
+# --------------------------------------------------------------------------------------------
+# Streaming accumulators
+
+
+class _SortedSet:
+    """A set of int64 kept as sorted disjoint numpy levels merged like a binary counter (LSM)."""
+
+    def __init__(self) -> None:
+        self.levels: list[np.ndarray] = []
+
+    def __len__(self) -> int:
+        return sum(int(lv.size) for lv in self.levels)
+
+    def contains(self, x: np.ndarray) -> np.ndarray:
+        out = np.zeros(x.shape[0], dtype=bool)
+        for lv in self.levels:
+            i = np.searchsorted(lv, x)
+            np.minimum(i, lv.size - 1, out=i)
+            out |= lv[i] == x
+        return out
+
+    def add_new(self, new_sorted: np.ndarray) -> None:
+        """Add sorted unique values that are not in the set yet."""
+        if new_sorted.size == 0:
+            return
+        self.levels.append(new_sorted)
+        while len(self.levels) > 1 and self.levels[-2].size <= 2 * self.levels[-1].size:
+            b = self.levels.pop()
+            a = self.levels.pop()
+            m = np.concatenate([a, b])
+            m.sort(kind="stable")
+            self.levels.append(m)
+
+
+class _Hist:
+    """Exact histogram of non-negative ints (lengths): percentiles without keeping the values."""
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(0, dtype=np.int64)
+
+    def add(self, v: np.ndarray) -> None:
+        c = np.bincount(v)
+        if c.size > self.counts.size:
+            c[: self.counts.size] += self.counts
+            self.counts = c
+        else:
+            self.counts[: c.size] += c
+
+    def summary(self) -> dict[str, Any]:
+        n = int(self.counts.sum())
+        if n == 0:
+            return {}
+        vals = np.arange(self.counts.size)
+        cum = np.cumsum(self.counts)
+        out: dict[str, Any] = {"min": int(np.flatnonzero(self.counts)[0]), "max": int(np.flatnonzero(self.counts)[-1]),
+                               "mean": float((vals * self.counts).sum() / n)}
+        for q in PERCENTILES:  # numpy method="inverted_cdf": smallest v with F(v) >= q
+            out[f"p{q}"] = int(np.searchsorted(cum, math.ceil(q / 100 * n - 1e-9)))
+        return out
+
+
+class LruPrefixCache:
+    """LRU prefix cache over hash-id blocks with a capacity in tokens (local fallback model).
+
+    ``observe(hash_ids, input_length) -> hit tokens``: the leading run of ids present counts as hit
+    (capped at ``input_length``); then every id of the row is touched (inserted / most recent) and
+    the least recently used blocks are evicted down to ``capacity_tokens // block_size`` blocks.
+    """
+
+    def __init__(self, block_size: int = 512, capacity_tokens: int | None = None):
+        self.block_size = block_size
+        self.capacity_blocks = None if capacity_tokens is None else max(0, capacity_tokens // block_size)
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+
+    def observe(self, hash_ids: Iterable[int], input_length: int) -> int:
+        ids = [int(h) for h in hash_ids]
+        k = 0
+        for h in ids:
+            if h not in self.blocks:
+                break
+            k += 1
+        blocks = self.blocks
+        for h in ids:
+            if h in blocks:
+                blocks.move_to_end(h)
+            else:
+                blocks[h] = None
+        if self.capacity_blocks is not None:
+            while len(blocks) > self.capacity_blocks:
+                blocks.popitem(last=False)
+        return min(k * self.block_size, int(input_length))
+
+
+def _lru_model(block_size: int, capacity_tokens: int):
+    try:
+        from .prefix_cache import PrefixCacheModel  # written by another engineer; optional
+    except ImportError:
+        return LruPrefixCache(block_size, capacity_tokens), "replayer.tracetools.LruPrefixCache"
+    return (PrefixCacheModel(block_size=block_size, capacity_tokens=capacity_tokens),
+            "replayer.prefix_cache.PrefixCacheModel")
+
+
+def _grow_add(counts: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    c = np.bincount(idx)
+    if c.size > counts.size:
+        c[: counts.size] += counts
+        return c
+    counts[: c.size] += c
+    return counts
+
+
+def inspect_source(source: TraceSource, *, cache_tokens: int | None = None, max_rows: int = 65_536) -> dict[str, Any]:
+    """Statistics of a whole trace, streamed batch by batch (see :func:`inspect_trace` for the keys)."""
+    bs = source.block_size
+    rows = 0
+    last_ns = 0
+    per_s = np.zeros(0, dtype=np.int64)
+    per_min = np.zeros(0, dtype=np.int64)
+    grid_ok = {label: True for label, _ in GRIDS_NS}
+    h_in, h_out = _Hist(), _Hist()
+    tok_in = tok_out = 0
+    seen = _SortedSet()
+    hit_inf = 0
+    lru = lru_name = None
+    hit_lru = 0
+    if cache_tokens is not None:
+        lru, lru_name = _lru_model(bs, int(cache_tokens))
+    sessions: set[str] | None = None
+    rows_with_session = 0
+    for t in source.batches(max_rows):
+        n = len(t)
+        if n == 0:
+            continue
+        ts = t.timestamp_ns
+        rows += n
+        last_ns = max(last_ns, int(ts[-1]))
+        per_s = _grow_add(per_s, ts // 1_000_000_000)
+        per_min = _grow_add(per_min, ts // 60_000_000_000)
+        for label, g in GRIDS_NS:
+            if grid_ok[label] and (ts % g).any():
+                grid_ok[label] = False
+        il, ol = t.input_length, t.output_length
+        h_in.add(il)
+        h_out.add(ol)
+        tok_in += int(il.sum())
+        tok_out += int(ol.sum())
+        # Infinite prefix cache, vectorised: an id is cached if an earlier batch or an earlier row
+        # of this batch held it; a row hits its leading run of cached ids.
+        offs = np.asarray(t.hash_offsets, dtype=np.int64)
+        offs = offs - offs[0]
+        lens = np.diff(offs)
+        flat = np.asarray(t.hash_values, dtype=np.int64)
+        if flat.size:
+            row_of = np.repeat(np.arange(n), lens)
+            uniq, first, inv = np.unique(flat, return_index=True, return_inverse=True)
+            in_old = seen.contains(uniq)
+            cached = in_old[inv] | (row_of[first][inv] < row_of)
+            pos = np.arange(flat.size) - offs[:-1][row_of]
+            miss_pos = np.where(cached, np.iinfo(np.int64).max, pos)
+            nz = lens > 0
+            first_miss = np.zeros(n, dtype=np.int64)
+            first_miss[nz] = np.minimum.reduceat(miss_pos, offs[:-1][nz])
+            k = np.minimum(first_miss, lens)
+            hit_inf += int(np.minimum(k * bs, il).sum())
+            seen.add_new(uniq[~in_old])
+        if lru is not None:
+            obs = lru.observe
+            for i in range(n):
+                hit_lru += int(obs(t.hash_values[offs[i]: offs[i + 1]], int(il[i])))
+        if t.session_id is not None:
+            if sessions is None:
+                sessions = set()
+            for s in t.session_id:
+                if s is not None:
+                    sessions.add(s)
+                    rows_with_session += 1
+    span_s = last_ns / 1e9
+    grid = next((label for label, _ in GRIDS_NS if grid_ok[label]), None) if rows else None
+    out: dict[str, Any] = {
+        "path": source.path,
+        "format": source.metadata.get("format"),
+        "block_size": bs,
+        "rows": rows,
+        "span_s": span_s,
+        "mean_rate_per_s": rows / span_s if span_s > 0 else None,
+        "mean_rate_per_min": rows / span_s * 60 if span_s > 0 else None,
+        "peak_rate_per_s": int(per_s.max()) if rows else 0,
+        "peak_rate_per_min": int(per_min.max()) if rows else 0,
+        "timestamp_grid": grid,
+        "input_length": h_in.summary(),
+        "output_length": h_out.summary(),
+        "total_input_tokens": tok_in,
+        "total_output_tokens": tok_out,
+        "total_tokens": tok_in + tok_out,
+        "unique_blocks": len(seen),
+        "prefix_hit_ratio_infinite": hit_inf / tok_in if tok_in else None,
+        "prefix_hit_tokens_infinite": hit_inf,
+        "cache_tokens": cache_tokens,
+        "prefix_hit_ratio_lru": (hit_lru / tok_in if tok_in else None) if lru is not None else None,
+        "prefix_cache_model": lru_name,
+        "sessions": len(sessions) if sessions is not None else None,
+        "rows_with_session": rows_with_session if sessions is not None else None,
+    }
+    if source.metadata.get("hash_ids") == "synthesised":
+        out["hash_ids"] = "synthesised (no prefix information in the source)"
+    return out
+
+
+def inspect_trace(path: str | os.PathLike, *, cache_tokens: int | None = None, max_rows: int = 65_536,
+                  **open_opts: Any) -> dict[str, Any]:
+    """Open ``path`` (:func:`replayer.trace.open_trace` options) and return its statistics.
+
+    Keys: ``rows``; ``span_s`` (last arrival offset, s); ``mean_rate_per_s`` / ``_per_min``
+    (rows / span); ``peak_rate_per_s`` / ``_per_min`` (most arrivals in one aligned 1 s / 60 s
+    window from time 0); ``timestamp_grid`` (coarsest of 1 s .. 1 us that every offset is a multiple
+    of, or None); ``input_length`` / ``output_length`` (min, max, mean, p50/p90/p95/p99 with numpy's
+    ``inverted_cdf`` definition); ``total_*_tokens``; ``unique_blocks`` (distinct hash ids);
+    ``prefix_hit_ratio_infinite`` (hit tokens / input tokens, infinite cache);
+    ``prefix_hit_ratio_lru`` (with ``cache_tokens`` capacity, else None); ``sessions`` (distinct
+    ``session_id`` values, None without the column). Raises TraceError for a bad trace.
+    """
+    return inspect_source(open_trace(path, **open_opts), cache_tokens=cache_tokens, max_rows=max_rows)
+
+
+def format_inspect(s: dict[str, Any]) -> str:
+    """Human-readable text of :func:`inspect_source`'s result."""
+
+    def num(v, fmt="{:,.2f}"):
+        return "-" if v is None else fmt.format(v)
+
+    def lens(d):
+        if not d:
+            return "-"
+        return (f"min {d['min']:,}  p50 {d['p50']:,}  p90 {d['p90']:,}  p95 {d['p95']:,}  p99 {d['p99']:,}  "
+                f"max {d['max']:,}  mean {d['mean']:,.1f}")
+
+    lines = [
+        f"trace            {s['path']} ({s['format']}, block size {s['block_size']})",
+        f"rows             {s['rows']:,}",
+        f"span             {s['span_s']:,.3f} s",
+        f"mean rate        {num(s['mean_rate_per_s'])} /s   {num(s['mean_rate_per_min'])} /min",
+        f"peak rate        {s['peak_rate_per_s']:,} /s   {s['peak_rate_per_min']:,} /min",
+        f"timestamp grid   {s['timestamp_grid'] or 'finer than 1 us'}",
+        f"input length     {lens(s['input_length'])}",
+        f"output length    {lens(s['output_length'])}",
+        f"tokens           {s['total_input_tokens']:,} in + {s['total_output_tokens']:,} out = {s['total_tokens']:,}",
+        f"unique blocks    {s['unique_blocks']:,}" + (f"  ({s['hash_ids']})" if s.get("hash_ids") else ""),
+        f"prefix hits      infinite cache {num(s['prefix_hit_ratio_infinite'], '{:.2%}')}",
+    ]
+    if s["cache_tokens"] is not None:
+        lines.append(f"                 LRU {s['cache_tokens']:,} tokens {num(s['prefix_hit_ratio_lru'], '{:.2%}')}"
+                     f"  ({s['prefix_cache_model']})")
+    lines.append(f"sessions         {'-' if s['sessions'] is None else format(s['sessions'], ',')}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Transformations (whole Trace in memory)
+
+
+def take_rows(t: Trace, idx: np.ndarray, *, rebase: bool = True) -> Trace:
+    """Rows ``idx`` (ascending int indexes) of ``t`` as a new Trace; ``rebase``: first row at time 0."""
+    idx = np.asarray(idx, dtype=np.int64)
+    offs = np.asarray(t.hash_offsets, dtype=np.int64)
+    lens = offs[idx + 1] - offs[idx]
+    new_off = np.zeros(idx.size + 1, dtype=np.int64)
+    np.cumsum(lens, out=new_off[1:])
+    gather = np.repeat(offs[idx] - new_off[:-1], lens) + np.arange(new_off[-1], dtype=np.int64)
+    ts = t.timestamp_ns[idx]
+    if rebase and ts.size:
+        ts = ts - ts.min()
+
+    def pick(lst):
+        return None if lst is None else [lst[i] for i in idx.tolist()]
+
+    return Trace(path=t.path, timestamp_ns=ts, input_length=t.input_length[idx],
+                 output_length=t.output_length[idx], hash_offsets=new_off,
+                 hash_values=np.asarray(t.hash_values, dtype=np.int64)[gather], block_size=t.block_size,
+                 source_row=t.source_row[idx], rows_out_of_order=0, request_id=pick(t.request_id),
+                 session_id=pick(t.session_id), model=pick(t.model), priority=pick(t.priority),
+                 extra_body=pick(t.extra_body), metadata=dict(t.metadata))
+
+
+def _unit_hash(seed: int, key: int) -> float:
+    """Deterministic uniform in [0, 1) of (seed, 64-bit key)."""
+    return mix64(mix64(seed) ^ (key & (2**64 - 1))) / 2.0**64
+
+
+def slice_trace(t: Trace, *, start_s: float | None = None, end_s: float | None = None, head: int | None = None,
+                fraction: float | None = None, seed: int = 0, whole_sessions: bool = True) -> Trace:
+    """Keep a part of ``t``; all given criteria apply together; the result starts at time 0.
+
+    * ``start_s``/``end_s``: rows with ``start_s <= offset < end_s`` (seconds from the first row).
+    * ``head``: the first ``head`` rows (after the window).
+    * ``fraction`` with ``seed``: each session (rows without a session: each row, keyed by source
+      row) is kept when ``mix64(mix64(seed) ^ key) / 2**64 < fraction``, key = the session id as a
+      64-bit id (:func:`hash_id_from_string`); deterministic, independent of row order.
+    * ``whole_sessions`` (default): a session is kept with all its rows, or not at all; it is kept
+      when its first row is selected (so a window or head may pull in later turns past its end).
+
+    Raises ValueError for bad arguments or when nothing is left.
+    """
+    n = len(t)
+    sel = np.ones(n, dtype=bool)
+    if start_s is not None:
+        sel &= t.timestamp_ns >= int(round(start_s * 1e9))
+    if end_s is not None:
+        sel &= t.timestamp_ns < int(round(end_s * 1e9))
+    if head is not None:
+        if head < 0:
+            raise ValueError(f"head must be >= 0, got {head}")
+        keep = np.flatnonzero(sel)[:head]
+        sel = np.zeros(n, dtype=bool)
+        sel[keep] = True
+    sess = t.session_id
+    if fraction is not None:
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"fraction must be within [0, 1], got {fraction}")
+        cache: dict[str, bool] = {}
+        for i in np.flatnonzero(sel).tolist():
+            s = sess[i] if sess is not None else None
+            if s is None:
+                sel[i] = _unit_hash(seed, int(t.source_row[i])) < fraction
+            else:
+                if s not in cache:
+                    cache[s] = _unit_hash(seed, hash_id_from_string(s)) < fraction
+                sel[i] = cache[s]
+    if whole_sessions and sess is not None:
+        first_sel: dict[str, bool] = {}
+        for i, s in enumerate(sess):
+            if s is not None and s not in first_sel:
+                first_sel[s] = bool(sel[i])
+        for i, s in enumerate(sess):
+            if s is not None:
+                sel[i] = first_sel[s]
+    idx = np.flatnonzero(sel)
+    if idx.size == 0:
+        raise ValueError("no rows left after slicing")
+    out = take_rows(t, idx)
+    out.metadata["source"] = (t.metadata.get("source") or os.path.basename(t.path)) + " (sliced)"
+    return out
+
+
+def _rehash_scaled(t: Trace, factor: float, new_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """New hash ids for input lengths scaled by ``factor`` (rule in :func:`scale_trace`)."""
+    bs = t.block_size
+    offs = np.asarray(t.hash_offsets, dtype=np.int64)
+    offs = offs - offs[0]
+    lens = np.diff(offs)
+    vals = np.asarray(t.hash_values, dtype=np.int64).view(np.uint64)
+    n = len(t)
+    # prefix[p] = hash chain of the row's ids up to and including flat position p
+    prefix = np.empty(vals.size, dtype=np.uint64)
+    row_of = np.repeat(np.arange(n), lens)
+    pos = np.arange(vals.size) - offs[:-1][row_of]
+    mixed = _mix64_np(vals ^ _U(0x9E3779B97F4A7C15))
+    start = pos == 0
+    prefix[start] = _mix64_np(mixed[start])
+    for p in range(1, int(lens.max()) if lens.size else 0):
+        at = np.flatnonzero(pos == p)
+        prefix[at] = _mix64_np(prefix[at - 1] ^ mixed[at])
+    nb = (new_len + (bs - 1)) // bs
+    new_off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(nb, out=new_off[1:])
+    nrow = np.repeat(np.arange(n), nb)
+    j = np.arange(new_off[-1], dtype=np.int64) - new_off[:-1][nrow]
+    m = np.ceil((j + 1) / factor - 1e-9).astype(np.int64)
+    m = np.clip(m, 1, lens[nrow])
+    chain = prefix[offs[:-1][nrow] + m - 1]
+    ids = _mix64_np(chain ^ _mix64_np(j.astype(np.uint64) + _U(0x632BE59BD9B4E019)))
+    return new_off, (ids >> _U(1)).astype(np.int64)  # < 2**63: plain non-negative int64
+
+
+def scale_trace(t: Trace, *, time_factor: float = 1.0, input_factor: float = 1.0,
+                output_factor: float = 1.0) -> Trace:
+    """Scale times and lengths; returns a new Trace.
+
+    * ``timestamp_ns`` -> ``round(offset * time_factor)`` (2.0 = twice as long, half the rate).
+    * ``output_length`` -> ``max(1, round(L * output_factor))``.
+    * ``input_length`` -> ``L' = max(1, round(L * input_factor))`` and, when ``input_factor != 1``,
+      hash ids are recomputed so that prefix sharing scales with the text: new block ``j`` covers
+      original tokens up to ``(j + 1) * block_size / input_factor``, i.e. the original blocks
+      ``0 .. m_j - 1`` with ``m_j = min(n, ceil((j + 1) / input_factor))``; its id is a 64-bit hash
+      (SplitMix64 chain, top bit cleared) of (those original ids in order, ``j``). Two rows that
+      shared their first ``m_j`` original ids share new block ``j``; every row has
+      ``ceil(L' / block_size)`` ids. All ids are replaced (a new id space below 2**63).
+
+    Raises ValueError for a factor that is not a positive finite number.
+    """
+    for name, f in (("time_factor", time_factor), ("input_factor", input_factor), ("output_factor", output_factor)):
+        if not (isinstance(f, (int, float)) and math.isfinite(f) and f > 0):
+            raise ValueError(f"{name} must be a positive number, got {f!r}")
+    ts = np.round(t.timestamp_ns.astype(np.float64) * time_factor).astype(np.int64) if time_factor != 1 \
+        else np.array(t.timestamp_ns)
+    ol = np.maximum(1, np.round(t.output_length * output_factor)).astype(np.int64)
+    if input_factor != 1:
+        il = np.maximum(1, np.round(t.input_length * input_factor)).astype(np.int64)
+        offs, vals = _rehash_scaled(t, input_factor, il)
+    else:
+        il = np.array(t.input_length)
+        offs, vals = np.asarray(t.hash_offsets) - t.hash_offsets[0], np.array(t.hash_values)
+    meta = dict(t.metadata)
+    meta["source"] = (meta.get("source") or os.path.basename(t.path)) + (
+        f" (scaled: time x{time_factor:g}, input x{input_factor:g}, output x{output_factor:g})")
+    meta.pop("hash_ids", None) if input_factor != 1 else None
+    return Trace(path=t.path, timestamp_ns=ts, input_length=il, output_length=ol, hash_offsets=offs,
+                 hash_values=vals, block_size=t.block_size, source_row=t.source_row,
+                 rows_out_of_order=0, request_id=t.request_id, session_id=t.session_id, model=t.model,
+                 priority=t.priority, extra_body=t.extra_body, metadata=meta)

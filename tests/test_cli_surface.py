@@ -1,0 +1,85 @@
+"""CLI and config stay one surface: every field has a flag and every flag a field, with the same
+defaults; a committed snapshot of the CLI fails CI when it drifts.
+Regenerate the snapshot with: REPLAYER_UPDATE_SNAPSHOT=1 python -m pytest tests/test_cli_surface.py
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from replayer.cli import build_parser, flag_name, read_config_file
+from replayer.config import ConfigError, RunConfig, load_config
+
+SNAPSHOT = Path(__file__).parent / "snapshots" / "cli_run.txt"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["run"]
+
+
+def test_every_field_has_one_flag_and_every_flag_a_field():
+    p = _run_parser()
+    dests = {a.dest for a in p._actions if a.dest not in ("help", "config_file")}
+    assert dests == set(RunConfig.model_fields)
+    for name in RunConfig.model_fields:
+        if name == "trace":
+            continue
+        assert flag_name(name) in p._option_string_actions, name
+
+
+def test_unset_flags_leave_the_config_defaults():
+    args = _run_parser().parse_args(["x.parquet"])
+    assert {k for k in vars(args) if k in RunConfig.model_fields} == {"trace"}
+    cfg = load_config({"trace": str(ROOT / "traces" / "mooncake_conversation_10min.parquet")})
+    for name, f in RunConfig.model_fields.items():
+        if not f.is_required():
+            assert getattr(cfg, name) == f.default, name
+
+
+def test_cli_snapshot():
+    env = dict(os.environ, COLUMNS="100")
+    help_text = subprocess.run([sys.executable, "-m", "replayer", "run", "--help"], capture_output=True,
+                               text=True, env=env, check=True).stdout
+    lines = [help_text, "# fields: name | flag | type | default"]
+    for name, f in RunConfig.model_fields.items():
+        lines.append(f"{name} | {flag_name(name)} | {f.annotation} | {f.default!r}")
+    current = "\n".join(lines) + "\n"
+    if os.environ.get("REPLAYER_UPDATE_SNAPSHOT") == "1":
+        SNAPSHOT.parent.mkdir(exist_ok=True)
+        SNAPSHOT.write_text(current)
+    assert SNAPSHOT.exists(), "no snapshot: run with REPLAYER_UPDATE_SNAPSHOT=1"
+    assert current == SNAPSHOT.read_text(), ("the CLI surface changed; if intended, regenerate with "
+                                             "REPLAYER_UPDATE_SNAPSHOT=1 python -m pytest tests/test_cli_surface.py")
+
+
+@pytest.mark.parametrize("name", ["benchmark.yaml", "soak.yaml", "sharded.yaml"])
+def test_example_configs_are_valid(name):
+    values = read_config_file(str(ROOT / "configs" / name))
+    values["trace"] = str(ROOT / values["trace"])
+    load_config(values)
+
+
+def test_config_file_then_flags(tmp_path):
+    trace = ROOT / "traces" / "mooncake_conversation_10min.parquet"
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump({"trace": str(trace), "speedup": 3, "seed": 9}))
+    values = read_config_file(str(f))
+    args = _run_parser().parse_args(["--speedup", "7"])
+    values.update({k: v for k, v in vars(args).items() if k in RunConfig.model_fields})
+    cfg = load_config(values)
+    assert cfg.speedup == 7 and cfg.seed == 9
+
+
+def test_unknown_config_keys_are_errors(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("speedupp: 3\nfoo: 1\n")
+    with pytest.raises(ConfigError) as e:
+        read_config_file(str(f))
+    assert "speedupp" in str(e.value) and "foo" in str(e.value)

@@ -1,0 +1,115 @@
+"""replayer.prefix_cache: expected prefix-cache hits of a trace from its hash ids."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from replayer.prefix_cache import PrefixCacheModel, chain_keys, chain_keys_py, expected_hits
+from replayer.trace import read_trace
+
+SLICE_10MIN = Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation_10min.parquet"
+
+
+def test_chain_keys_vectorised_equal_python():
+    rows = [[1, 2, 3], [1, 2], [], [7], [1, 2, 3, 4, 5], [2, 1]]
+    offs = np.cumsum([0] + [len(r) for r in rows])
+    vals = np.array([h for r in rows for h in r], dtype=np.int64)
+    keys = chain_keys(offs, vals).tolist()
+    assert keys == [k for r in rows for k in chain_keys_py(r)]
+    # chains: equal prefixes share keys, order matters
+    a, b, c = chain_keys_py([1, 2, 3]), chain_keys_py([1, 2, 9]), chain_keys_py([2, 1])
+    assert a[:2] == b[:2] and a[2] != b[2] and c[0] != a[0] and c[1] != a[1]
+    # a row that starts mid-array (offsets not from 0)
+    assert chain_keys(offs[3:6], vals).tolist() == chain_keys_py([7]) + chain_keys_py([1, 2, 3, 4, 5])
+
+
+def test_hand_built_infinite_cache():
+    m = PrefixCacheModel(block_size=512, kv_block_size=16)
+    assert m.observe([0, 1], 1000) == 0                 # cold
+    assert m.observe([0, 1], 1000) == 992              # capped at 999, whole 16-blocks: 992
+    assert m.observe([0, 1, 2], 1536) == 992           # block (0,1) was only sent as 488 tokens
+    assert m.observe([0, 5], 600) == 512               # chain breaks at the 2nd id
+    assert m.observe([5], 100) == 0                    # same id at another position: other chain
+    assert m.observe([0, 1, 2], 1536) == 1535 // 16 * 16  # everything seen: capped at input-1
+    assert m.observe([0], 300) == 288                  # a partial block of a cached full block
+    assert m.query_tokens == 1000 * 2 + 1536 * 2 + 600 + 100 + 300
+    assert m.hit_tokens == 992 + 992 + 512 + 1520 + 288
+
+
+def test_partial_block_supplies_only_sent_tokens():
+    # B15 shape: row 1 sends block 11 only partly (188 tokens); row 2 has it whole.
+    m = PrefixCacheModel(block_size=512, kv_block_size=16)
+    assert m.observe([10, 11], 700) == 0
+    assert m.observe([10, 11], 1024) == 688            # 512 + 188 = 700 -> 688 (whole KV blocks)
+    assert m.observe([10, 11, 12], 1100) == 1024       # now block 11 was sent whole
+
+
+def test_kv_block_rounding_and_last_token_flag():
+    m = PrefixCacheModel(block_size=512, kv_block_size=128)
+    m.observe([1], 512)
+    assert m.observe([1], 512) == 384                  # 511 -> 384 (vLLM CPU, 128-token blocks)
+    m2 = PrefixCacheModel(block_size=512, kv_block_size=128, last_token_recomputed=False)
+    m2.observe([1], 512)
+    assert m2.observe([1], 512) == 512
+
+
+def test_lru_eviction():
+    m = PrefixCacheModel(block_size=512, kv_block_size=16, capacity_tokens=2 * 512)  # 2 blocks
+    m.observe([1], 512)                                 # cache: (1)
+    m.observe([2], 512)                                 # cache: (1), (2)
+    assert m.observe([1], 512) == 496                   # hit; (1) becomes most recent
+    m.observe([3], 512)                                 # evicts (2), the least recently used
+    assert len(m) == 2
+    assert m.observe([2], 512) == 0                     # (2) was evicted; now cached again, evicts (1)
+    assert m.observe([3], 512) == 496
+    assert m.observe([1], 512) == 0
+    # a chain whose first block was evicted does not hit on a surviving later block
+    m = PrefixCacheModel(block_size=512, kv_block_size=16, capacity_tokens=3 * 512)
+    m.observe([1, 2], 1024)                             # (1), (1,2)
+    m.observe([7], 512)                                 # (1), (1,2), (7)
+    m.observe([8], 512)                                 # evicts (1)
+    assert m.observe([1, 2], 1024) == 0
+    m0 = PrefixCacheModel(capacity_tokens=0)
+    m0.observe([1], 512)
+    assert m0.observe([1], 512) == 0 and len(m0) == 0
+
+
+def test_expected_hits_matches_model_and_batches():
+    rows = [([0, 1], 1000), ([0, 1], 1000), ([0, 2, 3], 1200), ([0, 2], 700)]
+
+    class Batch:
+        def __init__(self, rs):
+            self.input_length = np.array([r[1] for r in rs])
+            self.hash_offsets = np.cumsum([0] + [len(r[0]) for r in rs])
+            self.hash_values = np.array([h for r in rs for h in r[0]], dtype=np.int64)
+            self.block_size = 512
+
+    m = PrefixCacheModel()
+    want = [m.observe(h, n) for h, n in rows]
+    assert expected_hits(Batch(rows)).tolist() == want
+    assert expected_hits([Batch(rows[:1]), Batch(rows[1:])]).tolist() == want
+    assert expected_hits(Batch(rows), chunk_rows=1).tolist() == want
+    assert want == [0, 992, 512, 688]
+
+
+@pytest.mark.skipif(not SLICE_10MIN.exists(), reason="trace slice not present")
+def test_mooncake_10min_plausible_hit_ratio():
+    trace = read_trace(SLICE_10MIN)
+    t = time.perf_counter()
+    hits = expected_hits(trace, kv_block_size=16)
+    dt = time.perf_counter() - t
+    il = trace.input_length
+    assert hits.shape == il.shape and (hits >= 0).all() and (hits < il).all()
+    assert (hits % 16 == 0).all()
+    ratio = hits.sum() / il.sum()
+    lru = expected_hits(trace, kv_block_size=16, capacity_tokens=1_000_000)
+    r_lru = lru.sum() / il.sum()
+    blocks = int(trace.hash_offsets[-1])
+    print(f"\nMooncake 10 min: {len(trace)} rows, {blocks} blocks, infinite-cache hit ratio "
+          f"{ratio:.3f}, LRU 1M tokens {r_lru:.3f}, {dt * 1e6 / len(trace):.1f} us/row")
+    assert 0.2 < ratio < 0.95  # conversation trace: heavy prefix reuse, but not everything
+    assert (lru <= hits).all() and r_lru <= ratio

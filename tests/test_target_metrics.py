@@ -1,0 +1,237 @@
+"""replayer.target_metrics: cases B03 (``_created`` series), B19 (sum across engines), B20
+(counter reset), B23 (``_total`` family naming), and a live scrape of the embedded simulator."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pyarrow.parquet as pq
+import pytest
+
+from replayer.target_metrics import (TargetScraper, aggregate, check_invariants, parse_series,
+                                     parse_vllm_metrics, save_samples, series_deltas)
+
+B03 = """\
+# HELP vllm:spec_decode_num_drafts_total Drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 40.0
+# HELP vllm:spec_decode_num_drafts_created Drafts.
+# TYPE vllm:spec_decode_num_drafts_created gauge
+vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e+09
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 120.0
+# TYPE vllm:spec_decode_num_draft_tokens_created gauge
+vllm:spec_decode_num_draft_tokens_created{engine="0",model_name="m"} 1.7e+09
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 42.0
+# TYPE vllm:spec_decode_num_accepted_tokens_created gauge
+vllm:spec_decode_num_accepted_tokens_created{engine="0",model_name="m"} 1.7e+09
+"""
+
+B03_BEFORE = B03.replace(" 40.0", " 10.0").replace(" 120.0", " 30.0").replace(" 42.0", " 12.0")
+
+B19_HEAD = ["# TYPE vllm:spec_decode_num_drafts_total counter",
+            "# TYPE vllm:spec_decode_num_draft_tokens_total counter",
+            "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
+            "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter"]
+B19_LINES = [
+    ['vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10',
+     'vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 20'],
+    ['vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 20',
+     'vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="m"} 40'],
+    ['vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 13',
+     'vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="m"} 27'],
+    ['vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 8',
+     'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="0"} 18',
+     'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 5',
+     'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="1"} 9'],
+]
+
+
+def b19_text(reverse: bool) -> str:
+    out = []
+    for head, lines in zip(B19_HEAD, B19_LINES):
+        out.append(head)
+        out.extend(reversed(lines) if reverse else lines)
+    return "\n".join(out) + "\n"
+
+
+def test_b03_single_scrape_ignores_created():
+    v = parse_vllm_metrics(B03)
+    assert v["spec_decode_num_drafts"] == 40
+    assert v["spec_decode_num_draft_tokens"] == 120
+    assert v["spec_decode_num_accepted_tokens"] == 42
+    assert v["spec_decode_acceptance_rate"] == pytest.approx(0.35, abs=1e-12)
+    assert v["spec_decode_mean_acceptance_length"] == pytest.approx(2.05, abs=1e-12)
+    assert all(x < 1e6 for x in v.values())  # no value near the 1.7e9 timestamp
+    _, created = parse_series(B03)
+    assert len(created) == 3 and set(created.values()) == {1.7e9}
+
+
+def test_b03_before_after():
+    sc = TargetScraper("http://unused/metrics")
+    sc.observe(B03_BEFORE)
+    sc.observe(B03)
+    d = sc.deltas()
+    assert (d["spec_decode_num_drafts"], d["spec_decode_num_draft_tokens"],
+            d["spec_decode_num_accepted_tokens"]) == (30, 90, 30)
+    assert round(d["spec_decode_acceptance_rate"], 4) == 0.3333
+    assert d["spec_decode_mean_acceptance_length"] == pytest.approx(2.00, abs=1e-12)
+    assert sc.resets == 0
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["engine0-first", "engine1-first"])
+def test_b19_sum_across_engines(reverse):
+    v = parse_vllm_metrics(b19_text(reverse))
+    assert v['spec_decode_num_accepted_tokens_per_pos{position="0"}'] == 26
+    assert v['spec_decode_num_accepted_tokens_per_pos{position="1"}'] == 14
+    assert round(v['spec_decode_acceptance_rate_per_pos{position="0"}'], 4) == 0.8667
+    assert round(v['spec_decode_acceptance_rate_per_pos{position="1"}'], 4) == 0.4667
+    assert round(v["spec_decode_acceptance_rate"], 4) == 0.6667
+    assert round(v["spec_decode_mean_acceptance_length"], 3) == 2.333
+    assert v["spec_decode_num_accepted_tokens"] == 40 == 26 + 14
+    assert check_invariants(v) == []
+
+
+def test_b19_invariant_violation_reported():
+    text = b19_text(False).replace('position="1"} 9', 'position="1"} 1')
+    assert check_invariants(parse_vllm_metrics(text))
+
+
+def test_b20_reset_of_one_engine_not_hidden_by_the_other():
+    # engine 0 restarts (100 -> 20); engine 1 grows (50 -> 200). The sum grows 150 -> 220, so
+    # aggregate-then-subtract would report 70; the true increase is 20 + 150 = 170.
+    t1 = ("# TYPE vllm:prompt_tokens_total counter\n"
+          'vllm:prompt_tokens_total{engine="0"} 100\nvllm:prompt_tokens_total{engine="1"} 50\n')
+    t2 = t1.replace("} 100", "} 20").replace("} 50", "} 200")
+    sc = TargetScraper("http://unused/metrics")
+    sc.observe(t1)
+    sc.observe(t2)
+    assert sc.deltas()["prompt_tokens"] == 170
+    assert sc.resets == 1
+    # and a later interval after the reset is an ordinary difference again
+    sc.observe(t2.replace('"0"} 20\n', '"0"} 25\n'))
+    assert sc.deltas()["prompt_tokens"] == 175
+
+
+def test_reset_detected_by_created_even_without_decrease():
+    def text(value: float, created: float) -> str:
+        return ("# TYPE vllm:generation_tokens counter\n"
+                f'vllm:generation_tokens_total{{engine="0"}} {value}\n'
+                f'vllm:generation_tokens_created{{engine="0"}} {created}\n')
+
+    before, cb = parse_series(text(100, 1.7e9))
+    after, ca = parse_series(text(150, 1.7e9 + 60))  # restarted, then counted past the old value
+    assert series_deltas(before, after, cb, ca) == {after and next(iter(after)): 150}
+    assert series_deltas(before, after) == {next(iter(after)): 50}  # without _created: can't tell
+
+
+def test_b23_family_name_without_total():
+    # With a "# TYPE X counter" header the parser names the family X (no _total); the sample keeps it.
+    text = ('# HELP vllm:prefix_cache_queries Queries.\n# TYPE vllm:prefix_cache_queries counter\n'
+            'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0\n'
+            'vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9\n'
+            '# TYPE vllm:prefix_cache_hits counter\n'
+            'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 250.0\n')
+    v = parse_vllm_metrics(text)
+    assert v["prefix_cache_queries"] == 1000 and v["prefix_cache_hits"] == 250
+    assert v["prefix_cache_hit_rate"] == 0.25
+
+
+def test_old_names_used_only_when_new_absent():
+    old = ('# TYPE vllm:gpu_prefix_cache_queries counter\nvllm:gpu_prefix_cache_queries_total{engine="0"} 80\n'
+           '# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{engine="0"} 0.5\n')
+    assert parse_vllm_metrics(old)["prefix_cache_queries"] == 80
+    assert parse_vllm_metrics(old)["kv_cache_usage_perc"] == 0.5
+    both = old + '# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total{engine="0"} 80\n'
+    assert parse_vllm_metrics(both)["prefix_cache_queries"] == 80  # not 160
+
+
+def test_gauges_sum_counts_mean_fractions():
+    text = ('# TYPE vllm:num_requests_running gauge\n'
+            'vllm:num_requests_running{engine="0"} 3\nvllm:num_requests_running{engine="1"} 4\n'
+            '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine="0"} 1\n'
+            '# TYPE vllm:kv_cache_usage_perc gauge\n'
+            'vllm:kv_cache_usage_perc{engine="0"} 0.2\nvllm:kv_cache_usage_perc{engine="1"} 0.4\n'
+            '# TYPE vllm:time_to_first_token_seconds histogram\n'
+            'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1"} 3\n'
+            'vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf"} 4\n'
+            'vllm:time_to_first_token_seconds_sum{engine="0"} 0.8\n'
+            'vllm:time_to_first_token_seconds_count{engine="0"} 4\n')
+    v = parse_vllm_metrics(text)
+    assert v["num_requests_running"] == 7 and v["num_requests_waiting"] == 1
+    assert v["kv_cache_usage_perc"] == pytest.approx(0.3)
+    assert v["server_mean_ttft_seconds"] == pytest.approx(0.2)
+    assert not any("bucket" in k for k in v)
+
+
+def test_no_ratio_without_denominator():
+    v = parse_vllm_metrics("# TYPE vllm:spec_decode_num_drafts counter\nvllm:spec_decode_num_drafts_total 0\n")
+    assert v == {"spec_decode_num_drafts": 0}
+
+
+def test_save_samples(tmp_path):
+    sc = TargetScraper("http://unused/metrics")
+    sc.observe(b19_text(False), time_s=1.0, t_ns=5)
+    rows = sc.take_samples()
+    assert len(rows) == 10 and sc.samples == []
+    path = tmp_path / "target_metrics.parquet"
+    save_samples(rows, str(path))
+    t = pq.read_table(path).to_pylist()
+    assert {r["metric"] for r in t} >= {"vllm:spec_decode_num_drafts_total"}
+    r0 = [r for r in t if r["metric"] == "vllm:spec_decode_num_drafts_total"]
+    assert sorted(r["value"] for r in r0) == [10, 20]
+    assert r0[0]["labels"].startswith("{") and r0[0]["kind"] == "counter" and r0[0]["t_ns"] == 5
+
+
+def test_live_scrape_of_embedded_sim():
+    from replayer.sim import SimConfig, SimServer
+
+    async def main():
+        sim = SimServer(SimConfig(ttft_base_ms=1.0, prefill_us_per_token=0.0, itl_base_ms=1.0,
+                                  itl_per_running_us=0.0, kv_block_size=16))
+        url = await sim.start()
+        try:
+            async with aiohttp.ClientSession() as s:
+                sc = TargetScraper(url + "/metrics", session=s, interval_s=0.05)
+                task = asyncio.create_task(sc.run())
+                await asyncio.sleep(0.1)
+                prompt = list(range(100, 164))  # 64 tokens = 4 KV blocks
+                for _ in range(3):
+                    body = {"model": "sim-model", "prompt": prompt, "max_tokens": 4, "stream": False}
+                    async with s.post(url + "/v1/completions", json=body) as r:
+                        assert r.status == 200
+                        await r.read()
+                await sc.scrape_once()
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+                return sc
+        finally:
+            await sim.stop()
+
+    sc = asyncio.run(asyncio.wait_for(main(), 30))
+    assert sc.errors == 0 and sc.scrapes >= 2
+    d = sc.deltas()
+    assert d["prompt_tokens"] == 3 * 64 and d["generation_tokens"] == 3 * 4
+    assert d["request_success"] == 3
+    assert d["prefix_cache_queries"] == 3 * 64
+    # 1st request: no hit; then 3 of 4 blocks (vLLM never counts the last prompt token as a hit)
+    assert d["prefix_cache_hits"] == 2 * 48
+    assert sc.latest["num_requests_running"] == 0 and "kv_cache_usage_perc" in sc.latest
+    assert sc.latest["prompt_tokens"] == 3 * 64
+    assert sc.samples and all(r["value"] < 1e9 for r in sc.samples)
+
+
+def test_scrape_failure_is_counted_not_raised():
+    async def main():
+        async with aiohttp.ClientSession() as s:
+            sc = TargetScraper("http://127.0.0.1:9/metrics", session=s, timeout_s=2)
+            assert await sc.scrape_once() is None
+            return sc
+
+    sc = asyncio.run(main())
+    assert sc.errors == 1 and sc.last_error and sc.scrapes == 0
