@@ -56,6 +56,10 @@ class RunConfig(BaseModel):
     start_delay_s: float = Field(1.0, ge=0, description="anchor the schedule this long after start-up")
     flush_rows: int = Field(2000, ge=1, description="write a results row group every N results")
     flush_interval_s: float = Field(2.0, gt=0, description="or every this many seconds")
+    roll_rows: int | None = Field(None, ge=1, description="start a new results file every N results (soak)")
+    roll_interval_s: float | None = Field(None, gt=0, description="start a new results file this often (soak)")
+    resume: str | None = Field(None, description="continue the run recorded in this results folder "
+                               "(same trace and settings), skipping every row already recorded")
     strict: bool = Field(False, description="treat out-of-order timestamps in the trace as an error")
     quiet: bool = Field(False, description="no progress lines or summary table on the terminal")
     log_level: str = Field("info", description="debug, info, warning or error")
@@ -122,7 +126,7 @@ class RunConfig(BaseModel):
             raise ValueError("token-id prompts cannot go to a chat endpoint; use /v1/completions")
         return v
 
-    @field_validator("trace", "tokenizer", "api_key_file")
+    @field_validator("trace", "tokenizer", "api_key_file", "resume")
     @classmethod
     def _exists(cls, v: str | None) -> str | None:
         if v is not None and not os.path.exists(v):

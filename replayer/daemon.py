@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
+import numpy as np
+import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry
 
 from . import __version__
@@ -129,7 +131,7 @@ async def wait_ready(base_url: str, timeout_s: float, api_key: str | None) -> li
 
 
 def _results_dir(cfg: RunConfig) -> str:
-    path = cfg.results or os.path.join("results", time.strftime("%Y%m%d-%H%M%S"))
+    path = cfg.resume or cfg.results or os.path.join("results", time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(path, exist_ok=True)
     return path
 
@@ -155,6 +157,37 @@ class Prompts:
             for old in sorted(self._by_loop)[:-2]:
                 del self._by_loop[old]
         return b
+
+
+def resume_plan(results_dir: str):
+    """Where a resumed run starts: (first loop with an unrecorded row, skip function).
+
+    Every (loop, row) already recorded as sent (any outcome but ``not_started``) in the results
+    folder is skipped, so the union of the files holds each sent row once. Raises StartupError
+    when the folder holds no checkpoint."""
+    ckpt_path = os.path.join(results_dir, "checkpoint.json")
+    if not os.path.exists(ckpt_path):
+        raise StartupError(f"--resume {results_dir}: no checkpoint.json (not a replayer results folder?)")
+    with open(ckpt_path, encoding="utf-8") as f:
+        ckpt = json.load(f)
+    table = read_results(results_dir)
+    done: dict[int, np.ndarray] = {}
+    if table.num_rows:
+        sent = table.filter(pc.not_equal(table.column("outcome"), "not_started"))
+        loops = sent.column("loop").to_numpy()
+        rows = sent.column("row").to_numpy()
+        for lp in np.unique(loops):
+            done[int(lp)] = np.unique(rows[loops == lp])
+    # results of the last loop(s) may have been lost with the process: restart one loop earlier
+    start_loop = max(0, int(ckpt.get("loop", 0)) - 1)
+
+    def skip(loop: int, rows: np.ndarray) -> np.ndarray:
+        d = done.get(loop)
+        return np.isin(rows, d) if d is not None else np.zeros(rows.size, dtype=bool)
+
+    log.info("resuming %s from loop %d: %d rows already recorded", results_dir, start_loop,
+             sum(v.size for v in done.values()))
+    return start_loop, skip
 
 
 def open_batches_factory(cfg: RunConfig):
@@ -214,8 +247,10 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                   results_dir, model, dispatcher_ref) -> dict:
     loop = asyncio.get_running_loop()
     shard, shards = cfg.shard_index
+    start_loop, skip = resume_plan(results_dir) if cfg.resume else (0, None)
     batches = iter_schedule(open_batches, loops=cfg.loops, loop_gap_ns=int(cfg.loop_gap_s * 1e9),
-                            shard=shard, shards=shards, max_requests=cfg.max_requests)
+                            shard=shard, shards=shards, max_requests=cfg.max_requests,
+                            start_loop=start_loop, skip=skip)
     # Everything built so far (modules, trace, tables) lives for the whole run: move it out of
     # the cyclic GC's reach, or each full collection scans it and stalls the loop for ~100 ms.
     gc.collect()
@@ -243,16 +278,27 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     meta = {"replayer.version": __version__, "replayer.t0_wall_s": repr(anchor.wall_s),
             "replayer.trace": os.path.abspath(cfg.trace), "replayer.target": target, "replayer.model": model,
             "replayer.config": cfg.model_dump_json()}
-    recorder = Recorder(os.path.join(results_dir, "requests.parquet"), flush_rows=cfg.flush_rows,
-                        flush_interval_s=cfg.flush_interval_s, metadata=meta)
+    dispatcher_box: list[Dispatcher] = []
+
+    def checkpoint() -> dict:
+        pos = dispatcher_box[0].position if dispatcher_box else None
+        return {"trace": os.path.abspath(cfg.trace), "shard": cfg.shard, "seed": cfg.seed,
+                "loop": pos.loop if pos else start_loop, "next_row": pos.row if pos else 0,
+                "next_index": pos.index if pos else 0, "wall_time": time.time()}
+
+    recorder = Recorder(results_dir, flush_rows=cfg.flush_rows, flush_interval_s=cfg.flush_interval_s,
+                        roll_rows=cfg.roll_rows, roll_interval_s=cfg.roll_interval_s, metadata=meta,
+                        checkpoint=checkpoint)
     client = Client(target, t0_ns=anchor.t0_ns, endpoint=cfg.endpoint, api_key=api_key,
                     connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s or None)
     acct = _Accounting(state, metrics)
     duration_ns = int(cfg.duration_s * 1e9) if cfg.duration_s else None
     dispatcher = Dispatcher(batches, prepare, client.send, recorder.add, t0_ns=anchor.t0_ns, timeline=timeline,
                             unsent=unsent, observer=acct, lead_ns=int(cfg.lead_s * 1e9),
-                            drain_timeout_s=cfg.drain_timeout_s, duration_ns=duration_ns)
+                            drain_timeout_s=cfg.drain_timeout_s, duration_ns=duration_ns,
+                            rebase_first=bool(cfg.resume))
     dispatcher_ref.append(dispatcher)
+    dispatcher_box.append(dispatcher)
     signals = 0
 
     def on_signal(signame: str) -> None:
@@ -293,7 +339,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     state.state = "done"
-    table = read_results(os.path.join(results_dir, "requests.parquet"))
+    table = read_results(results_dir)
     summary = summarize(table)
     summary.update({"target": target, "model": model, "trace": cfg.trace, "speedup": cfg.speedup,
                     "shard": cfg.shard, "loop": cfg.loop, "results": results_dir,

@@ -89,7 +89,8 @@ class Dispatcher:
                  sink: Callable[[RequestResult], None], *, t0_ns: int, timeline: Timeline,
                  unsent: Callable[[ScheduleBatch, int], RequestResult],
                  observer: Observer | None = None, lead_ns: int = 500_000_000,
-                 drain_timeout_s: float = 30.0, duration_ns: int | None = None) -> None:
+                 drain_timeout_s: float = 30.0, duration_ns: int | None = None,
+                 rebase_first: bool = False) -> None:
         self._feeder = BatchFeeder(batches)
         self._prepare = prepare
         self._send = send
@@ -101,6 +102,7 @@ class Dispatcher:
         self.lead_ns = lead_ns
         self.drain_timeout_s = drain_timeout_s
         self.duration_ns = duration_ns
+        self._rebase = rebase_first  # resume: the first request is due at wall0, not at its trace time
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()   # timeline changed (pause/resume/speed-up) or stop
         self._idle = asyncio.Event()
@@ -193,6 +195,8 @@ class Dispatcher:
                     item = nxt
                 sb, j = item
                 trace_ns = int(sb.trace_ns[j])
+                if self._rebase:
+                    tl.trace0_ns, self._rebase = trace_ns, False
                 due = tl.due(trace_ns)
                 if self.duration_ns is not None and due >= self.duration_ns and not tl.paused:
                     exhausted = True

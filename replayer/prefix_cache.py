@@ -142,28 +142,68 @@ class PrefixCacheModel:
 
     def observe_keys(self, keys: Sequence[int], input_length: int) -> int:
         """``observe`` with the row's chain keys already computed (``chain_keys``), as ints."""
+        if self.capacity_blocks is None:
+            matched = self._infinite(keys, input_length)
+        else:
+            matched = self._lru(keys, input_length)
+        cap = input_length - 1 if self.last_token_recomputed else input_length
+        hits = matched if matched < cap else max(cap, 0)
+        hits -= hits % self.kv_block_size
+        self.query_tokens += input_length
+        self.hit_tokens += hits
+        self.rows += 1
+        return hits
+
+    def _infinite(self, keys: Sequence[int], input_length: int) -> int:
+        """Matched tokens; caches the row. In an infinite cache a chain key is present only if
+        every shorter key of its chain was sent whole before, so after the first miss (or partly
+        sent block) every later key of the row is new: they are inserted in one ``update``."""
         bs = self.block_size
         cache = self._cache
         get = cache.get
+        nk = len(keys)
         matched = 0
         left = input_length
-        lru = self.capacity_blocks is not None
+        j = 0
+        while j < nk:
+            k = keys[j]
+            seen = get(k)
+            if seen is None:
+                break
+            n = bs if left > bs else left
+            j += 1
+            if seen < n:
+                matched += seen
+                cache[k] = n
+                break
+            matched += n
+            left -= n
+        if j < nk:
+            cache.update(dict.fromkeys(keys[j:], bs))
+            last = input_length - (nk - 1) * bs
+            if last < bs:
+                cache[keys[-1]] = last
+        return matched
+
+    def _lru(self, keys: Sequence[int], input_length: int) -> int:
+        """Matched tokens; refreshes/inserts the row's keys and evicts beyond capacity."""
+        bs = self.block_size
+        cache: OrderedDict[int, int] = self._cache  # type: ignore[assignment]
+        get = cache.get
+        move = cache.move_to_end
+        matched = 0
+        left = input_length
         for k in keys:
             seen = get(k)
             if seen is None:
                 break
-            if lru:
-                cache.move_to_end(k)  # type: ignore[attr-defined]
+            move(k)
             n = bs if left > bs else left
             if seen < n:
                 matched += seen
                 break
             matched += n
             left -= n
-        cap = input_length - 1 if self.last_token_recomputed else input_length
-        hits = matched if matched < cap else max(cap, 0)
-        hits -= hits % self.kv_block_size
-        # insert the row's blocks (the last one possibly partial)
         left = input_length
         for k in keys:
             n = bs if left > bs else left
@@ -171,18 +211,13 @@ class PrefixCacheModel:
             seen = get(k)
             if seen is None or seen < n:
                 cache[k] = n
-            if lru:
-                cache.move_to_end(k)  # type: ignore[attr-defined]
-        if lru:
-            over = len(cache) - self.capacity_blocks  # type: ignore[operator]
-            if over > 0:
-                pop = cache.popitem  # type: ignore[attr-defined]
-                for _ in range(over):
-                    pop(last=False)
-        self.query_tokens += input_length
-        self.hit_tokens += hits
-        self.rows += 1
-        return hits
+            move(k)
+        over = len(cache) - self.capacity_blocks  # type: ignore[operator]
+        if over > 0:
+            pop = cache.popitem
+            for _ in range(over):
+                pop(last=False)
+        return matched
 
     @property
     def hit_ratio(self) -> float | None:

@@ -1,16 +1,27 @@
-"""Stream per-request results to ``RESULTS/requests.parquet`` as the run goes.
+"""Stream per-request results to Parquet as the run goes, so that nothing measured is lost.
 
-Results are buffered and written as Parquet row groups by one background thread (pyarrow releases
-the GIL while encoding and writing), every ``flush_rows`` results or ``flush_interval_s`` seconds,
-whichever comes first; a crash loses at most that much. ``close`` writes the rest and the footer.
+Every ``flush_rows`` results or ``flush_interval_s`` seconds the buffered results are written by
+one background thread as a small, complete Parquet file ``RESULTS/parts/part-NNNNNNNN.parquet``
+(written to a temporary name, then renamed: a part on disk is always readable). A SIGKILL loses
+at most one flush interval. Parts are merged ("rolled") into ``RESULTS/requests.parquet`` at the
+end of a run; with ``roll_rows``/``roll_interval_s`` they are also rolled during the run into
+``requests-NNNNN.parquet`` files, so a week-long soak is many bounded files, not one growing one.
+``read_results(RESULTS)`` reads all of them as one table.
+
+A ``checkpoint.json`` written after every flush records the replay position (see ``--resume``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import glob
+import json
 import logging
+import os
 import threading
+import time
+from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,24 +30,43 @@ from .result import SCHEMA, RequestResult, to_table
 
 log = logging.getLogger(__name__)
 
+PARTS = "parts"
+
+
+def _atomic_write_table(table: pa.Table, path: str) -> None:
+    tmp = path + ".tmp"
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, path)
+
 
 class Recorder:
-    """Writes results to ``path`` (Parquet, schema ``result.SCHEMA``, one row group per flush).
+    """Writes results under ``results_dir`` (schema ``result.SCHEMA``).
 
-    ``metadata``: file-level key/values (run anchor, config); written in the footer.
+    ``metadata``: file-level key/values (run anchor, config) stored in every file.
+    ``checkpoint``: called on the loop thread at each flush; its dict goes to checkpoint.json.
     Not thread-safe: call ``add``/``flush`` from the event loop thread only.
     """
 
-    def __init__(self, path: str, *, flush_rows: int = 2000, flush_interval_s: float = 2.0,
-                 metadata: dict[str, str] | None = None) -> None:
-        self.path = path
+    def __init__(self, results_dir: str, *, flush_rows: int = 2000, flush_interval_s: float = 2.0,
+                 roll_rows: int | None = None, roll_interval_s: float | None = None,
+                 metadata: dict[str, str] | None = None,
+                 checkpoint: Callable[[], dict] | None = None) -> None:
+        self.dir = results_dir
+        self.parts_dir = os.path.join(results_dir, PARTS)
+        os.makedirs(self.parts_dir, exist_ok=True)
         self.flush_rows = flush_rows
         self.flush_interval_s = flush_interval_s
-        schema = SCHEMA.with_metadata({k.encode(): v.encode() for k, v in (metadata or {}).items()})
-        self._writer = pq.ParquetWriter(path, schema, compression="zstd")
+        self.roll_rows = roll_rows
+        self.roll_interval_s = roll_interval_s
+        self._schema = SCHEMA.with_metadata({k.encode(): v.encode() for k, v in (metadata or {}).items()})
+        self._checkpoint = checkpoint
         self._buf: list[RequestResult] = []
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="recorder")
         self._lock = threading.Lock()
+        self._seq = len(glob.glob(os.path.join(self.parts_dir, "part-*.parquet")))
+        self._parts: list[str] = []          # parts of this run not yet rolled
+        self._part_rows = 0
+        self._last_roll = time.monotonic()
         self.rows_written = 0
         self.rows_added = 0
         self._closed = False
@@ -49,17 +79,51 @@ class Recorder:
             self.flush()
 
     def flush(self) -> concurrent.futures.Future | None:
-        """Hand the buffered results to the writer thread; returns its future (None if empty)."""
-        if not self._buf or self._closed:
+        """Hand the buffered results (and a checkpoint) to the writer thread; returns its future."""
+        if self._closed:
             return None
         batch, self._buf = self._buf, []
-        return self._pool.submit(self._write, batch)
+        ckpt = self._checkpoint() if self._checkpoint else None
+        if not batch and ckpt is None:
+            return None
+        return self._pool.submit(self._write, batch, ckpt)
 
-    def _write(self, batch: list[RequestResult]) -> None:
-        table = to_table(batch)
+    def _write(self, batch: list[RequestResult], ckpt: dict | None) -> None:
         with self._lock:
-            self._writer.write_table(table, row_group_size=max(len(batch), 1))
-            self.rows_written += len(batch)
+            if batch:
+                path = os.path.join(self.parts_dir, f"part-{self._seq:08d}.parquet")
+                self._seq += 1
+                _atomic_write_table(to_table(batch).replace_schema_metadata(self._schema.metadata), path)
+                self._parts.append(path)
+                self._part_rows += len(batch)
+                self.rows_written += len(batch)
+            if ckpt is not None:
+                tmp = os.path.join(self.dir, "checkpoint.json.tmp")
+                with open(tmp, "w", encoding="utf-8") as f:
+                    json.dump(ckpt, f)
+                os.replace(tmp, os.path.join(self.dir, "checkpoint.json"))
+            due = (self.roll_rows is not None and self._part_rows >= self.roll_rows) or (
+                self.roll_interval_s is not None and time.monotonic() - self._last_roll >= self.roll_interval_s)
+            if due:
+                self._roll(final=False)
+
+    def _roll(self, *, final: bool) -> None:
+        """Merge this run's parts into one rolled file (caller holds the lock)."""
+        self._last_roll = time.monotonic()
+        if not self._parts:
+            return
+        single = final and not glob.glob(os.path.join(self.dir, "requests*.parquet"))
+        if single:
+            dst = os.path.join(self.dir, "requests.parquet")
+        else:
+            n = len(glob.glob(os.path.join(self.dir, "requests-*.parquet")))
+            dst = os.path.join(self.dir, f"requests-{n:05d}.parquet")
+        tables = [pq.read_table(p) for p in self._parts]
+        _atomic_write_table(pa.concat_tables(tables).replace_schema_metadata(self._schema.metadata), dst)
+        for p in self._parts:
+            os.remove(p)
+        self._parts = []
+        self._part_rows = 0
 
     async def run_periodic_flush(self) -> None:
         """Flush every ``flush_interval_s`` until cancelled."""
@@ -68,18 +132,27 @@ class Recorder:
             self.flush()
 
     def close(self) -> None:
-        """Write what is buffered, then the file footer. Blocking; idempotent."""
+        """Write what is buffered, roll the parts into the final file. Blocking; idempotent."""
         if self._closed:
             return
         fut = self.flush()
         if fut is not None:
             fut.result()
+        self._closed = True
         self._pool.shutdown(wait=True)
         with self._lock:
-            self._writer.close()
-        self._closed = True
+            self._roll(final=True)
+
+
+def result_files(results_dir: str) -> list[str]:
+    """Every results file of a results folder: rolled files, then parts not yet rolled."""
+    files = sorted(glob.glob(os.path.join(results_dir, "requests*.parquet")))
+    return files + sorted(glob.glob(os.path.join(results_dir, PARTS, "part-*.parquet")))
 
 
 def read_results(path: str) -> pa.Table:
-    """Read a results file (or a folder of parts) back as an Arrow table."""
-    return pq.read_table(path)
+    """All results of a results folder (or one file) as one Arrow table (schema ``SCHEMA``)."""
+    files = [path] if os.path.isfile(path) else result_files(path)
+    if not files:
+        return SCHEMA.empty_table()
+    return pa.concat_tables([pq.read_table(f).replace_schema_metadata(None) for f in files])

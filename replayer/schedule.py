@@ -63,7 +63,8 @@ def shard_mask(batch: object, shard: int, shards: int) -> np.ndarray:
 def iter_schedule(open_batches: Callable[[], Iterable[object]], *, loops: int | None = 1,
                   loop_gap_ns: int = 0, shard: int = 0, shards: int = 1,
                   max_requests: int | None = None, start_loop: int = 0,
-                  skip_rows: int = 0) -> Iterator[ScheduleBatch]:
+                  skip_rows: int = 0,
+                  skip: Callable[[int, np.ndarray], np.ndarray] | None = None) -> Iterator[ScheduleBatch]:
     """Yield the schedule batch by batch.
 
     ``open_batches()`` returns a fresh iterator of trace batches (each a ``Trace`` whose
@@ -72,6 +73,7 @@ def iter_schedule(open_batches: Callable[[], Iterable[object]], *, loops: int | 
     ``loop_gap_ns`` of trace time after the last request of loop k. ``max_requests`` caps the
     total. ``start_loop``/``skip_rows``: resume at that loop and global row (rows before it in
     that loop are skipped; trace time is kept, so the timeline must be re-anchored by the caller).
+    ``skip(loop, rows)``: a bool mask of rows to leave out (rows already recorded, on resume).
     """
     if shards < 1 or not 0 <= shard < shards:
         raise ValueError(f"shard must be in 0..{shards - 1}, got {shard}")
@@ -91,6 +93,8 @@ def iter_schedule(open_batches: Callable[[], Iterable[object]], *, loops: int | 
             mask = shard_mask(batch, shard, shards)
             if loop == start_loop and skip_rows:
                 mask &= rows >= skip_rows
+            if skip is not None:
+                mask &= ~skip(loop, rows)
             idx = np.flatnonzero(mask).astype(np.int64)
             if max_requests is not None:
                 idx = idx[: max(0, max_requests - index)]

@@ -3,20 +3,18 @@
 A *trace* is a list of requests: when each one arrives, how many prompt tokens it has, how many
 tokens it must generate, and which prompt blocks (``hash_ids``) it shares with other requests.
 
-Two input formats are read:
+Formats (details in :func:`read_trace` and ``traces/README.md``): canonical Parquet (one file, a
+folder or a glob of shards; streamed by :func:`open_trace`), Mooncake JSONL (FAST'25 release,
+kvcache-ai/Mooncake ``FAST25-release/traces``), the Azure LLM inference trace CSV (Azure Public
+Dataset AzureLLMInferenceTrace 2023; Splitwise, ISCA 2024) and generic JSONL / CSV / Parquet with
+a column mapping and a time unit. Hash ids are 64-bit integers or strings
+(:func:`hash_id_from_string`); sources without them get unique ids from :data:`SYNTH_ID_BASE`.
 
-* **Mooncake JSONL** (the FAST'25 Mooncake trace release, ``FAST25-release/traces/*.jsonl`` in the
-  kvcache-ai/Mooncake repository): one JSON object per line with ``timestamp`` (integer ms from the
-  trace start), ``input_length`` (prompt tokens), ``output_length`` (tokens generated) and
-  ``hash_ids`` (list of integer block ids, block size 512 tokens). Optional keys ``request_id``,
-  ``session_id``, ``model``, ``priority`` and ``extra_body`` are read as in the canonical schema;
-  other keys are ignored. Blank lines are skipped; rows are numbered by physical line. A ``.json``
-  file whose first character is ``[`` is read as a JSON array of such objects (rows numbered from 1).
-* **Canonical Parquet** (``traces/README.md`` documents it exactly): columns ``timestamp``,
-  ``input_length``, ``output_length`` (int64), ``hash_ids`` (list<int64>), optional ``request_id``,
-  ``session_id``, ``model`` (string), ``priority`` (int64), ``extra_body`` (string holding a JSON
-  object); file metadata ``replayer.schema_version``, ``replayer.block_size``,
-  ``replayer.time_unit``, ``replayer.source``, ``replayer.license``.
+Canonical Parquet (``traces/README.md`` documents it exactly): columns ``timestamp``,
+``input_length``, ``output_length`` (int64), ``hash_ids`` (list<int64> or list<uint64>), optional
+``request_id``, ``session_id``, ``model`` (string), ``priority`` (int64), ``extra_body`` (string
+holding a JSON object); file metadata ``replayer.schema_version``, ``replayer.block_size``,
+``replayer.time_unit``, ``replayer.source``, ``replayer.license``.
 
 ``read_trace`` validates the whole file and raises one :class:`TraceError` that lists every problem
 (file, 1-based row, field, message). Rows are then stable-sorted by timestamp as whole rows (a
@@ -854,22 +852,14 @@ def _num(v: Any) -> Any:
 def _raw_from_table(table: pa.Table, probs: _Problems, meta: dict[str, str], block_size: int, opts: _Opts,
                     rows: np.ndarray, synth_start: int = 0) -> _Raw | None:
     """Validate the columns of ``table`` (Parquet or CSV) -> raw columns; ``rows`` numbers the rows."""
+    text: dict[str, list] = {}
     if opts.fmt in ("csv", "azure"):  # a bad cell makes the whole CSV column text: re-read the numbers
         for name in ("timestamp", "input_length", "output_length", "priority"):
             k = _src(opts, name)
             if k in table.column_names and (name != "timestamp" or meta["time_unit"] != "datetime"):
                 col = table.column(k)
                 if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-                    vals = [_num(v) for v in col.to_pylist()]
-                    try:
-                        arr = pa.array(vals)
-                    except (pa.ArrowInvalid, pa.ArrowTypeError):
-                        arr = pa.array([None if isinstance(v, str) else v for v in vals])
-                        bad = [(i, v) for i, v in enumerate(vals) if isinstance(v, str)]
-                        for i, v in bad:
-                            probs.add(rows[i], name, f"expected a number, got string {_short(v)}")
-                        arr = pa.array([0 if isinstance(v, str) else v for v in vals])
-                    table = table.set_column(table.column_names.index(k), k, arr)
+                    text[name] = [_num(v) for v in col.to_pylist()]
     names = set(table.column_names)
     missing = []
     for c in _REQUIRED:
@@ -885,11 +875,14 @@ def _raw_from_table(table: pa.Table, probs: _Problems, meta: dict[str, str], blo
         probs.add(0, "file", "no rows (empty trace)")
         return None
     unit = meta["time_unit"]
-    ts, ts_ok, ns = _timestamps(table.column(_src(opts, "timestamp")), rows, unit, opts.allow_float_time, probs)
+    ts, ts_ok, ns = _timestamps(text.get("timestamp") or table.column(_src(opts, "timestamp")), rows, unit,
+                                opts.allow_float_time, probs)
     if unit != "datetime" and ns != TIME_UNITS[unit]:
         meta["time_unit"] = next(u for u, v in TIME_UNITS.items() if v == ns)
-    il, il_ok = _column_ints(table.column(_src(opts, "input_length")), rows, "input_length", probs)
-    ol, ol_ok = _column_ints(table.column(_src(opts, "output_length")), rows, "output_length", probs)
+    il, il_ok = (_ints_from_list(text["input_length"], rows, "input_length", probs) if "input_length" in text
+                 else _column_ints(table.column(_src(opts, "input_length")), rows, "input_length", probs))
+    ol, ol_ok = (_ints_from_list(text["output_length"], rows, "output_length", probs) if "output_length" in text
+                 else _column_ints(table.column(_src(opts, "output_length")), rows, "output_length", probs))
     if _src(opts, "hash_ids"):
         hl, hv, hok = _column_hash(table.column(_src(opts, "hash_ids")), rows, probs)
     else:
@@ -899,7 +892,7 @@ def _raw_from_table(table: pa.Table, probs: _Problems, meta: dict[str, str], blo
     for name in _OPTIONAL:
         k = _src(opts, name)
         if k and k in names:
-            optional[name] = _optional_from_list(name, table.column(k).to_pylist(), rows, probs)
+            optional[name] = _optional_from_list(name, text.get(name) or table.column(k).to_pylist(), rows, probs)
     return _Raw(rows, ts, ts_ok, il, il_ok, ol, ol_ok, hl, hv, hok, optional, ns, block_size, meta)
 
 

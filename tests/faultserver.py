@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -52,7 +53,7 @@ from aiohttp import web
 
 __all__ = ["ABORT", "HANG", "Plan", "Received", "FaultServer", "ThreadedFaultServer", "sse",
            "choice", "usage_event", "DONE", "huge_event", "PlanSource",
-           "ProcessFaultServer"]
+           "ProcessFaultServer", "peak_concurrency"]
 
 
 class _Marker:
@@ -142,7 +143,7 @@ class Received:
     """One request as received: raw ``body`` bytes, ``json`` (parsed, or None), ``t0_ns``
     (perf_counter_ns when the body was fully read; CLOCK_MONOTONIC, comparable across processes
     on Linux), ``path``, ``headers``, and ``write_ns`` (perf_counter_ns after each transcript
-    write returned: how late the server itself was)."""
+    write returned: how late the server itself was), ``end_ns`` (when the handler finished)."""
 
     body: bytes
     json: Any
@@ -150,6 +151,18 @@ class Received:
     path: str
     headers: dict[str, str]
     write_ns: list[int] = field(default_factory=list)
+    end_ns: int | None = None
+
+
+def peak_concurrency(received: Sequence[Received]) -> int:
+    """Most requests in flight at once (between body received and handler end) among ``received``."""
+    ev = sorted([(r.t0_ns, 1) for r in received] + [(r.end_ns or 2**63, -1) for r in received],
+                key=lambda e: (e[0], e[1]))
+    peak = cur = 0
+    for _, d in ev:
+        cur += d
+        peak = max(peak, cur)
+    return peak
 
 
 async def _sleep_until(deadline_ns: int) -> None:
@@ -236,7 +249,10 @@ class FaultServer:
                 req_json = None
             rec = Received(body, req_json, t0, request.path, dict(request.headers))
             self.received.append(rec)
-            return await self._play(request, self._choose(req_json), t0, rec.write_ns)
+            try:
+                return await self._play(request, self._choose(req_json), t0, rec.write_ns)
+            finally:
+                rec.end_ns = time.perf_counter_ns()
         finally:
             self.active -= 1
             self._handlers.discard(task)
@@ -330,6 +346,7 @@ def _process_main(plan: PlanSource, conn) -> None:  # child process of ProcessFa
         loop.add_reader(conn.fileno(), asked.set)
         await asked.wait()
         loop.remove_reader(conn.fileno())
+        os.set_blocking(conn.fileno(), True)  # the loop made it non-blocking; the reply is large
         conn.recv()
         conn.send({"received": srv.received, "peak_active": srv.peak_active,
                    "peak_connections": srv.peak_connections})

@@ -113,3 +113,49 @@ def test_mooncake_10min_plausible_hit_ratio():
           f"{ratio:.3f}, LRU 1M tokens {r_lru:.3f}, {dt * 1e6 / len(trace):.1f} us/row")
     assert 0.2 < ratio < 0.95  # conversation trace: heavy prefix reuse, but not everything
     assert (lru <= hits).all() and r_lru <= ratio
+
+
+@pytest.mark.skipif(not SLICE_10MIN.exists(), reason="trace slice not present")
+def test_model_agrees_with_simulator_cache():
+    """Send the first rows of the Mooncake slice one by one to the embedded simulator (which hashes
+    the actual token ids in 16-token KV blocks): its prefix_cache_hits must equal the model's."""
+    import asyncio
+
+    import aiohttp
+
+    from replayer.payload import PayloadBuilder
+    from replayer.prompts import PromptBuilder
+    from replayer.sim import SimConfig, SimServer
+    from replayer.target_metrics import TargetScraper
+
+    n = 40
+    trace = read_trace(SLICE_10MIN).head(n)
+    want = expected_hits(trace, kv_block_size=16)
+    prompts = PromptBuilder(seed=0, block_size=trace.block_size)
+    payload = PayloadBuilder("sim-model", stream=False)
+
+    async def main():
+        sim = SimServer(SimConfig(ttft_base_ms=0.0, prefill_us_per_token=0.0, itl_base_ms=0.0,
+                                  itl_per_running_us=0.0, kv_block_size=16))
+        url = await sim.start()
+        try:
+            async with aiohttp.ClientSession() as s:
+                sc = TargetScraper(url + "/metrics", session=s)
+                await sc.scrape_once()
+                got = []
+                for i in range(n):
+                    body = payload.body(prompts.prompt_json(trace.hash_ids(i), int(trace.input_length[i])), 1)
+                    async with s.post(url + "/v1/completions", data=body,
+                                      headers={"Content-Type": "application/json"}) as r:
+                        assert r.status == 200, await r.text()
+                        await r.read()
+                    before = sc.deltas().get("prefix_cache_hits", 0)
+                    await sc.scrape_once()
+                    got.append(sc.deltas()["prefix_cache_hits"] - before)
+                return got
+        finally:
+            await sim.stop()
+
+    got = asyncio.run(asyncio.wait_for(main(), 60))
+    assert got == want.tolist()
+    assert sum(got) > 0

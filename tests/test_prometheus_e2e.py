@@ -66,12 +66,37 @@ def prometheus(tmp_path):
             p.kill()
 
 
-def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_slice, sim_process, prometheus):
+@pytest.fixture
+def fast_sim():
+    """The simulator with short latencies (the replay's drain takes seconds, not tens)."""
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--port", str(port), "--ttft-base-ms", "5",
+                          "--prefill-us-per-token", "1", "--itl-base-ms", "1", "--itl-per-running-us", "5"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/health")
+        yield url
+    finally:
+        p.terminate()
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_slice, fast_sim, prometheus):
+    t_start = time.monotonic()
     trace_path = mooncake_slice(120)  # ~6 s of replay at speedup 20
-    sim_url, _ = sim_process("--ttft-base-ms", "5", "--prefill-us-per-token", "1", "--itl-base-ms", "1",
-                             "--itl-per-running-us", "5")  # fast: the run lasts ~10 s
+    sim_url = fast_sim
     admin_port = free_port()
     prom = prometheus({"replayer": f"127.0.0.1:{admin_port}", "target": sim_url.removeprefix("http://")})
+    # Prometheus applies discovered targets after up to ~5 s: start the replay once it scrapes
+    deadline = time.monotonic() + 30
+    while not _query(prom, 'up{job="target"} == 1')["data"]["result"]:
+        assert time.monotonic() < deadline, "Prometheus never scraped the simulator"
+        time.sleep(0.25)
+    t_prom = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace_path), "--target", sim_url,
                              "--speedup", "20", "--admin-port", str(admin_port), "--results", str(tmp_path / "res"),
                              "--start-delay", "2", "--quiet"],
@@ -87,6 +112,7 @@ def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_sli
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err[-3000:]
+    print(f"setup {t_prom - t_start:.1f} s, replay {time.monotonic() - t_prom:.1f} s")
 
     # promtool lints the live exposition (naming, units, _total, histogram shape)
     lint = subprocess.run([PROMTOOL, "check", "metrics"], input=scrape, capture_output=True)
@@ -117,7 +143,6 @@ def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_sli
         hits = [v for e, vs in values.items() if fragment in e for v in vs]
         assert hits and any(math.isfinite(v) and v > 0 for v in hits), (fragment, hits)
 
-    print(json.dumps(_query(prom, "vllm:prefix_cache_queries_total[2m]", at))[:1500])
     for fragment in ("replayer_requests_sent_total",
                      'replayer_requests_total{outcome="success"}', "replayer_ttft_seconds_bucket",
                      "replayer_itl_seconds_bucket", "replayer_e2e_latency_seconds_bucket",

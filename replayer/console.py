@@ -1,0 +1,126 @@
+"""Live console view of a running replay (rich), fed by a status callable.
+
+The daemon wires it in three lines::
+
+    console = LiveConsole(lambda: {**_status(state, dispatcher_ref), **metrics.snapshot()}, quiet=cfg.quiet)
+    background.append(loop.create_task(console.run()))   # returns at once when disabled
+
+It is silent when ``quiet`` or when the output is not a terminal (``enabled`` is False), so logs
+and CI output stay clean. Status keys read (all optional; missing ones print "-"):
+``state``, ``scheduled``, ``sent``, ``completed``, ``failed``, ``cancelled``, ``in_flight``,
+``trace_rows``, ``trace_rows_done``, ``trace_time_s``, ``trace_duration_s``, ``loop``,
+``dispatch_lag_p99_s``, ``ttft_p50_s``, ``ttft_p99_s``, ``completion_tokens_total``,
+``prompt_tokens_total``, ``event_loop_lag_max_s`` (``ReplayerMetrics.snapshot()`` gives the last ones).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import IO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1e3:,.1f} ms"
+
+
+def _dur(s: float | None) -> str:
+    if s is None or s != s or s < 0:
+        return "-"
+    s = int(round(s))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+class LiveConsole:
+    """Redraws a small panel every ``refresh_s`` from ``status()`` while ``run()`` is awaited."""
+
+    def __init__(self, status: Callable[[], dict], *, quiet: bool = False, refresh_s: float = 0.5,
+                 file: IO[str] | None = None, rate_window_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic, force_terminal: bool | None = None) -> None:
+        self._status = status
+        self.refresh_s = refresh_s
+        self._file = file if file is not None else sys.stderr
+        tty = force_terminal if force_terminal is not None else bool(getattr(self._file, "isatty", lambda: False)())
+        self.enabled = not quiet and tty
+        self._clock = clock
+        self._t0 = clock()
+        self._window_s = rate_window_s
+        self._tokens: deque[tuple[float, int, int]] = deque()  # (t, completion, sent)
+
+    # -- pure part (tested without a terminal) ---------------------------------------------
+    def progress(self, st: dict) -> tuple[float | None, float | None]:
+        """(fraction done 0..1, ETA seconds) from trace time reached, else sent / scheduled."""
+        dur, reached = st.get("trace_duration_s"), st.get("trace_time_s")
+        frac = None
+        if dur and reached is not None and dur > 0:
+            frac = min(1.0, reached / dur)
+        elif st.get("scheduled"):
+            frac = min(1.0, st.get("sent", 0) / st["scheduled"])
+        elapsed = self._clock() - self._t0
+        eta = elapsed * (1 - frac) / frac if frac and frac > 0 else None
+        return frac, eta
+
+    def rates(self, st: dict) -> tuple[float | None, float | None]:
+        """(completion tokens/s, requests sent/s) over the last ``rate_window_s``."""
+        now = self._clock()
+        self._tokens.append((now, int(st.get("completion_tokens_total") or 0), int(st.get("sent") or 0)))
+        while len(self._tokens) > 2 and now - self._tokens[0][0] > self._window_s:
+            self._tokens.popleft()
+        t0, c0, s0 = self._tokens[0]
+        if now - t0 <= 0:
+            return None, None
+        return (self._tokens[-1][1] - c0) / (now - t0), (self._tokens[-1][2] - s0) / (now - t0)
+
+    def render(self, st: dict):
+        frac, eta = self.progress(st)
+        tok_s, req_s = self.rates(st)
+        head = Text.assemble(("replayer ", "bold"), (str(st.get("state", "")), "cyan"),
+                             f"  loop {st.get('loop', 0)}  elapsed {_dur(self._clock() - self._t0)}  ETA {_dur(eta)}")
+        bar = Table.grid(padding=(0, 1))
+        bar.add_row(ProgressBar(total=1.0, completed=frac or 0.0, width=40),
+                    Text(f"{(frac or 0) * 100:5.1f}%  trace {_dur(st.get('trace_time_s'))} / "
+                         f"{_dur(st.get('trace_duration_s'))}  rows {st.get('trace_rows_done', '-')}/"
+                         f"{st.get('trace_rows') or st.get('scheduled', '-')}"))
+        t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+        for col in ("sent", "completed", "failed", "in flight", "req/s", "tokens/s",
+                    "lag p99", "TTFT p50", "TTFT p99"):
+            t.add_column(col, justify="right")
+        failed = int(st.get("failed") or 0)
+        t.add_row(f"{st.get('sent', 0):,}/{st.get('scheduled', 0):,}", f"{st.get('completed', 0):,}",
+                  Text(f"{failed:,}", style="red" if failed else ""), f"{st.get('in_flight', 0):,}",
+                  "-" if req_s is None else f"{req_s:,.1f}", "-" if tok_s is None else f"{tok_s:,.0f}",
+                  _ms(st.get("dispatch_lag_p99_s")), _ms(st.get("ttft_p50_s")), _ms(st.get("ttft_p99_s")))
+        return Group(head, bar, t)
+
+    # -- async shell -----------------------------------------------------------------------
+    async def run(self) -> None:
+        """Redraw until cancelled; returns at once when disabled. A failing ``status()`` is shown
+        as a message, never raised (the console must not stop a replay)."""
+        if not self.enabled:
+            return
+        console = Console(file=self._file, force_terminal=True)
+        with Live(console=console, auto_refresh=False, transient=False, redirect_stdout=False,
+                  redirect_stderr=False) as live:
+            try:
+                while True:
+                    try:
+                        live.update(self.render(self._status()), refresh=True)
+                    except Exception as e:  # noqa: BLE001 - a display bug must not kill the replay
+                        live.update(Text(f"console: {type(e).__name__}: {e}"), refresh=True)
+                    await asyncio.sleep(self.refresh_s)
+            finally:
+                try:
+                    live.update(self.render(self._status()), refresh=True)
+                except Exception:  # noqa: BLE001
+                    pass

@@ -1,0 +1,63 @@
+"""The live console: silent when quiet or not a TTY; renders progress, ETA and rates."""
+
+import asyncio
+import io
+
+from rich.console import Console
+
+from replayer.console import LiveConsole
+
+STATUS = {"state": "running", "scheduled": 100, "sent": 50, "completed": 40, "failed": 2, "in_flight": 8,
+          "trace_rows": 100, "trace_rows_done": 42, "trace_time_s": 30.0, "trace_duration_s": 60.0, "loop": 0,
+          "dispatch_lag_p99_s": 0.0021, "ttft_p50_s": 0.120, "ttft_p99_s": 0.9, "completion_tokens_total": 1000}
+
+
+def _text(renderable) -> str:
+    c = Console(file=io.StringIO(), width=140, force_terminal=False)
+    c.print(renderable)
+    return c.file.getvalue()
+
+
+def test_quiet_or_not_a_tty_draws_nothing():
+    buf = io.StringIO()  # not a TTY
+    c = LiveConsole(lambda: STATUS, file=buf)
+    assert not c.enabled
+    assert not LiveConsole(lambda: STATUS, quiet=True, force_terminal=True).enabled
+    asyncio.run(c.run())
+    assert buf.getvalue() == ""
+
+
+def test_render_shows_progress_eta_and_rates():
+    now = [0.0]
+    c = LiveConsole(lambda: STATUS, clock=lambda: now[0], force_terminal=True)
+    c.render(STATUS)
+    now[0] = 10.0
+    st = dict(STATUS, completion_tokens_total=3000, sent=70)
+    frac, eta = c.progress(st)
+    assert frac == 0.5 and eta == 10.0
+    out = _text(c.render(st))
+    for needle in ("50.0%", "ETA 0:10", "70/100", "42/100", "2.1 ms", "120.0 ms", "900.0 ms", "200", "running"):
+        assert needle in out, (needle, out)
+
+
+def test_run_draws_on_a_terminal_and_survives_a_broken_status():
+    buf = io.StringIO()
+    calls = [0]
+
+    def status():
+        calls[0] += 1
+        if calls[0] == 2:
+            raise KeyError("boom")
+        return STATUS
+
+    c = LiveConsole(status, file=buf, force_terminal=True, refresh_s=0.01)
+
+    async def main():
+        t = asyncio.create_task(c.run())
+        await asyncio.sleep(0.1)
+        t.cancel()
+        await asyncio.gather(t, return_exceptions=True)
+
+    asyncio.run(main())
+    assert calls[0] >= 3
+    assert "TTFT p99" in buf.getvalue()

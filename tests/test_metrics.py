@@ -1,0 +1,152 @@
+"""Metrics: names and docs agree, quantiles match PromQL's, the new helpers behave."""
+
+import asyncio
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import ROOT
+
+from replayer.metrics import (EventLoopLagMonitor, ExpectedPrefixCache, ReplayerMetrics, metric_names,
+                              quantile_from_buckets)
+from replayer.payload import PreparedRequest
+from replayer.result import RequestResult
+
+
+def _metrics(clock=None):
+    r = CollectorRegistry()
+    kw = {"clock": clock} if clock else {}
+    return r, ReplayerMetrics(r, config_info={"speedup": "10"}, **kw)
+
+
+def _values(r: CollectorRegistry) -> dict[str, float]:
+    out = {}
+    for fam in text_string_to_metric_families(generate_latest(r).decode()):
+        for s in fam.samples:
+            key = s.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}" if s.labels else "")
+            out[key] = s.value
+    return out
+
+
+def test_every_metric_is_documented_and_follows_conventions():
+    r, _ = _metrics()
+    names = metric_names(r)
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    for name in names:
+        assert f"`{name}`" in doc or name in doc, f"{name} missing from docs/metrics.md"
+        assert name.startswith(("replayer_", "process_")), name
+    documented = set(re.findall(r"`(replayer_[a-z_]+)`", doc))
+    assert documented <= set(names), documented - set(names)
+    for fam in r.collect():
+        assert fam.type != "summary", fam.name
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing (apt-get install prometheus)")
+def test_promtool_accepts_the_exposition_with_data():
+    r, m = _metrics()
+    _feed(m)
+    out = subprocess.run(["promtool", "check", "metrics"], input=generate_latest(r), capture_output=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _feed(m: ReplayerMetrics) -> None:
+    m.set_trace(rows=3, duration_s=30.0, speedup=10.0)
+    m.on_scheduled(3)
+    for i in range(3):
+        m.on_sent(PreparedRequest(index=i, row=i, due_ns=i * 1_000_000_000, body=b"", input_length=100,
+                                  output_length=10, prompt_len=100, max_tokens=10))
+    ok = RequestResult(row=0, input_length=100, output_length=10, sent_ns=1, outcome="success",
+                       prompt_tokens=101, completion_tokens=10, ttft_ms=50.0, e2e_ms=140.0, tpot_ms=10.0,
+                       dispatch_lag_ms=-0.2, itl_ms=[10.0] * 9)
+    bad = RequestResult(row=1, input_length=100, output_length=10, sent_ns=2, outcome="failed",
+                        error_kind="timeout", dispatch_lag_ms=3.0)
+    m.on_result(ok)
+    m.on_result(bad)
+
+
+def test_counters_and_progress():
+    r, m = _metrics()
+    _feed(m)
+    v = _values(r)
+    assert v["replayer_requests_sent_total"] == 3
+    assert v["replayer_requests_in_flight"] == 1
+    assert v["replayer_requests_total{error_kind=timeout,outcome=failed}"] == 1
+    assert v["replayer_requests_total{error_kind=none,outcome=success}"] == 1
+    assert v["replayer_usage_mismatches_total{field=prompt_tokens}"] == 1
+    assert v["replayer_usage_mismatches_total{field=completion_tokens}"] == 0
+    assert v["replayer_itl_seconds_count"] == 9
+    assert v["replayer_trace_rows"] == 3 and v["replayer_trace_rows_done"] == 2
+    assert v["replayer_trace_time_seconds"] == pytest.approx(20.0)  # due 2 s * speedup 10
+    assert v["replayer_trace_duration_seconds"] == 30
+    m.set_loop(1, start_due_ns=3_000_000_000)
+    assert _values(r)["replayer_loop"] == 1 and _values(r)["replayer_trace_rows_done"] == 0
+    snap = m.snapshot()
+    assert snap["ttft_p50_s"] == pytest.approx(0.05, rel=0.3)
+    assert snap["completion_tokens_total"] == 10 and snap["loop"] == 1
+
+
+def test_due_counter_follows_the_clock():
+    now = [0]
+    r, m = _metrics(clock=lambda: now[0])
+    m.track_due(np.array([0, 10, 10, 30]) * 1_000_000, t0_ns=5_000_000)
+    assert _values(r)["replayer_requests_due_total"] == 0
+    now[0] = 5_000_000
+    assert _values(r)["replayer_requests_due_total"] == 1
+    now[0] = 15_000_000
+    assert _values(r)["replayer_requests_due_total"] == 3
+    now[0] = 10**12
+    assert m.due.value() == 4
+
+
+def test_quantile_matches_promql_interpolation():
+    bounds = [0.1, 0.2, 0.4]
+    assert quantile_from_buckets(0.5, bounds, [0, 0, 0, 0]) is None
+    # 10 in (0, 0.1], 10 in (0.1, 0.2]: median at the top of the first bucket, p75 halfway in the second
+    assert quantile_from_buckets(0.5, bounds, [10, 20, 20, 20]) == pytest.approx(0.1)
+    assert quantile_from_buckets(0.75, bounds, [10, 20, 20, 20]) == pytest.approx(0.15)
+    assert quantile_from_buckets(0.99, bounds, [0, 0, 0, 5]) == 0.4  # +Inf bucket -> highest bound
+    assert quantile_from_buckets(0.5, [-1.0, 0.0, 1.0], [0, 10, 10, 10]) == pytest.approx(-0.5)
+
+
+def test_expected_prefix_cache():
+    c = ExpectedPrefixCache(block_size=512, capacity_blocks=3)
+    assert c.lookup([0, 1], 1000) == (1000, 0)
+    assert c.lookup([0, 1, 2], 1200) == (1200, 1024)
+    assert c.lookup([0, 5], 600) == (600, 512)   # shared first block only
+    assert c.lookup([0], 100) == (100, 100)      # capped at input_length
+    # capacity 3: ids 1 then 2 were evicted by 5 and re-touching 0
+    assert c.lookup([0, 1], 1024) == (1024, 512)
+    r, m = _metrics()
+    m.on_expected_prefix_cache(1000, 512)
+    v = _values(r)
+    assert v["replayer_expected_prefix_cache_query_tokens_total"] == 1000
+    assert v["replayer_expected_prefix_cache_hit_tokens_total"] == 512
+
+
+def test_event_loop_lag_monitor_sees_a_blocked_loop():
+    import time
+
+    r, m = _metrics()
+    mon = EventLoopLagMonitor(m, interval_s=0.01, window_s=5)
+
+    async def main():
+        task = asyncio.create_task(mon.run())
+        await asyncio.sleep(0.05)
+        time.sleep(0.12)  # block the loop
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    v = _values(r)
+    assert mon.samples >= 3
+    assert 0.1 <= mon.max_lag_s < 1.0
+    assert v["replayer_event_loop_lag_max_seconds"] == pytest.approx(mon.max_lag_s)
+    assert v["replayer_event_loop_lag_seconds_count"] == mon.samples
+    assert "process_cpu_seconds_total" in v
