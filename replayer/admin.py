@@ -1,31 +1,53 @@
-"""The admin HTTP server: ``/metrics`` (Prometheus text), ``/healthz``, ``/readyz``, ``/status``.
+"""The admin HTTP server: ``/metrics`` (Prometheus text), ``/healthz``, ``/readyz``, ``/status``,
+and control: ``POST /pause``, ``/resume``, ``/speedup`` (``{"speedup": X}`` or ``?value=X``),
+``/stop`` (drain, like SIGTERM).
 
-Bound to 127.0.0.1 by default. Metric exposition runs in a worker thread so a scrape never
-stalls the event loop when requests are due.
+Bound to 127.0.0.1 by default. Control endpoints require ``Authorization: Bearer <token>`` when a
+token is configured; ``/metrics`` and the health endpoints stay open. Metric exposition runs in a
+worker thread so a scrape never stalls the event loop when requests are due.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import math
 from collections.abc import Callable
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 
+class Controller(Protocol):
+    """What the control endpoints steer (the dispatcher)."""
+
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+    def set_speedup(self, speedup: float) -> None: ...
+    def stop(self) -> None: ...
+
+
 class AdminServer:
-    """``status()`` returns the JSON-able dict served at ``/status``; ``ready()`` gates ``/readyz``."""
+    """``status()`` returns the JSON-able dict served at ``/status``; ``ready()`` gates ``/readyz``;
+    ``control()`` returns the Controller once the replay runs (None before: control answers 503);
+    ``token``: bearer token required by the control endpoints (None = open)."""
 
     def __init__(self, registry: CollectorRegistry, *, status: Callable[[], dict],
-                 ready: Callable[[], bool]) -> None:
+                 ready: Callable[[], bool], control: Callable[[], Controller | None] = lambda: None,
+                 token: str | None = None) -> None:
         self.registry = registry
         self._status = status
         self._ready = ready
+        self._control = control
+        self._token = token
         self._runner: web.AppRunner | None = None
         self.url: str | None = None
         app = web.Application()
         app.add_routes([web.get("/metrics", self._metrics), web.get("/healthz", self._healthz),
-                        web.get("/readyz", self._readyz), web.get("/status", self._status_h)])
+                        web.get("/readyz", self._readyz), web.get("/status", self._status_h),
+                        web.post("/pause", self._pause), web.post("/resume", self._resume),
+                        web.post("/speedup", self._speedup), web.post("/stop", self._stop)])
         self.app = app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -57,4 +79,45 @@ class AdminServer:
         return web.Response(status=503, text="not ready\n")
 
     async def _status_h(self, request: web.Request) -> web.Response:
+        return web.json_response(self._status())
+
+    # -- control ------------------------------------------------------------------------------
+    def _authorise(self, request: web.Request) -> Controller:
+        if self._token is not None:
+            got = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(got.encode(), f"Bearer {self._token}".encode()):
+                raise web.HTTPUnauthorized(text="bearer token required\n",
+                                           headers={"WWW-Authenticate": "Bearer"})
+        ctl = self._control()
+        if ctl is None:
+            raise web.HTTPServiceUnavailable(text="replay not running\n")
+        return ctl
+
+    async def _pause(self, request: web.Request) -> web.Response:
+        self._authorise(request).pause()
+        return web.json_response(self._status())
+
+    async def _resume(self, request: web.Request) -> web.Response:
+        self._authorise(request).resume()
+        return web.json_response(self._status())
+
+    async def _stop(self, request: web.Request) -> web.Response:
+        self._authorise(request).stop()
+        return web.json_response(self._status())
+
+    async def _speedup(self, request: web.Request) -> web.Response:
+        ctl = self._authorise(request)
+        raw = request.query.get("value")
+        if raw is None and request.can_read_body:
+            try:
+                raw = (await request.json()).get("speedup")
+            except (ValueError, AttributeError):
+                raw = None
+        try:
+            value = float(raw)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise web.HTTPBadRequest(text='give the new speed-up as {"speedup": X} or ?value=X\n') from None
+        if not (value > 0 and math.isfinite(value)):
+            raise web.HTTPBadRequest(text="speedup must be a finite number > 0\n")
+        ctl.set_speedup(value)
         return web.json_response(self._status())

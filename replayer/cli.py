@@ -63,6 +63,22 @@ def read_config_file(path: str) -> dict:
     return data
 
 
+def _flags_for(cfg: RunConfig, skip: set[str]) -> list[str]:
+    """Command-line flags reproducing every setting of ``cfg`` except ``skip``."""
+    out: list[str] = []
+    for name in RunConfig.model_fields:
+        if name in skip:
+            continue
+        v = getattr(cfg, name)
+        if name == "trace":
+            out.append(v)
+        elif isinstance(v, bool):
+            out.append(flag_name(name) if v else "--no-" + flag_name(name)[2:])
+        elif v is not None:
+            out += [flag_name(name), str(v)]
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="replayer", description="Replay LLM serving traces against "
                                 "OpenAI-compatible servers, open-loop and token-exact.")
@@ -78,6 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
     from .tracecli import add_trace_parser
 
     add_trace_parser(sub)
+    mg = sub.add_parser("merge", help="merge the results folders of shards or workers into one summary")
+    mg.add_argument("dirs", nargs="+", help="results folders")
+    mg.add_argument("-o", "--output", default=None, help="folder for the merged summary.json")
+    rp = sub.add_parser("report", help="write a self-contained HTML report (plots) of a results folder")
+    rp.add_argument("results", help="results folder (holds requests.parquet)")
+    rp.add_argument("-o", "--output", default=None, help="output .html [default: RESULTS/report.html]")
+    cp = sub.add_parser("compare", help="compare two runs' summary.json side by side")
+    cp.add_argument("a", help="results folder or summary.json of run A")
+    cp.add_argument("b", help="results folder or summary.json of run B")
+    cp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     sub.add_parser("version", help="print the version")
     return p
 
@@ -103,9 +129,23 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as e:
             print(f"replayer run: {e}", file=sys.stderr)
             return 2
+        if cfg.workers > 1:
+            from .workers import run_workers
+
+            skip = {"workers", "shard", "results", "start_at", "admin_port", "target", "quiet", "config_file"}
+            passthrough = _flags_for(cfg, skip)
+            return run_workers(cfg, passthrough)
         from .daemon import main_run
 
         return main_run(cfg)
+    if args.command == "report":
+        from .report import main_report
+
+        return main_report(args.results, args.output)
+    if args.command == "compare":
+        from .report import main_compare
+
+        return main_compare(args.a, args.b, args.json)
     if args.command == "trace":
         from .tracecli import run_trace
 

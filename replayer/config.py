@@ -26,6 +26,11 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     trace: str = Field(description="trace file (canonical Parquet or Mooncake JSONL)")
+    format: str = Field("auto", description="trace format: auto, parquet, mooncake, azure, jsonl, csv")
+    map: str | None = Field(None, description="column mapping for generic traces, e.g. timestamp=ts,input_length=n_in")
+    time_unit: str | None = Field(None, description="timestamp unit of generic traces: s, ms, us, ns or datetime")
+    validate_trace: str = Field("full", description="full: check every row before sending; lazy: check each "
+                                "batch as it is read (fast start on huge traces)")
     target: str | None = Field(None, description="base URL of the server; none = start the embedded simulator")
     model: str | None = Field(None, description="request 'model' field; none = the first of GET /v1/models")
     endpoint: str = Field("/v1/completions", description="API path requests are sent to")
@@ -36,6 +41,7 @@ class RunConfig(BaseModel):
     loop_salt: bool = Field(False, description="fresh prefixes in every loop (salted prompt seed) "
                             "instead of the same prefixes (warm server cache)")
     shard: str = Field("0/1", description="I/N: send only shard I of N (0-based; sessions stay whole)")
+    workers: int = Field(1, ge=1, le=64, description="processes on this host, one shard each (merged summary)")
     start_at: float | None = Field(None, description="anchor the schedule at this Unix time (aligns shards)")
     duration_s: float | None = Field(None, gt=0, description="stop scheduling after this many seconds of replay")
     results: str | None = Field(None, description="results folder; none = ./results/<timestamp>")
@@ -46,6 +52,9 @@ class RunConfig(BaseModel):
     vocab_range: str = Field("1000:30000", description="token ids LO:HI (HI exclusive) used for prompts")
     tokenizer: str | None = Field(None, description="local tokenizer.json or folder: use its non-special ids")
     vllm_extensions: bool = Field(True, description="send ignore_eos and min_tokens (vLLM/SGLang)")
+    control_token_env: str = Field("REPLAYER_CONTROL_TOKEN", description="environment variable holding "
+                                   "the bearer token for the admin control endpoints (unset = open)")
+    control_token_file: str | None = Field(None, description="file holding the control token (overrides the variable)")
     api_key_env: str = Field("REPLAYER_API_KEY", description="environment variable holding the API key")
     api_key_file: str | None = Field(None, description="file holding the API key (overrides the variable)")
     connect_timeout_s: float = Field(30.0, gt=0, description="TCP connect timeout")
@@ -60,6 +69,13 @@ class RunConfig(BaseModel):
     roll_interval_s: float | None = Field(None, gt=0, description="start a new results file this often (soak)")
     resume: str | None = Field(None, description="continue the run recorded in this results folder "
                                "(same trace and settings), skipping every row already recorded")
+    scrape_target_metrics: bool = Field(True, description="scrape the target's /metrics during the run "
+                                        "(saved to target_metrics.parquet, deltas in the summary)")
+    scrape_interval_s: float = Field(5.0, gt=0, description="target /metrics scrape interval")
+    kv_block_size: int = Field(16, ge=1, description="the server's KV block in tokens, for the expected "
+                               "prefix-cache hits (vLLM GPU 16, vLLM CPU 128)")
+    expected_cache_tokens: int | None = Field(None, ge=1, description="LRU capacity in tokens of the "
+                                              "expected prefix-cache model (none = infinite)")
     strict: bool = Field(False, description="treat out-of-order timestamps in the trace as an error")
     quiet: bool = Field(False, description="no progress lines or summary table on the terminal")
     log_level: str = Field("info", description="debug, info, warning or error")
@@ -73,6 +89,13 @@ class RunConfig(BaseModel):
             raise ValueError("must be LO:HI with integers, e.g. 1000:30000") from None
         if not 0 <= lo < hi:
             raise ValueError(f"must satisfy 0 <= LO < HI, got {lo}:{hi}")
+        return v
+
+    @field_validator("validate_trace")
+    @classmethod
+    def _validate_mode(cls, v: str) -> str:
+        if v not in ("full", "lazy"):
+            raise ValueError("must be full or lazy")
         return v
 
     @field_validator("loop")
@@ -126,7 +149,7 @@ class RunConfig(BaseModel):
             raise ValueError("token-id prompts cannot go to a chat endpoint; use /v1/completions")
         return v
 
-    @field_validator("trace", "tokenizer", "api_key_file", "resume")
+    @field_validator("trace", "tokenizer", "api_key_file", "control_token_file", "resume")
     @classmethod
     def _exists(cls, v: str | None) -> str | None:
         if v is not None and not os.path.exists(v):
@@ -137,6 +160,13 @@ class RunConfig(BaseModel):
     def vocab_bounds(self) -> tuple[int, int]:
         lo, hi = (int(x) for x in self.vocab_range.split(":"))
         return lo, hi
+
+    def control_token(self) -> str | None:
+        """The admin control token from ``control_token_file`` or ``control_token_env`` (never logged)."""
+        if self.control_token_file:
+            with open(self.control_token_file, encoding="utf-8") as f:
+                return f.read().strip() or None
+        return os.environ.get(self.control_token_env) or None
 
     def api_key(self) -> str | None:
         """The API key from ``api_key_file`` or the ``api_key_env`` variable (never logged)."""

@@ -30,14 +30,17 @@ from .client import Client
 from .clock import Anchor, now_ns
 from .config import RunConfig
 from .dispatcher import Dispatcher, Observer
-from .metrics import ReplayerMetrics
+from .console import LiveConsole
+from .metrics import EventLoopLagMonitor, ReplayerMetrics
+from .prefix_cache import PrefixCacheModel
+from .target_metrics import TargetScraper, save_samples
 from .payload import PayloadBuilder, PreparedRequest
 from .prompts import PromptBuilder, mix64, vocab_from_range, vocab_from_tokenizer
 from .recorder import Recorder, read_results
 from .result import RequestResult
 from .schedule import ScheduleBatch, Timeline, iter_schedule
 from .summary import format_summary, summarize
-from .trace import read_trace
+from .trace import open_trace
 
 log = logging.getLogger("replayer")
 
@@ -146,6 +149,20 @@ class Prompts:
         self.salt = cfg.loop_salt
         self.block_size = block_size
         self._by_loop: dict[int, PromptBuilder] = {}
+        self._cache_by_loop: dict[int, PrefixCacheModel] = {}
+        self.kv_block_size = cfg.kv_block_size
+        self.cache_tokens = cfg.expected_cache_tokens
+
+    def expected_cache(self, loop: int) -> PrefixCacheModel:
+        """The expected prefix-cache model: one for the run, or one per loop with ``loop_salt``
+        (fresh prefixes cannot hit the previous loop's blocks)."""
+        key = loop if self.salt else 0
+        m = self._cache_by_loop.get(key)
+        if m is None:
+            m = PrefixCacheModel(block_size=self.block_size, kv_block_size=self.kv_block_size,
+                                 capacity_tokens=self.cache_tokens)
+            self._cache_by_loop = {key: m}
+        return m
 
     def for_loop(self, loop: int) -> PromptBuilder:
         key = loop if self.salt else 0
@@ -190,11 +207,18 @@ def resume_plan(results_dir: str):
     return start_loop, skip
 
 
+BATCH_ROWS = 65_536
+
+
 def open_batches_factory(cfg: RunConfig):
-    """A function returning a fresh iterator of validated trace batches (a new pass each loop),
-    and the trace's block size. Validation runs once, before anything is sent."""
-    trace = read_trace(cfg.trace, block_size=cfg.block_size, strict=cfg.strict)
-    return (lambda: iter((trace,))), trace.block_size, len(trace)
+    """(function returning a fresh iterator of trace batches — one pass per loop, block size,
+    number of rows or None). With ``validate_trace=full`` every row is checked before anything
+    is sent (a TraceError lists every problem); with ``lazy`` each batch is checked as it is read."""
+    source = open_trace(cfg.trace, fmt=cfg.format, block_size=cfg.block_size, strict=cfg.strict,
+                        mapping=cfg.map, time_unit=cfg.time_unit)
+    if cfg.validate_trace == "full":
+        source.validate()
+    return (lambda: source.batches(BATCH_ROWS)), source.block_size, source.num_rows
 
 
 async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = None,
@@ -212,9 +236,12 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
     metrics = ReplayerMetrics(registry, config_info={
         "speedup": str(cfg.speedup), "trace": os.path.basename(cfg.trace), "endpoint": cfg.endpoint,
         "shard": cfg.shard, "loop": cfg.loop})
+    metrics.set_trace(rows=n_rows or 0, duration_s=0.0, speedup=cfg.speedup)
     dispatcher_ref: list[Dispatcher] = []
-    admin = AdminServer(registry, status=lambda: _status(state, dispatcher_ref),
-                        ready=lambda: state.state in ("running", "draining"))
+    admin = AdminServer(registry, status=lambda: {**_status(state, dispatcher_ref), **metrics.snapshot()},
+                        ready=lambda: state.state in ("running", "draining"),
+                        control=lambda: dispatcher_ref[0] if dispatcher_ref else None,
+                        token=cfg.control_token())
     admin_url = await admin.start(cfg.admin_host, cfg.admin_port)
     log.info("admin server on %s (/metrics, /status)", admin_url)
     sim_proc = None
@@ -264,10 +291,12 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         n_in, n_out = int(t.input_length[i]), int(t.output_length[i])
         body = payload.body(prompts.for_loop(sb.loop).prompt_json(t.hash_ids(i), n_in), n_out)
         trace_ns = int(sb.trace_ns[j])
+        hits = prompts.expected_cache(sb.loop).observe(t.hash_ids(i), n_in)
         metrics.on_scheduled(1)
+        metrics.on_expected_prefix_cache(n_in, hits)
         return PreparedRequest(index=sb.first_index + j, row=int(sb.rows[j]), due_ns=timeline.due(trace_ns),
                                body=body, input_length=n_in, output_length=n_out, prompt_len=n_in,
-                               max_tokens=n_out, loop=sb.loop, trace_ns=trace_ns)
+                               max_tokens=n_out, loop=sb.loop, trace_ns=trace_ns, expected_hits=hits)
 
     def unsent(sb: ScheduleBatch, j: int) -> RequestResult:
         t = sb.batch
@@ -314,11 +343,20 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig.name)
-    background = [loop.create_task(recorder.run_periodic_flush())]
-    if not cfg.quiet:
+    background = [loop.create_task(recorder.run_periodic_flush()),
+                  loop.create_task(EventLoopLagMonitor(metrics).run())]
+    console = LiveConsole(lambda: {**_status(state, dispatcher_ref), **metrics.snapshot()}, quiet=cfg.quiet)
+    if console.enabled:
+        background.append(loop.create_task(console.run()))
+    elif not cfg.quiet:
         background.append(loop.create_task(_progress(state, dispatcher, anchor)))
-    state.scheduled = n_rows if cfg.loops == 1 and shards == 1 else 0
-    log.info("replaying %s (%d rows, loop %s, shard %s) against %s (model %s) at speedup %g; results in %s",
+    scraper = None
+    if cfg.scrape_target_metrics:
+        scraper = TargetScraper(target.rstrip("/") + "/metrics", interval_s=cfg.scrape_interval_s,
+                                t0_ns=anchor.t0_ns)
+        background.append(loop.create_task(scraper.run()))
+    state.scheduled = (n_rows or 0) if cfg.loops == 1 and shards == 1 and not cfg.resume else 0
+    log.info("replaying %s (%s rows, loop %s, shard %s) against %s (model %s) at speedup %g; results in %s",
              cfg.trace, n_rows, cfg.loop, cfg.shard, target, model, cfg.speedup, results_dir)
     try:
         await client.start()
@@ -328,6 +366,9 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         for t in background:
             t.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        if scraper is not None:  # the final values, after the drain
+            async with aiohttp.ClientSession() as s:
+                await scraper.scrape_once(s)
         await client.close()
         state.state = "flushing"
         # shielded and time-boxed: measured results reach the disk even if we are cancelled
@@ -341,6 +382,17 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     state.state = "done"
     table = read_results(results_dir)
     summary = summarize(table)
+    if scraper is not None and scraper.scrapes:
+        await loop.run_in_executor(None, save_samples, scraper.take_samples(),
+                                   os.path.join(results_dir, "target_metrics.parquet"))
+        summary["target_metrics"] = {"deltas": scraper.deltas(), "latest": scraper.latest,
+                                     "scrapes": scraper.scrapes, "scrape_errors": scraper.errors,
+                                     "counter_resets": scraper.resets}
+        hits = summary["target_metrics"]["deltas"].get("prefix_cache_hits")
+        if hits is not None:
+            summary["server_prefix_cache_hit_tokens"] = hits
+    elif scraper is not None:
+        summary["target_metrics"] = {"scrapes": 0, "scrape_errors": scraper.errors, "last_error": scraper.last_error}
     summary.update({"target": target, "model": model, "trace": cfg.trace, "speedup": cfg.speedup,
                     "shard": cfg.shard, "loop": cfg.loop, "results": results_dir,
                     "stopped_early": dispatcher.stopping})

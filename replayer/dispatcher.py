@@ -229,7 +229,8 @@ class Dispatcher:
     def _fire(self, req: PreparedRequest, now_rel: int) -> None:
         res = RequestResult(row=req.row, loop=req.loop, input_length=req.input_length,
                             output_length=req.output_length, prompt_len_sent=req.prompt_len,
-                            max_tokens=req.max_tokens, due_ns=req.due_ns)
+                            max_tokens=req.max_tokens, due_ns=req.due_ns,
+                            expected_prefix_hit_tokens=req.expected_hits)
         task = asyncio.get_running_loop().create_task(self._one(req, res))
         self._tasks.add(task)
         self._idle.clear()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterable
 
 import numpy as np
@@ -141,10 +140,14 @@ class _DueCounter(Collector):
         self._base = 0
         registry.register(self)
 
-    def track(self, due_ns: np.ndarray, t0_ns: int, already_due: int = 0) -> None:
-        self._due_ns, self._t0_ns, self._base = np.asarray(due_ns, dtype=np.int64), int(t0_ns), int(already_due)
+    def track(self, due_ns: np.ndarray | None = None, t0_ns: int = 0, already_due: int = 0,
+              count_due=None) -> None:
+        self._due_ns = np.zeros(0, dtype=np.int64) if due_ns is None else np.asarray(due_ns, dtype=np.int64)
+        self._t0_ns, self._base, self._count_due = int(t0_ns), int(already_due), count_due
 
     def value(self) -> int:
+        if getattr(self, "_count_due", None) is not None:
+            return int(self._count_due())
         due, t0, base = self._due_ns, self._t0_ns, self._base
         if due.size == 0:
             return base
@@ -234,19 +237,24 @@ class ReplayerMetrics:
     # -- replay position -------------------------------------------------------------------
     def set_trace(self, rows: int, duration_s: float, speedup: float = 1.0) -> None:
         """The schedule: ``rows`` per loop spanning ``duration_s`` of trace time, replayed
-        ``speedup`` times faster (used to turn due times back into trace time)."""
+        ``speedup`` times faster (only used when requests carry no ``trace_ns``)."""
         self.trace_rows.set(rows)
         self.trace_duration.set(duration_s)
         self._speedup = float(speedup)
 
-    def track_due(self, due_ns: np.ndarray, t0_ns: int, already_due: int = 0) -> None:
-        """Export ``replayer_requests_due_total`` from the schedule's ``due_ns`` (offsets from the
-        monotonic anchor ``t0_ns``); ``already_due`` = requests of earlier loops."""
-        self.due.track(due_ns, t0_ns, already_due)
+    def track_due(self, due_ns: np.ndarray | None = None, t0_ns: int = 0, already_due: int = 0, *,
+                  count_due=None) -> None:
+        """Export ``replayer_requests_due_total`` either from a schedule's ``due_ns`` (offsets
+        from the monotonic anchor ``t0_ns``; ``already_due`` = requests of earlier loops) or from
+        ``count_due()``, a callable returning how many requests are due by now (called at scrape
+        time, from the exposition thread: it must only read plain attributes)."""
+        self.due.track(due_ns, t0_ns, already_due, count_due=count_due)
 
-    def set_loop(self, loop: int, start_due_ns: int = 0) -> None:
-        """Loop ``loop`` (0-based) starts; its first row is due ``start_due_ns`` after the anchor."""
-        self._loop_no, self._loop_start_ns = int(loop), int(start_due_ns)
+    def set_loop(self, loop: int, start_trace_ns: int = 0) -> None:
+        """Loop ``loop`` (0-based) starts at trace offset ``start_trace_ns`` (loop offset included,
+        as in ``PreparedRequest.trace_ns``). ``on_sent`` calls it by itself when a request of a
+        later loop goes out, so calling it is optional."""
+        self._loop_no, self._loop_start_ns = int(loop), int(start_trace_ns)
         self.loop.set(loop)
         self.trace_rows_done.set(0)
 
@@ -267,8 +275,14 @@ class ReplayerMetrics:
         self.sent.inc()
         self.in_flight.inc()
         self.prompt_tokens_sent.inc(req.prompt_len)
+        trace_ns = getattr(req, "trace_ns", 0)
+        if req.loop > self._loop_no:  # the first request of a new loop: follow it
+            self.set_loop(req.loop, start_trace_ns=trace_ns)
         if req.loop == self._loop_no:
-            self.trace_time.set(max(0, req.due_ns - self._loop_start_ns) * self._speedup / 1e9)
+            if trace_ns:
+                self.trace_time.set(max(0, trace_ns - self._loop_start_ns) / 1e9)
+            else:  # no trace time on the request: derive it from the due time
+                self.trace_time.set(max(0, req.due_ns) * self._speedup / 1e9)
 
     def on_result(self, res: RequestResult) -> None:
         self.requests.labels(res.outcome, res.error_kind).inc()
@@ -323,41 +337,6 @@ class ReplayerMetrics:
         return out
 
 
-class ExpectedPrefixCache:
-    """What a prefix cache could serve, judged from the trace's hash ids alone.
-
-    A request's prompt is the blocks of its ``hash_ids`` (``block_size`` tokens each, the last one
-    cut). Its expected hit is the leading run of ids already seen, in tokens, capped at
-    ``input_length``: an ideal LRU cache of ``capacity_blocks`` blocks, no eviction pressure from
-    the server's KV usage. Compare with the server's own ``prefix_cache_hits / queries``.
-    """
-
-    def __init__(self, block_size: int, capacity_blocks: int = 1_000_000) -> None:
-        if block_size < 1 or capacity_blocks < 1:
-            raise ValueError("block_size and capacity_blocks must be >= 1")
-        self.block_size = block_size
-        self.capacity_blocks = capacity_blocks
-        self._seen: OrderedDict[int, None] = OrderedDict()
-
-    def lookup(self, hash_ids: Iterable[int], input_length: int) -> tuple[int, int]:
-        """Look up one prompt and insert its blocks; returns ``(query_tokens, hit_tokens)``."""
-        seen = self._seen
-        hit_blocks = 0
-        prefix = True
-        for h in hash_ids:
-            h = int(h)
-            if h in seen:
-                seen.move_to_end(h)
-                if prefix:
-                    hit_blocks += 1
-            else:
-                prefix = False
-                seen[h] = None
-                if len(seen) > self.capacity_blocks:
-                    seen.popitem(last=False)
-        return input_length, min(hit_blocks * self.block_size, input_length)
-
-
 class EventLoopLagMonitor:
     """Measures the replayer's own event-loop lag: sleeps ``interval_s`` again and again and
     records how late each wake-up is (``time.perf_counter_ns``), into
@@ -409,6 +388,6 @@ def metric_names(registry: CollectorRegistry) -> list[str]:
     return sorted(set(names))
 
 
-__all__ = ["BulkHistogram", "EventLoopLagMonitor", "ExpectedPrefixCache", "ReplayerMetrics",
+__all__ = ["BulkHistogram", "EventLoopLagMonitor", "ReplayerMetrics",
            "LATENCY_BUCKETS", "TOKEN_LATENCY_BUCKETS", "LAG_BUCKETS", "LOOP_LAG_BUCKETS",
            "log_buckets", "metric_names", "quantile_from_buckets"]

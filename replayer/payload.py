@@ -31,6 +31,7 @@ class PreparedRequest:
     max_tokens: int
     loop: int = 0
     trace_ns: int = 0    # trace-time offset (loop offset included); due_ns is derived from it
+    expected_hits: int | None = None  # expected prefix-cache hit tokens (replayer.prefix_cache)
 
 
 class PayloadBuilder:

@@ -43,23 +43,12 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .prompts import GAMMA, mix64
+from .prompts import GAMMA, _mix, mix64
 
 __all__ = ["PrefixCacheModel", "chain_keys", "expected_hits"]
 
 _MASK = (1 << 64) - 1
-_C1 = np.uint64(0xBF58476D1CE4E5B9)
-_C2 = np.uint64(0x94D049BB133111EB)
 _G = np.uint64(GAMMA)
-
-
-def _mix_np(z: np.ndarray) -> np.ndarray:
-    """SplitMix64 finalizer over a uint64 array (same values as ``mix64``)."""
-    z = z ^ (z >> np.uint64(30))
-    z = z * _C1
-    z = z ^ (z >> np.uint64(27))
-    z = z * _C2
-    return z ^ (z >> np.uint64(31))
 
 
 def chain_keys_py(hash_ids: Sequence[int]) -> list[int]:
@@ -97,7 +86,7 @@ def chain_keys(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
         for j in range(int(s_lens[0])):
             m = int(np.searchsorted(neg, -j, side="left"))  # rows with len > j
             idx = s_starts[:m] + j
-            kj = _mix_np((k[:m] ^ vals[idx]) + _G)
+            kj = _mix((k[:m] ^ vals[idx]) + _G)
             k[:m] = kj
             out[idx] = kj
     return out

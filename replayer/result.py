@@ -53,6 +53,7 @@ class RequestResult:
     e2e_ms: float | None = None
     tpot_ms: float | None = None
     dispatch_lag_ms: float | None = None  # sent - due (positive = late)
+    expected_prefix_hit_tokens: int | None = None  # prompt tokens the trace implies are cached (prefix_cache)
     itl_ms: list[float] = field(default_factory=list)
 
 
@@ -65,7 +66,8 @@ _TYPES: dict[str, pa.DataType] = {
     "error": pa.string(), "prompt_tokens": pa.int64(), "completion_tokens": pa.int64(),
     "usage_source": pa.string(), "n_chunks": pa.int32(), "finish_reason": pa.string(),
     "ttft_ms": pa.float64(), "e2e_ms": pa.float64(), "tpot_ms": pa.float64(),
-    "dispatch_lag_ms": pa.float64(), "itl_ms": pa.list_(pa.float32()),
+    "dispatch_lag_ms": pa.float64(), "expected_prefix_hit_tokens": pa.int64(),
+    "itl_ms": pa.list_(pa.float32()),
 }
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RequestResult))

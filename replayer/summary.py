@@ -91,6 +91,8 @@ def summarize(table: pa.Table) -> dict:
     s["completion_token_mismatches"] = int((completion[has_c] != output_length[has_c]).sum())
     s["ttft_unmeasured"] = int(np.isnan(ttft).sum())
     s["zero_token_successes"] = int((completion[has_c] == 0).sum())
+    exp = _col(table, "expected_prefix_hit_tokens", was_sent)
+    s["expected_prefix_hit_tokens"] = int(np.nansum(exp)) if (~np.isnan(exp)).any() else None
     kinds = table.filter(pa.array(outcome == "failed")).column("error_kind").to_pylist()
     s["errors_by_kind"] = {k: kinds.count(k) for k in sorted(set(kinds))}
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in s.items()}

@@ -91,7 +91,7 @@ def test_k8s_manifests_validate_against_schemas():
         if doc["apiVersion"].startswith("monitoring.coreos.com/"):
             jsonschema.validate(doc, crd_schema)
         else:
-            kv.validate(doc, "1.30.0", strict=True)
+            kv.validate(doc, kv.utils.latest_version(), strict=True)
     assert {"Deployment", "ConfigMap", "Service", "PodMonitor", "ServiceMonitor"} <= kinds
     kust = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())
     assert all((DEPLOY / "k8s" / r).exists() for r in kust["resources"])
@@ -105,7 +105,7 @@ def test_k8s_schema_check_catches_mistakes():
     bad = copy.deepcopy(docs["Deployment"])
     bad["spec"]["template"]["spec"]["containers"][0]["port"] = 9400  # typo for ports
     with pytest.raises(kv.ValidationError):
-        kv.validate(bad, "1.30.0", strict=True)
+        kv.validate(bad, kv.utils.latest_version(), strict=True)
     crd_schema = json.loads((DEPLOY / "k8s" / "schemas" / "monitoring.coreos.com-v1.json").read_text())
     bad = copy.deepcopy(docs["ServiceMonitor"])
     bad["spec"]["endpoints"][0]["interval"] = "five seconds"

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT
 
-from replayer.metrics import (EventLoopLagMonitor, ExpectedPrefixCache, ReplayerMetrics, metric_names,
+from replayer.metrics import (EventLoopLagMonitor, ReplayerMetrics, metric_names,
                               quantile_from_buckets)
 from replayer.payload import PreparedRequest
 from replayer.result import RequestResult
@@ -59,7 +59,7 @@ def _feed(m: ReplayerMetrics) -> None:
     m.on_scheduled(3)
     for i in range(3):
         m.on_sent(PreparedRequest(index=i, row=i, due_ns=i * 1_000_000_000, body=b"", input_length=100,
-                                  output_length=10, prompt_len=100, max_tokens=10))
+                                  output_length=10, prompt_len=100, max_tokens=10, trace_ns=i * 10**10))
     ok = RequestResult(row=0, input_length=100, output_length=10, sent_ns=1, outcome="success",
                        prompt_tokens=101, completion_tokens=10, ttft_ms=50.0, e2e_ms=140.0, tpot_ms=10.0,
                        dispatch_lag_ms=-0.2, itl_ms=[10.0] * 9)
@@ -83,8 +83,14 @@ def test_counters_and_progress():
     assert v["replayer_trace_rows"] == 3 and v["replayer_trace_rows_done"] == 2
     assert v["replayer_trace_time_seconds"] == pytest.approx(20.0)  # due 2 s * speedup 10
     assert v["replayer_trace_duration_seconds"] == 30
-    m.set_loop(1, start_due_ns=3_000_000_000)
-    assert _values(r)["replayer_loop"] == 1 and _values(r)["replayer_trace_rows_done"] == 0
+    # the first request of loop 1 moves the loop on by itself
+    m.on_sent(PreparedRequest(index=3, row=0, due_ns=4 * 10**9, body=b"", input_length=1, output_length=1,
+                              prompt_len=1, max_tokens=1, loop=1, trace_ns=40 * 10**9))
+    v = _values(r)
+    assert v["replayer_loop"] == 1 and v["replayer_trace_rows_done"] == 0 and v["replayer_trace_time_seconds"] == 0
+    m.on_sent(PreparedRequest(index=4, row=1, due_ns=5 * 10**9, body=b"", input_length=1, output_length=1,
+                              prompt_len=1, max_tokens=1, loop=1, trace_ns=50 * 10**9))
+    assert _values(r)["replayer_trace_time_seconds"] == pytest.approx(10.0)
     snap = m.snapshot()
     assert snap["ttft_p50_s"] == pytest.approx(0.05, rel=0.3)
     assert snap["completion_tokens_total"] == 10 and snap["loop"] == 1
@@ -101,6 +107,8 @@ def test_due_counter_follows_the_clock():
     assert _values(r)["replayer_requests_due_total"] == 3
     now[0] = 10**12
     assert m.due.value() == 4
+    m.track_due(count_due=lambda: 17)
+    assert _values(r)["replayer_requests_due_total"] == 17
 
 
 def test_quantile_matches_promql_interpolation():
@@ -113,14 +121,7 @@ def test_quantile_matches_promql_interpolation():
     assert quantile_from_buckets(0.5, [-1.0, 0.0, 1.0], [0, 10, 10, 10]) == pytest.approx(-0.5)
 
 
-def test_expected_prefix_cache():
-    c = ExpectedPrefixCache(block_size=512, capacity_blocks=3)
-    assert c.lookup([0, 1], 1000) == (1000, 0)
-    assert c.lookup([0, 1, 2], 1200) == (1200, 1024)
-    assert c.lookup([0, 5], 600) == (600, 512)   # shared first block only
-    assert c.lookup([0], 100) == (100, 100)      # capped at input_length
-    # capacity 3: ids 1 then 2 were evicted by 5 and re-touching 0
-    assert c.lookup([0, 1], 1024) == (1024, 512)
+def test_expected_prefix_cache_counters():
     r, m = _metrics()
     m.on_expected_prefix_cache(1000, 512)
     v = _values(r)

@@ -99,7 +99,7 @@ def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_sli
     t_prom = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace_path), "--target", sim_url,
                              "--speedup", "20", "--admin-port", str(admin_port), "--results", str(tmp_path / "res"),
-                             "--start-delay", "2", "--quiet"],
+                             "--start-delay", "1", "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     scrape = None
     try:
@@ -143,7 +143,7 @@ def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_sli
         hits = [v for e, vs in values.items() if fragment in e for v in vs]
         assert hits and any(math.isfinite(v) and v > 0 for v in hits), (fragment, hits)
 
-    for fragment in ("replayer_requests_sent_total",
+    for fragment in ("replayer_requests_scheduled_total", "replayer_requests_sent_total",
                      'replayer_requests_total{outcome="success"}', "replayer_ttft_seconds_bucket",
                      "replayer_itl_seconds_bucket", "replayer_e2e_latency_seconds_bucket",
                      "replayer_server_completion_tokens_total", "vllm:prefix_cache_hits_total",

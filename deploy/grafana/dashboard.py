@@ -31,8 +31,9 @@ def quantiles(metric: str, qs=(0.5, 0.9, 0.99)) -> list[dict]:
 # (title, unit, targets, width); rows of 24 grid units
 PANELS: list[tuple[str, str, list[dict], int] | str] = [
     "Replay",
-    ("Requests: due vs sent vs completed", "reqps", [
-        q(f"sum(rate(replayer_requests_due_total[{W}]))", "due (schedule)"),
+    ("Requests: scheduled vs sent vs completed", "reqps", [
+        q(f"sum(rate(replayer_requests_scheduled_total[{W}]))", "scheduled"),
+        q(f"sum(rate(replayer_requests_due_total[{W}]))", "due (schedule clock)"),
         q(f"sum(rate(replayer_requests_sent_total[{W}]))", "sent"),
         q(f'sum(rate(replayer_requests_total{{outcome="success"}}[{W}]))', "completed"),
         q(f'sum(rate(replayer_requests_total{{outcome!="success"}}[{W}]))', "failed / cancelled / not started"),
