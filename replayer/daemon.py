@@ -328,6 +328,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                             rebase_first=bool(cfg.resume))
     dispatcher_ref.append(dispatcher)
     dispatcher_box.append(dispatcher)
+    metrics.track_due(count_due=dispatcher.due_count)
     signals = 0
 
     def on_signal(signame: str) -> None:

@@ -137,6 +137,13 @@ class Dispatcher:
         for t in list(self._tasks):
             t.cancel()
 
+    def due_count(self) -> int:
+        """Requests whose due time has passed: those sent plus prepared ones already overdue.
+        Safe to call from another thread (the metrics exposition thread)."""
+        now = self.now_rel()
+        due = self.timeline.due
+        return self.sent + sum(1 for _, tns in list(self._pending) if due(tns) <= now)
+
     def now_rel(self) -> int:
         return now_ns() - self.t0_ns
 

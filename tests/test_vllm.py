@@ -33,19 +33,26 @@ pytestmark = [pytest.mark.vllm,
                                  reason="no real vLLM (set REPLAYER_VLLM=1 or start one on 127.0.0.1:8000)")]
 
 
-def _first_rows(tmp_path, n: int, *, scale: float = 1.0):
+def _short_rows(tmp_path, n: int, gap_ms: int):
+    """The first ``n`` rows of the real trace short enough for a 2-core CPU engine (input <= 8k,
+    output <= 200 tokens), ``gap_ms`` apart in trace time."""
     out = tmp_path / "rows.jsonl"
+    k = 0
     with open(SHARED / "traces" / "mooncake_conversation.jsonl") as src, open(out, "w") as dst:
-        for i, line in enumerate(src):
-            if i >= n:
-                break
-            dst.write(line)
+        for line in src:
+            r = json.loads(line)
+            if r["input_length"] <= 8000 and r["output_length"] <= 200:
+                r["timestamp"] = k * gap_ms
+                dst.write(json.dumps(r) + "\n")
+                k += 1
+                if k == n:
+                    break
     return out
 
 
 def test_main_job_command_against_real_vllm(tmp_path):
     """The README's run command with --target: token-exact prompts and outputs on a real engine."""
-    trace = _first_rows(tmp_path, 12)
+    trace = _short_rows(tmp_path, 12, gap_ms=1000)
     res = tmp_path / "res"
     args = [sys.executable, "-m", "replayer", "run", str(trace), "--target", URL, "--model", "tiny-llama",
             "--speedup", "10", "--results", str(res), "--admin-port", "0", "--vocab-range", "3:32000"]
@@ -61,3 +68,44 @@ def test_main_job_command_against_real_vllm(tmp_path):
         assert r["ttft_ms"] > 0 and r["tpot_ms"] > 0
     print(json.dumps({k: s[k] for k in ("duration", "completed", "mean_ttft_ms", "mean_tpot_ms",
                                         "dispatch_lag_p99_ms")}))
+
+
+def _non_overlapping_rows(tmp_path, n: int, gap_ms: int = 3000):
+    """Rows of the real trace that share prefixes (first hash id 0), short enough for a CPU engine,
+    re-timed ``gap_ms`` apart so no two requests overlap."""
+    rows = []
+    with open(SHARED / "traces" / "mooncake_conversation.jsonl") as src:
+        for line in src:
+            r = json.loads(line)
+            if r["hash_ids"][0] == 0 and r["input_length"] <= 6000 and r["output_length"] <= 64:
+                rows.append(r)
+            if len(rows) == n:
+                break
+    out = tmp_path / "spaced.jsonl"
+    with open(out, "w") as f:
+        for k, r in enumerate(rows):
+            r["timestamp"] = k * gap_ms
+            f.write(json.dumps(r) + "\n")
+    return out
+
+
+def test_prefix_cache_hits_match_the_trace_on_real_vllm(tmp_path):
+    """Issue 4: every server prompt_tokens == input_length and the server's prefix-cache hits
+    equal the hits the trace implies, to vLLM's 128-token CPU KV block."""
+    trace = _non_overlapping_rows(tmp_path, 10)
+    res = tmp_path / "res"
+    p = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace), "--target", URL, "--model", "tiny-llama",
+                        "--results", str(res), "--admin-port", "0", "--kv-block-size", "128",
+                        "--scrape-interval", "1", "--seed", "12345"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads((res / "summary.json").read_text())
+    rows = pq.read_table(res / "requests.parquet").to_pylist()
+    assert s["completed"] == len(rows) == 10
+    assert all(r["prompt_tokens"] == r["input_length"] for r in rows)
+    expected = s["expected_prefix_hit_tokens"]
+    actual = s["server_prefix_cache_hit_tokens"]
+    print(json.dumps({"expected_hits": expected, "server_hits": actual,
+                      "queries": s["target_metrics"]["deltas"].get("prefix_cache_queries")}))
+    assert expected > 0
+    assert actual == expected
