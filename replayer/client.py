@@ -1,22 +1,34 @@
-"""The HTTP client: owns the aiohttp session; ``send`` turns a PreparedRequest into a measured
+"""The HTTP client of the hot path: ``send`` turns a PreparedRequest into a measured
 RequestResult and never raises for request failures (errors are values at this boundary).
 
-Traps avoided (see DESIGN.md): aiohttp's ``TCPConnector`` allows 100 connections by default, a
-hidden client-side queue that counts as server TTFT (case B24): here the pool is unlimited. Its
-default 300 s total timeout would cut long generations: here there is no total timeout, only a
-connect timeout and a read (stall) timeout between two reads. ``StreamReader.readany`` returns
-whatever arrived, so an SSE event of any size is reassembled by ``sse.SSEDecoder`` instead of
-``readuntil``'s ~128 KiB line limit.
+Why not aiohttp's client here (it serves the admin server, the simulator, readiness checks and
+scraping): profiling the W1 workload (~120 concurrent streams, ~12k SSE events/s) showed its
+per-chunk machinery (StreamReader, a future and a task wake-up per chunk, a read-timeout timer
+re-armed per chunk) taking ~45 % of the replayer's CPU. This client is an asyncio ``Protocol``
+per connection with llhttp (``httptools``) parsing the response; response bytes are decoded and
+measured inside ``data_received``, stamped once per read with the one monotonic clock, and the
+sending coroutine wakes up once per request.
+
+Behaviour (the traps of DESIGN.md avoided):
+* unlimited keep-alive connections: no hidden client-side queue (case B24); the time spent
+  opening a connection is recorded apart (``connect_ms``) and ``sent_ns`` is stamped when the
+  request bytes are handed to the socket;
+* no total timeout: a connect timeout, and a read (stall) timeout on silence between two reads,
+  checked by one lazy timer per request (not re-armed per chunk);
+* SSE events of any size (``sse.SSEDecoder`` on a byte buffer), chunked, Content-Length or
+  close-delimited bodies, HTTP and HTTPS.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
+from urllib.parse import urlsplit
 
-import aiohttp
+import httptools
 
 from .clock import now_ns
-from .errors import ErrorKind, Outcome, classify_exception
+from .errors import ErrorKind, Outcome
 from .payload import PreparedRequest
 from .result import RequestResult
 from .sse import SSEDecoder, StreamAccumulator
@@ -25,37 +37,212 @@ _ERROR_BODY_LIMIT = 64 * 1024
 _ERROR_TEXT_LIMIT = 500
 
 
+class _Failure(Exception):
+    """A transport-level failure of one exchange (kind + message)."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class _Exchange:
+    """One request/response on a connection: parses and measures the response as it arrives."""
+
+    __slots__ = ("acc", "dec", "status", "sse", "body", "body_len", "done", "last_ns", "t_ns",
+                 "content_type", "has_length", "chunked", "headers_done", "read_timeout_ns", "timer")
+
+    def __init__(self, done: asyncio.Future, read_timeout_ns: int | None) -> None:
+        self.acc = StreamAccumulator()
+        self.dec: SSEDecoder | None = None
+        self.status = 0
+        self.sse = False
+        self.body: list[bytes] = []
+        self.body_len = 0
+        self.done = done
+        self.last_ns = now_ns()
+        self.t_ns = 0
+        self.content_type = b""
+        self.has_length = False
+        self.chunked = False
+        self.headers_done = False
+        self.read_timeout_ns = read_timeout_ns
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection; at most one exchange at a time."""
+
+    def __init__(self, pool: "Client") -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.ex: _Exchange | None = None
+        self.closed = False
+        self.keep_alive = True
+        self._header_name = b""
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        ex = self.ex
+        if ex is None:  # bytes with no request outstanding: the connection is unusable
+            self._abort()
+            return
+        ex.t_ns = ex.last_ns = now_ns()  # one timestamp per read, for every event it completes
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._finish_error(ErrorKind.PROTOCOL, "unexpected protocol upgrade")
+        except httptools.HttpParserError as e:
+            self._finish_error(ErrorKind.PROTOCOL, f"invalid HTTP response: {e}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        ex = self.ex
+        if ex is None:
+            return
+        if ex.headers_done and not ex.has_length and not ex.chunked and exc is None:
+            self.on_message_complete()  # a body delimited by the connection closing
+            return
+        what = "after the response headers" if ex.headers_done else "before the response headers"
+        self._finish_error(ErrorKind.DISCONNECT, f"server closed the connection {what}"
+                           + (f": {exc}" if exc else ""))
+
+    # -- httptools callbacks ----------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        n = name.lower()
+        ex = self.ex
+        if ex is None:
+            return
+        if n == b"content-type":
+            ex.content_type = value.lower()
+        elif n == b"content-length":
+            ex.has_length = True
+        elif n == b"transfer-encoding" and b"chunked" in value.lower():
+            ex.chunked = True
+
+    def on_headers_complete(self) -> None:
+        ex = self.ex
+        if ex is None:
+            return
+        ex.headers_done = True
+        ex.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()
+        if ex.status == 200 and ex.content_type.startswith(b"text/event-stream"):
+            ex.sse = True
+            ex.dec = SSEDecoder()
+
+    def on_body(self, body: bytes) -> None:
+        ex = self.ex
+        if ex is None:
+            return
+        if ex.sse:
+            dec = ex.dec
+            data = dec.simple_event(body)  # type: ignore[union-attr]
+            if data is not None:  # one plain "data: ...\n\n" event: no decoding needed
+                ex.acc.on_event(data, ex.t_ns)
+            else:
+                on_event, t = ex.acc.on_event, ex.t_ns
+                for ev in dec.feed(body):  # type: ignore[union-attr]
+                    on_event(ev.data, t)
+        elif ex.status == 200 or ex.body_len < _ERROR_BODY_LIMIT:
+            ex.body.append(body)
+            ex.body_len += len(body)
+
+    def on_message_complete(self) -> None:
+        ex = self.ex
+        if ex is None:
+            return
+        self.ex = None
+        if ex.timer is not None:
+            ex.timer.cancel()
+        if ex.sse:
+            ex.dec.close()  # type: ignore[union-attr]
+        else:
+            ex.acc.on_body(b"".join(ex.body), ex.t_ns or now_ns())
+        if not ex.done.done():
+            ex.done.set_result(None)
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _finish_error(self, kind: ErrorKind, message: str) -> None:
+        ex = self.ex
+        self.ex = None
+        self._abort()
+        if ex is not None:
+            if ex.timer is not None:
+                ex.timer.cancel()
+            if not ex.done.done():
+                ex.done.set_exception(_Failure(kind, message))
+
+    def _abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def check_stall(self) -> None:
+        """Lazy read-timeout timer: fires once per timeout period, not per chunk."""
+        ex = self.ex
+        if ex is None or ex.read_timeout_ns is None:
+            return
+        idle = now_ns() - ex.last_ns
+        if idle >= ex.read_timeout_ns:
+            self._finish_error(ErrorKind.TIMEOUT, f"no data for {idle / 1e9:.1f} s (read timeout)")
+        else:
+            loop = asyncio.get_running_loop()
+            ex.timer = loop.call_later((ex.read_timeout_ns - idle) / 1e9, self.check_stall)
+
+    def start(self, request: bytes, ex: _Exchange) -> None:
+        self.ex = ex
+        if ex.read_timeout_ns is not None:
+            ex.timer = asyncio.get_running_loop().call_later(ex.read_timeout_ns / 1e9, self.check_stall)
+        self.transport.write(request)  # type: ignore[union-attr]
+
+
 class Client:
-    """Sends prepared requests to ``base_url + endpoint``.
+    """Sends prepared requests to ``base_url + endpoint`` (``http://`` or ``https://``).
 
     ``t0_ns``: the run anchor; recorded times are offsets from it. ``api_key``: sent as a bearer
-    token (never logged). ``connect_timeout_s``: TCP connect limit. ``read_timeout_s``: longest
-    silence between two reads of a response before it fails as TIMEOUT (``None``: wait forever).
-    Use as an async context manager, or call ``start``/``close``.
+    token (never logged). ``connect_timeout_s``: TCP (and TLS) connect limit.
+    ``read_timeout_s``: longest silence before or within a response before it fails as TIMEOUT
+    (``None``: wait forever). Use as an async context manager, or call ``start``/``close``.
     """
 
     def __init__(self, base_url: str, *, t0_ns: int, endpoint: str = "/v1/completions",
                  api_key: str | None = None, connect_timeout_s: float = 30.0,
                  read_timeout_s: float | None = 600.0) -> None:
+        u = urlsplit(base_url.rstrip("/") + endpoint)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"target must be an http(s) URL, got {base_url!r}")
         self.url = base_url.rstrip("/") + endpoint
         self.t0_ns = t0_ns
-        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
+        self._host = u.hostname
+        self._port = u.port or (443 if u.scheme == "https" else 80)
+        self._ssl = ssl.create_default_context() if u.scheme == "https" else None
+        host_header = u.netloc.rsplit("@", 1)[-1]
+        path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+        head = (f"POST {path} HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: replayer\r\n"
+                "Content-Type: application/json\r\nAccept: text/event-stream, application/json\r\n")
         if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=connect_timeout_s,
-                                              sock_read=read_timeout_s)
-        self._session: aiohttp.ClientSession | None = None
+            head += f"Authorization: Bearer {api_key}\r\n"
+        self._head = head.encode("latin-1")
+        self._connect_timeout = connect_timeout_s
+        self._read_timeout_ns = int(read_timeout_s * 1e9) if read_timeout_s else None
+        self._idle: list[_Connection] = []
+        self._all: set[_Connection] = set()
+        self._spares_opening = 0
+        self.spare_target = 8  # idle connections kept ready in the background (0 = none)
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=None,
-                                         keepalive_timeout=60.0)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout,
-                                              auto_decompress=False, raise_for_status=False)
+        """Nothing to set up beyond the constructor (kept for symmetry with ``close``)."""
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Close every connection (in-flight exchanges fail as DISCONNECT)."""
+        for c in list(self._all):
+            c._abort()
+        self._all.clear()
+        self._idle.clear()
 
     async def __aenter__(self) -> "Client":
         await self.start()
@@ -64,74 +251,118 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    @property
+    def open_connections(self) -> int:
+        return sum(1 for c in self._all if not c.closed)
+
+    async def warm_up(self, n: int) -> int:
+        """Open up to ``n`` idle keep-alive connections ahead of the replay (so the first burst
+        does not pay for TCP handshakes at its due time). Returns how many opened."""
+        conns = await asyncio.gather(*(self._connect() for _ in range(n)), return_exceptions=True)
+        ok = [c for c in conns if isinstance(c, _Connection)]
+        self._idle.extend(ok)
+        return len(ok)
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        _, conn = await asyncio.wait_for(
+            loop.create_connection(lambda: _Connection(self), self._host, self._port, ssl=self._ssl),
+            self._connect_timeout)
+        self._all.add(conn)
+        return conn
+
+    async def _acquire(self) -> _Connection:
+        idle = self._idle
+        if len(idle) + self._spares_opening < self.spare_target:
+            self._open_spare()
+        while idle:
+            c = idle.pop()
+            if not c.closed and c.ex is None:
+                return c
+            self._all.discard(c)
+        return await self._connect()
+
+    def _open_spare(self) -> None:
+        """Open one connection in the background, so a request due later finds one ready instead
+        of paying for a TCP handshake at its due time."""
+        self._spares_opening += 1
+
+        def done(t: asyncio.Task) -> None:
+            self._spares_opening -= 1
+            if not t.cancelled() and t.exception() is None:
+                self._idle.insert(0, t.result())  # LIFO pool: spares are used after warm ones
+
+        asyncio.get_running_loop().create_task(self._connect()).add_done_callback(done)
+
+    def _release(self, c: _Connection) -> None:
+        if c.closed or not c.keep_alive or c.ex is not None:
+            c._abort()
+            self._all.discard(c)
+        else:
+            self._idle.append(c)
+
     async def send(self, req: PreparedRequest, res: RequestResult) -> RequestResult:
         """Send ``req``, stream its response and fill ``res`` (returned). Request failures are
         recorded in ``res``; ``asyncio.CancelledError`` marks ``res`` cancelled and propagates."""
-        assert self._session is not None, "Client.start() was not called"
         t0 = self.t0_ns
-        acc = StreamAccumulator()
-        sent = now_ns()
-        res.sent_ns = sent - t0
-        res.dispatch_lag_ms = (res.sent_ns - req.due_ns) / 1e6
+        t_start = now_ns()
+        ex: _Exchange | None = None
+        conn: _Connection | None = None
         try:
-            async with self._session.post(self.url, data=req.body, headers=self._headers) as resp:
-                res.http_status = resp.status
-                if resp.status != 200:
-                    body = await _read_limited(resp.content, _ERROR_BODY_LIMIT)
-                    end = now_ns()
-                    acc.on_body(body, end)
-                    acc.finish()
-                    _fail(res, ErrorKind.HTTP_STATUS,
-                          acc.error or body.decode("utf-8", "replace")[:_ERROR_TEXT_LIMIT] or f"HTTP {resp.status}")
-                    res.end_ns = end - t0
-                    return res
-                if resp.content_type == "text/event-stream":
-                    dec = SSEDecoder()
-                    content = resp.content
-                    on_event = acc.on_event
-                    while True:
-                        data = await content.readany()
-                        if not data:
-                            break
-                        t = now_ns()
-                        for ev in dec.feed(data):
-                            on_event(ev.data, t)
-                    dec.close()
-                else:
-                    body = await resp.read()
-                    acc.on_body(body, now_ns())
-                acc.finish()
-            end = now_ns()
-            res.end_ns = end - t0
-            _measure(res, acc, sent, t0)
-            if not acc.success:
-                _fail(res, acc.error_kind, acc.error)
+            try:
+                conn = await self._acquire()
+            except (OSError, asyncio.TimeoutError) as e:
+                kind = ErrorKind.TIMEOUT if isinstance(e, asyncio.TimeoutError) else ErrorKind.CONNECT
+                raise _Failure(kind, f"cannot connect to {self._host}:{self._port}: "
+                                     f"{type(e).__name__}: {e}") from None
+            ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns)
+            body = req.body
+            request = b"".join((self._head, b"Content-Length: %d\r\n\r\n" % len(body), body))
+            sent = now_ns()
+            res.connect_ms = (sent - t_start) / 1e6
+            res.sent_ns = sent - t0
+            res.dispatch_lag_ms = (res.sent_ns - req.due_ns) / 1e6
+            conn.start(request, ex)
+            await ex.done
+            res.end_ns = now_ns() - t0
+            res.http_status = ex.status
+            acc = ex.acc
+            acc.finish()
+            if ex.status != 200:
+                text = b"".join(ex.body)[:_ERROR_BODY_LIMIT]
+                _fail(res, ErrorKind.HTTP_STATUS, acc.error or text.decode("utf-8", "replace")[:_ERROR_TEXT_LIMIT]
+                      or f"HTTP {ex.status}")
             else:
-                res.outcome = Outcome.SUCCESS.value
+                _measure(res, acc, sent, t0)
+                if acc.success:
+                    res.outcome = Outcome.SUCCESS.value
+                else:
+                    _fail(res, acc.error_kind, acc.error)
+        except _Failure as f:
+            res.end_ns = now_ns() - t0
+            if ex is not None:
+                res.http_status = ex.status or None
+                if res.sent_ns is not None:
+                    _measure(res, ex.acc, res.sent_ns + t0, t0)
+            _fail(res, f.kind, str(f)[:_ERROR_TEXT_LIMIT])
         except asyncio.CancelledError:
             res.end_ns = now_ns() - t0
-            _measure(res, acc, sent, t0)
+            if conn is not None:
+                conn._abort()
+            if ex is not None and res.sent_ns is not None:
+                res.http_status = ex.status or None
+                _measure(res, ex.acc, res.sent_ns + t0, t0)
             _fail(res, ErrorKind.CANCELLED, "cancelled at shutdown", outcome=Outcome.CANCELLED)
             raise
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded value
+        except Exception as exc:  # noqa: BLE001 - a bug here must not stop the replay
             res.end_ns = now_ns() - t0
-            _measure(res, acc, sent, t0)
-            _fail(res, classify_exception(exc), f"{type(exc).__name__}: {exc}"[:_ERROR_TEXT_LIMIT])
+            if conn is not None:
+                conn._abort()
+            _fail(res, ErrorKind.CLIENT, f"{type(exc).__name__}: {exc}"[:_ERROR_TEXT_LIMIT])
+        finally:
+            if conn is not None:
+                self._release(conn)
         return res
-
-
-async def _read_limited(content: aiohttp.StreamReader, limit: int) -> bytes:
-    """The body up to EOF or ``limit`` bytes (``StreamReader.read(n)`` alone returns only what
-    has arrived so far: an error body sent in several writes was cut to its first piece)."""
-    parts: list[bytes] = []
-    left = limit
-    while left > 0:
-        data = await content.read(left)
-        if not data:
-            break
-        parts.append(data)
-        left -= len(data)
-    return b"".join(parts)
 
 
 def _fail(res: RequestResult, kind: ErrorKind, error: str | None, outcome: Outcome = Outcome.FAILED) -> None:

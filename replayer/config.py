@@ -57,6 +57,8 @@ class RunConfig(BaseModel):
     control_token_file: str | None = Field(None, description="file holding the control token (overrides the variable)")
     api_key_env: str = Field("REPLAYER_API_KEY", description="environment variable holding the API key")
     api_key_file: str | None = Field(None, description="file holding the API key (overrides the variable)")
+    warm_connections: int = Field(128, ge=0, le=4096, description="keep-alive connections opened before "
+                                  "the first request, so the first burst pays no TCP handshakes")
     connect_timeout_s: float = Field(30.0, gt=0, description="TCP connect timeout")
     read_timeout_s: float = Field(600.0, ge=0, description="longest silence within a response (0 = none)")
     ready_timeout_s: float = Field(60.0, ge=0, description="wait this long for the target to answer at start")

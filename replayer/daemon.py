@@ -9,7 +9,6 @@ cancels in-flight requests at once. Results already measured are flushed in ever
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import os
@@ -30,6 +29,7 @@ from .client import Client
 from .clock import Anchor, now_ns
 from .config import RunConfig
 from .dispatcher import Dispatcher, Observer
+from .gcpacer import GcPacer
 from .console import LiveConsole
 from .metrics import EventLoopLagMonitor, ReplayerMetrics
 from .prefix_cache import PrefixCacheModel
@@ -278,10 +278,9 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     batches = iter_schedule(open_batches, loops=cfg.loops, loop_gap_ns=int(cfg.loop_gap_s * 1e9),
                             shard=shard, shards=shards, max_requests=cfg.max_requests,
                             start_loop=start_loop, skip=skip)
-    # Everything built so far (modules, trace, tables) lives for the whole run: move it out of
-    # the cyclic GC's reach, or each full collection scans it and stalls the loop for ~100 ms.
-    gc.collect()
-    gc.freeze()
+    # GC at moments of the dispatcher's choosing (replayer.gcpacer): never when a burst is due.
+    gc_pacer = GcPacer()
+    gc_pacer.start()
     anchor = Anchor.at(cfg.start_delay_s, start_wall_s=cfg.start_at)
     timeline = Timeline(cfg.speedup)
 
@@ -325,7 +324,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     dispatcher = Dispatcher(batches, prepare, client.send, recorder.add, t0_ns=anchor.t0_ns, timeline=timeline,
                             unsent=unsent, observer=acct, lead_ns=int(cfg.lead_s * 1e9),
                             drain_timeout_s=cfg.drain_timeout_s, duration_ns=duration_ns,
-                            rebase_first=bool(cfg.resume))
+                            rebase_first=bool(cfg.resume), on_idle=gc_pacer.idle)
     dispatcher_ref.append(dispatcher)
     dispatcher_box.append(dispatcher)
     metrics.track_due(count_due=dispatcher.due_count)
@@ -361,6 +360,9 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
              cfg.trace, n_rows, cfg.loop, cfg.shard, target, model, cfg.speedup, results_dir)
     try:
         await client.start()
+        if cfg.warm_connections:
+            opened = await client.warm_up(cfg.warm_connections)
+            log.info("opened %d keep-alive connections ahead of the first request", opened)
         state.state = "running"
         await dispatcher.run()
     finally:
@@ -371,6 +373,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
             async with aiohttp.ClientSession() as s:
                 await scraper.scrape_once(s)
         await client.close()
+        gc_pacer.stop()
         state.state = "flushing"
         # shielded and time-boxed: measured results reach the disk even if we are cancelled
         closing = loop.run_in_executor(None, recorder.close)
@@ -433,6 +436,9 @@ def main_run(cfg: RunConfig) -> int:
 
     from .trace import TraceError
 
+    # Worker threads (results writer, trace reader, scrape parser, metrics exposition) hold the
+    # GIL in pure-Python stretches; a short switch interval gives it back to the loop quickly.
+    sys.setswitchinterval(0.0005)
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     try:

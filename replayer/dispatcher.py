@@ -90,7 +90,7 @@ class Dispatcher:
                  unsent: Callable[[ScheduleBatch, int], RequestResult],
                  observer: Observer | None = None, lead_ns: int = 500_000_000,
                  drain_timeout_s: float = 30.0, duration_ns: int | None = None,
-                 rebase_first: bool = False) -> None:
+                 rebase_first: bool = False, on_idle: Callable[[int], None] | None = None) -> None:
         self._feeder = BatchFeeder(batches)
         self._prepare = prepare
         self._send = send
@@ -103,6 +103,7 @@ class Dispatcher:
         self.drain_timeout_s = drain_timeout_s
         self.duration_ns = duration_ns
         self._rebase = rebase_first  # resume: the first request is due at wall0, not at its trace time
+        self._on_idle = on_idle      # called with the slack (ns) before a wait (GC pacing)
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()   # timeline changed (pause/resume/speed-up) or stop
         self._idle = asyncio.Event()
@@ -184,10 +185,14 @@ class Dispatcher:
         exhausted = False
         while not stopping.is_set():
             now = self.now_rel()
-            # 1. fire everything due
-            while pending and tl.due(pending[0][1]) <= now:
-                self._fire(pending.popleft()[0], now)
-                now = self.now_rel()
+            # 1. fire everything due, then let those tasks write their requests before any
+            #    preparation work (on Python 3.11 a new task only starts at the next yield)
+            if pending and tl.due(pending[0][1]) <= now:
+                while pending and tl.due(pending[0][1]) <= now:
+                    self._fire(pending.popleft()[0], now)
+                    now = self.now_rel()
+                await asyncio.sleep(0)
+                continue
             # 2. prepare ahead, but never past the next due time
             t_yield = now_ns() + 2_000_000
             while not exhausted:
@@ -225,6 +230,9 @@ class Dispatcher:
             else:
                 continue
             left = wake - self.now_rel()
+            if self._on_idle is not None and left > 0:
+                self._on_idle(left)
+                left = wake - self.now_rel()
             if left > 2 * SPIN_NS:
                 self._changed.clear()
                 await _first(sleep_until(self.t0_ns + wake), self._changed.wait())

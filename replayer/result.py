@@ -53,6 +53,7 @@ class RequestResult:
     e2e_ms: float | None = None
     tpot_ms: float | None = None
     dispatch_lag_ms: float | None = None  # sent - due (positive = late)
+    connect_ms: float | None = None       # waiting for a connection (0 when a pooled one was free)
     expected_prefix_hit_tokens: int | None = None  # prompt tokens the trace implies are cached (prefix_cache)
     itl_ms: list[float] = field(default_factory=list)
 
@@ -66,7 +67,7 @@ _TYPES: dict[str, pa.DataType] = {
     "error": pa.string(), "prompt_tokens": pa.int64(), "completion_tokens": pa.int64(),
     "usage_source": pa.string(), "n_chunks": pa.int32(), "finish_reason": pa.string(),
     "ttft_ms": pa.float64(), "e2e_ms": pa.float64(), "tpot_ms": pa.float64(),
-    "dispatch_lag_ms": pa.float64(), "expected_prefix_hit_tokens": pa.int64(),
+    "dispatch_lag_ms": pa.float64(), "connect_ms": pa.float64(), "expected_prefix_hit_tokens": pa.int64(),
     "itl_ms": pa.list_(pa.float32()),
 }
 

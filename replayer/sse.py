@@ -189,6 +189,16 @@ class SSEDecoder:
             line(ln, out)
         return out
 
+    def simple_event(self, chunk: bytes) -> bytes | None:
+        """Fast path for the most common read: exactly one ``data: P\\n\\n`` event (LF line
+        ends, one data line, nothing pending, stream start already seen). Returns P as bytes —
+        the data ``feed`` would return for it — or None when the read needs ``feed``."""
+        if (self._head is None and not self._rest and not self._pend and not self._skip_lf
+                and chunk[:6] == b"data: " and chunk[-2:] == b"\n\n" and chunk.count(10) == 2
+                and 13 not in chunk):
+            return chunk[6:-2]
+        return None
+
     def _line(self, ln: str, out: list[SSEEvent]) -> None:
         if not ln:  # blank line: dispatch
             if self._pend:
@@ -318,13 +328,14 @@ class StreamAccumulator:
 
     # ---- input ---------------------------------------------------------------------------
 
-    def on_event(self, data: str, t_ns: int) -> None:
-        """One SSE event's data (``SSEEvent.data``) that completed at ``t_ns`` (int ns)."""
+    def on_event(self, data: str | bytes, t_ns: int) -> None:
+        """One SSE event's data (``SSEEvent.data``, or its UTF-8 bytes from
+        ``SSEDecoder.simple_event``) that completed at ``t_ns`` (int ns)."""
         try:
             obj = _loads(data)
         except _JSONDecodeError:  # rare: "[DONE]" once per stream, so try the JSON first
             s = data.strip()
-            if s == "[DONE]":
+            if s == "[DONE]" or s == b"[DONE]":
                 self.done_seen = True
             elif s:  # (an empty data event is a keep-alive in effect)
                 self._protocol("invalid JSON in SSE event: " + _snippet(data))

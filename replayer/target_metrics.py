@@ -314,7 +314,8 @@ class TargetScraper:
                 text = await r.text()
                 if r.status != 200:
                     raise ValueError(f"HTTP {r.status}: {text[:200]}")
-            return self.observe(text)
+            # prometheus_client's parser is pure Python (~10-30 ms for a vLLM page): off the loop
+            return await asyncio.get_running_loop().run_in_executor(None, self.observe, text)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a scrape failure must not stop the replay

@@ -706,3 +706,19 @@ def test_continuous_usage_itl_invariants(ks, gaps, stop_token):
         assert statistics.mean(itl) == pytest.approx(acc.tpot_ms())
     else:
         assert itl == [] and acc.tpot_ms() is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([b"data: ", b"data:", b"{}", b'{"a":1}', b"\n", b"\r", b"x", b" ", b":c",
+                                 b"event: e", "é".encode()]), max_size=8))
+def test_simple_event_fast_path_agrees_with_feed(parts):
+    """``simple_event`` returns data only for reads ``feed`` decodes to exactly that one event."""
+    chunk = b"".join(parts) + b"\n\n"
+    a, b = SSEDecoder(), SSEDecoder()
+    a.feed(b"data: warm\n\n")   # past the stream start (BOM check)
+    b.feed(b"data: warm\n\n")
+    fast = a.simple_event(chunk)
+    if fast is not None:
+        evs = b.feed(chunk)
+        assert [e.data for e in evs] == [fast.decode("utf-8", "replace")]
+        assert evs[0].event == ""
