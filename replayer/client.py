@@ -17,6 +17,16 @@ Behaviour (the traps of DESIGN.md avoided):
   checked by one lazy timer per request (not re-armed per chunk);
 * SSE events of any size (``sse.SSEDecoder`` on a byte buffer), chunked, Content-Length or
   close-delimited bodies, HTTP and HTTPS.
+
+Retries (off by default: ``retry_max=0``): a request answered HTTP 429 or 5xx, or whose
+connection failed before any response byte (CONNECT, a connect timeout, or DISCONNECT before the
+response headers), is sent again after ``retry_backoff_s * 2**k`` seconds (k = retries so far),
+or after the response's ``Retry-After`` seconds when it carried one (capped at 60 s), on a pooled
+or fresh connection, at most ``retry_max`` times. Never retried: any other 4xx, and any failure
+after a 200 response's headers (output may have arrived; the request is not idempotent then).
+``res.retries`` counts the retries; the result holds the LAST attempt's outcome, status, error,
+``sent_ns``/``connect_ms`` and TTFT/E2E (measured from the last attempt's send), while
+``dispatch_lag_ms`` stays the first attempt's (how late the schedule was served).
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from .sse import SSEDecoder, StreamAccumulator
 
 _ERROR_BODY_LIMIT = 64 * 1024
 _ERROR_TEXT_LIMIT = 500
+_RETRY_AFTER_MAX_S = 60.0
 
 
 class _Failure(Exception):
@@ -49,7 +60,8 @@ class _Exchange:
     """One request/response on a connection: parses and measures the response as it arrives."""
 
     __slots__ = ("acc", "dec", "status", "sse", "body", "body_len", "done", "last_ns", "t_ns",
-                 "content_type", "has_length", "chunked", "headers_done", "read_timeout_ns", "timer")
+                 "content_type", "has_length", "chunked", "headers_done", "read_timeout_ns", "timer",
+                 "retry_after")
 
     def __init__(self, done: asyncio.Future, read_timeout_ns: int | None) -> None:
         self.acc = StreamAccumulator()
@@ -67,6 +79,7 @@ class _Exchange:
         self.headers_done = False
         self.read_timeout_ns = read_timeout_ns
         self.timer: asyncio.TimerHandle | None = None
+        self.retry_after: bytes | None = None
 
 
 class _Connection(asyncio.Protocol):
@@ -122,6 +135,8 @@ class _Connection(asyncio.Protocol):
             ex.has_length = True
         elif n == b"transfer-encoding" and b"chunked" in value.lower():
             ex.chunked = True
+        elif n == b"retry-after":
+            ex.retry_after = value
 
     def on_headers_complete(self) -> None:
         ex = self.ex
@@ -206,12 +221,14 @@ class Client:
     ``t0_ns``: the run anchor; recorded times are offsets from it. ``api_key``: sent as a bearer
     token (never logged). ``connect_timeout_s``: TCP (and TLS) connect limit.
     ``read_timeout_s``: longest silence before or within a response before it fails as TIMEOUT
-    (``None``: wait forever). Use as an async context manager, or call ``start``/``close``.
+    (``None``: wait forever). ``retry_max``/``retry_backoff_s``: the retry policy (see the
+    module docstring; 0 = never retry). Use as an async context manager, or call ``start``/``close``.
     """
 
     def __init__(self, base_url: str, *, t0_ns: int, endpoint: str = "/v1/completions",
                  api_key: str | None = None, connect_timeout_s: float = 30.0,
-                 read_timeout_s: float | None = 600.0) -> None:
+                 read_timeout_s: float | None = 600.0, retry_max: int = 0,
+                 retry_backoff_s: float = 0.5) -> None:
         u = urlsplit(base_url.rstrip("/") + endpoint)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"target must be an http(s) URL, got {base_url!r}")
@@ -229,6 +246,10 @@ class Client:
         self._head = head.encode("latin-1")
         self._connect_timeout = connect_timeout_s
         self._read_timeout_ns = int(read_timeout_s * 1e9) if read_timeout_s else None
+        if retry_max < 0 or retry_backoff_s < 0:
+            raise ValueError("retry_max and retry_backoff_s must be >= 0")
+        self.retry_max = retry_max
+        self.retry_backoff_s = retry_backoff_s
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()
         self._spares_opening = 0
@@ -303,7 +324,31 @@ class Client:
 
     async def send(self, req: PreparedRequest, res: RequestResult) -> RequestResult:
         """Send ``req``, stream its response and fill ``res`` (returned). Request failures are
-        recorded in ``res``; ``asyncio.CancelledError`` marks ``res`` cancelled and propagates."""
+        recorded in ``res``; ``asyncio.CancelledError`` marks ``res`` cancelled and propagates.
+        Retryable failures are retried per the policy (module docstring), counted in ``res.retries``."""
+        retry_after = await self._attempt(req, res, True)
+        if retry_after is None or not self.retry_max:
+            return res
+        while retry_after is not None and res.retries < self.retry_max:
+            delay = retry_after if retry_after >= 0 else self.retry_backoff_s * (2 ** res.retries)
+            try:
+                await asyncio.sleep(delay)
+            except asyncio.CancelledError:
+                res.end_ns = now_ns() - self.t0_ns
+                _fail(res, ErrorKind.CANCELLED, "cancelled at shutdown (waiting to retry)",
+                      outcome=Outcome.CANCELLED)
+                raise
+            res.retries += 1
+            res.outcome, res.error_kind, res.error = Outcome.NOT_STARTED.value, ErrorKind.NONE.value, None
+            res.http_status = res.end_ns = None
+            retry_after = await self._attempt(req, res, False)
+        return res
+
+    async def _attempt(self, req: PreparedRequest, res: RequestResult, first: bool) -> float | None:
+        """One exchange of ``req``, filling ``res``. Returns None when the outcome is final
+        (success, or a failure that must not be retried), else the delay the server asked for
+        (``Retry-After`` seconds, capped) or -1.0 (none: use the backoff)."""
+        retry: float | None = None
         t0 = self.t0_ns
         t_start = now_ns()
         ex: _Exchange | None = None
@@ -321,7 +366,8 @@ class Client:
             sent = now_ns()
             res.connect_ms = (sent - t_start) / 1e6
             res.sent_ns = sent - t0
-            res.dispatch_lag_ms = (res.sent_ns - req.due_ns) / 1e6
+            if first:
+                res.dispatch_lag_ms = (res.sent_ns - req.due_ns) / 1e6
             conn.start(request, ex)
             await ex.done
             res.end_ns = now_ns() - t0
@@ -332,6 +378,8 @@ class Client:
                 text = b"".join(ex.body)[:_ERROR_BODY_LIMIT]
                 _fail(res, ErrorKind.HTTP_STATUS, acc.error or text.decode("utf-8", "replace")[:_ERROR_TEXT_LIMIT]
                       or f"HTTP {ex.status}")
+                if ex.status == 429 or ex.status >= 500:
+                    retry = _retry_after_s(ex.retry_after)
             else:
                 _measure(res, acc, sent, t0)
                 if acc.success:
@@ -345,6 +393,10 @@ class Client:
                 if res.sent_ns is not None:
                     _measure(res, ex.acc, res.sent_ns + t0, t0)
             _fail(res, f.kind, str(f)[:_ERROR_TEXT_LIMIT])
+            if ex is None:  # the connection could not be opened (refused, connect timeout)
+                retry = -1.0 if f.kind in (ErrorKind.CONNECT, ErrorKind.TIMEOUT) else None
+            elif f.kind is ErrorKind.DISCONNECT and not ex.headers_done:  # closed before any response byte
+                retry = -1.0
         except asyncio.CancelledError:
             res.end_ns = now_ns() - t0
             if conn is not None:
@@ -362,7 +414,21 @@ class Client:
         finally:
             if conn is not None:
                 self._release(conn)
-        return res
+        return retry
+
+
+def _retry_after_s(value: bytes | None) -> float:
+    """Seconds of a ``Retry-After: <seconds>`` header, capped at 60 s; -1.0 when absent or not a
+    number of seconds (an HTTP date is not honoured: the backoff applies)."""
+    if value is None:
+        return -1.0
+    try:
+        s = float(value.strip())
+    except ValueError:
+        return -1.0
+    if s != s or s < 0:  # NaN or negative
+        return -1.0
+    return min(s, _RETRY_AFTER_MAX_S)
 
 
 def _fail(res: RequestResult, kind: ErrorKind, error: str | None, outcome: Outcome = Outcome.FAILED) -> None:

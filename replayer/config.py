@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -51,6 +51,8 @@ class RunConfig(BaseModel):
     block_size: int | None = Field(None, ge=1, description="tokens per hash id; none = from the trace (512)")
     vocab_range: str = Field("1000:30000", description="token ids LO:HI (HI exclusive) used for prompts")
     tokenizer: str | None = Field(None, description="local tokenizer.json or folder: use its non-special ids")
+    prompt_mode: str = Field("tokens", description="tokens: prompt as token ids (exact); text: blocks "
+                             "decoded with --tokenizer (the server re-tokenizes; drift is reported)")
     vllm_extensions: bool = Field(True, description="send ignore_eos and min_tokens (vLLM/SGLang)")
     control_token_env: str = Field("REPLAYER_CONTROL_TOKEN", description="environment variable holding "
                                    "the bearer token for the admin control endpoints (unset = open)")
@@ -59,6 +61,9 @@ class RunConfig(BaseModel):
     api_key_file: str | None = Field(None, description="file holding the API key (overrides the variable)")
     warm_connections: int = Field(128, ge=0, le=4096, description="keep-alive connections opened before "
                                   "the first request, so the first burst pays no TCP handshakes")
+    retry_max: int = Field(0, ge=0, le=10, description="retries of a request answered 429 or 5xx before "
+                           "any output (0 = never; retries are counted)")
+    retry_backoff_s: float = Field(0.5, ge=0, description="wait before the first retry, doubled each time")
     connect_timeout_s: float = Field(30.0, gt=0, description="TCP connect timeout")
     read_timeout_s: float = Field(600.0, ge=0, description="longest silence within a response (0 = none)")
     ready_timeout_s: float = Field(60.0, ge=0, description="wait this long for the target to answer at start")
@@ -80,6 +85,7 @@ class RunConfig(BaseModel):
                                               "expected prefix-cache model (none = infinite)")
     strict: bool = Field(False, description="treat out-of-order timestamps in the trace as an error")
     quiet: bool = Field(False, description="no progress lines or summary table on the terminal")
+    log_format: str = Field("text", description="log lines as text or json (one object per line)")
     log_level: str = Field("info", description="debug, info, warning or error")
 
     @field_validator("vocab_range")
@@ -91,6 +97,20 @@ class RunConfig(BaseModel):
             raise ValueError("must be LO:HI with integers, e.g. 1000:30000") from None
         if not 0 <= lo < hi:
             raise ValueError(f"must satisfy 0 <= LO < HI, got {lo}:{hi}")
+        return v
+
+    @field_validator("prompt_mode")
+    @classmethod
+    def _prompt_mode(cls, v: str) -> str:
+        if v not in ("tokens", "text"):
+            raise ValueError("must be tokens or text")
+        return v
+
+    @field_validator("log_format")
+    @classmethod
+    def _log_format(cls, v: str) -> str:
+        if v not in ("text", "json"):
+            raise ValueError("must be text or json")
         return v
 
     @field_validator("validate_trace")
@@ -147,9 +167,19 @@ class RunConfig(BaseModel):
     def _endpoint(cls, v: str) -> str:
         if not v.startswith("/"):
             raise ValueError("must start with '/', e.g. /v1/completions")
-        if "chat/completions" in v:
-            raise ValueError("token-id prompts cannot go to a chat endpoint; use /v1/completions")
         return v
+
+    @model_validator(mode="after")
+    def _modes(self) -> "RunConfig":
+        problems = []
+        if "chat/completions" in self.endpoint and self.prompt_mode != "text":
+            problems.append("endpoint: token-id prompts cannot go to a chat endpoint; use /v1/completions, "
+                            "or --prompt-mode text --tokenizer PATH")
+        if self.prompt_mode == "text" and not self.tokenizer:
+            problems.append("prompt_mode: text mode needs --tokenizer PATH (a local tokenizer.json or folder)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @field_validator("trace", "tokenizer", "api_key_file", "control_token_file", "resume")
     @classmethod

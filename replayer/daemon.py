@@ -35,7 +35,7 @@ from .metrics import EventLoopLagMonitor, ReplayerMetrics
 from .prefix_cache import PrefixCacheModel
 from .target_metrics import TargetScraper, save_samples
 from .payload import PayloadBuilder, PreparedRequest
-from .prompts import PromptBuilder, mix64, vocab_from_range, vocab_from_tokenizer
+from .prompts import PromptBuilder, TextPromptBuilder, mix64, vocab_from_range, vocab_from_tokenizer
 from .recorder import Recorder, read_results
 from .result import RequestResult
 from .schedule import ScheduleBatch, Timeline, iter_schedule
@@ -150,6 +150,8 @@ class Prompts:
         self.block_size = block_size
         self._by_loop: dict[int, PromptBuilder] = {}
         self._cache_by_loop: dict[int, PrefixCacheModel] = {}
+        self._text: dict[int, TextPromptBuilder] = {}
+        self.tokenizer = cfg.tokenizer
         self.kv_block_size = cfg.kv_block_size
         self.cache_tokens = cfg.expected_cache_tokens
 
@@ -163,6 +165,15 @@ class Prompts:
                                  capacity_tokens=self.cache_tokens)
             self._cache_by_loop = {key: m}
         return m
+
+    def text_for_loop(self, loop: int) -> TextPromptBuilder:
+        """Text prompts for ``--prompt-mode text`` (same blocks, decoded with the tokenizer)."""
+        b = self.for_loop(loop)
+        t = self._text.get(id(b))
+        if t is None:
+            t = TextPromptBuilder(b, self.tokenizer)
+            self._text = {id(b): t}
+        return t
 
     def for_loop(self, loop: int) -> PromptBuilder:
         key = loop if self.salt else 0
@@ -256,7 +267,8 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
         model = cfg.model or (models[0] if models else None)
         if model is None:
             raise StartupError(f"target {target} lists no model: pass --model")
-        payload = PayloadBuilder(model, vllm_extensions=cfg.vllm_extensions)
+        payload = PayloadBuilder(model, vllm_extensions=cfg.vllm_extensions,
+                                 chat="chat/completions" in cfg.endpoint)
         summary = await _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, metrics,
                                 state, results_dir, model, dispatcher_ref)
     finally:
@@ -284,11 +296,16 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     anchor = Anchor.at(cfg.start_delay_s, start_wall_s=cfg.start_at)
     timeline = Timeline(cfg.speedup)
 
+    text_mode = cfg.prompt_mode == "text"
+
     def prepare(sb: ScheduleBatch, j: int) -> PreparedRequest:
         t = sb.batch
         i = int(sb.idx[j])
         n_in, n_out = int(t.input_length[i]), int(t.output_length[i])
-        body = payload.body(prompts.for_loop(sb.loop).prompt_json(t.hash_ids(i), n_in), n_out)
+        if text_mode:
+            body = payload.text_body(prompts.text_for_loop(sb.loop).prompt_text(t.hash_ids(i), n_in), n_out)
+        else:
+            body = payload.body(prompts.for_loop(sb.loop).prompt_json(t.hash_ids(i), n_in), n_out)
         trace_ns = int(sb.trace_ns[j])
         hits = prompts.expected_cache(sb.loop).observe(t.hash_ids(i), n_in)
         metrics.on_scheduled(1)

@@ -183,6 +183,8 @@ class ReplayerMetrics:
         self.sent = Counter("replayer_requests_sent", "Requests sent to the target.", registry=r)
         self.requests = Counter("replayer_requests", "Requests finished, by outcome and error kind.",
                                 ["outcome", "error_kind"], registry=r)
+        self.retries = Counter("replayer_request_retries", "Re-sends of requests after a retryable failure "
+                               "(HTTP 429/5xx or a connection failure before any response byte).", registry=r)
         self.in_flight = Gauge("replayer_requests_in_flight", "Requests sent and not yet finished.", registry=r)
         self.ttft = Histogram("replayer_ttft_seconds", "Time to first token of successful requests.",
                               buckets=LATENCY_BUCKETS, registry=r)
@@ -286,6 +288,8 @@ class ReplayerMetrics:
 
     def on_result(self, res: RequestResult) -> None:
         self.requests.labels(res.outcome, res.error_kind).inc()
+        if res.retries:
+            self.retries.inc(res.retries)
         if res.loop == self._loop_no:
             self.trace_rows_done.inc()
         if res.sent_ns is None:

@@ -1,4 +1,5 @@
-"""Request bodies for the OpenAI-compatible ``/v1/completions`` API, serialised once to bytes.
+"""Request bodies for the OpenAI-compatible ``/v1/completions`` (and, with text prompts,
+``/v1/chat/completions``) API, serialised once to bytes.
 
 The body of a trace row (OpenAI Completions API; ``ignore_eos`` and ``min_tokens`` are vLLM /
 SGLang extensions, left out with ``vllm_extensions=False``)::
@@ -43,23 +44,32 @@ class PayloadBuilder:
     """
 
     def __init__(self, model: str, *, stream: bool = True, vllm_extensions: bool = True,
-                 extra: dict | None = None) -> None:
+                 extra: dict | None = None, chat: bool = False) -> None:
         head: dict = {"model": model, "stream": stream}
         if stream:
             head["stream_options"] = {"include_usage": True}
         if vllm_extensions:
             head["ignore_eos"] = True
         head.update(extra or {})
-        for k in ("prompt", "max_tokens", "min_tokens"):
+        for k in ("prompt", "messages", "max_tokens", "min_tokens"):
             if k in head:
                 raise ValueError(f"extra body field {k!r} is set per request and cannot be overridden")
         self._head = orjson.dumps(head)[:-1] + b","  # '{...,' ready for the per-request fields
         self._min_tokens = vllm_extensions
+        self.chat = chat
 
-    def body(self, prompt_json: bytes, max_tokens: int) -> bytes:
-        """Full JSON body for a prompt already serialised as a JSON array (``b"[...]"``)."""
+    def text_body(self, text: str, max_tokens: int) -> bytes:
+        """Body for a text prompt: ``"prompt": text`` (completions) or, for the chat API,
+        ``"messages": [{"role": "user", "content": text}]``."""
+        if self.chat:
+            return self.body(b'[{"role":"user","content":' + orjson.dumps(text) + b"}]", max_tokens, key=b"messages")
+        return self.body(orjson.dumps(text), max_tokens)
+
+    def body(self, prompt_json: bytes, max_tokens: int, key: bytes = b"prompt") -> bytes:
+        """Full JSON body for a prompt already serialised as JSON (``b"[...]"`` of token ids, or
+        a JSON string); ``key`` names the field (``prompt``, or ``messages`` for chat)."""
         n = b"%d" % max_tokens
+        field = b',"' + key + b'":'
         if self._min_tokens:
-            return b"".join((self._head, b'"max_tokens":', n, b',"min_tokens":', n,
-                             b',"prompt":', prompt_json, b"}"))
-        return b"".join((self._head, b'"max_tokens":', n, b',"prompt":', prompt_json, b"}"))
+            return b"".join((self._head, b'"max_tokens":', n, b',"min_tokens":', n, field, prompt_json, b"}"))
+        return b"".join((self._head, b'"max_tokens":', n, field, prompt_json, b"}"))

@@ -55,6 +55,8 @@ class RequestResult:
     dispatch_lag_ms: float | None = None  # sent - due (positive = late)
     connect_ms: float | None = None       # waiting for a connection (0 when a pooled one was free)
     expected_prefix_hit_tokens: int | None = None  # prompt tokens the trace implies are cached (prefix_cache)
+    retries: int = 0               # times re-sent after a retryable failure (client retry policy); the
+                                   # other fields describe the last attempt, dispatch_lag_ms the first
     itl_ms: list[float] = field(default_factory=list)
 
 
@@ -68,6 +70,7 @@ _TYPES: dict[str, pa.DataType] = {
     "usage_source": pa.string(), "n_chunks": pa.int32(), "finish_reason": pa.string(),
     "ttft_ms": pa.float64(), "e2e_ms": pa.float64(), "tpot_ms": pa.float64(),
     "dispatch_lag_ms": pa.float64(), "connect_ms": pa.float64(), "expected_prefix_hit_tokens": pa.int64(),
+    "retries": pa.int32(),
     "itl_ms": pa.list_(pa.float32()),
 }
 

@@ -87,6 +87,10 @@ def summarize(table: pa.Table) -> dict:
     has_usage = ~np.isnan(prompt_tokens)
     s["usage_missing"] = int((~has_usage).sum())
     s["prompt_token_mismatches"] = int((prompt_tokens[has_usage] != input_length[has_usage]).sum())
+    drift = prompt_tokens[has_usage] - input_length[has_usage]  # server count - trace (text mode drifts)
+    s["prompt_token_drift_total"] = int(drift.sum())
+    s["prompt_token_drift_mean"] = float(drift.mean()) if drift.size else None
+    s["prompt_token_drift_max_abs"] = int(np.abs(drift).max()) if drift.size else None
     has_c = ~np.isnan(completion)
     s["completion_token_mismatches"] = int((completion[has_c] != output_length[has_c]).sum())
     s["ttft_unmeasured"] = int(np.isnan(ttft).sum())

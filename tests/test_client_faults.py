@@ -380,7 +380,9 @@ def test_b24_300_concurrent_no_pool_cap(warm):
     lag99 = s["dispatch_lag_p99_ms"]
     print(f"\nB24 {'warm' if warm else 'cold'}: server peak {peak} (connections {srv.peak_connections}), "
           f"TTFT {ttft.min():.0f}..{ttft.max():.0f} ms, lag p99 {lag99:.1f} ms, run {run_s:.2f} s")
-    assert peak == n and srv.peak_connections == n
+    # every request had its own connection; the client may also hold a few idle spare
+    # connections open (Client.spare_target) so later requests skip the TCP handshake
+    assert peak == n and n <= srv.peak_connections <= n + 8
     assert s["completed"] == n and s["total_output_tokens"] == 50 * n
     # a client-side pool cap of 100 would put 2/3 of the TTFTs near 4000 and 6000 ms
     assert ttft.min() >= 2000 - 1 and ttft.max() < 3500, (ttft.min(), ttft.max())
