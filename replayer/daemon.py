@@ -30,6 +30,7 @@ from .clock import Anchor, now_ns
 from .config import RunConfig
 from .dispatcher import Dispatcher, Observer
 from .gcpacer import GcPacer
+from .logs import ErrorBurstLog, setup_logging
 from .console import LiveConsole
 from .metrics import EventLoopLagMonitor, ReplayerMetrics
 from .prefix_cache import PrefixCacheModel
@@ -62,6 +63,7 @@ class RunState:
     not_started: int = 0
     max_lag_ms: float = 0.0
     window_max_lag_ms: float = 0.0
+    watch_max_lag_ms: float = 0.0  # the same, for the self-watch window
     target: str = ""
     results: str = ""
     started_wall: float = field(default_factory=time.time)
@@ -71,6 +73,7 @@ class _Accounting(Observer):
     def __init__(self, state: RunState, metrics: ReplayerMetrics) -> None:
         self.s = state
         self.m = metrics
+        self.bursts = ErrorBurstLog()  # failures logged per error kind, at most one line per 10 s
 
     def on_sent(self, req: PreparedRequest) -> None:
         self.s.sent += 1
@@ -83,6 +86,7 @@ class _Accounting(Observer):
             s.completed += 1
         elif o == "failed":
             s.failed += 1
+            self.bursts.observe(res)
         elif o == "cancelled":
             s.cancelled += 1
         else:
@@ -93,6 +97,8 @@ class _Accounting(Observer):
                 s.max_lag_ms = lag
             if lag > s.window_max_lag_ms:
                 s.window_max_lag_ms = lag
+            if lag > s.watch_max_lag_ms:
+                s.watch_max_lag_ms = lag
         self.m.on_result(res)
 
 
@@ -335,7 +341,8 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                         roll_rows=cfg.roll_rows, roll_interval_s=cfg.roll_interval_s, metadata=meta,
                         checkpoint=checkpoint)
     client = Client(target, t0_ns=anchor.t0_ns, endpoint=cfg.endpoint, api_key=api_key,
-                    connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s or None)
+                    connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s or None,
+                    retry_max=cfg.retry_max, retry_backoff_s=cfg.retry_backoff_s)
     acct = _Accounting(state, metrics)
     duration_ns = int(cfg.duration_s * 1e9) if cfg.duration_s else None
     dispatcher = Dispatcher(batches, prepare, client.send, recorder.add, t0_ns=anchor.t0_ns, timeline=timeline,
@@ -367,6 +374,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         background.append(loop.create_task(console.run()))
     elif not cfg.quiet:
         background.append(loop.create_task(_progress(state, dispatcher, anchor)))
+    background.append(loop.create_task(_watch_self(state, metrics)))
     scraper = None
     if cfg.scrape_target_metrics:
         scraper = TargetScraper(target.rstrip("/") + "/metrics", interval_s=cfg.scrape_interval_s,
@@ -437,6 +445,28 @@ def _status(state: RunState, dispatcher_ref: list[Dispatcher]) -> dict:
             "max_dispatch_lag_ms": round(state.max_lag_ms, 3)}
 
 
+BEHIND_MS = 50.0  # dispatch or event-loop lag above this means the replayer itself is too slow
+
+
+async def _watch_self(state: RunState, metrics: ReplayerMetrics, every_s: float = 5.0) -> None:
+    """Say loudly when the replayer, not the server, is the bottleneck: late sends and a busy
+    event loop are the client's problem and would otherwise be reported as server latency.
+    (The numbers are also exported: replayer_dispatch_lag_seconds, replayer_event_loop_lag_*.)"""
+    warned = False
+    while True:
+        await asyncio.sleep(every_s)
+        lag, state.watch_max_lag_ms = state.watch_max_lag_ms, 0.0
+        loop_lag = metrics.loop_lag_max._value.get() * 1e3
+        if lag > BEHIND_MS or loop_lag > BEHIND_MS:
+            log.warning("the replayer is behind schedule: max dispatch lag %.0f ms, event-loop lag %.0f ms "
+                        "in the last %.0f s; its own CPU is the bottleneck (measured latencies include "
+                        "client delay): use --workers, shards or a lower --speedup", lag, loop_lag, every_s)
+            warned = True
+        elif warned:
+            log.info("the replayer is back on schedule (max dispatch lag %.1f ms)", lag)
+            warned = False
+
+
 async def _progress(state: RunState, dispatcher: Dispatcher, anchor: Anchor, every_s: float = 5.0) -> None:
     while True:
         await asyncio.sleep(every_s)
@@ -456,8 +486,8 @@ def main_run(cfg: RunConfig) -> int:
     # Worker threads (results writer, trace reader, scrape parser, metrics exposition) hold the
     # GIL in pure-Python stretches; a short switch interval gives it back to the loop quickly.
     sys.setswitchinterval(0.0005)
-    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    # text or one JSON object per line (--log-format); the API key and control token are redacted
+    setup_logging(cfg.log_format, cfg.log_level, secrets=(cfg.api_key(), cfg.control_token()))
     try:
         uvloop.run(run_replay(cfg))
     except (StartupError, TraceError) as e:

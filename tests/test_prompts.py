@@ -103,3 +103,19 @@ def test_same_bodies_in_another_process():
                            env={"PYTHONHASHSEED": str(s), "PATH": ""}).stdout for s in (1, 2)}
     assert len(outs) == 1
     assert outs.pop() == PromptBuilder(seed=3).prompt_json([5, 6, 7], 1300)
+
+
+def test_request_bodies_byte_identical_across_processes():
+    """Two processes (different hash seeds) build byte-identical bodies for the same trace + seed."""
+    from pathlib import Path
+
+    trace = Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation_10min.parquet"
+    code = ("import hashlib,sys;from replayer.trace import read_trace;from replayer.prompts import PromptBuilder;"
+            "from replayer.payload import PayloadBuilder;t=read_trace(sys.argv[1]);p=PromptBuilder(seed=42);"
+            "b=PayloadBuilder('m');h=hashlib.sha256()\n"
+            "for i in range(200): h.update(b.body(p.prompt_json(t.hash_ids(i),int(t.input_length[i])),"
+            "int(t.output_length[i])))\n"
+            "print(h.hexdigest())")
+    outs = {subprocess.run([sys.executable, "-c", code, str(trace)], capture_output=True, check=True, text=True,
+                           env={"PYTHONHASHSEED": str(s), "PATH": ""}).stdout for s in (1, 2)}
+    assert len(outs) == 1 and len(outs.pop().strip()) == 64
