@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Runner for ../shared/bench/fidelity/harness.py (contract: RUNNER SLICE_DIR OUT_DIR PORT [args]).
-# Converts the slice (timestamps in ms, already compressed, possibly fractional) to canonical
-# Parquet with ns timestamps, so no rounding is added, then replays it with `replayer run`
-# against the harness's mock server and writes fidelity_report.json from our summary.
+# Replays the slice's JSONL as a generic JSONL trace (its timestamps are fractional ms, already
+# compressed by the slice's speed-up: read exactly, no rounding) with `replayer run` against the
+# harness's mock server, then writes fidelity_report.json from our summary.
 set -euo pipefail
 SLICE=$1; OUT=$2; PORT=$3; shift 3
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${REPLAYER_PYTHON:-$ROOT/.venv/bin/python}
-"$PY" "$ROOT/bench/fidelity/slice_to_parquet.py" "$SLICE/slice.mooncake.jsonl" "$OUT/slice.parquet"
-"$PY" -m replayer run "$OUT/slice.parquet" --target "http://127.0.0.1:$PORT" --model "${FIDELITY_MODEL:-tiny-llama}" \
+"$PY" -m replayer run "$SLICE/slice.mooncake.jsonl" --format jsonl --time-unit ms \
+  --target "http://127.0.0.1:$PORT" --model "${FIDELITY_MODEL:-tiny-llama}" \
   --results "$OUT/results" --admin-port 0 --quiet --log-level warning "$@"
-"$PY" - "$OUT" <<'PYEOF'
+"$PY" -S - "$OUT" <<'PYEOF'
 import json, sys
 out = sys.argv[1]
 s = json.load(open(f"{out}/results/summary.json"))
