@@ -138,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         from .daemon import main_run
 
         return main_run(cfg)
+    if args.command == "merge":
+        from .workers import main_merge
+
+        return main_merge(args.dirs, args.output)
     if args.command == "report":
         from .report import main_report
 

@@ -26,7 +26,8 @@ or fresh connection, at most ``retry_max`` times. Never retried: any other 4xx, 
 after a 200 response's headers (output may have arrived; the request is not idempotent then).
 ``res.retries`` counts the retries; the result holds the LAST attempt's outcome, status, error,
 ``sent_ns``/``connect_ms`` and TTFT/E2E (measured from the last attempt's send), while
-``dispatch_lag_ms`` stays the first attempt's (how late the schedule was served).
+``dispatch_lag_ms`` stays the first send's (how late the schedule was served; when the first
+attempts could not even connect, it is the first attempt that wrote the request).
 """
 
 from __future__ import annotations
@@ -326,7 +327,7 @@ class Client:
         """Send ``req``, stream its response and fill ``res`` (returned). Request failures are
         recorded in ``res``; ``asyncio.CancelledError`` marks ``res`` cancelled and propagates.
         Retryable failures are retried per the policy (module docstring), counted in ``res.retries``."""
-        retry_after = await self._attempt(req, res, True)
+        retry_after = await self._attempt(req, res)
         if retry_after is None or not self.retry_max:
             return res
         while retry_after is not None and res.retries < self.retry_max:
@@ -341,10 +342,10 @@ class Client:
             res.retries += 1
             res.outcome, res.error_kind, res.error = Outcome.NOT_STARTED.value, ErrorKind.NONE.value, None
             res.http_status = res.end_ns = None
-            retry_after = await self._attempt(req, res, False)
+            retry_after = await self._attempt(req, res)
         return res
 
-    async def _attempt(self, req: PreparedRequest, res: RequestResult, first: bool) -> float | None:
+    async def _attempt(self, req: PreparedRequest, res: RequestResult) -> float | None:
         """One exchange of ``req``, filling ``res``. Returns None when the outcome is final
         (success, or a failure that must not be retried), else the delay the server asked for
         (``Retry-After`` seconds, capped) or -1.0 (none: use the backoff)."""
@@ -366,7 +367,7 @@ class Client:
             sent = now_ns()
             res.connect_ms = (sent - t_start) / 1e6
             res.sent_ns = sent - t0
-            if first:
+            if res.dispatch_lag_ms is None:  # the first send (retries keep it)
                 res.dispatch_lag_ms = (res.sent_ns - req.due_ns) / 1e6
             conn.start(request, ex)
             await ex.done
@@ -395,6 +396,10 @@ class Client:
             _fail(res, f.kind, str(f)[:_ERROR_TEXT_LIMIT])
             if ex is None:  # the connection could not be opened (refused, connect timeout)
                 retry = -1.0 if f.kind in (ErrorKind.CONNECT, ErrorKind.TIMEOUT) else None
+                if res.sent_ns is None:  # the attempt counts as sent when it began: it was issued
+                    res.sent_ns = t_start - t0
+                    res.connect_ms = (now_ns() - t_start) / 1e6
+                    res.dispatch_lag_ms = (res.sent_ns - req.due_ns) / 1e6
             elif f.kind is ErrorKind.DISCONNECT and not ex.headers_done:  # closed before any response byte
                 retry = -1.0
         except asyncio.CancelledError:

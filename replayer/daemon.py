@@ -399,6 +399,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                 await scraper.scrape_once(s)
         await client.close()
         gc_pacer.stop()
+        acct.bursts.close()  # the last window of each error burst
         state.state = "flushing"
         # shielded and time-boxed: measured results reach the disk even if we are cancelled
         closing = loop.run_in_executor(None, recorder.close)

@@ -292,8 +292,8 @@ class ReplayerMetrics:
             self.retries.inc(res.retries)
         if res.loop == self._loop_no:
             self.trace_rows_done.inc()
-        if res.sent_ns is None:
-            return  # not started: never counted as in flight
+        if res.outcome == "not_started":
+            return  # never issued: never counted as in flight
         self.in_flight.dec()
         if res.dispatch_lag_ms is not None:
             self.lag.observe(res.dispatch_lag_ms / 1e3)

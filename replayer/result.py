@@ -36,7 +36,8 @@ class RequestResult:
     prompt_len_sent: int = 0       # token ids actually sent (== input_length unless text mode)
     max_tokens: int = 0            # as sent
     due_ns: int = 0
-    sent_ns: int | None = None     # just before the request was written
+    sent_ns: int | None = None     # just before the request was written (or, when no connection
+    #                                could be opened, when that attempt began: it was issued)
     first_token_ns: int | None = None
     last_token_ns: int | None = None
     end_ns: int | None = None      # stream closed / response done
@@ -56,7 +57,7 @@ class RequestResult:
     connect_ms: float | None = None       # waiting for a connection (0 when a pooled one was free)
     expected_prefix_hit_tokens: int | None = None  # prompt tokens the trace implies are cached (prefix_cache)
     retries: int = 0               # times re-sent after a retryable failure (client retry policy); the
-                                   # other fields describe the last attempt, dispatch_lag_ms the first
+                                   # other fields describe the last attempt, dispatch_lag_ms the first send
     itl_ms: list[float] = field(default_factory=list)
 
 

@@ -5,6 +5,16 @@ anchored at one wall-clock start time (``--start-at``), each writing ``RESULTS/w
 forwards SIGTERM/SIGINT to them, waits, and writes one merged ``RESULTS/summary.json``. With no
 ``--target`` it starts one embedded simulator for all of them. Each worker serves its own
 ``/metrics`` (``admin_port + i``; histograms, so Prometheus sums them into a merged view).
+
+The children run in their own sessions: a Ctrl-C at the terminal reaches only this parent, which
+forwards it once (a terminal's SIGINT would otherwise reach every child twice, and the second one
+cancels in-flight requests instead of draining them), and the simulator is stopped only after
+every worker has drained.
+
+``merge_results`` puts the results of several folders (workers, or shards run on other machines
+or pods) on one time axis: every results file carries its run's wall-clock anchor
+(``replayer.t0_wall_s``), and the ``*_ns`` columns of each file are shifted to the earliest
+anchor, so the merged duration and throughputs are right even if a shard started late.
 """
 
 from __future__ import annotations
@@ -16,28 +26,130 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
+
+import numpy as np
 
 from .config import RunConfig
-from .recorder import read_results
+from .recorder import result_files
 from .summary import format_summary, summarize
 
 log = logging.getLogger(__name__)
+
+#: result columns holding ns offsets from the run's anchor (rebased when merging)
+TIME_COLUMNS = ("due_ns", "sent_ns", "first_token_ns", "last_token_ns", "end_ns")
+#: run anchors further apart than this are reported (one shared --start-at gives ~0)
+ANCHOR_SPREAD_WARN_S = 0.05
+
+
+def _read_dir(path: str) -> list[tuple[object, float | None, str | None]]:
+    """(table without metadata, anchor wall time in Unix s or None, shard "i/N" or None) for
+    every results file of a results folder (or one file). Raises FileNotFoundError if none."""
+    import pyarrow.parquet as pq
+
+    files = [path] if os.path.isfile(path) else result_files(path)
+    if not files:
+        raise FileNotFoundError(f"{path}: no results files")
+    out = []
+    for f in files:
+        t = pq.read_table(f)
+        meta = t.schema.metadata or {}
+        wall = meta.get(b"replayer.t0_wall_s")
+        shard = None
+        if b"replayer.config" in meta:
+            try:
+                shard = json.loads(meta[b"replayer.config"]).get("shard")
+            except (ValueError, AttributeError):
+                shard = None
+        out.append((t.replace_schema_metadata(None), float(wall) if wall else None, shard))
+    return out
+
+
+def _rebase(table, shift_ns: int):
+    """``table`` with ``shift_ns`` added to every time column (nulls stay null)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not shift_ns:
+        return table
+    for name in TIME_COLUMNS:
+        i = table.schema.get_field_index(name)
+        col = pc.add(table.column(name), pa.scalar(shift_ns, pa.int64()))
+        table = table.set_column(i, table.schema.field(i), col)
+    return table
+
+
+def _shard_warnings(shards_by_dir: list[set[str]], dirs: list[str]) -> list[str]:
+    warnings = []
+    seen: dict[str, str] = {}
+    counts: set[int] = set()
+    present: set[int] = set()
+    for d, shards in zip(dirs, shards_by_dir):
+        for s in shards:
+            if s in seen and seen[s] != d:
+                warnings.append(f"shard {s} appears in both {seen[s]} and {d}")
+            seen.setdefault(s, d)
+            try:
+                i, n = (int(x) for x in s.split("/"))
+            except ValueError:
+                continue
+            counts.add(n)
+            present.add(i)
+    if len(counts) > 1:
+        warnings.append(f"folders were run with different shard counts: {sorted(counts)}")
+    elif counts:
+        n = counts.pop()
+        missing = sorted(set(range(n)) - present)
+        if n > 1 and missing:
+            warnings.append(f"shards missing from the merge: {', '.join(f'{i}/{n}' for i in missing)}")
+    return warnings
 
 
 def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = False) -> dict:
     """One summary over several results folders (shards or workers). Writes
     ``out_dir/summary.json`` when ``out_dir`` is given. Raises FileNotFoundError for a folder
-    with no results."""
+    with no results.
+
+    Times of every file are rebased to the earliest run anchor among them (see the module
+    docstring). Besides the ``summary.summarize`` fields the summary holds ``merged_from``,
+    ``shards`` (the ``--shard`` of each folder), ``anchor_spread_s`` (latest - earliest anchor),
+    ``duplicate_rows`` ((loop, row) pairs sent by more than one folder: overlapping shards or a
+    folder given twice) and ``merge_warnings``."""
     import pyarrow as pa
 
-    tables = []
-    for d in dirs:
-        t = read_results(d)
-        if t.num_rows == 0:
-            raise FileNotFoundError(f"{d}: no results files")
+    per_dir = [_read_dir(d) for d in dirs]
+    walls = [w for files in per_dir for _, w, _ in files if w is not None]
+    base = min(walls) if walls else None
+    tables, keys, shards_by_dir = [], [], []
+    for files in per_dir:
+        dir_tables = []
+        for t, wall, _ in files:
+            shift = round((wall - base) * 1e9) if wall is not None and base is not None else 0
+            dir_tables.append(_rebase(t, shift))
+        t = pa.concat_tables(dir_tables)
         tables.append(t)
+        shards_by_dir.append({s for _, _, s in files if s})
+        sent = np.asarray(t.column("outcome").to_pylist(), dtype=object) != "not_started"
+        k = (t.column("loop").to_numpy(zero_copy_only=False).astype(np.int64) << 40) + \
+            t.column("row").to_numpy(zero_copy_only=False).astype(np.int64)
+        keys.append(np.unique(k[sent]))
+    all_keys = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
+    _, counts = np.unique(all_keys, return_counts=True)
+    duplicates = int((counts > 1).sum())
+    warnings = _shard_warnings(shards_by_dir, list(dirs))
+    if duplicates:
+        warnings.append(f"{duplicates} trace rows were sent by more than one folder (overlapping shards?)")
+    if walls and max(walls) - base > ANCHOR_SPREAD_WARN_S:
+        warnings.append(f"the runs were anchored {max(walls) - base:.3f} s apart: a shard started after the "
+                        "shared --start-at (or none was given), so the shards did not replay in step")
     s = summarize(pa.concat_tables(tables))
     s["merged_from"] = list(dirs)
+    s["shards"] = [sorted(x)[0] if len(x) == 1 else sorted(x) for x in shards_by_dir]
+    s["anchor_spread_s"] = (max(walls) - base) if walls else None
+    s["duplicate_rows"] = duplicates
+    s["merge_warnings"] = warnings
+    for w in warnings:
+        log.warning("merge: %s", w)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "summary.json"), "w", encoding="utf-8") as f:
@@ -45,6 +157,19 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     if not quiet:
         print(format_summary(s), flush=True)
     return s
+
+
+def main_merge(dirs: list[str], output: str | None) -> int:
+    """``replayer merge DIR... [-o OUT]``: print the merged summary (and write OUT/summary.json);
+    1 if a folder holds no results."""
+    try:
+        merge_results(dirs, output)
+    except FileNotFoundError as e:
+        print(f"replayer merge: {e}", file=sys.stderr)
+        return 1
+    if output:
+        print(f"merged summary: {os.path.join(output, 'summary.json')}", flush=True)
+    return 0
 
 
 def _free_port() -> int:
@@ -55,29 +180,53 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_health(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
+    """Poll ``url`` until it answers 200 (True), ``proc`` exits or ``timeout_s`` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def _without_flag(flags: list[str], name: str) -> list[str]:
+    """``flags`` without ``name VALUE``."""
+    out, skip = [], False
+    for f in flags:
+        if skip:
+            skip = False
+        elif f == name:
+            skip = True
+        else:
+            out.append(f)
+    return out
+
+
+def _exit_code(code: int) -> int:
+    """A child's return code as a shell exit status (killed by signal N -> 128 + N)."""
+    return 128 - code if code < 0 else code
+
+
 def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
-    """Run ``cfg.workers`` shard processes of the same replay; returns the worst exit code.
+    """Run ``cfg.workers`` shard processes of the same replay; returns the worst exit code
+    (a worker killed by a signal counts as 128 + signal; 1 if no results could be merged).
 
     ``argv_flags``: the user's ``run`` flags (without --workers/--shard/--results/--start-at/
-    --admin-port/--target), passed to every worker unchanged."""
+    --admin-port/--target), passed to every worker unchanged. With ``--resume DIR`` (a folder of
+    an earlier ``--workers`` run) worker i resumes ``DIR/worker-i``."""
     n = cfg.workers
-    results = cfg.results or os.path.join("results", time.strftime("%Y%m%d-%H%M%S"))
+    flags = _without_flag(list(argv_flags), "--resume")
+    results = cfg.resume or cfg.results or os.path.join("results", time.strftime("%Y%m%d-%H%M%S"))
+    if cfg.admin_port and cfg.admin_port + n - 1 > 65535:
+        print(f"replayer run: --admin-port {cfg.admin_port} + {n} workers exceeds 65535", file=sys.stderr)
+        return 2
     os.makedirs(results, exist_ok=True)
-    sim = None
-    target = cfg.target
-    if target is None:
-        port = _free_port()
-        sim = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--host", "127.0.0.1", "--port", str(port)],
-                               stdin=subprocess.DEVNULL)
-        target = f"http://127.0.0.1:{port}"
-    start_at = cfg.start_at or time.time() + 3.0 + 0.5 * n  # time for every worker to load the trace
-    procs = []
-    for i in range(n):
-        port = 0 if cfg.admin_port == 0 else cfg.admin_port + i
-        args = [sys.executable, "-m", "replayer", "run", *argv_flags, "--workers", "1", "--shard", f"{i}/{n}",
-                "--start-at", repr(start_at), "--results", os.path.join(results, f"worker-{i}"),
-                "--admin-port", str(port), "--target", target, "--quiet"]
-        procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL))
+    procs: list[subprocess.Popen] = []
 
     def forward(signum, frame):
         for p in procs:
@@ -85,9 +234,39 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
                 p.send_signal(signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    sim = None
+    codes: list[int] = []
     try:
-        codes = [p.wait() for p in procs]
+        target = cfg.target
+        if target is None:
+            port = _free_port()
+            sim = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--host", "127.0.0.1", "--port", str(port)],
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+            target = f"http://127.0.0.1:{port}"
+            if not _wait_health(target + "/health", sim, 30.0):
+                print(f"replayer run: the embedded simulator did not start at {target}", file=sys.stderr)
+                return 1
+        # time for every worker to import, load the trace and reach the target (a worker that is
+        # later anchors at its own start, out of step: the merge then warns)
+        start_at = cfg.start_at or time.time() + 4.0 + 0.5 * n
+        for i in range(n):
+            port = 0 if cfg.admin_port == 0 else cfg.admin_port + i
+            wdir = os.path.join(results, f"worker-{i}")
+            args = [sys.executable, "-m", "replayer", "run", *flags, "--workers", "1", "--shard", f"{i}/{n}",
+                    "--start-at", repr(start_at), "--results", wdir,
+                    "--admin-port", str(port), "--target", target, "--quiet"]
+            if cfg.resume and os.path.exists(os.path.join(wdir, "checkpoint.json")):
+                args += ["--resume", wdir]
+            procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True))
+        codes = [_exit_code(p.wait()) for p in procs]
     finally:
+        for p in procs:  # only if we got here by an exception: never leave workers behind
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
         for s, h in old.items():
             signal.signal(s, h)
         if sim is not None:
@@ -97,12 +276,13 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
             except subprocess.TimeoutExpired:
                 sim.kill()
     dirs = [os.path.join(results, f"worker-{i}") for i in range(n)]
-    try:
-        s = merge_results(dirs, results, quiet=cfg.quiet)
-        if not cfg.quiet:
-            print(f"merged {n} workers: {results}/summary.json", flush=True)
-        del s
-    except FileNotFoundError as e:
-        print(f"replayer: merge failed: {e}", file=sys.stderr)
-        return 1
-    return max(codes)
+    present = [d for d in dirs if result_files(d)]
+    for d in sorted(set(dirs) - set(present)):
+        print(f"replayer: {d} holds no results (worker failed before sending)", file=sys.stderr)
+    if not present:
+        print("replayer: merge failed: no worker wrote results", file=sys.stderr)
+        return max([1, *codes])
+    merge_results(present, results, quiet=cfg.quiet)
+    if not cfg.quiet:
+        print(f"merged {len(present)} of {n} workers: {results}/summary.json", flush=True)
+    return max([0 if len(present) == n else 1, *codes])

@@ -130,3 +130,178 @@ def test_k8s_ports_and_probes_line_up():
         assert sel.items() <= labels.items()
     assert "0.0.0.0" in c["args"]
     assert docs["Deployment"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 30
+
+
+# -- sharded replay across pods: deploy/k8s/sharded (Indexed Job + merge Job) -------------------
+
+SHARDED = DEPLOY / "k8s" / "sharded"
+
+
+def _sharded_docs():
+    docs = []
+    for path in sorted(SHARDED.glob("*.yaml")):
+        if path.name != "kustomization.yaml":
+            docs.extend((path.name, d) for d in yaml.safe_load_all(path.read_text()) if d)
+    return docs
+
+
+def _sharded_jobs():
+    jobs = {d["metadata"]["name"]: d for _, d in _sharded_docs() if d["kind"] == "Job"}
+    return jobs["replayer-shards"], jobs["replayer-shards-merge"]
+
+
+def _env(container) -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def test_k8s_sharded_manifests_validate_against_schemas():
+    kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (test extra)")
+    import jsonschema
+
+    crd_schema = json.loads((DEPLOY / "k8s" / "schemas" / "monitoring.coreos.com-v1.json").read_text())
+    kinds = []
+    for name, doc in _sharded_docs():
+        kinds.append(doc["kind"])
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            jsonschema.validate(doc, crd_schema)
+        else:
+            kv.validate(doc, kv.utils.latest_version(), strict=True)
+    assert sorted(kinds) == ["ConfigMap", "Job", "Job", "PersistentVolumeClaim", "Service", "ServiceMonitor"]
+    kust = yaml.safe_load((SHARDED / "kustomization.yaml").read_text())
+    assert sorted(kust["resources"]) == sorted(p.name for p in SHARDED.glob("*.yaml") if p.name != "kustomization.yaml")
+    bad = copy.deepcopy(_sharded_jobs()[0])
+    bad["spec"]["completionMode"] = "indexed"  # the enum is case-sensitive
+    bad["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
+    with pytest.raises(kv.ValidationError):
+        kv.validate(bad, kv.utils.latest_version(), strict=True)
+    kubectl = shutil.which("kubectl")
+    if kubectl:  # kustomize build, offline
+        out = subprocess.run([kubectl, "kustomize", str(SHARDED)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert sorted(d["kind"] for d in yaml.safe_load_all(out.stdout)) == sorted(kinds)
+
+
+def test_k8s_indexed_job_lines_up():
+    job, merge = _sharded_jobs()
+    spec = job["spec"]
+    pod = spec["template"]["spec"]
+    c = pod["containers"][0]
+    n = int(_env(c)["SHARDS"])
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == n == int(_env(merge["spec"]["template"]["spec"]["containers"][0])["SHARDS"])
+    assert pod["restartPolicy"] == "Never"  # required by backoffLimitPerIndex
+    assert pod["terminationGracePeriodSeconds"] > 30  # > --drain-timeout
+    # the shared start time: one ConfigMap key, in both Jobs
+    start = {"configMapKeyRef": {"name": "replayer-shards-start", "key": "START_AT"}}
+    assert _env(c)["START_AT"] == start
+    assert _env(merge["spec"]["template"]["spec"]["containers"][0])["START_AT"] == start
+    # metrics: a port named metrics on 9400, scraped by the PodMonitor and the shard ServiceMonitor
+    script = c["args"][0]
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
+    assert "--admin-port 9400" in script and "--admin-host 0.0.0.0" in script
+    labels = spec["template"]["metadata"]["labels"]
+    docs = {(d["kind"], d["metadata"]["name"]): d for _, d in _sharded_docs()}
+    podmon = yaml.safe_load((DEPLOY / "k8s" / "podmonitor.yaml").read_text())
+    assert podmon["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert podmon["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    svc = docs[("Service", "replayer-shards")]
+    sm = docs[("ServiceMonitor", "replayer-shards")]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics" and sm["spec"]["endpoints"][0]["port"] == "metrics"
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    # the merge pod is not a scrape target of the shard Service
+    assert not svc["spec"]["selector"].items() <= merge["spec"]["template"]["metadata"]["labels"].items()
+    # one ReadWriteMany volume, the same per-run folder in both Jobs
+    pvc = docs[("PersistentVolumeClaim", "replayer-results")]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    for j in (job, merge):
+        t = j["spec"]["template"]["spec"]
+        assert t["volumes"] == [{"name": "results", "persistentVolumeClaim": {"claimName": "replayer-results"}}]
+        assert t["containers"][0]["volumeMounts"] == [{"name": "results", "mountPath": "/results",
+                                                       "subPathExpr": "run-$(START_AT)"}]
+    assert "envFrom" in c and c["envFrom"][0]["configMapRef"]["name"] == docs[("ConfigMap", "replayer-shards")]["metadata"]["name"]
+
+
+def _k8s_expand(text: str, env: dict) -> str:
+    """Kubernetes' $(VAR) expansion of command/args: defined names are replaced, $$ is a $,
+    anything else stays as written."""
+    import re
+
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
+
+
+def _run_script(c, env: dict, results, tmp_path, timeout=30):
+    """Run a container's `sh -c` script locally with /results -> `results` and a `replayer`
+    stub that prints its arguments as JSON; returns (argv lists, stderr)."""
+    import os
+    import textwrap
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    stub = bin_dir / "replayer"
+    stub.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import json, sys
+        print(json.dumps(sys.argv[1:]))
+        """))
+    stub.chmod(0o755)
+    py = bin_dir / "python"
+    if not py.exists():
+        py.symlink_to(sys.executable)
+    assert c["command"] == ["/bin/sh", "-c"]
+    full_env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **env}
+    script = _k8s_expand(c["args"][0], full_env).replace("/results", str(results))
+    out = subprocess.run(["/bin/sh", "-c", script], env=full_env, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()], out.stderr
+
+
+def test_k8s_indexed_job_wrapper_runs_one_shard(tmp_path):
+    """The shard pod's shell wrapper, run locally as Kubernetes would (JOB_COMPLETION_INDEX set),
+    builds a valid `replayer run` for shard i/N with the shared start time; a retried pod resumes."""
+    import time
+
+    from replayer.cli import build_parser
+    from replayer.config import RunConfig, load_config
+
+    job, _ = _sharded_jobs()
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    cm = next(d for _, d in _sharded_docs() if d["kind"] == "ConfigMap")["data"]
+    trace = ROOT / "traces" / "mooncake_conversation_10min.parquet"
+    start_at = f"{time.time() + 120:.0f}"
+    env = {**cm, "TRACE": str(trace), "SHARDS": _env(c)["SHARDS"], "START_AT": start_at, "JOB_COMPLETION_INDEX": "2"}
+    results = tmp_path / "results"
+    (argv,), err = _run_script(c, env, results, tmp_path)
+    args = build_parser().parse_args(argv)
+    cfg = load_config({k: v for k, v in vars(args).items() if k in RunConfig.model_fields})
+    assert cfg.shard == f"2/{env['SHARDS']}" and cfg.start_at == float(start_at)
+    assert cfg.results == f"{results}/shard-2" and cfg.admin_port == 9400 and cfg.admin_host == "0.0.0.0"
+    assert cfg.target == cm["TARGET"] and cfg.trace == str(trace) and cfg.resume is None
+    assert "warning" not in err
+    # a retry of the same index (its folder has a checkpoint) resumes it
+    (results / "shard-2").mkdir(parents=True)
+    (results / "shard-2" / "checkpoint.json").write_text("{}")
+    (argv,), err = _run_script(c, {**env, "START_AT": f"{time.time() - 60:.0f}"}, results, tmp_path)
+    assert argv[argv.index("--resume") + 1] == f"{results}/shard-2"
+    assert "resuming" in err
+    # a pod that starts after START_AT says so
+    (argv,), err = _run_script(c, {**env, "START_AT": f"{time.time() - 60:.0f}", "JOB_COMPLETION_INDEX": "1"},
+                               results, tmp_path)
+    assert "--resume" not in argv and "START_AT passed" in err
+
+
+def test_k8s_merge_job_waits_for_every_shard(tmp_path):
+    _, merge = _sharded_jobs()
+    c = merge["spec"]["template"]["spec"]["containers"][0]
+    n = int(_env(c)["SHARDS"])
+    results = tmp_path / "results"
+    for i in range(n - 1):
+        (results / f"shard-{i}").mkdir(parents=True)
+        (results / f"shard-{i}" / "summary.json").write_text("{}")
+    with pytest.raises(subprocess.TimeoutExpired):  # the last shard has not finished
+        _run_script(c, {"SHARDS": str(n), "POLL_S": "0.1"}, results, tmp_path, timeout=1.5)
+    (results / f"shard-{n - 1}").mkdir()
+    (results / f"shard-{n - 1}" / "summary.json").write_text("{}")
+    (argv,), _ = _run_script(c, {"SHARDS": str(n), "POLL_S": "0.1"}, results, tmp_path)
+    assert argv == ["merge", *(f"{results}/shard-{i}" for i in range(n)), "-o", f"{results}/merged"]

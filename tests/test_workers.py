@@ -1,0 +1,243 @@
+"""Scale-out: N `replayer run --shard i/N` processes with one `--start-at` against one simulator
+add up to a single-process run (rows, send times, prompts, summary); `replayer merge`;
+`--workers N` end to end, including a terminal Ctrl-C (one drain, no cancellation)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import free_port
+
+from replayer.recorder import read_results, result_files
+from replayer.result import RequestResult, to_table
+from replayer.trace import read_trace
+from replayer.workers import _exit_code, _without_flag, merge_results
+
+SPEEDUP = 20
+SHARDS = 3
+# shorter decode steps than the default: the slice completes in a few seconds
+SIM_ARGS = ("--itl-base-ms", "2", "--itl-per-running-us", "0")
+COUNT_FIELDS = ("scheduled", "sent", "completed", "failed", "total_input_tokens", "total_output_tokens",
+                "prompt_token_mismatches")
+
+
+def _run(trace, url, results, *extra):
+    return subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace), "--target", url,
+                             "--speedup", str(SPEEDUP), "--results", str(results), "--admin-port", "0",
+                             "--quiet", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(procs, timeout=120):
+    for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        assert p.returncode == 0, err[-3000:]
+
+
+def _mono_minus_wall_ns() -> int:
+    """perf_counter_ns() - time_ns() (both clocks are system-wide on Linux), best of a few reads."""
+    best = None
+    for _ in range(50):
+        a = time.perf_counter_ns()
+        w = time.time_ns()
+        b = time.perf_counter_ns()
+        if best is None or b - a < best[0]:
+            best = (b - a, (a + b) // 2 - w)
+    return best[1]
+
+
+def _received_by_row(path, trace):
+    """The sim's recorded requests by trace row: rows are told apart by (input_length,
+    output_length), unique in the slice used here."""
+    key_row = {(int(trace.input_length[i]), int(trace.output_length[i])): i for i in range(len(trace))}
+    assert len(key_row) == len(trace), "slice has rows with equal lengths: pick another slice"
+    got = [orjson.loads(line) for line in path.read_text().splitlines()]
+    by_row = {}
+    for g in got:
+        row = key_row[(len(g["prompt"]), g["max_tokens"])]
+        assert row not in by_row, f"row {row} received twice"
+        by_row[row] = g
+    return by_row
+
+
+def test_shards_on_one_machine_add_up_to_a_single_run(tmp_path, mooncake_slice, sim_process):
+    trace_path = mooncake_slice(20)
+    trace = read_trace(str(trace_path))
+    n = len(trace)
+    assert n > 50 and trace.session_id is None  # no sessions: row r belongs to shard r % SHARDS
+    url_sharded, rec_sharded = sim_process(*SIM_ARGS)
+    url_single, rec_single = sim_process(*SIM_ARGS)
+    # every process must have loaded the trace and reached the target before the shared start:
+    # four processes starting at once on a busy 2-core machine took up to ~10 s
+    start_at = time.time() + 15.0
+    dirs = [tmp_path / f"shard-{i}" for i in range(SHARDS)]
+    procs = [_run(trace_path, url_sharded, d, "--shard", f"{i}/{SHARDS}", "--start-at", repr(start_at))
+             for i, d in enumerate(dirs)]
+    single = tmp_path / "single"
+    procs.append(_run(trace_path, url_single, single))
+    _finish(procs)
+
+    # every trace row exactly once over the union, each in its own shard
+    tables = [read_results(str(d)) for d in dirs]
+    rows = np.concatenate([t.column("row").to_numpy() for t in tables])
+    assert sorted(rows.tolist()) == list(range(n))
+    for i, t in enumerate(tables):
+        assert set(t.column("row").to_pylist()) == {r for r in range(n) if r % SHARDS == i}
+        assert set(t.column("outcome").to_pylist()) == {"success"}
+
+    # one anchor: every shard anchored at the shared start time
+    for d in dirs:
+        for f in result_files(str(d)):
+            wall = float(pq.read_schema(f).metadata[b"replayer.t0_wall_s"])
+            assert abs(wall - start_at) < 1e-3, f"{d} anchored {wall - start_at:.1f} s late: start-up too slow"
+
+    # sent at its time: due = trace offset / speedup, never early, never grossly late (a shard on
+    # another anchor would be seconds off)
+    res = pa.concat_tables(tables).to_pylist()
+    for r in res:
+        expected_due = trace.timestamp_ns[r["row"]] / SPEEDUP
+        assert abs(r["due_ns"] - expected_due) <= 1_000_000, r
+        assert 0 <= r["sent_ns"] - r["due_ns"] < 1_000_000_000, r
+    due_of = {r["row"]: r["due_ns"] for r in res}
+
+    # what the one simulator saw: every row once, never before its due time on the shared anchor
+    # (all processes share the machine's monotonic clock), and in due order across the shards.
+    # (How late it arrived measures the simulator, which is CPU-bound here, not the senders.)
+    received = _received_by_row(rec_sharded, trace)
+    assert sorted(received) == list(range(n))
+    t0_mono_ns = round(start_at * 1e9) + _mono_minus_wall_ns()
+    for row, g in received.items():
+        at = g["arrival_ns"] - t0_mono_ns
+        assert at >= due_of[row] - 2_000_000, (row, at, due_of[row])  # 2 ms: clock reads
+    arrival_order = sorted(received, key=lambda r: received[r]["arrival_ns"])
+    dues = np.array([due_of[r] for r in arrival_order])
+    # a request may overtake one due at most 100 ms before it (sent by another process at about
+    # the same time); rows due at distinct trace times here are >= 150 ms apart
+    assert (np.maximum.accumulate(dues) - dues).max() <= 100_000_000
+
+    # byte-identical prompts per row to a single-process run of the same trace and seed
+    received_single = _received_by_row(rec_single, trace)
+    assert sorted(received_single) == list(range(n))
+    for row in range(n):
+        a, b = received[row], received_single[row]
+        assert a["prompt"] == b["prompt"], f"row {row}: prompt differs"
+        assert (a["max_tokens"], a["min_tokens"], a["ignore_eos"]) == (b["max_tokens"], b["min_tokens"], b["ignore_eos"])
+        assert len(a["prompt"]) == trace.input_length[row]
+
+    # `replayer merge` of the shards == the single run, in counts and tokens
+    merged = tmp_path / "merged"
+    out = subprocess.run([sys.executable, "-m", "replayer", "merge", *map(str, dirs), "-o", str(merged)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "Successful requests" in out.stdout
+    m = json.loads((merged / "summary.json").read_text())
+    s1 = json.loads((single / "summary.json").read_text())
+    assert {k: m[k] for k in COUNT_FIELDS} == {k: s1[k] for k in COUNT_FIELDS}
+    assert m["completed"] == n and m["prompt_token_mismatches"] == 0
+    assert m["shards"] == [f"{i}/{SHARDS}" for i in range(SHARDS)]
+    assert m["duplicate_rows"] == 0 and m["merge_warnings"] == []
+    assert m["anchor_spread_s"] < 1e-3
+    assert 0 < m["duration"] < 60
+
+    # merge notices a missing shard and a folder given twice
+    part = merge_results([str(dirs[0]), str(dirs[1])], quiet=True)
+    assert any("2/3" in w for w in part["merge_warnings"])
+    twice = merge_results([str(dirs[0]), str(dirs[0])], quiet=True)
+    assert twice["duplicate_rows"] == len(tables[0])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = subprocess.run([sys.executable, "-m", "replayer", "merge", str(empty)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 1 and "no results" in out.stderr
+
+
+def test_workers_end_to_end(tmp_path, mooncake_slice):
+    trace_path = mooncake_slice(20)
+    n = len(read_trace(str(trace_path)))
+    results = tmp_path / "res"
+    out = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace_path), "--workers", "2",
+                          "--speedup", str(SPEEDUP), "--results", str(results), "--admin-port", "0", "--quiet"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    s = json.loads((results / "summary.json").read_text())
+    assert s["completed"] == s["scheduled"] == n and s["failed"] == 0
+    assert s["shards"] == ["0/2", "1/2"] and s["duplicate_rows"] == 0
+    for i in range(2):
+        w = json.loads((results / f"worker-{i}" / "summary.json").read_text())
+        assert w["shard"] == f"{i}/2" and w["completed"] > 0
+    rows = read_results(str(results / "worker-0")).column("row").to_pylist() + \
+        read_results(str(results / "worker-1")).column("row").to_pylist()
+    assert sorted(rows) == list(range(n))
+
+
+def test_workers_terminal_ctrl_c_drains_once(tmp_path, mooncake_slice):
+    """A Ctrl-C at a terminal signals the whole foreground process group. The workers must get
+    it once (drain: in-flight requests complete) and the simulator must outlive the drain."""
+    trace_path = mooncake_slice(20)
+    results = tmp_path / "res"
+    port = free_port()
+    parent = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace_path), "--workers", "2",
+                               "--speedup", "5", "--results", str(results), "--admin-port", str(port), "--quiet"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # mid-dispatch: both workers have sent something (the schedule lasts 4 s)
+            assert time.monotonic() < deadline and parent.poll() is None, "workers did not start sending"
+            try:
+                if all(_status(port + i)["sent"] > 0 for i in range(2)):
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        os.killpg(parent.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        out, err = parent.communicate(timeout=120)
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+    assert parent.returncode == 0, err[-3000:]
+    s = json.loads((results / "summary.json").read_text())
+    assert s["sent"] > 0 and s["not_started"] > 0  # stopped early ...
+    assert s["cancelled"] == 0 and s["failed"] == 0  # ... by draining: nothing cut off
+    assert s["completed"] == s["sent"]
+    assert "again: cancelling" not in err  # no worker saw a second signal
+
+
+def _status(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2) as r:
+        return json.loads(r.read())
+
+
+def test_merge_puts_shards_on_one_time_axis(tmp_path):
+    """Shards anchored 10 s apart (one pod started late): the merged duration spans both."""
+    dirs = []
+    for i, wall in enumerate((1000.0, 1010.0)):
+        d = tmp_path / f"shard-{i}"
+        d.mkdir()
+        t = to_table([RequestResult(row=i, due_ns=0, sent_ns=0, end_ns=1_000_000_000, outcome="success",
+                                    prompt_tokens=5, completion_tokens=3, input_length=5, output_length=3)])
+        meta = {b"replayer.t0_wall_s": repr(wall).encode(),
+                b"replayer.config": json.dumps({"shard": f"{i}/2"}).encode()}
+        pq.write_table(t.replace_schema_metadata(meta), d / "requests.parquet")
+        dirs.append(str(d))
+    s = merge_results(dirs, str(tmp_path / "m"), quiet=True)
+    assert s["duration"] == pytest.approx(11.0)
+    assert s["anchor_spread_s"] == pytest.approx(10.0)
+    assert s["completed"] == 2 and s["total_output_tokens"] == 6
+    assert s["shards"] == ["0/2", "1/2"]
+    assert len(s["merge_warnings"]) == 1 and "10.000 s apart" in s["merge_warnings"][0]
+    assert json.loads((tmp_path / "m" / "summary.json").read_text())["completed"] == 2
+
+
+def test_worker_helpers():
+    assert _without_flag(["t.jsonl", "--resume", "r", "--seed", "1"], "--resume") == ["t.jsonl", "--seed", "1"]
+    assert _exit_code(0) == 0 and _exit_code(2) == 2 and _exit_code(-signal.SIGKILL) == 137
+    assert max(_exit_code(c) for c in (0, -9)) == 137  # a killed worker is not a success
