@@ -30,10 +30,12 @@ class Anchor:
     @classmethod
     def at(cls, delay_s: float = 0.0, start_wall_s: float | None = None) -> "Anchor":
         """An anchor ``delay_s`` from now, or at wall-clock time ``start_wall_s`` when given
-        (aligns processes on different machines; a start time in the past anchors now)."""
+        (aligns processes on different machines). A start time already past is kept: a shard that
+        starts late sends its overdue requests at once, with their lag recorded, and then keeps
+        step with the other shards."""
         mono, wall = now_ns(), time.time()
         if start_wall_s is not None:
-            delay_s = max(0.0, start_wall_s - wall)
+            delay_s = start_wall_s - wall
         d_ns = int(delay_s * 1e9)
         return cls(t0_ns=mono + d_ns, wall_s=wall + d_ns / 1e9)
 

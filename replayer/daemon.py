@@ -323,7 +323,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     def unsent(sb: ScheduleBatch, j: int) -> RequestResult:
         t = sb.batch
         i = int(sb.idx[j])
-        return RequestResult(row=int(sb.rows[j]), loop=sb.loop, due_ns=timeline.due(int(sb.trace_ns[j])),
+        return RequestResult(row=int(sb.rows[j]), loop=sb.loop, shard=shard, due_ns=timeline.due(int(sb.trace_ns[j])),
                              input_length=int(t.input_length[i]), output_length=int(t.output_length[i]))
 
     meta = {"replayer.version": __version__, "replayer.t0_wall_s": repr(anchor.wall_s),
@@ -348,7 +348,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     dispatcher = Dispatcher(batches, prepare, client.send, recorder.add, t0_ns=anchor.t0_ns, timeline=timeline,
                             unsent=unsent, observer=acct, lead_ns=int(cfg.lead_s * 1e9),
                             drain_timeout_s=cfg.drain_timeout_s, duration_ns=duration_ns,
-                            rebase_first=bool(cfg.resume), on_idle=gc_pacer.idle)
+                            rebase_first=bool(cfg.resume), on_idle=gc_pacer.idle, shard=shard)
     dispatcher_ref.append(dispatcher)
     dispatcher_box.append(dispatcher)
     metrics.track_due(count_due=dispatcher.due_count)

@@ -90,7 +90,8 @@ class Dispatcher:
                  unsent: Callable[[ScheduleBatch, int], RequestResult],
                  observer: Observer | None = None, lead_ns: int = 500_000_000,
                  drain_timeout_s: float = 30.0, duration_ns: int | None = None,
-                 rebase_first: bool = False, on_idle: Callable[[int], None] | None = None) -> None:
+                 rebase_first: bool = False, on_idle: Callable[[int], None] | None = None,
+                 shard: int = 0) -> None:
         self._feeder = BatchFeeder(batches)
         self._prepare = prepare
         self._send = send
@@ -104,6 +105,7 @@ class Dispatcher:
         self.duration_ns = duration_ns
         self._rebase = rebase_first  # resume: the first request is due at wall0, not at its trace time
         self._on_idle = on_idle      # called with the slack (ns) before a wait (GC pacing)
+        self.shard = shard
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()   # timeline changed (pause/resume/speed-up) or stop
         self._idle = asyncio.Event()
@@ -242,7 +244,7 @@ class Dispatcher:
                 await asyncio.sleep(0)
 
     def _fire(self, req: PreparedRequest, now_rel: int) -> None:
-        res = RequestResult(row=req.row, loop=req.loop, input_length=req.input_length,
+        res = RequestResult(row=req.row, loop=req.loop, shard=self.shard, input_length=req.input_length,
                             output_length=req.output_length, prompt_len_sent=req.prompt_len,
                             max_tokens=req.max_tokens, due_ns=req.due_ns,
                             expected_prefix_hit_tokens=req.expected_hits)
@@ -301,7 +303,7 @@ class Dispatcher:
         if not self.stopping:
             return
         for req, _ in self._pending:
-            res = RequestResult(row=req.row, loop=req.loop, input_length=req.input_length,
+            res = RequestResult(row=req.row, loop=req.loop, shard=self.shard, input_length=req.input_length,
                                 output_length=req.output_length, due_ns=self.timeline.due(req.trace_ns))
             self.not_started += 1
             self._deliver(res)
