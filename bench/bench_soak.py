@@ -161,6 +161,7 @@ def main() -> int:
     run = None
     sampler = None
     terminated = False
+    t_term = float("inf")
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -183,6 +184,7 @@ def main() -> int:
                 print(f"# {el:.0f} s: time box reached, SIGTERM to the replayer (drain + flush)", flush=True)
                 run.send_signal(signal.SIGTERM)
                 terminated = True
+                t_term = time.monotonic() - sampler.t0
             if el >= next_print and sampler.samples:
                 s = sampler.samples[-1]
                 print(f"# t={s[0]:6.0f}s rss {s[1]:7.1f} MB sent {s[2]} completed {s[3]} in_flight {s[4]} "
@@ -210,7 +212,9 @@ def main() -> int:
             f.write("t_s,rss_mb,sent,completed,in_flight,state,sim_rss_mb\n")
             for s in samples:
                 f.write(",".join("" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x)) for x in s) + "\n")
-    running = [s for s in samples if s[5] in ("running", "draining") and s[3] is not None]
+    # samples while issuing requests (before the time box's SIGTERM: the stop records the rest of the
+    # current trace batch as not_started, a transient that is not steady-state memory)
+    running = [s for s in samples if s[5] == "running" and s[3] is not None and s[0] < t_term - 1]
     if not running:
         print("no samples while running; see", os.path.join(work, "run.err"))
         return 1
@@ -222,6 +226,8 @@ def main() -> int:
     max_inflight = max(s[4] for s in running)
     slope_pts = [(s[3] / 1e5, s[1]) for s in running if s[3] >= 100_000]
     slope = _slope(slope_pts)
+    late_pts = [(s[3] / 1e5, s[1]) for s in running if s[3] >= 200_000]
+    slope_late = _slope(late_pts)
     run_s = last[0] - first_run[0]
     rps = (last[3] - first_run[3]) / run_s if run_s > 0 else 0.0
     on_disk, n_rolled, n_parts = _rows_on_disk(results)
@@ -246,6 +252,9 @@ def main() -> int:
         print(f"{'growth ~100k -> last (MB)':44s} {last[1] - at100k[1]:+.1f} over {last[3] - at100k[3]:,} requests")
     print(f"{'RSS slope past 100k (MB per 100k requests)':44s} "
           f"{'n/a' if slope is None else f'{slope:+.2f}'} ({len(slope_pts)} samples)")
+    print(f"{'RSS slope past 200k (MB per 100k requests)':44s} "
+          f"{'n/a' if slope_late is None else f'{slope_late:+.2f}'} ({len(late_pts)} samples; after the first "
+          "loop/roll and the prompt-block LRU filled)")
     print(f"{'peak RSS while running / overall (MB)':44s} {peak_running:.1f} / {peak:.1f} (overall includes the "
           "final read_results + summary)")
     print(f"{'max in-flight (sampled)':44s} {max_inflight}")

@@ -1,15 +1,12 @@
 """Outcome and error-kind enums: the closed label sets for results and metrics.
 
-This is the only module that names aiohttp exceptions (``classify_exception``). Every request
-ends as exactly one ``Outcome``; failed requests carry exactly one ``ErrorKind``.
+Every request ends as exactly one ``Outcome``; failed requests carry exactly one ``ErrorKind``
+(the client maps transport failures to kinds where they happen: ``replayer.client``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
-
-import aiohttp
 
 
 class Outcome(str, enum.Enum):
@@ -34,22 +31,3 @@ class ErrorKind(str, enum.Enum):
     INCOMPLETE = "incomplete"      # stream ended with no finish_reason, [DONE] or usage
     CANCELLED = "cancelled"        # cancelled by shutdown
     CLIENT = "client"              # any other client-side exception (a bug worth reporting)
-
-
-def classify_exception(exc: BaseException) -> ErrorKind:
-    """Map a transport exception raised while sending or reading a request to an ErrorKind.
-
-    ``asyncio.CancelledError`` is never passed here: callers re-raise it.
-    """
-    if isinstance(exc, (asyncio.TimeoutError, TimeoutError, aiohttp.ServerTimeoutError)):
-        return ErrorKind.TIMEOUT
-    if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ClientSSLError, ConnectionRefusedError)):
-        return ErrorKind.CONNECT
-    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError,
-                        aiohttp.ClientOSError, ConnectionResetError)):
-        return ErrorKind.DISCONNECT
-    if isinstance(exc, aiohttp.ClientResponseError):
-        return ErrorKind.HTTP_STATUS
-    if isinstance(exc, aiohttp.ClientError):
-        return ErrorKind.CONNECT
-    return ErrorKind.CLIENT
