@@ -69,7 +69,7 @@ class RunConfig(BaseModel):
     ready_timeout_s: float = Field(60.0, ge=0, description="wait this long for the target to answer at start")
     drain_timeout_s: float = Field(30.0, ge=0, description="on stop, wait this long for in-flight requests")
     lead_s: float = Field(0.5, gt=0, le=60, description="build request bodies this far ahead of their due time")
-    start_delay_s: float = Field(1.0, ge=0, description="anchor the schedule this long after start-up")
+    start_delay_s: float = Field(0.5, ge=0, description="anchor the schedule this long after start-up")
     flush_rows: int = Field(2000, ge=1, description="write a results row group every N results")
     flush_interval_s: float = Field(2.0, gt=0, description="or every this many seconds")
     roll_rows: int | None = Field(None, ge=1, description="start a new results file every N results (soak)")
@@ -81,8 +81,9 @@ class RunConfig(BaseModel):
     scrape_interval_s: float = Field(5.0, gt=0, description="target /metrics scrape interval")
     kv_block_size: int = Field(16, ge=1, description="the server's KV block in tokens, for the expected "
                                "prefix-cache hits (vLLM GPU 16, vLLM CPU 128)")
-    expected_cache_tokens: int | None = Field(None, ge=1, description="LRU capacity in tokens of the "
-                                              "expected prefix-cache model (none = infinite)")
+    expected_cache_tokens: int | None = Field(64_000_000, ge=1, description="LRU capacity in tokens of "
+                                              "the expected prefix-cache model (bounds its memory on long "
+                                              "runs; larger than any server's KV cache; none = infinite)")
     strict: bool = Field(False, description="treat out-of-order timestamps in the trace as an error")
     quiet: bool = Field(False, description="no progress lines or summary table on the terminal")
     log_format: str = Field("text", description="log lines as text or json (one object per line)")

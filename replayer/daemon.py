@@ -136,7 +136,7 @@ async def wait_ready(base_url: str, timeout_s: float, api_key: str | None) -> li
                 last = f"{type(e).__name__}: {e}"
             if time.monotonic() >= deadline:
                 raise StartupError(f"target {base_url} not ready after {timeout_s:.0f} s ({last})")
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.05)
 
 
 def _results_dir(cfg: RunConfig) -> str:
@@ -246,28 +246,29 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
     """
     state = state or RunState()
     registry = registry or CollectorRegistry()
-    open_batches, block_size, n_rows = open_batches_factory(cfg)
-    prompts = Prompts(cfg, cfg.block_size or block_size)
-    results_dir = _results_dir(cfg)
-    state.results = results_dir
-    metrics = ReplayerMetrics(registry, config_info={
-        "speedup": str(cfg.speedup), "trace": os.path.basename(cfg.trace), "endpoint": cfg.endpoint,
-        "shard": cfg.shard, "loop": cfg.loop})
-    metrics.set_trace(rows=n_rows or 0, duration_s=0.0, speedup=cfg.speedup)
-    dispatcher_ref: list[Dispatcher] = []
-    admin = AdminServer(registry, status=lambda: {**_status(state, dispatcher_ref), **metrics.snapshot()},
-                        ready=lambda: state.state in ("running", "draining"),
-                        control=lambda: dispatcher_ref[0] if dispatcher_ref else None,
-                        token=cfg.control_token())
-    admin_url = await admin.start(cfg.admin_host, cfg.admin_port)
-    log.info("admin server on %s (/metrics, /status)", admin_url)
     sim_proc = None
-    api_key = cfg.api_key()
+    admin: AdminServer | None = None
     try:
         target = cfg.target
-        if target is None:
+        if target is None:  # start it first: it boots in its own process while we load the trace
             sim_proc, target = await start_embedded_sim()
-            log.info("no --target: started the embedded simulator at %s", target)
+            log.info("no --target: starting the embedded simulator at %s", target)
+        open_batches, block_size, n_rows = open_batches_factory(cfg)
+        prompts = Prompts(cfg, cfg.block_size or block_size)
+        results_dir = _results_dir(cfg)
+        state.results = results_dir
+        metrics = ReplayerMetrics(registry, config_info={
+            "speedup": str(cfg.speedup), "trace": os.path.basename(cfg.trace), "endpoint": cfg.endpoint,
+            "shard": cfg.shard, "loop": cfg.loop})
+        metrics.set_trace(rows=n_rows or 0, duration_s=0.0, speedup=cfg.speedup)
+        dispatcher_ref: list[Dispatcher] = []
+        admin = AdminServer(registry, status=lambda: {**_status(state, dispatcher_ref), **metrics.snapshot()},
+                            ready=lambda: state.state in ("running", "draining"),
+                            control=lambda: dispatcher_ref[0] if dispatcher_ref else None,
+                            token=cfg.control_token())
+        admin_url = await admin.start(cfg.admin_host, cfg.admin_port)
+        log.info("admin server on %s (/metrics, /status)", admin_url)
+        api_key = cfg.api_key()
         state.target = target
         models = await wait_ready(target, cfg.ready_timeout_s if cfg.target else 30.0, api_key)
         model = cfg.model or (models[0] if models else None)
@@ -278,7 +279,8 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
         summary = await _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, metrics,
                                 state, results_dir, model, dispatcher_ref)
     finally:
-        await admin.stop()
+        if admin is not None:
+            await admin.stop()
         if sim_proc is not None and sim_proc.returncode is None:
             sim_proc.terminate()
             try:
