@@ -11,14 +11,11 @@ import sys
 import types
 import typing
 
-from .config import ConfigError, RunConfig, load_config
+from .config import ConfigError, RunConfig, flag_name, load_config
 
 POSITIONAL = ("trace",)
 
 
-def flag_name(field: str) -> str:
-    """``read_timeout_s`` -> ``--read-timeout`` (the unit goes to the help text)."""
-    return "--" + field.removesuffix("_s").replace("_", "-")
 
 
 def _base_type(annotation: object) -> type:
@@ -59,7 +56,13 @@ def read_config_file(path: str) -> dict:
         raise ConfigError([f"config: {path} must hold a mapping of setting: value"])
     unknown = sorted(set(data) - set(RunConfig.model_fields))
     if unknown:
-        raise ConfigError([f"config: {path}: unknown setting {k!r}" for k in unknown])
+        import difflib
+
+        def hint(k: str) -> str:
+            close = difflib.get_close_matches(str(k), list(RunConfig.model_fields), n=1)
+            return f" (did you mean {close[0]!r}?)" if close else ""
+
+        raise ConfigError([f"config: {path}: unknown setting {k!r}{hint(k)}" for k in unknown])
     return data
 
 
@@ -84,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "OpenAI-compatible servers, open-loop and token-exact.")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="replay a trace (against the embedded simulator if no --target)",
-                         description="Replay a trace. Settings come from --config FILE (YAML, keys = the "
-                         "flag names with underscores) and are overridden by flags.")
+                         description="Replay a trace. Settings come from --config FILE (YAML; keys are "
+                         "the setting names: the flag without '--', dashes as underscores, and '_s' "
+                         "appended for settings in seconds, e.g. read_timeout_s) and are overridden by flags.")
     run.add_argument("--config", dest="config_file", default=None, metavar="FILE",
                      help="YAML file of settings (see configs/); flags override it")
     add_config_flags(run)

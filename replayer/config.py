@@ -25,7 +25,8 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    trace: str = Field(description="trace file (canonical Parquet or Mooncake JSONL)")
+    trace: str = Field(description="trace: canonical Parquet (file, folder or glob), Mooncake JSONL, "
+                       "Azure CSV, or generic JSONL/CSV with --map")
     format: str = Field("auto", description="trace format: auto, parquet, mooncake, azure, jsonl, csv")
     map: str | None = Field(None, description="column mapping for generic traces, e.g. timestamp=ts,input_length=n_in")
     time_unit: str | None = Field(None, description="timestamp unit of generic traces: s, ms, us, ns or datetime")
@@ -209,14 +210,25 @@ class RunConfig(BaseModel):
         return os.environ.get(self.api_key_env) or None
 
 
+def flag_name(field: str) -> str:
+    """The CLI flag of a RunConfig field: ``read_timeout_s`` -> ``--read-timeout``."""
+    return "--" + field.removesuffix("_s").replace("_", "-")
+
+
 def load_config(values: dict) -> RunConfig:
-    """Validate ``values`` into a RunConfig, or raise ConfigError listing every problem."""
+    """Validate ``values`` into a RunConfig, or raise ConfigError listing every problem, each
+    naming the setting (and its flag) and the value given."""
     try:
         return RunConfig(**values)
     except ValidationError as e:
         problems = []
         for err in e.errors():
-            loc = ".".join(str(x) for x in err["loc"]) or "config"
+            name = ".".join(str(x) for x in err["loc"])
             msg = err["msg"].removeprefix("Value error, ")
-            problems.append(f"{loc}: {msg}")
+            if name in RunConfig.model_fields and name != "trace":
+                where = f"{name} ({flag_name(name)})"
+            else:
+                where = name or "config"
+            got = f" (got {err['input']!r})" if err.get("type") != "missing" and name else ""
+            problems.append(f"{where}: {msg}{got}")
         raise ConfigError(problems) from None
