@@ -139,9 +139,14 @@ def main(argv: list[str] | None = None) -> int:
             skip = {"workers", "shard", "results", "start_at", "admin_port", "target", "quiet", "config_file"}
             passthrough = _flags_for(cfg, skip)
             return run_workers(cfg, passthrough)
+        sim = None
+        if cfg.target is None:  # boot the simulator on the other core while the daemon imports
+            from .simproc import spawn_sim
+
+            sim = spawn_sim()
         from .daemon import main_run
 
-        return main_run(cfg)
+        return main_run(cfg, sim=sim)
     if args.command == "merge":
         from .workers import main_merge
 

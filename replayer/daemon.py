@@ -9,11 +9,11 @@ cancels in-flight requests at once. Results already measured are flushed in ever
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -39,6 +39,7 @@ from .payload import PayloadBuilder, PreparedRequest
 from .prompts import PromptBuilder, TextPromptBuilder, mix64, vocab_from_range, vocab_from_tokenizer
 from .recorder import Recorder, read_results
 from .result import RequestResult
+from .simproc import spawn_sim, stop_sim
 from .schedule import ScheduleBatch, Timeline, iter_schedule
 from .summary import format_summary, summarize
 from .trace import open_trace
@@ -100,22 +101,6 @@ class _Accounting(Observer):
             if lag > s.watch_max_lag_ms:
                 s.watch_max_lag_ms = lag
         self.m.on_result(res)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def start_embedded_sim(extra_args: list[str] | None = None) -> tuple[asyncio.subprocess.Process, str]:
-    """Start ``replayer sim`` in a child process on a free loopback port (its own CPU core, so
-    it does not disturb the replayer's timing). Returns the process and its base URL."""
-    port = _free_port()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "replayer", "sim", "--host", "127.0.0.1", "--port", str(port), *(extra_args or []),
-        stdin=asyncio.subprocess.DEVNULL)
-    return proc, f"http://127.0.0.1:{port}"
 
 
 async def wait_ready(base_url: str, timeout_s: float, api_key: str | None) -> list[str]:
@@ -239,19 +224,21 @@ def open_batches_factory(cfg: RunConfig):
 
 
 async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = None,
-                     state: RunState | None = None) -> dict:
+                     state: RunState | None = None, sim: tuple | None = None) -> dict:
     """Run one replay as configured; returns the summary dict (also in RESULTS/summary.json).
 
     Raises StartupError (nothing sent) for an unreachable target; trace.TraceError for a bad trace.
+    ``sim``: an embedded simulator already spawned by the caller (``simproc.spawn_sim``), used
+    (and stopped) when no ``--target`` is given.
     """
     state = state or RunState()
     registry = registry or CollectorRegistry()
-    sim_proc = None
+    sim_proc = sim[0] if sim else None
     admin: AdminServer | None = None
     try:
         target = cfg.target
         if target is None:  # start it first: it boots in its own process while we load the trace
-            sim_proc, target = await start_embedded_sim()
+            sim_proc, target = sim if sim else spawn_sim()
             log.info("no --target: starting the embedded simulator at %s", target)
         open_batches, block_size, n_rows = open_batches_factory(cfg)
         prompts = Prompts(cfg, cfg.block_size or block_size)
@@ -281,12 +268,8 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
     finally:
         if admin is not None:
             await admin.stop()
-        if sim_proc is not None and sim_proc.returncode is None:
-            sim_proc.terminate()
-            try:
-                await asyncio.wait_for(sim_proc.wait(), 10)
-            except TimeoutError:
-                sim_proc.kill()
+        if sim_proc is not None:
+            await asyncio.get_running_loop().run_in_executor(None, stop_sim, sim_proc)
     return summary
 
 
@@ -301,6 +284,10 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     # GC at moments of the dispatcher's choosing (replayer.gcpacer): never when a burst is due.
     gc_pacer = GcPacer()
     gc_pacer.start()
+    # read the first trace batch before anchoring, so the first requests are not late by its read
+    first = await loop.run_in_executor(None, next, batches, None)
+    if first is not None:
+        batches = itertools.chain((first,), batches)
     anchor = Anchor.at(cfg.start_delay_s, start_wall_s=cfg.start_at)
     timeline = Timeline(cfg.speedup)
 
@@ -480,7 +467,7 @@ async def _progress(state: RunState, dispatcher: Dispatcher, anchor: Anchor, eve
         state.window_max_lag_ms = 0.0
 
 
-def main_run(cfg: RunConfig) -> int:
+def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     """Run with uvloop; exit code 0 on a finished replay, 2 on a startup/trace error."""
     import uvloop
 
@@ -492,7 +479,7 @@ def main_run(cfg: RunConfig) -> int:
     # text or one JSON object per line (--log-format); the API key and control token are redacted
     setup_logging(cfg.log_format, cfg.log_level, secrets=(cfg.api_key(), cfg.control_token()))
     try:
-        uvloop.run(run_replay(cfg))
+        uvloop.run(run_replay(cfg, sim=sim))
     except (StartupError, TraceError) as e:
         print(f"replayer: error: {e}", file=sys.stderr)
         return 2

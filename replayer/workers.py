@@ -31,6 +31,7 @@ import urllib.request
 import numpy as np
 
 from .config import RunConfig
+from .simproc import free_port
 from .recorder import result_files
 from .summary import format_summary, summarize
 
@@ -172,14 +173,6 @@ def main_merge(dirs: list[str], output: str | None) -> int:
     return 0
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_health(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
     """Poll ``url`` until it answers 200 (True), ``proc`` exits or ``timeout_s`` passes (False)."""
     deadline = time.monotonic() + timeout_s
@@ -239,7 +232,7 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     try:
         target = cfg.target
         if target is None:
-            port = _free_port()
+            port = free_port()
             sim = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--host", "127.0.0.1", "--port", str(port)],
                                    stdin=subprocess.DEVNULL, start_new_session=True)
             target = f"http://127.0.0.1:{port}"

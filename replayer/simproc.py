@@ -1,0 +1,38 @@
+"""The embedded simulator as a child process: spawn it on a free loopback port, stop it.
+
+Kept free of heavy imports so ``replayer run`` can start the simulator first thing, letting it
+boot on the other core while the replayer itself imports and loads the trace.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_sim(extra_args: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+    """Start ``replayer sim`` on a free loopback port; returns the process and its base URL.
+    Readiness is the caller's to wait for (``GET /v1/models``)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--host", "127.0.0.1", "--port", str(port),
+                             *(extra_args or [])], stdin=subprocess.DEVNULL)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def stop_sim(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after ``timeout_s``. Blocking."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
