@@ -70,7 +70,7 @@ class RunConfig(BaseModel):
     ready_timeout_s: float = Field(60.0, ge=0, description="wait this long for the target to answer at start")
     drain_timeout_s: float = Field(30.0, ge=0, description="on stop, wait this long for in-flight requests")
     lead_s: float = Field(0.5, gt=0, le=60, description="build request bodies this far ahead of their due time")
-    start_delay_s: float = Field(0.2, ge=0, description="anchor the schedule this long after start-up")
+    start_delay_s: float = Field(0.1, ge=0, description="anchor the schedule this long after start-up")
     flush_rows: int = Field(2000, ge=1, description="write a results row group every N results")
     flush_interval_s: float = Field(2.0, gt=0, description="or every this many seconds")
     roll_rows: int | None = Field(None, ge=1, description="start a new results file every N results (soak)")
