@@ -38,6 +38,7 @@ from .target_metrics import TargetScraper, save_samples
 from .payload import PayloadBuilder, PreparedRequest
 from .prompts import PromptBuilder, TextPromptBuilder, mix64, vocab_from_range, vocab_from_tokenizer
 from .recorder import Recorder, read_results
+from .recorder import warm_up as recorder_warm_up
 from .result import RequestResult
 from .simproc import spawn_sim, stop_sim
 from .schedule import ScheduleBatch, Timeline, iter_schedule
@@ -240,6 +241,8 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
         if target is None:  # start it first: it boots in its own process while we load the trace
             sim_proc, target = sim if sim else spawn_sim()
             log.info("no --target: starting the embedded simulator at %s", target)
+        # warm the results writer in a thread while the trace loads and the target comes up
+        warming = asyncio.get_running_loop().run_in_executor(None, recorder_warm_up)
         open_batches, block_size, n_rows = open_batches_factory(cfg)
         prompts = Prompts(cfg, cfg.block_size or block_size)
         results_dir = _results_dir(cfg)
@@ -263,6 +266,7 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
             raise StartupError(f"target {target} lists no model: pass --model")
         payload = PayloadBuilder(model, vllm_extensions=cfg.vllm_extensions,
                                  chat="chat/completions" in cfg.endpoint)
+        await warming
         summary = await _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, metrics,
                                 state, results_dir, model, dispatcher_ref)
     finally:

@@ -144,6 +144,14 @@ class Recorder:
             self._roll(final=True)
 
 
+def warm_up() -> None:
+    """Build and encode one results table off the clock: pyarrow's first conversion takes ~0.5 s
+    (lazy initialisation) and holds the GIL, which would stall the event loop mid-replay."""
+    import io
+
+    pq.write_table(to_table([RequestResult(row=0, itl_ms=[1.0])]), io.BytesIO(), compression="zstd")
+
+
 def result_files(results_dir: str) -> list[str]:
     """Every results file of a results folder: rolled files, then parts not yet rolled."""
     files = sorted(glob.glob(os.path.join(results_dir, "requests*.parquet")))
