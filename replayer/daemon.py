@@ -301,12 +301,13 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         t = sb.batch
         i = int(sb.idx[j])
         n_in, n_out = int(t.input_length[i]), int(t.output_length[i])
+        hash_ids = t.hash_ids(i)
         if text_mode:
-            body = payload.text_body(prompts.text_for_loop(sb.loop).prompt_text(t.hash_ids(i), n_in), n_out)
+            body = payload.text_body(prompts.text_for_loop(sb.loop).prompt_text(hash_ids, n_in), n_out)
         else:
-            body = payload.body(prompts.for_loop(sb.loop).prompt_json(t.hash_ids(i), n_in), n_out)
+            body = payload.body(prompts.for_loop(sb.loop).prompt_json(hash_ids, n_in), n_out)
         trace_ns = int(sb.trace_ns[j])
-        hits = prompts.expected_cache(sb.loop).observe(t.hash_ids(i), n_in)
+        hits = prompts.expected_cache(sb.loop).observe(hash_ids, n_in)
         metrics.on_scheduled(1)
         metrics.on_expected_prefix_cache(n_in, hits)
         return PreparedRequest(index=sb.first_index + j, row=int(sb.rows[j]), due_ns=timeline.due(trace_ns),

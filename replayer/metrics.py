@@ -226,12 +226,12 @@ class ReplayerMetrics:
                                   registry=r)
         if process_collector:
             ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes...
-        for outcome in Outcome:
-            for kind in ErrorKind:
-                if (outcome is Outcome.SUCCESS) == (kind is ErrorKind.NONE):
-                    self.requests.labels(outcome.value, kind.value)
-        for field in USAGE_FIELDS:
-            self.usage_mismatch.labels(field)
+        # labelled children created once (every closed-set combination is exported from the start)
+        # and looked up by key per request: labels() costs several microseconds each call
+        self._requests = {(o.value, k.value): self.requests.labels(o.value, k.value)
+                          for o in Outcome for k in ErrorKind
+                          if (o is Outcome.SUCCESS) == (k is ErrorKind.NONE)}
+        self._mismatch = {f: self.usage_mismatch.labels(f) for f in USAGE_FIELDS}
         self._speedup = 1.0
         self._loop_no = 0
         self._loop_start_ns = 0
@@ -287,7 +287,8 @@ class ReplayerMetrics:
                 self.trace_time.set(max(0, req.due_ns) * self._speedup / 1e9)
 
     def on_result(self, res: RequestResult) -> None:
-        self.requests.labels(res.outcome, res.error_kind).inc()
+        child = self._requests.get((res.outcome, res.error_kind))
+        (child or self.requests.labels(res.outcome, res.error_kind)).inc()
         if res.retries:
             self.retries.inc(res.retries)
         if res.loop == self._loop_no:
@@ -312,11 +313,11 @@ class ReplayerMetrics:
         if res.itl_ms:
             self.itl.observe_many(np.asarray(res.itl_ms) / 1e3)
         if res.prompt_tokens is None:
-            self.usage_mismatch.labels("missing").inc()
+            self._mismatch["missing"].inc()
         elif res.prompt_tokens != res.input_length:
-            self.usage_mismatch.labels("prompt_tokens").inc()
+            self._mismatch["prompt_tokens"].inc()
         if res.completion_tokens is not None and res.completion_tokens != res.output_length:
-            self.usage_mismatch.labels("completion_tokens").inc()
+            self._mismatch["completion_tokens"].inc()
 
     # -- live view -------------------------------------------------------------------------
     def snapshot(self) -> dict[str, float | int | None]:
