@@ -53,12 +53,42 @@ Endpoints (vLLM flavour)
         streaming request gets HTTP 200, then ``data: {"error": {...}}`` and
         ``data: [DONE]``; a non-streaming one gets HTTP 400.
 
+``POST /v1/chat/completions``
+    Same admission, prefix cache, timing, errors and recording as completions (one engine).
+    Body: ``messages`` (non-empty list of ``{"role": str, "content": str | [{"type":
+    "text", "text": str}, ...] | null}``; other part types -> 400), ``max_completion_tokens``
+    (preferred, as vLLM) or ``max_tokens`` (default 16), ``stream``, ``stream_options``,
+    ``model``, ``min_tokens``, ``ignore_eos``. ``prompt_tokens`` = whitespace words over all
+    message contents, in order (also the prefix-cache "tokens"); the sim applies no chat
+    template, so no role/template tokens are counted (a real server counts more). Zero
+    words -> 400. Streaming: with the first token, a role chunk
+    ``{"id":"chatcmpl-<hex>","object":"chat.completion.chunk","created":..,"model":M,
+    "choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,
+    "finish_reason":null}]}``, then per token ``"delta":{"content":" tok"}``, the last
+    with ``"finish_reason":"length","stop_reason":null``, then the usage-only chunk
+    (``"choices":[]``) if ``include_usage``, then ``[DONE]``; with continuous usage every
+    chunk carries ``usage`` (0 completion tokens on the role chunk). Non-streaming:
+    ``{"id":"chatcmpl-<hex>","object":"chat.completion",..,"choices":[{"index":0,
+    "message":{"role":"assistant","reasoning_content":null,"content":" tok"*N,
+    "tool_calls":[]},"logprobs":null,"finish_reason":"length","stop_reason":null}],
+    "usage":{..},"prompt_logprobs":null}``. Recorded with ``prompt`` = ``messages``.
+
+``POST /v1/embeddings``, ``POST /v1/score`` (+ ``/score``), ``POST /v1/rerank`` (+
+``/rerank``, ``/v2/rerank``)
+    Pooling endpoints; bodies, token counts, the ``score_usage`` modes and response shapes
+    are documented in ``replayer.sim_pooling``. Each request takes a ``max_num_seqs`` slot,
+    waits ``ttft_base_ms + prefill_us_per_token * P / 1000`` ms (P = tokens processed; no
+    prefix cache, no decode), adds P to ``vllm:prompt_tokens_total`` and counts
+    ``vllm:request_success_total{finished_reason="stop"}``. Bad bodies: HTTP 400 as above
+    (out-of-vocabulary token ids included).
+
 ``GET /v1/models``  OpenAI list with the served model. ``GET /health``  200, empty body.
 
 ``GET /metrics``  Prometheus text, vLLM names, labels ``engine="0"``, ``model_name=<model>``:
     counters ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
     ``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total`` (both in
-    tokens), ``vllm:request_success_total{finished_reason="length"}``; gauges
+    tokens), ``vllm:request_success_total{finished_reason="stop"|"length"}`` ("length"
+    for completions/chat, "stop" for pooling requests); gauges
     ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
     ``vllm:kv_cache_usage_perc`` (0-1: blocks held by the prefix cache / its capacity).
     Each SimServer has its own ``CollectorRegistry``; the hot path bumps plain ints and the
@@ -78,8 +108,9 @@ Latency model and knobs (``SimConfig``)
 ``itl_per_running_us``    ``itl_base_ms + itl_per_running_us * running / 1000`` where
                           ``running`` = ``vllm:num_requests_running`` at the step start
                           (requests in prefill or decode).
-``max_num_seqs``          0 = unlimited; else at most this many requests run, the rest
-                          wait FIFO (``vllm:num_requests_waiting``) before their prefill.
+``max_num_seqs``          0 = unlimited; else at most this many requests run (generation
+                          and pooling), the rest wait FIFO (``vllm:num_requests_waiting``)
+                          before their prefill.
 ``vocab_size``            token ids outside ``[0, vocab_size)`` -> error (see above).
 ``max_model_len``         context limit in tokens (see above).
 ``record_requests``,      keep the first ``record_limit`` received requests as
@@ -87,6 +118,10 @@ Latency model and knobs (``SimConfig``)
                           counted in ``records_dropped``). ``replayer sim --record-requests
                           FILE`` instead appends one JSON line per request to FILE (flushed
                           per line), also capped at ``record_limit`` lines.
+``embedding_dim``         length of embedding vectors (``--embedding-dim``, default 16).
+``score_usage``,          score/rerank token accounting: "per_document" (default) or "once"
+``score_usage_inflate_``  (``--score-usage``); extra usage tokens per document, default 0
+``tokens``                (``--inflate-score-usage N``). See ``replayer.sim_pooling``.
 
 Request lifecycle: parse -> validate -> wait for a slot (if ``max_num_seqs``) -> prefix
 cache lookup + insert, counted in the metrics -> sleep TTFT -> first token -> decode.
@@ -131,6 +166,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from .sim_pooling import (SCORE_USAGE_MODES, EmbeddingsJob, PoolingError, PoolingJob,
+                          RerankJob, ScoreJob)
+
 log = logging.getLogger(__name__)
 
 __all__ = ["SimConfig", "SimServer", "ReceivedRequest", "prompt_block_hashes", "main",
@@ -153,11 +191,17 @@ class SimConfig:
     max_model_len: int = 1_048_576
     record_requests: bool = False
     record_limit: int = 100_000
+    embedding_dim: int = 16
+    score_usage: str = "per_document"
+    score_usage_inflate_tokens: int = 0
 
     def __post_init__(self) -> None:
-        if self.kv_block_size < 1:
-            raise ValueError("kv_block_size must be >= 1")
-        for name in ("prefix_cache_tokens", "max_num_seqs", "record_limit"):
+        if self.kv_block_size < 1 or self.embedding_dim < 1:
+            raise ValueError("kv_block_size and embedding_dim must be >= 1")
+        if self.score_usage not in SCORE_USAGE_MODES:
+            raise ValueError(f"score_usage must be one of {SCORE_USAGE_MODES}")
+        for name in ("prefix_cache_tokens", "max_num_seqs", "record_limit",
+                     "score_usage_inflate_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         for name in ("ttft_base_ms", "prefill_us_per_token", "itl_base_ms",
@@ -172,15 +216,19 @@ class SimConfig:
 class ReceivedRequest:
     """One request as received (after parsing, before validation of lengths/ids).
 
-    ``arrival_ns`` is ``time.perf_counter_ns()`` when the handler started; ``prompt`` is the
-    prompt as sent (list of ints or str, the inner item for a batch of one);
-    ``prompt_tokens`` is the sim's token count; ``include_usage`` is
-    ``stream_options.include_usage``.
+    ``arrival_ns`` is ``time.perf_counter_ns()`` when the handler started; ``endpoint`` the
+    request path; ``prompt`` is the prompt as sent: completions a list of ints or a str (the
+    inner item for a batch of one), chat the ``messages`` list, embeddings the ``input``,
+    score ``{"text_1", "text_2"}``, rerank ``{"query", "documents"}``; ``prompt_tokens`` is
+    the sim's token count (for score/rerank the tokens processed, without inflation);
+    ``include_usage`` is ``stream_options.include_usage``. Pooling requests are recorded
+    only once fully valid, with ``max_tokens``, ``min_tokens``, ``ignore_eos`` None and
+    ``stream`` False.
     """
 
     arrival_ns: int
     endpoint: str
-    prompt: list[int] | str
+    prompt: Any
     prompt_tokens: int
     max_tokens: int | None
     min_tokens: int | None
@@ -282,7 +330,8 @@ class _Metrics:
         self.generation_tokens = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
-        self.success = 0
+        self.success = 0          # finished_reason="length" (every generation request)
+        self.success_stop = 0     # finished_reason="stop" (pooling requests)
 
     def collect(self):  # prometheus_client Collector protocol
         s = self._server
@@ -312,6 +361,8 @@ class _Metrics:
         m = CounterMetricFamily("vllm:request_success", "Count of successfully processed "
                                 "requests.", labels=labels + ["finished_reason"],
                                 created=self.created)
+        # vLLM's label order (stop, length); pooling requests finish with "stop".
+        m.add_metric(values + ["stop"], self.success_stop, created=self.created)
         m.add_metric(values + ["length"], self.success, created=self.created)
         yield m
         yield gauge("vllm:num_requests_running", "Number of requests in model execution "
@@ -355,9 +406,10 @@ class _Req:
     """A request in prefill/decode; mutated only on the event loop."""
 
     __slots__ = ("max_tokens", "prompt_tokens", "generated", "transport", "chunk",
-                 "chunked", "continuous", "base", "done", "t_first", "aborted")
+                 "chunked", "continuous", "base", "done", "t_first", "aborted", "chat")
 
-    def __init__(self, max_tokens: int, prompt_tokens: int) -> None:
+    def __init__(self, max_tokens: int, prompt_tokens: int, chat: bool) -> None:
+        self.chat = chat           # chat.completion(.chunk) format instead of text_completion
         self.max_tokens = max_tokens
         self.prompt_tokens = prompt_tokens
         self.generated = 0
@@ -417,6 +469,12 @@ class SimServer:
         if self._app is None:
             app = web.Application(client_max_size=1 << 30)  # long token-id prompts
             app.router.add_post("/v1/completions", self._completions)
+            app.router.add_post("/v1/chat/completions", self._chat)
+            app.router.add_post("/v1/embeddings", self._pooling_route(EmbeddingsJob))
+            for path in ("/v1/score", "/score"):
+                app.router.add_post(path, self._pooling_route(ScoreJob))
+            for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
+                app.router.add_post(path, self._pooling_route(RerankJob))
             app.router.add_get("/v1/models", self._models)
             app.router.add_get("/health", self._health)
             app.router.add_get("/metrics", self._metrics_handler)
@@ -588,11 +646,29 @@ class SimServer:
 
     def _token_event(self, r: _Req, finish: str | None, n_done: int | None) -> bytes:
         obj = dict(r.base)
-        obj["choices"] = [{"index": 0, "text": _TOKEN_TEXT, "logprobs": None,
-                           "finish_reason": finish, "stop_reason": None}]
+        if r.chat:
+            # vLLM dumps chat chunks with exclude_unset: stop_reason only on the last one.
+            ch: dict[str, Any] = {"index": 0, "delta": {"content": _TOKEN_TEXT},
+                                  "logprobs": None, "finish_reason": finish}
+            if finish is not None:
+                ch["stop_reason"] = None
+            obj["choices"] = [ch]
+        else:
+            obj["choices"] = [{"index": 0, "text": _TOKEN_TEXT, "logprobs": None,
+                               "finish_reason": finish, "stop_reason": None}]
         if n_done is not None:
             obj["usage"] = {"prompt_tokens": r.prompt_tokens, "completion_tokens": n_done,
                             "total_tokens": r.prompt_tokens + n_done}
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+    def _role_event(self, r: _Req) -> bytes:
+        """vLLM's first chat chunk (sent with the first token, as vLLM does)."""
+        obj = dict(r.base)
+        obj["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                           "logprobs": None, "finish_reason": None}]
+        if r.continuous:
+            obj["usage"] = {"prompt_tokens": r.prompt_tokens, "completion_tokens": 0,
+                            "total_tokens": r.prompt_tokens}
         return b"data: " + orjson.dumps(obj) + b"\n\n"
 
     def _usage_chunk(self, r: _Req) -> bytes:
@@ -660,7 +736,46 @@ class SimServer:
             raise _BadRequest("prompt must be a string or a list of token ids")
         if len(ids) == 0:
             raise _BadRequest("Prompt cannot be empty")
-        max_tokens = body.get("max_tokens", 16)
+        return prompt, ids, len(ids), self._opts(body, body.get("max_tokens"), text, False)
+
+    def _parse_chat(self, body: Any) -> tuple[Any, np.ndarray, int, dict[str, Any]]:
+        """Validate a chat body -> (messages as sent, word-hash ids, prompt_tokens, opts).
+
+        prompt_tokens = whitespace words over all message contents (string or text parts);
+        the sim adds no chat-template tokens. Raises _BadRequest.
+        """
+        if not isinstance(body, dict):
+            raise _BadRequest("Request body must be a JSON object")
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise _BadRequest("messages must be a non-empty list")
+        words: list[str] = []
+        for m in msgs:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise _BadRequest('each message must be an object with a string "role"')
+            c = m.get("content")
+            if isinstance(c, str):
+                words += c.split()
+            elif isinstance(c, list):
+                for part in c:
+                    if not (isinstance(part, dict) and part.get("type") == "text"
+                            and isinstance(part.get("text"), str)):
+                        raise _BadRequest('the sim supports only {"type": "text", "text": '
+                                          '...} content parts')
+                    words += part["text"].split()
+            elif c is not None:
+                raise _BadRequest("message content must be a string, a list of parts or null")
+        if not words:
+            raise _BadRequest("Prompt cannot be empty")
+        ids = np.fromiter((hash(w) for w in words), dtype=np.int64, count=len(words))
+        mt = body.get("max_completion_tokens")  # vLLM: preferred over max_tokens
+        return msgs, ids, len(ids), self._opts(
+            body, body.get("max_tokens") if mt is None else mt, True, True)
+
+    @staticmethod
+    def _opts(body: dict[str, Any], max_tokens: Any, text: bool, chat: bool
+              ) -> dict[str, Any]:
+        """Generation options shared by completions and chat. Raises _BadRequest."""
         if max_tokens is None:
             max_tokens = 16
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -668,7 +783,7 @@ class SimServer:
         so = body.get("stream_options") or {}
         if not isinstance(so, dict):
             raise _BadRequest("stream_options must be an object")
-        opts = {
+        return {
             "max_tokens": max_tokens,
             "stream": bool(body.get("stream", False)),
             "include_usage": bool(so.get("include_usage", False)),
@@ -678,8 +793,8 @@ class SimServer:
             "min_tokens": body.get("min_tokens"),
             "ignore_eos": body.get("ignore_eos"),
             "text": text,
+            "chat": chat,
         }
-        return prompt, ids, len(ids), opts
 
     def _record(self, rec: ReceivedRequest) -> None:
         if self.config.record_requests:
@@ -694,19 +809,27 @@ class SimServer:
                 log.exception("sim on_request callback failed")
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generation(request, "/v1/completions", self._parse)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generation(request, "/v1/chat/completions", self._parse_chat)
+
+    async def _generation(self, request: web.Request, endpoint: str,
+                          parse: Callable[[Any], tuple[Any, np.ndarray, int, dict[str, Any]]]
+                          ) -> web.StreamResponse:
         arrival_ns = time.perf_counter_ns()
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError as e:
             return _error_response(f"Invalid JSON body: {e}")
         try:
-            prompt, ids, n_prompt, o = self._parse(body)
+            prompt, ids, n_prompt, o = parse(body)
         except _BadRequest as e:
             return _error_response(str(e))
         cfg = self.config
         if self.config.record_requests or self._on_request is not None:
             self._record(ReceivedRequest(
-                arrival_ns=arrival_ns, endpoint="/v1/completions", prompt=prompt,
+                arrival_ns=arrival_ns, endpoint=endpoint, prompt=prompt,
                 prompt_tokens=n_prompt, max_tokens=o["max_tokens"],
                 min_tokens=o["min_tokens"], ignore_eos=o["ignore_eos"], stream=o["stream"],
                 model=o["model"], include_usage=o["include_usage"]))
@@ -743,9 +866,14 @@ class SimServer:
                         o: dict[str, Any], model: str) -> web.StreamResponse:
         cfg = self.config
         loop = asyncio.get_running_loop()
-        r = _Req(o["max_tokens"], n_prompt)
-        r.base = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                  "created": int(time.time()), "model": model}
+        r = _Req(o["max_tokens"], n_prompt, o["chat"])
+        if r.chat:
+            r.base = {"id": f"chatcmpl-{uuid.uuid4().hex}",
+                      "object": "chat.completion.chunk" if o["stream"] else "chat.completion",
+                      "created": int(time.time()), "model": model}
+        else:
+            r.base = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                      "created": int(time.time()), "model": model}
         resp: web.StreamResponse | None = None
         if o["stream"]:
             # Like vLLM (uvicorn), the 200 + headers go out as soon as the request is
@@ -777,14 +905,15 @@ class SimServer:
             if o["stream"]:
                 assert resp is not None
                 r.continuous = o["continuous"]
+                head = self._role_event(r) if r.chat else b""
                 if r.max_tokens == 1:
-                    await resp.write_eof(self._final_events(r, o["include_usage"]))
+                    await resp.write_eof(head + self._final_events(r, o["include_usage"]))
                     m.success += 1
                     return resp
                 r.chunked = request.version >= (1, 1)
                 if not r.continuous:
                     r.chunk = _frame(self._token_event(r, None, None), r.chunked)
-                first = self._token_event(r, None, 1 if r.continuous else None)
+                first = head + self._token_event(r, None, 1 if r.continuous else None)
                 await resp.write(first)
                 r.transport = request.transport
                 if r.transport is None:
@@ -799,11 +928,20 @@ class SimServer:
                 self._join(r, loop.time())
                 await r.done
             m.success += 1
-            body = {**r.base, "choices": [{
-                "index": 0, "text": _TOKEN_TEXT * r.max_tokens, "logprobs": None,
-                "finish_reason": "length", "stop_reason": None, "prompt_logprobs": None}],
-                "usage": {"prompt_tokens": n_prompt, "completion_tokens": r.max_tokens,
-                          "total_tokens": n_prompt + r.max_tokens}}
+            usage = {"prompt_tokens": n_prompt, "completion_tokens": r.max_tokens,
+                     "total_tokens": n_prompt + r.max_tokens}
+            if r.chat:
+                body = {**r.base, "choices": [{
+                    "index": 0, "message": {"role": "assistant", "reasoning_content": None,
+                                            "content": _TOKEN_TEXT * r.max_tokens,
+                                            "tool_calls": []},
+                    "logprobs": None, "finish_reason": "length", "stop_reason": None}],
+                    "usage": usage, "prompt_logprobs": None}
+            else:
+                body = {**r.base, "choices": [{
+                    "index": 0, "text": _TOKEN_TEXT * r.max_tokens, "logprobs": None,
+                    "finish_reason": "length", "stop_reason": None, "prompt_logprobs": None}],
+                    "usage": usage}
             return web.Response(body=orjson.dumps(body), content_type="application/json")
         except ConnectionError:
             # The client went away while we wrote; nobody reads what we return.
@@ -811,6 +949,46 @@ class SimServer:
         finally:
             r.aborted = True  # the engine drops it at its next step, if still listed
             self._release()
+
+    def _pooling_route(self, job_cls: type[PoolingJob]
+                       ) -> Callable[[web.Request], Any]:
+        async def handler(request: web.Request) -> web.Response:
+            return await self._pooling(request, job_cls)
+        return handler
+
+    async def _pooling(self, request: web.Request, job_cls: type[PoolingJob]
+                       ) -> web.Response:
+        """Embeddings/score/rerank (sim_pooling): parse, take a slot, wait the prefill time
+        of ``job.tokens`` (no prefix cache, no decode), count it, answer."""
+        arrival_ns = time.perf_counter_ns()
+        try:
+            job = job_cls.parse(orjson.loads(await request.read()), self.config)
+        except orjson.JSONDecodeError as e:
+            return _error_response(f"Invalid JSON body: {e}")
+        except PoolingError as e:
+            return _error_response(str(e))
+        cfg = self.config
+        if cfg.record_requests or self._on_request is not None:
+            self._record(ReceivedRequest(
+                arrival_ns=arrival_ns, endpoint=request.path, prompt=job.prompt,
+                prompt_tokens=job.tokens, max_tokens=None, min_tokens=None, ignore_eos=None,
+                stream=False, model=job.model, include_usage=False))
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            await self._admit()
+            try:
+                await asyncio.sleep((cfg.ttft_base_ms + cfg.prefill_us_per_token
+                                     * job.tokens / 1000.0) / 1000.0)
+                self._metrics.prompt_tokens += job.tokens
+                self._metrics.success_stop += 1
+            finally:
+                self._release()
+        finally:
+            self._handlers.discard(task)
+        body = job.response(job.model or cfg.model)
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
 
 
 # ---------------------------------------------------------------------------------------
@@ -880,6 +1058,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="append one JSON line per received request (prompt included)")
     p.add_argument("--record-limit", type=int, default=d.record_limit,
                    help="max requests written to --record-requests FILE")
+    p.add_argument("--embedding-dim", type=int, default=d.embedding_dim,
+                   help="length of /v1/embeddings vectors")
+    p.add_argument("--score-usage", choices=SCORE_USAGE_MODES, default=d.score_usage,
+                   help="score/rerank prompt tokens: per_document (cross-encoder, query "
+                   "counted per document) or once (query counted once)")
+    p.add_argument("--inflate-score-usage", type=int, metavar="N",
+                   default=d.score_usage_inflate_tokens,
+                   help="add N tokens per document to score/rerank usage (imitates an old "
+                   "vLLM usage bug; /metrics stays honest)")
     return p
 
 
@@ -893,7 +1080,9 @@ def main(argv: list[str] | None = None) -> int:
             prefill_us_per_token=a.prefill_us_per_token, itl_base_ms=a.itl_base_ms,
             itl_per_running_us=a.itl_per_running_us, max_num_seqs=a.max_num_seqs,
             vocab_size=a.vocab_size, max_model_len=a.max_model_len,
-            record_requests=False, record_limit=a.record_limit)
+            record_requests=False, record_limit=a.record_limit,
+            embedding_dim=a.embedding_dim, score_usage=a.score_usage,
+            score_usage_inflate_tokens=a.inflate_score_usage)
     except ValueError as e:
         print(f"replayer sim: {e}", file=sys.stderr)
         return 2
