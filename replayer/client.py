@@ -38,9 +38,10 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from .audit import audit_pooling
 from .clock import now_ns
 from .errors import ErrorKind, Outcome
-from .payload import PreparedRequest
+from .payload import POOLING, PreparedRequest
 from .result import RequestResult
 from .sse import SSEDecoder, StreamAccumulator
 
@@ -223,13 +224,15 @@ class Client:
     token (never logged). ``connect_timeout_s``: TCP (and TLS) connect limit.
     ``read_timeout_s``: longest silence before or within a response before it fails as TIMEOUT
     (``None``: wait forever). ``retry_max``/``retry_backoff_s``: the retry policy (see the
-    module docstring; 0 = never retry). Use as an async context manager, or call ``start``/``close``.
+    module docstring; 0 = never retry). ``usage_slack_tokens``: the pooling usage audit's
+    allowance per input (``replayer.audit``). A request with its own ``path`` goes to
+    ``base_url + path``. Use as an async context manager, or call ``start``/``close``.
     """
 
     def __init__(self, base_url: str, *, t0_ns: int, endpoint: str = "/v1/completions",
                  api_key: str | None = None, connect_timeout_s: float = 30.0,
                  read_timeout_s: float | None = 600.0, retry_max: int = 0,
-                 retry_backoff_s: float = 0.5) -> None:
+                 retry_backoff_s: float = 0.5, usage_slack_tokens: int = 0) -> None:
         u = urlsplit(base_url.rstrip("/") + endpoint)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"target must be an http(s) URL, got {base_url!r}")
@@ -238,13 +241,12 @@ class Client:
         self._host = u.hostname
         self._port = u.port or (443 if u.scheme == "https" else 80)
         self._ssl = ssl.create_default_context() if u.scheme == "https" else None
-        host_header = u.netloc.rsplit("@", 1)[-1]
-        path = (u.path or "/") + (f"?{u.query}" if u.query else "")
-        head = (f"POST {path} HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: replayer\r\n"
-                "Content-Type: application/json\r\nAccept: text/event-stream, application/json\r\n")
-        if api_key:
-            head += f"Authorization: Bearer {api_key}\r\n"
-        self._head = head.encode("latin-1")
+        self._host_header = u.netloc.rsplit("@", 1)[-1]
+        self._base_path = urlsplit(base_url).path.rstrip("/")
+        self._api_key = api_key
+        self._head = self._request_head((u.path or "/") + (f"?{u.query}" if u.query else ""))
+        self._heads: dict[str, bytes] = {}
+        self.usage_slack_tokens = usage_slack_tokens
         self._connect_timeout = connect_timeout_s
         self._read_timeout_ns = int(read_timeout_s * 1e9) if read_timeout_s else None
         if retry_max < 0 or retry_backoff_s < 0:
@@ -255,6 +257,21 @@ class Client:
         self._all: set[_Connection] = set()
         self._spares_opening = 0
         self.spare_target = 8  # idle connections kept ready in the background (0 = none)
+
+    def _request_head(self, path: str) -> bytes:
+        head = (f"POST {path} HTTP/1.1\r\nHost: {self._host_header}\r\nUser-Agent: replayer\r\n"
+                "Content-Type: application/json\r\nAccept: text/event-stream, application/json\r\n")
+        if self._api_key:
+            head += f"Authorization: Bearer {self._api_key}\r\n"
+        return head.encode("latin-1")
+
+    def _head_for(self, path: str | None) -> bytes:
+        if path is None:
+            return self._head
+        head = self._heads.get(path)
+        if head is None:
+            head = self._heads[path] = self._request_head(self._base_path + path)
+        return head
 
     async def start(self) -> None:
         """Nothing to set up beyond the constructor (kept for symmetry with ``close``)."""
@@ -363,7 +380,8 @@ class Client:
                                      f"{type(e).__name__}: {e}") from None
             ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns)
             body = req.body
-            request = b"".join((self._head, b"Content-Length: %d\r\n\r\n" % len(body), body))
+            request = b"".join((self._head if req.path is None else self._head_for(req.path),
+                                b"Content-Length: %d\r\n\r\n" % len(body), body))
             sent = now_ns()
             res.connect_ms = (sent - t_start) / 1e6
             res.sent_ns = sent - t0
@@ -385,6 +403,12 @@ class Client:
                 _measure(res, acc, sent, t0)
                 if acc.success:
                     res.outcome = Outcome.SUCCESS.value
+                    if req.endpoint in POOLING:  # one JSON body: E2E is its arrival
+                        res.e2e_ms = (ex.t_ns - sent) / 1e6 if ex.t_ns else None
+                        audit_pooling(res, acc.prompt_tokens if acc.prompt_tokens is not None
+                                      else acc.total_tokens, self.usage_slack_tokens)
+                elif req.endpoint in POOLING and acc.body_without_usage:
+                    audit_pooling(res, None)
                 else:
                     _fail(res, acc.error_kind, acc.error)
         except _Failure as f:

@@ -34,7 +34,13 @@ class RunConfig(BaseModel):
                                 "batch as it is read (fast start on huge traces)")
     target: str | None = Field(None, description="base URL of the server; none = start the embedded simulator")
     model: str | None = Field(None, description="request 'model' field; none = the first of GET /v1/models")
-    endpoint: str = Field("/v1/completions", description="API path requests are sent to")
+    endpoint: str = Field("/v1/completions", description="API path requests are sent to (a trace's "
+                          "endpoint column overrides it per row)")
+    session_policy: str = Field("wait", description="multi-turn sessions: wait (a turn goes at its trace "
+                                "time or at its predecessor's end plus think time, whichever is later), "
+                                "wait-no-think (ignore think time) or off (trace times only)")
+    usage_slack_tokens: int = Field(0, ge=0, description="pooling usage audit: tokens per input the server "
+                                    "may add (special tokens) before a response is flagged as inflated")
     speedup: float = Field(1.0, gt=0, description="replay this many times faster than the trace")
     max_requests: int | None = Field(None, ge=1, description="send at most this many requests")
     loop: str = Field("1", description="passes over the trace: a number, or 'forever'")
@@ -108,6 +114,13 @@ class RunConfig(BaseModel):
             raise ValueError("must be tokens or text")
         return v
 
+    @field_validator("session_policy")
+    @classmethod
+    def _session_policy(cls, v: str) -> str:
+        if v not in ("wait", "wait-no-think", "off"):
+            raise ValueError("must be wait, wait-no-think or off")
+        return v
+
     @field_validator("log_format")
     @classmethod
     def _log_format(cls, v: str) -> str:
@@ -177,6 +190,9 @@ class RunConfig(BaseModel):
         if "chat/completions" in self.endpoint and self.prompt_mode != "text":
             problems.append("endpoint: token-id prompts cannot go to a chat endpoint; use /v1/completions, "
                             "or --prompt-mode text --tokenizer PATH")
+        elif self.endpoint.endswith(("/score", "/rerank")) and not self.tokenizer:
+            problems.append("endpoint: score and rerank take text: they need --tokenizer PATH (the "
+                            "documents are token blocks decoded with it)")
         if self.prompt_mode == "text" and not self.tokenizer:
             problems.append("prompt_mode: text mode needs --tokenizer PATH (a local tokenizer.json or folder)")
         if problems:

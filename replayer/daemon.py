@@ -33,15 +33,15 @@ from .gcpacer import GcPacer
 from .logs import ErrorBurstLog, setup_logging
 from .console import LiveConsole
 from .metrics import EventLoopLagMonitor, ReplayerMetrics
-from .prefix_cache import PrefixCacheModel
 from .target_metrics import TargetScraper, save_samples
-from .payload import PayloadBuilder, PreparedRequest
-from .prompts import PromptBuilder, TextPromptBuilder, mix64, vocab_from_range, vocab_from_tokenizer
+from .payload import TEXT_ONLY, PayloadBuilder, PreparedRequest
+from .prepare import Prompts, RequestFactory
 from .recorder import Recorder, read_results
 from .recorder import warm_up as recorder_warm_up
 from .result import RequestResult
 from .simproc import spawn_sim, stop_sim
-from .schedule import ScheduleBatch, Timeline, iter_schedule
+from .schedule import Timeline, iter_schedule
+from .sessions import SessionGate
 from .summary import format_summary, summarize
 from .trace import open_trace
 
@@ -131,54 +131,6 @@ def _results_dir(cfg: RunConfig) -> str:
     return path
 
 
-class Prompts:
-    """Prompt builders per loop: the same builder every loop, or with ``loop_salt`` a builder
-    whose seed is salted by the loop number (fresh prefixes each loop). Keeps the last two."""
-
-    def __init__(self, cfg: RunConfig, block_size: int) -> None:
-        self.vocab = vocab_from_tokenizer(cfg.tokenizer) if cfg.tokenizer else vocab_from_range(*cfg.vocab_bounds)
-        self.seed = cfg.seed
-        self.salt = cfg.loop_salt
-        self.block_size = block_size
-        self._by_loop: dict[int, PromptBuilder] = {}
-        self._cache_by_loop: dict[int, PrefixCacheModel] = {}
-        self._text: dict[int, TextPromptBuilder] = {}
-        self.tokenizer = cfg.tokenizer
-        self.kv_block_size = cfg.kv_block_size
-        self.cache_tokens = cfg.expected_cache_tokens
-
-    def expected_cache(self, loop: int) -> PrefixCacheModel:
-        """The expected prefix-cache model: one for the run, or one per loop with ``loop_salt``
-        (fresh prefixes cannot hit the previous loop's blocks)."""
-        key = loop if self.salt else 0
-        m = self._cache_by_loop.get(key)
-        if m is None:
-            m = PrefixCacheModel(block_size=self.block_size, kv_block_size=self.kv_block_size,
-                                 capacity_tokens=self.cache_tokens)
-            self._cache_by_loop = {key: m}
-        return m
-
-    def text_for_loop(self, loop: int) -> TextPromptBuilder:
-        """Text prompts for ``--prompt-mode text`` (same blocks, decoded with the tokenizer)."""
-        b = self.for_loop(loop)
-        t = self._text.get(id(b))
-        if t is None:
-            t = TextPromptBuilder(b, self.tokenizer)
-            self._text = {id(b): t}
-        return t
-
-    def for_loop(self, loop: int) -> PromptBuilder:
-        key = loop if self.salt else 0
-        b = self._by_loop.get(key)
-        if b is None:
-            seed = mix64(self.seed ^ mix64(key + 1)) if key else self.seed
-            b = PromptBuilder(seed=seed, block_size=self.block_size, vocab=self.vocab)
-            self._by_loop[key] = b
-            for old in sorted(self._by_loop)[:-2]:
-                del self._by_loop[old]
-        return b
-
-
 def resume_plan(results_dir: str):
     """Where a resumed run starts: (first loop with an unrecorded row, skip function).
 
@@ -221,7 +173,23 @@ def open_batches_factory(cfg: RunConfig):
                         mapping=cfg.map, time_unit=cfg.time_unit)
     if cfg.validate_trace == "full":
         source.validate()
+    if not cfg.tokenizer:
+        check_endpoints(source.batches(BATCH_ROWS), cfg.trace)
     return (lambda: source.batches(BATCH_ROWS)), source.block_size, source.num_rows
+
+
+def check_endpoints(batches, trace: str) -> None:
+    """Without a tokenizer, refuse (before anything is sent) a trace whose ``endpoint`` column
+    names a text-only API (chat, score, rerank): token ids cannot go there. Reads the trace only
+    when it has that column."""
+    for batch in batches:
+        col = getattr(batch, "endpoint", None)
+        if col is None:
+            return
+        bad = {e for e in col if e in TEXT_ONLY}
+        if bad:
+            raise StartupError(f"{trace}: rows for {', '.join(sorted(bad))} need text prompts: pass "
+                               "--tokenizer PATH (token-id prompts cannot go to these endpoints)")
 
 
 async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = None,
@@ -295,30 +263,8 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     anchor = Anchor.at(cfg.start_delay_s, start_wall_s=cfg.start_at)
     timeline = Timeline(cfg.speedup)
 
-    text_mode = cfg.prompt_mode == "text"
-
-    def prepare(sb: ScheduleBatch, j: int) -> PreparedRequest:
-        t = sb.batch
-        i = int(sb.idx[j])
-        n_in, n_out = int(t.input_length[i]), int(t.output_length[i])
-        hash_ids = t.hash_ids(i)
-        if text_mode:
-            body = payload.text_body(prompts.text_for_loop(sb.loop).prompt_text(hash_ids, n_in), n_out)
-        else:
-            body = payload.body(prompts.for_loop(sb.loop).prompt_json(hash_ids, n_in), n_out)
-        trace_ns = int(sb.trace_ns[j])
-        hits = prompts.expected_cache(sb.loop).observe(hash_ids, n_in)
-        metrics.on_scheduled(1)
-        metrics.on_expected_prefix_cache(n_in, hits)
-        return PreparedRequest(index=sb.first_index + j, row=int(sb.rows[j]), due_ns=timeline.due(trace_ns),
-                               body=body, input_length=n_in, output_length=n_out, prompt_len=n_in,
-                               max_tokens=n_out, loop=sb.loop, trace_ns=trace_ns, expected_hits=hits)
-
-    def unsent(sb: ScheduleBatch, j: int) -> RequestResult:
-        t = sb.batch
-        i = int(sb.idx[j])
-        return RequestResult(row=int(sb.rows[j]), loop=sb.loop, shard=shard, due_ns=timeline.due(int(sb.trace_ns[j])),
-                             input_length=int(t.input_length[i]), output_length=int(t.output_length[i]))
+    factory = RequestFactory(cfg, prompts, payload, timeline, metrics=metrics, shard=shard)
+    gate = SessionGate(cfg.session_policy, scale=lambda ns: round(ns / timeline.speedup))
 
     meta = {"replayer.version": __version__, "replayer.t0_wall_s": repr(anchor.wall_s),
             "replayer.trace": os.path.abspath(cfg.trace), "replayer.target": target, "replayer.model": model,
@@ -336,11 +282,12 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                         checkpoint=checkpoint)
     client = Client(target, t0_ns=anchor.t0_ns, endpoint=cfg.endpoint, api_key=api_key,
                     connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s or None,
-                    retry_max=cfg.retry_max, retry_backoff_s=cfg.retry_backoff_s)
+                    retry_max=cfg.retry_max, retry_backoff_s=cfg.retry_backoff_s,
+                    usage_slack_tokens=cfg.usage_slack_tokens)
     acct = _Accounting(state, metrics)
     duration_ns = int(cfg.duration_s * 1e9) if cfg.duration_s else None
-    dispatcher = Dispatcher(batches, prepare, client.send, recorder.add, t0_ns=anchor.t0_ns, timeline=timeline,
-                            unsent=unsent, observer=acct, lead_ns=int(cfg.lead_s * 1e9),
+    dispatcher = Dispatcher(batches, factory.prepare, client.send, recorder.add, t0_ns=anchor.t0_ns,
+                            timeline=timeline, unsent=factory.unsent, observer=acct, gate=gate, lead_ns=int(cfg.lead_s * 1e9),
                             drain_timeout_s=cfg.drain_timeout_s, duration_ns=duration_ns,
                             rebase_first=bool(cfg.resume), on_idle=gc_pacer.idle, shard=shard)
     dispatcher_ref.append(dispatcher)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import heapq
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
@@ -28,6 +29,7 @@ from .errors import ErrorKind, Outcome
 from .payload import PreparedRequest
 from .result import RequestResult
 from .schedule import ScheduleBatch, Timeline
+from .sessions import SessionGate
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +82,8 @@ class Dispatcher:
     ~0.5 ms); ``send(req, res)`` is the client's coroutine; ``sink(res)`` receives every result
     exactly once; ``unsent(sb, j)`` builds the result of an item never sent. ``timeline`` maps
     trace time to due time (shared with the control API). ``duration_ns``: stop issuing requests
-    due at or after this offset. ``lead_ns``: how far ahead bodies are built.
+    due at or after this offset. ``lead_ns``: how far ahead bodies are built. ``gate``: holds a
+    turn back until its predecessor ended (``replayer.sessions``; None = no sessions).
     """
 
     def __init__(self, batches: Iterator[ScheduleBatch],
@@ -91,7 +94,7 @@ class Dispatcher:
                  observer: Observer | None = None, lead_ns: int = 500_000_000,
                  drain_timeout_s: float = 30.0, duration_ns: int | None = None,
                  rebase_first: bool = False, on_idle: Callable[[int], None] | None = None,
-                 shard: int = 0) -> None:
+                 shard: int = 0, gate: SessionGate | None = None) -> None:
         self._feeder = BatchFeeder(batches)
         self._prepare = prepare
         self._send = send
@@ -112,6 +115,9 @@ class Dispatcher:
         self._idle.set()
         self._tasks: set[asyncio.Task] = set()
         self._pending: deque[tuple[PreparedRequest, int]] = deque()  # (request, trace_ns)
+        self._gate = gate
+        self._delayed: list[tuple[int, int, PreparedRequest]] = []  # heap of (release_ns, seq, request)
+        self._seq = 0
         self._cur: ScheduleBatch | None = None
         self._j = 0
         self.position = Position()
@@ -189,10 +195,13 @@ class Dispatcher:
             now = self.now_rel()
             # 1. fire everything due, then let those tasks write their requests before any
             #    preparation work (on Python 3.11 a new task only starts at the next yield)
-            if pending and tl.due(pending[0][1]) <= now:
+            delayed = self._delayed
+            if (pending and tl.due(pending[0][1]) <= now) or (delayed and delayed[0][0] <= now and not tl.paused):
                 while pending and tl.due(pending[0][1]) <= now:
-                    self._fire(pending.popleft()[0], now)
+                    self._admit(pending.popleft()[0], now)
                     now = self.now_rel()
+                while delayed and delayed[0][0] <= now and not tl.paused:
+                    self._fire(heapq.heappop(delayed)[2], now)
                 await asyncio.sleep(0)
                 continue
             # 2. prepare ahead, but never past the next due time
@@ -226,11 +235,15 @@ class Dispatcher:
                 wake = tl.due(pending[0][1])
             elif not exhausted and self._cur is not None and self._j < len(self._cur):
                 wake = tl.due(int(self._cur.trace_ns[self._j])) - self.lead_ns
-            elif exhausted:
+            elif exhausted and not self._delayed and not (self._gate and self._gate.waiting):
                 self.finished = True
                 return
+            elif exhausted:
+                wake = 2**62  # turns wait for their predecessors: woken by _changed
             else:
                 continue
+            if self._delayed and not tl.paused:
+                wake = min(wake, self._delayed[0][0])
             left = wake - self.now_rel()
             if self._on_idle is not None and left > 0:
                 self._on_idle(left)
@@ -243,11 +256,43 @@ class Dispatcher:
             else:
                 await asyncio.sleep(0)
 
+    def _admit(self, req: PreparedRequest, now_rel: int) -> None:
+        """A due request: fire it, or let the session gate hold it back."""
+        gate = self._gate
+        if gate is None or req.dep is None and req.key is None:
+            self._fire(req, now_rel)
+            return
+        due = self.timeline.due(req.trace_ns)
+        release = gate.admit(req, due)
+        if release is None:  # waits for its predecessor (finished() releases it)
+            return
+        gate.started(req)
+        self._schedule_release(req, due, release, now_rel)
+
+    def _schedule_release(self, req: PreparedRequest, due: int, release: int, now_rel: int) -> None:
+        if release > due:
+            req.release_ns = release
+        if release <= now_rel:
+            self._fire(req, now_rel)
+        else:
+            self._seq += 1
+            heapq.heappush(self._delayed, (release, self._seq, req))
+            self._changed.set()  # the issuing loop may sleep past this release: wake it
+
+    def _released(self, req: PreparedRequest) -> None:
+        """``req`` ended: fire (or schedule) the turns waiting on it."""
+        now = self.now_rel()
+        for nxt, release in self._gate.finished(req, now):  # type: ignore[union-attr]
+            due = self.timeline.due(nxt.trace_ns)
+            if self.stopping:
+                self._seq += 1
+                heapq.heappush(self._delayed, (max(due, release), self._seq, nxt))  # recorded not_started
+            else:
+                self._schedule_release(nxt, due, max(due, release), now)
+            self._changed.set()  # the issuing loop re-plans (it may be waiting for these)
+
     def _fire(self, req: PreparedRequest, now_rel: int) -> None:
-        res = RequestResult(row=req.row, loop=req.loop, shard=self.shard, input_length=req.input_length,
-                            output_length=req.output_length, prompt_len_sent=req.prompt_len,
-                            max_tokens=req.max_tokens, due_ns=req.due_ns,
-                            expected_prefix_hit_tokens=req.expected_hits)
+        res = req.new_result(self.shard)
         task = asyncio.get_running_loop().create_task(self._one(req, res))
         self._tasks.add(task)
         self._idle.clear()
@@ -263,8 +308,15 @@ class Dispatcher:
             self._idle.set()
 
     async def _one(self, req: PreparedRequest, res: RequestResult) -> None:
-        # the due time is fixed when the request fires (the timeline may change later)
+        # the due time is fixed when the request fires (the timeline may change later); a turn
+        # held back by its session is due (for dispatch lag) at its release
         req.due_ns = res.due_ns = self.timeline.due(req.trace_ns)
+        if req.dep is not None and self._gate is not None:
+            if req.release_ns is not None and req.release_ns > req.due_ns:
+                res.session_wait_ms = (req.release_ns - req.due_ns) / 1e6
+                req.due_ns = req.release_ns
+            else:
+                res.session_wait_ms = 0.0
         try:
             await self._send(req, res)
         except asyncio.CancelledError:
@@ -272,7 +324,11 @@ class Dispatcher:
             if res.outcome == Outcome.NOT_STARTED.value:  # cancelled before the client began
                 res.outcome, res.error_kind = Outcome.CANCELLED.value, ErrorKind.CANCELLED.value
             self._deliver(res)
+            if req.key is not None and self._gate is not None:
+                self._gate.finished(req, self.now_rel())  # nothing more is released at shutdown
             raise
+        if req.key is not None and self._gate is not None:
+            self._released(req)
         self._deliver(res)
 
     def _deliver(self, res: RequestResult) -> None:
@@ -302,12 +358,17 @@ class Dispatcher:
     def _record_unsent(self) -> None:
         if not self.stopping:
             return
-        for req, _ in self._pending:
-            res = RequestResult(row=req.row, loop=req.loop, shard=self.shard, input_length=req.input_length,
-                                output_length=req.output_length, due_ns=self.timeline.due(req.trace_ns))
+        held = [r for r, _ in self._pending] + [r for _, _, r in sorted(self._delayed)]
+        if self._gate is not None:
+            held += self._gate.take_waiting()
+        for req in held:
             self.not_started += 1
+            res = req.new_result(self.shard, due_ns=self.timeline.due(req.trace_ns))
+            res.prompt_len_sent = res.max_tokens = 0  # nothing was sent
+            res.expected_prefix_hit_tokens = None
             self._deliver(res)
         self._pending.clear()
+        self._delayed.clear()
         if self._cur is not None:
             for j in range(self._j, len(self._cur)):
                 self.not_started += 1

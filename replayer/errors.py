@@ -29,5 +29,6 @@ class ErrorKind(str, enum.Enum):
     PROTOCOL = "protocol"          # malformed SSE or JSON, no choices and no usage
     DISCONNECT = "disconnect"      # the server closed the connection mid-response
     INCOMPLETE = "incomplete"      # stream ended with no finish_reason, [DONE] or usage
+    USAGE = "usage"                # a pooling response without a usable usage object
     CANCELLED = "cancelled"        # cancelled by shutdown
     CLIENT = "client"              # any other client-side exception (a bug worth reporting)

@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 from . import __version__
 from .clock import now_ns
 from .errors import ErrorKind, Outcome
-from .payload import PreparedRequest
+from .payload import POOLING, PreparedRequest
 from .result import RequestResult
 
 
@@ -196,6 +196,14 @@ class ReplayerMetrics:
                                  TOKEN_LATENCY_BUCKETS, r)
         self.lag = Histogram("replayer_dispatch_lag_seconds",
                              "Actual send time minus due time (negative = early).", buckets=LAG_BUCKETS, registry=r)
+        self.session_wait = Histogram("replayer_session_wait_seconds",
+                                      "Time a turn was held back for its predecessor (or parent) to end "
+                                      "(the server's slowness; not in dispatch lag).",
+                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.pooling_audit = Counter("replayer_pooling_usage_audits",
+                                     "Pooling responses (embeddings, score, rerank) by usage audit result: ok, "
+                                     "inflated (more prompt tokens than both expectations), missing.",
+                                     ["endpoint", "result"], registry=r)
         self.prompt_tokens_sent = Counter("replayer_prompt_tokens_sent", "Prompt token ids sent.", registry=r)
         self.server_prompt_tokens = Counter("replayer_server_prompt_tokens",
                                             "Prompt tokens reported by the server's usage.", registry=r)
@@ -232,6 +240,8 @@ class ReplayerMetrics:
                           for o in Outcome for k in ErrorKind
                           if (o is Outcome.SUCCESS) == (k is ErrorKind.NONE)}
         self._mismatch = {f: self.usage_mismatch.labels(f) for f in USAGE_FIELDS}
+        self._audit = {(e, a): self.pooling_audit.labels(e, a) for e in sorted(POOLING)
+                       for a in ("ok", "inflated", "missing")}
         self._speedup = 1.0
         self._loop_no = 0
         self._loop_start_ns = 0
@@ -298,6 +308,12 @@ class ReplayerMetrics:
         self.in_flight.dec()
         if res.dispatch_lag_ms is not None:
             self.lag.observe(res.dispatch_lag_ms / 1e3)
+        if res.session_wait_ms is not None:
+            self.session_wait.observe(res.session_wait_ms / 1e3)
+        if res.usage_audit != "n/a":
+            audit = self._audit.get((res.endpoint, res.usage_audit))
+            if audit is not None:
+                audit.inc()
         if res.prompt_tokens is not None:
             self.server_prompt_tokens.inc(res.prompt_tokens)
         if res.completion_tokens is not None:
@@ -312,6 +328,8 @@ class ReplayerMetrics:
             self.tpot.observe(res.tpot_ms / 1e3)
         if res.itl_ms:
             self.itl.observe_many(np.asarray(res.itl_ms) / 1e3)
+        if res.endpoint in POOLING:
+            return  # audited against its own expectations (replayer.audit)
         if res.prompt_tokens is None:
             self._mismatch["missing"].inc()
         elif res.prompt_tokens != res.input_length:

@@ -219,3 +219,7 @@ class TextPromptBuilder:
         re-tokenizes it)."""
         ids = self.builder.prompt_ids(hash_ids, input_length)
         return self.tokenizer.decode(ids.tolist(), skip_special_tokens=False)
+
+    def decode(self, ids: np.ndarray) -> str:
+        """Text of arbitrary token ids (a query, a document, a stand-in answer) in one piece."""
+        return self.tokenizer.decode(ids.tolist(), skip_special_tokens=False)

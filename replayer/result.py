@@ -58,6 +58,16 @@ class RequestResult:
     expected_prefix_hit_tokens: int | None = None  # prompt tokens the trace implies are cached (prefix_cache)
     retries: int = 0               # times re-sent after a retryable failure (client retry policy); the
                                    # other fields describe the last attempt, dispatch_lag_ms the first send
+    endpoint: str = "/v1/completions"  # the API the request went to (replayer.payload endpoint kinds)
+    session_id: str | None = None  # from the trace (multi-turn sessions)
+    turn: int | None = None
+    session_wait_ms: float | None = None  # held back for the previous turn (or parent) to end: release - due
+    #                                       (the server's slowness, not ours; dispatch_lag_ms is from release)
+    n_documents: int | None = None  # pooling: inputs (embeddings) or documents (score, rerank)
+    expected_prompt_tokens_once: int | None = None          # score/rerank: query once + documents
+    expected_prompt_tokens_per_document: int | None = None  # score/rerank: query per document + documents
+    usage_audit: str = "n/a"       # pooling usage: ok, inflated (server reported more than both
+    #                                expectations), missing; n/a for generation (see prompt_tokens)
     itl_ms: list[float] = field(default_factory=list)
 
 
@@ -71,7 +81,9 @@ _TYPES: dict[str, pa.DataType] = {
     "usage_source": pa.string(), "n_chunks": pa.int32(), "finish_reason": pa.string(),
     "ttft_ms": pa.float64(), "e2e_ms": pa.float64(), "tpot_ms": pa.float64(),
     "dispatch_lag_ms": pa.float64(), "connect_ms": pa.float64(), "expected_prefix_hit_tokens": pa.int64(),
-    "retries": pa.int32(),
+    "retries": pa.int32(), "endpoint": pa.string(), "session_id": pa.string(), "turn": pa.int64(),
+    "session_wait_ms": pa.float64(), "n_documents": pa.int32(), "expected_prompt_tokens_once": pa.int64(),
+    "expected_prompt_tokens_per_document": pa.int64(), "usage_audit": pa.string(),
     "itl_ms": pa.list_(pa.float32()),
 }
 

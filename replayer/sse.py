@@ -280,7 +280,8 @@ class StreamAccumulator:
       INCOMPLETE), ``error`` (str | None, at most 500 chars: the server's message, or what was
       wrong);
     * ``first_token_ns`` / ``last_token_ns`` (int ns | None): the TTFT and E2E event times;
-    * ``prompt_tokens`` / ``completion_tokens`` (int | None) from the last non-null usage object;
+    * ``prompt_tokens`` / ``completion_tokens`` / ``total_tokens`` (int | None) from the last
+      non-null usage object;
       ``usage_seen``; ``output_tokens`` (int: completion_tokens, else the count of token-carrying
       events as an estimate); ``n_chunks`` (choice events); ``finish_reason``; ``done_seen``;
     * ``text`` (str | None): the generated text (completions ``text`` / chat ``content``), only
@@ -295,7 +296,7 @@ class StreamAccumulator:
     """
 
     __slots__ = ("success", "error_kind", "error", "prompt_tokens", "completion_tokens",
-                 "usage_seen", "n_chunks", "finish_reason", "done_seen", "_times", "_flags",
+                 "total_tokens", "usage_seen", "n_chunks", "finish_reason", "done_seen", "_times", "_flags",
                  "_totals", "_stream_err", "_proto_err", "_body", "_other", "_texts", "_dirty",
                  "_first", "_last", "_tok_t", "_tok_k", "_n_out")
 
@@ -305,6 +306,7 @@ class StreamAccumulator:
         self.error: str | None = None
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
+        self.total_tokens: int | None = None  # usage.total_tokens (all a rerank usage holds)
         self.usage_seen = False
         self.n_chunks = 0
         self.finish_reason: str | None = None
@@ -378,6 +380,9 @@ class StreamAccumulator:
                 pt = usage.get("prompt_tokens")
                 if type(pt) is int:
                     self.prompt_tokens = pt
+                tt = usage.get("total_tokens")
+                if type(tt) is int:
+                    self.total_tokens = tt
             else:
                 self._protocol("usage is not an object")
         choices = get("choices")
@@ -420,6 +425,12 @@ class StreamAccumulator:
                 self._stream_error(obj)
         elif self._other is None and not usage and get("error") is None:
             self._other = obj
+
+    @property
+    def body_without_usage(self) -> bool:
+        """A whole JSON body arrived that carried no choices, usage or error (a pooling response
+        whose usage is missing)."""
+        return self._body and self._other is not None and not self.usage_seen and not self._stream_err
 
     def _stream_error(self, obj: dict) -> None:
         err = obj.get("error")

@@ -43,11 +43,59 @@ def _col(table: pa.Table, name: str, mask: np.ndarray | None = None) -> np.ndarr
     return arr if mask is None else arr[mask]
 
 
+POOLING = ("/v1/embeddings", "/v1/score", "/v1/rerank")
+
+
+def _pct(values: np.ndarray) -> dict[str, float | None]:
+    v = values[~np.isnan(values)]
+    if not v.size:
+        return {"p50": None, "p99": None, "max": None}
+    p50, p99 = np.percentile(v, (50, 99))
+    return {"p50": float(p50), "p99": float(p99), "max": float(v.max())}
+
+
+def _workloads(table: pa.Table, outcome: np.ndarray, ok: np.ndarray) -> dict:
+    """Per-endpoint counts, the pooling usage audit and the session waits (when present)."""
+    out: dict = {}
+    names = table.column_names
+    if "endpoint" in names:
+        ep = np.asarray(table.column("endpoint").to_pylist(), dtype=object)
+        kinds = sorted(set(ep.tolist()))
+        if kinds != ["/v1/completions"]:
+            e2e = _col(table, "e2e_ms")
+            out["endpoints"] = {k: {"scheduled": int((ep == k).sum()), "completed": int((ok & (ep == k)).sum()),
+                                    "failed": int(((outcome == "failed") & (ep == k)).sum()),
+                                    "e2el_ms": _pct(e2e[ok & (ep == k)])} for k in kinds}
+        audit = np.asarray(table.column("usage_audit").to_pylist(), dtype=object)
+        pooled = np.isin(ep, POOLING) & (outcome != "not_started") & (outcome != "cancelled")
+        if pooled.any():
+            out["usage_audit"] = {k: {a: int((pooled & (ep == k) & (audit == a)).sum())
+                                      for a in ("ok", "inflated", "missing")}
+                                  for k in kinds if k in POOLING}
+            out["usage_inflated"] = int((pooled & (audit == "inflated")).sum())
+    if "session_id" in names and table.column("session_id").null_count < table.num_rows:
+        sid = table.column("session_id").to_pylist()
+        wait = _col(table, "session_wait_ms")
+        out["sessions"] = {"sessions": len({x for x in sid if x is not None}),
+                           "turns": int(sum(x is not None for x in sid)),
+                           "turns_held": int(np.nansum(wait > 0)),
+                           "session_wait_ms": _pct(wait)}
+    return out
+
+
 def summarize(table: pa.Table) -> dict:
-    """Summary dict of a results table (schema ``result.SCHEMA``). JSON-ready (None for n/a)."""
+    """Summary dict of a results table (schema ``result.SCHEMA``). JSON-ready (None for n/a).
+
+    Generation statistics (TTFT, TPOT, ITL, token audits) cover generation endpoints only;
+    pooling requests (embeddings, score, rerank) have E2E latency and their own usage audit
+    (``usage_audit``: ok / inflated / missing per endpoint; ``replayer.audit``). ``sessions``:
+    session count, turns, turns held back for their predecessor and the wait (ms) it cost."""
     n = table.num_rows
     outcome = np.asarray(table.column("outcome").to_pylist(), dtype=object)
-    ok = outcome == "success"
+    ok_all = outcome == "success"
+    ok = ok_all
+    if "endpoint" in table.column_names:
+        ok = ok_all & ~np.isin(np.asarray(table.column("endpoint").to_pylist(), dtype=object), POOLING)
     sent_ns = _col(table, "sent_ns")
     end_ns = _col(table, "end_ns")
     was_sent = ~np.isnan(sent_ns)
@@ -56,19 +104,19 @@ def summarize(table: pa.Table) -> dict:
     completion = _col(table, "completion_tokens", ok)
     input_length = _col(table, "input_length", ok)
     output_length = _col(table, "output_length", ok)
-    total_in = int(np.nansum(prompt_tokens))
+    total_in = int(np.nansum(_col(table, "prompt_tokens", ok_all)))
     total_out = int(np.nansum(completion))
     s: dict = {
         "scheduled": n,
         "sent": int(was_sent.sum()),
-        "completed": int(ok.sum()),
+        "completed": int(ok_all.sum()),
         "failed": int((outcome == "failed").sum()),
         "cancelled": int((outcome == "cancelled").sum()),
         "not_started": int((outcome == "not_started").sum()),
         "duration": duration,
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
-        "request_throughput": ok.sum() / duration if duration > 0 else None,
+        "request_throughput": ok_all.sum() / duration if duration > 0 else None,
         "output_throughput": total_out / duration if duration > 0 else None,
         "total_token_throughput": (total_in + total_out) / duration if duration > 0 else None,
     }
@@ -77,7 +125,7 @@ def summarize(table: pa.Table) -> dict:
     s.update(_stats("tpot_ms", _col(table, "tpot_ms", ok)))
     itl = pc.list_flatten(table.filter(pa.array(ok)).column("itl_ms")).to_numpy(zero_copy_only=False)
     s.update(_stats("itl_ms", itl.astype(np.float64)))
-    s.update(_stats("e2el_ms", _col(table, "e2e_ms", ok)))
+    s.update(_stats("e2el_ms", _col(table, "e2e_ms", ok_all)))
     lag = _col(table, "dispatch_lag_ms", was_sent)
     lag_stats = _stats("dispatch_lag_ms", lag)
     s["dispatch_lag_p50_ms"] = lag_stats["median_dispatch_lag_ms"]
@@ -99,6 +147,7 @@ def summarize(table: pa.Table) -> dict:
     s["expected_prefix_hit_tokens"] = int(np.nansum(exp)) if (~np.isnan(exp)).any() else None
     kinds = table.filter(pa.array(outcome == "failed")).column("error_kind").to_pylist()
     s["errors_by_kind"] = {k: kinds.count(k) for k in sorted(set(kinds))}
+    s.update(_workloads(table, outcome, ok_all))
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in s.items()}
 
 
@@ -133,6 +182,19 @@ def format_summary(s: dict) -> str:
                         ("itl_ms", "Inter-token latency"), ("e2el_ms", "End-to-end latency")):
         rows.append(label)
         rows.append((f"mean / median / p99 (ms)", " / ".join(fmt(s[f"{k}_{name}"]) for k in ("mean", "median", "p99"))))
+    if s.get("sessions"):
+        ss = s["sessions"]
+        rows.append("Sessions (turn waits for its predecessor)")
+        rows.append(("Sessions / turns / turns held", f"{ss['sessions']} / {ss['turns']} / {ss['turns_held']}"))
+        w = ss["session_wait_ms"]
+        rows.append(("Session wait p50 / p99 / max (ms)", " / ".join(fmt(w[k]) for k in ("p50", "p99", "max"))))
+    if s.get("endpoints"):
+        rows.append("Endpoints (completed / failed)")
+        rows.extend((k, f"{v['completed']} / {v['failed']}") for k, v in s["endpoints"].items())
+    if s.get("usage_audit"):
+        rows.append("Pooling usage audit (ok / inflated / missing)")
+        rows.extend((k, " / ".join(str(v[a]) for a in ("ok", "inflated", "missing")))
+                    for k, v in s["usage_audit"].items())
     if s.get("errors_by_kind"):
         rows.append("Errors by kind")
         rows.extend((k, v) for k, v in s["errors_by_kind"].items())

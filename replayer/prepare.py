@@ -1,0 +1,259 @@
+"""Schedule item -> PreparedRequest: the prompt (hash-id expansion), the body for the row's
+endpoint, its session keys and its expected prefix-cache hits. Pure and deterministic: the same
+trace, seed and settings give byte-identical bodies in every process.
+
+Per endpoint (the row's ``endpoint`` column, else ``--endpoint``; ``replayer.payload``):
+
+* ``/v1/completions``: token ids (default) or, with ``--prompt-mode text``, the decoded text;
+* ``/v1/chat/completions``: text (decoded with ``--tokenizer``) as user message(s);
+* ``/v1/embeddings``: token ids, split into a batch by ``document_lengths`` (else one input);
+* ``/v1/score``, ``/v1/rerank``: the row's ``input_length`` tokens cut into the query
+  (``query_length``) and the documents (``document_lengths``), each decoded to text.
+
+Sessions: with a ``parent_request_id`` column a row waits on its parent's request id; otherwise
+a row with a ``session_id`` waits on its session (``replayer.sessions``). Keys carry the loop
+number, so a session of loop k+1 never waits on loop k.
+
+Prefix growth without hash ids (traces whose hash ids were synthesised, e.g. Azure): a turn's
+prompt is the previous turn's prompt, then a stand-in for the previous answer
+(``output_length`` tokens of block ``mix64(first hash id of the previous turn ^ ANSWER_SALT)``),
+then its own tokens, cut to ``input_length``; chat turns send that history as alternating
+user/assistant messages. The histories live in an LRU bounded in tokens; a turn whose history
+was evicted (or whose session began before a resume) is built from its own hash ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+import orjson
+
+from .config import RunConfig
+from .payload import CHAT, COMPLETIONS, EMBEDDINGS, POOLING, RERANK, SCORE, PayloadBuilder, PreparedRequest, endpoint_kind
+from .prefix_cache import PrefixCacheModel
+from .prompts import PromptBuilder, TextPromptBuilder, mix64, vocab_from_range, vocab_from_tokenizer
+from .result import RequestResult
+from .schedule import ScheduleBatch, Timeline
+
+log = logging.getLogger(__name__)
+
+ANSWER_SALT = 0xA5A5_0A5A_5A5A_A5A5
+HISTORY_TOKENS = 32_000_000  # bound of the prefix-growth histories (int32 ids: 128 MB)
+
+
+class Prompts:
+    """Prompt builders per loop: the same builder every loop, or with ``loop_salt`` a builder
+    whose seed is salted by the loop number (fresh prefixes each loop). Keeps the last two."""
+
+    def __init__(self, cfg: RunConfig, block_size: int) -> None:
+        self.vocab = vocab_from_tokenizer(cfg.tokenizer) if cfg.tokenizer else vocab_from_range(*cfg.vocab_bounds)
+        self.seed = cfg.seed
+        self.salt = cfg.loop_salt
+        self.block_size = block_size
+        self._by_loop: dict[int, PromptBuilder] = {}
+        self._cache_by_loop: dict[int, PrefixCacheModel] = {}
+        self._text: dict[int, TextPromptBuilder] = {}
+        self.tokenizer = cfg.tokenizer
+        self.kv_block_size = cfg.kv_block_size
+        self.cache_tokens = cfg.expected_cache_tokens
+
+    def expected_cache(self, loop: int) -> PrefixCacheModel:
+        """The expected prefix-cache model: one for the run, or one per loop with ``loop_salt``
+        (fresh prefixes cannot hit the previous loop's blocks)."""
+        key = loop if self.salt else 0
+        m = self._cache_by_loop.get(key)
+        if m is None:
+            m = PrefixCacheModel(block_size=self.block_size, kv_block_size=self.kv_block_size,
+                                 capacity_tokens=self.cache_tokens)
+            self._cache_by_loop = {key: m}
+        return m
+
+    def text_for_loop(self, loop: int) -> TextPromptBuilder:
+        """Text prompts for ``--prompt-mode text`` (same blocks, decoded with the tokenizer)."""
+        b = self.for_loop(loop)
+        t = self._text.get(id(b))
+        if t is None:
+            t = TextPromptBuilder(b, self.tokenizer)
+            self._text = {id(b): t}
+        return t
+
+    def for_loop(self, loop: int) -> PromptBuilder:
+        key = loop if self.salt else 0
+        b = self._by_loop.get(key)
+        if b is None:
+            seed = mix64(self.seed ^ mix64(key + 1)) if key else self.seed
+            b = PromptBuilder(seed=seed, block_size=self.block_size, vocab=self.vocab)
+            self._by_loop[key] = b
+            for old in sorted(self._by_loop)[:-2]:
+                del self._by_loop[old]
+        return b
+
+
+@dataclass
+class _History:
+    """A session's conversation so far (prefix growth without hash ids)."""
+
+    ids: np.ndarray                # the previous turn's prompt (int32)
+    answer_seed: int               # block id of the previous answer's stand-in
+    output_length: int             # the previous answer's length
+    messages: list[dict] = field(default_factory=list)  # chat: the previous turn's messages
+
+
+def _col(batch: object, name: str, i: int):
+    col = getattr(batch, name, None)
+    return None if col is None else col[i]
+
+
+class RequestFactory:
+    """Builds the PreparedRequest (``prepare``) or the never-sent RequestResult (``unsent``) of
+    item ``j`` of a schedule batch. Raises ValueError for a row its settings cannot build (a
+    text-only endpoint without ``--tokenizer``: ``check_endpoints`` reports it before the run)."""
+
+    def __init__(self, cfg: RunConfig, prompts: Prompts, payload: PayloadBuilder, timeline: Timeline,
+                 metrics=None, shard: int = 0) -> None:
+        self.cfg = cfg
+        self.prompts = prompts
+        self.payload = payload
+        self.timeline = timeline
+        self.metrics = metrics
+        self.shard = shard
+        self.default_endpoint = endpoint_kind(cfg.endpoint)
+        self.text_mode = cfg.prompt_mode == "text"
+        self.sessions = cfg.session_policy != "off"
+        self._histories: OrderedDict[object, _History] = OrderedDict()
+        self._history_tokens = 0
+
+    # -- the request --------------------------------------------------------------------------
+    def prepare(self, sb: ScheduleBatch, j: int) -> PreparedRequest:
+        t = sb.batch
+        i = int(sb.idx[j])
+        n_in, n_out = int(t.input_length[i]), int(t.output_length[i])
+        hash_ids = t.hash_ids(i)
+        path = _col(t, "endpoint", i)
+        kind = endpoint_kind(path) if path else self.default_endpoint
+        session = _col(t, "session_id", i)
+        turn = _col(t, "turn", i)
+        trace_ns = int(sb.trace_ns[j])
+        req = PreparedRequest(index=sb.first_index + j, row=int(sb.rows[j]), due_ns=self.timeline.due(trace_ns),
+                              body=b"", input_length=n_in, output_length=n_out, prompt_len=n_in,
+                              max_tokens=n_out, loop=sb.loop, trace_ns=trace_ns, path=path, endpoint=kind,
+                              session_id=session, turn=turn)
+        if self.sessions:
+            self._session_keys(req, t, i, sb.loop, session)
+        growth = (session is not None and getattr(t, "hash_ids_synthetic", False)
+                  and kind in (COMPLETIONS, CHAT))
+        if kind in POOLING:
+            self._pooling(req, t, i, hash_ids, kind, sb.loop)
+        elif growth:
+            self._grown(req, hash_ids, (sb.loop, session), kind, sb.loop)
+        else:
+            if kind == CHAT or self.text_mode:
+                text = self._text(sb.loop).prompt_text(hash_ids, n_in)
+                req.body = self.payload.text_body(text, n_out, chat=kind == CHAT)
+            else:
+                req.body = self.payload.body(self.prompts.for_loop(sb.loop).prompt_json(hash_ids, n_in), n_out)
+            req.expected_hits = self.prompts.expected_cache(sb.loop).observe(hash_ids, n_in)
+        if self.metrics is not None:
+            self.metrics.on_scheduled(1)
+            if req.expected_hits is not None:
+                self.metrics.on_expected_prefix_cache(n_in, req.expected_hits)
+        return req
+
+    def unsent(self, sb: ScheduleBatch, j: int) -> RequestResult:
+        t = sb.batch
+        i = int(sb.idx[j])
+        path = _col(t, "endpoint", i)
+        return RequestResult(row=int(sb.rows[j]), loop=sb.loop, shard=self.shard,
+                             due_ns=self.timeline.due(int(sb.trace_ns[j])),
+                             input_length=int(t.input_length[i]), output_length=int(t.output_length[i]),
+                             endpoint=endpoint_kind(path) if path else self.default_endpoint,
+                             session_id=_col(t, "session_id", i), turn=_col(t, "turn", i))
+
+    # -- pieces -------------------------------------------------------------------------------
+    def _text(self, loop: int) -> TextPromptBuilder:
+        if not self.prompts.tokenizer:
+            raise ValueError("this row needs text (chat, score or rerank endpoint): pass --tokenizer PATH")
+        return self.prompts.text_for_loop(loop)
+
+    def _session_keys(self, req: PreparedRequest, t: object, i: int, loop: int, session: str | None) -> None:
+        parents = getattr(t, "parent_request_id", None)
+        if parents is not None:
+            rid = _col(t, "request_id", i)
+            parent = parents[i]
+            req.key = (loop, "r", rid) if rid is not None else None
+            req.dep = (loop, "r", parent) if parent is not None else None
+        elif session is not None:
+            req.key = req.dep = (loop, "s", session)
+        if req.dep is not None:
+            think = _col(t, "think_time_s", i)
+            if think is not None and not math.isnan(think):
+                req.think_ns = int(round(float(think) * 1e9))
+
+    def _pooling(self, req: PreparedRequest, t: object, i: int, hash_ids, kind: str, loop: int) -> None:
+        n_in = req.input_length
+        ids = self.prompts.for_loop(loop).prompt_ids(hash_ids, n_in)
+        docs = _col(t, "document_lengths", i)
+        q = _col(t, "query_length", i) or 0
+        req.max_tokens = 0
+        if kind == EMBEDDINGS:
+            cuts = np.cumsum(docs)[:-1] if docs else []
+            parts = np.split(ids, cuts) if docs else [ids]
+            req.body = self.payload.embeddings_body([orjson.dumps(p, option=orjson.OPT_SERIALIZE_NUMPY)
+                                                     for p in parts])
+            req.n_documents = len(parts)
+            return
+        if not docs:
+            raise ValueError(f"row {req.row}: {kind} needs query_length and document_lengths in the trace")
+        text = self._text(loop)
+        query = text.decode(ids[:q])
+        bounds = np.cumsum([q, *docs])
+        documents = [text.decode(ids[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        body = self.payload.score_body if kind == SCORE else self.payload.rerank_body
+        req.body = body(query, documents)
+        req.n_documents = len(docs)
+        req.expected_once = q + int(sum(docs))
+        req.expected_per_doc = len(docs) * q + int(sum(docs))
+        assert kind in (SCORE, RERANK)
+
+    def _grown(self, req: PreparedRequest, hash_ids, skey: object, kind: str, loop: int) -> None:
+        """Prefix growth without hash ids (module docstring)."""
+        builder = self.prompts.for_loop(loop)
+        n_in = req.input_length
+        own = builder.prompt_ids(hash_ids, n_in).astype(np.int32)
+        h = self._histories.pop(skey, None)
+        if h is not None:
+            self._history_tokens -= h.ids.size
+        answer = np.empty(0, np.int32)
+        if h is not None:
+            blocks = -(-h.output_length // builder.block_size)
+            answer = np.concatenate([builder.block_ids(mix64(h.answer_seed + b)) for b in range(blocks)]
+                                    )[: h.output_length].astype(np.int32)
+            history = np.concatenate((h.ids, answer))
+            new = own[: max(0, n_in - history.size)]
+            ids = np.concatenate((history, new))[:n_in]
+        else:
+            new, ids = own, own
+        if kind == CHAT:
+            text = self._text(loop)
+            messages = list(h.messages) if h is not None else []
+            if h is not None:
+                messages.append({"role": "assistant", "content": text.decode(answer)})
+            messages.append({"role": "user", "content": text.decode(new)})
+            req.body = self.payload.messages_body(messages, req.output_length)
+        else:
+            messages = []
+            if self.text_mode:
+                req.body = self.payload.text_body(self._text(loop).decode(ids), req.output_length, chat=False)
+            else:
+                req.body = self.payload.body(orjson.dumps(ids, option=orjson.OPT_SERIALIZE_NUMPY), req.output_length)
+        first = int(hash_ids[0]) if len(hash_ids) else req.row
+        self._histories[skey] = _History(ids=ids, answer_seed=mix64(first ^ ANSWER_SALT),
+                                         output_length=req.output_length, messages=messages)
+        self._history_tokens += ids.size
+        while self._history_tokens > HISTORY_TOKENS and self._histories:
+            _, old = self._histories.popitem(last=False)
+            self._history_tokens -= old.ids.size
