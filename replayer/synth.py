@@ -8,7 +8,7 @@ Model (all draws from ``numpy.random.default_rng(seed)``, so the same spec gives
 * **Sessions**: rows come in groups of ``sessions`` concurrent conversations x ``turns`` turns;
   within a group the k-th arrival belongs to session ``k % sessions`` and is its turn
   ``k // sessions`` (conversations interleave, each turn after the previous one). Session ids are
-  ``"s<n>"`` (only written when ``turns > 1``).
+  ``"s<n>"`` and ``turn`` the 0-based turn index (both only written when ``turns > 1``).
 * **Lengths**: per turn, ``u`` new user tokens and ``o`` output tokens, from distributions
   (:func:`parse_dist`) or resampled as (input_length, output_length) pairs of a trace
   (``lengths_from``). Turn ``t`` of a session has ``input_length = S + sum_{k<t} (u_k + o_k) + u_t``
@@ -179,15 +179,16 @@ def synth_batches(spec: SynthSpec, *, chunk_rows: int = ROW_GROUP_SIZE) -> Itera
         times = t_now + np.cumsum(gaps)
         t_now = float(times[-1])
         ts = np.round(times * 1e9).astype(np.int64)
-        sid = None
+        sid = turn = None
         if T > 1:
             sid = [f"s{session_base + k}" for k in sess_local.tolist()]
+            turn = ((np.arange(n) % group) // C).tolist()  # row k of a group is turn k // C
         session_base += g * C
-        out = sid
         yield Trace(path="synthetic", timestamp_ns=ts, input_length=L, output_length=o.reshape(-1)[:n].astype(np.int64),
                     hash_offsets=offs, hash_values=ids.astype(np.int64), block_size=bs,
                     source_row=np.arange(done + 1, done + n + 1, dtype=np.int64), rows_out_of_order=0,
-                    session_id=out, metadata={"format": "synthetic", "block_size": str(bs)}, row_offset=done)
+                    session_id=sid, turn=turn, metadata={"format": "synthetic", "block_size": str(bs)},
+                    row_offset=done)
         done += n
 
 
@@ -196,13 +197,14 @@ def _concat(batches: list[Trace]) -> Trace:
     shift = np.cumsum([0] + [int(o[-1]) for o in offs[:-1]])
     hash_offsets = np.concatenate([offs[0][:1]] + [o[1:] + s for o, s in zip(offs, shift)])
     sess = None if batches[0].session_id is None else [s for b in batches for s in b.session_id]
+    turn = None if batches[0].turn is None else [x for b in batches for x in b.turn]
     b0 = batches[0]
     return Trace(path=b0.path, timestamp_ns=np.concatenate([b.timestamp_ns for b in batches]),
                  input_length=np.concatenate([b.input_length for b in batches]),
                  output_length=np.concatenate([b.output_length for b in batches]), hash_offsets=hash_offsets,
                  hash_values=np.concatenate([b.hash_values for b in batches]), block_size=b0.block_size,
                  source_row=np.concatenate([b.source_row for b in batches]), rows_out_of_order=0,
-                 session_id=sess, metadata=dict(b0.metadata))
+                 session_id=sess, turn=turn, metadata=dict(b0.metadata))
 
 
 def synth(spec: SynthSpec) -> Trace:

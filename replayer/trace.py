@@ -13,8 +13,11 @@ a column mapping and a time unit. Hash ids are 64-bit integers or strings
 Canonical Parquet (``traces/README.md`` documents it exactly): columns ``timestamp``,
 ``input_length``, ``output_length`` (int64), ``hash_ids`` (list<int64> or list<uint64>), optional
 ``request_id``, ``session_id``, ``model`` (string), ``priority`` (int64), ``extra_body`` (string
-holding a JSON object); file metadata ``replayer.schema_version``, ``replayer.block_size``,
-``replayer.time_unit``, ``replayer.source``, ``replayer.license``.
+holding a JSON object); optional session and endpoint columns ``turn`` (int64), ``parent_request_id``
+(string), ``think_time_s`` (float64), ``endpoint`` (string, one of :data:`ENDPOINTS`),
+``query_length`` (int64), ``document_lengths`` (list<int64>); file metadata
+``replayer.schema_version``, ``replayer.block_size``, ``replayer.time_unit``, ``replayer.source``,
+``replayer.license`` (and ``replayer.hash_ids`` = ``synthesised`` for synthesised hash ids).
 
 ``read_trace`` validates the whole file and raises one :class:`TraceError` that lists every problem
 (file, 1-based row, field, message). Rows are then stable-sorted by timestamp as whole rows (a
@@ -62,6 +65,7 @@ __all__ = [
     "TraceSource",
     "open_trace",
     "trace_paths",
+    "ENDPOINTS",
 ]
 
 SCHEMA_VERSION = "1"
@@ -85,17 +89,38 @@ _U64 = 1 << 64
 _HEX = frozenset("0123456789abcdefABCDEF")
 ROW_GROUP_SIZE = 65_536
 
+#: Request endpoints a row may name (``endpoint`` column): short name -> API path. Either form is
+#: accepted; rows store the path.
+ENDPOINTS: dict[str, str] = {
+    "completions": "/v1/completions",
+    "chat": "/v1/chat/completions",
+    "embeddings": "/v1/embeddings",
+    "score": "/v1/score",
+    "rerank": "/v1/rerank",
+}
+_ENDPOINT_PATH = {**ENDPOINTS, **{v: v for v in ENDPOINTS.values()}}
+#: Endpoints whose rows must give ``query_length`` and ``document_lengths``.
+_QUERY_ENDPOINTS = ("/v1/score", "/v1/rerank")
+
 _INT64_MAX = int(np.iinfo(np.int64).max)
 _REQUIRED = ("timestamp", "input_length", "output_length", "hash_ids")
-_OPTIONAL_STR = ("request_id", "session_id", "model")
-_OPTIONAL = ("request_id", "session_id", "model", "priority", "extra_body")
+#: Optional per-row columns -> the Arrow type ``write_parquet`` gives them. On a Trace each is a list
+#: (None for a missing value) except ``think_time_s``, a float64 array (NaN for a missing value).
+_OPTIONAL_TYPES: dict[str, pa.DataType] = {
+    "request_id": pa.string(), "session_id": pa.string(), "model": pa.string(), "priority": pa.int64(),
+    "extra_body": pa.string(), "turn": pa.int64(), "parent_request_id": pa.string(),
+    "think_time_s": pa.float64(), "endpoint": pa.string(), "query_length": pa.int64(),
+    "document_lengths": pa.list_(pa.int64()),
+}
+_OPTIONAL = tuple(_OPTIONAL_TYPES)
 _FIELD_ORDER = {
     name: i
     for i, name in enumerate(
         ("file", "format", "metadata", "json", *_REQUIRED, *_OPTIONAL)
     )
 }
-_MIN = {"timestamp": 0, "input_length": 1, "output_length": 1}
+_MIN = {"timestamp": 0, "input_length": 1, "output_length": 1, "turn": 0, "query_length": 1,
+        "document_lengths": 1}
 
 
 # --------------------------------------------------------------------------------------------
@@ -191,6 +216,16 @@ class Trace:
     * Optional columns (``request_id``, ``session_id``, ``model``: ``str | None``; ``priority``:
       ``int | None``; ``extra_body``: ``str | None`` holding a JSON object) are lists in sorted
       order, or ``None`` when the source has no such column.
+    * Session and endpoint columns (lists in sorted order, ``None`` when the source has no such
+      column; ``traces/README.md`` has the rules): ``turn`` ``int | None`` (>= 0, turn number in
+      its session); ``parent_request_id`` ``str | None`` (request this one follows; rows with one
+      and no ``session_id`` get ``session_id`` = the chain's root request id);
+      ``think_time_s``: float64[n] array of seconds (>= 0, NaN = not set) or ``None``;
+      ``endpoint`` ``str | None``: an API path, a value of :data:`ENDPOINTS`; ``query_length``
+      ``int | None`` (tokens, >= 1); ``document_lengths`` ``list[int] | None`` (tokens per
+      document, each >= 1; with ``query_length`` they add up to ``input_length``).
+    * ``hash_ids_synthetic``: the hash ids were synthesised (no prefix information in the source:
+      Azure CSV, ``hash_ids=`` mapping); metadata ``hash_ids`` is then ``"synthesised"``.
     * ``metadata``: ``schema_version``, ``block_size``, ``time_unit`` (unit of the source's
       timestamps), ``source``, ``license``, ``format`` (one of :data:`FORMATS`), without the
       ``replayer.`` prefix.
@@ -214,6 +249,13 @@ class Trace:
     metadata: dict[str, str] = field(default_factory=dict)
     #: Index of this trace's first row in the whole trace (0 unless it is a batch of a TraceSource).
     row_offset: int = 0
+    turn: list[int | None] | None = None
+    parent_request_id: list[str | None] | None = None
+    think_time_s: np.ndarray | None = None
+    endpoint: list[str | None] | None = None
+    query_length: list[int | None] | None = None
+    document_lengths: list[list[int] | None] | None = None
+    hash_ids_synthetic: bool = False
 
     def __len__(self) -> int:
         return int(self.input_length.shape[0])
@@ -231,10 +273,6 @@ class Trace:
         """The first ``n`` rows (in sorted order) as a new Trace sharing the metadata."""
         n = max(0, min(int(n), len(self)))
         end = int(self.hash_offsets[n])
-
-        def cut(lst):
-            return None if lst is None else lst[:n]
-
         return Trace(
             path=self.path,
             timestamp_ns=self.timestamp_ns[:n],
@@ -245,14 +283,23 @@ class Trace:
             block_size=self.block_size,
             source_row=self.source_row[:n],
             rows_out_of_order=self.rows_out_of_order,
-            request_id=cut(self.request_id),
-            session_id=cut(self.session_id),
-            model=cut(self.model),
-            priority=cut(self.priority),
-            extra_body=cut(self.extra_body),
             metadata=dict(self.metadata),
             row_offset=self.row_offset,
+            hash_ids_synthetic=self.hash_ids_synthetic,
+            **_cut_optional(self, slice(0, n)),
         )
+
+
+def _cut_optional(t: Trace, sel: slice | np.ndarray) -> dict[str, Any]:
+    """The optional per-row columns of ``t`` at ``sel`` (a slice, or an int index array) by name."""
+    out: dict[str, Any] = {}
+    for name in _OPTIONAL:
+        v = getattr(t, name)
+        if v is None or isinstance(sel, slice) or isinstance(v, np.ndarray):
+            out[name] = None if v is None else v[sel]
+        else:
+            out[name] = [v[i] for i in sel.tolist()]
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -473,20 +520,112 @@ def _hash_from_lists(lists: list, rows: np.ndarray, probs: _Problems) -> tuple[n
     return _hash_slow(lists, rows, probs)
 
 
+def _is_nan(v: Any) -> bool:
+    return isinstance(v, (float, np.floating)) and math.isnan(v)
+
+
+def _no_parent(v: Any) -> bool:
+    """A negative integer parent id (``-1``: "no parent" in some traces, e.g. Alibaba's) is no parent."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return v < 0
+    return isinstance(v, str) and v[:1] == "-" and v[1:].isdigit()
+
+
+def _document_lengths(v: Any) -> tuple[list[int] | None, str | None]:
+    """One ``document_lengths`` value (a list, or a string holding a JSON list) -> (list, None) or (None, error)."""
+    if isinstance(v, str):  # CSV cells (and JSONL strings) hold a JSON list
+        try:
+            v = orjson.loads(v)
+        except orjson.JSONDecodeError:
+            return None, f"expected a list of integers, got string {_short(v)}"
+    if not isinstance(v, (list, tuple, np.ndarray)):
+        return None, f"expected a list of integers, got {_type_name(v)} {_short(v)}"
+    if len(v) == 0:
+        return None, "empty list: expected at least one document length"
+    out = []
+    for j, x in enumerate(v):
+        iv, err = _coerce_int(x, "document_lengths", 1)
+        if err is not None:
+            return None, f"document_lengths[{j}]: {err}"
+        out.append(iv)
+    return out, None
+
+
+def _think_times(values: list | pa.ChunkedArray, rows: np.ndarray, probs: _Problems) -> np.ndarray:
+    """``think_time_s`` -> float64 seconds, NaN where not set (null or NaN); < 0 or infinite is an error."""
+    if isinstance(values, pa.ChunkedArray):
+        t = values.type
+        if pa.types.is_floating(t) or pa.types.is_integer(t):
+            out = np.array(values.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+            bad = ~np.isnan(out) & ~((out >= 0) & np.isfinite(out))
+            for i in np.flatnonzero(bad):
+                probs.add(rows[i], "think_time_s", f"think_time_s {float(out[i])!r} is not allowed: "
+                                                   "must be a finite number >= 0 (seconds)")
+            out[bad] = np.nan
+            return out
+        values = values.to_pylist()
+    out = np.full(len(values), np.nan, dtype=np.float64)
+    for i, v in enumerate(values):
+        if v is _MISSING or v is None or _is_nan(v):
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            probs.add(rows[i], "think_time_s", f"expected a number (seconds), got {_type_name(v)} {_short(v)}")
+            continue
+        fv = float(v)
+        if not math.isfinite(fv) or fv < 0:
+            probs.add(rows[i], "think_time_s", f"think_time_s {fv!r} is not allowed: must be a finite number "
+                                               ">= 0 (seconds)")
+            continue
+        out[i] = fv
+    return out
+
+
+def _optional_column(name: str, values: list | pa.ChunkedArray, rows: np.ndarray,
+                     probs: _Problems) -> list | np.ndarray:
+    """Check one optional column -> list in file order (None = not set), or a float64 array for ``think_time_s``."""
+    if name == "think_time_s":
+        return _think_times(values, rows, probs)
+    if isinstance(values, pa.ChunkedArray):
+        values = values.to_pylist()
+    return _optional_from_list(name, values, rows, probs)
+
+
 def _optional_from_list(name: str, values: list, rows: np.ndarray, probs: _Problems) -> list:
     out: list = []
     for i, v in enumerate(values):
         if v is _MISSING or v is None:
             out.append(None)
             continue
-        if name in ("request_id", "session_id"):
-            if isinstance(v, str):
+        if name in ("request_id", "session_id", "parent_request_id"):
+            if name == "parent_request_id" and _no_parent(v):
+                out.append(None)
+            elif isinstance(v, str):
                 out.append(v)
             elif isinstance(v, (int, np.integer)) and not isinstance(v, bool):
                 out.append(str(int(v)))
             else:
                 probs.add(rows[i], name, f"expected a string, got {_type_name(v)} {_short(v)}")
                 out.append(None)
+        elif name in ("turn", "query_length"):
+            if _is_nan(v):  # a float column's NaN means "not set" (as null)
+                out.append(None)
+                continue
+            iv, err = _coerce_int(v, name, _MIN[name])
+            if err is not None:
+                probs.add(rows[i], name, err)
+            out.append(iv)
+        elif name == "endpoint":
+            path = _ENDPOINT_PATH.get(v) if isinstance(v, str) else None
+            if path is None:
+                probs.add(rows[i], name, f"unknown endpoint {_short(v)}: expected one of "
+                                         f"{', '.join(ENDPOINTS.values())} or the short names "
+                                         f"{', '.join(ENDPOINTS)}")
+            out.append(path)
+        elif name == "document_lengths":
+            lst, err = _document_lengths(v)
+            if err is not None:
+                probs.add(rows[i], name, err)
+            out.append(lst)
         elif name == "model":
             if isinstance(v, str):
                 out.append(v)
@@ -520,6 +659,34 @@ def _optional_from_list(name: str, values: list, rows: np.ndarray, probs: _Probl
     return out
 
 
+def _check_requests(rows: np.ndarray, il: np.ndarray, il_ok: np.ndarray, optional: dict[str, Any],
+                    probs: _Problems) -> None:
+    """Row rules of ``query_length`` / ``document_lengths`` / ``endpoint`` (values that parsed)."""
+    q, d, e = (optional.get(k) for k in ("query_length", "document_lengths", "endpoint"))
+    if q is None and d is None and e is None:
+        return
+    bad = {(p.row, p.field) for p in probs.items if p.field in ("query_length", "document_lengths")}
+    for i in range(len(rows)):
+        qi = q[i] if q is not None else None
+        di = d[i] if d is not None else None
+        ei = e[i] if e is not None else None
+        r = int(rows[i])
+        q_bad, d_bad = (r, "query_length") in bad, (r, "document_lengths") in bad
+        if ei in _QUERY_ENDPOINTS:
+            if qi is None and not q_bad:
+                probs.add(r, "query_length", f"missing: endpoint {ei} needs query_length and document_lengths")
+            if di is None and not d_bad:
+                probs.add(r, "document_lengths", f"missing: endpoint {ei} needs query_length and document_lengths")
+        elif qi is not None and di is None and not d_bad:
+            probs.add(r, "document_lengths", "missing: required when query_length is set")
+        if di is not None and not q_bad and il_ok[i]:
+            docs = sum(di)
+            if (qi or 0) + docs != int(il[i]):
+                probs.add(r, "document_lengths",
+                          f"query_length {qi or 0} + sum(document_lengths) {docs} = {(qi or 0) + docs} "
+                          f"!= input_length {int(il[i])}: they must be equal")
+
+
 # --------------------------------------------------------------------------------------------
 # Reading options and column mapping
 
@@ -533,8 +700,10 @@ def parse_mapping(text: str | dict[str, str] | None) -> dict[str, str]:
     """``"timestamp=ts,input_length=prompt_len"`` -> ``{"timestamp": "ts", ...}`` (canonical -> source).
 
     Keys must be canonical field names (``timestamp``, ``input_length``, ``output_length``,
-    ``hash_ids``, ``request_id``, ``session_id``, ``model``, ``priority``, ``extra_body``); an empty
-    value for ``hash_ids`` (``hash_ids=``) means "no prefix information: synthesise unique ids".
+    ``hash_ids``, ``request_id``, ``session_id``, ``model``, ``priority``, ``extra_body``,
+    ``turn``, ``parent_request_id``, ``think_time_s``, ``endpoint``, ``query_length``,
+    ``document_lengths``); an empty value for ``hash_ids`` (``hash_ids=``) means "no prefix
+    information: synthesise unique ids".
     Raises ValueError naming the bad entry.
     """
     if text is None:
@@ -680,7 +849,7 @@ class _Raw:
     hash_len: np.ndarray
     hash_vals: np.ndarray
     hash_ok: np.ndarray
-    optional: dict[str, list]
+    optional: dict[str, Any]  # name -> list (or float64 array: think_time_s), file order
     ns_per_unit: int
     block_size: int
     metadata: dict[str, str]
@@ -754,11 +923,12 @@ def _read_jsonl(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
         hl, hv, hok = _hash_from_lists([o.get(k, _MISSING) for o in objs], rows_a, probs)
     else:
         hl, hv, hok = _synth_hash(*cols["input_length"], bs, 0)
-    optional: dict[str, list] = {}
+    optional: dict[str, Any] = {}
     for name in _OPTIONAL:
         k = _src(opts, name)
         if k and any(k in o for o in objs):
-            optional[name] = _optional_from_list(name, [o.get(k, _MISSING) for o in objs], rows_a, probs)
+            optional[name] = _optional_column(name, [o.get(k, _MISSING) for o in objs], rows_a, probs)
+    _check_requests(rows_a, *cols["input_length"], optional, probs)
     meta = {"format": opts.fmt, "time_unit": unit, "block_size": str(bs)}
     if not _src(opts, "hash_ids"):
         meta["hash_ids"] = "synthesised"
@@ -854,7 +1024,8 @@ def _raw_from_table(table: pa.Table, probs: _Problems, meta: dict[str, str], blo
     """Validate the columns of ``table`` (Parquet or CSV) -> raw columns; ``rows`` numbers the rows."""
     text: dict[str, list] = {}
     if opts.fmt in ("csv", "azure"):  # a bad cell makes the whole CSV column text: re-read the numbers
-        for name in ("timestamp", "input_length", "output_length", "priority"):
+        for name in ("timestamp", "input_length", "output_length", "priority", "turn", "query_length",
+                     "think_time_s"):
             k = _src(opts, name)
             if k in table.column_names and (name != "timestamp" or meta["time_unit"] != "datetime"):
                 col = table.column(k)
@@ -888,11 +1059,12 @@ def _raw_from_table(table: pa.Table, probs: _Problems, meta: dict[str, str], blo
     else:
         hl, hv, hok = _synth_hash(il, il_ok, block_size, synth_start)
         meta["hash_ids"] = "synthesised"
-    optional: dict[str, list] = {}
+    optional: dict[str, Any] = {}
     for name in _OPTIONAL:
         k = _src(opts, name)
         if k and k in names:
-            optional[name] = _optional_from_list(name, text.get(name) or table.column(k).to_pylist(), rows, probs)
+            optional[name] = _optional_column(name, text[name] if name in text else table.column(k), rows, probs)
+    _check_requests(rows, il, il_ok, optional, probs)
     return _Raw(rows, ts, ts_ok, il, il_ok, ol, ol_ok, hl, hv, hok, optional, ns, block_size, meta)
 
 
@@ -911,9 +1083,11 @@ def _concat_raw(raws: list[_Raw], files: list[str]) -> _Raw:
     if len(raws) == 1:
         return dataclasses.replace(raws[0], shard_files=files, shard_start=np.zeros(1, dtype=np.int64))
     cat = np.concatenate
-    optional: dict[str, list] = {}
+    optional: dict[str, Any] = {}
     for name in _OPTIONAL:
-        if any(name in r.optional for r in raws):
+        if name == "think_time_s" and any(name in r.optional for r in raws):
+            optional[name] = cat([r.optional.get(name, np.full(len(r.rows), np.nan)) for r in raws])
+        elif any(name in r.optional for r in raws):
             optional[name] = [v for r in raws for v in r.optional.get(name, [None] * len(r.rows))]
     r0 = raws[0]
     start = np.cumsum([0] + [len(r.rows) for r in raws[:-1]]).astype(np.int64)
@@ -977,7 +1151,8 @@ def _read_csv(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
     unit = opts.time_unit or ("datetime" if opts.fmt == "azure" else DEFAULT_TIME_UNIT)
     if unit == "datetime":
         types[_src(opts, "timestamp")] = pa.string()
-    for name in ("hash_ids", "request_id", "session_id", "model", "extra_body"):
+    for name in ("hash_ids", "request_id", "session_id", "model", "extra_body", "parent_request_id", "endpoint",
+                 "document_lengths"):
         if _src(opts, name):
             types[_src(opts, name)] = pa.string()
     try:
@@ -1050,18 +1225,76 @@ def _check_hash_counts(raw: _Raw, probs: _Problems) -> None:
                   f"expected {e} hash id{'s' if e != 1 else ''} (ceil(input_length {L} / block_size {bs})), got {a}")
 
 
+class _Sessions:
+    """Session state carried from batch to batch in sorted order (one per pass over a trace).
+
+    ``last_turn``: session id -> (turn, row) of its latest checked row (turn order check).
+    ``roots``: request id -> root request id of its ``parent_request_id`` chain.
+    """
+
+    def __init__(self) -> None:
+        self.last_turn: dict[str, tuple[int, int]] = {}
+        self.roots: dict[str, str] = {}
+
+
+def _check_turns(raw: _Raw, order: np.ndarray | None, probs: _Problems, state: _Sessions) -> None:
+    """Turns of each session (as given in the file) must strictly increase in sorted time order.
+
+    Rows with a ``parent_request_id`` are left out: a chain may branch (two answers to one turn).
+    """
+    sess, turns = raw.optional.get("session_id"), raw.optional.get("turn")
+    if sess is None or turns is None:
+        return
+    parent = raw.optional.get("parent_request_id")
+    last = state.last_turn
+    for i in (order.tolist() if order is not None else range(len(sess))):
+        s, t = sess[i], turns[i]
+        if s is None or t is None or (parent is not None and parent[i] is not None):
+            continue
+        row = int(raw.rows[i])
+        prev = last.get(s)
+        if prev is not None and t <= prev[0]:
+            probs.add(row, "turn", f"turn {t} of session {s!r} does not follow turn {prev[0]} (row {prev[1]}): "
+                                   "turns of a session must strictly increase in time order", file=raw.file_of(i))
+        last[s] = (t, row)
+
+
+def _derive_sessions(session: list | None, request_id: list | None, parent: list, roots: dict[str, str]) -> list:
+    """``session_id`` with the chain root filled in where it is missing (rows in sorted order).
+
+    root(row) = root(parent) when the parent appeared earlier (``roots``), else the parent id
+    itself; a row without a parent is the root of its own chain (root = its ``request_id``).
+    """
+    n = len(parent)
+    out = list(session) if session is not None else [None] * n
+    for i in range(n):
+        p = parent[i]
+        r = request_id[i] if request_id is not None else None
+        root = roots.get(p, p) if p is not None else r
+        if r is not None and root is not None:
+            roots[r] = root
+        if out[i] is None:
+            out[i] = root
+    return out
+
+
 def _finish(raw: _Raw, probs: _Problems, path: str, strict: bool, *, origin: int | None = None,
-            not_before: int | None = None, row_offset: int = 0, stacklevel: int = 3) -> Trace:
+            not_before: int | None = None, row_offset: int = 0, stacklevel: int = 3,
+            sessions: _Sessions | None = None) -> Trace:
     """Checks that need whole rows, then sort and build the Trace.
 
     ``origin`` (raw units): time 0 (default: the smallest timestamp). ``not_before`` (raw units):
     streaming only; a row earlier than this is an error (an earlier row group went past it).
+    ``sessions``: streaming only; state from the batches before this one.
     """
+    if sessions is None:
+        sessions = _Sessions()
     if raw.shard_files is None:  # shards were checked one by one (problems name the shard)
         _check_hash_counts(raw, probs)
     ts = raw.ts
     ns = raw.ns_per_unit
     rows_out = 0
+    order = None
     if raw.ts_ok.all():
         tmin = int(ts.min()) if origin is None else int(origin)
         if not_before is not None and int(ts.min()) < not_before:
@@ -1085,6 +1318,8 @@ def _finish(raw: _Raw, probs: _Problems, path: str, strict: bool, *, origin: int
                           f"{rows_out} rows out of timestamp order (first here: {int(ts[first])} after "
                           f"{int(prev_max[first - 1])}); strict mode requires sorted timestamps",
                           file=raw.file_of(first))
+        order = np.argsort(ts, kind="stable") if rows_out else None
+        _check_turns(raw, order, probs, sessions)
     probs.raise_if_any()
 
     n = ts.shape[0]
@@ -1092,11 +1327,9 @@ def _finish(raw: _Raw, probs: _Problems, path: str, strict: bool, *, origin: int
     hash_offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(raw.hash_len, out=hash_offsets[1:])
     hash_values = raw.hash_vals
-    order = None
     if rows_out:
         warnings.warn(f"{path}: {rows_out} rows out of timestamp order; rows were stable-sorted by "
                       "timestamp (whole rows move together)", TraceOrderWarning, stacklevel=stacklevel)
-        order = np.argsort(ts, kind="stable")
         new_len = raw.hash_len[order]
         new_off = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(new_len, out=new_off[1:])
@@ -1112,6 +1345,13 @@ def _finish(raw: _Raw, probs: _Problems, path: str, strict: bool, *, origin: int
             return None
         return [lst[i] for i in order] if order is not None else list(lst)
 
+    opt = {name: take_list(raw.optional.get(name)) for name in _OPTIONAL if name != "think_time_s"}
+    think = raw.optional.get("think_time_s")
+    if think is not None:
+        think = _readonly(np.ascontiguousarray(think[order] if order is not None else think, dtype=np.float64))
+    if opt["parent_request_id"] is not None:
+        opt["session_id"] = _derive_sessions(opt["session_id"], opt["request_id"], opt["parent_request_id"],
+                                             sessions.roots)
     return Trace(
         path=path,
         timestamp_ns=take(offsets_ns),
@@ -1122,13 +1362,11 @@ def _finish(raw: _Raw, probs: _Problems, path: str, strict: bool, *, origin: int
         block_size=raw.block_size,
         source_row=take(raw.rows),
         rows_out_of_order=rows_out,
-        request_id=take_list(raw.optional.get("request_id")),
-        session_id=take_list(raw.optional.get("session_id")),
-        model=take_list(raw.optional.get("model")),
-        priority=take_list(raw.optional.get("priority")),
-        extra_body=take_list(raw.optional.get("extra_body")),
         metadata=raw.metadata,
         row_offset=row_offset,
+        think_time_s=think,
+        hash_ids_synthetic=raw.metadata.get("hash_ids") == "synthesised",
+        **opt,
     )
 
 
@@ -1169,8 +1407,17 @@ def read_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | 
     unreadable or empty file; corrupt Parquet; unknown format; missing required column; invalid
     JSON line; a value of the wrong type, null, NaN or non-integer; ``timestamp`` < 0 or not a
     date-time; ``input_length`` or ``output_length`` < 1; a ``hash_ids`` that is not a list of ids
-    or whose length is not ``ceil(input_length / block_size)``. ValueError for a bad ``block_size``,
-    ``time_unit`` or ``mapping``.
+    or whose length is not ``ceil(input_length / block_size)``; ``turn`` < 0 or not increasing
+    within its session in time order; ``think_time_s`` < 0 or infinite; an ``endpoint`` not in
+    :data:`ENDPOINTS`; ``query_length`` < 1; ``document_lengths`` not a non-empty list of ints >= 1;
+    ``query_length`` without ``document_lengths``; ``query_length`` + sum(``document_lengths``) !=
+    ``input_length``; a ``/v1/score`` or ``/v1/rerank`` row without both. ValueError for a bad
+    ``block_size``, ``time_unit`` or ``mapping``.
+
+    Session columns (rules in ``traces/README.md``): a row with ``parent_request_id`` and no
+    ``session_id`` gets ``session_id`` = the root request id of its chain (followed through earlier
+    rows; a parent that is not in the trace is itself the root); in a trace with that column, a row
+    with a ``request_id`` and neither gets its own ``request_id``, so a chain is one session.
     """
     path = os.fspath(path)
     probs = _Problems(path)
@@ -1201,6 +1448,10 @@ class TraceSource:
       global origin, not per batch) and ``row_offset`` = index of its first row in the whole trace.
     * :meth:`validate` streams over everything and raises one :class:`TraceError` listing every
       problem (capped), keeping no rows: call it before sending anything.
+    * ``parent_request_id`` chains are followed across batches (memory: one entry per request id
+      of a trace with that column). Turn order within a session is checked across the whole trace
+      by :meth:`validate` (memory: one entry per session of a trace with ``session_id`` and
+      ``turn``) but only within each batch by :meth:`batches`.
     """
 
     path: str
@@ -1246,16 +1497,12 @@ class _LoadedSource(TraceSource):
 def slice_rows(t: Trace, a: int, b: int) -> Trace:
     """Rows ``a:b`` of ``t`` as a Trace sharing its arrays (``row_offset`` advanced by ``a``)."""
     ha, hb = int(t.hash_offsets[a]), int(t.hash_offsets[b])
-
-    def cut(lst):
-        return None if lst is None else lst[a:b]
-
     return Trace(path=t.path, timestamp_ns=t.timestamp_ns[a:b], input_length=t.input_length[a:b],
                  output_length=t.output_length[a:b], hash_offsets=_readonly(t.hash_offsets[a:b + 1] - ha),
                  hash_values=t.hash_values[ha:hb], block_size=t.block_size, source_row=t.source_row[a:b],
-                 rows_out_of_order=t.rows_out_of_order if a == 0 else 0, request_id=cut(t.request_id),
-                 session_id=cut(t.session_id), model=cut(t.model), priority=cut(t.priority),
-                 extra_body=cut(t.extra_body), metadata=t.metadata, row_offset=t.row_offset + a)
+                 rows_out_of_order=t.rows_out_of_order if a == 0 else 0, metadata=t.metadata,
+                 row_offset=t.row_offset + a, hash_ids_synthetic=t.hash_ids_synthetic,
+                 **_cut_optional(t, slice(a, b)))
 
 
 class _ParquetSource(TraceSource):
@@ -1300,6 +1547,7 @@ class _ParquetSource(TraceSource):
         prev_max = None
         offset = 0
         synth = 0
+        sessions = _Sessions()  # parent chains always span batches; turn order only in validate()
         for f in self.files:
             pf = pq.ParquetFile(f)
             fp = _Problems(f)
@@ -1329,8 +1577,10 @@ class _ParquetSource(TraceSource):
                         origin, ns0 = int(raw.ts.min()), raw.ns_per_unit
                     if raw.metadata.get("hash_ids") == "synthesised":
                         synth += int(raw.hash_len.sum())
+                    if problems is None:  # batches(): turn order within the batch (no per-session memory)
+                        sessions.last_turn.clear()
                     batch = _finish(raw, bp, self.path, self.opts.strict, origin=origin,
-                                    not_before=prev_max, row_offset=offset, stacklevel=4)
+                                    not_before=prev_max, row_offset=offset, stacklevel=4, sessions=sessions)
                 except TraceError as e:
                     if problems is None:
                         raise
@@ -1382,6 +1632,8 @@ def trace_table(trace: Trace, *, time_unit: str = "ms", source: str = "", licens
     Timestamps become integer offsets in ``time_unit`` (s/ms/us/ns); ``ValueError`` if an offset is
     not a whole number of that unit. ``hash_ids`` is list<int64>, or list<uint64> when some id is
     >= 2**63 (64 bits are kept). Empty ``source``/``license`` fall back to ``trace.metadata``.
+    Optional columns are written only when the trace has them (``think_time_s`` NaN -> null);
+    ``replayer.hash_ids`` = ``synthesised`` when ``trace.hash_ids_synthetic``.
     """
     if time_unit not in TIME_UNITS:
         raise ValueError(f"time_unit must be one of {', '.join(TIME_UNITS)}, got {time_unit!r}")
@@ -1409,18 +1661,24 @@ def trace_table(trace: Trace, *, time_unit: str = "ms", source: str = "", licens
         "output_length": pa.array(np.asarray(trace.output_length, dtype=np.int64), type=pa.int64()),
         "hash_ids": hash_col,
     }
-    for name in _OPTIONAL:
+    for name, typ in _OPTIONAL_TYPES.items():
         lst = getattr(trace, name)
-        if lst is not None:
-            cols[name] = pa.array(lst, type=pa.int64() if name == "priority" else pa.string())
+        if lst is None:
+            continue
+        if name == "think_time_s":  # NaN (not set) -> null
+            cols[name] = pa.array(np.asarray(lst, dtype=np.float64), type=typ, from_pandas=True)
+        else:
+            cols[name] = pa.array(lst, type=typ)
     meta = {
         "schema_version": SCHEMA_VERSION,
         "block_size": str(int(trace.block_size)),
         "time_unit": time_unit,
         "source": source or trace.metadata.get("source", ""),
         "license": license or trace.metadata.get("license", ""),
-        **(extra_metadata or {}),
     }
+    if trace.hash_ids_synthetic:
+        meta["hash_ids"] = "synthesised"
+    meta.update(extra_metadata or {})
     return pa.table(cols).replace_schema_metadata({META_PREFIX + k: v for k, v in meta.items()})
 
 

@@ -1,6 +1,6 @@
 """The ``replayer trace`` subcommands: flags -> calls into ``trace``, ``tracetools``, ``synth``.
 
-``convert``, ``inspect``, ``slice``, ``scale``, ``synth``. Exit codes: 0 done, 2 bad input or
+``convert``, ``inspect``, ``slice``, ``scale``, ``sessionize``, ``synth``. Exit codes: 0 done, 2 bad input or
 flags (the message names file, row and field for trace problems; nothing is written).
 """
 
@@ -15,7 +15,8 @@ def _add_input(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default="auto",
                    help="auto, parquet, mooncake, azure, jsonl, csv [default: auto, from the extension]")
     p.add_argument("--map", default=None, metavar="FIELD=COL,...",
-                   help="source column of each field, e.g. timestamp=ts,input_length=prompt_tokens; "
+                   help="source column of each field, e.g. timestamp=ts,input_length=prompt_tokens, "
+                        "request_id=chat_id,parent_request_id=parent_chat_id; "
                         "hash_ids= (empty) synthesises unique ids")
     p.add_argument("--time-unit", default=None, choices=("s", "ms", "us", "ns", "datetime"),
                    help="unit of the timestamp column [default: format's own; ms for generic files]")
@@ -29,7 +30,7 @@ def _add_output(p: argparse.ArgumentParser) -> None:
 
 def add_trace_parser(sub) -> None:
     """Add ``trace`` and its subcommands to ``sub`` (the top-level subparsers)."""
-    tr = sub.add_parser("trace", help="trace tools: convert, inspect, slice, scale, synth")
+    tr = sub.add_parser("trace", help="trace tools: convert, inspect, slice, scale, sessionize, synth")
     trs = tr.add_subparsers(dest="trace_command", required=True)
 
     conv = trs.add_parser("convert", help="validate, sort and write any trace as canonical Parquet")
@@ -61,6 +62,12 @@ def add_trace_parser(sub) -> None:
     sc.add_argument("--time", type=float, default=1.0, help="time factor (2 = twice as long, half the rate)")
     sc.add_argument("--input", type=float, default=1.0, dest="input_factor", help="input length factor")
     sc.add_argument("--output-factor", type=float, default=1.0, help="output length factor")
+
+    se = trs.add_parser("sessionize", help="chain rows that share leading hash ids into sessions (session_id, turn)")
+    _add_input(se)
+    _add_output(se)
+    se.add_argument("--min-shared-blocks", type=int, default=1, metavar="K",
+                    help="full blocks a row must share with the previous turn [default: 1]")
 
     sy = trs.add_parser("synth", help="generate a synthetic trace (seeded)")
     _add_output(sy)
@@ -131,6 +138,15 @@ def _run(args, json, convert, read_trace, write_parquet, coarsest_unit) -> int:
                             output_factor=args.output_factor)
         write_parquet(t, args.output, time_unit=coarsest_unit(t.timestamp_ns))
         print(f"wrote {args.output}: {len(t)} rows")
+        return 0
+    if cmd == "sessionize":
+        from .tracetools import sessionize_trace
+
+        t, s = sessionize_trace(read_trace(args.input, **_open_opts(args)),
+                                min_shared_blocks=args.min_shared_blocks)
+        write_parquet(t, args.output, time_unit=coarsest_unit(t.timestamp_ns))
+        print(f"wrote {args.output}: {s['rows']} rows, {s['sessions']} sessions "
+              f"({s['multi_turn_sessions']} multi-turn, max {s['max_turns']} turns)")
         return 0
     if cmd == "synth":
         from .synth import SynthSpec, write_synth

@@ -1,4 +1,4 @@
-"""Trace tools: ``inspect`` (streaming statistics), ``slice`` and ``scale`` (Trace -> Trace).
+"""Trace tools: ``inspect`` (streaming statistics), ``slice``, ``scale`` and ``sessionize`` (Trace -> Trace).
 
 Pure, synchronous code over :class:`replayer.trace.Trace`; no I/O except :func:`inspect_trace`,
 which streams a source batch by batch (memory bounded by the batch size plus the distinct hash ids
@@ -13,18 +13,19 @@ when that module exists, else the small local :class:`LruPrefixCache` (hash-id g
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any, Iterable
 
 import numpy as np
 
 from .prompts import mix64
-from .trace import Trace, TraceSource, hash_id_from_string, open_trace
+from .trace import Trace, TraceSource, _cut_optional, hash_id_from_string, open_trace
 
 __all__ = ["inspect_trace", "inspect_source", "format_inspect", "take_rows", "slice_trace", "scale_trace",
-           "LruPrefixCache", "GRIDS_NS"]
+           "sessionize_trace", "LruPrefixCache", "GRIDS_NS"]
 
 #: Candidate timestamp grids, coarsest first: (label, ns).
 GRIDS_NS = (("1 s", 1_000_000_000), ("100 ms", 100_000_000), ("10 ms", 10_000_000), ("1 ms", 1_000_000),
@@ -171,8 +172,10 @@ def inspect_source(source: TraceSource, *, cache_tokens: int | None = None, max_
     hit_lru = 0
     if cache_tokens is not None:
         lru, lru_name = _lru_model(bs, int(cache_tokens))
-    sessions: set[str] | None = None
+    sessions: Counter[str] | None = None  # session -> rows
     rows_with_session = 0
+    endpoints: Counter[str] | None = None
+    doc_rows = docs = None
     for t in source.batches(max_rows):
         n = len(t)
         if n == 0:
@@ -215,11 +218,18 @@ def inspect_source(source: TraceSource, *, cache_tokens: int | None = None, max_
                 hit_lru += int(obs(t.hash_values[offs[i]: offs[i + 1]], int(il[i])))
         if t.session_id is not None:
             if sessions is None:
-                sessions = set()
-            for s in t.session_id:
-                if s is not None:
-                    sessions.add(s)
-                    rows_with_session += 1
+                sessions = Counter()
+            known = [s for s in t.session_id if s is not None]
+            sessions.update(known)
+            rows_with_session += len(known)
+        if t.endpoint is not None:
+            if endpoints is None:
+                endpoints = Counter()
+            endpoints.update(e if e is not None else "(not set)" for e in t.endpoint)
+        if t.document_lengths is not None:
+            known_docs = [d for d in t.document_lengths if d is not None]
+            doc_rows = (doc_rows or 0) + len(known_docs)
+            docs = (docs or 0) + sum(map(len, known_docs))
     span_s = last_ns / 1e9
     grid = next((label for label, _ in GRIDS_NS if grid_ok[label]), None) if rows else None
     out: dict[str, Any] = {
@@ -246,6 +256,11 @@ def inspect_source(source: TraceSource, *, cache_tokens: int | None = None, max_
         "prefix_cache_model": lru_name,
         "sessions": len(sessions) if sessions is not None else None,
         "rows_with_session": rows_with_session if sessions is not None else None,
+        "multi_turn_sessions": sum(1 for c in sessions.values() if c > 1) if sessions is not None else None,
+        "max_turns": max(sessions.values(), default=0) if sessions is not None else None,
+        "endpoints": dict(sorted(endpoints.items())) if endpoints is not None else None,
+        "rows_with_documents": doc_rows,
+        "documents": docs,
     }
     if source.metadata.get("hash_ids") == "synthesised":
         out["hash_ids"] = "synthesised (no prefix information in the source)"
@@ -263,7 +278,11 @@ def inspect_trace(path: str | os.PathLike, *, cache_tokens: int | None = None, m
     ``inverted_cdf`` definition); ``total_*_tokens``; ``unique_blocks`` (distinct hash ids);
     ``prefix_hit_ratio_infinite`` (hit tokens / input tokens, infinite cache);
     ``prefix_hit_ratio_lru`` (with ``cache_tokens`` capacity, else None); ``sessions`` (distinct
-    ``session_id`` values, None without the column). Raises TraceError for a bad trace.
+    ``session_id`` values), ``rows_with_session``, ``multi_turn_sessions`` (sessions of >= 2 rows),
+    ``max_turns`` (most rows in one session) - all None without the column; ``endpoints``
+    (endpoint path -> rows, ``"(not set)"`` for rows without one; None without the column);
+    ``rows_with_documents`` / ``documents`` (rows with ``document_lengths``, documents in them; None
+    without the column). Raises TraceError for a bad trace.
     """
     return inspect_source(open_trace(path, **open_opts), cache_tokens=cache_tokens, max_rows=max_rows)
 
@@ -296,7 +315,15 @@ def format_inspect(s: dict[str, Any]) -> str:
     if s["cache_tokens"] is not None:
         lines.append(f"                 LRU {s['cache_tokens']:,} tokens {num(s['prefix_hit_ratio_lru'], '{:.2%}')}"
                      f"  ({s['prefix_cache_model']})")
-    lines.append(f"sessions         {'-' if s['sessions'] is None else format(s['sessions'], ',')}")
+    if s["sessions"] is None:
+        lines.append("sessions         -")
+    else:
+        lines.append(f"sessions         {s['sessions']:,}  ({s.get('multi_turn_sessions') or 0:,} multi-turn, "
+                     f"max {s.get('max_turns') or 0:,} turns; {s['rows_with_session']:,} rows)")
+    if s.get("endpoints") is not None:
+        lines.append("endpoints        " + "  ".join(f"{k} {v:,}" for k, v in s["endpoints"].items()))
+    if s.get("rows_with_documents") is not None:
+        lines.append(f"documents        {s['rows_with_documents']:,} rows, {s['documents']:,} documents")
     return "\n".join(lines)
 
 
@@ -315,16 +342,11 @@ def take_rows(t: Trace, idx: np.ndarray, *, rebase: bool = True) -> Trace:
     ts = t.timestamp_ns[idx]
     if rebase and ts.size:
         ts = ts - ts.min()
-
-    def pick(lst):
-        return None if lst is None else [lst[i] for i in idx.tolist()]
-
     return Trace(path=t.path, timestamp_ns=ts, input_length=t.input_length[idx],
                  output_length=t.output_length[idx], hash_offsets=new_off,
                  hash_values=np.asarray(t.hash_values, dtype=np.int64)[gather], block_size=t.block_size,
-                 source_row=t.source_row[idx], rows_out_of_order=0, request_id=pick(t.request_id),
-                 session_id=pick(t.session_id), model=pick(t.model), priority=pick(t.priority),
-                 extra_body=pick(t.extra_body), metadata=dict(t.metadata))
+                 source_row=t.source_row[idx], rows_out_of_order=0, metadata=dict(t.metadata),
+                 hash_ids_synthetic=t.hash_ids_synthetic, **_cut_optional(t, idx))
 
 
 def _unit_hash(seed: int, key: int) -> float:
@@ -387,24 +409,39 @@ def slice_trace(t: Trace, *, start_s: float | None = None, end_s: float | None =
     return out
 
 
+def _prefix_chain(offs: np.ndarray, vals: np.ndarray) -> np.ndarray:
+    """uint64 per flat position ``p``: SplitMix64 chain hash of its row's ids up to and including ``p``.
+
+    ``offs`` int64[n+1] starts at 0; ``vals`` int64 ids. O(total ids): positions are grouped once
+    (stable argsort) and each prefix length is one vectorised step.
+    """
+    lens = np.diff(offs)
+    vals = np.asarray(vals, dtype=np.int64).view(np.uint64)
+    prefix = np.empty(vals.size, dtype=np.uint64)
+    if vals.size == 0:
+        return prefix
+    row_of = np.repeat(np.arange(lens.size), lens)
+    pos = np.arange(vals.size) - offs[:-1][row_of]
+    mixed = _mix64_np(vals ^ _U(0x9E3779B97F4A7C15))
+    by_pos = np.argsort(pos, kind="stable")
+    ends = np.cumsum(np.bincount(pos))
+    at = by_pos[: ends[0]]
+    prefix[at] = _mix64_np(mixed[at])
+    for p in range(1, ends.size):
+        at = by_pos[ends[p - 1]: ends[p]]
+        prefix[at] = _mix64_np(prefix[at - 1] ^ mixed[at])
+    return prefix
+
+
 def _rehash_scaled(t: Trace, factor: float, new_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """New hash ids for input lengths scaled by ``factor`` (rule in :func:`scale_trace`)."""
     bs = t.block_size
     offs = np.asarray(t.hash_offsets, dtype=np.int64)
     offs = offs - offs[0]
     lens = np.diff(offs)
-    vals = np.asarray(t.hash_values, dtype=np.int64).view(np.uint64)
     n = len(t)
     # prefix[p] = hash chain of the row's ids up to and including flat position p
-    prefix = np.empty(vals.size, dtype=np.uint64)
-    row_of = np.repeat(np.arange(n), lens)
-    pos = np.arange(vals.size) - offs[:-1][row_of]
-    mixed = _mix64_np(vals ^ _U(0x9E3779B97F4A7C15))
-    start = pos == 0
-    prefix[start] = _mix64_np(mixed[start])
-    for p in range(1, int(lens.max()) if lens.size else 0):
-        at = np.flatnonzero(pos == p)
-        prefix[at] = _mix64_np(prefix[at - 1] ^ mixed[at])
+    prefix = _prefix_chain(offs, t.hash_values)
     nb = (new_len + (bs - 1)) // bs
     new_off = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(nb, out=new_off[1:])
@@ -430,6 +467,9 @@ def scale_trace(t: Trace, *, time_factor: float = 1.0, input_factor: float = 1.0
       (SplitMix64 chain, top bit cleared) of (those original ids in order, ``j``). Two rows that
       shared their first ``m_j`` original ids share new block ``j``; every row has
       ``ceil(L' / block_size)`` ids. All ids are replaced (a new id space below 2**63).
+      Rows with ``document_lengths`` scale each part instead: ``query_length`` and every document
+      length -> ``max(1, round(x * input_factor))``, and ``L'`` is their sum (the rule stays true).
+    * ``think_time_s`` -> ``think_time_s * time_factor``.
 
     Raises ValueError for a factor that is not a positive finite number.
     """
@@ -439,8 +479,21 @@ def scale_trace(t: Trace, *, time_factor: float = 1.0, input_factor: float = 1.0
     ts = np.round(t.timestamp_ns.astype(np.float64) * time_factor).astype(np.int64) if time_factor != 1 \
         else np.array(t.timestamp_ns)
     ol = np.maximum(1, np.round(t.output_length * output_factor)).astype(np.int64)
+    parts: dict[str, Any] = {}
     if input_factor != 1:
         il = np.maximum(1, np.round(t.input_length * input_factor)).astype(np.int64)
+        if t.document_lengths is not None:
+            def sc(x: int) -> int:
+                return max(1, round(x * input_factor))
+
+            ql = list(t.query_length) if t.query_length is not None else [None] * len(t)
+            dl = list(t.document_lengths)
+            for i, d in enumerate(dl):
+                if d is not None:
+                    dl[i] = [sc(x) for x in d]
+                    ql[i] = None if ql[i] is None else sc(ql[i])
+                    il[i] = (ql[i] or 0) + sum(dl[i])
+            parts = {"document_lengths": dl, "query_length": ql if t.query_length is not None else None}
         offs, vals = _rehash_scaled(t, input_factor, il)
     else:
         il = np.array(t.input_length)
@@ -448,8 +501,79 @@ def scale_trace(t: Trace, *, time_factor: float = 1.0, input_factor: float = 1.0
     meta = dict(t.metadata)
     meta["source"] = (meta.get("source") or os.path.basename(t.path)) + (
         f" (scaled: time x{time_factor:g}, input x{input_factor:g}, output x{output_factor:g})")
-    meta.pop("hash_ids", None) if input_factor != 1 else None
-    return Trace(path=t.path, timestamp_ns=ts, input_length=il, output_length=ol, hash_offsets=offs,
-                 hash_values=vals, block_size=t.block_size, source_row=t.source_row,
-                 rows_out_of_order=0, request_id=t.request_id, session_id=t.session_id, model=t.model,
-                 priority=t.priority, extra_body=t.extra_body, metadata=meta)
+    # Rehashed synthesised ids stay free of prefix information: hash_ids_synthetic is kept.
+    if t.think_time_s is not None and time_factor != 1:
+        parts["think_time_s"] = np.asarray(t.think_time_s, dtype=np.float64) * time_factor
+    return dataclasses.replace(t, timestamp_ns=ts, input_length=il, output_length=ol, hash_offsets=offs,
+                               hash_values=vals, rows_out_of_order=0, metadata=meta, row_offset=0, **parts)
+
+
+def sessionize_trace(t: Trace, *, min_shared_blocks: int = 1) -> tuple[Trace, dict[str, int]]:
+    """Chain the rows of a trace without sessions into sessions by shared leading hash ids.
+
+    Rows are walked in time order. Row ``r`` continues the session of the most recent earlier row
+    ``P`` such that (1) ``P``'s hash ids except its last one (which may be a partial block) - its
+    ``f = len(P) - 1`` full blocks - are the first ``f`` ids of ``r``, with ``f >= min_shared_blocks``,
+    and (2) ``P`` is still the latest row of its session (a session is a chain, never a tree).
+    Otherwise ``r`` starts a new session. Sessions are named ``"s<k>"`` (k = 0, 1, ... in order of
+    their first row); ``turn`` is the 0-based row index within the session.
+
+    O(total hash ids): a 64-bit chain hash of every prefix (:func:`_prefix_chain`) keys a dict of
+    sessions whose latest row has exactly that full-block prefix; the chosen row is then compared
+    id by id (a hash collision never joins rows).
+
+    Returns ``(trace, summary)``: every row and column of ``t`` with ``session_id`` and ``turn``
+    replaced; summary keys ``rows``, ``sessions``, ``multi_turn_sessions``, ``max_turns``.
+    Raises ValueError for ``min_shared_blocks < 1`` or synthesised hash ids (no prefix information).
+    """
+    if isinstance(min_shared_blocks, bool) or not isinstance(min_shared_blocks, int) or min_shared_blocks < 1:
+        raise ValueError(f"min_shared_blocks must be an integer >= 1, got {min_shared_blocks!r}")
+    if t.hash_ids_synthetic:
+        raise ValueError(f"{t.path}: hash ids are synthesised (no prefix information): rows cannot be chained")
+    k = min_shared_blocks
+    n = len(t)
+    offs = np.asarray(t.hash_offsets, dtype=np.int64)
+    offs = offs - offs[0]
+    vals = np.asarray(t.hash_values, dtype=np.int64)
+    keys = _prefix_chain(offs, vals)
+    sess = np.zeros(n, dtype=np.int64)
+    turn = np.zeros(n, dtype=np.int64)
+    latest: list[int] = []  # session -> its latest row
+    # prefix key -> [(row, session)] in row order; entries whose row is no longer its session's latest
+    # are stale and dropped lazily from the end (each at most once)
+    by_key: dict[int, list[tuple[int, int]]] = {}
+    offs_l = offs.tolist()
+    for i in range(n):
+        a, b = offs_l[i], offs_l[i + 1]
+        best = None
+        if b - a >= k:
+            for key in keys[a + k - 1: b].tolist():  # prefixes of k .. len(row) ids
+                lst = by_key.get(key)
+                while lst and latest[lst[-1][1]] != lst[-1][0]:
+                    lst.pop()
+                if lst and (best is None or lst[-1][0] > best[0]):
+                    best = lst[-1]
+        if best is not None:
+            p, s = best
+            f = offs_l[p + 1] - offs_l[p] - 1
+            if not np.array_equal(vals[offs_l[p]: offs_l[p] + f], vals[a: a + f]):
+                best = None  # 64-bit collision
+        if best is None:
+            s = len(latest)
+            latest.append(i)
+            turn[i] = 0
+        else:
+            latest[s] = i
+            turn[i] = turn[best[0]] + 1
+        sess[i] = s
+        f = b - a - 1  # this row's full blocks
+        if f >= k:
+            by_key.setdefault(int(keys[a + f - 1]), []).append((i, s))
+    counts = np.bincount(sess, minlength=len(latest)) if n else np.zeros(0, dtype=np.int64)
+    summary = {"rows": n, "sessions": len(latest), "multi_turn_sessions": int((counts > 1).sum()),
+               "max_turns": int(counts.max()) if counts.size else 0}
+    meta = dict(t.metadata)
+    meta["source"] = (meta.get("source") or os.path.basename(t.path)) + \
+        f" (sessionized: min {k} shared blocks)"
+    out = dataclasses.replace(t, session_id=[f"s{x}" for x in sess.tolist()], turn=turn.tolist(), metadata=meta)
+    return out, summary
