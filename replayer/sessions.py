@@ -71,6 +71,8 @@ class SessionGate:
             k.waiters.append(req)
             self.waiting += 1
             self.held += 1
+            if req.key is not None and req.key != dep:
+                self.started(req)  # its own dependents (parent chains) wait for it from now on
             return None
         end = k.end_ns if k is not None else self._ended.get(dep)
         if end is None:
@@ -110,7 +112,8 @@ class SessionGate:
             w = k.waiters.popleft()
             self.waiting -= 1
             out.append((w, end_ns + self._think(w)))
-            self.started(w)  # the next turn of a session holds the key from now on
+            if w.key == key:
+                self.started(w)  # the next turn of a session holds the key from now on
         if k.busy == 0 and not k.waiters:
             del self._live[key]
             self._ended[key] = end_ns

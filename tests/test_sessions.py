@@ -159,3 +159,34 @@ def test_session_policy_off_replays_trace_times_and_turns_overlap(tmp_path, sim_
     overlapping = sum(cur["sent_ns"] < prev["end_ns"] for turns in _by_session(rows).values()
                       for prev, cur in zip(turns, turns[1:]))
     assert overlapping == n - 6
+
+
+def test_a_child_held_for_its_parent_already_blocks_its_own_children():
+    g = SessionGate("wait")
+    p, c, gc = _req("p", None), _req("c", "p"), _req("g", "c")
+    g.started(p)
+    assert g.admit(c, 1) is None
+    assert g.admit(gc, 2) is None             # c has not even been sent yet
+    assert g.finished(p, 10) == [(c, 10)]
+    assert g.finished(c, 20) == [(gc, 20)]
+
+
+def test_the_sessionized_mooncake_trace_replays_every_turn_after_its_predecessor(tmp_path, mooncake_slice,
+                                                                                 sim_process):
+    src = mooncake_slice(90)
+    trace = tmp_path / "sessions.parquet"
+    p = subprocess.run([sys.executable, "-m", "replayer", "trace", "sessionize", str(src), "-o", str(trace)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    url, _ = sim_process()
+    rows, summary = _replay(tmp_path, trace, url, "--speedup", "10")
+    assert all(r["outcome"] == "success" for r in rows)
+    chains = [t for t in _by_session(rows).values() if len(t) > 1]
+    assert len(chains) >= 10
+    for turns in chains:
+        assert [t["turn"] for t in turns] == list(range(len(turns)))
+        for prev, cur in zip(turns, turns[1:]):
+            assert cur["sent_ns"] >= prev["end_ns"]
+    s = summary["sessions"]
+    assert s["turns"] == len(rows) and s["sessions"] == len(_by_session(rows))
+    print(json.dumps(s))
