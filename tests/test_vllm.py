@@ -109,3 +109,38 @@ def test_prefix_cache_hits_match_the_trace_on_real_vllm(tmp_path):
                       "queries": s["target_metrics"]["deltas"].get("prefix_cache_queries")}))
     assert expected > 0
     assert actual == expected
+
+
+def test_chat_sessions_against_real_vllm(tmp_path):
+    """Issue 8: a sessionized slice sent to /v1/chat/completions as text (the tiny model's own
+    tokenizer and chat template): every turn after its predecessor, every output to length, the
+    server's prompt_tokens recorded and the drift against input_length reported."""
+    if not os.path.isdir(TOKENIZER):
+        pytest.skip(f"no tokenizer at {TOKENIZER}")
+    src = _short_rows(tmp_path, 40, gap_ms=200)
+    trace = tmp_path / "sessions.parquet"
+    p = subprocess.run([sys.executable, "-m", "replayer", "trace", "sessionize", str(src), "-o", str(trace)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    res = tmp_path / "res"
+    p = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace), "--target", URL, "--model", "tiny-llama",
+                        "--endpoint", "/v1/chat/completions", "--prompt-mode", "text", "--tokenizer", TOKENIZER,
+                        "--max-requests", "12", "--speedup", "2", "--results", str(res), "--admin-port", "0"],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads((res / "summary.json").read_text())
+    rows = sorted(pq.read_table(res / "requests.parquet").to_pylist(), key=lambda r: r["row"])
+    assert s["completed"] == len(rows) == 12 and s["failed"] == 0
+    for r in rows:
+        assert r["endpoint"] == "/v1/chat/completions"
+        assert r["completion_tokens"] == r["output_length"] and r["ttft_ms"] > 0
+        assert r["prompt_tokens"] is not None and r["prompt_tokens"] > 0
+    by_session = {}
+    for r in rows:
+        by_session.setdefault(r["session_id"], []).append(r)
+    for turns in by_session.values():
+        for prev, cur in zip(turns, turns[1:]):
+            assert cur["sent_ns"] >= prev["end_ns"]
+    assert s["prompt_token_drift_total"] is not None
+    print(json.dumps({"sessions": s["sessions"], "drift_total": s["prompt_token_drift_total"],
+                      "drift_max_abs": s["prompt_token_drift_max_abs"], "mean_ttft_ms": s["mean_ttft_ms"]}))
