@@ -23,6 +23,7 @@ from replayer.client import Client
 from replayer.clock import Anchor, now_ns
 from replayer.dispatcher import Dispatcher
 from replayer.errors import ErrorKind, Outcome
+from replayer.gcpacer import GcPacer
 from replayer.payload import PayloadBuilder, PreparedRequest
 from replayer.prompts import PromptBuilder
 from replayer.result import RequestResult, to_table
@@ -361,9 +362,17 @@ def test_b24_300_concurrent_no_pool_cap(warm):
             anchor = Anchor.at(0.3)  # bodies are prepared in the lead window before t = 0
             c.t0_ns = anchor.t0_ns
             results: list[RequestResult] = []
+            # composed as the daemon composes it: GC paced off the due times, due requests
+            # written back to back (Client.begin)
+            pacer = GcPacer()
+            pacer.start()
             d = Dispatcher(iter_schedule(lambda: [Batch()]), prepare, c.send, results.append,
-                           t0_ns=anchor.t0_ns, timeline=timeline, unsent=unsent)
-            await asyncio.wait_for(d.run(), 30)
+                           t0_ns=anchor.t0_ns, timeline=timeline, unsent=unsent, on_idle=pacer.idle,
+                           begin=c.begin)
+            try:
+                await asyncio.wait_for(d.run(), 30)
+            finally:
+                pacer.stop()
             run_s = (now_ns() - anchor.t0_ns) / 1e9
             return results, d, run_s
 
