@@ -144,3 +144,46 @@ def test_chat_sessions_against_real_vllm(tmp_path):
     assert s["prompt_token_drift_total"] is not None
     print(json.dumps({"sessions": s["sessions"], "drift_total": s["prompt_token_drift_total"],
                       "drift_max_abs": s["prompt_token_drift_max_abs"], "mean_ttft_ms": s["mean_ttft_ms"]}))
+
+
+POOLING_URL = os.environ.get("REPLAYER_VLLM_POOLING_URL", "http://127.0.0.1:8001")
+
+
+def _pooling_up() -> bool:
+    try:
+        with urllib.request.urlopen(POOLING_URL + "/v1/models", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _pooling_up(), reason="no vLLM pooling runner at $REPLAYER_VLLM_POOLING_URL "
+                    "(vllm_cpu_target.sh start --runner pooling with VLLM_PORT=8001)")
+def test_embeddings_batches_against_real_vllm_pooling_runner(tmp_path):
+    """Issue 8: token-id embedding batches (split by document_lengths) on vLLM's pooling runner;
+    the server's usage equals the token ids sent, so every response is audited ok."""
+    import pyarrow as pa
+
+    rows = []
+    for i in range(6):
+        docs = [40 + i, 30, 50 - i]
+        n = sum(docs)
+        rows.append({"timestamp": 200 * i, "input_length": n, "output_length": 1,
+                     "hash_ids": list(range(100 * i, 100 * i + -(-n // 16))), "endpoint": "embeddings",
+                     "document_lengths": docs})
+    table = pa.table({k: [r[k] for r in rows] for k in rows[0]})
+    table = table.replace_schema_metadata({"replayer.block_size": "16", "replayer.time_unit": "ms"})
+    trace = tmp_path / "emb.parquet"
+    pq.write_table(table, trace)
+    res = tmp_path / "res"
+    p = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace), "--target", POOLING_URL,
+                        "--model", "tiny-llama", "--results", str(res), "--admin-port", "0",
+                        "--vocab-range", "3:32000", "--block-size", "16"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads((res / "summary.json").read_text())
+    got = pq.read_table(res / "requests.parquet").to_pylist()
+    assert s["completed"] == 6 and s["failed"] == 0
+    for r in got:
+        assert r["endpoint"] == "/v1/embeddings" and r["n_documents"] == 3
+        assert r["prompt_tokens"] == r["input_length"] and r["usage_audit"] == "ok" and r["e2e_ms"] > 0
+    print(json.dumps({"usage_audit": s["usage_audit"], "e2el_ms": s["endpoints"]["/v1/embeddings"]["e2el_ms"]}))
