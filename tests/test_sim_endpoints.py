@@ -1,5 +1,5 @@
 """Tests for the simulator's chat, embeddings, score and rerank endpoints (replayer.sim,
-replayer.sim_pooling): a real SimServer on 127.0.0.1 driven by aiohttp."""
+replayer.sim.pooling): a real SimServer on 127.0.0.1 driven by aiohttp."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from replayer.sim import SimConfig, SimServer, _parser  # noqa: E402
-from replayer.sim_pooling import text_score  # noqa: E402
+from replayer.sim.pooling import text_score  # noqa: E402
 
 FAST = dict(ttft_base_ms=1.0, prefill_us_per_token=0.0, itl_base_ms=1.0,
             itl_per_running_us=0.0)

@@ -1,0 +1,7 @@
+"""``python -m replayer.sim``: the same entry point as ``replayer sim``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,115 @@
+"""Standalone server: ``replayer sim`` flags (``_parser``), :func:`main` and :func:`run_sim`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from .config import ReceivedRequest, SimConfig
+from .pooling import SCORE_USAGE_MODES
+from .server import SimServer
+
+
+# ---------------------------------------------------------------------------------------
+# Standalone server
+
+
+async def _serve(config: SimConfig, host: str, port: int, record_file: str | None) -> None:
+    fh = open(record_file, "ab") if record_file else None  # noqa: SIM115 - closed below
+    written = 0
+
+    def on_request(rec: ReceivedRequest) -> None:
+        nonlocal written
+        if fh is None or written >= config.record_limit:
+            return
+        fh.write(rec.to_json() + b"\n")
+        fh.flush()  # one line per request survives a kill
+        written += 1
+
+    server = SimServer(config, on_request=on_request if fh else None)
+    try:
+        url = await server.start(host, port)
+        print(f"replayer sim: model {config.model!r} serving at {url}", file=sys.stderr,
+              flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await server.stop()
+        if fh is not None:
+            fh.close()
+
+
+def run_sim(config: SimConfig, host: str = "127.0.0.1", port: int = 8000,
+            record_file: str | None = None) -> None:
+    """Serve until SIGINT/SIGTERM (blocking, uvloop). ``record_file``: append JSON lines."""
+    try:
+        import uvloop
+        uvloop.run(_serve(config, host, port, record_file))
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        asyncio.run(_serve(config, host, port, record_file))
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = SimConfig()
+    p = argparse.ArgumentParser(
+        prog="replayer sim",
+        description="Simulated vLLM OpenAI-compatible server (see replayer/sim/__init__.py).")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model", default=d.model, help="served model name")
+    p.add_argument("--kv-block-size", type=int, default=d.kv_block_size,
+                   help="prefix-cache block size, tokens")
+    p.add_argument("--prefix-cache-tokens", type=int, default=d.prefix_cache_tokens,
+                   help="prefix-cache capacity, tokens (0 disables)")
+    p.add_argument("--ttft-base-ms", type=float, default=d.ttft_base_ms)
+    p.add_argument("--prefill-us-per-token", type=float, default=d.prefill_us_per_token,
+                   help="microseconds per uncached prompt token")
+    p.add_argument("--itl-base-ms", type=float, default=d.itl_base_ms)
+    p.add_argument("--itl-per-running-us", type=float, default=d.itl_per_running_us)
+    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
+                   help="max running requests (0 = unlimited)")
+    p.add_argument("--vocab-size", type=int, default=d.vocab_size)
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    p.add_argument("--record-requests", metavar="FILE", default=None,
+                   help="append one JSON line per received request (prompt included)")
+    p.add_argument("--record-limit", type=int, default=d.record_limit,
+                   help="max requests written to --record-requests FILE")
+    p.add_argument("--embedding-dim", type=int, default=d.embedding_dim,
+                   help="length of /v1/embeddings vectors")
+    p.add_argument("--score-usage", choices=SCORE_USAGE_MODES, default=d.score_usage,
+                   help="score/rerank prompt tokens: per_document (cross-encoder, query "
+                   "counted per document) or once (query counted once)")
+    p.add_argument("--inflate-score-usage", type=int, metavar="N",
+                   default=d.score_usage_inflate_tokens,
+                   help="add N tokens per document to score/rerank usage (imitates an old "
+                   "vLLM usage bug; /metrics stays honest)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``replayer sim``: parse flags, serve until SIGINT/SIGTERM, return 0."""
+    a = _parser().parse_args(argv)
+    try:
+        cfg = SimConfig(
+            model=a.model, kv_block_size=a.kv_block_size,
+            prefix_cache_tokens=a.prefix_cache_tokens, ttft_base_ms=a.ttft_base_ms,
+            prefill_us_per_token=a.prefill_us_per_token, itl_base_ms=a.itl_base_ms,
+            itl_per_running_us=a.itl_per_running_us, max_num_seqs=a.max_num_seqs,
+            vocab_size=a.vocab_size, max_model_len=a.max_model_len,
+            record_requests=False, record_limit=a.record_limit,
+            embedding_dim=a.embedding_dim, score_usage=a.score_usage,
+            score_usage_inflate_tokens=a.inflate_score_usage)
+    except ValueError as e:
+        print(f"replayer sim: {e}", file=sys.stderr)
+        return 2
+    run_sim(cfg, a.host, a.port, a.record_requests)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""The simulator's engine: request slots (``max_num_seqs``), the decode loop that steps every
+running request, and the bytes of SSE token chunks.
+
+``_Engine`` is a mixin of :class:`~replayer.sim.server.SimServer`: its state (``config``,
+``_metrics``, ``_running``, ``_waiters``, ``_joining``, ``_decoding``, ``_wake``, ``_engine``)
+is set by ``SimServer.__init__``. ``_Req`` is one request in prefill/decode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import orjson
+
+# The package's logger name, as before the split into modules.
+log = logging.getLogger("replayer.sim")
+
+
+def _frame(payload: bytes, chunked: bool) -> bytes:
+    """HTTP/1.1 chunked-transfer framing for a direct transport write."""
+    if chunked:
+        return b"%x\r\n%b\r\n" % (len(payload), payload)
+    return payload
+
+
+_TOKEN_TEXT = " tok"
+_DONE = b"data: [DONE]\n\n"
+
+
+class _Req:
+    """A request in prefill/decode; mutated only on the event loop."""
+
+    __slots__ = ("max_tokens", "prompt_tokens", "generated", "transport", "chunk",
+                 "chunked", "continuous", "base", "done", "t_first", "aborted", "chat")
+
+    def __init__(self, max_tokens: int, prompt_tokens: int, chat: bool) -> None:
+        self.chat = chat           # chat.completion(.chunk) format instead of text_completion
+        self.max_tokens = max_tokens
+        self.prompt_tokens = prompt_tokens
+        self.generated = 0
+        self.transport: asyncio.Transport | None = None  # set for streams after token 1
+        self.chunk = b""           # framed bytes of a non-final token event
+        self.chunked = True
+        self.continuous = False    # per-chunk usage
+        self.base: dict[str, Any] = {}
+        self.done: asyncio.Future[bool] | None = None
+        self.t_first = 0.0
+        self.aborted = False
+
+
+class _Engine:
+    """Slots, decode loop and chunks of :class:`SimServer` (a mixin; see the module docstring)."""
+
+    def _ensure_engine(self) -> None:
+        if self._engine is None or self._engine.done():
+            self._wake = asyncio.Event()
+            self._engine = asyncio.get_running_loop().create_task(self._engine_loop())
+
+    # -- slots (max_num_seqs) -------------------------------------------------------------
+
+    async def _admit(self) -> None:
+        limit = self.config.max_num_seqs
+        if limit and (self._running >= limit or self._waiters):
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                await fut  # the releaser counts us in _running before resolving
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():
+                    self._release()
+                else:
+                    try:
+                        self._waiters.remove(fut)
+                    except ValueError:
+                        pass
+                raise
+        else:
+            self._running += 1
+
+    def _release(self) -> None:
+        self._running -= 1
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self._running += 1
+                fut.set_result(None)
+                break
+
+    # -- engine ---------------------------------------------------------------------------
+
+    def _step_s(self) -> float:
+        c = self.config
+        return (c.itl_base_ms + c.itl_per_running_us * self._running / 1000.0) / 1000.0
+
+    async def _engine_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        wake = self._wake
+        assert wake is not None
+        deadline: float | None = None
+        while True:
+            if not self._decoding and not self._joining:
+                wake.clear()
+                await wake.wait()
+                deadline = None
+            step = self._step_s()
+            now = loop.time()
+            if deadline is None or deadline + step < now:  # idle or fell behind: re-anchor
+                deadline = now + step
+            else:
+                deadline += step
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            try:
+                self._step(loop.time(), step)
+            except Exception:  # a bug must not stop every stream
+                log.exception("sim engine step failed")
+
+    def _step(self, now: float, step: float) -> None:
+        if self._joining:
+            half = step / 2
+            keep = []
+            for r in self._joining:
+                if r.aborted:
+                    continue
+                if now - r.t_first >= half:
+                    self._decoding.append(r)
+                else:
+                    keep.append(r)
+            self._joining = keep
+        survivors = []
+        tokens = 0
+        for r in self._decoding:
+            if r.aborted:
+                continue
+            t = r.transport
+            if t is not None and t.is_closing():
+                self._abort(r)
+                continue
+            r.generated += 1
+            tokens += 1
+            if r.generated >= r.max_tokens:
+                # The handler writes the final chunk(s) and closes the response.
+                if not r.done.done():
+                    r.done.set_result(True)
+                continue
+            if t is not None:
+                data = self._usage_chunk(r) if r.continuous else r.chunk
+                try:
+                    t.write(data)
+                except Exception:  # transport died between the check and the write
+                    self._abort(r)
+                    continue
+            survivors.append(r)
+        self._decoding = survivors
+        self._metrics.generation_tokens += tokens
+
+    def _abort(self, r: _Req) -> None:
+        r.aborted = True
+        if r.done is not None and not r.done.done():
+            r.done.set_result(False)
+
+    def _join(self, r: _Req, t_first: float) -> None:
+        r.t_first = t_first
+        self._joining.append(r)
+        self._ensure_engine()
+        assert self._wake is not None
+        self._wake.set()
+
+    # -- chunks ---------------------------------------------------------------------------
+
+    def _token_event(self, r: _Req, finish: str | None, n_done: int | None) -> bytes:
+        obj = dict(r.base)
+        if r.chat:
+            # vLLM dumps chat chunks with exclude_unset: stop_reason only on the last one.
+            ch: dict[str, Any] = {"index": 0, "delta": {"content": _TOKEN_TEXT},
+                                  "logprobs": None, "finish_reason": finish}
+            if finish is not None:
+                ch["stop_reason"] = None
+            obj["choices"] = [ch]
+        else:
+            obj["choices"] = [{"index": 0, "text": _TOKEN_TEXT, "logprobs": None,
+                               "finish_reason": finish, "stop_reason": None}]
+        if n_done is not None:
+            obj["usage"] = {"prompt_tokens": r.prompt_tokens, "completion_tokens": n_done,
+                            "total_tokens": r.prompt_tokens + n_done}
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+    def _role_event(self, r: _Req) -> bytes:
+        """vLLM's first chat chunk (sent with the first token, as vLLM does)."""
+        obj = dict(r.base)
+        obj["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                           "logprobs": None, "finish_reason": None}]
+        if r.continuous:
+            obj["usage"] = {"prompt_tokens": r.prompt_tokens, "completion_tokens": 0,
+                            "total_tokens": r.prompt_tokens}
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+    def _usage_chunk(self, r: _Req) -> bytes:
+        return _frame(self._token_event(r, None, r.generated), r.chunked)
+
+    def _final_events(self, r: _Req, include_usage: bool) -> bytes:
+        out = self._token_event(r, "length", r.max_tokens if r.continuous else None)
+        if include_usage:
+            obj = dict(r.base)
+            obj["choices"] = []
+            obj["usage"] = {"prompt_tokens": r.prompt_tokens,
+                            "completion_tokens": r.max_tokens,
+                            "total_tokens": r.prompt_tokens + r.max_tokens}
+            out += b"data: " + orjson.dumps(obj) + b"\n\n"
+        return out + _DONE

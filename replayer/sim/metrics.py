@@ -1,0 +1,69 @@
+"""vLLM-named Prometheus metrics of the simulator: plain counters bumped on the hot path,
+turned into metric families only when ``/metrics`` is scraped (``_Metrics``)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from .server import SimServer
+
+
+# ---------------------------------------------------------------------------------------
+# Metrics
+
+
+class _Metrics:
+    """Plain counters on the hot path; exported by ``collect`` when scraped."""
+
+    def __init__(self, server: "SimServer") -> None:
+        self._server = server
+        self.created = time.time()
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.success = 0          # finished_reason="length" (every generation request)
+        self.success_stop = 0     # finished_reason="stop" (pooling requests)
+
+    def collect(self):  # prometheus_client Collector protocol
+        s = self._server
+        labels = ["engine", "model_name"]
+        values = ["0", s.config.model]
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            m = CounterMetricFamily(name, doc, labels=labels, created=self.created)
+            m.add_metric(values, value, created=self.created)
+            return m
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            m = GaugeMetricFamily(name, doc, labels=labels)
+            m.add_metric(values, value)
+            return m
+
+        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
+                      self.prompt_tokens)
+        yield counter("vllm:generation_tokens", "Number of generation tokens processed.",
+                      self.generation_tokens)
+        yield counter("vllm:prefix_cache_queries",
+                      "Prefix cache queries, in terms of number of queried tokens.",
+                      self.prefix_queries)
+        yield counter("vllm:prefix_cache_hits",
+                      "Prefix cache hits, in terms of number of cached tokens.",
+                      self.prefix_hits)
+        m = CounterMetricFamily("vllm:request_success", "Count of successfully processed "
+                                "requests.", labels=labels + ["finished_reason"],
+                                created=self.created)
+        # vLLM's label order (stop, length); pooling requests finish with "stop".
+        m.add_metric(values + ["stop"], self.success_stop, created=self.created)
+        m.add_metric(values + ["length"], self.success, created=self.created)
+        yield m
+        yield gauge("vllm:num_requests_running", "Number of requests in model execution "
+                    "batches.", s.num_requests_running)
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be "
+                    "processed.", s.num_requests_waiting)
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent "
+                    "usage.", s._cache.usage())

@@ -1,0 +1,457 @@
+"""The simulated vLLM OpenAI-compatible HTTP server (:class:`SimServer`): routes, lifecycle,
+request parsing and validation, the completions/chat generation path and the pooling
+endpoints. The decode engine and slots are in ``engine.py`` (mixin ``_Engine``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+import uuid
+from typing import Any, Callable
+
+import numpy as np
+import orjson
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from .cache import _PrefixCache, prompt_block_hashes
+from .config import ReceivedRequest, SimConfig
+from .engine import _DONE, _TOKEN_TEXT, _Engine, _frame, _Req
+from .metrics import _Metrics
+from .pooling import EmbeddingsJob, PoolingError, PoolingJob, RerankJob, ScoreJob
+
+# The package's logger name, as before the split into modules.
+log = logging.getLogger("replayer.sim")
+
+
+# ---------------------------------------------------------------------------------------
+# Server
+
+
+class _BadRequest(Exception):
+    pass
+
+
+def _error_body(message: str, code: int = 400) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "BadRequestError", "param": None,
+                      "code": code}}
+
+
+def _error_response(message: str) -> web.Response:
+    return web.Response(status=400, body=orjson.dumps(_error_body(message)),
+                        content_type="application/json")
+
+
+class SimServer(_Engine):
+    """Simulated vLLM OpenAI server (see the module docstring).
+
+    ``SimServer(config)``; ``await start(host, port)`` -> base URL, ``await stop()``. Or mount
+    ``app()`` in your own aiohttp runner (the engine task starts on the first request and is
+    cancelled at app cleanup). ``records`` holds ``ReceivedRequest`` when
+    ``config.record_requests``; ``on_request`` (optional) is called synchronously with every
+    ``ReceivedRequest`` (used by ``replayer sim --record-requests``).
+    """
+
+    def __init__(self, config: SimConfig | None = None, *,
+                 on_request: Callable[[ReceivedRequest], None] | None = None) -> None:
+        self.config = config or SimConfig()
+        self.records: list[ReceivedRequest] = []
+        self.records_dropped = 0
+        self._on_request = on_request
+        self._cache = _PrefixCache(self.config.prefix_cache_tokens // self.config.kv_block_size)
+        self._metrics = _Metrics(self)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self._metrics)
+        self._running = 0                                   # admitted: prefill + decode
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._joining: list[_Req] = []                      # got token 1, not yet stepping
+        self._decoding: list[_Req] = []
+        self._wake: asyncio.Event | None = None
+        self._engine: asyncio.Task[None] | None = None
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self._app: web.Application | None = None
+        self._runner: web.AppRunner | None = None
+        self.url: str | None = None
+
+    # -- public ---------------------------------------------------------------------------
+
+    @property
+    def num_requests_running(self) -> int:
+        return self._running
+
+    @property
+    def num_requests_waiting(self) -> int:
+        return len(self._waiters)
+
+    def app(self) -> web.Application:
+        """The aiohttp application (created once)."""
+        if self._app is None:
+            app = web.Application(client_max_size=1 << 30)  # long token-id prompts
+            app.router.add_post("/v1/completions", self._completions)
+            app.router.add_post("/v1/chat/completions", self._chat)
+            app.router.add_post("/v1/embeddings", self._pooling_route(EmbeddingsJob))
+            for path in ("/v1/score", "/score"):
+                app.router.add_post(path, self._pooling_route(ScoreJob))
+            for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
+                app.router.add_post(path, self._pooling_route(RerankJob))
+            app.router.add_get("/v1/models", self._models)
+            app.router.add_get("/health", self._health)
+            app.router.add_get("/metrics", self._metrics_handler)
+            app.on_shutdown.append(self._on_shutdown)
+            app.on_cleanup.append(self._on_cleanup)
+            self._app = app
+        return self._app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve on host:port (0 = a free port); return the base URL ``http://host:port``."""
+        if self._runner is not None:
+            raise RuntimeError("SimServer already started")
+        runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True,
+                               shutdown_timeout=2.0)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, backlog=4096)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        real_port = runner.addresses[0][1]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{real_port}"
+        return self.url
+
+    async def stop(self) -> None:
+        """Abort in-flight requests (clients see a disconnect) and close the server."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()  # runs _on_shutdown / _on_cleanup
+        else:
+            await self._on_shutdown(None)
+            await self._on_cleanup(None)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def _on_shutdown(self, _app: Any) -> None:
+        for t in list(self._handlers):
+            t.cancel()
+        if self._handlers:
+            await asyncio.wait(list(self._handlers), timeout=2.0)
+
+    async def _on_cleanup(self, _app: Any) -> None:
+        eng, self._engine = self._engine, None
+        if eng is not None:
+            eng.cancel()
+            try:
+                await eng
+            except asyncio.CancelledError:
+                pass
+
+    # -- handlers -------------------------------------------------------------------------
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        c = self.config
+        body = {"object": "list", "data": [{
+            "id": c.model, "object": "model", "created": int(self._metrics.created),
+            "owned_by": "vllm", "root": c.model, "parent": None,
+            "max_model_len": c.max_model_len, "permission": []}]}
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    async def _metrics_handler(self, request: web.Request) -> web.Response:
+        resp = web.Response(body=generate_latest(self.registry))
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
+
+    def _parse(self, body: Any) -> tuple[Any, np.ndarray | None, int, dict[str, Any]]:
+        """Validate a completions body -> (prompt as sent, ids or None, prompt_tokens, opts).
+
+        ``ids`` is an int64 array for token-id prompts, a hash-per-word array for text.
+        Raises _BadRequest with a vLLM-like message.
+        """
+        if not isinstance(body, dict):
+            raise _BadRequest("Request body must be a JSON object")
+        if "prompt" not in body or body["prompt"] is None:
+            raise _BadRequest("Field required: prompt")
+        prompt = body["prompt"]
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
+            if len(prompt) != 1:
+                raise _BadRequest("The sim supports one prompt per request; got a batch "
+                                  f"of {len(prompt)}")
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            words = prompt.split()
+            ids = np.fromiter((hash(w) for w in words), dtype=np.int64, count=len(words))
+            text = True
+        elif isinstance(prompt, list):
+            try:
+                # fromiter accepts bool/float silently; vLLM's pydantic would reject them,
+                # but the replayer only sends ints, so we skip a per-item type check.
+                ids = np.fromiter(prompt, dtype=np.int64, count=len(prompt))
+            except (TypeError, ValueError, OverflowError):
+                raise _BadRequest("prompt must be a string, a list of token ids (ints), or a "
+                                  "list with one of those") from None
+            text = False
+        else:
+            raise _BadRequest("prompt must be a string or a list of token ids")
+        if len(ids) == 0:
+            raise _BadRequest("Prompt cannot be empty")
+        return prompt, ids, len(ids), self._opts(body, body.get("max_tokens"), text, False)
+
+    def _parse_chat(self, body: Any) -> tuple[Any, np.ndarray, int, dict[str, Any]]:
+        """Validate a chat body -> (messages as sent, word-hash ids, prompt_tokens, opts).
+
+        prompt_tokens = whitespace words over all message contents (string or text parts);
+        the sim adds no chat-template tokens. Raises _BadRequest.
+        """
+        if not isinstance(body, dict):
+            raise _BadRequest("Request body must be a JSON object")
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise _BadRequest("messages must be a non-empty list")
+        words: list[str] = []
+        for m in msgs:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise _BadRequest('each message must be an object with a string "role"')
+            c = m.get("content")
+            if isinstance(c, str):
+                words += c.split()
+            elif isinstance(c, list):
+                for part in c:
+                    if not (isinstance(part, dict) and part.get("type") == "text"
+                            and isinstance(part.get("text"), str)):
+                        raise _BadRequest('the sim supports only {"type": "text", "text": '
+                                          '...} content parts')
+                    words += part["text"].split()
+            elif c is not None:
+                raise _BadRequest("message content must be a string, a list of parts or null")
+        if not words:
+            raise _BadRequest("Prompt cannot be empty")
+        ids = np.fromiter((hash(w) for w in words), dtype=np.int64, count=len(words))
+        mt = body.get("max_completion_tokens")  # vLLM: preferred over max_tokens
+        return msgs, ids, len(ids), self._opts(
+            body, body.get("max_tokens") if mt is None else mt, True, True)
+
+    @staticmethod
+    def _opts(body: dict[str, Any], max_tokens: Any, text: bool, chat: bool
+              ) -> dict[str, Any]:
+        """Generation options shared by completions and chat. Raises _BadRequest."""
+        if max_tokens is None:
+            max_tokens = 16
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise _BadRequest(f"max_tokens must be at least 1, got {max_tokens}.")
+        so = body.get("stream_options") or {}
+        if not isinstance(so, dict):
+            raise _BadRequest("stream_options must be an object")
+        return {
+            "max_tokens": max_tokens,
+            "stream": bool(body.get("stream", False)),
+            "include_usage": bool(so.get("include_usage", False)),
+            "continuous": bool(so.get("include_usage", False))
+            and bool(so.get("continuous_usage_stats", False)),
+            "model": body.get("model"),
+            "min_tokens": body.get("min_tokens"),
+            "ignore_eos": body.get("ignore_eos"),
+            "text": text,
+            "chat": chat,
+        }
+
+    def _record(self, rec: ReceivedRequest) -> None:
+        if self.config.record_requests:
+            if len(self.records) < self.config.record_limit:
+                self.records.append(rec)
+            else:
+                self.records_dropped += 1
+        if self._on_request is not None:
+            try:
+                self._on_request(rec)
+            except Exception:
+                log.exception("sim on_request callback failed")
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generation(request, "/v1/completions", self._parse)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generation(request, "/v1/chat/completions", self._parse_chat)
+
+    async def _generation(self, request: web.Request, endpoint: str,
+                          parse: Callable[[Any], tuple[Any, np.ndarray, int, dict[str, Any]]]
+                          ) -> web.StreamResponse:
+        arrival_ns = time.perf_counter_ns()
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as e:
+            return _error_response(f"Invalid JSON body: {e}")
+        try:
+            prompt, ids, n_prompt, o = parse(body)
+        except _BadRequest as e:
+            return _error_response(str(e))
+        cfg = self.config
+        if self.config.record_requests or self._on_request is not None:
+            self._record(ReceivedRequest(
+                arrival_ns=arrival_ns, endpoint=endpoint, prompt=prompt,
+                prompt_tokens=n_prompt, max_tokens=o["max_tokens"],
+                min_tokens=o["min_tokens"], ignore_eos=o["ignore_eos"], stream=o["stream"],
+                model=o["model"], include_usage=o["include_usage"]))
+        max_tokens = o["max_tokens"]
+        if n_prompt + max_tokens > cfg.max_model_len:
+            return _error_response(
+                f"This model's maximum context length is {cfg.max_model_len} tokens. However,"
+                f" you requested {n_prompt + max_tokens} tokens ({n_prompt} in the messages, "
+                f"{max_tokens} in the completion). Please reduce the length of the messages "
+                "or completion.")
+        stream = o["stream"]
+        if not o["text"]:
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= cfg.vocab_size:
+                bad = lo if lo < 0 else hi
+                msg = f"Token id {bad} is out of vocabulary"
+                if not stream:
+                    return _error_response(msg)
+                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+                await resp.prepare(request)
+                await resp.write_eof(b"data: " + orjson.dumps(_error_body(msg)) + b"\n\n"
+                                     + _DONE)
+                return resp
+        model = o["model"] if isinstance(o["model"], str) and o["model"] else cfg.model
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            return await self._generate(request, ids, n_prompt, o, model)
+        finally:
+            self._handlers.discard(task)
+
+    async def _generate(self, request: web.Request, ids: np.ndarray, n_prompt: int,
+                        o: dict[str, Any], model: str) -> web.StreamResponse:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        r = _Req(o["max_tokens"], n_prompt, o["chat"])
+        if r.chat:
+            r.base = {"id": f"chatcmpl-{uuid.uuid4().hex}",
+                      "object": "chat.completion.chunk" if o["stream"] else "chat.completion",
+                      "created": int(time.time()), "model": model}
+        else:
+            r.base = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                      "created": int(time.time()), "model": model}
+        resp: web.StreamResponse | None = None
+        if o["stream"]:
+            # Like vLLM (uvicorn), the 200 + headers go out as soon as the request is
+            # accepted; tokens follow after queueing and prefill.
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            try:
+                await resp.prepare(request)
+                await resp.write(b"")  # flushes the headers aiohttp would otherwise hold
+            except ConnectionError:
+                return resp
+        await self._admit()
+        try:
+            t_admit = loop.time()
+            bs = cfg.kv_block_size
+            hit_blocks = (self._cache.lookup_and_insert(prompt_block_hashes(ids, bs))
+                          if self._cache.capacity else 0)
+            # vLLM always recomputes at least the last prompt token.
+            hits = min(hit_blocks, (n_prompt - 1) // bs) * bs
+            m = self._metrics
+            m.prefix_queries += n_prompt
+            m.prefix_hits += hits
+            ttft_s = (cfg.ttft_base_ms + cfg.prefill_us_per_token
+                      * (n_prompt - hits) / 1000.0) / 1000.0
+            await asyncio.sleep(max(0.0, t_admit + ttft_s - loop.time()))
+            m.prompt_tokens += n_prompt
+            r.done = loop.create_future()
+            r.generated = 1
+            m.generation_tokens += 1
+            if o["stream"]:
+                assert resp is not None
+                r.continuous = o["continuous"]
+                head = self._role_event(r) if r.chat else b""
+                if r.max_tokens == 1:
+                    await resp.write_eof(head + self._final_events(r, o["include_usage"]))
+                    m.success += 1
+                    return resp
+                r.chunked = request.version >= (1, 1)
+                if not r.continuous:
+                    r.chunk = _frame(self._token_event(r, None, None), r.chunked)
+                first = head + self._token_event(r, None, 1 if r.continuous else None)
+                await resp.write(first)
+                r.transport = request.transport
+                if r.transport is None:
+                    raise ConnectionResetError("client went away")
+                self._join(r, loop.time())
+                if not await r.done:
+                    return resp  # client disconnected; nothing more to send
+                await resp.write_eof(self._final_events(r, o["include_usage"]))
+                m.success += 1
+                return resp
+            if r.max_tokens > 1:
+                self._join(r, loop.time())
+                await r.done
+            m.success += 1
+            usage = {"prompt_tokens": n_prompt, "completion_tokens": r.max_tokens,
+                     "total_tokens": n_prompt + r.max_tokens}
+            if r.chat:
+                body = {**r.base, "choices": [{
+                    "index": 0, "message": {"role": "assistant", "reasoning_content": None,
+                                            "content": _TOKEN_TEXT * r.max_tokens,
+                                            "tool_calls": []},
+                    "logprobs": None, "finish_reason": "length", "stop_reason": None}],
+                    "usage": usage, "prompt_logprobs": None}
+            else:
+                body = {**r.base, "choices": [{
+                    "index": 0, "text": _TOKEN_TEXT * r.max_tokens, "logprobs": None,
+                    "finish_reason": "length", "stop_reason": None, "prompt_logprobs": None}],
+                    "usage": usage}
+            return web.Response(body=orjson.dumps(body), content_type="application/json")
+        except ConnectionError:
+            # The client went away while we wrote; nobody reads what we return.
+            return resp if resp is not None else web.Response(status=499)
+        finally:
+            r.aborted = True  # the engine drops it at its next step, if still listed
+            self._release()
+
+    def _pooling_route(self, job_cls: type[PoolingJob]
+                       ) -> Callable[[web.Request], Any]:
+        async def handler(request: web.Request) -> web.Response:
+            return await self._pooling(request, job_cls)
+        return handler
+
+    async def _pooling(self, request: web.Request, job_cls: type[PoolingJob]
+                       ) -> web.Response:
+        """Embeddings/score/rerank (replayer.sim.pooling): parse, take a slot, wait the prefill time
+        of ``job.tokens`` (no prefix cache, no decode), count it, answer."""
+        arrival_ns = time.perf_counter_ns()
+        try:
+            job = job_cls.parse(orjson.loads(await request.read()), self.config)
+        except orjson.JSONDecodeError as e:
+            return _error_response(f"Invalid JSON body: {e}")
+        except PoolingError as e:
+            return _error_response(str(e))
+        cfg = self.config
+        if cfg.record_requests or self._on_request is not None:
+            self._record(ReceivedRequest(
+                arrival_ns=arrival_ns, endpoint=request.path, prompt=job.prompt,
+                prompt_tokens=job.tokens, max_tokens=None, min_tokens=None, ignore_eos=None,
+                stream=False, model=job.model, include_usage=False))
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            await self._admit()
+            try:
+                await asyncio.sleep((cfg.ttft_base_ms + cfg.prefill_us_per_token
+                                     * job.tokens / 1000.0) / 1000.0)
+                self._metrics.prompt_tokens += job.tokens
+                self._metrics.success_stop += 1
+            finally:
+                self._release()
+        finally:
+            self._handlers.discard(task)
+        body = job.response(job.model or cfg.model)
+        return web.Response(body=orjson.dumps(body), content_type="application/json")

@@ -1,0 +1,87 @@
+"""Reader of Mooncake JSONL and generic JSONL (or a JSON array of objects): file -> ``_Raw``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+
+from .columns import _Raw
+from .model import _OPTIONAL, DEFAULT_BLOCK_SIZE, DEFAULT_TIME_UNIT, _Problems
+from .options import _Opts, _src, _synth_hash
+from .timestamps import _timestamps
+from .values import _MISSING, _check_requests, _hash_from_lists, _ints_from_list, _optional_column, _type_name
+
+
+def _read_jsonl(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
+    """Mooncake / generic JSONL (or a JSON array): rows are physical line numbers (array: index+1)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        probs.add(0, "file", f"cannot read: {e.strerror or e}")
+        return None
+    objs: list[dict] = []
+    rows: list[int] = []
+    stripped = data.lstrip()
+    if stripped.startswith(b"["):
+        try:
+            arr = orjson.loads(data)
+        except orjson.JSONDecodeError as e:
+            probs.add(0, "json", f"invalid JSON array: {e}")
+            return None
+        if not isinstance(arr, list):
+            probs.add(0, "json", "expected a JSON array of objects")
+            return None
+        for k, o in enumerate(arr, 1):
+            if isinstance(o, dict):
+                objs.append(o)
+                rows.append(k)
+            else:
+                probs.add(k, "json", f"expected a JSON object, got {_type_name(o)}")
+    else:
+        loads = orjson.loads
+        for lineno, line in enumerate(data.split(b"\n"), 1):
+            if not line or line.isspace():
+                continue
+            try:
+                o = loads(line)
+            except orjson.JSONDecodeError as e:
+                probs.add(lineno, "json", f"invalid JSON: {e}")
+                continue
+            if type(o) is not dict:
+                probs.add(lineno, "json", f"expected a JSON object, got {_type_name(o)}")
+                continue
+            objs.append(o)
+            rows.append(lineno)
+    del data
+    if not objs:
+        if not probs:
+            probs.add(0, "file", "no rows (empty trace)")
+        return None
+    rows_a = np.array(rows, dtype=np.int64)
+    unit = opts.time_unit or DEFAULT_TIME_UNIT
+    k = _src(opts, "timestamp")
+    ts, ts_ok, ns = _timestamps([o.get(k, _MISSING) for o in objs], rows_a, unit, opts.allow_float_time, probs)
+    cols = {}
+    for name in ("input_length", "output_length"):
+        k = _src(opts, name)
+        cols[name] = _ints_from_list([o.get(k, _MISSING) for o in objs], rows_a, name, probs)
+    bs = opts.block_size if opts.block_size is not None else DEFAULT_BLOCK_SIZE
+    k = _src(opts, "hash_ids")
+    if k:
+        hl, hv, hok = _hash_from_lists([o.get(k, _MISSING) for o in objs], rows_a, probs)
+    else:
+        hl, hv, hok = _synth_hash(*cols["input_length"], bs, 0)
+    optional: dict[str, Any] = {}
+    for name in _OPTIONAL:
+        k = _src(opts, name)
+        if k and any(k in o for o in objs):
+            optional[name] = _optional_column(name, [o.get(k, _MISSING) for o in objs], rows_a, probs)
+    _check_requests(rows_a, *cols["input_length"], optional, probs)
+    meta = {"format": opts.fmt, "time_unit": unit, "block_size": str(bs)}
+    if not _src(opts, "hash_ids"):
+        meta["hash_ids"] = "synthesised"
+    return _Raw(rows_a, ts, ts_ok, *cols["input_length"], *cols["output_length"], hl, hv, hok,
+                optional, ns, bs, meta)

@@ -1,0 +1,117 @@
+"""Reader of canonical Parquet: one file, a folder or a glob of shards -> ``_Raw``.
+
+``replayer.*`` file metadata (``_parquet_meta``), the shard list (:func:`trace_paths`) and the
+concatenation of shards read one by one (problems name the shard).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob as _glob
+import os
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .columns import _check_hash_counts, _Raw, _raw_from_table
+from .model import _OPTIONAL, DEFAULT_BLOCK_SIZE, DEFAULT_TIME_UNIT, META_PREFIX, SCHEMA_VERSION, TIME_UNITS, _Problems
+from .options import _Opts
+
+
+def _parquet_meta(schema_meta: dict | None, probs: _Problems, opts: _Opts) -> tuple[dict[str, str], int]:
+    meta: dict[str, str] = {"format": "parquet"}
+    for k, v in (schema_meta or {}).items():
+        ks = k.decode("utf-8", "replace")
+        if ks.startswith(META_PREFIX):
+            meta[ks[len(META_PREFIX):]] = v.decode("utf-8", "replace")
+    ver = meta.get("schema_version", SCHEMA_VERSION)
+    if ver != SCHEMA_VERSION:
+        probs.add(0, "metadata", f"replayer.schema_version {ver!r} is not supported (expected {SCHEMA_VERSION!r})")
+    if opts.time_unit is not None:
+        meta["time_unit"] = opts.time_unit
+    unit = meta.get("time_unit", DEFAULT_TIME_UNIT)
+    if unit not in TIME_UNITS and unit != "datetime":
+        probs.add(0, "metadata", f"replayer.time_unit {unit!r} is not one of s, ms, us, ns")
+        unit = DEFAULT_TIME_UNIT
+    meta["time_unit"] = unit
+    block_size = opts.block_size
+    if block_size is None:
+        bs_text = meta.get("block_size", str(DEFAULT_BLOCK_SIZE))
+        try:
+            block_size = int(bs_text)
+            if block_size < 1:
+                raise ValueError
+        except ValueError:
+            probs.add(0, "metadata", f"replayer.block_size {bs_text!r} is not a positive integer")
+            block_size = DEFAULT_BLOCK_SIZE
+    meta["block_size"] = str(block_size)
+    meta.setdefault("schema_version", SCHEMA_VERSION)
+    return meta, block_size
+
+
+def trace_paths(path: str) -> list[str]:
+    """Files of a Parquet source: the file itself, a folder's ``*.parquet``/``*.pq`` files, or a
+    glob's matches, sorted by name (shards are read in that order as one trace). [] if none."""
+    if os.path.isdir(path):
+        return sorted(os.path.join(path, n) for n in os.listdir(path)
+                      if n.endswith((".parquet", ".pq")) and not n.startswith((".", "_")))
+    if any(c in path for c in "*?[") and not os.path.exists(path):
+        return sorted(p for p in _glob.glob(path) if os.path.isfile(p))
+    return [path]
+
+
+def _concat_raw(raws: list[_Raw], files: list[str]) -> _Raw:
+    if len(raws) == 1:
+        return dataclasses.replace(raws[0], shard_files=files, shard_start=np.zeros(1, dtype=np.int64))
+    cat = np.concatenate
+    optional: dict[str, Any] = {}
+    for name in _OPTIONAL:
+        if name == "think_time_s" and any(name in r.optional for r in raws):
+            optional[name] = cat([r.optional.get(name, np.full(len(r.rows), np.nan)) for r in raws])
+        elif any(name in r.optional for r in raws):
+            optional[name] = [v for r in raws for v in r.optional.get(name, [None] * len(r.rows))]
+    r0 = raws[0]
+    start = np.cumsum([0] + [len(r.rows) for r in raws[:-1]]).astype(np.int64)
+    return _Raw(cat([r.rows for r in raws]), cat([r.ts for r in raws]), cat([r.ts_ok for r in raws]),
+                cat([r.il for r in raws]), cat([r.il_ok for r in raws]), cat([r.ol for r in raws]),
+                cat([r.ol_ok for r in raws]), cat([r.hash_len for r in raws]), cat([r.hash_vals for r in raws]),
+                cat([r.hash_ok for r in raws]), optional, r0.ns_per_unit, r0.block_size, r0.metadata,
+                shard_files=files, shard_start=start)
+
+
+def _read_parquet(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
+    files = trace_paths(path)
+    if not files:
+        probs.add(0, "file", "no Parquet files match (folder or glob is empty)")
+        return None
+    if len(files) == 1 and not os.path.exists(files[0]):
+        probs.add(0, "file", "no such file")
+        return None
+    raws: list[_Raw] = []
+    synth = 0
+    units = set()
+    for f in files:
+        fp = _Problems(f)
+        try:
+            table = pq.read_table(f)
+        except (pa.ArrowException, OSError, ValueError) as e:
+            probs.add(0, "file", f"not a readable Parquet file: {e}", file=f)
+            continue
+        meta, bs = _parquet_meta(table.schema.metadata, fp, opts)
+        raw = _raw_from_table(table, fp, meta, bs, opts, np.arange(1, table.num_rows + 1, dtype=np.int64), synth)
+        del table
+        if raw is not None:
+            _check_hash_counts(raw, fp)
+        probs.items.extend(fp.items)
+        if raw is not None:
+            synth += int(raw.hash_len.sum()) if raw.metadata.get("hash_ids") == "synthesised" else 0
+            units.add(raw.ns_per_unit)
+            raws.append(raw)
+    if probs or len(raws) != len(files):
+        return None
+    if len(units) > 1:
+        probs.add(0, "metadata", "shards disagree on replayer.time_unit; convert them one by one first")
+        return None
+    return _concat_raw(raws, files)

@@ -1,0 +1,407 @@
+"""Value checks and coercion: one cell or one column of values -> typed arrays or problems.
+
+Integers (lengths, timestamps in a unit), hash ids (integers or strings, with
+:func:`hash_id_from_string`), optional columns (ids, model, priority, extra_body, sessions,
+endpoints, query/document lengths, think times) and the row rules between them
+(``_check_requests``). Fast vectorised paths; the slow per-value paths only for values that
+need them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from .model import (_ENDPOINT_PATH, _HEX, _INT64_MAX, _MIN, _QUERY_ENDPOINTS, _U64, ENDPOINTS, HASH_ID_KEY,
+                    _Problems)
+
+
+# --------------------------------------------------------------------------------------------
+# Value checks (slow paths are only taken for the values that need them)
+
+
+def _type_name(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, (list, tuple)):
+        return "list"
+    if isinstance(v, dict):
+        return "object"
+    if isinstance(v, float):
+        return "number"
+    return type(v).__name__
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def _range_message(field_: str, value: int) -> str:
+    if field_ == "timestamp":
+        return f"negative timestamp {value}: must be >= 0"
+    if field_ == "output_length" and value == 0:
+        return ("output_length 0 is not allowed: must be >= 1 "
+                "(OpenAI-compatible servers refuse max_tokens 0)")
+    if field_ == "hash_ids":
+        return f"negative hash id {value}: must be >= 0"
+    return f"{field_} {value} is not allowed: must be >= {_MIN.get(field_, 0)}"
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING = _Missing()
+
+
+def _coerce_int(v: Any, field_: str, minimum: int) -> tuple[int | None, str | None]:
+    """One value -> (int, None) or (None, problem message)."""
+    if v is _MISSING:
+        return None, "missing"
+    if v is None:
+        return None, "missing (null)"
+    if isinstance(v, bool):
+        return None, f"expected an integer, got boolean {v!r}"
+    if isinstance(v, (int, np.integer)):
+        iv = int(v)
+    elif isinstance(v, (float, np.floating)):
+        fv = float(v)
+        if math.isnan(fv):
+            return None, "expected an integer, got NaN"
+        if math.isinf(fv):
+            return None, f"expected an integer, got {fv}"
+        if not fv.is_integer():
+            return None, f"expected an integer, got non-integer {fv!r}"
+        iv = int(fv)
+    else:
+        return None, f"expected an integer, got {_type_name(v)} {_short(v)}"
+    if iv > _INT64_MAX:
+        return None, f"value {iv} does not fit in int64"
+    if iv < minimum:
+        return None, _range_message(field_, iv)
+    return iv, None
+
+
+def hash_id_from_string(s: str) -> int:
+    """Map a string hash id to its unsigned 64-bit id (0 <= id < 2**64), the same everywhere.
+
+    Exactly 16 hex digits (case-insensitive, no prefix) parse as their 64-bit value, so ids printed
+    as hex round-trip; any other string -> the big-endian 8-byte keyed blake2b digest
+    (``digest_size=8``, ``key=HASH_ID_KEY``) of its UTF-8 bytes. Never Python's salted ``hash()``,
+    never cut to 32 bits. Raises ValueError for the empty string.
+    """
+    if not s:
+        raise ValueError("empty string")
+    if len(s) == 16 and _HEX.issuperset(s):
+        return int(s, 16)
+    return int.from_bytes(hashlib.blake2b(s.encode("utf-8"), digest_size=8, key=HASH_ID_KEY).digest(), "big")
+
+
+def _coerce_hash(v: Any) -> tuple[int | None, str | None]:
+    """One hash id (int 0..2**64-1, integral float, or string) -> (int64 bit pattern, None) or (None, error)."""
+    if isinstance(v, str):
+        if not v:
+            return None, "empty string is not a hash id"
+        iv = hash_id_from_string(v)
+    elif v is None:
+        return None, "missing (null)"
+    elif isinstance(v, bool):
+        return None, f"expected an integer or string, got boolean {v!r}"
+    elif isinstance(v, (int, np.integer)):
+        iv = int(v)
+    elif isinstance(v, (float, np.floating)):
+        fv = float(v)
+        if not math.isfinite(fv) or not fv.is_integer():
+            return None, f"expected an integer, got non-integer {fv!r}"
+        iv = int(fv)
+    else:
+        return None, f"expected an integer or string, got {_type_name(v)} {_short(v)}"
+    if iv < 0:
+        return None, _range_message("hash_ids", iv)
+    if iv >= _U64:
+        return None, f"value {iv} does not fit in 64 bits (int64/uint64)"
+    return (iv - _U64 if iv > _INT64_MAX else iv), None
+
+
+def _ints_slow(values: list, rows: np.ndarray, field_: str, probs: _Problems) -> tuple[np.ndarray, np.ndarray]:
+    minimum = _MIN[field_]
+    out = np.zeros(len(values), dtype=np.int64)
+    ok = np.ones(len(values), dtype=bool)
+    for i, v in enumerate(values):
+        iv, err = _coerce_int(v, field_, minimum)
+        if err is None:
+            out[i] = iv
+        else:
+            ok[i] = False
+            probs.add(rows[i], field_, err)
+    return out, ok
+
+
+def _ints_checked(arr: np.ndarray, rows: np.ndarray, field_: str, probs: _Problems) -> tuple[np.ndarray, np.ndarray]:
+    """Vectorized range check of an integer ndarray (signed or unsigned)."""
+    minimum = _MIN[field_]
+    if arr.dtype.kind == "u":
+        too_big = arr > np.uint64(_INT64_MAX)
+        for i in np.flatnonzero(too_big):
+            probs.add(rows[i], field_, f"value {int(arr[i])} does not fit in int64")
+        arr64 = np.where(too_big, 0, arr).astype(np.int64)
+        ok = ~too_big
+    else:
+        arr64 = arr.astype(np.int64, copy=False)
+        ok = np.ones(arr64.shape[0], dtype=bool)
+    bad = ok & (arr64 < minimum)
+    if bad.any():
+        for i in np.flatnonzero(bad):
+            probs.add(rows[i], field_, _range_message(field_, int(arr64[i])))
+        ok &= ~bad
+    return arr64, ok
+
+
+def _ints_from_list(values: list, rows: np.ndarray, field_: str, probs: _Problems) -> tuple[np.ndarray, np.ndarray]:
+    if set(map(type, values)) == {int}:  # plain ints only (bool is a subclass of int: excluded here)
+        try:
+            arr = np.array(values)
+        except (ValueError, OverflowError, TypeError):
+            arr = None
+        if arr is not None and arr.ndim == 1 and arr.dtype.kind in "iu":
+            return _ints_checked(arr, rows, field_, probs)
+    return _ints_slow(values, rows, field_, probs)
+
+
+def _hash_slow(lists: list, rows: np.ndarray, probs: _Problems) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-row check of hash id lists -> (lengths, flat values, ok)."""
+    n = len(lists)
+    lengths = np.zeros(n, dtype=np.int64)
+    ok = np.ones(n, dtype=bool)
+    flat: list[int] = []
+    for i, h in enumerate(lists):
+        if h is _MISSING:
+            ok[i] = False
+            probs.add(rows[i], "hash_ids", "missing")
+            continue
+        if h is None:
+            ok[i] = False
+            probs.add(rows[i], "hash_ids", "missing (null)")
+            continue
+        if not isinstance(h, (list, tuple, np.ndarray)):
+            ok[i] = False
+            probs.add(rows[i], "hash_ids", f"expected a list of integers, got {_type_name(h)} {_short(h)}")
+            continue
+        vals = []
+        errors = []
+        for j, v in enumerate(h):
+            iv, err = _coerce_hash(v)
+            if err is None:
+                vals.append(iv)
+            else:
+                errors.append(f"hash_ids[{j}]: {err}")
+        if errors:
+            ok[i] = False
+            extra = f" (and {len(errors) - 1} more bad ids)" if len(errors) > 1 else ""
+            probs.add(rows[i], "hash_ids", errors[0] + extra)
+            continue
+        lengths[i] = len(vals)
+        flat.extend(vals)
+    return lengths, np.array(flat, dtype=np.int64), ok
+
+
+def _hash_from_lists(lists: list, rows: np.ndarray, probs: _Problems) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n = len(lists)
+    if all(type(h) is list for h in lists):
+        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=n)
+        flat = list(itertools.chain.from_iterable(lists))
+        vals = None
+        if not flat:
+            vals = np.zeros(0, dtype=np.int64)
+        else:
+            types = set(map(type, flat))
+            if types == {int}:  # plain ints only (no bool, float, str, None)
+                try:
+                    vals = np.array(flat)
+                except (ValueError, OverflowError, TypeError):
+                    vals = None
+            elif types == {str} and all(flat):
+                vals = np.array([hash_id_from_string(x) for x in flat], dtype=np.uint64)
+        if (vals is not None and vals.ndim == 1 and vals.dtype.kind in "iu"
+                and (vals.size == 0 or vals.dtype.kind == "u" or vals.min() >= 0)):
+            return lengths, vals.astype(np.int64, copy=False), np.ones(n, dtype=bool)
+    return _hash_slow(lists, rows, probs)
+
+
+def _is_nan(v: Any) -> bool:
+    return isinstance(v, (float, np.floating)) and math.isnan(v)
+
+
+def _no_parent(v: Any) -> bool:
+    """A negative integer parent id (``-1``: "no parent" in some traces, e.g. Alibaba's) is no parent."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return v < 0
+    return isinstance(v, str) and v[:1] == "-" and v[1:].isdigit()
+
+
+def _document_lengths(v: Any) -> tuple[list[int] | None, str | None]:
+    """One ``document_lengths`` value (a list, or a string holding a JSON list) -> (list, None) or (None, error)."""
+    if isinstance(v, str):  # CSV cells (and JSONL strings) hold a JSON list
+        try:
+            v = orjson.loads(v)
+        except orjson.JSONDecodeError:
+            return None, f"expected a list of integers, got string {_short(v)}"
+    if not isinstance(v, (list, tuple, np.ndarray)):
+        return None, f"expected a list of integers, got {_type_name(v)} {_short(v)}"
+    if len(v) == 0:
+        return None, "empty list: expected at least one document length"
+    out = []
+    for j, x in enumerate(v):
+        iv, err = _coerce_int(x, "document_lengths", 1)
+        if err is not None:
+            return None, f"document_lengths[{j}]: {err}"
+        out.append(iv)
+    return out, None
+
+
+def _think_times(values: list | pa.ChunkedArray, rows: np.ndarray, probs: _Problems) -> np.ndarray:
+    """``think_time_s`` -> float64 seconds, NaN where not set (null or NaN); < 0 or infinite is an error."""
+    if isinstance(values, pa.ChunkedArray):
+        t = values.type
+        if pa.types.is_floating(t) or pa.types.is_integer(t):
+            out = np.array(values.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+            bad = ~np.isnan(out) & ~((out >= 0) & np.isfinite(out))
+            for i in np.flatnonzero(bad):
+                probs.add(rows[i], "think_time_s", f"think_time_s {float(out[i])!r} is not allowed: "
+                                                   "must be a finite number >= 0 (seconds)")
+            out[bad] = np.nan
+            return out
+        values = values.to_pylist()
+    out = np.full(len(values), np.nan, dtype=np.float64)
+    for i, v in enumerate(values):
+        if v is _MISSING or v is None or _is_nan(v):
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            probs.add(rows[i], "think_time_s", f"expected a number (seconds), got {_type_name(v)} {_short(v)}")
+            continue
+        fv = float(v)
+        if not math.isfinite(fv) or fv < 0:
+            probs.add(rows[i], "think_time_s", f"think_time_s {fv!r} is not allowed: must be a finite number "
+                                               ">= 0 (seconds)")
+            continue
+        out[i] = fv
+    return out
+
+
+def _optional_column(name: str, values: list | pa.ChunkedArray, rows: np.ndarray,
+                     probs: _Problems) -> list | np.ndarray:
+    """Check one optional column -> list in file order (None = not set), or a float64 array for ``think_time_s``."""
+    if name == "think_time_s":
+        return _think_times(values, rows, probs)
+    if isinstance(values, pa.ChunkedArray):
+        values = values.to_pylist()
+    return _optional_from_list(name, values, rows, probs)
+
+
+def _optional_from_list(name: str, values: list, rows: np.ndarray, probs: _Problems) -> list:
+    out: list = []
+    for i, v in enumerate(values):
+        if v is _MISSING or v is None:
+            out.append(None)
+            continue
+        if name in ("request_id", "session_id", "parent_request_id"):
+            if name == "parent_request_id" and _no_parent(v):
+                out.append(None)
+            elif isinstance(v, str):
+                out.append(v)
+            elif isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+                out.append(str(int(v)))
+            else:
+                probs.add(rows[i], name, f"expected a string, got {_type_name(v)} {_short(v)}")
+                out.append(None)
+        elif name in ("turn", "query_length"):
+            if _is_nan(v):  # a float column's NaN means "not set" (as null)
+                out.append(None)
+                continue
+            iv, err = _coerce_int(v, name, _MIN[name])
+            if err is not None:
+                probs.add(rows[i], name, err)
+            out.append(iv)
+        elif name == "endpoint":
+            path = _ENDPOINT_PATH.get(v) if isinstance(v, str) else None
+            if path is None:
+                probs.add(rows[i], name, f"unknown endpoint {_short(v)}: expected one of "
+                                         f"{', '.join(ENDPOINTS.values())} or the short names "
+                                         f"{', '.join(ENDPOINTS)}")
+            out.append(path)
+        elif name == "document_lengths":
+            lst, err = _document_lengths(v)
+            if err is not None:
+                probs.add(rows[i], name, err)
+            out.append(lst)
+        elif name == "model":
+            if isinstance(v, str):
+                out.append(v)
+            else:
+                probs.add(rows[i], name, f"expected a string, got {_type_name(v)} {_short(v)}")
+                out.append(None)
+        elif name == "priority":
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                probs.add(rows[i], name, f"expected an integer, got {_type_name(v)} {_short(v)}")
+                out.append(None)
+            else:
+                out.append(int(v))
+        else:  # extra_body
+            if isinstance(v, dict):
+                out.append(orjson.dumps(v).decode())
+            elif isinstance(v, str):
+                try:
+                    parsed = orjson.loads(v)
+                except orjson.JSONDecodeError as e:
+                    probs.add(rows[i], name, f"not valid JSON: {e}")
+                    out.append(None)
+                    continue
+                if not isinstance(parsed, dict):
+                    probs.add(rows[i], name, f"expected a JSON object, got {_type_name(parsed)}")
+                    out.append(None)
+                else:
+                    out.append(v)
+            else:
+                probs.add(rows[i], name, f"expected a JSON object (or a string holding one), got {_type_name(v)}")
+                out.append(None)
+    return out
+
+
+def _check_requests(rows: np.ndarray, il: np.ndarray, il_ok: np.ndarray, optional: dict[str, Any],
+                    probs: _Problems) -> None:
+    """Row rules of ``query_length`` / ``document_lengths`` / ``endpoint`` (values that parsed)."""
+    q, d, e = (optional.get(k) for k in ("query_length", "document_lengths", "endpoint"))
+    if q is None and d is None and e is None:
+        return
+    bad = {(p.row, p.field) for p in probs.items if p.field in ("query_length", "document_lengths")}
+    for i in range(len(rows)):
+        qi = q[i] if q is not None else None
+        di = d[i] if d is not None else None
+        ei = e[i] if e is not None else None
+        r = int(rows[i])
+        q_bad, d_bad = (r, "query_length") in bad, (r, "document_lengths") in bad
+        if ei in _QUERY_ENDPOINTS:
+            if qi is None and not q_bad:
+                probs.add(r, "query_length", f"missing: endpoint {ei} needs query_length and document_lengths")
+            if di is None and not d_bad:
+                probs.add(r, "document_lengths", f"missing: endpoint {ei} needs query_length and document_lengths")
+        elif qi is not None and di is None and not d_bad:
+            probs.add(r, "document_lengths", "missing: required when query_length is set")
+        if di is not None and not q_bad and il_ok[i]:
+            docs = sum(di)
+            if (qi or 0) + docs != int(il[i]):
+                probs.add(r, "document_lengths",
+                          f"query_length {qi or 0} + sum(document_lengths) {docs} = {(qi or 0) + docs} "
+                          f"!= input_length {int(il[i])}: they must be equal")
