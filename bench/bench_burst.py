@@ -55,8 +55,7 @@ class _Batch:
         return self._n
 
 
-async def _round(url: str, n: int, cold: bool, profile: cProfile.Profile | None, pacer: bool,
-                 no_start: bool = False) -> dict:
+async def _round(url: str, n: int, cold: bool, profile: cProfile.Profile | None, pacer: bool) -> dict:
     prompts = PromptBuilder(seed=0, block_size=512)
     payload = PayloadBuilder("m")
     timeline = Timeline(1.0)
@@ -81,7 +80,7 @@ async def _round(url: str, n: int, cold: bool, profile: cProfile.Profile | None,
             gc_pacer.start()
         d = Dispatcher(iter_schedule(lambda: [_Batch(n)]), prepare, c.send, results.append,
                        t0_ns=anchor.t0_ns, timeline=timeline, unsent=unsent,
-                       on_idle=gc_pacer.idle if pacer else None, begin=None if no_start else c.begin)
+                       on_idle=gc_pacer.idle if pacer else None)
         cpu = {}
 
         async def cpu_window():
@@ -114,8 +113,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cold", action="store_true", help="no idle connections before t = 0")
     ap.add_argument("--profile", default=None, metavar="FILE")
-    ap.add_argument("--no-sync-start", action="store_true", help="write each request from its own task "
-                    "(without Client.begin: one loop pass per request)")
     ap.add_argument("--no-gc-pacer", action="store_true", help="leave CPython's automatic GC on (the "
                     "daemon runs replayer.gcpacer; a bare Dispatcher does not)")
     a = ap.parse_args()
@@ -137,8 +134,7 @@ def main() -> None:
               + "%.2f %.2f %.2f" % os.getloadavg())
         prof = cProfile.Profile() if a.profile else None
         for k in range(a.rounds):
-            r = uvloop.run(_round(url, a.n, a.cold, prof if k == a.rounds - 1 else None, not a.no_gc_pacer,
-                                  a.no_sync_start))
+            r = uvloop.run(_round(url, a.n, a.cold, prof if k == a.rounds - 1 else None, not a.no_gc_pacer))
             print(f"round {k}: ok {r['ok']}/{a.n}  lag p50 {r['lag_p50']:.1f} p99 {r['lag_p99']:.1f} "
                   f"max {r['lag_max']:.1f} ms  send spread {r['spread_ms']:.1f} ms  client CPU "
                   f"{r['cpu_us_per_req']:.0f} us/req (first 200 ms)  TTFT {r['ttft_min']:.0f}..{r['ttft_max']:.0f} ms"

@@ -343,23 +343,6 @@ class Client:
         else:
             self._idle.append(c)
 
-    def begin(self, req: PreparedRequest, res: RequestResult) -> tuple | None:
-        """Write ``req`` now, synchronously, on an idle keep-alive connection (stamping
-        ``res.sent_ns``), or return None when none is idle. Pass the returned handle to ``send``,
-        which then only waits for the response. A burst of due requests is written back to back
-        in one loop callback this way, before any task for them is even scheduled (case B24)."""
-        conn = self._idle_connection()
-        if conn is None:
-            return None
-        t_start = now_ns()
-        try:
-            return conn, self._write(req, res, conn, t_start), t_start
-        except Exception:  # noqa: BLE001 - the connection broke under us: send() takes the normal path
-            conn._abort()
-            self._all.discard(conn)
-            res.sent_ns = res.connect_ms = res.dispatch_lag_ms = None
-            return None
-
     def _write(self, req: PreparedRequest, res: RequestResult, conn: _Connection, t_start: int) -> _Exchange:
         ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns)
         body = req.body
@@ -373,12 +356,11 @@ class Client:
         conn.start(request, ex)
         return ex
 
-    async def send(self, req: PreparedRequest, res: RequestResult, started: tuple | None = None) -> RequestResult:
-        """Send ``req`` (or, with ``started`` from ``begin``, wait for the response of the request
-        already written), stream its response and fill ``res`` (returned). Request failures are
+    async def send(self, req: PreparedRequest, res: RequestResult) -> RequestResult:
+        """Send ``req``, stream its response and fill ``res`` (returned). Request failures are
         recorded in ``res``; ``asyncio.CancelledError`` marks ``res`` cancelled and propagates.
         Retryable failures are retried per the policy (module docstring), counted in ``res.retries``."""
-        retry_after = await self._attempt(req, res, started)
+        retry_after = await self._attempt(req, res)
         if retry_after is None or not self.retry_max:
             return res
         while retry_after is not None and res.retries < self.retry_max:
@@ -396,7 +378,7 @@ class Client:
             retry_after = await self._attempt(req, res)
         return res
 
-    async def _attempt(self, req: PreparedRequest, res: RequestResult, started: tuple | None = None) -> float | None:
+    async def _attempt(self, req: PreparedRequest, res: RequestResult) -> float | None:
         """One exchange of ``req``, filling ``res``. Returns None when the outcome is final
         (success, or a failure that must not be retried), else the delay the server asked for
         (``Retry-After`` seconds, capped) or -1.0 (none: use the backoff)."""
@@ -404,19 +386,15 @@ class Client:
         t0 = self.t0_ns
         ex: _Exchange | None = None
         conn: _Connection | None = None
-        if started is not None:
-            conn, ex, t_start = started
-        else:
-            t_start = now_ns()
+        t_start = now_ns()
         try:
-            if ex is None:
-                try:
-                    conn = await self._acquire()
-                except (OSError, asyncio.TimeoutError) as e:
-                    kind = ErrorKind.TIMEOUT if isinstance(e, asyncio.TimeoutError) else ErrorKind.CONNECT
-                    raise _Failure(kind, f"cannot connect to {self._host}:{self._port}: "
-                                         f"{type(e).__name__}: {e}") from None
-                ex = self._write(req, res, conn, t_start)
+            try:
+                conn = await self._acquire()
+            except (OSError, asyncio.TimeoutError) as e:
+                kind = ErrorKind.TIMEOUT if isinstance(e, asyncio.TimeoutError) else ErrorKind.CONNECT
+                raise _Failure(kind, f"cannot connect to {self._host}:{self._port}: "
+                                     f"{type(e).__name__}: {e}") from None
+            ex = self._write(req, res, conn, t_start)
             sent = res.sent_ns + t0  # type: ignore[operator]
             await ex.done
             res.end_ns = now_ns() - t0

@@ -287,7 +287,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     acct = _Accounting(state, metrics)
     duration_ns = int(cfg.duration_s * 1e9) if cfg.duration_s else None
     dispatcher = Dispatcher(batches, factory.prepare, client.send, recorder.add, t0_ns=anchor.t0_ns,
-                            timeline=timeline, unsent=factory.unsent, observer=acct, gate=gate, begin=client.begin, lead_ns=int(cfg.lead_s * 1e9),
+                            timeline=timeline, unsent=factory.unsent, observer=acct, gate=gate, lead_ns=int(cfg.lead_s * 1e9),
                             drain_timeout_s=cfg.drain_timeout_s, duration_ns=duration_ns,
                             rebase_first=bool(cfg.resume), on_idle=gc_pacer.idle, shard=shard)
     dispatcher_ref.append(dispatcher)

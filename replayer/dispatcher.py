@@ -84,9 +84,6 @@ class Dispatcher:
     trace time to due time (shared with the control API). ``duration_ns``: stop issuing requests
     due at or after this offset. ``lead_ns``: how far ahead bodies are built. ``gate``: holds a
     turn back until its predecessor ended (``replayer.sessions``; None = no sessions).
-    ``begin(req, res)``: writes a due request synchronously and returns a handle for
-    ``send(req, res, handle)`` (``Client.begin``), so a burst is written back to back before any
-    of its tasks runs; None (or a None handle) leaves the write to ``send``.
     """
 
     def __init__(self, batches: Iterator[ScheduleBatch],
@@ -97,12 +94,10 @@ class Dispatcher:
                  observer: Observer | None = None, lead_ns: int = 500_000_000,
                  drain_timeout_s: float = 30.0, duration_ns: int | None = None,
                  rebase_first: bool = False, on_idle: Callable[[int], None] | None = None,
-                 shard: int = 0, gate: SessionGate | None = None,
-                 begin: Callable[[PreparedRequest, RequestResult], object] | None = None) -> None:
+                 shard: int = 0, gate: SessionGate | None = None) -> None:
         self._feeder = BatchFeeder(batches)
         self._prepare = prepare
         self._send = send
-        self._begin = begin  # Client.begin: writes a due request at once (None: send() does it)
         self._sink = sink
         self._unsent = unsent
         self.t0_ns = t0_ns
@@ -307,8 +302,7 @@ class Dispatcher:
                 req.due_ns = req.release_ns
             else:
                 res.session_wait_ms = 0.0
-        started = self._begin(req, res) if self._begin is not None else None
-        task = asyncio.get_running_loop().create_task(self._one(req, res, started))
+        task = asyncio.get_running_loop().create_task(self._one(req, res))
         self._tasks.add(task)
         self._idle.clear()
         task.add_done_callback(self._task_done)
@@ -322,12 +316,9 @@ class Dispatcher:
         if not self._tasks:
             self._idle.set()
 
-    async def _one(self, req: PreparedRequest, res: RequestResult, started: object = None) -> None:
+    async def _one(self, req: PreparedRequest, res: RequestResult) -> None:
         try:
-            if started is None:
-                await self._send(req, res)
-            else:
-                await self._send(req, res, started)
+            await self._send(req, res)
         except asyncio.CancelledError:
             self.cancelled += 1
             if res.outcome == Outcome.NOT_STARTED.value:  # cancelled before the client began

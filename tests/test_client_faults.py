@@ -36,8 +36,8 @@ from faultserver import DONE, HANG, FaultServer, ProcessFaultServer, peak_concur
 
 TOL_MS = float(os.environ.get("REPLAYER_FAULT_TOL_MS", "15"))
 
-#: extra allowance (ms) on B24's timing bounds for CPU taken by other processes (see the test)
-B24_SLACK_MS = float(os.environ.get("REPLAYER_B24_SLACK_MS", "1000"))
+#: extra allowance (ms) on B24's timing bounds (0 = the case's bounds exactly; see the test)
+B24_SLACK_MS = float(os.environ.get("REPLAYER_B24_SLACK_MS", "0"))
 
 PROMPTS = PromptBuilder(seed=0, block_size=512)
 
@@ -317,11 +317,25 @@ def test_b25_one_token_no_division(tmp_path):
 
 @pytest.mark.parametrize("warm", [True, False], ids=["warm-pool", "cold-pool"])
 def test_b24_300_concurrent_no_pool_cap(warm):
-    """B24. ``warm-pool``: 300 idle keep-alive connections exist before t = 0 (a replay's steady
-    state); every value of the case is asserted. ``cold-pool``: all 300 connections are opened at
-    t = 0; on this VM one loopback connect costs ~0.16 ms of syscall (~0.5 ms through aiohttp's
-    happy-eyeballs path) on the client's one thread, so the 300th request leaves ~100-150 ms after
-    the 1st: the dispatch lag bound is then not asserted (it is printed), the rest is."""
+    """B24, every value of the case: peak 300, TTFT in [2000, 2300] ms, dispatch lag p99 < 50 ms,
+    run about 2.1 s. ``warm-pool``: 300 idle keep-alive connections exist before t = 0 (a replay's
+    steady state); ``cold-pool``: all 300 connections are opened at t = 0 (the case as written).
+    Measured on this 2-core VM with the server in its own process: warm lag p99 13-28 ms, cold
+    40-45 ms, TTFT max <= 2090 ms, run 2.15-2.23 s. The timing bounds depend on the other
+    processes sharing the two cores, so a run that misses only them is repeated once; counts,
+    peak concurrency and tokens must hold in every run."""
+    misses = []
+    for attempt in range(2):
+        timing = _b24_run(warm)
+        missed = [name for name, ok in timing.items() if not ok]
+        if not missed:
+            return
+        misses.append(missed)
+    pytest.fail(f"B24 timing bounds missed in both runs: {misses}")
+
+
+def _b24_run(warm: bool) -> dict[str, bool]:
+    """One B24 run: asserts the exact values, returns whether each timing bound held."""
     import uvloop
 
     n = 300
@@ -362,13 +376,12 @@ def test_b24_300_concurrent_no_pool_cap(warm):
             anchor = Anchor.at(0.3)  # bodies are prepared in the lead window before t = 0
             c.t0_ns = anchor.t0_ns
             results: list[RequestResult] = []
-            # composed as the daemon composes it: GC paced off the due times, due requests
-            # written back to back (Client.begin)
+            # composed as the daemon composes it: the cyclic GC runs only when nothing is due
+            # (replayer.gcpacer); CPython's automatic GC landing in the burst doubled its lag
             pacer = GcPacer()
             pacer.start()
             d = Dispatcher(iter_schedule(lambda: [Batch()]), prepare, c.send, results.append,
-                           t0_ns=anchor.t0_ns, timeline=timeline, unsent=unsent, on_idle=pacer.idle,
-                           begin=c.begin)
+                           t0_ns=anchor.t0_ns, timeline=timeline, unsent=unsent, on_idle=pacer.idle)
             try:
                 await asyncio.wait_for(d.run(), 30)
             finally:
@@ -395,12 +408,10 @@ def test_b24_300_concurrent_no_pool_cap(warm):
     assert s["completed"] == n and s["total_output_tokens"] == 50 * n
     # a client-side pool cap of 100 would put 2/3 of the TTFTs near 4000 and 6000 ms
     assert ttft.min() >= 2000 - 1 and ttft.max() < 3500, (ttft.min(), ttft.max())
-    # the case's timing bounds, plus B24_SLACK_MS for CPU stolen by other processes on this
-    # shared 2-core machine (REPLAYER_B24_SLACK_MS=0 asserts them strictly)
-    assert ttft.max() <= 2300 + B24_SLACK_MS, ttft.max()
-    if warm:
-        assert lag99 < 50 + B24_SLACK_MS, lag99
-    assert run_s < 2.1 + 0.3 + B24_SLACK_MS / 1e3, run_s  # "about 2.1 s"
+    # the case's timing bounds (plus REPLAYER_B24_SLACK_MS, 0 by default)
+    return {f"TTFT max {ttft.max():.0f} <= 2300 ms": ttft.max() <= 2300 + B24_SLACK_MS,
+            f"lag p99 {lag99:.1f} < 50 ms": lag99 < 50 + B24_SLACK_MS,
+            f"run {run_s:.2f} s about 2.1 s (< 2.4)": run_s < 2.1 + 0.3 + B24_SLACK_MS / 1e3}
 
 
 # ---- soak faults -----------------------------------------------------------------------------
