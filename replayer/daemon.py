@@ -36,13 +36,13 @@ from .metrics import EventLoopLagMonitor, ReplayerMetrics
 from .target_metrics import TargetScraper, save_samples
 from .payload import TEXT_ONLY, PayloadBuilder, PreparedRequest
 from .prepare import Prompts, RequestFactory
-from .recorder import Recorder, read_results
+from .recorder import Recorder, read_results, result_files
 from .recorder import warm_up as recorder_warm_up
 from .result import RequestResult
 from .simproc import spawn_sim, stop_sim
 from .schedule import Timeline, iter_schedule
 from .sessions import SessionGate
-from .summary import format_summary, summarize
+from .summary import format_summary, summarize_files
 from .trace import open_trace
 
 log = logging.getLogger("replayer")
@@ -142,7 +142,7 @@ def resume_plan(results_dir: str):
         raise StartupError(f"--resume {results_dir}: no checkpoint.json (not a replayer results folder?)")
     with open(ckpt_path, encoding="utf-8") as f:
         ckpt = json.load(f)
-    table = read_results(results_dir)
+    table = read_results(results_dir, columns=["loop", "row", "outcome"])
     done: dict[int, np.ndarray] = {}
     if table.num_rows:
         sent = table.filter(pc.not_equal(table.column("outcome"), "not_started"))
@@ -351,8 +351,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     state.state = "done"
-    table = read_results(results_dir)
-    summary = summarize(table)
+    summary = await loop.run_in_executor(None, summarize_files, result_files(results_dir))
     if scraper is not None and scraper.scrapes:
         await loop.run_in_executor(None, save_samples, scraper.take_samples(),
                                    os.path.join(results_dir, "target_metrics.parquet"))

@@ -158,9 +158,11 @@ def result_files(results_dir: str) -> list[str]:
     return files + sorted(glob.glob(os.path.join(results_dir, PARTS, "part-*.parquet")))
 
 
-def read_results(path: str) -> pa.Table:
-    """All results of a results folder (or one file) as one Arrow table (schema ``SCHEMA``)."""
+def read_results(path: str, columns: list[str] | None = None) -> pa.Table:
+    """All results of a results folder (or one file) as one Arrow table (schema ``SCHEMA``, or
+    only ``columns`` of it: reading a long soak's results whole takes a lot of memory)."""
     files = [path] if os.path.isfile(path) else result_files(path)
     if not files:
-        return SCHEMA.empty_table()
-    return pa.concat_tables([pq.read_table(f).replace_schema_metadata(None) for f in files])
+        empty = SCHEMA.empty_table()
+        return empty.select(columns) if columns else empty
+    return pa.concat_tables([pq.read_table(f, columns=columns).replace_schema_metadata(None) for f in files])

@@ -17,6 +17,7 @@ import math
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 PERCENTILES = (50, 90, 99)
 
@@ -149,6 +150,70 @@ def summarize(table: pa.Table) -> dict:
     s["errors_by_kind"] = {k: kinds.count(k) for k in sorted(set(kinds))}
     s.update(_workloads(table, outcome, ok_all))
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in s.items()}
+
+
+#: above this many results, percentiles come from a uniform random sample of this many requests
+SAMPLE_ROWS = 1_000_000
+#: summary fields that are sums over requests (exact whatever the size, merged batch by batch)
+_ADDITIVE = ("scheduled", "sent", "completed", "failed", "cancelled", "not_started", "total_input_tokens",
+             "total_output_tokens", "usage_missing", "prompt_token_mismatches", "prompt_token_drift_total",
+             "completion_token_mismatches", "ttft_unmeasured", "zero_token_successes",
+             "expected_prefix_hit_tokens", "errors_by_kind", "usage_audit", "usage_inflated")
+
+
+def _add(a, b):
+    """Sum of two summary values: ints add, dicts merge key by key; None is nothing."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {k: _add(a.get(k), b.get(k)) for k in {**a, **b}}
+    if isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool):
+        return a + b
+    return a
+
+
+def summarize_files(files: list[str], *, sample_rows: int = SAMPLE_ROWS, seed: int = 0) -> dict:
+    """``summarize`` of results files in bounded memory (a days-long soak writes many millions of
+    rows). Up to ``sample_rows`` rows: exactly ``summarize`` of them all. Above: counts, token
+    totals, audits and the duration are exact (summed batch by batch); latency statistics come
+    from a uniform random sample (Bernoulli, ``seed``) of about ``sample_rows`` requests, and the
+    summary says so (``statistics_sample_rows``)."""
+    total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    if total <= sample_rows:
+        tables = [pq.read_table(f).replace_schema_metadata(None) for f in files]
+        return summarize(pa.concat_tables(tables) if tables else _empty())
+    rng = np.random.default_rng(seed)
+    p = sample_rows / total
+    exact: dict = {}
+    first_sent = last_end = None
+    sample: list[pa.Table] = []
+    for f in files:
+        for batch in pq.ParquetFile(f).iter_batches(batch_size=65_536):
+            t = pa.Table.from_batches([batch]).replace_schema_metadata(None)
+            part = summarize(t)
+            exact = {k: _add(exact.get(k), part.get(k)) for k in _ADDITIVE}
+            lo, hi = pc.min(t.column("sent_ns")).as_py(), pc.max(t.column("end_ns")).as_py()
+            first_sent = lo if first_sent is None or (lo is not None and lo < first_sent) else first_sent
+            last_end = hi if last_end is None or (hi is not None and hi > last_end) else last_end
+            sample.append(t.filter(pa.array(rng.random(t.num_rows) < p)))
+    sampled = pa.concat_tables(sample)
+    s = summarize(sampled)
+    s.update(exact)
+    duration = (last_end - first_sent) / 1e9 if first_sent is not None and last_end is not None else 0.0
+    s["duration"] = duration
+    for key, num in (("request_throughput", s["completed"]), ("output_throughput", s["total_output_tokens"]),
+                     ("total_token_throughput", s["total_input_tokens"] + s["total_output_tokens"])):
+        s[key] = num / duration if duration > 0 else None
+    s["statistics_sample_rows"] = sampled.num_rows
+    return s
+
+
+def _empty() -> pa.Table:
+    from .result import SCHEMA
+
+    return SCHEMA.empty_table()
 
 
 def format_summary(s: dict) -> str:
