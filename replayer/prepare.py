@@ -15,16 +15,16 @@ a row with a ``session_id`` waits on its session (``replayer.sessions``). Keys c
 number, so a session of loop k+1 never waits on loop k.
 
 Prefix growth without hash ids (traces whose hash ids were synthesised, e.g. Azure): a turn's
-prompt is the previous turn's prompt, then a stand-in for the previous answer
-(``output_length`` tokens of block ``mix64(first hash id of the previous turn ^ ANSWER_SALT)``),
-then its own tokens, cut to ``input_length``; chat turns send that history as alternating
+prompt is the previous turn's prompt, then a stand-in for the previous answer (its
+``output_length`` tokens: the blocks of ids ``mix64(s + b)``, b = 0, 1, ..., with
+``s = mix64(first hash id of the previous turn ^ ANSWER_SALT)``), then the first tokens of its
+own expansion, cut to ``input_length``; chat turns send that history as alternating
 user/assistant messages. The histories live in an LRU bounded in tokens; a turn whose history
 was evicted (or whose session began before a resume) is built from its own hash ids.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -33,13 +33,11 @@ import numpy as np
 import orjson
 
 from .config import RunConfig
-from .payload import CHAT, COMPLETIONS, EMBEDDINGS, POOLING, RERANK, SCORE, PayloadBuilder, PreparedRequest, endpoint_kind
+from .payload import CHAT, COMPLETIONS, EMBEDDINGS, POOLING, SCORE, PayloadBuilder, PreparedRequest, endpoint_kind
 from .prefix_cache import PrefixCacheModel
 from .prompts import PromptBuilder, TextPromptBuilder, mix64, vocab_from_range, vocab_from_tokenizer
 from .result import RequestResult
 from .schedule import ScheduleBatch, Timeline
-
-log = logging.getLogger(__name__)
 
 ANSWER_SALT = 0xA5A5_0A5A_5A5A_A5A5
 HISTORY_TOKENS = 32_000_000  # bound of the prefix-growth histories (int32 ids: 128 MB)
@@ -217,7 +215,6 @@ class RequestFactory:
         req.n_documents = len(docs)
         req.expected_once = q + int(sum(docs))
         req.expected_per_doc = len(docs) * q + int(sum(docs))
-        assert kind in (SCORE, RERANK)
 
     def _grown(self, req: PreparedRequest, hash_ids, skey: object, kind: str, loop: int) -> None:
         """Prefix growth without hash ids (module docstring)."""
