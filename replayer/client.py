@@ -33,7 +33,9 @@ attempts could not even connect, it is the first attempt that wrote the request)
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
+import threading
 from urllib.parse import urlsplit
 
 import httptools
@@ -90,6 +92,8 @@ class _Connection(asyncio.Protocol):
     def __init__(self, pool: "Client") -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
+        self.fd = -1  # the socket, for writes from the launcher thread (plain HTTP)
+        self.lock = threading.Lock()  # a launcher write and the close of the socket never overlap
         self.parser = httptools.HttpResponseParser(self)
         self.ex: _Exchange | None = None
         self.closed = False
@@ -99,6 +103,9 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and transport.get_extra_info("sslcontext") is None:
+            self.fd = sock.fileno()
 
     def data_received(self, data: bytes) -> None:
         ex = self.ex
@@ -194,9 +201,35 @@ class _Connection(asyncio.Protocol):
                 ex.done.set_exception(_Failure(kind, message))
 
     def _abort(self) -> None:
-        self.closed = True
+        with self.lock:
+            self.closed = True
         if self.transport is not None:
             self.transport.abort()
+
+    def write_now(self, request: bytes) -> str | None:
+        """Launcher thread: write ``request`` on the socket at once (non-blocking), handing any
+        rest to the transport through the loop. Returns an error message, or None."""
+        with self.lock:
+            if self.closed:
+                return "connection closed before the request was written"
+            try:
+                n = os.write(self.fd, request)
+            except BlockingIOError:
+                n = 0
+            except OSError as e:
+                return f"write failed: {type(e).__name__}: {e}"
+        if n < len(request):
+            self.pool.loop.call_soon_threadsafe(self._write_rest, memoryview(request)[n:])
+        return None
+
+    def fail_reserved(self, ex: _Exchange, message: str) -> None:
+        """Loop thread: the launcher could not write the reserved request ``ex``."""
+        if self.ex is ex:
+            self._finish_error(ErrorKind.DISCONNECT, message)
+
+    def _write_rest(self, rest: memoryview) -> None:
+        if not self.closed and self.transport is not None:
+            self.transport.write(bytes(rest))
 
     def check_stall(self) -> None:
         """Lazy read-timeout timer: fires once per timeout period, not per chunk."""
@@ -247,6 +280,7 @@ class Client:
         self._head = self._request_head((u.path or "/") + (f"?{u.query}" if u.query else ""))
         self._heads: dict[str, bytes] = {}
         self.usage_slack_tokens = usage_slack_tokens
+        self.loop: asyncio.AbstractEventLoop | None = None  # set by reserve (launcher writes go through it)
         self._connect_timeout = connect_timeout_s
         self._read_timeout_ns = int(read_timeout_s * 1e9) if read_timeout_s else None
         if retry_max < 0 or retry_backoff_s < 0:
@@ -343,6 +377,41 @@ class Client:
         else:
             self._idle.append(c)
 
+    def reserve(self, req: PreparedRequest, res: RequestResult) -> tuple | None:
+        """Loop thread: bind ``req`` to an idle keep-alive connection and build its bytes, to be
+        written later by ``write_reserved`` from the launcher thread (``replayer.launcher``).
+        None when no idle plain-HTTP connection is ready (then ``send`` writes it as usual).
+        Pass the returned handle to ``send(req, res, reserved)``."""
+        conn = self._idle_connection()
+        if conn is None:
+            return None
+        if conn.fd < 0:  # TLS: only the transport can write
+            self._idle.append(conn)
+            return None
+        self.loop = asyncio.get_running_loop()
+        ex = _Exchange(self.loop.create_future(), self._read_timeout_ns)
+        body = req.body
+        request = b"".join((self._head if req.path is None else self._head_for(req.path),
+                            b"Content-Length: %d\r\n\r\n" % len(body), body))
+        conn.ex = ex  # the connection is ours from now on
+        res.connect_ms = 0.0
+        return conn, ex, request
+
+    def write_reserved(self, req: PreparedRequest, res: RequestResult, reserved: tuple) -> None:
+        """Launcher thread, at the due time: stamp ``sent_ns`` and write the reserved bytes. A
+        failure fails the exchange (through the loop), as a disconnect before any response byte."""
+        conn, ex, request = reserved
+        if conn.closed:  # cancelled at shutdown, or the server closed it: the loop records why
+            self.loop.call_soon_threadsafe(conn.fail_reserved, ex, "connection closed before the request was written")
+            return
+        sent = now_ns()
+        res.sent_ns = sent - self.t0_ns
+        res.dispatch_lag_ms = (res.sent_ns - req.due_ns) / 1e6
+        ex.last_ns = sent
+        err = conn.write_now(request)
+        if err is not None:
+            self.loop.call_soon_threadsafe(conn.fail_reserved, ex, err)
+
     def _write(self, req: PreparedRequest, res: RequestResult, conn: _Connection, t_start: int) -> _Exchange:
         ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns)
         body = req.body
@@ -356,11 +425,12 @@ class Client:
         conn.start(request, ex)
         return ex
 
-    async def send(self, req: PreparedRequest, res: RequestResult) -> RequestResult:
-        """Send ``req``, stream its response and fill ``res`` (returned). Request failures are
+    async def send(self, req: PreparedRequest, res: RequestResult, reserved: tuple | None = None) -> RequestResult:
+        """Send ``req`` (with ``reserved`` from ``reserve``: the launcher thread writes it; this
+        only waits), stream its response and fill ``res`` (returned). Request failures are
         recorded in ``res``; ``asyncio.CancelledError`` marks ``res`` cancelled and propagates.
         Retryable failures are retried per the policy (module docstring), counted in ``res.retries``."""
-        retry_after = await self._attempt(req, res)
+        retry_after = await self._attempt(req, res, reserved)
         if retry_after is None or not self.retry_max:
             return res
         while retry_after is not None and res.retries < self.retry_max:
@@ -378,7 +448,7 @@ class Client:
             retry_after = await self._attempt(req, res)
         return res
 
-    async def _attempt(self, req: PreparedRequest, res: RequestResult) -> float | None:
+    async def _attempt(self, req: PreparedRequest, res: RequestResult, reserved: tuple | None = None) -> float | None:
         """One exchange of ``req``, filling ``res``. Returns None when the outcome is final
         (success, or a failure that must not be retried), else the delay the server asked for
         (``Retry-After`` seconds, capped) or -1.0 (none: use the backoff)."""
@@ -388,15 +458,20 @@ class Client:
         conn: _Connection | None = None
         t_start = now_ns()
         try:
-            try:
-                conn = await self._acquire()
-            except (OSError, asyncio.TimeoutError) as e:
-                kind = ErrorKind.TIMEOUT if isinstance(e, asyncio.TimeoutError) else ErrorKind.CONNECT
-                raise _Failure(kind, f"cannot connect to {self._host}:{self._port}: "
-                                     f"{type(e).__name__}: {e}") from None
-            ex = self._write(req, res, conn, t_start)
-            sent = res.sent_ns + t0  # type: ignore[operator]
+            if reserved is not None:
+                conn, ex, _ = reserved
+                if ex.read_timeout_ns is not None:
+                    ex.timer = asyncio.get_running_loop().call_later(ex.read_timeout_ns / 1e9, conn.check_stall)
+            else:
+                try:
+                    conn = await self._acquire()
+                except (OSError, asyncio.TimeoutError) as e:
+                    kind = ErrorKind.TIMEOUT if isinstance(e, asyncio.TimeoutError) else ErrorKind.CONNECT
+                    raise _Failure(kind, f"cannot connect to {self._host}:{self._port}: "
+                                         f"{type(e).__name__}: {e}") from None
+                ex = self._write(req, res, conn, t_start)
             await ex.done
+            sent = res.sent_ns + t0  # type: ignore[operator]
             res.end_ns = now_ns() - t0
             res.http_status = ex.status
             acc = ex.acc

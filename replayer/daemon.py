@@ -30,6 +30,7 @@ from .clock import Anchor, now_ns
 from .config import RunConfig
 from .dispatcher import Dispatcher, Observer
 from .gcpacer import GcPacer
+from .launcher import Launcher
 from .logs import ErrorBurstLog, setup_logging
 from .console import LiveConsole
 from .metrics import EventLoopLagMonitor, ReplayerMetrics
@@ -285,9 +286,12 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                     retry_max=cfg.retry_max, retry_backoff_s=cfg.retry_backoff_s,
                     usage_slack_tokens=cfg.usage_slack_tokens)
     acct = _Accounting(state, metrics)
+    launcher = Launcher() if cfg.launcher and target.startswith("http://") else None
     duration_ns = int(cfg.duration_s * 1e9) if cfg.duration_s else None
     dispatcher = Dispatcher(batches, factory.prepare, client.send, recorder.add, t0_ns=anchor.t0_ns,
-                            timeline=timeline, unsent=factory.unsent, observer=acct, gate=gate, lead_ns=int(cfg.lead_s * 1e9),
+                            timeline=timeline, unsent=factory.unsent, observer=acct, gate=gate,
+                            reserve=client.reserve, launcher=launcher, write=client.write_reserved,
+                            lead_ns=int(cfg.lead_s * 1e9),
                             drain_timeout_s=cfg.drain_timeout_s, duration_ns=duration_ns,
                             rebase_first=bool(cfg.resume), on_idle=gc_pacer.idle, shard=shard)
     dispatcher_ref.append(dispatcher)
@@ -330,8 +334,12 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
             opened = await client.warm_up(cfg.warm_connections)
             log.info("opened %d keep-alive connections ahead of the first request", opened)
         state.state = "running"
+        if launcher is not None:
+            launcher.start()
         await dispatcher.run()
     finally:
+        if launcher is not None:
+            launcher.stop()
         for t in background:
             t.cancel()
         await asyncio.gather(*background, return_exceptions=True)

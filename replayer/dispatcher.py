@@ -28,6 +28,7 @@ from .clock import SPIN_NS, now_ns, sleep_until
 from .errors import ErrorKind, Outcome
 from .payload import PreparedRequest
 from .result import RequestResult
+from .launcher import Launcher
 from .schedule import ScheduleBatch, Timeline
 from .sessions import SessionGate
 
@@ -84,6 +85,9 @@ class Dispatcher:
     trace time to due time (shared with the control API). ``duration_ns``: stop issuing requests
     due at or after this offset. ``lead_ns``: how far ahead bodies are built. ``gate``: holds a
     turn back until its predecessor ended (``replayer.sessions``; None = no sessions).
+    ``reserve``/``launcher``/``write``: requests outside sessions are handed to the launcher
+    thread ``launch_ahead_ns`` before their due time (``Client.reserve``/``Client.write_reserved``),
+    which writes them on time even while the loop is busy with a burst of stream reads.
     """
 
     def __init__(self, batches: Iterator[ScheduleBatch],
@@ -94,7 +98,10 @@ class Dispatcher:
                  observer: Observer | None = None, lead_ns: int = 500_000_000,
                  drain_timeout_s: float = 30.0, duration_ns: int | None = None,
                  rebase_first: bool = False, on_idle: Callable[[int], None] | None = None,
-                 shard: int = 0, gate: SessionGate | None = None) -> None:
+                 shard: int = 0, gate: SessionGate | None = None,
+                 reserve: Callable[[PreparedRequest, RequestResult], object] | None = None,
+                 launcher: Launcher | None = None, write: Callable[..., None] | None = None,
+                 launch_ahead_ns: int = 5_000_000) -> None:
         self._feeder = BatchFeeder(batches)
         self._prepare = prepare
         self._send = send
@@ -116,6 +123,14 @@ class Dispatcher:
         self._tasks: set[asyncio.Task] = set()
         self._pending: deque[tuple[PreparedRequest, int]] = deque()  # (request, trace_ns)
         self._gate = gate
+        # hand-over to the launcher thread (replayer.launcher): reserve(req, res) binds a request
+        # to a connection (None: not possible now), write(req, res, handle) is called by the
+        # launcher at the due time, send(req, res, handle) then only waits for the response
+        self._reserve = reserve if launcher is not None else None
+        self._launcher = launcher
+        self._write = write
+        self.launch_ahead_ns = launch_ahead_ns
+        self._no_launch: PreparedRequest | None = None  # the head that could not be handed over
         self._delayed: list[tuple[int, int, PreparedRequest]] = []  # heap of (release_ns, seq, request)
         self._seq = 0
         self._cur: ScheduleBatch | None = None
@@ -204,10 +219,23 @@ class Dispatcher:
                     self._fire(heapq.heappop(delayed)[2], now)
                 await asyncio.sleep(0)
                 continue
+            # 1b. hand the requests due soon to the launcher thread
+            if self._reserve is not None and pending and not tl.paused:
+                handed = False
+                while pending and self._launchable(pending[0][0]) \
+                        and tl.due(pending[0][1]) - now <= self.launch_ahead_ns:
+                    if not self._hand_over(pending[0][0]):
+                        self._no_launch = pending[0][0]
+                        break
+                    pending.popleft()
+                    handed = True
+                if handed:
+                    await asyncio.sleep(0)
+                    continue
             # 2. prepare ahead, but never past the next due time
             t_yield = now_ns() + 2_000_000
             while not exhausted:
-                if pending and tl.due(pending[0][1]) - self.now_rel() <= SPIN_NS:
+                if pending and self._critical(pending[0]) - self.now_rel() <= SPIN_NS:
                     break
                 item = self._cur, self._j
                 if self._cur is None or self._j >= len(self._cur):
@@ -231,8 +259,10 @@ class Dispatcher:
                 if now_ns() > t_yield:  # let streams progress during a long preparation burst
                     await asyncio.sleep(0)
                     t_yield = now_ns() + 2_000_000
+            precise = True
             if pending:
-                wake = tl.due(pending[0][1])
+                wake = self._critical(pending[0])
+                precise = not self._launchable(pending[0][0])
             elif not exhausted and self._cur is not None and self._j < len(self._cur):
                 wake = tl.due(int(self._cur.trace_ns[self._j])) - self.lead_ns
             elif exhausted and not self._delayed and not (self._gate and self._gate.waiting):
@@ -242,8 +272,8 @@ class Dispatcher:
                 wake = 2**62  # turns wait for their predecessors: woken by _changed
             else:
                 continue
-            if self._delayed and not tl.paused:
-                wake = min(wake, self._delayed[0][0])
+            if self._delayed and not tl.paused and self._delayed[0][0] < wake:
+                wake, precise = self._delayed[0][0], True
             left = wake - self.now_rel()
             if self._on_idle is not None and left > 0:
                 self._on_idle(left)
@@ -252,9 +282,31 @@ class Dispatcher:
                 self._changed.clear()
                 await _first(sleep_until(self.t0_ns + wake), self._changed.wait())
             elif left > 0:
-                await sleep_until(self.t0_ns + wake)
+                # a hand-over only has to happen before the due time: no spinning for it
+                await (sleep_until(self.t0_ns + wake) if precise else asyncio.sleep(left / 1e9))
             else:
                 await asyncio.sleep(0)
+
+    def _launchable(self, req: PreparedRequest) -> bool:
+        return (self._reserve is not None and req.dep is None and req.key is None
+                and req is not self._no_launch)
+
+    def _critical(self, item: tuple[PreparedRequest, int]) -> int:
+        """When the dispatcher must act on ``item``: its hand-over time, or its due time."""
+        due = self.timeline.due(item[1])
+        return due - self.launch_ahead_ns if self._launchable(item[0]) else due
+
+    def _hand_over(self, req: PreparedRequest) -> bool:
+        """Bind ``req`` to a connection and give its write to the launcher; False if it cannot."""
+        res = req.new_result(self.shard)
+        req.due_ns = res.due_ns = self.timeline.due(req.trace_ns)
+        reserved = self._reserve(req, res)  # type: ignore[misc]
+        if reserved is None:
+            return False
+        write = self._write
+        self._launcher.submit(self.t0_ns + req.due_ns, lambda: write(req, res, reserved))  # type: ignore[union-attr,misc]
+        self._start_task(req, res, reserved)
+        return True
 
     def _admit(self, req: PreparedRequest, now_rel: int) -> None:
         """A due request: fire it, or let the session gate hold it back."""
@@ -302,7 +354,10 @@ class Dispatcher:
                 req.due_ns = req.release_ns
             else:
                 res.session_wait_ms = 0.0
-        task = asyncio.get_running_loop().create_task(self._one(req, res))
+        self._start_task(req, res, None)
+
+    def _start_task(self, req: PreparedRequest, res: RequestResult, reserved: object) -> None:
+        task = asyncio.get_running_loop().create_task(self._one(req, res, reserved))
         self._tasks.add(task)
         self._idle.clear()
         task.add_done_callback(self._task_done)
@@ -316,9 +371,12 @@ class Dispatcher:
         if not self._tasks:
             self._idle.set()
 
-    async def _one(self, req: PreparedRequest, res: RequestResult) -> None:
+    async def _one(self, req: PreparedRequest, res: RequestResult, reserved: object = None) -> None:
         try:
-            await self._send(req, res)
+            if reserved is None:
+                await self._send(req, res)
+            else:
+                await self._send(req, res, reserved)
         except asyncio.CancelledError:
             self.cancelled += 1
             if res.outcome == Outcome.NOT_STARTED.value:  # cancelled before the client began

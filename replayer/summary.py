@@ -152,8 +152,8 @@ def summarize(table: pa.Table) -> dict:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in s.items()}
 
 
-#: above this many results, percentiles come from a uniform random sample of this many requests
-SAMPLE_ROWS = 1_000_000
+#: above this many results, latency statistics come from a uniform random sample of about this many
+SAMPLE_ROWS = 250_000
 #: summary fields that are sums over requests (exact whatever the size, merged batch by batch)
 _ADDITIVE = ("scheduled", "sent", "completed", "failed", "cancelled", "not_started", "total_input_tokens",
              "total_output_tokens", "usage_missing", "prompt_token_mismatches", "prompt_token_drift_total",
