@@ -24,9 +24,10 @@ class GcPacer:
         self.max_interval_s = max_interval_s
         self.full_every = full_every
         self._last = time.monotonic()
-        self._count = 0
+        self._since_full = 0  # collections since the last full one
         self._was_enabled = gc.isenabled()
         self.collections = 0
+        self._cost_ns = {1: 1_000_000, 2: 20_000_000}  # last duration per generation (first guesses)
 
     def start(self) -> None:
         gc.collect()
@@ -35,12 +36,24 @@ class GcPacer:
         self._last = time.monotonic()
 
     def idle(self, slack_ns: int) -> None:
-        """Called when nothing is due for ``slack_ns``; collects if it is time to."""
+        """Called when nothing is due for ``slack_ns``; collects if it is time to.
+
+        A collection runs only when the slack is at least twice what the last one of that
+        generation took (a full collection of a large heap takes tens of milliseconds); when
+        ``max_interval_s`` has passed without such slack, the young generations are collected
+        anyway (cheap), and the full one waits for room."""
         since = time.monotonic() - self._last
-        if since < self.interval_s or (slack_ns < self.min_slack_ns and since < self.max_interval_s):
+        if since < self.interval_s:
             return
-        self._count += 1
-        gc.collect(2 if self._count % self.full_every == 0 else 1)
+        gen = 2 if self._since_full >= self.full_every - 1 else 1
+        if slack_ns < max(self.min_slack_ns, 2 * self._cost_ns[gen]):
+            if since < self.max_interval_s:
+                return
+            gen = 1
+        t = time.perf_counter_ns()
+        gc.collect(gen)
+        self._cost_ns[gen] = time.perf_counter_ns() - t
+        self._since_full = 0 if gen == 2 else self._since_full + 1
         self.collections += 1
         self._last = time.monotonic()
 
