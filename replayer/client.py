@@ -120,6 +120,12 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as e:
             self._finish_error(ErrorKind.PROTOCOL, f"invalid HTTP response: {e}")
 
+    def eof_received(self) -> None:
+        # the server closed its side; mark it before the transport closes the socket, so a
+        # launcher write (replayer.launcher) never reaches a closed (or reused) descriptor
+        with self.lock:
+            self.closed = True
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         ex = self.ex
