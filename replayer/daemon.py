@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import numpy as np
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from prometheus_client import CollectorRegistry
 
 from . import __version__
@@ -44,7 +45,7 @@ from .simproc import spawn_sim, stop_sim
 from .schedule import Timeline, iter_schedule
 from .sessions import SessionGate
 from .summary import format_summary, summarize_files
-from .trace import open_trace
+from .trace import open_trace, parse_mapping
 
 log = logging.getLogger("replayer")
 
@@ -174,9 +175,22 @@ def open_batches_factory(cfg: RunConfig):
                         mapping=cfg.map, time_unit=cfg.time_unit)
     if cfg.validate_trace == "full":
         source.validate()
-    if not cfg.tokenizer:
+    if not cfg.tokenizer and _may_have_endpoints(source, cfg):
         check_endpoints(source.batches(BATCH_ROWS), cfg.trace)
     return (lambda: source.batches(BATCH_ROWS)), source.block_size, source.num_rows
+
+
+def _may_have_endpoints(source, cfg: RunConfig) -> bool:
+    """Whether the trace may carry an ``endpoint`` column, without reading its rows (Parquet:
+    the schema; a loaded trace: the column; other sources: assume it may)."""
+    trace = getattr(source, "trace", None)
+    if trace is not None:
+        return getattr(trace, "endpoint", None) is not None
+    files = getattr(source, "files", None)
+    if files:
+        name = parse_mapping(cfg.map).get("endpoint", "endpoint")
+        return name in pq.read_schema(files[0]).names
+    return True
 
 
 def check_endpoints(batches, trace: str) -> None:

@@ -215,3 +215,17 @@ def test_sessions_without_hash_ids_grow_their_prompt_from_the_previous_turn(tmp_
     # turn 2 = turn 1's prompt + a 7-token stand-in answer + 13 new tokens; turn 3 starts with turn 2 + 5
     assert prompts[1][:20] == prompts[0] and prompts[2][:40] == prompts[1]
     assert prompts[1][20:27] != prompts[2][40:47]  # answers differ per turn
+
+
+def test_the_endpoint_check_reads_no_rows_of_a_trace_without_the_column(tmp_path):
+    from pathlib import Path
+
+    from replayer.config import load_config
+    from replayer.daemon import _may_have_endpoints
+    from replayer.trace import open_trace
+
+    slice_ = Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation_10min.parquet"
+    cfg = load_config({"trace": str(slice_)})
+    assert _may_have_endpoints(open_trace(str(slice_)), cfg) is False
+    mixed = _write(tmp_path / "r.parquet", _rerank_rows(1))
+    assert _may_have_endpoints(open_trace(str(mixed)), load_config({"trace": str(mixed)})) is True
