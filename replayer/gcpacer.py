@@ -41,7 +41,8 @@ class GcPacer:
         A collection runs only when the slack is at least twice what the last one of that
         generation took (a full collection of a large heap takes tens of milliseconds); when
         ``max_interval_s`` has passed without such slack, the young generations are collected
-        anyway (cheap), and the full one waits for room."""
+        anyway (cheap) and the full one waits for room, but at most ``full_every`` more
+        collections: under steady load with no slack it is then forced."""
         since = time.monotonic() - self._last
         if since < self.interval_s:
             return
@@ -49,7 +50,8 @@ class GcPacer:
         if slack_ns < max(self.min_slack_ns, 2 * self._cost_ns[gen]):
             if since < self.max_interval_s:
                 return
-            gen = 1
+            if self._since_full < 2 * self.full_every:  # a full one may wait for room a while,
+                gen = 1                                   # not for ever (cyclic garbage grows)
         t = time.perf_counter_ns()
         gc.collect(gen)
         self._cost_ns[gen] = time.perf_counter_ns() - t

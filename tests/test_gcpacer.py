@@ -35,3 +35,14 @@ def test_a_full_collection_waits_for_slack_that_fits_it_and_young_ones_are_force
         assert _generations(pacer, [0]) == [1]            # overdue: the cheap one is forced
     finally:
         pacer.stop()
+
+
+def test_a_full_collection_is_forced_when_no_slack_ever_comes():
+    pacer = GcPacer(min_slack_ns=1_000_000, interval_s=0.0, max_interval_s=0.0, full_every=3)
+    pacer.start()
+    try:
+        pacer._cost_ns[2] = 10**12                       # never fits
+        gens = _generations(pacer, [0] * 12)
+    finally:
+        pacer.stop()
+    assert 2 in gens and gens.index(2) == 2 * 3         # deferred full_every more times, then forced
