@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import aiohttp
 import numpy as np
 import orjson
 import pytest
@@ -19,25 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from replayer.sim import SimConfig, SimServer, _parser  # noqa: E402
+from replayer.sim import SimConfig, _parser  # noqa: E402
 from replayer.sim.pooling import text_score  # noqa: E402
 
-FAST = dict(ttft_base_ms=1.0, prefill_us_per_token=0.0, itl_base_ms=1.0,
-            itl_per_running_us=0.0)
-
-
-def run(coro, timeout: float = 60.0):
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-async def with_sim(cfg: SimConfig, fn):
-    sim = SimServer(cfg)
-    url = await sim.start()
-    try:
-        async with aiohttp.ClientSession() as c:
-            return await fn(sim, url, c)
-    finally:
-        await sim.stop()
+from test_sim import FAST, run, with_sim  # noqa: E402  (the same harness as the sim tests)
 
 
 def parse_sse(raw: bytes) -> list:

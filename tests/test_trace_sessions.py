@@ -6,7 +6,6 @@ Every test writes real files to tmp_path and reads them back through the public 
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from pathlib import Path
@@ -38,12 +37,7 @@ SLICE = REPO / "traces" / "mooncake_conversation_10min.parquet"
 NEW = ("turn", "parent_request_id", "think_time_s", "endpoint", "query_length", "document_lengths")
 
 
-def write_jsonl(path: Path, rows: list) -> Path:
-    with open(path, "w") as f:
-        for r in rows:
-            f.write(r if isinstance(r, str) else json.dumps(r))
-            f.write("\n")
-    return path
+from test_trace import write_jsonl  # noqa: E402
 
 
 def row(ts, il=10, ol=5, hids=None, **extra):
