@@ -179,19 +179,35 @@ def test_workers_end_to_end(tmp_path, mooncake_slice):
     assert sorted(rows) == list(range(n))
 
 
+def _free_port_pair() -> int:
+    """A free 127.0.0.1 port whose successor is free too."""
+    import socket
+
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no two consecutive free ports")
+
+
 def test_workers_terminal_ctrl_c_drains_once(tmp_path, mooncake_slice):
     """A Ctrl-C at a terminal signals the whole foreground process group. The workers must get
     it once (drain: in-flight requests complete) and the simulator must outlive the drain."""
     trace_path = mooncake_slice(20)
     results = tmp_path / "res"
-    port = free_port()
+    port = _free_port_pair()  # worker i serves its admin port on port + i
     parent = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace_path), "--workers", "2",
                                "--speedup", "5", "--results", str(results), "--admin-port", str(port), "--quiet"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         while True:  # mid-dispatch: both workers have sent something (the schedule lasts 4 s)
-            assert time.monotonic() < deadline and parent.poll() is None, "workers did not start sending"
+            assert time.monotonic() < deadline and parent.poll() is None, \
+                "workers did not start sending: " + ("" if parent.poll() is None else parent.communicate()[1][-2000:])
             try:
                 if all(_status(port + i)["sent"] > 0 for i in range(2)):
                     break
