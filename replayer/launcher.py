@@ -34,11 +34,17 @@ from .clock import now_ns
 
 log = logging.getLogger(__name__)
 
+#: a launch: called at its due time, it may return a follow-up to call after the burst's launches
+Launch = Callable[[], "Callable[[], None] | None"]
+
 
 class Launcher:
     """One daemon thread that calls ``fn()`` at absolute times on ``clock.now_ns``.
 
     ``submit(at_ns, fn)`` from any thread; calls happen in time order, never before ``at_ns``.
+    ``fn`` may return a follow-up callable: it runs once every item due by then has been called
+    (so the writes of a burst due at one instant all start before any finishes; see
+    ``Client.write_reserved``).
     ``stop()`` ends the thread; items not yet called are dropped (the dispatcher hands over only
     requests due within a few milliseconds and drains them before the daemon stops this).
     ``launched`` counts calls; ``lateness_ns`` is the last call's lateness. ``priority``:
@@ -49,7 +55,7 @@ class Launcher:
                  priority: str = "fifo") -> None:
         self._policy = priority
         self.priority = "default"
-        self._heap: list[tuple[int, int, Callable[[], None]]] = []
+        self._heap: list[tuple[int, int, Launch]] = []
         self._seq = 0
         self._cv = threading.Condition()
         self._stopped = False
@@ -72,7 +78,7 @@ class Launcher:
             self._thread.join(5)
             sys.setswitchinterval(self._old_switch)
 
-    def submit(self, at_ns: int, fn: Callable[[], None]) -> None:
+    def submit(self, at_ns: int, fn: Launch) -> None:
         with self._cv:
             self._seq += 1
             heapq.heappush(self._heap, (at_ns, self._seq, fn))
@@ -118,8 +124,25 @@ class Launcher:
             while now_ns() < at:  # the last ~0.15 ms: spin (time.sleep overshoots by ~60 us)
                 pass
             self.lateness_ns = now_ns() - at
-            try:
-                fn()
-            except Exception:  # noqa: BLE001 - a bug must not kill the thread; fn records failures
-                log.exception("launcher: write failed")
-            self.launched += 1
+            rest = []
+            while True:
+                self._call(fn, rest)
+                # every item due by now starts before any rest goes: a burst's heads go first
+                with cv:
+                    if not heap or heap[0][0] > now_ns() or self._stopped:
+                        break
+                    fn = heapq.heappop(heap)[2]
+            for follow in rest:
+                self._call(follow, None)
+
+    def _call(self, fn: Launch, rest: list | None) -> None:
+        try:
+            follow = fn()
+        except Exception:  # noqa: BLE001 - a bug must not kill the thread; fn records failures
+            log.exception("launcher: write failed")
+            follow = None
+        if rest is None:
+            return
+        self.launched += 1
+        if follow is not None:
+            rest.append(follow)

@@ -27,13 +27,46 @@ def test_calls_come_in_time_order_and_never_early():
     done = threading.Event()
     t0 = now_ns() + 20_000_000
     ats = [t0 + k * 3_000_000 for k in (5, 0, 3, 1, 4, 2)]  # submitted out of order
-    for i, at in enumerate(ats):
-        launcher.submit(at, lambda at=at, i=i: (calls.append((at, now_ns())), len(calls) == 6 and done.set()))
+    def call(at: int) -> None:
+        calls.append((at, now_ns()))
+        if len(calls) == 6:
+            done.set()
+
+    for at in ats:
+        launcher.submit(at, lambda at=at: call(at))
     assert done.wait(5)
     launcher.stop()
     assert [a for a, _ in calls] == sorted(ats)
     assert all(called >= at for at, called in calls)
     assert launcher.launched == 6 and launcher.pending() == 0
+
+
+def test_a_burst_due_at_one_instant_starts_every_launch_before_any_follow_up():
+    launcher = Launcher(priority="default")
+    launcher.start()
+    calls: list[tuple[str, int, int]] = []
+    done = threading.Event()
+    at = now_ns() + 20_000_000
+    later = at + 30_000_000
+
+    def launch(i: int, due: int):
+        calls.append(("head", i, now_ns() - due))
+
+        def follow() -> None:
+            calls.append(("body", i, now_ns() - due))
+            if len(calls) == 2 * 6:
+                done.set()
+        return follow
+
+    for i in range(5):
+        launcher.submit(at, lambda i=i: launch(i, at))
+    launcher.submit(later, lambda: launch(5, later))  # not due with the burst: its own turn
+    assert done.wait(5)
+    launcher.stop()
+    assert [c[:2] for c in calls] == ([("head", i) for i in range(5)] + [("body", i) for i in range(5)]
+                                      + [("head", 5), ("body", 5)])
+    assert all(lag >= 0 for _, _, lag in calls)
+    assert launcher.launched == 6
 
 
 class _Batch:
