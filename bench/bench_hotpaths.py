@@ -99,6 +99,9 @@ def bench_client_protocol() -> None:
         def write(self, b):
             pass
 
+        def get_extra_info(self, name):
+            return None
+
         def abort(self):
             pass
 

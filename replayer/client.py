@@ -412,6 +412,15 @@ class Client:
 
         asyncio.get_running_loop().create_task(self._connect()).add_done_callback(done)
 
+    def expect(self, n: int) -> None:
+        """Loop thread: ``n`` requests are due soon (the dispatcher counts them): open
+        connections in the background until ``n`` are idle or opening (at most 32 more per
+        call), so each finds one ready (and can go through the launcher) instead of waiting for
+        a TCP handshake at its due time. Connections busy now are not counted: some may be
+        free by then, so this errs on the side of a few idle connections more."""
+        for _ in range(min(n - len(self._idle) - self._spares_opening, 32)):
+            self._open_spare()
+
     def _release(self, c: _Connection) -> None:
         if c.closed or not c.keep_alive or c.ex is not None:
             c._abort()

@@ -305,6 +305,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     dispatcher = Dispatcher(batches, factory.prepare, client.send, recorder.add, t0_ns=anchor.t0_ns,
                             timeline=timeline, unsent=factory.unsent, observer=acct, gate=gate,
                             reserve=client.reserve, launcher=launcher, write=client.write_reserved,
+                            expect=client.expect,
                             lead_ns=int(cfg.lead_s * 1e9),
                             drain_timeout_s=cfg.drain_timeout_s, duration_ns=duration_ns,
                             rebase_first=bool(cfg.resume), on_idle=gc_pacer.idle, shard=shard)

@@ -88,6 +88,8 @@ class Dispatcher:
     ``reserve``/``launcher``/``write``: requests outside sessions are handed to the launcher
     thread ``launch_ahead_ns`` before their due time (``Client.reserve``/``Client.write_reserved``),
     which writes them on time even while the loop is busy with a burst of stream reads.
+    ``expect(n)``: told every few milliseconds how many requests are due within
+    ``connect_ahead_ns`` (``Client.expect`` opens connections for them ahead of time).
     """
 
     def __init__(self, batches: Iterator[ScheduleBatch],
@@ -101,7 +103,8 @@ class Dispatcher:
                  shard: int = 0, gate: SessionGate | None = None,
                  reserve: Callable[[PreparedRequest, RequestResult], object] | None = None,
                  launcher: Launcher | None = None, write: Callable[..., None] | None = None,
-                 launch_ahead_ns: int = 5_000_000) -> None:
+                 launch_ahead_ns: int = 50_000_000, expect: Callable[[int], None] | None = None,
+                 connect_ahead_ns: int = 100_000_000) -> None:
         self._feeder = BatchFeeder(batches)
         self._prepare = prepare
         self._send = send
@@ -130,6 +133,9 @@ class Dispatcher:
         self._launcher = launcher
         self._write = write
         self.launch_ahead_ns = launch_ahead_ns
+        self._expect = expect
+        self.connect_ahead_ns = connect_ahead_ns
+        self._next_expect = 0
         self._no_launch: PreparedRequest | None = None  # the head that could not be handed over
         self._delayed: list[tuple[int, int, PreparedRequest]] = []  # heap of (release_ns, seq, request)
         self._seq = 0
@@ -259,10 +265,19 @@ class Dispatcher:
                 if now_ns() > t_yield:  # let streams progress during a long preparation burst
                     await asyncio.sleep(0)
                     t_yield = now_ns() + 2_000_000
+            # connections for the requests due within connect_ahead_ns (counted again at most
+            # every millisecond)
+            if self._expect is not None and pending and now_ns() >= self._next_expect:
+                self._next_expect = now_ns() + 1_000_000
+                self._expect(self._demand())
             precise = True
             if pending:
                 wake = self._critical(pending[0])
                 precise = not self._launchable(pending[0][0])
+                if self._expect is not None:  # wake up to count a request entering the horizon
+                    counted = tl.due(pending[0][1]) - self.connect_ahead_ns
+                    if self.now_rel() < counted < wake:
+                        wake = counted
             elif not exhausted and self._cur is not None and self._j < len(self._cur):
                 wake = tl.due(int(self._cur.trace_ns[self._j])) - self.lead_ns
             elif exhausted and not self._delayed and not (self._gate and self._gate.waiting):
@@ -276,7 +291,10 @@ class Dispatcher:
                 wake, precise = self._delayed[0][0], True
             left = wake - self.now_rel()
             if self._on_idle is not None and left > 0:
-                self._on_idle(left)
+                # the slack ends at the next write too, handed-over ones included (a collection
+                # holds the GIL, which the launcher thread needs to write)
+                at = self._launcher.next_at() if self._launcher is not None else None
+                self._on_idle(left if at is None else min(left, at - now_ns()))
                 left = wake - self.now_rel()
             if left > 2 * SPIN_NS:
                 self._changed.clear()
@@ -286,6 +304,17 @@ class Dispatcher:
                 await (sleep_until(self.t0_ns + wake) if precise else asyncio.sleep(left / 1e9))
             else:
                 await asyncio.sleep(0)
+
+    def _demand(self, cap: int = 256) -> int:
+        """How many prepared requests are due within ``connect_ahead_ns`` (at most ``cap``)."""
+        horizon = self.now_rel() + self.connect_ahead_ns
+        due = self.timeline.due
+        n = 0
+        for _, trace_ns in self._pending:
+            if n >= cap or due(trace_ns) > horizon:
+                break
+            n += 1
+        return n
 
     def _launchable(self, req: PreparedRequest) -> bool:
         return (self._reserve is not None and req.dep is None and req.key is None

@@ -106,6 +106,11 @@ class Launcher:
     def pending(self) -> int:
         return len(self._heap)
 
+    def next_at(self) -> int | None:
+        """The time (``now_ns`` clock) of the next call, or None when none is waiting."""
+        heap = self._heap
+        return heap[0][0] if heap else None
+
     def _run(self) -> None:
         self._raise_priority()
         heap, cv, spin = self._heap, self._cv, self._spin_ns

@@ -79,10 +79,10 @@ class _Batch:
         return len(self.timestamp_ns)
 
 
-def test_a_replay_through_the_launcher_sends_every_request_on_its_due_time():
+def _replay_through_the_launcher(ts: list[int], *, warm: int, expect: bool = True, start_s: float = 0.2):
+    """Replay ``ts`` (ms) against the simulator with the launcher; (results, launched count)."""
     payload = PayloadBuilder("m")
     timeline = Timeline(1.0)
-    ts = [0, 0, 0, 15, 30, 30, 45, 60, 75, 90]
 
     def prepare(sb, j):
         i = int(sb.rows[j])
@@ -96,14 +96,15 @@ def test_a_replay_through_the_launcher_sends_every_request_on_its_due_time():
         launcher = Launcher(priority="default")
         try:
             async with Client(url, t0_ns=now_ns()) as c:
-                await c.warm_up(8)
-                anchor = Anchor.at(0.2)
+                await c.warm_up(warm)
+                anchor = Anchor.at(start_s)
                 c.t0_ns = anchor.t0_ns
                 results: list[RequestResult] = []
                 d = Dispatcher(iter_schedule(lambda: [_Batch(ts)]), prepare, c.send, results.append,
                                t0_ns=anchor.t0_ns, timeline=timeline,
                                unsent=lambda sb, j: RequestResult(row=int(sb.rows[j])),
-                               reserve=c.reserve, launcher=launcher, write=c.write_reserved)
+                               reserve=c.reserve, launcher=launcher, write=c.write_reserved,
+                               expect=c.expect if expect else None)
                 launcher.start()
                 await asyncio.wait_for(d.run(), 20)
                 return results, launcher.launched
@@ -111,7 +112,12 @@ def test_a_replay_through_the_launcher_sends_every_request_on_its_due_time():
             launcher.stop()
             await sim.stop()
 
-    results, launched = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_a_replay_through_the_launcher_sends_every_request_on_its_due_time():
+    ts = [0, 0, 0, 15, 30, 30, 45, 60, 75, 90]
+    results, launched = _replay_through_the_launcher(ts, warm=8)
     assert len(results) == len(ts) and all(r.outcome == "success" for r in results)
     assert launched == len(ts)                          # every write went through the thread
     assert all(r.sent_ns >= r.due_ns for r in results)  # never early
@@ -140,3 +146,16 @@ def test_a_reserved_request_whose_connection_closed_fails_as_a_disconnect():
     res = asyncio.run(main())
     assert (res.outcome, res.error_kind) == ("failed", "disconnect")  # recorded, no hang, no crash
     assert res.error
+
+
+def test_connections_for_a_burst_larger_than_the_pool_are_opened_ahead():
+    # one warm connection, then 24 requests due at one instant: the dispatcher counts the demand
+    # ahead (Client.expect), so every request finds a connection at its hand-over and goes
+    # through the launcher (connect_ms 0: no handshake at the due time)
+    ts = [300] * 24
+    results, launched = _replay_through_the_launcher(ts, warm=1)
+    assert len(results) == 24 and all(r.outcome == "success" for r in results)
+    assert launched == 24 and all(r.connect_ms == 0.0 for r in results)
+    # without the demand count most of the burst waits for connections opened at its due time
+    results, launched = _replay_through_the_launcher(ts, warm=1, expect=False)
+    assert all(r.outcome == "success" for r in results) and launched < 24
