@@ -33,9 +33,24 @@ log = logging.getLogger(__name__)
 PARTS = "parts"
 
 
-def _atomic_write_table(table: pa.Table, path: str) -> None:
+def _atomic_write_table(table: pa.Table, path: str, *, buffered: bool = True) -> None:
+    """Write ``table`` to ``path`` (zstd Parquet) through a temporary file and a rename.
+
+    ``buffered``: encode into an Arrow memory buffer, then write it with one Python file write.
+    Handing ``pq.write_table`` the path instead stalled the event loop and the launcher thread
+    for 20-40 ms per flush at 470 requests/s (issue 7's stress slice at 160x: dispatch error p99
+    13-40 ms with it, ~1 ms buffered). Rolls of many parts pass False: they stream through a
+    Python file object instead of holding the whole file in memory."""
     tmp = path + ".tmp"
-    pq.write_table(table, tmp, compression="zstd")
+    if buffered:
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, compression="zstd")
+        data = sink.getvalue()
+        with open(tmp, "wb") as f:
+            f.write(data)
+    else:
+        with open(tmp, "wb") as f:
+            pq.write_table(table, f, compression="zstd")
     os.replace(tmp, path)
 
 
@@ -119,7 +134,8 @@ class Recorder:
             n = len(glob.glob(os.path.join(self.dir, "requests-*.parquet")))
             dst = os.path.join(self.dir, f"requests-{n:05d}.parquet")
         tables = [pq.read_table(p) for p in self._parts]
-        _atomic_write_table(pa.concat_tables(tables).replace_schema_metadata(self._schema.metadata), dst)
+        _atomic_write_table(pa.concat_tables(tables).replace_schema_metadata(self._schema.metadata), dst,
+                            buffered=False)
         for p in self._parts:
             os.remove(p)
         self._parts = []
