@@ -3,18 +3,22 @@
 Why: the event loop handles the response streams. Under load a server's token tick makes ~100
 connections readable at once, and the loop spends a few milliseconds on that burst; a request due
 during it would wait for the burst to end (dispatch error p99 ~4 ms on issue 7's workload). Here
-the dispatcher hands each request over ``ahead_ns`` before its due time, already bound to an idle
-keep-alive connection with its bytes built (``Client.reserve``); this thread sleeps to the due
-time (a timed condition wait to ``spin_ns`` before it, then a short spin) and writes the bytes
-with one non-blocking ``os.write`` on the connection's socket (``Client.write_reserved``). uvloop runs the
+the dispatcher hands each request over ``launch_ahead_ns`` (50 ms) before its due time, already
+bound to an idle keep-alive connection with its bytes built (``Client.reserve``; connections for
+the requests due soon are opened ahead, ``Client.expect``); this thread sleeps to the due time (a
+timed condition wait to ``spin_ns`` before it, then a short spin) and writes the request with
+non-blocking writes on the connection's socket (``Client.write_reserved``): first the head of
+every request due by then, then their bodies, so a burst due at one instant starts together as
+independent clients would (a 12k-token body takes ~50 us to write on loopback). uvloop runs the
 loop with the GIL released and takes it per callback, and the interpreter's switch interval is
 lowered (``switch_interval_s``) so this thread gets the GIL within a fraction of a millisecond.
 The thread runs at real-time priority where the OS permits (``_raise_priority``). The loop
 thread still reads and measures every response; only the write moves.
 
 Measured on issue 7's workload (bench/fidelity W1, 2 cores shared with the server): dispatch
-error p99 1.1-3.0 ms, max 1.5-6.6 ms, drift 0.5-0.7 ms with it; p99 2.6-4.2 ms, max 8-16 ms,
-drift 1.4-1.6 ms without (``--no-launcher``), for ~1 CPU s per 1k requests more.
+error p50 0.09-0.12 ms, p99 0.76-2.3 ms (the higher values on runs where the server's own pacing
+p99 was 2 ms and more), max 1-3 ms; p99 2.5-4.2 ms, max 4-16 ms without (``--no-launcher``). The
+stress slice at 160x (470 requests/s): p99 1.0-2.7 ms.
 
 Plain HTTP only (TLS bytes must go through the transport's SSL object): ``Client.reserve``
 returns None for ``https`` targets, and for any request without an idle connection; those are
