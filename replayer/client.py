@@ -246,8 +246,8 @@ class _Connection(asyncio.Protocol):
 
     def write_now(self, request: bytes | memoryview, upto: int | None = None) -> int | str:
         """Launcher thread: write ``request`` (or its first ``upto`` bytes, GIL kept: see
-        ``_gil_keeping_write``) on the socket at once (non-blocking). A short write of the whole hands the rest to the transport through the
-        loop; a short write of a part hands over the whole rest too and returns ``len(request)``.
+        ``_gil_keeping_write``) on the socket at once (non-blocking). A short write hands the
+        rest of ``request`` to the transport through the loop and returns ``len(request)``.
         Returns the bytes done (written or handed over), or an error message."""
         part = request if upto is None else request[:upto]
         with self.lock:

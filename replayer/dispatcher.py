@@ -88,8 +88,9 @@ class Dispatcher:
     ``reserve``/``launcher``/``write``: requests outside sessions are handed to the launcher
     thread ``launch_ahead_ns`` before their due time (``Client.reserve``/``Client.write_reserved``),
     which writes them on time even while the loop is busy with a burst of stream reads.
-    ``expect(n)``: told every few milliseconds how many requests are due within
-    ``connect_ahead_ns`` (``Client.expect`` opens connections for them ahead of time).
+    ``expect(n)``: told how many requests are due within ``connect_ahead_ns`` (when a request
+    enters that horizon, and at most every millisecond; ``Client.expect`` opens connections for
+    them ahead of time).
     """
 
     def __init__(self, batches: Iterator[ScheduleBatch],

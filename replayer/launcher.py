@@ -50,7 +50,7 @@ class Launcher:
     (so the writes of a burst due at one instant all start before any finishes; see
     ``Client.write_reserved``).
     ``stop()`` ends the thread; items not yet called are dropped (the dispatcher hands over only
-    requests due within a few milliseconds and drains them before the daemon stops this).
+    requests due within 50 ms and drains them before the daemon stops this).
     ``launched`` counts calls; ``lateness_ns`` is the last call's lateness. ``priority``:
     ``fifo`` (real-time where permitted, else nice -10), ``nice`` or ``default``; the one obtained
     is in ``self.priority`` once the thread runs."""
@@ -133,7 +133,7 @@ class Launcher:
             while now_ns() < at:  # the last ~0.15 ms: spin (time.sleep overshoots by ~60 us)
                 pass
             self.lateness_ns = now_ns() - at
-            rest = []
+            rest: list[Callable[[], None]] = []
             while True:
                 self._call(fn, rest)
                 # every item due by now starts before any rest goes: a burst's heads go first
