@@ -53,6 +53,7 @@ from .sse import SSEDecoder, StreamAccumulator
 _ERROR_BODY_LIMIT = 64 * 1024
 _ERROR_TEXT_LIMIT = 500
 _RETRY_AFTER_MAX_S = 60.0
+SPARE_BACKOFF_NS = 500_000_000  # no connections opened ahead for this long after one failed
 
 
 def _gil_keeping_write() -> Callable[[int, bytes], int] | None:
@@ -332,6 +333,7 @@ class Client:
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()
         self._spares_opening = 0
+        self._spares_paused_until = 0  # after a failed background connect (expect only)
         self.spare_target = 8  # idle connections kept ready in the background (0 = none)
 
     def _request_head(self, path: str) -> bytes:
@@ -407,8 +409,12 @@ class Client:
 
         def done(t: asyncio.Task) -> None:
             self._spares_opening -= 1
-            if not t.cancelled() and t.exception() is None:
+            if t.cancelled():
+                return
+            if t.exception() is None:
                 self._idle.insert(0, t.result())  # LIFO pool: spares are used after warm ones
+            else:  # the target refuses or is down: no connect storm ahead of demand for a while
+                self._spares_paused_until = now_ns() + SPARE_BACKOFF_NS
 
         asyncio.get_running_loop().create_task(self._connect()).add_done_callback(done)
 
@@ -417,7 +423,11 @@ class Client:
         connections in the background until ``n`` are idle or opening (at most 32 more per
         call), so each finds one ready (and can go through the launcher) instead of waiting for
         a TCP handshake at its due time. Connections busy now are not counted: some may be
-        free by then, so this errs on the side of a few idle connections more."""
+        free by then, so this errs on the side of a few idle connections more. After a failed
+        background connect it opens none for ``SPARE_BACKOFF_NS`` (a target that is down gets
+        each request's own connect attempt, not a storm of spares)."""
+        if now_ns() < self._spares_paused_until:
+            return
         for _ in range(min(n - len(self._idle) - self._spares_opening, 32)):
             self._open_spare()
 

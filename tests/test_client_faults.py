@@ -553,3 +553,34 @@ def test_mixed_faults_concurrently_each_recorded():
     kinds = [r.error_kind for r in res]
     assert kinds == ["none", "http_status", "disconnect", "protocol", "timeout"]
     assert len(srv.received) == 5
+
+
+def test_connections_opened_ahead_pause_when_the_target_is_down():
+    # Client.expect opens connections for requests due soon; against a port nobody listens on
+    # every attempt fails at once, and without a pause the dispatcher's count (each millisecond)
+    # would make thousands of attempts a second
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+
+    async def main() -> tuple[int, int]:
+        c = Client(f"http://127.0.0.1:{port}", t0_ns=now_ns(), connect_timeout_s=1.0)
+        attempts = 0
+        connect = c._connect
+
+        async def counted():
+            nonlocal attempts
+            attempts += 1
+            return await connect()
+
+        c._connect = counted  # counts attempts; the connects themselves are real
+        end = now_ns() + 300_000_000
+        while now_ns() < end:
+            c.expect(24)
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.05)
+        return attempts, c._spares_opening
+
+    attempts, opening = asyncio.run(main())
+    assert 24 <= attempts <= 48 and opening == 0  # one round of 24, then the pause
