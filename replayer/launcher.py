@@ -16,8 +16,8 @@ The thread runs at real-time priority where the OS permits (``_raise_priority``)
 thread still reads and measures every response; only the write moves.
 
 Measured on issue 7's workload (bench/fidelity W1, 2 cores shared with the server): dispatch
-error p50 0.09-0.12 ms, p99 0.76-2.3 ms (the higher values on runs where the server's own pacing
-p99 was 2 ms and more), max 1-3 ms; p99 2.5-4.2 ms, max 4-16 ms without (``--no-launcher``). The
+error p50 0.09-0.26 ms, p99 0.76-2.3 ms (the higher values on runs where the server's own pacing
+p99 was near 2 ms), max 1-3.6 ms; p99 2.5-4.2 ms, max 4-16 ms without (``--no-launcher``). The
 stress slice at 160x (470 requests/s): p99 1.0-2.7 ms.
 
 Plain HTTP only (TLS bytes must go through the transport's SSL object): ``Client.reserve``
