@@ -451,12 +451,10 @@ class Client:
             return None
         self.loop = asyncio.get_running_loop()
         ex = _Exchange(self.loop.create_future(), self._read_timeout_ns)
-        body = req.body
-        request = b"".join((self._head if req.path is None else self._head_for(req.path),
-                            b"Content-Length: %d\r\n\r\n" % len(body), body))
+        request = self._request_bytes(req)
         conn.ex = ex  # the connection is ours from now on
         res.connect_ms = 0.0
-        return conn, ex, request, len(request) - len(body)
+        return conn, ex, request, len(request) - len(req.body)
 
     def write_reserved(self, req: PreparedRequest, res: RequestResult,
                        reserved: tuple) -> Callable[[], None] | None:
@@ -488,11 +486,15 @@ class Client:
                 self.loop.call_soon_threadsafe(conn.fail_reserved, ex, err)
         return body
 
+    def _request_bytes(self, req: PreparedRequest) -> bytes:
+        """The whole HTTP request: head (with Content-Length) and ``req.body``."""
+        body = req.body
+        return b"".join((self._head if req.path is None else self._head_for(req.path),
+                         b"Content-Length: %d\r\n\r\n" % len(body), body))
+
     def _write(self, req: PreparedRequest, res: RequestResult, conn: _Connection, t_start: int) -> _Exchange:
         ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns)
-        body = req.body
-        request = b"".join((self._head if req.path is None else self._head_for(req.path),
-                            b"Content-Length: %d\r\n\r\n" % len(body), body))
+        request = self._request_bytes(req)
         sent = now_ns()
         res.connect_ms = (sent - t_start) / 1e6
         res.sent_ns = sent - self.t0_ns

@@ -135,23 +135,24 @@ class Launcher:
             self.lateness_ns = now_ns() - at
             rest: list[Callable[[], None]] = []
             while True:
-                self._call(fn, rest)
+                follow = _call(fn)
+                self.launched += 1
+                if follow is not None:
+                    rest.append(follow)
                 # every item due by now starts before any rest goes: a burst's heads go first
                 with cv:
                     if not heap or heap[0][0] > now_ns() or self._stopped:
                         break
                     fn = heapq.heappop(heap)[2]
             for follow in rest:
-                self._call(follow, None)
+                _call(follow)
 
-    def _call(self, fn: Launch, rest: list | None) -> None:
-        try:
-            follow = fn()
-        except Exception:  # noqa: BLE001 - a bug must not kill the thread; fn records failures
-            log.exception("launcher: write failed")
-            follow = None
-        if rest is None:
-            return
-        self.launched += 1
-        if follow is not None:
-            rest.append(follow)
+
+def _call(fn: Callable[[], object]) -> object:
+    """``fn()``, or None when it raised (logged: a bug must not kill the thread; the launches
+    record their own failures)."""
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001
+        log.exception("launcher: write failed")
+        return None
