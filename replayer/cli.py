@@ -7,11 +7,16 @@ Every ``RunConfig`` field has exactly one flag, derived from the field (``durati
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import types
 import typing
 
 from .config import ConfigError, RunConfig, flag_name, load_config
+
+# NumPy's OpenBLAS starts one spinning thread per core at import; the replayer does no linear
+# algebra, and on a small host those threads cost ~0.3 s of CPU per start (set before numpy loads).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 POSITIONAL = ("trace",)
 
