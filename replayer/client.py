@@ -333,7 +333,7 @@ class Client:
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()
         self._spares_opening = 0
-        self._spares_paused_until = 0  # after a failed background connect (expect only)
+        self._spares_paused_until = 0  # no background connects before this (one failed)
         self.spare_target = 8  # idle connections kept ready in the background (0 = none)
 
     def _request_head(self, path: str) -> bytes:
@@ -390,7 +390,7 @@ class Client:
 
     def _idle_connection(self) -> _Connection | None:
         idle = self._idle
-        if len(idle) + self._spares_opening < self.spare_target:
+        if len(idle) + self._spares_opening < self.spare_target and now_ns() >= self._spares_paused_until:
             self._open_spare()
         while idle:
             c = idle.pop()
@@ -404,7 +404,8 @@ class Client:
 
     def _open_spare(self) -> None:
         """Open one connection in the background, so a request due later finds one ready instead
-        of paying for a TCP handshake at its due time."""
+        of paying for a TCP handshake at its due time. A failure pauses background connects (the
+        pool's top-up to ``spare_target`` and ``expect``) for ``SPARE_BACKOFF_NS``."""
         self._spares_opening += 1
 
         def done(t: asyncio.Task) -> None:

@@ -584,3 +584,33 @@ def test_connections_opened_ahead_pause_when_the_target_is_down():
 
     attempts, opening = asyncio.run(main())
     assert 24 <= attempts <= 48 and opening == 0  # one round of 24, then the pause
+
+
+def test_spares_kept_ready_pause_when_the_target_is_down():
+    # every acquire tops the idle pool up to Client.spare_target in the background; against a
+    # port nobody listens on those connects fail at once and the same pause as expect's applies
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+
+    async def main() -> int:
+        c = Client(f"http://127.0.0.1:{port}", t0_ns=now_ns(), connect_timeout_s=1.0)
+        attempts = 0
+        connect = c._connect
+
+        async def counted():
+            nonlocal attempts
+            attempts += 1
+            return await connect()
+
+        c._connect = counted
+        end = now_ns() + 300_000_000
+        while now_ns() < end:  # an acquire each millisecond finds no idle connection
+            assert c._idle_connection() is None
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.05)
+        return attempts
+
+    attempts = asyncio.run(main())
+    assert 1 <= attempts <= 16, attempts  # one round up to spare_target (8), then the pause
