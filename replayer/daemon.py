@@ -38,7 +38,7 @@ from .metrics import EventLoopLagMonitor, ReplayerMetrics
 from .target_metrics import TargetScraper, save_samples
 from .payload import TEXT_ONLY, PayloadBuilder, PreparedRequest
 from .prepare import Prompts, RequestFactory
-from .recorder import Recorder, read_results, result_files
+from .recorder import Recorder, drop_not_started, read_results, result_files
 from .recorder import warm_up as recorder_warm_up
 from .result import RequestResult
 from .simproc import spawn_sim, stop_sim
@@ -137,8 +137,9 @@ def resume_plan(results_dir: str):
     """Where a resumed run starts: (first loop with an unrecorded row, skip function).
 
     Every (loop, row) already recorded as sent (any outcome but ``not_started``) in the results
-    folder is skipped, so the union of the files holds each sent row once. Raises StartupError
-    when the folder holds no checkpoint."""
+    folder is skipped, and the ``not_started`` records are removed (those rows are sent now), so
+    the union of the files holds each row once. Raises StartupError when the folder holds no
+    checkpoint."""
     ckpt_path = os.path.join(results_dir, "checkpoint.json")
     if not os.path.exists(ckpt_path):
         raise StartupError(f"--resume {results_dir}: no checkpoint.json (not a replayer results folder?)")
@@ -154,13 +155,15 @@ def resume_plan(results_dir: str):
             done[int(lp)] = np.unique(rows[loops == lp])
     # results of the last loop(s) may have been lost with the process: restart one loop earlier
     start_loop = max(0, int(ckpt.get("loop", 0)) - 1)
+    # rows a stopped run recorded as not started are sent now: their old records go
+    dropped = drop_not_started(results_dir)
 
     def skip(loop: int, rows: np.ndarray) -> np.ndarray:
         d = done.get(loop)
         return np.isin(rows, d) if d is not None else np.zeros(rows.size, dtype=bool)
 
-    log.info("resuming %s from loop %d: %d rows already recorded", results_dir, start_loop,
-             sum(v.size for v in done.values()))
+    log.info("resuming %s from loop %d: %d rows already recorded (%d not-started records replaced)",
+             results_dir, start_loop, sum(v.size for v in done.values()), dropped)
     return start_loop, skip
 
 
@@ -169,15 +172,22 @@ BATCH_ROWS = 65_536
 
 def open_batches_factory(cfg: RunConfig):
     """(function returning a fresh iterator of trace batches — one pass per loop, block size,
-    number of rows or None). With ``validate_trace=full`` every row is checked before anything
-    is sent (a TraceError lists every problem); with ``lazy`` each batch is checked as it is read."""
+    number of rows or None, trace seconds spanned by one loop's schedule or None when not known
+    before reading it all: a streamed Parquet trace). With ``validate_trace=full`` every row is
+    checked before anything is sent (a TraceError lists every problem); with ``lazy`` each batch
+    is checked as it is read."""
     source = open_trace(cfg.trace, fmt=cfg.format, block_size=cfg.block_size, strict=cfg.strict,
                         mapping=cfg.map, time_unit=cfg.time_unit)
     if cfg.validate_trace == "full":
         source.validate()
     if not cfg.tokenizer and _may_have_endpoints(source, cfg):
         check_endpoints(source.batches(BATCH_ROWS), cfg.trace)
-    return (lambda: source.batches(BATCH_ROWS)), source.block_size, source.num_rows
+    trace = getattr(source, "trace", None)  # loaded whole (JSONL, CSV): its timestamps are known
+    span_s = None
+    if trace is not None and len(trace):
+        last = min(len(trace), cfg.max_requests or len(trace)) - 1
+        span_s = (int(trace.timestamp_ns[last]) - int(trace.timestamp_ns[0])) / 1e9
+    return (lambda: source.batches(BATCH_ROWS)), source.block_size, source.num_rows, span_s
 
 
 def _may_have_endpoints(source, cfg: RunConfig) -> bool:
@@ -226,14 +236,15 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
             log.info("no --target: starting the embedded simulator at %s", target)
         # warm the results writer in a thread while the trace loads and the target comes up
         warming = asyncio.get_running_loop().run_in_executor(None, recorder_warm_up)
-        open_batches, block_size, n_rows = open_batches_factory(cfg)
+        open_batches, block_size, n_rows, span_s = open_batches_factory(cfg)
         prompts = Prompts(cfg, cfg.block_size or block_size)
         results_dir = _results_dir(cfg)
         state.results = results_dir
         metrics = ReplayerMetrics(registry, config_info={
             "speedup": str(cfg.speedup), "trace": os.path.basename(cfg.trace), "endpoint": cfg.endpoint,
             "shard": cfg.shard, "loop": cfg.loop})
-        metrics.set_trace(rows=n_rows or 0, duration_s=0.0, speedup=cfg.speedup)
+        rows = min(n_rows, cfg.max_requests) if n_rows and cfg.max_requests else n_rows
+        metrics.set_trace(rows=rows or 0, duration_s=span_s or 0.0, speedup=cfg.speedup)
         dispatcher_ref: list[Dispatcher] = []
         admin = AdminServer(registry, status=lambda: {**_status(state, dispatcher_ref), **metrics.snapshot()},
                             ready=lambda: state.state in ("running", "draining"),
@@ -312,12 +323,11 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     dispatcher_ref.append(dispatcher)
     dispatcher_box.append(dispatcher)
     metrics.track_due(count_due=dispatcher.due_count)
-    signals = 0
+    signals: list[str] = []
 
     def on_signal(signame: str) -> None:
-        nonlocal signals
-        signals += 1
-        if signals == 1:
+        signals.append(signame)
+        if len(signals) == 1:
             log.warning("%s: stopping; draining in-flight requests (again to cancel them)", signame)
             state.state = "draining"
             dispatcher.stop()
@@ -388,12 +398,14 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         summary["target_metrics"] = {"scrapes": 0, "scrape_errors": scraper.errors, "last_error": scraper.last_error}
     summary.update({"target": target, "model": model, "trace": cfg.trace, "speedup": cfg.speedup,
                     "shard": cfg.shard, "loop": cfg.loop, "results": results_dir,
-                    "stopped_early": dispatcher.stopping})
+                    "stopped_early": dispatcher.stopping, "stop_signal": signals[0] if signals else None})
     with open(os.path.join(results_dir, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
     if not cfg.quiet:
         print(format_summary(summary), flush=True)
-        print(f"results: {results_dir}/requests.parquet, {results_dir}/summary.json", flush=True)
+        files = [os.path.relpath(f, results_dir) for f in result_files(results_dir)]
+        listed = ", ".join(files) if len(files) <= 3 else f"{len(files)} results files"
+        print(f"results: {results_dir}/ ({listed}, summary.json)", flush=True)
     return summary
 
 
@@ -442,7 +454,9 @@ async def _progress(state: RunState, dispatcher: Dispatcher, anchor: Anchor, eve
 
 
 def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
-    """Run with uvloop; exit code 0 on a finished replay, 2 on a startup/trace error."""
+    """Run with uvloop. Exit code: 0 when the replay ended by itself (or by ``/stop``), 2 on a
+    startup/trace error, 128 + the signal's number when SIGTERM (143) or SIGINT (130) stopped it,
+    its results on disk and resumable (a Kubernetes Job then retries the pod, which resumes)."""
     import uvloop
 
     from .trace import TraceError
@@ -453,8 +467,9 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     # text or one JSON object per line (--log-format); the API key and control token are redacted
     setup_logging(cfg.log_format, cfg.log_level, secrets=(cfg.api_key(), cfg.control_token()))
     try:
-        uvloop.run(run_replay(cfg, sim=sim))
+        summary = uvloop.run(run_replay(cfg, sim=sim))
     except (StartupError, TraceError) as e:
         print(f"replayer: error: {e}", file=sys.stderr)
         return 2
-    return 0
+    sig = summary.get("stop_signal") if isinstance(summary, dict) else None
+    return 128 + signal.Signals[sig].value if sig else 0

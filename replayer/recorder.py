@@ -174,6 +174,29 @@ def result_files(results_dir: str) -> list[str]:
     return files + sorted(glob.glob(os.path.join(results_dir, PARTS, "part-*.parquet")))
 
 
+def drop_not_started(results_dir: str) -> int:
+    """Remove the ``not_started`` records (rows a stopped run never sent) from the results files
+    of ``results_dir``: a resumed run sends those rows and records them anew, and the folder must
+    hold each row once. Each file holding such records is rewritten through a temporary file and
+    a rename (removed if nothing else is in it). Returns the number of records removed."""
+    import pyarrow.compute as pc
+
+    removed = 0
+    for f in result_files(results_dir):
+        unsent = pc.equal(pq.read_table(f, columns=["outcome"]).column("outcome"), "not_started")
+        n = pc.sum(unsent).as_py() or 0
+        if not n:
+            continue
+        table = pq.read_table(f)
+        kept = table.filter(pc.invert(pc.equal(table.column("outcome"), "not_started")))
+        if kept.num_rows:
+            _atomic_write_table(kept, f, buffered=False)
+        else:
+            os.remove(f)
+        removed += n
+    return removed
+
+
 def read_results(path: str, columns: list[str] | None = None) -> pa.Table:
     """All results of a results folder (or one file) as one Arrow table (schema ``SCHEMA``, or
     only ``columns`` of it: reading a long soak's results whole takes a lot of memory)."""

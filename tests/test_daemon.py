@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pyarrow.parquet as pq
 
@@ -25,9 +26,13 @@ def test_sigterm_drains_then_accounts_for_every_row(tmp_path, mooncake_slice, si
               "--admin-port", str(port), "--drain-timeout", "1", "--quiet"])
     wait_http(f"http://127.0.0.1:{port}/readyz", 30)
     time.sleep(2.5)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as r:
+        st = json.loads(r.read())
+    ts = [json.loads(line)["timestamp"] for line in open(trace)]
+    assert st["trace_rows"] == n and st["trace_duration_s"] == (ts[-1] - ts[0]) / 1000  # progress and ETA
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 0, err[-2000:]
+    assert p.returncode == 128 + signal.SIGTERM, err[-2000:]      # stopped, not finished: 143
     rows = pq.read_table(tmp_path / "r" / "requests.parquet").to_pylist()
     outcomes = [r["outcome"] for r in rows]
     assert sorted(r["row"] for r in rows) == list(range(n))       # every row exactly once
@@ -37,7 +42,19 @@ def test_sigterm_drains_then_accounts_for_every_row(tmp_path, mooncake_slice, si
     assert outcomes.count("success") + outcomes.count("failed") + outcomes.count("cancelled") == sent
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["sent"] + s["not_started"] == s["scheduled"] == n
-    assert s["stopped_early"] is True
+    assert s["stopped_early"] is True and s["stop_signal"] == "SIGTERM"
+
+    # resumed (a retried pod): the rows not started go now, and the folder holds each row once
+    p = _run(["--resume", str(tmp_path / "r"), str(trace), "--target", url, "--speedup", "10",
+              "--admin-port", "0", "--quiet"])
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-2000:]
+    from replayer.recorder import read_results
+    rows = read_results(str(tmp_path / "r")).to_pylist()
+    assert sorted(r["row"] for r in rows) == list(range(n))       # no row twice
+    assert sum(r["outcome"] == "not_started" for r in rows) == 0
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["scheduled"] == s["sent"] == n and s["not_started"] == 0 and s["stopped_early"] is False
 
 
 def test_second_signal_cancels_at_once(tmp_path, mooncake_slice, sim_process):
@@ -53,7 +70,7 @@ def test_second_signal_cancels_at_once(tmp_path, mooncake_slice, sim_process):
     t = time.monotonic()
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 0, err[-2000:]
+    assert p.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert time.monotonic() - t < 15                       # did not wait out the 120 s drain
     rows = pq.read_table(tmp_path / "r" / "requests.parquet").to_pylist()
     assert any(r["outcome"] == "cancelled" for r in rows)
