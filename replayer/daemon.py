@@ -182,11 +182,8 @@ def open_batches_factory(cfg: RunConfig):
         source.validate()
     if not cfg.tokenizer and _may_have_endpoints(source, cfg):
         check_endpoints(source.batches(BATCH_ROWS), cfg.trace)
-    trace = getattr(source, "trace", None)  # loaded whole (JSONL, CSV): its timestamps are known
-    span_s = None
-    if trace is not None and len(trace):
-        last = min(len(trace), cfg.max_requests or len(trace)) - 1
-        span_s = (int(trace.timestamp_ns[last]) - int(trace.timestamp_ns[0])) / 1e9
+    span_ns = source.span_ns(cfg.max_requests)
+    span_s = span_ns / 1e9 if span_ns is not None else None
     return (lambda: source.batches(BATCH_ROWS)), source.block_size, source.num_rows, span_s
 
 

@@ -202,6 +202,21 @@ def test_parquet_folder_and_glob_read_as_one(tmp_path):
         s.validate()
 
 
+def test_span_known_before_reading_rows(tmp_path):
+    # the live view's progress and ETA need the trace time one loop spans, before the replay
+    t = read_trace(SLICE)
+    whole = int(t.timestamp_ns[-1] - t.timestamp_ns[0])
+    d = _shards(tmp_path, t, [0, 500, len(t)])
+    for src in (SLICE, d):  # Parquet, streamed: from row-group statistics
+        assert open_trace(src).span_ns() == whole == 597 * 10**9
+        assert open_trace(src).span_ns(100) is None  # a prefix would need its rows read
+    jl = tmp_path / "t.jsonl"  # loaded whole: from its timestamps, also for a prefix
+    jl.write_text("".join(json.dumps({"timestamp": ts, "input_length": 10, "output_length": 5,
+                                      "hash_ids": [i]}) + "\n" for i, ts in enumerate([40, 40, 90, 1040])))
+    s = open_trace(str(jl), fmt="mooncake")
+    assert s.span_ns() == 1_000 * 10**6 and s.span_ns(3) == 50 * 10**6
+
+
 def test_shard_problem_names_shard_file_and_row(tmp_path):
     t = read_trace(SLICE)
     d = _shards(tmp_path, t, [0, 100, 200])

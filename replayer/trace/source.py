@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .columns import _raw_from_table
-from .model import MAX_PROBLEMS, Trace, TraceError, TraceProblem, _cut_optional, _Problems, _readonly
-from .options import _Opts
+from .model import MAX_PROBLEMS, TIME_UNITS, Trace, TraceError, TraceProblem, _cut_optional, _Problems, _readonly
+from .options import _Opts, _src
 from .parquet import _parquet_meta, trace_paths
 from .read import _finish, _resolve, _Sessions, read_trace
 
@@ -47,6 +47,11 @@ class TraceSource:
     def batches(self, max_rows: int = 65_536):  # pragma: no cover - interface
         raise NotImplementedError
 
+    def span_ns(self, rows: int | None = None) -> int | None:
+        """Trace time (ns) from the first arrival to the last of the first ``rows`` rows (all
+        when None), or None when it is not known without reading the rows."""
+        return None
+
     def validate(self) -> None:
         problems: list[TraceProblem] = []
         for _ in self._iter(65_536, problems):
@@ -70,6 +75,11 @@ class _LoadedSource(TraceSource):
 
     def batches(self, max_rows: int = 65_536):
         return self._iter(max_rows, None)
+
+    def span_ns(self, rows: int | None = None) -> int | None:
+        ts = self.trace.timestamp_ns
+        k = min(len(ts), rows or len(ts))
+        return int(ts[k - 1]) - int(ts[0]) if k else 0
 
     def _iter(self, max_rows: int, problems: list | None):
         if max_rows < 1:
@@ -123,6 +133,28 @@ class _ParquetSource(TraceSource):
 
     def batches(self, max_rows: int = 65_536):
         return self._iter(max_rows, None)
+
+    def span_ns(self, rows: int | None = None) -> int | None:
+        """From the row-group statistics of an integer ``timestamp`` column (no rows read); None
+        for a prefix of the rows, date-time timestamps or files written without statistics."""
+        if rows is not None and rows < self.num_rows:
+            return None
+        ns = TIME_UNITS.get(self.metadata.get("time_unit", ""))
+        name = _src(self.opts, "timestamp")
+        lo = hi = None
+        for f in self.files:
+            md = pq.ParquetFile(f).metadata
+            names = [md.schema.column(i).name for i in range(md.num_columns)]
+            if ns is None or name not in names:
+                return None
+            col = names.index(name)
+            for g in range(md.num_row_groups):
+                st = md.row_group(g).column(col).statistics
+                if st is None or not st.has_min_max or type(st.min) is not int:  # (date-times: not)
+                    return None
+                lo = st.min if lo is None else min(lo, st.min)
+                hi = st.max if hi is None else max(hi, st.max)
+        return None if lo is None else (hi - lo) * ns
 
     def _iter(self, max_rows: int, problems: list | None):
         if max_rows < 1:
