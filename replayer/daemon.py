@@ -173,7 +173,7 @@ BATCH_ROWS = 65_536
 def open_batches_factory(cfg: RunConfig):
     """(function returning a fresh iterator of trace batches — one pass per loop, block size,
     number of rows or None, trace seconds spanned by one loop's schedule or None when not known
-    before reading it all: a streamed Parquet trace). With ``validate_trace=full`` every row is
+    without reading the rows: see ``TraceSource.span_ns``). With ``validate_trace=full`` every row is
     checked before anything is sent (a TraceError lists every problem); with ``lazy`` each batch
     is checked as it is read."""
     source = open_trace(cfg.trace, fmt=cfg.format, block_size=cfg.block_size, strict=cfg.strict,

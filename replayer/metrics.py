@@ -223,7 +223,7 @@ class ReplayerMetrics:
                                      "Rows of the current loop whose request finished (any outcome).", registry=r)
         self.trace_duration = Gauge("replayer_trace_duration_seconds",
                                     "Trace time spanned by one loop's schedule (seconds of trace time; 0 when "
-                                    "not known before reading it all: a streamed Parquet trace).", registry=r)
+                                    "not known before the replay reads it).", registry=r)
         self.trace_time = Gauge("replayer_trace_time_seconds",
                                 "Trace time reached: trace offset of the last request sent.", registry=r)
         self.loop = Gauge("replayer_loop", "Current loop over the trace (0 = first pass).", registry=r)

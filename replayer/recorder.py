@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .result import SCHEMA, RequestResult, to_table
@@ -179,8 +180,6 @@ def drop_not_started(results_dir: str) -> int:
     of ``results_dir``: a resumed run sends those rows and records them anew, and the folder must
     hold each row once. Each file holding such records is rewritten through a temporary file and
     a rename (removed if nothing else is in it). Returns the number of records removed."""
-    import pyarrow.compute as pc
-
     removed = 0
     for f in result_files(results_dir):
         unsent = pc.equal(pq.read_table(f, columns=["outcome"]).column("outcome"), "not_started")
