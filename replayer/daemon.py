@@ -347,7 +347,8 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         scraper = TargetScraper(target.rstrip("/") + "/metrics", interval_s=cfg.scrape_interval_s,
                                 t0_ns=anchor.t0_ns)
         background.append(loop.create_task(scraper.run()))
-    state.scheduled = (n_rows or 0) if cfg.loops == 1 and shards == 1 and not cfg.resume else 0
+    if cfg.loops == 1 and shards == 1 and not cfg.resume:  # else known only at the end
+        state.scheduled = min(n_rows or 0, cfg.max_requests or n_rows or 0)
     log.info("replaying %s (%s rows, loop %s, shard %s) against %s (model %s) at speedup %g; results in %s",
              cfg.trace, n_rows, cfg.loop, cfg.shard, target, model, cfg.speedup, results_dir)
     try:
@@ -410,7 +411,7 @@ def _status(state: RunState, dispatcher_ref: list[Dispatcher]) -> dict:
     d = dispatcher_ref[0] if dispatcher_ref else None
     pos = d.position if d else None
     return {"state": state.state, "target": state.target, "results": state.results,
-            "sent": state.sent, "completed": state.completed,
+            "scheduled": state.scheduled, "sent": state.sent, "completed": state.completed,
             "failed": state.failed, "cancelled": state.cancelled, "not_started": state.not_started,
             "in_flight": d.in_flight if d else 0,
             "position": {"index": pos.index, "loop": pos.loop, "row": pos.row} if pos else None,

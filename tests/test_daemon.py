@@ -29,7 +29,7 @@ def test_sigterm_drains_then_accounts_for_every_row(tmp_path, mooncake_slice, si
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as r:
         st = json.loads(r.read())
     ts = [json.loads(line)["timestamp"] for line in open(trace)]
-    assert st["trace_rows"] == n and st["trace_duration_s"] == (ts[-1] - ts[0]) / 1000  # progress and ETA
+    assert st["trace_rows"] == st["scheduled"] == n and st["trace_duration_s"] == (ts[-1] - ts[0]) / 1000
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 128 + signal.SIGTERM, err[-2000:]      # stopped, not finished: 143
