@@ -38,6 +38,7 @@ import errno
 import os
 import ssl
 import threading
+from collections import deque
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -335,6 +336,10 @@ class Client:
         self._spares_opening = 0
         self._spares_paused_until = 0  # no background connects before this (one failed)
         self.spare_target = 8  # idle connections kept ready in the background (0 = none)
+        # results whose request has just gone out (first send, or its connect failed at the due
+        # time), for live dispatch-lag accounting at send time; the owner drains it (appended
+        # from the launcher thread too: deque appends are thread-safe; bounded if never drained)
+        self.dispatched: deque[RequestResult] = deque(maxlen=1 << 16)
 
     def _request_head(self, path: str) -> bytes:
         head = (f"POST {path} HTTP/1.1\r\nHost: {self._host_header}\r\nUser-Agent: replayer\r\n"
@@ -475,6 +480,7 @@ class Client:
         res.dispatch_lag_ms = (res.sent_ns - req.due_ns) / 1e6
         ex.last_ns = sent
         done = conn.write_now(request, head_len)
+        self.dispatched.append(res)
         if type(done) is str:
             self.loop.call_soon_threadsafe(conn.fail_reserved, ex, done)
             return None
@@ -501,6 +507,7 @@ class Client:
         res.sent_ns = sent - self.t0_ns
         if res.dispatch_lag_ms is None:  # the first send (retries keep it)
             res.dispatch_lag_ms = (res.sent_ns - req.due_ns) / 1e6
+            self.dispatched.append(res)
         conn.start(request, ex)
         return ex
 
@@ -586,6 +593,7 @@ class Client:
                     res.sent_ns = t_start - t0
                     res.connect_ms = (now_ns() - t_start) / 1e6
                     res.dispatch_lag_ms = (res.sent_ns - req.due_ns) / 1e6
+                    self.dispatched.append(res)
             elif f.kind is ErrorKind.DISCONNECT and not ex.headers_done:  # closed before any response byte
                 retry = -1.0
         except asyncio.CancelledError:

@@ -95,7 +95,10 @@ class _Accounting(Observer):
             s.cancelled += 1
         else:
             s.not_started += 1
-        lag = res.dispatch_lag_ms
+        self.m.on_result(res)
+
+    def on_dispatched(self, res: RequestResult) -> None:
+        s, lag = self.s, res.dispatch_lag_ms
         if lag is not None:
             if lag > s.max_lag_ms:
                 s.max_lag_ms = lag
@@ -103,7 +106,19 @@ class _Accounting(Observer):
                 s.window_max_lag_ms = lag
             if lag > s.watch_max_lag_ms:
                 s.watch_max_lag_ms = lag
-        self.m.on_result(res)
+            self.m.on_dispatched(res)
+
+    def take_dispatched(self, client: Client) -> None:
+        """Account the requests the client has sent since the last call (dispatch lag)."""
+        q = client.dispatched
+        while q:
+            self.on_dispatched(q.popleft())
+
+    async def pump(self, client: Client, every_s: float = 0.2) -> None:
+        """Dispatch lag at send time, within ``every_s``, off the requests' hot path."""
+        while True:
+            await asyncio.sleep(every_s)
+            self.take_dispatched(client)
 
 
 async def wait_ready(base_url: str, timeout_s: float, api_key: str | None) -> list[str]:
@@ -335,7 +350,8 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig.name)
     background = [loop.create_task(recorder.run_periodic_flush()),
-                  loop.create_task(EventLoopLagMonitor(metrics).run())]
+                  loop.create_task(EventLoopLagMonitor(metrics).run()),
+                  loop.create_task(acct.pump(client))]
     console = LiveConsole(lambda: {**_status(state, dispatcher_ref), **metrics.snapshot()}, quiet=cfg.quiet)
     if console.enabled:
         background.append(loop.create_task(console.run()))
@@ -366,6 +382,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         for t in background:
             t.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        acct.take_dispatched(client)  # the last ones
         if scraper is not None:  # the final values, after the drain
             async with aiohttp.ClientSession() as s:
                 await scraper.scrape_once(s)

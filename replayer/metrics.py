@@ -297,6 +297,11 @@ class ReplayerMetrics:
             else:  # no trace time on the request: derive it from the due time
                 self.trace_time.set(max(0, req.due_ns) * self._speedup / 1e9)
 
+    def on_dispatched(self, res: RequestResult) -> None:
+        """A request went out (its ``dispatch_lag_ms`` is set): observed at send time, so the
+        lag histogram and alerts on it do not wait for the response to end."""
+        self.lag.observe(res.dispatch_lag_ms / 1e3)  # type: ignore[operator]
+
     def on_result(self, res: RequestResult) -> None:
         child = self._requests.get((res.outcome, res.error_kind))
         (child or self.requests.labels(res.outcome, res.error_kind)).inc()
@@ -307,8 +312,6 @@ class ReplayerMetrics:
         if res.outcome == "not_started":
             return  # never issued: never counted as in flight
         self.in_flight.dec()
-        if res.dispatch_lag_ms is not None:
-            self.lag.observe(res.dispatch_lag_ms / 1e3)
         if res.session_wait_ms is not None:
             self.session_wait.observe(res.session_wait_ms / 1e3)
         if res.usage_audit != "n/a":

@@ -179,35 +179,70 @@ def summarize_files(files: list[str], *, sample_rows: int = SAMPLE_ROWS, seed: i
     rows). Up to ``sample_rows`` rows: exactly ``summarize`` of them all. Above: counts, token
     totals, audits and the duration are exact (summed batch by batch); latency statistics come
     from a uniform random sample (Bernoulli, ``seed``) of about ``sample_rows`` requests, and the
-    summary says so (``statistics_sample_rows``)."""
+    summary says so (``statistics_sample_rows``). ``duration`` (and the throughputs) add up the
+    runs that wrote the files (``run_durations``): each resumed run has a time axis of its own."""
     total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
     if total <= sample_rows:
         tables = [pq.read_table(f).replace_schema_metadata(None) for f in files]
-        return summarize(pa.concat_tables(tables) if tables else _empty())
-    rng = np.random.default_rng(seed)
-    p = sample_rows / total
-    exact: dict = {}
-    first_sent = last_end = None
-    sample: list[pa.Table] = []
-    for f in files:
-        for batch in pq.ParquetFile(f).iter_batches(batch_size=65_536):
-            t = pa.Table.from_batches([batch]).replace_schema_metadata(None)
-            part = summarize(t)
-            exact = {k: _add(exact.get(k), part.get(k)) for k in _ADDITIVE}
-            lo, hi = pc.min(t.column("sent_ns")).as_py(), pc.max(t.column("end_ns")).as_py()
-            first_sent = lo if first_sent is None or (lo is not None and lo < first_sent) else first_sent
-            last_end = hi if last_end is None or (hi is not None and hi > last_end) else last_end
-            sample.append(t.filter(pa.array(rng.random(t.num_rows) < p)))
-    sampled = pa.concat_tables(sample)
-    s = summarize(sampled)
-    s.update(exact)
-    duration = (last_end - first_sent) / 1e9 if first_sent is not None and last_end is not None else 0.0
+        s = summarize(pa.concat_tables(tables) if tables else _empty())
+    else:
+        rng = np.random.default_rng(seed)
+        p = sample_rows / total
+        exact: dict = {}
+        sample: list[pa.Table] = []
+        for f in files:
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=65_536):
+                t = pa.Table.from_batches([batch]).replace_schema_metadata(None)
+                part = summarize(t)
+                exact = {k: _add(exact.get(k), part.get(k)) for k in _ADDITIVE}
+                sample.append(t.filter(pa.array(rng.random(t.num_rows) < p)))
+        sampled = pa.concat_tables(sample)
+        s = summarize(sampled)
+        s.update(exact)
+        s["statistics_sample_rows"] = sampled.num_rows
+    runs = run_durations(files)
+    duration = sum(runs)
     s["duration"] = duration
+    if len(runs) > 1:
+        s["runs"] = len(runs)
     for key, num in (("request_throughput", s["completed"]), ("output_throughput", s["total_output_tokens"]),
                      ("total_token_throughput", s["total_input_tokens"] + s["total_output_tokens"])):
         s[key] = num / duration if duration > 0 else None
-    s["statistics_sample_rows"] = sampled.num_rows
     return s
+
+
+def run_durations(files: list[str]) -> list[float]:
+    """Seconds from the first request sent to the last one ended, per run that wrote ``files``
+    (grouped by the run anchor in each file's metadata, ``replayer.t0_wall_s``: a resumed run's
+    times are offsets from its own anchor). From the Parquet column statistics where present."""
+    spans: dict[bytes, tuple[int, int]] = {}
+    for f in files:
+        pf = pq.ParquetFile(f)
+        run = (pf.schema_arrow.metadata or {}).get(b"replayer.t0_wall_s", b"")
+        lo, hi = _min_max(pf, "sent_ns", min), _min_max(pf, "end_ns", max)
+        if lo is None or hi is None:
+            continue
+        a, b = spans.get(run, (lo, hi))
+        spans[run] = (min(a, lo), max(b, hi))
+    return [(b - a) / 1e9 for a, b in spans.values()]
+
+
+def _min_max(pf: pq.ParquetFile, column: str, pick) -> int | None:
+    """``pick`` (min or max) of a column's non-null values: from row-group statistics, or by
+    reading the column where a row group has none."""
+    md = pf.metadata
+    idx = next(i for i in range(md.num_columns) if md.schema.column(i).path == column)
+    vals = []
+    for g in range(md.num_row_groups):
+        st = md.row_group(g).column(idx).statistics
+        if st is not None and st.has_min_max:
+            vals.append(st.min if pick is min else st.max)
+        elif st is None or st.null_count != md.row_group(g).num_rows:  # unknown: read it
+            col = pf.read_row_group(g, columns=[column]).column(0)
+            v = (pc.min if pick is min else pc.max)(col).as_py()
+            if v is not None:
+                vals.append(v)
+    return pick(vals) if vals else None
 
 
 def _empty() -> pa.Table:

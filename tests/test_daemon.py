@@ -8,6 +8,7 @@ import time
 import urllib.request
 
 import pyarrow.parquet as pq
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import wait_http, free_port
 
@@ -30,6 +31,11 @@ def test_sigterm_drains_then_accounts_for_every_row(tmp_path, mooncake_slice, si
         st = json.loads(r.read())
     ts = [json.loads(line)["timestamp"] for line in open(trace)]
     assert st["trace_rows"] == st["scheduled"] == n and st["trace_duration_s"] == (ts[-1] - ts[0]) / 1000
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        fams = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+    lags = next(x.value for x in fams["replayer_dispatch_lag_seconds"].samples if x.name.endswith("_count"))
+    done = sum(x.value for x in fams["replayer_requests"].samples if x.name == "replayer_requests_total")
+    assert lags > done  # dispatch lag is observed when a request goes out, not when it ends
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 128 + signal.SIGTERM, err[-2000:]      # stopped, not finished: 143
@@ -49,12 +55,20 @@ def test_sigterm_drains_then_accounts_for_every_row(tmp_path, mooncake_slice, si
               "--admin-port", "0", "--quiet"])
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err[-2000:]
-    from replayer.recorder import read_results
+    from replayer.recorder import read_results, result_files
     rows = read_results(str(tmp_path / "r")).to_pylist()
     assert sorted(r["row"] for r in rows) == list(range(n))       # no row twice
     assert sum(r["outcome"] == "not_started" for r in rows) == 0
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["scheduled"] == s["sent"] == n and s["not_started"] == 0 and s["stopped_early"] is False
+    # each run's times are offsets from its own anchor: the duration adds up the two runs
+    spans = []
+    for f in result_files(str(tmp_path / "r")):
+        t = pq.read_table(f).to_pydict()
+        spans.append(max(e for e in t["end_ns"] if e is not None) - min(x for x in t["sent_ns"] if x is not None))
+    assert len(spans) == 2 and s["runs"] == 2
+    assert abs(s["duration"] - sum(spans) / 1e9) < 1e-6
+    assert abs(s["request_throughput"] - s["completed"] / s["duration"]) < 1e-9
 
 
 def test_second_signal_cancels_at_once(tmp_path, mooncake_slice, sim_process):

@@ -65,6 +65,8 @@ def _feed(m: ReplayerMetrics) -> None:
                        dispatch_lag_ms=-0.2, itl_ms=[10.0] * 9)
     bad = RequestResult(row=1, input_length=100, output_length=10, sent_ns=2, outcome="failed",
                         error_kind="timeout", dispatch_lag_ms=3.0)
+    m.on_dispatched(ok)  # lag observed when each went out
+    m.on_dispatched(bad)
     m.on_result(ok)
     m.on_result(bad)
 
@@ -80,6 +82,7 @@ def test_counters_and_progress():
     assert v["replayer_usage_mismatches_total{field=prompt_tokens}"] == 1
     assert v["replayer_usage_mismatches_total{field=completion_tokens}"] == 0
     assert v["replayer_itl_seconds_count"] == 9
+    assert v["replayer_dispatch_lag_seconds_count"] == 2
     assert v["replayer_trace_rows"] == 3 and v["replayer_trace_rows_done"] == 2
     assert v["replayer_trace_time_seconds"] == pytest.approx(20.0)  # due 2 s * speedup 10
     assert v["replayer_trace_duration_seconds"] == 30
