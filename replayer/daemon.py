@@ -427,7 +427,10 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
 def _status(state: RunState, dispatcher_ref: list[Dispatcher]) -> dict:
     d = dispatcher_ref[0] if dispatcher_ref else None
     pos = d.position if d else None
-    return {"state": state.state, "target": state.target, "results": state.results,
+    st = state.state
+    if st == "running" and d is not None and d.stopping:  # /stop drains as SIGTERM does
+        st = "draining"
+    return {"state": st, "target": state.target, "results": state.results,
             "scheduled": state.scheduled, "sent": state.sent, "completed": state.completed,
             "failed": state.failed, "cancelled": state.cancelled, "not_started": state.not_started,
             "in_flight": d.in_flight if d else 0,

@@ -43,6 +43,11 @@ _LAG = log_buckets(0.00001, 100.0, per_decade=3)
 LAG_BUCKETS = tuple(-b for b in reversed(_LAG[:7])) + (0.0,) + _LAG
 #: the replayer's own event-loop lag (sleep overshoot): 10 us .. 10 s
 LOOP_LAG_BUCKETS = log_buckets(0.00001, 10.0, per_decade=3)
+#: the (outcome, error_kind) pairs that occur: success/none, not_started/none,
+#: cancelled/cancelled, failed/every other kind
+_REQUEST_LABELS = ([(Outcome.SUCCESS, ErrorKind.NONE), (Outcome.NOT_STARTED, ErrorKind.NONE),
+                    (Outcome.CANCELLED, ErrorKind.CANCELLED)]
+                   + [(Outcome.FAILED, k) for k in ErrorKind if k not in (ErrorKind.NONE, ErrorKind.CANCELLED)])
 #: closed label set of replayer_usage_mismatches_total
 USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "missing")
 
@@ -238,8 +243,7 @@ class ReplayerMetrics:
         # labelled children created once (every closed-set combination is exported from the start)
         # and looked up by key per request: labels() costs several microseconds each call
         self._requests = {(o.value, k.value): self.requests.labels(o.value, k.value)
-                          for o in Outcome for k in ErrorKind
-                          if (o is Outcome.SUCCESS) == (k is ErrorKind.NONE)}
+                          for o, k in _REQUEST_LABELS}
         self._mismatch = {f: self.usage_mismatch.labels(f) for f in USAGE_FIELDS}
         self._audit = {(e, a): self.pooling_audit.labels(e, a) for e in sorted(POOLING)
                        for a in ("ok", "inflated", "missing")}

@@ -58,7 +58,7 @@ def test_pause_resume_speedup_stop_with_token(tmp_path, mooncake_slice, sim_proc
         for path in ("/healthz", "/metrics", "/status"):   # open without a token
             with urllib.request.urlopen(base + path, timeout=5) as r:
                 assert r.status == 200
-        _post(base + "/stop", "s3cret-token")
+        assert _post(base + "/stop", "s3cret-token")["state"] == "draining"
         out, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
