@@ -133,8 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         flags = {k: v for k, v in vars(args).items() if k in RunConfig.model_fields}
         try:
             values = read_config_file(args.config_file) if args.config_file else {}
+            from_file = set(values) - set(flags)
             values.update(flags)
-            cfg = load_config(values)
+            cfg = load_config(values, config_file=args.config_file, from_file=from_file)
         except ConfigError as e:
             print(f"replayer run: {e}", file=sys.stderr)
             return 2

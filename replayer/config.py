@@ -233,9 +233,10 @@ def flag_name(field: str) -> str:
     return "--" + field.removesuffix("_s").replace("_", "-")
 
 
-def load_config(values: dict) -> RunConfig:
+def load_config(values: dict, *, config_file: str | None = None, from_file: set[str] = frozenset()) -> RunConfig:
     """Validate ``values`` into a RunConfig, or raise ConfigError listing every problem, each
-    naming the setting (and its flag) and the value given."""
+    naming the setting (and its flag, or ``config_file`` for the names in ``from_file``: the
+    values that came from it) and the value given."""
     try:
         return RunConfig(**values)
     except ValidationError as e:
@@ -243,10 +244,11 @@ def load_config(values: dict) -> RunConfig:
         for err in e.errors():
             name = ".".join(str(x) for x in err["loc"])
             msg = err["msg"].removeprefix("Value error, ")
+            src = f" in {config_file}" if config_file and name in from_file else ""
             if name in RunConfig.model_fields and name != "trace":
-                where = f"{name} ({flag_name(name)})"
+                where = f"{name} ({flag_name(name)}{src})"
             else:
-                where = name or "config"
+                where = f"{name or 'config'}{src}"
             got = f" (got {err['input']!r})" if err.get("type") != "missing" and name else ""
             problems.append(f"{where}: {msg}{got}")
         raise ConfigError(problems) from None

@@ -77,6 +77,18 @@ def test_config_file_then_flags(tmp_path):
     assert cfg.speedup == 7 and cfg.seed == 9
 
 
+def test_bad_value_from_a_config_file_names_the_file(tmp_path, capsys):
+    from replayer.cli import main
+
+    f = tmp_path / "c.yaml"
+    f.write_text("speedup: fast\nseed: 1\n")
+    trace = str(ROOT / "traces" / "mooncake_conversation_10min.parquet")
+    assert main(["run", trace, "--config", str(f), "--loop-gap", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert f"speedup (--speedup in {f})" in err and "'fast'" in err
+    assert "loop_gap_s (--loop-gap)" in err and "--loop-gap in" not in err  # a flag's value
+
+
 def test_unknown_config_keys_are_errors(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("speedupp: 3\nfoo: 1\n")
