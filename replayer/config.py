@@ -42,7 +42,8 @@ class RunConfig(BaseModel):
     usage_slack_tokens: int = Field(0, ge=0, description="pooling usage audit: tokens per input the server "
                                     "may add (special tokens) before a response is flagged as inflated")
     speedup: float = Field(1.0, gt=0, description="replay this many times faster than the trace")
-    max_requests: int | None = Field(None, ge=1, description="send at most this many requests")
+    max_requests: int | None = Field(None, ge=1, description="replay only the schedule's first N requests (shards "
+                                       "and resumed runs together)")
     loop: str = Field("1", description="passes over the trace: a number, or 'forever'")
     loop_gap_s: float = Field(0.0, ge=0, description="trace time between the end of one loop and the next")
     loop_salt: bool = Field(False, description="fresh prefixes in every loop (salted prompt seed) "

@@ -70,20 +70,26 @@ def iter_schedule(open_batches: Callable[[], Iterable[object]], *, loops: int | 
     ``open_batches()`` returns a fresh iterator of trace batches (each a ``Trace`` whose
     ``timestamp_ns`` are offsets from the trace's first timestamp and whose ``row_offset`` is its
     first global row). ``loops``: passes over the trace (None = forever); loop k+1 starts
-    ``loop_gap_ns`` of trace time after the last request of loop k. ``max_requests`` caps the
-    total. ``start_loop``/``skip_rows``: resume at that loop and global row (rows before it in
+    ``loop_gap_ns`` of trace time after the last request of loop k. ``max_requests`` keeps the
+    first N requests of the whole schedule (all loops, before the shard split and the resume
+    skips): N shards together, or a run and its resumed runs, send those N once.
+    ``start_loop``/``skip_rows``: resume at that loop and global row (rows before it in
     that loop are skipped; trace time is kept, so the timeline must be re-anchored by the caller).
     ``skip(loop, rows)``: a bool mask of rows to leave out (rows already recorded, on resume).
     """
     if shards < 1 or not 0 <= shard < shards:
         raise ValueError(f"shard must be in 0..{shards - 1}, got {shard}")
     index = 0
+    # position in the whole schedule: resuming at a later loop, the loops before count too
+    gindex = start_loop * sum(len(b) for b in open_batches()) if max_requests and start_loop else 0
     loop = start_loop
     loop_base = 0
     while loops is None or loop < loops:
         last = None
         any_rows = False
         for batch in open_batches():
+            if max_requests is not None and gindex >= max_requests:
+                return
             ts = np.asarray(batch.timestamp_ns, dtype=np.int64)  # type: ignore[attr-defined]
             if ts.size == 0:
                 continue
@@ -91,19 +97,18 @@ def iter_schedule(open_batches: Callable[[], Iterable[object]], *, loops: int | 
             last = int(ts[-1])
             rows = getattr(batch, "row_offset", 0) + np.arange(ts.size, dtype=np.int64)
             mask = shard_mask(batch, shard, shards)
+            if max_requests is not None and gindex + ts.size > max_requests:
+                mask[max(0, max_requests - gindex):] = False
+            gindex += int(ts.size)
             if loop == start_loop and skip_rows:
                 mask &= rows >= skip_rows
             if skip is not None:
                 mask &= ~skip(loop, rows)
             idx = np.flatnonzero(mask).astype(np.int64)
-            if max_requests is not None:
-                idx = idx[: max(0, max_requests - index)]
             if idx.size:
                 yield ScheduleBatch(loop=loop, batch=batch, idx=idx, trace_ns=loop_base + ts[idx],
                                     rows=rows[idx], first_index=index)
                 index += int(idx.size)
-            if max_requests is not None and index >= max_requests:
-                return
         if not any_rows:
             return
         loop_base += (last or 0) + loop_gap_ns

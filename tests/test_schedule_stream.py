@@ -48,6 +48,26 @@ def test_forever_is_lazy_and_max_requests_cuts():
     assert rows == [0, 1, 0, 1, 0] and loops == [0, 0, 1, 1, 2]
 
 
+def test_max_requests_cuts_the_whole_schedule_before_shards_and_resume():
+    ts = list(range(0, 100, 10))
+    cut = [r for r, _, _ in zip(*flat(iter_schedule(batches_of(ts, 3), loops=2, max_requests=13)))]
+    assert cut == list(range(10)) + [0, 1, 2]
+    for shards in (2, 3):  # N shards together send the same first 13, once
+        got = []
+        for k in range(shards):
+            rows, _, loops = flat(iter_schedule(batches_of(ts, 3), loops=2, max_requests=13,
+                                                shard=k, shards=shards))
+            got += list(zip(loops, rows))
+        assert sorted(got) == sorted([(0, r) for r in range(10)] + [(1, r) for r in range(3)])
+    # a resumed run of a finished one: every row of the first 13 is recorded, nothing is left
+    done = {0: np.arange(10), 1: np.arange(3)}
+    skip = lambda lp, rows: np.isin(rows, done.get(lp, []))  # noqa: E731
+    assert flat(iter_schedule(batches_of(ts, 3), loops=2, max_requests=13, skip=skip))[0] == []
+    assert flat(iter_schedule(batches_of(ts, 3), loops=2, max_requests=13, skip=skip, start_loop=1))[0] == []
+    rows, _, loops = flat(iter_schedule(batches_of(ts, 3), loops=3, max_requests=25, start_loop=1))
+    assert loops == [1] * 10 + [2] * 5 and rows == list(range(10)) + list(range(5))
+
+
 def test_resume_skips_rows_in_first_loop_only():
     rows, tns, loops = flat(iter_schedule(batches_of([0, 5, 10], 2), loops=2, start_loop=0, skip_rows=2))
     assert rows == [2, 0, 1, 2] and loops == [0, 1, 1, 1] and tns == [10, 10, 15, 20]
