@@ -198,6 +198,9 @@ class RunConfig(BaseModel):
                             "documents are token blocks decoded with it)")
         if self.prompt_mode == "text" and not self.tokenizer:
             problems.append("prompt_mode: text mode needs --tokenizer PATH (a local tokenizer.json or folder)")
+        if self.workers > 1 and self.shard != "0/1":
+            problems.append("workers: --workers N splits the trace into its own N shards; it cannot be "
+                            "combined with --shard (use one or the other)")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -1,6 +1,7 @@
 """Offline HTML report of one run's results folder (never imported by the daemon).
 
-``replayer report RESULTS [-o report.html]`` reads ``RESULTS/requests.parquet`` (schema in
+``replayer report RESULTS [-o report.html]`` reads every results file of ``RESULTS`` (rolled
+files and parts, a resumed run's, or a ``--workers`` run's worker folders; schema in
 ``replayer/result.py``), ``RESULTS/summary.json`` (recomputed if missing) and, when present,
 ``RESULTS/target_metrics.parquet``, and writes one self-contained HTML file (plotly.js inlined
 once; no network needed to view it) with: arrivals due vs sent vs completed over time, latency
@@ -13,6 +14,7 @@ over time, latency CDFs, token throughput, dispatch lag, errors, and the target'
 
 from __future__ import annotations
 
+import glob
 import html
 import json
 import os
@@ -20,6 +22,7 @@ import sys
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 #: keep plots light (SVG): at most this many points per trace (uniform subsample)
@@ -27,12 +30,34 @@ MAX_POINTS = 5_000
 TIME_COLUMNS = ("t_s", "time_s", "timestamp", "time", "t_ns", "time_ns")
 
 
+def report_files(results_dir: str) -> list[str]:
+    """The results files of a folder (rolled files, parts), or of its ``worker-*`` folders (a
+    ``--workers`` run)."""
+    from .recorder import result_files
+
+    files = result_files(results_dir)
+    if not files:
+        for d in sorted(glob.glob(os.path.join(results_dir, "worker-*"))):
+            files += result_files(d)
+    return files
+
+
 def load_results(results_dir: str) -> tuple[pd.DataFrame, dict, dict]:
-    """(requests frame, summary dict, parquet metadata dict) of a results folder."""
-    path = os.path.join(results_dir, "requests.parquet")
-    table = pq.read_table(path)
-    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()
+    """(requests frame, summary dict, parquet metadata dict of the first file) of a results
+    folder: every results file (``report_files``), times rebased to the earliest run anchor
+    (a resumed run or a worker has an anchor of its own; ``replayer.workers``)."""
+    from .workers import _read_dir, _rebase
+
+    files = report_files(results_dir)
+    if not files:
+        raise FileNotFoundError(f"no results files (requests*.parquet) in {results_dir}")
+    meta = {k.decode(): v.decode() for k, v in (pq.read_schema(files[0]).metadata or {}).items()
             if not k.startswith(b"ARROW")}
+    parts = [p for f in files for p in _read_dir(f)]
+    walls = [w for _, w, _ in parts if w is not None]
+    base = min(walls) if walls else None
+    table = pa.concat_tables([_rebase(t, round((w - base) * 1e9) if w is not None and base is not None else 0)
+                              for t, w, _ in parts])
     sp = os.path.join(results_dir, "summary.json")
     if os.path.exists(sp):
         with open(sp, encoding="utf-8") as f:
@@ -282,10 +307,14 @@ def format_compare(rows: list[dict], name_a: str = "A", name_b: str = "B") -> st
 
 
 def main_report(results: str, output: str | None) -> int:
-    if not os.path.exists(os.path.join(results, "requests.parquet")):
-        print(f"replayer report: error: no requests.parquet in {results}", file=sys.stderr)
+    if not report_files(results):
+        print(f"replayer report: error: no results files (requests*.parquet) in {results}", file=sys.stderr)
         return 2
-    path = write_report(results, output)
+    try:
+        path = write_report(results, output)
+    except OSError as e:
+        print(f"replayer report: error: cannot write the report: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {path}")
     return 0
 

@@ -106,6 +106,16 @@ def _shard_warnings(shards_by_dir: list[set[str]], dirs: list[str]) -> list[str]
     return warnings
 
 
+def _stopped(path: str) -> tuple[bool, str | None]:
+    """(stopped_early, stop_signal) from a results folder's summary.json (False, None if none)."""
+    try:
+        with open(os.path.join(path, "summary.json"), encoding="utf-8") as f:
+            s = json.load(f)
+    except (OSError, ValueError):
+        return False, None
+    return bool(s.get("stopped_early")), s.get("stop_signal")
+
+
 def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = False) -> dict:
     """One summary over several results folders (shards or workers). Writes
     ``out_dir/summary.json`` when ``out_dir`` is given. Raises FileNotFoundError for a folder
@@ -115,7 +125,8 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     docstring). Besides the ``summary.summarize`` fields the summary holds ``merged_from``,
     ``shards`` (the ``--shard`` of each folder), ``anchor_spread_s`` (latest - earliest anchor),
     ``duplicate_rows`` ((loop, row) pairs sent by more than one folder: overlapping shards or a
-    folder given twice) and ``merge_warnings``."""
+    folder given twice), ``merge_warnings``, and ``stopped_early``/``stop_signal`` when a folder's
+    own summary says a stop cut its run short."""
     import pyarrow as pa
 
     per_dir = [_read_dir(d) for d in dirs]
@@ -144,6 +155,9 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
         warnings.append(f"the runs were anchored {max(walls) - base:.3f} s apart: a shard started after the "
                         "shared --start-at (or none was given), so the shards did not replay in step")
     s = summarize(pa.concat_tables(tables))
+    stops = [_stopped(d) for d in dirs]  # a signal that stopped a folder's run stopped the whole
+    s["stopped_early"] = any(st for st, _ in stops)
+    s["stop_signal"] = next((sig for _, sig in stops if sig), None)
     s["merged_from"] = list(dirs)
     s["shards"] = [sorted(x)[0] if len(x) == 1 else sorted(x) for x in shards_by_dir]
     s["anchor_spread_s"] = (max(walls) - base) if walls else None

@@ -89,6 +89,13 @@ def test_bad_value_from_a_config_file_names_the_file(tmp_path, capsys):
     assert "loop_gap_s (--loop-gap)" in err and "--loop-gap in" not in err  # a flag's value
 
 
+def test_workers_and_shard_together_are_refused():
+    trace = str(ROOT / "traces" / "mooncake_conversation_10min.parquet")
+    with pytest.raises(ConfigError, match="cannot be combined with --shard"):
+        load_config({"trace": trace, "workers": 2, "shard": "1/2"})
+    assert load_config({"trace": trace, "workers": 1, "shard": "1/2"}).shard == "1/2"  # a worker's own
+
+
 def test_unknown_config_keys_are_errors(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("speedupp: 3\nfoo: 1\n")

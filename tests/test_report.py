@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -57,7 +58,19 @@ def test_report_cli_writes_self_contained_html(results, tmp_path, capsys):
     assert "mean_ttft_ms" in text  # the summary table
     capsys.readouterr()
     assert cli_main(["report", str(tmp_path / "nothing")]) == 2
-    assert "requests.parquet" in capsys.readouterr().err
+    assert "no results files (requests*.parquet)" in capsys.readouterr().err
+    assert cli_main(["report", str(target_run), "-o", str(tmp_path / "no" / "r.html")]) == 2  # no traceback
+    assert "cannot write the report" in capsys.readouterr().err
+    # a --workers folder: its results are in worker-i/, rolled or not
+    from replayer.report import load_results
+
+    w = tmp_path / "w"
+    for i, name in enumerate(("requests.parquet", "requests-00000.parquet")):
+        (w / f"worker-{i}").mkdir(parents=True)
+        shutil.copy(Path(results) / "requests.parquet", w / f"worker-{i}" / name)
+    df, _, _ = load_results(str(w))
+    assert len(df) == 2 * len(load_results(str(results))[0])
+    assert cli_main(["report", str(w), "-o", str(tmp_path / "w.html")]) == 0
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium; .ci/run installs it)")

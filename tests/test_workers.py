@@ -221,6 +221,7 @@ def test_workers_terminal_ctrl_c_drains_once(tmp_path, mooncake_slice):
             os.killpg(parent.pid, signal.SIGKILL)
     assert parent.returncode == 128 + signal.SIGINT, err[-3000:]  # stopped, not finished: 130
     s = json.loads((results / "summary.json").read_text())
+    assert s["stopped_early"] is True and s["stop_signal"] == "SIGINT"  # the merged summary says so
     assert s["sent"] > 0 and s["not_started"] > 0  # stopped early ...
     assert s["cancelled"] == 0 and s["failed"] == 0  # ... by draining: nothing cut off
     assert s["completed"] == s["sent"]
