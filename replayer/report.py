@@ -253,10 +253,18 @@ COMPARE_FIELDS: tuple[tuple[str, str, str], ...] = (
 
 
 def _load_summary(path: str) -> dict:
+    """A run's summary.json (given the file or its results folder). Raises ValueError for a
+    file that is not one."""
     if os.path.isdir(path):
         path = os.path.join(path, "summary.json")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            s = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ValueError(f"{path}: not a summary.json (not JSON)") from None
+    if not isinstance(s, dict) or not {"completed", "duration"} <= set(s):
+        raise ValueError(f"{path}: not a replayer summary.json (no completed/duration)")
+    return s
 
 
 def compare(a: dict, b: dict) -> list[dict]:

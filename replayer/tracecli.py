@@ -7,6 +7,7 @@ flags (the message names file, row and field for trace problems; nothing is writ
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -108,6 +109,9 @@ def run_trace(args) -> int:
         for w in caught:
             print(f"{name}: warning: {w.message}", file=sys.stderr)
         return code
+    except BrokenPipeError:  # `... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+        return 0
     except (TraceError, OSError, ValueError) as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 2

@@ -108,3 +108,8 @@ def test_compare_text_and_json(results, tmp_path, capsys):
     assert rows["p99_ttft_ms"]["pct"] == pytest.approx(100.0)
     assert rows["errors_by_kind.timeout"]["b"] == 3
     assert cli_main(["compare", str(results), str(tmp_path / "nope")]) == 2
+    (tmp_path / "empty.json").write_text("{}")
+    capsys.readouterr()
+    for wrong in (str(results / "requests.parquet"), str(tmp_path / "empty.json")):  # not a summary
+        assert cli_main(["compare", str(results), wrong]) == 2
+        assert f"{wrong}: not a" in capsys.readouterr().err

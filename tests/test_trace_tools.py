@@ -167,3 +167,16 @@ def test_cli_trace_subcommands(tmp_path, capsys):
     assert f"{bad}: row 1: output_length" in capsys.readouterr().err
     assert cli_main(["trace", "convert", str(bad), "-o", str(tmp_path / "x.parquet")]) == 2
     assert not (tmp_path / "x.parquet").exists()
+
+
+def test_inspect_into_a_closed_pipe_is_quiet():
+    # `replayer trace inspect X | head -2`: the reader leaves early; no error, no traceback
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-m", "replayer", "trace", "inspect",
+                          str(Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation_10min.parquet")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(60) == 0 and err == ""
