@@ -124,11 +124,13 @@ class RequestFactory:
         self.sessions = cfg.session_policy != "off"
         self._histories: OrderedDict[object, _History] = OrderedDict()
         self._history_tokens = 0
+        self._seen: tuple[object, int, int] | None = None  # (batch, loop, next row to observe)
 
     # -- the request --------------------------------------------------------------------------
     def prepare(self, sb: ScheduleBatch, j: int) -> PreparedRequest:
         t = sb.batch
         i = int(sb.idx[j])
+        self._observe_unsent(t, sb.loop, i)
         n_in, n_out = int(t.input_length[i]), int(t.output_length[i])
         hash_ids = t.hash_ids(i)
         path = _col(t, "endpoint", i)
@@ -160,6 +162,32 @@ class RequestFactory:
             if req.expected_hits is not None:
                 self.metrics.on_expected_prefix_cache(n_in, req.expected_hits)
         return req
+
+    def _observe_unsent(self, t, loop: int, i: int) -> None:
+        """Before row ``i`` of batch ``t`` is prepared, feed the expected prefix-cache model the
+        rows before it that this process does not send (other shards' rows, rows a resumed run
+        skips), in trace order: a shard's expected hits are then those of one process replaying
+        the whole trace against one server. (Rows of a batch holding none of this shard's rows
+        are not seen: batches hold 65,536 rows.)"""
+        seen = self._seen
+        if seen is not None and (seen[0] is not t or seen[1] != loop):
+            self._observe_rows(seen[0], seen[1], seen[2], len(seen[0]))  # the previous batch's tail
+            seen = None
+        self._observe_rows(t, loop, seen[2] if seen is not None else 0, i)
+        self._seen = (t, loop, i + 1)
+
+    def _observe_rows(self, t, loop: int, a: int, b: int) -> None:
+        if a >= b:
+            return
+        model = self.prompts.expected_cache(loop)
+        synthetic = getattr(t, "hash_ids_synthetic", False)
+        for k in range(a, b):
+            path = _col(t, "endpoint", k)
+            kind = endpoint_kind(path) if path else self.default_endpoint
+            if kind in POOLING or (synthetic and kind in (COMPLETIONS, CHAT)
+                                   and _col(t, "session_id", k) is not None):
+                continue  # rows whose prompt is not their hash ids' blocks (as prepare decides)
+            model.observe(t.hash_ids(k), int(t.input_length[k]))
 
     def unsent(self, sb: ScheduleBatch, j: int) -> RequestResult:
         t = sb.batch

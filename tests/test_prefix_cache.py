@@ -159,3 +159,40 @@ def test_model_agrees_with_simulator_cache():
     got = asyncio.run(asyncio.wait_for(main(), 60))
     assert got == want.tolist()
     assert sum(got) > 0
+
+
+def test_shards_expect_the_hits_of_one_process():
+    # shards replay one trace against one server: each shard's model also sees the rows the other
+    # shards send (in trace order), so per row it expects what a single process would
+    from replayer.config import load_config
+    from replayer.payload import PayloadBuilder
+    from replayer.prepare import Prompts, RequestFactory
+    from replayer.schedule import Timeline, iter_schedule
+    from replayer.trace import open_trace
+
+    trace = str(Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation_10min.parquet")
+
+    def hits(shard: str, skip=None, batch_rows: int = 97) -> dict:
+        cfg = load_config({"trace": trace, "shard": shard})
+        i, n = cfg.shard_index
+        source = open_trace(trace)
+        factory = RequestFactory(cfg, Prompts(cfg, source.block_size), PayloadBuilder("m"), Timeline(1.0))
+        out = {}
+        for sb in iter_schedule(lambda: source.batches(batch_rows), shard=i, shards=n, max_requests=600,
+                                skip=skip):
+            for j in range(len(sb.idx)):
+                req = factory.prepare(sb, j)
+                out[req.row] = req.expected_hits
+        return out
+
+    one = hits("0/1")
+    assert sum(one.values()) > 0
+    for n in (2, 3):
+        merged: dict = {}
+        for k in range(n):
+            merged.update(hits(f"{k}/{n}"))
+        assert merged == one
+    # a resumed run that skips the rows already sent still expects what the whole run would (the
+    # daemon reads 65,536-row batches: rows skipped in a batch it sends from are seen)
+    resumed = hits("0/1", skip=lambda loop, rows: rows < 250, batch_rows=65_536)
+    assert resumed == {r: h for r, h in one.items() if r >= 250}
