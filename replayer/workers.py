@@ -66,6 +66,33 @@ def _read_dir(path: str) -> list[tuple[object, float | None, str | None]]:
     return out
 
 
+def _min(col) -> int | None:
+    import pyarrow.compute as pc
+
+    return pc.min(col).as_py()
+
+
+def _max(col) -> int | None:
+    import pyarrow.compute as pc
+
+    return pc.max(col).as_py()
+
+
+def _union_s(spans: list[list[int]]) -> float:
+    """Seconds covered by the union of [start, end] ns intervals."""
+    total, cur = 0, None
+    for a, b in sorted(spans):
+        if cur is None or a > cur[1]:
+            if cur is not None:
+                total += cur[1] - cur[0]
+            cur = [a, b]
+        else:
+            cur[1] = max(cur[1], b)
+    if cur is not None:
+        total += cur[1] - cur[0]
+    return total / 1e9
+
+
 def _rebase(table, shift_ns: int):
     """``table`` with ``shift_ns`` added to every time column (nulls stay null)."""
     import pyarrow as pa
@@ -123,7 +150,9 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
 
     Times of every file are rebased to the earliest run anchor among them (see the module
     docstring). Besides the ``summary.summarize`` fields the summary holds ``merged_from``,
-    ``shards`` (the ``--shard`` of each folder), ``anchor_spread_s`` (latest - earliest anchor),
+    ``shards`` (the ``--shard`` of each folder), ``anchor_spread_s`` (latest - earliest anchor of
+    the folders' first runs: a later run in a folder is a resume), ``duration`` (the time some run
+    was replaying, on the shared axis: the union of each run's first-send..last-end),
     ``duplicate_rows`` ((loop, row) pairs sent by more than one folder: overlapping shards or a
     folder given twice), ``merge_warnings``, and ``stopped_early``/``stop_signal`` when a folder's
     own summary says a stop cut its run short."""
@@ -132,12 +161,20 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     per_dir = [_read_dir(d) for d in dirs]
     walls = [w for files in per_dir for _, w, _ in files if w is not None]
     base = min(walls) if walls else None
+    # each folder's first run: a later anchor in a folder is a resumed run, not a late shard
+    starts = [min(ws) for ws in ([w for _, w, _ in files if w is not None] for files in per_dir) if ws]
     tables, keys, shards_by_dir = [], [], []
-    for files in per_dir:
+    spans: dict[tuple[int, float | None], list[int]] = {}  # (folder, run anchor) -> [first sent, last end]
+    for n_dir, files in enumerate(per_dir):
         dir_tables = []
         for t, wall, _ in files:
             shift = round((wall - base) * 1e9) if wall is not None and base is not None else 0
-            dir_tables.append(_rebase(t, shift))
+            t = _rebase(t, shift)
+            dir_tables.append(t)
+            lo, hi = _min(t.column("sent_ns")), _max(t.column("end_ns"))
+            if lo is not None and hi is not None:
+                span = spans.setdefault((n_dir, wall), [lo, hi])
+                span[0], span[1] = min(span[0], lo), max(span[1], hi)
         t = pa.concat_tables(dir_tables)
         tables.append(t)
         shards_by_dir.append({s for _, _, s in files if s})
@@ -151,16 +188,23 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     warnings = _shard_warnings(shards_by_dir, list(dirs))
     if duplicates:
         warnings.append(f"{duplicates} trace rows were sent by more than one folder (overlapping shards?)")
-    if walls and max(walls) - base > ANCHOR_SPREAD_WARN_S:
-        warnings.append(f"the runs were anchored {max(walls) - base:.3f} s apart: a shard started after the "
-                        "shared --start-at (or none was given), so the shards did not replay in step")
+    if starts and max(starts) - min(starts) > ANCHOR_SPREAD_WARN_S:
+        warnings.append(f"the runs were anchored {max(starts) - min(starts):.3f} s apart: a shard started after "
+                        "the shared --start-at (or none was given), so the shards did not replay in step")
     s = summarize(pa.concat_tables(tables))
+    # duration: the time covered by the runs on the shared axis (shards overlap, resumed runs
+    # follow each other: the gap between a stop and its resume is not replay time)
+    duration = _union_s(list(spans.values()))
+    s["duration"] = duration
+    for key, num in (("request_throughput", s["completed"]), ("output_throughput", s["total_output_tokens"]),
+                     ("total_token_throughput", s["total_input_tokens"] + s["total_output_tokens"])):
+        s[key] = num / duration if duration > 0 else None
     stops = [_stopped(d) for d in dirs]  # a signal that stopped a folder's run stopped the whole
     s["stopped_early"] = any(st for st, _ in stops)
     s["stop_signal"] = next((sig for _, sig in stops if sig), None)
     s["merged_from"] = list(dirs)
     s["shards"] = [sorted(x)[0] if len(x) == 1 else sorted(x) for x in shards_by_dir]
-    s["anchor_spread_s"] = (max(walls) - base) if walls else None
+    s["anchor_spread_s"] = (max(starts) - min(starts)) if starts else None
     s["duplicate_rows"] = duplicates
     s["merge_warnings"] = warnings
     for w in warnings:

@@ -234,7 +234,8 @@ def _status(port: int) -> dict:
 
 
 def test_merge_puts_shards_on_one_time_axis(tmp_path):
-    """Shards anchored 10 s apart (one pod started late): the merged duration spans both."""
+    """Shards anchored 10 s apart (one pod started late): one time axis, a warning, and the
+    merged duration is the time some run was replaying (1 s + 1 s, not the 11 s between)."""
     dirs = []
     for i, wall in enumerate((1000.0, 1010.0)):
         d = tmp_path / f"shard-{i}"
@@ -246,12 +247,31 @@ def test_merge_puts_shards_on_one_time_axis(tmp_path):
         pq.write_table(t.replace_schema_metadata(meta), d / "requests.parquet")
         dirs.append(str(d))
     s = merge_results(dirs, str(tmp_path / "m"), quiet=True)
-    assert s["duration"] == pytest.approx(11.0)
+    assert s["duration"] == pytest.approx(2.0) and s["request_throughput"] == pytest.approx(1.0)
     assert s["anchor_spread_s"] == pytest.approx(10.0)
     assert s["completed"] == 2 and s["total_output_tokens"] == 6
     assert s["shards"] == ["0/2", "1/2"]
     assert len(s["merge_warnings"]) == 1 and "10.000 s apart" in s["merge_warnings"][0]
     assert json.loads((tmp_path / "m" / "summary.json").read_text())["completed"] == 2
+
+
+def test_merge_of_a_resumed_folder_is_not_a_late_shard(tmp_path):
+    """Shard 1's folder holds its first run and a resume 500 s later: no 'anchored apart'
+    warning (its first run started with shard 0's), and the 500 s gap is not replay time."""
+    def write(d, name, wall, row, shard):
+        d.mkdir(exist_ok=True)
+        t = to_table([RequestResult(row=row, due_ns=0, sent_ns=0, end_ns=2_000_000_000, outcome="success",
+                                    prompt_tokens=5, completion_tokens=3, input_length=5, output_length=3)])
+        meta = {b"replayer.t0_wall_s": repr(wall).encode(),
+                b"replayer.config": json.dumps({"shard": shard}).encode()}
+        pq.write_table(t.replace_schema_metadata(meta), d / name)
+
+    write(tmp_path / "s0", "requests.parquet", 1000.0, 0, "0/2")
+    write(tmp_path / "s1", "requests.parquet", 1000.0, 1, "1/2")
+    write(tmp_path / "s1", "requests-00000.parquet", 1500.0, 3, "1/2")
+    s = merge_results([str(tmp_path / "s0"), str(tmp_path / "s1")], quiet=True)
+    assert s["merge_warnings"] == [] and s["anchor_spread_s"] == 0.0
+    assert s["duration"] == pytest.approx(4.0) and s["completed"] == 3
 
 
 def test_worker_helpers():
