@@ -188,9 +188,9 @@ BATCH_ROWS = 65_536
 def open_batches_factory(cfg: RunConfig):
     """(function returning a fresh iterator of trace batches — one pass per loop, block size,
     number of rows or None, trace seconds spanned by one loop's schedule or None when not known
-    without reading the rows: see ``TraceSource.span_ns``). With ``validate_trace=full`` every row is
-    checked before anything is sent (a TraceError lists every problem); with ``lazy`` each batch
-    is checked as it is read."""
+    without reading the rows: ``TraceSource.span_ns``). With ``validate_trace=full`` every row
+    is checked before anything is sent (a TraceError lists every problem); with ``lazy`` each
+    batch is checked as it is read."""
     source = open_trace(cfg.trace, fmt=cfg.format, block_size=cfg.block_size, strict=cfg.strict,
                         mapping=cfg.map, time_unit=cfg.time_unit)
     if cfg.validate_trace == "full":

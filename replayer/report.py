@@ -22,7 +22,6 @@ import sys
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 #: keep plots light (SVG): at most this many points per trace (uniform subsample)
@@ -46,18 +45,14 @@ def load_results(results_dir: str) -> tuple[pd.DataFrame, dict, dict]:
     """(requests frame, summary dict, parquet metadata dict of the first file) of a results
     folder: every results file (``report_files``), times rebased to the earliest run anchor
     (a resumed run or a worker has an anchor of its own; ``replayer.workers``)."""
-    from .workers import _read_dir, _rebase
+    from .workers import read_on_one_axis
 
     files = report_files(results_dir)
     if not files:
         raise FileNotFoundError(f"no results files (requests*.parquet) in {results_dir}")
     meta = {k.decode(): v.decode() for k, v in (pq.read_schema(files[0]).metadata or {}).items()
             if not k.startswith(b"ARROW")}
-    parts = [p for f in files for p in _read_dir(f)]
-    walls = [w for _, w, _ in parts if w is not None]
-    base = min(walls) if walls else None
-    table = pa.concat_tables([_rebase(t, round((w - base) * 1e9) if w is not None and base is not None else 0)
-                              for t, w, _ in parts])
+    table = read_on_one_axis(files)
     sp = os.path.join(results_dir, "summary.json")
     if os.path.exists(sp):
         with open(sp, encoding="utf-8") as f:

@@ -66,6 +66,18 @@ def _read_dir(path: str) -> list[tuple[object, float | None, str | None]]:
     return out
 
 
+def read_on_one_axis(files: list[str]):
+    """Every results file of ``files`` as one Arrow table, times rebased to the earliest run
+    anchor among them (a resumed run and each worker have an anchor of their own)."""
+    import pyarrow as pa
+
+    parts = [p for f in files for p in _read_dir(f)]
+    walls = [w for _, w, _ in parts if w is not None]
+    base = min(walls) if walls else None
+    return pa.concat_tables([_rebase(t, round((w - base) * 1e9) if w is not None and base is not None else 0)
+                             for t, w, _ in parts])
+
+
 def _min(col) -> int | None:
     import pyarrow.compute as pc
 
