@@ -201,14 +201,18 @@ def summarize_files(files: list[str], *, sample_rows: int = SAMPLE_ROWS, seed: i
         s.update(exact)
         s["statistics_sample_rows"] = sampled.num_rows
     runs = run_durations(files)
-    duration = sum(runs)
-    s["duration"] = duration
+    set_duration(s, sum(runs))
     if len(runs) > 1:
         s["runs"] = len(runs)
+    return s
+
+
+def set_duration(s: dict, duration: float) -> None:
+    """Set a summary's ``duration`` (s) and the throughputs derived from it."""
+    s["duration"] = duration
     for key, num in (("request_throughput", s["completed"]), ("output_throughput", s["total_output_tokens"]),
                      ("total_token_throughput", s["total_input_tokens"] + s["total_output_tokens"])):
         s[key] = num / duration if duration > 0 else None
-    return s
 
 
 def run_durations(files: list[str]) -> list[float]:

@@ -33,7 +33,7 @@ import numpy as np
 from .config import RunConfig
 from .simproc import free_port
 from .recorder import result_files
-from .summary import format_summary, summarize
+from .summary import format_summary, set_duration, summarize
 
 log = logging.getLogger(__name__)
 
@@ -206,11 +206,7 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     s = summarize(pa.concat_tables(tables))
     # duration: the time covered by the runs on the shared axis (shards overlap, resumed runs
     # follow each other: the gap between a stop and its resume is not replay time)
-    duration = _union_s(list(spans.values()))
-    s["duration"] = duration
-    for key, num in (("request_throughput", s["completed"]), ("output_throughput", s["total_output_tokens"]),
-                     ("total_token_throughput", s["total_input_tokens"] + s["total_output_tokens"])):
-        s[key] = num / duration if duration > 0 else None
+    set_duration(s, _union_s(list(spans.values())))
     stops = [_stopped(d) for d in dirs]  # a signal that stopped a folder's run stopped the whole
     s["stopped_early"] = any(st for st, _ in stops)
     s["stop_signal"] = next((sig for _, sig in stops if sig), None)
