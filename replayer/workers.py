@@ -145,17 +145,18 @@ def _shard_warnings(shards_by_dir: list[set[str]], dirs: list[str]) -> list[str]
     return warnings
 
 
-def _stopped(path: str) -> tuple[bool, str | None]:
-    """(stopped_early, stop_signal) from a results folder's summary.json (False, None if none)."""
+def _folder_summary(path: str) -> dict:
+    """A results folder's own summary.json ({} if it has none)."""
     try:
         with open(os.path.join(path, "summary.json"), encoding="utf-8") as f:
             s = json.load(f)
     except (OSError, ValueError):
-        return False, None
-    return bool(s.get("stopped_early")), s.get("stop_signal")
+        return {}
+    return s if isinstance(s, dict) else {}
 
 
-def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = False) -> dict:
+def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = False,
+                  one_target: bool = False) -> dict:
     """One summary over several results folders (shards or workers). Writes
     ``out_dir/summary.json`` when ``out_dir`` is given. Raises FileNotFoundError for a folder
     with no results.
@@ -167,7 +168,8 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     was replaying, on the shared axis: the union of each run's first-send..last-end),
     ``duplicate_rows`` ((loop, row) pairs sent by more than one folder: overlapping shards or a
     folder given twice), ``merge_warnings``, and ``stopped_early``/``stop_signal`` when a folder's
-    own summary says a stop cut its run short."""
+    own summary says a stop cut its run short. ``one_target`` (``--workers``: every folder
+    scraped the same server) keeps the target-metric view of the folder with the most scrapes."""
     import pyarrow as pa
 
     per_dir = [_read_dir(d) for d in dirs]
@@ -207,9 +209,14 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     # duration: the time covered by the runs on the shared axis (shards overlap, resumed runs
     # follow each other: the gap between a stop and its resume is not replay time)
     set_duration(s, _union_s(list(spans.values())))
-    stops = [_stopped(d) for d in dirs]  # a signal that stopped a folder's run stopped the whole
-    s["stopped_early"] = any(st for st, _ in stops)
-    s["stop_signal"] = next((sig for _, sig in stops if sig), None)
+    own = [_folder_summary(d) for d in dirs]
+    s["stopped_early"] = any(o.get("stopped_early") for o in own)  # a stop of one stopped the whole
+    s["stop_signal"] = next((o["stop_signal"] for o in own if o.get("stop_signal")), None)
+    if one_target:  # every folder scraped the same server: its counters' deltas, once
+        best = max(own, key=lambda o: (o.get("target_metrics") or {}).get("scrapes", 0))
+        for key in ("target_metrics", "server_prefix_cache_hit_tokens"):
+            if key in best:
+                s[key] = best[key]
     s["merged_from"] = list(dirs)
     s["shards"] = [sorted(x)[0] if len(x) == 1 else sorted(x) for x in shards_by_dir]
     s["anchor_spread_s"] = (max(starts) - min(starts)) if starts else None
@@ -341,7 +348,7 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     if not present:
         print("replayer: merge failed: no worker wrote results", file=sys.stderr)
         return max([1, *codes])
-    merge_results(present, results, quiet=cfg.quiet)
+    merge_results(present, results, quiet=cfg.quiet, one_target=True)
     if not cfg.quiet:
         print(f"merged {len(present)} of {n} workers: {results}/summary.json", flush=True)
     return max([0 if len(present) == n else 1, *codes])

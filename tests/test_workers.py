@@ -143,6 +143,8 @@ def test_shards_on_one_machine_add_up_to_a_single_run(tmp_path, mooncake_slice, 
     s1 = json.loads((single / "summary.json").read_text())
     assert {k: m[k] for k in COUNT_FIELDS} == {k: s1[k] for k in COUNT_FIELDS}
     assert m["completed"] == n and m["prompt_token_mismatches"] == 0
+    # each shard's prefix-cache model saw the other shards' rows: one server, one expectation
+    assert m["expected_prefix_hit_tokens"] == s1["expected_prefix_hit_tokens"] > 0
     assert m["shards"] == [f"{i}/{SHARDS}" for i in range(SHARDS)]
     assert m["duplicate_rows"] == 0 and m["merge_warnings"] == []
     assert m["anchor_spread_s"] < 1e-3
@@ -174,6 +176,8 @@ def test_workers_end_to_end(tmp_path, mooncake_slice):
     for i in range(2):
         w = json.loads((results / f"worker-{i}" / "summary.json").read_text())
         assert w["shard"] == f"{i}/2" and w["completed"] > 0
+    # the workers scraped the one target: the merged summary keeps that view (not a sum)
+    assert s["target_metrics"]["scrapes"] > 0 and "server_prefix_cache_hit_tokens" in s
     rows = read_results(str(results / "worker-0")).column("row").to_pylist() + \
         read_results(str(results / "worker-1")).column("row").to_pylist()
     assert sorted(rows) == list(range(n))
