@@ -54,7 +54,7 @@ def add_trace_parser(sub) -> None:
     sl.add_argument("--end", type=float, default=None, metavar="S", help="window end, exclusive (seconds)")
     sl.add_argument("--head", type=int, default=None, metavar="N", help="first N rows")
     sl.add_argument("--sample", type=float, default=None, metavar="F", help="keep a fraction F of sessions/rows")
-    sl.add_argument("--seed", type=int, default=0, help="seed of --sample [default: 0]")
+    sl.add_argument("--seed", type=int, default=None, help="seed of --sample [default: 0]")
     sl.add_argument("--split-sessions", action="store_true", help="cut sessions at the edges instead of keeping them whole")
 
     sc = trs.add_parser("scale", help="scale times and lengths (hash ids recomputed consistently)")
@@ -75,7 +75,8 @@ def add_trace_parser(sub) -> None:
     sy.add_argument("--rows", type=int, required=True)
     sy.add_argument("--rate", type=float, required=True, help="requests per second")
     sy.add_argument("--arrival", default="poisson", choices=("poisson", "gamma"))
-    sy.add_argument("--cv", type=float, default=1.0, help="gamma: coefficient of variation of the gaps")
+    sy.add_argument("--cv", type=float, default=None,
+                    help="gamma: coefficient of variation of the gaps [default: 1]")
     sy.add_argument("--input-dist", default="lognormal:1024:1.0",
                     help="new user tokens per turn: const:N, uniform:LO:HI, lognormal:MEAN:CV, normal:MEAN:SD, exp:MEAN")
     sy.add_argument("--output-dist", default="lognormal:256:0.8", help="output tokens (same forms)")
@@ -117,8 +118,24 @@ def run_trace(args) -> int:
         return 2
 
 
+def _check_args(args) -> None:
+    """Arguments that would otherwise be ignored or give a surprising file (ValueError)."""
+    out = getattr(args, "output", None)
+    if out is not None and not out.endswith(".parquet"):
+        raise ValueError(f"-o {out}: the output is canonical Parquet; give a .parquet path")
+    cmd = args.trace_command
+    if cmd == "slice":
+        if args.seed is not None and args.sample is None:
+            raise ValueError("--seed only applies to --sample")
+        if args.start is not None and args.end is not None and args.start >= args.end:
+            raise ValueError(f"--start {args.start:g} must be before --end {args.end:g}")
+    if cmd == "synth" and args.cv is not None and args.arrival != "gamma":
+        raise ValueError("--cv only applies to --arrival gamma")
+
+
 def _run(args, json, convert, read_trace, write_parquet, coarsest_unit) -> int:
     cmd = args.trace_command
+    _check_args(args)
     if cmd == "convert":
         t = convert(args.input, args.output, source=args.source, license=args.license,
                     first_seconds=args.first_seconds, **_open_opts(args))
@@ -136,7 +153,7 @@ def _run(args, json, convert, read_trace, write_parquet, coarsest_unit) -> int:
         t = read_trace(args.input, **_open_opts(args))
         if cmd == "slice":
             t = slice_trace(t, start_s=args.start, end_s=args.end, head=args.head, fraction=args.sample,
-                            seed=args.seed, whole_sessions=not args.split_sessions)
+                            seed=args.seed or 0, whole_sessions=not args.split_sessions)
         else:
             t = scale_trace(t, time_factor=args.time, input_factor=args.input_factor,
                             output_factor=args.output_factor)
@@ -155,7 +172,8 @@ def _run(args, json, convert, read_trace, write_parquet, coarsest_unit) -> int:
     if cmd == "synth":
         from .synth import SynthSpec, write_synth
 
-        spec = SynthSpec(rows=args.rows, rate_per_s=args.rate, arrival=args.arrival, cv=args.cv,
+        spec = SynthSpec(rows=args.rows, rate_per_s=args.rate, arrival=args.arrival,
+                         cv=1.0 if args.cv is None else args.cv,
                          input_dist=args.input_dist, output_dist=args.output_dist, lengths_from=args.lengths_from,
                          system_prompts=args.system_prompts, system_prompt_tokens=args.system_prompt_tokens,
                          turns=args.turns, sessions=args.sessions, max_input_tokens=args.max_input_tokens,

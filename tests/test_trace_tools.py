@@ -180,3 +180,21 @@ def test_inspect_into_a_closed_pipe_is_quiet():
     p.stdout.close()
     err = p.stderr.read().decode()
     assert p.wait(60) == 0 and err == ""
+
+
+def test_arguments_that_would_be_ignored_are_errors(tmp_path, capsys):
+    src = str(Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation_10min.parquet")
+    cases = [
+        (["slice", src, "-o", str(tmp_path / "x.csv"), "--head", "5"], "give a .parquet path"),
+        (["slice", src, "-o", str(tmp_path / "x.parquet"), "--seed", "5"], "--seed only applies to --sample"),
+        (["slice", src, "-o", str(tmp_path / "x.parquet"), "--start", "200", "--end", "100"], "must be before --end"),
+        (["synth", "-o", str(tmp_path / "x.parquet"), "--rows", "10", "--rate", "1", "--cv", "2"],
+         "--cv only applies to --arrival gamma"),
+    ]
+    for argv, msg in cases:
+        capsys.readouterr()
+        assert cli_main(["trace", *argv]) == 2, argv
+        assert msg in capsys.readouterr().err, argv
+        assert not list(tmp_path.iterdir()), argv  # nothing written
+    assert cli_main(["trace", "synth", "-o", str(tmp_path / "g.parquet"), "--rows", "10", "--rate", "1",
+                     "--arrival", "gamma", "--cv", "2"]) == 0
