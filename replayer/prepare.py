@@ -106,6 +106,12 @@ def _col(batch: object, name: str, i: int):
     return None if col is None else col[i]
 
 
+def _grows(batch: object, kind: str, session: object) -> bool:
+    """A turn whose prompt is its session's conversation so far (a trace without hash ids),
+    not the blocks of its own hash ids."""
+    return session is not None and getattr(batch, "hash_ids_synthetic", False) and kind in (COMPLETIONS, CHAT)
+
+
 class RequestFactory:
     """Builds the PreparedRequest (``prepare``) or the never-sent RequestResult (``unsent``) of
     item ``j`` of a schedule batch. Raises ValueError for a row its settings cannot build (a
@@ -144,11 +150,9 @@ class RequestFactory:
                               session_id=session, turn=turn)
         if self.sessions:
             self._session_keys(req, t, i, sb.loop, session)
-        growth = (session is not None and getattr(t, "hash_ids_synthetic", False)
-                  and kind in (COMPLETIONS, CHAT))
         if kind in POOLING:
             self._pooling(req, t, i, hash_ids, kind, sb.loop)
-        elif growth:
+        elif _grows(t, kind, session):
             self._grown(req, hash_ids, (sb.loop, session), kind, sb.loop)
         else:
             if kind == CHAT or self.text_mode:
@@ -180,12 +184,10 @@ class RequestFactory:
         if a >= b:
             return
         model = self.prompts.expected_cache(loop)
-        synthetic = getattr(t, "hash_ids_synthetic", False)
         for k in range(a, b):
             path = _col(t, "endpoint", k)
             kind = endpoint_kind(path) if path else self.default_endpoint
-            if kind in POOLING or (synthetic and kind in (COMPLETIONS, CHAT)
-                                   and _col(t, "session_id", k) is not None):
+            if kind in POOLING or _grows(t, kind, _col(t, "session_id", k)):
                 continue  # rows whose prompt is not their hash ids' blocks (as prepare decides)
             model.observe(t.hash_ids(k), int(t.input_length[k]))
 

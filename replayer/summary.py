@@ -216,9 +216,14 @@ def set_duration(s: dict, duration: float) -> None:
 
 
 def run_durations(files: list[str]) -> list[float]:
-    """Seconds from the first request sent to the last one ended, per run that wrote ``files``
-    (grouped by the run anchor in each file's metadata, ``replayer.t0_wall_s``: a resumed run's
-    times are offsets from its own anchor). From the Parquet column statistics where present."""
+    """Seconds from the first request sent to the last one ended, per run that wrote ``files``."""
+    return [(b - a) / 1e9 for a, b in run_spans(files).values()]
+
+
+def run_spans(files: list[str]) -> dict[bytes, tuple[int, int]]:
+    """(first sent_ns, last end_ns) per run that wrote ``files``, keyed by the run anchor in each
+    file's metadata (``replayer.t0_wall_s``, b"" if none): a resumed run's times are offsets
+    from its own anchor. From the Parquet column statistics where present."""
     spans: dict[bytes, tuple[int, int]] = {}
     for f in files:
         pf = pq.ParquetFile(f)
@@ -228,7 +233,7 @@ def run_durations(files: list[str]) -> list[float]:
             continue
         a, b = spans.get(run, (lo, hi))
         spans[run] = (min(a, lo), max(b, hi))
-    return [(b - a) / 1e9 for a, b in spans.values()]
+    return spans
 
 
 def _min_max(pf: pq.ParquetFile, column: str, pick) -> int | None:

@@ -33,7 +33,7 @@ import numpy as np
 from .config import RunConfig
 from .simproc import free_port
 from .recorder import result_files
-from .summary import format_summary, set_duration, summarize
+from .summary import format_summary, run_spans, set_duration, summarize
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +43,17 @@ TIME_COLUMNS = ("due_ns", "sent_ns", "first_token_ns", "last_token_ns", "end_ns"
 ANCHOR_SPREAD_WARN_S = 0.05
 
 
+def _files(path: str) -> list[str]:
+    """The results files of a results folder, or ``[path]`` for one file."""
+    return [path] if os.path.isfile(path) else result_files(path)
+
+
 def _read_dir(path: str) -> list[tuple[object, float | None, str | None]]:
     """(table without metadata, anchor wall time in Unix s or None, shard "i/N" or None) for
     every results file of a results folder (or one file). Raises FileNotFoundError if none."""
     import pyarrow.parquet as pq
 
-    files = [path] if os.path.isfile(path) else result_files(path)
+    files = _files(path)
     if not files:
         raise FileNotFoundError(f"{path}: no results files")
     out = []
@@ -74,23 +79,16 @@ def read_on_one_axis(files: list[str]):
     parts = [p for f in files for p in _read_dir(f)]
     walls = [w for _, w, _ in parts if w is not None]
     base = min(walls) if walls else None
-    return pa.concat_tables([_rebase(t, round((w - base) * 1e9) if w is not None and base is not None else 0)
-                             for t, w, _ in parts])
+    return pa.concat_tables([_rebase(t, _shift_ns(w, base)) for t, w, _ in parts])
 
 
-def _min(col) -> int | None:
-    import pyarrow.compute as pc
-
-    return pc.min(col).as_py()
-
-
-def _max(col) -> int | None:
-    import pyarrow.compute as pc
-
-    return pc.max(col).as_py()
+def _shift_ns(wall: float | None, base: float | None) -> int:
+    """ns to add to a run's times (offsets from its anchor ``wall``) to put them on the axis of
+    the earliest anchor ``base`` (0 when either is unknown)."""
+    return round((wall - base) * 1e9) if wall is not None and base is not None else 0
 
 
-def _union_s(spans: list[list[int]]) -> float:
+def _union_s(spans: list[tuple[int, int]]) -> float:
     """Seconds covered by the union of [start, end] ns intervals."""
     total, cur = 0, None
     for a, b in sorted(spans):
@@ -178,17 +176,14 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     # each folder's first run: a later anchor in a folder is a resumed run, not a late shard
     starts = [min(ws) for ws in ([w for _, w, _ in files if w is not None] for files in per_dir) if ws]
     tables, keys, shards_by_dir = [], [], []
-    spans: dict[tuple[int, float | None], list[int]] = {}  # (folder, run anchor) -> [first sent, last end]
-    for n_dir, files in enumerate(per_dir):
+    spans: list[tuple[int, int]] = []  # each run's first send..last end, on the shared axis
+    for d, files in zip(dirs, per_dir):
         dir_tables = []
         for t, wall, _ in files:
-            shift = round((wall - base) * 1e9) if wall is not None and base is not None else 0
-            t = _rebase(t, shift)
-            dir_tables.append(t)
-            lo, hi = _min(t.column("sent_ns")), _max(t.column("end_ns"))
-            if lo is not None and hi is not None:
-                span = spans.setdefault((n_dir, wall), [lo, hi])
-                span[0], span[1] = min(span[0], lo), max(span[1], hi)
+            dir_tables.append(_rebase(t, _shift_ns(wall, base)))
+        for anchor, (lo, hi) in run_spans(_files(d)).items():
+            shift = _shift_ns(float(anchor) if anchor else None, base)
+            spans.append((lo + shift, hi + shift))
         t = pa.concat_tables(dir_tables)
         tables.append(t)
         shards_by_dir.append({s for _, _, s in files if s})
@@ -208,7 +203,7 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     s = summarize(pa.concat_tables(tables))
     # duration: the time covered by the runs on the shared axis (shards overlap, resumed runs
     # follow each other: the gap between a stop and its resume is not replay time)
-    set_duration(s, _union_s(list(spans.values())))
+    set_duration(s, _union_s(spans))
     own = [_folder_summary(d) for d in dirs]
     s["stopped_early"] = any(o.get("stopped_early") for o in own)  # a stop of one stopped the whole
     s["stop_signal"] = next((o["stop_signal"] for o in own if o.get("stop_signal")), None)

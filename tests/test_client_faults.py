@@ -555,47 +555,12 @@ def test_mixed_faults_concurrently_each_recorded():
     assert len(srv.received) == 5
 
 
-def test_connections_opened_ahead_pause_when_the_target_is_down():
-    # Client.expect opens connections for requests due soon; against a port nobody listens on
-    # every attempt fails at once, and without a pause the dispatcher's count (each millisecond)
-    # would make thousands of attempts a second
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-
+def _connects_while(step, seconds: float = 0.3) -> tuple[int, int]:
+    """Call ``step(client)`` every millisecond for ``seconds`` on a Client whose target port
+    nobody listens on; (connect attempts made, background connects still opening at the end).
+    The attempts are counted around the real ``Client._connect``."""
     async def main() -> tuple[int, int]:
-        c = Client(f"http://127.0.0.1:{port}", t0_ns=now_ns(), connect_timeout_s=1.0)
-        attempts = 0
-        connect = c._connect
-
-        async def counted():
-            nonlocal attempts
-            attempts += 1
-            return await connect()
-
-        c._connect = counted  # counts attempts; the connects themselves are real
-        end = now_ns() + 300_000_000
-        while now_ns() < end:
-            c.expect(24)
-            await asyncio.sleep(0.001)
-        await asyncio.sleep(0.05)
-        return attempts, c._spares_opening
-
-    attempts, opening = asyncio.run(main())
-    assert 24 <= attempts <= 48 and opening == 0  # one round of 24, then the pause
-
-
-def test_spares_kept_ready_pause_when_the_target_is_down():
-    # every acquire tops the idle pool up to Client.spare_target in the background; against a
-    # port nobody listens on those connects fail at once and the same pause as expect's applies
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-
-    async def main() -> int:
-        c = Client(f"http://127.0.0.1:{port}", t0_ns=now_ns(), connect_timeout_s=1.0)
+        c = Client(f"http://127.0.0.1:{_closed_port()}", t0_ns=now_ns(), connect_timeout_s=1.0)
         attempts = 0
         connect = c._connect
 
@@ -605,12 +570,29 @@ def test_spares_kept_ready_pause_when_the_target_is_down():
             return await connect()
 
         c._connect = counted
-        end = now_ns() + 300_000_000
-        while now_ns() < end:  # an acquire each millisecond finds no idle connection
-            assert c._idle_connection() is None
+        end = now_ns() + int(seconds * 1e9)
+        while now_ns() < end:
+            step(c)
             await asyncio.sleep(0.001)
         await asyncio.sleep(0.05)
-        return attempts
+        return attempts, c._spares_opening
 
-    attempts = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_connections_opened_ahead_pause_when_the_target_is_down():
+    # Client.expect opens connections for requests due soon; against a port nobody listens on
+    # every attempt fails at once, and without a pause the dispatcher's count (each millisecond)
+    # would make thousands of attempts a second
+    attempts, opening = _connects_while(lambda c: c.expect(24))
+    assert 24 <= attempts <= 48 and opening == 0  # one round of 24, then the pause
+
+
+def test_spares_kept_ready_pause_when_the_target_is_down():
+    # every acquire tops the idle pool up to Client.spare_target in the background; against a
+    # port nobody listens on those connects fail at once and the same pause as expect's applies
+    def acquire(c: Client) -> None:  # an acquire each millisecond finds no idle connection
+        assert c._idle_connection() is None
+
+    attempts, _ = _connects_while(acquire)
     assert 1 <= attempts <= 16, attempts  # one round up to spare_target (8), then the pause
