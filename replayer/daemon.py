@@ -259,7 +259,7 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
         metrics.set_trace(rows=rows or 0, duration_s=span_s or 0.0, speedup=cfg.speedup)
         dispatcher_ref: list[Dispatcher] = []
         admin = AdminServer(registry, status=lambda: {**_status(state, dispatcher_ref), **metrics.snapshot()},
-                            ready=lambda: state.state in ("running", "draining"),
+                            ready=lambda: state.state == "running",  # draining too (derived in _status)
                             control=lambda: dispatcher_ref[0] if dispatcher_ref else None,
                             token=cfg.control_token())
         admin_url = await admin.start(cfg.admin_host, cfg.admin_port)
@@ -341,8 +341,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         signals.append(signame)
         if len(signals) == 1:
             log.warning("%s: stopping; draining in-flight requests (again to cancel them)", signame)
-            state.state = "draining"
-            dispatcher.stop()
+            dispatcher.stop()  # /status says draining (from the dispatcher), as after /stop
         else:
             log.warning("%s again: cancelling in-flight requests", signame)
             dispatcher.cancel_in_flight()
@@ -428,7 +427,7 @@ def _status(state: RunState, dispatcher_ref: list[Dispatcher]) -> dict:
     d = dispatcher_ref[0] if dispatcher_ref else None
     pos = d.position if d else None
     st = state.state
-    if st == "running" and d is not None and d.stopping:  # /stop drains as SIGTERM does
+    if st == "running" and d is not None and d.stopping:  # after SIGTERM or /stop
         st = "draining"
     return {"state": st, "target": state.target, "results": state.results,
             "scheduled": state.scheduled, "sent": state.sent, "completed": state.completed,
