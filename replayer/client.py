@@ -33,11 +33,9 @@ attempts could not even connect, it is the first attempt that wrote the request)
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import errno
 import os
 import ssl
-import threading
 from collections import deque
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -47,6 +45,7 @@ import httptools
 from .audit import audit_pooling
 from .clock import now_ns
 from .errors import ErrorKind, Outcome
+from .launcher import Launcher
 from .payload import POOLING, PreparedRequest
 from .result import RequestResult
 from .sse import SSEDecoder, StreamAccumulator
@@ -55,35 +54,6 @@ _ERROR_BODY_LIMIT = 64 * 1024
 _ERROR_TEXT_LIMIT = 500
 _RETRY_AFTER_MAX_S = 60.0
 SPARE_BACKOFF_NS = 500_000_000  # no connections opened ahead for this long after one failed
-
-
-def _gil_keeping_write() -> Callable[[int, bytes], int] | None:
-    """libc ``write(2)`` called through ``ctypes.PyDLL``, which keeps the GIL during the call.
-    The launcher writes a burst's request heads (a few hundred bytes, non-blocking) with it: with
-    ``os.write`` each write releases the GIL and then waits for the loop thread to give it back
-    (up to the switch interval), which added ~20 us per request of a burst. Returns
-    ``write(fd, data) -> bytes written`` (0 when the socket buffer is full; raises ``OSError``),
-    or None where libc cannot be loaded."""
-    try:
-        libc = ctypes.PyDLL(None, use_errno=True)
-        fn = libc.write
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)
-    fn.restype = ctypes.c_ssize_t
-
-    def write(fd: int, data: bytes) -> int:
-        n = fn(fd, data, len(data))
-        if n >= 0:
-            return n
-        err = ctypes.get_errno()
-        if err in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
-            return 0
-        raise OSError(err, os.strerror(err))
-    return write
-
-
-_write_head = _gil_keeping_write() or os.write
 
 
 class _Failure(Exception):
@@ -99,7 +69,7 @@ class _Exchange:
 
     __slots__ = ("acc", "dec", "status", "sse", "body", "body_len", "done", "last_ns", "t_ns",
                  "content_type", "has_length", "chunked", "headers_done", "read_timeout_ns", "timer",
-                 "retry_after")
+                 "retry_after", "sent")
 
     def __init__(self, done: asyncio.Future, read_timeout_ns: int | None) -> None:
         self.acc = StreamAccumulator()
@@ -118,6 +88,7 @@ class _Exchange:
         self.read_timeout_ns = read_timeout_ns
         self.timer: asyncio.TimerHandle | None = None
         self.retry_after: bytes | None = None
+        self.sent: asyncio.Future | None = None  # set when awaited for the launcher's report
 
 
 class _Connection(asyncio.Protocol):
@@ -126,8 +97,8 @@ class _Connection(asyncio.Protocol):
     def __init__(self, pool: "Client") -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
-        self.fd = -1  # the socket, for writes from the launcher thread (plain HTTP)
-        self.lock = threading.Lock()  # a launcher write and the close of the socket never overlap
+        self.fd = -1  # the socket, for writes from the launcher process (plain HTTP)
+        self.launch = 0  # token of this connection's write queued in the launcher (0 = none)
         self.parser = httptools.HttpResponseParser(self)
         self.ex: _Exchange | None = None
         self.closed = False
@@ -155,13 +126,12 @@ class _Connection(asyncio.Protocol):
             self._finish_error(ErrorKind.PROTOCOL, f"invalid HTTP response: {e}")
 
     def eof_received(self) -> None:
-        # the server closed its side; mark it before the transport closes the socket, so a
-        # launcher write (replayer.launcher) never reaches a closed (or reused) descriptor
-        with self.lock:
-            self.closed = True
+        self.closed = True
+        self.pool._cancel_launch(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.pool._cancel_launch(self)
         ex = self.ex
         if ex is None:
             return
@@ -241,39 +211,10 @@ class _Connection(asyncio.Protocol):
                 ex.done.set_exception(_Failure(kind, message))
 
     def _abort(self) -> None:
-        with self.lock:
-            self.closed = True
+        self.closed = True
+        self.pool._cancel_launch(self)
         if self.transport is not None:
             self.transport.abort()
-
-    def write_now(self, request: bytes | memoryview, upto: int | None = None) -> int | str:
-        """Launcher thread: write ``request`` (or its first ``upto`` bytes, GIL kept: see
-        ``_gil_keeping_write``) on the socket at once (non-blocking). A short write hands the
-        rest of ``request`` to the transport through the loop and returns ``len(request)``.
-        Returns the bytes done (written or handed over), or an error message."""
-        part = request if upto is None else request[:upto]
-        with self.lock:
-            if self.closed:
-                return "connection closed before the request was written"
-            try:
-                n = os.write(self.fd, part) if upto is None else _write_head(self.fd, part)
-            except BlockingIOError:
-                n = 0
-            except OSError as e:
-                return f"write failed: {type(e).__name__}: {e}"
-        if n < len(part):
-            self.pool.loop.call_soon_threadsafe(self._write_rest, memoryview(request)[n:])
-            return len(request)
-        return n
-
-    def fail_reserved(self, ex: _Exchange, message: str) -> None:
-        """Loop thread: the launcher could not write the reserved request ``ex``."""
-        if self.ex is ex:
-            self._finish_error(ErrorKind.DISCONNECT, message)
-
-    def _write_rest(self, rest: memoryview) -> None:
-        if not self.closed and self.transport is not None:
-            self.transport.write(bytes(rest))
 
     def check_stall(self) -> None:
         """Lazy read-timeout timer: fires once per timeout period, not per chunk."""
@@ -324,7 +265,6 @@ class Client:
         self._head = self._request_head((u.path or "/") + (f"?{u.query}" if u.query else ""))
         self._heads: dict[str, bytes] = {}
         self.usage_slack_tokens = usage_slack_tokens
-        self.loop: asyncio.AbstractEventLoop | None = None  # set by reserve (launcher writes go through it)
         self._connect_timeout = connect_timeout_s
         self._read_timeout_ns = int(read_timeout_s * 1e9) if read_timeout_s else None
         if retry_max < 0 or retry_backoff_s < 0:
@@ -337,9 +277,11 @@ class Client:
         self._spares_paused_until = 0  # no background connects before this (one failed)
         self.spare_target = 8  # idle connections kept ready in the background (0 = none)
         # results whose request has just gone out (first send, or its connect failed at the due
-        # time), for live dispatch-lag accounting at send time; the owner drains it (appended
-        # from the launcher thread too: deque appends are thread-safe; bounded if never drained)
+        # time), for live dispatch-lag accounting at send time; the owner drains it (bounded if
+        # never drained)
         self.dispatched: deque[RequestResult] = deque(maxlen=1 << 16)
+        self._launcher: Launcher | None = None
+        self._launches: dict[int, tuple] = {}  # launcher token -> (req, res, conn, ex, request bytes)
 
     def _request_head(self, path: str) -> bytes:
         head = (f"POST {path} HTTP/1.1\r\nHost: {self._host_header}\r\nUser-Agent: replayer\r\n"
@@ -444,54 +386,78 @@ class Client:
         else:
             self._idle.append(c)
 
+    def use_launcher(self, launcher: Launcher) -> None:
+        """Write reserved requests through ``launcher`` (started with ``self.on_launched`` as its
+        report handler): see ``reserve`` and ``launch``."""
+        self._launcher = launcher
+
     def reserve(self, req: PreparedRequest, res: RequestResult) -> tuple | None:
-        """Loop thread: bind ``req`` to an idle keep-alive connection and build its bytes, to be
-        written later by ``write_reserved`` from the launcher thread (``replayer.launcher``).
-        None when no idle plain-HTTP connection is ready (then ``send`` writes it as usual).
-        Pass the returned handle to ``send(req, res, reserved)``."""
+        """Bind ``req`` to an idle keep-alive connection and build its bytes, to be written at
+        its due time by the launcher process (``launch``; ``replayer.launcher``). None when no
+        launcher runs or no idle plain-HTTP connection is ready (then ``send`` writes it as
+        usual). Pass the returned handle to ``launch`` and then to ``send(req, res, reserved)``."""
+        if self._launcher is None or not self._launcher.running:
+            return None
         conn = self._idle_connection()
         if conn is None:
             return None
         if conn.fd < 0:  # TLS: only the transport can write
             self._idle.append(conn)
             return None
-        self.loop = asyncio.get_running_loop()
-        ex = _Exchange(self.loop.create_future(), self._read_timeout_ns)
+        ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns)
         request = self._request_bytes(req)
         conn.ex = ex  # the connection is ours from now on
         res.connect_ms = 0.0
         return conn, ex, request, len(request) - len(req.body)
 
-    def write_reserved(self, req: PreparedRequest, res: RequestResult,
-                       reserved: tuple) -> Callable[[], None] | None:
-        """Launcher thread, at the due time: stamp ``sent_ns`` and write the reserved request's
-        head (request line and headers); returns the follow-up that writes its body (None when
-        nothing is left). The launcher starts every request due at one instant before it writes
-        any body, as independent clients would: one 12k-token body takes ~50 us to write on
-        loopback, so a burst of 20 written whole one after another starts its last request
-        ~1 ms late. A failure fails the exchange (through the loop), as a disconnect before any
-        response byte."""
+    def launch(self, at_ns: int, req: PreparedRequest, res: RequestResult, reserved: tuple) -> None:
+        """Queue the reserved request's write in the launcher for ``at_ns`` (``now_ns`` clock).
+        The launcher writes its head at that time (every request due then starts before any
+        body goes; see ``replayer.launcher``); ``on_launched`` records it."""
         conn, ex, request, head_len = reserved
-        if conn.closed:  # cancelled at shutdown, or the server closed it: the loop records why
-            self.loop.call_soon_threadsafe(conn.fail_reserved, ex, "connection closed before the request was written")
-            return None
-        sent = now_ns()
-        res.sent_ns = sent - self.t0_ns
-        res.dispatch_lag_ms = (res.sent_ns - req.due_ns) / 1e6
-        ex.last_ns = sent
-        done = conn.write_now(request, head_len)
-        self.dispatched.append(res)
-        if type(done) is str:
-            self.loop.call_soon_threadsafe(conn.fail_reserved, ex, done)
-            return None
-        if done >= len(request):
-            return None
+        if conn.closed:  # the server closed it since reserve: the exchange has failed already
+            return
+        token = self._launcher.submit(at_ns, conn.fd, request, head_len)  # type: ignore[union-attr]
+        self._launches[token] = (req, res, conn, ex, request)
+        conn.launch = token
 
-        def body() -> None:
-            err = conn.write_now(memoryview(request)[done:])
-            if type(err) is str:
-                self.loop.call_soon_threadsafe(conn.fail_reserved, ex, err)
-        return body
+    def on_launched(self, token: int, sent: int, written: int, err: int) -> None:
+        """The launcher's report on the write ``token``: stamp ``sent_ns`` (just before the
+        first byte) and write what the socket did not take, or fail the exchange as a disconnect
+        before any response byte."""
+        item = self._launches.pop(token, None)
+        if item is None:
+            return
+        req, res, conn, ex, request = item
+        conn.launch = 0
+        if err:
+            what = "the launcher process exited" if err == errno.ECHILD else os.strerror(err)
+            if conn.ex is ex:
+                conn._finish_error(ErrorKind.DISCONNECT, f"write failed: {what}")
+        else:
+            res.sent_ns = sent - self.t0_ns
+            res.dispatch_lag_ms = (res.sent_ns - req.due_ns) / 1e6
+            if sent > ex.last_ns:
+                ex.last_ns = sent
+            self.dispatched.append(res)
+            if written < len(request):
+                if ex.done.done():  # answered before its body went out: the stream is out of step
+                    conn._abort()
+                elif not conn.closed and conn.transport is not None:
+                    conn.transport.write(memoryview(request)[written:])
+        _reported(ex)
+
+    def _cancel_launch(self, conn: _Connection) -> None:
+        """``conn`` is closing: drop its write queued in the launcher, if any (the exchange
+        fails through the connection)."""
+        token = conn.launch
+        if token:
+            conn.launch = 0
+            item = self._launches.pop(token, None)
+            if self._launcher is not None:
+                self._launcher.cancel(token)
+            if item is not None:
+                _reported(item[3])
 
     def _request_bytes(self, req: PreparedRequest) -> bytes:
         """The whole HTTP request: head (with Content-Length) and ``req.body``."""
@@ -512,7 +478,7 @@ class Client:
         return ex
 
     async def send(self, req: PreparedRequest, res: RequestResult, reserved: tuple | None = None) -> RequestResult:
-        """Send ``req`` (with ``reserved`` from ``reserve``: the launcher thread writes it; this
+        """Send ``req`` (with ``reserved`` from ``reserve``: the launcher process writes it; this
         only waits), stream its response and fill ``res`` (returned). Request failures are
         recorded in ``res``; ``asyncio.CancelledError`` marks ``res`` cancelled and propagates.
         Retryable failures are retried per the policy (module docstring), counted in ``res.retries``."""
@@ -557,7 +523,13 @@ class Client:
                                          f"{type(e).__name__}: {e}") from None
                 ex = self._write(req, res, conn, t_start)
             await ex.done
-            sent = res.sent_ns + t0  # type: ignore[operator]
+            if res.sent_ns is None and reserved is not None and conn.launch:
+                # the response ended before the launcher's report was read (a stalled loop)
+                ex.sent = asyncio.get_running_loop().create_future()
+                await ex.sent
+            if res.sent_ns is None:  # the exchange failed before it was written
+                raise _Failure(ErrorKind.DISCONNECT, "connection closed before the request was written")
+            sent = res.sent_ns + t0
             res.end_ns = now_ns() - t0
             res.http_status = ex.status
             acc = ex.acc
@@ -614,6 +586,12 @@ class Client:
             if conn is not None:
                 self._release(conn)
         return retry
+
+
+def _reported(ex: _Exchange) -> None:
+    """Wake an ``_attempt`` waiting for the launcher's report on ``ex`` (see ``Client.send``)."""
+    if ex.sent is not None and not ex.sent.done():
+        ex.sent.set_result(None)
 
 
 def _retry_after_s(value: bytes | None) -> float:

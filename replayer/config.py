@@ -76,7 +76,7 @@ class RunConfig(BaseModel):
     read_timeout_s: float = Field(600.0, ge=0, description="longest silence within a response (0 = none)")
     ready_timeout_s: float = Field(60.0, ge=0, description="wait this long for the target to answer at start")
     drain_timeout_s: float = Field(30.0, ge=0, description="on stop, wait this long for in-flight requests")
-    launcher: bool = Field(True, description="write each request from a dedicated thread at its due time "
+    launcher: bool = Field(True, description="write each request from a launcher process at its due time "
                            "(plain HTTP; the event loop keeps reading the streams)")
     lead_s: float = Field(0.5, gt=0, le=60, description="build request bodies this far ahead of their due time")
     start_delay_s: float = Field(0.1, ge=0, description="anchor the schedule this long after start-up")

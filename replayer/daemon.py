@@ -327,7 +327,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     duration_ns = int(cfg.duration_s * 1e9) if cfg.duration_s else None
     dispatcher = Dispatcher(batches, factory.prepare, client.send, recorder.add, t0_ns=anchor.t0_ns,
                             timeline=timeline, unsent=factory.unsent, observer=acct, gate=gate,
-                            reserve=client.reserve, launcher=launcher, write=client.write_reserved,
+                            reserve=client.reserve, launch=client.launch,
                             expect=client.expect,
                             lead_ns=int(cfg.lead_s * 1e9),
                             drain_timeout_s=cfg.drain_timeout_s, duration_ns=duration_ns,
@@ -368,12 +368,17 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
              cfg.trace, n_rows, cfg.loop, cfg.shard, target, model, cfg.speedup, results_dir)
     try:
         await client.start()
+        if launcher is not None:
+            try:
+                await launcher.start(client.on_launched)
+                client.use_launcher(launcher)
+                log.info("launcher process started (%s priority)", launcher.priority)
+            except (OSError, RuntimeError) as e:
+                log.warning("launcher process failed to start (%s); the event loop writes every request", e)
         if cfg.warm_connections:
             opened = await client.warm_up(cfg.warm_connections)
             log.info("opened %d keep-alive connections ahead of the first request", opened)
         state.state = "running"
-        if launcher is not None:
-            launcher.start()
         await dispatcher.run()
     finally:
         if launcher is not None:

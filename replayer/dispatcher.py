@@ -28,7 +28,6 @@ from .clock import SPIN_NS, now_ns, sleep_until
 from .errors import ErrorKind, Outcome
 from .payload import PreparedRequest
 from .result import RequestResult
-from .launcher import Launcher
 from .schedule import ScheduleBatch, Timeline
 from .sessions import SessionGate
 
@@ -85,9 +84,9 @@ class Dispatcher:
     trace time to due time (shared with the control API). ``duration_ns``: stop issuing requests
     due at or after this offset. ``lead_ns``: how far ahead bodies are built. ``gate``: holds a
     turn back until its predecessor ended (``replayer.sessions``; None = no sessions).
-    ``reserve``/``launcher``/``write``: requests outside sessions are handed to the launcher
-    thread ``launch_ahead_ns`` before their due time (``Client.reserve``/``Client.write_reserved``),
-    which writes them on time even while the loop is busy with a burst of stream reads.
+    ``reserve``/``launch``: requests outside sessions are handed to the launcher process
+    ``launch_ahead_ns`` before their due time (``Client.reserve``/``Client.launch``), which writes
+    them on time even while the loop is busy with a burst of stream reads.
     ``expect(n)``: told how many requests are due within ``connect_ahead_ns`` (when a request
     enters that horizon, and at most every millisecond; ``Client.expect`` opens connections for
     them ahead of time).
@@ -103,7 +102,7 @@ class Dispatcher:
                  rebase_first: bool = False, on_idle: Callable[[int], None] | None = None,
                  shard: int = 0, gate: SessionGate | None = None,
                  reserve: Callable[[PreparedRequest, RequestResult], object] | None = None,
-                 launcher: Launcher | None = None, write: Callable[..., None] | None = None,
+                 launch: Callable[..., None] | None = None,
                  launch_ahead_ns: int = 50_000_000, expect: Callable[[int], None] | None = None,
                  connect_ahead_ns: int = 100_000_000) -> None:
         self._feeder = BatchFeeder(batches)
@@ -127,12 +126,11 @@ class Dispatcher:
         self._tasks: set[asyncio.Task] = set()
         self._pending: deque[tuple[PreparedRequest, int]] = deque()  # (request, trace_ns)
         self._gate = gate
-        # hand-over to the launcher thread (replayer.launcher): reserve(req, res) binds a request
-        # to a connection (None: not possible now), write(req, res, handle) is called by the
-        # launcher at the due time, send(req, res, handle) then only waits for the response
-        self._reserve = reserve if launcher is not None else None
-        self._launcher = launcher
-        self._write = write
+        # hand-over to the launcher process (replayer.launcher): reserve(req, res) binds a
+        # request to a connection (None: not possible now), launch(at_ns, req, res, handle) queues
+        # its write for the due time, send(req, res, handle) then only waits for the response
+        self._reserve = reserve if launch is not None else None
+        self._launch = launch
         self.launch_ahead_ns = launch_ahead_ns
         self._expect = expect
         self.connect_ahead_ns = connect_ahead_ns
@@ -226,7 +224,7 @@ class Dispatcher:
                     self._fire(heapq.heappop(delayed)[2], now)
                 await asyncio.sleep(0)
                 continue
-            # 1b. hand the requests due soon to the launcher thread
+            # 1b. hand the requests due soon to the launcher
             if self._reserve is not None and pending and not tl.paused:
                 handed = False
                 while pending and self._launchable(pending[0][0]) \
@@ -292,10 +290,7 @@ class Dispatcher:
                 wake, precise = self._delayed[0][0], True
             left = wake - self.now_rel()
             if self._on_idle is not None and left > 0:
-                # the slack ends at the next write too, handed-over ones included (a collection
-                # holds the GIL, which the launcher thread needs to write)
-                at = self._launcher.next_at() if self._launcher is not None else None
-                self._on_idle(left if at is None else min(left, at - now_ns()))
+                self._on_idle(left)
                 left = wake - self.now_rel()
             if left > 2 * SPIN_NS:
                 self._changed.clear()
@@ -333,8 +328,7 @@ class Dispatcher:
         reserved = self._reserve(req, res)  # type: ignore[misc]
         if reserved is None:
             return False
-        write = self._write
-        self._launcher.submit(self.t0_ns + req.due_ns, lambda: write(req, res, reserved))  # type: ignore[union-attr,misc]
+        self._launch(self.t0_ns + req.due_ns, req, res, reserved)  # type: ignore[misc]
         self._start_task(req, res, reserved)
         return True
 

@@ -1,158 +1,213 @@
-"""Writes due requests at their due time from a thread of their own.
+"""Writes due requests at their due time from a process of their own.
 
 Why: the event loop handles the response streams. Under load a server's token tick makes ~100
 connections readable at once, and the loop spends a few milliseconds on that burst; a request due
-during it would wait for the burst to end (dispatch error p99 ~4 ms on issue 7's workload). Here
-the dispatcher hands each request over ``launch_ahead_ns`` (50 ms) before its due time, already
-bound to an idle keep-alive connection with its bytes built (``Client.reserve``; connections for
-the requests due soon are opened ahead, ``Client.expect``); this thread sleeps to the due time (a
-timed condition wait to ``spin_ns`` before it, then a short spin) and writes the request with
-non-blocking writes on the connection's socket (``Client.write_reserved``): first the head of
-every request due by then, then their bodies, so a burst due at one instant starts together as
-independent clients would (a 12k-token body takes ~50 us to write on loopback). uvloop runs the
-loop with the GIL released and takes it per callback, and the interpreter's switch interval is
-lowered (``switch_interval_s``) so this thread gets the GIL within a fraction of a millisecond.
-The thread runs at real-time priority where the OS permits (``_raise_priority``). The loop
-thread still reads and measures every response; only the write moves.
+during it would wait for the burst to end (dispatch error p99 ~4 ms on issue 7's workload). A
+thread in the same process is not enough: it shares the GIL with the loop, and each head of a
+burst waited its turn for it (the median gap between two heads of a burst was 30 us, ~10 us of it
+GIL hand-over, and one gap in 14 was over 100 us). So the writes happen in a small child process
+(``replayer.launchproc``: standard library only, ~10 MB) with its own interpreter.
 
-Measured on issue 7's workload (bench/fidelity W1, 2 cores shared with the server): dispatch
-error p50 0.09-0.26 ms, p99 0.76-2.3 ms (the higher values on runs where the server's own pacing
-p99 was near 2 ms), max 1-3.6 ms; p99 2.5-4.2 ms, max 4-16 ms without (``--no-launcher``). The
-stress slice at 160x (470 requests/s): p99 1.0-2.7 ms.
+How: the dispatcher binds each request to an idle keep-alive connection ``launch_ahead_ns`` (50 ms)
+before its due time, with its bytes built (``Client.reserve``), and ``Launcher.submit`` sends the
+child a frame: the due time, the request's bytes and a duplicate of the socket's descriptor
+(``SCM_RIGHTS`` over a Unix socket pair). The child sleeps to the due time (``poll``, then
+``time.sleep``, then a spin over the last ``spin_ns``), writes the head (request line and headers)
+of every request due by then, then their bodies (non-blocking: a burst due at one instant starts
+together, as independent clients would), closes its descriptors and reports per request the time
+just before its first byte and the bytes written. The loop (``Client``) records the send and
+writes what the child could not (a full socket buffer) through the connection's transport. The
+child runs at real-time priority where the OS permits (root or ``CAP_SYS_NICE``: SCHED_FIFO 1,
+else nice -10). The loop still reads and measures every response; only the write moves.
 
-Plain HTTP only (TLS bytes must go through the transport's SSL object): ``Client.reserve``
-returns None for ``https`` targets, and for any request without an idle connection; those are
-written by the loop as before.
+A request whose connection is closed before its due time is cancelled (``cancel``): the child
+drops it and closes its descriptor, so the socket goes away with the loop's. The child exits when
+its socket pair closes (the parent stopped or died).
+
+Clock: ``replayer.clock.now_ns`` (``time.perf_counter_ns``: ``CLOCK_MONOTONIC`` on Linux, one
+clock for every process). POSIX systems with descriptor passing; plain HTTP only (TLS bytes must
+go through the transport's SSL object).
 """
 
 from __future__ import annotations
 
-import heapq
-import logging
+import array
+import asyncio
+import errno
 import os
+import socket
+import subprocess
 import sys
-import threading
+from collections import deque
 from collections.abc import Callable
 
-from .clock import now_ns
+from .launchproc import CANCEL, FRAME, PRIORITIES, REPORT, STOP, WRITE
 
-log = logging.getLogger(__name__)
-
-#: a launch: called at its due time, it may return a follow-up to call after the burst's launches
-Launch = Callable[[], "Callable[[], None] | None"]
+#: the loop's handler for a report: (token, sent_ns or 0, bytes written, errno)
+Report = Callable[[int, int, int, int], None]
 
 
 class Launcher:
-    """One daemon thread that calls ``fn()`` at absolute times on ``clock.now_ns``.
+    """Handle on the launcher child process (parent side, event-loop thread only).
 
-    ``submit(at_ns, fn)`` from any thread; calls happen in time order, never before ``at_ns``.
-    ``fn`` may return a follow-up callable: it runs once every item due by then has been called
-    (so the writes of a burst due at one instant all start before any finishes; see
-    ``Client.write_reserved``).
-    ``stop()`` ends the thread; items not yet called are dropped (the dispatcher hands over only
-    requests due within 50 ms and drains them before the daemon stops this).
-    ``launched`` counts calls; ``lateness_ns`` is the last call's lateness. ``priority``:
-    ``fifo`` (real-time where permitted, else nice -10), ``nice`` or ``default``; the one obtained
-    is in ``self.priority`` once the thread runs."""
+    ``await start(on_report)`` spawns the child and waits for it (``priority`` then says what it
+    got: ``fifo``, ``nice`` or ``default``). ``submit(at_ns, fd, data, head_len)`` queues a write
+    of ``data`` (bytes: head of ``head_len`` bytes, then body) on a duplicate of socket ``fd`` at
+    ``at_ns`` (``now_ns`` clock) and returns its token (int > 0); ``on_report(token, sent_ns,
+    written, err)`` is called on the loop once the child has written it: ``sent_ns`` the time just
+    before its first byte, ``written`` the bytes the socket took (the caller writes the rest),
+    ``err`` an errno (then ``written`` is 0 and ``sent_ns`` the attempt's time). ``cancel(token)``
+    drops a queued write (no report follows once the child has it). ``stop()`` ends the child;
+    queued writes are dropped. ``launched`` counts reports; ``lateness_ns`` is the last one's
+    lateness. ``policy``: ``fifo`` (real-time where permitted, else nice -10), ``nice`` or
+    ``default``. Raises ``OSError``/``RuntimeError`` from ``start`` when the child cannot run."""
 
-    def __init__(self, *, spin_ns: int = 150_000, switch_interval_s: float = 0.0002,
-                 priority: str = "fifo") -> None:
+    def __init__(self, *, spin_ns: int = 150_000, priority: str = "fifo") -> None:
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {PRIORITIES}")
         self._policy = priority
-        self.priority = "default"
-        self._heap: list[tuple[int, int, Launch]] = []
-        self._seq = 0
-        self._cv = threading.Condition()
-        self._stopped = False
         self._spin_ns = spin_ns
-        self._switch = switch_interval_s
-        self._old_switch = sys.getswitchinterval()
-        self._thread = threading.Thread(target=self._run, name="replayer-launcher", daemon=True)
+        self.priority = "default"
         self.launched = 0
         self.lateness_ns = 0
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_report: Report | None = None
+        self._token = 0
+        self._due: dict[int, int] = {}  # token -> due time, for lateness
+        self._out: deque[tuple[memoryview, int]] = deque()  # frames the socket did not take yet
+        self._in = bytearray()
+        self._writing = False
 
-    def start(self) -> None:
-        sys.setswitchinterval(self._switch)
-        self._thread.start()
+    async def start(self, on_report: Report, timeout_s: float = 30.0) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "replayer.launchproc", str(child.fileno()), str(self._spin_ns),
+                 self._policy], pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+        finally:
+            child.close()
+        parent.setblocking(False)
+        self._sock, self._on_report = parent, on_report
+        self._loop = loop = asyncio.get_running_loop()
+        try:
+            hello = await asyncio.wait_for(loop.sock_recv(parent, REPORT.size), timeout_s)
+        except asyncio.TimeoutError:
+            self.stop()
+            raise RuntimeError(f"the launcher process did not start within {timeout_s:g} s") from None
+        if len(hello) < REPORT.size:  # (a report is 32 bytes: one recv gets it whole)
+            self.stop()
+            raise RuntimeError(f"the launcher process exited at start (status {self._proc.wait()})")
+        self.priority = PRIORITIES[REPORT.unpack(hello)[2]]
+        loop.add_reader(parent, self._read)
 
-    def stop(self) -> None:
-        with self._cv:
-            self._stopped = True
-            self._cv.notify()
-        if self._thread.ident is not None:  # started
-            self._thread.join(5)
-            sys.setswitchinterval(self._old_switch)
-
-    def submit(self, at_ns: int, fn: Launch) -> None:
-        with self._cv:
-            self._seq += 1
-            heapq.heappush(self._heap, (at_ns, self._seq, fn))
-            if self._heap[0][1] == self._seq:
-                self._cv.notify()
-
-    def _raise_priority(self) -> None:
-        """Where the OS permits it (root or CAP_SYS_NICE), run this thread at a higher priority
-        than the loop thread, so the scheduler wakes it on time on a busy machine: real-time
-        SCHED_FIFO priority 1 (it sleeps between writes and spins at most ``spin_ns``), else
-        nice -10, else unchanged (``priority`` says which)."""
-        tid = threading.get_native_id()
-        order = {"fifo": ("fifo", "nice"), "nice": ("nice",)}.get(self._policy, ())
-        for policy in order:
-            try:
-                if policy == "fifo":  # real-time: preempts ordinary threads at once on wake-up
-                    os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1))
-                else:
-                    os.setpriority(os.PRIO_PROCESS, tid, -10)
-            except (AttributeError, OSError):
-                continue
-            self.priority = policy
-            return
+    @property
+    def running(self) -> bool:
+        return self._sock is not None
 
     def pending(self) -> int:
-        return len(self._heap)
+        """Writes submitted and not yet reported or cancelled."""
+        return len(self._due)
 
-    def next_at(self) -> int | None:
-        """The time (``now_ns`` clock) of the next call, or None when none is waiting."""
-        heap = self._heap
-        return heap[0][0] if heap else None
+    def submit(self, at_ns: int, fd: int, data: bytes, head_len: int) -> int:
+        self._token += 1
+        token = self._token
+        self._due[token] = at_ns
+        dup = os.dup(fd)  # the loop may close ``fd`` (and reuse its number) before the frame goes
+        self._send(FRAME.pack(WRITE, token, at_ns, head_len, len(data)) + data, dup)
+        return token
 
-    def _run(self) -> None:
-        self._raise_priority()
-        heap, cv, spin = self._heap, self._cv, self._spin_ns
-        while True:
-            with cv:
-                while not self._stopped and not heap:
-                    cv.wait()
-                if self._stopped:
-                    return
-                at = heap[0][0]
-                left = at - now_ns()
-                if left > spin:
-                    cv.wait((left - spin) / 1e9)  # woken early by a sooner item or stop
-                    continue
-                _, _, fn = heapq.heappop(heap)
-            while now_ns() < at:  # the last ~0.15 ms: spin (time.sleep overshoots by ~60 us)
+    def cancel(self, token: int) -> None:
+        if self._due.pop(token, None) is not None and self._sock is not None:
+            self._send(FRAME.pack(CANCEL, token, 0, 0, 0), -1)
+
+    def stop(self) -> None:
+        sock, proc = self._sock, self._proc
+        self._sock = None
+        if sock is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(sock)
+                if self._writing:
+                    self._loop.remove_writer(sock)
+            for _, fd in self._out:
+                if fd >= 0:
+                    os.close(fd)
+            self._out.clear()
+            try:
+                sock.send(FRAME.pack(STOP, 0, 0, 0, 0))
+            except OSError:
                 pass
-            self.lateness_ns = now_ns() - at
-            rest: list[Callable[[], None]] = []
-            while True:
-                follow = _call(fn)
-                self.launched += 1
-                if follow is not None:
-                    rest.append(follow)
-                # every item due by now starts before any rest goes: a burst's heads go first
-                with cv:
-                    if not heap or heap[0][0] > now_ns() or self._stopped:
-                        break
-                    fn = heapq.heappop(heap)[2]
-            for follow in rest:
-                _call(follow)
+            sock.close()  # the child exits on either
+        if proc is not None:
+            try:
+                proc.wait(2)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._due.clear()
 
+    # -- channel -------------------------------------------------------------------------------
+    def _send(self, frame: bytes, fd: int) -> None:
+        if self._sock is None:
+            if fd >= 0:
+                os.close(fd)
+            raise RuntimeError("the launcher process is not running")
+        self._out.append((memoryview(frame), fd))
+        if not self._writing:
+            self._flush()
 
-def _call(fn: Callable[[], object]) -> object:
-    """``fn()``, or None when it raised (logged: a bug must not kill the thread; the launches
-    record their own failures)."""
-    try:
-        return fn()
-    except Exception:  # noqa: BLE001
-        log.exception("launcher: write failed")
-        return None
+    def _flush(self) -> None:
+        out, sock = self._out, self._sock
+        while out and sock is not None:
+            view, fd = out[0]
+            try:
+                if fd >= 0:
+                    n = sock.sendmsg([view], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+                else:
+                    n = sock.send(view)
+            except BlockingIOError:
+                n = 0
+            except OSError:  # the child is gone: _read sees it and fails what was queued
+                return
+            if n and fd >= 0:
+                os.close(fd)  # the child has its own copy now
+                fd = -1
+            if n < len(view):
+                out[0] = (view[n:], fd)
+                if not self._writing:
+                    self._writing = True
+                    self._loop.add_writer(sock, self._flush)  # type: ignore[union-attr]
+                return
+            out.popleft()
+        if self._writing:
+            self._writing = False
+            self._loop.remove_writer(sock)  # type: ignore[union-attr]
+
+    def _read(self) -> None:
+        sock = self._sock
+        try:
+            data = sock.recv(1 << 16)  # type: ignore[union-attr]
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # the child died: every write it held fails
+            lost = list(self._due)
+            self.stop()
+            for token in lost:
+                self._on_report(token, 0, 0, errno.ECHILD)  # type: ignore[misc]
+            return
+        buf = self._in
+        buf += data
+        n = len(buf) // REPORT.size * REPORT.size
+        due, on_report = self._due, self._on_report
+        for token, sent, written, err in REPORT.iter_unpack(memoryview(buf)[:n]):
+            at = due.pop(token, None)
+            if at is None:  # cancelled meanwhile
+                continue
+            self.launched += 1
+            if sent:
+                self.lateness_ns = sent - at
+            on_report(token, sent, written, err)  # type: ignore[misc]
+        del buf[:n]

@@ -38,8 +38,8 @@ def _atomic_write_table(table: pa.Table, path: str, *, buffered: bool = True) ->
     """Write ``table`` to ``path`` (zstd Parquet) through a temporary file and a rename.
 
     ``buffered``: encode into an Arrow memory buffer, then write it with one Python file write.
-    Handing ``pq.write_table`` the path instead stalled the event loop and the launcher thread
-    for 20-40 ms per flush at 470 requests/s (issue 7's stress slice at 160x: dispatch error p99
+    Handing ``pq.write_table`` the path instead stalled the event loop (and then the writes
+    it hands to the launcher) for 20-40 ms per flush at 470 requests/s (issue 7's stress slice at 160x: dispatch error p99
     13-40 ms with it, ~1 ms buffered). Rolls of many parts pass False: they stream through a
     Python file object instead of holding the whole file in memory."""
     tmp = path + ".tmp"

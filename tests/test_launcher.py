@@ -1,9 +1,15 @@
-"""The launcher thread writes due requests at their due time; the loop keeps the responses."""
+"""The launcher process writes due requests at their due time; the loop keeps the responses.
+
+Its writes go to real sockets on 127.0.0.1: an asyncio server that records what each connection
+received and when, or the embedded simulator for whole replays."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
+import errno
+import os
+import signal
+import socket
 
 import numpy as np
 
@@ -20,53 +26,182 @@ from replayer.sim import SimConfig, SimServer
 PROMPTS = PromptBuilder(seed=0, block_size=16)
 
 
-def test_calls_come_in_time_order_and_never_early():
-    launcher = Launcher(priority="default")
-    launcher.start()
-    calls: list[tuple[int, int]] = []
-    done = threading.Event()
-    t0 = now_ns() + 20_000_000
-    ats = [t0 + k * 3_000_000 for k in (5, 0, 3, 1, 4, 2)]  # submitted out of order
-    def call(at: int) -> None:
-        calls.append((at, now_ns()))
-        if len(calls) == 6:
-            done.set()
+class _Sink(asyncio.Protocol):
+    """Server side of one connection: the time of its first byte and every byte it got."""
 
-    for at in ats:
-        launcher.submit(at, lambda at=at: call(at))
-    assert done.wait(5)
-    launcher.stop()
-    assert [a for a, _ in calls] == sorted(ats)
-    assert all(called >= at for at, called in calls)
-    assert launcher.launched == 6 and launcher.pending() == 0
+    def __init__(self, log: list) -> None:
+        self.first = 0
+        self.data = bytearray()
+        log.append(self)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.first:
+            self.first = now_ns()
+        self.data += data
 
 
-def test_a_burst_due_at_one_instant_starts_every_launch_before_any_follow_up():
-    launcher = Launcher(priority="default")
-    launcher.start()
-    calls: list[tuple[str, int, int]] = []
-    done = threading.Event()
-    at = now_ns() + 20_000_000
-    later = at + 30_000_000
+async def _sockets(n: int, *, rcvbuf: int | None = None):
+    """``n`` connected client sockets to a recording server: (server, client sockets, sinks in
+    the order the sockets connected)."""
+    sinks: list[_Sink] = []
+    server = await asyncio.get_running_loop().create_server(lambda: _Sink(sinks), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        if rcvbuf:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, rcvbuf)
+        s.connect(("127.0.0.1", port))
+        s.setblocking(False)
+        socks.append(s)
+        while len(sinks) < len(socks):
+            await asyncio.sleep(0.001)
+    return server, socks, sinks
 
-    def launch(i: int, due: int):
-        calls.append(("head", i, now_ns() - due))
 
-        def follow() -> None:
-            calls.append(("body", i, now_ns() - due))
-            if len(calls) == 2 * 6:
-                done.set()
-        return follow
+def _reports():
+    got: dict[int, tuple[int, int, int]] = {}
+    event = asyncio.Event()
 
-    for i in range(5):
-        launcher.submit(at, lambda i=i: launch(i, at))
-    launcher.submit(later, lambda: launch(5, later))  # not due with the burst: its own turn
-    assert done.wait(5)
-    launcher.stop()
-    assert [c[:2] for c in calls] == ([("head", i) for i in range(5)] + [("body", i) for i in range(5)]
-                                      + [("head", 5), ("body", 5)])
-    assert all(lag >= 0 for _, _, lag in calls)
-    assert launcher.launched == 6
+    def on_report(token: int, sent: int, written: int, err: int) -> None:
+        got[token] = (sent, written, err)
+        event.set()
+    return got, event, on_report
+
+
+async def _until(pred, timeout_s: float = 5.0) -> None:
+    end = now_ns() + int(timeout_s * 1e9)
+    while not pred():
+        assert now_ns() < end, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def test_writes_go_out_at_their_due_times_in_time_order_and_never_early():
+    async def main():
+        server, socks, sinks = await _sockets(6)
+        got, _, on_report = _reports()
+        launcher = Launcher(priority="default")
+        await launcher.start(on_report)
+        try:
+            t0 = now_ns() + 50_000_000
+            ats = [t0 + k * 5_000_000 for k in (5, 0, 3, 1, 4, 2)]  # submitted out of order
+            tokens = [launcher.submit(at, s.fileno(), b"HEAD%d|" % i + b"x" * 1000, 6)
+                      for i, (at, s) in enumerate(zip(ats, socks))]
+            for s in socks:
+                s.close()  # the child holds its own copies: the writes still go out
+            await _until(lambda: len(got) == 6 and all(len(k.data) == 1006 for k in sinks))
+            return ats, tokens, got, sinks, launcher.launched, launcher.pending()
+        finally:
+            launcher.stop()
+            server.close()
+
+    ats, tokens, got, sinks, launched, pending = asyncio.run(main())
+    assert launched == 6 and pending == 0
+    for i, (at, token) in enumerate(zip(ats, tokens)):
+        sent, written, err = got[token]
+        assert (written, err) == (1006, 0)
+        assert at <= sent < at + 20_000_000  # never early (and not lost in a queue)
+        assert at <= sinks[i].first and bytes(sinks[i].data) == b"HEAD%d|" % i + b"x" * 1000
+    by_due = sorted(range(6), key=lambda i: ats[i])
+    assert [got[tokens[i]][0] for i in by_due] == sorted(got[t][0] for t in tokens)
+
+
+def test_a_cancelled_write_never_reaches_the_socket():
+    async def main():
+        server, socks, sinks = await _sockets(2)
+        got, _, on_report = _reports()
+        launcher = Launcher(priority="default")
+        await launcher.start(on_report)
+        try:
+            at = now_ns() + 60_000_000
+            keep = launcher.submit(at, socks[0].fileno(), b"kept", 4)
+            drop = launcher.submit(at, socks[1].fileno(), b"dropped", 7)
+            launcher.cancel(drop)
+            await _until(lambda: keep in got)
+            await asyncio.sleep(0.05)
+            return keep, drop, got, [bytes(k.data) for k in sinks], launcher.pending()
+        finally:
+            launcher.stop()
+            server.close()
+            for s in socks:
+                s.close()
+
+    keep, drop, got, data, pending = asyncio.run(main())
+    assert data == [b"kept", b""] and drop not in got and pending == 0
+
+
+def test_a_write_the_socket_cannot_take_whole_is_reported_short():
+    # 4 MB against a small send buffer and a reader that does not keep up: the child writes
+    # what the socket takes without blocking and says how much (the Client writes the rest)
+    async def main():
+        server, socks, sinks = await _sockets(1, rcvbuf=4096)
+        got, event, on_report = _reports()
+        launcher = Launcher(priority="default")
+        await launcher.start(on_report)
+        try:
+            data = b"H" * 100 + os.urandom(4 << 20)
+            token = launcher.submit(now_ns() + 20_000_000, socks[0].fileno(), data, 100)
+            await asyncio.wait_for(event.wait(), 5)
+            return got[token], len(data)
+        finally:
+            launcher.stop()
+            server.close()
+            socks[0].close()
+
+    (sent, written, err), size = asyncio.run(main())
+    assert err == 0 and 100 <= written < size
+
+
+def test_a_write_on_a_closed_socket_reports_its_error():
+    async def main():
+        server, socks, sinks = await _sockets(1)
+        got, event, on_report = _reports()
+        launcher = Launcher(priority="default")
+        await launcher.start(on_report)
+        try:
+            socks[0].shutdown(socket.SHUT_WR)  # the child's copy shares the shut-down socket
+            token = launcher.submit(now_ns() + 20_000_000, socks[0].fileno(), b"x" * 10, 10)
+            await asyncio.wait_for(event.wait(), 5)
+            return got[token]
+        finally:
+            launcher.stop()
+            server.close()
+            socks[0].close()
+
+    sent, written, err = asyncio.run(main())
+    assert err == errno.EPIPE and written == 0
+
+
+def test_the_writes_a_dead_child_held_fail_and_the_launcher_stops():
+    async def main():
+        server, socks, sinks = await _sockets(1)
+        got, event, on_report = _reports()
+        launcher = Launcher(priority="default")
+        await launcher.start(on_report)
+        try:
+            token = launcher.submit(now_ns() + 10_000_000_000, socks[0].fileno(), b"late", 4)
+            os.kill(launcher._proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
+            await asyncio.wait_for(event.wait(), 5)
+            return got[token], launcher.running
+        finally:
+            launcher.stop()
+            server.close()
+            socks[0].close()
+
+    (sent, written, err), running = asyncio.run(main())
+    assert err == errno.ECHILD and not running
+
+
+def test_the_child_exits_when_its_parent_goes_away():
+    async def main():
+        launcher = Launcher(priority="default")
+        await launcher.start(lambda *a: None)
+        proc = launcher._proc
+        launcher._sock.close()  # type: ignore[union-attr]  # as if the parent died
+        launcher._sock = None
+        return await asyncio.to_thread(proc.wait, 5)  # type: ignore[union-attr]
+
+    assert asyncio.run(main()) == 0
 
 
 class _Batch:
@@ -96,6 +231,8 @@ def _replay_through_the_launcher(ts: list[int], *, warm: int, expect: bool = Tru
         launcher = Launcher(priority="default")
         try:
             async with Client(url, t0_ns=now_ns()) as c:
+                await launcher.start(c.on_launched)
+                c.use_launcher(launcher)
                 await c.warm_up(warm)
                 anchor = Anchor.at(start_s)
                 c.t0_ns = anchor.t0_ns
@@ -103,9 +240,8 @@ def _replay_through_the_launcher(ts: list[int], *, warm: int, expect: bool = Tru
                 d = Dispatcher(iter_schedule(lambda: [_Batch(ts)]), prepare, c.send, results.append,
                                t0_ns=anchor.t0_ns, timeline=timeline,
                                unsent=lambda sb, j: RequestResult(row=int(sb.rows[j])),
-                               reserve=c.reserve, launcher=launcher, write=c.write_reserved,
+                               reserve=c.reserve, launch=c.launch,
                                expect=c.expect if expect else None)
-                launcher.start()
                 await asyncio.wait_for(d.run(), 20)
                 return results, launcher.launched
         finally:
@@ -119,17 +255,20 @@ def test_a_replay_through_the_launcher_sends_every_request_on_its_due_time():
     ts = [0, 0, 0, 15, 30, 30, 45, 60, 75, 90]
     results, launched = _replay_through_the_launcher(ts, warm=8)
     assert len(results) == len(ts) and all(r.outcome == "success" for r in results)
-    assert launched == len(ts)                          # every write went through the thread
+    assert launched == len(ts)                          # every write went through the launcher
     assert all(r.sent_ns >= r.due_ns for r in results)  # never early
     assert all(r.completion_tokens == 4 and r.ttft_ms > 0 for r in results)
 
 
 def test_a_reserved_request_whose_connection_closed_fails_as_a_disconnect():
     async def main():
-        sim = SimServer(SimConfig())
+        sim = SimServer(SimConfig(record_requests=True))
         url = await sim.start()
+        launcher = Launcher(priority="default")
         try:
             async with Client(url, t0_ns=now_ns()) as c:
+                await launcher.start(c.on_launched)
+                c.use_launcher(launcher)
                 await c.warm_up(1)
                 body = PayloadBuilder("m").body(PROMPTS.prompt_json([1], 16), 2)
                 req = PreparedRequest(index=0, row=0, due_ns=0, body=body, input_length=16, output_length=2,
@@ -137,15 +276,19 @@ def test_a_reserved_request_whose_connection_closed_fails_as_a_disconnect():
                 res = req.new_result(0)
                 reserved = c.reserve(req, res)
                 assert reserved is not None
+                c.launch(now_ns() + 30_000_000, req, res, reserved)
                 reserved[0]._abort()                     # the socket goes away before the write
-                c.write_reserved(req, res, reserved)
-                return await asyncio.wait_for(c.send(req, res, reserved), 5)
+                res = await asyncio.wait_for(c.send(req, res, reserved), 5)
+                await asyncio.sleep(0.05)
+                return res, launcher.launched, launcher.pending(), len(sim.records)
         finally:
+            launcher.stop()
             await sim.stop()
 
-    res = asyncio.run(main())
+    res, launched, pending, seen = asyncio.run(main())
     assert (res.outcome, res.error_kind) == ("failed", "disconnect")  # recorded, no hang, no crash
-    assert res.error
+    assert res.error and res.sent_ns is None
+    assert (launched, pending, seen) == (0, 0, 0)  # cancelled in the launcher: never written
 
 
 def test_connections_for_a_burst_larger_than_the_pool_are_opened_ahead():

@@ -1,0 +1,173 @@
+"""The launcher's child process: ``python -m replayer.launchproc FD SPIN_NS POLICY``.
+
+It receives requests with their due times and socket descriptors from the parent
+(``replayer.launcher.Launcher``) over the Unix socket ``FD``, writes each at its due time and
+reports back. Standard library only, so it starts in ~30 ms and stays ~10 MB; the wire format
+(``FRAME``/``REPORT``) is defined here. See ``replayer.launcher`` for the why and the protocol.
+"""
+
+from __future__ import annotations
+
+import array
+import errno
+import heapq
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+from collections import deque
+
+now_ns = time.perf_counter_ns  # = replayer.clock.now_ns (CLOCK_MONOTONIC, shared by processes)
+
+# parent -> child: kind, token, due time (ns, now_ns clock), head length, payload length; then
+# the payload (request bytes). A WRITE frame's first byte carries one descriptor (SCM_RIGHTS).
+FRAME = struct.Struct("<BxxxQqII")
+WRITE, CANCEL, STOP = 1, 2, 3
+# child -> parent: token, time just before the first byte (ns), bytes written, errno (0 = none)
+REPORT = struct.Struct("<Qqqi4x")
+HELLO = 0  # token of the child's first report: its "bytes written" is the priority obtained
+PRIORITIES = ("default", "nice", "fifo")
+_MAX_FDS = 256  # descriptors one recvmsg takes
+
+
+def _raise_priority(policy: str) -> int:
+    """Where the OS permits it (root or CAP_SYS_NICE), run above ordinary processes, so the
+    scheduler wakes this one on time on a busy machine: real-time SCHED_FIFO priority 1 (it sleeps
+    between writes and spins at most ``spin_ns``), else nice -10. Returns the index in
+    ``PRIORITIES`` of what it got."""
+    order = {"fifo": ("fifo", "nice"), "nice": ("nice",)}.get(policy, ())
+    for p in order:
+        try:
+            if p == "fifo":
+                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+            else:
+                os.setpriority(os.PRIO_PROCESS, 0, -10)
+        except (AttributeError, OSError):
+            continue
+        return PRIORITIES.index(p)
+    return 0
+
+
+class _Child:
+    """The child's state: frames received and not yet due (a heap of (due, token) and a dict
+    token -> (fd, data, head_len))."""
+
+    def __init__(self, sock: socket.socket, spin_ns: int) -> None:
+        self.sock = sock
+        self.spin_ns = spin_ns
+        self.heap: list[tuple[int, int]] = []
+        self.live: dict[int, tuple[int, bytes, int]] = {}
+        self.buf = bytearray()
+        self.fds: deque[int] = deque()
+        self.poll = select.poll()
+        self.poll.register(sock, select.POLLIN)
+        self.anc = socket.CMSG_SPACE(_MAX_FDS * 4)
+
+    def run(self) -> None:
+        heap, spin = self.heap, self.spin_ns
+        while True:
+            while heap and heap[0][1] not in self.live:  # cancelled
+                heapq.heappop(heap)
+            left = heap[0][0] - now_ns() if heap else -1
+            if not heap or left > 2_000_000:
+                # poll has ms resolution: wake 1-2 ms early, then sleep finely and spin
+                if self.poll.poll(-1 if not heap else (left - 1_000_000) // 1_000_000) and not self.read():
+                    return
+            elif left > spin:
+                if self.poll.poll(0) and not self.read():
+                    return
+                time.sleep((left - spin) / 1e9)  # overshoots by ~60 us: the spin absorbs it
+            else:
+                at = heap[0][0]
+                while now_ns() < at:  # the last ~0.15 ms
+                    pass
+                self.fire()
+
+    def read(self) -> bool:
+        """Take what the parent sent; False at its end (stop frame or closed socket)."""
+        try:
+            data, anc, _, _ = self.sock.recvmsg(1 << 20, self.anc)
+        except InterruptedError:
+            return True
+        if not data:
+            return False
+        for level, kind, cdata in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(cdata[:len(cdata) - len(cdata) % fds.itemsize])
+                self.fds.extend(fds)
+        buf = self.buf
+        buf += data
+        i, size = 0, len(buf)
+        while size - i >= FRAME.size:
+            kind, token, at, head_len, n = FRAME.unpack_from(buf, i)
+            if size - i - FRAME.size < n:
+                break
+            j = i + FRAME.size
+            if kind == WRITE:
+                self.live[token] = (self.fds.popleft(), bytes(buf[j:j + n]), head_len)
+                heapq.heappush(self.heap, (at, token))
+            elif kind == CANCEL:
+                item = self.live.pop(token, None)
+                if item is not None:
+                    os.close(item[0])
+            else:
+                return False
+            i = j + n
+        del buf[:i]
+        return True
+
+    def fire(self) -> None:
+        """Write every request due by now: all heads first, then the bodies; then report."""
+        heap, live = self.heap, self.live
+        started: list[tuple[int, int, int, bytes, int, int]] = []
+        while heap and heap[0][0] <= now_ns():
+            token = heapq.heappop(heap)[1]
+            item = live.pop(token, None)
+            if item is None:
+                continue
+            fd, data, head_len = item
+            err = 0
+            sent = now_ns()
+            try:
+                n = os.write(fd, memoryview(data)[:head_len])
+            except BlockingIOError:
+                n = 0
+            except OSError as e:
+                n, err = 0, e.errno or errno.EIO
+            started.append((token, sent, fd, data, n, err))
+        reports = []
+        for token, sent, fd, data, n, err in started:
+            if not err and n == head_len < len(data):  # (a short head: the parent writes the rest)
+                try:
+                    n += os.write(fd, memoryview(data)[n:])
+                except BlockingIOError:
+                    pass
+                except OSError as e:
+                    n, err = 0, e.errno or errno.EIO
+            os.close(fd)
+            reports.append(REPORT.pack(token, sent, n, err))
+        self.sock.sendall(b"".join(reports))
+
+
+def main(argv: list[str]) -> int:
+    fd, spin_ns, policy = int(argv[0]), int(argv[1]), argv[2]
+    # a Ctrl-C or a SIGTERM to the whole group must not drop the writes handed over before the
+    # parent's drain: the child ends when the parent closes the socket pair (or dies)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sock = socket.socket(fileno=fd)
+    got = _raise_priority(policy)
+    sock.sendall(REPORT.pack(HELLO, 0, got, 0))
+    try:
+        _Child(sock, spin_ns).run()
+    except (BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
