@@ -37,7 +37,6 @@ import errno
 import os
 import ssl
 from collections import deque
-from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -387,8 +386,9 @@ class Client:
             self._idle.append(c)
 
     def use_launcher(self, launcher: Launcher) -> None:
-        """Write reserved requests through ``launcher`` (started with ``self.on_launched`` as its
-        report handler): see ``reserve`` and ``launch``."""
+        """Write reserved requests through ``launcher`` (started and ready; its reports go to
+        ``on_launched``): see ``reserve`` and ``launch``."""
+        launcher.attach(self.on_launched)
         self._launcher = launcher
 
     def reserve(self, req: PreparedRequest, res: RequestResult) -> tuple | None:

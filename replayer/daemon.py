@@ -294,10 +294,14 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     # GC at moments of the dispatcher's choosing (replayer.gcpacer): never when a burst is due.
     gc_pacer = GcPacer()
     gc_pacer.start()
+    # the launcher process boots (~50 ms) while the first trace batch is read
+    launcher = _start_launcher() if cfg.launcher and target.startswith("http://") else None
     # read the first trace batch before anchoring, so the first requests are not late by its read
     first = await loop.run_in_executor(None, next, batches, None)
     if first is not None:
         batches = itertools.chain((first,), batches)
+    if launcher is not None:
+        launcher = await _launcher_ready(launcher)
     anchor = Anchor.at(cfg.start_delay_s, start_wall_s=cfg.start_at)
     timeline = Timeline(cfg.speedup)
 
@@ -323,7 +327,6 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                     retry_max=cfg.retry_max, retry_backoff_s=cfg.retry_backoff_s,
                     usage_slack_tokens=cfg.usage_slack_tokens)
     acct = _Accounting(state, metrics)
-    launcher = Launcher() if cfg.launcher and target.startswith("http://") else None
     duration_ns = int(cfg.duration_s * 1e9) if cfg.duration_s else None
     dispatcher = Dispatcher(batches, factory.prepare, client.send, recorder.add, t0_ns=anchor.t0_ns,
                             timeline=timeline, unsent=factory.unsent, observer=acct, gate=gate,
@@ -369,12 +372,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     try:
         await client.start()
         if launcher is not None:
-            try:
-                await launcher.start(client.on_launched)
-                client.use_launcher(launcher)
-                log.info("launcher process started (%s priority)", launcher.priority)
-            except (OSError, RuntimeError) as e:
-                log.warning("launcher process failed to start (%s); the event loop writes every request", e)
+            client.use_launcher(launcher)
         if cfg.warm_connections:
             opened = await client.warm_up(cfg.warm_connections)
             log.info("opened %d keep-alive connections ahead of the first request", opened)
@@ -463,6 +461,26 @@ async def _watch_self(state: RunState, metrics: ReplayerMetrics, every_s: float 
         elif warned:
             log.info("the replayer is back on schedule (max dispatch lag %.1f ms)", lag)
             warned = False
+
+
+def _start_launcher() -> Launcher | None:
+    launcher = Launcher()
+    try:
+        launcher.start()
+    except OSError as e:
+        log.warning("the launcher process failed to start (%s); the event loop writes every request", e)
+        return None
+    return launcher
+
+
+async def _launcher_ready(launcher: Launcher) -> Launcher | None:
+    try:
+        await launcher.ready()
+    except (OSError, RuntimeError) as e:
+        log.warning("the launcher process failed to start (%s); the event loop writes every request", e)
+        return None
+    log.info("launcher process started (%s priority)", launcher.priority)
+    return launcher
 
 
 async def _progress(state: RunState, dispatcher: Dispatcher, anchor: Anchor, every_s: float = 5.0) -> None:

@@ -33,6 +33,9 @@ from .sessions import SessionGate
 
 log = logging.getLogger(__name__)
 
+#: after a hand-over found no idle connection, try again this much later (until the due time)
+RETRY_LAUNCH_NS = 2_000_000
+
 
 class Observer:
     """Hooks for live accounting (metrics, status). All no-ops here."""
@@ -135,7 +138,10 @@ class Dispatcher:
         self._expect = expect
         self.connect_ahead_ns = connect_ahead_ns
         self._next_expect = 0
-        self._no_launch: PreparedRequest | None = None  # the head that could not be handed over
+        # the head that could not be handed over (no idle connection yet): tried again from
+        # _retry_launch_ns (relative) until its due time, then written by the loop
+        self._no_launch: PreparedRequest | None = None
+        self._retry_launch_ns = 0
         self._delayed: list[tuple[int, int, PreparedRequest]] = []  # heap of (release_ns, seq, request)
         self._seq = 0
         self._cur: ScheduleBatch | None = None
@@ -231,6 +237,7 @@ class Dispatcher:
                         and tl.due(pending[0][1]) - now <= self.launch_ahead_ns:
                     if not self._hand_over(pending[0][0]):
                         self._no_launch = pending[0][0]
+                        self._retry_launch_ns = now + RETRY_LAUNCH_NS
                         break
                     pending.popleft()
                     handed = True
@@ -272,7 +279,8 @@ class Dispatcher:
             precise = True
             if pending:
                 wake = self._critical(pending[0])
-                precise = not self._launchable(pending[0][0])
+                # a due time is kept to the microsecond; a hand-over (or its retry) need not be
+                precise = wake == tl.due(pending[0][1])
                 if self._expect is not None:  # wake up to count a request entering the horizon
                     counted = tl.due(pending[0][1]) - self.connect_ahead_ns
                     if self.now_rel() < counted < wake:
@@ -314,12 +322,17 @@ class Dispatcher:
 
     def _launchable(self, req: PreparedRequest) -> bool:
         return (self._reserve is not None and req.dep is None and req.key is None
-                and req is not self._no_launch)
+                and (req is not self._no_launch or self.now_rel() >= self._retry_launch_ns))
 
     def _critical(self, item: tuple[PreparedRequest, int]) -> int:
-        """When the dispatcher must act on ``item``: its hand-over time, or its due time."""
-        due = self.timeline.due(item[1])
-        return due - self.launch_ahead_ns if self._launchable(item[0]) else due
+        """When the dispatcher must act on ``item``: its hand-over time (or the next try of a
+        hand-over that found no connection), or its due time."""
+        req, due = item[0], self.timeline.due(item[1])
+        if self._reserve is None or req.dep is not None or req.key is not None:
+            return due
+        if req is self._no_launch:
+            return min(due, self._retry_launch_ns)
+        return due - self.launch_ahead_ns
 
     def _hand_over(self, req: PreparedRequest) -> bool:
         """Bind ``req`` to a connection and give its write to the launcher; False if it cannot."""

@@ -9,24 +9,31 @@ GIL hand-over, and one gap in 14 was over 100 us). So the writes happen in a sma
 (``replayer.launchproc``: standard library only, ~10 MB) with its own interpreter.
 
 How: the dispatcher binds each request to an idle keep-alive connection ``launch_ahead_ns`` (50 ms)
-before its due time, with its bytes built (``Client.reserve``), and ``Launcher.submit`` sends the
-child a frame: the due time, the request's bytes and a duplicate of the socket's descriptor
-(``SCM_RIGHTS`` over a Unix socket pair). The child sleeps to the due time (``poll``, then
-``time.sleep``, then a spin over the last ``spin_ns``), writes the head (request line and headers)
-of every request due by then, then their bodies (non-blocking: a burst due at one instant starts
-together, as independent clients would), closes its descriptors and reports per request the time
-just before its first byte and the bytes written. The loop (``Client``) records the send and
-writes what the child could not (a full socket buffer) through the connection's transport. The
+before its due time, with its bytes built (``Client.reserve``; a hand-over that finds no idle
+connection is tried again every 2 ms until the due time). ``Launcher.submit`` writes the bytes
+into a memory file (``memfd``) and sends the child a 28-byte frame with the due time and copies
+of the socket's and the memory file's descriptors (``SCM_RIGHTS`` over a Unix socket pair). The child
+sleeps to the due time (``poll``, then ``time.sleep``, then a spin over the last ``spin_ns``),
+writes the head (request line and headers) of every request due by then, then their bodies
+(``sendfile``, non-blocking: a burst due at one instant starts together, as independent clients
+would), closes its descriptors and reports per request the time just before its first byte and
+the bytes written. The loop (``Client.on_launched``) records the send and writes what the child could not (a full socket buffer) through the connection's transport. The
 child runs at real-time priority where the OS permits (root or ``CAP_SYS_NICE``: SCHED_FIFO 1,
 else nice -10). The loop still reads and measures every response; only the write moves.
 
+Measured on issue 7's workload (bench/fidelity, 2 cores shared with the server): W1 dispatch
+error p99 0.79-0.95 ms, max 1.3 ms (the thread: 2.15 and 3.8 ms in a run just before). The cost:
+~140 us of loop time per hand-over (the memory file's write is most of it; the thread's was
+~25 us), so at the stress slice's 160x (470 requests/s of ~70 KB) the loop sits near saturation
+and some runs fall behind (p99 27 ms where others hold 0.6 ms).
+
 A request whose connection is closed before its due time is cancelled (``cancel``): the child
-drops it and closes its descriptor, so the socket goes away with the loop's. The child exits when
-its socket pair closes (the parent stopped or died).
+drops it and closes its descriptors, so the socket goes away with the loop's. The child exits when
+its socket pair closes (the parent stopped or died); it ignores SIGINT and SIGTERM, so the writes
+handed over before a drain still go. Linux only (``memfd_create``); elsewhere the loop writes.
 
 Clock: ``replayer.clock.now_ns`` (``time.perf_counter_ns``: ``CLOCK_MONOTONIC`` on Linux, one
-clock for every process). POSIX systems with descriptor passing; plain HTTP only (TLS bytes must
-go through the transport's SSL object).
+clock for every process). Plain HTTP only (TLS bytes must go through the transport's SSL object).
 """
 
 from __future__ import annotations
@@ -50,8 +57,8 @@ Report = Callable[[int, int, int, int], None]
 class Launcher:
     """Handle on the launcher child process (parent side, event-loop thread only).
 
-    ``await start(on_report)`` spawns the child and waits for it (``priority`` then says what it
-    got: ``fifo``, ``nice`` or ``default``). ``submit(at_ns, fd, data, head_len)`` queues a write
+    ``start()`` spawns the child, ``await ready()`` waits for it (``priority`` then says what it
+    got: ``fifo``, ``nice`` or ``default``) and ``attach(on_report)`` takes its reports. ``submit(at_ns, fd, data, head_len)`` queues a write
     of ``data`` (bytes: head of ``head_len`` bytes, then body) on a duplicate of socket ``fd`` at
     ``at_ns`` (``now_ns`` clock) and returns its token (int > 0); ``on_report(token, sent_ns,
     written, err)`` is called on the loop once the child has written it: ``sent_ns`` the time just
@@ -60,7 +67,7 @@ class Launcher:
     drops a queued write (no report follows once the child has it). ``stop()`` ends the child;
     queued writes are dropped. ``launched`` counts reports; ``lateness_ns`` is the last one's
     lateness. ``policy``: ``fifo`` (real-time where permitted, else nice -10), ``nice`` or
-    ``default``. Raises ``OSError``/``RuntimeError`` from ``start`` when the child cannot run."""
+    ``default``. ``start``/``ready`` raise ``OSError``/``RuntimeError`` when the child cannot run."""
 
     def __init__(self, *, spin_ns: int = 150_000, priority: str = "fifo") -> None:
         if priority not in PRIORITIES:
@@ -76,31 +83,45 @@ class Launcher:
         self._on_report: Report | None = None
         self._token = 0
         self._due: dict[int, int] = {}  # token -> due time, for lateness
-        self._out: deque[tuple[memoryview, int]] = deque()  # frames the socket did not take yet
+        self._out: deque[tuple[memoryview, list[int]]] = deque()  # frames the socket did not take yet
         self._in = bytearray()
         self._writing = False
 
-    async def start(self, on_report: Report, timeout_s: float = 30.0) -> None:
+    def start(self) -> None:
+        """Spawn the child; returns at once (``ready`` waits for it: spawn it early, so its
+        start-up, ~50 ms, overlaps other work). Raises ``OSError`` where it cannot run."""
+        if not hasattr(os, "memfd_create"):
+            raise OSError("the launcher needs memfd_create (Linux)")
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "replayer.launchproc", str(child.fileno()), str(self._spin_ns),
                  self._policy], pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+        except BaseException:
+            parent.close()
+            raise
         finally:
             child.close()
         parent.setblocking(False)
-        self._sock, self._on_report = parent, on_report
+        self._sock = parent
+
+    async def ready(self, timeout_s: float = 30.0) -> None:
+        """Wait until the child runs (``priority`` then says what it got)."""
         self._loop = loop = asyncio.get_running_loop()
         try:
-            hello = await asyncio.wait_for(loop.sock_recv(parent, REPORT.size), timeout_s)
+            hello = await asyncio.wait_for(loop.sock_recv(self._sock, REPORT.size), timeout_s)  # type: ignore[arg-type]
         except asyncio.TimeoutError:
             self.stop()
             raise RuntimeError(f"the launcher process did not start within {timeout_s:g} s") from None
         if len(hello) < REPORT.size:  # (a report is 32 bytes: one recv gets it whole)
             self.stop()
-            raise RuntimeError(f"the launcher process exited at start (status {self._proc.wait()})")
+            raise RuntimeError(f"the launcher process exited at start (status {self._proc.wait()})")  # type: ignore[union-attr]
         self.priority = PRIORITIES[REPORT.unpack(hello)[2]]
-        loop.add_reader(parent, self._read)
+
+    def attach(self, on_report: Report) -> None:
+        """Deliver reports to ``on_report`` (on the loop ``ready`` ran on) from now on."""
+        self._on_report = on_report
+        self._loop.add_reader(self._sock, self._read)  # type: ignore[union-attr,arg-type]
 
     @property
     def running(self) -> bool:
@@ -111,16 +132,27 @@ class Launcher:
         return len(self._due)
 
     def submit(self, at_ns: int, fd: int, data: bytes, head_len: int) -> int:
+        if self._sock is None:
+            raise RuntimeError("the launcher process is not running")
         self._token += 1
         token = self._token
         self._due[token] = at_ns
-        dup = os.dup(fd)  # the loop may close ``fd`` (and reuse its number) before the frame goes
-        self._send(FRAME.pack(WRITE, token, at_ns, head_len, len(data)) + data, dup)
+        # the bytes go in a memory file, not through the socket pair (a burst of 12k-token
+        # requests, ~70 KB each, would fill it): the child sends them with sendfile
+        own = os.memfd_create("replayer-request", os.MFD_CLOEXEC)
+        try:
+            view, done = memoryview(data), 0
+            while done < len(data):
+                done += os.write(own, view[done:])
+            self._send(FRAME.pack(WRITE, token, at_ns, head_len, len(data)), [fd, own])
+        finally:
+            os.close(own)
         return token
 
     def cancel(self, token: int) -> None:
+        """Drop a queued write."""
         if self._due.pop(token, None) is not None and self._sock is not None:
-            self._send(FRAME.pack(CANCEL, token, 0, 0, 0), -1)
+            self._send(FRAME.pack(CANCEL, token, 0, 0, 0), [])
 
     def stop(self) -> None:
         sock, proc = self._sock, self._proc
@@ -130,8 +162,8 @@ class Launcher:
                 self._loop.remove_reader(sock)
                 if self._writing:
                     self._loop.remove_writer(sock)
-            for _, fd in self._out:
-                if fd >= 0:
+            for _, fds in self._out:  # (queued descriptors are our own duplicates)
+                for fd in fds:
                     os.close(fd)
             self._out.clear()
             try:
@@ -148,39 +180,41 @@ class Launcher:
         self._due.clear()
 
     # -- channel -------------------------------------------------------------------------------
-    def _send(self, frame: bytes, fd: int) -> None:
+    def _send(self, frame: bytes, fds: list[int]) -> None:
+        """Send one frame with ``fds`` attached to its first byte: straight into the socket when
+        nothing is queued (the kernel takes its own references), else queued (with duplicates
+        of ``fds``, which the caller may close) for ``_flush``."""
         if self._sock is None:
-            if fd >= 0:
-                os.close(fd)
             raise RuntimeError("the launcher process is not running")
-        self._out.append((memoryview(frame), fd))
+        view = memoryview(frame)
+        if not self._out:
+            n = _sendmsg(self._sock, view, fds)
+            if n < 0 or n == len(view):  # (gone: _read fails what it held)
+                return
+            view = view[n:]
+            if n:
+                fds = []
+        self._out.append((view, [os.dup(fd) for fd in fds]))
         if not self._writing:
-            self._flush()
+            self._writing = True
+            self._loop.add_writer(self._sock, self._flush)  # type: ignore[union-attr]
 
     def _flush(self) -> None:
         out, sock = self._out, self._sock
         while out and sock is not None:
-            view, fd = out[0]
-            try:
-                if fd >= 0:
-                    n = sock.sendmsg([view], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
-                else:
-                    n = sock.send(view)
-            except BlockingIOError:
-                n = 0
-            except OSError:  # the child is gone: _read sees it and fails what was queued
+            view, fds = out[0]
+            n = _sendmsg(sock, view, fds)
+            if n < 0:  # the child is gone: _read sees it and fails what was queued
                 return
-            if n and fd >= 0:
-                os.close(fd)  # the child has its own copy now
-                fd = -1
+            if n and fds:
+                for fd in fds:
+                    os.close(fd)  # the child has its own copies now
+                fds = []
             if n < len(view):
-                out[0] = (view[n:], fd)
-                if not self._writing:
-                    self._writing = True
-                    self._loop.add_writer(sock, self._flush)  # type: ignore[union-attr]
+                out[0] = (view[n:], fds)
                 return
             out.popleft()
-        if self._writing:
+        if self._writing and sock is not None:
             self._writing = False
             self._loop.remove_writer(sock)  # type: ignore[union-attr]
 
@@ -204,10 +238,23 @@ class Launcher:
         due, on_report = self._due, self._on_report
         for token, sent, written, err in REPORT.iter_unpack(memoryview(buf)[:n]):
             at = due.pop(token, None)
-            if at is None:  # cancelled meanwhile
+            if at is None:  # cancelled
                 continue
             self.launched += 1
             if sent:
                 self.lateness_ns = sent - at
             on_report(token, sent, written, err)  # type: ignore[misc]
         del buf[:n]
+
+
+def _sendmsg(sock: socket.socket, data: memoryview, fds: list[int]) -> int:
+    """Bytes of ``data`` the non-blocking ``sock`` took (with ``fds`` attached); -1 when the
+    peer is gone."""
+    try:
+        if fds:
+            return sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        return sock.send(data)
+    except (BlockingIOError, InterruptedError):
+        return 0
+    except OSError:
+        return -1

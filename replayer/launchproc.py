@@ -2,7 +2,8 @@
 
 It receives requests with their due times and socket descriptors from the parent
 (``replayer.launcher.Launcher``) over the Unix socket ``FD``, writes each at its due time and
-reports back. Standard library only, so it starts in ~30 ms and stays ~10 MB; the wire format
+reports back. Each request's bytes wait in a memory file of their own (memfd) and are sent with
+``sendfile`` (no copy in this process). Standard library only, so it starts in ~30 ms and stays ~10 MB; the wire format
 (``FRAME``/``REPORT``) is defined here. See ``replayer.launcher`` for the why and the protocol.
 """
 
@@ -22,11 +23,13 @@ from collections import deque
 
 now_ns = time.perf_counter_ns  # = replayer.clock.now_ns (CLOCK_MONOTONIC, shared by processes)
 
-# parent -> child: kind, token, due time (ns, now_ns clock), head length, payload length; then
-# the payload (request bytes). A WRITE frame's first byte carries one descriptor (SCM_RIGHTS).
+# parent -> child: kind, token, due time (ns, now_ns clock), head length, request length. A
+# WRITE frame's first byte carries two descriptors (SCM_RIGHTS): the connection's socket and the
+# memory file holding the request's bytes.
 FRAME = struct.Struct("<BxxxQqII")
 WRITE, CANCEL, STOP = 1, 2, 3
-# child -> parent: token, time just before the first byte (ns), bytes written, errno (0 = none)
+# child -> parent: token, time just before the first byte (ns), bytes written, errno (0 = none);
+# a cancelled write is reported too (ECANCELED; the parent ignores it)
 REPORT = struct.Struct("<Qqqi4x")
 HELLO = 0  # token of the child's first report: its "bytes written" is the priority obtained
 PRIORITIES = ("default", "nice", "fifo")
@@ -59,9 +62,11 @@ class _Child:
         self.sock = sock
         self.spin_ns = spin_ns
         self.heap: list[tuple[int, int]] = []
-        self.live: dict[int, tuple[int, bytes, int]] = {}
-        self.buf = bytearray()
-        self.fds: deque[int] = deque()
+        # token -> (socket, memory file holding the request, head length, request length)
+        self.live: dict[int, tuple[int, int, int, int]] = {}
+        self.fds: deque[int] = deque()  # descriptors received, not yet matched to their frame
+        self.hdr = memoryview(bytearray(FRAME.size))  # the frame header being read
+        self.got = 0  # bytes of it read so far
         self.poll = select.poll()
         self.poll.register(sock, select.POLLIN)
         self.anc = socket.CMSG_SPACE(_MAX_FDS * 4)
@@ -87,68 +92,74 @@ class _Child:
                 self.fire()
 
     def read(self) -> bool:
-        """Take what the parent sent; False at its end (stop frame or closed socket)."""
-        try:
-            data, anc, _, _ = self.sock.recvmsg(1 << 20, self.anc)
-        except InterruptedError:
-            return True
-        if not data:
-            return False
-        for level, kind, cdata in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds = array.array("i")
-                fds.frombytes(cdata[:len(cdata) - len(cdata) % fds.itemsize])
-                self.fds.extend(fds)
-        buf = self.buf
-        buf += data
-        i, size = 0, len(buf)
-        while size - i >= FRAME.size:
-            kind, token, at, head_len, n = FRAME.unpack_from(buf, i)
-            if size - i - FRAME.size < n:
-                break
-            j = i + FRAME.size
+        """Take the frames the parent sent, without blocking; False at its end (stop frame or
+        closed socket). A frame's descriptors come with its first byte; headers are read one at
+        a time, so each read stops at a frame boundary."""
+        sock, hdr = self.sock, self.hdr
+        while True:
+            try:
+                n, anc, _, _ = sock.recvmsg_into([hdr[self.got:]], self.anc, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return True
+            if not n:
+                return False
+            for level, kind, cdata in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds = array.array("i")
+                    fds.frombytes(cdata[:len(cdata) - len(cdata) % fds.itemsize])
+                    self.fds.extend(fds)
+            self.got += n
+            if self.got < FRAME.size:
+                continue
+            self.got = 0
+            kind, token, at, head_len, size = FRAME.unpack_from(hdr)
             if kind == WRITE:
-                self.live[token] = (self.fds.popleft(), bytes(buf[j:j + n]), head_len)
+                fds = self.fds
+                self.live[token] = (fds.popleft(), fds.popleft(), head_len, size)
                 heapq.heappush(self.heap, (at, token))
             elif kind == CANCEL:
                 item = self.live.pop(token, None)
                 if item is not None:
-                    os.close(item[0])
+                    self.release(item)
+                    sock.sendall(REPORT.pack(token, 0, 0, errno.ECANCELED))
             else:
                 return False
-            i = j + n
-        del buf[:i]
-        return True
+
+    def release(self, item: tuple) -> None:
+        os.close(item[0])
+        os.close(item[1])
 
     def fire(self) -> None:
-        """Write every request due by now: all heads first, then the bodies; then report."""
+        """Write every request due by now: all heads first, then the bodies (``sendfile`` from
+        the request's memory file: no copy here); then report."""
         heap, live = self.heap, self.live
-        started: list[tuple[int, int, int, bytes, int, int]] = []
+        started: list[tuple[int, int, tuple, int, int]] = []
         while heap and heap[0][0] <= now_ns():
             token = heapq.heappop(heap)[1]
             item = live.pop(token, None)
             if item is None:
                 continue
-            fd, data, head_len = item
+            fd, src, head_len, size = item
             err = 0
             sent = now_ns()
             try:
-                n = os.write(fd, memoryview(data)[:head_len])
+                n = os.sendfile(fd, src, 0, head_len)
             except BlockingIOError:
                 n = 0
             except OSError as e:
                 n, err = 0, e.errno or errno.EIO
-            started.append((token, sent, fd, data, n, err))
+            started.append((token, sent, item, n, err))
         reports = []
-        for token, sent, fd, data, n, err in started:
-            if not err and n == head_len < len(data):  # (a short head: the parent writes the rest)
+        for token, sent, item, n, err in started:
+            fd, src, head_len, size = item
+            if not err and n == head_len < size:  # (a short head: the parent writes the rest)
                 try:
-                    n += os.write(fd, memoryview(data)[n:])
+                    n += os.sendfile(fd, src, n, size - n)
                 except BlockingIOError:
                     pass
                 except OSError as e:
                     n, err = 0, e.errno or errno.EIO
-            os.close(fd)
+            self.release(item)
             reports.append(REPORT.pack(token, sent, n, err))
         self.sock.sendall(b"".join(reports))
 

@@ -81,7 +81,9 @@ def test_writes_go_out_at_their_due_times_in_time_order_and_never_early():
         server, socks, sinks = await _sockets(6)
         got, _, on_report = _reports()
         launcher = Launcher(priority="default")
-        await launcher.start(on_report)
+        launcher.start()
+        await launcher.ready()
+        launcher.attach(on_report)
         try:
             t0 = now_ns() + 50_000_000
             ats = [t0 + k * 5_000_000 for k in (5, 0, 3, 1, 4, 2)]  # submitted out of order
@@ -111,7 +113,9 @@ def test_a_cancelled_write_never_reaches_the_socket():
         server, socks, sinks = await _sockets(2)
         got, _, on_report = _reports()
         launcher = Launcher(priority="default")
-        await launcher.start(on_report)
+        launcher.start()
+        await launcher.ready()
+        launcher.attach(on_report)
         try:
             at = now_ns() + 60_000_000
             keep = launcher.submit(at, socks[0].fileno(), b"kept", 4)
@@ -137,7 +141,9 @@ def test_a_write_the_socket_cannot_take_whole_is_reported_short():
         server, socks, sinks = await _sockets(1, rcvbuf=4096)
         got, event, on_report = _reports()
         launcher = Launcher(priority="default")
-        await launcher.start(on_report)
+        launcher.start()
+        await launcher.ready()
+        launcher.attach(on_report)
         try:
             data = b"H" * 100 + os.urandom(4 << 20)
             token = launcher.submit(now_ns() + 20_000_000, socks[0].fileno(), data, 100)
@@ -157,7 +163,9 @@ def test_a_write_on_a_closed_socket_reports_its_error():
         server, socks, sinks = await _sockets(1)
         got, event, on_report = _reports()
         launcher = Launcher(priority="default")
-        await launcher.start(on_report)
+        launcher.start()
+        await launcher.ready()
+        launcher.attach(on_report)
         try:
             socks[0].shutdown(socket.SHUT_WR)  # the child's copy shares the shut-down socket
             token = launcher.submit(now_ns() + 20_000_000, socks[0].fileno(), b"x" * 10, 10)
@@ -177,7 +185,9 @@ def test_the_writes_a_dead_child_held_fail_and_the_launcher_stops():
         server, socks, sinks = await _sockets(1)
         got, event, on_report = _reports()
         launcher = Launcher(priority="default")
-        await launcher.start(on_report)
+        launcher.start()
+        await launcher.ready()
+        launcher.attach(on_report)
         try:
             token = launcher.submit(now_ns() + 10_000_000_000, socks[0].fileno(), b"late", 4)
             os.kill(launcher._proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
@@ -195,7 +205,8 @@ def test_the_writes_a_dead_child_held_fail_and_the_launcher_stops():
 def test_the_child_exits_when_its_parent_goes_away():
     async def main():
         launcher = Launcher(priority="default")
-        await launcher.start(lambda *a: None)
+        launcher.start()
+        await launcher.ready()
         proc = launcher._proc
         launcher._sock.close()  # type: ignore[union-attr]  # as if the parent died
         launcher._sock = None
@@ -231,7 +242,8 @@ def _replay_through_the_launcher(ts: list[int], *, warm: int, expect: bool = Tru
         launcher = Launcher(priority="default")
         try:
             async with Client(url, t0_ns=now_ns()) as c:
-                await launcher.start(c.on_launched)
+                launcher.start()
+                await launcher.ready()
                 c.use_launcher(launcher)
                 await c.warm_up(warm)
                 anchor = Anchor.at(start_s)
@@ -267,7 +279,8 @@ def test_a_reserved_request_whose_connection_closed_fails_as_a_disconnect():
         launcher = Launcher(priority="default")
         try:
             async with Client(url, t0_ns=now_ns()) as c:
-                await launcher.start(c.on_launched)
+                launcher.start()
+                await launcher.ready()
                 c.use_launcher(launcher)
                 await c.warm_up(1)
                 body = PayloadBuilder("m").body(PROMPTS.prompt_json([1], 16), 2)
@@ -299,6 +312,13 @@ def test_connections_for_a_burst_larger_than_the_pool_are_opened_ahead():
     results, launched = _replay_through_the_launcher(ts, warm=1)
     assert len(results) == 24 and all(r.outcome == "success" for r in results)
     assert launched == 24 and all(r.connect_ms == 0.0 for r in results)
-    # without the demand count most of the burst waits for connections opened at its due time
+
+
+def test_a_hand_over_that_finds_no_connection_is_tried_again_before_the_due_time():
+    # without the demand count, the burst's hand-overs find the pool empty at first; each is
+    # tried again every RETRY_LAUNCH_NS while the pool opens spares, so they still go through
+    # the launcher, on time, instead of falling back to writes from the loop at the due time
+    ts = [300] * 24
     results, launched = _replay_through_the_launcher(ts, warm=1, expect=False)
-    assert all(r.outcome == "success" for r in results) and launched < 24
+    assert all(r.outcome == "success" for r in results)
+    assert launched == 24 and all(r.dispatch_lag_ms < 20 for r in results)
