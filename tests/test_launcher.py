@@ -59,6 +59,16 @@ async def _sockets(n: int, *, rcvbuf: int | None = None):
     return server, socks, sinks
 
 
+async def _running(on_report=None) -> Launcher:
+    """A started launcher (default priority) whose reports go to ``on_report`` if given."""
+    launcher = Launcher(priority="default")
+    launcher.start()
+    await launcher.ready()
+    if on_report is not None:
+        launcher.attach(on_report)
+    return launcher
+
+
 def _reports():
     got: dict[int, tuple[int, int, int]] = {}
     event = asyncio.Event()
@@ -80,10 +90,7 @@ def test_writes_go_out_at_their_due_times_in_time_order_and_never_early():
     async def main():
         server, socks, sinks = await _sockets(6)
         got, _, on_report = _reports()
-        launcher = Launcher(priority="default")
-        launcher.start()
-        await launcher.ready()
-        launcher.attach(on_report)
+        launcher = await _running(on_report)
         try:
             t0 = now_ns() + 50_000_000
             ats = [t0 + k * 5_000_000 for k in (5, 0, 3, 1, 4, 2)]  # submitted out of order
@@ -112,10 +119,7 @@ def test_a_cancelled_write_never_reaches_the_socket():
     async def main():
         server, socks, sinks = await _sockets(2)
         got, _, on_report = _reports()
-        launcher = Launcher(priority="default")
-        launcher.start()
-        await launcher.ready()
-        launcher.attach(on_report)
+        launcher = await _running(on_report)
         try:
             at = now_ns() + 60_000_000
             keep = launcher.submit(at, socks[0].fileno(), b"kept", 4)
@@ -140,10 +144,7 @@ def test_a_write_the_socket_cannot_take_whole_is_reported_short():
     async def main():
         server, socks, sinks = await _sockets(1, rcvbuf=4096)
         got, event, on_report = _reports()
-        launcher = Launcher(priority="default")
-        launcher.start()
-        await launcher.ready()
-        launcher.attach(on_report)
+        launcher = await _running(on_report)
         try:
             data = b"H" * 100 + os.urandom(4 << 20)
             token = launcher.submit(now_ns() + 20_000_000, socks[0].fileno(), data, 100)
@@ -162,10 +163,7 @@ def test_a_write_on_a_closed_socket_reports_its_error():
     async def main():
         server, socks, sinks = await _sockets(1)
         got, event, on_report = _reports()
-        launcher = Launcher(priority="default")
-        launcher.start()
-        await launcher.ready()
-        launcher.attach(on_report)
+        launcher = await _running(on_report)
         try:
             socks[0].shutdown(socket.SHUT_WR)  # the child's copy shares the shut-down socket
             token = launcher.submit(now_ns() + 20_000_000, socks[0].fileno(), b"x" * 10, 10)
@@ -184,10 +182,7 @@ def test_the_writes_a_dead_child_held_fail_and_the_launcher_stops():
     async def main():
         server, socks, sinks = await _sockets(1)
         got, event, on_report = _reports()
-        launcher = Launcher(priority="default")
-        launcher.start()
-        await launcher.ready()
-        launcher.attach(on_report)
+        launcher = await _running(on_report)
         try:
             token = launcher.submit(now_ns() + 10_000_000_000, socks[0].fileno(), b"late", 4)
             os.kill(launcher._proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
@@ -204,9 +199,7 @@ def test_the_writes_a_dead_child_held_fail_and_the_launcher_stops():
 
 def test_the_child_exits_when_its_parent_goes_away():
     async def main():
-        launcher = Launcher(priority="default")
-        launcher.start()
-        await launcher.ready()
+        launcher = await _running()
         proc = launcher._proc
         launcher._sock.close()  # type: ignore[union-attr]  # as if the parent died
         launcher._sock = None
