@@ -2,7 +2,9 @@
 
 * building + serialising a 12k-token prompt body (warm block cache and cold),
 * SSE decode + OpenAI chunk accounting per event (see also bench/bench_sse.py),
-* per-request recording (Recorder.add + the writer thread's Arrow/Parquet work) and metrics.
+* per-request recording (Recorder.add + the writer thread's Arrow/Parquet work) and metrics,
+* the event loop's cost to hand a 70 KB request to the launcher process (shared ring or a memory
+  file of its own), against a local server that reads everything.
 
 Run: ``.venv/bin/python bench/bench_hotpaths.py``. Numbers are CPU-bound and vary with what else
 runs on the machine; each figure is the best of 5 repeats.
@@ -174,7 +176,51 @@ def bench_record() -> None:
     print(f"metrics.on_result (300 ITL samples)        : {best(run_metrics, 2000):8.1f} us per request")
 
 
+def bench_handover() -> None:
+    """Loop time of ``Launcher.submit`` for a 12k-token request (~70 KB), each due 2 ms after
+    its hand-over, as the dispatcher hands them over; 400 per mode, to 127.0.0.1."""
+    import asyncio
+    import socket
+
+    from replayer.clock import now_ns
+    from replayer.launcher import Launcher
+
+    class Drain(asyncio.Protocol):
+        def data_received(self, data):
+            pass
+
+    async def one(ring_bytes: int) -> tuple[float, float, int]:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Drain, "127.0.0.1", 0)
+        socks = [socket.create_connection(("127.0.0.1", server.sockets[0].getsockname()[1])) for _ in range(8)]
+        launcher = Launcher(priority="default", ring_bytes=ring_bytes)
+        launcher.start()
+        await launcher.ready()
+        launcher.attach(lambda *a: None)
+        head, body = b"POST /v1/completions HTTP/1.1\r\n" + b"X: y\r\n" * 6 + b"\r\n", os.urandom(70_000)
+        took = []
+        try:
+            for i in range(400):
+                t = now_ns()
+                launcher.submit(t + 2_000_000, socks[i % 8].fileno(), head, body)
+                took.append(now_ns() - t)
+                await asyncio.sleep(0.0025)
+            while launcher.pending():
+                await asyncio.sleep(0.01)
+            return float(np.median(took)) / 1e3, float(np.percentile(took, 99)) / 1e3, launcher.ring_misses
+        finally:
+            launcher.stop()
+            for s in socks:
+                s.close()
+            server.close()
+
+    for name, ring in (("shared ring", 4 << 20), ("memory file each", 1024)):
+        p50, p99, misses = asyncio.run(one(ring))
+        print(f"launcher hand-over 70 KB, {name:16s}: {p50:8.1f} us p50, {p99:6.1f} us p99 (ring misses {misses})")
+
+
 if __name__ == "__main__":
+    bench_handover()
     bench_prompt()
     bench_sse()
     bench_client_protocol()

@@ -280,7 +280,7 @@ class Client:
         # never drained)
         self.dispatched: deque[RequestResult] = deque(maxlen=1 << 16)
         self._launcher: Launcher | None = None
-        self._launches: dict[int, tuple] = {}  # launcher token -> (req, res, conn, ex, request bytes)
+        self._launches: dict[int, tuple] = {}  # launcher token -> (req, res, conn, ex, request head)
 
     def _request_head(self, path: str) -> bytes:
         head = (f"POST {path} HTTP/1.1\r\nHost: {self._host_header}\r\nUser-Agent: replayer\r\n"
@@ -405,20 +405,19 @@ class Client:
             self._idle.append(conn)
             return None
         ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns)
-        request = self._request_bytes(req)
         conn.ex = ex  # the connection is ours from now on
         res.connect_ms = 0.0
-        return conn, ex, request, len(request) - len(req.body)
+        return conn, ex, self._head_of(req)
 
     def launch(self, at_ns: int, req: PreparedRequest, res: RequestResult, reserved: tuple) -> None:
         """Queue the reserved request's write in the launcher for ``at_ns`` (``now_ns`` clock).
         The launcher writes its head at that time (every request due then starts before any
         body goes; see ``replayer.launcher``); ``on_launched`` records it."""
-        conn, ex, request, head_len = reserved
+        conn, ex, head = reserved
         if conn.closed:  # the server closed it since reserve: the exchange has failed already
             return
-        token = self._launcher.submit(at_ns, conn.fd, request, head_len)  # type: ignore[union-attr]
-        self._launches[token] = (req, res, conn, ex, request)
+        token = self._launcher.submit(at_ns, conn.fd, head, req.body)  # type: ignore[union-attr]
+        self._launches[token] = (req, res, conn, ex, head)
         conn.launch = token
 
     def on_launched(self, token: int, sent: int, written: int, err: int) -> None:
@@ -428,7 +427,7 @@ class Client:
         item = self._launches.pop(token, None)
         if item is None:
             return
-        req, res, conn, ex, request = item
+        req, res, conn, ex, head = item
         conn.launch = 0
         if err:
             what = "the launcher process exited" if err == errno.ECHILD else os.strerror(err)
@@ -440,11 +439,14 @@ class Client:
             if sent > ex.last_ns:
                 ex.last_ns = sent
             self.dispatched.append(res)
-            if written < len(request):
+            if written < len(head) + len(req.body):
                 if ex.done.done():  # answered before its body went out: the stream is out of step
                     conn._abort()
                 elif not conn.closed and conn.transport is not None:
-                    conn.transport.write(memoryview(request)[written:])
+                    if written < len(head):
+                        conn.transport.writelines((memoryview(head)[written:], req.body))
+                    else:
+                        conn.transport.write(memoryview(req.body)[written - len(head):])
         _reported(ex)
 
     def _cancel_launch(self, conn: _Connection) -> None:
@@ -459,11 +461,13 @@ class Client:
             if item is not None:
                 _reported(item[3])
 
+    def _head_of(self, req: PreparedRequest) -> bytes:
+        """``req``'s HTTP head (request line and headers, with Content-Length)."""
+        return self._head_for(req.path) + b"Content-Length: %d\r\n\r\n" % len(req.body)
+
     def _request_bytes(self, req: PreparedRequest) -> bytes:
-        """The whole HTTP request: head (with Content-Length) and ``req.body``."""
-        body = req.body
-        return b"".join((self._head if req.path is None else self._head_for(req.path),
-                         b"Content-Length: %d\r\n\r\n" % len(body), body))
+        """The whole HTTP request: head and ``req.body``."""
+        return b"".join((self._head_of(req), req.body))
 
     def _write(self, req: PreparedRequest, res: RequestResult, conn: _Connection, t_start: int) -> _Exchange:
         ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns)

@@ -10,22 +10,28 @@ GIL hand-over, and one gap in 14 was over 100 us). So the writes happen in a sma
 
 How: the dispatcher binds each request to an idle keep-alive connection ``launch_ahead_ns`` (50 ms)
 before its due time, with its bytes built (``Client.reserve``; a hand-over that finds no idle
-connection is tried again every 2 ms until the due time). ``Launcher.submit`` writes the bytes
-into a memory file (``memfd``) and sends the child a 28-byte frame with the due time and copies
-of the socket's and the memory file's descriptors (``SCM_RIGHTS`` over a Unix socket pair). The child
-sleeps to the due time (``poll``, then ``time.sleep``, then a spin over the last ``spin_ns``),
-writes the head (request line and headers) of every request due by then, then their bodies
-(``sendfile``, non-blocking: a burst due at one instant starts together, as independent clients
-would), closes its descriptors and reports per request the time just before its first byte and
-the bytes written. The loop (``Client.on_launched``) records the send and writes what the child could not (a full socket buffer) through the connection's transport. The
-child runs at real-time priority where the OS permits (root or ``CAP_SYS_NICE``: SCHED_FIFO 1,
-else nice -10). The loop still reads and measures every response; only the write moves.
+connection is tried again every 2 ms until the due time). ``Launcher.submit`` copies the bytes
+into a ring shared with the child (a 4 MB memory file both map; a request that finds no room
+gets a memory file of its own) and sends the child a 32-byte frame with the due time, the
+request's place and a copy of the socket's descriptor (``SCM_RIGHTS`` over a Unix socket pair).
+The child sleeps to the due time (``poll``, then ``time.sleep``, then a spin over the last
+``spin_ns``), writes the head (request line and headers) of every request due by then, then their
+bodies (non-blocking: a burst due at one instant starts together, as independent clients would),
+closes its descriptors and reports per request the time just before its first byte and the
+bytes written; the ring space is free again once that report is read. The child copies from the
+ring with ``os.write``: ``sendfile`` from it would be zero-copy, the socket would keep referring
+to ring pages after the call returns, and the server would read the next request's bytes in
+them. The loop (``Client.on_launched``) records the send and writes what the child could not (a
+full socket buffer) through the connection's transport. The child runs at real-time priority
+where the OS permits (root or ``CAP_SYS_NICE``: SCHED_FIFO 1, else nice -10). The loop still
+reads and measures every response; only the write moves.
 
 Measured on issue 7's workload (bench/fidelity, 2 cores shared with the server): W1 dispatch
-error p99 0.79-0.95 ms, max 1.3 ms (the thread: 2.15 and 3.8 ms in a run just before). The cost:
-~140 us of loop time per hand-over (the memory file's write is most of it; the thread's was
-~25 us), so at the stress slice's 160x (470 requests/s of ~70 KB) the loop sits near saturation
-and some runs fall behind (p99 27 ms where others hold 0.6 ms).
+error p99 0.75-0.95 ms (the thread: 2.15 ms in a run the same day); stress slice at 160x (470
+requests/s of ~70 KB) p99 0.59-0.77 ms. A hand-over costs the loop ~70 us (``bench_hotpaths``:
+the copy ~20 us, the ``sendmsg`` most of the rest, both cold after a sleep); with a memory file
+per request it was ~160 us, and at 160x that left the loop near saturation (p99 27 ms in some
+runs).
 
 A request whose connection is closed before its due time is cancelled (``cancel``): the child
 drops it and closes its descriptors, so the socket goes away with the loop's. The child exits when
@@ -41,6 +47,7 @@ from __future__ import annotations
 import array
 import asyncio
 import errno
+import mmap
 import os
 import socket
 import subprocess
@@ -48,7 +55,7 @@ import sys
 from collections import deque
 from collections.abc import Callable
 
-from .launchproc import CANCEL, FRAME, PRIORITIES, REPORT, STOP, WRITE
+from .launchproc import CANCEL, FILE, FRAME, PRIORITIES, REPORT, RING, STOP
 
 #: the loop's handler for a report: (token, sent_ns or 0, bytes written, errno)
 Report = Callable[[int, int, int, int], None]
@@ -58,20 +65,24 @@ class Launcher:
     """Handle on the launcher child process (parent side, event-loop thread only).
 
     ``start()`` spawns the child, ``await ready()`` waits for it (``priority`` then says what it
-    got: ``fifo``, ``nice`` or ``default``) and ``attach(on_report)`` takes its reports. ``submit(at_ns, fd, data, head_len)`` queues a write
-    of ``data`` (bytes: head of ``head_len`` bytes, then body) on a duplicate of socket ``fd`` at
-    ``at_ns`` (``now_ns`` clock) and returns its token (int > 0); ``on_report(token, sent_ns,
+    got: ``fifo``, ``nice`` or ``default``) and ``attach(on_report)`` takes its reports.
+    ``submit(at_ns, fd, head, body)`` queues a write of ``head`` then ``body`` (bytes) on a
+    duplicate of socket ``fd`` at ``at_ns`` (``now_ns`` clock) and returns its token (int > 0);
+    ``on_report(token, sent_ns,
     written, err)`` is called on the loop once the child has written it: ``sent_ns`` the time just
     before its first byte, ``written`` the bytes the socket took (the caller writes the rest),
     ``err`` an errno (then ``written`` is 0 and ``sent_ns`` the attempt's time). ``cancel(token)``
     drops a queued write (no report follows once the child has it). ``stop()`` ends the child;
     queued writes are dropped. ``launched`` counts reports; ``lateness_ns`` is the last one's
-    lateness. ``policy``: ``fifo`` (real-time where permitted, else nice -10), ``nice`` or
+    lateness; ``ring_misses`` counts requests that did not fit in the ``ring_bytes`` ring.
+    ``policy``: ``fifo`` (real-time where permitted, else nice -10), ``nice`` or
     ``default``. ``start``/``ready`` raise ``OSError``/``RuntimeError`` when the child cannot run."""
 
-    def __init__(self, *, spin_ns: int = 150_000, priority: str = "fifo") -> None:
+    def __init__(self, *, spin_ns: int = 150_000, priority: str = "fifo", ring_bytes: int = 4 << 20) -> None:
         if priority not in PRIORITIES:
             raise ValueError(f"priority must be one of {PRIORITIES}")
+        self._ring = _Ring(ring_bytes)
+        self.ring_misses = 0  # requests that did not fit in the ring (each had a memory file)
         self._policy = priority
         self._spin_ns = spin_ns
         self.priority = "default"
@@ -92,16 +103,20 @@ class Launcher:
         start-up, ~50 ms, overlaps other work). Raises ``OSError`` where it cannot run."""
         if not hasattr(os, "memfd_create"):
             raise OSError("the launcher needs memfd_create (Linux)")
+        ring = self._ring
+        ring_fd = ring.open()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "replayer.launchproc", str(child.fileno()), str(self._spin_ns),
-                 self._policy], pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+                [sys.executable, "-m", "replayer.launchproc", str(child.fileno()), str(ring_fd), str(ring.size),
+                 str(self._spin_ns), self._policy], pass_fds=(child.fileno(), ring_fd), stdin=subprocess.DEVNULL)
         except BaseException:
             parent.close()
+            ring.close()
             raise
         finally:
             child.close()
+            os.close(ring_fd)
         parent.setblocking(False)
         self._sock = parent
 
@@ -131,20 +146,27 @@ class Launcher:
         """Writes submitted and not yet reported or cancelled."""
         return len(self._due)
 
-    def submit(self, at_ns: int, fd: int, data: bytes, head_len: int) -> int:
+    def submit(self, at_ns: int, fd: int, head: bytes, body: bytes) -> int:
         if self._sock is None:
             raise RuntimeError("the launcher process is not running")
         self._token += 1
         token = self._token
         self._due[token] = at_ns
-        # the bytes go in a memory file, not through the socket pair (a burst of 12k-token
-        # requests, ~70 KB each, would fill it): the child sends them with sendfile
+        # the bytes go in the shared ring, not through the socket pair (a burst of 12k-token
+        # requests, ~70 KB each, would fill it); a memory file of their own when it is full
+        size = len(head) + len(body)
+        offset = self._ring.put(token, head, body)
+        if offset >= 0:
+            self._send(FRAME.pack(RING, token, at_ns, len(head), size, offset), [fd])
+            return token
+        self.ring_misses += 1
         own = os.memfd_create("replayer-request", os.MFD_CLOEXEC)
         try:
-            view, done = memoryview(data), 0
-            while done < len(data):
-                done += os.write(own, view[done:])
-            self._send(FRAME.pack(WRITE, token, at_ns, head_len, len(data)), [fd, own])
+            for part in (head, body):
+                view, done = memoryview(part), 0
+                while done < len(part):
+                    done += os.write(own, view[done:])
+            self._send(FRAME.pack(FILE, token, at_ns, len(head), size, 0), [fd, own])
         finally:
             os.close(own)
         return token
@@ -152,7 +174,7 @@ class Launcher:
     def cancel(self, token: int) -> None:
         """Drop a queued write."""
         if self._due.pop(token, None) is not None and self._sock is not None:
-            self._send(FRAME.pack(CANCEL, token, 0, 0, 0), [])
+            self._send(FRAME.pack(CANCEL, token, 0, 0, 0, 0), [])
 
     def stop(self) -> None:
         sock, proc = self._sock, self._proc
@@ -167,10 +189,11 @@ class Launcher:
                     os.close(fd)
             self._out.clear()
             try:
-                sock.send(FRAME.pack(STOP, 0, 0, 0, 0))
+                sock.send(FRAME.pack(STOP, 0, 0, 0, 0, 0))
             except OSError:
                 pass
             sock.close()  # the child exits on either
+        self._ring.close()
         if proc is not None:
             try:
                 proc.wait(2)
@@ -235,8 +258,9 @@ class Launcher:
         buf = self._in
         buf += data
         n = len(buf) // REPORT.size * REPORT.size
-        due, on_report = self._due, self._on_report
+        due, on_report, ring = self._due, self._on_report, self._ring
         for token, sent, written, err in REPORT.iter_unpack(memoryview(buf)[:n]):
+            ring.release(token)  # (every write is reported once: written, failed or cancelled)
             at = due.pop(token, None)
             if at is None:  # cancelled
                 continue
@@ -245,6 +269,78 @@ class Launcher:
                 self.lateness_ns = sent - at
             on_report(token, sent, written, err)  # type: ignore[misc]
         del buf[:n]
+
+
+class _Ring:
+    """Request bytes shared with the child: a memory file of ``size`` bytes mapped by both.
+    ``put(token, head, body)`` copies a request in and returns its offset (-1: no room);
+    ``release(token)`` frees it once the child has reported on it. Space is taken in a circle
+    and freed in the order it was taken (the dispatcher hands requests over in due order, ~50 ms
+    ahead), so a region released early waits for the older ones before it is reused."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._map: mmap.mmap | None = None
+        self._view: memoryview | None = None
+        self._taken: deque[list] = deque()  # [token, start, end, released], in the order taken
+        self._by_token: dict[int, list] = {}
+        self._head = 0  # where the next region starts, if it fits
+
+    def open(self) -> int:
+        """Create and map the memory file; returns its descriptor (the caller closes it)."""
+        fd = os.memfd_create("replayer-ring", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, self.size)
+            self._map = mmap.mmap(fd, self.size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._view = memoryview(self._map)
+        return fd
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._view.release()  # type: ignore[union-attr]
+            self._map.close()
+            self._map = self._view = None
+        self._taken.clear()
+        self._by_token.clear()
+        self._head = 0
+
+    def put(self, token: int, head: bytes, body: bytes) -> int:
+        n = len(head) + len(body)
+        taken, view = self._taken, self._view
+        if view is None or n > self.size:
+            return -1
+        if not taken:
+            start = 0
+        else:
+            tail, end = taken[0][1], self._head
+            if end > tail:  # free: [end, size) and [0, tail)
+                start = end if self.size - end >= n else 0 if tail >= n else -1
+            else:  # wrapped (or full): free is [end, tail)
+                start = end if tail - end >= n else -1
+            if start < 0:
+                return -1
+        mid = start + len(head)
+        view[start:mid] = head
+        view[mid:start + n] = body
+        self._head = start + n
+        region = [token, start, start + n, False]
+        taken.append(region)
+        self._by_token[token] = region
+        return start
+
+    def release(self, token: int) -> None:
+        region = self._by_token.pop(token, None)
+        if region is None:
+            return
+        region[3] = True
+        taken = self._taken
+        while taken and taken[0][3]:
+            taken.popleft()
+        if not taken:
+            self._head = 0
 
 
 def _sendmsg(sock: socket.socket, data: memoryview, fds: list[int]) -> int:

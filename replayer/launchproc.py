@@ -1,9 +1,12 @@
-"""The launcher's child process: ``python -m replayer.launchproc FD SPIN_NS POLICY``.
+"""The launcher's child process: ``python -m replayer.launchproc FD RING_FD RING_BYTES SPIN_NS POLICY``.
 
 It receives requests with their due times and socket descriptors from the parent
 (``replayer.launcher.Launcher``) over the Unix socket ``FD``, writes each at its due time and
-reports back. Each request's bytes wait in a memory file of their own (memfd) and are sent with
-``sendfile`` (no copy in this process). Standard library only, so it starts in ~30 ms and stays ~10 MB; the wire format
+reports back. A request's bytes wait in the shared ring ``RING_FD`` (a memory file the parent
+writes and this process maps read-only; written with ``os.write``, a copy, because ``sendfile``
+from it would let the socket keep referring to ring pages the parent reuses), or, when the ring
+is full, in a memory file of their own (sent with ``sendfile``: that file never changes).
+Standard library only, so it starts in ~30 ms and stays ~10 MB; the wire format
 (``FRAME``/``REPORT``) is defined here. See ``replayer.launcher`` for the why and the protocol.
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 import array
 import errno
 import heapq
+import mmap
 import os
 import select
 import signal
@@ -23,11 +27,12 @@ from collections import deque
 
 now_ns = time.perf_counter_ns  # = replayer.clock.now_ns (CLOCK_MONOTONIC, shared by processes)
 
-# parent -> child: kind, token, due time (ns, now_ns clock), head length, request length. A
-# WRITE frame's first byte carries two descriptors (SCM_RIGHTS): the connection's socket and the
-# memory file holding the request's bytes.
-FRAME = struct.Struct("<BxxxQqII")
-WRITE, CANCEL, STOP = 1, 2, 3
+# parent -> child: kind, token, due time (ns, now_ns clock), head length, request length, ring
+# offset. A RING frame's first byte carries one descriptor (SCM_RIGHTS), the connection's
+# socket, and its request is at the offset in the ring; a FILE frame's carries two: the socket
+# and a memory file holding the request.
+FRAME = struct.Struct("<BxxxQqIII")
+RING, FILE, CANCEL, STOP = 1, 2, 3, 4
 # child -> parent: token, time just before the first byte (ns), bytes written, errno (0 = none);
 # a cancelled write is reported too (ECANCELED; the parent ignores it)
 REPORT = struct.Struct("<Qqqi4x")
@@ -56,14 +61,16 @@ def _raise_priority(policy: str) -> int:
 
 class _Child:
     """The child's state: frames received and not yet due (a heap of (due, token) and a dict
-    token -> (fd, data, head_len))."""
+    token -> write)."""
 
-    def __init__(self, sock: socket.socket, spin_ns: int) -> None:
+    def __init__(self, sock: socket.socket, ring: memoryview, spin_ns: int) -> None:
         self.sock = sock
+        self.ring = ring
         self.spin_ns = spin_ns
         self.heap: list[tuple[int, int]] = []
-        # token -> (socket, memory file holding the request, head length, request length)
-        self.live: dict[int, tuple[int, int, int, int]] = {}
+        # token -> (socket, memory file holding the request or -1 (ring), head length, request
+        # length, offset in the ring)
+        self.live: dict[int, tuple[int, int, int, int, int]] = {}
         self.fds: deque[int] = deque()  # descriptors received, not yet matched to their frame
         self.hdr = memoryview(bytearray(FRAME.size))  # the frame header being read
         self.got = 0  # bytes of it read so far
@@ -112,10 +119,10 @@ class _Child:
             if self.got < FRAME.size:
                 continue
             self.got = 0
-            kind, token, at, head_len, size = FRAME.unpack_from(hdr)
-            if kind == WRITE:
+            kind, token, at, head_len, size, offset = FRAME.unpack_from(hdr)
+            if kind == RING or kind == FILE:
                 fds = self.fds
-                self.live[token] = (fds.popleft(), fds.popleft(), head_len, size)
+                self.live[token] = (fds.popleft(), fds.popleft() if kind == FILE else -1, head_len, size, offset)
                 heapq.heappush(self.heap, (at, token))
             elif kind == CANCEL:
                 item = self.live.pop(token, None)
@@ -127,11 +134,19 @@ class _Child:
 
     def release(self, item: tuple) -> None:
         os.close(item[0])
-        os.close(item[1])
+        if item[1] >= 0:
+            os.close(item[1])
+
+    def write(self, item: tuple, start: int, end: int) -> int:
+        """Write bytes ``start:end`` of a request to its socket, without blocking: the count
+        written (``BlockingIOError``/``OSError`` propagate)."""
+        fd, src, _, _, offset = item
+        if src < 0:
+            return os.write(fd, self.ring[offset + start:offset + end])
+        return os.sendfile(fd, src, start, end - start)
 
     def fire(self) -> None:
-        """Write every request due by now: all heads first, then the bodies (``sendfile`` from
-        the request's memory file: no copy here); then report."""
+        """Write every request due by now: all heads first, then the bodies; then report."""
         heap, live = self.heap, self.live
         started: list[tuple[int, int, tuple, int, int]] = []
         while heap and heap[0][0] <= now_ns():
@@ -139,11 +154,10 @@ class _Child:
             item = live.pop(token, None)
             if item is None:
                 continue
-            fd, src, head_len, size = item
             err = 0
             sent = now_ns()
             try:
-                n = os.sendfile(fd, src, 0, head_len)
+                n = self.write(item, 0, item[2])
             except BlockingIOError:
                 n = 0
             except OSError as e:
@@ -151,10 +165,9 @@ class _Child:
             started.append((token, sent, item, n, err))
         reports = []
         for token, sent, item, n, err in started:
-            fd, src, head_len, size = item
-            if not err and n == head_len < size:  # (a short head: the parent writes the rest)
+            if not err and n == item[2] < item[3]:  # (a short head: the parent writes the rest)
                 try:
-                    n += os.sendfile(fd, src, n, size - n)
+                    n += self.write(item, n, item[3])
                 except BlockingIOError:
                     pass
                 except OSError as e:
@@ -165,7 +178,9 @@ class _Child:
 
 
 def main(argv: list[str]) -> int:
-    fd, spin_ns, policy = int(argv[0]), int(argv[1]), argv[2]
+    fd, ring_fd, ring_bytes, spin_ns, policy = int(argv[0]), int(argv[1]), int(argv[2]), int(argv[3]), argv[4]
+    ring = memoryview(mmap.mmap(ring_fd, ring_bytes, prot=mmap.PROT_READ))
+    os.close(ring_fd)  # (the mapping stays)
     # a Ctrl-C or a SIGTERM to the whole group must not drop the writes handed over before the
     # parent's drain: the child ends when the parent closes the socket pair (or dies)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -174,7 +189,7 @@ def main(argv: list[str]) -> int:
     got = _raise_priority(policy)
     sock.sendall(REPORT.pack(HELLO, 0, got, 0))
     try:
-        _Child(sock, spin_ns).run()
+        _Child(sock, ring, spin_ns).run()
     except (BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
         pass
     return 0

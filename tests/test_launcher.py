@@ -12,6 +12,7 @@ import signal
 import socket
 
 import numpy as np
+import pytest
 
 from replayer.client import Client
 from replayer.clock import Anchor, now_ns
@@ -59,9 +60,9 @@ async def _sockets(n: int, *, rcvbuf: int | None = None):
     return server, socks, sinks
 
 
-async def _running(on_report=None) -> Launcher:
+async def _running(on_report=None, **kw) -> Launcher:
     """A started launcher (default priority) whose reports go to ``on_report`` if given."""
-    launcher = Launcher(priority="default")
+    launcher = Launcher(priority="default", **kw)
     launcher.start()
     await launcher.ready()
     if on_report is not None:
@@ -94,7 +95,7 @@ def test_writes_go_out_at_their_due_times_in_time_order_and_never_early():
         try:
             t0 = now_ns() + 50_000_000
             ats = [t0 + k * 5_000_000 for k in (5, 0, 3, 1, 4, 2)]  # submitted out of order
-            tokens = [launcher.submit(at, s.fileno(), b"HEAD%d|" % i + b"x" * 1000, 6)
+            tokens = [launcher.submit(at, s.fileno(), b"HEAD%d|" % i, b"x" * 1000)
                       for i, (at, s) in enumerate(zip(ats, socks))]
             for s in socks:
                 s.close()  # the child holds its own copies: the writes still go out
@@ -122,8 +123,8 @@ def test_a_cancelled_write_never_reaches_the_socket():
         launcher = await _running(on_report)
         try:
             at = now_ns() + 60_000_000
-            keep = launcher.submit(at, socks[0].fileno(), b"kept", 4)
-            drop = launcher.submit(at, socks[1].fileno(), b"dropped", 7)
+            keep = launcher.submit(at, socks[0].fileno(), b"kept", b"")
+            drop = launcher.submit(at, socks[1].fileno(), b"dropped", b"")
             launcher.cancel(drop)
             await _until(lambda: keep in got)
             await asyncio.sleep(0.05)
@@ -138,25 +139,73 @@ def test_a_cancelled_write_never_reaches_the_socket():
     assert data == [b"kept", b""] and drop not in got and pending == 0
 
 
-def test_a_write_the_socket_cannot_take_whole_is_reported_short():
+@pytest.mark.parametrize("ring_bytes", [8 << 20, 1 << 20], ids=["ring", "memory-file"])
+def test_a_write_the_socket_cannot_take_whole_is_reported_short(ring_bytes):
     # 4 MB against a small send buffer and a reader that does not keep up: the child writes
-    # what the socket takes without blocking and says how much (the Client writes the rest)
+    # what the socket takes without blocking and says how much (the Client writes the rest).
+    # The request fits in the shared ring, or (larger than it) goes in a memory file of its own.
     async def main():
         server, socks, sinks = await _sockets(1, rcvbuf=4096)
         got, event, on_report = _reports()
-        launcher = await _running(on_report)
+        launcher = await _running(on_report, ring_bytes=ring_bytes)
         try:
-            data = b"H" * 100 + os.urandom(4 << 20)
-            token = launcher.submit(now_ns() + 20_000_000, socks[0].fileno(), data, 100)
+            head, body = b"H" * 100, os.urandom(4 << 20)
+            token = launcher.submit(now_ns() + 20_000_000, socks[0].fileno(), head, body)
             await asyncio.wait_for(event.wait(), 5)
-            return got[token], len(data)
+            await _until(lambda: len(sinks[0].data) == got[token][1])
+            return got[token], bytes(sinks[0].data), head + body, launcher.ring_misses
         finally:
             launcher.stop()
             server.close()
             socks[0].close()
 
-    (sent, written, err), size = asyncio.run(main())
-    assert err == 0 and 100 <= written < size
+    (sent, written, err), received, data, misses = asyncio.run(main())
+    assert err == 0 and 100 <= written < len(data) and received == data[:written]
+    assert misses == (ring_bytes < len(data))
+
+
+def test_ring_space_is_reused_only_after_its_bytes_left_the_ring():
+    # A small ring goes round several times while the server reads nothing: every byte that
+    # was sent must still be the request's own when the server reads it at the end (a ring
+    # page sent with sendfile stays referenced by the socket, so the child copies from the ring)
+    async def main():
+        listener = socket.create_server(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        got, _, on_report = _reports()
+        launcher = await _running(on_report, ring_bytes=128 << 10)
+        rng = np.random.default_rng(7)
+        socks, peers, sent = [], [], {}
+        try:
+            t0 = now_ns() + 20_000_000
+            for i in range(40):
+                s = socket.create_connection(("127.0.0.1", port))
+                s.setblocking(False)
+                socks.append(s)
+                peers.append(listener.accept()[0])
+                at = t0 + i * 2_000_000
+                await asyncio.sleep(max(0, at - 4_000_000 - now_ns()) / 1e9)  # handed over ~4 ms ahead
+                head, body = b"R%02d|" % i, rng.bytes(int(rng.integers(10_000, 40_000)))
+                sent[launcher.submit(at, s.fileno(), head, body)] = (i, head + body)
+            await _until(lambda: len(got) == 40)
+            out = []
+            for token, (i, data) in sent.items():
+                peers[i].settimeout(5)
+                buf = b""
+                while len(buf) < got[token][1]:
+                    buf += peers[i].recv(1 << 20)
+                out.append((got[token], buf, data))
+            return out, launcher.ring_misses
+        finally:
+            launcher.stop()
+            for s in socks + peers:
+                s.close()
+            listener.close()
+
+    out, misses = asyncio.run(main())
+    assert sum(len(data) for _, _, data in out) > 4 * (128 << 10)  # the ring went round
+    assert misses < 10
+    for (sent_ns, written, err), received, data in out:
+        assert (err, written) == (0, len(data)) and received == data
 
 
 def test_a_write_on_a_closed_socket_reports_its_error():
@@ -166,7 +215,7 @@ def test_a_write_on_a_closed_socket_reports_its_error():
         launcher = await _running(on_report)
         try:
             socks[0].shutdown(socket.SHUT_WR)  # the child's copy shares the shut-down socket
-            token = launcher.submit(now_ns() + 20_000_000, socks[0].fileno(), b"x" * 10, 10)
+            token = launcher.submit(now_ns() + 20_000_000, socks[0].fileno(), b"x" * 10, b"")
             await asyncio.wait_for(event.wait(), 5)
             return got[token]
         finally:
@@ -184,7 +233,7 @@ def test_the_writes_a_dead_child_held_fail_and_the_launcher_stops():
         got, event, on_report = _reports()
         launcher = await _running(on_report)
         try:
-            token = launcher.submit(now_ns() + 10_000_000_000, socks[0].fileno(), b"late", 4)
+            token = launcher.submit(now_ns() + 10_000_000_000, socks[0].fileno(), b"late", b"")
             os.kill(launcher._proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
             await asyncio.wait_for(event.wait(), 5)
             return got[token], launcher.running
