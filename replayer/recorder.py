@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .result import SCHEMA, RequestResult, to_table
+from .result import SCHEMA, RequestResult, Rows, batches_to_table, to_table
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class Recorder:
         self.roll_interval_s = roll_interval_s
         self._schema = SCHEMA.with_metadata({k.encode(): v.encode() for k, v in (metadata or {}).items()})
         self._checkpoint = checkpoint
-        self._buf: list[RequestResult] = []
+        self._buf = Rows()  # converted to Arrow on the loop, in small batches (see Rows)
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="recorder")
         self._lock = threading.Lock()
         self._seq = len(glob.glob(os.path.join(self.parts_dir, "part-*.parquet")))
@@ -88,31 +88,33 @@ class Recorder:
         self._closed = False
 
     def add(self, res: RequestResult) -> None:
-        """Buffer one result (cheap); hands a full buffer to the writer thread."""
-        self._buf.append(res)
+        """Buffer one result (~2 us; ~1 ms per 128 to build their Arrow batch); hands a full
+        buffer to the writer thread."""
+        self._buf.add(res)
         self.rows_added += 1
-        if len(self._buf) >= self.flush_rows:
+        if self._buf.n >= self.flush_rows:
             self.flush()
 
     def flush(self) -> concurrent.futures.Future | None:
         """Hand the buffered results (and a checkpoint) to the writer thread; returns its future."""
         if self._closed:
             return None
-        batch, self._buf = self._buf, []
+        batches = self._buf.take()
         ckpt = self._checkpoint() if self._checkpoint else None
-        if not batch and ckpt is None:
+        if not batches and ckpt is None:
             return None
-        return self._pool.submit(self._write, batch, ckpt)
+        return self._pool.submit(self._write, batches, ckpt)
 
-    def _write(self, batch: list[RequestResult], ckpt: dict | None) -> None:
+    def _write(self, batches: list[pa.RecordBatch], ckpt: dict | None) -> None:
         with self._lock:
-            if batch:
+            if batches:
                 path = os.path.join(self.parts_dir, f"part-{self._seq:08d}.parquet")
                 self._seq += 1
-                _atomic_write_table(to_table(batch).replace_schema_metadata(self._schema.metadata), path)
+                table = batches_to_table(batches)
+                _atomic_write_table(table.replace_schema_metadata(self._schema.metadata), path)
                 self._parts.append(path)
-                self._part_rows += len(batch)
-                self.rows_written += len(batch)
+                self._part_rows += table.num_rows
+                self.rows_written += table.num_rows
             if ckpt is not None:
                 tmp = os.path.join(self.dir, "checkpoint.json.tmp")
                 with open(tmp, "w", encoding="utf-8") as f:
