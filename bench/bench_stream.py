@@ -10,7 +10,8 @@ against a ``replayer sim`` in its own process (TTFT 20 ms, ITL 10 ms) or ``--tar
 client process's user and system CPU per event (``getrusage`` over the waves, imports and
 warm-up excluded), voluntary context switches and events/s. A read costs a syscall plus the ACK
 it sends (on loopback the ACK's processing runs in the reader's syscall too), so system time per
-event is part of the price of per-token timing. Asserts nothing.
+event is part of the price of per-token timing; ``--delayed-ack`` (as ``replayer run
+--delayed-ack``) halves the ACKs. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -61,11 +62,11 @@ def _start_sim() -> tuple[subprocess.Popen, str]:
     raise SystemExit("replayer sim did not start within 30 s")
 
 
-async def _run(url: str, streams: int, tokens: int, waves: int, model: str) -> None:
+async def _run(url: str, streams: int, tokens: int, waves: int, model: str, delayed_ack: bool) -> None:
     body = orjson.dumps({"model": model, "prompt": list(range(1, 9)), "max_tokens": tokens,
                          "min_tokens": tokens, "ignore_eos": True, "stream": True,
                          "stream_options": {"include_usage": True}})
-    async with Client(url, t0_ns=now_ns()) as client:
+    async with Client(url, t0_ns=now_ns(), delayed_ack=delayed_ack) as client:
         await client.warm_up(streams)
 
         async def one(i: int) -> RequestResult:
@@ -97,12 +98,13 @@ def main() -> None:
     ap.add_argument("--waves", type=int, default=2)
     ap.add_argument("--target", help="an OpenAI-compatible server on 127.0.0.1 (default: a replayer sim)")
     ap.add_argument("--model", default="sim-model")
+    ap.add_argument("--delayed-ack", action="store_true", help="as replayer run --delayed-ack")
     a = ap.parse_args()
     if a.target and not a.target.startswith(("http://127.0.0.1", "http://localhost")):
         raise SystemExit("--target must be on 127.0.0.1 (benchmarks stay on this host)")
     proc, url = (None, a.target) if a.target else _start_sim()
     try:
-        uvloop.run(_run(url, a.streams, a.tokens, a.waves, a.model))
+        uvloop.run(_run(url, a.streams, a.tokens, a.waves, a.model, a.delayed_ack))
     finally:
         if proc is not None:
             proc.terminate()

@@ -78,6 +78,10 @@ class RunConfig(BaseModel):
     drain_timeout_s: float = Field(30.0, ge=0, description="on stop, wait this long for in-flight requests")
     launcher: bool = Field(True, description="write each request from a launcher process at its due time "
                            "(plain HTTP; the event loop keeps reading the streams)")
+    delayed_ack: bool = Field(False, description="let the kernel delay this client's TCP ACKs during a "
+                              "response stream (TCP_QUICKACK off, Linux): half the ACKs, ~3.5 us less CPU per "
+                              "SSE event; only for servers that set TCP_NODELAY (vLLM, SGLang, uvicorn and "
+                              "aiohttp servers do): with Nagle on, each token would wait up to 40 ms")
     lead_s: float = Field(0.5, gt=0, le=60, description="build request bodies this far ahead of their due time")
     start_delay_s: float = Field(0.1, ge=0, description="anchor the schedule this long after start-up")
     flush_rows: int = Field(2000, ge=1, description="write a results row group every N results")

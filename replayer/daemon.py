@@ -325,7 +325,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     client = Client(target, t0_ns=anchor.t0_ns, endpoint=cfg.endpoint, api_key=api_key,
                     connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s or None,
                     retry_max=cfg.retry_max, retry_backoff_s=cfg.retry_backoff_s,
-                    usage_slack_tokens=cfg.usage_slack_tokens)
+                    usage_slack_tokens=cfg.usage_slack_tokens, delayed_ack=cfg.delayed_ack)
     acct = _Accounting(state, metrics)
     duration_ns = int(cfg.duration_s * 1e9) if cfg.duration_s else None
     dispatcher = Dispatcher(batches, factory.prepare, client.send, recorder.add, t0_ns=anchor.t0_ns,
