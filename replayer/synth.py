@@ -55,12 +55,18 @@ def parse_dist(text: str):
         return np.maximum(1, np.round(x)).astype(np.int64)
 
     if kind == "const":
-        return lambda rng, n: np.full(n, max(1, int(round(a[0]))), dtype=np.int64)
+        if round(a[0]) < 1:  # (a length of 0 tokens is no request: refused, not turned into 1)
+            raise ValueError(f"bad distribution {text!r}: N must be >= 1")
+        return lambda rng, n: np.full(n, int(round(a[0])), dtype=np.int64)
     if kind == "uniform":
         lo, hi = int(a[0]), int(a[1])
         if hi < lo:
             raise ValueError(f"bad distribution {text!r}: HI < LO")
+        if hi < 1:
+            raise ValueError(f"bad distribution {text!r}: HI must be >= 1")
         return lambda rng, n: np.maximum(1, rng.integers(lo, hi + 1, n)).astype(np.int64)
+    if kind in ("lognormal", "exp") and a[0] <= 0:
+        raise ValueError(f"bad distribution {text!r}: MEAN must be > 0")
     if kind == "lognormal":
         mean, cv = a
         sigma = math.sqrt(math.log1p(cv * cv))

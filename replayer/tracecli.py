@@ -7,9 +7,22 @@ flags (the message names file, row and field for trace problems; nothing is writ
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
+
+
+def _factor(text: str) -> float:
+    """argparse type of the ``trace scale`` factors: a positive finite number (the error names
+    the flag, not ``scale_trace``'s parameter)."""
+    try:
+        f = float(text)
+    except ValueError:
+        f = math.nan
+    if not (math.isfinite(f) and f > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return f
 
 def _add_input(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", help="trace: Parquet file, folder or glob of shards; .jsonl; .csv")
@@ -60,9 +73,9 @@ def add_trace_parser(sub) -> None:
     sc = trs.add_parser("scale", help="scale times and lengths (hash ids recomputed consistently)")
     _add_input(sc)
     _add_output(sc)
-    sc.add_argument("--time", type=float, default=1.0, help="time factor (2 = twice as long, half the rate)")
-    sc.add_argument("--input", type=float, default=1.0, dest="input_factor", help="input length factor")
-    sc.add_argument("--output-factor", type=float, default=1.0, help="output length factor")
+    sc.add_argument("--time", type=_factor, default=1.0, help="time factor (2 = twice as long, half the rate)")
+    sc.add_argument("--input", type=_factor, default=1.0, dest="input_factor", help="input length factor")
+    sc.add_argument("--output-factor", type=_factor, default=1.0, help="output length factor")
 
     se = trs.add_parser("sessionize", help="chain rows that share leading hash ids into sessions (session_id, turn)")
     _add_input(se)

@@ -190,10 +190,20 @@ def test_arguments_that_would_be_ignored_are_errors(tmp_path, capsys):
         (["slice", src, "-o", str(tmp_path / "x.parquet"), "--start", "200", "--end", "100"], "must be before --end"),
         (["synth", "-o", str(tmp_path / "x.parquet"), "--rows", "10", "--rate", "1", "--cv", "2"],
          "--cv only applies to --arrival gamma"),
+        (["synth", "-o", str(tmp_path / "x.parquet"), "--rows", "10", "--rate", "1", "--input-dist", "const:0"],
+         "N must be >= 1"),  # was turned into 1 without a word
+        (["synth", "-o", str(tmp_path / "x.parquet"), "--rows", "10", "--rate", "1", "--output-dist", "exp:0"],
+         "MEAN must be > 0"),
+        (["scale", src, "-o", str(tmp_path / "x.parquet"), "--time", "0"],
+         "argument --time: must be a positive number"),  # named the function's time_factor
     ]
     for argv, msg in cases:
         capsys.readouterr()
-        assert cli_main(["trace", *argv]) == 2, argv
+        try:
+            rc = cli_main(["trace", *argv])
+        except SystemExit as e:  # (argparse's own errors)
+            rc = e.code
+        assert rc == 2, argv
         assert msg in capsys.readouterr().err, argv
         assert not list(tmp_path.iterdir()), argv  # nothing written
     assert cli_main(["trace", "synth", "-o", str(tmp_path / "g.parquet"), "--rows", "10", "--rate", "1",
