@@ -338,6 +338,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     dispatcher_ref.append(dispatcher)
     dispatcher_box.append(dispatcher)
     metrics.track_due(count_due=dispatcher.due_count)
+    metrics.track_speedup(lambda: timeline.speedup)
     signals: list[str] = []
 
     def on_signal(signame: str) -> None:

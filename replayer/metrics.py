@@ -226,6 +226,9 @@ class ReplayerMetrics:
         self.trace_rows = Gauge("replayer_trace_rows", "Rows on the schedule per loop of the trace.", registry=r)
         self.trace_rows_done = Gauge("replayer_trace_rows_done",
                                      "Rows of the current loop whose request finished (any outcome).", registry=r)
+        self.speedup = Gauge("replayer_speedup", "Trace seconds replayed per wall-clock second now "
+                             "(follows POST /speedup; replayer_config_info keeps the value at start).",
+                             registry=r)
         self.trace_duration = Gauge("replayer_trace_duration_seconds",
                                     "Trace time spanned by one loop's schedule (seconds of trace time; 0 when "
                                     "not known before the replay reads it).", registry=r)
@@ -258,6 +261,12 @@ class ReplayerMetrics:
         self.trace_rows.set(rows)
         self.trace_duration.set(duration_s)
         self._speedup = float(speedup)
+        self.speedup.set(speedup)
+
+    def track_speedup(self, current) -> None:
+        """Export ``current()`` (the timeline's speed-up, read at scrape time from the exposition
+        thread: a plain attribute read) as ``replayer_speedup``."""
+        self.speedup.set_function(lambda: float(current()))
 
     def track_due(self, due_ns: np.ndarray | None = None, t0_ns: int = 0, already_due: int = 0, *,
                   count_due=None) -> None:

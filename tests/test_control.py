@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 
 import pyarrow.parquet as pq
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import free_port, wait_http
 
@@ -58,6 +59,10 @@ def test_pause_resume_speedup_stop_with_token(tmp_path, mooncake_slice, sim_proc
         for path in ("/healthz", "/metrics", "/status"):   # open without a token
             with urllib.request.urlopen(base + path, timeout=5) as r:
                 assert r.status == 200
+        with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
+            exported = {s.name: s for f in text_string_to_metric_families(r.read().decode()) for s in f.samples}
+        assert exported["replayer_speedup"].value == 40                  # now
+        assert exported["replayer_config_info"].labels["speedup"] == "4.0"  # as started
         assert _post(base + "/stop", "s3cret-token")["state"] == "draining"
         out, err = p.communicate(timeout=60)
     finally:
