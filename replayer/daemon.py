@@ -408,7 +408,8 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                                    os.path.join(results_dir, "target_metrics.parquet"))
         summary["target_metrics"] = {"deltas": scraper.deltas(), "latest": scraper.latest,
                                      "scrapes": scraper.scrapes, "scrape_errors": scraper.errors,
-                                     "counter_resets": scraper.resets}
+                                     "counter_resets": scraper.resets,
+                                     "counter_series_resets": scraper.series_resets}
         hits = summary["target_metrics"]["deltas"].get("prefix_cache_hits")
         if hits is not None:
             summary["server_prefix_cache_hit_tokens"] = hits

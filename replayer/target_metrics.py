@@ -266,7 +266,8 @@ class TargetScraper:
         self.scrapes = 0
         self.errors = 0
         self.last_error: str | None = None
-        self.resets = 0
+        self.resets = 0         # scrape intervals in which counters went back (a restart: once)
+        self.series_resets = 0  # counter series that went back, over all of them
         self._prev: dict[SeriesKey, float] | None = None
         self._prev_created: dict[SeriesKey, float] = {}
         self._run: dict[SeriesKey, float] = defaultdict(float)
@@ -285,10 +286,13 @@ class TargetScraper:
                                  "value": v})
         if self._prev is not None:
             prev, pc = self._prev, self._prev_created
+            n = 0
             for key, inc in series_deltas(prev, values, pc, created).items():
                 self._run[key] += inc
                 if key in prev and _is_reset(prev[key], values[key], pc.get(key), created.get(key)):
-                    self.resets += 1
+                    n += 1
+            self.series_resets += n
+            self.resets += n > 0
         self._prev, self._prev_created = values, created
         self.latest = aggregate(values)
         self.scrapes += 1

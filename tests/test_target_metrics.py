@@ -113,6 +113,22 @@ def test_b20_reset_of_one_engine_not_hidden_by_the_other():
     # and a later interval after the reset is an ordinary difference again
     sc.observe(t2.replace('"0"} 20\n', '"0"} 25\n'))
     assert sc.deltas()["prompt_tokens"] == 175
+    assert (sc.resets, sc.series_resets) == (1, 1)
+
+
+def test_a_restart_is_one_reset_however_many_series_go_back():
+    t1 = ("# TYPE vllm:prompt_tokens_total counter\n"
+          'vllm:prompt_tokens_total{engine="0"} 100\nvllm:prompt_tokens_total{engine="1"} 50\n'
+          "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total 70\n")
+    restarted = ("# TYPE vllm:prompt_tokens_total counter\n"
+                 'vllm:prompt_tokens_total{engine="0"} 3\nvllm:prompt_tokens_total{engine="1"} 4\n'
+                 "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total 5\n")
+    sc = TargetScraper("http://unused/metrics")
+    again = restarted.replace("} 3", "} 1").replace("} 4", "} 1").replace("total 5", "total 1")
+    for text in (t1, restarted, restarted.replace("total 5", "total 9"), again):  # restarts twice
+        sc.observe(text)
+    assert (sc.resets, sc.series_resets) == (2, 6)
+    assert sc.deltas()["generation_tokens"] == 5 + 4 + 1
 
 
 def test_reset_detected_by_created_even_without_decrease():
