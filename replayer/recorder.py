@@ -88,8 +88,8 @@ class Recorder:
         self._closed = False
 
     def add(self, res: RequestResult) -> None:
-        """Buffer one result (~2 us; ~1 ms per 128 to build their Arrow batch); hands a full
-        buffer to the writer thread."""
+        """Buffer one result (~10-20 us with a few hundred ITL samples, plus ~1 ms per 128
+        results when their Arrow batch is built); hands a full buffer to the writer thread."""
         self._buf.add(res)
         self.rows_added += 1
         if self._buf.n >= self.flush_rows:

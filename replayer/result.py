@@ -93,8 +93,9 @@ SCHEMA: pa.Schema = pa.schema([pa.field(name, _TYPES[name]) for name in COLUMNS]
 
 
 class Rows:
-    """Results gathered into Arrow record batches as they come (``add``: ~2 us per result on
-    the caller's thread, plus ~0.3 ms per ``batch_rows`` results to build their batch).
+    """Results gathered into Arrow record batches as they come (``add``: ~2 us per result plus
+    ~20 ns per ITL sample on the caller's thread, and ~1 ms per ``batch_rows`` results when
+    their batch is built; bench/bench_hotpaths.py).
 
     Why here and not in the recorder's writer thread: converting Python objects to Arrow holds
     the GIL, and a thread holding it makes the event loop wait the interpreter's switch interval
