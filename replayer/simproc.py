@@ -6,6 +6,7 @@ boot on the other core while the replayer itself imports and loads the trace.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -20,10 +21,17 @@ def free_port() -> int:
 
 def spawn_sim(extra_args: list[str] | None = None) -> tuple[subprocess.Popen, str]:
     """Start ``replayer sim`` on a free loopback port; returns the process and its base URL.
-    Readiness is the caller's to wait for (``GET /v1/models``)."""
+    Readiness is the caller's to wait for (``GET /v1/models``).
+
+    It runs in a session of its own, so a Ctrl-C in the terminal (SIGINT to the foreground
+    process group) or ``timeout`` (which signals its group) reaches only the replayer: that
+    drains the requests in flight, then stops the simulator (``stop_sim``); in the same group
+    the simulator died at once and every request in flight failed as a disconnect. It exits by
+    itself when this process is gone (``--parent-pid``), so a SIGKILL leaves no server behind."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--host", "127.0.0.1", "--port", str(port),
-                             *(extra_args or [])], stdin=subprocess.DEVNULL)
+                             "--parent-pid", str(os.getpid()), *(extra_args or [])],
+                            stdin=subprocess.DEVNULL, start_new_session=True)
     return proc, f"http://127.0.0.1:{port}"
 
 

@@ -301,8 +301,8 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
         target = cfg.target
         if target is None:
             port = free_port()
-            sim = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--host", "127.0.0.1", "--port", str(port)],
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
+            sim = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--host", "127.0.0.1", "--port", str(port),
+                                    "--parent-pid", str(os.getpid())], stdin=subprocess.DEVNULL, start_new_session=True)
             target = f"http://127.0.0.1:{port}"
             if not _wait_health(target + "/health", sim, 30.0):
                 print(f"replayer run: the embedded simulator did not start at {target}", file=sys.stderr)

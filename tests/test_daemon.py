@@ -1,6 +1,7 @@
 """The daemon as a process: shutdown accounting, second signal, loops, shards, bad input."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -155,3 +156,45 @@ def test_sigkill_then_resume_records_every_row_once(tmp_path, mooncake_slice, si
     rows = [r for r in read_results(str(res)).to_pylist() if r["outcome"] != "not_started"]
     assert sorted(r["row"] for r in rows) == list(range(n))
     assert all(r["outcome"] == "success" for r in rows)
+
+
+def test_ctrl_c_drains_against_the_embedded_simulator_and_a_kill_leaves_no_server(tmp_path, mooncake_slice):
+    # Ctrl-C in a terminal sends SIGINT to the whole foreground process group: the embedded
+    # simulator (its own session) keeps serving while the replayer drains, so no request in
+    # flight fails as a disconnect. A SIGKILLed replayer's simulator exits by itself.
+    trace = mooncake_slice(400)
+    res = tmp_path / "r"
+    p = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace), "--speedup", "20", "--results",
+                          str(res), "--admin-port", "0", "--drain-timeout", "30"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not list(res.glob("parts/part-*.parquet")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err[-2000:]
+    rows = pq.read_table(res / "requests.parquet").to_pylist()
+    assert rows and not [r for r in rows if r["error_kind"] == "disconnect"]
+    assert sum(r["outcome"] == "success" for r in rows) > 0
+
+    p = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace), "--speedup", "20", "--results",
+                          str(tmp_path / "k"), "--admin-port", "0", "--log-level", "info"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = None
+    for line in p.stderr:
+        if "starting the embedded simulator at" in line:
+            url = line.rsplit(" at ", 1)[1].strip()
+            break
+    assert url, "no simulator URL in the log"
+    wait_http(url + "/health", 30)
+    p.kill()
+    p.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1).read()
+        except OSError:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the simulator outlived its SIGKILLed parent")

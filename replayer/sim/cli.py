@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 
@@ -16,7 +17,8 @@ from .server import SimServer
 # Standalone server
 
 
-async def _serve(config: SimConfig, host: str, port: int, record_file: str | None) -> None:
+async def _serve(config: SimConfig, host: str, port: int, record_file: str | None,
+                 parent_pid: int | None = None) -> None:
     fh = open(record_file, "ab") if record_file else None  # noqa: SIM115 - closed below
     written = 0
 
@@ -37,7 +39,11 @@ async def _serve(config: SimConfig, host: str, port: int, record_file: str | Non
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        if parent_pid:
+            watch = asyncio.ensure_future(_exit_with(parent_pid, stop))
         await stop.wait()
+        if parent_pid:
+            watch.cancel()
     finally:
         await server.stop()
         if fh is not None:
@@ -45,13 +51,21 @@ async def _serve(config: SimConfig, host: str, port: int, record_file: str | Non
 
 
 def run_sim(config: SimConfig, host: str = "127.0.0.1", port: int = 8000,
-            record_file: str | None = None) -> None:
-    """Serve until SIGINT/SIGTERM (blocking, uvloop). ``record_file``: append JSON lines."""
+            record_file: str | None = None, parent_pid: int | None = None) -> None:
+    """Serve until SIGINT/SIGTERM (blocking, uvloop). ``record_file``: append JSON lines.
+    ``parent_pid``: also stop once that process has ended (checked twice a second)."""
     try:
         import uvloop
-        uvloop.run(_serve(config, host, port, record_file))
+        uvloop.run(_serve(config, host, port, record_file, parent_pid))
     except ImportError:  # pragma: no cover - uvloop is a dependency
-        asyncio.run(_serve(config, host, port, record_file))
+        asyncio.run(_serve(config, host, port, record_file, parent_pid))
+
+
+async def _exit_with(pid: int, stop: asyncio.Event) -> None:
+    """Set ``stop`` when process ``pid`` (our parent) is gone: we are then re-parented."""
+    while os.getppid() == pid:
+        await asyncio.sleep(0.5)
+    stop.set()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,6 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--score-usage", choices=SCORE_USAGE_MODES, default=d.score_usage,
                    help="score/rerank prompt tokens: per_document (cross-encoder, query "
                    "counted per document) or once (query counted once)")
+    p.add_argument("--parent-pid", type=int, metavar="PID", default=None,
+                   help="stop when this process (the parent: replayer run's embedded simulator) ends")
     p.add_argument("--inflate-score-usage", type=int, metavar="N",
                    default=d.score_usage_inflate_tokens,
                    help="add N tokens per document to score/rerank usage (imitates an old "
@@ -107,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"replayer sim: {e}", file=sys.stderr)
         return 2
-    run_sim(cfg, a.host, a.port, a.record_requests)
+    run_sim(cfg, a.host, a.port, a.record_requests, a.parent_pid)
     return 0
 
 
