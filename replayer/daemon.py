@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -45,7 +46,7 @@ from .simproc import spawn_sim, stop_sim
 from .schedule import Timeline, iter_schedule
 from .sessions import SessionGate
 from .summary import format_summary, summarize_files
-from .trace import open_trace, parse_mapping
+from .trace import TraceError, open_trace, parse_mapping
 
 log = logging.getLogger("replayer")
 
@@ -142,10 +143,19 @@ async def wait_ready(base_url: str, timeout_s: float, api_key: str | None) -> li
             await asyncio.sleep(0.05)
 
 
-def _results_dir(cfg: RunConfig) -> str:
+def _results_dir(cfg: RunConfig) -> tuple[str, bool]:
+    """The results folder, created if needed: (path, whether this call created it). Raises
+    StartupError when the path is a file or cannot be created."""
     path = cfg.resume or cfg.results or os.path.join("results", time.strftime("%Y%m%d-%H%M%S"))
-    os.makedirs(path, exist_ok=True)
-    return path
+    if os.path.exists(path):
+        if not os.path.isdir(path):  # (a traceback before)
+            raise StartupError(f"--results {path}: exists and is not a folder")
+        return path, False
+    try:
+        os.makedirs(path)
+    except OSError as e:
+        raise StartupError(f"--results {path}: cannot create the folder: {e.strerror or e}") from None
+    return path, True
 
 
 def resume_plan(results_dir: str):
@@ -241,6 +251,7 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
     registry = registry or CollectorRegistry()
     sim_proc = sim[0] if sim else None
     admin: AdminServer | None = None
+    made_dir: str | None = None  # a results folder this run created
     try:
         target = cfg.target
         if target is None:  # start it first: it boots in its own process while we load the trace
@@ -250,7 +261,8 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
         warming = asyncio.get_running_loop().run_in_executor(None, recorder_warm_up)
         open_batches, block_size, n_rows, span_s = open_batches_factory(cfg)
         prompts = Prompts(cfg, cfg.block_size or block_size)
-        results_dir = _results_dir(cfg)
+        results_dir, created = _results_dir(cfg)
+        made_dir = results_dir if created else None
         state.results = results_dir
         metrics = ReplayerMetrics(registry, config_info={
             "speedup": str(cfg.speedup), "trace": os.path.basename(cfg.trace), "endpoint": cfg.endpoint,
@@ -262,7 +274,11 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
                             ready=lambda: state.state == "running",  # draining too (derived in _status)
                             control=lambda: dispatcher_ref[0] if dispatcher_ref else None,
                             token=cfg.control_token())
-        admin_url = await admin.start(cfg.admin_host, cfg.admin_port)
+        try:
+            admin_url = await admin.start(cfg.admin_host, cfg.admin_port)
+        except OSError as e:  # (the port in use: another replayer, or two `make run`s)
+            raise StartupError(f"--admin-port {cfg.admin_port} on {cfg.admin_host}: {e.strerror or e} "
+                               "(--admin-port 0 takes a free port)") from None
         log.info("admin server on %s (/metrics, /status)", admin_url)
         api_key = cfg.api_key()
         state.target = target
@@ -275,6 +291,11 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
         await warming
         summary = await _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, metrics,
                                 state, results_dir, model, dispatcher_ref)
+    except (StartupError, TraceError):
+        # nothing was sent: a folder this run made holds nothing (an empty parts/ at most)
+        if made_dir is not None and not any(files for _, _, files in os.walk(made_dir)):
+            shutil.rmtree(made_dir, ignore_errors=True)
+        raise
     finally:
         if admin is not None:
             await admin.stop()

@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -132,6 +133,22 @@ def test_target_down_fails_clearly(tmp_path, mooncake_slice):
               "--results", str(tmp_path / "r"), "--admin-port", "0"])
     out, err = p.communicate(timeout=60)
     assert p.returncode == 2 and "not ready" in err
+    assert not (tmp_path / "r").exists()  # nothing was sent: the folder it made is gone again
+
+
+def test_start_up_problems_are_errors_not_tracebacks(tmp_path, mooncake_slice, sim_process):
+    trace = mooncake_slice(5)
+    url, _ = sim_process()
+    with socket.create_server(("127.0.0.1", 0)) as taken:  # another replayer on the admin port
+        p = _run([str(trace), "--target", url, "--results", str(tmp_path / "r"),
+                  "--admin-port", str(taken.getsockname()[1])])
+        out, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and "--admin-port" in err and "Traceback" not in err, err[-2000:]
+    assert not (tmp_path / "r").exists()
+    (tmp_path / "afile").write_text("x")
+    p = _run([str(trace), "--target", url, "--results", str(tmp_path / "afile"), "--admin-port", "0"])
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and "not a folder" in err and "Traceback" not in err, err[-2000:]
 
 
 def test_sigkill_then_resume_records_every_row_once(tmp_path, mooncake_slice, sim_process):
