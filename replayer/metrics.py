@@ -251,6 +251,7 @@ class ReplayerMetrics:
         self._audit = {(e, a): self.pooling_audit.labels(e, a) for e in sorted(POOLING)
                        for a in ("ok", "inflated", "missing")}
         self._speedup = 1.0
+        self.loop_lag_recent_s = 0.0  # largest event-loop lag since its reader last reset it
         self._loop_no = 0
         self._loop_start_ns = 0
 
@@ -292,6 +293,8 @@ class ReplayerMetrics:
 
     def on_event_loop_lag(self, lag_s: float) -> None:
         self.loop_lag.observe(lag_s)
+        if lag_s > self.loop_lag_recent_s:
+            self.loop_lag_recent_s = lag_s
 
     # -- observer hooks --------------------------------------------------------------------
     def on_scheduled(self, n: int) -> None:

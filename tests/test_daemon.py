@@ -215,3 +215,29 @@ def test_ctrl_c_drains_against_the_embedded_simulator_and_a_kill_leaves_no_serve
         time.sleep(0.2)
     else:
         raise AssertionError("the simulator outlived its SIGKILLed parent")
+
+
+def test_self_watch_reports_each_loop_stall_once_and_apart_from_lateness(caplog):
+    import asyncio
+    import logging
+
+    from prometheus_client import CollectorRegistry
+
+    from replayer.daemon import RunState, _watch_self
+    from replayer.metrics import ReplayerMetrics
+
+    async def main():
+        state, metrics = RunState(), ReplayerMetrics(CollectorRegistry())
+        task = asyncio.ensure_future(_watch_self(state, metrics, every_s=0.05))
+        metrics.on_event_loop_lag(0.080)  # one 80 ms stall; the sends stayed on time
+        await asyncio.sleep(0.22)         # four intervals
+        state.watch_max_lag_ms = 120.0    # then requests went out late
+        await asyncio.sleep(0.05)
+        task.cancel()
+
+    with caplog.at_level(logging.INFO, logger="replayer.daemon"):
+        asyncio.run(main())
+    stalls = [r for r in caplog.records if "event loop stalled for up to 80 ms" in r.getMessage()]
+    behind = [r for r in caplog.records if "behind schedule: max dispatch lag 120 ms" in r.getMessage()]
+    assert len(stalls) == 1 and len(behind) == 1
+    assert "behind schedule" not in stalls[0].getMessage()
