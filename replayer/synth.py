@@ -97,24 +97,34 @@ class SynthSpec:
     seed: int = 0
     extra: dict = field(default_factory=dict)
 
-    def check(self) -> None:
+    def check(self, names: dict[str, str] | None = None) -> None:
+        """Raises ValueError listing every bad field; ``names`` maps field names to what the
+        caller calls them (the CLI's flags)."""
+        def n(field_name: str) -> str:
+            return (names or {}).get(field_name, field_name)
+
         problems = []
         if self.rows < 1:
-            problems.append(f"rows must be >= 1, got {self.rows}")
+            problems.append(f"{n('rows')} must be >= 1, got {self.rows}")
         if not (self.rate_per_s > 0 and math.isfinite(self.rate_per_s)):
-            problems.append(f"rate_per_s must be > 0, got {self.rate_per_s}")
+            problems.append(f"{n('rate_per_s')} must be a finite number > 0, got {self.rate_per_s}")
         if self.arrival not in ("poisson", "gamma"):
-            problems.append(f"arrival must be poisson or gamma, got {self.arrival!r}")
+            problems.append(f"{n('arrival')} must be poisson or gamma, got {self.arrival!r}")
         if not (self.cv > 0 and math.isfinite(self.cv)):
-            problems.append(f"cv must be > 0, got {self.cv}")
+            problems.append(f"{n('cv')} must be a finite number > 0, got {self.cv}")
         if self.turns < 1 or self.sessions < 1:
-            problems.append("turns and sessions must be >= 1")
+            problems.append(f"{n('turns')} and {n('sessions')} must be >= 1")
         if self.system_prompts < 0 or self.system_prompt_tokens < 0 or (self.system_prompts == 0) != (self.system_prompt_tokens == 0):
-            problems.append("system_prompts and system_prompt_tokens must both be 0 or both be >= 1")
+            problems.append(f"{n('system_prompts')} and {n('system_prompt_tokens')} must both be 0 or both be >= 1")
         if self.block_size < 1:
-            problems.append(f"block_size must be >= 1, got {self.block_size}")
+            problems.append(f"{n('block_size')} must be >= 1, got {self.block_size}")
         if self.max_input_tokens is not None and self.max_input_tokens < 1:
-            problems.append("max_input_tokens must be >= 1")
+            problems.append(f"{n('max_input_tokens')} must be >= 1")
+        for field_name in ("input_dist", "output_dist"):
+            try:
+                parse_dist(getattr(self, field_name))
+            except ValueError as e:
+                problems.append(f"{n(field_name)}: {e}")
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -24,6 +24,12 @@ def _factor(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
     return f
 
+_SYNTH_FLAGS = {"rows": "--rows", "rate_per_s": "--rate", "arrival": "--arrival", "cv": "--cv", "turns": "--turns",
+                "sessions": "--sessions", "system_prompts": "--system-prompts",
+                "system_prompt_tokens": "--system-prompt-tokens", "block_size": "--block-size",
+                "max_input_tokens": "--max-input-tokens", "input_dist": "--input-dist", "output_dist": "--output-dist"}
+
+
 def _add_input(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", help="trace: Parquet file, folder or glob of shards; .jsonl; .csv")
     p.add_argument("--format", default="auto",
@@ -85,7 +91,7 @@ def add_trace_parser(sub) -> None:
 
     sy = trs.add_parser("synth", help="generate a synthetic trace (seeded)")
     _add_output(sy)
-    sy.add_argument("--rows", type=int, required=True)
+    sy.add_argument("--rows", type=int, required=True, help="requests to generate")
     sy.add_argument("--rate", type=float, required=True, help="requests per second")
     sy.add_argument("--arrival", default="poisson", choices=("poisson", "gamma"))
     sy.add_argument("--cv", type=float, default=None,
@@ -98,9 +104,10 @@ def add_trace_parser(sub) -> None:
     sy.add_argument("--system-prompt-tokens", type=int, default=0, help="tokens per system prompt")
     sy.add_argument("--turns", type=int, default=1, help="turns per session (multi-turn growth)")
     sy.add_argument("--sessions", type=int, default=1, help="concurrent sessions interleaved")
-    sy.add_argument("--max-input-tokens", type=int, default=None)
-    sy.add_argument("--block-size", type=int, default=512)
-    sy.add_argument("--seed", type=int, default=0)
+    sy.add_argument("--max-input-tokens", type=int, default=None,
+                    help="cap on a row's input_length (a long session's prompts stop growing there) [default: none]")
+    sy.add_argument("--block-size", type=int, default=512, help="tokens per hash id [default: 512]")
+    sy.add_argument("--seed", type=int, default=0, help="random seed [default: 0]")
 
 
 def _open_opts(args) -> dict:
@@ -191,6 +198,7 @@ def _run(args, json, convert, read_trace, write_parquet, coarsest_unit) -> int:
                          system_prompts=args.system_prompts, system_prompt_tokens=args.system_prompt_tokens,
                          turns=args.turns, sessions=args.sessions, max_input_tokens=args.max_input_tokens,
                          block_size=args.block_size, seed=args.seed)
+        spec.check(names=_SYNTH_FLAGS)  # (errors name the flags, not the fields)
         n = write_synth(spec, args.output)
         print(f"wrote {args.output}: {n} rows")
         return 0

@@ -191,9 +191,11 @@ def test_arguments_that_would_be_ignored_are_errors(tmp_path, capsys):
         (["synth", "-o", str(tmp_path / "x.parquet"), "--rows", "10", "--rate", "1", "--cv", "2"],
          "--cv only applies to --arrival gamma"),
         (["synth", "-o", str(tmp_path / "x.parquet"), "--rows", "10", "--rate", "1", "--input-dist", "const:0"],
-         "N must be >= 1"),  # was turned into 1 without a word
+         "--input-dist: bad distribution 'const:0': N must be >= 1"),  # was turned into 1 without a word
         (["synth", "-o", str(tmp_path / "x.parquet"), "--rows", "10", "--rate", "1", "--output-dist", "exp:0"],
-         "MEAN must be > 0"),
+         "--output-dist: bad distribution 'exp:0': MEAN must be > 0"),
+        (["synth", "-o", str(tmp_path / "x.parquet"), "--rows", "10", "--rate", "inf"],
+         "--rate must be a finite number > 0"),  # named the field rate_per_s
         (["scale", src, "-o", str(tmp_path / "x.parquet"), "--time", "0"],
          "argument --time: must be a positive number"),  # named the function's time_factor
     ]
