@@ -79,7 +79,7 @@ class RunConfig(BaseModel):
     launcher: bool = Field(True, description="write each request from a launcher process at its due time "
                            "(plain HTTP; the event loop keeps reading the streams)")
     delayed_ack: bool = Field(False, description="let the kernel delay this client's TCP ACKs during a "
-                              "response stream (TCP_QUICKACK off, Linux): half the ACKs, ~3.5 us less CPU per "
+                              "response stream (TCP_QUICKACK off; Linux, elsewhere a no-op with a warning): half the ACKs, ~3.5 us less CPU per "
                               "SSE event; only for servers that set TCP_NODELAY (vLLM, SGLang, uvicorn and "
                               "aiohttp servers do): with Nagle on, each token would wait up to 40 ms")
     lead_s: float = Field(0.5, gt=0, le=60, description="build request bodies this far ahead of their due time")

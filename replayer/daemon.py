@@ -347,6 +347,11 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                     connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s or None,
                     retry_max=cfg.retry_max, retry_backoff_s=cfg.retry_backoff_s,
                     usage_slack_tokens=cfg.usage_slack_tokens, delayed_ack=cfg.delayed_ack)
+    if cfg.delayed_ack:
+        if client.delayed_ack:
+            log.info("--delayed-ack: quick ACKs off per response (the target must set TCP_NODELAY)")
+        else:
+            log.warning("--delayed-ack has no effect here: this OS has no TCP_QUICKACK")
     acct = _Accounting(state, metrics)
     duration_ns = int(cfg.duration_s * 1e9) if cfg.duration_s else None
     dispatcher = Dispatcher(batches, factory.prepare, client.send, recorder.add, t0_ns=anchor.t0_ns,
@@ -389,8 +394,9 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         background.append(loop.create_task(scraper.run()))
     if cfg.loops == 1 and shards == 1 and not cfg.resume:  # else known only at the end
         state.scheduled = min(n_rows or 0, cfg.max_requests or n_rows or 0)
-    log.info("replaying %s (%s rows, loop %s, shard %s) against %s (model %s) at speedup %g; results in %s",
-             cfg.trace, n_rows, cfg.loop, cfg.shard, target, model, cfg.speedup, results_dir)
+    log.info("replaying %s (%s rows%s, passes %s, shard %s) against %s (model %s) at speedup %g; results in %s",
+             cfg.trace, n_rows, f", the first {cfg.max_requests} sent" if cfg.max_requests else "", cfg.loop,
+             cfg.shard, target, model, cfg.speedup, results_dir)
     try:
         await client.start()
         if launcher is not None:
