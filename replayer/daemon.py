@@ -29,7 +29,7 @@ from . import __version__
 from .admin import AdminServer
 from .client import Client
 from .clock import Anchor, now_ns
-from .config import RunConfig
+from .config import RunConfig, flag_name
 from .dispatcher import Dispatcher, Observer
 from .gcpacer import GcPacer
 from .launcher import Launcher
@@ -158,18 +158,37 @@ def _results_dir(cfg: RunConfig) -> tuple[str, bool]:
     return path, True
 
 
-def resume_plan(results_dir: str):
+#: settings a resumed run must share with the run it continues: they decide which rows exist
+#: and what each prompt is (a resume with another seed would mix two prompt sets in one folder)
+SAME_ON_RESUME = ("seed", "shard", "block_size", "vocab_range", "tokenizer", "prompt_mode", "loop_salt",
+                  "loop", "max_requests", "endpoint", "format", "map", "time_unit")
+
+
+def resume_plan(results_dir: str, cfg: RunConfig | None = None):
     """Where a resumed run starts: (first loop with an unrecorded row, skip function).
 
     Every (loop, row) already recorded as sent (any outcome but ``not_started``) in the results
     folder is skipped, and the ``not_started`` records are removed (those rows are sent now), so
     the union of the files holds each row once. Raises StartupError when the folder holds no
-    checkpoint."""
+    checkpoint, or when ``cfg`` differs from the checkpoint in the trace or a ``SAME_ON_RESUME``
+    setting (all differences listed; checkpoints written before these were recorded hold the
+    trace, shard and seed only)."""
     ckpt_path = os.path.join(results_dir, "checkpoint.json")
     if not os.path.exists(ckpt_path):
         raise StartupError(f"--resume {results_dir}: no checkpoint.json (not a replayer results folder?)")
     with open(ckpt_path, encoding="utf-8") as f:
         ckpt = json.load(f)
+    if cfg is not None:
+        recorded = {**ckpt.get("settings", {}), **{k: ckpt[k] for k in ("shard", "seed") if k in ckpt}}
+        now = _resume_settings(cfg)
+        diff = [f"{flag_name(k)} {recorded[k]!r} there, {now[k]!r} now" for k in SAME_ON_RESUME
+                if k in recorded and recorded[k] != now[k]]
+        if "trace" in ckpt and os.path.realpath(ckpt["trace"]) != os.path.realpath(cfg.trace) \
+                and os.path.basename(ckpt["trace"]) != os.path.basename(cfg.trace):
+            diff.insert(0, f"trace {ckpt['trace']} there, {os.path.abspath(cfg.trace)} now")
+        if diff:
+            raise StartupError(f"--resume {results_dir}: settings differ from the run it continues: "
+                               + "; ".join(diff))
     table = read_results(results_dir, columns=["loop", "row", "outcome"])
     done: dict[int, np.ndarray] = {}
     if table.num_rows:
@@ -190,6 +209,11 @@ def resume_plan(results_dir: str):
     log.info("resuming %s from loop %d: %d rows already recorded (%d not-started records replaced)",
              results_dir, start_loop, sum(v.size for v in done.values()), dropped)
     return start_loop, skip
+
+
+def _resume_settings(cfg: RunConfig) -> dict:
+    """The ``SAME_ON_RESUME`` settings as JSON values."""
+    return {k: json.loads(json.dumps(getattr(cfg, k), default=str)) for k in SAME_ON_RESUME}
 
 
 BATCH_ROWS = 65_536
@@ -308,7 +332,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                   results_dir, model, dispatcher_ref) -> dict:
     loop = asyncio.get_running_loop()
     shard, shards = cfg.shard_index
-    start_loop, skip = resume_plan(results_dir) if cfg.resume else (0, None)
+    start_loop, skip = resume_plan(results_dir, cfg) if cfg.resume else (0, None)
     batches = iter_schedule(open_batches, loops=cfg.loops, loop_gap_ns=int(cfg.loop_gap_s * 1e9),
                             shard=shard, shards=shards, max_requests=cfg.max_requests,
                             start_loop=start_loop, skip=skip)
@@ -337,6 +361,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     def checkpoint() -> dict:
         pos = dispatcher_box[0].position if dispatcher_box else None
         return {"trace": os.path.abspath(cfg.trace), "shard": cfg.shard, "seed": cfg.seed,
+                "settings": _resume_settings(cfg),
                 "loop": pos.loop if pos else start_loop, "next_row": pos.row if pos else 0,
                 "next_index": pos.index if pos else 0, "wall_time": time.time()}
 

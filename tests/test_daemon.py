@@ -241,3 +241,22 @@ def test_self_watch_reports_each_loop_stall_once_and_apart_from_lateness(caplog)
     behind = [r for r in caplog.records if "behind schedule: max dispatch lag 120 ms" in r.getMessage()]
     assert len(stalls) == 1 and len(behind) == 1
     assert "behind schedule" not in stalls[0].getMessage()
+
+
+def test_resume_refuses_settings_that_change_the_prompts(tmp_path, mooncake_slice, sim_process):
+    trace = mooncake_slice(10)
+    url, _ = sim_process()
+    res = tmp_path / "r"
+    common = ["--target", url, "--admin-port", "0", "--quiet"]
+    p = _run([str(trace), "--results", str(res), "--speedup", "50", *common])
+    assert p.communicate(timeout=120) and p.returncode == 0
+    before = (res / "requests.parquet").read_bytes()
+    p = _run(["--resume", str(res), str(trace), "--speedup", "50", "--seed", "7", "--vocab-range", "2000:40000",
+              *common])
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 2, err[-2000:]
+    assert "--seed 0 there, 7 now" in err and "--vocab-range" in err and "2000:40000" in err
+    assert (res / "requests.parquet").read_bytes() == before   # nothing sent, nothing rewritten
+    p = _run(["--resume", str(res), str(trace), "--speedup", "80", *common])  # another speed-up is fine
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-2000:]
