@@ -9,6 +9,7 @@ cancels in-flight requests at once. Results already measured are flushed in ever
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
@@ -209,6 +210,19 @@ def resume_plan(results_dir: str, cfg: RunConfig | None = None):
     log.info("resuming %s from loop %d: %d rows already recorded (%d not-started records replaced)",
              results_dir, start_loop, sum(v.size for v in done.values()), dropped)
     return start_loop, skip
+
+
+def _carry_target_totals(results_dir: str, scraper: TargetScraper) -> None:
+    """Seed ``scraper`` with the target-metric totals of the runs already in ``results_dir``
+    (their ``summary.json``; a run killed before writing it left none to carry)."""
+    try:
+        with open(os.path.join(results_dir, "summary.json"), encoding="utf-8") as f:
+            tm = json.load(f).get("target_metrics") or {}
+    except (OSError, ValueError):
+        return
+    scraper.add_totals(tm.get("series_totals") or [], scrapes=tm.get("scrapes", 0),
+                       errors=tm.get("scrape_errors", 0), resets=tm.get("counter_resets", 0),
+                       series_resets=tm.get("counter_series_resets", 0))
 
 
 def _resume_settings(cfg: RunConfig) -> dict:
@@ -416,6 +430,8 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     if cfg.scrape_target_metrics:
         scraper = TargetScraper(target.rstrip("/") + "/metrics", interval_s=cfg.scrape_interval_s,
                                 t0_ns=anchor.t0_ns)
+        if cfg.resume:  # the summary covers the whole folder: start from the earlier runs' totals
+            _carry_target_totals(results_dir, scraper)
         background.append(loop.create_task(scraper.run()))
     if cfg.loops == 1 and shards == 1 and not cfg.resume:  # else known only at the end
         state.scheduled = min(n_rows or 0, cfg.max_requests or n_rows or 0)
@@ -456,12 +472,14 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     state.state = "done"
     summary = await loop.run_in_executor(None, summarize_files, result_files(results_dir))
     if scraper is not None and scraper.scrapes:
-        await loop.run_in_executor(None, save_samples, scraper.take_samples(),
-                                   os.path.join(results_dir, "target_metrics.parquet"))
+        await loop.run_in_executor(None, functools.partial(
+            save_samples, scraper.take_samples(), os.path.join(results_dir, "target_metrics.parquet"),
+            append=bool(cfg.resume)))
         summary["target_metrics"] = {"deltas": scraper.deltas(), "latest": scraper.latest,
                                      "scrapes": scraper.scrapes, "scrape_errors": scraper.errors,
                                      "counter_resets": scraper.resets,
-                                     "counter_series_resets": scraper.series_resets}
+                                     "counter_series_resets": scraper.series_resets,
+                                     "series_totals": scraper.series_totals()}
         hits = summary["target_metrics"]["deltas"].get("prefix_cache_hits")
         if hits is not None:
             summary["server_prefix_cache_hit_tokens"] = hits

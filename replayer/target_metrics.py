@@ -42,6 +42,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -298,6 +299,21 @@ class TargetScraper:
         self.scrapes += 1
         return self.latest
 
+    def series_totals(self) -> list[list]:
+        """The run's counter increases per raw series, as JSON-able ``[name, labels, value]``
+        (``add_totals`` takes them back: a resumed run's deltas then cover every run)."""
+        return [[name, dict(labels), v] for (name, labels), v in self._run.items()]
+
+    def add_totals(self, totals: list, *, scrapes: int = 0, errors: int = 0, resets: int = 0,
+                   series_resets: int = 0) -> None:
+        """Start from an earlier run's ``series_totals`` and counts (``--resume``)."""
+        for name, labels, v in totals:
+            self._run[(name, tuple(sorted(labels.items())))] += float(v)
+        self.scrapes += scrapes
+        self.errors += errors
+        self.resets += resets
+        self.series_resets += series_resets
+
     def deltas(self) -> dict[str, float]:
         """Counter increases over the run (first to last good scrape), aggregated like
         ``aggregate`` with derived ratios over the run (e.g. the run's acceptance rate)."""
@@ -348,15 +364,21 @@ class TargetScraper:
                 await session.close()
 
 
-def save_samples(rows: list[dict], path: str) -> None:
+def save_samples(rows: list[dict], path: str, *, append: bool = False) -> None:
     """Write sample rows (``TargetScraper.samples`` format) to Parquet, long format: columns
     ``time_s`` (float64, Unix s), ``t_ns`` (int64, ns after the run anchor), ``metric`` (the raw
     sample name, e.g. ``vllm:prompt_tokens_total``), ``labels`` (JSON object text, every label),
-    ``kind`` ("counter"/"gauge"), ``value`` (float64). Overwrites ``path``."""
+    ``kind`` ("counter"/"gauge"), ``value`` (float64). Overwrites ``path``, or with ``append``
+    adds to the rows already there (a resumed run; ``t_ns`` is then after each run's own anchor,
+    ``time_s`` is one axis). Written to a temporary name, then renamed."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     schema = pa.schema([("time_s", pa.float64()), ("t_ns", pa.int64()), ("metric", pa.string()),
                         ("labels", pa.string()), ("kind", pa.string()), ("value", pa.float64())])
     cols = {f.name: [r[f.name] for r in rows] for f in schema}
-    pq.write_table(pa.table(cols, schema=schema), path)
+    table = pa.table(cols, schema=schema)
+    if append and os.path.exists(path):
+        table = pa.concat_tables([pq.read_table(path, schema=schema), table])
+    pq.write_table(table, path + ".tmp")
+    os.replace(path + ".tmp", path)

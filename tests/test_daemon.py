@@ -260,3 +260,27 @@ def test_resume_refuses_settings_that_change_the_prompts(tmp_path, mooncake_slic
     p = _run(["--resume", str(res), str(trace), "--speedup", "80", *common])  # another speed-up is fine
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err[-2000:]
+
+
+def test_a_resumed_folder_has_the_target_metrics_of_every_run(tmp_path, mooncake_slice, sim_process):
+    trace = mooncake_slice(40)
+    url, _ = sim_process()
+    res = tmp_path / "r"
+    common = [str(trace), "--target", url, "--speedup", "10", "--admin-port", "0", "--quiet",
+              "--scrape-interval", "0.5"]
+    p = _run([*common, "--results", str(res), "--duration", "1.5"])
+    assert p.communicate(timeout=120) and p.returncode == 0
+    first = json.loads((res / "summary.json").read_text())["target_metrics"]
+    first_samples = pq.read_table(res / "target_metrics.parquet").to_pylist()
+    p = _run(["--resume", str(res), *common])
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-2000:]
+    whole = json.loads((res / "summary.json").read_text())
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:  # the server's own count, both runs
+        served = {s.name: s.value for f in text_string_to_metric_families(r.read().decode()) for s in f.samples}
+    tm = whole["target_metrics"]
+    assert 0 < first["deltas"]["prompt_tokens"] < tm["deltas"]["prompt_tokens"]
+    assert tm["deltas"]["prompt_tokens"] == served["vllm:prompt_tokens_total"]
+    assert tm["scrapes"] > first["scrapes"]
+    samples = pq.read_table(res / "target_metrics.parquet").to_pylist()
+    assert samples[:len(first_samples)] == first_samples and len(samples) > len(first_samples)  # appended
