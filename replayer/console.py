@@ -69,6 +69,8 @@ class LiveConsole:
             frac = min(1.0, st.get("sent", 0) / st["scheduled"])
         elapsed = self._clock() - self._t0
         eta = elapsed * (1 - frac) / frac if frac and frac > 0 else None
+        if frac is not None and frac >= 1.0 and st.get("in_flight"):
+            eta = None  # all sent, answers still streaming: not "0:00"
         return frac, eta
 
     def rates(self, st: dict) -> tuple[float | None, float | None]:
@@ -90,7 +92,7 @@ class LiveConsole:
         bar = Table.grid(padding=(0, 1))
         bar.add_row(ProgressBar(total=1.0, completed=frac or 0.0, width=40),
                     Text(f"{(frac or 0) * 100:5.1f}%  trace {_dur(st.get('trace_time_s'))} / "
-                         f"{_dur(st.get('trace_duration_s'))}  rows {st.get('trace_rows_done', '-')}/"
+                         f"{_dur(st.get('trace_duration_s') or None)}  rows {st.get('trace_rows_done', '-')}/"
                          f"{st.get('trace_rows') or st.get('scheduled', '-')}"))
         t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
         for col in ("sent", "completed", "failed", "in flight", "req/s", "tokens/s",

@@ -61,3 +61,12 @@ def test_run_draws_on_a_terminal_and_survives_a_broken_status():
     asyncio.run(main())
     assert calls[0] >= 3
     assert "TTFT p99" in buf.getvalue()
+
+
+def test_unknown_trace_span_and_the_drain_show_no_made_up_times():
+    c = LiveConsole(lambda: STATUS, clock=lambda: 5.0, force_terminal=True)
+    st = dict(STATUS, trace_duration_s=0.0, trace_time_s=15.0, sent=100, in_flight=8)
+    frac, eta = c.progress(st)
+    assert frac == 1.0 and eta is None  # all sent, 8 still streaming
+    out = _text(c.render(st))
+    assert "trace 0:15 / -" in out and "ETA -" in out, out
