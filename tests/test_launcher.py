@@ -6,6 +6,7 @@ received and when, or the embedded simulator for whole replays."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import signal
@@ -70,6 +71,23 @@ async def _running(on_report=None, **kw) -> Launcher:
     return launcher
 
 
+@contextlib.asynccontextmanager
+async def _rig(n: int, *, rcvbuf: int | None = None, **launcher_kw):
+    """``n`` sockets to a recording server and a running launcher whose reports are gathered:
+    yields (launcher, sockets, sinks, reports by token, an event set on each report); all of it
+    is stopped and closed on exit."""
+    server, socks, sinks = await _sockets(n, rcvbuf=rcvbuf)
+    got, event, on_report = _reports()
+    launcher = await _running(on_report, **launcher_kw)
+    try:
+        yield launcher, socks, sinks, got, event
+    finally:
+        launcher.stop()
+        server.close()
+        for s in socks:
+            s.close()
+
+
 def _reports():
     got: dict[int, tuple[int, int, int]] = {}
     event = asyncio.Event()
@@ -89,10 +107,7 @@ async def _until(pred, timeout_s: float = 5.0) -> None:
 
 def test_writes_go_out_at_their_due_times_in_time_order_and_never_early():
     async def main():
-        server, socks, sinks = await _sockets(6)
-        got, _, on_report = _reports()
-        launcher = await _running(on_report)
-        try:
+        async with _rig(6) as (launcher, socks, sinks, got, _):
             t0 = now_ns() + 50_000_000
             ats = [t0 + k * 5_000_000 for k in (5, 0, 3, 1, 4, 2)]  # submitted out of order
             tokens = [launcher.submit(at, s.fileno(), b"HEAD%d|" % i, b"x" * 1000)
@@ -101,9 +116,6 @@ def test_writes_go_out_at_their_due_times_in_time_order_and_never_early():
                 s.close()  # the child holds its own copies: the writes still go out
             await _until(lambda: len(got) == 6 and all(len(k.data) == 1006 for k in sinks))
             return ats, tokens, got, sinks, launcher.launched, launcher.pending()
-        finally:
-            launcher.stop()
-            server.close()
 
     ats, tokens, got, sinks, launched, pending = asyncio.run(main())
     assert launched == 6 and pending == 0
@@ -118,10 +130,7 @@ def test_writes_go_out_at_their_due_times_in_time_order_and_never_early():
 
 def test_a_cancelled_write_never_reaches_the_socket():
     async def main():
-        server, socks, sinks = await _sockets(2)
-        got, _, on_report = _reports()
-        launcher = await _running(on_report)
-        try:
+        async with _rig(2) as (launcher, socks, sinks, got, _):
             at = now_ns() + 60_000_000
             keep = launcher.submit(at, socks[0].fileno(), b"kept", b"")
             drop = launcher.submit(at, socks[1].fileno(), b"dropped", b"")
@@ -129,11 +138,6 @@ def test_a_cancelled_write_never_reaches_the_socket():
             await _until(lambda: keep in got)
             await asyncio.sleep(0.05)
             return keep, drop, got, [bytes(k.data) for k in sinks], launcher.pending()
-        finally:
-            launcher.stop()
-            server.close()
-            for s in socks:
-                s.close()
 
     keep, drop, got, data, pending = asyncio.run(main())
     assert data == [b"kept", b""] and drop not in got and pending == 0
@@ -145,19 +149,12 @@ def test_a_write_the_socket_cannot_take_whole_is_reported_short(ring_bytes):
     # what the socket takes without blocking and says how much (the Client writes the rest).
     # The request fits in the shared ring, or (larger than it) goes in a memory file of its own.
     async def main():
-        server, socks, sinks = await _sockets(1, rcvbuf=4096)
-        got, event, on_report = _reports()
-        launcher = await _running(on_report, ring_bytes=ring_bytes)
-        try:
+        async with _rig(1, rcvbuf=4096, ring_bytes=ring_bytes) as (launcher, socks, sinks, got, event):
             head, body = b"H" * 100, os.urandom(4 << 20)
             token = launcher.submit(now_ns() + 20_000_000, socks[0].fileno(), head, body)
             await asyncio.wait_for(event.wait(), 5)
             await _until(lambda: len(sinks[0].data) == got[token][1])
             return got[token], bytes(sinks[0].data), head + body, launcher.ring_misses
-        finally:
-            launcher.stop()
-            server.close()
-            socks[0].close()
 
     (sent, written, err), received, data, misses = asyncio.run(main())
     assert err == 0 and 100 <= written < len(data) and received == data[:written]
@@ -210,18 +207,11 @@ def test_ring_space_is_reused_only_after_its_bytes_left_the_ring():
 
 def test_a_write_on_a_closed_socket_reports_its_error():
     async def main():
-        server, socks, sinks = await _sockets(1)
-        got, event, on_report = _reports()
-        launcher = await _running(on_report)
-        try:
+        async with _rig(1) as (launcher, socks, _, got, event):
             socks[0].shutdown(socket.SHUT_WR)  # the child's copy shares the shut-down socket
             token = launcher.submit(now_ns() + 20_000_000, socks[0].fileno(), b"x" * 10, b"")
             await asyncio.wait_for(event.wait(), 5)
             return got[token]
-        finally:
-            launcher.stop()
-            server.close()
-            socks[0].close()
 
     sent, written, err = asyncio.run(main())
     assert err == errno.EPIPE and written == 0
@@ -229,18 +219,11 @@ def test_a_write_on_a_closed_socket_reports_its_error():
 
 def test_the_writes_a_dead_child_held_fail_and_the_launcher_stops():
     async def main():
-        server, socks, sinks = await _sockets(1)
-        got, event, on_report = _reports()
-        launcher = await _running(on_report)
-        try:
+        async with _rig(1) as (launcher, socks, _, got, event):
             token = launcher.submit(now_ns() + 10_000_000_000, socks[0].fileno(), b"late", b"")
             os.kill(launcher._proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
             await asyncio.wait_for(event.wait(), 5)
             return got[token], launcher.running
-        finally:
-            launcher.stop()
-            server.close()
-            socks[0].close()
 
     (sent, written, err), running = asyncio.run(main())
     assert err == errno.ECHILD and not running
