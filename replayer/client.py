@@ -129,12 +129,10 @@ class _Connection(asyncio.Protocol):
             self._finish_error(ErrorKind.PROTOCOL, f"invalid HTTP response: {e}")
 
     def eof_received(self) -> None:
-        self.closed = True
-        self.pool._cancel_launch(self)
+        self._closing()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.pool._cancel_launch(self)
+        self._closing()
         ex = self.ex
         if ex is None:
             return
@@ -219,10 +217,15 @@ class _Connection(asyncio.Protocol):
                 ex.done.set_exception(_Failure(kind, message))
 
     def _abort(self) -> None:
-        self.closed = True
-        self.pool._cancel_launch(self)
+        self._closing()
         if self.transport is not None:
             self.transport.abort()
+
+    def _closing(self) -> None:
+        """The connection is going away: no new exchange on it, and its write queued in the
+        launcher (if any) is cancelled."""
+        self.closed = True
+        self.pool._cancel_launch(self)
 
     def check_stall(self) -> None:
         """Lazy read-timeout timer: fires once per timeout period, not per chunk."""

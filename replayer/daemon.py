@@ -289,7 +289,7 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
     registry = registry or CollectorRegistry()
     sim_proc = sim[0] if sim else None
     admin: AdminServer | None = None
-    made_dir: str | None = None  # a results folder this run created
+    created = False  # the results folder is this run's own
     try:
         target = cfg.target
         if target is None:  # start it first: it boots in its own process while we load the trace
@@ -300,7 +300,6 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
         open_batches, block_size, n_rows, span_s = open_batches_factory(cfg)
         prompts = Prompts(cfg, cfg.block_size or block_size)
         results_dir, created = _results_dir(cfg)
-        made_dir = results_dir if created else None
         state.results = results_dir
         metrics = ReplayerMetrics(registry, config_info={
             "speedup": str(cfg.speedup), "trace": os.path.basename(cfg.trace), "endpoint": cfg.endpoint,
@@ -331,8 +330,8 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
                                 state, results_dir, model, dispatcher_ref)
     except (StartupError, TraceError):
         # nothing was sent: a folder this run made holds nothing (an empty parts/ at most)
-        if made_dir is not None and not any(files for _, _, files in os.walk(made_dir)):
-            shutil.rmtree(made_dir, ignore_errors=True)
+        if created and not any(files for _, _, files in os.walk(results_dir)):
+            shutil.rmtree(results_dir, ignore_errors=True)
         raise
     finally:
         if admin is not None:
@@ -540,12 +539,15 @@ async def _watch_self(state: RunState, metrics: ReplayerMetrics, every_s: float 
             warned = False
 
 
+_NO_LAUNCHER = "the launcher process failed to start (%s); the event loop writes every request"
+
+
 def _start_launcher() -> Launcher | None:
     launcher = Launcher()
     try:
         launcher.start()
     except OSError as e:
-        log.warning("the launcher process failed to start (%s); the event loop writes every request", e)
+        log.warning(_NO_LAUNCHER, e)
         return None
     return launcher
 
@@ -554,7 +556,7 @@ async def _launcher_ready(launcher: Launcher) -> Launcher | None:
     try:
         await launcher.ready()
     except (OSError, RuntimeError) as e:
-        log.warning("the launcher process failed to start (%s); the event loop writes every request", e)
+        log.warning(_NO_LAUNCHER, e)
         return None
     log.info("launcher process started (%s priority)", launcher.priority)
     return launcher

@@ -320,15 +320,18 @@ class Dispatcher:
             n += 1
         return n
 
+    def _via_launcher(self, req: PreparedRequest) -> bool:
+        """``req`` goes to the launcher (a launcher runs, and it is outside sessions)."""
+        return self._reserve is not None and req.dep is None and req.key is None
+
     def _launchable(self, req: PreparedRequest) -> bool:
-        return (self._reserve is not None and req.dep is None and req.key is None
-                and (req is not self._no_launch or self.now_rel() >= self._retry_launch_ns))
+        return self._via_launcher(req) and (req is not self._no_launch or self.now_rel() >= self._retry_launch_ns)
 
     def _critical(self, item: tuple[PreparedRequest, int]) -> int:
         """When the dispatcher must act on ``item``: its hand-over time (or the next try of a
         hand-over that found no connection), or its due time."""
         req, due = item[0], self.timeline.due(item[1])
-        if self._reserve is None or req.dep is not None or req.key is not None:
+        if not self._via_launcher(req):
             return due
         if req is self._no_launch:
             return min(due, self._retry_launch_ns)
