@@ -4,10 +4,17 @@ PY := $(VENV)/bin/python
 TRACE ?= traces/mooncake_conversation_10min.parquet
 SPEEDUP ?= 10
 
+# A pip configuration may list local package indexes that hold only some projects; pip then
+# prints "WARNING: Location '...' is ignored: it is neither a file nor a directory." once per
+# project it looks up. Those lines (and only those) are dropped; pipefail keeps pip's exit code.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+PIP_NOISE := 2>&1 | { grep -v "^WARNING: Location '.*' is ignored: it is neither a file nor a directory\.$$" || true; }
+
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --upgrade pip $(PIP_NOISE)
+	$(PY) -m pip install --quiet -e '.[test]' $(PIP_NOISE)
 	touch $@
 
 .PHONY: install run test bench
