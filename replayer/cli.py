@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "OpenAI-compatible servers, open-loop and token-exact.")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="replay a trace (against the embedded simulator if no --target)",
+                         usage="%(prog)s [options] [trace]",
                          description="Replay a trace. Settings come from --config FILE (YAML; keys are "
                          "the setting names: the flag without '--', dashes as underscores, and '_s' "
                          "appended for settings in seconds, e.g. read_timeout_s) and are overridden by flags.")
@@ -114,7 +115,33 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("b", help="results folder or summary.json of run B")
     cp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     sub.add_parser("version", help="print the version")
+    _mark_leaves(p)
     return p
+
+
+def _subparsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    return [c for a in p._actions if isinstance(a, argparse._SubParsersAction) for c in a.choices.values()]
+
+
+def _mark_leaves(p: argparse.ArgumentParser) -> None:
+    """Every subcommand's parser records itself as ``_leaf`` in the namespace (the innermost
+    one wins), so an unknown flag is reported with that subcommand's usage, not the top level's."""
+    for sp in _subparsers(p):
+        sp.set_defaults(_leaf=sp)
+        _mark_leaves(sp)
+
+
+def _unrecognized(p: argparse.ArgumentParser, extra: list[str]) -> None:
+    """Exit 2 with ``p``'s usage, naming the unknown arguments and the closest flags of ``p``."""
+    import difflib
+
+    flags = [o for a in p._actions for o in a.option_strings]
+    hints = [c for arg in extra if arg.startswith("-")
+             for c in difflib.get_close_matches(arg.split("=", 1)[0], flags, n=1)]
+    msg = "unrecognized arguments: " + " ".join(extra)
+    if hints:
+        msg += "; did you mean " + ", ".join(hints) + "?"
+    p.error(msg)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         from .sim import main as sim_main
 
         return sim_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _unrecognized(getattr(args, "_leaf", parser), extra)
     if args.command == "version":
         from . import __version__
 

@@ -102,3 +102,19 @@ def test_unknown_config_keys_are_errors(tmp_path):
     with pytest.raises(ConfigError) as e:
         read_config_file(str(f))
     assert "speedupp" in str(e.value) and "foo" in str(e.value)
+
+
+@pytest.mark.parametrize("argv, usage, hint", [
+    (["run", "t.parquet", "--speedupp", "2"], "usage: replayer run [options] [trace]", "--speedupp 2; did you mean --speedup?"),
+    (["trace", "inspect", "t.parquet", "--jsn"], "usage: replayer trace inspect", "--jsn; did you mean --json?"),
+    (["merge", "a", "--ouput", "x"], "usage: replayer merge", "--ouput x; did you mean --output?"),
+])
+def test_a_misspelt_flag_is_reported_by_its_subcommand(argv, usage, hint, capsys):
+    from replayer.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage)
+    assert f"error: unrecognized arguments: {hint}" in err and "{run,sim,trace" not in err  # not the top-level usage
