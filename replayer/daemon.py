@@ -9,7 +9,6 @@ cancels in-flight requests at once. Results already measured are flushed in ever
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import json
 import logging
@@ -37,7 +36,7 @@ from .launcher import Launcher
 from .logs import ErrorBurstLog, setup_logging
 from .console import LiveConsole
 from .metrics import EventLoopLagMonitor, ReplayerMetrics
-from .target_metrics import TargetScraper, save_samples
+from .target_metrics import SAMPLES_FLUSH_SCRAPES, SampleFiles, TargetScraper
 from .payload import TEXT_ONLY, PayloadBuilder, PreparedRequest
 from .prepare import Prompts, RequestFactory
 from .recorder import Recorder, drop_not_started, read_results, result_files
@@ -212,13 +211,26 @@ def resume_plan(results_dir: str, cfg: RunConfig | None = None):
     return start_loop, skip
 
 
+def _scraper_totals(scraper: TargetScraper) -> dict:
+    """What a resumed run carries on (summary.json's and checkpoint.json's ``target_metrics``)."""
+    return {"scrapes": scraper.scrapes, "scrape_errors": scraper.errors, "counter_resets": scraper.resets,
+            "counter_series_resets": scraper.series_resets, "series_totals": scraper.series_totals()}
+
+
 def _carry_target_totals(results_dir: str, scraper: TargetScraper) -> None:
-    """Seed ``scraper`` with the target-metric totals of the runs already in ``results_dir``
-    (their ``summary.json``; a run killed before writing it left none to carry)."""
-    try:
-        with open(os.path.join(results_dir, "summary.json"), encoding="utf-8") as f:
-            tm = json.load(f).get("target_metrics") or {}
-    except (OSError, ValueError):
+    """Seed ``scraper`` with the target-metric totals of the runs already in ``results_dir``:
+    from ``checkpoint.json`` (written at every flush, so a killed run's totals are there up to
+    its last flush), else from ``summary.json`` (checkpoints of older versions hold none)."""
+    tm = None
+    for name in ("checkpoint.json", "summary.json"):
+        try:
+            with open(os.path.join(results_dir, name), encoding="utf-8") as f:
+                tm = json.load(f).get("target_metrics")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if tm:
+            break
+    if not tm:
         return
     scraper.add_totals(tm.get("series_totals") or [], scrapes=tm.get("scrapes", 0),
                        errors=tm.get("scrape_errors", 0), resets=tm.get("counter_resets", 0),
@@ -370,13 +382,17 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
             "replayer.trace": os.path.abspath(cfg.trace), "replayer.target": target, "replayer.model": model,
             "replayer.config": cfg.model_dump_json()}
     dispatcher_box: list[Dispatcher] = []
+    scraper: TargetScraper | None = None
 
     def checkpoint() -> dict:
         pos = dispatcher_box[0].position if dispatcher_box else None
-        return {"trace": os.path.abspath(cfg.trace), "shard": cfg.shard, "seed": cfg.seed,
+        ckpt = {"trace": os.path.abspath(cfg.trace), "shard": cfg.shard, "seed": cfg.seed,
                 "settings": _resume_settings(cfg),
                 "loop": pos.loop if pos else start_loop, "next_row": pos.row if pos else 0,
                 "next_index": pos.index if pos else 0, "wall_time": time.time()}
+        if scraper is not None:  # a run killed before its summary still hands its totals on
+            ckpt["target_metrics"] = _scraper_totals(scraper)
+        return ckpt
 
     recorder = Recorder(results_dir, flush_rows=cfg.flush_rows, flush_interval_s=cfg.flush_interval_s,
                         roll_rows=cfg.roll_rows, roll_interval_s=cfg.roll_interval_s, metadata=meta,
@@ -425,13 +441,16 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     elif not cfg.quiet:
         background.append(loop.create_task(_progress(state, dispatcher, anchor)))
     background.append(loop.create_task(_watch_self(state, metrics)))
-    scraper = None
+    samples = None
     if cfg.scrape_target_metrics:
         scraper = TargetScraper(target.rstrip("/") + "/metrics", interval_s=cfg.scrape_interval_s,
                                 t0_ns=anchor.t0_ns)
+        samples = SampleFiles(results_dir)
         if cfg.resume:  # the summary covers the whole folder: start from the earlier runs' totals
             _carry_target_totals(results_dir, scraper)
         background.append(loop.create_task(scraper.run()))
+        every_s = max(cfg.flush_interval_s, SAMPLES_FLUSH_SCRAPES * cfg.scrape_interval_s)
+        background.append(loop.create_task(_flush_samples(scraper, samples, every_s)))
     if cfg.loops == 1 and shards == 1 and not cfg.resume:  # else known only at the end
         state.scheduled = min(n_rows or 0, cfg.max_requests or n_rows or 0)
     log.info("replaying %s (%s rows%s, passes %s, shard %s) against %s (model %s) at speedup %g; results in %s",
@@ -470,15 +489,11 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
             loop.remove_signal_handler(sig)
     state.state = "done"
     summary = await loop.run_in_executor(None, summarize_files, result_files(results_dir))
+    if samples is not None:  # (also the parts a killed earlier run left)
+        await loop.run_in_executor(None, samples.roll, scraper.take_samples())
     if scraper is not None and scraper.scrapes:
-        await loop.run_in_executor(None, functools.partial(
-            save_samples, scraper.take_samples(), os.path.join(results_dir, "target_metrics.parquet"),
-            append=bool(cfg.resume)))
         summary["target_metrics"] = {"deltas": scraper.deltas(), "latest": scraper.latest,
-                                     "scrapes": scraper.scrapes, "scrape_errors": scraper.errors,
-                                     "counter_resets": scraper.resets,
-                                     "counter_series_resets": scraper.series_resets,
-                                     "series_totals": scraper.series_totals()}
+                                     **_scraper_totals(scraper)}
         hits = summary["target_metrics"]["deltas"].get("prefix_cache_hits")
         if hits is not None:
             summary["server_prefix_cache_hit_tokens"] = hits
@@ -513,6 +528,14 @@ def _status(state: RunState, dispatcher_ref: list[Dispatcher]) -> dict:
 
 
 BEHIND_MS = 50.0  # dispatch or event-loop lag above this means the replayer itself is too slow
+
+
+async def _flush_samples(scraper: TargetScraper, samples: SampleFiles, every_s: float) -> None:
+    """Write the target-metric samples to a part file every ``every_s`` (off the loop)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(every_s)
+        await loop.run_in_executor(None, samples.write_part, scraper.take_samples())
 
 
 async def _watch_self(state: RunState, metrics: ReplayerMetrics, every_s: float = 5.0) -> None:

@@ -3,7 +3,8 @@
 ``replayer report RESULTS [-o report.html]`` reads every results file of ``RESULTS`` (rolled
 files and parts, a resumed run's, or a ``--workers`` run's worker folders; schema in
 ``replayer/result.py``), ``RESULTS/summary.json`` (recomputed if missing) and, when present,
-``RESULTS/target_metrics.parquet``, and writes one self-contained HTML file (plotly.js inlined
+the target's metric samples (``RESULTS/target_metrics.parquet`` and parts a run still going or
+killed left: ``replayer.target_metrics.read_samples``), and writes one self-contained HTML file (plotly.js inlined
 once; no network needed to view it) with: arrivals due vs sent vs completed over time, latency
 over time, latency CDFs, token throughput, dispatch lag, errors, and the target's metrics.
 
@@ -191,9 +192,11 @@ def render_html(results_dir: str) -> str:
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
+    from .target_metrics import read_samples
+
     df, summary, meta = load_results(results_dir)
-    tp = os.path.join(results_dir, "target_metrics.parquet")
-    target = pd.read_parquet(tp) if os.path.exists(tp) else None
+    samples = read_samples(results_dir)
+    target = samples.to_pandas() if samples is not None else None
     parts = []
     for i, (title, fig) in enumerate(figures(df, target)):
         fig.update_layout(title=title, height=420, margin={"l": 60, "r": 20, "t": 50, "b": 50},

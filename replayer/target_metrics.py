@@ -4,7 +4,8 @@ Pure part (no I/O): ``parse_series(text)`` picks the known series out of one exp
 ``aggregate(series)`` combines them into flat values; ``parse_vllm_metrics(text)`` does both;
 ``series_deltas(before, after)`` gives per-series increases with counter resets handled.
 Async shell: ``TargetScraper`` polls ``/metrics`` every ``interval_s``, keeps long-format sample
-rows for the caller to flush (``save_samples`` -> ``target_metrics.parquet``) and the counter
+rows for the caller to flush (``SampleFiles``: parts during the run, ``target_metrics.parquet``
+at its end) and the counter
 increases over the whole run (``deltas()``).
 
 Rules (shared/cases/client-faults.md):
@@ -39,10 +40,12 @@ and ``vllm:gpu_cache_usage_perc`` are accepted when the new ones are absent (nev
 from __future__ import annotations
 
 import asyncio
+import glob
 import json
 import logging
 import math
 import os
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -53,7 +56,8 @@ from prometheus_client.parser import text_string_to_metric_families
 log = logging.getLogger(__name__)
 
 __all__ = ["COUNTERS", "GAUGES", "SeriesKey", "parse_series", "aggregate", "parse_vllm_metrics",
-           "series_deltas", "check_invariants", "TargetScraper", "save_samples"]
+           "series_deltas", "check_invariants", "TargetScraper", "save_samples", "SampleFiles",
+           "sample_files", "read_samples"]
 
 #: canonical name -> accepted sample names, in order of preference (the first one present wins)
 COUNTERS: dict[str, tuple[str, ...]] = {
@@ -263,6 +267,7 @@ class TargetScraper:
         self._wall = wall
         self._mono = mono
         self.samples: list[dict] = []
+        self._samples_lock = threading.Lock()
         self.latest: dict[str, float] = {}
         self.scrapes = 0
         self.errors = 0
@@ -280,18 +285,21 @@ class TargetScraper:
         values, created = parse_series(text)
         time_s = self._wall() if time_s is None else time_s
         t_ns = self._mono() - self.t0_ns if t_ns is None else t_ns
-        for (name, labels), v in values.items():
-            canon, kind, _ = _CANON[name]
-            self.samples.append({"time_s": time_s, "t_ns": t_ns, "metric": name,
-                                 "labels": json.dumps(dict(labels), sort_keys=True), "kind": kind,
-                                 "value": v})
+        rows = [{"time_s": time_s, "t_ns": t_ns, "metric": name, "labels": json.dumps(dict(labels), sort_keys=True),
+                 "kind": _CANON[name][1], "value": v} for (name, labels), v in values.items()]
+        with self._samples_lock:  # (take_samples runs on the loop thread, this in a worker)
+            self.samples.extend(rows)
         if self._prev is not None:
             prev, pc = self._prev, self._prev_created
             n = 0
+            # a new dict, swapped in whole: the loop thread may be reading series_totals() while
+            # this runs in a worker thread (a dict growing under its iteration raises)
+            run = defaultdict(float, self._run)
             for key, inc in series_deltas(prev, values, pc, created).items():
-                self._run[key] += inc
+                run[key] += inc
                 if key in prev and _is_reset(prev[key], values[key], pc.get(key), created.get(key)):
                     n += 1
+            self._run = run
             self.series_resets += n
             self.resets += n > 0
         self._prev, self._prev_created = values, created
@@ -321,7 +329,8 @@ class TargetScraper:
 
     def take_samples(self) -> list[dict]:
         """Return the rows gathered since the last call and clear them."""
-        rows, self.samples = self.samples, []
+        with self._samples_lock:
+            rows, self.samples = self.samples, []
         return rows
 
     # -- I/O -------------------------------------------------------------------------------------
@@ -364,21 +373,95 @@ class TargetScraper:
                 await session.close()
 
 
-def save_samples(rows: list[dict], path: str, *, append: bool = False) -> None:
+SAMPLES_FILE = "target_metrics.parquet"
+SAMPLES_FLUSH_SCRAPES = 12  # samples reach a part file every this many scrape intervals (a SIGKILL loses at most that)
+_PARTS = "parts"  # the results folder's parts folder (``replayer.recorder.PARTS``)
+
+
+def _sample_schema():
+    import pyarrow as pa
+
+    return pa.schema([("time_s", pa.float64()), ("t_ns", pa.int64()), ("metric", pa.string()),
+                      ("labels", pa.string()), ("kind", pa.string()), ("value", pa.float64())])
+
+
+def save_samples(rows: list[dict], path: str) -> None:
     """Write sample rows (``TargetScraper.samples`` format) to Parquet, long format: columns
     ``time_s`` (float64, Unix s), ``t_ns`` (int64, ns after the run anchor), ``metric`` (the raw
     sample name, e.g. ``vllm:prompt_tokens_total``), ``labels`` (JSON object text, every label),
-    ``kind`` ("counter"/"gauge"), ``value`` (float64). Overwrites ``path``, or with ``append``
-    adds to the rows already there (a resumed run; ``t_ns`` is then after each run's own anchor,
-    ``time_s`` is one axis). Written to a temporary name, then renamed."""
+    ``kind`` ("counter"/"gauge"), ``value`` (float64). Written to a temporary name, then renamed:
+    a file on disk is always whole."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([("time_s", pa.float64()), ("t_ns", pa.int64()), ("metric", pa.string()),
-                        ("labels", pa.string()), ("kind", pa.string()), ("value", pa.float64())])
-    cols = {f.name: [r[f.name] for r in rows] for f in schema}
-    table = pa.table(cols, schema=schema)
-    if append and os.path.exists(path):
-        table = pa.concat_tables([pq.read_table(path, schema=schema), table])
-    pq.write_table(table, path + ".tmp")
+    schema = _sample_schema()
+    table = pa.table({f.name: [r[f.name] for r in rows] for f in schema}, schema=schema)
+    pq.write_table(table, path + ".tmp", compression="zstd")
     os.replace(path + ".tmp", path)
+
+
+def sample_files(results_dir: str) -> list[str]:
+    """The target-metric sample files of a results folder: ``target_metrics.parquet``, then the
+    parts not yet rolled into it (``parts/target_metrics-NNNNNNNN.parquet``: a run still going,
+    or one killed before its end)."""
+    rolled = os.path.join(results_dir, SAMPLES_FILE)
+    parts = sorted(glob.glob(os.path.join(results_dir, _PARTS, "target_metrics-*.parquet")))
+    return ([rolled] if os.path.exists(rolled) else []) + parts
+
+
+def read_samples(results_dir: str):
+    """Every target-metric sample of a results folder as one Arrow table (``save_samples``'s
+    columns), or None when it has none."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = sample_files(results_dir)
+    if not files:
+        return None
+    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
+
+
+class SampleFiles:
+    """The scraper's samples on disk, so that nothing scraped is lost: ``write_part`` (every
+    ``SAMPLES_FLUSH_SCRAPES`` scrape intervals during the run) writes a small whole Parquet file under ``parts/``;
+    ``roll`` (at the end) merges ``target_metrics.parquet`` (an earlier run's, on ``--resume``),
+    every part (also those a killed run left) and the last rows into a new
+    ``target_metrics.parquet``, batch by batch (memory stays bounded over a days-long soak), then
+    removes the parts. Blocking: call both from a worker thread."""
+
+    def __init__(self, results_dir: str) -> None:
+        self.dir = results_dir
+        os.makedirs(os.path.join(results_dir, _PARTS), exist_ok=True)
+        parts = sample_files(results_dir)
+        self._seq = 1 + max((int(p[-16:-8]) for p in parts if p[-16:-8].isdigit()), default=-1)
+
+    def write_part(self, rows: list[dict]) -> str | None:
+        """Write ``rows`` as the next part file; returns its path (None for no rows)."""
+        if not rows:
+            return None
+        path = os.path.join(self.dir, _PARTS, f"target_metrics-{self._seq:08d}.parquet")
+        self._seq += 1
+        save_samples(rows, path)
+        return path
+
+    def roll(self, rows: list[dict] = ()) -> int:
+        """Merge everything into ``target_metrics.parquet`` (see the class docstring); returns
+        its row count (0, and no file, when there are no samples)."""
+        import pyarrow.parquet as pq
+
+        self.write_part(list(rows))
+        files = sample_files(self.dir)
+        if not files:
+            return 0
+        dst = os.path.join(self.dir, SAMPLES_FILE)
+        schema, n = _sample_schema(), 0
+        with pq.ParquetWriter(dst + ".tmp", schema, compression="zstd") as w:
+            for f in files:
+                for batch in pq.ParquetFile(f).iter_batches(batch_size=65_536):
+                    w.write_batch(batch.cast(schema))
+                    n += batch.num_rows
+        os.replace(dst + ".tmp", dst)
+        for f in files:
+            if f != dst:
+                os.remove(f)
+        return n

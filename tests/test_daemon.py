@@ -156,23 +156,38 @@ def test_sigkill_then_resume_records_every_row_once(tmp_path, mooncake_slice, si
     n = sum(1 for _ in open(trace))
     url, _ = sim_process("--itl-base-ms", "5")
     res = tmp_path / "r"
-    common = ["--target", url, "--speedup", "10", "--admin-port", "0", "--quiet", "--flush-interval", "0.3"]
+    common = ["--target", url, "--speedup", "10", "--admin-port", "0", "--quiet", "--flush-interval", "0.3",
+              "--scrape-interval", "0.1"]  # target-metric samples: a part every 12 scrapes (1.2 s)
     p = _run([str(trace), "--results", str(res), *common])
     deadline = time.monotonic() + 30
-    while not list(res.glob("parts/part-*.parquet")) and time.monotonic() < deadline:
+    while not (list(res.glob("parts/part-*.parquet")) and list(res.glob("parts/target_metrics-*.parquet"))) \
+            and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(1.0)
+    time.sleep(0.5)
     p.kill()
     p.communicate(timeout=30)
     from replayer.recorder import read_results
+    from replayer.target_metrics import read_samples
     before = read_results(str(res)).to_pylist()
     assert 0 < len(before) < n                      # parts already on disk survived the SIGKILL
+    samples_before = read_samples(str(res)).to_pylist()   # and so did the target's metric samples
+    assert samples_before and not (res / "target_metrics.parquet").exists()
+    killed = json.loads((res / "checkpoint.json").read_text())["target_metrics"]
+    assert killed["scrapes"] >= 12 and killed["series_totals"]
     p = _run(["--resume", str(res), str(trace), *common])
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err[-2000:]
     rows = [r for r in read_results(str(res)).to_pylist() if r["outcome"] != "not_started"]
     assert sorted(r["row"] for r in rows) == list(range(n))
     assert all(r["outcome"] == "success" for r in rows)
+    # one samples file: the killed run's parts first, then the resumed run's; its totals carried on
+    samples = pq.read_table(res / "target_metrics.parquet").to_pylist()
+    assert samples[:len(samples_before)] == samples_before and len(samples) > len(samples_before)
+    assert not list(res.glob("parts/target_metrics-*.parquet"))
+    tm = json.loads((res / "summary.json").read_text())["target_metrics"]
+    assert tm["scrapes"] > killed["scrapes"]
+    killed_prompt = sum(v for name, _, v in killed["series_totals"] if name == "vllm:prompt_tokens_total")
+    assert 0 < killed_prompt < tm["deltas"]["prompt_tokens"]
 
 
 def test_ctrl_c_drains_against_the_embedded_simulator_and_a_kill_leaves_no_server(tmp_path, mooncake_slice):

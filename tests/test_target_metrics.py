@@ -9,8 +9,9 @@ import aiohttp
 import pyarrow.parquet as pq
 import pytest
 
-from replayer.target_metrics import (TargetScraper, aggregate, check_invariants, parse_series,
-                                     parse_vllm_metrics, save_samples, series_deltas)
+from replayer.target_metrics import (SampleFiles, TargetScraper, aggregate, check_invariants, parse_series,
+                                     parse_vllm_metrics, read_samples, sample_files, save_samples,
+                                     series_deltas)
 
 B03 = """\
 # HELP vllm:spec_decode_num_drafts_total Drafts.
@@ -200,6 +201,32 @@ def test_save_samples(tmp_path):
     r0 = [r for r in t if r["metric"] == "vllm:spec_decode_num_drafts_total"]
     assert sorted(r["value"] for r in r0) == [10, 20]
     assert r0[0]["labels"].startswith("{") and r0[0]["kind"] == "counter" and r0[0]["t_ns"] == 5
+
+
+def test_sample_parts_roll_into_one_file_after_an_earlier_run(tmp_path):
+    sc = TargetScraper("http://unused/metrics")
+
+    def scrape(i: int) -> list[dict]:
+        sc.observe(b19_text(False), time_s=float(i), t_ns=i)
+        return sc.take_samples()
+
+    save_samples(scrape(0), str(tmp_path / "target_metrics.parquet"))  # an earlier run's file
+    (tmp_path / "parts").mkdir()
+    pq.write_table(pq.read_table(tmp_path / "target_metrics.parquet").slice(0, 0),  # a stray .tmp
+                   tmp_path / "parts" / "target_metrics-x.parquet.tmp")
+    files = SampleFiles(str(tmp_path))
+    first, second = files.write_part(scrape(1)), files.write_part(scrape(2))
+    assert files.write_part([]) is None
+    assert sample_files(str(tmp_path)) == [str(tmp_path / "target_metrics.parquet"), first, second]
+    assert read_samples(str(tmp_path)).num_rows == 30  # readable while the run goes on
+    again = SampleFiles(str(tmp_path))  # a resumed run numbers its parts after those left
+    third = again.write_part(scrape(3))
+    assert third > second
+    assert again.roll(scrape(4)) == 50
+    assert sample_files(str(tmp_path)) == [str(tmp_path / "target_metrics.parquet")]
+    t = pq.read_table(tmp_path / "target_metrics.parquet")
+    assert t.column("t_ns").to_pylist() == [i for i in range(5) for _ in range(10)]  # in order, each once
+    assert SampleFiles(str(tmp_path / "empty")).roll() == 0 and read_samples(str(tmp_path / "empty")) is None
 
 
 def test_live_scrape_of_embedded_sim():
