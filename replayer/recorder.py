@@ -32,6 +32,7 @@ from .result import SCHEMA, RequestResult, Rows, batches_to_table, to_table
 log = logging.getLogger(__name__)
 
 PARTS = "parts"
+ROLL_GROUP_ROWS = 50_000  # rows per row group of a rolled file
 
 
 def _atomic_write_table(table: pa.Table, path: str, *, buffered: bool = True) -> None:
@@ -40,8 +41,8 @@ def _atomic_write_table(table: pa.Table, path: str, *, buffered: bool = True) ->
     ``buffered``: encode into an Arrow memory buffer, then write it with one Python file write.
     Handing ``pq.write_table`` the path instead stalled the event loop (and then the writes
     it hands to the launcher) for 20-40 ms per flush at 470 requests/s (issue 7's stress slice at 160x: dispatch error p99
-    13-40 ms with it, ~1 ms buffered). Rolls of many parts pass False: they stream through a
-    Python file object instead of holding the whole file in memory."""
+    13-40 ms with it, ~1 ms buffered). False: stream through a Python file object instead of
+    holding the whole file in memory."""
     tmp = path + ".tmp"
     if buffered:
         sink = pa.BufferOutputStream()
@@ -136,9 +137,22 @@ class Recorder:
         else:
             n = len(glob.glob(os.path.join(self.dir, "requests-*.parquet")))
             dst = os.path.join(self.dir, f"requests-{n:05d}.parquet")
-        tables = [pq.read_table(p) for p in self._parts]
-        _atomic_write_table(pa.concat_tables(tables).replace_schema_metadata(self._schema.metadata), dst,
-                            buffered=False)
+        # part by part, in row groups of ~ROLL_GROUP_ROWS: the end of a days-long run without
+        # --roll-* holds one row group in memory, not every result of the run
+        tmp = dst + ".tmp"
+        with open(tmp, "wb") as f, pq.ParquetWriter(f, self._schema, compression="zstd") as w:
+            group: list[pa.Table] = []
+            rows = 0
+            for p in self._parts:
+                t = pq.read_table(p)
+                group.append(t)
+                rows += t.num_rows
+                if rows >= ROLL_GROUP_ROWS:
+                    w.write_table(pa.concat_tables(group))
+                    group, rows = [], 0
+            if group:
+                w.write_table(pa.concat_tables(group))
+        os.replace(tmp, dst)
         for p in self._parts:
             os.remove(p)
         self._parts = []

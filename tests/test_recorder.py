@@ -49,3 +49,22 @@ def test_recorder_parts_and_final_file_hold_every_result(tmp_path):
     rec.close()
     assert rec.rows_written == 300
     assert read_results(str(tmp_path / "r")).to_pylist() == _as_rows(results)
+
+
+def test_a_roll_of_many_parts_is_written_in_bounded_row_groups(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    import replayer.recorder as recorder
+
+    monkeypatch.setattr(recorder, "ROLL_GROUP_ROWS", 50)
+    rng = np.random.default_rng(5)
+    results = [_result(i, rng) for i in range(230)]
+    rec = Recorder(str(tmp_path / "r"), flush_rows=20, metadata={"replayer.t0_wall_s": "1.5"})  # 12 parts
+    for r in results:
+        rec.add(r)
+    rec.close()
+    f = pq.ParquetFile(tmp_path / "r" / "requests.parquet")
+    assert [f.metadata.row_group(i).num_rows for i in range(f.num_row_groups)] == [60, 60, 60, 50]
+    assert f.schema_arrow.metadata[b"replayer.t0_wall_s"] == b"1.5"
+    assert read_results(str(tmp_path / "r")).to_pylist() == _as_rows(results)
+    assert not list((tmp_path / "r" / "parts").glob("*.parquet"))
