@@ -273,6 +273,56 @@ def _exit_code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
+def _distinct_free_ports(n: int) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < n:
+        p = free_port()
+        if p not in ports:
+            ports.append(p)
+    return ports
+
+
+def _statuses(ports: list[int]) -> list[dict | None]:
+    """Each worker's ``GET /status`` (None where it does not answer: starting or finished)."""
+    out: list[dict | None] = []
+    for port in ports:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=1) as r:
+                out.append(json.loads(r.read()))
+        except (OSError, ValueError):
+            out.append(None)
+    return out
+
+
+def progress_line(statuses: list[dict | None], t_s: float, running: int) -> str:
+    """One progress line over the workers' latest ``/status`` answers (None: none yet), as a
+    single run's ``t=...`` line: sent/scheduled (scheduled is "?" until every worker knows its
+    own: a shard's is known only at its end), in flight, ok, failed, the largest dispatch lag
+    so far, and how many of the workers are still running."""
+    live = [s for s in statuses if s]
+    total = lambda k: sum(int(s.get(k) or 0) for s in live)  # noqa: E731
+    known = len(live) == len(statuses) and all(s.get("scheduled") for s in live)
+    lag = max((float(s.get("max_dispatch_lag_ms") or 0.0) for s in live), default=0.0)
+    return (f"t={t_s:.0f}s sent {total('sent')}/{total('scheduled') if known else '?'} "
+            f"in-flight {total('in_flight')} ok {total('completed')} failed {total('failed')} "
+            f"max lag {lag:.1f} ms ({running} of {len(statuses)} workers running)")
+
+
+def _progress(procs: list[subprocess.Popen], ports: list[int], start_at: float, every_s: float = 5.0) -> None:
+    """Log a progress line every ``every_s`` from the workers' /status until all have exited
+    (a worker that no longer answers counts with its last answer)."""
+    last: list[dict | None] = [None] * len(ports)
+    nxt = max(time.time(), start_at) + every_s
+    while any(p.poll() is None for p in procs):
+        time.sleep(0.1)
+        if time.time() >= nxt:
+            nxt += every_s
+            last = [new or old for new, old in zip(_statuses(ports), last)]
+            running = sum(p.poll() is None for p in procs)
+            if running:
+                log.info("%s", progress_line(last, time.time() - start_at, running))
+
+
 def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     """Run ``cfg.workers`` shard processes of the same replay; returns the worst exit code
     (a worker killed by a signal counts as 128 + signal; 1 if no results could be merged).
@@ -280,6 +330,9 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     ``argv_flags``: the user's ``run`` flags (without --workers/--shard/--results/--start-at/
     --admin-port/--target), passed to every worker unchanged. With ``--resume DIR`` (a folder of
     an earlier ``--workers`` run) worker i resumes ``DIR/worker-i``."""
+    from .logs import setup_logging
+
+    setup_logging(cfg.log_format, cfg.log_level, secrets=(cfg.api_key(), cfg.control_token()))
     n = cfg.workers
     flags = _without_flag(list(argv_flags), "--resume")
     results = cfg.resume or cfg.results or os.path.join("results", time.strftime("%Y%m%d-%H%M%S"))
@@ -310,8 +363,9 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
         # time for every worker to import, load the trace and reach the target (a worker that is
         # later anchors at its own start, out of step: the merge then warns)
         start_at = cfg.start_at or time.time() + 4.0 + 0.5 * n
-        for i in range(n):
-            port = 0 if cfg.admin_port == 0 else cfg.admin_port + i
+        # admin ports known here (--admin-port 0: free ones picked now), for the progress lines
+        ports = _distinct_free_ports(n) if cfg.admin_port == 0 else [cfg.admin_port + i for i in range(n)]
+        for i, port in enumerate(ports):
             wdir = os.path.join(results, f"worker-{i}")
             args = [sys.executable, "-m", "replayer", "run", *flags, "--workers", "1", "--shard", f"{i}/{n}",
                     "--start-at", repr(start_at), "--results", wdir,
@@ -319,6 +373,11 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
             if cfg.resume and os.path.exists(os.path.join(wdir, "checkpoint.json")):
                 args += ["--resume", wdir]
             procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True))
+        if not cfg.quiet:
+            log.info("%d workers (shards 0/%d..%d/%d) start at %s; results in %s; their /status on 127.0.0.1:%s",
+                     n, n, n - 1, n, time.strftime("%H:%M:%S", time.localtime(start_at)), results,
+                     ",".join(map(str, ports)))
+            _progress(procs, ports, start_at)
         codes = [_exit_code(p.wait()) for p in procs]
     finally:
         for p in procs:  # only if we got here by an exception: never leave workers behind

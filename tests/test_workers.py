@@ -21,7 +21,7 @@ from conftest import free_port
 from replayer.recorder import read_results, result_files
 from replayer.result import RequestResult, to_table
 from replayer.trace import read_trace
-from replayer.workers import _exit_code, _without_flag, merge_results
+from replayer.workers import _exit_code, _progress, _without_flag, merge_results, progress_line
 
 SPEEDUP = 20
 SHARDS = 3
@@ -282,3 +282,46 @@ def test_worker_helpers():
     assert _without_flag(["t.jsonl", "--resume", "r", "--seed", "1"], "--resume") == ["t.jsonl", "--seed", "1"]
     assert _exit_code(0) == 0 and _exit_code(2) == 2 and _exit_code(-signal.SIGKILL) == 137
     assert max(_exit_code(c) for c in (0, -9)) == 137  # a killed worker is not a success
+
+
+def test_workers_progress_lines_sum_the_workers_status(caplog):
+    """``--workers`` logs one line every few seconds from its workers' /status (real HTTP
+    servers here); a worker that has finished counts with its last answer."""
+    import http.server
+    import threading
+
+    answers = [{"sent": 7, "scheduled": 10, "in_flight": 2, "completed": 4, "failed": 1, "max_dispatch_lag_ms": 0.4},
+               {"sent": 5, "scheduled": 5, "in_flight": 0, "completed": 5, "failed": 0, "max_dispatch_lag_ms": 1.25}]
+    servers = []
+    for a in answers:
+        body = json.dumps(a).encode()
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self, body=body):
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        srv = http.server.HTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+    ports = [srv.server_address[1] for srv in servers]
+    procs = [subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({t})"]) for t in (2.5, 1.2)]
+    threading.Timer(0.9, lambda: (servers[1].shutdown(), servers[1].server_close())).start()
+    caplog.set_level("INFO", logger="replayer.workers")
+    try:
+        _progress(procs, ports, start_at=time.time(), every_s=0.5)
+    finally:
+        servers[0].shutdown()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) >= 3, lines
+    assert lines[0].endswith("sent 12/15 in-flight 2 ok 9 failed 1 max lag 1.2 ms (2 of 2 workers running)")
+    assert lines[-1].endswith("sent 12/15 in-flight 2 ok 9 failed 1 max lag 1.2 ms (1 of 2 workers running)")
+    assert all(p.poll() is not None for p in procs)
+    # a worker that has not answered yet, or whose scheduled count is known only at its end
+    assert progress_line([answers[0], None], 3.0, 2).startswith("t=3s sent 7/? in-flight 2 ok 4 failed 1")
+    assert "sent 12/?" in progress_line([answers[0], {**answers[1], "scheduled": 0}], 3.0, 2)
