@@ -290,6 +290,23 @@ def compare(a: dict, b: dict) -> list[dict]:
     return rows
 
 
+#: summary fields that make two runs different experiments when they differ
+SETUP_FIELDS = (("trace", "trace"), ("scheduled", "requests scheduled"), ("speedup", "speed-up"),
+                ("loop", "passes"), ("shard", "shard"), ("target", "target"), ("model", "model"))
+
+
+def setup_differences(a: dict, b: dict) -> list[str]:
+    """What makes runs ``a`` and ``b`` (``summary.json`` dicts) different experiments: one line
+    per differing ``SETUP_FIELDS`` entry (a different trace, size, speed-up, ...), so that a
+    latency change is not read as the server's."""
+    out = []
+    for key, label in SETUP_FIELDS:
+        va, vb = a.get(key), b.get(key)
+        if key in a and key in b and va != vb:
+            out.append(f"{label}: {va} in A, {vb} in B")
+    return out
+
+
 def format_compare(rows: list[dict], name_a: str = "A", name_b: str = "B") -> str:
     def fmt(v) -> str:
         if v is None:
@@ -332,9 +349,12 @@ def main_compare(a: str, b: str, as_json: bool) -> int:
         print(f"replayer compare: error: {e}", file=sys.stderr)
         return 2
     rows = compare(sa, sb)
+    differ = setup_differences(sa, sb)
     if as_json:
-        print(json.dumps({"a": a, "b": b, "rows": rows}, indent=2))
+        print(json.dumps({"a": a, "b": b, "setup_differences": differ, "rows": rows}, indent=2))
     else:
         print(f"A = {a}\nB = {b}\n")
+        if differ:
+            print("the runs are not the same experiment:\n" + "\n".join(f"  {d}" for d in differ) + "\n")
         print(format_compare(rows))
     return 0

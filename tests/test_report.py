@@ -101,12 +101,23 @@ def test_compare_text_and_json(results, tmp_path, capsys):
     out = capsys.readouterr()
     line = next(l for l in out.out.splitlines() if l.startswith("TTFT p99"))
     assert "+100.0%" in line and line.rstrip().endswith("A")
-    assert "errors: timeout" in out.out
+    assert "errors: timeout" in out.out and "not the same experiment" not in out.out
     assert cli_main(["compare", str(results), str(b / "summary.json"), "--json"]) == 0
-    rows = {r["key"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    got = json.loads(capsys.readouterr().out)
+    assert got["setup_differences"] == []
+    rows = {r["key"]: r for r in got["rows"]}
     assert rows["failed"]["diff"] == 3 and rows["failed"]["better"] == "a"
     assert rows["p99_ttft_ms"]["pct"] == pytest.approx(100.0)
     assert rows["errors_by_kind.timeout"]["b"] == 3
+    # another size and speed-up: said before the table, and in the JSON
+    (b / "summary.json").write_text(json.dumps(dict(s2, scheduled=s["scheduled"] * 2, speedup=s["speedup"] * 4)))
+    assert cli_main(["compare", str(results), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "the runs are not the same experiment:" in out.split("metric")[0]
+    assert f"requests scheduled: {s['scheduled']} in A, {s['scheduled'] * 2} in B" in out
+    assert f"speed-up: {s['speedup']} in A, {s['speedup'] * 4} in B" in out
+    assert cli_main(["compare", str(results), str(b), "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["setup_differences"]) == 2
     assert cli_main(["compare", str(results), str(tmp_path / "nope")]) == 2
     (tmp_path / "empty.json").write_text("{}")
     capsys.readouterr()
