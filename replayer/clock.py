@@ -17,6 +17,8 @@ now_ns = time.perf_counter_ns
 
 #: below this much time left, stop sleeping on the loop's timer and yield until the deadline
 SPIN_NS = 1_500_000
+#: a --start-at further in the past than this is not kept (``Anchor.at``)
+MAX_LATE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,18 +28,26 @@ class Anchor:
 
     t0_ns: int
     wall_s: float
+    late_s: float = 0.0  # how long ago the requested start time had passed (then not kept)
 
     @classmethod
-    def at(cls, delay_s: float = 0.0, start_wall_s: float | None = None) -> "Anchor":
+    def at(cls, delay_s: float = 0.0, start_wall_s: float | None = None,
+           max_late_s: float = MAX_LATE_S) -> "Anchor":
         """An anchor ``delay_s`` from now, or at wall-clock time ``start_wall_s`` when given
-        (aligns processes on different machines). A start time already past is kept: a shard that
-        starts late sends its overdue requests at once, with their lag recorded, and then keeps
-        step with the other shards."""
+        (aligns processes on different machines). A start time up to ``max_late_s`` past is
+        kept (the requests already due go at once, their lag recorded); one further past is not:
+        the anchor is ``delay_s`` from now and ``late_s`` says by how much the start was missed
+        (a shard that starts late replays from its own start, out of step with the others,
+        rather than sending everything overdue in one burst)."""
         mono, wall = now_ns(), time.time()
+        late_s = 0.0
         if start_wall_s is not None:
-            delay_s = start_wall_s - wall
+            if wall - start_wall_s > max_late_s:
+                late_s = wall - start_wall_s
+            else:
+                delay_s = start_wall_s - wall
         d_ns = int(delay_s * 1e9)
-        return cls(t0_ns=mono + d_ns, wall_s=wall + d_ns / 1e9)
+        return cls(t0_ns=mono + d_ns, wall_s=wall + d_ns / 1e9, late_s=late_s)
 
 
 async def sleep_until(deadline_ns: int, spin_ns: int = SPIN_NS) -> None:

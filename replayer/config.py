@@ -50,7 +50,8 @@ class RunConfig(BaseModel):
                             "instead of the same prefixes (warm server cache)")
     shard: str = Field("0/1", description="I/N: send only shard I of N (0-based; sessions stay whole)")
     workers: int = Field(1, ge=1, le=64, description="processes on this host, one shard each (merged summary)")
-    start_at: float | None = Field(None, description="anchor the schedule at this Unix time (aligns shards)")
+    start_at: float | None = Field(None, description="anchor the schedule at this Unix time (aligns shards; "
+                                   "one more than 1 s past is not kept: the run starts now, out of step)")
     duration_s: float | None = Field(None, gt=0, description="stop scheduling after this many seconds of replay")
     results: str | None = Field(None, description="results folder; none = ./results/<timestamp>")
     admin_host: str = Field("127.0.0.1", description="admin/metrics server address")

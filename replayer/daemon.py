@@ -373,6 +373,12 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     if launcher is not None:
         launcher = await _launcher_ready(launcher)
     anchor = Anchor.at(cfg.start_delay_s, start_wall_s=cfg.start_at)
+    if anchor.late_s and cfg.resume:
+        log.info("resuming now: the run's --start-at %s passed %.0f s ago", _hms(cfg.start_at), anchor.late_s)
+    elif anchor.late_s:
+        log.warning("--start-at %s passed %.1f s ago: starting now, %.1f s out of step with runs that kept it "
+                    "(the requests overdue are not sent in one burst)", _hms(cfg.start_at), anchor.late_s,
+                    anchor.late_s)
     timeline = Timeline(cfg.speedup)
 
     factory = RequestFactory(cfg, prompts, payload, timeline, metrics=metrics, shard=shard)
@@ -510,6 +516,11 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         listed = ", ".join(files) if len(files) <= 3 else f"{len(files)} results files"
         print(f"results: {results_dir}/ ({listed}, summary.json)", flush=True)
     return summary
+
+
+def _hms(wall_s: float) -> str:
+    """A Unix time as local ``YYYY-mm-dd HH:MM:SS``."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wall_s))
 
 
 def _status(state: RunState, dispatcher_ref: list[Dispatcher]) -> dict:

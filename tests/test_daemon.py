@@ -299,3 +299,26 @@ def test_a_resumed_folder_has_the_target_metrics_of_every_run(tmp_path, mooncake
     assert tm["scrapes"] > first["scrapes"]
     samples = pq.read_table(res / "target_metrics.parquet").to_pylist()
     assert samples[:len(first_samples)] == first_samples and len(samples) > len(first_samples)  # appended
+
+
+def test_a_start_time_long_past_starts_now_instead_of_a_burst(tmp_path, mooncake_slice, sim_process):
+    """A shard pod scheduled late, or retried (--resume with the Job's --start-at): the run
+    replays from its own start, on time, instead of sending every overdue request at once."""
+    trace = mooncake_slice(30)
+    url, _ = sim_process("--itl-base-ms", "2")
+    res = tmp_path / "r"
+    past = repr(time.time() - 30)
+    common = [str(trace), "--target", url, "--speedup", "10", "--admin-port", "0", "--quiet", "--start-at", past]
+    p = _run([*common, "--results", str(res), "--duration", "1.5"])
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-2000:]
+    assert "passed 30." in err and "out of step" in err
+    s = json.loads((res / "summary.json").read_text())
+    n = sum(1 for _ in open(trace))
+    assert 0 < s["sent"] < n and s["dispatch_lag_max_ms"] < 100  # a burst: ~30,000
+    p = _run([*common, "--resume", str(res)])
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-2000:]
+    assert "resuming now: the run's --start-at" in err and "out of step" not in err
+    s = json.loads((res / "summary.json").read_text())
+    assert s["sent"] == s["completed"] == n and s["dispatch_lag_max_ms"] < 100

@@ -35,3 +35,17 @@ def test_monotone_and_complete(offsets, speedup):
     s = build_schedule(ts, speedup=speedup)
     assert len(s) == ts.size and np.all(np.diff(s.due_ns) >= 0)
     assert np.all(np.abs(s.due_ns - ts / speedup) <= 0.5 + 1e-6 * ts / speedup)
+
+
+def test_a_start_time_long_past_is_not_kept():
+    import time
+
+    from replayer.clock import MAX_LATE_S, Anchor, now_ns
+
+    soon = Anchor.at(0.2, start_wall_s=time.time() + 5.0)  # the future: kept
+    assert soon.late_s == 0.0 and 4.9e9 < soon.t0_ns - now_ns() <= 5.0e9
+    just = Anchor.at(0.2, start_wall_s=time.time() - MAX_LATE_S / 2)  # just past: kept (small catch-up)
+    assert just.late_s == 0.0 and -MAX_LATE_S * 1e9 < just.t0_ns - now_ns() < 0
+    late = Anchor.at(0.2, start_wall_s=time.time() - 30.0)  # long past: a start of its own, 0.2 s from now
+    assert 29.9 < late.late_s < 30.5 and 0.1e9 < late.t0_ns - now_ns() <= 0.2e9
+    assert abs(late.wall_s - (time.time() + 0.2)) < 0.1
