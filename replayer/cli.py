@@ -106,7 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_trace_parser(sub)
     mg = sub.add_parser("merge", help="merge the results folders of shards or workers into one summary")
     mg.add_argument("dirs", nargs="+", help="results folders")
-    mg.add_argument("-o", "--output", default=None, help="folder for the merged summary.json")
+    mg.add_argument("-o", "--output", default=None,
+                    help="folder for the merged summary.json [default: none: print it only]")
+    mg.add_argument("--wait", type=float, default=None, metavar="S",
+                    help="first wait up to S seconds for every folder's run to end by itself (a "
+                         "summary.json that was not cut short by a stop), e.g. in a Kubernetes merge Job")
     rp = sub.add_parser("report", help="write a self-contained HTML report (plots) of a results folder")
     rp.add_argument("results", help="results folder (holds requests.parquet)")
     rp.add_argument("-o", "--output", default=None, help="output .html [default: RESULTS/report.html]")
@@ -186,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "merge":
         from .workers import main_merge
 
-        return main_merge(args.dirs, args.output)
+        return main_merge(args.dirs, args.output, args.wait)
     if args.command == "report":
         from .report import main_report
 

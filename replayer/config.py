@@ -91,6 +91,9 @@ class RunConfig(BaseModel):
     roll_interval_s: float | None = Field(None, gt=0, description="start a new results file this often (soak)")
     resume: str | None = Field(None, description="continue the run recorded in this results folder "
                                "(same trace and settings), skipping every row already recorded")
+    resume_existing: bool = Field(False, description="with --results DIR: continue the run recorded "
+                                  "there when DIR holds its checkpoint (as --resume DIR), else start a "
+                                  "new one in DIR (for containers that restart)")
     scrape_target_metrics: bool = Field(True, description="scrape the target's /metrics during the run "
                                         "(saved to target_metrics.parquet, deltas in the summary)")
     scrape_interval_s: float = Field(5.0, gt=0, description="target /metrics scrape interval")
@@ -191,6 +194,14 @@ class RunConfig(BaseModel):
         if not v.startswith("/"):
             raise ValueError("must start with '/', e.g. /v1/completions")
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resume_existing(cls, values: object) -> object:
+        if isinstance(values, dict) and values.get("resume_existing") and values.get("results") \
+                and not values.get("resume") and os.path.exists(os.path.join(values["results"], "checkpoint.json")):
+            values = {**values, "resume": values["results"]}
+        return values
 
     @model_validator(mode="after")
     def _modes(self) -> "RunConfig":

@@ -39,7 +39,7 @@ from .metrics import EventLoopLagMonitor, ReplayerMetrics
 from .target_metrics import SAMPLES_FLUSH_SCRAPES, SampleFiles, TargetScraper
 from .payload import TEXT_ONLY, PayloadBuilder, PreparedRequest
 from .prepare import Prompts, RequestFactory
-from .recorder import Recorder, drop_not_started, read_results, result_files
+from .recorder import Recorder, drop_not_started, earlier_run, new_results_dir, read_results, result_files
 from .recorder import warm_up as recorder_warm_up
 from .result import RequestResult
 from .simproc import spawn_sim, stop_sim
@@ -144,12 +144,24 @@ async def wait_ready(base_url: str, timeout_s: float, api_key: str | None) -> li
 
 
 def _results_dir(cfg: RunConfig) -> tuple[str, bool]:
-    """The results folder, created if needed: (path, whether this call created it). Raises
-    StartupError when the path is a file or cannot be created."""
-    path = cfg.resume or cfg.results or os.path.join("results", time.strftime("%Y%m%d-%H%M%S"))
+    """The results folder, created if needed: (path, whether this call created it). Without
+    ``--results``: a new ``results/<timestamp>`` (``-2``, ``-3``... when runs start in the same
+    second). Raises StartupError when the path is a file, cannot be created, or (without
+    ``--resume``) already holds a run's results."""
+    if cfg.resume:
+        return cfg.resume, False  # (resume_plan checks it)
+    if cfg.results is None:
+        try:
+            return new_results_dir(), True
+        except OSError as e:
+            raise StartupError(f"cannot create a results folder under ./results: {e.strerror or e}") from None
+    path = cfg.results
     if os.path.exists(path):
         if not os.path.isdir(path):  # (a traceback before)
             raise StartupError(f"--results {path}: exists and is not a folder")
+        used = earlier_run(path)
+        if used:
+            raise StartupError(f"--results {path}: {used}")
         return path, False
     try:
         os.makedirs(path)

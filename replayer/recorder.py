@@ -185,6 +185,34 @@ def warm_up() -> None:
     pq.write_table(to_table([RequestResult(row=0, itl_ms=[1.0])]), io.BytesIO(), compression="zstd")
 
 
+def new_results_dir(base: str = "results") -> str:
+    """Create and return a new ``base/<YYYYmmdd-HHMMSS>`` folder; ``-2``, ``-3``... when one of
+    that second exists already (two runs started together, e.g. shards on one host). The
+    creation itself is the claim (``os.mkdir`` fails if another process made it first).
+    Raises OSError when it cannot be created."""
+    os.makedirs(base, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for k in range(1, 1000):
+        path = os.path.join(base, stamp if k == 1 else f"{stamp}-{k}")
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{base}/{stamp}-*: 999 folders of this second exist")
+
+
+def earlier_run(results_dir: str) -> str | None:
+    """Why a new run must not write into ``results_dir`` (it holds an earlier run's results or
+    checkpoint: the two would be summarized as one), or None. ``--resume`` continues a run there
+    on purpose."""
+    files = result_files(results_dir)
+    if files or os.path.exists(os.path.join(results_dir, "checkpoint.json")):
+        return (f"holds an earlier run's results ({len(files)} results file(s)); --resume {results_dir} "
+                "continues that run, another --results starts a new one")
+    return None
+
+
 def result_files(results_dir: str) -> list[str]:
     """Every results file of a results folder: rolled files, then parts not yet rolled."""
     files = sorted(glob.glob(os.path.join(results_dir, "requests*.parquet")))

@@ -32,14 +32,30 @@ TIME_COLUMNS = ("t_s", "time_s", "timestamp", "time", "t_ns", "time_ns")
 
 def report_files(results_dir: str) -> list[str]:
     """The results files of a folder (rolled files, parts), or of its ``worker-*`` folders (a
-    ``--workers`` run)."""
+    ``--workers`` run), or of the folders a ``replayer merge -o`` folder was merged from (its
+    summary's ``merged_from``: each path as given to merge, else a folder of that name beside
+    the merged one, as in a Kubernetes run's ``run-START_AT/``)."""
     from .recorder import result_files
 
     files = result_files(results_dir)
     if not files:
         for d in sorted(glob.glob(os.path.join(results_dir, "worker-*"))):
             files += result_files(d)
+    if not files:
+        merged_from = _summary_of(results_dir).get("merged_from") or []
+        for d in merged_from:
+            beside = os.path.join(os.path.dirname(os.path.abspath(results_dir)), os.path.basename(d.rstrip("/")))
+            files += result_files(d) or result_files(beside)
     return files
+
+
+def _summary_of(results_dir: str) -> dict:
+    try:
+        with open(os.path.join(results_dir, "summary.json"), encoding="utf-8") as f:
+            s = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return s if isinstance(s, dict) else {}
 
 
 def load_results(results_dir: str) -> tuple[pd.DataFrame, dict, dict]:
@@ -54,11 +70,8 @@ def load_results(results_dir: str) -> tuple[pd.DataFrame, dict, dict]:
     meta = {k.decode(): v.decode() for k, v in (pq.read_schema(files[0]).metadata or {}).items()
             if not k.startswith(b"ARROW")}
     table = read_on_one_axis(files)
-    sp = os.path.join(results_dir, "summary.json")
-    if os.path.exists(sp):
-        with open(sp, encoding="utf-8") as f:
-            summary = json.load(f)
-    else:
+    summary = _summary_of(results_dir)
+    if not summary:
         from .summary import summarize
 
         summary = summarize(table)

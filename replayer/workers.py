@@ -32,7 +32,7 @@ import numpy as np
 
 from .config import RunConfig
 from .simproc import free_port
-from .recorder import result_files
+from .recorder import earlier_run, new_results_dir, result_files
 from .summary import format_summary, run_spans, set_duration, summarize
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 TIME_COLUMNS = ("due_ns", "sent_ns", "first_token_ns", "last_token_ns", "end_ns")
 #: run anchors further apart than this are reported (one shared --start-at gives ~0)
 ANCHOR_SPREAD_WARN_S = 0.05
+#: summary fields the merged summary keeps when every folder has the same value
+MERGED_SETUP = ("trace", "target", "model", "speedup", "loop")
 
 
 def _files(path: str) -> list[str]:
@@ -200,15 +202,28 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     if starts and max(starts) - min(starts) > ANCHOR_SPREAD_WARN_S:
         warnings.append(f"the runs were anchored {max(starts) - min(starts):.3f} s apart: a shard started after "
                         "the shared --start-at (or none was given), so the shards did not replay in step")
+    own = [_folder_summary(d) for d in dirs]
+    for d in dirs:
+        why = unfinished(d)
+        if why:
+            warnings.append(f"{d}: {why}")
+    setup: dict[str, object] = {}
+    for key in MERGED_SETUP:  # what the runs shared; a difference is a warning (not one experiment)
+        values = {json.dumps(o[key], sort_keys=True) for o in own if key in o}
+        if len(values) == 1:
+            setup[key] = next(o[key] for o in own if key in o)
+        elif len(values) > 1:
+            setup[key] = [json.loads(v) for v in sorted(values)]
+            warnings.append(f"the folders differ in {key}: {', '.join(sorted(values))}")
     s = summarize(pa.concat_tables(tables))
     # duration: the time covered by the runs on the shared axis (shards overlap, resumed runs
     # follow each other: the gap between a stop and its resume is not replay time)
     set_duration(s, _union_s(spans))
-    own = [_folder_summary(d) for d in dirs]
+    s.update(setup)
     s["stopped_early"] = any(o.get("stopped_early") for o in own)  # a stop of one stopped the whole
     s["stop_signal"] = next((o["stop_signal"] for o in own if o.get("stop_signal")), None)
-    if one_target:  # every folder scraped the same server: its counters' deltas, once
-        best = max(own, key=lambda o: (o.get("target_metrics") or {}).get("scrapes", 0))
+    if one_target or isinstance(setup.get("target"), str):  # one server, scraped by every folder:
+        best = max(own, key=lambda o: (o.get("target_metrics") or {}).get("scrapes", 0))  # its deltas, once
         for key in ("target_metrics", "server_prefix_cache_hit_tokens"):
             if key in best:
                 s[key] = best[key]
@@ -228,16 +243,56 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     return s
 
 
-def main_merge(dirs: list[str], output: str | None) -> int:
-    """``replayer merge DIR... [-o OUT]``: print the merged summary (and write OUT/summary.json);
-    1 if a folder holds no results."""
+def unfinished(path: str) -> str | None:
+    """Why the run in results folder ``path`` has not ended by itself yet (None when it has):
+    no ``summary.json`` (still running, killed, or never started), or one saying a stop cut it
+    short (a retried Kubernetes pod resumes it and writes a new one)."""
+    s = _folder_summary(path)
+    if not s:
+        return "no summary.json yet (still running, killed, or not started)"
+    if s.get("stopped_early"):
+        return f"stopped early ({s.get('stop_signal') or 'stop'}): its results are partial until it is resumed"
+    return None
+
+
+def wait_finished(dirs: list[str], timeout_s: float, *, poll_s: float = 5.0, say_every_s: float = 60.0) -> list[str]:
+    """Wait up to ``timeout_s`` until the run of every folder has ended by itself
+    (``unfinished``), saying which are awaited every ``say_every_s``; returns those still not."""
+    deadline = time.monotonic() + timeout_s
+    said = -float("inf")
+    while True:
+        left = [d for d in dirs if unfinished(d)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        if time.monotonic() - said >= say_every_s:
+            said = time.monotonic()
+            print("replayer merge: waiting for " + "; ".join(f"{d}: {unfinished(d)}" for d in left),
+                  file=sys.stderr, flush=True)
+        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+
+
+def main_merge(dirs: list[str], output: str | None, wait_s: float | None = None) -> int:
+    """``replayer merge DIR... [-o OUT] [--wait S]``: print the merged summary (and write
+    OUT/summary.json). With ``wait_s``: first wait up to that long for every folder's run to
+    end by itself. Exit 1 when a folder holds no results, or when the merge is not one whole
+    run (a run unfinished or stopped early, shards missing or overlapping: its
+    ``merge_warnings``; the summary is written all the same), else 0."""
+    if wait_s:
+        left = wait_finished(dirs, wait_s)
+        if left:
+            print(f"replayer merge: gave up waiting after {wait_s:g} s for {', '.join(left)}; merging what is there",
+                  file=sys.stderr)
     try:
-        merge_results(dirs, output)
+        s = merge_results(dirs, output)
     except FileNotFoundError as e:
         print(f"replayer merge: {e}", file=sys.stderr)
         return 1
     if output:
         print(f"merged summary: {os.path.join(output, 'summary.json')}", flush=True)
+    if s["merge_warnings"]:
+        print(f"replayer merge: not one whole run ({len(s['merge_warnings'])} warnings above, also in "
+              "merge_warnings): exit 1", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -335,10 +390,18 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     setup_logging(cfg.log_format, cfg.log_level, secrets=(cfg.api_key(), cfg.control_token()))
     n = cfg.workers
     flags = _without_flag(list(argv_flags), "--resume")
-    results = cfg.resume or cfg.results or os.path.join("results", time.strftime("%Y%m%d-%H%M%S"))
     if cfg.admin_port and cfg.admin_port + n - 1 > 65535:
         print(f"replayer run: --admin-port {cfg.admin_port} + {n} workers exceeds 65535", file=sys.stderr)
         return 2
+    results = cfg.resume or cfg.results
+    if results is None:
+        results = new_results_dir()
+    elif not cfg.resume and not cfg.resume_existing:  # (a worker would refuse its folder only after the others started)
+        dirs = (results, *(os.path.join(results, f"worker-{i}") for i in range(n)))
+        if any(os.path.isdir(d) and earlier_run(d) for d in dirs):
+            print(f"replayer run: --results {results}: holds an earlier run's results; --resume {results} "
+                  "continues that run, another --results starts a new one", file=sys.stderr)
+            return 2
     os.makedirs(results, exist_ok=True)
     procs: list[subprocess.Popen] = []
 

@@ -275,6 +275,22 @@ def test_resume_refuses_settings_that_change_the_prompts(tmp_path, mooncake_slic
     p = _run(["--resume", str(res), str(trace), "--speedup", "80", *common])  # another speed-up is fine
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err[-2000:]
+    # a new run into the used folder is refused (it would be summarized with the earlier runs)
+    files = sorted(x.name for x in res.iterdir())
+    for args in (["--results", str(res), str(trace)], ["--results", str(res), "--workers", "2", str(trace)]):
+        p = _run([*args, *common])
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 2 and f"--resume {res} continues that run" in err and "Traceback" not in err, err
+        assert sorted(x.name for x in res.iterdir()) == files
+
+
+def test_runs_started_in_the_same_second_get_their_own_results_folders(tmp_path, monkeypatch):
+    import replayer.recorder as recorder
+
+    monkeypatch.setattr(recorder.time, "strftime", lambda fmt: "20261201-120000")
+    made = [recorder.new_results_dir(str(tmp_path / "results")) for _ in range(3)]
+    assert [os.path.basename(m) for m in made] == ["20261201-120000", "20261201-120000-2", "20261201-120000-3"]
+    assert all(os.path.isdir(m) and not os.listdir(m) for m in made)
 
 
 def test_a_resumed_folder_has_the_target_metrics_of_every_run(tmp_path, mooncake_slice, sim_process):

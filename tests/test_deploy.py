@@ -132,6 +132,29 @@ def test_k8s_ports_and_probes_line_up():
     assert docs["Deployment"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 30
 
 
+def test_soak_setups_are_soaks_that_continue_after_a_restart(tmp_path):
+    """docker-compose's replayer and the k8s Deployment: valid `replayer run` commands that loop
+    forever and, restarted into their results folder, resume it (a plain run would be refused)."""
+    from replayer.cli import build_parser
+    from replayer.config import RunConfig, load_config
+
+    trace = str(ROOT / "traces" / "mooncake_conversation_10min.parquet")
+    docs = dict((d["kind"], d) for _, d in _k8s_docs())
+    cm = {**docs["ConfigMap"]["data"], "TRACE": trace}
+    k8s = docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())["services"]["replayer"]["command"]
+    for argv in ([_k8s_expand(a, cm) for a in k8s], [trace if a.startswith("traces/") else a for a in compose]):
+        results = argv[argv.index("--results") + 1]
+        argv[argv.index("--results") + 1] = str(tmp_path / results.strip("/"))
+        values = lambda: {k: v for k, v in vars(build_parser().parse_args(argv)).items()  # noqa: E731
+                          if k in RunConfig.model_fields}
+        cfg = load_config(values())
+        assert cfg.loops is None and cfg.resume_existing and cfg.resume is None and cfg.roll_interval_s
+        (tmp_path / results.strip("/")).mkdir(parents=True)
+        (tmp_path / results.strip("/") / "checkpoint.json").write_text("{}")  # a restart
+        assert load_config(values()).resume == str(tmp_path / results.strip("/"))
+
+
 # -- sharded replay across pods: deploy/k8s/sharded (Indexed Job + merge Job) -------------------
 
 SHARDED = DEPLOY / "k8s" / "sharded"
@@ -278,17 +301,14 @@ def test_k8s_indexed_job_wrapper_runs_one_shard(tmp_path):
     assert cfg.shard == f"2/{env['SHARDS']}" and cfg.start_at == float(start_at)
     assert cfg.results == f"{results}/shard-2" and cfg.admin_port == 9400 and cfg.admin_host == "0.0.0.0"
     assert cfg.target == cm["TARGET"] and cfg.trace == str(trace) and cfg.resume is None
-    assert "warning" not in err
+    assert cfg.resume_existing and "warning" not in err
     # a retry of the same index (its folder has a checkpoint) resumes it
     (results / "shard-2").mkdir(parents=True)
     (results / "shard-2" / "checkpoint.json").write_text("{}")
     (argv,), err = _run_script(c, {**env, "START_AT": f"{time.time() - 60:.0f}"}, results, tmp_path)
-    assert argv[argv.index("--resume") + 1] == f"{results}/shard-2"
-    assert "resuming" in err
-    # a pod that starts after START_AT says so
-    (argv,), err = _run_script(c, {**env, "START_AT": f"{time.time() - 60:.0f}", "JOB_COMPLETION_INDEX": "1"},
-                               results, tmp_path)
-    assert "--resume" not in argv and "START_AT passed" in err
+    args = build_parser().parse_args(argv)
+    cfg = load_config({k: v for k, v in vars(args).items() if k in RunConfig.model_fields})
+    assert cfg.resume == f"{results}/shard-2"
 
 
 def test_k8s_merge_job_waits_for_every_shard(tmp_path):
@@ -299,9 +319,6 @@ def test_k8s_merge_job_waits_for_every_shard(tmp_path):
     for i in range(n - 1):
         (results / f"shard-{i}").mkdir(parents=True)
         (results / f"shard-{i}" / "summary.json").write_text("{}")
-    with pytest.raises(subprocess.TimeoutExpired):  # the last shard has not finished
-        _run_script(c, {"SHARDS": str(n), "POLL_S": "0.1"}, results, tmp_path, timeout=1.5)
-    (results / f"shard-{n - 1}").mkdir()
-    (results / f"shard-{n - 1}" / "summary.json").write_text("{}")
-    (argv,), _ = _run_script(c, {"SHARDS": str(n), "POLL_S": "0.1"}, results, tmp_path)
-    assert argv == ["merge", *(f"{results}/shard-{i}" for i in range(n)), "-o", f"{results}/merged"]
+    (argv,), _ = _run_script(c, {"SHARDS": str(n), "WAIT_S": "60"}, results, tmp_path)
+    assert argv == ["merge", *(f"{results}/shard-{i}" for i in range(n)), "-o", f"{results}/merged", "--wait", "60"]
+    # (replayer merge --wait does the waiting: tests/test_workers.py)

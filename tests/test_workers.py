@@ -149,12 +149,28 @@ def test_shards_on_one_machine_add_up_to_a_single_run(tmp_path, mooncake_slice, 
     assert m["duplicate_rows"] == 0 and m["merge_warnings"] == []
     assert m["anchor_spread_s"] < 1e-3
     assert 0 < m["duration"] < 60
+    # what the shards shared, and the one target's metrics (every shard scraped it)
+    assert (m["target"], m["speedup"], m["trace"], m["model"]) == (url_sharded, SPEEDUP, s1["trace"], s1["model"])
+    assert m["target_metrics"]["scrapes"] > 0 and m["server_prefix_cache_hit_tokens"] > 0
+    # a merged folder holds only summary.json: its report reads the shards' results
+    out = subprocess.run([sys.executable, "-m", "replayer", "report", str(merged)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and (merged / "report.html").stat().st_size > 10_000, out.stderr
 
-    # merge notices a missing shard and a folder given twice
+    # merge notices a missing shard, a folder given twice, and a shard cut short by a stop (a
+    # Kubernetes retry resumes it later): exit 1, with the summary written all the same
     part = merge_results([str(dirs[0]), str(dirs[1])], quiet=True)
     assert any("2/3" in w for w in part["merge_warnings"])
     twice = merge_results([str(dirs[0]), str(dirs[0])], quiet=True)
     assert twice["duplicate_rows"] == len(tables[0])
+    stopped = json.loads((dirs[2] / "summary.json").read_text())
+    (dirs[2] / "summary.json").write_text(json.dumps({**stopped, "stopped_early": True, "stop_signal": "SIGTERM"}))
+    for args in ([str(dirs[0]), str(dirs[0])], [str(dirs[0]), str(dirs[1])], list(map(str, dirs))):
+        out = subprocess.run([sys.executable, "-m", "replayer", "merge", *args, "-o", str(tmp_path / "m2")],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and "not one whole run" in out.stderr, out.stderr
+        assert (tmp_path / "m2" / "summary.json").exists()
+    assert f"{dirs[2]}: stopped early (SIGTERM)" in out.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
     out = subprocess.run([sys.executable, "-m", "replayer", "merge", str(empty)], capture_output=True, text=True,
@@ -249,6 +265,7 @@ def test_merge_puts_shards_on_one_time_axis(tmp_path):
         meta = {b"replayer.t0_wall_s": repr(wall).encode(),
                 b"replayer.config": json.dumps({"shard": f"{i}/2"}).encode()}
         pq.write_table(t.replace_schema_metadata(meta), d / "requests.parquet")
+        (d / "summary.json").write_text(json.dumps({"stopped_early": False}))  # each ran to its end
         dirs.append(str(d))
     s = merge_results(dirs, str(tmp_path / "m"), quiet=True)
     assert s["duration"] == pytest.approx(2.0) and s["request_throughput"] == pytest.approx(1.0)
@@ -269,6 +286,7 @@ def test_merge_of_a_resumed_folder_is_not_a_late_shard(tmp_path):
         meta = {b"replayer.t0_wall_s": repr(wall).encode(),
                 b"replayer.config": json.dumps({"shard": shard}).encode()}
         pq.write_table(t.replace_schema_metadata(meta), d / name)
+        (d / "summary.json").write_text(json.dumps({"stopped_early": False}))  # each ran to its end
 
     write(tmp_path / "s0", "requests.parquet", 1000.0, 0, "0/2")
     write(tmp_path / "s1", "requests.parquet", 1000.0, 1, "1/2")
@@ -325,3 +343,25 @@ def test_workers_progress_lines_sum_the_workers_status(caplog):
     # a worker that has not answered yet, or whose scheduled count is known only at its end
     assert progress_line([answers[0], None], 3.0, 2).startswith("t=3s sent 7/? in-flight 2 ok 4 failed 1")
     assert "sent 12/?" in progress_line([answers[0], {**answers[1], "scheduled": 0}], 3.0, 2)
+
+
+def test_merge_wait_returns_when_every_run_has_ended_by_itself(tmp_path):
+    import threading
+
+    from replayer.workers import unfinished, wait_finished
+
+    a, b = tmp_path / "a", tmp_path / "b"   # b does not exist yet (its pod not started)
+    a.mkdir()
+    (a / "summary.json").write_text(json.dumps({"stopped_early": True, "stop_signal": "SIGTERM"}))
+    assert "stopped early (SIGTERM)" in unfinished(str(a)) and "no summary.json" in unfinished(str(b))
+    assert wait_finished([str(a), str(b)], 0.3, poll_s=0.05) == [str(a), str(b)]  # gives up in time
+
+    def finish():
+        (a / "summary.json").write_text(json.dumps({"stopped_early": False}))  # resumed to its end
+        b.mkdir()
+        (b / "summary.json").write_text(json.dumps({"stopped_early": False}))
+
+    threading.Timer(0.5, finish).start()
+    t0 = time.monotonic()
+    assert wait_finished([str(a), str(b)], 30, poll_s=0.05) == []
+    assert 0.4 < time.monotonic() - t0 < 5
