@@ -17,6 +17,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -448,7 +449,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
             log.warning("%s again: cancelling in-flight requests", signame)
             dispatcher.cancel_in_flight()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig.name)
     background = [loop.create_task(recorder.run_periodic_flush()),
                   loop.create_task(EventLoopLagMonitor(metrics).run()),
@@ -459,6 +460,9 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     elif not cfg.quiet:
         background.append(loop.create_task(_progress(state, dispatcher, anchor)))
     background.append(loop.create_task(_watch_self(state, metrics)))
+    parent = os.environ.get(PARENT_PID_ENV)
+    if parent and parent.isdigit():  # a --workers worker: stop with its parent
+        background.append(loop.create_task(_stop_with_parent(int(parent), on_signal)))
     samples = None
     if cfg.scrape_target_metrics:
         scraper = TargetScraper(target.rstrip("/") + "/metrics", interval_s=cfg.scrape_interval_s,
@@ -503,7 +507,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
             await asyncio.wait_for(asyncio.shield(closing), 60)
         except TimeoutError:
             log.error("results flush did not finish in 60 s")
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
     state.state = "done"
     summary = await loop.run_in_executor(None, summarize_files, result_files(results_dir))
@@ -528,6 +532,22 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         listed = ", ".join(files) if len(files) <= 3 else f"{len(files)} results files"
         print(f"results: {results_dir}/ ({listed}, summary.json)", flush=True)
     return summary
+
+
+#: signals that stop a run (drain, flush, exit 128 + the signal's number); SIGHUP: the terminal
+#: closed (its default action would end the process without writing what it measured)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: set by ``--workers`` in each worker's environment: the parent's pid (``_stop_with_parent``)
+PARENT_PID_ENV = "REPLAYER_PARENT_PID"
+
+
+async def _stop_with_parent(pid: int, stop: Callable[[str], None], every_s: float = 0.5) -> None:
+    """Stop the run as on SIGHUP once process ``pid`` (the ``--workers`` parent) is gone: the
+    workers run in sessions of their own, so nothing else would stop them when it is killed."""
+    while os.getppid() == pid:
+        await asyncio.sleep(every_s)
+    log.warning("the --workers parent (pid %d) is gone: stopping", pid)
+    stop("SIGHUP")
 
 
 def _hms(wall_s: float) -> str:
@@ -620,7 +640,8 @@ async def _progress(state: RunState, dispatcher: Dispatcher, anchor: Anchor, eve
 
 def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     """Run with uvloop. Exit code: 0 when the replay ended by itself (or by ``/stop``), 2 on a
-    startup/trace error, 128 + the signal's number when SIGTERM (143) or SIGINT (130) stopped it,
+    startup/trace error, 128 + the signal's number when SIGTERM (143), SIGINT (130) or SIGHUP (129: the
+    terminal closed, or the ``--workers`` parent is gone) stopped it,
     its results on disk and resumable (a Kubernetes Job then retries the pod, which resumes)."""
     import uvloop
 

@@ -8,8 +8,9 @@ forwards SIGTERM/SIGINT to them, waits, and writes one merged ``RESULTS/summary.
 
 The children run in their own sessions: a Ctrl-C at the terminal reaches only this parent, which
 forwards it once (a terminal's SIGINT would otherwise reach every child twice, and the second one
-cancels in-flight requests instead of draining them), and the simulator is stopped only after
-every worker has drained.
+cancels in-flight requests instead of draining them; a hang-up goes on as SIGTERM), and the
+simulator is stopped only after every worker has drained. A worker whose parent is killed
+(``REPLAYER_PARENT_PID``) stops by itself, as on SIGHUP.
 
 ``merge_results`` puts the results of several folders (workers, or shards run on other machines
 or pods) on one time axis: every results file carries its run's wall-clock anchor
@@ -41,6 +42,9 @@ log = logging.getLogger(__name__)
 TIME_COLUMNS = ("due_ns", "sent_ns", "first_token_ns", "last_token_ns", "end_ns")
 #: run anchors further apart than this are reported (one shared --start-at gives ~0)
 ANCHOR_SPREAD_WARN_S = 0.05
+#: a worker's environment: this process's pid, so that a worker stops when it is gone (it runs
+#: in a session of its own; = replayer.daemon.PARENT_PID_ENV, not imported: the daemon is heavy)
+PARENT_PID_ENV = "REPLAYER_PARENT_PID"
 #: summary fields the merged summary keeps when every folder has the same value
 MERGED_SETUP = ("trace", "target", "model", "speedup", "loop")
 
@@ -407,10 +411,10 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
 
     def forward(signum, frame):
         for p in procs:
-            if p.poll() is None:
-                p.send_signal(signum)
+            if p.poll() is None:  # (a hang-up drains the workers as a SIGTERM does)
+                p.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
-    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     sim = None
     codes: list[int] = []
     try:
@@ -435,7 +439,8 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
                     "--admin-port", str(port), "--target", target, "--quiet"]
             if cfg.resume and os.path.exists(os.path.join(wdir, "checkpoint.json")):
                 args += ["--resume", wdir]
-            procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True))
+            procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True,
+                                          env={**os.environ, PARENT_PID_ENV: str(os.getpid())}))
         if not cfg.quiet:
             log.info("%d workers (shards 0/%d..%d/%d) start at %s; results in %s; their /status on 127.0.0.1:%s",
                      n, n, n - 1, n, time.strftime("%H:%M:%S", time.localtime(start_at)), results,
