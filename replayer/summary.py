@@ -267,14 +267,18 @@ def format_summary(s: dict) -> str:
         if v is None:
             return "n/a"
         if isinstance(v, float):
-            return f"{v:.2f}"
+            return f"{v:,.2f}"
+        if isinstance(v, int) and not isinstance(v, bool):
+            return f"{v:,}"
         return str(v)
 
-    rows: list[tuple[str, object] | str] = [
-        "Replay result",
+    rows: list[tuple[str, object] | str] = ["Replay result"]
+    if s.get("stopped_early"):
+        rows.append(("Stopped early (results partial)", f"by {s['stop_signal']}" if s.get("stop_signal") else "yes"))
+    rows += [
         ("Scheduled requests", s["scheduled"]), ("Sent requests", s["sent"]),
         ("Successful requests", s["completed"]), ("Failed requests", s["failed"]),
-        ("Cancelled / not started", f"{s['cancelled']} / {s['not_started']}"),
+        ("Cancelled / not started", f"{s['cancelled']:,} / {s['not_started']:,}"),
         ("Duration (s)", s["duration"]),
         ("Total input tokens (server)", s["total_input_tokens"]),
         ("Total output tokens (server)", s["total_output_tokens"]),
@@ -282,7 +286,7 @@ def format_summary(s: dict) -> str:
         ("Output token throughput (tok/s)", s["output_throughput"]),
         ("Prompt-token mismatches vs trace", s["prompt_token_mismatches"]),
         ("Completion-token mismatches", s["completion_token_mismatches"]),
-        ("Usage missing / TTFT unmeasured", f"{s['usage_missing']} / {s['ttft_unmeasured']}"),
+        ("Usage missing / TTFT unmeasured", f"{s['usage_missing']:,} / {s['ttft_unmeasured']:,}"),
         "Dispatch lag (sent - due)",
         ("p50 / p99 / max (ms)", " / ".join(fmt(s[k]) for k in
                                              ("dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "dispatch_lag_max_ms"))),
@@ -291,6 +295,12 @@ def format_summary(s: dict) -> str:
                         ("itl_ms", "Inter-token latency"), ("e2el_ms", "End-to-end latency")):
         rows.append(label)
         rows.append((f"mean / median / p99 (ms)", " / ".join(fmt(s[f"{k}_{name}"]) for k in ("mean", "median", "p99"))))
+    expected, server = s.get("expected_prefix_hit_tokens"), s.get("server_prefix_cache_hit_tokens")
+    if isinstance(server, float) and server.is_integer():  # (a counter's delta: a float in Prometheus)
+        server = int(server)
+    if expected is not None or server is not None:
+        rows.append("Prefix cache (prompt tokens served from it)")
+        rows.append(("Expected from hash ids / server-reported", f"{fmt(expected)} / {fmt(server)}"))
     if s.get("sessions"):
         ss = s["sessions"]
         rows.append("Sessions (turn waits for its predecessor)")

@@ -43,3 +43,18 @@ def test_sampled_summary_keeps_counts_exact_and_percentiles_close(tmp_path):
     assert 2500 < s["statistics_sample_rows"] < 3500
     assert abs(s["median_ttft_ms"] - whole["median_ttft_ms"]) / whole["median_ttft_ms"] < 0.05
     assert s["median_itl_ms"] == whole["median_itl_ms"] == 10.0
+
+
+def test_printed_summary_says_a_stop_and_the_prefix_cache():
+    from replayer.summary import format_summary
+
+    s = summarize(to_table(_results(2000, 3)))
+    plain = format_summary(s)
+    assert "Stopped early" not in plain and "Prefix cache" not in plain
+    assert "Scheduled requests" in plain and "2,000" in plain  # thousands separated
+    s.update(stopped_early=True, stop_signal="SIGTERM", expected_prefix_hit_tokens=1_234_560,
+             server_prefix_cache_hit_tokens=1_000_448.0)
+    lines = format_summary(s).splitlines()
+    assert lines[1].startswith("Stopped early") and lines[1].endswith("by SIGTERM")
+    assert next(x for x in lines if x.startswith("Expected from hash ids / server-reported")).endswith(
+        "1,234,560 / 1,000,448")
