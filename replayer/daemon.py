@@ -126,21 +126,35 @@ class _Accounting(Observer):
 async def wait_ready(base_url: str, timeout_s: float, api_key: str | None) -> list[str]:
     """Poll ``GET /v1/models`` until it answers 200 (returns the model ids) or ``timeout_s``
     passes (raises StartupError naming the URL and the last error)."""
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
+    deadline = start + timeout_s
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     last = "no answer"
+    said = None  # when "waiting" was last logged
+    url = base_url.rstrip("/") + "/v1/models"
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
         while True:
             try:
-                async with session.get(base_url.rstrip("/") + "/v1/models", headers=headers) as r:
+                async with session.get(url, headers=headers) as r:
                     if r.status == 200:
                         data = await r.json(content_type=None)
+                        if said is not None:
+                            log.info("target %s ready after %.1f s", base_url, time.monotonic() - start)
                         return [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
                     last = f"HTTP {r.status}"
+            except aiohttp.ClientConnectorError as e:  # (its text names aiohttp's "ssl:default")
+                os_err = e.os_error
+                last = f"cannot connect: {type(os_err).__name__}" + (f" ({os_err.strerror})" if os_err.strerror else "")
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-                last = f"{type(e).__name__}: {e}"
-            if time.monotonic() >= deadline:
-                raise StartupError(f"target {base_url} not ready after {timeout_s:.0f} s ({last})")
+                last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            now = time.monotonic()
+            if now >= deadline:
+                raise StartupError(f"target {base_url} not ready after {timeout_s:.0f} s ({last}; "
+                                   "--ready-timeout sets how long to wait)")
+            if said is None and now - start >= 1.0 or said is not None and now - said >= 10.0:
+                said = now
+                log.info("waiting for the target: GET %s: %s (%.0f s of --ready-timeout %.0f s left)",
+                         url, last, deadline - now, timeout_s)
             await asyncio.sleep(0.05)
 
 
@@ -357,6 +371,11 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
         # nothing was sent: a folder this run made holds nothing (an empty parts/ at most)
         if created and not any(files for _, _, files in os.walk(results_dir)):
             shutil.rmtree(results_dir, ignore_errors=True)
+            if cfg.results is None:  # ./results itself, if this left it empty
+                try:
+                    os.rmdir(os.path.dirname(results_dir))
+                except OSError:
+                    pass
         raise
     finally:
         if admin is not None:

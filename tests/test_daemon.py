@@ -129,11 +129,16 @@ def test_bad_flags_listed_at_once(tmp_path):
 
 def test_target_down_fails_clearly(tmp_path, mooncake_slice):
     trace = mooncake_slice(5)
-    p = _run([str(trace), "--target", f"http://127.0.0.1:{free_port()}", "--ready-timeout", "1",
+    p = _run([str(trace), "--target", f"http://127.0.0.1:{free_port()}", "--ready-timeout", "2.5",
               "--results", str(tmp_path / "r"), "--admin-port", "0"])
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 2 and "not ready" in err
+    assert p.returncode == 2 and "not ready after 2 s (cannot connect: ConnectionRefusedError" in err
+    assert "waiting for the target: GET http://127.0.0.1" in err  # said while it waited
+    assert "ssl:default" not in err and "Traceback" not in err
     assert not (tmp_path / "r").exists()  # nothing was sent: the folder it made is gone again
+    p = _run([str(trace), "--target", f"http://127.0.0.1:{free_port()}", "--ready-timeout", "0.5",
+              "--admin-port", "0", "--quiet"], cwd=tmp_path)  # the default folder: ./results stays clean
+    assert p.communicate(timeout=60) and p.returncode == 2 and not (tmp_path / "results").exists()
 
 
 def test_start_up_problems_are_errors_not_tracebacks(tmp_path, mooncake_slice, sim_process):
