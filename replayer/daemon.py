@@ -495,7 +495,8 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     if cfg.loops == 1 and shards == 1 and not cfg.resume:  # else known only at the end
         state.scheduled = min(n_rows or 0, cfg.max_requests or n_rows or 0)
     log.info("replaying %s (%s rows%s, passes %s, shard %s) against %s (model %s) at speedup %g; results in %s",
-             cfg.trace, n_rows, f", the first {cfg.max_requests} sent" if cfg.max_requests else "", cfg.loop,
+             cfg.trace, n_rows, "" if not cfg.max_requests else f", the first {cfg.max_requests} sent"
+             + (f" over all {shards} shards" if shards > 1 else ""), cfg.loop,
              cfg.shard, target, model, cfg.speedup, results_dir)
     try:
         await client.start()
@@ -580,6 +581,8 @@ def _status(state: RunState, dispatcher_ref: list[Dispatcher]) -> dict:
     st = state.state
     if st == "running" and d is not None and d.stopping:  # after SIGTERM or /stop
         st = "draining"
+    elif st == "running" and d is not None and d.now_rel() < 0:  # before --start-at (or the start delay)
+        st = "waiting"
     return {"state": st, "target": state.target, "results": state.results,
             "scheduled": state.scheduled, "sent": state.sent, "completed": state.completed,
             "failed": state.failed, "cancelled": state.cancelled, "not_started": state.not_started,
@@ -648,9 +651,14 @@ async def _launcher_ready(launcher: Launcher) -> Launcher | None:
 
 
 async def _progress(state: RunState, dispatcher: Dispatcher, anchor: Anchor, every_s: float = 5.0) -> None:
+    if anchor.t0_ns - now_ns() > 1_000_000_000:  # a --start-at ahead
+        log.info("waiting to start: %.0f s to go (at %s)", (anchor.t0_ns - now_ns()) / 1e9, _hms(anchor.wall_s))
     while True:
         await asyncio.sleep(every_s)
         t = (now_ns() - anchor.t0_ns) / 1e9
+        if t < 0:
+            log.info("waiting to start: %.0f s to go (at %s)", -t, _hms(anchor.wall_s))
+            continue
         log.info("t=%.0fs sent %d/%s in-flight %d ok %d failed %d max lag %.1f ms (last %.0fs)",
                  t, state.sent, state.scheduled or "?", dispatcher.in_flight, state.completed, state.failed,
                  state.window_max_lag_ms, every_s)

@@ -343,3 +343,25 @@ def test_a_start_time_long_past_starts_now_instead_of_a_burst(tmp_path, mooncake
     assert "resuming now: the run's --start-at" in err and "out of step" not in err
     s = json.loads((res / "summary.json").read_text())
     assert s["sent"] == s["completed"] == n and s["dispatch_lag_max_ms"] < 100
+
+
+def test_status_says_waiting_until_the_start_time(tmp_path, mooncake_slice, sim_process):
+    trace = mooncake_slice(30)
+    url, _ = sim_process("--itl-base-ms", "2")
+    port = free_port()
+    start = time.time() + 4
+    p = _run([str(trace), "--target", url, "--speedup", "10", "--results", str(tmp_path / "r"), "--admin-port",
+              str(port), "--start-at", repr(start), "--drain-timeout", "1"])
+    try:
+        wait_http(f"http://127.0.0.1:{port}/readyz", 30)
+        states = []
+        while time.time() < start + 3:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2) as r:
+                states.append((time.time() < start - 0.05, json.loads(r.read())["state"]))
+            time.sleep(0.1)
+        assert {s for before, s in states if before} == {"waiting"}
+        assert states[-1][1] == "running"
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    assert "waiting to start:" in err  # the progress line before the start
