@@ -678,7 +678,8 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     # GIL in pure-Python stretches; a short switch interval gives it back to the loop quickly.
     sys.setswitchinterval(0.0005)
     # text or one JSON object per line (--log-format); the API key and control token are redacted
-    setup_logging(cfg.log_format, cfg.log_level, secrets=(cfg.api_key(), cfg.control_token()))
+    setup_logging(cfg.log_format, cfg.log_level, secrets=(cfg.api_key(), cfg.control_token()),
+                  fields={"shard": cfg.shard} if cfg.shard_index[1] > 1 else None)
     try:
         summary = uvloop.run(run_replay(cfg, sim=sim))
     except (StartupError, TraceError) as e:

@@ -200,6 +200,21 @@ def test_text_format_redacts_too():
     assert JsonFormatter().format(logging.makeLogRecord({"msg": "x"})).startswith("{")
 
 
+def test_a_shards_log_lines_say_which_shard():
+    for fmt in ("text", "json"):
+        stream = io.StringIO()
+        setup_logging(fmt, "info", stream=stream, fields={"shard": "1/4"})
+        try:
+            logging.getLogger("replayer.dispatcher").info("draining %d in-flight requests", 50)
+        finally:
+            setup_logging("text", "warning", stream=io.StringIO())
+        line = stream.getvalue().strip()
+        if fmt == "text":
+            assert line.endswith(" INFO replayer.dispatcher[shard 1/4]: draining 50 in-flight requests")
+        else:
+            assert json.loads(line)["shard"] == "1/4"
+
+
 def test_error_burst_log_is_one_start_line_then_one_line_per_window():
     records: list[logging.LogRecord] = []
 
