@@ -175,6 +175,10 @@ class Recorder:
         self._pool.shutdown(wait=True)
         with self._lock:
             self._roll(final=True)
+        try:  # an empty parts/ left in every finished folder (target-metric parts go first)
+            os.rmdir(self.parts_dir)
+        except OSError:
+            pass
 
 
 def warm_up() -> None:

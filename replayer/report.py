@@ -264,10 +264,18 @@ COMPARE_FIELDS: tuple[tuple[str, str, str], ...] = (
 
 
 def _load_summary(path: str) -> dict:
-    """A run's summary.json (given the file or its results folder). Raises ValueError for a
-    file that is not one."""
+    """A run's summary.json (given the file or its results folder; a folder without one, as a
+    killed run leaves, is summarized from its results files). Raises ValueError for a file that
+    is not one, OSError for a path that does not exist."""
     if os.path.isdir(path):
-        path = os.path.join(path, "summary.json")
+        folder, path = path, os.path.join(path, "summary.json")
+        if not os.path.exists(path):
+            files = report_files(folder)
+            if not files:
+                raise ValueError(f"{folder}: no summary.json and no results files")
+            from .summary import summarize_files
+
+            return summarize_files(files)
     try:
         with open(path, encoding="utf-8") as f:
             s = json.load(f)

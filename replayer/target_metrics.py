@@ -439,19 +439,20 @@ class SampleFiles:
         """Write ``rows`` as the next part file; returns its path (None for no rows)."""
         if not rows:
             return None
+        os.makedirs(os.path.join(self.dir, _PARTS), exist_ok=True)
         path = os.path.join(self.dir, _PARTS, f"target_metrics-{self._seq:08d}.parquet")
         self._seq += 1
         save_samples(rows, path)
         return path
 
-    def roll(self, rows: list[dict] = ()) -> int:
+    def roll(self, rows: list[dict] | tuple = ()) -> int:
         """Merge everything into ``target_metrics.parquet`` (see the class docstring); returns
         its row count (0, and no file, when there are no samples)."""
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        self.write_part(list(rows))
         files = sample_files(self.dir)
-        if not files:
+        if not files and not rows:
             return 0
         dst = os.path.join(self.dir, SAMPLES_FILE)
         schema, n = _sample_schema(), 0
@@ -460,8 +461,15 @@ class SampleFiles:
                 for batch in pq.ParquetFile(f).iter_batches(batch_size=65_536):
                     w.write_batch(batch.cast(schema))
                     n += batch.num_rows
+            if rows:
+                w.write_table(pa.table({f.name: [r[f.name] for r in rows] for f in schema}, schema=schema))
+                n += len(rows)
         os.replace(dst + ".tmp", dst)
         for f in files:
             if f != dst:
                 os.remove(f)
+        try:  # (the results' parts went first: nothing left in parts/ then)
+            os.rmdir(os.path.join(self.dir, _PARTS))
+        except OSError:
+            pass
         return n

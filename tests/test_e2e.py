@@ -72,6 +72,9 @@ def test_two_minutes_of_mooncake_token_exact(tmp_path, mooncake_slice, sim_proce
         assert r["ttft_ms"] is not None and r["ttft_ms"] > 0
     summary = json.loads((results / "summary.json").read_text())
     assert summary["completed"] == n and summary["failed"] == 0
+    # a finished folder: the rolled files, no parts left (nor their folder)
+    assert sorted(x.name for x in results.iterdir()) == ["checkpoint.json", "requests.parquet", "summary.json",
+                                                          "target_metrics.parquet"]
     assert summary["prompt_token_mismatches"] == 0 and summary["scheduled"] == n
 
     # what the server received: exact lengths, shared prefixes exactly where hash ids are shared

@@ -118,6 +118,12 @@ def test_compare_text_and_json(results, tmp_path, capsys):
     assert f"speed-up: {s['speedup']} in A, {s['speedup'] * 4} in B" in out
     assert cli_main(["compare", str(results), str(b), "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["setup_differences"]) == 2
+    killed = tmp_path / "killed"  # a SIGKILLed run leaves results files and no summary.json
+    killed.mkdir()
+    shutil.copy(results / "requests.parquet", killed / "requests.parquet")
+    assert cli_main(["compare", str(results), str(killed), "--json"]) == 0
+    rows = {r["key"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["completed"]["a"] == rows["completed"]["b"] == s["completed"]
     assert cli_main(["compare", str(results), str(tmp_path / "nope")]) == 2
     (tmp_path / "empty.json").write_text("{}")
     capsys.readouterr()
