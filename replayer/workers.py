@@ -464,6 +464,13 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
             except subprocess.TimeoutExpired:
                 sim.kill()
     dirs = [os.path.join(results, f"worker-{i}") for i in range(n)]
+    if codes and all(c == 2 for c in codes):  # a bad trace or target: every worker said why
+        print(f"replayer: the {n} workers could not start (exit 2; the reason is above)", file=sys.stderr)
+        try:
+            os.rmdir(results)  # (only if nothing is in it: each worker removed the folder it made)
+        except OSError:
+            pass
+        return 2
     present = [d for d in dirs if result_files(d)]
     for d in sorted(set(dirs) - set(present)):
         print(f"replayer: {d} holds no results (worker failed before sending)", file=sys.stderr)

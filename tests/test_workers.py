@@ -405,3 +405,15 @@ def test_merge_wait_returns_when_every_run_has_ended_by_itself(tmp_path):
     t0 = time.monotonic()
     assert wait_finished([str(a), str(b)], 30, poll_s=0.05) == []
     assert 0.4 < time.monotonic() - t0 < 5
+
+
+def test_workers_with_a_bad_trace_exit_2_and_leave_nothing(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
+                   '{"timestamp": 5, "input_length": -3, "output_length": 5, "hash_ids": [1]}\n')
+    results = tmp_path / "res"
+    out = subprocess.run([sys.executable, "-m", "replayer", "run", str(bad), "--workers", "2", "--admin-port", "0",
+                          "--results", str(results), "--quiet"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "row 2: input_length" in out.stderr and "the 2 workers could not start" in out.stderr
+    assert "merge failed" not in out.stderr and not results.exists()
