@@ -600,7 +600,12 @@ async def _flush_samples(scraper: TargetScraper, samples: SampleFiles, every_s: 
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(every_s)
-        await loop.run_in_executor(None, samples.write_part, scraper.take_samples())
+        fut = loop.run_in_executor(None, samples.write_part, scraper.take_samples())
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:  # the run ends: this part must be on disk before the final roll
+            await fut
+            raise
 
 
 async def _watch_self(state: RunState, metrics: ReplayerMetrics, every_s: float = 5.0) -> None:
