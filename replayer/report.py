@@ -36,32 +36,25 @@ def report_files(results_dir: str) -> list[str]:
     summary's ``merged_from``: each path as given to merge, else a folder of that name beside
     the merged one, as in a Kubernetes run's ``run-START_AT/``)."""
     from .recorder import result_files
+    from .summary import read_summary
 
     files = result_files(results_dir)
     if not files:
         for d in sorted(glob.glob(os.path.join(results_dir, "worker-*"))):
             files += result_files(d)
     if not files:
-        merged_from = _summary_of(results_dir).get("merged_from") or []
+        merged_from = read_summary(results_dir).get("merged_from") or []
         for d in merged_from:
             beside = os.path.join(os.path.dirname(os.path.abspath(results_dir)), os.path.basename(d.rstrip("/")))
             files += result_files(d) or result_files(beside)
     return files
 
 
-def _summary_of(results_dir: str) -> dict:
-    try:
-        with open(os.path.join(results_dir, "summary.json"), encoding="utf-8") as f:
-            s = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return s if isinstance(s, dict) else {}
-
-
 def load_results(results_dir: str) -> tuple[pd.DataFrame, dict, dict]:
     """(requests frame, summary dict, parquet metadata dict of the first file) of a results
     folder: every results file (``report_files``), times rebased to the earliest run anchor
     (a resumed run or a worker has an anchor of its own; ``replayer.workers``)."""
+    from .summary import read_summary
     from .workers import read_on_one_axis
 
     files = report_files(results_dir)
@@ -70,7 +63,7 @@ def load_results(results_dir: str) -> tuple[pd.DataFrame, dict, dict]:
     meta = {k.decode(): v.decode() for k, v in (pq.read_schema(files[0]).metadata or {}).items()
             if not k.startswith(b"ARROW")}
     table = read_on_one_axis(files)
-    summary = _summary_of(results_dir)
+    summary = read_summary(results_dir)
     if not summary:
         from .summary import summarize
 

@@ -12,7 +12,9 @@ completed requests.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -258,6 +260,16 @@ def _empty() -> pa.Table:
     from .result import SCHEMA
 
     return SCHEMA.empty_table()
+
+
+def read_summary(results_dir: str) -> dict:
+    """A results folder's own ``summary.json`` as a dict ({} if it has none or it is not one)."""
+    try:
+        with open(os.path.join(results_dir, "summary.json"), encoding="utf-8") as f:
+            s = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return s if isinstance(s, dict) else {}
 
 
 def format_summary(s: dict) -> str:

@@ -34,7 +34,7 @@ import numpy as np
 from .config import RunConfig
 from .simproc import free_port
 from .recorder import earlier_run, new_results_dir, result_files
-from .summary import format_summary, run_spans, set_duration, summarize
+from .summary import format_summary, read_summary, run_spans, set_duration, summarize
 
 log = logging.getLogger(__name__)
 
@@ -149,16 +149,6 @@ def _shard_warnings(shards_by_dir: list[set[str]], dirs: list[str]) -> list[str]
     return warnings
 
 
-def _folder_summary(path: str) -> dict:
-    """A results folder's own summary.json ({} if it has none)."""
-    try:
-        with open(os.path.join(path, "summary.json"), encoding="utf-8") as f:
-            s = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return s if isinstance(s, dict) else {}
-
-
 def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = False,
                   one_target: bool = False) -> dict:
     """One summary over several results folders (shards or workers). Writes
@@ -206,7 +196,7 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     if starts and max(starts) - min(starts) > ANCHOR_SPREAD_WARN_S:
         warnings.append(f"the runs were anchored {max(starts) - min(starts):.3f} s apart: a shard started after "
                         "the shared --start-at (or none was given), so the shards did not replay in step")
-    own = [_folder_summary(d) for d in dirs]
+    own = [read_summary(d) for d in dirs]
     for d in dirs:
         why = unfinished(d)
         if why:
@@ -251,7 +241,7 @@ def unfinished(path: str) -> str | None:
     """Why the run in results folder ``path`` has not ended by itself yet (None when it has):
     no ``summary.json`` (still running, killed, or never started), or one saying a stop cut it
     short (a retried Kubernetes pod resumes it and writes a new one)."""
-    s = _folder_summary(path)
+    s = read_summary(path)
     if not s:
         return "no summary.json yet (still running, killed, or not started)"
     if s.get("stopped_early"):

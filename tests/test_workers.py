@@ -224,16 +224,7 @@ def test_workers_terminal_ctrl_c_drains_once(tmp_path, mooncake_slice):
                                "--speedup", "5", "--results", str(results), "--admin-port", str(port), "--quiet"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:  # mid-dispatch: both workers have sent something (the schedule lasts 4 s)
-            assert time.monotonic() < deadline and parent.poll() is None, \
-                "workers did not start sending: " + ("" if parent.poll() is None else parent.communicate()[1][-2000:])
-            try:
-                if all(_status(port + i)["sent"] > 0 for i in range(2)):
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
+        _wait_until_both_sent(parent, port)  # mid-dispatch (the schedule lasts 4 s)
         os.killpg(parent.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
         out, err = parent.communicate(timeout=120)
     finally:
@@ -260,15 +251,7 @@ def test_workers_stop_when_their_parent_is_killed(tmp_path, mooncake_slice, sim_
                                "--target", url, "--drain-timeout", "2"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert time.monotonic() < deadline and parent.poll() is None, "workers did not start sending"
-            try:
-                if all(_status(port + i)["sent"] > 0 for i in range(2)):
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
+        _wait_until_both_sent(parent, port)
         parent.kill()
         parent.wait(10)
         deadline = time.monotonic() + 30
@@ -286,6 +269,20 @@ def test_workers_stop_when_their_parent_is_killed(tmp_path, mooncake_slice, sim_
     for i in range(2):  # and they are gone: nothing answers on their admin ports
         with pytest.raises(OSError):
             _status(port + i)
+
+
+def _wait_until_both_sent(parent: subprocess.Popen, port: int, timeout_s: float = 60) -> None:
+    """Until both workers of ``parent`` (admin ports ``port``, ``port + 1``) have sent something."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert time.monotonic() < deadline and parent.poll() is None, "workers did not start sending: " + (
+            "" if parent.poll() is None or parent.stderr is None else parent.communicate()[1][-2000:])
+        try:
+            if all(_status(port + i)["sent"] > 0 for i in range(2)):
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
 
 
 def _status(port: int) -> dict:
