@@ -40,7 +40,7 @@ async def _serve(config: SimConfig, host: str, port: int, record_file: str | Non
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         if parent_pid:
-            watch = asyncio.ensure_future(_exit_with(parent_pid, stop))
+            watch = asyncio.ensure_future(_exit_with(parent_pid, stop, server))
         await stop.wait()
         if parent_pid:
             watch.cancel()
@@ -61,10 +61,25 @@ def run_sim(config: SimConfig, host: str = "127.0.0.1", port: int = 8000,
         asyncio.run(_serve(config, host, port, record_file, parent_pid))
 
 
-async def _exit_with(pid: int, stop: asyncio.Event) -> None:
-    """Set ``stop`` when process ``pid`` (our parent) is gone: we are then re-parented."""
+PARENT_IDLE_S = 2.0     # after the parent is gone: exit once no request came for this long
+PARENT_GRACE_S = 300.0  # ... or after this long at the most
+
+
+async def _exit_with(pid: int, stop: asyncio.Event, server: SimServer) -> None:
+    """Set ``stop`` when process ``pid`` (our parent) is gone (we are then re-parented) and no
+    request has been in flight for ``PARENT_IDLE_S``: the workers of a killed ``--workers``
+    parent (its other children) drain their requests first, as they stop too."""
     while os.getppid() == pid:
         await asyncio.sleep(0.5)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + PARENT_GRACE_S
+    idle_since = loop.time()
+    while loop.time() < deadline:
+        if server.requests_in_flight:
+            idle_since = loop.time()
+        elif loop.time() - idle_since >= PARENT_IDLE_S:
+            break
+        await asyncio.sleep(0.1)
     stop.set()
 
 
@@ -99,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="score/rerank prompt tokens: per_document (cross-encoder, query "
                    "counted per document) or once (query counted once)")
     p.add_argument("--parent-pid", type=int, metavar="PID", default=None,
-                   help="stop when this process (the parent: replayer run's embedded simulator) ends")
+                   help="stop when this process (the parent: replayer run's embedded simulator) has ended and no request came for 2 s")
     p.add_argument("--inflate-score-usage", type=int, metavar="N",
                    default=d.score_usage_inflate_tokens,
                    help="add N tokens per document to score/rerank usage (imitates an old "

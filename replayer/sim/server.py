@@ -87,6 +87,11 @@ class SimServer(_Engine):
     def num_requests_waiting(self) -> int:
         return len(self._waiters)
 
+    @property
+    def requests_in_flight(self) -> int:
+        """Requests being answered now (generation and pooling handlers)."""
+        return len(self._handlers)
+
     def app(self) -> web.Application:
         """The aiohttp application (created once)."""
         if self._app is None:
