@@ -10,6 +10,7 @@ worker thread so a scrape never stalls the event loop when requests are due.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import math
 from collections.abc import Callable
@@ -56,8 +57,12 @@ class AdminServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()
-        sock = site._server.sockets[0]  # type: ignore[union-attr]
-        bound_host, bound_port = sock.getsockname()[:2]
+        # (two processes starting on one port at once: uvloop's server may hold no socket then)
+        socks = [x for x in (getattr(site._server, "sockets", None) or []) if x is not None]
+        if not socks:
+            await self.stop()
+            raise OSError(errno.EADDRINUSE, f"cannot listen on {host}:{port}")
+        bound_host, bound_port = socks[0].getsockname()[:2]
         self.url = f"http://{bound_host}:{bound_port}"
         return self.url
 
