@@ -541,7 +541,8 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
             summary["server_prefix_cache_hit_tokens"] = hits
     elif scraper is not None:
         summary["target_metrics"] = {"scrapes": 0, "scrape_errors": scraper.errors, "last_error": scraper.last_error}
-    summary.update({"target": target, "model": model, "trace": cfg.trace, "speedup": cfg.speedup,
+    summary.update({"target": target, "target_embedded": cfg.target is None, "model": model,
+                    "trace": cfg.trace, "speedup": cfg.speedup,
                     "shard": cfg.shard, "loop": cfg.loop, "results": results_dir,
                     "stopped_early": dispatcher.stopping, "stop_signal": signals[0] if signals else None})
     with open(os.path.join(results_dir, "summary.json"), "w", encoding="utf-8") as f:

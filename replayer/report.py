@@ -268,7 +268,8 @@ def _load_summary(path: str) -> dict:
                 raise ValueError(f"{folder}: no summary.json and no results files")
             from .summary import summarize_files
 
-            return summarize_files(files)
+            return {**summarize_files(files), **_setup_of(files[0]), "stopped_early": True,
+                    "stop_signal": "a kill (no summary.json)"}
     try:
         with open(path, encoding="utf-8") as f:
             s = json.load(f)
@@ -304,6 +305,24 @@ def compare(a: dict, b: dict) -> list[dict]:
     return rows
 
 
+def _setup_of(results_file: str) -> dict:
+    """The summary's setup fields (trace, speed-up, passes, shard, target, model) of the run that
+    wrote ``results_file``, from its file metadata (``replayer.config``, ``replayer.target``,
+    ``replayer.model``): what a killed run, which wrote no summary.json, still tells."""
+    meta = pq.read_schema(results_file).metadata or {}
+    try:
+        cfg = json.loads(meta.get(b"replayer.config", b"{}"))
+    except ValueError:
+        cfg = {}
+    out = {k: cfg[k] for k in ("trace", "speedup", "loop", "shard") if k in cfg}
+    if "target" in cfg:
+        out["target_embedded"] = cfg["target"] is None
+    for key in ("target", "model"):
+        if f"replayer.{key}".encode() in meta:
+            out[key] = meta[f"replayer.{key}".encode()].decode()
+    return out
+
+
 #: summary fields that make two runs different experiments when they differ
 SETUP_FIELDS = (("trace", "trace"), ("scheduled", "requests scheduled"), ("speedup", "speed-up"),
                 ("loop", "passes"), ("shard", "shard"), ("target", "target"), ("model", "model"))
@@ -316,8 +335,13 @@ def setup_differences(a: dict, b: dict) -> list[str]:
     out = []
     for key, label in SETUP_FIELDS:
         va, vb = a.get(key), b.get(key)
+        if key == "target" and a.get("target_embedded") and b.get("target_embedded"):
+            continue  # both the embedded simulator (on a free port each time)
         if key in a and key in b and va != vb:
             out.append(f"{label}: {va} in A, {vb} in B")
+    for name, s in (("A", a), ("B", b)):
+        if s.get("stopped_early"):
+            out.append(f"{name} was cut short (by {s.get('stop_signal') or 'a stop'}): its numbers cover part of its run")
     return out
 
 

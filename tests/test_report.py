@@ -122,8 +122,19 @@ def test_compare_text_and_json(results, tmp_path, capsys):
     killed.mkdir()
     shutil.copy(results / "requests.parquet", killed / "requests.parquet")
     assert cli_main(["compare", str(results), str(killed), "--json"]) == 0
-    rows = {r["key"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    got = json.loads(capsys.readouterr().out)
+    rows = {r["key"]: r for r in got["rows"]}
     assert rows["completed"]["a"] == rows["completed"]["b"] == s["completed"]
+    # its setup comes from the results file's metadata (same trace, speed-up, ...): only the cut
+    assert got["setup_differences"] == ["B was cut short (by a kill (no summary.json)): its numbers cover "
+                                        "part of its run"]
+    # two runs on the embedded simulator (a free port each) are not told apart by their target
+    (b / "summary.json").write_text(json.dumps(dict(s, target="http://127.0.0.1:1")))
+    assert cli_main(["compare", str(results), str(b), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["setup_differences"] == [] and s["target_embedded"] is True
+    (b / "summary.json").write_text(json.dumps(dict(s, target="http://127.0.0.1:1", target_embedded=False)))
+    assert cli_main(["compare", str(results), str(b), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["setup_differences"][0].startswith("target: ")
     assert cli_main(["compare", str(results), str(tmp_path / "nope")]) == 2
     (tmp_path / "empty.json").write_text("{}")
     capsys.readouterr()
