@@ -155,6 +155,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return sim_main(argv[1:])
     parser = build_parser()
+    commands = [c for a in parser._actions if isinstance(a, argparse._SubParsersAction) for c in a.choices]
+    if argv and not argv[0].startswith("-") and argv[0] not in commands:
+        import difflib
+
+        close = difflib.get_close_matches(argv[0], commands, n=1)
+        parser.error(f"unknown command {argv[0]!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+                     + f" (commands: {', '.join(commands)})")
     args, extra = parser.parse_known_args(argv)
     if extra:
         _unrecognized(getattr(args, "_leaf", parser), extra)

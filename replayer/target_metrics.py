@@ -270,6 +270,8 @@ class TargetScraper:
         self._samples_lock = threading.Lock()
         self.latest: dict[str, float] = {}
         self.scrapes = 0
+        self.first_time_s: float | None = None  # wall time (Unix s) of this run's first / last good scrape
+        self.last_time_s: float | None = None
         self.errors = 0
         self.last_error: str | None = None
         self.resets = 0         # scrape intervals in which counters went back (a restart: once)
@@ -305,6 +307,9 @@ class TargetScraper:
         self._prev, self._prev_created = values, created
         self.latest = aggregate(values)
         self.scrapes += 1
+        if self.first_time_s is None:
+            self.first_time_s = time_s
+        self.last_time_s = time_s
         return self.latest
 
     def series_totals(self) -> list[list]:

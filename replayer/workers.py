@@ -191,6 +191,9 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     _, counts = np.unique(all_keys, return_counts=True)
     duplicates = int((counts > 1).sum())
     warnings = _shard_warnings(shards_by_dir, list(dirs))
+    real = [os.path.realpath(d) for d in dirs]
+    for d in sorted({d for d, r in zip(dirs, real) if real.count(r) > 1}):
+        warnings.insert(0, f"{d} is given more than once: its rows are counted that many times")
     if duplicates:
         warnings.append(f"{duplicates} trace rows were sent by more than one folder (overlapping shards?)")
     if starts and max(starts) - min(starts) > ANCHOR_SPREAD_WARN_S:
@@ -217,7 +220,7 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     s["stopped_early"] = any(o.get("stopped_early") for o in own)  # a stop of one stopped the whole
     s["stop_signal"] = next((o["stop_signal"] for o in own if o.get("stop_signal")), None)
     if one_target or isinstance(setup.get("target"), str):  # one server, scraped by every folder:
-        best = max(own, key=lambda o: (o.get("target_metrics") or {}).get("scrapes", 0))  # its deltas, once
+        best = max(own, key=_scrape_coverage)  # its deltas, once: those of the folder that saw most of it
         for key in ("target_metrics", "server_prefix_cache_hit_tokens"):
             if key in best:
                 s[key] = best[key]
@@ -235,6 +238,16 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     if not quiet:
         print(format_summary(s), flush=True)
     return s
+
+
+def _scrape_coverage(summary: dict) -> tuple[float, float, int]:
+    """How much of one target's history a folder's scrapes saw: (seconds from its first to its
+    last scrape, the last one's time, scrapes). Folders that scraped one server alike differ in
+    when they ended: the counters' deltas of the one that covered the most are the run's."""
+    tm = summary.get("target_metrics") or {}
+    first, last = tm.get("first_scrape_s"), tm.get("last_scrape_s")
+    span = last - first if first is not None and last is not None else 0.0
+    return span, last or 0.0, tm.get("scrapes", 0)
 
 
 def unfinished(path: str) -> str | None:
@@ -284,7 +297,8 @@ def main_merge(dirs: list[str], output: str | None, wait_s: float | None = None)
     if output:
         print(f"merged summary: {os.path.join(output, 'summary.json')}", flush=True)
     if s["merge_warnings"]:
-        print(f"replayer merge: not one whole run ({len(s['merge_warnings'])} warnings above, also in "
+        n = len(s["merge_warnings"])
+        print(f"replayer merge: not one whole run ({n} warning{'s' * (n != 1)} above, also in "
               "merge_warnings): exit 1", file=sys.stderr)
         return 1
     return 0
@@ -456,10 +470,11 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     dirs = [os.path.join(results, f"worker-{i}") for i in range(n)]
     if codes and all(c == 2 for c in codes):  # a bad trace or target: every worker said why
         print(f"replayer: the {n} workers could not start (exit 2; the reason is above)", file=sys.stderr)
-        try:
-            os.rmdir(results)  # (only if nothing is in it: each worker removed the folder it made)
-        except OSError:
-            pass
+        for d in (results, os.path.dirname(results)) if cfg.results is None else (results,):
+            try:  # (only if nothing is in it: each worker removed the folder it made)
+                os.rmdir(d)
+            except OSError:
+                break
         return 2
     present = [d for d in dirs if result_files(d)]
     for d in sorted(set(dirs) - set(present)):

@@ -118,3 +118,11 @@ def test_a_misspelt_flag_is_reported_by_its_subcommand(argv, usage, hint, capsys
     err = capsys.readouterr().err
     assert err.startswith(usage)
     assert f"error: unrecognized arguments: {hint}" in err and "{run,sim,trace" not in err  # not the top-level usage
+
+
+def test_a_misspelt_command_gets_a_hint(capsys):
+    from replayer.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["runn", "t.parquet"])
+    assert e.value.code == 2 and "unknown command 'runn'; did you mean 'run'?" in capsys.readouterr().err

@@ -163,6 +163,7 @@ def test_shards_on_one_machine_add_up_to_a_single_run(tmp_path, mooncake_slice, 
     assert any("2/3" in w for w in part["merge_warnings"])
     twice = merge_results([str(dirs[0]), str(dirs[0])], quiet=True)
     assert twice["duplicate_rows"] == len(tables[0])
+    assert twice["merge_warnings"][0] == f"{dirs[0]} is given more than once: its rows are counted that many times"
     stopped = json.loads((dirs[2] / "summary.json").read_text())
     (dirs[2] / "summary.json").write_text(json.dumps({**stopped, "stopped_early": True, "stop_signal": "SIGTERM"}))
     for args in ([str(dirs[0]), str(dirs[0])], [str(dirs[0]), str(dirs[1])], list(map(str, dirs))):
@@ -415,3 +416,23 @@ def test_workers_with_a_bad_trace_exit_2_and_leave_nothing(tmp_path):
     assert out.returncode == 2, out.stderr
     assert "row 2: input_length" in out.stderr and "the 2 workers could not start" in out.stderr
     assert "merge failed" not in out.stderr and not results.exists()
+
+
+def test_merge_keeps_the_target_metrics_of_the_folder_that_saw_most_of_the_run(tmp_path):
+    """Two shards scraped one server 5 times each; shard 0 ended first. The merged deltas are
+    shard 1's, which cover the whole run (a tie on scrapes took the first folder's)."""
+    dirs = []
+    for i, (first, last, done) in enumerate(((100.0, 120.0, 198), (100.0, 125.0, 200))):
+        d = tmp_path / f"shard-{i}"
+        d.mkdir()
+        t = to_table([RequestResult(row=i, due_ns=0, sent_ns=0, end_ns=1_000_000_000, outcome="success",
+                                    prompt_tokens=5, completion_tokens=3, input_length=5, output_length=3)])
+        meta = {b"replayer.t0_wall_s": b"1000.0", b"replayer.config": json.dumps({"shard": f"{i}/2"}).encode()}
+        pq.write_table(t.replace_schema_metadata(meta), d / "requests.parquet")
+        (d / "summary.json").write_text(json.dumps({
+            "stopped_early": False, "target": "http://vllm:8000",
+            "target_metrics": {"scrapes": 5, "first_scrape_s": first, "last_scrape_s": last,
+                               "deltas": {"request_success": done}}}))
+        dirs.append(str(d))
+    s = merge_results(dirs, quiet=True)
+    assert s["target_metrics"]["deltas"]["request_success"] == 200 and s["target"] == "http://vllm:8000"
