@@ -101,11 +101,13 @@ class PromptBuilder:
     """Builds prompts from hash ids per the module specification.
 
     ``vocab``: sorted int64 array of allowed ids (default: ``DEFAULT_VOCAB_RANGE``).
-    ``cache_bytes``: bound on the serialised-block LRU cache.
+    ``cache_bytes``: bound on the serialised-block LRU cache. 64 MB (~21k blocks of 512 ids)
+    keeps 27.4% of the W1 slice's block uses hits, against 28.4% for 128 MB (all its 34,850
+    blocks, ~108 MB); a miss costs ~7.5 us, so the larger bound bought ~4 ms of CPU for ~45 MB.
     """
 
     def __init__(self, *, seed: int = 0, block_size: int = 512, vocab: np.ndarray | None = None,
-                 cache_bytes: int = 128 << 20) -> None:
+                 cache_bytes: int = 64 << 20) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.seed = seed
