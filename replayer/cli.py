@@ -123,14 +123,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _subparsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
-    return [c for a in p._actions if isinstance(a, argparse._SubParsersAction) for c in a.choices.values()]
+def _subcommands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """``p``'s subcommands: name -> parser."""
+    return {name: c for a in p._actions if isinstance(a, argparse._SubParsersAction) for name, c in a.choices.items()}
 
 
 def _mark_leaves(p: argparse.ArgumentParser) -> None:
     """Every subcommand's parser records itself as ``_leaf`` in the namespace (the innermost
     one wins), so an unknown flag is reported with that subcommand's usage, not the top level's."""
-    for sp in _subparsers(p):
+    for sp in _subcommands(p).values():
         sp.set_defaults(_leaf=sp)
         _mark_leaves(sp)
 
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return sim_main(argv[1:])
     parser = build_parser()
-    commands = [c for a in parser._actions if isinstance(a, argparse._SubParsersAction) for c in a.choices]
+    commands = list(_subcommands(parser))
     if argv and not argv[0].startswith("-") and argv[0] not in commands:
         import difflib
 

@@ -43,7 +43,7 @@ from .prepare import Prompts, RequestFactory
 from .recorder import Recorder, drop_not_started, earlier_run, new_results_dir, read_results, result_files
 from .recorder import warm_up as recorder_warm_up
 from .result import RequestResult
-from .simproc import spawn_sim, stop_sim
+from .simproc import PARENT_PID_ENV, spawn_sim, stop_sim
 from .schedule import Timeline, iter_schedule
 from .sessions import SessionGate
 from .summary import format_summary, summarize_files
@@ -559,8 +559,6 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
 #: signals that stop a run (drain, flush, exit 128 + the signal's number); SIGHUP: the terminal
 #: closed (its default action would end the process without writing what it measured)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-#: set by ``--workers`` in each worker's environment: the parent's pid (``_stop_with_parent``)
-PARENT_PID_ENV = "REPLAYER_PARENT_PID"
 
 
 async def _stop_with_parent(pid: int, stop: Callable[[str], None], every_s: float = 0.5) -> None:

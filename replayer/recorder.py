@@ -206,13 +206,14 @@ def new_results_dir(base: str = "results") -> str:
     raise FileExistsError(f"{base}/{stamp}-*: 999 folders of this second exist")
 
 
-def earlier_run(results_dir: str) -> str | None:
+def earlier_run(results_dir: str, *, resume: str | None = None) -> str | None:
     """Why a new run must not write into ``results_dir`` (it holds an earlier run's results or
     checkpoint: the two would be summarized as one), or None. ``--resume`` continues a run there
-    on purpose."""
+    on purpose: the message names ``--resume RESUME`` (default ``results_dir``; a ``--workers``
+    run resumes its top folder, not a worker's)."""
     files = result_files(results_dir)
     if files or os.path.exists(os.path.join(results_dir, "checkpoint.json")):
-        return (f"holds an earlier run's results ({len(files)} results file(s)); --resume {results_dir} "
+        return (f"holds an earlier run's results ({len(files)} results file(s)); --resume {resume or results_dir} "
                 "continues that run, another --results starts a new one")
     return None
 

@@ -1,4 +1,5 @@
-"""The embedded simulator as a child process: spawn it on a free loopback port, stop it.
+"""The embedded simulator as a child process: spawn it on a free loopback port, stop it; and
+``PARENT_PID_ENV``, which ties a ``--workers`` worker to its parent.
 
 Kept free of heavy imports so ``replayer run`` can start the simulator first thing, letting it
 boot on the other core while the replayer itself imports and loads the trace.
@@ -11,6 +12,10 @@ import socket
 import subprocess
 import sys
 
+#: set by ``--workers`` in each worker's environment: the parent's pid. The workers run in
+#: sessions of their own, so a worker stops by itself when that process is gone (the daemon's
+#: ``_stop_with_parent``)
+PARENT_PID_ENV = "REPLAYER_PARENT_PID"
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""

@@ -396,13 +396,18 @@ def save_samples(rows: list[dict], path: str) -> None:
     sample name, e.g. ``vllm:prompt_tokens_total``), ``labels`` (JSON object text, every label),
     ``kind`` ("counter"/"gauge"), ``value`` (float64). Written to a temporary name, then renamed:
     a file on disk is always whole."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = _sample_schema()
-    table = pa.table({f.name: [r[f.name] for r in rows] for f in schema}, schema=schema)
-    pq.write_table(table, path + ".tmp", compression="zstd")
+    pq.write_table(_samples_table(rows), path + ".tmp", compression="zstd")
     os.replace(path + ".tmp", path)
+
+
+def _samples_table(rows: list[dict]):
+    """Sample rows as an Arrow table of ``_sample_schema()``."""
+    import pyarrow as pa
+
+    schema = _sample_schema()
+    return pa.table({f.name: [r[f.name] for r in rows] for f in schema}, schema=schema)
 
 
 def sample_files(results_dir: str) -> list[str]:
@@ -453,7 +458,6 @@ class SampleFiles:
     def roll(self, rows: list[dict] | tuple = ()) -> int:
         """Merge everything into ``target_metrics.parquet`` (see the class docstring); returns
         its row count (0, and no file, when there are no samples)."""
-        import pyarrow as pa
         import pyarrow.parquet as pq
 
         files = sample_files(self.dir)
@@ -467,7 +471,7 @@ class SampleFiles:
                     w.write_batch(batch.cast(schema))
                     n += batch.num_rows
             if rows:
-                w.write_table(pa.table({f.name: [r[f.name] for r in rows] for f in schema}, schema=schema))
+                w.write_table(_samples_table(list(rows)))
                 n += len(rows)
         os.replace(dst + ".tmp", dst)
         for f in files:

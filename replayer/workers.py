@@ -32,7 +32,7 @@ import urllib.request
 import numpy as np
 
 from .config import RunConfig
-from .simproc import free_port
+from .simproc import PARENT_PID_ENV, free_port
 from .recorder import earlier_run, new_results_dir, result_files
 from .summary import format_summary, read_summary, run_spans, set_duration, summarize
 
@@ -42,9 +42,6 @@ log = logging.getLogger(__name__)
 TIME_COLUMNS = ("due_ns", "sent_ns", "first_token_ns", "last_token_ns", "end_ns")
 #: run anchors further apart than this are reported (one shared --start-at gives ~0)
 ANCHOR_SPREAD_WARN_S = 0.05
-#: a worker's environment: this process's pid, so that a worker stops when it is gone (it runs
-#: in a session of its own; = replayer.daemon.PARENT_PID_ENV, not imported: the daemon is heavy)
-PARENT_PID_ENV = "REPLAYER_PARENT_PID"
 #: summary fields the merged summary keeps when every folder has the same value
 MERGED_SETUP = ("trace", "target", "model", "speedup", "loop")
 
@@ -200,8 +197,8 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
         warnings.append(f"the runs were anchored {max(starts) - min(starts):.3f} s apart: a shard started after "
                         "the shared --start-at (or none was given), so the shards did not replay in step")
     own = [read_summary(d) for d in dirs]
-    for d in dirs:
-        why = unfinished(d)
+    for d, o in zip(dirs, own):
+        why = _unfinished(o)
         if why:
             warnings.append(f"{d}: {why}")
     setup: dict[str, object] = {}
@@ -254,7 +251,11 @@ def unfinished(path: str) -> str | None:
     """Why the run in results folder ``path`` has not ended by itself yet (None when it has):
     no ``summary.json`` (still running, killed, or never started), or one saying a stop cut it
     short (a retried Kubernetes pod resumes it and writes a new one)."""
-    s = read_summary(path)
+    return _unfinished(read_summary(path))
+
+
+def _unfinished(s: dict) -> str | None:
+    """``unfinished`` of a folder whose ``summary.json`` is ``s`` ({} for none)."""
     if not s:
         return "no summary.json yet (still running, killed, or not started)"
     if s.get("stopped_early"):
@@ -268,12 +269,12 @@ def wait_finished(dirs: list[str], timeout_s: float, *, poll_s: float = 5.0, say
     deadline = time.monotonic() + timeout_s
     said = -float("inf")
     while True:
-        left = [d for d in dirs if unfinished(d)]
+        left = {d: why for d in dirs if (why := unfinished(d))}
         if not left or time.monotonic() >= deadline:
-            return left
+            return list(left)
         if time.monotonic() - said >= say_every_s:
             said = time.monotonic()
-            print("replayer merge: waiting for " + "; ".join(f"{d}: {unfinished(d)}" for d in left),
+            print("replayer merge: waiting for " + "; ".join(f"{d}: {why}" for d, why in left.items()),
                   file=sys.stderr, flush=True)
         time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
 
@@ -406,9 +407,9 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
         results = new_results_dir()
     elif not cfg.resume and not cfg.resume_existing:  # (a worker would refuse its folder only after the others started)
         dirs = (results, *(os.path.join(results, f"worker-{i}") for i in range(n)))
-        if any(os.path.isdir(d) and earlier_run(d) for d in dirs):
-            print(f"replayer run: --results {results}: holds an earlier run's results; --resume {results} "
-                  "continues that run, another --results starts a new one", file=sys.stderr)
+        used = next((why for d in dirs if os.path.isdir(d) and (why := earlier_run(d, resume=results))), None)
+        if used:
+            print(f"replayer run: --results {results}: {used}", file=sys.stderr)
             return 2
     os.makedirs(results, exist_ok=True)
     procs: list[subprocess.Popen] = []
