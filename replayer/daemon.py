@@ -40,7 +40,8 @@ from .metrics import EventLoopLagMonitor, ReplayerMetrics
 from .target_metrics import SAMPLES_FLUSH_SCRAPES, SampleFiles, TargetScraper
 from .payload import TEXT_ONLY, PayloadBuilder, PreparedRequest
 from .prepare import Prompts, RequestFactory
-from .recorder import Recorder, drop_not_started, earlier_run, new_results_dir, read_results, result_files
+from .recorder import (Recorder, drop_not_started, earlier_run, new_results_dir, read_results, result_files,
+                       write_json)
 from .recorder import warm_up as recorder_warm_up
 from .result import RequestResult
 from .simproc import PARENT_PID_ENV, spawn_sim, stop_sim
@@ -530,6 +531,9 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
     state.state = "done"
+    if recorder.rows_added == 0 and not cfg.resume:
+        log.warning("no row of the trace %s: nothing was sent; an empty results file keeps the folder "
+                    "mergeable", f"falls in shard {cfg.shard}" if shards > 1 else "was scheduled")
     summary = await loop.run_in_executor(None, summarize_files, result_files(results_dir))
     if samples is not None:  # (also the parts a killed earlier run left)
         await loop.run_in_executor(None, samples.roll, scraper.take_samples())
@@ -546,8 +550,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                     "trace": cfg.trace, "speedup": cfg.speedup,
                     "shard": cfg.shard, "loop": cfg.loop, "results": results_dir,
                     "stopped_early": dispatcher.stopping, "stop_signal": signals[0] if signals else None})
-    with open(os.path.join(results_dir, "summary.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2)
+    write_json(os.path.join(results_dir, "summary.json"), summary)
     if not cfg.quiet:
         print(format_summary(summary), flush=True)
         files = [os.path.relpath(f, results_dir) for f in result_files(results_dir)]

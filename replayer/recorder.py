@@ -8,13 +8,23 @@ end of a run; with ``roll_rows``/``roll_interval_s`` they are also rolled during
 ``requests-NNNNN.parquet`` files, so a week-long soak is many bounded files, not one growing one.
 ``read_results(RESULTS)`` reads all of them as one table.
 
+A roll is atomic for readers: a rolled file names the parts it holds in its metadata
+(``replayer.rolled_parts``), and ``result_files`` leaves those parts out, so a kill between the
+rename of the rolled file and the removal of its parts never shows a row twice (the next writer
+in the folder removes such leftovers). A damaged file (cut short, not Parquet) is reported by
+name and left out; every intact file is still read (``open_file``, ``read_file``).
+
 A ``checkpoint.json`` written after every flush records the replay position (see ``--resume``).
+Every whole file (parts, rolled files, checkpoint, ``write_json``) is written to a temporary
+file in the same folder, fsynced and renamed over its name (``atomic_file``): a kill leaves the
+old file or the new one, never a part of one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import glob
 import json
 import logging
@@ -35,25 +45,73 @@ PARTS = "parts"
 ROLL_GROUP_ROWS = 50_000  # rows per row group of a rolled file
 
 
+#: a rolled file's metadata key: JSON list of the part file names (``part-NNNNNNNN.parquet``) it holds
+ROLLED_PARTS = b"replayer.rolled_parts"
+
+
+def _roll_step(step: str) -> None:
+    """Called after each step of a roll ("written", "renamed", "removed N"): a seam where a test
+    kills the process to check that readers see each row once whatever step was last."""
+
+
+@contextlib.contextmanager
+def atomic_file(path: str):
+    """Yield a binary file that replaces ``path`` when the block ends: written as ``path.tmp``
+    in the same folder, flushed and fsynced, renamed over ``path``, the folder fsynced. On an
+    exception the temporary file is removed and ``path`` is left as it was."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(path) or ".")
+
+
+def _fsync_dir(path: str) -> None:
+    """Make a rename in folder ``path`` durable (best effort: not every file system allows it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json(path: str, obj: object, *, indent: int | None = 2) -> None:
+    """Write ``obj`` as JSON to ``path`` through ``atomic_file`` (encoded first: a value that
+    cannot be encoded leaves the old file untouched)."""
+    data = json.dumps(obj, indent=indent).encode()
+    with atomic_file(path) as f:
+        f.write(data)
+
+
 def _atomic_write_table(table: pa.Table, path: str, *, buffered: bool = True) -> None:
-    """Write ``table`` to ``path`` (zstd Parquet) through a temporary file and a rename.
+    """Write ``table`` to ``path`` (zstd Parquet) through ``atomic_file``.
 
     ``buffered``: encode into an Arrow memory buffer, then write it with one Python file write.
     Handing ``pq.write_table`` the path instead stalled the event loop (and then the writes
     it hands to the launcher) for 20-40 ms per flush at 470 requests/s (issue 7's stress slice at 160x: dispatch error p99
     13-40 ms with it, ~1 ms buffered). False: stream through a Python file object instead of
     holding the whole file in memory."""
-    tmp = path + ".tmp"
     if buffered:
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink, compression="zstd")
         data = sink.getvalue()
-        with open(tmp, "wb") as f:
+        with atomic_file(path) as f:
             f.write(data)
     else:
-        with open(tmp, "wb") as f:
+        with atomic_file(path) as f:
             pq.write_table(table, f, compression="zstd")
-    os.replace(tmp, path)
 
 
 class Recorder:
@@ -80,7 +138,8 @@ class Recorder:
         self._buf = Rows()  # converted to Arrow on the loop, in small batches (see Rows)
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="recorder")
         self._lock = threading.Lock()
-        self._seq = len(glob.glob(os.path.join(self.parts_dir, "part-*.parquet")))
+        remove_rolled_parts(results_dir)
+        self._seq = _next_part_seq(results_dir)
         self._parts: list[str] = []          # parts of this run not yet rolled
         self._part_rows = 0
         self._last_roll = time.monotonic()
@@ -117,19 +176,19 @@ class Recorder:
                 self._part_rows += table.num_rows
                 self.rows_written += table.num_rows
             if ckpt is not None:
-                tmp = os.path.join(self.dir, "checkpoint.json.tmp")
-                with open(tmp, "w", encoding="utf-8") as f:
-                    json.dump(ckpt, f)
-                os.replace(tmp, os.path.join(self.dir, "checkpoint.json"))
+                write_json(os.path.join(self.dir, "checkpoint.json"), ckpt, indent=None)
             due = (self.roll_rows is not None and self._part_rows >= self.roll_rows) or (
                 self.roll_interval_s is not None and time.monotonic() - self._last_roll >= self.roll_interval_s)
             if due:
                 self._roll(final=False)
 
     def _roll(self, *, final: bool) -> None:
-        """Merge this run's parts into one rolled file (caller holds the lock)."""
+        """Merge this run's parts into one rolled file (caller holds the lock). The rolled file
+        lists its parts (``ROLLED_PARTS``), so from its rename on readers skip them; they are
+        removed after it. A final roll with no results in the whole folder writes an empty
+        ``requests.parquet`` (an empty shard: mergeable, its metadata says which shard)."""
         self._last_roll = time.monotonic()
-        if not self._parts:
+        if not self._parts and not (final and not result_files(self.dir)):
             return
         single = final and not glob.glob(os.path.join(self.dir, "requests*.parquet"))
         if single:
@@ -137,24 +196,28 @@ class Recorder:
         else:
             n = len(glob.glob(os.path.join(self.dir, "requests-*.parquet")))
             dst = os.path.join(self.dir, f"requests-{n:05d}.parquet")
+        names = [os.path.basename(p) for p in self._parts]
+        schema = self._schema.with_metadata({**(self._schema.metadata or {}), ROLLED_PARTS: json.dumps(names).encode()})
         # part by part, in row groups of ~ROLL_GROUP_ROWS: the end of a days-long run without
         # --roll-* holds one row group in memory, not every result of the run
-        tmp = dst + ".tmp"
-        with open(tmp, "wb") as f, pq.ParquetWriter(f, self._schema, compression="zstd") as w:
-            group: list[pa.Table] = []
-            rows = 0
-            for p in self._parts:
-                t = pq.read_table(p)
-                group.append(t)
-                rows += t.num_rows
-                if rows >= ROLL_GROUP_ROWS:
+        with atomic_file(dst) as f:
+            with pq.ParquetWriter(f, schema, compression="zstd") as w:
+                group: list[pa.Table] = []
+                rows = 0
+                for p in self._parts:
+                    t = pq.read_table(p)
+                    group.append(t)
+                    rows += t.num_rows
+                    if rows >= ROLL_GROUP_ROWS:
+                        w.write_table(pa.concat_tables(group))
+                        group, rows = [], 0
+                if group:
                     w.write_table(pa.concat_tables(group))
-                    group, rows = [], 0
-            if group:
-                w.write_table(pa.concat_tables(group))
-        os.replace(tmp, dst)
-        for p in self._parts:
+            _roll_step("written")
+        _roll_step("renamed")
+        for i, p in enumerate(self._parts):
             os.remove(p)
+            _roll_step(f"removed {i + 1}")
         self._parts = []
         self._part_rows = 0
 
@@ -219,23 +282,105 @@ def earlier_run(results_dir: str, *, resume: str | None = None) -> str | None:
 
 
 def result_files(results_dir: str) -> list[str]:
-    """Every results file of a results folder: rolled files, then parts not yet rolled."""
-    files = sorted(glob.glob(os.path.join(results_dir, "requests*.parquet")))
-    return files + sorted(glob.glob(os.path.join(results_dir, PARTS, "part-*.parquet")))
+    """Every results file of a results folder: rolled files, then parts not yet rolled (a part
+    that a readable rolled file lists is left out: a roll was cut short before removing it)."""
+    rolled = _rolled_files(results_dir)
+    covered = _rolled_parts(rolled)
+    return rolled + [p for p in _part_files(results_dir) if os.path.basename(p) not in covered]
+
+
+def _rolled_files(results_dir: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(results_dir, "requests*.parquet")))
+
+
+def _part_files(results_dir: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(results_dir, PARTS, "part-*.parquet")))
+
+
+def _rolled_parts(rolled: list[str]) -> set[str]:
+    """Names of the parts the readable files of ``rolled`` hold (their ``ROLLED_PARTS``)."""
+    covered: set[str] = set()
+    for f in rolled:
+        pf = open_file(f)
+        names = (pf.schema_arrow.metadata or {}).get(ROLLED_PARTS) if pf is not None else None
+        if names:
+            covered.update(json.loads(names))
+    return covered
+
+
+def _next_part_seq(results_dir: str) -> int:
+    """The next part number of a folder: above every part in ``parts/`` and every part a rolled
+    file lists (a rolled file's list must never name a later run's part)."""
+    names = [os.path.basename(p) for p in _part_files(results_dir)] + list(_rolled_parts(_rolled_files(results_dir)))
+    return 1 + max((int(n[5:13]) for n in names if n[5:13].isdigit()), default=-1)
+
+
+def remove_rolled_parts(results_dir: str) -> int:
+    """Remove the parts a rolled file already holds (left by a roll cut short); returns how many."""
+    covered = _rolled_parts(_rolled_files(results_dir))
+    gone = [p for p in _part_files(results_dir) if os.path.basename(p) in covered]
+    for p in gone:
+        os.remove(p)
+    return len(gone)
+
+
+_reported: set[str] = set()
+
+
+def report_damaged(path: str, err: Exception) -> None:
+    """Report a damaged results file once per process, by name, with what is lost."""
+    if path in _reported:
+        return
+    _reported.add(path)
+    try:
+        size = f"{os.path.getsize(path)} bytes"
+    except OSError:
+        size = "size unknown"
+    log.warning("%s: damaged results file (%s, %s): its results are left out; every other file is read",
+                path, str(err).splitlines()[0] if str(err) else type(err).__name__, size)
+
+
+def open_file(path: str) -> pq.ParquetFile | None:
+    """The Parquet file at ``path``, or None when it cannot be opened (cut short, not Parquet:
+    reported once by name, see ``report_damaged``)."""
+    try:
+        return pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as e:
+        report_damaged(path, e)
+        return None
+
+
+def read_file(path: str, columns: list[str] | None = None) -> pa.Table | None:
+    """One results file as a table (its metadata kept), or None when it is damaged (reported)."""
+    pf = open_file(path)
+    if pf is None:
+        return None
+    try:
+        return pf.read(columns=columns)
+    except (OSError, pa.ArrowException) as e:
+        report_damaged(path, e)
+        return None
 
 
 def drop_not_started(results_dir: str) -> int:
     """Remove the ``not_started`` records (rows a stopped run never sent) from the results files
     of ``results_dir``: a resumed run sends those rows and records them anew, and the folder must
     hold each row once. Each file holding such records is rewritten through a temporary file and
-    a rename (removed if nothing else is in it). Returns the number of records removed."""
+    a rename (removed if nothing else is in it). Parts a rolled file already holds go first (a
+    removed rolled file must not bring them back). Damaged files are left as they are. Returns
+    the number of records removed."""
+    remove_rolled_parts(results_dir)
     removed = 0
     for f in result_files(results_dir):
-        unsent = pc.equal(pq.read_table(f, columns=["outcome"]).column("outcome"), "not_started")
-        n = pc.sum(unsent).as_py() or 0
+        outcome = read_file(f, columns=["outcome"])
+        if outcome is None:
+            continue
+        n = pc.sum(pc.equal(outcome.column("outcome"), "not_started")).as_py() or 0
         if not n:
             continue
-        table = pq.read_table(f)
+        table = read_file(f)
+        if table is None:
+            continue
         kept = table.filter(pc.invert(pc.equal(table.column("outcome"), "not_started")))
         if kept.num_rows:
             _atomic_write_table(kept, f, buffered=False)
@@ -247,9 +392,11 @@ def drop_not_started(results_dir: str) -> int:
 
 def read_results(path: str, columns: list[str] | None = None) -> pa.Table:
     """All results of a results folder (or one file) as one Arrow table (schema ``SCHEMA``, or
-    only ``columns`` of it: reading a long soak's results whole takes a lot of memory)."""
+    only ``columns`` of it: reading a long soak's results whole takes a lot of memory). A
+    damaged file is reported by name and left out."""
     files = [path] if os.path.isfile(path) else result_files(path)
-    if not files:
+    tables = [t.replace_schema_metadata(None) for t in (read_file(f, columns) for f in files) if t is not None]
+    if not tables:
         empty = SCHEMA.empty_table()
         return empty.select(columns) if columns else empty
-    return pa.concat_tables([pq.read_table(f, columns=columns).replace_schema_metadata(None) for f in files])
+    return pa.concat_tables(tables)

@@ -34,8 +34,9 @@ def report_files(results_dir: str) -> list[str]:
     """The results files of a folder (rolled files, parts), or of its ``worker-*`` folders (a
     ``--workers`` run), or of the folders a ``replayer merge -o`` folder was merged from (its
     summary's ``merged_from``: each path as given to merge, else a folder of that name beside
-    the merged one, as in a Kubernetes run's ``run-START_AT/``)."""
-    from .recorder import result_files
+    the merged one, as in a Kubernetes run's ``run-START_AT/``). A damaged file is reported by
+    name and left out."""
+    from .recorder import open_file, result_files
     from .summary import read_summary
 
     files = result_files(results_dir)
@@ -47,7 +48,7 @@ def report_files(results_dir: str) -> list[str]:
         for d in merged_from:
             beside = os.path.join(os.path.dirname(os.path.abspath(results_dir)), os.path.basename(d.rstrip("/")))
             files += result_files(d) or result_files(beside)
-    return files
+    return [f for f in files if open_file(f) is not None]  # a damaged file is reported by name
 
 
 def load_results(results_dir: str) -> tuple[pd.DataFrame, dict, dict]:

@@ -182,10 +182,19 @@ def summarize_files(files: list[str], *, sample_rows: int = SAMPLE_ROWS, seed: i
     totals, audits and the duration are exact (summed batch by batch); latency statistics come
     from a uniform random sample (Bernoulli, ``seed``) of about ``sample_rows`` requests, and the
     summary says so (``statistics_sample_rows``). ``duration`` (and the throughputs) add up the
-    runs that wrote the files (``run_durations``): each resumed run has a time axis of its own."""
-    total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    runs that wrote the files (``run_durations``): each resumed run has a time axis of its own.
+    A damaged file (cut short, not Parquet) is reported by name, left out, and listed in
+    ``damaged_files``; the others are summarized."""
+    from .recorder import open_file, read_file, report_damaged
+
+    opened = {f: open_file(f) for f in files}
+    damaged = [f for f, pf in opened.items() if pf is None]
+    files = [f for f in files if opened[f] is not None]
+    total = sum(opened[f].metadata.num_rows for f in files)
     if total <= sample_rows:
-        tables = [pq.read_table(f).replace_schema_metadata(None) for f in files]
+        tables = [read_file(f) for f in files]
+        damaged += [f for f, t in zip(files, tables) if t is None]
+        tables = [t.replace_schema_metadata(None) for t in tables if t is not None]
         s = summarize(pa.concat_tables(tables) if tables else _empty())
     else:
         rng = np.random.default_rng(seed)
@@ -193,15 +202,21 @@ def summarize_files(files: list[str], *, sample_rows: int = SAMPLE_ROWS, seed: i
         exact: dict = {}
         sample: list[pa.Table] = []
         for f in files:
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=65_536):
-                t = pa.Table.from_batches([batch]).replace_schema_metadata(None)
-                part = summarize(t)
-                exact = {k: _add(exact.get(k), part.get(k)) for k in _ADDITIVE}
-                sample.append(t.filter(pa.array(rng.random(t.num_rows) < p)))
-        sampled = pa.concat_tables(sample)
+            try:
+                for batch in opened[f].iter_batches(batch_size=65_536):
+                    t = pa.Table.from_batches([batch]).replace_schema_metadata(None)
+                    part = summarize(t)
+                    exact = {k: _add(exact.get(k), part.get(k)) for k in _ADDITIVE}
+                    sample.append(t.filter(pa.array(rng.random(t.num_rows) < p)))
+            except (OSError, pa.ArrowException) as e:  # the batches before the damage count
+                report_damaged(f, e)
+                damaged.append(f)
+        sampled = pa.concat_tables(sample) if sample else _empty()
         s = summarize(sampled)
         s.update(exact)
         s["statistics_sample_rows"] = sampled.num_rows
+    if damaged:
+        s["damaged_files"] = damaged
     runs = run_durations(files)
     set_duration(s, sum(runs))
     if len(runs) > 1:
@@ -226,11 +241,18 @@ def run_spans(files: list[str]) -> dict[bytes, tuple[int, int]]:
     """(first sent_ns, last end_ns) per run that wrote ``files``, keyed by the run anchor in each
     file's metadata (``replayer.t0_wall_s``, b"" if none): a resumed run's times are offsets
     from its own anchor. From the Parquet column statistics where present."""
+    from .recorder import open_file
+
     spans: dict[bytes, tuple[int, int]] = {}
     for f in files:
-        pf = pq.ParquetFile(f)
+        pf = open_file(f)
+        if pf is None:  # damaged (reported): its rows are not counted either
+            continue
         run = (pf.schema_arrow.metadata or {}).get(b"replayer.t0_wall_s", b"")
-        lo, hi = _min_max(pf, "sent_ns", min), _min_max(pf, "end_ns", max)
+        try:
+            lo, hi = _min_max(pf, "sent_ns", min), _min_max(pf, "end_ns", max)
+        except (OSError, pa.ArrowException):
+            continue
         if lo is None or hi is None:
             continue
         a, b = spans.get(run, (lo, hi))

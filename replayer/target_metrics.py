@@ -394,12 +394,15 @@ def save_samples(rows: list[dict], path: str) -> None:
     """Write sample rows (``TargetScraper.samples`` format) to Parquet, long format: columns
     ``time_s`` (float64, Unix s), ``t_ns`` (int64, ns after the run anchor), ``metric`` (the raw
     sample name, e.g. ``vllm:prompt_tokens_total``), ``labels`` (JSON object text, every label),
-    ``kind`` ("counter"/"gauge"), ``value`` (float64). Written to a temporary name, then renamed:
-    a file on disk is always whole."""
+    ``kind`` ("counter"/"gauge"), ``value`` (float64). Written to a temporary name, fsynced, then
+    renamed (``recorder.atomic_file``): a file on disk is always whole."""
     import pyarrow.parquet as pq
 
-    pq.write_table(_samples_table(rows), path + ".tmp", compression="zstd")
-    os.replace(path + ".tmp", path)
+    from .recorder import atomic_file
+
+    table = _samples_table(rows)
+    with atomic_file(path) as f:
+        pq.write_table(table, f, compression="zstd")
 
 
 def _samples_table(rows: list[dict]):
@@ -413,10 +416,24 @@ def _samples_table(rows: list[dict]):
 def sample_files(results_dir: str) -> list[str]:
     """The target-metric sample files of a results folder: ``target_metrics.parquet``, then the
     parts not yet rolled into it (``parts/target_metrics-NNNNNNNN.parquet``: a run still going,
-    or one killed before its end)."""
+    or one killed before its end; a part that ``target_metrics.parquet`` lists as rolled into it
+    is left out: a roll was cut short before removing it)."""
     rolled = os.path.join(results_dir, SAMPLES_FILE)
     parts = sorted(glob.glob(os.path.join(results_dir, _PARTS, "target_metrics-*.parquet")))
-    return ([rolled] if os.path.exists(rolled) else []) + parts
+    covered = _rolled_parts(rolled)
+    return ([rolled] if os.path.exists(rolled) else []) + [p for p in parts if os.path.basename(p) not in covered]
+
+
+def _rolled_parts(rolled: str) -> set[str]:
+    """Names of the parts ``target_metrics.parquet`` holds (empty when there is none)."""
+    import pyarrow.parquet as pq
+
+    from .recorder import ROLLED_PARTS
+
+    if not os.path.exists(rolled):
+        return set()
+    names = (pq.read_schema(rolled).metadata or {}).get(ROLLED_PARTS)
+    return set(json.loads(names)) if names else set()
 
 
 def read_samples(results_dir: str):
@@ -442,8 +459,10 @@ class SampleFiles:
     def __init__(self, results_dir: str) -> None:
         self.dir = results_dir
         os.makedirs(os.path.join(results_dir, _PARTS), exist_ok=True)
-        parts = sample_files(results_dir)
-        self._seq = 1 + max((int(p[-16:-8]) for p in parts if p[-16:-8].isdigit()), default=-1)
+        # part names are never reused: target_metrics.parquet's list of parts must not name a new one
+        names = [os.path.basename(p) for p in glob.glob(os.path.join(results_dir, _PARTS, "target_metrics-*.parquet"))]
+        names += _rolled_parts(os.path.join(results_dir, SAMPLES_FILE))
+        self._seq = 1 + max((int(n[-16:-8]) for n in names if n[-16:-8].isdigit()), default=-1)
 
     def write_part(self, rows: list[dict]) -> str | None:
         """Write ``rows`` as the next part file; returns its path (None for no rows)."""
@@ -460,23 +479,29 @@ class SampleFiles:
         its row count (0, and no file, when there are no samples)."""
         import pyarrow.parquet as pq
 
+        from .recorder import ROLLED_PARTS, atomic_file
+
         files = sample_files(self.dir)
         if not files and not rows:
             return 0
         dst = os.path.join(self.dir, SAMPLES_FILE)
+        parts = glob.glob(os.path.join(self.dir, _PARTS, "target_metrics-*.parquet"))
+        # every part merged now or before: from the rename on, readers skip them (a kill before
+        # their removal shows no sample twice)
+        rolled = sorted({os.path.basename(p) for p in parts} | _rolled_parts(dst))
         schema, n = _sample_schema(), 0
-        with pq.ParquetWriter(dst + ".tmp", schema, compression="zstd") as w:
-            for f in files:
-                for batch in pq.ParquetFile(f).iter_batches(batch_size=65_536):
-                    w.write_batch(batch.cast(schema))
-                    n += batch.num_rows
-            if rows:
-                w.write_table(_samples_table(list(rows)))
-                n += len(rows)
-        os.replace(dst + ".tmp", dst)
-        for f in files:
-            if f != dst:
-                os.remove(f)
+        with atomic_file(dst) as out:
+            with pq.ParquetWriter(out, schema.with_metadata({ROLLED_PARTS: json.dumps(rolled).encode()}),
+                                  compression="zstd") as w:
+                for f in files:
+                    for batch in pq.ParquetFile(f).iter_batches(batch_size=65_536):
+                        w.write_batch(batch.cast(schema))
+                        n += batch.num_rows
+                if rows:
+                    w.write_table(_samples_table(list(rows)))
+                    n += len(rows)
+        for f in parts:
+            os.remove(f)
         try:  # (the results' parts went first: nothing left in parts/ then)
             os.rmdir(os.path.join(self.dir, _PARTS))
         except OSError:

@@ -33,7 +33,7 @@ import numpy as np
 
 from .config import RunConfig
 from .simproc import PARENT_PID_ENV, free_port
-from .recorder import earlier_run, new_results_dir, result_files
+from .recorder import earlier_run, new_results_dir, open_file, read_file, result_files, write_json
 from .summary import format_summary, read_summary, run_spans, set_duration, summarize
 
 log = logging.getLogger(__name__)
@@ -53,15 +53,16 @@ def _files(path: str) -> list[str]:
 
 def _read_dir(path: str) -> list[tuple[object, float | None, str | None]]:
     """(table without metadata, anchor wall time in Unix s or None, shard "i/N" or None) for
-    every results file of a results folder (or one file). Raises FileNotFoundError if none."""
-    import pyarrow.parquet as pq
-
+    every results file of a results folder (or one file) that can be read (a damaged one is
+    reported by name and left out). Raises FileNotFoundError if there is none."""
     files = _files(path)
     if not files:
         raise FileNotFoundError(f"{path}: no results files")
     out = []
     for f in files:
-        t = pq.read_table(f)
+        t = read_file(f)
+        if t is None:  # damaged: reported by name, the folder's other files still count
+            continue
         meta = t.schema.metadata or {}
         wall = meta.get(b"replayer.t0_wall_s")
         shard = None
@@ -71,6 +72,8 @@ def _read_dir(path: str) -> list[tuple[object, float | None, str | None]]:
             except (ValueError, AttributeError):
                 shard = None
         out.append((t.replace_schema_metadata(None), float(wall) if wall else None, shard))
+    if not out:
+        raise FileNotFoundError(f"{path}: no readable results files (all {len(files)} damaged)")
     return out
 
 
@@ -188,6 +191,8 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     _, counts = np.unique(all_keys, return_counts=True)
     duplicates = int((counts > 1).sum())
     warnings = _shard_warnings(shards_by_dir, list(dirs))
+    warnings += [f"{f}: damaged results file, its results are left out" for d in dirs for f in _files(d)
+                 if open_file(f) is None]
     real = [os.path.realpath(d) for d in dirs]
     for d in sorted({d for d, r in zip(dirs, real) if real.count(r) > 1}):
         warnings.insert(0, f"{d} is given more than once: its rows are counted that many times")
@@ -230,8 +235,7 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
         log.warning("merge: %s", w)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "summary.json"), "w", encoding="utf-8") as f:
-            json.dump(s, f, indent=2)
+        write_json(os.path.join(out_dir, "summary.json"), s)
     if not quiet:
         print(format_summary(s), flush=True)
     return s
