@@ -44,7 +44,7 @@ from .recorder import (Recorder, drop_not_started, earlier_run, new_results_dir,
                        write_json)
 from .recorder import warm_up as recorder_warm_up
 from .result import RequestResult
-from .simproc import PARENT_PID_ENV, spawn_sim, stop_sim
+from .simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, spawn_sim, stop_sim
 from .schedule import Timeline, iter_schedule
 from .sessions import SessionGate
 from .summary import format_summary, summarize_files
@@ -546,7 +546,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
             summary["server_prefix_cache_hit_tokens"] = hits
     elif scraper is not None:
         summary["target_metrics"] = {"scrapes": 0, "scrape_errors": scraper.errors, "last_error": scraper.last_error}
-    summary.update({"target": target, "target_embedded": cfg.target is None, "model": model,
+    summary.update({"target": target, "target_embedded": _target_embedded(cfg), "model": model,
                     "trace": cfg.trace, "speedup": cfg.speedup,
                     "shard": cfg.shard, "loop": cfg.loop, "results": results_dir,
                     "stopped_early": dispatcher.stopping, "stop_signal": signals[0] if signals else None})
@@ -557,6 +557,12 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         listed = ", ".join(files) if len(files) <= 3 else f"{len(files)} results files"
         print(f"results: {results_dir}/ ({listed}, summary.json)", flush=True)
     return summary
+
+
+def _target_embedded(cfg: RunConfig) -> bool:
+    """Whether the run's target is the embedded simulator: started by this run (no ``--target``)
+    or by the ``--workers`` parent, which names it in ``EMBEDDED_TARGET_ENV``."""
+    return cfg.target is None or cfg.target == os.environ.get(EMBEDDED_TARGET_ENV)
 
 
 #: signals that stop a run (drain, flush, exit 128 + the signal's number); SIGHUP: the terminal

@@ -16,6 +16,10 @@ import sys
 #: sessions of their own, so a worker stops by itself when that process is gone (the daemon's
 #: ``_stop_with_parent``)
 PARENT_PID_ENV = "REPLAYER_PARENT_PID"
+#: set by ``--workers`` in each worker's environment when the workers share the parent's embedded
+#: simulator: its URL, so the worker's ``--target`` is recorded as the embedded simulator
+#: (``summary.json``'s ``target_embedded``), not as a server of the user's
+EMBEDDED_TARGET_ENV = "REPLAYER_EMBEDDED_TARGET"
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""

@@ -32,7 +32,7 @@ import urllib.request
 import numpy as np
 
 from .config import RunConfig
-from .simproc import PARENT_PID_ENV, free_port
+from .simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, free_port
 from .recorder import earlier_run, new_results_dir, open_file, read_file, result_files, write_json
 from .summary import format_summary, read_summary, run_spans, set_duration, summarize
 
@@ -43,7 +43,7 @@ TIME_COLUMNS = ("due_ns", "sent_ns", "first_token_ns", "last_token_ns", "end_ns"
 #: run anchors further apart than this are reported (one shared --start-at gives ~0)
 ANCHOR_SPREAD_WARN_S = 0.05
 #: summary fields the merged summary keeps when every folder has the same value
-MERGED_SETUP = ("trace", "target", "model", "speedup", "loop")
+MERGED_SETUP = ("trace", "target", "target_embedded", "model", "speedup", "loop")
 
 
 def _files(path: str) -> list[str]:
@@ -449,7 +449,8 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
             if cfg.resume and os.path.exists(os.path.join(wdir, "checkpoint.json")):
                 args += ["--resume", wdir]
             procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True,
-                                          env={**os.environ, PARENT_PID_ENV: str(os.getpid())}))
+                                          env={**os.environ, PARENT_PID_ENV: str(os.getpid()),
+                                               **({EMBEDDED_TARGET_ENV: target} if sim is not None else {})}))
         if not cfg.quiet:
             log.info("%d workers (shards 0/%d..%d/%d) start at %s; results in %s; their /status on 127.0.0.1:%s",
                      n, n, n - 1, n, time.strftime("%H:%M:%S", time.localtime(start_at)), results,

@@ -193,6 +193,13 @@ def test_workers_end_to_end(tmp_path, mooncake_slice):
     for i in range(2):
         w = json.loads((results / f"worker-{i}" / "summary.json").read_text())
         assert w["shard"] == f"{i}/2" and w["completed"] > 0
+        assert w["target_embedded"] is True  # the parent's simulator, given to it as --target
+    # so a plain run on the embedded simulator (its own free port) is the same experiment
+    from replayer.report import setup_differences
+
+    assert s["target_embedded"] is True
+    plain = dict(s, target="http://127.0.0.1:1", target_embedded=True)
+    assert setup_differences(plain, s) == []
     # the workers scraped the one target: the merged summary keeps that view (not a sum)
     assert s["target_metrics"]["scrapes"] > 0 and "server_prefix_cache_hit_tokens" in s
     rows = read_results(str(results / "worker-0")).column("row").to_pylist() + \
