@@ -32,7 +32,8 @@ class RunConfig(BaseModel):
     time_unit: str | None = Field(None, description="timestamp unit of generic traces: s, ms, us, ns or datetime")
     validate_trace: str = Field("full", description="full: check every row before sending; lazy: check each "
                                 "batch as it is read (fast start on huge traces)")
-    target: str | None = Field(None, description="base URL of the server; none = start the embedded simulator")
+    target: str | None = Field(None, description="base URL of the server (a trailing /v1 is dropped); "
+                               "none = start the embedded simulator")
     model: str | None = Field(None, description="request 'model' field; none = the first of GET /v1/models")
     endpoint: str = Field("/v1/completions", description="API path requests are sent to (a trace's "
                           "endpoint column overrides it per row)")
@@ -184,9 +185,11 @@ class RunConfig(BaseModel):
     @field_validator("target")
     @classmethod
     def _target(cls, v: str | None) -> str | None:
+        """The server's base URL; one given with the API's ``/v1`` (as OpenAI clients take it) is
+        the same server: the ``/v1`` is dropped, since every path sent starts with it."""
         if v is not None and not v.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:8000")
-        return v
+        return None if v is None else v.rstrip("/").removesuffix("/v1").rstrip("/")
 
     @field_validator("endpoint")
     @classmethod

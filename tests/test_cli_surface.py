@@ -126,3 +126,11 @@ def test_a_misspelt_command_gets_a_hint(capsys):
     with pytest.raises(SystemExit) as e:
         main(["runn", "t.parquet"])
     assert e.value.code == 2 and "unknown command 'runn'; did you mean 'run'?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given", ["http://h:8000/v1", "http://h:8000/v1/", "http://h:8000/", "http://h:8000"])
+def test_a_target_given_with_v1_is_the_server_base_url(given):
+    """OpenAI clients take ``.../v1``; requests here add ``/v1/...`` themselves (was /v1/v1/models: 404)."""
+    trace = str(ROOT / "traces" / "mooncake_conversation_10min.parquet")
+    assert load_config({"trace": trace, "target": given}).target == "http://h:8000"
+    assert load_config({"trace": trace, "target": "http://h/api/v1x"}).target == "http://h/api/v1x"
