@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.workers > 1:
             from .workers import run_workers
 
-            skip = {"workers", "shard", "results", "start_at", "admin_port", "target", "quiet", "config_file"}
+            skip = {"workers", "shard", "results", "start_at", "admin_port", "target", "quiet", "config_file",
+                    "max_error_ratio"}  # (checked on the merged summary)
             passthrough = _flags_for(cfg, skip)
             return run_workers(cfg, passthrough)
         sim = None

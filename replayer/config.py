@@ -103,6 +103,9 @@ class RunConfig(BaseModel):
     expected_cache_tokens: int | None = Field(64_000_000, ge=1, description="LRU capacity in tokens of "
                                               "the expected prefix-cache model (bounds its memory on long "
                                               "runs; larger than any server's KV cache; none = infinite)")
+    max_error_ratio: float | None = Field(None, ge=0, le=1, description="exit 3 when more than this "
+                                          "fraction of the requests that ended failed (failed / (completed "
+                                          "+ failed)), e.g. 0.01 for CI; none = exit 0 however many failed")
     strict: bool = Field(False, description="treat out-of-order timestamps in the trace as an error")
     quiet: bool = Field(False, description="no progress lines or summary table on the terminal")
     log_format: str = Field("text", description="log lines as text or json (one object per line)")

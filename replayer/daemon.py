@@ -565,6 +565,21 @@ def _target_embedded(cfg: RunConfig) -> bool:
     return cfg.target is None or cfg.target == os.environ.get(EMBEDDED_TARGET_ENV)
 
 
+#: exit code of a run whose failed requests exceeded ``--max-error-ratio``
+EXIT_ERROR_RATIO = 3
+
+
+def error_ratio_problem(summary: dict, max_error_ratio: float | None) -> str | None:
+    """Why the run should exit ``EXIT_ERROR_RATIO``: failed / (completed + failed) is above
+    ``max_error_ratio`` (None: no limit, or no request ended); else None."""
+    failed, ended = summary.get("failed") or 0, (summary.get("completed") or 0) + (summary.get("failed") or 0)
+    if max_error_ratio is None or not ended or failed / ended <= max_error_ratio:
+        return None
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted((summary.get("errors_by_kind") or {}).items()))
+    return (f"{failed} of {ended} requests failed ({failed / ended:.1%}{'; ' + kinds if kinds else ''}), "
+            f"more than --max-error-ratio {max_error_ratio:g}: exit {EXIT_ERROR_RATIO}")
+
+
 #: signals that stop a run (drain, flush, exit 128 + the signal's number); SIGHUP: the terminal
 #: closed (its default action would end the process without writing what it measured)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -681,8 +696,9 @@ async def _progress(state: RunState, dispatcher: Dispatcher, anchor: Anchor, eve
 
 def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     """Run with uvloop. Exit code: 0 when the replay ended by itself (or by ``/stop``), 2 on a
-    startup/trace error, 128 + the signal's number when SIGTERM (143), SIGINT (130) or SIGHUP (129: the
-    terminal closed, or the ``--workers`` parent is gone) stopped it,
+    startup/trace error, 3 when more requests failed than ``--max-error-ratio`` allows, 128 + the
+    signal's number when SIGTERM (143), SIGINT (130) or SIGHUP (129: the terminal closed, or the
+    ``--workers`` parent is gone) stopped it,
     its results on disk and resumable (a Kubernetes Job then retries the pod, which resumes)."""
     import uvloop
 
@@ -700,4 +716,10 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
         print(f"replayer: error: {e}", file=sys.stderr)
         return 2
     sig = summary.get("stop_signal") if isinstance(summary, dict) else None
-    return 128 + signal.Signals[sig].value if sig else 0
+    if sig:
+        return 128 + signal.Signals[sig].value
+    problem = error_ratio_problem(summary, cfg.max_error_ratio)
+    if problem:
+        print(f"replayer: {problem}", file=sys.stderr)
+        return EXIT_ERROR_RATIO
+    return 0

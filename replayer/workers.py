@@ -488,7 +488,14 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     if not present:
         print("replayer: merge failed: no worker wrote results", file=sys.stderr)
         return max([1, *codes])
-    merge_results(present, results, quiet=cfg.quiet, one_target=True)
+    merged = merge_results(present, results, quiet=cfg.quiet, one_target=True)
     if not cfg.quiet:
         print(f"merged {len(present)} of {n} workers: {results}/summary.json", flush=True)
-    return max([0 if len(present) == n else 1, *codes])
+    code = max([0 if len(present) == n else 1, *codes])
+    from .daemon import EXIT_ERROR_RATIO, error_ratio_problem
+
+    problem = error_ratio_problem(merged, cfg.max_error_ratio)  # over all workers (they do not check)
+    if code == 0 and problem:
+        print(f"replayer: {problem}", file=sys.stderr)
+        return EXIT_ERROR_RATIO
+    return code

@@ -365,3 +365,30 @@ def test_status_says_waiting_until_the_start_time(tmp_path, mooncake_slice, sim_
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=60)
     assert "waiting to start:" in err  # the progress line before the start
+
+
+def test_max_error_ratio_fails_a_run_whose_requests_failed(tmp_path, mooncake_slice, sim_process):
+    """Every request answered 404 (a wrong --endpoint): exit 0 by default (a soak goes on), exit 3
+    with --max-error-ratio, saying why."""
+    trace = mooncake_slice(20)
+    url, _ = sim_process()
+    base = [str(trace), "--target", url, "--endpoint", "/v1/nope", "--max-requests", "4", "--speedup", "50",
+            "--admin-port", "0", "--quiet"]
+    p = _run([*base, "--results", str(tmp_path / "a")])
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-2000:]
+    p = _run([*base, "--results", str(tmp_path / "b"), "--max-error-ratio", "0.5"])
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 3, err[-2000:]
+    assert "4 of 4 requests failed (100.0%; http_status 4), more than --max-error-ratio 0.5: exit 3" in err
+    s = json.loads((tmp_path / "b" / "summary.json").read_text())  # the results are there all the same
+    assert s["failed"] == 4
+
+
+def test_error_ratio_problem():
+    from replayer.daemon import error_ratio_problem
+
+    s = {"completed": 99, "failed": 1}
+    assert error_ratio_problem(s, None) is None and error_ratio_problem(s, 0.01) is None
+    assert error_ratio_problem(s, 0.0).startswith("1 of 100 requests failed (1.0%)")
+    assert error_ratio_problem({"completed": 0, "failed": 0}, 0.0) is None  # nothing ended: no ratio
