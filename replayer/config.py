@@ -107,7 +107,8 @@ class RunConfig(BaseModel):
                                           "fraction of the requests that ended failed (failed / (completed "
                                           "+ failed)), e.g. 0.01 for CI; none = exit 0 however many failed")
     strict: bool = Field(False, description="treat out-of-order timestamps in the trace as an error")
-    quiet: bool = Field(False, description="no progress lines or summary table on the terminal")
+    quiet: bool = Field(False, description="no live view or progress lines (the final summary and "
+                        "results line are still printed)")
     log_format: str = Field("text", description="log lines as text or json (one object per line)")
     log_level: str = Field("info", description="debug, info, warning or error")
 

@@ -551,7 +551,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                     "shard": cfg.shard, "loop": cfg.loop, "results": results_dir,
                     "stopped_early": dispatcher.stopping, "stop_signal": signals[0] if signals else None})
     write_json(os.path.join(results_dir, "summary.json"), summary)
-    if not cfg.quiet:
+    if not os.environ.get(PARENT_PID_ENV):  # (--quiet too; a --workers worker: its parent prints the merge)
         print(format_summary(summary), flush=True)
         files = [os.path.relpath(f, results_dir) for f in result_files(results_dir)]
         listed = ", ".join(files) if len(files) <= 3 else f"{len(files)} results files"

@@ -488,9 +488,8 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     if not present:
         print("replayer: merge failed: no worker wrote results", file=sys.stderr)
         return max([1, *codes])
-    merged = merge_results(present, results, quiet=cfg.quiet, one_target=True)
-    if not cfg.quiet:
-        print(f"merged {len(present)} of {n} workers: {results}/summary.json", flush=True)
+    merged = merge_results(present, results, one_target=True)  # (printed with --quiet too: it is the outcome)
+    print(f"merged {len(present)} of {n} workers: {results}/summary.json", flush=True)
     code = max([0 if len(present) == n else 1, *codes])
     from .daemon import EXIT_ERROR_RATIO, error_ratio_problem
 

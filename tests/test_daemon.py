@@ -51,6 +51,9 @@ def test_sigterm_drains_then_accounts_for_every_row(tmp_path, mooncake_slice, si
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["sent"] + s["not_started"] == s["scheduled"] == n
     assert s["stopped_early"] is True and s["stop_signal"] == "SIGTERM"
+    # --quiet turns off the live view only: the run ends with its summary and where its results are
+    assert "Stopped early (results partial)" in out and "by SIGTERM" in out
+    assert out.splitlines()[-1].startswith(f"results: {tmp_path / 'r'}/ (")
 
     # resumed (a retried pod): the rows not started go now, and the folder holds each row once
     p = _run(["--resume", str(tmp_path / "r"), str(trace), "--target", url, "--speedup", "10",
