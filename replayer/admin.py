@@ -12,12 +12,15 @@ from __future__ import annotations
 import asyncio
 import errno
 import hmac
+import logging
 import math
 from collections.abc import Callable
 from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger(__name__)
 
 
 class Controller(Protocol):
@@ -90,9 +93,14 @@ class AdminServer:
     def _authorise(self, request: web.Request) -> Controller:
         if self._token is not None:
             got = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(got.encode(), f"Bearer {self._token}".encode()):
-                raise web.HTTPUnauthorized(text="bearer token required\n",
+            if not got:
+                raise web.HTTPUnauthorized(text="control needs a token: send Authorization: Bearer TOKEN "
+                                                "(the replayer's --control-token-file or $REPLAYER_CONTROL_TOKEN)\n",
                                            headers={"WWW-Authenticate": "Bearer"})
+            if not hmac.compare_digest(got.encode(), f"Bearer {self._token}".encode()):
+                log.warning("control request %s %s refused: wrong bearer token", request.method, request.path)
+                raise web.HTTPUnauthorized(text="wrong bearer token (not the one the replayer was given)\n",
+                                           headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
         ctl = self._control()
         if ctl is None:
             raise web.HTTPServiceUnavailable(text="replay not running\n")

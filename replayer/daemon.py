@@ -124,6 +124,41 @@ class _Accounting(Observer):
             self.take_dispatched(client)
 
 
+class RunControl:
+    """The admin server's ``Controller`` over the dispatcher: each change is logged, and each
+    speed-up change is kept with its time (``speedup_changes``: ``{"t_s", "speedup"}``, ``t_s`` in
+    seconds after the run's anchor) for ``summary.json``, which otherwise says only the speed-up
+    the run started with."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.d = dispatcher
+        self.speedup_changes: list[dict] = []
+
+    def _t_s(self) -> float:
+        return round(self.d.now_rel() / 1e9, 3)
+
+    def pause(self) -> None:
+        if not self.d.timeline.paused:
+            log.info("paused (POST /pause) at t=%.1f s: no request is sent until POST /resume", self._t_s())
+        self.d.pause()
+
+    def resume(self) -> None:
+        if self.d.timeline.paused:
+            log.info("resumed (POST /resume) at t=%.1f s", self._t_s())
+        self.d.resume()
+
+    def set_speedup(self, speedup: float) -> None:
+        old = self.d.timeline.speedup
+        self.d.set_speedup(speedup)
+        self.speedup_changes.append({"t_s": self._t_s(), "speedup": speedup})
+        log.info("speed-up %g -> %g (POST /speedup) at t=%.1f s", old, speedup, self._t_s())
+
+    def stop(self) -> None:
+        if not self.d.stopping:
+            log.info("stopping (POST /stop) at t=%.1f s: no new requests; draining the ones in flight", self._t_s())
+        self.d.stop()
+
+
 async def wait_ready(base_url: str, timeout_s: float, api_key: str | None) -> list[str]:
     """Poll ``GET /v1/models`` until it answers 200 (returns the model ids) or ``timeout_s``
     passes (raises StartupError naming the URL and the last error)."""
@@ -347,9 +382,10 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
         rows = min(n_rows, cfg.max_requests) if n_rows and cfg.max_requests else n_rows
         metrics.set_trace(rows=rows or 0, duration_s=span_s or 0.0, speedup=cfg.speedup)
         dispatcher_ref: list[Dispatcher] = []
+        control_ref: list[RunControl] = []
         admin = AdminServer(registry, status=lambda: {**_status(state, dispatcher_ref), **metrics.snapshot()},
                             ready=lambda: state.state == "running",  # draining too (derived in _status)
-                            control=lambda: dispatcher_ref[0] if dispatcher_ref else None,
+                            control=lambda: control_ref[0] if control_ref else None,
                             token=cfg.control_token())
         try:
             admin_url = await admin.start(cfg.admin_host, cfg.admin_port)
@@ -367,7 +403,7 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
                                  chat="chat/completions" in cfg.endpoint)
         await warming
         summary = await _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, metrics,
-                                state, results_dir, model, dispatcher_ref)
+                                state, results_dir, model, dispatcher_ref, control_ref)
     except (StartupError, TraceError):
         # nothing was sent: a folder this run made holds nothing (an empty parts/ at most)
         if created and not any(files for _, _, files in os.walk(results_dir)):
@@ -387,7 +423,7 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
 
 
 async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, metrics, state,
-                  results_dir, model, dispatcher_ref) -> dict:
+                  results_dir, model, dispatcher_ref, control_ref) -> dict:
     loop = asyncio.get_running_loop()
     shard, shards = cfg.shard_index
     start_loop, skip = resume_plan(results_dir, cfg) if cfg.resume else (0, None)
@@ -455,6 +491,8 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                             drain_timeout_s=cfg.drain_timeout_s, duration_ns=duration_ns,
                             rebase_first=bool(cfg.resume), on_idle=gc_pacer.idle, shard=shard)
     dispatcher_ref.append(dispatcher)
+    control = RunControl(dispatcher)
+    control_ref.append(control)
     dispatcher_box.append(dispatcher)
     metrics.track_due(count_due=dispatcher.due_count)
     metrics.track_speedup(lambda: timeline.speedup)
@@ -547,7 +585,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     elif scraper is not None:
         summary["target_metrics"] = {"scrapes": 0, "scrape_errors": scraper.errors, "last_error": scraper.last_error}
     summary.update({"target": target, "target_embedded": _target_embedded(cfg), "model": model,
-                    "trace": cfg.trace, "speedup": cfg.speedup,
+                    "trace": cfg.trace, "speedup": cfg.speedup, "speedup_changes": control.speedup_changes,
                     "shard": cfg.shard, "loop": cfg.loop, "results": results_dir,
                     "stopped_early": dispatcher.stopping, "stop_signal": signals[0] if signals else None})
     write_json(os.path.join(results_dir, "summary.json"), summary)
@@ -605,6 +643,8 @@ def _status(state: RunState, dispatcher_ref: list[Dispatcher]) -> dict:
     st = state.state
     if st == "running" and d is not None and d.stopping:  # after SIGTERM or /stop
         st = "draining"
+    elif st == "running" and d is not None and d.timeline.paused:  # POST /pause
+        st = "paused"
     elif st == "running" and d is not None and d.now_rel() < 0:  # before --start-at (or the start delay)
         st = "waiting"
     return {"state": st, "target": state.target, "results": state.results,
@@ -613,7 +653,7 @@ def _status(state: RunState, dispatcher_ref: list[Dispatcher]) -> dict:
             "in_flight": d.in_flight if d else 0,
             "position": {"index": pos.index, "loop": pos.loop, "row": pos.row} if pos else None,
             "speedup": d.timeline.speedup if d else None, "paused": d.timeline.paused if d else False,
-            "max_dispatch_lag_ms": round(state.max_lag_ms, 3)}
+            "dispatch_lag_max_s": round(state.max_lag_ms / 1e3, 6)}  # (seconds, as every /status time)
 
 
 BEHIND_MS = 50.0  # dispatch or event-loop lag above this means the replayer itself is too slow

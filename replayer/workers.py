@@ -370,7 +370,7 @@ def progress_line(statuses: list[dict | None], t_s: float, running: int) -> str:
     live = [s for s in statuses if s]
     total = lambda k: sum(int(s.get(k) or 0) for s in live)  # noqa: E731
     known = len(live) == len(statuses) and all(s.get("scheduled") for s in live)
-    lag = max((float(s.get("max_dispatch_lag_ms") or 0.0) for s in live), default=0.0)
+    lag = max((float(s.get("dispatch_lag_max_s") or 0.0) * 1e3 for s in live), default=0.0)
     return (f"t={t_s:.0f}s sent {total('sent')}/{total('scheduled') if known else '?'} "
             f"in-flight {total('in_flight')} ok {total('completed')} failed {total('failed')} "
             f"max lag {lag:.1f} ms ({running} of {len(statuses)} workers running)")

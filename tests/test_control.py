@@ -39,21 +39,25 @@ def test_pause_resume_speedup_stop_with_token(tmp_path, mooncake_slice, sim_proc
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_http(base + "/readyz", 30)
-        try:
-            _post(base + "/pause")
-            raise AssertionError("control without a token must be refused")
-        except urllib.error.HTTPError as e:
-            assert e.code == 401
+        for token, says in ((None, "control needs a token"), ("wrong", "wrong bearer token")):
+            try:
+                _post(base + "/pause", token)
+                raise AssertionError("control without the token must be refused")
+            except urllib.error.HTTPError as e:
+                assert e.code == 401 and says in e.read().decode()
         time.sleep(1.0)
         st = _post(base + "/pause", "s3cret-token")
-        assert st["paused"] is True
+        assert st["paused"] is True and st["state"] == "paused"
+        # one unit convention in /status: seconds (as the quantiles)
+        assert "dispatch_lag_max_s" in st and "dispatch_lag_p50_s" in st
+        assert not [k for k in st if k.endswith("_ms")]
         time.sleep(0.3)
         sent = _status(base)["sent"]
         time.sleep(1.5)
         assert _status(base)["sent"] == sent            # nothing issued while paused
         _post(base + "/resume", "s3cret-token")
         st = _post(base + "/speedup", "s3cret-token", {"speedup": 40})
-        assert st["speedup"] == 40 and st["paused"] is False
+        assert st["speedup"] == 40 and st["paused"] is False and st["state"] == "running"
         time.sleep(1.0)
         assert _status(base)["sent"] > sent
         for path in ("/healthz", "/metrics", "/status"):   # open without a token
@@ -69,6 +73,13 @@ def test_pause_resume_speedup_stop_with_token(tmp_path, mooncake_slice, sim_proc
         if p.poll() is None:
             p.kill()
     assert p.returncode == 0, err[-2000:]
+    # every change is logged, and summary.json keeps the speed-up changes with their times
+    for said in ("refused: wrong bearer token", "paused (POST /pause) at t=", "resumed (POST /resume) at t=",
+                 "speed-up 4 -> 40 (POST /speedup) at t=", "stopping (POST /stop) at t="):
+        assert said in err, said
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["speedup"] == 4 and [c["speedup"] for c in s["speedup_changes"]] == [40]
+    assert 1.0 < s["speedup_changes"][0]["t_s"] < s["duration"] + 60
     rows = pq.read_table(tmp_path / "r" / "requests.parquet").to_pylist()
     lags = [r["dispatch_lag_ms"] for r in rows if r["dispatch_lag_ms"] is not None]
     assert max(lags) < 500     # pause/resume/speed-up re-anchor: no burst of late requests

@@ -354,8 +354,8 @@ def test_workers_progress_lines_sum_the_workers_status(caplog):
     import http.server
     import threading
 
-    answers = [{"sent": 7, "scheduled": 10, "in_flight": 2, "completed": 4, "failed": 1, "max_dispatch_lag_ms": 0.4},
-               {"sent": 5, "scheduled": 5, "in_flight": 0, "completed": 5, "failed": 0, "max_dispatch_lag_ms": 1.25}]
+    answers = [{"sent": 7, "scheduled": 10, "in_flight": 2, "completed": 4, "failed": 1, "dispatch_lag_max_s": 0.0004},
+               {"sent": 5, "scheduled": 5, "in_flight": 0, "completed": 5, "failed": 0, "dispatch_lag_max_s": 0.00125}]
     servers = []
     for a in answers:
         body = json.dumps(a).encode()
