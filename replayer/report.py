@@ -8,9 +8,11 @@ killed left: ``replayer.target_metrics.read_samples``), and writes one self-cont
 once; no network needed to view it) with: arrivals due vs sent vs completed over time, latency
 over time, latency CDFs, token throughput, dispatch lag, errors, and the target's metrics.
 
-``target_metrics.parquet`` may be long (columns ``name``, ``value`` and a time column) or wide
-(a time column plus one numeric column per series); the time column is the first of
-``t_s``, ``time_s``, ``timestamp``, ``time``, ``t_ns``, ``time_ns`` found.
+The figures' data comes from ``figure_specs`` (pure: titles, axis titles and units, series
+names and points), so a test can check what each plot shows without a browser; ``figures`` only
+draws those specs with plotly. The target's samples (``save_samples``'s long format: one row per
+scrape and raw series, ``metric`` naming it) are plotted per metric on the run's time axis:
+gauges as scraped, counters as their increase per second, one figure per unit.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import glob
 import html
 import json
+import math
 import os
 import sys
 
@@ -27,7 +30,6 @@ import pyarrow.parquet as pq
 
 #: keep plots light (SVG): at most this many points per trace (uniform subsample)
 MAX_POINTS = 5_000
-TIME_COLUMNS = ("t_s", "time_s", "timestamp", "time", "t_ns", "time_ns")
 
 
 def report_files(results_dir: str) -> list[str]:
@@ -72,6 +74,17 @@ def load_results(results_dir: str) -> tuple[pd.DataFrame, dict, dict]:
     return table.to_pandas(), summary, meta
 
 
+def axis_origin_wall_s(results_dir: str) -> float | None:
+    """The Unix time of the report's time axis origin: the earliest run anchor
+    (``replayer.t0_wall_s``) among the folder's results files (``load_results`` rebases to it)."""
+    walls = []
+    for f in report_files(results_dir):
+        raw = (pq.read_schema(f).metadata or {}).get(b"replayer.t0_wall_s")
+        if raw:
+            walls.append(float(raw))
+    return min(walls) if walls else None
+
+
 def _sub(df: pd.DataFrame, n: int = MAX_POINTS) -> pd.DataFrame:
     return df if len(df) <= n else df.sample(n=n, random_state=0).sort_index()
 
@@ -91,107 +104,162 @@ def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return v, np.arange(1, v.size + 1) / max(v.size, 1)
 
 
-def figures(df: pd.DataFrame, target: pd.DataFrame | None = None) -> list[tuple[str, object]]:
-    """The report's plotly figures as (title, figure)."""
-    import plotly.graph_objects as go
-
+def figure_specs(df: pd.DataFrame, target: pd.DataFrame | None = None,
+                 t0_wall_s: float | None = None) -> list[dict]:
+    """The data behind every figure of the report, as plain dicts (pure; tested without a
+    browser): ``{"title", "x_title", "y_title", "x_type", "y_type", "series": [{"name", "mode",
+    "line_shape", "x", "y"}]}`` with ``x``/``y`` NumPy arrays (``*_type``: "linear" or "log";
+    ``mode``: "lines" or "markers"). ``df``: the requests (``load_results``); ``target``: the
+    target's metric samples (``target_metrics.read_samples``) or None; ``t0_wall_s``: the Unix
+    time of the requests' time axis origin, so the target's samples share that axis."""
     s = lambda col: df[col].astype("float64") / 1e9  # noqa: E731 - ns since anchor -> s
     due, sent, end = s("due_ns"), s("sent_ns"), s("end_ns")
     ok = df["outcome"] == "success"
     span = float(np.nanmax([due.max(), end.max() if end.notna().any() else 0.0, 1.0]))
     bin_s = max(1.0, span / 300)
-    figs: list[tuple[str, object]] = []
+    specs: list[dict] = []
 
-    f = go.Figure()
-    for name, col in (("due (schedule)", due), ("sent", sent), ("completed", end.where(ok))):
-        x, y = _per_second(col, bin_s, span)
-        f.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name, line_shape="hv"))
-    f.update_layout(xaxis_title="time since start (s)", yaxis_title="requests/s")
-    figs.append(("Arrivals: due vs sent vs completed", f))
+    def spec(title, x_title, y_title, series, x_type="linear", y_type="linear") -> None:
+        specs.append({"title": title, "x_title": x_title, "y_title": y_title, "x_type": x_type,
+                      "y_type": y_type, "series": series})
 
-    f = go.Figure()
+    def line(name, x, y, shape="linear") -> dict:
+        return {"name": name, "mode": "lines", "line_shape": shape, "x": np.asarray(x), "y": np.asarray(y)}
+
+    def dots(name, x, y) -> dict:
+        return {"name": name, "mode": "markers", "line_shape": None, "x": np.asarray(x), "y": np.asarray(y)}
+
+    spec("Arrivals: due vs sent vs completed", "time since start (s)", "requests/s",
+         [line(name, *_per_second(col, bin_s, span), shape="hv")
+          for name, col in (("due (schedule)", due), ("sent", sent), ("completed", end.where(ok)))])
+
     d = _sub(df[ok])
-    for col, name in (("ttft_ms", "TTFT"), ("e2e_ms", "E2E")):
-        f.add_trace(go.Scatter(x=d["sent_ns"] / 1e9, y=d[col] / 1e3, mode="markers", name=name,
-                                 marker={"size": 4, "opacity": 0.6}))
-    f.update_layout(xaxis_title="send time (s)", yaxis_title="seconds", yaxis_type="log")
-    figs.append(("Latency over time (successful requests)", f))
+    spec("Latency over time (successful requests)", "send time (s)", "seconds",
+         [dots(name, d["sent_ns"] / 1e9, d[col] / 1e3) for col, name in (("ttft_ms", "TTFT"), ("e2e_ms", "E2E"))],
+         y_type="log")
 
-    f = go.Figure()
     itl = np.concatenate([np.asarray(v, dtype=np.float64) for v in df.loc[ok, "itl_ms"] if v is not None and len(v)]
                          or [np.zeros(0)])
-    for name, values in (("TTFT", df.loc[ok, "ttft_ms"].to_numpy(np.float64)),
-                         ("E2E", df.loc[ok, "e2e_ms"].to_numpy(np.float64)),
-                         ("TPOT", df.loc[ok, "tpot_ms"].to_numpy(np.float64)),
-                         ("ITL (token-weighted)", itl)):
-        x, y = _cdf(values / 1e3)
-        f.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name))
-    f.update_layout(xaxis_title="seconds", yaxis_title="fraction of samples", xaxis_type="log")
-    figs.append(("Latency CDFs", f))
+    spec("Latency CDFs", "seconds", "fraction of samples",
+         [line(name, *_cdf(values / 1e3)) for name, values in (
+             ("TTFT", df.loc[ok, "ttft_ms"].to_numpy(np.float64)), ("E2E", df.loc[ok, "e2e_ms"].to_numpy(np.float64)),
+             ("TPOT", df.loc[ok, "tpot_ms"].to_numpy(np.float64)), ("ITL (token-weighted)", itl))],
+         x_type="log")
 
-    f = go.Figure()
-    for name, col in (("completion tokens/s (server usage)", "completion_tokens"),
-                      ("prompt tokens/s (server usage)", "prompt_tokens")):
-        w = df[col].astype("float64").fillna(0.0)
-        x, y = _per_second(end.where(ok), bin_s, span, weights=w)
-        f.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name, line_shape="hv"))
-    f.update_layout(xaxis_title="completion time (s)", yaxis_title="tokens/s")
-    figs.append(("Token throughput", f))
+    spec("Token throughput", "completion time (s)", "tokens/s",
+         [line(name, *_per_second(end.where(ok), bin_s, span, weights=df[col].astype("float64").fillna(0.0)),
+               shape="hv")
+          for name, col in (("completion tokens/s (server usage)", "completion_tokens"),
+                            ("prompt tokens/s (server usage)", "prompt_tokens"))])
 
-    f = go.Figure()
     d = _sub(df[df["sent_ns"].notna()])
-    f.add_trace(go.Scatter(x=d["due_ns"] / 1e9, y=d["dispatch_lag_ms"], mode="markers", name="lag",
-                             marker={"size": 4, "opacity": 0.6}))
-    f.update_layout(xaxis_title="due time (s)", yaxis_title="sent - due (ms)")
-    figs.append(("Dispatch lag", f))
+    spec("Dispatch lag", "due time (s)", "sent - due (ms)", [dots("lag", d["due_ns"] / 1e9, d["dispatch_lag_ms"])])
 
     failed = df[df["outcome"] != "success"]
     if len(failed):
-        f = go.Figure()
+        series = []
         for kind, g in failed.groupby("error_kind"):
-            x, y = _per_second(s("due_ns").loc[g.index], bin_s, span)
-            f.add_trace(go.Scatter(x=x, y=y * bin_s, mode="lines", name=str(kind), line_shape="hv"))
-        f.update_layout(xaxis_title="due time (s)", yaxis_title=f"requests per {bin_s:g} s")
-        figs.append(("Unsuccessful requests by kind", f))
+            x, y = _per_second(due.loc[g.index], bin_s, span)
+            series.append(line(str(kind), x, y * bin_s, shape="hv"))
+        spec("Unsuccessful requests by kind", "due time (s)", f"requests per {bin_s:g} s", series)
 
     if target is not None and len(target):
-        figs.extend(_target_figures(target))
-    return figs
+        specs.extend(target_specs(target, t0_wall_s))
+    return specs
 
 
-def _target_figures(t: pd.DataFrame) -> list[tuple[str, object]]:
+#: a target metric's unit on the plot: a gauge's as reported, a counter's as a rate per second
+def _target_unit(metric: str, kind: str) -> str:
+    if kind == "gauge":
+        return "fraction (0-1)" if metric.endswith("_perc") else "requests" if "num_requests" in metric else "value"
+    if metric.endswith("_seconds_sum"):
+        return "seconds/s"
+    return "tokens/s" if "tokens" in metric else "per second"
+
+
+def target_specs(t: pd.DataFrame, t0_wall_s: float | None = None) -> list[dict]:
+    """Figure specs (as ``figure_specs``) of the target's metric samples (``save_samples``'s long
+    format: ``time_s``, ``metric``, ``labels``, ``kind``, ``value``): one figure per unit, one
+    series per metric, its series (engines, label sets) combined at each scrape: summed, or
+    averaged for a ``_perc`` fraction. A gauge is plotted as scraped; a counter as its increase
+    per second between scrapes (a decrease, a server restart, leaves that interval out). ``x`` is
+    seconds after ``t0_wall_s`` (default: the first scrape)."""
+    if not {"metric", "value", "time_s"} <= set(t.columns) or not len(t):
+        return []
+    t = t.assign(kind=t["kind"] if "kind" in t.columns else "gauge")
+    origin = t0_wall_s if t0_wall_s is not None else float(t["time_s"].min())
+    by_unit: dict[str, list[dict]] = {}
+    for (metric, kind), g in t.groupby(["metric", "kind"], sort=True):
+        agg = "mean" if metric.endswith("_perc") else "sum"
+        v = g.groupby("time_s")["value"].agg(agg).sort_index()
+        x = v.index.to_numpy(np.float64) - origin
+        y = v.to_numpy(np.float64)
+        name = str(metric)
+        if kind == "counter":
+            dt, dv = np.diff(x), np.diff(y)
+            keep = (dt > 0) & (dv >= 0)
+            x, y = x[1:][keep], dv[keep] / dt[keep]
+            name = name.removesuffix("_total")
+        unit = _target_unit(str(metric), str(kind))
+        by_unit.setdefault(unit, []).append({"name": name, "mode": "lines", "line_shape": "linear", "x": x, "y": y})
+    return [{"title": f"Target server metrics: {unit}", "x_title": "time since start (s)", "y_title": unit,
+             "x_type": "linear", "y_type": "linear", "series": series} for unit, series in by_unit.items()]
+
+
+def figures(df: pd.DataFrame, target: pd.DataFrame | None = None,
+            t0_wall_s: float | None = None) -> list[tuple[str, object]]:
+    """The report's plotly figures as (title, figure), drawn from ``figure_specs``."""
     import plotly.graph_objects as go
 
-    tcol = next((c for c in TIME_COLUMNS if c in t.columns), None)
-    if tcol is None:
-        return []
-    x = t[tcol].astype("float64")
-    if tcol.endswith("_ns"):
-        x = x / 1e9
-    x = x - x.min()
-    f = go.Figure()
-    if {"name", "value"} <= set(t.columns):
-        for name, g in t.assign(_x=x).groupby("name"):
-            f.add_trace(go.Scatter(x=g["_x"], y=g["value"], mode="lines", name=str(name)))
-    else:
-        for col in t.columns:
-            if col != tcol and pd.api.types.is_numeric_dtype(t[col]):
-                f.add_trace(go.Scatter(x=x, y=t[col], mode="lines", name=col))
-    f.update_layout(xaxis_title="time (s)", yaxis_title="value")
-    return [("Target server metrics", f)]
+    out = []
+    for sp in figure_specs(df, target, t0_wall_s):
+        f = go.Figure()
+        for se in sp["series"]:
+            kw = {"marker": {"size": 4, "opacity": 0.6}} if se["mode"] == "markers" else {"line_shape": se["line_shape"]}
+            f.add_trace(go.Scatter(x=se["x"], y=se["y"], mode=se["mode"], name=se["name"], **kw))
+        f.update_layout(xaxis_title=sp["x_title"], yaxis_title=sp["y_title"], xaxis_type=sp["x_type"],
+                        yaxis_type=sp["y_type"])
+        out.append((sp["title"], f))
+    return out
+
+
+def _number(v: float | int) -> str:
+    """One number format for the summary table: thousands separators; a whole float as an int
+    (a counter's delta), 3 decimals from 1 up, 4 significant digits below."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    if isinstance(v, int) or (math.isfinite(v) and v == int(v)):
+        return f"{int(v):,}"
+    return f"{v:,.3f}" if abs(v) >= 1 else f"{v:.4g}"
+
+
+#: summary entries left out of the report's table (raw per-series state a resumed run carries on)
+_TABLE_SKIP = ("series_totals",)
+
+
+def summary_rows(summary: dict, prefix: str = "") -> list[tuple[str, str]]:
+    """The summary as (name, text) rows: nested dicts (``target_metrics``, ``errors_by_kind``)
+    flattened to dotted names, numbers in one format (``_number``), None as "n/a", lists joined."""
+    rows: list[tuple[str, str]] = []
+    for k, v in summary.items():
+        if k in _TABLE_SKIP:
+            continue
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            rows.extend(summary_rows(v, name + ".") if v else [(name, "-")])
+        elif v is None:
+            rows.append((name, "n/a"))
+        elif isinstance(v, (list, tuple)):
+            rows.append((name, ", ".join(_number(x) if not isinstance(x, dict) else
+                                         " ".join(f"{a}={_number(b)}" for a, b in x.items()) for x in v) or "-"))
+        else:
+            rows.append((name, _number(v)))
+    return rows
 
 
 def _summary_table(summary: dict) -> str:
-    rows = []
-    for k, v in summary.items():
-        if isinstance(v, dict):
-            v = ", ".join(f"{a}: {b}" for a, b in v.items()) or "-"
-        elif isinstance(v, float):
-            v = f"{v:,.3f}"
-        elif v is None:
-            v = "n/a"
-        rows.append(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>")
-    return "<table class='summary'>" + "".join(rows) + "</table>"
+    return "<table class='summary'>" + "".join(
+        f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in summary_rows(summary)) + "</table>"
 
 
 def render_html(results_dir: str) -> str:
@@ -205,7 +273,7 @@ def render_html(results_dir: str) -> str:
     samples = read_samples(results_dir)
     target = samples.to_pandas() if samples is not None else None
     parts = []
-    for i, (title, fig) in enumerate(figures(df, target)):
+    for i, (title, fig) in enumerate(figures(df, target, axis_origin_wall_s(results_dir))):
         fig.update_layout(title=title, height=420, margin={"l": 60, "r": 20, "t": 50, "b": 50},
                           template="plotly_white")
         parts.append(f"<section class='plot'>{pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=f'fig{i}')}</section>")

@@ -8,7 +8,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from conftest import SLICE_10MIN
@@ -23,18 +22,68 @@ def results(tmp_path_factory):
     """A real run: 200 requests of the committed slice against the embedded simulator."""
     d = tmp_path_factory.mktemp("run") / "res"
     out = subprocess.run([sys.executable, "-m", "replayer", "run", str(SLICE_10MIN), "--max-requests", "200",
-                          "--speedup", "20", "--results", str(d), "--admin-port", "0", "--quiet"],
+                          "--speedup", "20", "--results", str(d), "--admin-port", "0", "--quiet",
+                          "--scrape-interval", "1"],
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     return d
 
 
-def _with_target_metrics(src, dst):
-    shutil.copytree(src, dst)
-    pd.DataFrame({"t_s": [0.0, 1.0, 2.0, 0.0, 1.0, 2.0],
-                  "name": ["vllm:num_requests_running"] * 3 + ["vllm:kv_cache_usage_perc"] * 3,
-                  "value": [1, 5, 3, 0.1, 0.4, 0.3]}).to_parquet(dst / "target_metrics.parquet")
-    return dst
+def test_report_figures_show_the_runs_data(results):
+    """What each plot shows, without a browser: the data behind the figures (``figure_specs``)
+    of a real run on the embedded simulator, whose /metrics were scraped every second."""
+    import numpy as np
+
+    from replayer.report import axis_origin_wall_s, figure_specs, load_results
+    from replayer.target_metrics import read_samples
+
+    df, summary, _ = load_results(str(results))
+    target = read_samples(str(results)).to_pandas()
+    specs = {sp["title"]: sp for sp in figure_specs(df, target, axis_origin_wall_s(str(results)))}
+    arrivals = specs["Arrivals: due vs sent vs completed"]
+    assert [se["name"] for se in arrivals["series"]] == ["due (schedule)", "sent", "completed"]
+    assert arrivals["y_title"] == "requests/s"
+    bin_s = np.diff(arrivals["series"][0]["x"][:2])[0]
+    for se in arrivals["series"]:  # each line integrates to its number of requests
+        assert round(float(se["y"].sum() * bin_s)) == len(df) == summary["completed"]
+    lat = specs["Latency over time (successful requests)"]
+    assert [se["name"] for se in lat["series"]] == ["TTFT", "E2E"] and lat["y_title"] == "seconds"
+    assert len(lat["series"][0]["x"]) == summary["completed"]
+    assert np.nanmedian(lat["series"][0]["y"]) * 1e3 == pytest.approx(summary["median_ttft_ms"], rel=0.01)
+    cdf = specs["Latency CDFs"]
+    assert [se["name"] for se in cdf["series"]] == ["TTFT", "E2E", "TPOT", "ITL (token-weighted)"]
+    assert all(se["y"][-1] == 1.0 for se in cdf["series"])
+    # the target's metrics: one line per metric (not t_ns and value), one figure per unit
+    names = {se["name"] for sp in specs.values() for se in sp["series"]}
+    assert not names & {"t_ns", "time_s", "value", "labels"}
+    running = specs["Target server metrics: requests"]
+    assert {se["name"] for se in running["series"]} == {"vllm:num_requests_running", "vllm:num_requests_waiting"}
+    scrapes = target["time_s"].nunique()
+    assert scrapes >= 3 and all(len(se["x"]) == scrapes for se in running["series"])
+    assert max(se["y"].max() for se in running["series"]) > 0  # the server was busy
+    rates = {se["name"]: se for se in specs["Target server metrics: tokens/s"]["series"]}
+    assert {"vllm:prompt_tokens", "vllm:generation_tokens"} <= set(rates)
+    for name, key in (("vllm:prompt_tokens", "prompt_tokens"), ("vllm:generation_tokens", "generation_tokens")):
+        se = rates[name]  # the rate over each interval, times the intervals, is the run's increase
+        dt = np.diff(np.sort(target.loc[target["metric"] == name + "_total", "time_s"].unique()))
+        assert len(se["x"]) == scrapes - 1
+        assert float((se["y"] * dt).sum()) == pytest.approx(summary["target_metrics"]["deltas"][key])
+    # on the requests' time axis: seconds after the run's start, not Unix time or ns
+    assert max(se["x"].max() for se in running["series"]) < summary["duration"] + 30
+
+
+def test_summary_table_is_flat_with_one_number_format():
+    from replayer.report import _summary_table, summary_rows
+
+    rows = summary_rows({"completed": 7072928, "x_ms": 4413632.0, "p99_ttft_ms": 12.34567, "ratio": 0.0123456,
+                         "p99_itl_ms": None, "errors_by_kind": {}, "speedup_changes": [{"t_s": 1.5, "speedup": 20.0}],
+                         "target_metrics": {"deltas": {"prompt_tokens": 4413632.0}, "scrapes": 12,
+                                            "series_totals": [["vllm:prompt_tokens_total", {}, 1.0]]}})
+    assert rows == [("completed", "7,072,928"), ("x_ms", "4,413,632"), ("p99_ttft_ms", "12.346"),
+                    ("ratio", "0.01235"), ("p99_itl_ms", "n/a"), ("errors_by_kind", "-"),
+                    ("speedup_changes", "t_s=1.500 speedup=20"),
+                    ("target_metrics.deltas.prompt_tokens", "4,413,632"), ("target_metrics.scrapes", "12")]
+    assert "{" not in _summary_table({"target_metrics": {"deltas": {"a": 1.0}}})
 
 
 def _dump_dom(html_path) -> str:
@@ -48,14 +97,14 @@ def _dump_dom(html_path) -> str:
 
 
 def test_report_cli_writes_self_contained_html(results, tmp_path, capsys):
-    target_run = _with_target_metrics(results, tmp_path / "with_target")
+    target_run = results
     assert cli_main(["report", str(target_run), "-o", str(tmp_path / "r.html")]) == 0
     text = (tmp_path / "r.html").read_text()
     assert "<script src=" not in text and "cdn." not in text.split("</script>")[0][:200]  # plotly.js inline
     for title in ("Arrivals: due vs sent vs completed", "Latency over time", "Latency CDFs", "Token throughput",
-                  "Dispatch lag", "Target server metrics"):
+                  "Dispatch lag", "Target server metrics: requests"):
         assert title in text, title
-    assert "mean_ttft_ms" in text  # the summary table
+    assert "mean_ttft_ms" in text and "target_metrics.deltas.prompt_tokens" in text  # the summary table
     capsys.readouterr()
     assert cli_main(["report", str(tmp_path / "nothing")]) == 2
     assert "no results files (requests*.parquet)" in capsys.readouterr().err
@@ -75,16 +124,18 @@ def test_report_cli_writes_self_contained_html(results, tmp_path, capsys):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium; .ci/run installs it)")
 def test_report_plots_draw_in_headless_chromium(results, tmp_path):
-    from replayer.report import write_report
+    from replayer.report import axis_origin_wall_s, figure_specs, load_results, write_report
+    from replayer.target_metrics import read_samples
 
-    run = _with_target_metrics(results, tmp_path / "with_target")
-    path = write_report(str(run), str(tmp_path / "report.html"))
+    path = write_report(str(results), str(tmp_path / "report.html"))
+    specs = figure_specs(load_results(str(results))[0], read_samples(str(results)).to_pandas(),
+                         axis_origin_wall_s(str(results)))
     dom = _dump_dom(path)
     figs = re.findall(r'<div id="fig\d+" class="plotly-graph-div js-plotly-plot"', dom)
-    assert len(figs) == 6, len(figs)  # plotly turned every div into a plot
-    assert dom.count('class="main-svg"') >= 2 * 6
+    assert len(figs) == len(specs) >= 7, len(figs)  # plotly turned every div into a plot
+    assert dom.count('class="main-svg"') >= 2 * len(specs)
     # every trace of every figure drew: lines as paths, scatter points as markers
-    assert len(re.findall(r'class="trace scatter', dom)) >= 14
+    assert len(re.findall(r'class="trace scatter', dom)) >= sum(len(sp["series"]) for sp in specs)
     assert dom.count('class="point"') >= 200
     assert dom.count('class="js-line"') >= 10
 
