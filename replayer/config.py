@@ -7,6 +7,7 @@ validation).
 
 from __future__ import annotations
 
+import json
 import os
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -91,7 +92,8 @@ class RunConfig(BaseModel):
     roll_rows: int | None = Field(None, ge=1, description="start a new results file every N results (soak)")
     roll_interval_s: float | None = Field(None, gt=0, description="start a new results file this often (soak)")
     resume: str | None = Field(None, description="continue the run recorded in this results folder "
-                               "(same trace and settings), skipping every row already recorded")
+                               "(its trace and settings unless given again: then they must agree), "
+                               "skipping every row already recorded")
     resume_existing: bool = Field(False, description="with --results DIR: continue the run recorded "
                                   "there when DIR holds its checkpoint (as --resume DIR), else start a "
                                   "new one in DIR (for containers that restart)")
@@ -208,6 +210,9 @@ class RunConfig(BaseModel):
         if isinstance(values, dict) and values.get("resume_existing") and values.get("results") \
                 and not values.get("resume") and os.path.exists(os.path.join(values["results"], "checkpoint.json")):
             values = {**values, "resume": values["results"]}
+        if isinstance(values, dict) and values.get("resume"):  # the run's own trace and settings,
+            values = {**recorded_settings(values["resume"], workers=int(values.get("workers") or 1) > 1),
+                      **values}  # unless given again (then the daemon checks they agree)
         return values
 
     @model_validator(mode="after")
@@ -253,6 +258,33 @@ class RunConfig(BaseModel):
             with open(self.api_key_file, encoding="utf-8") as f:
                 return f.read().strip() or None
         return os.environ.get(self.api_key_env) or None
+
+
+#: settings a resumed run must share with the run it continues: they decide which rows exist
+#: and what each prompt is (a resume with another seed would mix two prompt sets in one folder)
+SAME_ON_RESUME = ("seed", "shard", "block_size", "vocab_range", "tokenizer", "prompt_mode", "loop_salt",
+                  "loop", "max_requests", "endpoint", "format", "map", "time_unit")
+
+
+def recorded_settings(results_dir: str, *, workers: bool = False) -> dict:
+    """The trace and ``SAME_ON_RESUME`` settings recorded in ``results_dir/checkpoint.json`` (or,
+    for a ``--workers`` run's folder, ``worker-0/checkpoint.json``, without its shard), so that
+    ``--resume DIR`` alone continues the run as it was. Empty when there is no readable
+    checkpoint (the daemon then says so)."""
+    for folder, own in ((results_dir, not workers), (os.path.join(results_dir, "worker-0"), False)):
+        try:
+            with open(os.path.join(folder, "checkpoint.json"), encoding="utf-8") as f:
+                ckpt = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(ckpt, dict):
+            return {}
+        out = {k: v for k, v in (ckpt.get("settings") or {}).items() if k in SAME_ON_RESUME}
+        out.update({k: ckpt[k] for k in ("seed", "shard", "trace") if k in ckpt})
+        if not own:
+            out.pop("shard", None)
+        return out
+    return {}
 
 
 def flag_name(field: str) -> str:

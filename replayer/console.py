@@ -99,7 +99,8 @@ class LiveConsole:
                     "lag p99", "TTFT p50", "TTFT p99"):
             t.add_column(col, justify="right")
         failed = int(st.get("failed") or 0)
-        t.add_row(f"{st.get('sent', 0):,}/{st.get('scheduled', 0):,}", f"{st.get('completed', 0):,}",
+        scheduled = f"{st['scheduled']:,}" if st.get("scheduled") else "?"  # (0: not known yet)
+        t.add_row(f"{st.get('sent', 0):,}/{scheduled}", f"{st.get('completed', 0):,}",
                   Text(f"{failed:,}", style="red" if failed else ""), f"{st.get('in_flight', 0):,}",
                   "-" if req_s is None else f"{req_s:,.1f}", "-" if tok_s is None else f"{tok_s:,.0f}",
                   _ms(st.get("dispatch_lag_p99_s")), _ms(st.get("ttft_p50_s")), _ms(st.get("ttft_p99_s")))

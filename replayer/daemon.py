@@ -30,7 +30,7 @@ from . import __version__
 from .admin import AdminServer
 from .client import Client
 from .clock import Anchor, now_ns
-from .config import RunConfig, flag_name
+from .config import SAME_ON_RESUME, RunConfig, flag_name
 from .dispatcher import Dispatcher, Observer
 from .gcpacer import GcPacer
 from .launcher import Launcher
@@ -130,9 +130,10 @@ class RunControl:
     seconds after the run's anchor) for ``summary.json``, which otherwise says only the speed-up
     the run started with."""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: Dispatcher, on_change: Callable[[], None] = lambda: None) -> None:
         self.d = dispatcher
         self.speedup_changes: list[dict] = []
+        self._on_change = on_change  # called after a pause, resume or speed-up change
 
     def _t_s(self) -> float:
         return round(self.d.now_rel() / 1e9, 3)
@@ -141,17 +142,20 @@ class RunControl:
         if not self.d.timeline.paused:
             log.info("paused (POST /pause) at t=%.1f s: no request is sent until POST /resume", self._t_s())
         self.d.pause()
+        self._on_change()
 
     def resume(self) -> None:
         if self.d.timeline.paused:
             log.info("resumed (POST /resume) at t=%.1f s", self._t_s())
         self.d.resume()
+        self._on_change()
 
     def set_speedup(self, speedup: float) -> None:
         old = self.d.timeline.speedup
         self.d.set_speedup(speedup)
         self.speedup_changes.append({"t_s": self._t_s(), "speedup": speedup})
         log.info("speed-up %g -> %g (POST /speedup) at t=%.1f s", old, speedup, self._t_s())
+        self._on_change()
 
     def stop(self) -> None:
         if not self.d.stopping:
@@ -221,10 +225,6 @@ def _results_dir(cfg: RunConfig) -> tuple[str, bool]:
     return path, True
 
 
-#: settings a resumed run must share with the run it continues: they decide which rows exist
-#: and what each prompt is (a resume with another seed would mix two prompt sets in one folder)
-SAME_ON_RESUME = ("seed", "shard", "block_size", "vocab_range", "tokenizer", "prompt_mode", "loop_salt",
-                  "loop", "max_requests", "endpoint", "format", "map", "time_unit")
 
 
 def resume_plan(results_dir: str, cfg: RunConfig | None = None):
@@ -269,8 +269,9 @@ def resume_plan(results_dir: str, cfg: RunConfig | None = None):
         d = done.get(loop)
         return np.isin(rows, d) if d is not None else np.zeros(rows.size, dtype=bool)
 
-    log.info("resuming %s from loop %d: %d rows already recorded (%d not-started records replaced)",
-             results_dir, start_loop, sum(v.size for v in done.values()), dropped)
+    log.info("resuming %s at loop %d, row %d (its checkpoint): %d rows already recorded are skipped "
+             "(%d not-started records replaced)", results_dir, int(ckpt.get("loop", 0)),
+             int(ckpt.get("next_row", 0)), sum(v.size for v in done.values()), dropped)
     return start_loop, skip
 
 
@@ -306,6 +307,35 @@ def _resume_settings(cfg: RunConfig) -> dict:
 
 
 BATCH_ROWS = 65_536
+#: the requests a run will send are counted ahead (``count_scheduled``) for traces of at most
+#: this many rows, at most this many schedule entries; beyond, the count is known at the end
+COUNT_TRACE_ROWS = 1_000_000
+COUNT_LIMIT = 5_000_000
+
+
+def count_scheduled(schedule, *, speedup: float, duration_ns: int | None = None, rebase: bool = False,
+                    limit: int = COUNT_LIMIT) -> int | None:
+    """How many requests a schedule (``iter_schedule``'s batches: shard, loops, ``--max-requests``
+    and resume skips applied) will send: all of them, or under ``duration_ns`` those due before it
+    (due = (trace_ns - trace0) / speedup, trace0 = 0, or the first entry's with ``rebase``, as the
+    dispatcher does on resume). None when the count passes ``limit`` (a schedule without end)."""
+    n, trace0 = 0, None
+    for sb in schedule:
+        t = np.asarray(sb.trace_ns, dtype=np.int64)
+        if not t.size:
+            continue
+        if trace0 is None:
+            trace0 = int(t[0]) if rebase else 0
+        if duration_ns is None:
+            n += int(t.size)
+        else:
+            k = int(np.count_nonzero(np.round((t - trace0) / speedup) < duration_ns))
+            n += k
+            if k < t.size:
+                return n
+        if n > limit:
+            return None
+    return n
 
 
 def open_batches_factory(cfg: RunConfig):
@@ -427,9 +457,17 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     loop = asyncio.get_running_loop()
     shard, shards = cfg.shard_index
     start_loop, skip = resume_plan(results_dir, cfg) if cfg.resume else (0, None)
-    batches = iter_schedule(open_batches, loops=cfg.loops, loop_gap_ns=int(cfg.loop_gap_s * 1e9),
-                            shard=shard, shards=shards, max_requests=cfg.max_requests,
-                            start_loop=start_loop, skip=skip)
+    def schedule():
+        return iter_schedule(open_batches, loops=cfg.loops, loop_gap_ns=int(cfg.loop_gap_s * 1e9),
+                             shard=shard, shards=shards, max_requests=cfg.max_requests,
+                             start_loop=start_loop, skip=skip)
+
+    batches = schedule()
+    duration_ns = int(cfg.duration_s * 1e9) if cfg.duration_s else None
+    if n_rows is not None and n_rows <= COUNT_TRACE_ROWS and (cfg.loops is not None or duration_ns):
+        # what will be sent (shard, --duration, resume skips...), for /status and the progress line
+        state.scheduled = await loop.run_in_executor(None, lambda: count_scheduled(
+            schedule(), speedup=cfg.speedup, duration_ns=duration_ns, rebase=bool(cfg.resume))) or 0
     # GC at moments of the dispatcher's choosing (replayer.gcpacer): never when a burst is due.
     gc_pacer = GcPacer()
     gc_pacer.start()
@@ -482,7 +520,6 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         else:
             log.warning("--delayed-ack has no effect here: this OS has no TCP_QUICKACK")
     acct = _Accounting(state, metrics)
-    duration_ns = int(cfg.duration_s * 1e9) if cfg.duration_s else None
     dispatcher = Dispatcher(batches, factory.prepare, client.send, recorder.add, t0_ns=anchor.t0_ns,
                             timeline=timeline, unsent=factory.unsent, observer=acct, gate=gate,
                             reserve=client.reserve, launch=client.launch,
@@ -491,7 +528,12 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                             drain_timeout_s=cfg.drain_timeout_s, duration_ns=duration_ns,
                             rebase_first=bool(cfg.resume), on_idle=gc_pacer.idle, shard=shard)
     dispatcher_ref.append(dispatcher)
-    control = RunControl(dispatcher)
+
+    def timing_changed() -> None:  # under --duration, a pause or a speed-up changes what will be sent
+        if duration_ns is not None:
+            state.scheduled = 0  # unknown until the end
+
+    control = RunControl(dispatcher, on_change=timing_changed)
     control_ref.append(control)
     dispatcher_box.append(dispatcher)
     metrics.track_due(count_due=dispatcher.due_count)
@@ -531,8 +573,6 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         background.append(loop.create_task(scraper.run()))
         every_s = max(cfg.flush_interval_s, SAMPLES_FLUSH_SCRAPES * cfg.scrape_interval_s)
         background.append(loop.create_task(_flush_samples(scraper, samples, every_s)))
-    if cfg.loops == 1 and shards == 1 and not cfg.resume:  # else known only at the end
-        state.scheduled = min(n_rows or 0, cfg.max_requests or n_rows or 0)
     log.info("replaying %s (%s rows%s, passes %s, shard %s) against %s (model %s) at speedup %g; results in %s",
              cfg.trace, n_rows, "" if not cfg.max_requests else f", the first {cfg.max_requests} sent"
              + (f" over all {shards} shards" if shards > 1 else ""), cfg.loop,

@@ -4,6 +4,7 @@ Regenerate the snapshot with: REPLAYER_UPDATE_SNAPSHOT=1 python -m pytest tests/
 """
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -134,3 +135,28 @@ def test_a_target_given_with_v1_is_the_server_base_url(given):
     trace = str(ROOT / "traces" / "mooncake_conversation_10min.parquet")
     assert load_config({"trace": trace, "target": given}).target == "http://h:8000"
     assert load_config({"trace": trace, "target": "http://h/api/v1x"}).target == "http://h/api/v1x"
+
+
+def test_resume_alone_takes_the_trace_and_settings_of_the_checkpoint(tmp_path, caplog):
+    trace = str(ROOT / "traces" / "mooncake_conversation_10min.parquet")
+    d = tmp_path / "r"
+    d.mkdir()
+    settings = {"seed": 7, "shard": "1/3", "vocab_range": "2000:40000", "loop": "3", "max_requests": 500}
+    (d / "checkpoint.json").write_text(json.dumps({"trace": trace, "shard": "1/3", "seed": 7, "settings": settings,
+                                                   "loop": 2, "next_row": 350, "next_index": 4000}))
+    cfg = load_config({"resume": str(d)})
+    assert (cfg.trace, cfg.seed, cfg.shard, cfg.vocab_range, cfg.loop, cfg.max_requests) == \
+        (trace, 7, "1/3", "2000:40000", "3", 500)
+    assert load_config({"resume": str(d), "seed": 3}).seed == 3  # given again: the daemon compares
+    w = tmp_path / "w"  # a --workers run's folder: worker-0's settings, not its shard
+    (w / "worker-0").mkdir(parents=True)
+    (w / "worker-0" / "checkpoint.json").write_text((d / "checkpoint.json").read_text())
+    cfg = load_config({"resume": str(w), "workers": 3})
+    assert cfg.trace == trace and cfg.seed == 7 and cfg.shard == "0/1"
+    # the log names the checkpoint's position (it said "from loop 1" for loop 2, row 350)
+    from replayer.daemon import resume_plan
+
+    caplog.set_level("INFO", logger="replayer")
+    start_loop, _ = resume_plan(str(d))
+    assert start_loop == 1  # (rows of the loop before are checked too: their results may be lost)
+    assert f"resuming {d} at loop 2, row 350 (its checkpoint): 0 rows already recorded" in caplog.text

@@ -38,6 +38,7 @@ def test_render_shows_progress_eta_and_rates():
     out = _text(c.render(st))
     for needle in ("50.0%", "ETA 0:10", "70/100", "42/100", "2.1 ms", "120.0 ms", "900.0 ms", "200", "running"):
         assert needle in out, (needle, out)
+    assert "70/? " in _text(c.render(dict(st, scheduled=0)))  # not known yet (/status says 0): not "70/0"
 
 
 def test_run_draws_on_a_terminal_and_survives_a_broken_status():

@@ -55,11 +55,15 @@ def test_sigterm_drains_then_accounts_for_every_row(tmp_path, mooncake_slice, si
     assert "Stopped early (results partial)" in out and "by SIGTERM" in out
     assert out.splitlines()[-1].startswith(f"results: {tmp_path / 'r'}/ (")
 
-    # resumed (a retried pod): the rows not started go now, and the folder holds each row once
-    p = _run(["--resume", str(tmp_path / "r"), str(trace), "--target", url, "--speedup", "10",
+    # resumed (a retried pod): the rows not started go now, and the folder holds each row once;
+    # --resume DIR alone: the trace and the settings that must match are the checkpoint's
+    ckpt = json.loads((tmp_path / "r" / "checkpoint.json").read_text())
+    p = _run(["--resume", str(tmp_path / "r"), "--target", url, "--speedup", "10",
               "--admin-port", "0", "--quiet"])
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err[-2000:]
+    assert f"resuming {tmp_path / 'r'} at loop {ckpt['loop']}, row {ckpt['next_row']} (its checkpoint): " \
+           f"{sent} rows already recorded are skipped" in err
     from replayer.recorder import read_results, result_files
     rows = read_results(str(tmp_path / "r")).to_pylist()
     assert sorted(r["row"] for r in rows) == list(range(n))       # no row twice
@@ -395,3 +399,46 @@ def test_error_ratio_problem():
     assert error_ratio_problem(s, None) is None and error_ratio_problem(s, 0.01) is None
     assert error_ratio_problem(s, 0.0).startswith("1 of 100 requests failed (1.0%)")
     assert error_ratio_problem({"completed": 0, "failed": 0}, 0.0) is None  # nothing ended: no ratio
+
+
+def test_count_scheduled_counts_what_will_be_sent(mooncake_slice):
+    """Pure: the count behind /status ``scheduled`` and the progress line's ``sent N/M``."""
+    from replayer.daemon import count_scheduled
+    from replayer.schedule import iter_schedule
+    from replayer.trace import open_trace
+
+    trace = mooncake_slice(60)
+    offsets_ms = [json.loads(line)["timestamp"] for line in open(trace)]
+    offsets_ms = [t - min(offsets_ms) for t in offsets_ms]
+    n = len(offsets_ms)
+    src = open_trace(str(trace))
+    batches = lambda: src.batches(50)  # noqa: E731 - several batches
+    assert count_scheduled(iter_schedule(batches), speedup=10) == n
+    # --duration 2 at speed-up 10: the rows of the first 20 trace seconds
+    assert count_scheduled(iter_schedule(batches), speedup=10, duration_ns=2_000_000_000) == \
+        sum(t < 20_000 for t in offsets_ms) < n
+    assert sum(count_scheduled(iter_schedule(batches, shard=i, shards=3), speedup=1) for i in range(3)) == n
+    assert count_scheduled(iter_schedule(batches, loops=2, max_requests=n + 5), speedup=1) == n + 5
+    assert count_scheduled(iter_schedule(batches, loops=None), speedup=10, duration_ns=10**10) > n  # ends
+    assert count_scheduled(iter_schedule(batches, loops=None), speedup=10, limit=3 * n) is None
+
+
+def test_status_counts_the_requests_a_duration_will_send(tmp_path, mooncake_slice, sim_process):
+    """``--duration`` sends fewer rows than the trace has: /status and the progress line count
+    those (it said ``sent 40/19366`` with 371 scheduled)."""
+    trace = mooncake_slice(60)
+    url, _ = sim_process()
+    port = free_port()
+    p = _run([str(trace), "--target", url, "--speedup", "10", "--duration", "2", "--results", str(tmp_path / "r"),
+              "--admin-port", str(port), "--quiet"])
+    try:
+        wait_http(f"http://127.0.0.1:{port}/readyz", 60)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as r:
+            scheduled = json.loads(r.read())["scheduled"]
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err[-2000:]
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert 0 < scheduled == s["scheduled"] == s["sent"] < sum(1 for _ in open(trace))
