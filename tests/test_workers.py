@@ -443,3 +443,19 @@ def test_merge_keeps_the_target_metrics_of_the_folder_that_saw_most_of_the_run(t
         dirs.append(str(d))
     s = merge_results(dirs, quiet=True)
     assert s["target_metrics"]["deltas"]["request_success"] == 200 and s["target"] == "http://vllm:8000"
+
+
+def test_workers_max_error_ratio_and_quiet_print_the_merged_outcome(tmp_path, mooncake_slice):
+    """--workers with every request failing (a wrong --endpoint: 404): exit 3 over the merged
+    summary; --quiet still prints the outcome, once (the merged summary, not each worker's)."""
+    trace_path = mooncake_slice(20)
+    results = tmp_path / "res"
+    out = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace_path), "--workers", "2",
+                          "--endpoint", "/v1/nope", "--max-requests", "6", "--max-error-ratio", "0.5",
+                          "--speedup", str(SPEEDUP), "--results", str(results), "--admin-port", "0", "--quiet"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 3, out.stderr[-3000:]
+    assert "6 of 6 requests failed (100.0%; http_status 6), more than --max-error-ratio 0.5: exit 3" in out.stderr
+    assert out.stdout.count("Replay result") == 1 and f"merged 2 of 2 workers: {results}/summary.json" in out.stdout
+    for i in range(2):  # each worker ran to its end (it does not judge its shard alone)
+        assert json.loads((results / f"worker-{i}" / "summary.json").read_text())["failed"] > 0
