@@ -307,10 +307,10 @@ def _resume_settings(cfg: RunConfig) -> dict:
 
 
 BATCH_ROWS = 65_536
-#: the requests a run will send are counted ahead (``count_scheduled``) for traces of at most
-#: this many rows, at most this many schedule entries; beyond, the count is known at the end
-COUNT_TRACE_ROWS = 1_000_000
-COUNT_LIMIT = 5_000_000
+#: the requests a run will send are counted ahead (``count_scheduled``, a pass over the trace
+#: before the start: ~2 ms per 1,000 rows) when at most this many schedule entries are read:
+#: every pass of a trace of this size, or under ``--duration`` the entries due before its end
+COUNT_LIMIT = 250_000
 
 
 def count_scheduled(schedule, *, speedup: float, duration_ns: int | None = None, rebase: bool = False,
@@ -464,7 +464,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
 
     batches = schedule()
     duration_ns = int(cfg.duration_s * 1e9) if cfg.duration_s else None
-    if n_rows is not None and n_rows <= COUNT_TRACE_ROWS and (cfg.loops is not None or duration_ns):
+    if duration_ns or (cfg.loops is not None and n_rows is not None and n_rows * cfg.loops <= COUNT_LIMIT):
         # what will be sent (shard, --duration, resume skips...), for /status and the progress line
         state.scheduled = await loop.run_in_executor(None, lambda: count_scheduled(
             schedule(), speedup=cfg.speedup, duration_ns=duration_ns, rebase=bool(cfg.resume))) or 0
