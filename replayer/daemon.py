@@ -181,7 +181,8 @@ async def wait_ready(base_url: str, timeout_s: float, api_key: str | None) -> li
                         if said is not None:
                             log.info("target %s ready after %.1f s", base_url, time.monotonic() - start)
                         return [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
-                    last = f"HTTP {r.status}"
+                    last = f"HTTP {r.status}" + (" (no /v1/models there: --target is the server's base URL, "
+                                                  "e.g. http://host:8000)" if r.status == 404 else "")
             except aiohttp.ClientConnectorError as e:  # (its text names aiohttp's "ssl:default")
                 os_err = e.os_error
                 last = f"cannot connect: {type(os_err).__name__}" + (f" ({os_err.strerror})" if os_err.strerror else "")

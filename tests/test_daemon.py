@@ -157,6 +157,11 @@ def test_start_up_problems_are_errors_not_tracebacks(tmp_path, mooncake_slice, s
         out, err = p.communicate(timeout=60)
     assert p.returncode == 2 and "--admin-port" in err and "Traceback" not in err, err[-2000:]
     assert not (tmp_path / "r").exists()
+    # a URL with an API path the server does not have: the 404 says what --target should be
+    p = _run([str(trace), "--target", url + "/api", "--ready-timeout", "1", "--admin-port", "0", "--quiet"],
+             cwd=tmp_path)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and "(HTTP 404 (no /v1/models there: --target is the server's base URL" in err, err
     (tmp_path / "afile").write_text("x")
     p = _run([str(trace), "--target", url, "--results", str(tmp_path / "afile"), "--admin-port", "0"])
     out, err = p.communicate(timeout=60)
