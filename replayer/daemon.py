@@ -226,8 +226,6 @@ def _results_dir(cfg: RunConfig) -> tuple[str, bool]:
     return path, True
 
 
-
-
 def resume_plan(results_dir: str, cfg: RunConfig | None = None):
     """Where a resumed run starts: (first loop with an unrecorded row, skip function).
 
@@ -458,6 +456,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     loop = asyncio.get_running_loop()
     shard, shards = cfg.shard_index
     start_loop, skip = resume_plan(results_dir, cfg) if cfg.resume else (0, None)
+
     def schedule():
         return iter_schedule(open_batches, loops=cfg.loops, loop_gap_ns=int(cfg.loop_gap_s * 1e9),
                              shard=shard, shards=shards, max_requests=cfg.max_requests,
