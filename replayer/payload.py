@@ -15,15 +15,23 @@ Pooling (not streamed; vLLM's OpenAI-compatible server, docs "Pooling models"):
 * ``/v1/embeddings``: ``{"model": M, "input": [[ids...], ...]}`` (a batch of token-id inputs);
 * ``/v1/score``: ``{"model": M, "text_1": QUERY, "text_2": [DOC, ...]}`` (one query, N documents);
 * ``/v1/rerank``: ``{"model": M, "query": QUERY, "documents": [DOC, ...]}`` (Jina/Cohere style).
+
+A trace row's own fields (``for_row``; ``traces/README.md``): its ``extra_body`` object is merged
+over the top-level fields of the body built above (a key given there replaces the built one),
+then its ``model`` replaces the run's and its ``priority`` is sent as ``priority`` (vLLM's
+scheduling priority), for every endpoint. The keys that carry the prompt, the output length and
+the streaming the measurements rely on (``trace.EXTRA_BODY_RESERVED``) cannot be set that way.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import orjson
 
 from .result import RequestResult
+from .trace.model import EXTRA_BODY_RESERVED
 
 #: Endpoint paths by kind (the ``endpoint`` trace column accepts either).
 COMPLETIONS, CHAT, EMBEDDINGS, SCORE, RERANK = ("/v1/completions", "/v1/chat/completions",
@@ -93,8 +101,12 @@ class PayloadBuilder:
     ``model``: the request's ``model`` field. ``stream``: SSE streaming with usage (default).
     ``vllm_extensions``: send ``ignore_eos``/``min_tokens`` so generation runs to ``max_tokens``.
     ``extra``: additional top-level body fields (e.g. ``{"temperature": 0}``), serialised once.
-    ``chat``: text prompts go out as chat ``messages`` (``text_body``).
+    ``chat``: text prompts go out as chat ``messages`` (``text_body``). ``for_row`` gives the
+    builder of a row with its own ``model``/``priority``/``extra_body`` (module docstring).
     """
+
+    #: Distinct rows' builders kept by ``for_row`` (cleared when full).
+    ROW_BUILDERS = 1024
 
     def __init__(self, model: str, *, stream: bool = True, vllm_extensions: bool = True,
                  extra: dict | None = None, chat: bool = False) -> None:
@@ -103,14 +115,44 @@ class PayloadBuilder:
             head["stream_options"] = {"include_usage": True}
         if vllm_extensions:
             head["ignore_eos"] = True
+        _check_reserved(extra or {}, "extra body field")
         head.update(extra or {})
-        for k in ("prompt", "messages", "max_tokens", "min_tokens"):
-            if k in head:
-                raise ValueError(f"extra body field {k!r} is set per request and cannot be overridden")
         self._head = orjson.dumps(head)[:-1] + b","  # '{...,' ready for the per-request fields
         self._pool_head = orjson.dumps({"model": model})[:-1] + b","
+        self._fields = (head, {"model": model})  # (generation, pooling) heads, for for_row
+        self._rows: dict[tuple, PayloadBuilder] = {}
         self._min_tokens = vllm_extensions
         self.chat = chat
+
+    def for_row(self, model: str | None, priority: int | None, extra_body: str | None) -> "PayloadBuilder":
+        """The builder for a row's own fields (``extra_body`` a JSON object's text, as the trace
+        reader keeps it): itself when none is set, else a copy whose heads hold them, cached per
+        distinct (model, priority, extra_body), so the per-row cost is a dict lookup. Raises
+        ValueError for an ``extra_body`` that is not a JSON object or sets a reserved key (the trace
+        reader refuses both before a run)."""
+        if model is None and priority is None and extra_body is None:
+            return self
+        key = (model, priority, extra_body)
+        b = self._rows.get(key)
+        if b is None:
+            over = orjson.loads(extra_body) if extra_body is not None else {}
+            if not isinstance(over, dict):
+                raise ValueError(f"extra_body must be a JSON object, got {extra_body[:80]!r}")
+            _check_reserved(over, "extra_body key")
+            if model is not None:
+                over["model"] = model
+            if priority is not None:
+                over["priority"] = priority
+            gen, pool = self._fields
+            b = copy.copy(self)
+            b._rows = {}
+            b._fields = ({**gen, **over}, {**pool, **over})
+            b._head = orjson.dumps(b._fields[0])[:-1] + b","
+            b._pool_head = orjson.dumps(b._fields[1])[:-1] + b","
+            if len(self._rows) >= self.ROW_BUILDERS:
+                self._rows.clear()
+            self._rows[key] = b
+        return b
 
     def text_body(self, text: str, max_tokens: int, *, chat: bool | None = None) -> bytes:
         """Body for a text prompt: ``"prompt": text`` (completions) or, for the chat API,
@@ -143,3 +185,10 @@ class PayloadBuilder:
     def rerank_body(self, query: str, documents: list[str]) -> bytes:
         """``/v1/rerank`` body: ``query`` and ``documents`` (every document ranked)."""
         return self._pool_head + orjson.dumps({"query": query, "documents": documents})[1:]
+
+
+def _check_reserved(fields: dict, what: str) -> None:
+    bad = EXTRA_BODY_RESERVED.intersection(fields)
+    if bad:
+        raise ValueError(f"{what} {', '.join(map(repr, sorted(bad)))}: set by the replayer per request "
+                         "(prompt, output length, streaming); it cannot be overridden")

@@ -10,6 +10,9 @@ Per endpoint (the row's ``endpoint`` column, else ``--endpoint``; ``replayer.pay
 * ``/v1/score``, ``/v1/rerank``: the row's ``input_length`` tokens cut into the query
   (``query_length``) and the documents (``document_lengths``), each decoded to text.
 
+A row's ``model``, ``priority`` and ``extra_body`` columns go into its body
+(``PayloadBuilder.for_row``; built here, in the lead window, like the rest of the body).
+
 Sessions: with a ``parent_request_id`` column a row waits on its parent's request id; otherwise
 a row with a ``session_id`` waits on its session (``replayer.sessions``). Keys carry the loop
 number, so a session of loop k+1 never waits on loop k.
@@ -150,16 +153,17 @@ class RequestFactory:
                               session_id=session, turn=turn)
         if self.sessions:
             self._session_keys(req, t, i, sb.loop, session)
+        payload = self.payload.for_row(_col(t, "model", i), _col(t, "priority", i), _col(t, "extra_body", i))
         if kind in POOLING:
-            self._pooling(req, t, i, hash_ids, kind, sb.loop)
+            self._pooling(req, payload, t, i, hash_ids, kind, sb.loop)
         elif _grows(t, kind, session):
-            self._grown(req, hash_ids, (sb.loop, session), kind, sb.loop)
+            self._grown(req, payload, hash_ids, (sb.loop, session), kind, sb.loop)
         else:
             if kind == CHAT or self.text_mode:
                 text = self._text(sb.loop).prompt_text(hash_ids, n_in)
-                req.body = self.payload.text_body(text, n_out, chat=kind == CHAT)
+                req.body = payload.text_body(text, n_out, chat=kind == CHAT)
             else:
-                req.body = self.payload.body(self.prompts.for_loop(sb.loop).prompt_json(hash_ids, n_in), n_out)
+                req.body = payload.body(self.prompts.for_loop(sb.loop).prompt_json(hash_ids, n_in), n_out)
             req.expected_hits = self.prompts.expected_cache(sb.loop).observe(hash_ids, n_in)
         if self.metrics is not None:
             self.metrics.on_scheduled(1)
@@ -221,7 +225,8 @@ class RequestFactory:
             if think is not None and not math.isnan(think):
                 req.think_ns = int(round(float(think) * 1e9))
 
-    def _pooling(self, req: PreparedRequest, t: object, i: int, hash_ids, kind: str, loop: int) -> None:
+    def _pooling(self, req: PreparedRequest, payload: PayloadBuilder, t: object, i: int, hash_ids, kind: str,
+                 loop: int) -> None:
         n_in = req.input_length
         ids = self.prompts.for_loop(loop).prompt_ids(hash_ids, n_in)
         docs = _col(t, "document_lengths", i)
@@ -230,7 +235,7 @@ class RequestFactory:
         if kind == EMBEDDINGS:
             cuts = np.cumsum(docs)[:-1] if docs else []
             parts = np.split(ids, cuts) if docs else [ids]
-            req.body = self.payload.embeddings_body([orjson.dumps(p, option=orjson.OPT_SERIALIZE_NUMPY)
+            req.body = payload.embeddings_body([orjson.dumps(p, option=orjson.OPT_SERIALIZE_NUMPY)
                                                      for p in parts])
             req.n_documents = len(parts)
             return
@@ -240,13 +245,14 @@ class RequestFactory:
         query = text.decode(ids[:q])
         bounds = np.cumsum([q, *docs])
         documents = [text.decode(ids[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
-        body = self.payload.score_body if kind == SCORE else self.payload.rerank_body
+        body = payload.score_body if kind == SCORE else payload.rerank_body
         req.body = body(query, documents)
         req.n_documents = len(docs)
         req.expected_once = q + int(sum(docs))
         req.expected_per_doc = len(docs) * q + int(sum(docs))
 
-    def _grown(self, req: PreparedRequest, hash_ids, skey: object, kind: str, loop: int) -> None:
+    def _grown(self, req: PreparedRequest, payload: PayloadBuilder, hash_ids, skey: object, kind: str,
+               loop: int) -> None:
         """Prefix growth without hash ids (module docstring)."""
         builder = self.prompts.for_loop(loop)
         n_in = req.input_length
@@ -270,13 +276,13 @@ class RequestFactory:
             if h is not None:
                 messages.append({"role": "assistant", "content": text.decode(answer)})
             messages.append({"role": "user", "content": text.decode(new)})
-            req.body = self.payload.messages_body(messages, req.output_length)
+            req.body = payload.messages_body(messages, req.output_length)
         else:
             messages = []
             if self.text_mode:
-                req.body = self.payload.text_body(self._text(loop).decode(ids), req.output_length, chat=False)
+                req.body = payload.text_body(self._text(loop).decode(ids), req.output_length, chat=False)
             else:
-                req.body = self.payload.body(orjson.dumps(ids, option=orjson.OPT_SERIALIZE_NUMPY), req.output_length)
+                req.body = payload.body(orjson.dumps(ids, option=orjson.OPT_SERIALIZE_NUMPY), req.output_length)
         first = int(hash_ids[0]) if len(hash_ids) else req.row
         self._histories[skey] = _History(ids=ids, answer_seed=mix64(first ^ ANSWER_SALT),
                                          output_length=req.output_length, messages=messages)

@@ -38,6 +38,7 @@ from __future__ import annotations
 from .model import (
     DEFAULT_BLOCK_SIZE,
     ENDPOINTS,
+    EXTRA_BODY_RESERVED,
     FORMATS,
     HASH_ID_KEY,
     ROW_GROUP_SIZE,  # noqa: F401 - not in __all__; replayer.synth imports it
@@ -80,4 +81,5 @@ __all__ = [
     "open_trace",
     "trace_paths",
     "ENDPOINTS",
+    "EXTRA_BODY_RESERVED",
 ]

@@ -18,8 +18,8 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from .model import (_ENDPOINT_PATH, _HEX, _INT64_MAX, _MIN, _QUERY_ENDPOINTS, _U64, ENDPOINTS, HASH_ID_KEY,
-                    _Problems)
+from .model import (_ENDPOINT_PATH, _HEX, _INT64_MAX, _MIN, _QUERY_ENDPOINTS, _U64, ENDPOINTS, EXTRA_BODY_RESERVED,
+                    HASH_ID_KEY, _Problems)
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,16 +352,17 @@ def _optional_from_list(name: str, values: list, rows: np.ndarray, probs: _Probl
             else:
                 probs.add(rows[i], name, f"expected a string, got {_type_name(v)} {_short(v)}")
                 out.append(None)
-        elif name == "priority":
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                probs.add(rows[i], name, f"expected an integer, got {_type_name(v)} {_short(v)}")
+        elif name == "priority":  # any int64, negative too (vLLM: lower runs first)
+            if _is_nan(v):  # a float column's NaN means "not set" (as null)
                 out.append(None)
-            else:
-                out.append(int(v))
+                continue
+            iv, err = _coerce_int(v, name, -_INT64_MAX - 1)
+            if err is not None:
+                probs.add(rows[i], name, err)
+            out.append(iv)
         else:  # extra_body
-            if isinstance(v, dict):
-                out.append(orjson.dumps(v).decode())
-            elif isinstance(v, str):
+            parsed = v
+            if isinstance(v, str):
                 try:
                     parsed = orjson.loads(v)
                 except orjson.JSONDecodeError as e:
@@ -371,11 +372,18 @@ def _optional_from_list(name: str, values: list, rows: np.ndarray, probs: _Probl
                 if not isinstance(parsed, dict):
                     probs.add(rows[i], name, f"expected a JSON object, got {_type_name(parsed)}")
                     out.append(None)
-                else:
-                    out.append(v)
-            else:
+                    continue
+            elif not isinstance(v, dict):
                 probs.add(rows[i], name, f"expected a JSON object (or a string holding one), got {_type_name(v)}")
                 out.append(None)
+                continue
+            reserved = EXTRA_BODY_RESERVED.intersection(parsed)
+            if reserved:
+                probs.add(rows[i], name, f"sets {', '.join(map(repr, sorted(reserved)))}, which the replayer "
+                                         "sets per request (prompt, output length, streaming): not allowed")
+                out.append(None)
+            else:
+                out.append(v if isinstance(v, str) else orjson.dumps(v).decode())
     return out
 
 
