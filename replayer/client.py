@@ -13,15 +13,23 @@ Behaviour (the traps of DESIGN.md avoided):
 * unlimited keep-alive connections: no hidden client-side queue (case B24); the time spent
   opening a connection is recorded apart (``connect_ms``) and ``sent_ns`` is stamped when the
   request bytes are handed to the socket;
-* no total timeout: a connect timeout, and a read (stall) timeout on silence between two reads,
-  checked by one lazy timer per request (not re-armed per chunk);
+* timeouts told apart by kind (``replayer.errors``): connect (``connect_timeout_s``), first byte
+  and idle (``read_timeout_s`` of silence after the send or between two reads: a slow but steady
+  stream is never cut), and an optional total (``request_timeout_s`` from the send to the end of
+  the response; none by default), all checked by one lazy timer per request (not re-armed per
+  chunk). A failed or cancelled request keeps what arrived as ``partial_output_tokens``, never
+  as ``completion_tokens``; every failure has a non-empty message;
+* a reused keep-alive connection (one that served a response before) that closes before any
+  byte of the response is ``STALE_CONNECTION``, apart from the server's disconnects: the server
+  closed it idle as the request went out (or went away). No byte came back, so it is retried
+  like a connect failure (below);
 * SSE events of any size (``sse.SSEDecoder`` on a byte buffer), chunked, Content-Length or
   close-delimited bodies, HTTP and HTTPS.
 
 Retries (off by default: ``retry_max=0``): a request answered HTTP 429 or 5xx, or whose
-connection failed before any response byte (CONNECT, a connect timeout, or DISCONNECT before the
-response headers), is sent again after ``retry_backoff_s * 2**k`` seconds (k = retries so far),
-or after the response's ``Retry-After`` seconds when it carried one (capped at 60 s), on a pooled
+connection failed before any response byte (CONNECT, CONNECT_TIMEOUT, STALE_CONNECTION, or
+DISCONNECT before the response headers), is sent again after ``retry_backoff_s * 2**k`` seconds
+(k = retries so far), or after the response's ``Retry-After`` seconds when it carried one (capped at 60 s), on a pooled
 or fresh connection, at most ``retry_max`` times. Never retried: any other 4xx, and any failure
 after a 200 response's headers (output may have arrived; the request is not idempotent then).
 ``res.retries`` counts the retries; the result holds the LAST attempt's outcome, status, error,
@@ -69,9 +77,9 @@ class _Exchange:
 
     __slots__ = ("acc", "dec", "status", "sse", "body", "body_len", "done", "last_ns", "t_ns",
                  "content_type", "has_length", "chunked", "headers_done", "read_timeout_ns", "timer",
-                 "retry_after", "sent")
+                 "retry_after", "sent", "total_ns", "deadline_ns")
 
-    def __init__(self, done: asyncio.Future, read_timeout_ns: int | None) -> None:
+    def __init__(self, done: asyncio.Future, read_timeout_ns: int | None, total_ns: int | None = None) -> None:
         self.acc = StreamAccumulator()
         self.dec: SSEDecoder | None = None
         self.status = 0
@@ -86,6 +94,8 @@ class _Exchange:
         self.chunked = False
         self.headers_done = False
         self.read_timeout_ns = read_timeout_ns
+        self.total_ns = total_ns  # total timeout: deadline_ns = send + total_ns, set at the send
+        self.deadline_ns: int | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.retry_after: bytes | None = None
         self.sent: asyncio.Future | None = None  # set when awaited for the launcher's report
@@ -104,6 +114,7 @@ class _Connection(asyncio.Protocol):
         self.ex: _Exchange | None = None
         self.closed = False
         self.keep_alive = True
+        self.served = 0  # responses completed on this connection (> 0: a reused keep-alive connection)
         self._header_name = b""
 
     # -- asyncio.Protocol -------------------------------------------------------------------
@@ -196,6 +207,7 @@ class _Connection(asyncio.Protocol):
         if ex is None:
             return
         self.ex = None
+        self.served += 1
         if ex.timer is not None:
             ex.timer.cancel()
         if ex.sse:
@@ -228,21 +240,40 @@ class _Connection(asyncio.Protocol):
         self.pool._cancel_launch(self)
 
     def check_stall(self) -> None:
-        """Lazy read-timeout timer: fires once per timeout period, not per chunk."""
+        """The lazy timeout timer: fail the exchange whose total deadline passed (TOTAL_TIMEOUT) or
+        that has been silent for the read timeout (FIRST_BYTE_TIMEOUT before any response byte,
+        else IDLE_TIMEOUT); otherwise (re-)arm one timer for the nearer of the two. Called at the
+        send and when the timer fires: once per timeout period, not per chunk."""
         ex = self.ex
-        if ex is None or ex.read_timeout_ns is None:
+        if ex is None:
             return
-        idle = now_ns() - ex.last_ns
-        if idle >= ex.read_timeout_ns:
-            self._finish_error(ErrorKind.TIMEOUT, f"no data for {idle / 1e9:.1f} s (read timeout)")
-        else:
-            loop = asyncio.get_running_loop()
-            ex.timer = loop.call_later((ex.read_timeout_ns - idle) / 1e9, self.check_stall)
+        if ex.timer is not None:
+            ex.timer.cancel()
+            ex.timer = None
+        now = now_ns()
+        wake = ex.deadline_ns
+        if wake is not None and now >= wake:
+            self._finish_error(ErrorKind.TOTAL_TIMEOUT, f"total timeout: the response was not complete "
+                               f"{ex.total_ns / 1e9:g} s after the request was sent (--request-timeout)")
+            return
+        rt = ex.read_timeout_ns
+        if rt is not None:
+            idle = now - ex.last_ns
+            if idle >= rt:
+                if ex.t_ns:
+                    self._finish_error(ErrorKind.IDLE_TIMEOUT, f"idle timeout: no data for {idle / 1e9:.3g} s "
+                                       f"after {ex.acc.n_chunks} response events (--read-timeout {rt / 1e9:g} s)")
+                else:
+                    self._finish_error(ErrorKind.FIRST_BYTE_TIMEOUT, f"first-byte timeout: no response byte "
+                                       f"{idle / 1e9:.3g} s after the request (--read-timeout {rt / 1e9:g} s)")
+                return
+            wake = ex.last_ns + rt if wake is None else min(wake, ex.last_ns + rt)
+        if wake is not None:
+            ex.timer = asyncio.get_running_loop().call_later((wake - now) / 1e9, self.check_stall)
 
     def start(self, request: bytes, ex: _Exchange) -> None:
         self.ex = ex
-        if ex.read_timeout_ns is not None:
-            ex.timer = asyncio.get_running_loop().call_later(ex.read_timeout_ns / 1e9, self.check_stall)
+        self.check_stall()
         self.transport.write(request)  # type: ignore[union-attr]
 
 
@@ -251,9 +282,10 @@ class Client:
 
     ``t0_ns``: the run anchor; recorded times are offsets from it. ``api_key``: sent as a bearer
     token (never logged). ``connect_timeout_s``: TCP (and TLS) connect limit.
-    ``read_timeout_s``: longest silence before or within a response before it fails as TIMEOUT
-    (``None``: wait forever). ``retry_max``/``retry_backoff_s``: the retry policy (see the
-    module docstring; 0 = never retry). ``usage_slack_tokens``: the pooling usage audit's
+    ``read_timeout_s``: longest silence after the send (FIRST_BYTE_TIMEOUT) or between two reads
+    (IDLE_TIMEOUT) (``None``: wait forever). ``request_timeout_s``: the longest a response may take
+    from the send to its end (TOTAL_TIMEOUT; ``None``: no total timeout).
+    ``retry_max``/``retry_backoff_s``: the retry policy (see the module docstring; 0 = never retry). ``usage_slack_tokens``: the pooling usage audit's
     allowance per input (``replayer.audit``). ``delayed_ack``: turn TCP quick ACKs off on a
     connection when a response's headers arrive (``TCP_QUICKACK`` 0, Linux), so the kernel ACKs
     every second SSE event instead of each one (Linux ACKs at once each read that empties the
@@ -267,7 +299,7 @@ class Client:
 
     def __init__(self, base_url: str, *, t0_ns: int, endpoint: str = "/v1/completions",
                  api_key: str | None = None, connect_timeout_s: float = 30.0,
-                 read_timeout_s: float | None = 600.0, retry_max: int = 0,
+                 read_timeout_s: float | None = 600.0, request_timeout_s: float | None = None, retry_max: int = 0,
                  retry_backoff_s: float = 0.5, usage_slack_tokens: int = 0, delayed_ack: bool = False) -> None:
         u = urlsplit(base_url.rstrip("/") + endpoint)
         if u.scheme not in ("http", "https") or not u.hostname:
@@ -286,6 +318,7 @@ class Client:
         self.delayed_ack = delayed_ack and hasattr(socket, "TCP_QUICKACK")
         self._connect_timeout = connect_timeout_s
         self._read_timeout_ns = int(read_timeout_s * 1e9) if read_timeout_s else None
+        self._total_ns = int(request_timeout_s * 1e9) if request_timeout_s else None
         if retry_max < 0 or retry_backoff_s < 0:
             raise ValueError("retry_max and retry_backoff_s must be >= 0")
         self.retry_max = retry_max
@@ -424,7 +457,7 @@ class Client:
         if conn.fd < 0:  # TLS: only the transport can write
             self._idle.append(conn)
             return None
-        ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns)
+        ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns)
         conn.ex = ex  # the connection is ours from now on
         res.connect_ms = 0.0
         return conn, ex, self._head_of(req)
@@ -458,6 +491,9 @@ class Client:
             res.dispatch_lag_ms = (res.sent_ns - req.due_ns) / 1e6
             if sent > ex.last_ns:
                 ex.last_ns = sent
+            if ex.total_ns is not None and conn.ex is ex:
+                ex.deadline_ns = sent + ex.total_ns
+                conn.check_stall()
             self.dispatched.append(res)
             if written < len(head) + len(req.body):
                 if ex.done.done():  # answered before its body went out: the stream is out of step
@@ -490,9 +526,11 @@ class Client:
         return b"".join((self._head_of(req), req.body))
 
     def _write(self, req: PreparedRequest, res: RequestResult, conn: _Connection, t_start: int) -> _Exchange:
-        ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns)
+        ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns)
         request = self._request_bytes(req)
         sent = now_ns()
+        if ex.total_ns is not None:
+            ex.deadline_ns = sent + ex.total_ns
         res.connect_ms = (sent - t_start) / 1e6
         res.sent_ns = sent - self.t0_ns
         if res.dispatch_lag_ms is None:  # the first send (retries keep it)
@@ -520,7 +558,7 @@ class Client:
                 raise
             res.retries += 1
             res.outcome, res.error_kind, res.error = Outcome.NOT_STARTED.value, ErrorKind.NONE.value, None
-            res.http_status = res.end_ns = None
+            res.http_status = res.end_ns = res.partial_output_tokens = None
             retry_after = await self._attempt(req, res)
         return res
 
@@ -536,15 +574,17 @@ class Client:
         try:
             if reserved is not None:
                 conn, ex = reserved[0], reserved[1]
-                if ex.read_timeout_ns is not None:
-                    ex.timer = asyncio.get_running_loop().call_later(ex.read_timeout_ns / 1e9, conn.check_stall)
+                if ex.timer is None:  # (on_launched may have armed it already)
+                    conn.check_stall()
             else:
                 try:
                     conn = await self._acquire()
-                except (OSError, asyncio.TimeoutError) as e:
-                    kind = ErrorKind.TIMEOUT if isinstance(e, asyncio.TimeoutError) else ErrorKind.CONNECT
-                    raise _Failure(kind, f"cannot connect to {self._host}:{self._port}: "
-                                         f"{type(e).__name__}: {e}") from None
+                except asyncio.TimeoutError:
+                    raise _Failure(ErrorKind.CONNECT_TIMEOUT, f"connect timeout: no connection to {self._host}:"
+                                   f"{self._port} within {self._connect_timeout:g} s (--connect-timeout)") from None
+                except OSError as e:
+                    raise _Failure(ErrorKind.CONNECT, f"cannot connect to {self._host}:{self._port}: "
+                                                      f"{type(e).__name__}: {e}") from None
                 ex = self._write(req, res, conn, t_start)
             await ex.done
             if res.sent_ns is None and reserved is not None and conn.launch:
@@ -576,22 +616,29 @@ class Client:
                     audit_pooling(res, None)
                 else:
                     _fail(res, acc.error_kind, acc.error)
+                if res.outcome != Outcome.SUCCESS.value:
+                    _partial(res, acc)
         except _Failure as f:
             res.end_ns = now_ns() - t0
+            kind, message = f.kind, str(f)
             if ex is not None:
                 res.http_status = ex.status or None
                 if res.sent_ns is not None:
                     _measure(res, ex.acc, res.sent_ns + t0, t0)
-            _fail(res, f.kind, str(f)[:_ERROR_TEXT_LIMIT])
+                    _partial(res, ex.acc)
+                if kind is ErrorKind.DISCONNECT and not ex.t_ns and conn is not None and conn.served:
+                    kind, message = ErrorKind.STALE_CONNECTION, ("reused keep-alive connection closed before "
+                                                                  f"any response byte ({message})")
+            _fail(res, kind, message[:_ERROR_TEXT_LIMIT])
             if ex is None:  # the connection could not be opened (refused, connect timeout)
-                retry = -1.0 if f.kind in (ErrorKind.CONNECT, ErrorKind.TIMEOUT) else None
+                retry = -1.0 if kind in (ErrorKind.CONNECT, ErrorKind.CONNECT_TIMEOUT) else None
                 if res.sent_ns is None:  # the attempt counts as sent when it began: it was issued
                     res.sent_ns = t_start - t0
                     res.connect_ms = (now_ns() - t_start) / 1e6
                     res.dispatch_lag_ms = (res.sent_ns - req.due_ns) / 1e6
                     self.dispatched.append(res)
-            elif f.kind is ErrorKind.DISCONNECT and not ex.headers_done:  # closed before any response byte
-                retry = -1.0
+            elif kind in (ErrorKind.DISCONNECT, ErrorKind.STALE_CONNECTION) and not ex.headers_done:
+                retry = -1.0  # closed before the response began
         except asyncio.CancelledError:
             res.end_ns = now_ns() - t0
             if conn is not None:
@@ -599,6 +646,7 @@ class Client:
             if ex is not None and res.sent_ns is not None:
                 res.http_status = ex.status or None
                 _measure(res, ex.acc, res.sent_ns + t0, t0)
+                _partial(res, ex.acc)
             _fail(res, ErrorKind.CANCELLED, "cancelled at shutdown", outcome=Outcome.CANCELLED)
             raise
         except Exception as exc:  # noqa: BLE001 - a bug here must not stop the replay
@@ -633,9 +681,19 @@ def _retry_after_s(value: bytes | None) -> float:
 
 
 def _fail(res: RequestResult, kind: ErrorKind, error: str | None, outcome: Outcome = Outcome.FAILED) -> None:
+    """Record a failure: its outcome, kind and message (never empty: the kind when none was given)."""
     res.outcome = outcome.value
     res.error_kind = kind.value
-    res.error = error
+    res.error = error or f"{kind.value} (no message)"
+
+
+def _partial(res: RequestResult, acc: StreamAccumulator) -> None:
+    """A request that did not succeed: the output tokens that arrived become
+    ``partial_output_tokens`` (the server's running usage, else one per token-carrying event:
+    ``usage_source`` tells which; None when none arrived) and its ``completion_tokens`` unknown,
+    so no total and no throughput counts them."""
+    res.partial_output_tokens = acc.output_tokens or None
+    res.completion_tokens = None
 
 
 def _measure(res: RequestResult, acc: StreamAccumulator, sent: int, t0: int) -> None:

@@ -76,7 +76,11 @@ class RunConfig(BaseModel):
                            "any output (0 = never; retries are counted)")
     retry_backoff_s: float = Field(0.5, ge=0, description="wait before the first retry, doubled each time")
     connect_timeout_s: float = Field(30.0, gt=0, description="TCP connect timeout")
-    read_timeout_s: float = Field(600.0, ge=0, description="longest silence within a response (0 = none)")
+    read_timeout_s: float = Field(600.0, ge=0, description="idle timeout: fail a request silent this long "
+                                  "after its send or between two reads (first_byte_timeout, idle_timeout; 0 = none)")
+    request_timeout_s: float | None = Field(None, gt=0, description="total timeout: fail a request "
+                                            "whose response is not complete this long after its send "
+                                            "(total_timeout; none = no total timeout)")
     ready_timeout_s: float = Field(60.0, ge=0, description="wait this long for the target to answer at start")
     drain_timeout_s: float = Field(30.0, ge=0, description="on stop, wait this long for in-flight requests")
     launcher: bool = Field(True, description="write each request from a launcher process at its due time "

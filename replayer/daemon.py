@@ -512,6 +512,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                         checkpoint=checkpoint)
     client = Client(target, t0_ns=anchor.t0_ns, endpoint=cfg.endpoint, api_key=api_key,
                     connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s or None,
+                    request_timeout_s=cfg.request_timeout_s,
                     retry_max=cfg.retry_max, retry_backoff_s=cfg.retry_backoff_s,
                     usage_slack_tokens=cfg.usage_slack_tokens, delayed_ack=cfg.delayed_ack)
     if cfg.delayed_ack:

@@ -1,7 +1,9 @@
 """Outcome and error-kind enums: the closed label sets for results and metrics.
 
 Every request ends as exactly one ``Outcome``; failed requests carry exactly one ``ErrorKind``
-(the client maps transport failures to kinds where they happen: ``replayer.client``).
+(the client maps transport failures to kinds where they happen: ``replayer.client``). The four
+timeout kinds tell apart where the time ran out; every failure carries a non-empty message
+besides its kind.
 """
 
 from __future__ import annotations
@@ -23,12 +25,17 @@ class ErrorKind(str, enum.Enum):
 
     NONE = "none"
     CONNECT = "connect"            # could not connect (refused, DNS, TLS)
-    TIMEOUT = "timeout"            # connect or read (stall) timeout
+    CONNECT_TIMEOUT = "connect_timeout"        # no connection within --connect-timeout
+    FIRST_BYTE_TIMEOUT = "first_byte_timeout"  # no response byte within --read-timeout of the send
+    IDLE_TIMEOUT = "idle_timeout"  # a response went silent for --read-timeout (between two reads)
+    TOTAL_TIMEOUT = "total_timeout"  # response not complete --request-timeout after the send
     HTTP_STATUS = "http_status"    # HTTP 4xx/5xx; the body is recorded
     STREAM_ERROR = "stream_error"  # an error object inside the response (200 or not)
     PROTOCOL = "protocol"          # malformed SSE or JSON, no choices and no usage
-    DISCONNECT = "disconnect"      # the server closed the connection mid-response
+    DISCONNECT = "disconnect"      # the server closed the connection mid-response (or a new one before any byte)
+    STALE_CONNECTION = "stale_connection"  # a reused keep-alive connection closed before any response byte
     INCOMPLETE = "incomplete"      # stream ended with no finish_reason, [DONE] or usage
     USAGE = "usage"                # a pooling response without a usable usage object
     CANCELLED = "cancelled"        # cancelled by shutdown
     CLIENT = "client"              # any other client-side exception (a bug worth reporting)
+

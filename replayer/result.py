@@ -69,6 +69,9 @@ class RequestResult:
     expected_prompt_tokens_per_document: int | None = None  # score/rerank: query per document + documents
     usage_audit: str = "n/a"       # pooling usage: ok, inflated (server reported more than both
     #                                expectations), missing; n/a for generation (see prompt_tokens)
+    partial_output_tokens: int | None = None  # failed or cancelled after it was sent: output tokens that
+    #                                arrived (the server's running usage when usage_source is "server", else one
+    #                                per token-carrying event); never in completion_tokens or any total
     itl_ms: list[float] = field(default_factory=list)
 
 
@@ -85,6 +88,7 @@ _TYPES: dict[str, pa.DataType] = {
     "retries": pa.int32(), "endpoint": pa.string(), "session_id": pa.string(), "turn": pa.int64(),
     "session_wait_ms": pa.float64(), "n_documents": pa.int32(), "expected_prompt_tokens_once": pa.int64(),
     "expected_prompt_tokens_per_document": pa.int64(), "usage_audit": pa.string(),
+    "partial_output_tokens": pa.int64(),
     "itl_ms": pa.list_(pa.float32()),
 }
 

@@ -465,7 +465,7 @@ def test_stall_longer_than_read_timeout_is_timeout():
     t = time.monotonic()
     [r], _ = play(plan, read_timeout_s=0.3)
     assert time.monotonic() - t < 5
-    assert r.outcome == "failed" and r.error_kind == ErrorKind.TIMEOUT.value
+    assert r.outcome == "failed" and r.error_kind == ErrorKind.IDLE_TIMEOUT.value
     assert r.n_chunks == 1 and near(r.ttft_ms, 10)  # what arrived is kept
     assert near((r.end_ns - r.sent_ns) / 1e6, 310, 60)
 
@@ -486,7 +486,7 @@ def test_headers_delay_counts_in_ttft():
 
 def test_headers_never_sent_is_timeout():
     [r], _ = play(Plan(body=b"{}", headers_delay_ms=2000), read_timeout_s=0.3)
-    assert r.error_kind == ErrorKind.TIMEOUT.value and r.http_status is None
+    assert r.error_kind == ErrorKind.FIRST_BYTE_TIMEOUT.value and r.http_status is None
 
 
 def test_mid_stream_disconnect():
@@ -551,7 +551,7 @@ def test_mixed_faults_concurrently_each_recorded():
     })
     res, srv = play(plans, [prepared(i) for i in range(5)], read_timeout_s=1.5)
     kinds = [r.error_kind for r in res]
-    assert kinds == ["none", "http_status", "disconnect", "protocol", "timeout"]
+    assert kinds == ["none", "http_status", "disconnect", "protocol", "idle_timeout"]
     assert len(srv.received) == 5
 
 

@@ -1,0 +1,214 @@
+"""Timeouts told apart (shared/cases/client-faults-2.md B27): an idle (between-bytes) read timeout
+apart from an optional total timeout, a kind per timeout (connect, first byte, idle, total) and
+for a reused keep-alive connection closed before any response byte, a non-empty message on every
+failure, and the partial output of a failed request kept apart from every total and statistic.
+
+Real ``replayer.client.Client`` against the transcript-playing aiohttp server on 127.0.0.1
+(``tests/faultserver.py``). Times are asserted with generous tolerances (a loaded 2-core machine);
+counts, kinds and tokens exactly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+from faultserver import DONE, FaultServer, Plan, ProcessFaultServer, choice, usage_event
+from test_client_faults import PROMPTS, by_prompt_head, play, prepared, result_for, send_all
+
+from replayer.client import Client
+from replayer.clock import now_ns
+from replayer.errors import ErrorKind
+from replayer.result import to_table
+from replayer.summary import summarize
+
+TOL_MS = 60.0  # generous: a loaded machine; every B27 boundary is >= 50 ms from the next event
+
+# ---- B27's transcripts, exactly as the case gives them --------------------------------------
+tok = b'data: {"choices":[{"index":0,"text":"t","finish_reason":null}]}\n\n'
+last = b'data: {"choices":[{"index":0,"text":"t","finish_reason":"length"}]}\n\n'
+R1 = [(100 * i, tok) for i in range(1, 30)] + [
+    (3000, last),
+    (3001, b'data: {"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":30,"total_tokens":38}}\n\n'),
+    (3002, b'data: [DONE]\n\n')]
+HOLD_MS = 20_000  # R2's connection stays open this long, silent (the client gives up first)
+R2 = [(50, tok), (HOLD_MS, b"")]  # then nothing more; the connection stays open
+R3 = [(40 * i, tok) for i in range(1, 5)] + [
+    (200, last),
+    (201, b'data: {"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":5,"total_tokens":13}}\n\n'),
+    (202, b'data: [DONE]\n\n')]
+
+
+def near(value: float | None, expected: float, tol: float = TOL_MS) -> bool:
+    return value is not None and abs(value - expected) <= tol
+
+
+class _ByHead:
+    """Picklable plan chooser (for the server's own process): the plan of row k of ``prepared``."""
+
+    def __init__(self, plans: dict[int, Plan]) -> None:
+        self.plans = {int(PROMPTS.block_ids(k)[0]): p for k, p in plans.items()}
+
+    def __call__(self, body):
+        return self.plans[body["prompt"][0]]
+
+
+def b27(**client_kw):
+    """R1, R2, R3 sent at t = 0 through one Client -> (results in that order, run seconds). The
+    server runs in its own process, like a real target: its writes reach the socket on time even
+    when the client's loop is busy, and the client reads what arrived before its timers fire."""
+    with ProcessFaultServer(_ByHead({1: Plan(R1), 2: Plan(R2), 3: Plan(R3)})) as srv:
+        t = now_ns()
+        res = asyncio.run(asyncio.wait_for(send_all(srv.url, [prepared(1), prepared(2), prepared(3)],
+                                                    **client_kw), 60))
+        return res, (now_ns() - t) / 1e9
+
+
+def took_ms(r) -> float:
+    return (r.end_ns - r.sent_ns) / 1e6
+
+
+def test_b27_a_silent_stream_fails_as_idle_timeout_and_a_slow_steady_one_is_never_cut():
+    (r1, r2, r3), run_s = b27(read_timeout_s=0.5)  # no total timeout (the default)
+    # R1: 30 tokens 100 ms apart, never 500 ms silent: success
+    assert r1.outcome == "success", (r1.error_kind, r1.error)
+    assert near(r1.ttft_ms, 100) and near(r1.e2e_ms, 3000) and r1.completion_tokens == 30
+    assert abs(r1.tpot_ms - 100) <= 5 and r1.partial_output_tokens is None
+    # R2: failed 500 ms after its last byte (50 ms), as an idle timeout with a message
+    assert r2.outcome == "failed" and r2.error_kind == ErrorKind.IDLE_TIMEOUT.value
+    assert 548 <= took_ms(r2) <= 550 + 3 * TOL_MS, took_ms(r2)
+    assert "idle timeout" in r2.error and "--read-timeout 0.5 s" in r2.error
+    assert r2.partial_output_tokens == 1 and r2.completion_tokens is None  # kept apart
+    # R3: success
+    assert r3.outcome == "success", (r3.error_kind, r3.error)
+    assert near(r3.ttft_ms, 40) and near(r3.e2e_ms, 200) and r3.completion_tokens == 5
+    assert abs(r3.tpot_ms - 40) <= TOL_MS / 4
+    # the run ends with R1 (~3 s), not with R2's held connection
+    assert run_s < HOLD_MS / 1e3 / 2
+    s = summarize(to_table([r1, r2, r3]))
+    assert (s["completed"], s["failed"], s["errors_by_kind"]) == (2, 1, {"idle_timeout": 1})
+    assert s["total_output_tokens"] == 35  # R2's partial token is not credited
+    assert near(s["mean_ttft_ms"], 70) and near(s["mean_e2el_ms"], 1600)  # R1 and R3 only
+    assert abs(s["mean_tpot_ms"] - 70) <= 5
+
+
+def test_b27_a_total_timeout_cuts_the_long_stream_and_keeps_its_partial_tokens():
+    (r1, r2, r3), _ = b27(read_timeout_s=0.5, request_timeout_s=1.95)
+    assert r1.outcome == "failed" and r1.error_kind == ErrorKind.TOTAL_TIMEOUT.value
+    assert 1949 <= took_ms(r1) <= 1950 + 3 * TOL_MS, took_ms(r1)
+    assert "total timeout" in r1.error and "1.95 s" in r1.error and "--request-timeout" in r1.error
+    assert r1.partial_output_tokens == 19 and r1.completion_tokens is None and r1.usage_source == "none"
+    assert r2.error_kind == ErrorKind.IDLE_TIMEOUT.value  # the idle timeout still applies
+    assert r3.outcome == "success" and r3.completion_tokens == 5
+    s = summarize(to_table([r1, r2, r3]))
+    assert s["errors_by_kind"] == {"idle_timeout": 1, "total_timeout": 1}
+    assert s["completed"] == 1 and s["total_output_tokens"] == 5 and near(s["mean_ttft_ms"], 40)
+
+
+def test_no_response_byte_within_the_read_timeout_is_a_first_byte_timeout():
+    [r], _ = play(Plan([(2000, choice("a", "length"))], headers_delay_ms=2000), read_timeout_s=0.3)
+    assert r.outcome == "failed" and r.error_kind == ErrorKind.FIRST_BYTE_TIMEOUT.value
+    assert "first-byte timeout" in r.error and r.http_status is None and r.partial_output_tokens is None
+    assert 299 <= took_ms(r) <= 300 + 3 * TOL_MS
+
+
+def test_a_connection_not_accepted_in_time_is_a_connect_timeout():
+    # a listener that never accepts, its backlog full: the kernel drops further SYNs
+    with socket.socket() as lst:
+        lst.bind(("127.0.0.1", 0))
+        lst.listen(0)
+        port = lst.getsockname()[1]
+        fillers = []
+        try:
+            for _ in range(8):
+                s = socket.socket()
+                s.setblocking(False)
+                s.connect_ex(("127.0.0.1", port))
+                fillers.append(s)
+
+            async def main():
+                async with Client(f"http://127.0.0.1:{port}", t0_ns=now_ns(), connect_timeout_s=0.3) as c:
+                    c.spare_target = 0
+                    req = prepared(0)
+                    return await asyncio.wait_for(c.send(req, result_for(req)), 30)
+
+            r = asyncio.run(main())
+        finally:
+            for s in fillers:
+                s.close()
+    assert r.outcome == "failed" and r.error_kind == ErrorKind.CONNECT_TIMEOUT.value, (r.error_kind, r.error)
+    assert "connect timeout" in r.error and "0.3 s" in r.error
+
+
+OK_STREAM = [(10, choice("a", "length")), (11, usage_event(3, 1)), (12, DONE)]
+
+
+async def _one_after_another(url: str, n: int, **client_kw):
+    async with Client(url, t0_ns=now_ns(), **client_kw) as c:
+        c.spare_target = 0  # one connection, reused
+        out = []
+        for i in range(n):
+            req = prepared(i)
+            out.append(await c.send(req, result_for(req)))
+        return out
+
+
+@pytest.mark.parametrize("retry_max", [0, 1])
+def test_a_reused_connection_closed_before_any_byte_is_its_own_kind_and_retried_by_the_policy(retry_max):
+    plans = [Plan(OK_STREAM), Plan(close_at_ms=0, body=b""), Plan(OK_STREAM)]
+
+    async def main():
+        async with FaultServer(plans) as srv:
+            return await asyncio.wait_for(_one_after_another(srv.url, 2, retry_max=retry_max,
+                                                             retry_backoff_s=0.01), 30), srv
+
+    (a, b), srv = asyncio.run(main())
+    assert a.outcome == "success"
+    if retry_max:  # no response byte came back: re-sent (counted), and the new answer is the result
+        assert b.outcome == "success" and b.retries == 1 and len(srv.received) == 3
+    else:
+        assert b.outcome == "failed" and b.error_kind == ErrorKind.STALE_CONNECTION.value
+        assert "reused keep-alive connection closed before any response byte" in b.error
+        assert b.retries == 0 and len(srv.received) == 2
+
+
+def test_a_new_connection_closed_before_any_byte_stays_a_disconnect():
+    [r], _ = play(Plan(close_at_ms=0, body=b""))
+    assert r.outcome == "failed" and r.error_kind == ErrorKind.DISCONNECT.value and r.error
+
+
+def test_every_failure_has_a_kind_and_a_non_empty_message():
+    plans = by_prompt_head({
+        0: Plan(R2),                                      # idle timeout
+        1: Plan(status=500, body=b"", content_type="application/json"),       # HTTP error, empty body
+        2: Plan([(10, choice("a"))], close_at_ms=20),                         # disconnect mid-stream
+        3: Plan([(10, b"data: not json\n\n"), (11, DONE)]),                  # protocol
+        4: Plan([(10, choice("a"))]),                                         # incomplete
+        5: Plan([(10, b'data: {"error": {}}\n\n'), (11, DONE)]),             # stream error without a message
+    })
+    res, _ = play(plans, [prepared(i) for i in range(6)], read_timeout_s=0.3)
+    assert [r.outcome for r in res] == ["failed"] * 6
+    assert all(r.error_kind != "none" and r.error and r.error.strip() for r in res), \
+        [(r.error_kind, r.error) for r in res]
+
+
+def test_request_timeout_flag_reaches_the_client(tmp_path, sim_process):
+    # the embedded simulator streams 64 tokens 20 ms apart (~1.3 s): a 0.4 s total timeout cuts
+    # each one, and the summary counts them by kind
+    url, _ = sim_process("--itl-base-ms", "20", "--itl-per-running-us", "0")
+    rows = [{"timestamp": 10 * i, "input_length": 16, "output_length": 64, "hash_ids": [i]} for i in range(3)]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = tmp_path / "res"
+    p = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace), "--target", url, "--results", str(res),
+                        "--admin-port", "0", "--quiet", "--request-timeout", "0.4"],
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((res / "summary.json").read_text())
+    assert summary["errors_by_kind"] == {"total_timeout": 3} and summary["total_output_tokens"] == 0
+    got = pq.read_table(res / "requests.parquet").to_pylist()
+    assert all(r["partial_output_tokens"] and r["partial_output_tokens"] < 64 for r in got), got
