@@ -22,7 +22,9 @@ Behaviour (the traps of DESIGN.md avoided):
 * a reused keep-alive connection (one that served a response before) that closes before any
   byte of the response is ``STALE_CONNECTION``, apart from the server's disconnects: the server
   closed it idle as the request went out (or went away). No byte came back, so it is retried
-  like a connect failure (below);
+  like a connect failure (below). A connection reserved for the launcher that closes before the
+  launcher wrote the request is no failure at all: nothing reached the server, and the request
+  goes out on another connection at once (not counted as a retry);
 * SSE events of any size (``sse.SSEDecoder`` on a byte buffer), chunked, Content-Length or
   close-delimited bodies, HTTP and HTTPS.
 
@@ -59,6 +61,7 @@ from .result import RequestResult
 from .sse import SSEDecoder, StreamAccumulator
 
 _ERROR_BODY_LIMIT = 64 * 1024
+_UNSENT = -2.0  # _attempt: the launcher never wrote the reserved request (its connection closed first)
 _ERROR_TEXT_LIMIT = 500
 _RETRY_AFTER_MAX_S = 60.0
 SPARE_BACKOFF_NS = 500_000_000  # no connections opened ahead for this long after one failed
@@ -545,6 +548,8 @@ class Client:
         recorded in ``res``; ``asyncio.CancelledError`` marks ``res`` cancelled and propagates.
         Retryable failures are retried per the policy (module docstring), counted in ``res.retries``."""
         retry_after = await self._attempt(req, res, reserved)
+        if retry_after == _UNSENT:  # nothing reached the server: no attempt yet, send it now
+            retry_after = await self._attempt(req, res)
         if retry_after is None or not self.retry_max:
             return res
         while retry_after is not None and res.retries < self.retry_max:
@@ -565,7 +570,8 @@ class Client:
     async def _attempt(self, req: PreparedRequest, res: RequestResult, reserved: tuple | None = None) -> float | None:
         """One exchange of ``req``, filling ``res``. Returns None when the outcome is final
         (success, or a failure that must not be retried), else the delay the server asked for
-        (``Retry-After`` seconds, capped) or -1.0 (none: use the backoff)."""
+        (``Retry-After`` seconds, capped) or -1.0 (none: use the backoff); ``_UNSENT`` when the
+        launcher never wrote the ``reserved`` request (``res`` untouched: send it again)."""
         retry: float | None = None
         t0 = self.t0_ns
         ex: _Exchange | None = None
@@ -619,6 +625,8 @@ class Client:
                 if res.outcome != Outcome.SUCCESS.value:
                     _partial(res, acc)
         except _Failure as f:
+            if reserved is not None and res.sent_ns is None and ex is not None and not ex.t_ns:
+                return _UNSENT  # the reserved connection went away before the launcher wrote it
             res.end_ns = now_ns() - t0
             kind, message = f.kind, str(f)
             if ex is not None:

@@ -297,7 +297,7 @@ def test_a_replay_through_the_launcher_sends_every_request_on_its_due_time():
     assert all(r.completion_tokens == 4 and r.ttft_ms > 0 for r in results)
 
 
-def test_a_reserved_request_whose_connection_closed_fails_as_a_disconnect():
+def test_a_reserved_request_whose_connection_closed_before_its_write_goes_out_on_another():
     async def main():
         sim = SimServer(SimConfig(record_requests=True))
         url = await sim.start()
@@ -324,9 +324,11 @@ def test_a_reserved_request_whose_connection_closed_fails_as_a_disconnect():
             await sim.stop()
 
     res, launched, pending, seen = asyncio.run(main())
-    assert (res.outcome, res.error_kind) == ("failed", "disconnect")  # recorded, no hang, no crash
-    assert res.error and res.sent_ns is None
-    assert (launched, pending, seen) == (0, 0, 0)  # cancelled in the launcher: never written
+    # nothing reached the server on the closed connection (B27: a keep-alive race is no request
+    # failure): sent at once on a new connection, not counted as a retry
+    assert (res.outcome, res.error_kind, res.retries) == ("success", "none", 0), res.error
+    assert res.sent_ns is not None and res.completion_tokens == 2
+    assert (launched, pending, seen) == (0, 0, 1)  # cancelled in the launcher; the server got it once
 
 
 def test_connections_for_a_burst_larger_than_the_pool_are_opened_ahead():
