@@ -147,7 +147,7 @@ def _write(path, fmt: str) -> str:
 def _run(tmp_path, trace: str, url: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "replayer", "run", trace, "--target", url,
                            "--results", str(tmp_path / "res"), "--admin-port", "0", "--quiet",
-                           "--block-size", str(BS), "--no-launcher", *args],
+                           "--block-size", str(BS), *args],
                           capture_output=True, text=True, timeout=180)
 
 
