@@ -180,7 +180,7 @@ async def _sleep_until(deadline_ns: int) -> None:
 class FaultServer:
     """The transcript-playing server (see the module docstring). ``await start()`` -> base URL;
     ``await stop()``; or ``async with``. Routes: ``POST`` any path plays a plan; ``GET /health``
-    answers 200."""
+    answers 200; ``GET /v1/models`` lists one model, ``m``."""
 
     def __init__(self, plan: PlanSource = Plan()) -> None:
         self.plan = plan
@@ -206,6 +206,7 @@ class FaultServer:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         app = web.Application(client_max_size=1 << 30)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)  # so a whole `replayer run` finds it ready
         app.router.add_post("/{tail:.*}", self._handle)
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
         await runner.setup()
@@ -231,6 +232,9 @@ class FaultServer:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         task = asyncio.current_task()

@@ -212,3 +212,26 @@ def test_request_timeout_flag_reaches_the_client(tmp_path, sim_process):
     assert summary["errors_by_kind"] == {"total_timeout": 3} and summary["total_output_tokens"] == 0
     got = pq.read_table(res / "requests.parquet").to_pylist()
     assert all(r["partial_output_tokens"] and r["partial_output_tokens"] < 64 for r in got), got
+
+
+def test_b27_a_whole_run_ends_with_the_long_stream_and_writes_its_results(tmp_path):
+    # the case end to end through `replayer run`: three rows at t = 0 whose prompts start with the
+    # blocks of ids 1, 2, 3 (the server plays R1, R2, R3 by the prompt's first token id)
+    rows = [{"timestamp": 0, "input_length": 16, "output_length": 30 if k == 1 else 5, "hash_ids": [k]}
+            for k in (1, 2, 3)]
+    trace = tmp_path / "b27.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = tmp_path / "res"
+    with ProcessFaultServer(_ByHead({1: Plan(R1), 2: Plan(R2), 3: Plan(R3)})) as srv:
+        p = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace), "--target", srv.url,
+                            "--results", str(res), "--admin-port", "0", "--quiet", "--block-size", "16",
+                            "--read-timeout", "0.5", "--no-scrape-target-metrics"],
+                           capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads((res / "summary.json").read_text())
+    assert (s["completed"], s["failed"], s["errors_by_kind"]) == (2, 1, {"idle_timeout": 1})
+    assert s["total_output_tokens"] == 35
+    assert 3.0 <= s["duration"] < HOLD_MS / 1e3 / 2  # R1's 3 s, never R2's held connection
+    got = sorted(pq.read_table(res / "requests.parquet").to_pylist(), key=lambda r: r["row"])
+    assert [r["outcome"] for r in got] == ["success", "failed", "success"]
+    assert got[1]["partial_output_tokens"] == 1 and got[1]["completion_tokens"] is None and got[1]["error"]
