@@ -150,6 +150,8 @@ def summarize(table: pa.Table) -> dict:
     s["expected_prefix_hit_tokens"] = int(np.nansum(exp)) if (~np.isnan(exp)).any() else None
     kinds = table.filter(pa.array(outcome == "failed")).column("error_kind").to_pylist()
     s["errors_by_kind"] = {k: kinds.count(k) for k in sorted(set(kinds))}
+    if "partial_output_tokens" in table.column_names:  # output of failed/cancelled requests: in no total
+        s["partial_output_tokens"] = int(np.nansum(_col(table, "partial_output_tokens")))
     s.update(_workloads(table, outcome, ok_all))
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in s.items()}
 
@@ -160,7 +162,8 @@ SAMPLE_ROWS = 250_000
 _ADDITIVE = ("scheduled", "sent", "completed", "failed", "cancelled", "not_started", "total_input_tokens",
              "total_output_tokens", "usage_missing", "prompt_token_mismatches", "prompt_token_drift_total",
              "completion_token_mismatches", "ttft_unmeasured", "zero_token_successes",
-             "expected_prefix_hit_tokens", "errors_by_kind", "usage_audit", "usage_inflated")
+             "expected_prefix_hit_tokens", "errors_by_kind", "usage_audit", "usage_inflated",
+             "partial_output_tokens")
 
 
 def _add(a, b):

@@ -91,7 +91,7 @@ def test_b27_a_silent_stream_fails_as_idle_timeout_and_a_slow_steady_one_is_neve
     assert run_s < HOLD_MS / 1e3 / 2
     s = summarize(to_table([r1, r2, r3]))
     assert (s["completed"], s["failed"], s["errors_by_kind"]) == (2, 1, {"idle_timeout": 1})
-    assert s["total_output_tokens"] == 35  # R2's partial token is not credited
+    assert s["total_output_tokens"] == 35 and s["partial_output_tokens"] == 1  # R2's: kept apart
     assert near(s["mean_ttft_ms"], 70) and near(s["mean_e2el_ms"], 1600)  # R1 and R3 only
     assert abs(s["mean_tpot_ms"] - 70) <= 5
 
@@ -107,6 +107,7 @@ def test_b27_a_total_timeout_cuts_the_long_stream_and_keeps_its_partial_tokens()
     s = summarize(to_table([r1, r2, r3]))
     assert s["errors_by_kind"] == {"idle_timeout": 1, "total_timeout": 1}
     assert s["completed"] == 1 and s["total_output_tokens"] == 5 and near(s["mean_ttft_ms"], 40)
+    assert s["partial_output_tokens"] == 19 + 1
 
 
 def test_no_response_byte_within_the_read_timeout_is_a_first_byte_timeout():
@@ -230,7 +231,7 @@ def test_b27_a_whole_run_ends_with_the_long_stream_and_writes_its_results(tmp_pa
     assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads((res / "summary.json").read_text())
     assert (s["completed"], s["failed"], s["errors_by_kind"]) == (2, 1, {"idle_timeout": 1})
-    assert s["total_output_tokens"] == 35
+    assert s["total_output_tokens"] == 35 and s["partial_output_tokens"] == 1
     assert 3.0 <= s["duration"] < HOLD_MS / 1e3 / 2  # R1's 3 s, never R2's held connection
     got = sorted(pq.read_table(res / "requests.parquet").to_pylist(), key=lambda r: r["row"])
     assert [r["outcome"] for r in got] == ["success", "failed", "success"]
