@@ -231,3 +231,15 @@ def test_for_row_precedence_reserved_keys_and_reuse():
             b.for_row(None, None, json.dumps({key: 1}))
     with pytest.raises(ValueError, match="JSON object"):
         b.for_row(None, None, "[1]")
+
+
+def test_a_parquet_struct_extra_body_sends_only_each_rows_own_keys(tmp_path):
+    # pyarrow makes a struct column of dicts: every row gets every key, the missing ones null;
+    # a null must not override what the replayer builds (ignore_eos) or reach the server as a key
+    table = pa.table({"timestamp": [0, 5], "input_length": [10, 10], "output_length": [2, 2],
+                      "hash_ids": [[1], [2]],
+                      "extra_body": [{"temperature": 0.5, "opts": {"a": 1}}, {"ignore_eos": False, "opts": {"b": 2}}]})
+    pq.write_table(table, tmp_path / "s.parquet")
+    t = read_trace(str(tmp_path / "s.parquet"))
+    assert [json.loads(x) for x in t.extra_body] == [{"temperature": 0.5, "opts": {"a": 1}},
+                                                     {"ignore_eos": False, "opts": {"b": 2}}]

@@ -306,8 +306,18 @@ def _optional_column(name: str, values: list | pa.ChunkedArray, rows: np.ndarray
     if name == "think_time_s":
         return _think_times(values, rows, probs)
     if isinstance(values, pa.ChunkedArray):
+        struct = pa.types.is_struct(values.type)
         values = values.to_pylist()
+        if struct and name == "extra_body":  # every row has every field of a struct: null = absent
+            values = [_without_nulls(v) for v in values]
     return _optional_from_list(name, values, rows, probs)
+
+
+def _without_nulls(v: Any) -> Any:
+    """A struct value (dict) without its null fields, at every depth."""
+    if isinstance(v, dict):
+        return {k: _without_nulls(x) for k, x in v.items() if x is not None}
+    return v
 
 
 def _optional_from_list(name: str, values: list, rows: np.ndarray, probs: _Problems) -> list:
