@@ -472,6 +472,8 @@ class Client:
         conn, ex, head = reserved
         if conn.closed:  # the server closed it since reserve: the exchange has failed already
             return
+        if at_ns > ex.last_ns:  # the read timeout counts from the write, not from the hand-over
+            ex.last_ns = at_ns
         token = self._launcher.submit(at_ns, conn.fd, head, req.body)  # type: ignore[union-attr]
         self._launches[token] = (req, res, conn, ex, head)
         conn.launch = token

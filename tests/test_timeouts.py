@@ -236,3 +236,31 @@ def test_b27_a_whole_run_ends_with_the_long_stream_and_writes_its_results(tmp_pa
     got = sorted(pq.read_table(res / "requests.parquet").to_pylist(), key=lambda r: r["row"])
     assert [r["outcome"] for r in got] == ["success", "failed", "success"]
     assert got[1]["partial_output_tokens"] == 1 and got[1]["completion_tokens"] is None and got[1]["error"]
+
+
+def test_the_read_timeout_of_a_request_handed_to_the_launcher_counts_from_its_write():
+    # the dispatcher hands a request to the launcher process ahead of its due time; silence before
+    # the write is not the server's (here the hand-over is longer ahead than the read timeout)
+    from replayer.launcher import Launcher
+
+    async def main():
+        async with FaultServer(Plan(OK_STREAM, headers_delay_ms=50)) as srv:
+            launcher = Launcher(priority="default")
+            try:
+                async with Client(srv.url, t0_ns=now_ns(), read_timeout_s=0.2) as c:
+                    launcher.start()
+                    await launcher.ready()
+                    c.use_launcher(launcher)
+                    await c.warm_up(1)
+                    req = prepared(0)
+                    res = req.new_result(0)
+                    reserved = c.reserve(req, res)
+                    assert reserved is not None
+                    c.launch(now_ns() + 300_000_000, req, res, reserved)  # written 300 ms from now
+                    return await asyncio.wait_for(c.send(req, res, reserved), 30), launcher.launched
+            finally:
+                launcher.stop()
+
+    r, launched = asyncio.run(main())
+    assert launched == 1
+    assert r.outcome == "success", (r.error_kind, r.error)  # not failed before it was even written
