@@ -104,7 +104,10 @@ def test_target_restart_mid_run_is_recorded_and_the_replay_continues(tmp_path, m
     assert {r["outcome"] for r in sent} <= {"success", "failed"}   # drained: nothing cancelled
     failed = [r for r in sent if r["outcome"] == "failed"]
     assert failed, "the outage must show"
-    assert {r["error_kind"] for r in failed} <= {"connect", "disconnect"}, {r["error_kind"] for r in failed}
+    # (a request written on a reused connection just as the target died gets no response byte:
+    # stale_connection, as a keep-alive race would)
+    outage = {"connect", "disconnect", "stale_connection"}
+    assert {r["error_kind"] for r in failed} <= outage, {r["error_kind"] for r in failed}
     assert any(r["error_kind"] == "connect" for r in failed)       # sent while nothing listened
     due_wall = lambda r: t0 + r["due_ns"] / 1e9  # noqa: E731
     end_wall = lambda r: t0 + r["end_ns"] / 1e9  # noqa: E731
@@ -120,7 +123,7 @@ def test_target_restart_mid_run_is_recorded_and_the_replay_continues(tmp_path, m
     logs = _json_lines(err)
     assert all({"ts", "level", "logger", "msg"} <= set(o) for o in logs)
     starts = [o for o in logs if o["msg"].startswith("requests started failing with")]
-    assert {o["error_kind"] for o in starts} <= {"connect", "disconnect"} and starts
+    assert {o["error_kind"] for o in starts} <= outage and starts
     assert len(logs) < 40 and len(logs) < len(failed) + 15 or len(failed) < 10  # not one per failure
 
 
