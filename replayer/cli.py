@@ -39,6 +39,9 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
         help_text = f"{f.description}{unit}{default}"
         if name in POSITIONAL:
             p.add_argument(name, nargs="?", default=argparse.SUPPRESS, help=help_text)
+        elif typing.get_origin(typ) is list:  # KEY:VALUE pairs (--goodput, as vllm bench serve takes it)
+            p.add_argument(flag_name(name), dest=name, nargs="+", default=argparse.SUPPRESS,
+                           metavar=name.upper(), help=help_text)
         elif typ is bool:
             p.add_argument(flag_name(name), dest=name, action=argparse.BooleanOptionalAction,
                            default=argparse.SUPPRESS, help=help_text)
@@ -82,6 +85,8 @@ def _flags_for(cfg: RunConfig, skip: set[str]) -> list[str]:
             out.append(v)
         elif isinstance(v, bool):
             out.append(flag_name(name) if v else "--no-" + flag_name(name)[2:])
+        elif isinstance(v, list):
+            out += [flag_name(name), *v]
         elif v is not None:
             out += [flag_name(name), str(v)]
     return out

@@ -41,6 +41,10 @@ class RunConfig(BaseModel):
     session_policy: str = Field("wait", description="multi-turn sessions: wait (a turn goes at its trace "
                                 "time or at its predecessor's end plus think time, whichever is later), "
                                 "wait-no-think (ignore think time) or off (trace times only)")
+    goodput: list[str] | None = Field(None, description="SLO bounds in ms as KEY:VALUE pairs, keys ttft, "
+                                      "tpot, e2el (vllm bench serve's --goodput), e.g. --goodput ttft:2000 "
+                                      "tpot:50: a request meets the SLO when it succeeded and every bound holds; "
+                                      "the summary reports request_goodput and slo_attainment")
     usage_slack_tokens: int = Field(0, ge=0, description="pooling usage audit: tokens per input the server "
                                     "may add (special tokens) before a response is flagged as inflated")
     speedup: float = Field(1.0, gt=0, description="replay this many times faster than the trace")
@@ -128,6 +132,26 @@ class RunConfig(BaseModel):
         if not 0 <= lo < hi:
             raise ValueError(f"must satisfy 0 <= LO < HI, got {lo}:{hi}")
         return v
+
+    @field_validator("goodput", mode="before")
+    @classmethod
+    def _goodput(cls, v: object) -> object:
+        from .verdict import format_goodput, parse_goodput
+
+        if v is None:
+            return None
+        if isinstance(v, str):  # a config file may give one string of pairs
+            v = v.split()
+        if not isinstance(v, list | tuple):
+            raise ValueError("must be KEY:VALUE pairs, e.g. ttft:2000 tpot:50 e2el:30000")
+        return format_goodput(parse_goodput([str(x) for x in v])) or None
+
+    @property
+    def goodput_slos(self) -> dict[str, float]:
+        """The ``--goodput`` bounds in ms ({} if none): ``replayer.verdict.parse_goodput``."""
+        from .verdict import parse_goodput
+
+        return parse_goodput(self.goodput)
 
     @field_validator("prompt_mode")
     @classmethod

@@ -9,6 +9,7 @@ cancels in-flight requests at once. Results already measured are flushed in ever
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
@@ -613,7 +614,8 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     if recorder.rows_added == 0 and not cfg.resume:
         log.warning("no row of the trace %s: nothing was sent; an empty results file keeps the folder "
                     "mergeable", f"falls in shard {cfg.shard}" if shards > 1 else "was scheduled")
-    summary = await loop.run_in_executor(None, summarize_files, result_files(results_dir))
+    summary = await loop.run_in_executor(None, functools.partial(summarize_files, result_files(results_dir),
+                                                                 slos=cfg.goodput_slos))
     if samples is not None:  # (also the parts a killed earlier run left)
         await loop.run_in_executor(None, samples.roll, scraper.take_samples())
     if scraper is not None and scraper.scrapes:

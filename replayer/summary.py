@@ -21,6 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from . import verdict
+
 PERCENTILES = (50, 90, 99)
 
 
@@ -86,13 +88,14 @@ def _workloads(table: pa.Table, outcome: np.ndarray, ok: np.ndarray) -> dict:
     return out
 
 
-def summarize(table: pa.Table) -> dict:
+def summarize(table: pa.Table, slos: dict[str, float] | None = None) -> dict:
     """Summary dict of a results table (schema ``result.SCHEMA``). JSON-ready (None for n/a).
 
     Generation statistics (TTFT, TPOT, ITL, token audits) cover generation endpoints only;
     pooling requests (embeddings, score, rerank) have E2E latency and their own usage audit
     (``usage_audit``: ok / inflated / missing per endpoint; ``replayer.audit``). ``sessions``:
-    session count, turns, turns held back for their predecessor and the wait (ms) it cost."""
+    session count, turns, turns held back for their predecessor and the wait (ms) it cost.
+    ``slos`` (``--goodput`` bounds, ms): adds the verdict (``replayer.verdict.finish``'s fields)."""
     n = table.num_rows
     outcome = np.asarray(table.column("outcome").to_pylist(), dtype=object)
     ok_all = outcome == "success"
@@ -153,6 +156,11 @@ def summarize(table: pa.Table) -> dict:
     if "partial_output_tokens" in table.column_names:  # output of failed/cancelled requests: in no total
         s["partial_output_tokens"] = int(np.nansum(_col(table, "partial_output_tokens")))
     s.update(_workloads(table, outcome, ok_all))
+    if slos:
+        completion_all = _col(table, "completion_tokens")
+        codes = verdict.judge(outcome, _col(table, "ttft_ms"), _col(table, "tpot_ms"), _col(table, "e2e_ms"),
+                              completion_all, slos)
+        s.update(verdict.finish(verdict.fold(codes, completion_all), slos, duration))
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in s.items()}
 
 
@@ -163,7 +171,7 @@ _ADDITIVE = ("scheduled", "sent", "completed", "failed", "cancelled", "not_start
              "total_output_tokens", "usage_missing", "prompt_token_mismatches", "prompt_token_drift_total",
              "completion_token_mismatches", "ttft_unmeasured", "zero_token_successes",
              "expected_prefix_hit_tokens", "errors_by_kind", "usage_audit", "usage_inflated",
-             "partial_output_tokens")
+             "partial_output_tokens", *verdict.ADDITIVE)
 
 
 def _add(a, b):
@@ -179,7 +187,8 @@ def _add(a, b):
     return a
 
 
-def summarize_files(files: list[str], *, sample_rows: int = SAMPLE_ROWS, seed: int = 0) -> dict:
+def summarize_files(files: list[str], *, sample_rows: int = SAMPLE_ROWS, seed: int = 0,
+                    slos: dict[str, float] | None = None) -> dict:
     """``summarize`` of results files in bounded memory (a days-long soak writes many millions of
     rows). Up to ``sample_rows`` rows: exactly ``summarize`` of them all. Above: counts, token
     totals, audits and the duration are exact (summed batch by batch); latency statistics come
@@ -187,18 +196,21 @@ def summarize_files(files: list[str], *, sample_rows: int = SAMPLE_ROWS, seed: i
     summary says so (``statistics_sample_rows``). ``duration`` (and the throughputs) add up the
     runs that wrote the files (``run_durations``): each resumed run has a time axis of its own.
     A damaged file (cut short, not Parquet) is reported by name, left out, and listed in
-    ``damaged_files``; the others are summarized."""
+    ``damaged_files``; the others are summarized. ``slos``: the ``--goodput`` bounds (ms) to judge
+    requests by (None: those the run that wrote the first file was given, from its metadata)."""
     from .recorder import open_file, read_file, report_damaged
 
     opened = {f: open_file(f) for f in files}
     damaged = [f for f, pf in opened.items() if pf is None]
     files = [f for f in files if opened[f] is not None]
+    if slos is None:
+        slos = goodput_of(opened[files[0]]) if files else {}
     total = sum(opened[f].metadata.num_rows for f in files)
     if total <= sample_rows:
         tables = [read_file(f) for f in files]
         damaged += [f for f, t in zip(files, tables) if t is None]
         tables = [t.replace_schema_metadata(None) for t in tables if t is not None]
-        s = summarize(pa.concat_tables(tables) if tables else _empty())
+        s = summarize(pa.concat_tables(tables) if tables else _empty(), slos)
     else:
         rng = np.random.default_rng(seed)
         p = sample_rows / total
@@ -208,14 +220,14 @@ def summarize_files(files: list[str], *, sample_rows: int = SAMPLE_ROWS, seed: i
             try:
                 for batch in opened[f].iter_batches(batch_size=65_536):
                     t = pa.Table.from_batches([batch]).replace_schema_metadata(None)
-                    part = summarize(t)
+                    part = summarize(t, slos)
                     exact = {k: _add(exact.get(k), part.get(k)) for k in _ADDITIVE}
                     sample.append(t.filter(pa.array(rng.random(t.num_rows) < p)))
             except (OSError, pa.ArrowException) as e:  # the batches before the damage count
                 report_damaged(f, e)
                 damaged.append(f)
         sampled = pa.concat_tables(sample) if sample else _empty()
-        s = summarize(sampled)
+        s = summarize(sampled, slos)
         s.update(exact)
         s["statistics_sample_rows"] = sampled.num_rows
     if damaged:
@@ -228,11 +240,23 @@ def summarize_files(files: list[str], *, sample_rows: int = SAMPLE_ROWS, seed: i
 
 
 def set_duration(s: dict, duration: float) -> None:
-    """Set a summary's ``duration`` (s) and the throughputs derived from it."""
+    """Set a summary's ``duration`` (s) and the throughputs (and goodputs) derived from it."""
     s["duration"] = duration
     for key, num in (("request_throughput", s["completed"]), ("output_throughput", s["total_output_tokens"]),
                      ("total_token_throughput", s["total_input_tokens"] + s["total_output_tokens"])):
         s[key] = num / duration if duration > 0 else None
+    if s.get("goodput_slos_ms"):  # (the counts may have been summed: ratios and rates anew)
+        s.update(verdict.finish(s, s["goodput_slos_ms"], duration))
+
+
+def goodput_of(pf: pq.ParquetFile) -> dict[str, float]:
+    """The ``--goodput`` bounds (ms) of the run that wrote a results file ({} if none), from its
+    metadata (``replayer.config``)."""
+    try:
+        cfg = json.loads((pf.schema_arrow.metadata or {}).get(b"replayer.config", b"{}"))
+        return verdict.parse_goodput(cfg.get("goodput")) if isinstance(cfg, dict) else {}
+    except ValueError:
+        return {}
 
 
 def run_durations(files: list[str]) -> list[float]:

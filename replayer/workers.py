@@ -34,7 +34,7 @@ import numpy as np
 from .config import RunConfig
 from .simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, free_port
 from .recorder import earlier_run, new_results_dir, open_file, read_file, result_files, write_json
-from .summary import format_summary, read_summary, run_spans, set_duration, summarize
+from .summary import format_summary, goodput_of, read_summary, run_spans, set_duration, summarize
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,11 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
         elif len(values) > 1:
             setup[key] = [json.loads(v) for v in sorted(values)]
             warnings.append(f"the folders differ in {key}: {', '.join(sorted(values))}")
-    s = summarize(pa.concat_tables(tables))
+    # the bounds the runs were judged by (a folder without a summary: its files' metadata)
+    slos = next((o["goodput_slos_ms"] for o in own if o.get("goodput_slos_ms")), None)
+    if slos is None:
+        slos = next((goodput_of(pf) for d in dirs for f in _files(d) if (pf := open_file(f)) is not None), {})
+    s = summarize(pa.concat_tables(tables), slos)
     # duration: the time covered by the runs on the shared axis (shards overlap, resumed runs
     # follow each other: the gap between a stop and its resume is not replay time)
     set_duration(s, _union_s(spans))

@@ -1,0 +1,131 @@
+"""The verdict's pure core (replayer.verdict): --goodput parsing, per-request verdicts, the
+summary fold, latency from the due time. No event loop."""
+
+import numpy as np
+import pytest
+
+from replayer import verdict
+from replayer.config import ConfigError, load_config
+from replayer.result import RequestResult, to_table
+from replayer.summary import set_duration, summarize
+from replayer.verdict import MET, MISSED, NOT_JUDGED, UNKNOWN
+
+
+def test_parse_goodput_takes_vllm_bench_serve_pairs():
+    assert verdict.parse_goodput(["e2el:30000", "ttft:2000", "tpot:50"]) == {"ttft": 2000.0, "tpot": 50.0,
+                                                                             "e2el": 30000.0}
+    assert verdict.parse_goodput("tpot:12.5 ttft:0") == {"ttft": 0.0, "tpot": 12.5}
+    assert verdict.parse_goodput(None) == {}
+    for bad, says in (("ttft=2000", "KEY:VALUE"), ("itl:5", "unknown key 'itl'"), ("ttft:fast", "not a number"),
+                      ("ttft:-1", ">= 0"), ("ttft:nan", ">= 0"), ("traces/x.parquet", "before --goodput")):
+        with pytest.raises(ValueError, match=says):
+            verdict.parse_goodput([bad])
+    with pytest.raises(ValueError, match="twice"):
+        verdict.parse_goodput(["ttft:1", "ttft:2"])
+
+
+def test_goodput_setting_from_flags_and_config_file(tmp_path):
+    from replayer.cli import build_parser, read_config_file
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("")
+    args = build_parser().parse_args(["run", str(trace), "--goodput", "ttft:2000", "tpot:50", "e2el:30000"])
+    assert args.goodput == ["ttft:2000", "tpot:50", "e2el:30000"]
+    cfg = load_config({"trace": str(trace), "goodput": args.goodput})
+    assert cfg.goodput_slos == {"ttft": 2000.0, "tpot": 50.0, "e2el": 30000.0}
+    conf = tmp_path / "c.yaml"
+    conf.write_text("goodput: ttft:2000 e2el:30000\n")  # a config file: one string (or a list) of pairs
+    cfg = load_config({"trace": str(trace), **read_config_file(str(conf))})
+    assert cfg.goodput_slos == {"ttft": 2000.0, "e2el": 30000.0}
+    assert load_config({"trace": str(trace)}).goodput_slos == {}
+    with pytest.raises(ConfigError, match=r"goodput \(--goodput\): .*unknown key 'itl'"):
+        load_config({"trace": str(trace), "goodput": ["itl:5"]})
+
+
+def test_flags_reproduce_goodput_for_workers(tmp_path):
+    from replayer.cli import _flags_for
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("")
+    flags = _flags_for(load_config({"trace": str(trace), "goodput": ["tpot:50", "ttft:2000"]}), {"trace"})
+    i = flags.index("--goodput")
+    assert flags[i + 1:i + 3] == ["ttft:2000", "tpot:50"]
+
+
+SLOS = {"ttft": 100.0, "tpot": 10.0, "e2el": 1000.0}
+# one request per line: outcome, ttft, tpot, e2el, completion tokens -> expected code per bound and all
+CASES = [
+    (("success", 50, 5, 500, 20), (MET, MET, MET, MET)),
+    (("success", 150, 5, 500, 20), (MISSED, MET, MET, MISSED)),
+    (("success", 50, 15, 500, 20), (MET, MISSED, MET, MISSED)),
+    (("success", 50, 5, 1500, 20), (MET, MET, MISSED, MISSED)),
+    (("success", 100, 10, 1000, 20), (MET, MET, MET, MET)),            # on the bound: met (value <= bound)
+    (("success", 50, None, 500, None), (MET, UNKNOWN, MET, UNKNOWN)),   # no usage: TPOT unknown
+    (("success", 150, None, 500, None), (MISSED, UNKNOWN, MET, MISSED)),  # a miss outweighs an unknown
+    (("success", None, None, None, None), (UNKNOWN, UNKNOWN, UNKNOWN, UNKNOWN)),
+    (("success", 50, None, 60, 1), (MET, MET, MET, MET)),               # 1 token: no TPOT, met (as vLLM)
+    (("failed", 10, 1, 20, 20), (MISSED, MISSED, MISSED, MISSED)),      # a failure never meets an SLO
+    (("failed", None, None, None, None), (MISSED, MISSED, MISSED, MISSED)),
+    (("cancelled", 10, 1, 20, 20), (NOT_JUDGED,) * 4),
+    (("not_started", None, None, None, None), (NOT_JUDGED,) * 4),
+]
+
+
+def test_judge_per_bound_and_all():
+    cols = list(zip(*(c for c, _ in CASES)))
+    codes = verdict.judge(*cols, SLOS)
+    for i, (_, want) in enumerate(CASES):
+        got = tuple(int(codes[k][i]) for k in ("ttft", "tpot", "e2el", "all"))
+        assert got == want, (i, CASES[i])
+    assert verdict.slo_met(codes["all"])[:8] == [True, False, False, False, True, None, False, None]
+    only = verdict.judge(*cols, {"e2el": 1000.0})
+    assert set(only) == {"e2el", "all"} and list(only["all"]) == list(codes["e2el"])
+
+
+def test_fold_and_finish_say_attainment_over_judged_requests():
+    cols = list(zip(*(c for c, _ in CASES)))
+    counts = verdict.fold(verdict.judge(*cols, SLOS), cols[4])
+    assert (counts["slo_met"], counts["slo_missed"], counts["slo_unknown"]) == (3, 6, 2)
+    assert counts["slo_requests"]["ttft"] == {"met": 6, "missed": 4, "unknown": 1}
+    assert counts["goodput_output_tokens"] == 20 + 20 + 1
+    s = verdict.finish(counts, SLOS, duration_s=4.0)
+    assert s["goodput_slos_ms"] == SLOS
+    assert s["request_goodput"] == 3 / 4.0 and s["output_token_goodput"] == 41 / 4.0
+    assert s["slo_attainment"] == 3 / 9
+    assert s["slo_attainment_ttft"] == 6 / 10 and s["slo_attainment_tpot"] == 5 / 8
+    assert verdict.finish(counts, SLOS, 0.0)["request_goodput"] is None
+    empty = verdict.fold(verdict.judge([], [], [], [], [], SLOS), [])
+    assert verdict.finish(empty, SLOS, 1.0)["slo_attainment"] is None  # nothing judged: n/a, not 0
+
+
+def _result(i: int, outcome: str, ttft, e2e, tokens=20, **kw) -> RequestResult:
+    ok = outcome == "success"
+    return RequestResult(row=i, input_length=10, output_length=20, due_ns=i * 10**9, sent_ns=i * 10**9,
+                         end_ns=i * 10**9 + 10**9, outcome=outcome, error_kind="none" if ok else "http_status",
+                         prompt_tokens=10 if ok else None, completion_tokens=tokens if ok else None,
+                         ttft_ms=ttft, e2e_ms=e2e, tpot_ms=(e2e - ttft) / (tokens - 1) if ok and tokens else None,
+                         dispatch_lag_ms=0.0, **kw)
+
+
+def test_summary_has_the_verdict_only_when_bounds_are_set():
+    rs = [_result(0, "success", 50.0, 240.0), _result(1, "success", 500.0, 690.0),
+          _result(2, "failed", None, None), _result(3, "success", 60.0, 250.0, tokens=None)]
+    t = to_table(rs)
+    plain = summarize(t)
+    assert "slo_attainment" not in plain and "request_goodput" not in plain
+    s = summarize(t, {"ttft": 100.0, "tpot": 50.0})
+    assert s["goodput_slos_ms"] == {"ttft": 100.0, "tpot": 50.0}
+    assert (s["slo_met"], s["slo_missed"], s["slo_unknown"]) == (1, 2, 1)
+    assert s["slo_attainment"] == 1 / 3 and s["slo_attainment_ttft"] == 2 / 4
+    assert s["request_goodput"] == 1 / s["duration"]
+    assert s["output_token_goodput"] == 20 / s["duration"]
+    set_duration(s, 2.0)  # a resumed or merged run's duration: rates anew
+    assert s["request_goodput"] == 0.5 and s["output_token_goodput"] == 10.0
+
+
+def test_from_due_adds_the_time_from_due_to_send_and_leaves_a_session_hold_apart():
+    # due 0; held 300 ms behind its predecessor (released at 300 ms); sent at 350 ms: 50 ms late
+    v = verdict.from_due_ms([100.0, 100.0, None, 100.0], [350e6, 350e6, 350e6, None], [0, 0, 0, 0],
+                            [300.0, None, 300.0, None])
+    assert v[0] == pytest.approx(150.0) and v[1] == pytest.approx(450.0)
+    assert np.isnan(v[2]) and np.isnan(v[3])  # unknown stays unknown
