@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from prometheus_client import CollectorRegistry
 
-from . import __version__
+from . import __version__, verdict
 from .admin import AdminServer
 from .client import Client
 from .clock import Anchor, now_ns
@@ -522,7 +522,16 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         else:
             log.warning("--delayed-ack has no effect here: this OS has no TCP_QUICKACK")
     acct = _Accounting(state, metrics)
-    dispatcher = Dispatcher(batches, factory.prepare, client.send, recorder.add, t0_ns=anchor.t0_ns,
+    slos = cfg.goodput_slos
+    metrics.set_slos(slos)
+
+    def sink(res: RequestResult) -> None:  # the verdict (from-due latencies, SLO) before it is recorded
+        codes = verdict.apply(res, slos)
+        if codes is not None:
+            metrics.on_slo(codes)
+        recorder.add(res)
+
+    dispatcher = Dispatcher(batches, factory.prepare, client.send, sink, t0_ns=anchor.t0_ns,
                             timeline=timeline, unsent=factory.unsent, observer=acct, gate=gate,
                             reserve=client.reserve, launch=client.launch,
                             expect=client.expect,

@@ -195,6 +195,18 @@ class ReplayerMetrics:
                               buckets=LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("replayer_e2e_latency_seconds",
                              "Send to last token of successful requests.", buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft_from_due = Histogram("replayer_ttft_from_due_seconds",
+                                       "Time to first token of successful requests from their due time "
+                                       "(a held session turn's release): TTFT plus the time to the send.",
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e_from_due = Histogram("replayer_e2e_latency_from_due_seconds",
+                                      "Due time (a held session turn's release) to last token of successful "
+                                      "requests: E2E latency plus the time to the send.",
+                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.slo_requests = Counter("replayer_slo_requests", "Requests judged against the --goodput bounds, by "
+                                    "bound (ttft, tpot, e2el; all = every bound) and result (met, missed, unknown); "
+                                    "failed requests are missed. Only the bounds set are exported.",
+                                    ["slo", "result"], registry=r)
         self.tpot = Histogram("replayer_tpot_seconds", "Time per output token after the first.",
                               buckets=TOKEN_LATENCY_BUCKETS, registry=r)
         self.itl = BulkHistogram("replayer_itl_seconds", "Inter-token latency (token-weighted).",
@@ -250,6 +262,7 @@ class ReplayerMetrics:
         self._mismatch = {f: self.usage_mismatch.labels(f) for f in USAGE_FIELDS}
         self._audit = {(e, a): self.pooling_audit.labels(e, a) for e in sorted(POOLING)
                        for a in ("ok", "inflated", "missing")}
+        self._slo: dict[tuple[str, int], Counter] = {}
         self._speedup = 1.0
         self.loop_lag_recent_s = 0.0  # largest event-loop lag since its reader last reset it
         self._loop_no = 0
@@ -290,6 +303,21 @@ class ReplayerMetrics:
         self.prefix_query_tokens.inc(query_tokens)
         if hit_tokens:
             self.prefix_hit_tokens.inc(hit_tokens)
+
+    def set_slos(self, slos: dict[str, float]) -> None:
+        """Export ``replayer_slo_requests_total`` for the ``--goodput`` bounds ``slos`` (and ``all``),
+        every result from the start (a rate over a missing series is no rate); no bounds, no series."""
+        from .verdict import RESULT_LABELS
+
+        self._slo = {(name, code): self.slo_requests.labels(name, label)
+                     for name in (*slos, "all") if slos for code, label in RESULT_LABELS.items()}
+
+    def on_slo(self, codes: dict[str, int]) -> None:
+        """One request's verdict codes (``replayer.verdict.judge_one``); not-judged ones are not counted."""
+        for key in codes.items():
+            child = self._slo.get(key)
+            if child is not None:
+                child.inc()
 
     def on_event_loop_lag(self, lag_s: float) -> None:
         self.loop_lag.observe(lag_s)
@@ -344,6 +372,10 @@ class ReplayerMetrics:
             self.ttft.observe(res.ttft_ms / 1e3)
         if res.e2e_ms is not None:
             self.e2e.observe(res.e2e_ms / 1e3)
+        if res.ttft_from_due_ms is not None:
+            self.ttft_from_due.observe(res.ttft_from_due_ms / 1e3)
+        if res.e2el_from_due_ms is not None:
+            self.e2e_from_due.observe(res.e2el_from_due_ms / 1e3)
         if res.tpot_ms is not None:
             self.tpot.observe(res.tpot_ms / 1e3)
         if res.itl_ms:

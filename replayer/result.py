@@ -72,6 +72,11 @@ class RequestResult:
     partial_output_tokens: int | None = None  # failed or cancelled after it was sent: output tokens that
     #                                arrived (the server's running usage when usage_source is "server", else one
     #                                per token-carrying event); never in completion_tokens or any total
+    # the verdict (replayer.verdict): latency from the due time (a held session turn's from its
+    # release; the hold is session_wait_ms) and, with --goodput bounds, whether the SLO was met
+    ttft_from_due_ms: float | None = None
+    e2el_from_due_ms: float | None = None
+    slo_met: bool | None = None    # None: no bounds, a bound's value unknown, or not judged
     itl_ms: list[float] = field(default_factory=list)
 
 
@@ -89,6 +94,7 @@ _TYPES: dict[str, pa.DataType] = {
     "session_wait_ms": pa.float64(), "n_documents": pa.int32(), "expected_prompt_tokens_once": pa.int64(),
     "expected_prompt_tokens_per_document": pa.int64(), "usage_audit": pa.string(),
     "partial_output_tokens": pa.int64(),
+    "ttft_from_due_ms": pa.float64(), "e2el_from_due_ms": pa.float64(), "slo_met": pa.bool_(),
     "itl_ms": pa.list_(pa.float32()),
 }
 

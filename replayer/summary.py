@@ -132,6 +132,10 @@ def summarize(table: pa.Table, slos: dict[str, float] | None = None) -> dict:
     itl = pc.list_flatten(table.filter(pa.array(ok)).column("itl_ms")).to_numpy(zero_copy_only=False)
     s.update(_stats("itl_ms", itl.astype(np.float64)))
     s.update(_stats("e2el_ms", _col(table, "e2e_ms", ok_all)))
+    # the same from the due time (coordinated-omission-free; a held session turn's from its release)
+    due_to_send = (_col(table, "sent_ns"), _col(table, "due_ns"), _col(table, "session_wait_ms"))
+    s.update(_stats("ttft_from_due_ms", verdict.from_due_ms(_col(table, "ttft_ms"), *due_to_send)[ok]))
+    s.update(_stats("e2el_from_due_ms", verdict.from_due_ms(_col(table, "e2e_ms"), *due_to_send)[ok_all]))
     lag = _col(table, "dispatch_lag_ms", was_sent)
     lag_stats = _stats("dispatch_lag_ms", lag)
     s["dispatch_lag_p50_ms"] = lag_stats["median_dispatch_lag_ms"]

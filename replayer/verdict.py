@@ -11,9 +11,9 @@ Per bound, a request is:
 - ``met`` / ``missed``: succeeded and its value is <= / > the bound;
 - ``missed`` whatever its values when it failed (a failure never meets an SLO);
 - ``unknown`` when it succeeded but the value was not measured (no first token for TTFT; no
-  server usage for TPOT). TPOT of a request the server says produced 0 or 1 completion tokens
-  has no time per output token after the first: it meets the TPOT bound, as vLLM regards such a
-  TPOT as 0 for goodput;
+  TPOT and no server usage saying N <= 1, e.g. one event and no usage). TPOT of a request the
+  server says produced 0 or 1 completion tokens has no time per output token after the first:
+  it meets the TPOT bound, as vLLM regards such a TPOT as 0 for goodput;
 - not judged when it was cancelled at shutdown or never started (not the server's doing).
 
 Over all bounds (``all``): missed if any bound is missed, else unknown if any is unknown, else met.
@@ -107,6 +107,44 @@ def judge(outcome, ttft_ms, tpot_ms, e2el_ms, completion_tokens, slos: dict[str,
     code[judged & any_missed] = MISSED
     out["all"] = code
     return out
+
+
+def judge_one(outcome: str, ttft_ms: float | None, tpot_ms: float | None, e2el_ms: float | None,
+              completion_tokens: int | None, slos: dict[str, float]) -> dict[str, int]:
+    """``judge`` of one request, in plain Python: the same rule, for the daemon's per-request path
+    (~2 us where ``judge`` on one-element arrays takes ~300 us; a test holds the two equal)."""
+    if outcome != "success":
+        code = MISSED if outcome == "failed" else NOT_JUDGED
+        return {**{name: code for name in slos}, "all": code}
+    if completion_tokens is not None and completion_tokens <= 1:
+        tpot_ms = 0.0
+    values = {"ttft": ttft_ms, "tpot": tpot_ms, "e2el": e2el_ms}
+    out = {}
+    for name, bound in slos.items():
+        v = values[name]
+        out[name] = UNKNOWN if v is None or v != v else MET if v <= bound else MISSED
+    codes = out.values()
+    out["all"] = MISSED if MISSED in codes else UNKNOWN if UNKNOWN in codes else MET
+    return out
+
+
+def apply(res, slos: dict[str, float]) -> dict[str, int] | None:
+    """Fill a ``RequestResult``'s derived verdict fields: ``ttft_from_due_ms`` and
+    ``e2el_from_due_ms`` (``from_due_ms``; None where unknown), and, with bounds, ``slo_met``
+    (True, False, or None when unknown or not judged). Returns ``judge_one``'s codes (None
+    without bounds)."""
+    if res.sent_ns is not None:
+        since_due = (res.sent_ns - res.due_ns) / 1e6 - (res.session_wait_ms or 0.0)
+        if res.ttft_ms is not None:
+            res.ttft_from_due_ms = res.ttft_ms + since_due
+        if res.e2e_ms is not None:
+            res.e2el_from_due_ms = res.e2e_ms + since_due
+    if not slos:
+        return None
+    codes = judge_one(res.outcome, res.ttft_ms, res.tpot_ms, res.e2e_ms, res.completion_tokens, slos)
+    c = codes["all"]
+    res.slo_met = True if c == MET else False if c == MISSED else None
+    return codes
 
 
 def slo_met(codes: np.ndarray) -> list[bool | None]:

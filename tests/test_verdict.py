@@ -129,3 +129,33 @@ def test_from_due_adds_the_time_from_due_to_send_and_leaves_a_session_hold_apart
                             [300.0, None, 300.0, None])
     assert v[0] == pytest.approx(150.0) and v[1] == pytest.approx(450.0)
     assert np.isnan(v[2]) and np.isnan(v[3])  # unknown stays unknown
+
+
+def test_the_per_request_judge_agrees_with_the_columnar_one():
+    rng = np.random.default_rng(7)
+    outcomes = rng.choice(["success", "success", "success", "failed", "cancelled", "not_started"], 2000)
+
+    def maybe(v):
+        return [None if x < 0 else float(x) for x in v]
+
+    ttft, tpot, e2el = (maybe(rng.integers(-20, 200, 2000)) for _ in range(3))
+    tokens = [None if x < 0 else int(x) for x in rng.integers(-1, 4, 2000)]
+    for slos in (SLOS, {"tpot": 50.0}, {"ttft": 100.0, "e2el": 150.0}):
+        cols = verdict.judge(outcomes, ttft, tpot, e2el, tokens, slos)
+        for i in range(2000):
+            one = verdict.judge_one(outcomes[i], ttft[i], tpot[i], e2el[i], tokens[i], slos)
+            assert one == {k: int(v[i]) for k, v in cols.items()}, (i, slos)
+    for i, (case, want) in enumerate(CASES):
+        assert tuple(verdict.judge_one(*case, SLOS).values()) == want, case
+
+
+def test_apply_fills_a_result_as_the_columns_would():
+    r = _result(0, "success", 40.0, 400.0, session_wait_ms=300.0)
+    r.due_ns, r.sent_ns = 1_000_000_000, 1_350_000_000  # due 1 s, released 1.3 s, sent 1.35 s
+    codes = verdict.apply(r, {"ttft": 100.0, "e2el": 100.0})
+    assert codes == {"ttft": MET, "e2el": MISSED, "all": MISSED} and r.slo_met is False
+    assert r.ttft_from_due_ms == pytest.approx(90.0) and r.e2el_from_due_ms == pytest.approx(450.0)
+    assert r.ttft_from_due_ms == pytest.approx(verdict.from_due_ms([40.0], [r.sent_ns], [r.due_ns], [300.0])[0])
+    unsent = RequestResult(row=1)
+    assert verdict.apply(unsent, {}) is None and unsent.ttft_from_due_ms is None and unsent.slo_met is None
+    assert verdict.apply(unsent, SLOS)["all"] == NOT_JUDGED and unsent.slo_met is None
