@@ -24,7 +24,8 @@ def test_alert_rules_check_and_unit_tests():
         out = subprocess.run([PROMTOOL, *args], cwd=d, capture_output=True, text=True)
         assert out.returncode == 0, out.stdout + out.stderr
     alerts = {r["alert"] for g in yaml.safe_load((d / "alerts.yml").read_text())["groups"] for r in g["rules"]}
-    assert alerts == {"ReplayerDown", "ReplayerFallingBehind", "ReplayerHighErrorRatio", "ReplayerUsageMismatch"}
+    assert alerts == {"ReplayerDown", "ReplayerFallingBehind", "ReplayerHighErrorRatio", "ReplayerUsageMismatch",
+                      "ReplayerSLOAttainmentLow"}
 
 
 @needs_promtool
@@ -47,7 +48,8 @@ def test_dashboard_json_is_generated_and_complete():
                    "replayer_server_completion_tokens_total", "replayer_usage_mismatches_total", "replayer_trace_rows_done",
                    "replayer_loop", "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                    "vllm:prefix_cache_hits_total", "replayer_expected_prefix_cache_hit_tokens_total",
-                   "histogram_quantile(0.9,", "histogram_quantile(0.99,"):
+                   "histogram_quantile(0.9,", "histogram_quantile(0.99,", "replayer_slo_requests_total",
+                   "replayer_ttft_from_due_seconds_bucket", "replayer_e2e_latency_from_due_seconds_bucket"):
         assert needle in exprs, needle
     assert "$__" not in exprs  # fixed windows only: every query runs as-is against the API
     ids = [p["id"] for p in dash["panels"]]

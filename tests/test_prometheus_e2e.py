@@ -99,7 +99,7 @@ def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_sli
     t_prom = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace_path), "--target", sim_url,
                              "--speedup", "20", "--admin-port", str(admin_port), "--results", str(tmp_path / "res"),
-                             "--start-delay", "1", "--quiet"],
+                             "--start-delay", "1", "--quiet", "--goodput", "ttft:60000", "e2el:600000"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     scrape = None
     try:
@@ -147,7 +147,8 @@ def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_sli
                      'replayer_requests_total{outcome="success"}', "replayer_ttft_seconds_bucket",
                      "replayer_itl_seconds_bucket", "replayer_e2e_latency_seconds_bucket",
                      "replayer_server_completion_tokens_total", "vllm:prefix_cache_hits_total",
-                     "process_cpu_seconds_total"):
+                     "process_cpu_seconds_total", 'replayer_slo_requests_total{slo="all",result="met"}',
+                     "replayer_ttft_from_due_seconds_bucket", "replayer_e2e_latency_from_due_seconds_bucket"):
         finite_positive(fragment)
     # series the daemon feeds through set_trace/track_due/ExpectedPrefixCache/EventLoopLagMonitor
     wired = _query(prom, 'replayer_trace_rows{job="replayer"}', at)["data"]["result"]

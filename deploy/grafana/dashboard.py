@@ -28,8 +28,26 @@ def quantiles(metric: str, qs=(0.5, 0.9, 0.99)) -> list[dict]:
             for x in qs]
 
 
+def attainment(by: str, match: str, window: str = W) -> str:
+    """SLO attainment: met / (met + missed) of replayer_slo_requests_total (unknown left out)."""
+    return (f'sum by ({by}) (rate(replayer_slo_requests_total{{{match}result="met"}}[{window}]))'
+            f' / sum by ({by}) (rate(replayer_slo_requests_total{{{match}result=~"met|missed"}}[{window}]))')
+
+
 # (title, unit, targets, width); rows of 24 grid units
 PANELS: list[tuple[str, str, list[dict], int] | str] = [
+    "Verdict (SLOs from --goodput; empty without bounds)",
+    ("SLO attainment (met / judged; failed = missed)", "percentunit", [
+        q(attainment("slo", ""), "{{slo}}")], 8),
+    ("Goodput (requests meeting every bound)", "reqps", [
+        q(f'sum(rate(replayer_slo_requests_total{{slo="all",result="met"}}[{W}]))', "request goodput"),
+        q(f'sum(rate(replayer_slo_requests_total{{slo="all",result="missed"}}[{W}]))', "missed"),
+        q(f'sum(rate(replayer_slo_requests_total{{slo="all",result="unknown"}}[{W}]))', "unknown"),
+    ], 8),
+    ("Latency from the due time (coordinated-omission-free)", "s",
+     [dict(t, legendFormat=f"TTFT {t['legendFormat']}") for t in quantiles("replayer_ttft_from_due_seconds", (0.5, 0.99))]
+     + [dict(t, legendFormat=f"E2E {t['legendFormat']}")
+        for t in quantiles("replayer_e2e_latency_from_due_seconds", (0.5, 0.99))], 8),
     "Replay",
     ("Requests: scheduled vs sent vs completed", "reqps", [
         q(f"sum(rate(replayer_requests_scheduled_total[{W}]))", "scheduled"),
