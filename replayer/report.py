@@ -68,9 +68,9 @@ def load_results(results_dir: str) -> tuple[pd.DataFrame, dict, dict]:
     table = read_on_one_axis(files)
     summary = read_summary(results_dir)
     if not summary:
-        from .summary import summarize
+        from .summary import goodput_of, summarize
 
-        summary = summarize(table)
+        summary = summarize(table, goodput_of(pq.ParquetFile(files[0])))  # the run's own --goodput bounds
     return table.to_pandas(), summary, meta
 
 
@@ -143,7 +143,9 @@ def figure_specs(df: pd.DataFrame, target: pd.DataFrame | None = None,
     spec("Latency CDFs", "seconds", "fraction of samples",
          [line(name, *_cdf(values / 1e3)) for name, values in (
              ("TTFT", df.loc[ok, "ttft_ms"].to_numpy(np.float64)), ("E2E", df.loc[ok, "e2e_ms"].to_numpy(np.float64)),
-             ("TPOT", df.loc[ok, "tpot_ms"].to_numpy(np.float64)), ("ITL (token-weighted)", itl))],
+             ("TPOT", df.loc[ok, "tpot_ms"].to_numpy(np.float64)), ("ITL (token-weighted)", itl),
+             *((f"{name} from the due time", df.loc[ok, col].to_numpy(np.float64))
+               for name, col in (("TTFT", "ttft_from_due_ms"), ("E2E", "e2el_from_due_ms")) if col in df.columns))],
          x_type="log")
 
     spec("Token throughput", "completion time (s)", "tokens/s",
@@ -262,6 +264,19 @@ def _summary_table(summary: dict) -> str:
         f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in summary_rows(summary)) + "</table>"
 
 
+def _verdict_section(summary: dict) -> str:
+    """The verdict (``replayer.verdict.verdict_rows``) as the report's first section; "" without bounds."""
+    from .verdict import verdict_rows
+
+    rows = verdict_rows(summary)
+    if not rows:
+        return ""
+    cells = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return ("<section class='verdict'><h2>Verdict</h2><p>A request meets the SLO when it succeeded and every "
+            "bound holds; failed requests count as missed, unknown ones are left out.</p>"
+            f"<table class='summary'>{cells}</table></section>")
+
+
 def render_html(results_dir: str) -> str:
     """The report of ``results_dir`` as one self-contained HTML string."""
     import plotly.io as pio
@@ -285,6 +300,7 @@ def render_html(results_dir: str) -> str:
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}} table.summary{{border-collapse:collapse;font-size:13px}}
 table.summary td{{border-bottom:1px solid #ddd;padding:2px 10px}} section.plot{{margin:1.5em 0}}</style></head>
 <body><h1>replayer report</h1><p>{head}</p><p>{len(df):,} requests; results folder {html.escape(os.path.abspath(results_dir))}</p>
+{_verdict_section(summary)}
 {''.join(parts)}
 <h2>Summary</h2>{_summary_table(summary)}
 </body></html>
@@ -316,6 +332,10 @@ COMPARE_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("median_tpot_ms", "TPOT median (ms)", "lower"), ("p99_tpot_ms", "TPOT p99 (ms)", "lower"),
     ("median_itl_ms", "ITL median (ms)", "lower"), ("p99_itl_ms", "ITL p99 (ms)", "lower"),
     ("median_e2el_ms", "E2E median (ms)", "lower"), ("p99_e2el_ms", "E2E p99 (ms)", "lower"),
+    ("p99_ttft_from_due_ms", "TTFT from due p99 (ms)", "lower"),
+    ("p99_e2el_from_due_ms", "E2E from due p99 (ms)", "lower"),
+    ("slo_attainment", "SLO attainment", "higher"), ("request_goodput", "request goodput (req/s)", "higher"),
+    ("output_token_goodput", "output token goodput (tok/s)", "higher"),
     ("dispatch_lag_p50_ms", "dispatch lag p50 (ms)", "lower"),
     ("dispatch_lag_p99_ms", "dispatch lag p99 (ms)", "lower"),
     ("dispatch_lag_max_ms", "dispatch lag max (ms)", "lower"),

@@ -340,6 +340,9 @@ def format_summary(s: dict) -> str:
     rows: list[tuple[str, object] | str] = ["Replay result"]
     if s.get("stopped_early"):
         rows.append(("Stopped early (results partial)", f"by {s['stop_signal']}" if s.get("stop_signal") else "yes"))
+    verdict_rows = verdict.verdict_rows(s)  # the verdict first, when there are bounds
+    if verdict_rows:
+        rows += ["Verdict (--goodput; failed = missed)", *verdict_rows, "Requests"]
     rows += [
         ("Scheduled requests", s["scheduled"]), ("Sent requests", s["sent"]),
         ("Successful requests", s["completed"]), ("Failed requests", s["failed"]),
@@ -360,6 +363,9 @@ def format_summary(s: dict) -> str:
                         ("itl_ms", "Inter-token latency"), ("e2el_ms", "End-to-end latency")):
         rows.append(label)
         rows.append((f"mean / median / p99 (ms)", " / ".join(fmt(s[f"{k}_{name}"]) for k in ("mean", "median", "p99"))))
+        if name in ("ttft_ms", "e2el_ms") and f"mean_{name[:-3]}_from_due_ms" in s:
+            rows.append(("  from the due time (ms)", " / ".join(fmt(s[f"{k}_{name[:-3]}_from_due_ms"])
+                                                              for k in ("mean", "median", "p99"))))
     expected, server = s.get("expected_prefix_hit_tokens"), s.get("server_prefix_cache_hit_tokens")
     if isinstance(server, float) and server.is_integer():  # (a counter's delta: a float in Prometheus)
         server = int(server)

@@ -201,3 +201,32 @@ def from_due_ms(value_ms, sent_ns, due_ns, session_wait_ms) -> np.ndarray:
     ``value_ms`` or ``sent_ns`` is unknown."""
     wait = _f(session_wait_ms)
     return _f(value_ms) + (_f(sent_ns) - _f(due_ns)) / 1e6 - np.where(np.isnan(wait), 0.0, wait)
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{100 * v:.2f}%"
+
+
+def _num(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:,.2f}"
+
+
+def verdict_rows(summary: dict) -> list[tuple[str, str]]:
+    """The verdict of a summary as (label, text) rows, to show first (printed summary, HTML
+    report); [] when it has no ``--goodput`` bounds."""
+    slos = summary.get("goodput_slos_ms")
+    if not slos:
+        return []
+    per = summary.get("slo_requests") or {}
+
+    def attained(key: str, counts: dict) -> str:
+        met, missed = counts.get("met", 0), counts.get("missed", 0)
+        return f"{_pct(summary.get(key))} ({met:,} met of {met + missed:,} judged)"
+
+    rows = [("SLO bounds (ms)", " ".join(f"{k}<={v:g}" for k, v in slos.items())),
+            ("SLO attainment (every bound)", attained("slo_attainment", per.get("all", {})))]
+    rows += [(f"  {name} attainment", attained(f"slo_attainment_{name}", per.get(name, {}))) for name in slos]
+    rows += [("Unknown (left out of attainment)", f"{summary.get('slo_unknown', 0):,}"),
+             ("Request goodput (req/s)", _num(summary.get("request_goodput"))),
+             ("Output token goodput (tok/s)", _num(summary.get("output_token_goodput")))]
+    return rows

@@ -23,7 +23,7 @@ def results(tmp_path_factory):
     d = tmp_path_factory.mktemp("run") / "res"
     out = subprocess.run([sys.executable, "-m", "replayer", "run", str(SLICE_10MIN), "--max-requests", "200",
                           "--speedup", "20", "--results", str(d), "--admin-port", "0", "--quiet",
-                          "--scrape-interval", "1"],
+                          "--scrape-interval", "1", "--goodput", "ttft:60000", "e2el:600000"],
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     return d
@@ -105,6 +105,18 @@ def test_report_cli_writes_self_contained_html(results, tmp_path, capsys):
                   "Dispatch lag", "Target server metrics: requests"):
         assert title in text, title
     assert "mean_ttft_ms" in text and "target_metrics.deltas.prompt_tokens" in text  # the summary table
+    # the verdict first: before the plots (and kept when a killed run's summary is recomputed)
+    assert "SLO attainment (every bound)" in text and text.index("<h2>Verdict</h2>") < text.index('id="fig0"')
+    assert "ttft&lt;=60000 e2el&lt;=600000" in text
+    from replayer.report import render_html
+
+    killed = Path(shutil.copytree(results, tmp_path / "killed"))
+    (killed / "summary.json").unlink()
+    assert "<h2>Verdict</h2>" in render_html(str(killed))
+    plain = Path(shutil.copytree(results, tmp_path / "plain"))
+    s = json.loads((plain / "summary.json").read_text())
+    (plain / "summary.json").write_text(json.dumps({k: v for k, v in s.items() if "slo" not in k and "goodput" not in k}))
+    assert "<h2>Verdict</h2>" not in render_html(str(plain))  # no bounds: no verdict
     capsys.readouterr()
     assert cli_main(["report", str(tmp_path / "nothing")]) == 2
     assert "no results files (requests*.parquet)" in capsys.readouterr().err
@@ -160,6 +172,8 @@ def test_compare_text_and_json(results, tmp_path, capsys):
     assert rows["failed"]["diff"] == 3 and rows["failed"]["better"] == "a"
     assert rows["p99_ttft_ms"]["pct"] == pytest.approx(100.0)
     assert rows["errors_by_kind.timeout"]["b"] == 3
+    assert rows["slo_attainment"]["a"] == s["slo_attainment"] == 1.0  # the verdict is compared too
+    assert rows["request_goodput"]["a"] == s["request_goodput"] > 0
     # another size and speed-up: said before the table, and in the JSON
     (b / "summary.json").write_text(json.dumps(dict(s2, scheduled=s["scheduled"] * 2, speedup=s["speedup"] * 4)))
     assert cli_main(["compare", str(results), str(b)]) == 0

@@ -159,3 +159,20 @@ def test_apply_fills_a_result_as_the_columns_would():
     unsent = RequestResult(row=1)
     assert verdict.apply(unsent, {}) is None and unsent.ttft_from_due_ms is None and unsent.slo_met is None
     assert verdict.apply(unsent, SLOS)["all"] == NOT_JUDGED and unsent.slo_met is None
+
+
+def test_printed_summary_shows_the_verdict_first_when_bounds_are_set():
+    from replayer.summary import format_summary
+
+    rs = [_result(0, "success", 50.0, 240.0), _result(1, "success", 500.0, 690.0), _result(2, "failed", None, None)]
+    lines = format_summary(summarize(to_table(rs), {"ttft": 100.0, "e2el": 1000.0})).splitlines()
+    assert lines[1].startswith("---- Verdict")
+    assert lines[2].split() == ["SLO", "bounds", "(ms)", "ttft<=100", "e2el<=1000"]
+    assert lines[3].startswith("SLO attainment (every bound)") and lines[3].endswith("33.33% (1 met of 3 judged)")
+    assert next(x for x in lines if x.strip().startswith("ttft attainment")).endswith("33.33% (1 met of 3 judged)")
+    assert next(x for x in lines if x.strip().startswith("e2el attainment")).endswith("66.67% (2 met of 3 judged)")
+    assert lines.index(next(x for x in lines if "Scheduled requests" in x)) > 3
+    frm = [x for x in lines if x.startswith("  from the due time (ms)")]
+    assert len(frm) == 2 and frm[0].endswith("275.00 / 275.00 / 495.50")  # sent at due: = TTFT's
+    plain = format_summary(summarize(to_table(rs))).splitlines()
+    assert not any("Verdict" in x or "SLO" in x for x in plain)
