@@ -176,3 +176,29 @@ def test_printed_summary_shows_the_verdict_first_when_bounds_are_set():
     assert len(frm) == 2 and frm[0].endswith("275.00 / 275.00 / 495.50")  # sent at due: = TTFT's
     plain = format_summary(summarize(to_table(rs))).splitlines()
     assert not any("Verdict" in x or "SLO" in x for x in plain)
+
+
+def test_a_sampled_summary_keeps_the_verdict_exact(tmp_path):
+    import pyarrow.parquet as pq
+
+    from replayer.summary import summarize_files
+
+    rng = np.random.default_rng(3)
+    files, every = [], []
+    for k in range(3):
+        rs = [_result(k * 2000 + i, "success" if rng.random() > 0.1 else "failed",
+                      float(rng.uniform(10, 200)), 400.0) for i in range(2000)]
+        for r in rs:
+            if r.outcome != "success":
+                r.ttft_ms = r.e2e_ms = r.tpot_ms = None
+        every += rs
+        pq.write_table(to_table(rs), tmp_path / f"requests-{k:05d}.parquet")
+        files.append(str(tmp_path / f"requests-{k:05d}.parquet"))
+    slos = {"ttft": 100.0}
+    whole = summarize(to_table(every), slos)
+    s = summarize_files(files, sample_rows=1000, seed=1, slos=slos)
+    assert "statistics_sample_rows" in s
+    for key in ("slo_met", "slo_missed", "slo_unknown", "slo_requests", "goodput_output_tokens",
+                "slo_attainment", "slo_attainment_ttft"):
+        assert s[key] == whole[key], key
+    assert s["request_goodput"] == pytest.approx(whole["slo_met"] / s["duration"])

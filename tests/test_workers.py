@@ -184,15 +184,20 @@ def test_workers_end_to_end(tmp_path, mooncake_slice):
     n = len(read_trace(str(trace_path)))
     results = tmp_path / "res"
     out = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace_path), "--workers", "2",
-                          "--speedup", str(SPEEDUP), "--results", str(results), "--admin-port", "0", "--quiet"],
+                          "--speedup", str(SPEEDUP), "--results", str(results), "--admin-port", "0", "--quiet",
+                          "--goodput", "ttft:60000", "e2el:600000"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     s = json.loads((results / "summary.json").read_text())
     assert s["completed"] == s["scheduled"] == n and s["failed"] == 0
+    # every worker judged by the bounds (passed on), the merged verdict over all of them
+    assert s["goodput_slos_ms"] == {"ttft": 60000.0, "e2el": 600000.0}
+    assert s["slo_met"] == n and s["slo_attainment"] == 1.0
+    assert s["request_goodput"] == pytest.approx(n / s["duration"])
     assert s["shards"] == ["0/2", "1/2"] and s["duplicate_rows"] == 0
     for i in range(2):
         w = json.loads((results / f"worker-{i}" / "summary.json").read_text())
-        assert w["shard"] == f"{i}/2" and w["completed"] > 0
+        assert w["shard"] == f"{i}/2" and w["completed"] > 0 and w["slo_met"] == w["completed"]
         assert w["target_embedded"] is True  # the parent's simulator, given to it as --target
     # so a plain run on the embedded simulator (its own free port) is the same experiment
     from replayer.report import setup_differences
@@ -307,9 +312,10 @@ def test_merge_puts_shards_on_one_time_axis(tmp_path):
         d = tmp_path / f"shard-{i}"
         d.mkdir()
         t = to_table([RequestResult(row=i, due_ns=0, sent_ns=0, end_ns=1_000_000_000, outcome="success",
-                                    prompt_tokens=5, completion_tokens=3, input_length=5, output_length=3)])
+                                    prompt_tokens=5, completion_tokens=3, input_length=5, output_length=3,
+                                    e2e_ms=1000.0 + 1000 * i)])
         meta = {b"replayer.t0_wall_s": repr(wall).encode(),
-                b"replayer.config": json.dumps({"shard": f"{i}/2"}).encode()}
+                b"replayer.config": json.dumps({"shard": f"{i}/2", "goodput": ["e2el:1500"]}).encode()}
         pq.write_table(t.replace_schema_metadata(meta), d / "requests.parquet")
         (d / "summary.json").write_text(json.dumps({"stopped_early": False}))  # each ran to its end
         dirs.append(str(d))
@@ -317,6 +323,9 @@ def test_merge_puts_shards_on_one_time_axis(tmp_path):
     assert s["duration"] == pytest.approx(2.0) and s["request_throughput"] == pytest.approx(1.0)
     assert s["anchor_spread_s"] == pytest.approx(10.0)
     assert s["completed"] == 2 and s["total_output_tokens"] == 6
+    # judged by the bounds in the files' metadata (the folders' summaries have none)
+    assert (s["slo_met"], s["slo_missed"], s["slo_attainment"]) == (1, 1, 0.5)
+    assert s["request_goodput"] == pytest.approx(0.5) and s["output_token_goodput"] == pytest.approx(1.5)
     assert s["shards"] == ["0/2", "1/2"]
     assert len(s["merge_warnings"]) == 1 and "10.000 s apart" in s["merge_warnings"][0]
     assert json.loads((tmp_path / "m" / "summary.json").read_text())["completed"] == 2
