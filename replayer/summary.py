@@ -225,7 +225,7 @@ def summarize_files(files: list[str], *, sample_rows: int = SAMPLE_ROWS, seed: i
                 for batch in opened[f].iter_batches(batch_size=65_536):
                     t = pa.Table.from_batches([batch]).replace_schema_metadata(None)
                     part = summarize(t, slos)
-                    exact = {k: _add(exact.get(k), part.get(k)) for k in _ADDITIVE}
+                    exact = {k: _add(exact.get(k), part.get(k)) for k in _ADDITIVE if k in part or k in exact}
                     sample.append(t.filter(pa.array(rng.random(t.num_rows) < p)))
             except (OSError, pa.ArrowException) as e:  # the batches before the damage count
                 report_damaged(f, e)

@@ -202,3 +202,4 @@ def test_a_sampled_summary_keeps_the_verdict_exact(tmp_path):
                 "slo_attainment", "slo_attainment_ttft"):
         assert s[key] == whole[key], key
     assert s["request_goodput"] == pytest.approx(whole["slo_met"] / s["duration"])
+    assert not [k for k in summarize_files(files, sample_rows=1000, seed=1, slos={}) if "slo" in k or "goodput" in k]
