@@ -51,8 +51,11 @@ def test_report_figures_show_the_runs_data(results):
     assert len(lat["series"][0]["x"]) == summary["completed"]
     assert np.nanmedian(lat["series"][0]["y"]) * 1e3 == pytest.approx(summary["median_ttft_ms"], rel=0.01)
     cdf = specs["Latency CDFs"]
-    assert [se["name"] for se in cdf["series"]] == ["TTFT", "E2E", "TPOT", "ITL (token-weighted)"]
+    assert [se["name"] for se in cdf["series"]] == ["TTFT", "E2E", "TPOT", "ITL (token-weighted)",
+                                                    "TTFT from the due time", "E2E from the due time"]
     assert all(se["y"][-1] == 1.0 for se in cdf["series"])
+    for se, key in zip(cdf["series"][4:], ("max_ttft_from_due_ms", "max_e2el_from_due_ms")):
+        assert se["x"][-1] * 1e3 == pytest.approx(summary[key])
     # the target's metrics: one line per metric (not t_ns and value), one figure per unit
     names = {se["name"] for sp in specs.values() for se in sp["series"]}
     assert not names & {"t_ns", "time_s", "value", "labels"}
