@@ -283,7 +283,8 @@ class _Connection(asyncio.Protocol):
 class Client:
     """Sends prepared requests to ``base_url + endpoint`` (``http://`` or ``https://``).
 
-    ``t0_ns``: the run anchor; recorded times are offsets from it. ``api_key``: sent as a bearer
+    ``t0_ns``: the run anchor; recorded times are offsets from it (may be set after ``warm_up``,
+    before the first send: the daemon anchors the schedule once the pool is open). ``api_key``: sent as a bearer
     token (never logged). ``connect_timeout_s``: TCP (and TLS) connect limit.
     ``read_timeout_s``: longest silence after the send (FIRST_BYTE_TIMEOUT) or between two reads
     (IDLE_TIMEOUT) (``None``: wait forever). ``request_timeout_s``: the longest a response may take
@@ -300,7 +301,7 @@ class Client:
     ``base_url + path``. Use as an async context manager, or call ``start``/``close``.
     """
 
-    def __init__(self, base_url: str, *, t0_ns: int, endpoint: str = "/v1/completions",
+    def __init__(self, base_url: str, *, t0_ns: int = 0, endpoint: str = "/v1/completions",
                  api_key: str | None = None, connect_timeout_s: float = 30.0,
                  read_timeout_s: float | None = 600.0, request_timeout_s: float | None = None, retry_max: int = 0,
                  retry_backoff_s: float = 0.5, usage_slack_tokens: int = 0, delayed_ack: bool = False) -> None:

@@ -480,7 +480,30 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         batches = itertools.chain((first,), batches)
     if launcher is not None:
         launcher = await _launcher_ready(launcher)
+    client = Client(target, endpoint=cfg.endpoint, api_key=api_key,
+                    connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s or None,
+                    request_timeout_s=cfg.request_timeout_s,
+                    retry_max=cfg.retry_max, retry_backoff_s=cfg.retry_backoff_s,
+                    usage_slack_tokens=cfg.usage_slack_tokens, delayed_ack=cfg.delayed_ack)
+    if cfg.delayed_ack:
+        if client.delayed_ack:
+            log.info("--delayed-ack: quick ACKs off per response (the target must set TCP_NODELAY)")
+        else:
+            log.warning("--delayed-ack has no effect here: this OS has no TCP_QUICKACK")
+    await client.start()
+    if launcher is not None:
+        client.use_launcher(launcher)
+    try:
+        await _open_pool(client, cfg.warm_connections)
+    except BaseException:
+        await client.close()
+        if launcher is not None:
+            launcher.stop()
+        raise
+    # anchored only now: the time the pool took to open (seconds against a server with a small
+    # listen backlog) is start-up, not lateness charged to every request
     anchor = Anchor.at(cfg.start_delay_s, start_wall_s=cfg.start_at)
+    client.t0_ns = anchor.t0_ns
     if anchor.late_s and cfg.resume:
         log.info("resuming now: the run's --start-at %s passed %.0f s ago", _hms(cfg.start_at), anchor.late_s)
     elif anchor.late_s:
@@ -511,16 +534,6 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     recorder = Recorder(results_dir, flush_rows=cfg.flush_rows, flush_interval_s=cfg.flush_interval_s,
                         roll_rows=cfg.roll_rows, roll_interval_s=cfg.roll_interval_s, metadata=meta,
                         checkpoint=checkpoint)
-    client = Client(target, t0_ns=anchor.t0_ns, endpoint=cfg.endpoint, api_key=api_key,
-                    connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s or None,
-                    request_timeout_s=cfg.request_timeout_s,
-                    retry_max=cfg.retry_max, retry_backoff_s=cfg.retry_backoff_s,
-                    usage_slack_tokens=cfg.usage_slack_tokens, delayed_ack=cfg.delayed_ack)
-    if cfg.delayed_ack:
-        if client.delayed_ack:
-            log.info("--delayed-ack: quick ACKs off per response (the target must set TCP_NODELAY)")
-        else:
-            log.warning("--delayed-ack has no effect here: this OS has no TCP_QUICKACK")
     acct = _Accounting(state, metrics)
     slos = cfg.goodput_slos
     metrics.set_slos(slos)
@@ -589,12 +602,6 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
              + (f" over all {shards} shards" if shards > 1 else ""), cfg.loop,
              cfg.shard, target, model, cfg.speedup, results_dir)
     try:
-        await client.start()
-        if launcher is not None:
-            client.use_launcher(launcher)
-        if cfg.warm_connections:
-            opened = await client.warm_up(cfg.warm_connections)
-            log.info("opened %d keep-alive connections ahead of the first request", opened)
         state.state = "running"
         await dispatcher.run()
     finally:
@@ -746,6 +753,16 @@ async def _watch_self(state: RunState, metrics: ReplayerMetrics, every_s: float 
         elif warned:
             log.info("the replayer is back on schedule (max dispatch lag %.1f ms)", lag)
             warned = False
+
+
+async def _open_pool(client: Client, n: int) -> None:
+    """Open ``n`` keep-alive connections before the run is anchored, and say how long it took."""
+    if not n:
+        return
+    t = now_ns()
+    opened = await client.warm_up(n)
+    log.info("opened %d keep-alive connections ahead of the first request in %.3f s (before the "
+             "schedule's anchor)", opened, (now_ns() - t) / 1e9)
 
 
 _NO_LAUNCHER = "the launcher process failed to start (%s); the event loop writes every request"
