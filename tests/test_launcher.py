@@ -348,4 +348,6 @@ def test_a_hand_over_that_finds_no_connection_is_tried_again_before_the_due_time
     ts = [300] * 24
     results, launched = _replay_through_the_launcher(ts, warm=1, expect=False)
     assert all(r.outcome == "success" for r in results)
-    assert launched == 24 and all(r.dispatch_lag_ms < 20 for r in results)
+    # every one through the launcher with a connection opened ahead (no handshake at its due
+    # time); the lag bound only rules out waiting for the whole retry window over and over
+    assert launched == 24 and all(r.connect_ms == 0.0 and r.dispatch_lag_ms < 250 for r in results)
