@@ -250,7 +250,8 @@ class _Batch:
         return len(self.timestamp_ns)
 
 
-def _replay_through_the_launcher(ts: list[int], *, warm: int, expect: bool = True, start_s: float = 0.2):
+def _replay_through_the_launcher(ts: list[int], *, warm: int, expect: bool = True, start_s: float = 0.2,
+                                 launch_ahead_ms: int = 50):
     """Replay ``ts`` (ms) against the simulator with the launcher; (results, launched count)."""
     payload = PayloadBuilder("m")
     timeline = Timeline(1.0)
@@ -278,7 +279,8 @@ def _replay_through_the_launcher(ts: list[int], *, warm: int, expect: bool = Tru
                                t0_ns=anchor.t0_ns, timeline=timeline,
                                unsent=lambda sb, j: RequestResult(row=int(sb.rows[j])),
                                reserve=c.reserve, launch=c.launch,
-                               expect=c.expect if expect else None)
+                               expect=c.expect if expect else None,
+                               launch_ahead_ns=launch_ahead_ms * 1_000_000)
                 await asyncio.wait_for(d.run(), 20)
                 return results, launcher.launched
         finally:
@@ -345,8 +347,10 @@ def test_a_hand_over_that_finds_no_connection_is_tried_again_before_the_due_time
     # without the demand count, the burst's hand-overs find the pool empty at first; each is
     # tried again every RETRY_LAUNCH_NS while the pool opens spares, so they still go through
     # the launcher, on time, instead of falling back to writes from the loop at the due time
+    # (hand-overs from 500 ms ahead: spares opened by a loop that shares a busy machine's cores
+    # with the in-process server need more than the default 50 ms)
     ts = [300] * 24
-    results, launched = _replay_through_the_launcher(ts, warm=1, expect=False)
+    results, launched = _replay_through_the_launcher(ts, warm=1, expect=False, launch_ahead_ms=500)
     assert all(r.outcome == "success" for r in results)
     # every one through the launcher with a connection opened ahead (no handshake at its due
     # time); the lag bound only rules out waiting for the whole retry window over and over
