@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 
 #: after a hand-over found no idle connection, try again this much later (until the due time)
 RETRY_LAUNCH_NS = 2_000_000
+#: longest stretch of preparation between two yields to the loop (and, behind schedule, the
+#: longest the overdue requests prepared in one go wait for the first of them to fire)
+CATCH_UP_NS = 2_000_000
 
 
 class Observer:
@@ -148,6 +151,8 @@ class Dispatcher:
         self._j = 0
         self.position = Position()
         self.sent = 0
+        self.prepared_late = 0  # requests whose body was built after their due time (preparation behind)
+        self.fired_by_loop = 0  # requests written by the loop although a launcher runs (no hand-over in time)
         self.not_started = 0
         self.cancelled = 0
         self.finished = False  # the whole schedule was issued
@@ -244,11 +249,18 @@ class Dispatcher:
                 if handed:
                     await asyncio.sleep(0)
                     continue
-            # 2. prepare ahead, but never past the next due time
-            t_yield = now_ns() + 2_000_000
+            # 2. prepare ahead, but never past the next due time. Behind schedule (the next
+            #    request is overdue already), the requests overdue too are prepared first, for up
+            #    to CATCH_UP_NS, and then fire together: one request per turn of the loop would
+            #    let a loop saturated with stream reads set the send rate (each turn runs every
+            #    ready read first), where independent clients' timers all fire in one turn
+            t_yield = now_ns() + CATCH_UP_NS
+            catching_up = False
             while not exhausted:
                 if pending and self._critical(pending[0]) - self.now_rel() <= SPIN_NS:
-                    break
+                    if tl.due(pending[0][1]) > self.now_rel() or now_ns() > t_yield:
+                        break
+                    catching_up = True
                 item = self._cur, self._j
                 if self._cur is None or self._j >= len(self._cur):
                     nxt = await self._next_item()
@@ -264,13 +276,16 @@ class Dispatcher:
                 if self.duration_ns is not None and due >= self.duration_ns and not tl.paused:
                     exhausted = True
                     break
-                if due > self.now_rel() + self.lead_ns:
+                if due > self.now_rel() + (0 if catching_up else self.lead_ns):
                     break
                 pending.append((self._prepare(sb, j), trace_ns))
+                self.prepared_late += due <= self.now_rel()
                 self._j += 1
                 if now_ns() > t_yield:  # let streams progress during a long preparation burst
+                    if catching_up:
+                        break
                     await asyncio.sleep(0)
-                    t_yield = now_ns() + 2_000_000
+                    t_yield = now_ns() + CATCH_UP_NS
             # connections for the requests due within connect_ahead_ns (counted again at most
             # every millisecond)
             if self._expect is not None and pending and now_ns() >= self._next_expect:
@@ -394,6 +409,8 @@ class Dispatcher:
                 req.due_ns = req.release_ns
             else:
                 res.session_wait_ms = 0.0
+        if self._via_launcher(req):
+            self.fired_by_loop += 1
         self._start_task(req, res, None)
 
     def _start_task(self, req: PreparedRequest, res: RequestResult, reserved: object) -> None:
