@@ -45,6 +45,8 @@ from .recorder import (Recorder, drop_not_started, earlier_run, new_results_dir,
                        write_json)
 from .recorder import warm_up as recorder_warm_up
 from .result import RequestResult
+from . import selfwatch
+from .selfwatch import BEHIND_MS
 from .simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, spawn_sim, stop_sim
 from .schedule import Timeline, iter_schedule
 from .sessions import SessionGate
@@ -583,7 +585,8 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         background.append(loop.create_task(console.run()))
     elif not cfg.quiet:
         background.append(loop.create_task(_progress(state, dispatcher, anchor)))
-    background.append(loop.create_task(_watch_self(state, metrics)))
+    background.append(loop.create_task(_watch_self(
+        state, metrics, probe=lambda: selfwatch.read(dispatcher, launcher, gc_pacer))))
     parent = os.environ.get(PARENT_PID_ENV)
     if parent and parent.isdigit():  # a --workers worker: stop with its parent
         background.append(loop.create_task(_stop_with_parent(int(parent), on_signal)))
@@ -715,7 +718,6 @@ def _status(state: RunState, dispatcher_ref: list[Dispatcher]) -> dict:
             "dispatch_lag_max_s": round(state.max_lag_ms / 1e3, 6)}  # (seconds, as every /status time)
 
 
-BEHIND_MS = 50.0  # dispatch or event-loop lag above this means the replayer itself is too slow
 
 
 async def _flush_samples(scraper: TargetScraper, samples: SampleFiles, every_s: float) -> None:
@@ -731,28 +733,43 @@ async def _flush_samples(scraper: TargetScraper, samples: SampleFiles, every_s: 
             raise
 
 
-async def _watch_self(state: RunState, metrics: ReplayerMetrics, every_s: float = 5.0) -> None:
+async def _watch_self(state: RunState, metrics: ReplayerMetrics, every_s: float = 1.0,
+                      probe: Callable[[], selfwatch.Reading] = selfwatch.Reading, repeat_s: float = 10.0) -> None:
     """Say loudly when the replayer, not the server, is the bottleneck: late sends and a busy
     event loop are the client's problem and would otherwise be reported as server latency.
+    Checked every ``every_s`` (the first warning comes within about that much of falling behind);
+    the warning names what is saturated (``replayer.selfwatch``: CPU, event loop, preparation,
+    hand-over, launcher process, GC) from ``probe()`` readings, and is repeated at most every
+    ``repeat_s`` while that list stays the same.
     (The numbers are also exported: replayer_dispatch_lag_seconds, replayer_event_loop_lag_*.)"""
     warned = False
+    said_at, said = -float("inf"), None
+    prev = probe()
     while True:
         await asyncio.sleep(every_s)
+        cur = probe()
         lag, state.watch_max_lag_ms = state.watch_max_lag_ms, 0.0
         # both maxima are over this interval (the exported loop-lag gauge is over 10-20 s)
         loop_lag, metrics.loop_lag_recent_s = metrics.loop_lag_recent_s * 1e3, 0.0
+        parts = selfwatch.saturated(prev, cur, loop_lag)
+        prev = cur
         if lag > BEHIND_MS:
-            log.warning("the replayer is behind schedule: max dispatch lag %.0f ms, event-loop lag %.0f ms "
-                        "in the last %.0f s; its own CPU is the bottleneck (measured latencies include "
-                        "client delay): use --workers, shards or a lower --speedup", lag, loop_lag, every_s)
+            names = [p.split(" (")[0] for p in parts]
+            if names != said or time.monotonic() - said_at >= repeat_s:
+                said, said_at = names, time.monotonic()
+                log.warning("the replayer is behind schedule: max dispatch lag %.0f ms, event-loop lag %.0f ms "
+                            "in the last %g s; saturated: %s; its own resources are the bottleneck (measured "
+                            "latencies include client delay): use --workers, shards or a lower --speedup",
+                            lag, loop_lag, every_s, "; ".join(parts) or "nothing measured (another process "
+                            "takes the CPU?)")
             warned = True
         elif loop_lag > BEHIND_MS:  # sends on time (the launcher process), but reads waited
-            log.warning("the replayer's event loop stalled for up to %.0f ms in the last %.0f s (requests still "
+            log.warning("the replayer's event loop stalled for up to %.0f ms in the last %g s (requests still "
                         "went out on time, max dispatch lag %.1f ms): TTFT and ITL of tokens read then include "
                         "up to that much client delay", loop_lag, every_s, lag)
         elif warned:
             log.info("the replayer is back on schedule (max dispatch lag %.1f ms)", lag)
-            warned = False
+            warned, said = False, None
 
 
 async def _open_pool(client: Client, n: int) -> None:

@@ -27,6 +27,7 @@ class GcPacer:
         self._since_full = 0  # collections since the last full one
         self._was_enabled = gc.isenabled()
         self.collections = 0
+        self.spent_ns = 0  # time spent in the collections made here
         self._cost_ns = {1: 1_000_000, 2: 20_000_000}  # last duration per generation (first guesses)
 
     def start(self) -> None:
@@ -54,7 +55,8 @@ class GcPacer:
                 gen = 1                                   # not for ever (cyclic garbage grows)
         t = time.perf_counter_ns()
         gc.collect(gen)
-        self._cost_ns[gen] = time.perf_counter_ns() - t
+        self._cost_ns[gen] = took = time.perf_counter_ns() - t
+        self.spent_ns += took
         self._since_full = 0 if gen == 2 else self._since_full + 1
         self.collections += 1
         self._last = time.monotonic()

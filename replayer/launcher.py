@@ -74,7 +74,8 @@ class Launcher:
     ``err`` an errno (then ``written`` is 0 and ``sent_ns`` the attempt's time). ``cancel(token)``
     drops a queued write (no report follows once the child has it). ``stop()`` ends the child;
     queued writes are dropped. ``launched`` counts reports; ``lateness_ns`` is the last one's
-    lateness; ``ring_misses`` counts requests that did not fit in the ``ring_bytes`` ring.
+    lateness (``take_late_max_ns`` the largest since it was last called); ``ring_misses`` counts
+    requests that did not fit in the ``ring_bytes`` ring.
     ``policy``: ``fifo`` (real-time where permitted, else nice -10), ``nice`` or
     ``default``. ``start``/``ready`` raise ``OSError``/``RuntimeError`` when the child cannot run."""
 
@@ -88,6 +89,7 @@ class Launcher:
         self.priority = "default"
         self.launched = 0
         self.lateness_ns = 0
+        self._late_max_ns = 0  # the largest lateness since take_late_max_ns last read it
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -170,6 +172,11 @@ class Launcher:
         finally:
             os.close(own)
         return token
+
+    def take_late_max_ns(self) -> int:
+        """The largest lateness of a write (time past its due time) since the last call."""
+        late, self._late_max_ns = self._late_max_ns, 0
+        return late
 
     def cancel(self, token: int) -> None:
         """Drop a queued write."""
@@ -266,7 +273,9 @@ class Launcher:
                 continue
             self.launched += 1
             if sent:
-                self.lateness_ns = sent - at
+                self.lateness_ns = late = sent - at
+                if late > self._late_max_ns:
+                    self._late_max_ns = late
             on_report(token, sent, written, err)  # type: ignore[misc]
         del buf[:n]
 
