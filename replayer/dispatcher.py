@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 #: after a hand-over found no idle connection, try again this much later (until the due time)
 RETRY_LAUNCH_NS = 2_000_000
+#: preparation ahead delays a hand-over to the launcher until this long before its due time at most
+HAND_OVER_BY_NS = 10_000_000
 #: longest stretch of preparation between two yields to the loop (and, behind schedule, the
 #: longest the overdue requests prepared in one go wait for the first of them to fire)
 CATCH_UP_NS = 2_000_000
@@ -257,7 +259,7 @@ class Dispatcher:
             t_yield = now_ns() + CATCH_UP_NS
             catching_up = False
             while not exhausted:
-                if pending and self._critical(pending[0]) - self.now_rel() <= SPIN_NS:
+                if pending and self._act_by(pending[0]) - self.now_rel() <= SPIN_NS:
                     if tl.due(pending[0][1]) > self.now_rel() or now_ns() > t_yield:
                         break
                     catching_up = True
@@ -351,6 +353,16 @@ class Dispatcher:
         if req is self._no_launch:
             return min(due, self._retry_launch_ns)
         return due - self.launch_ahead_ns
+
+    def _act_by(self, item: tuple[PreparedRequest, int]) -> int:
+        """Until when preparation may go on before the dispatcher acts on ``item``: its due time,
+        or for a hand-over ``HAND_OVER_BY_NS`` before it. Preparation runs ahead through the lead
+        window even when a request is due every millisecond; stopping at each hand-over time
+        instead kept the prepared queue ~50 ms deep, and a stall then made requests late."""
+        req, due = item[0], self.timeline.due(item[1])
+        if not self._via_launcher(req):
+            return due
+        return due - min(HAND_OVER_BY_NS, self.launch_ahead_ns)
 
     def _hand_over(self, req: PreparedRequest) -> bool:
         """Bind ``req`` to a connection and give its write to the launcher; False if it cannot."""

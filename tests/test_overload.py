@@ -74,3 +74,38 @@ def test_overdue_requests_go_out_together_not_one_per_turn_of_a_busy_loop():
     # prepared together they fire in a few turns (2 ms of preparation a go, tiny bodies here)
     assert sends[-1] - sends[0] < n / 4, (sends[0], sends[-1])
     assert d.prepared_late == n   # every body was built after its due time: preparation was behind
+
+
+def test_preparation_runs_through_the_lead_window_when_a_hand_over_is_due_every_millisecond():
+    # 2,000 requests 1 ms apart, each handed to a (fake) launcher 50 ms ahead: bodies are built up
+    # to the lead window (500 ms) ahead, not just in time for each hand-over, so a stall of the
+    # loop finds a deep queue of prepared requests rather than an empty one
+    timeline = Timeline(1.0)
+    lead_ms: list[float] = []
+    t0 = [0]
+
+    def prepare(sb, j):
+        t = int(sb.trace_ns[j])
+        lead_ms.append((timeline.due(t) - (now_ns() - t0[0])) / 1e6)
+        return PreparedRequest(index=j, row=j, due_ns=timeline.due(t), body=b"{}", input_length=16,
+                               output_length=1, prompt_len=16, max_tokens=1, trace_ns=t)
+
+    launched = []
+
+    async def send(req, res, reserved=None):
+        res.outcome = "success"
+
+    async def main():
+        t0[0] = now_ns() + 100_000_000
+        d = Dispatcher(iter_schedule(lambda: [_Batch(list(range(2000)))]), prepare, send, lambda r: None,
+                       t0_ns=t0[0], timeline=timeline, unsent=lambda sb, j: RequestResult(row=int(sb.rows[j])),
+                       reserve=lambda req, res: object(),
+                       launch=lambda at, req, res, handle: launched.append(at))
+        await asyncio.wait_for(d.run(), 120)
+        return d
+
+    d = asyncio.run(main())
+    assert d.sent == len(launched) == 2000 and d.fired_by_loop == 0
+    lead_ms.sort()
+    # before: ~50 ms (each body built just before its hand-over); the lead window is 500 ms
+    assert lead_ms[len(lead_ms) // 2] > 250, lead_ms[::200]
