@@ -201,8 +201,10 @@ def test_ring_space_is_reused_only_after_its_bytes_left_the_ring():
             listener.close()
 
     out, misses = asyncio.run(main())
-    assert sum(len(data) for _, _, data in out) > 4 * (128 << 10)  # the ring went round
-    assert misses < 10
+    assert sum(len(data) for _, _, data in out) > 4 * (128 << 10)
+    # the ring went round: 15 or more requests of >= 10 KB through a 128 KB ring (how many found no
+    # room depends on how fast the child writes: 11 under two CPU hogs, 0-9 without)
+    assert misses <= 25
     for (sent_ns, written, err), received, data in out:
         assert (err, written) == (0, len(data)) and received == data
 
@@ -253,7 +255,7 @@ class _Batch:
 
 
 def _replay_through_the_launcher(ts: list[int], *, warm: int, expect: bool = True, start_s: float = 0.2,
-                                 launch_ahead_ms: int = 50):
+                                 launch_ahead_ms: int = 50, connect_ahead_ms: int = 100):
     """Replay ``ts`` (ms) against the simulator with the launcher; (results, launched count)."""
     payload = PayloadBuilder("m")
     timeline = Timeline(1.0)
@@ -282,7 +284,8 @@ def _replay_through_the_launcher(ts: list[int], *, warm: int, expect: bool = Tru
                                unsent=lambda sb, j: RequestResult(row=int(sb.rows[j])),
                                reserve=c.reserve, launch=c.launch,
                                expect=c.expect if expect else None,
-                               launch_ahead_ns=launch_ahead_ms * 1_000_000)
+                               launch_ahead_ns=launch_ahead_ms * 1_000_000,
+                               connect_ahead_ns=connect_ahead_ms * 1_000_000)
                 await asyncio.wait_for(d.run(), 20)
                 return results, launcher.launched
         finally:
@@ -340,7 +343,10 @@ def test_connections_for_a_burst_larger_than_the_pool_are_opened_ahead():
     # ahead (Client.expect), so every request finds a connection at its hand-over and goes
     # through the launcher (connect_ms 0: no handshake at the due time)
     ts = [300] * 24
-    results, launched = _replay_through_the_launcher(ts, warm=1)
+    # (counted 400 ms ahead: beside two CPU hogs, connects to the in-process server took 140-290 ms,
+    # and with the default 100 ms the burst found no connection at its hand-over 1 run in 2,
+    # before and after the dispatcher's catch-up change)
+    results, launched = _replay_through_the_launcher(ts, warm=1, start_s=1.0, connect_ahead_ms=400)
     assert len(results) == 24 and all(r.outcome == "success" for r in results)
     assert launched == 24 and all(r.connect_ms == 0.0 for r in results)
 
@@ -352,7 +358,7 @@ def test_a_hand_over_that_finds_no_connection_is_tried_again_before_the_due_time
     # (hand-overs from 500 ms ahead: spares opened by a loop that shares a busy machine's cores
     # with the in-process server need more than the default 50 ms)
     ts = [300] * 24
-    results, launched = _replay_through_the_launcher(ts, warm=1, expect=False, launch_ahead_ms=500)
+    results, launched = _replay_through_the_launcher(ts, warm=1, expect=False, launch_ahead_ms=500, start_s=1.0)
     assert all(r.outcome == "success" for r in results)
     # every one through the launcher with a connection opened ahead (no handshake at its due
     # time); the lag bound only rules out waiting for the whole retry window over and over
