@@ -35,8 +35,6 @@ log = logging.getLogger(__name__)
 
 #: after a hand-over found no idle connection, try again this much later (until the due time)
 RETRY_LAUNCH_NS = 2_000_000
-#: preparation ahead delays a hand-over to the launcher until this long before its due time at most
-HAND_OVER_BY_NS = 10_000_000
 #: longest stretch of preparation between two yields to the loop (and, behind schedule, the
 #: longest the overdue requests prepared in one go wait for the first of them to fire)
 CATCH_UP_NS = 2_000_000
@@ -259,7 +257,7 @@ class Dispatcher:
             t_yield = now_ns() + CATCH_UP_NS
             catching_up = False
             while not exhausted:
-                if pending and self._act_by(pending[0]) - self.now_rel() <= SPIN_NS:
+                if pending and self._must_act(pending[0]):
                     if tl.due(pending[0][1]) > self.now_rel() or now_ns() > t_yield:
                         break
                     catching_up = True
@@ -354,15 +352,16 @@ class Dispatcher:
             return min(due, self._retry_launch_ns)
         return due - self.launch_ahead_ns
 
-    def _act_by(self, item: tuple[PreparedRequest, int]) -> int:
-        """Until when preparation may go on before the dispatcher acts on ``item``: its due time,
-        or for a hand-over ``HAND_OVER_BY_NS`` before it. Preparation runs ahead through the lead
-        window even when a request is due every millisecond; stopping at each hand-over time
-        instead kept the prepared queue ~50 ms deep, and a stall then made requests late."""
-        req, due = item[0], self.timeline.due(item[1])
-        if not self._via_launcher(req):
-            return due
-        return due - min(HAND_OVER_BY_NS, self.launch_ahead_ns)
+    def _must_act(self, item: tuple[PreparedRequest, int]) -> bool:
+        """Whether preparation must stop for ``item`` now: its due time is within ``SPIN_NS``, or
+        for a hand-over, its hand-over time (or the next try of one) has come. Preparation runs
+        ahead through the lead window between hand-overs even when one is due every millisecond;
+        stopping ``SPIN_NS`` before each hand-over time and sleeping until it kept the prepared
+        queue ~50 ms deep at such rates, and a stall of the loop then made requests late."""
+        now = self.now_rel()
+        if not self._via_launcher(item[0]):
+            return self.timeline.due(item[1]) - now <= SPIN_NS
+        return self._critical(item) <= now
 
     def _hand_over(self, req: PreparedRequest) -> bool:
         """Bind ``req`` to a connection and give its write to the launcher; False if it cannot."""
