@@ -177,9 +177,18 @@ def test_sigkill_then_resume_records_every_row_once(tmp_path, mooncake_slice, si
     common = ["--target", url, "--speedup", "10", "--admin-port", "0", "--quiet", "--flush-interval", "0.3",
               "--scrape-interval", "0.1"]  # target-metric samples: a part every 12 scrapes (1.2 s)
     p = _run([str(trace), "--results", str(res), *common])
-    deadline = time.monotonic() + 120  # (start-up alone took tens of seconds beside CPU hogs)
-    while not (list(res.glob("parts/part-*.parquet")) and list(res.glob("parts/target_metrics-*.parquet"))) \
-            and time.monotonic() < deadline and p.poll() is None:
+    def prompt_tokens_checkpointed() -> float:  # the target's prompt tokens in the last checkpoint
+        try:
+            totals = json.loads((res / "checkpoint.json").read_text())["target_metrics"]["series_totals"]
+        except (OSError, ValueError, KeyError):
+            return 0
+        return sum(v for name, _, v in totals if name == "vllm:prompt_tokens_total")
+
+    # killed once parts are on disk and a checkpoint carries some of the target's counts (waiting
+    # on these, not on a time: start-up alone took tens of seconds beside CPU hogs)
+    deadline = time.monotonic() + 120
+    while not (list(res.glob("parts/part-*.parquet")) and list(res.glob("parts/target_metrics-*.parquet"))
+               and prompt_tokens_checkpointed() > 0) and time.monotonic() < deadline and p.poll() is None:
         time.sleep(0.05)
     assert p.poll() is None, "the run ended before any part reached the disk"
     time.sleep(0.5)
