@@ -614,7 +614,7 @@ class Client:
                 if ex.status == 429 or ex.status >= 500:
                     retry = _retry_after_s(ex.retry_after)
             else:
-                _measure(res, acc, sent, t0)
+                _measure(res, acc, sent, t0, ex.dec)
                 if acc.success:
                     res.outcome = Outcome.SUCCESS.value
                     if req.endpoint in POOLING:  # one JSON body: E2E is its arrival
@@ -635,7 +635,7 @@ class Client:
             if ex is not None:
                 res.http_status = ex.status or None
                 if res.sent_ns is not None:
-                    _measure(res, ex.acc, res.sent_ns + t0, t0)
+                    _measure(res, ex.acc, res.sent_ns + t0, t0, ex.dec)
                     _partial(res, ex.acc)
                 if kind is ErrorKind.DISCONNECT and not ex.t_ns and conn is not None and conn.served:
                     kind, message = ErrorKind.STALE_CONNECTION, ("reused keep-alive connection closed before "
@@ -656,7 +656,7 @@ class Client:
                 conn._abort()
             if ex is not None and res.sent_ns is not None:
                 res.http_status = ex.status or None
-                _measure(res, ex.acc, res.sent_ns + t0, t0)
+                _measure(res, ex.acc, res.sent_ns + t0, t0, ex.dec)
                 _partial(res, ex.acc)
             _fail(res, ErrorKind.CANCELLED, "cancelled at shutdown", outcome=Outcome.CANCELLED)
             raise
@@ -703,16 +703,21 @@ def _partial(res: RequestResult, acc: StreamAccumulator) -> None:
     ``partial_output_tokens`` (the server's running usage, else one per token-carrying event:
     ``usage_source`` tells which; None when none arrived) and its ``completion_tokens`` unknown,
     so no total and no throughput counts them."""
-    res.partial_output_tokens = acc.output_tokens or None
+    n = acc.output_tokens
+    res.partial_output_tokens = (acc.output_tokens_estimate if n is None else n) or None
     res.completion_tokens = None
 
 
-def _measure(res: RequestResult, acc: StreamAccumulator, sent: int, t0: int) -> None:
-    """Copy the accumulator's measurements into ``res`` (times as offsets from ``t0``)."""
+def _measure(res: RequestResult, acc: StreamAccumulator, sent: int, t0: int,
+             dec: SSEDecoder | None = None) -> None:
+    """Copy the accumulator's measurements (and the decoder's invalid-UTF-8 count) into ``res``
+    (times as offsets from ``t0``)."""
     res.prompt_tokens = acc.prompt_tokens
     res.completion_tokens = acc.completion_tokens
     res.usage_source = "server" if acc.usage_seen else "none"
     res.n_chunks = acc.n_chunks
+    res.output_tokens_estimate = acc.output_tokens_estimate if acc.completion_tokens is None else None
+    res.invalid_utf8 = acc.invalid_utf8 + (dec.invalid_utf8 if dec is not None else 0)
     res.finish_reason = acc.finish_reason
     first, last = acc.first_token_ns, acc.last_token_ns
     if first is not None:

@@ -23,9 +23,12 @@ class RequestResult:
     """What happened to one scheduled request.
 
     Times (``*_ns``): ns since the run anchor ``t0_ns``; ``None`` when the moment never came.
-    ``prompt_tokens``/``completion_tokens``: from the server's ``usage`` (``None`` if none arrived).
+    ``prompt_tokens``/``completion_tokens``: from the server's ``usage`` (``None`` if none arrived:
+    then ``tpot_ms`` is None and ``itl_ms`` empty, since both need the output token count).
     ``itl_ms``: token-weighted inter-token latencies (a gap ending in an event that carries k
     tokens adds k samples of gap/k), so mean(itl_ms) == tpot_ms when token counts are known.
+    ``output_tokens_estimate``: the tokens counted per event, only for a response without
+    ``completion_tokens`` (an estimate, never added to the server-reported totals).
     """
 
     row: int                       # row index in the (sorted) trace, 0-based
@@ -50,6 +53,8 @@ class RequestResult:
     completion_tokens: int | None = None
     usage_source: str = "none"     # "server" (usage object seen) or "none"
     n_chunks: int = 0              # choice events received
+    output_tokens_estimate: int | None = None  # no usage: events with text (an estimate, see above)
+    invalid_utf8: int = 0          # invalid UTF-8 sequences in the response, decoded as U+FFFD
     finish_reason: str | None = None
     ttft_ms: float | None = None
     e2e_ms: float | None = None
@@ -87,7 +92,7 @@ _TYPES: dict[str, pa.DataType] = {
     "first_token_ns": pa.int64(), "last_token_ns": pa.int64(), "end_ns": pa.int64(),
     "outcome": pa.string(), "error_kind": pa.string(), "http_status": pa.int32(),
     "error": pa.string(), "prompt_tokens": pa.int64(), "completion_tokens": pa.int64(),
-    "usage_source": pa.string(), "n_chunks": pa.int32(), "finish_reason": pa.string(),
+    "usage_source": pa.string(), "n_chunks": pa.int32(), "output_tokens_estimate": pa.int64(), "invalid_utf8": pa.int32(), "finish_reason": pa.string(),
     "ttft_ms": pa.float64(), "e2e_ms": pa.float64(), "tpot_ms": pa.float64(),
     "dispatch_lag_ms": pa.float64(), "connect_ms": pa.float64(), "expected_prefix_hit_tokens": pa.int64(),
     "retries": pa.int32(), "endpoint": pa.string(), "session_id": pa.string(), "turn": pa.int64(),

@@ -11,9 +11,10 @@ Two pieces, both free of I/O so they can be tested byte by byte:
       transport read happened to split the stream (client-faults B02);
     * a line ends at LF, CR or CRLF, including a CR that ends one read and an LF that begins the
       next (one line end, not two);
-    * a single leading UTF-8 BOM of the stream is dropped; only complete lines are UTF-8 decoded
-      (invalid sequences become U+FFFD, as the spec's "UTF-8 decode" does), so a multi-byte
-      character split across reads is decoded correctly;
+    * a single leading UTF-8 BOM of the stream is dropped; only complete lines are UTF-8 decoded,
+      so a multi-byte character split across reads is decoded correctly (client-faults B26);
+      invalid sequences become U+FFFD, as the spec's "UTF-8 decode" does (one per maximal invalid
+      subpart), and are counted in ``invalid_utf8``: never fatal;
     * a line starting with ``:`` is a comment (keep-alive) and is ignored; otherwise the field name
       runs up to the first ``:`` and exactly one leading space of the value is removed (``data:x``
       and ``data: x`` are the same field, B09); a line without ``:`` is a field with an empty value;
@@ -38,15 +39,21 @@ Two pieces, both free of I/O so they can be tested byte by byte:
     * TTFT: first choice event carrying >= 1 token; never 0 when unmeasured (B05, B18);
     * E2E ("last"): last choice event carrying tokens or a ``finish_reason``; usage-only events,
       keep-alives and ``[DONE]`` never move it (B04, B08);
-    * N: ``usage.completion_tokens`` of the last non-null usage object, else an estimate (B11);
+    * N: ``usage.completion_tokens`` of the last non-null usage object (B11); without it N is
+      unknown (None), and so are TPOT and ITL: a count of token-carrying events is only an
+      estimate, kept apart as ``output_tokens_estimate``;
     * TPOT = (last - first) / (N - 1), only for N >= 2 with TTFT measured (B25);
     * ITL: token-weighted, a gap ending in an event with k tokens gives k samples of gap/k; gaps
-      ending in zero-token events merge into the next token-carrying gap (B04, B07, B12);
+      ending in zero-token events merge into the next token-carrying gap (B04, B07, B12); empty
+      (unknown) unless the per-event counts add up to N;
     * per-event token counts: the increases of the running ``usage.completion_tokens`` when every
       choice event carries usage (vLLM ``continuous_usage_stats``); otherwise 1 per event with
       non-empty text/content/reasoning, and if usage then reports more tokens than were counted
       and the last choice event (e.g. an empty-text ``finish_reason: "stop"`` chunk) came after the
       last counted one, that last event carries the missing ones (so sum(ITL) == E2E - TTFT);
+    * invalid UTF-8 in an event (B26) becomes U+FFFD before JSON parsing and is counted in
+      ``invalid_utf8``; the request goes on (the rule of the decoder, applied to the bytes that
+      ``SSEDecoder.simple_event`` and whole bodies hand over undecoded);
     * a non-streaming body is one choice event at its arrival time; TPOT and ITL are not
       observable there (None / empty);
     * an error object of any shape anywhere fails the request (B06, B13); a response with neither
@@ -69,6 +76,13 @@ __all__ = ["SSEEvent", "SSEDecoder", "StreamAccumulator", "ERROR_TEXT_LIMIT"]
 ERROR_TEXT_LIMIT = 500  # characters of error text kept per request
 
 _BOM = b"\xef\xbb\xbf"
+_FFFD = "\ufffd".encode()  # a U+FFFD the server sent itself (not an invalid sequence)
+
+
+def _lossy(b: bytes) -> str:
+    """UTF-8 decode with each maximal invalid subpart replaced by one U+FFFD (WHATWG "UTF-8
+    decode"; Python's ``errors="replace"`` follows the same rule)."""
+    return b.decode("utf-8", "replace")
 
 
 @dataclass(slots=True)
@@ -97,15 +111,18 @@ class SSEDecoder:
 
     Attributes (read-only): ``last_event_id`` (str | None) and ``retry`` (int ms | None, the last
     valid ``retry`` field) persist across events and across ``close()``, as an EventSource keeps
-    them across reconnections.
+    them across reconnections; ``invalid_utf8`` (int) counts the invalid UTF-8 sequences decoded
+    as U+FFFD (bytes handed out by ``simple_event`` are not decoded here: the accumulator counts
+    those).
     """
 
     __slots__ = ("_rest", "_data", "_event", "_retry", "_pend", "_skip_lf", "_head",
-                 "last_event_id", "retry")
+                 "last_event_id", "retry", "invalid_utf8")
 
     def __init__(self) -> None:
         self.last_event_id: str | None = None
         self.retry: int | None = None
+        self.invalid_utf8 = 0  # invalid UTF-8 sequences replaced by U+FFFD so far (kept by close())
         self._reset()
 
     def _reset(self) -> None:
@@ -172,7 +189,11 @@ class SSEDecoder:
                 text = chunk[:i]
             rest.append(chunk[i:])
         # ``text``: complete lines only, each ending with LF.
-        s = text.decode("utf-8", "replace")  # no character is cut at a line end
+        try:  # no character is cut at a line end (LF and CR never occur inside one)
+            s = text.decode("utf-8")
+        except UnicodeDecodeError:
+            s = _lossy(text)
+            self.invalid_utf8 += s.count("\ufffd") - text.count(_FFFD)
         # Fast path: nothing pending and the text is exactly "data: P1\n\ndata: P2\n\n..." with
         # no LF inside any P: each P is one event's data.
         if not self._pend and s[:6] == "data: " and s[-2:] == "\n\n":
@@ -282,8 +303,10 @@ class StreamAccumulator:
     * ``first_token_ns`` / ``last_token_ns`` (int ns | None): the TTFT and E2E event times;
     * ``prompt_tokens`` / ``completion_tokens`` / ``total_tokens`` (int | None) from the last
       non-null usage object;
-      ``usage_seen``; ``output_tokens`` (int: completion_tokens, else the count of token-carrying
-      events as an estimate); ``n_chunks`` (choice events); ``finish_reason``; ``done_seen``;
+      ``usage_seen``; ``output_tokens`` (int | None: completion_tokens; None without usage);
+      ``output_tokens_estimate`` (int: tokens counted per event, an estimate for a stream
+      without usage); ``n_chunks`` (choice events); ``finish_reason``; ``done_seen``;
+      ``invalid_utf8`` (invalid UTF-8 sequences replaced by U+FFFD in data handed in as bytes);
     * ``text`` (str | None): the generated text (completions ``text`` / chat ``content``), only
       when constructed with ``keep_text=True``.
 
@@ -298,7 +321,7 @@ class StreamAccumulator:
     __slots__ = ("success", "error_kind", "error", "prompt_tokens", "completion_tokens",
                  "total_tokens", "usage_seen", "n_chunks", "finish_reason", "done_seen", "_times", "_flags",
                  "_totals", "_stream_err", "_proto_err", "_body", "_other", "_texts", "_dirty",
-                 "_first", "_last", "_tok_t", "_tok_k", "_n_out")
+                 "_first", "_last", "_tok_t", "_tok_k", "_n_out", "invalid_utf8")
 
     def __init__(self, keep_text: bool = False) -> None:
         self.success = False
@@ -326,7 +349,8 @@ class StreamAccumulator:
         self._last: int | None = None
         self._tok_t: list[int] = []
         self._tok_k: list[int] = []
-        self._n_out = 0
+        self._n_out: int | None = None
+        self.invalid_utf8 = 0  # invalid UTF-8 sequences replaced by U+FFFD (undecoded bytes handed in)
 
     # ---- input ---------------------------------------------------------------------------
 
@@ -336,6 +360,9 @@ class StreamAccumulator:
         try:
             obj = _loads(data)
         except _JSONDecodeError:  # rare: "[DONE]" once per stream, so try the JSON first
+            if type(data) is bytes and (text := self._repaired(data)) is not None:
+                self.on_event(text, t_ns)
+                return
             s = data.strip()
             if s == "[DONE]" or s == b"[DONE]":
                 self.done_seen = True
@@ -356,12 +383,31 @@ class StreamAccumulator:
         try:
             obj = _loads(body)
         except _JSONDecodeError:
-            self._protocol(_snippet(body, ERROR_TEXT_LIMIT))
-            return
+            obj = None
+            text = self._repaired(body)
+            if text is not None:
+                try:
+                    obj = _loads(text)
+                except _JSONDecodeError:
+                    pass
+            if obj is None:
+                self._protocol(_snippet(body, ERROR_TEXT_LIMIT))
+                return
         if type(obj) is not dict:
             self._protocol("response body is not a JSON object: " + _snippet(body))
             return
         self._take(obj, t_ns)
+
+    def _repaired(self, data: bytes) -> str | None:
+        """``data`` decoded with invalid UTF-8 replaced by U+FFFD (counted in ``invalid_utf8``),
+        or None when it is valid UTF-8 (then it failed as JSON for another reason)."""
+        try:
+            data.decode("utf-8")
+            return None
+        except UnicodeDecodeError:
+            text = _lossy(data)
+            self.invalid_utf8 += text.count("\ufffd") - data.count(_FFFD)
+            return text
 
     def _take(self, obj: dict, t: int) -> None:
         get = obj.get
@@ -495,8 +541,7 @@ class StreamAccumulator:
                     tok_k.append(missing)
         self._first, self._last = first, last
         self._tok_t, self._tok_k = tok_t, tok_k
-        ct = self.completion_tokens
-        self._n_out = ct if ct is not None else sum(tok_k)
+        self._n_out = self.completion_tokens
 
     @property
     def first_token_ns(self) -> int | None:
@@ -511,11 +556,19 @@ class StreamAccumulator:
         return self._last
 
     @property
-    def output_tokens(self) -> int:
-        """N: usage completion_tokens if any usage gave it, else the count of token-carrying
-        events (an estimate; check ``usage_seen``)."""
+    def output_tokens(self) -> int | None:
+        """N: usage ``completion_tokens`` if any usage gave it, else None (unknown: a stream
+        without usage has no TPOT and no token-weighted ITL)."""
         self._derive()
         return self._n_out
+
+    @property
+    def output_tokens_estimate(self) -> int:
+        """An estimate of N for a stream without usage: the tokens counted per event (1 per
+        event with non-empty text/content/reasoning, or the rises of continuous usage). Never
+        a server count; equal to N when continuous usage gave every event's count."""
+        self._derive()
+        return sum(self._tok_k)
 
     @property
     def text(self) -> str | None:
@@ -525,10 +578,13 @@ class StreamAccumulator:
     def itl_ms(self) -> list[float]:
         """Token-weighted inter-token latencies in ms: each gap between successive token-carrying
         events, ending in an event with k tokens, gives k samples of gap/k. Empty if N < 2 or
-        fewer than two token-carrying events; empty for a non-streaming body."""
+        fewer than two token-carrying events, for a non-streaming body, and whenever the per-event
+        counts are not known: N unknown (no usage), or the events counted without continuous usage
+        do not add up to N (some event carried several tokens, and which one is not known)."""
         self._derive()
         tok_t, tok_k = self._tok_t, self._tok_k
-        if self._n_out < 2 or len(tok_t) < 2 or self._body:
+        n = self._n_out
+        if n is None or n < 2 or len(tok_t) < 2 or self._body or sum(tok_k) != n:
             return []
         out: list[float] = []
         prev = tok_t[0]
@@ -542,11 +598,11 @@ class StreamAccumulator:
         return out
 
     def tpot_ms(self) -> float | None:
-        """(last - first) / (N - 1) in ms; None unless N >= 2 and the first token was measured.
-        None for a non-streaming body (per-token timing is not observable there)."""
+        """(last - first) / (N - 1) in ms; None unless N (from usage) >= 2 and the first token was
+        measured. None for a non-streaming body (per-token timing is not observable there)."""
         self._derive()
         n = self._n_out
-        if n < 2 or self._first is None or self._last is None or self._body:
+        if n is None or n < 2 or self._first is None or self._last is None or self._body:
             return None
         return (self._last - self._first) / 1e6 / (n - 1)
 

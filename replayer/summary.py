@@ -6,8 +6,12 @@ Field names follow `vllm bench serve` (``duration``, ``completed``, ``failed``,
 ``e2el_ms``), plus replayer's own accounting (``scheduled``, ``sent``, ``cancelled``,
 ``not_started``, dispatch lag, usage audit). Statistics skip unmeasured values (``None``) and an
 empty statistic is ``None`` (printed "n/a"), never 0 (cases B05, B13, B25). Token totals come
-from the server's usage; ``total_input_tokens`` counts the server-reported prompt tokens of
-completed requests.
+from the server's usage only: ``total_input_tokens`` / ``total_output_tokens`` add the
+server-reported prompt / completion tokens of the completed requests that reported them
+(``usage_missing`` counts the completed generation requests that did not), and are ``None``, as are
+the throughputs built on them, when completed requests reported none. A request without usage has
+no TPOT and no ITL (its output token count is unknown); the count of its token-carrying events is
+only an estimate, summed apart as ``output_tokens_estimate``.
 """
 
 from __future__ import annotations
@@ -110,8 +114,8 @@ def summarize(table: pa.Table, slos: dict[str, float] | None = None) -> dict:
     completion = _col(table, "completion_tokens", ok)
     input_length = _col(table, "input_length", ok)
     output_length = _col(table, "output_length", ok)
-    total_in = int(np.nansum(_col(table, "prompt_tokens", ok_all)))
-    total_out = int(np.nansum(completion))
+    total_in = _known_sum(_col(table, "prompt_tokens", ok_all))
+    total_out = _known_sum(completion)
     s: dict = {
         "scheduled": n,
         "sent": int(was_sent.sum()),
@@ -122,10 +126,8 @@ def summarize(table: pa.Table, slos: dict[str, float] | None = None) -> dict:
         "duration": duration,
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
-        "request_throughput": ok_all.sum() / duration if duration > 0 else None,
-        "output_throughput": total_out / duration if duration > 0 else None,
-        "total_token_throughput": (total_in + total_out) / duration if duration > 0 else None,
     }
+    set_duration(s, duration)
     ttft = _col(table, "ttft_ms", ok)
     s.update(_stats("ttft_ms", ttft))
     s.update(_stats("tpot_ms", _col(table, "tpot_ms", ok)))
@@ -143,7 +145,11 @@ def summarize(table: pa.Table, slos: dict[str, float] | None = None) -> dict:
     s["dispatch_lag_max_ms"] = lag_stats["max_dispatch_lag_ms"]
     # usage audit: the server's numbers against the trace's
     has_usage = ~np.isnan(prompt_tokens)
-    s["usage_missing"] = int((~has_usage).sum())
+    s["usage_missing"] = int((~has_usage | np.isnan(completion)).sum())
+    if "output_tokens_estimate" in table.column_names:  # (results files written before it existed)
+        est = _col(table, "output_tokens_estimate", ok & np.isnan(_col(table, "completion_tokens")))
+        s["output_tokens_estimate"] = int(np.nansum(est)) if est.size else None
+        s["invalid_utf8"] = int(np.nansum(_col(table, "invalid_utf8")))
     s["prompt_token_mismatches"] = int((prompt_tokens[has_usage] != input_length[has_usage]).sum())
     drift = prompt_tokens[has_usage] - input_length[has_usage]  # server count - trace (text mode drifts)
     s["prompt_token_drift_total"] = int(drift.sum())
@@ -172,7 +178,7 @@ def summarize(table: pa.Table, slos: dict[str, float] | None = None) -> dict:
 SAMPLE_ROWS = 250_000
 #: summary fields that are sums over requests (exact whatever the size, merged batch by batch)
 _ADDITIVE = ("scheduled", "sent", "completed", "failed", "cancelled", "not_started", "total_input_tokens",
-             "total_output_tokens", "usage_missing", "prompt_token_mismatches", "prompt_token_drift_total",
+             "total_output_tokens", "usage_missing", "output_tokens_estimate", "invalid_utf8", "prompt_token_mismatches", "prompt_token_drift_total",
              "completion_token_mismatches", "ttft_unmeasured", "zero_token_successes",
              "expected_prefix_hit_tokens", "errors_by_kind", "usage_audit", "usage_inflated",
              "partial_output_tokens", *verdict.ADDITIVE)
@@ -244,13 +250,22 @@ def summarize_files(files: list[str], *, sample_rows: int = SAMPLE_ROWS, seed: i
 
 
 def set_duration(s: dict, duration: float) -> None:
-    """Set a summary's ``duration`` (s) and the throughputs (and goodputs) derived from it."""
+    """Set a summary's ``duration`` (s) and the throughputs (and goodputs) derived from it (None
+    where a token total is unknown)."""
     s["duration"] = duration
-    for key, num in (("request_throughput", s["completed"]), ("output_throughput", s["total_output_tokens"]),
-                     ("total_token_throughput", s["total_input_tokens"] + s["total_output_tokens"])):
-        s[key] = num / duration if duration > 0 else None
+    tin, tout = s["total_input_tokens"], s["total_output_tokens"]
+    for key, num in (("request_throughput", s["completed"]), ("output_throughput", tout),
+                     ("total_token_throughput", None if tin is None or tout is None else tin + tout)):
+        s[key] = num / duration if duration > 0 and num is not None else None
     if s.get("goodput_slos_ms"):  # (the counts may have been summed: ratios and rates anew)
         s.update(verdict.finish(s, s["goodput_slos_ms"], duration))
+
+
+def _known_sum(values: np.ndarray) -> int | None:
+    """Sum of the known (non-NaN) values; None when there are values and none is known (an
+    unknown total is never 0); 0 for no values at all."""
+    known = values[~np.isnan(values)]
+    return int(known.sum()) if known.size or not values.size else None
 
 
 def goodput_of(pf: pq.ParquetFile) -> dict[str, float]:

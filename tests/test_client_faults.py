@@ -147,6 +147,31 @@ def test_b02_sse_split_across_reads(accs):
     assert r.error is None  # zero parse errors
 
 
+# ---- B26 (client-faults-2.md): UTF-8 split across reads; invalid bytes counted ---------------
+
+B26_A = [(50, b'data: {"choices":[{"index":0,"text":"\xe4\xb8'),
+         (52, b'\xad","finish_reason":null}]}\n\n'),
+         (90, b'data: {"choices":[{"index":0,"text":"\xe6'),
+         (91, b'\x96\x87","finish_reason":"length"}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":2,"total_tokens":6}}\n\ndata: [DONE]\n\n')]
+B26_B = [(10, b'data: {"choices":[{"index":0,"text":"\\u4e'),
+         (11, b'2d","finish_reason":"length"}]}\n\ndata: [DONE]\n\n')]
+B26_C = [(10, b'data: {"choices":[{"index":0,"text":"a\xffb","finish_reason":"length"}]}\n\ndata: [DONE]\n\n')]
+B26_C_ALONE = [(10, b'data: {"choices":[{"index":0,"text":"a\xffb","finish_reason":"length"}]}\n\n'), (11, DONE)]
+
+
+def test_b26_utf8_split_across_reads(accs):
+    [ra, rb, rc, rc1], _ = play(by_prompt_head({0: Plan(B26_A), 1: Plan(B26_B), 2: Plan(B26_C), 3: Plan(B26_C_ALONE)}),
+                                [prepared(i) for i in range(4)])
+    for r in (ra, rb, rc, rc1):
+        ok(r)
+    texts = {acc.text for acc in accs}
+    assert texts == {"中文", "中", "a\ufffdb"}
+    assert ra.completion_tokens == 2 and ra.n_chunks == 2 and ra.invalid_utf8 == 0
+    assert near(ra.ttft_ms, 52) and near(ra.e2e_ms, 91) and near(ra.tpot_ms, 39)
+    assert rb.invalid_utf8 == 0 and rc.invalid_utf8 == 1 and rc1.invalid_utf8 == 1  # counted, never fatal
+    assert summarize(to_table([ra, rb, rc, rc1]))["invalid_utf8"] == 2
+
+
 # ---- B04: trailing usage chunk does not stretch E2E ------------------------------------------
 
 B04 = [(120, choice("x")), (150, choice("y")), (180, choice("z", "length")),

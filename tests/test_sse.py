@@ -338,7 +338,7 @@ def test_b02_split_reads():
     assert m["N"] == 3 and m["completion"] == 3 and m["prompt"] == 4
     assert m["ttft"] == 52 and m["e2e"] == 53
     assert m["n_chunks"] == 2 and m["done"]
-    assert m["tpot"] == 0.5 and m["itl"] == [1.0]
+    assert m["tpot"] == 0.5 and m["itl"] == []  # 2 text events for N = 3: per-event counts unknown
 
 
 def test_b04_usage_only_chunk_does_not_extend_e2e():
@@ -528,11 +528,13 @@ def test_zero_token_success_is_still_success():
     assert acc.last_token_ns == 10 * MS and acc.tpot_ms() is None
 
 
-def test_no_usage_counts_token_events_as_estimate():
+def test_no_usage_leaves_n_tpot_and_itl_unknown_and_the_event_count_an_estimate():
     acc = run(events_to_transcript('{"choices":[{"text":"a"}]}', '{"choices":[{"text":"b"}]}',
                                    '{"choices":[{"text":"c","finish_reason":"length"}]}', "[DONE]"))
     assert acc.success and not acc.usage_seen and acc.completion_tokens is None
-    assert acc.output_tokens == 3 and acc.tpot_ms() == 10.0 and acc.itl_ms() == [10.0, 10.0]
+    assert acc.output_tokens is None and acc.tpot_ms() is None and acc.itl_ms() == []
+    assert acc.output_tokens_estimate == 3
+    assert acc.first_token_ns == 10 * MS and acc.last_token_ns == 30 * MS  # TTFT and E2E stay measured
 
 
 def test_keepalive_empty_data_ignored():
@@ -569,9 +571,9 @@ def test_measurements_readable_before_finish():
     acc.on_event('{"choices":[{"text":"a"}]}', 10 * MS)
     acc.on_event('{"choices":[{"text":"b"}]}', 25 * MS)
     assert acc.first_token_ns == 10 * MS and acc.last_token_ns == 25 * MS
-    assert acc.itl_ms() == [15.0] and acc.tpot_ms() == 15.0 and acc.success is False
+    assert acc.itl_ms() == [] and acc.tpot_ms() is None and acc.success is False  # N unknown yet
     acc.on_event('{"choices":[{"text":"","finish_reason":"stop"}]}', 40 * MS)
-    assert acc.last_token_ns == 40 * MS and acc.tpot_ms() == 30.0 and acc.itl_ms() == [15.0]  # N estimated 2
+    assert acc.last_token_ns == 40 * MS and acc.tpot_ms() is None and acc.output_tokens_estimate == 2
     acc.on_event('{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":3}}', 41 * MS)
     assert acc.output_tokens == 3 and acc.tpot_ms() == 15.0 and acc.itl_ms() == [15.0, 15.0]
     acc.finish()
@@ -722,3 +724,93 @@ def test_simple_event_fast_path_agrees_with_feed(parts):
         evs = b.feed(chunk)
         assert [e.data for e in evs] == [fast.decode("utf-8", "replace")]
         assert evs[0].event == ""
+
+
+# ----------------------------------------------------------------------------------------------
+# B26 (client-faults-2.md): UTF-8 split across reads; invalid bytes counted, never fatal
+
+B26_A = [(50, b'data: {"choices":[{"index":0,"text":"\xe4\xb8'),
+         (52, b'\xad","finish_reason":null}]}\n\n'),
+         (90, b'data: {"choices":[{"index":0,"text":"\xe6'),
+         (91, b'\x96\x87","finish_reason":"length"}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":2,"total_tokens":6}}\n\ndata: [DONE]\n\n')]
+B26_B = [(10, b'data: {"choices":[{"index":0,"text":"\\u4e'),
+         (11, b'2d","finish_reason":"length"}]}\n\ndata: [DONE]\n\n')]
+B26_C = [(10, b'data: {"choices":[{"index":0,"text":"a\xffb","finish_reason":"length"}]}\n\ndata: [DONE]\n\n')]
+
+
+def run_counting(transcript, splitter=None, *, simple: bool = False):
+    """``run`` that also returns the invalid UTF-8 count of decoder + accumulator. ``simple``:
+    hand a read that is one plain event over as bytes (``simple_event``), as the client does."""
+    dec = SSEDecoder()
+    acc = StreamAccumulator(keep_text=True)
+    for ms, b in transcript:
+        for piece in (splitter(b) if splitter else [b]):
+            data = dec.simple_event(piece) if simple else None
+            if data is not None:
+                acc.on_event(data, ms * MS)
+                continue
+            for ev in dec.feed(piece):
+                acc.on_event(ev.data, ms * MS)
+    dec.close()
+    acc.finish()
+    return acc, dec.invalid_utf8 + acc.invalid_utf8
+
+
+def _reads(n):
+    return None if n is None else (lambda b: [b[i:i + n] for i in range(0, len(b), n)])
+
+
+@pytest.mark.parametrize("n", [1, 2, None], ids=["1-byte-reads", "2-byte-reads", "one-read-per-write"])
+@pytest.mark.parametrize("simple", [False, True], ids=["feed", "simple_event"])
+def test_b26_a_multibyte_characters_split_across_reads(n, simple):
+    acc, invalid = run_counting(B26_A, _reads(n), simple=simple)
+    m = metrics(acc)
+    assert m["success"] and m["text"] == "中文" and len(m["text"]) == 2 and len(m["text"].encode()) == 6
+    assert "\ufffd" not in m["text"] and invalid == 0
+    assert m["N"] == 2 and m["completion"] == 2 and m["n_chunks"] == 2
+    # each event's time is the arrival of its closing blank line: 52 and 91 ms
+    assert m["ttft"] == 52 and m["e2e"] == 91 and m["tpot"] == 39
+
+
+def test_b26_a_same_text_and_counts_for_every_split_of_the_whole_stream():
+    whole = b"".join(b for _, b in B26_A)
+    for name, chunks in splits_of(whole):
+        acc, invalid = run_counting([(7, c) for c in chunks if c])
+        assert (acc.success, acc.text, acc.output_tokens, acc.n_chunks, invalid) == (True, "中文", 2, 2, 0), name
+
+
+@pytest.mark.parametrize("n", [1, 2, None], ids=["1-byte-reads", "2-byte-reads", "one-read-per-write"])
+def test_b26_b_json_escape_split_across_reads(n):
+    acc, invalid = run_counting(B26_B, _reads(n))
+    assert acc.success and acc.text == "中" and invalid == 0
+
+
+@pytest.mark.parametrize("n", [1, 2, None], ids=["1-byte-reads", "2-byte-reads", "one-read"])
+def test_b26_c_invalid_byte_is_counted_never_fatal(n):
+    acc, invalid = run_counting(B26_C, _reads(n))
+    assert acc.success and acc.text == "a\ufffdb" and invalid == 1
+    assert acc.finish_reason == "length" and acc.done_seen
+
+
+def test_b26_c_invalid_byte_in_an_event_handed_over_as_bytes_and_in_a_whole_body():
+    # the client's fast path hands a lone event over undecoded: the same rule holds there
+    acc, invalid = run_counting([(10, B26_C[0][1].split(b"data: [DONE]")[0]), (11, b"data: [DONE]\n\n")], simple=True)
+    assert acc.success and acc.text == "a\ufffdb" and invalid == 1
+    body = StreamAccumulator(keep_text=True)
+    body.on_body(b'{"choices":[{"index":0,"message":{"content":"a\xffb\xe4\xb8"},"finish_reason":"stop"}]}', 5 * MS)
+    body.finish()
+    assert body.success and body.text == "a\ufffdb\ufffd" and body.invalid_utf8 == 2
+
+
+def test_b26_a_replacement_character_sent_by_the_server_is_not_an_error():
+    tr = [(10, 'data: {"choices":[{"index":0,"text":"\ufffd","finish_reason":"length"}]}\n\ndata: [DONE]\n\n'.encode())]
+    for simple in (False, True):
+        acc, invalid = run_counting(tr, simple=simple)
+        assert acc.success and acc.text == "\ufffd" and invalid == 0
+
+
+def test_usage_only_at_the_end_with_multi_token_events_leaves_itl_unknown():
+    # 2 text events, usage says 8 tokens: which event carried how many is not known -> no ITL
+    acc = run(events_to_transcript('{"choices":[{"text":"abcd"}]}', '{"choices":[{"text":"efgh","finish_reason":"length"}]}',
+                                   '{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":8}}', "[DONE]"))
+    assert acc.success and acc.output_tokens == 8 and acc.tpot_ms() == 10 / 7 and acc.itl_ms() == []
