@@ -1,11 +1,17 @@
 """Request bodies for the OpenAI-compatible APIs, serialised once to bytes.
 
 Generation (``/v1/completions``; with text prompts also ``/v1/chat/completions``), streamed with
-usage (OpenAI Completions / Chat Completions API; ``ignore_eos`` and ``min_tokens`` are vLLM /
-SGLang extensions, left out with ``vllm_extensions=False``)::
+usage (OpenAI Completions / Chat Completions API; ``ignore_eos``, ``min_tokens`` and
+``stream_options.continuous_usage_stats`` are vLLM extensions (SGLang has the first two), left
+out with ``vllm_extensions=False``)::
 
-    {"model": M, "stream": true, "stream_options": {"include_usage": true},
+    {"model": M, "stream": true,
+     "stream_options": {"include_usage": true, "continuous_usage_stats": true},
      "ignore_eos": true, "max_tokens": N, "min_tokens": N, "prompt": [token ids...]}
+
+``continuous_usage_stats`` makes vLLM put the running ``usage`` on every chunk, so each chunk's
+token count is known (a chunk may carry several tokens: speculative decoding, MTP), which the
+token-weighted ITL needs (``replayer.sse``).
 
 with ``N = output_length``. The constant part is serialised once; per request only the numbers and
 the (pre-serialised) prompt are joined.
@@ -99,7 +105,8 @@ class PayloadBuilder:
     """Builds request bodies.
 
     ``model``: the request's ``model`` field. ``stream``: SSE streaming with usage (default).
-    ``vllm_extensions``: send ``ignore_eos``/``min_tokens`` so generation runs to ``max_tokens``.
+    ``vllm_extensions``: send ``ignore_eos``/``min_tokens`` so generation runs to ``max_tokens``,
+    and ask for ``continuous_usage_stats`` (per-chunk token counts) when streaming.
     ``extra``: additional top-level body fields (e.g. ``{"temperature": 0}``), serialised once.
     ``chat``: text prompts go out as chat ``messages`` (``text_body``). ``for_row`` gives the
     builder of a row with its own ``model``/``priority``/``extra_body`` (module docstring).
@@ -112,7 +119,8 @@ class PayloadBuilder:
                  extra: dict | None = None, chat: bool = False) -> None:
         head: dict = {"model": model, "stream": stream}
         if stream:
-            head["stream_options"] = {"include_usage": True}
+            head["stream_options"] = ({"include_usage": True, "continuous_usage_stats": True}
+                                      if vllm_extensions else {"include_usage": True})
         if vllm_extensions:
             head["ignore_eos"] = True
         _check_reserved(extra or {}, "extra body field")

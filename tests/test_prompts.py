@@ -41,12 +41,14 @@ def test_b01_prompt_is_token_list_of_exact_length():
     assert obj["prompt"][:512] == p.block_ids(0).tolist()
     assert obj["prompt"][512:] == p.block_ids(1)[:488].tolist()
     assert obj["max_tokens"] == obj["min_tokens"] == 16 and obj["ignore_eos"] is True
-    assert obj["stream"] is True and obj["stream_options"] == {"include_usage": True}
+    assert obj["stream"] is True
+    assert obj["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
 
 
 def test_no_vllm_extensions_switch():
     obj = orjson.loads(PayloadBuilder("m", vllm_extensions=False).body(b"[1,2]", 5))
     assert "ignore_eos" not in obj and "min_tokens" not in obj and obj["max_tokens"] == 5
+    assert obj["stream_options"] == {"include_usage": True}  # continuous_usage_stats is vLLM's too
 
 
 def test_b15_partial_tail_is_prefix_of_full_block():

@@ -513,3 +513,29 @@ def test_headers_before_first_token_and_http10():
         assert len(ev) == 5 and ev[3]["choices"][0]["finish_reason"] == "length"
 
     run(with_sim(SimConfig(ttft_base_ms=300, prefill_us_per_token=0, itl_base_ms=1), body))
+
+
+def test_multi_token_chunks_with_and_without_continuous_usage():
+    """``tokens_per_chunk``: one chunk per decode step carrying K tokens; with continuous usage
+    the running completion_tokens rises by K per chunk (vLLM's shape), the last chunk holds
+    the rest."""
+    async def body(sim, url, c):
+        st, _, raw = await completions(
+            c, url, prompt=list(range(10)), max_tokens=8, stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True})
+        ev = parse_sse(raw)
+        chunks = [e for e in ev[:-1] if e["choices"]]
+        assert [e["usage"]["completion_tokens"] for e in chunks] == [1, 4, 7, 8]
+        assert [e["choices"][0]["text"] for e in chunks] == [" tok", " tok" * 3, " tok" * 3, " tok"]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert ev[-2]["choices"] == [] and ev[-2]["usage"]["completion_tokens"] == 8 and ev[-1] == "[DONE]"
+        # without continuous usage: the same chunks, usage only at the end
+        st, _, raw = await completions(c, url, prompt=list(range(10)), max_tokens=8, stream=True,
+                                       stream_options={"include_usage": True})
+        ev = parse_sse(raw)
+        assert [e["choices"][0]["text"].count("tok") for e in ev if e != "[DONE]" and e["choices"]] == [1, 3, 3, 1]
+        assert all("usage" not in e for e in ev[:4]) and ev[4]["usage"]["completion_tokens"] == 8
+        m = await metrics(c, url)
+        assert m["vllm:generation_tokens_total"] == 16
+
+    run(with_sim(SimConfig(tokens_per_chunk=3, **FAST), body))

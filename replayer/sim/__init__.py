@@ -122,11 +122,16 @@ Latency model and knobs (``SimConfig``)
 ``score_usage``,          score/rerank token accounting: "per_document" (default) or "once"
 ``score_usage_inflate_``  (``--score-usage``); extra usage tokens per document, default 0
 ``tokens``                (``--inflate-score-usage N``). See ``replayer.sim.pooling``.
+``tokens_per_chunk``      K tokens per decode step after the first token, sent as one chunk
+                          with text ``" tok" * K`` (the last one may hold fewer), as
+                          speculative decoding or MTP delivers them (``--tokens-per-chunk``;
+                          default 1). With continuous usage each chunk's running
+                          ``completion_tokens`` rises by its K, as vLLM's does.
 
 Request lifecycle: parse -> validate -> wait for a slot (if ``max_num_seqs``) -> prefix
 cache lookup + insert, counted in the metrics -> sleep TTFT -> first token -> decode.
 One engine task runs the decode loop for all requests, like a real engine: each step gives
-every decoding request one token and writes its chunk straight to its transport (no await,
+every decoding request ``tokens_per_chunk`` tokens (one by default) and writes its chunk straight to its transport (no await,
 no per-token timer), sleeping to absolute step deadlines so steps do not drift. A request
 that got its first token less than half a step before a step boundary skips that step, so
 the first inter-token gap averages one step rather than half a step.

@@ -119,6 +119,9 @@ def _parser() -> argparse.ArgumentParser:
                    default=d.score_usage_inflate_tokens,
                    help="add N tokens per document to score/rerank usage (imitates an old "
                    "vLLM usage bug; /metrics stays honest)")
+    p.add_argument("--tokens-per-chunk", type=int, metavar="K", default=d.tokens_per_chunk,
+                   help="tokens per decode step and streamed chunk after the first token (as "
+                   "speculative decoding or MTP delivers them)")
     return p
 
 
@@ -134,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             vocab_size=a.vocab_size, max_model_len=a.max_model_len,
             record_requests=False, record_limit=a.record_limit,
             embedding_dim=a.embedding_dim, score_usage=a.score_usage,
-            score_usage_inflate_tokens=a.inflate_score_usage)
+            score_usage_inflate_tokens=a.inflate_score_usage, tokens_per_chunk=a.tokens_per_chunk)
     except ValueError as e:
         print(f"replayer sim: {e}", file=sys.stderr)
         return 2

@@ -30,10 +30,11 @@ class SimConfig:
     embedding_dim: int = 16
     score_usage: str = "per_document"
     score_usage_inflate_tokens: int = 0
+    tokens_per_chunk: int = 1
 
     def __post_init__(self) -> None:
-        if self.kv_block_size < 1 or self.embedding_dim < 1:
-            raise ValueError("kv_block_size and embedding_dim must be >= 1")
+        if self.kv_block_size < 1 or self.embedding_dim < 1 or self.tokens_per_chunk < 1:
+            raise ValueError("kv_block_size, embedding_dim and tokens_per_chunk must be >= 1")
         if self.score_usage not in SCORE_USAGE_MODES:
             raise ValueError(f"score_usage must be one of {SCORE_USAGE_MODES}")
         for name in ("prefix_cache_tokens", "max_num_seqs", "record_limit",

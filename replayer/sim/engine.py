@@ -33,13 +33,14 @@ class _Req:
     """A request in prefill/decode; mutated only on the event loop."""
 
     __slots__ = ("max_tokens", "prompt_tokens", "generated", "transport", "chunk",
-                 "chunked", "continuous", "base", "done", "t_first", "aborted", "chat")
+                 "chunked", "continuous", "base", "done", "t_first", "aborted", "chat", "last")
 
     def __init__(self, max_tokens: int, prompt_tokens: int, chat: bool) -> None:
         self.chat = chat           # chat.completion(.chunk) format instead of text_completion
         self.max_tokens = max_tokens
         self.prompt_tokens = prompt_tokens
         self.generated = 0
+        self.last = 1              # tokens of the last step (the next chunk's token count)
         self.transport: asyncio.Transport | None = None  # set for streams after token 1
         self.chunk = b""           # framed bytes of a non-final token event
         self.chunked = True
@@ -130,6 +131,7 @@ class _Engine:
             self._joining = keep
         survivors = []
         tokens = 0
+        k = self.config.tokens_per_chunk
         for r in self._decoding:
             if r.aborted:
                 continue
@@ -137,8 +139,10 @@ class _Engine:
             if t is not None and t.is_closing():
                 self._abort(r)
                 continue
-            r.generated += 1
-            tokens += 1
+            n = min(k, r.max_tokens - r.generated)  # fewer only in the final step
+            r.generated += n
+            r.last = n
+            tokens += n
             if r.generated >= r.max_tokens:
                 # The handler writes the final chunk(s) and closes the response.
                 if not r.done.done():
@@ -169,17 +173,19 @@ class _Engine:
 
     # -- chunks ---------------------------------------------------------------------------
 
-    def _token_event(self, r: _Req, finish: str | None, n_done: int | None) -> bytes:
+    def _token_event(self, r: _Req, finish: str | None, n_done: int | None, k: int = 1) -> bytes:
+        """One chunk carrying ``k`` tokens; ``n_done``: the running usage to add (None = none)."""
         obj = dict(r.base)
+        text = _TOKEN_TEXT * k
         if r.chat:
             # vLLM dumps chat chunks with exclude_unset: stop_reason only on the last one.
-            ch: dict[str, Any] = {"index": 0, "delta": {"content": _TOKEN_TEXT},
+            ch: dict[str, Any] = {"index": 0, "delta": {"content": text},
                                   "logprobs": None, "finish_reason": finish}
             if finish is not None:
                 ch["stop_reason"] = None
             obj["choices"] = [ch]
         else:
-            obj["choices"] = [{"index": 0, "text": _TOKEN_TEXT, "logprobs": None,
+            obj["choices"] = [{"index": 0, "text": text, "logprobs": None,
                                "finish_reason": finish, "stop_reason": None}]
         if n_done is not None:
             obj["usage"] = {"prompt_tokens": r.prompt_tokens, "completion_tokens": n_done,
@@ -197,10 +203,10 @@ class _Engine:
         return b"data: " + orjson.dumps(obj) + b"\n\n"
 
     def _usage_chunk(self, r: _Req) -> bytes:
-        return _frame(self._token_event(r, None, r.generated), r.chunked)
+        return _frame(self._token_event(r, None, r.generated, r.last), r.chunked)
 
     def _final_events(self, r: _Req, include_usage: bool) -> bytes:
-        out = self._token_event(r, "length", r.max_tokens if r.continuous else None)
+        out = self._token_event(r, "length", r.max_tokens if r.continuous else None, r.last)
         if include_usage:
             obj = dict(r.base)
             obj["choices"] = []

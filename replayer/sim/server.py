@@ -383,7 +383,7 @@ class SimServer(_Engine):
                     return resp
                 r.chunked = request.version >= (1, 1)
                 if not r.continuous:
-                    r.chunk = _frame(self._token_event(r, None, None), r.chunked)
+                    r.chunk = _frame(self._token_event(r, None, None, cfg.tokens_per_chunk), r.chunked)
                 first = head + self._token_event(r, None, 1 if r.continuous else None)
                 await resp.write(first)
                 r.transport = request.transport
