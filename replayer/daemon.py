@@ -640,7 +640,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     if scraper is not None and scraper.scrapes:
         summary["target_metrics"] = {"deltas": scraper.deltas(), "latest": scraper.latest,
                                      "first_scrape_s": scraper.first_time_s, "last_scrape_s": scraper.last_time_s,
-                                     **_scraper_totals(scraper)}
+                                     "missing": scraper.missing, **_scraper_totals(scraper)}
         hits = summary["target_metrics"]["deltas"].get("prefix_cache_hits")
         if hits is not None:
             summary["server_prefix_cache_hit_tokens"] = hits

@@ -26,6 +26,10 @@ Rules (shared/cases/client-faults.md):
   increase over that interval is its new value, not a negative difference (B20). Resets are found
   per raw series (per engine) *before* summing, so one engine's reset cannot hide behind another
   engine's growth.
+* A known metric the target does not report is left out, never 0: the first good scrape logs the
+  missing ones by name (one warning line), and ``TargetScraper.missing`` lists those no scrape of
+  the run has had (``target_metrics.missing`` in the summary). A counter reset is logged when
+  the scrape that sees it arrives.
 * Derived values: ``spec_decode_acceptance_rate`` = accepted / draft tokens;
   ``spec_decode_mean_acceptance_length`` = 1 + accepted / drafts;
   ``spec_decode_acceptance_rate_per_pos{position="k"}`` = accepted at k (summed over engines) /
@@ -251,7 +255,8 @@ class TargetScraper:
     ``take_samples``), and the per-series increases since the previous scrape are added to the
     run totals (``deltas()``). A failed scrape (connection, status, parse) is counted in
     ``errors`` with ``last_error`` and never raises; the next good scrape's increases are taken
-    against the last good one.
+    against the last good one. ``missing``: the canonical names (``COUNTERS``/``GAUGES``) no good
+    scrape has had so far, logged at the first one (None before it).
     """
 
     def __init__(self, metrics_url: str, *, session: aiohttp.ClientSession | None = None,
@@ -276,6 +281,7 @@ class TargetScraper:
         self.last_error: str | None = None
         self.resets = 0         # scrape intervals in which counters went back (a restart: once)
         self.series_resets = 0  # counter series that went back, over all of them
+        self.missing: list[str] | None = None
         self._prev: dict[SeriesKey, float] | None = None
         self._prev_created: dict[SeriesKey, float] = {}
         self._run: dict[SeriesKey, float] = defaultdict(float)
@@ -297,20 +303,38 @@ class TargetScraper:
             # a new dict, swapped in whole: the loop thread may be reading series_totals() while
             # this runs in a worker thread (a dict growing under its iteration raises)
             run = defaultdict(float, self._run)
+            reset: list[str] = []
             for key, inc in series_deltas(prev, values, pc, created).items():
                 run[key] += inc
                 if key in prev and _is_reset(prev[key], values[key], pc.get(key), created.get(key)):
                     n += 1
+                    reset.append(key[0])
             self._run = run
             self.series_resets += n
             self.resets += n > 0
+            if n:
+                log.warning("target counters went back between two scrapes of %s (a server restart?): %d series "
+                            "reset (%s); their increase is taken from their new values", self.url, n,
+                            ", ".join(sorted(set(reset))))
         self._prev, self._prev_created = values, created
+        self._note_missing(values)
         self.latest = aggregate(values)
         self.scrapes += 1
         if self.first_time_s is None:
             self.first_time_s = time_s
         self.last_time_s = time_s
         return self.latest
+
+    def _note_missing(self, values: Mapping[SeriesKey, float]) -> None:
+        """Update ``missing`` from one good scrape; log the missing names at the first one."""
+        present = {_CANON[name][0] for name, _ in values}
+        if self.missing is None:
+            self.missing = sorted((set(COUNTERS) | set(GAUGES)) - present)
+            if self.missing:
+                log.warning("target metrics missing from %s (left out of the summary, never 0): %s",
+                            self.url, ", ".join(self.missing))
+        elif self.missing:
+            self.missing = [m for m in self.missing if m not in present]
 
     def series_totals(self) -> list[list]:
         """The run's counter increases per raw series, as JSON-able ``[name, labels, value]``

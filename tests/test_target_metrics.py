@@ -9,7 +9,7 @@ import aiohttp
 import pyarrow.parquet as pq
 import pytest
 
-from replayer.target_metrics import (SampleFiles, TargetScraper, aggregate, check_invariants, parse_series,
+from replayer.target_metrics import (COUNTERS, GAUGES, SampleFiles, TargetScraper, aggregate, check_invariants, parse_series,
                                      parse_vllm_metrics, read_samples, sample_files, save_samples,
                                      series_deltas)
 
@@ -279,3 +279,77 @@ def test_scrape_failure_is_counted_not_raised():
 
     sc = asyncio.run(main())
     assert sc.errors == 1 and sc.last_error and sc.scrapes == 0
+
+
+def test_missing_target_metrics_logged_once_by_name_and_listed_never_zero(caplog):
+    """Issue 17: a metric the target does not report is logged by name at the first scrape (once,
+    however many scrapes follow), listed in ``missing`` and left out of the deltas (never 0); one
+    that turns up later leaves the list."""
+    t1 = ("# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total 10\n"
+          "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n")
+    t2 = t1.replace("total 10", "total 30")
+    t3 = t2 + "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total 5\n"
+    sc = TargetScraper("http://unused/metrics")
+    with caplog.at_level("WARNING", logger="replayer.target_metrics"):
+        sc.observe(t1)
+        logged = [r.getMessage() for r in caplog.records if "missing" in r.getMessage()]
+        assert len(logged) == 1  # at the first scrape, before any summary
+        sc.observe(t2)
+        sc.observe(t3)
+    assert [r.getMessage() for r in caplog.records if "missing" in r.getMessage()] == logged
+    expected = sorted((set(COUNTERS) | set(GAUGES)) - {"prompt_tokens", "num_requests_running"})
+    for name in expected:
+        assert name in logged[0]
+    assert sc.missing == [m for m in expected if m != "generation_tokens"]
+    d = sc.deltas()
+    assert d["prompt_tokens"] == 20 and "prefix_cache_hits" not in d and "num_preemptions" not in d
+
+
+def test_a_counter_reset_is_logged_when_the_scrape_sees_it(caplog):
+    t1 = ("# TYPE vllm:prompt_tokens_total counter\n"
+          'vllm:prompt_tokens_total{engine="0"} 100\nvllm:prompt_tokens_total{engine="1"} 50\n')
+    sc = TargetScraper("http://unused/metrics")
+    with caplog.at_level("WARNING", logger="replayer.target_metrics"):
+        sc.observe(t1)
+        sc.observe(t1.replace("} 100", "} 120"))
+        assert not [r for r in caplog.records if "went back" in r.getMessage()]
+        sc.observe(t1.replace("} 100", "} 7"))
+    [rec] = [r for r in caplog.records if "went back" in r.getMessage()]
+    assert "vllm:prompt_tokens_total" in rec.getMessage() and "1 series" in rec.getMessage()
+
+
+def test_a_replay_lists_the_targets_missing_metrics_in_its_summary(tmp_path, caplog):
+    """Through ``run_replay`` against the simulator (which has no preemption, spec-decode or
+    latency-histogram series): the summary lists them under ``target_metrics.missing`` and the
+    log named them while the run went on."""
+    import json
+
+    from replayer.config import load_config
+    from replayer.daemon import run_replay
+    from replayer.sim import SimConfig, SimServer
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 30 * i, "input_length": 16, "output_length": 4,
+                                         "hash_ids": [i]}) + "\n" for i in range(5)))
+
+    async def main():
+        sim = SimServer(SimConfig(ttft_base_ms=1.0, prefill_us_per_token=0.0, itl_base_ms=1.0, itl_per_running_us=0.0))
+        url = await sim.start()
+        try:
+            cfg = load_config({"trace": str(trace), "target": url, "results": str(tmp_path / "r"), "admin_port": 0,
+                               "quiet": True, "scrape_interval_s": 0.05, "warm_connections": 2})
+            return await asyncio.wait_for(run_replay(cfg), 120)
+        finally:
+            await sim.stop()
+
+    with caplog.at_level("WARNING", logger="replayer.target_metrics"):
+        s = asyncio.run(main())
+    expected = ["num_preemptions", "server_e2e_seconds_count", "server_e2e_seconds_sum", "server_queue_seconds_count",
+                "server_queue_seconds_sum", "server_ttft_seconds_count", "server_ttft_seconds_sum",
+                "spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens_per_pos",
+                "spec_decode_num_draft_tokens", "spec_decode_num_drafts"]
+    assert s["completed"] == 5 and s["target_metrics"]["scrapes"] >= 1
+    assert s["target_metrics"]["missing"] == expected
+    assert not set(expected) & set(s["target_metrics"]["deltas"])  # left out, never 0
+    [line] = [r.getMessage() for r in caplog.records if "missing" in r.getMessage()]
+    assert all(m in line for m in expected)
