@@ -178,7 +178,8 @@ def summarize(table: pa.Table, slos: dict[str, float] | None = None) -> dict:
 SAMPLE_ROWS = 250_000
 #: summary fields that are sums over requests (exact whatever the size, merged batch by batch)
 _ADDITIVE = ("scheduled", "sent", "completed", "failed", "cancelled", "not_started", "total_input_tokens",
-             "total_output_tokens", "usage_missing", "output_tokens_estimate", "invalid_utf8", "prompt_token_mismatches", "prompt_token_drift_total",
+             "total_output_tokens", "usage_missing", "output_tokens_estimate", "invalid_utf8",
+             "prompt_token_mismatches", "prompt_token_drift_total",
              "completion_token_mismatches", "ttft_unmeasured", "zero_token_successes",
              "expected_prefix_hit_tokens", "errors_by_kind", "usage_audit", "usage_inflated",
              "partial_output_tokens", *verdict.ADDITIVE)
