@@ -77,7 +77,7 @@ def _replay(tmp_path, with_usage) -> tuple[dict, list[dict], dict[str, float]]:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        port = runner.addresses[0][1]
         try:
             cfg = load_config({"trace": str(trace), "target": f"http://127.0.0.1:{port}", "model": "m",
                                "results": str(tmp_path / "r"), "admin_port": 0, "quiet": True,
