@@ -174,7 +174,8 @@ def test_each_rows_model_priority_and_extra_body_reach_the_server(tmp_path, fmt)
             assert "priority" not in body, body
         # what the replayer builds from the row is untouched
         if path == "/v1/completions":
-            assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+            assert body["stream"] is True
+            assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
             assert body["max_tokens"] == row["output_length"] and len(body["prompt"]) == row_full["input_length"]
         elif path == "/v1/chat/completions":
             assert body["stream"] is True and body["messages"][0]["role"] == "user"
