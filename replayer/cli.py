@@ -93,8 +93,8 @@ def _flags_for(cfg: RunConfig, skip: set[str]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="replayer", description="Replay LLM serving traces against "
-                                "OpenAI-compatible servers, open-loop and token-exact.")
+    p = argparse.ArgumentParser(prog="replayer", allow_abbrev=False, description="Replay LLM serving traces "
+                                "against OpenAI-compatible servers, open-loop and token-exact.")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="replay a trace (against the embedded simulator if no --target)",
                          usage="%(prog)s [options] [trace]",
@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("b", help="results folder or summary.json of run B")
     cp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     sub.add_parser("version", help="print the version")
-    _mark_leaves(p)
+    _finish_parsers(p)
     return p
 
 
@@ -133,21 +133,41 @@ def _subcommands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParse
     return {name: c for a in p._actions if isinstance(a, argparse._SubParsersAction) for name, c in a.choices.items()}
 
 
-def _mark_leaves(p: argparse.ArgumentParser) -> None:
+def _finish_parsers(p: argparse.ArgumentParser) -> None:
     """Every subcommand's parser records itself as ``_leaf`` in the namespace (the innermost
-    one wins), so an unknown flag is reported with that subcommand's usage, not the top level's."""
+    one wins), so an unknown flag is reported with that subcommand's usage, not the top level's;
+    and none accepts abbreviations (``--max-request`` is an unknown flag, not ``--max-requests``:
+    an abbreviation that works today breaks when a flag with the same prefix is added)."""
     for sp in _subcommands(p).values():
+        sp.allow_abbrev = False
         sp.set_defaults(_leaf=sp)
-        _mark_leaves(sp)
+        _finish_parsers(sp)
+
+
+#: How alike an unknown flag and a real one must be (``difflib`` ratio of the names without their
+#: dashes) for "did you mean": ``--speedupp`` -> ``--speedup`` (0.93), but ``--foo`` gets no
+#: ``--loop`` (0.57).
+FLAG_HINT_CUTOFF = 0.7
+
+
+def _closest_flag(arg: str, flags: list[str]) -> str | None:
+    """The flag of ``flags`` closest to ``arg`` (``--name`` or ``--name=value``), or None: the one
+    flag ``arg`` abbreviates if there is one, else the closest name within ``FLAG_HINT_CUTOFF``."""
+    import difflib
+
+    names = {f.lstrip("-"): f for f in flags}
+    typed = arg.split("=", 1)[0].lstrip("-")
+    longer = [n for n in names if n.startswith(typed)] if typed else []
+    if len(longer) == 1:
+        return names[longer[0]]
+    close = difflib.get_close_matches(typed, list(names), n=1, cutoff=FLAG_HINT_CUTOFF)
+    return names[close[0]] if close else None
 
 
 def _unrecognized(p: argparse.ArgumentParser, extra: list[str]) -> None:
     """Exit 2 with ``p``'s usage, naming the unknown arguments and the closest flags of ``p``."""
-    import difflib
-
-    flags = [o for a in p._actions for o in a.option_strings]
-    hints = [c for arg in extra if arg.startswith("-")
-             for c in difflib.get_close_matches(arg.split("=", 1)[0], flags, n=1)]
+    flags = [o for a in p._actions for o in a.option_strings if a.help != argparse.SUPPRESS]
+    hints = [c for c in (_closest_flag(arg, flags) for arg in extra if arg.startswith("-")) if c]
     msg = "unrecognized arguments: " + " ".join(extra)
     if hints:
         msg += "; did you mean " + ", ".join(hints) + "?"

@@ -24,6 +24,9 @@ def _factor(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
     return f
 
+#: ``trace scale``'s earlier flag names -> today's (``--input`` read like the input file's flag).
+_DEPRECATED_SCALE_FLAGS = {"--time": "--time-factor", "--input": "--input-factor"}
+
 _SYNTH_FLAGS = {"rows": "--rows", "rate_per_s": "--rate", "arrival": "--arrival", "cv": "--cv", "turns": "--turns",
                 "sessions": "--sessions", "system_prompts": "--system-prompts",
                 "system_prompt_tokens": "--system-prompt-tokens", "block_size": "--block-size",
@@ -79,9 +82,13 @@ def add_trace_parser(sub) -> None:
     sc = trs.add_parser("scale", help="scale times and lengths (hash ids recomputed consistently)")
     _add_input(sc)
     _add_output(sc)
-    sc.add_argument("--time", type=_factor, default=1.0, help="time factor (2 = twice as long, half the rate)")
-    sc.add_argument("--input", type=_factor, default=1.0, dest="input_factor", help="input length factor")
-    sc.add_argument("--output-factor", type=_factor, default=1.0, help="output length factor")
+    sc.add_argument("--time-factor", type=_factor, default=1.0,
+                    help="time factor (2 = twice as long, half the rate) [default: 1]")
+    sc.add_argument("--input-factor", type=_factor, default=1.0, help="input length factor [default: 1]")
+    sc.add_argument("--output-factor", type=_factor, default=1.0, help="output length factor [default: 1]")
+    for old, new in _DEPRECATED_SCALE_FLAGS.items():  # hidden, still accepted (a warning says the new name)
+        sc.add_argument(old, type=_factor, default=None, dest=f"deprecated_{new[2:].replace('-', '_')}",
+                        help=argparse.SUPPRESS)
 
     se = trs.add_parser("sessionize", help="chain rows that share leading hash ids into sessions (session_id, turn)")
     _add_input(se)
@@ -93,7 +100,9 @@ def add_trace_parser(sub) -> None:
     _add_output(sy)
     sy.add_argument("--rows", type=int, required=True, help="requests to generate")
     sy.add_argument("--rate", type=float, required=True, help="requests per second")
-    sy.add_argument("--arrival", default="poisson", choices=("poisson", "gamma"))
+    sy.add_argument("--arrival", default="poisson", choices=("poisson", "gamma"),
+                    help="arrival process: poisson (exponential gaps) or gamma (gaps with coefficient of "
+                         "variation --cv: > 1 burstier, < 1 more regular) [default: poisson]")
     sy.add_argument("--cv", type=float, default=None,
                     help="gamma: coefficient of variation of the gaps [default: 1]")
     sy.add_argument("--input-dist", default="lognormal:1024:1.0",
@@ -126,9 +135,10 @@ def run_trace(args) -> int:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", TraceOrderWarning)
+            notes = _deprecated_flags(args) if args.trace_command == "scale" else []
             code = _run(args, json, convert, read_trace, write_parquet, coarsest_unit)
-        for w in caught:
-            print(f"{name}: warning: {w.message}", file=sys.stderr)
+        for w in [*notes, *(w.message for w in caught)]:
+            print(f"{name}: warning: {w}", file=sys.stderr)
         return code
     except BrokenPipeError:  # `... | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
@@ -136,6 +146,22 @@ def run_trace(args) -> int:
     except (TraceError, OSError, ValueError) as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 2
+
+
+def _deprecated_flags(args) -> list[str]:
+    """Take the values of ``trace scale``'s old flag names into the new ones; one warning each.
+    Raises ValueError when an old name and its new one are both given."""
+    out = []
+    for old, new in _DEPRECATED_SCALE_FLAGS.items():
+        dest = new[2:].replace("-", "_")
+        v = getattr(args, "deprecated_" + dest, None)
+        if v is None:
+            continue
+        if getattr(args, dest) != 1.0:
+            raise ValueError(f"{old} is the old name of {new}: give one of them")
+        setattr(args, dest, v)
+        out.append(f"{old} is deprecated: use {new}")
+    return out
 
 
 def _check_args(args) -> None:
@@ -175,7 +201,7 @@ def _run(args, json, convert, read_trace, write_parquet, coarsest_unit) -> int:
             t = slice_trace(t, start_s=args.start, end_s=args.end, head=args.head, fraction=args.sample,
                             seed=args.seed or 0, whole_sessions=not args.split_sessions)
         else:
-            t = scale_trace(t, time_factor=args.time, input_factor=args.input_factor,
+            t = scale_trace(t, time_factor=args.time_factor, input_factor=args.input_factor,
                             output_factor=args.output_factor)
         write_parquet(t, args.output, time_unit=coarsest_unit(t.timestamp_ns))
         print(f"wrote {args.output}: {len(t)} rows")

@@ -160,3 +160,86 @@ def test_resume_alone_takes_the_trace_and_settings_of_the_checkpoint(tmp_path, c
     start_loop, _ = resume_plan(str(d))
     assert start_loop == 1  # (rows of the loop before are checked too: their results may be lost)
     assert f"resuming {d} at loop 2, row 350 (its checkpoint): 0 rows already recorded" in caplog.text
+
+
+def _all_parsers(p=None, path=("replayer",)):
+    """(command path, parser) of the top level and every subcommand, at any depth, and `replayer sim`."""
+    from replayer.cli import _subcommands
+    from replayer.sim.cli import _parser as sim_parser
+
+    if p is None:
+        yield ("replayer", "sim"), sim_parser()
+        p = build_parser()
+    yield path, p
+    for name, sp in _subcommands(p).items():
+        yield from _all_parsers(sp, (*path, name))
+
+
+@pytest.mark.parametrize("argv, full", [
+    (["run", "t.parquet", "--max-request", "5"], "--max-requests"),
+    (["run", "t.parquet", "--spee", "5"], "--speedup"),
+    (["trace", "scale", "t.parquet", "-o", "x.parquet", "--output-fact", "2"], "--output-factor"),
+    (["merge", "a", "--wai", "5"], "--wait"),
+])
+def test_abbreviated_flags_are_refused_with_the_full_name(argv, full, capsys):
+    """An unambiguous prefix used to be taken for the flag: it would break the day a second flag
+    with that prefix is added. Now it is an unknown flag, and the hint names the full one."""
+    from replayer.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert f"; did you mean {full}?" in capsys.readouterr().err
+
+
+def test_no_parser_accepts_abbreviations():
+    for path, p in _all_parsers():
+        assert p.allow_abbrev is False, " ".join(path)
+    with pytest.raises(SystemExit):
+        next(p for path, p in _all_parsers() if path == ("replayer", "sim")).parse_args(["--po", "1"])
+
+
+@pytest.mark.parametrize("arg, hint", [("--foo", None), ("--speedpu", "--speedup"), ("--seeds", "--seed"),
+                                       ("--loop-salts=1", "--loop-salt")])
+def test_did_you_mean_only_for_close_flags(arg, hint, capsys):
+    """`--foo` was answered "did you mean --loop?": a hint is given only for a close name."""
+    from replayer.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["run", "t.parquet", arg])
+    err = capsys.readouterr().err
+    assert f"unrecognized arguments: {arg}" in err
+    if hint is None:
+        assert "did you mean" not in err
+    else:
+        assert f"did you mean {hint}?" in err
+
+
+def test_every_flag_of_every_command_has_help():
+    """`trace synth --arrival` had none."""
+    missing = [f"{' '.join(path)} {a.option_strings[0]}" for path, p in _all_parsers() for a in p._actions
+               if a.option_strings and not a.help and not isinstance(a, argparse._HelpAction)]
+    missing_sim = [m for m in missing if m.startswith("replayer sim ")]  # the simulator's knobs: names suffice
+    assert [m for m in missing if m not in missing_sim] == []
+
+
+def test_trace_scale_factors_are_named_alike_and_the_old_names_still_work(tmp_path, capsys):
+    from replayer.cli import main
+    from replayer.trace import read_trace
+
+    src = str(ROOT / "traces" / "mooncake_conversation_10min.parquet")
+    new, old = tmp_path / "new.parquet", tmp_path / "old.parquet"
+    assert main(["trace", "scale", src, "-o", str(new), "--time-factor", "2", "--input-factor", "0.5",
+                 "--output-factor", "3"]) == 0
+    assert "deprecated" not in capsys.readouterr().err
+    assert main(["trace", "scale", src, "-o", str(old), "--time", "2", "--input", "0.5",
+                 "--output-factor", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "--time is deprecated: use --time-factor" in err and "--input is deprecated: use --input-factor" in err
+    a, b, orig = read_trace(new), read_trace(old), read_trace(src)
+    assert (a.timestamp_ns == b.timestamp_ns).all() and (a.input_length == b.input_length).all()
+    assert a.timestamp_ns[-1] == 2 * orig.timestamp_ns[-1] and a.input_length.sum() < orig.input_length.sum()
+    assert (a.output_length == 3 * orig.output_length).all()
+    assert main(["trace", "scale", src, "-o", str(tmp_path / "c.parquet"), "--input", "2",
+                 "--input-factor", "3"]) == 2
+    assert "--input is the old name of --input-factor: give one of them" in capsys.readouterr().err

@@ -156,7 +156,7 @@ def test_cli_trace_subcommands(tmp_path, capsys):
     assert cli_main(["trace", "synth", "-o", str(out), "--rows", "300", "--rate", "5", "--turns", "2",
                      "--sessions", "3", "--seed", "1"]) == 0
     assert cli_main(["trace", "slice", str(out), "-o", str(tmp_path / "a.parquet"), "--sample", "0.5"]) == 0
-    assert cli_main(["trace", "scale", str(out), "-o", str(tmp_path / "b.parquet"), "--input", "1.5"]) == 0
+    assert cli_main(["trace", "scale", str(out), "-o", str(tmp_path / "b.parquet"), "--input-factor", "1.5"]) == 0
     capsys.readouterr()
     assert cli_main(["trace", "inspect", str(tmp_path / "b.parquet"), "--json", "--cache-tokens", "100000"]) == 0
     s = json.loads(capsys.readouterr().out)
@@ -196,8 +196,8 @@ def test_arguments_that_would_be_ignored_are_errors(tmp_path, capsys):
          "--output-dist: bad distribution 'exp:0': MEAN must be > 0"),
         (["synth", "-o", str(tmp_path / "x.parquet"), "--rows", "10", "--rate", "inf"],
          "--rate must be a finite number > 0"),  # named the field rate_per_s
-        (["scale", src, "-o", str(tmp_path / "x.parquet"), "--time", "0"],
-         "argument --time: must be a positive number"),  # named the function's time_factor
+        (["scale", src, "-o", str(tmp_path / "x.parquet"), "--time-factor", "0"],
+         "argument --time-factor: must be a positive number"),  # named the function's time_factor
     ]
     for argv, msg in cases:
         capsys.readouterr()

@@ -86,7 +86,7 @@ async def _exit_with(pid: int, stop: asyncio.Event, server: SimServer) -> None:
 def _parser() -> argparse.ArgumentParser:
     d = SimConfig()
     p = argparse.ArgumentParser(
-        prog="replayer sim", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="replayer sim", formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False,
         description="Simulated vLLM OpenAI-compatible server (see replayer/sim/__init__.py).")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
