@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 from .model import _OPTIONAL, _REQUIRED, TIME_UNITS, _Problems
 from .options import _Opts, _src, _synth_hash
 from .timestamps import _timestamps
-from .values import (_check_requests, _hash_from_lists, _hash_slow, _ints_checked, _ints_from_list, _ints_slow,
-                     _optional_column, hash_id_from_string)
+from .values import (_check_requests, _hash_from_lists, _hash_ids_from_strings, _hash_slow, _ints_checked,
+                     _ints_from_list, _ints_slow, _optional_column)
 
 
 # --------------------------------------------------------------------------------------------
@@ -84,9 +84,8 @@ def _column_hash(col: pa.ChunkedArray, rows: np.ndarray, probs: _Problems) -> tu
                     if vals.size == 0 or vals.dtype.kind == "u" or vals.min() >= 0:
                         return lengths, vals.astype(np.int64, copy=False), np.ones(len(arr), dtype=bool)
                 else:
-                    strs = flat.to_pylist()
-                    if all(strs):
-                        vals = np.array([hash_id_from_string(x) for x in strs], dtype=np.uint64)
+                    vals = _hash_ids_from_strings(flat.to_pylist())
+                    if vals is not None:
                         return lengths, vals.astype(np.int64), np.ones(len(arr), dtype=bool)
     return _hash_slow(col.to_pylist(), rows, probs)
 

@@ -1,7 +1,14 @@
-"""Reader of Mooncake JSONL and generic JSONL (or a JSON array of objects): file -> ``_Raw``."""
+"""Reader of Mooncake JSONL and generic JSONL (or a JSON array of objects): file -> ``_Raw``.
+
+A fractional timestamp reaches the nanosecond exactly as written: orjson gives a binary double,
+whose shortest repr is the written number when it has at most 15 significant digits; a longer one
+is re-read from its line as a ``Decimal``.
+"""
 
 from __future__ import annotations
 
+import json
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -14,6 +21,13 @@ from .timestamps import _timestamps
 from .values import _MISSING, _check_requests, _hash_from_lists, _ints_from_list, _optional_column, _type_name
 
 
+def _lossy(v: Any) -> bool:
+    """A float whose double may differ from the number written (over 15 significant digits: its
+    shortest repr is longer than 16 characters); such a timestamp is re-read from the text as a
+    Decimal. A shorter one (``55.4``) is exactly its repr, which ``timestamps`` uses."""
+    return type(v) is float and len(repr(v)) > 16
+
+
 def _read_jsonl(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
     """Mooncake / generic JSONL (or a JSON array): rows are physical line numbers (array: index+1)."""
     try:
@@ -24,6 +38,7 @@ def _read_jsonl(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
         return None
     objs: list[dict] = []
     rows: list[int] = []
+    tkey = _src(opts, "timestamp")
     stripped = data.lstrip()
     if stripped.startswith(b"["):
         try:
@@ -40,6 +55,11 @@ def _read_jsonl(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
                 rows.append(k)
             else:
                 probs.add(k, "json", f"expected a JSON object, got {_type_name(o)}")
+        if any(_lossy(o.get(tkey)) for o in objs):
+            exact = [o for o in json.loads(data, parse_float=Decimal) if isinstance(o, dict)]
+            for o, e in zip(objs, exact):
+                if type(o.get(tkey)) is float:
+                    o[tkey] = e[tkey]
     else:
         loads = orjson.loads
         for lineno, line in enumerate(data.split(b"\n"), 1):
@@ -53,6 +73,8 @@ def _read_jsonl(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
             if type(o) is not dict:
                 probs.add(lineno, "json", f"expected a JSON object, got {_type_name(o)}")
                 continue
+            if _lossy(o.get(tkey)):
+                o[tkey] = json.loads(line, parse_float=Decimal)[tkey]  # (see _lossy)
             objs.append(o)
             rows.append(lineno)
     del data
@@ -62,8 +84,7 @@ def _read_jsonl(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
         return None
     rows_a = np.array(rows, dtype=np.int64)
     unit = opts.time_unit or DEFAULT_TIME_UNIT
-    k = _src(opts, "timestamp")
-    ts, ts_ok, ns = _timestamps([o.get(k, _MISSING) for o in objs], rows_a, unit, opts.allow_float_time, probs)
+    ts, ts_ok, ns = _timestamps([o.get(tkey, _MISSING) for o in objs], rows_a, unit, opts.allow_float_time, probs)
     cols = {}
     for name in ("input_length", "output_length"):
         k = _src(opts, name)

@@ -56,7 +56,7 @@ def _resolve(path: str, fmt: str, block_size: int | None, strict: bool, mapping,
         mapping = {**_AZURE_MAP, **mapping}
     if kind == "mooncake" and time_unit not in (None, "ms"):
         kind = "jsonl"
-    allow_float = kind in ("jsonl", "csv", "azure") or time_unit is not None
+    allow_float = kind in ("mooncake", "jsonl", "csv", "azure") or time_unit is not None
     return _Opts(kind, block_size, strict, mapping, time_unit, allow_float)
 
 
@@ -222,8 +222,8 @@ def read_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | 
 
     * ``parquet``: canonical Parquet (``traces/README.md``); time unit from ``replayer.time_unit``.
     * ``mooncake``: Mooncake FAST'25 trace release JSONL (kvcache-ai/Mooncake
-      ``FAST25-release/traces``): integer ms ``timestamp``, ``input_length``, ``output_length``,
-      ``hash_ids`` (block 512).
+      ``FAST25-release/traces``): ms ``timestamp`` (fractions kept exactly, half-even to the ns),
+      ``input_length``, ``output_length``, ``hash_ids`` (block 512).
     * ``azure``: Azure Public Dataset AzureLLMInferenceTrace 2023 CSV (Splitwise, ISCA 2024):
       ``TIMESTAMP`` (date-time, 7 fractional digits, no zone), ``ContextTokens``,
       ``GeneratedTokens``. No prefix information: row blocks get unique ids from
@@ -233,7 +233,8 @@ def read_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | 
       of ``s``, ``ms`` (default), ``us``, ``ns`` (numbers, fractions allowed) or ``datetime``
       (ISO-8601 strings; offsets from the first). CSV ``hash_ids`` cells hold a JSON list.
 
-    Hash ids may be integers (0 <= id < 2**64) or strings (:func:`hash_id_from_string`).
+    Hash ids may be integers (0 <= id < 2**64) or strings (:func:`hash_id_from_string`: decimal
+    digits are the integer they spell, fixed-width hex its value, other strings are hashed).
     ``block_size``: tokens per hash id; ``None`` -> Parquet ``replayer.block_size`` metadata, else
     512. ``strict``: rows out of timestamp order are an error instead of a :class:`TraceOrderWarning`.
 

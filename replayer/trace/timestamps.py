@@ -1,15 +1,16 @@
-"""Timestamp columns: integers in a unit, floats (generic formats) or date-time strings ->
-int64 values, an ok mask and nanoseconds per value unit."""
+"""Timestamp columns: integers in a unit, fractional numbers or date-time strings -> int64
+values, an ok mask and nanoseconds per value unit."""
 
 from __future__ import annotations
 
 import math
+from decimal import ROUND_HALF_EVEN, Decimal
 
 import numpy as np
 import pyarrow as pa
 
 from .model import _INT64_MAX, TIME_UNITS, _Problems
-from .values import _MISSING, _ints_checked, _ints_from_list, _ints_slow, _short, _type_name
+from .values import _MISSING, _coerce_int, _ints_checked, _ints_from_list, _ints_slow, _short, _type_name
 
 
 # --------------------------------------------------------------------------------------------
@@ -86,10 +87,11 @@ def _timestamps(values: list | pa.ChunkedArray, rows: np.ndarray, unit: str, all
         if kinds == {int}:
             ts, ok = _ints_from_list(values, rows, "timestamp", probs)
             return ts, ok, ns
-        if not (allow_float and kinds <= {int, float}):
+        if not allow_float:
             ts, ok = _ints_slow(values, rows, "timestamp", probs)
             return ts, ok, ns
-        f = np.array(values, dtype=np.float64)
+        ts, ok = _exact_ns(values, rows, unit, ns, probs)
+        return ts, ok, 1
     # Fractional values in a coarse unit: convert to integer ns once, here.
     ok = np.isfinite(f) & (f >= 0) & (f * ns <= _INT64_MAX)
     for i in np.flatnonzero(~ok):
@@ -97,3 +99,34 @@ def _timestamps(values: list | pa.ChunkedArray, rows: np.ndarray, unit: str, all
         probs.add(rows[i], "timestamp", "expected a number, got NaN" if math.isnan(v) else
                   (f"negative timestamp {v!r}: must be >= 0" if v < 0 else f"timestamp {v!r} {unit} does not fit in int64 ns"))
     return np.where(ok, np.round(np.where(ok, f, 0) * ns), 0).astype(np.int64), ok, 1
+
+
+def _exact_ns(values: list, rows: np.ndarray, unit: str, ns: int, probs: _Problems) -> tuple[np.ndarray, np.ndarray]:
+    """Numbers in ``unit`` (ints, floats, or Decimals holding a value exactly as written) -> int64 ns,
+    rounded half-even to the nanosecond. A float is taken as its shortest repr (``55.4`` ms is
+    55,400,000 ns, not the binary double's 55,399,999.99...), so no precision is lost on the way.
+    """
+    out = np.zeros(len(values), dtype=np.int64)
+    ok = np.ones(len(values), dtype=bool)
+    for i, v in enumerate(values):
+        if isinstance(v, (float, Decimal)):
+            d = Decimal(repr(float(v))) if isinstance(v, float) else v
+            if d.is_nan():
+                err = "expected a number, got NaN"
+            elif d < 0:
+                err = f"negative timestamp {_short(v)}: must be >= 0"
+            elif not d.is_finite() or d * ns > _INT64_MAX:
+                err = f"timestamp {_short(v)} {unit} does not fit in int64 ns"
+            else:
+                out[i] = int((d * ns).to_integral_value(ROUND_HALF_EVEN))
+                continue
+        else:
+            iv, err = _coerce_int(v, "timestamp", 0)
+            if err is None and iv * ns > _INT64_MAX:
+                err = f"timestamp {iv} {unit} does not fit in int64 ns"
+            if err is None:
+                out[i] = iv * ns
+                continue
+        ok[i] = False
+        probs.add(rows[i], "timestamp", err)
+    return out, ok

@@ -97,24 +97,49 @@ def _coerce_int(v: Any, field_: str, minimum: int) -> tuple[int | None, str | No
 def hash_id_from_string(s: str) -> int:
     """Map a string hash id to its unsigned 64-bit id (0 <= id < 2**64), the same everywhere.
 
-    Exactly 16 hex digits (case-insensitive, no prefix) parse as their 64-bit value, so ids printed
-    as hex round-trip; any other string -> the big-endian 8-byte keyed blake2b digest
-    (``digest_size=8``, ``key=HASH_ID_KEY``) of its UTF-8 bytes. Never Python's salted ``hash()``,
-    never cut to 32 bits. Raises ValueError for the empty string.
+    * Decimal digits (ASCII, no sign, no leading zero: how JSON, JavaScript's ``BigInt`` and
+      databases print a 64-bit integer) are that integer: ``"4294967303"`` is the id 4294967303,
+      so a trace gives the same prompts whether it writes its ids as numbers or as strings.
+      A value >= 2**64 raises ValueError, and so does ``-`` followed by digits (a negative id),
+      as for the integers themselves.
+    * Otherwise exactly 16 hex digits (case-insensitive, no prefix; fixed-width hex, so a
+      leading zero or a letter) parse as their 64-bit value, so ids printed as hex round-trip.
+    * Any other non-empty string -> the big-endian 8-byte keyed blake2b digest
+      (``digest_size=8``, ``key=HASH_ID_KEY``) of its UTF-8 bytes: an opaque name, the same id in
+      every process and machine (never Python's salted ``hash()``, never cut to 32 bits).
+
+    Raises ValueError (the message says why) for the empty string and the cases above.
     """
     if not s:
-        raise ValueError("empty string")
+        raise ValueError("empty string is not a hash id")
+    digits = s[1:] if s[0] == "-" else s
+    if digits.isascii() and digits.isdigit() and (digits[0] != "0" or len(digits) == 1):
+        if digits is not s:
+            raise ValueError(f"negative hash id {_short(s)}: must be >= 0")
+        v = int(s)
+        if v >= _U64:
+            raise ValueError(f"hash id {_short(s)} does not fit in 64 bits (must be < 2**64)")
+        return v
     if len(s) == 16 and _HEX.issuperset(s):
         return int(s, 16)
     return int.from_bytes(hashlib.blake2b(s.encode("utf-8"), digest_size=8, key=HASH_ID_KEY).digest(), "big")
 
 
+def _hash_ids_from_strings(strs: list[str]) -> np.ndarray | None:
+    """Many string ids -> uint64 array, or None when one is not an id (the caller's slow path names it)."""
+    try:
+        return np.array([hash_id_from_string(x) for x in strs], dtype=np.uint64)
+    except ValueError:
+        return None
+
+
 def _coerce_hash(v: Any) -> tuple[int | None, str | None]:
     """One hash id (int 0..2**64-1, integral float, or string) -> (int64 bit pattern, None) or (None, error)."""
     if isinstance(v, str):
-        if not v:
-            return None, "empty string is not a hash id"
-        iv = hash_id_from_string(v)
+        try:
+            iv = hash_id_from_string(v)
+        except ValueError as e:
+            return None, str(e)
     elif v is None:
         return None, "missing (null)"
     elif isinstance(v, bool):
@@ -232,8 +257,8 @@ def _hash_from_lists(lists: list, rows: np.ndarray, probs: _Problems) -> tuple[n
                     vals = np.array(flat)
                 except (ValueError, OverflowError, TypeError):
                     vals = None
-            elif types == {str} and all(flat):
-                vals = np.array([hash_id_from_string(x) for x in flat], dtype=np.uint64)
+            elif types == {str}:
+                vals = _hash_ids_from_strings(flat)
         if (vals is not None and vals.ndim == 1 and vals.dtype.kind in "iu"
                 and (vals.size == 0 or vals.dtype.kind == "u" or vals.min() >= 0)):
             return lengths, vals.astype(np.int64, copy=False), np.ones(n, dtype=bool)

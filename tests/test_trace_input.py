@@ -1,0 +1,99 @@
+"""Trace input a user brings: fractional-millisecond Mooncake timestamps, hash ids written as
+decimal strings, and one clear line for a whole-file problem (issue 17, issue 18 items 5 and 6)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from replayer.prompts import PromptBuilder
+from replayer.trace import TraceError, hash_id_from_string, read_trace
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _row(ts, ids=(1,), n=10, **kw):
+    return {"timestamp": ts, "input_length": n, "output_length": 2, "hash_ids": list(ids), **kw}
+
+
+# -- A: fractional milliseconds -------------------------------------------------------------
+
+
+def test_fractional_millisecond_mooncake_timestamps_are_kept_to_the_nanosecond(tmp_path):
+    """Slicers and scaled traces write `55.4`: each row used to be refused ("expected an integer")."""
+    p = tmp_path / "sliced.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n'
+                 '{"timestamp": 55.4, "input_length": 10, "output_length": 2, "hash_ids": [2]}\n'
+                 '{"timestamp": 100.000001, "input_length": 10, "output_length": 2, "hash_ids": [3]}\n'
+                 '{"timestamp": 100.0000015, "input_length": 10, "output_length": 2, "hash_ids": [4]}\n'
+                 '{"timestamp": 1e2, "input_length": 10, "output_length": 2, "hash_ids": [5]}\n')
+    with pytest.warns(UserWarning, match="1 rows out of timestamp order"):
+        t = read_trace(p)
+    assert t.metadata["format"] == "mooncake"
+    # 100.0000015 ms = 100,000,001.5 ns exactly as written: rounded half-even to 100,000,002
+    assert t.timestamp_ns.tolist() == [0, 55_400_000, 100_000_000, 100_000_001, 100_000_002]
+    assert t.source_row.tolist() == [1, 2, 5, 3, 4]
+
+
+def test_fractional_timestamps_beyond_a_doubles_digits_are_read_as_written(tmp_path):
+    """Epoch milliseconds with microseconds have 19 digits, more than a double holds: the offsets
+    are still exact (the text is read as a decimal number)."""
+    p = tmp_path / "epoch.jsonl"
+    p.write_text('{"timestamp": 1700000000000.123456, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n'
+                 '{"timestamp": 1700000000055.4, "input_length": 10, "output_length": 2, "hash_ids": [2]}\n'
+                 '{"timestamp": 1700000000100, "input_length": 10, "output_length": 2, "hash_ids": [3]}\n')
+    assert read_trace(p).timestamp_ns.tolist() == [0, 55_276_544, 99_876_544]
+    arr = tmp_path / "epoch.json"  # the same rows as one JSON array
+    arr.write_text("[" + ",".join(line for line in p.read_text().splitlines()) + "]")
+    assert read_trace(arr).timestamp_ns.tolist() == [0, 55_276_544, 99_876_544]
+
+
+def test_a_bad_fractional_timestamp_is_still_named(tmp_path):
+    p = _jsonl(tmp_path / "bad.jsonl", [_row(1.5), _row(-0.5), _row("soon"), _row(2.25)])
+    with pytest.raises(TraceError) as e:
+        read_trace(p)
+    assert [(q.row, q.field) for q in e.value.problems] == [(2, "timestamp"), (3, "timestamp")]
+    assert "negative timestamp -0.5" in str(e.value) and "'soon'" in str(e.value)
+
+
+# -- B: hash ids as decimal strings ---------------------------------------------------------
+
+
+def test_decimal_string_hash_ids_are_the_integers_and_give_byte_identical_prompts(tmp_path):
+    """How JavaScript producers write 64-bit ints: "4294967303" is the id 4294967303 (it was
+    hashed as a name, so the prompts and the prefix sharing with integer ids differed)."""
+    big = 2**64 - 5  # above 2**63: stored as its bit pattern, same as the integer
+    ints = _jsonl(tmp_path / "ints.jsonl", [_row(0, [4294967303, 7], n=600), _row(1, [4294967303, big], n=1000),
+                                             _row(2, [9007199254740993], n=3)])
+    strs = _jsonl(tmp_path / "strs.jsonl", [_row(0, ["4294967303", "7"], n=600),
+                                             _row(1, ["4294967303", str(big)], n=1000),
+                                             _row(2, ["9007199254740993"], n=3)])
+    a, b = read_trace(ints), read_trace(strs)
+    builder = PromptBuilder(seed=3)
+    for i in range(len(a)):
+        assert a.hash_ids(i).tolist() == b.hash_ids(i).tolist()
+        n = int(a.input_length[i])
+        assert builder.prompt_json(a.hash_ids(i), n) == builder.prompt_json(b.hash_ids(i), n)
+    assert hash_id_from_string("4294967303") == 4294967303 and hash_id_from_string("0") == 0
+
+
+def test_the_rule_for_every_other_string(tmp_path):
+    """traces/README.md "Hash ids": fixed-width hex (16 digits, a leading zero or a letter) is its
+    value; any other non-empty string is a name, hashed; an empty string, a negative decimal and a
+    decimal >= 2**64 are errors naming file, row and field."""
+    assert hash_id_from_string("00000000000000ff") == 255
+    assert hash_id_from_string("1000000000000000") == 10**15  # digits only, no leading zero: decimal
+    named = {hash_id_from_string(s) for s in ("007", "block-a", " 7", "0x07", "+7", "７")}
+    assert len(named) == 6 and not named & {7}
+    p = _jsonl(tmp_path / "bad.jsonl", [_row(0, ["-5"]), _row(1, [str(2**64)]), _row(2, [""]), _row(3, ["12"])])
+    with pytest.raises(TraceError) as e:
+        read_trace(p)
+    got = {(q.row, q.field): q.message for q in e.value.problems}
+    assert set(got) == {(1, "hash_ids"), (2, "hash_ids"), (3, "hash_ids")}
+    assert "negative hash id '-5'" in got[(1, "hash_ids")]
+    assert "does not fit in 64 bits" in got[(2, "hash_ids")] and "empty string" in got[(3, "hash_ids")]
+    assert str(e.value).startswith(f"{p}: row 1: hash_ids: hash_ids[0]: negative hash id")
