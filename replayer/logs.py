@@ -5,6 +5,10 @@
 per line (``JsonFormatter``). Either way every occurrence of a secret (API key, control token)
 in a formatted line is replaced by ``[redacted]``.
 
+Warnings (``warnings.warn``, e.g. the trace reader's ``TraceOrderWarning`` for an unsorted trace)
+are logged through the same handler, one line each, instead of Python's two-line
+``file:line: Category: message`` print.
+
 ``ErrorBurstLog`` turns a stream of failed results into a few lines per error kind: one when
 failures of that kind start, then at most one summary per window (10 s) with the count and the
 last error, and one when a window passes without any; never one line per request.
@@ -16,12 +20,13 @@ import asyncio
 import json
 import logging
 import sys
+import warnings
 from collections.abc import Iterable
 from datetime import datetime, timezone
 
 from .result import RequestResult
 
-__all__ = ["JsonFormatter", "RedactingFormatter", "ErrorBurstLog", "setup_logging", "TEXT_FORMAT"]
+__all__ = ["JsonFormatter", "RedactingFormatter", "ErrorBurstLog", "setup_logging", "log_warning", "TEXT_FORMAT"]
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _REDACTED = "[redacted]"
@@ -101,7 +106,20 @@ def setup_logging(fmt: str = "text", level: str = "info", *, secrets: Iterable[s
         root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    warnings.showwarning = log_warning
     return handler
+
+
+def log_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                file: object = None, line: str | None = None) -> None:
+    """``warnings.showwarning`` that logs a warning as one WARNING line: the replayer's own
+    (``TraceOrderWarning``) by their message alone on their package's logger (``replayer.trace``),
+    with no source line; any other as ``Category: message (file:line)`` on ``py.warnings``."""
+    module = getattr(category, "__module__", "") or ""
+    if module == "replayer" or module.startswith("replayer."):
+        logging.getLogger(".".join(module.split(".")[:2])).warning("%s", message)
+    else:
+        logging.getLogger("py.warnings").warning("%s: %s (%s:%s)", category.__name__, message, filename, lineno)
 
 
 class _Burst:

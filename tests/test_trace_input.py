@@ -97,3 +97,30 @@ def test_the_rule_for_every_other_string(tmp_path):
     assert "negative hash id '-5'" in got[(1, "hash_ids")]
     assert "does not fit in 64 bits" in got[(2, "hash_ids")] and "empty string" in got[(3, "hash_ids")]
     assert str(e.value).startswith(f"{p}: row 1: hash_ids: hash_ids[0]: negative hash id")
+
+
+# -- C (issue 18.5): an unsorted trace's warning is a log line ------------------------------
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_an_unsorted_trace_is_logged_as_one_line_not_a_python_warning(tmp_path, log_format):
+    """It printed `.../trace/source.py:241: TraceOrderWarning: ...` and the library's source line."""
+    import subprocess
+    import sys
+
+    p = _jsonl(tmp_path / "unsorted.jsonl", [_row(5, [1]), _row(0, [2])])
+    proc = subprocess.run([sys.executable, "-m", "replayer", "run", str(p), "--quiet", "--admin-port", "0",
+                           "--results", str(tmp_path / "r"), "--log-format", log_format],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if "out of timestamp order" in ln]
+    assert len(lines) == 1, proc.stderr
+    assert "TraceOrderWarning" not in proc.stderr and "source.py" not in proc.stderr
+    assert "read_trace(" not in proc.stderr  # (the source line Python printed under it)
+    if log_format == "json":
+        rec = json.loads(lines[0])
+        assert rec["level"] == "warning" and rec["logger"] == "replayer.trace"
+        assert rec["msg"] == f"{p}: 1 rows out of timestamp order; rows were stable-sorted by timestamp " \
+                             "(whole rows move together)"
+    else:
+        assert " WARNING replayer.trace: " in lines[0]
