@@ -124,3 +124,78 @@ def test_an_unsorted_trace_is_logged_as_one_line_not_a_python_warning(tmp_path, 
                              "(whole rows move together)"
     else:
         assert " WARNING replayer.trace: " in lines[0]
+
+
+# -- D (issue 18.6): one line for a problem of the whole file -------------------------------
+
+
+def _one_problem(path, **kw):
+    with pytest.raises(TraceError) as e:
+        read_trace(path, **kw)
+    assert e.value.total == 1 and len(str(e.value).splitlines()) == 1, str(e.value)
+    return e.value.problems[0]
+
+
+def test_an_azure_csv_without_generated_tokens_says_so(tmp_path):
+    """It fell back to generic CSV and reported four "missing required column" lines."""
+    p = tmp_path / "azure.csv"
+    p.write_text("TIMESTAMP,ContextTokens,Foo\n2023-11-16 18:15:46.6805900,100,5\n")
+    q = _one_problem(p)
+    assert q.row == 0 and q.message.startswith("Azure CSV is missing GeneratedTokens (columns present: "
+                                               "TIMESTAMP, ContextTokens, Foo)")
+    p.write_text("ContextTokens,GeneratedTokens\n100,5\n")
+    assert _one_problem(p).message.startswith("Azure CSV is missing TIMESTAMP (")
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,100,5\n")
+    assert len(read_trace(p)) == 1 and read_trace(p).metadata["format"] == "azure"
+
+
+def test_a_key_missing_from_every_row_is_one_problem(tmp_path, capsys):
+    """12,000 rows without output_length printed 50 lines and "... and 11950 more problems"."""
+    from replayer.cli import main
+
+    p = tmp_path / "no_output.jsonl"
+    p.write_text("".join(json.dumps({"timestamp": i, "input_length": 10, "hash_ids": [i]}) + "\n"
+                         for i in range(12_000)))
+    q = _one_problem(p)
+    assert (q.row, q.field) == (0, "output_length")
+    assert q.message == ("missing from every row: no row has the key 'output_length' "
+                         "(keys of row 1: timestamp, input_length, hash_ids)")
+    q = _one_problem(p, mapping="output_length=gen")
+    assert "no row has the key 'gen' (--map output_length=gen)" in q.message
+    assert main(["trace", "inspect", str(p)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    # missing from some rows only: each row is named, as before
+    p.write_text(json.dumps(_row(0)) + "\n" + json.dumps({"timestamp": 1, "input_length": 10, "hash_ids": [1]}) + "\n")
+    assert (_one_problem(p).row, _one_problem(p).message) == (2, "missing")
+
+
+@pytest.mark.parametrize("name", ["trace.jsonl", "trace.csv", "trace.json"])
+def test_binary_data_is_one_problem_saying_the_file_is_not_text(tmp_path, name):
+    """Binary garbage gave 19 lines of "str is not valid UTF-8", one per "line"."""
+    import random
+
+    rng = random.Random(5)
+    data = bytes(rng.randrange(256) for _ in range(4000))
+    data = data.replace(b"\n", b"\x80") + b"\n".join(b"\xff\xfe" for _ in range(19))
+    p = tmp_path / name
+    p.write_bytes(data)
+    q = _one_problem(p)
+    assert (q.row, q.field) == (0, "file") and q.message.startswith("not a text file (byte ")
+    assert ("UTF-8 CSV" if name.endswith(".csv") else "UTF-8 JSON lines") in q.message
+    p.write_bytes(b'{"timestamp": 0}\n\x00\x00\x00')
+    assert _one_problem(p).message.startswith("not a text file (byte 17 is 0x00)")
+
+
+def test_a_parquet_or_compressed_file_named_as_text_is_named_for_what_it_is(tmp_path):
+    import gzip
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation_10min.parquet"
+    p = tmp_path / "trace.jsonl"
+    shutil.copy(src, p)
+    assert _one_problem(p).message == ("not a text file but a Parquet file: name it .parquet "
+                                       "(or give --format parquet)")
+    assert len(read_trace(p, fmt="parquet")) == 1750
+    p.write_bytes(gzip.compress(json.dumps(_row(0)).encode() + b"\n"))
+    assert _one_problem(p).message.startswith("not a text file but gzip-compressed data")

@@ -12,6 +12,10 @@ from .model import DEFAULT_BLOCK_SIZE, DEFAULT_TIME_UNIT, _Problems
 from .options import _Opts, _src
 
 
+#: Columns of the Azure LLM inference trace CSV (a header with two of them is taken for one).
+AZURE_COLUMNS = frozenset(("TIMESTAMP", "ContextTokens", "GeneratedTokens"))
+
+
 def _sniff_csv_header(path: str) -> list[str]:
     try:
         with open(path, "rb") as f:
@@ -39,6 +43,13 @@ def _read_csv(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
     except (pa.ArrowException, OSError, ValueError) as e:
         probs.add(0, "file", f"not a readable CSV file: {e}")
         return None
+    if opts.fmt == "azure":
+        missing = [c for c in ("TIMESTAMP", "ContextTokens", "GeneratedTokens") if c not in table.column_names
+                   and c in opts.mapping.values()]
+        if missing:
+            probs.add(0, "format", f"Azure CSV is missing {' and '.join(missing)} (columns present: "
+                                   f"{', '.join(table.column_names)}); another CSV: name its columns with --map")
+            return None
     bs = opts.block_size if opts.block_size is not None else DEFAULT_BLOCK_SIZE
     meta = {"format": opts.fmt, "time_unit": unit, "block_size": str(bs)}
     if opts.fmt == "azure":

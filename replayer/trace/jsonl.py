@@ -15,7 +15,7 @@ import numpy as np
 import orjson
 
 from .columns import _Raw
-from .model import _OPTIONAL, DEFAULT_BLOCK_SIZE, DEFAULT_TIME_UNIT, _Problems
+from .model import _OPTIONAL, _REQUIRED, DEFAULT_BLOCK_SIZE, DEFAULT_TIME_UNIT, _Problems
 from .options import _Opts, _src, _synth_hash
 from .timestamps import _timestamps
 from .values import _MISSING, _check_requests, _hash_from_lists, _ints_from_list, _optional_column, _type_name
@@ -81,6 +81,13 @@ def _read_jsonl(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
     if not objs:
         if not probs:
             probs.add(0, "file", "no rows (empty trace)")
+        return None
+    absent = [(name, k) for name in _REQUIRED if (k := _src(opts, name)) and not any(k in o for o in objs)]
+    for name, k in absent:  # one problem about the key, not one per row
+        mapped = f" (--map {name}={k})" if k != name else ""
+        probs.add(0, name, f"missing from every row: no row has the key {k!r}{mapped} (keys of row {rows[0]}: "
+                           f"{', '.join(map(str, objs[0])) or 'none'})")
+    if absent:
         return None
     rows_a = np.array(rows, dtype=np.int64)
     unit = opts.time_unit or DEFAULT_TIME_UNIT

@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 
 from .columns import _check_hash_counts, _Raw
-from .csv import _read_csv, _sniff_csv_header
+from .csv import AZURE_COLUMNS, _read_csv, _sniff_csv_header
 from .jsonl import _read_jsonl
 from .model import (_INT64_MAX, _OPTIONAL, FORMATS, READ_TIME_UNITS, Trace, TraceError, TraceOrderWarning,
                     TraceProblem, _Problems, _readonly)
@@ -42,7 +42,7 @@ def _resolve(path: str, fmt: str, block_size: int | None, strict: bool, mapping,
             kind = "jsonl" if (mapping or time_unit) else "mooncake"
         elif ext == ".csv":
             head = set(_sniff_csv_header(path))
-            kind = "azure" if (not mapping and {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= head) else "csv"
+            kind = "azure" if (not mapping and len(AZURE_COLUMNS.intersection(head)) >= 2) else "csv"
         else:
             probs.add(0, "format", f"unknown trace format for extension {ext or '(none)'!r}: expected "
                                    ".parquet/.pq or a folder/glob of them (canonical), .jsonl/.json "
@@ -205,6 +205,39 @@ def _finish(raw: _Raw, probs: _Problems, path: str, strict: bool, *, origin: int
     )
 
 
+#: Leading bytes of files that are not text -> what they are.
+_MAGIC = {b"PAR1": "a Parquet file: name it .parquet (or give --format parquet)",
+          b"\x1f\x8b": "gzip-compressed data: decompress it first (gunzip)",
+          b"\x28\xb5\x2f\xfd": "zstd-compressed data: decompress it first (unzstd)",
+          b"PK\x03\x04": "a zip archive: extract the trace first"}
+
+
+def _not_text(path: str, fmt: str) -> str | None:
+    """Why the file at ``path``, read as ``fmt``, is not UTF-8 text (judged on its first 64 KiB), or None.
+
+    A text format (JSONL, CSV) given binary data would otherwise give one problem per line
+    ("str is not valid UTF-8"); this gives one about the file."""
+    import codecs
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(65536)
+    except OSError:
+        return None  # (the reader reports it)
+    for magic, what in _MAGIC.items():
+        if head.startswith(magic):
+            return f"not a text file but {what}"
+    expected = f"the {fmt} format is UTF-8 {'CSV' if fmt in ('csv', 'azure') else 'JSON lines'}"
+    nul = head.find(b"\x00")
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head[:nul] if nul >= 0 else head, final=False)
+    except UnicodeDecodeError as e:
+        return f"not a text file (byte {e.start} is 0x{head[e.start]:02x}, not UTF-8): {expected}"
+    if nul >= 0:
+        return f"not a text file (byte {nul} is 0x00): {expected}"
+    return None
+
+
 _READERS = {"parquet": _read_parquet, "mooncake": _read_jsonl, "jsonl": _read_jsonl, "csv": _read_csv,
             "azure": _read_csv}
 
@@ -263,6 +296,9 @@ def read_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | 
     if opts.fmt != "parquet" and not os.path.exists(path):
         probs.add(0, "file", "no such file")
         raise TraceError(probs.items)
+    why = _not_text(path, opts.fmt) if opts.fmt != "parquet" and os.path.isfile(path) else None
+    if why:
+        raise TraceError([TraceProblem(path, 0, "file", why)])
     raw = _READERS[opts.fmt](path, probs, opts)
     if raw is None:
         probs.raise_if_any()
