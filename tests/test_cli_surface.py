@@ -243,3 +243,20 @@ def test_trace_scale_factors_are_named_alike_and_the_old_names_still_work(tmp_pa
     assert main(["trace", "scale", src, "-o", str(tmp_path / "c.parquet"), "--input", "2",
                  "--input-factor", "3"]) == 2
     assert "--input is the old name of --input-factor: give one of them" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["benchmark.yaml", "soak.yaml", "sharded.yaml"])
+def test_example_configs_bind_loopback_and_say_why_each_setting(name):
+    """configs/soak.yaml bound the admin server (which can pause and stop the run) to 0.0.0.0; the
+    containers in deploy/ pass their own flags, so no example here needs to. Every setting of the
+    soak file carries its reason."""
+    import ipaddress
+
+    path = ROOT / "configs" / name
+    cfg = read_config_file(str(path))
+    assert ipaddress.ip_address(cfg.get("admin_host", "127.0.0.1")).is_loopback
+    if name == "soak.yaml":
+        lines = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith((" ", "#"))]
+        assert len(lines) == len(cfg)
+        assert [ln.split(":")[0] for ln in lines if "#" not in ln] == ["trace"]
+        assert "--speedup 10" in path.read_text()  # how to see a loop soon when trying it
