@@ -1,5 +1,6 @@
 """README's Layout section names every module of the package (it named about 12 of 50)."""
 
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,6 +14,6 @@ def test_readme_layout_names_every_module():
     modules = sorted(str(p.relative_to(pkg).with_suffix("")) for p in pkg.rglob("*.py"))
     assert len(modules) > 40
     assert [m for m in modules if f"`{m}`" not in layout] == []
-    named = {cell.strip("`") for cell in layout.split() if cell.startswith("`") and cell.rstrip(",").endswith("`")}
-    gone = sorted(n for n in named if "/" in n and n.split("/")[0] in ("trace", "sim") and n not in modules)
+    named = set(re.findall(r"`((?:trace|sim)/\w+)`", layout))
+    gone = sorted(named - set(modules))
     assert gone == []  # no module named that is not there any more
