@@ -22,7 +22,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from .prompts import mix64
-from .trace import Trace, TraceSource, _cut_optional, hash_id_from_string, open_trace
+from .trace import Trace, TraceSource, _cut_optional, open_trace
+from .trace.values import hash_name
 
 __all__ = ["inspect_trace", "inspect_source", "format_inspect", "take_rows", "slice_trace", "scale_trace",
            "sessionize_trace", "LruPrefixCache", "GRIDS_NS"]
@@ -361,8 +362,9 @@ def slice_trace(t: Trace, *, start_s: float | None = None, end_s: float | None =
     * ``start_s``/``end_s``: rows with ``start_s <= offset < end_s`` (seconds from the first row).
     * ``head``: the first ``head`` rows (after the window).
     * ``fraction`` with ``seed``: each session (rows without a session: each row, keyed by source
-      row) is kept when ``mix64(mix64(seed) ^ key) / 2**64 < fraction``, key = the session id as a
-      64-bit id (:func:`hash_id_from_string`); deterministic, independent of row order.
+      row) is kept when ``mix64(mix64(seed) ^ key) / 2**64 < fraction``, key = the session id's
+      keyed blake2b digest (:func:`replayer.trace.values.hash_name`: any string, empty or
+      ``"-1"`` too); deterministic, independent of row order.
     * ``whole_sessions`` (default): a session is kept with all its rows, or not at all; it is kept
       when its first row is selected (so a window or head may pull in later turns past its end).
 
@@ -391,7 +393,7 @@ def slice_trace(t: Trace, *, start_s: float | None = None, end_s: float | None =
                 sel[i] = _unit_hash(seed, int(t.source_row[i])) < fraction
             else:
                 if s not in cache:
-                    cache[s] = _unit_hash(seed, hash_id_from_string(s)) < fraction
+                    cache[s] = _unit_hash(seed, hash_name(s)) < fraction
                 sel[i] = cache[s]
     if whole_sessions and sess is not None:
         first_sel: dict[str, bool] = {}

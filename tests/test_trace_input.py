@@ -199,3 +199,17 @@ def test_a_parquet_or_compressed_file_named_as_text_is_named_for_what_it_is(tmp_
     assert len(read_trace(p, fmt="parquet")) == 1750
     p.write_bytes(gzip.compress(json.dumps(_row(0)).encode() + b"\n"))
     assert _one_problem(p).message.startswith("not a text file but gzip-compressed data")
+
+
+def test_a_seeded_sample_keys_any_session_id_as_a_name(tmp_path):
+    """Session ids are names, not hash ids: "-5" (an error as a hash id) and "12" sample like any id."""
+    from replayer.prompts import mix64
+    from replayer.trace.values import hash_name
+    from replayer.tracetools import slice_trace
+
+    ids = ["-5", "12", "", "chat-1", "0000000000000010"]
+    p = _jsonl(tmp_path / "s.jsonl", [_row(i, [i], session_id=s) for i, s in enumerate(ids * 40)])
+    t = read_trace(p)
+    kept = slice_trace(t, fraction=0.5, seed=1)
+    want = {s for s in ids if mix64(mix64(1) ^ hash_name(s)) / 2**64 < 0.5}
+    assert set(kept.session_id) == want and len(kept) == 40 * len(want)

@@ -122,6 +122,12 @@ def hash_id_from_string(s: str) -> int:
         return v
     if len(s) == 16 and _HEX.issuperset(s):
         return int(s, 16)
+    return hash_name(s)
+
+
+def hash_name(s: str) -> int:
+    """Any string (a name) -> its unsigned 64-bit id: the big-endian 8-byte keyed blake2b digest
+    (``digest_size=8``, ``key=HASH_ID_KEY``) of its UTF-8 bytes; the same in every process."""
     return int.from_bytes(hashlib.blake2b(s.encode("utf-8"), digest_size=8, key=HASH_ID_KEY).digest(), "big")
 
 
