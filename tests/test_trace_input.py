@@ -199,6 +199,9 @@ def test_a_parquet_or_compressed_file_named_as_text_is_named_for_what_it_is(tmp_
     assert len(read_trace(p, fmt="parquet")) == 1750
     p.write_bytes(gzip.compress(json.dumps(_row(0)).encode() + b"\n"))
     assert _one_problem(p).message.startswith("not a text file but gzip-compressed data")
+    csv = tmp_path / "excel.csv"
+    csv.write_text("timestamp,input_length,output_length,hash_ids\n0,10,2,[1]\n", encoding="utf-16")
+    assert _one_problem(csv).message.startswith("not a text file but UTF-16 text: convert it to UTF-8")
 
 
 def test_a_seeded_sample_keys_any_session_id_as_a_name(tmp_path):

@@ -209,7 +209,9 @@ def _finish(raw: _Raw, probs: _Problems, path: str, strict: bool, *, origin: int
 _MAGIC = {b"PAR1": "a Parquet file: name it .parquet (or give --format parquet)",
           b"\x1f\x8b": "gzip-compressed data: decompress it first (gunzip)",
           b"\x28\xb5\x2f\xfd": "zstd-compressed data: decompress it first (unzstd)",
-          b"PK\x03\x04": "a zip archive: extract the trace first"}
+          b"PK\x03\x04": "a zip archive: extract the trace first",
+          b"\xff\xfe": "UTF-16 text: convert it to UTF-8 (iconv -f UTF-16 -t UTF-8)",
+          b"\xfe\xff": "UTF-16 text: convert it to UTF-8 (iconv -f UTF-16 -t UTF-8)"}
 
 
 def _not_text(path: str, fmt: str) -> str | None:
