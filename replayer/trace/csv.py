@@ -13,7 +13,7 @@ from .options import _Opts, _src
 
 
 #: Columns of the Azure LLM inference trace CSV (a header with two of them is taken for one).
-AZURE_COLUMNS = frozenset(("TIMESTAMP", "ContextTokens", "GeneratedTokens"))
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
 def _sniff_csv_header(path: str) -> list[str]:
@@ -44,8 +44,7 @@ def _read_csv(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
         probs.add(0, "file", f"not a readable CSV file: {e}")
         return None
     if opts.fmt == "azure":
-        missing = [c for c in ("TIMESTAMP", "ContextTokens", "GeneratedTokens") if c not in table.column_names
-                   and c in opts.mapping.values()]
+        missing = [c for c in AZURE_COLUMNS if c not in table.column_names and c in opts.mapping.values()]
         if missing:
             probs.add(0, "format", f"Azure CSV is missing {' and '.join(missing)} (columns present: "
                                    f"{', '.join(table.column_names)}); another CSV: name its columns with --map")

@@ -42,7 +42,7 @@ def _resolve(path: str, fmt: str, block_size: int | None, strict: bool, mapping,
             kind = "jsonl" if (mapping or time_unit) else "mooncake"
         elif ext == ".csv":
             head = set(_sniff_csv_header(path))
-            kind = "azure" if (not mapping and len(AZURE_COLUMNS.intersection(head)) >= 2) else "csv"
+            kind = "azure" if (not mapping and len(head.intersection(AZURE_COLUMNS)) >= 2) else "csv"
         else:
             probs.add(0, "format", f"unknown trace format for extension {ext or '(none)'!r}: expected "
                                    ".parquet/.pq or a folder/glob of them (canonical), .jsonl/.json "
