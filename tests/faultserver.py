@@ -23,7 +23,10 @@ or whole body). ``FaultServer(plan)`` takes one ``Plan`` (used for every request
 
 Observations: ``received`` (one ``Received`` per request: raw body, parsed JSON, ``t0_ns``),
 ``active``/``peak_active`` (requests inside the handler, i.e. concurrent HTTP/1.1 connections with
-a request in flight), ``peak_connections`` (open TCP connections seen by the server).
+a request in flight), ``peak_connections`` (open TCP connections seen by the server). Each
+``Received`` also records when every write was actually made (``write_start_ns``,
+``wrote_ms(ms)``): under load the server writes late, so a test compares the client's
+measurements with what the server actually did, not with the transcript's planned ms.
 
 Three ways to run it:
 
@@ -143,7 +146,14 @@ class Received:
     """One request as received: raw ``body`` bytes, ``json`` (parsed, or None), ``t0_ns``
     (perf_counter_ns when the body was fully read; CLOCK_MONOTONIC, comparable across processes
     on Linux), ``path``, ``headers``, and ``write_ns`` (perf_counter_ns after each transcript
-    write returned: how late the server itself was), ``end_ns`` (when the handler finished)."""
+    write returned: how late the server itself was), ``end_ns`` (when the handler finished).
+
+    What the server actually did, item by item (a loaded machine writes late): ``write_start_ns``
+    (perf_counter_ns just before each transcript write, i.e. before its first byte could reach
+    the client) and ``write_at_ms`` (that item's planned ms), both parallel to ``write_ns``;
+    ``head_ns`` (just before the response head, or a whole ``body`` response, was handed to the
+    transport); ``abort_ns`` (just before an ``ABORT`` reset the connection). ``wrote_ms(ms)``
+    gives the actual time of the item planned at ``ms``, in ms after ``t0_ns``."""
 
     body: bytes
     json: Any
@@ -152,6 +162,23 @@ class Received:
     headers: dict[str, str]
     write_ns: list[int] = field(default_factory=list)
     end_ns: int | None = None
+    write_start_ns: list[int] = field(default_factory=list)
+    write_at_ms: list[float] = field(default_factory=list)
+    head_ns: int | None = None
+    abort_ns: int | None = None
+
+    def wrote_ns(self, ms: float) -> int:
+        """perf_counter_ns just before the server wrote the transcript item planned at ``ms`` (the
+        first such item); ``KeyError`` if it was never written."""
+        for at, start in zip(self.write_at_ms, self.write_start_ns):
+            if at == ms:
+                return start
+        raise KeyError(f"no transcript item planned at {ms} ms was written (written: {self.write_at_ms})")
+
+    def wrote_ms(self, ms: float) -> float:
+        """When the item planned at ``ms`` was actually written, in ms after ``t0_ns`` (>= ``ms``:
+        deadlines are never early; more when the server was late)."""
+        return (self.wrote_ns(ms) - self.t0_ns) / 1e6
 
 
 def peak_concurrency(received: Sequence[Received]) -> int:
@@ -254,7 +281,7 @@ class FaultServer:
             rec = Received(body, req_json, t0, request.path, dict(request.headers))
             self.received.append(rec)
             try:
-                return await self._play(request, self._choose(req_json), t0, rec.write_ns)
+                return await self._play(request, self._choose(req_json), t0, rec.write_ns, rec)
             finally:
                 rec.end_ns = time.perf_counter_ns()
         finally:
@@ -262,34 +289,42 @@ class FaultServer:
             self._handlers.discard(task)
 
     async def _play(self, request: web.Request, plan: Plan, t0: int,
-                    write_ns: list[int]) -> web.StreamResponse:
+                    write_ns: list[int], rec: Received | None = None) -> web.StreamResponse:
+        rec = rec if rec is not None else Received(b"", None, t0, request.path, {}, write_ns)
         if plan.headers_delay_ms:
             await _sleep_until(t0 + int(plan.headers_delay_ms * 1e6))
         if plan.body is not None:
             items = plan.items()
             if items and items[0][1] is ABORT:  # abort before any byte of the response
+                rec.abort_ns = time.perf_counter_ns()
                 request.transport.abort()
                 raise asyncio.CancelledError  # nothing more to do for this handler
+            rec.head_ns = time.perf_counter_ns()
             return web.Response(status=plan.status, body=plan.body,
                                 headers={"Content-Type": plan.content_type, **plan.headers})
         resp = web.StreamResponse(status=plan.status,
                                   headers={"Content-Type": plan.content_type, **plan.headers})
+        rec.head_ns = time.perf_counter_ns()
         await resp.prepare(request)
         await resp.write(b"")  # flush the head now (aiohttp holds it until the first write)
         for ms, data in plan.items():
             await _sleep_until(t0 + int(ms * 1e6))
             if data is ABORT:
+                rec.abort_ns = time.perf_counter_ns()
                 tr = request.transport
                 if tr is not None:
                     tr.abort()
                 raise asyncio.CancelledError  # aiohttp must not try to end the response
             if data is HANG:
                 await asyncio.Event().wait()  # until the client leaves / the server stops
+            start = time.perf_counter_ns()
             try:
                 await resp.write(data)
             except (ConnectionError, RuntimeError):
                 return resp  # the client went away
             write_ns.append(time.perf_counter_ns())
+            rec.write_start_ns.append(start)
+            rec.write_at_ms.append(ms)
         try:
             await resp.write_eof()
         except (ConnectionError, RuntimeError):
