@@ -26,7 +26,9 @@ Observations: ``received`` (one ``Received`` per request: raw body, parsed JSON,
 a request in flight), ``peak_connections`` (open TCP connections seen by the server). Each
 ``Received`` also records when every write was actually made (``write_start_ns``,
 ``wrote_ms(ms)``): under load the server writes late, so a test compares the client's
-measurements with what the server actually did, not with the transcript's planned ms.
+measurements with what the server actually did, not with the transcript's planned ms; and
+``run_delays``, samples of the server loop thread's run-queue wait (``run_delay_ns()``: time the
+machine kept the thread off the CPU while it was ready), the client's too when it shares the loop.
 
 Three ways to run it:
 
@@ -56,7 +58,7 @@ from aiohttp import web
 
 __all__ = ["ABORT", "HANG", "Plan", "Received", "FaultServer", "ThreadedFaultServer", "sse",
            "choice", "usage_event", "DONE", "huge_event", "PlanSource",
-           "ProcessFaultServer", "peak_concurrency"]
+           "ProcessFaultServer", "peak_concurrency", "run_delay_ns"]
 
 
 class _Marker:
@@ -153,7 +155,11 @@ class Received:
     the client) and ``write_at_ms`` (that item's planned ms), both parallel to ``write_ns``;
     ``head_ns`` (just before the response head, or a whole ``body`` response, was handed to the
     transport); ``abort_ns`` (just before an ``ABORT`` reset the connection). ``wrote_ms(ms)``
-    gives the actual time of the item planned at ``ms``, in ms after ``t0_ns``."""
+    gives the actual time of the item planned at ``ms``, in ms after ``t0_ns``. ``run_delays``:
+    ``(perf_counter_ns, run_delay_ns())`` samples of the handling thread at ``t0_ns``, before each
+    write and at the end (a test may add its own, from the same thread, with ``sample()``);
+    ``off_cpu_ms(start_ns, end_ns)`` is the run-queue wait they show over that window.
+    ``client_sent_ns``: left to the test, which may record the client's own send time there."""
 
     body: bytes
     json: Any
@@ -166,6 +172,23 @@ class Received:
     write_at_ms: list[float] = field(default_factory=list)
     head_ns: int | None = None
     abort_ns: int | None = None
+    run_delays: list[tuple[int, int]] = field(default_factory=list)
+    client_sent_ns: int | None = None  # the client's send (perf_counter_ns), if the test sets it
+
+    def sample(self) -> None:
+        """Add a ``(perf_counter_ns, run_delay_ns())`` sample of the calling thread."""
+        self.run_delays.append((time.perf_counter_ns(), run_delay_ns()))
+
+    def off_cpu_ms(self, start_ns: int, end_ns: int) -> float:
+        """Run-queue wait (ms) of the sampled thread from the last sample at or before
+        ``start_ns`` to the first at or after ``end_ns``: how long the machine kept it from
+        running in that window. ``ValueError`` when no samples cover the window."""
+        before = [d for t, d in self.run_delays if t <= start_ns]
+        after = [d for t, d in self.run_delays if t >= end_ns]
+        if not before or not after:
+            raise ValueError(f"no run-delay samples cover {start_ns}..{end_ns} "
+                             f"(samples at {[t for t, _ in self.run_delays]})")
+        return (min(after) - max(before)) / 1e6
 
     def wrote_ns(self, ms: float) -> int:
         """perf_counter_ns just before the server wrote the transcript item planned at ``ms`` (the
@@ -192,6 +215,17 @@ def peak_concurrency(received: Sequence[Received]) -> int:
     return peak
 
 
+def run_delay_ns() -> int:
+    """The calling thread's total run-queue wait so far, in ns: time it was ready to run while the
+    machine ran something else (Linux ``/proc/thread-self/schedstat``, 2nd field; 0 where that is
+    unavailable). About 30-130 us a call."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 async def _sleep_until(deadline_ns: int) -> None:
     """Sleep until perf_counter_ns() >= deadline_ns (timer, then a short yield-spin: ~0.1 ms)."""
     while True:
@@ -209,8 +243,9 @@ class FaultServer:
     ``await stop()``; or ``async with``. Routes: ``POST`` any path plays a plan; ``GET /health``
     answers 200; ``GET /v1/models`` lists one model, ``m``."""
 
-    def __init__(self, plan: PlanSource = Plan()) -> None:
+    def __init__(self, plan: PlanSource = Plan(), *, sample_run_delay: bool = True) -> None:
         self.plan = plan
+        self.sample_run_delay = sample_run_delay  # fill Received.run_delays (~0.1 ms a write)
         self.received: list[Received] = []
         self.active = 0
         self.peak_active = 0
@@ -279,11 +314,15 @@ class FaultServer:
             except orjson.JSONDecodeError:
                 req_json = None
             rec = Received(body, req_json, t0, request.path, dict(request.headers))
+            if self.sample_run_delay:
+                rec.run_delays.append((t0, run_delay_ns()))
             self.received.append(rec)
             try:
                 return await self._play(request, self._choose(req_json), t0, rec.write_ns, rec)
             finally:
                 rec.end_ns = time.perf_counter_ns()
+                if self.sample_run_delay:
+                    rec.sample()
         finally:
             self.active -= 1
             self._handlers.discard(task)
@@ -317,7 +356,10 @@ class FaultServer:
                 raise asyncio.CancelledError  # aiohttp must not try to end the response
             if data is HANG:
                 await asyncio.Event().wait()  # until the client leaves / the server stops
+            delay = run_delay_ns() if self.sample_run_delay else None
             start = time.perf_counter_ns()
+            if delay is not None:
+                rec.run_delays.append((start, delay))
             try:
                 await resp.write(data)
             except (ConnectionError, RuntimeError):
@@ -378,7 +420,7 @@ class ThreadedFaultServer:
 
 def _process_main(plan: PlanSource, conn) -> None:  # child process of ProcessFaultServer
     async def main() -> None:
-        srv = FaultServer(plan)
+        srv = FaultServer(plan, sample_run_delay=False)  # its thread is not the client's
         conn.send(await srv.start())
         loop = asyncio.get_running_loop()
         asked = asyncio.Event()
