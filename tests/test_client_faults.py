@@ -76,6 +76,8 @@ def at(value: float | None, rec: Received, ms: float, tol: float = TOL_MS) -> No
     assert value is not None, f"unmeasured; the server wrote the {ms} ms item at {actual:.2f} ms"
     assert value - actual >= -0.001, f"measured {value:.2f} ms, before the server wrote the {ms} ms item ({actual:.2f} ms)"
     sent = rec.client_sent_ns
+    assert sent + value * 1e6 <= rec.run_delays[-1][0], (
+        f"measured {value:.2f} ms: after the exchange ended (the server wrote the {ms} ms item at {actual:.2f} ms)")
     off_cpu = rec.off_cpu_ms(sent, rec.t0_ns) + rec.off_cpu_ms(rec.wrote_ns(ms), sent + round(value * 1e6))
     assert value - actual <= tol + off_cpu, (
         f"measured {value:.2f} ms, the server wrote the {ms} ms item at {actual:.2f} ms "
