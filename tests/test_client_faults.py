@@ -3,9 +3,13 @@ real ``replayer.client.Client`` -> real aiohttp server on 127.0.0.1 (``tests/fau
 playing each case's byte transcript with its timing.
 
 Times: a transcript's ms are counted from the moment the server has the whole request body; the
-client measures from just before it writes the request. Measured times are asserted within
-``TOL_MS`` (default 15 ms: this machine has 2 shared cores and other suites run beside us; set
-``REPLAYER_FAULT_TOL_MS=3`` on a quiet machine). Counts, tokens, outcomes and texts are exact.
+client measures from just before it writes the request. A loaded machine makes the server write
+late, so measured times are asserted against what the server actually did (``at``, ``gap``: its
+recorded write times, same clock), never before it and within ``TOL_MS`` after it (default 15 ms;
+``REPLAYER_FAULT_TOL_MS=3`` on a quiet machine) plus the time the machine kept the test's thread
+off the CPU (its measured run-queue wait); the case's planned ms is a sanity bound only.
+Counts, tokens, outcomes and texts are exact. ``near`` (a value within TOL_MS of a planned ms)
+holds only on a quiet machine.
 """
 
 from __future__ import annotations
