@@ -10,6 +10,7 @@ counts, kinds and tokens exactly."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 import json
 import socket
 import subprocess
@@ -19,6 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 from faultserver import DONE, FaultServer, Plan, ProcessFaultServer, choice, usage_event
 from test_client_faults import PROMPTS, by_prompt_head, play, prepared, result_for, send_all
+from test_client_faults import SANITY_MS, TOL_MS as TOL_FAULTS_MS, served
+from faultserver import run_delay_ns
 
 from replayer.client import Client
 from replayer.clock import now_ns
@@ -61,11 +64,66 @@ def b27(**client_kw):
     """R1, R2, R3 sent at t = 0 through one Client -> (results in that order, run seconds). The
     server runs in its own process, like a real target: its writes reach the socket on time even
     when the client's loop is busy, and the client reads what arrived before its timers fire."""
+    res, run_s, _ = b27_seen(**client_kw)
+    return res, run_s
+
+
+def b27_seen(**client_kw):
+    """``b27`` -> (results, run seconds, ``Seen``: what the server actually did, to check the
+    client's times against)."""
+    reqs = [prepared(1), prepared(2), prepared(3)]
     with ProcessFaultServer(_ByHead({1: Plan(R1), 2: Plan(R2), 3: Plan(R3)})) as srv:
         t = now_ns()
-        res = asyncio.run(asyncio.wait_for(send_all(srv.url, [prepared(1), prepared(2), prepared(3)],
-                                                    **client_kw), 60))
-        return res, (now_ns() - t) / 1e9
+        res, samples = asyncio.run(_sampled(send_all(srv.url, reqs, t, **client_kw)))
+        run_s = (now_ns() - t) / 1e9
+    return res, run_s, Seen(t, {r.row: served(srv, q) for r, q in zip(res, reqs)}, samples)
+
+
+async def _sampled(coro):
+    """Run ``coro`` (60 s at most) beside a probe that samples the loop thread's run-queue wait
+    every 5 ms -> (its result, [(perf_counter_ns, run_delay_ns()), ...])."""
+    samples = [(now_ns(), run_delay_ns())]
+
+    async def probe():
+        while True:
+            await asyncio.sleep(0.005)
+            d = run_delay_ns()
+            samples.append((now_ns(), d))
+
+    task = asyncio.create_task(probe())
+    try:
+        return await asyncio.wait_for(coro, 60), samples
+    finally:
+        task.cancel()
+        samples.append((now_ns() + 1, run_delay_ns()))
+
+
+@dataclass
+class Seen:
+    """The client's anchor (``t0_ns``), the server's record of each row's request and samples
+    of the client thread's run-queue wait (the time the machine kept it off the CPU)."""
+
+    t0_ns: int
+    recs: dict
+    samples: list
+
+    def off_cpu_ms(self, start_ns: int, end_ns: int) -> float:
+        """The client thread's run-queue wait over a window covering ``start_ns``..``end_ns``."""
+        before = [d for t, d in self.samples if t <= start_ns] or [0]
+        after = [d for t, d in self.samples if t >= end_ns] or [self.samples[-1][1]]
+        return (min(after) - max(before)) / 1e6
+
+    def at(self, r, field: str, ms: float) -> None:
+        """The client's stamp ``r.<field>`` (first_token_ns, last_token_ns) against the server's
+        actual write of the item planned at ``ms`` (same clock): never before it, at most
+        ``test_client_faults.TOL_MS`` after it plus the client's time off the CPU; the planned
+        ``ms`` (the case's value) is a sanity bound only."""
+        rec = self.recs[r.row]
+        stamp_ns, wrote_ns = self.t0_ns + getattr(r, field), rec.wrote_ns(ms)
+        err, off_cpu = (stamp_ns - wrote_ns) / 1e6, self.off_cpu_ms(wrote_ns, stamp_ns)
+        assert 0 <= err <= TOL_FAULTS_MS + off_cpu, (field, ms, err, off_cpu)
+        assert self.t0_ns + r.sent_ns < rec.t0_ns  # sent before the server had it
+        assert ms <= (stamp_ns - self.t0_ns - r.sent_ns) / 1e6 <= ms + SANITY_MS
 
 
 def took_ms(r) -> float:
@@ -73,10 +131,12 @@ def took_ms(r) -> float:
 
 
 def test_b27_a_silent_stream_fails_as_idle_timeout_and_a_slow_steady_one_is_never_cut():
-    (r1, r2, r3), run_s = b27(read_timeout_s=0.5)  # no total timeout (the default)
+    (r1, r2, r3), run_s, seen = b27_seen(read_timeout_s=0.5)  # no total timeout (the default)
     # R1: 30 tokens 100 ms apart, never 500 ms silent: success
     assert r1.outcome == "success", (r1.error_kind, r1.error)
-    assert near(r1.ttft_ms, 100) and near(r1.e2e_ms, 3000) and r1.completion_tokens == 30
+    seen.at(r1, "first_token_ns", 100)  # TTFT and E2E against the server's actual writes
+    seen.at(r1, "last_token_ns", 3000)
+    assert r1.completion_tokens == 30
     assert abs(r1.tpot_ms - 100) <= 5 and r1.partial_output_tokens is None
     # R2: failed 500 ms after its last byte (50 ms), as an idle timeout with a message
     assert r2.outcome == "failed" and r2.error_kind == ErrorKind.IDLE_TIMEOUT.value
@@ -85,19 +145,22 @@ def test_b27_a_silent_stream_fails_as_idle_timeout_and_a_slow_steady_one_is_neve
     assert r2.partial_output_tokens == 1 and r2.completion_tokens is None  # kept apart
     # R3: success
     assert r3.outcome == "success", (r3.error_kind, r3.error)
-    assert near(r3.ttft_ms, 40) and near(r3.e2e_ms, 200) and r3.completion_tokens == 5
+    seen.at(r3, "first_token_ns", 40)
+    seen.at(r3, "last_token_ns", 200)
+    assert r3.completion_tokens == 5
     assert abs(r3.tpot_ms - 40) <= TOL_MS / 4
     # the run ends with R1 (~3 s), not with R2's held connection
     assert run_s < HOLD_MS / 1e3 / 2
     s = summarize(to_table([r1, r2, r3]))
     assert (s["completed"], s["failed"], s["errors_by_kind"]) == (2, 1, {"idle_timeout": 1})
     assert s["total_output_tokens"] == 35 and s["partial_output_tokens"] == 1  # R2's: kept apart
-    assert near(s["mean_ttft_ms"], 70) and near(s["mean_e2el_ms"], 1600)  # R1 and R3 only
+    assert s["mean_ttft_ms"] == pytest.approx((r1.ttft_ms + r3.ttft_ms) / 2)  # R1 and R3 only
+    assert s["mean_e2el_ms"] == pytest.approx((r1.e2e_ms + r3.e2e_ms) / 2)
     assert abs(s["mean_tpot_ms"] - 70) <= 5
 
 
 def test_b27_a_total_timeout_cuts_the_long_stream_and_keeps_its_partial_tokens():
-    (r1, r2, r3), _ = b27(read_timeout_s=0.5, request_timeout_s=1.95)
+    (r1, r2, r3), _, seen = b27_seen(read_timeout_s=0.5, request_timeout_s=1.95)
     assert r1.outcome == "failed" and r1.error_kind == ErrorKind.TOTAL_TIMEOUT.value
     assert 1949 <= took_ms(r1) <= 1950 + 3 * TOL_MS, took_ms(r1)
     assert "total timeout" in r1.error and "1.95 s" in r1.error and "--request-timeout" in r1.error
@@ -106,7 +169,8 @@ def test_b27_a_total_timeout_cuts_the_long_stream_and_keeps_its_partial_tokens()
     assert r3.outcome == "success" and r3.completion_tokens == 5
     s = summarize(to_table([r1, r2, r3]))
     assert s["errors_by_kind"] == {"idle_timeout": 1, "total_timeout": 1}
-    assert s["completed"] == 1 and s["total_output_tokens"] == 5 and near(s["mean_ttft_ms"], 40)
+    assert s["completed"] == 1 and s["total_output_tokens"] == 5 and s["mean_ttft_ms"] == r3.ttft_ms
+    seen.at(r3, "first_token_ns", 40)
     assert s["partial_output_tokens"] == 19 + 1
 
 
