@@ -311,7 +311,9 @@ def test_the_read_timeout_of_a_request_handed_to_the_launcher_counts_from_its_wr
         async with FaultServer(Plan(OK_STREAM, headers_delay_ms=50)) as srv:
             launcher = Launcher(priority="default")
             try:
-                async with Client(srv.url, t0_ns=now_ns(), read_timeout_s=0.2) as c:
+                # the server's first byte 50 ms after the write, 450 ms inside the read timeout
+                # (a loaded machine answered 211 ms late); handed over 1 s ahead: more than it
+                async with Client(srv.url, t0_ns=now_ns(), read_timeout_s=0.5) as c:
                     launcher.start()
                     await launcher.ready()
                     c.use_launcher(launcher)
@@ -320,7 +322,7 @@ def test_the_read_timeout_of_a_request_handed_to_the_launcher_counts_from_its_wr
                     res = req.new_result(0)
                     reserved = c.reserve(req, res)
                     assert reserved is not None
-                    c.launch(now_ns() + 300_000_000, req, res, reserved)  # written 300 ms from now
+                    c.launch(now_ns() + 1_000_000_000, req, res, reserved)  # written 1 s from now
                     return await asyncio.wait_for(c.send(req, res, reserved), 30), launcher.launched
             finally:
                 launcher.stop()
