@@ -164,14 +164,20 @@ def test_b27_a_total_timeout_cuts_the_long_stream_and_keeps_its_partial_tokens()
     assert r1.outcome == "failed" and r1.error_kind == ErrorKind.TOTAL_TIMEOUT.value
     assert 1949 <= took_ms(r1) <= 1950 + 3 * TOL_MS, took_ms(r1)
     assert "total timeout" in r1.error and "1.95 s" in r1.error and "--request-timeout" in r1.error
-    assert r1.partial_output_tokens == 19 and r1.completion_tokens is None and r1.usage_source == "none"
+    # its partial tokens: the 19 the server writes before 1950 ms, as many as it actually wrote
+    # before the cut on a loaded machine (the last of them may still be unread at the cut)
+    cut_ns = seen.t0_ns + r1.end_ns
+    written = sum(t < cut_ns for t in seen.recs[r1.row].write_start_ns)
+    assert r1.partial_output_tokens in (written, written - 1), (r1.partial_output_tokens, written)
+    assert 19 - 5 <= r1.partial_output_tokens <= 19 + 5  # sanity: the case's 19
+    assert r1.completion_tokens is None and r1.usage_source == "none"
     assert r2.error_kind == ErrorKind.IDLE_TIMEOUT.value  # the idle timeout still applies
     assert r3.outcome == "success" and r3.completion_tokens == 5
     s = summarize(to_table([r1, r2, r3]))
     assert s["errors_by_kind"] == {"idle_timeout": 1, "total_timeout": 1}
     assert s["completed"] == 1 and s["total_output_tokens"] == 5 and s["mean_ttft_ms"] == r3.ttft_ms
     seen.at(r3, "first_token_ns", 40)
-    assert s["partial_output_tokens"] == 19 + 1
+    assert s["partial_output_tokens"] == r1.partial_output_tokens + 1
 
 
 def test_no_response_byte_within_the_read_timeout_is_a_first_byte_timeout():
