@@ -46,10 +46,6 @@ R3 = [(40 * i, tok) for i in range(1, 5)] + [
     (202, b'data: [DONE]\n\n')]
 
 
-def near(value: float | None, expected: float, tol: float = TOL_MS) -> bool:
-    return value is not None and abs(value - expected) <= tol
-
-
 class _ByHead:
     """Picklable plan chooser (for the server's own process): the plan of row k of ``prepared``."""
 
