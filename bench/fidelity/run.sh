@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Measure replayer with the neutral fidelity harness in ../shared/bench/fidelity (issue 7's workload).
-#   bench/fidelity/run.sh [W1|stress SPEEDUP] [WORK_DIR]
-# W1 = first 600 s of the Mooncake conversation trace at 10x (1,750 rows);
-# stress = the same slice with outputs capped at 32 tokens at SPEEDUP.
+# Measure replayer (or the lean reference client) with the neutral fidelity harness in
+# ../shared/bench/fidelity (issue 7's and issue 17's workloads).
+#   bench/fidelity/run.sh [W1 | stress SPEEDUP | tiny RATE] [WORK_DIR]
+# W1     = first 600 s of the Mooncake conversation trace at 10x (1,750 rows);
+# stress = the same slice with outputs capped at 32 tokens at SPEEDUP;
+# tiny   = 1,000 requests of 16 prompt tokens and 1 output token, evenly spaced at RATE requests/s,
+#          against the harness server with no TTFT or ITL delay (issue 17's tiny requests).
+# TOOL=calib runs the reference client (calib_client.py) on the same slice instead of replayer.
 # REPLAYER_ARGS="--no-launcher ..." passes options to `replayer run`.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -11,10 +15,27 @@ MODE=${1:-W1}
 V=$ROOT/.venv-fidelity
 [[ -x $V/bin/python ]] || { python3 -m venv "$V"; "$V/bin/pip" install -q -r "$H/requirements.txt"; }
 P=$V/bin/python
-if [[ $MODE == stress ]]; then S=${2:?speedup}; W=${3:-$(mktemp -d)}; CAP="--output-cap 32"; NAME=stress_s$S
-else S=10; W=${2:-$(mktemp -d)}; CAP=""; NAME=w1; fi
-rm -rf "$W/run_$NAME"  # a fresh run folder: replayer keeps (and summarizes) results already in one
-$P "$H/trace_slice.py" --first-seconds 600 --speedup "$S" $CAP --out-dir "$W/slice_$NAME" >/dev/null
-$P "$H/harness.py" --runner "$ROOT/bench/fidelity/replayer_runner.sh" --slice "$W/slice_$NAME" \
-  --out "$W/run_$NAME" --work-dir "$W" --name replayer ${REPLAYER_ARGS:+"--tool-args=$REPLAYER_ARGS"}
-echo "score: $W/run_$NAME/score.json"
+SERVER_ARGS=""
+case $MODE in
+  stress) S=${2:?speedup}; W=${3:-$(mktemp -d)}; SLICE_ARGS=(--first-seconds 600 --speedup "$S" --output-cap 32); NAME=stress_s$S ;;
+  tiny)
+    R=${2:?rate (requests/s)}; W=${3:-$(mktemp -d)}; NAME=tiny_r$R; SERVER_ARGS="--base-ms 0 --itl-ms 0"
+    mkdir -p "$W"
+    "$P" - "$W/tiny_r$R.jsonl" "$R" <<'PYEOF'
+import json, sys
+path, rate = sys.argv[1], float(sys.argv[2])
+with open(path, "w") as f:
+    for i in range(1000):
+        f.write(json.dumps({"timestamp": round(i * 1000.0 / rate, 6), "input_length": 16,
+                            "output_length": 1, "hash_ids": [i]}) + "\n")
+PYEOF
+    SLICE_ARGS=(--trace "$W/tiny_r$R.jsonl" --first-n 1000 --speedup 1) ;;
+  *) S=10; W=${2:-$(mktemp -d)}; SLICE_ARGS=(--first-seconds 600 --speedup "$S"); NAME=w1 ;;
+esac
+TOOL=${TOOL:-replayer}
+rm -rf "$W/run_${NAME}_$TOOL"  # a fresh run folder: replayer keeps (and summarizes) results already in one
+$P "$H/trace_slice.py" "${SLICE_ARGS[@]}" --out-dir "$W/slice_$NAME" >/dev/null
+if [[ $TOOL == calib ]]; then RUNNER=(--tool calib); else RUNNER=(--runner "$ROOT/bench/fidelity/replayer_runner.sh"); fi
+$P "$H/harness.py" "${RUNNER[@]}" --slice "$W/slice_$NAME" --out "$W/run_${NAME}_$TOOL" --work-dir "$W" --name "$TOOL" \
+  ${SERVER_ARGS:+"--server-args=$SERVER_ARGS"} ${REPLAYER_ARGS:+"--tool-args=$REPLAYER_ARGS"}
+echo "score: $W/run_${NAME}_$TOOL/score.json"
