@@ -122,6 +122,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens-per-chunk", type=int, metavar="K", default=d.tokens_per_chunk,
                    help="tokens per decode step and streamed chunk after the first token (as "
                    "speculative decoding or MTP delivers them)")
+    p.add_argument("--enable-per-request-metrics", action="store_true",
+                   help="as vLLM's flag: every completions/chat response carries its timings in a "
+                   "'metrics' object (streams: on the final usage chunk); without it, only requests "
+                   "with \"include_metrics\": true get them")
     return p
 
 
@@ -137,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             vocab_size=a.vocab_size, max_model_len=a.max_model_len,
             record_requests=False, record_limit=a.record_limit,
             embedding_dim=a.embedding_dim, score_usage=a.score_usage,
-            score_usage_inflate_tokens=a.inflate_score_usage, tokens_per_chunk=a.tokens_per_chunk)
+            score_usage_inflate_tokens=a.inflate_score_usage, tokens_per_chunk=a.tokens_per_chunk,
+            per_request_metrics=a.enable_per_request_metrics)
     except ValueError as e:
         print(f"replayer sim: {e}", file=sys.stderr)
         return 2

@@ -31,6 +31,7 @@ class SimConfig:
     score_usage: str = "per_document"
     score_usage_inflate_tokens: int = 0
     tokens_per_chunk: int = 1
+    per_request_metrics: bool = False  # vLLM --enable-per-request-metrics: every response has `metrics`
 
     def __post_init__(self) -> None:
         if self.kv_block_size < 1 or self.embedding_dim < 1 or self.tokens_per_chunk < 1:

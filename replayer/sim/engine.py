@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import orjson
@@ -33,7 +34,7 @@ class _Req:
     """A request in prefill/decode; mutated only on the event loop."""
 
     __slots__ = ("max_tokens", "prompt_tokens", "generated", "transport", "chunk",
-                 "chunked", "continuous", "base", "done", "t_first", "aborted", "chat", "last")
+                 "chunked", "continuous", "base", "done", "t_first", "aborted", "chat", "last", "timing")
 
     def __init__(self, max_tokens: int, prompt_tokens: int, chat: bool) -> None:
         self.chat = chat           # chat.completion(.chunk) format instead of text_completion
@@ -49,6 +50,9 @@ class _Req:
         self.done: asyncio.Future[bool] | None = None
         self.t_first = 0.0
         self.aborted = False
+        # per-request metrics asked for (vLLM --enable-per-request-metrics / include_metrics):
+        # [queued, scheduled, first token] in time.perf_counter() seconds; None = not asked
+        self.timing: list[float] | None = None
 
 
 class _Engine:
@@ -213,5 +217,21 @@ class _Engine:
             obj["usage"] = {"prompt_tokens": r.prompt_tokens,
                             "completion_tokens": r.max_tokens,
                             "total_tokens": r.prompt_tokens + r.max_tokens}
+            if r.timing is not None:  # vLLM: on the final usage chunk only
+                obj["metrics"] = timing_metrics(r)
             out += b"data: " + orjson.dumps(obj) + b"\n\n"
         return out + _DONE
+
+
+def timing_metrics(r: _Req) -> dict[str, float | None]:
+    """vLLM's per-request ``metrics`` object (PR #46768, ``build_per_request_timing_metrics``)
+    for ``r``, its last token now: queue = scheduled - queued, TTFT = first token - scheduled
+    (the queue not included), generation = last token - first token, in milliseconds."""
+    queued, scheduled, first = r.timing  # type: ignore[misc]
+    last = time.perf_counter()
+    n = r.max_tokens
+    gen_s = last - first
+    return {"time_to_first_token_ms": (first - scheduled) * 1e3, "generation_time_ms": gen_s * 1e3,
+            "queue_time_ms": (scheduled - queued) * 1e3,
+            "mean_itl_ms": gen_s / (n - 1) * 1e3 if n > 1 else None,
+            "tokens_per_second": n / (last - scheduled) if last > scheduled else None}

@@ -20,7 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .cache import _PrefixCache, prompt_block_hashes
 from .config import ReceivedRequest, SimConfig
-from .engine import _DONE, _TOKEN_TEXT, _Engine, _frame, _Req
+from .engine import _DONE, _TOKEN_TEXT, _Engine, _frame, _Req, timing_metrics
 from .metrics import _Metrics
 from .pooling import EmbeddingsJob, PoolingError, PoolingJob, RerankJob, ScoreJob
 
@@ -265,6 +265,7 @@ class SimServer(_Engine):
             "ignore_eos": body.get("ignore_eos"),
             "text": text,
             "chat": chat,
+            "metrics": body.get("include_metrics") is True,  # PR #46768's request field
         }
 
     def _record(self, rec: ReceivedRequest) -> None:
@@ -338,26 +339,32 @@ class SimServer(_Engine):
         cfg = self.config
         loop = asyncio.get_running_loop()
         r = _Req(o["max_tokens"], n_prompt, o["chat"])
+        # like vLLM: a client's X-Request-Id is the request's id (and is echoed in the response)
+        rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        echo = {"X-Request-Id": rid} if "X-Request-Id" in request.headers else {}
         if r.chat:
-            r.base = {"id": f"chatcmpl-{uuid.uuid4().hex}",
+            r.base = {"id": f"chatcmpl-{rid}",
                       "object": "chat.completion.chunk" if o["stream"] else "chat.completion",
                       "created": int(time.time()), "model": model}
         else:
-            r.base = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+            r.base = {"id": f"cmpl-{rid}", "object": "text_completion",
                       "created": int(time.time()), "model": model}
         resp: web.StreamResponse | None = None
         if o["stream"]:
             # Like vLLM (uvicorn), the 200 + headers go out as soon as the request is
             # accepted; tokens follow after queueing and prefill.
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **echo})
             try:
                 await resp.prepare(request)
                 await resp.write(b"")  # flushes the headers aiohttp would otherwise hold
             except ConnectionError:
                 return resp
+        queued = time.perf_counter()
         await self._admit()
         try:
             t_admit = loop.time()
+            if o["metrics"] or cfg.per_request_metrics:
+                r.timing = [queued, time.perf_counter(), 0.0]
             bs = cfg.kv_block_size
             hit_blocks = (self._cache.lookup_and_insert(prompt_block_hashes(ids, bs))
                           if self._cache.capacity else 0)
@@ -369,6 +376,8 @@ class SimServer(_Engine):
             ttft_s = (cfg.ttft_base_ms + cfg.prefill_us_per_token
                       * (n_prompt - hits) / 1000.0) / 1000.0
             await asyncio.sleep(max(0.0, t_admit + ttft_s - loop.time()))
+            if r.timing is not None:
+                r.timing[2] = time.perf_counter()
             m.prompt_tokens += n_prompt
             r.done = loop.create_future()
             r.generated = 1
@@ -413,7 +422,9 @@ class SimServer(_Engine):
                     "index": 0, "text": _TOKEN_TEXT * r.max_tokens, "logprobs": None,
                     "finish_reason": "length", "stop_reason": None, "prompt_logprobs": None}],
                     "usage": usage}
-            return web.Response(body=orjson.dumps(body), content_type="application/json")
+            if r.timing is not None:
+                body["metrics"] = timing_metrics(r)
+            return web.Response(body=orjson.dumps(body), content_type="application/json", headers=echo)
         except ConnectionError:
             # The client went away while we wrote; nobody reads what we return.
             return resp if resp is not None else web.Response(status=499)
