@@ -58,6 +58,8 @@ from .errors import ErrorKind, Outcome
 from .launcher import Launcher
 from .payload import POOLING, PreparedRequest
 from .result import RequestResult
+from .servertimings import TimedStreamAccumulator
+from .servertimings import record as record_server_timings
 from .sse import SSEDecoder, StreamAccumulator
 
 _ERROR_BODY_LIMIT = 64 * 1024
@@ -82,8 +84,9 @@ class _Exchange:
                  "content_type", "has_length", "chunked", "headers_done", "read_timeout_ns", "timer",
                  "retry_after", "sent", "total_ns", "deadline_ns")
 
-    def __init__(self, done: asyncio.Future, read_timeout_ns: int | None, total_ns: int | None = None) -> None:
-        self.acc = StreamAccumulator()
+    def __init__(self, done: asyncio.Future, read_timeout_ns: int | None, total_ns: int | None = None,
+                 acc: StreamAccumulator | None = None) -> None:
+        self.acc = StreamAccumulator() if acc is None else acc
         self.dec: SSEDecoder | None = None
         self.status = 0
         self.sse = False
@@ -298,13 +301,16 @@ class Client:
     and ~3.5 us less system CPU per event (bench/bench_stream.py). Only for servers with
     ``TCP_NODELAY``: a server using Nagle's algorithm holds each small write until the previous
     one is acknowledged, so tokens would wait for the delayed ACK (up to 40 ms). A request with its own ``path`` goes to
-    ``base_url + path``. Use as an async context manager, or call ``start``/``close``.
+    ``base_url + path``. A request's ``headers`` (its ``X-Request-Id``) go into its head.
+    ``server_timings``: read the server's own timings from the response and record them
+    (``replayer.servertimings``). Use as an async context manager, or call ``start``/``close``.
     """
 
     def __init__(self, base_url: str, *, t0_ns: int = 0, endpoint: str = "/v1/completions",
                  api_key: str | None = None, connect_timeout_s: float = 30.0,
                  read_timeout_s: float | None = 600.0, request_timeout_s: float | None = None, retry_max: int = 0,
-                 retry_backoff_s: float = 0.5, usage_slack_tokens: int = 0, delayed_ack: bool = False) -> None:
+                 retry_backoff_s: float = 0.5, usage_slack_tokens: int = 0, delayed_ack: bool = False,
+                 server_timings: bool = False) -> None:
         u = urlsplit(base_url.rstrip("/") + endpoint)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"target must be an http(s) URL, got {base_url!r}")
@@ -319,6 +325,8 @@ class Client:
         self._head = self._request_head((u.path or "/") + (f"?{u.query}" if u.query else ""))
         self._heads: dict[str, bytes] = {}
         self.usage_slack_tokens = usage_slack_tokens
+        self.server_timings = server_timings
+        self._acc = TimedStreamAccumulator if server_timings else StreamAccumulator
         self.delayed_ack = delayed_ack and hasattr(socket, "TCP_QUICKACK")
         self._connect_timeout = connect_timeout_s
         self._read_timeout_ns = int(read_timeout_s * 1e9) if read_timeout_s else None
@@ -461,7 +469,8 @@ class Client:
         if conn.fd < 0:  # TLS: only the transport can write
             self._idle.append(conn)
             return None
-        ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns)
+        ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns,
+                       self._acc())
         conn.ex = ex  # the connection is ours from now on
         res.connect_ms = 0.0
         return conn, ex, self._head_of(req)
@@ -524,15 +533,16 @@ class Client:
                 _reported(item[3])
 
     def _head_of(self, req: PreparedRequest) -> bytes:
-        """``req``'s HTTP head (request line and headers, with Content-Length)."""
-        return self._head_for(req.path) + b"Content-Length: %d\r\n\r\n" % len(req.body)
+        """``req``'s HTTP head (request line and headers, its own ``headers`` and Content-Length)."""
+        return b"".join((self._head_for(req.path), req.headers, b"Content-Length: %d\r\n\r\n" % len(req.body)))
 
     def _request_bytes(self, req: PreparedRequest) -> bytes:
         """The whole HTTP request: head and ``req.body``."""
         return b"".join((self._head_of(req), req.body))
 
     def _write(self, req: PreparedRequest, res: RequestResult, conn: _Connection, t_start: int) -> _Exchange:
-        ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns)
+        ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns,
+                       self._acc())
         request = self._request_bytes(req)
         sent = now_ns()
         if ex.total_ns is not None:
@@ -615,6 +625,8 @@ class Client:
                     retry = _retry_after_s(ex.retry_after)
             else:
                 _measure(res, acc, sent, t0, ex.dec)
+                if self.server_timings:
+                    record_server_timings(res, acc)
                 if acc.success:
                     res.outcome = Outcome.SUCCESS.value
                     if req.endpoint in POOLING:  # one JSON body: E2E is its arrival

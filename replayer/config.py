@@ -9,8 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+#: what ``run_id`` may hold: it goes into every request's ``X-Request-Id`` header
+RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def new_run_id() -> str:
+    """A new run id (12 random hex digits): unique across runs, so ids in a server's logs never
+    collide between runs."""
+    return secrets.token_hex(6)
 
 
 class ConfigError(ValueError):
@@ -116,6 +128,12 @@ class RunConfig(BaseModel):
     max_error_ratio: float | None = Field(None, ge=0, le=1, description="exit 3 when more than this "
                                           "fraction of the requests that ended failed (failed / (completed "
                                           "+ failed)), e.g. 0.01 for CI; none = exit 0 however many failed")
+    run_id: str | None = Field(None, description="the run's id: every request carries the header X-Request-Id: "
+                               "RUN_ID-LOOP-ROW (recorded as x_request_id), to join the results with the "
+                               "server's logs; none = a new random id (a resumed run keeps its run's)")
+    server_timings: bool = Field(False, description="ask the server for its per-request timings (vLLM "
+                                 "--enable-per-request-metrics: the 'metrics' object; the request field "
+                                 "include_metrics is sent) and record them (server_*_ms, client_overhead_ms)")
     strict: bool = Field(False, description="treat out-of-order timestamps in the trace as an error")
     quiet: bool = Field(False, description="no live view or progress lines (the final summary and "
                         "results line are still printed)")
@@ -209,6 +227,13 @@ class RunConfig(BaseModel):
         i, n = (int(x) for x in self.shard.split("/"))
         return i, n
 
+    @field_validator("run_id")
+    @classmethod
+    def _run_id(cls, v: str | None) -> str | None:
+        if v is not None and not RUN_ID.fullmatch(v):
+            raise ValueError("must be 1 to 64 letters, digits, '.', '_' or '-' (it goes into an HTTP header)")
+        return v
+
     @field_validator("log_level")
     @classmethod
     def _level(cls, v: str) -> str:
@@ -295,7 +320,7 @@ SAME_ON_RESUME = ("seed", "shard", "block_size", "vocab_range", "tokenizer", "pr
 
 
 def recorded_settings(results_dir: str, *, workers: bool = False) -> dict:
-    """The trace and ``SAME_ON_RESUME`` settings recorded in ``results_dir/checkpoint.json`` (or,
+    """The trace, ``SAME_ON_RESUME`` settings and run id recorded in ``results_dir/checkpoint.json`` (or,
     for a ``--workers`` run's folder, ``worker-0/checkpoint.json``, without its shard), so that
     ``--resume DIR`` alone continues the run as it was. Empty when there is no readable
     checkpoint (the daemon then says so)."""
@@ -308,7 +333,7 @@ def recorded_settings(results_dir: str, *, workers: bool = False) -> dict:
         if not isinstance(ckpt, dict):
             return {}
         out = {k: v for k, v in (ckpt.get("settings") or {}).items() if k in SAME_ON_RESUME}
-        out.update({k: ckpt[k] for k in ("seed", "shard", "trace") if k in ckpt})
+        out.update({k: ckpt[k] for k in ("seed", "shard", "trace", "run_id") if k in ckpt})
         if not own:
             out.pop("shard", None)
         return out

@@ -31,7 +31,7 @@ from . import __version__, verdict
 from .admin import AdminServer
 from .client import Client
 from .clock import Anchor, now_ns
-from .config import SAME_ON_RESUME, RunConfig, flag_name
+from .config import SAME_ON_RESUME, RunConfig, flag_name, new_run_id
 from .dispatcher import Dispatcher, Observer
 from .gcpacer import GcPacer
 from .launcher import Launcher
@@ -40,6 +40,7 @@ from .console import LiveConsole
 from .metrics import EventLoopLagMonitor, ReplayerMetrics
 from .target_metrics import SAMPLES_FLUSH_SCRAPES, SampleFiles, TargetScraper
 from .payload import TEXT_ONLY, PayloadBuilder, PreparedRequest
+from .servertimings import REQUEST_FIELD as SERVER_TIMINGS_FIELD
 from .prepare import Prompts, RequestFactory
 from .recorder import (Recorder, drop_not_started, earlier_run, new_results_dir, read_results, result_files,
                        write_json)
@@ -432,7 +433,8 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
         if model is None:
             raise StartupError(f"target {target} lists no model: pass --model")
         payload = PayloadBuilder(model, vllm_extensions=cfg.vllm_extensions,
-                                 chat="chat/completions" in cfg.endpoint)
+                                 chat="chat/completions" in cfg.endpoint,
+                                 extra={SERVER_TIMINGS_FIELD: True} if cfg.server_timings else None)
         await warming
         summary = await _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, metrics,
                                 state, results_dir, model, dispatcher_ref, control_ref)
@@ -486,7 +488,8 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                     connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s or None,
                     request_timeout_s=cfg.request_timeout_s,
                     retry_max=cfg.retry_max, retry_backoff_s=cfg.retry_backoff_s,
-                    usage_slack_tokens=cfg.usage_slack_tokens, delayed_ack=cfg.delayed_ack)
+                    usage_slack_tokens=cfg.usage_slack_tokens, delayed_ack=cfg.delayed_ack,
+                    server_timings=cfg.server_timings)
     if cfg.delayed_ack:
         if client.delayed_ack:
             log.info("--delayed-ack: quick ACKs off per response (the target must set TCP_NODELAY)")
@@ -514,19 +517,21 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                     anchor.late_s)
     timeline = Timeline(cfg.speedup)
 
-    factory = RequestFactory(cfg, prompts, payload, timeline, metrics=metrics, shard=shard)
+    # X-Request-Id: <run_id>-<loop>-<row>; a resumed run keeps its run's id (config.recorded_settings)
+    run_id = cfg.run_id or new_run_id()
+    factory = RequestFactory(cfg, prompts, payload, timeline, metrics=metrics, shard=shard, run_id=run_id)
     gate = SessionGate(cfg.session_policy, scale=lambda ns: round(ns / timeline.speedup))
 
     meta = {"replayer.version": __version__, "replayer.t0_wall_s": repr(anchor.wall_s),
             "replayer.trace": os.path.abspath(cfg.trace), "replayer.target": target, "replayer.model": model,
-            "replayer.config": cfg.model_dump_json()}
+            "replayer.config": cfg.model_dump_json(), "replayer.run_id": run_id}
     dispatcher_box: list[Dispatcher] = []
     scraper: TargetScraper | None = None
 
     def checkpoint() -> dict:
         pos = dispatcher_box[0].position if dispatcher_box else None
         ckpt = {"trace": os.path.abspath(cfg.trace), "shard": cfg.shard, "seed": cfg.seed,
-                "settings": _resume_settings(cfg),
+                "settings": _resume_settings(cfg), "run_id": run_id,
                 "loop": pos.loop if pos else start_loop, "next_row": pos.row if pos else 0,
                 "next_index": pos.index if pos else 0, "wall_time": time.time()}
         if scraper is not None:  # a run killed before its summary still hands its totals on
@@ -648,7 +653,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         summary["target_metrics"] = {"scrapes": 0, "scrape_errors": scraper.errors, "last_error": scraper.last_error}
     summary.update({"target": target, "target_embedded": _target_embedded(cfg), "model": model,
                     "trace": cfg.trace, "speedup": cfg.speedup, "speedup_changes": control.speedup_changes,
-                    "shard": cfg.shard, "loop": cfg.loop, "results": results_dir,
+                    "shard": cfg.shard, "loop": cfg.loop, "results": results_dir, "run_id": run_id,
                     "stopped_early": dispatcher.stopping, "stop_signal": signals[0] if signals else None})
     write_json(os.path.join(results_dir, "summary.json"), summary)
     if not os.environ.get(PARENT_PID_ENV):  # (--quiet too; a --workers worker: its parent prints the merge)

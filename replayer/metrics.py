@@ -211,6 +211,11 @@ class ReplayerMetrics:
                               buckets=TOKEN_LATENCY_BUCKETS, registry=r)
         self.itl = BulkHistogram("replayer_itl_seconds", "Inter-token latency (token-weighted).",
                                  TOKEN_LATENCY_BUCKETS, r)
+        self.client_overhead = Histogram(
+            "replayer_client_overhead_seconds",
+            "Client TTFT minus the server's own queue time and TTFT (--server-timings; successful requests "
+            "whose server reported both): network, the server's front end and this client.",
+            buckets=TOKEN_LATENCY_BUCKETS, registry=r)
         self.lag = Histogram("replayer_dispatch_lag_seconds",
                              "Actual send time minus due time (negative = early).", buckets=LAG_BUCKETS, registry=r)
         self.session_wait = Histogram("replayer_session_wait_seconds",
@@ -378,6 +383,8 @@ class ReplayerMetrics:
             self.e2e_from_due.observe(res.e2el_from_due_ms / 1e3)
         if res.tpot_ms is not None:
             self.tpot.observe(res.tpot_ms / 1e3)
+        if res.client_overhead_ms is not None:
+            self.client_overhead.observe(res.client_overhead_ms / 1e3)
         if res.itl_ms:
             self.itl.observe_many(np.asarray(res.itl_ms) / 1e3)
         if res.endpoint in POOLING:

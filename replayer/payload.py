@@ -89,6 +89,9 @@ class PreparedRequest:
     n_documents: int | None = None
     expected_once: int | None = None
     expected_per_doc: int | None = None
+    x_request_id: str | None = None   # the X-Request-Id header's value (RequestFactory.request_id)
+    headers: bytes = b""              # extra header lines of the HTTP head ("Name: value\r\n"...),
+    #                                   built in the lead window like the body
 
     def new_result(self, shard: int, due_ns: int | None = None) -> RequestResult:
         """The result record this request starts with (outcome ``not_started``)."""
@@ -98,7 +101,8 @@ class PreparedRequest:
                              expected_prefix_hit_tokens=self.expected_hits, endpoint=self.endpoint,
                              session_id=self.session_id, turn=self.turn, n_documents=self.n_documents,
                              expected_prompt_tokens_once=self.expected_once,
-                             expected_prompt_tokens_per_document=self.expected_per_doc)
+                             expected_prompt_tokens_per_document=self.expected_per_doc,
+                             x_request_id=self.x_request_id)
 
 
 class PayloadBuilder:

@@ -118,10 +118,15 @@ def _grows(batch: object, kind: str, session: object) -> bool:
 class RequestFactory:
     """Builds the PreparedRequest (``prepare``) or the never-sent RequestResult (``unsent``) of
     item ``j`` of a schedule batch. Raises ValueError for a row its settings cannot build (a
-    text-only endpoint without ``--tokenizer``: ``check_endpoints`` reports it before the run)."""
+    text-only endpoint without ``--tokenizer``: ``check_endpoints`` reports it before the run).
+
+    ``run_id``: each request gets the header ``X-Request-Id: <run_id>-<loop>-<row>``
+    (``request_id``), built here in the lead window with the body, and the result records it
+    (``x_request_id``); None sends no such header."""
 
     def __init__(self, cfg: RunConfig, prompts: Prompts, payload: PayloadBuilder, timeline: Timeline,
-                 metrics=None, shard: int = 0) -> None:
+                 metrics=None, shard: int = 0, run_id: str | None = None) -> None:
+        self.run_id = run_id
         self.cfg = cfg
         self.prompts = prompts
         self.payload = payload
@@ -151,6 +156,9 @@ class RequestFactory:
                               body=b"", input_length=n_in, output_length=n_out, prompt_len=n_in,
                               max_tokens=n_out, loop=sb.loop, trace_ns=trace_ns, path=path, endpoint=kind,
                               session_id=session, turn=turn)
+        if self.run_id is not None:
+            req.x_request_id = rid = self.request_id(sb.loop, req.row)
+            req.headers = b"X-Request-Id: " + rid.encode("ascii") + b"\r\n"
         if self.sessions:
             self._session_keys(req, t, i, sb.loop, session)
         payload = self.payload.for_row(_col(t, "model", i), _col(t, "priority", i), _col(t, "extra_body", i))
@@ -203,7 +211,13 @@ class RequestFactory:
                              due_ns=self.timeline.due(int(sb.trace_ns[j])),
                              input_length=int(t.input_length[i]), output_length=int(t.output_length[i]),
                              endpoint=endpoint_kind(path) if path else self.default_endpoint,
-                             session_id=_col(t, "session_id", i), turn=_col(t, "turn", i))
+                             session_id=_col(t, "session_id", i), turn=_col(t, "turn", i),
+                             x_request_id=None if self.run_id is None else self.request_id(sb.loop, int(sb.rows[j])))
+
+    def request_id(self, loop: int, row: int) -> str:
+        """The ``X-Request-Id`` of trace row ``row`` in pass ``loop``: unique in the run (a retry
+        re-sends the same id; a row sent again by a resume too, as the same row of the same run)."""
+        return f"{self.run_id}-{loop}-{row}"
 
     # -- pieces -------------------------------------------------------------------------------
     def _text(self, loop: int) -> TextPromptBuilder:

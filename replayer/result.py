@@ -82,6 +82,15 @@ class RequestResult:
     ttft_from_due_ms: float | None = None
     e2el_from_due_ms: float | None = None
     slo_met: bool | None = None    # None: no bounds, a bound's value unknown, or not judged
+    x_request_id: str | None = None  # the X-Request-Id header sent: <run_id>-<loop>-<row> (join key with the
+    #                                  server's logs; vLLM takes it as its request id)
+    # --server-timings: the server's own per-request timings (vLLM's `metrics` object; None when off or not
+    # reported). vLLM's time_to_first_token_ms starts when the request is scheduled (after its queue time)
+    server_queue_time_ms: float | None = None
+    server_time_to_first_token_ms: float | None = None
+    server_generation_time_ms: float | None = None
+    client_overhead_ms: float | None = None  # ttft_ms - (server queue + server TTFT): network, the server's
+    #                                          HTTP/tokenizer front end and this client (never below 0 in theory)
     itl_ms: list[float] = field(default_factory=list)
 
 
@@ -100,6 +109,9 @@ _TYPES: dict[str, pa.DataType] = {
     "expected_prompt_tokens_per_document": pa.int64(), "usage_audit": pa.string(),
     "partial_output_tokens": pa.int64(),
     "ttft_from_due_ms": pa.float64(), "e2el_from_due_ms": pa.float64(), "slo_met": pa.bool_(),
+    "partial_output_tokens": pa.int64(), "x_request_id": pa.string(), "server_queue_time_ms": pa.float64(),
+    "server_time_to_first_token_ms": pa.float64(), "server_generation_time_ms": pa.float64(),
+    "client_overhead_ms": pa.float64(),
     "itl_ms": pa.list_(pa.float32()),
 }
 

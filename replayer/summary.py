@@ -92,6 +92,23 @@ def _workloads(table: pa.Table, outcome: np.ndarray, ok: np.ndarray) -> dict:
     return out
 
 
+SERVER_TIMINGS = ("server_queue_time_ms", "server_time_to_first_token_ms", "server_generation_time_ms",
+                  "client_overhead_ms")
+
+
+def _server_timings(table: pa.Table, ok: np.ndarray) -> dict:
+    """Statistics of the server's own timings and the client overhead over the successful
+    generation requests that reported them (``--server-timings``); none when no request did."""
+    names = table.column_names
+    if not all(c in names for c in SERVER_TIMINGS) or all(table.column(c).null_count == table.num_rows
+                                                          for c in SERVER_TIMINGS):
+        return {}
+    out: dict = {}
+    for c in SERVER_TIMINGS:
+        out.update(_stats(c, _col(table, c, ok)))
+    return out
+
+
 def summarize(table: pa.Table, slos: dict[str, float] | None = None) -> dict:
     """Summary dict of a results table (schema ``result.SCHEMA``). JSON-ready (None for n/a).
 
@@ -130,6 +147,7 @@ def summarize(table: pa.Table, slos: dict[str, float] | None = None) -> dict:
     set_duration(s, duration)
     ttft = _col(table, "ttft_ms", ok)
     s.update(_stats("ttft_ms", ttft))
+    s.update(_server_timings(table, ok))
     s.update(_stats("tpot_ms", _col(table, "tpot_ms", ok)))
     itl = pc.list_flatten(table.filter(pa.array(ok)).column("itl_ms")).to_numpy(zero_copy_only=False)
     s.update(_stats("itl_ms", itl.astype(np.float64)))
@@ -382,6 +400,13 @@ def format_summary(s: dict) -> str:
         if name in ("ttft_ms", "e2el_ms") and f"mean_{name[:-3]}_from_due_ms" in s:
             rows.append(("  from the due time (ms)", " / ".join(fmt(s[f"{k}_{name[:-3]}_from_due_ms"])
                                                               for k in ("mean", "median", "p99"))))
+    if "client_overhead_ms_count" in s:
+        rows.append("Server timings (--server-timings; mean / median / p99, ms)")
+        for name, label in (("server_queue_time_ms", "Server queue time"),
+                            ("server_time_to_first_token_ms", "Server TTFT (from scheduling)"),
+                            ("server_generation_time_ms", "Server generation time"),
+                            ("client_overhead_ms", "Client overhead (TTFT - queue - server TTFT)")):
+            rows.append((label, " / ".join(fmt(s[f"{k}_{name}"]) for k in ("mean", "median", "p99"))))
     expected, server = s.get("expected_prefix_hit_tokens"), s.get("server_prefix_cache_hit_tokens")
     if isinstance(server, float) and server.is_integer():  # (a counter's delta: a float in Prometheus)
         server = int(server)

@@ -31,7 +31,7 @@ import urllib.request
 
 import numpy as np
 
-from .config import RunConfig
+from .config import RunConfig, new_run_id
 from .simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, free_port
 from .recorder import earlier_run, new_results_dir, open_file, read_file, result_files, write_json
 from .summary import format_summary, goodput_of, read_summary, run_spans, set_duration, summarize
@@ -407,6 +407,8 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     setup_logging(cfg.log_format, cfg.log_level, secrets=(cfg.api_key(), cfg.control_token()))
     n = cfg.workers
     flags = _without_flag(list(argv_flags), "--resume")
+    if cfg.run_id is None and not cfg.resume:  # one run id for all workers' X-Request-Id headers
+        flags += ["--run-id", new_run_id()]      # (a resumed worker keeps its checkpoint's)
     if cfg.admin_port and cfg.admin_port + n - 1 > 65535:
         print(f"replayer run: --admin-port {cfg.admin_port} + {n} workers exceeds 65535", file=sys.stderr)
         return 2
