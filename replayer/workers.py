@@ -162,7 +162,8 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     was replaying, on the shared axis: the union of each run's first-send..last-end),
     ``duplicate_rows`` ((loop, row) pairs sent by more than one folder: overlapping shards or a
     folder given twice), ``merge_warnings``, and ``stopped_early``/``stop_signal`` when a folder's
-    own summary says a stop cut its run short. ``one_target`` (``--workers``: every folder
+    own summary says a stop cut its run short, ``run_id`` (the folders' run id: a list when they
+    differ, as in a merge of separate runs). ``one_target`` (``--workers``: every folder
     scraped the same server) keeps the target-metric view of the folder with the most scrapes."""
     import pyarrow as pa
 
@@ -225,6 +226,8 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     s.update(setup)
     s["stopped_early"] = any(o.get("stopped_early") for o in own)  # a stop of one stopped the whole
     s["stop_signal"] = next((o["stop_signal"] for o in own if o.get("stop_signal")), None)
+    run_ids = sorted({o["run_id"] for o in own if o.get("run_id")})  # (X-Request-Id prefixes)
+    s["run_id"] = run_ids[0] if len(run_ids) == 1 else (run_ids or None)
     if one_target or isinstance(setup.get("target"), str):  # one server, scraped by every folder:
         best = max(own, key=_scrape_coverage)  # its deltas, once: those of the folder that saw most of it
         for key in ("target_metrics", "server_prefix_cache_hit_tokens"):

@@ -18,6 +18,7 @@ import pytest
 from faultserver import DONE, Plan, ThreadedFaultServer, choice, usage_event
 from replayer.config import load_config
 from replayer.metrics import ReplayerMetrics
+from replayer.recorder import read_results
 from replayer.result import RequestResult
 from replayer.servertimings import TimedStreamAccumulator, record
 from replayer.sim import SimConfig, SimServer
@@ -31,7 +32,8 @@ def _run(tmp_path, *args, name="res"):
                         "--quiet", "--speedup", "50", "--max-requests", "12", "--no-scrape-target-metrics", *args],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
-    rows = sorted(pq.read_table(res / "requests.parquet").to_pylist(), key=lambda r: r["row"])
+    rows = sorted(read_results(str(res)).to_pylist(), key=lambda r: r["row"]) if (res / "requests.parquet").exists() \
+        else None
     return rows, json.loads((res / "summary.json").read_text()), res
 
 
@@ -73,6 +75,13 @@ def test_run_id_is_taken_from_the_flag_and_kept_by_a_resume(tmp_path):
     assert load_config({"trace": TRACE, "resume": str(tmp_path / "res")}).run_id == "nightly-7"
     with pytest.raises(ValueError, match="HTTP header"):
         load_config({"trace": TRACE, "run_id": "a b"})
+
+
+def test_workers_share_one_run_id(tmp_path):
+    _, summary, res = _run(tmp_path, "--workers", "2")
+    rows = [r for w in ("worker-0", "worker-1") for r in read_results(str(res / w)).to_pylist()]
+    assert len(rows) == 12 and {r["shard"] for r in rows} == {0, 1}
+    assert sorted(r["x_request_id"] for r in rows) == sorted(f"{summary['run_id']}-0-{r['row']}" for r in rows)
 
 
 def test_server_timings_from_the_embedded_simulator(tmp_path):
