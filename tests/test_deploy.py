@@ -49,7 +49,8 @@ def test_dashboard_json_is_generated_and_complete():
                    "replayer_loop", "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                    "vllm:prefix_cache_hits_total", "replayer_expected_prefix_cache_hit_tokens_total",
                    "histogram_quantile(0.9,", "histogram_quantile(0.99,", "replayer_slo_requests_total",
-                   "replayer_ttft_from_due_seconds_bucket", "replayer_e2e_latency_from_due_seconds_bucket"):
+                   "replayer_ttft_from_due_seconds_bucket", "replayer_e2e_latency_from_due_seconds_bucket",
+                   "replayer_client_overhead_seconds_bucket"):
         assert needle in exprs, needle
     assert "$__" not in exprs  # fixed windows only: every query runs as-is against the API
     ids = [p["id"] for p in dash["panels"]]

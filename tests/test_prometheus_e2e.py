@@ -99,7 +99,8 @@ def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_sli
     t_prom = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace_path), "--target", sim_url,
                              "--speedup", "20", "--admin-port", str(admin_port), "--results", str(tmp_path / "res"),
-                             "--start-delay", "1", "--quiet", "--goodput", "ttft:60000", "e2el:600000"],
+                             "--start-delay", "1", "--quiet", "--goodput", "ttft:60000", "e2el:600000",
+                             "--server-timings"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     scrape = None
     try:

@@ -68,6 +68,10 @@ PANELS: list[tuple[str, str, list[dict], int] | str] = [
     ("E2E latency", "s", quantiles("replayer_e2e_latency_seconds"), 12),
     ("ITL (token-weighted)", "s", quantiles("replayer_itl_seconds"), 12),
     ("TPOT", "s", quantiles("replayer_tpot_seconds"), 12),
+    ("Client overhead: TTFT - server queue - server TTFT (--server-timings; vs TTFT)", "s",
+     [dict(t, legendFormat=f"overhead {t['legendFormat']}") for t in quantiles("replayer_client_overhead_seconds",
+                                                                               (0.5, 0.99))]
+     + [dict(t, legendFormat=f"TTFT {t['legendFormat']}") for t in quantiles("replayer_ttft_seconds", (0.5,))], 12),
     "Tokens and trace",
     ("Token throughput", "short", [
         q(f"sum(rate(replayer_prompt_tokens_sent_total[{W}]))", "prompt tokens sent/s"),
