@@ -9,6 +9,8 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
+import urllib.request
 
 import aiohttp
 import orjson
@@ -75,6 +77,36 @@ def test_run_id_is_taken_from_the_flag_and_kept_by_a_resume(tmp_path):
     assert load_config({"trace": TRACE, "resume": str(tmp_path / "res")}).run_id == "nightly-7"
     with pytest.raises(ValueError, match="HTTP header"):
         load_config({"trace": TRACE, "run_id": "a b"})
+
+
+def test_a_resumed_run_keeps_its_run_id(tmp_path):
+    from conftest import free_port, wait_http
+
+    res, port = tmp_path / "res", free_port()
+    with ThreadedFaultServer(_echo_plan) as srv:
+        p = subprocess.Popen([sys.executable, "-m", "replayer", "run", TRACE, "--target", srv.url, "--results", str(res),
+                              "--admin-port", str(port), "--quiet", "--speedup", "2", "--max-requests", "12",
+                              "--no-scrape-target-metrics"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/healthz", 60)
+            while len(srv.server.received) < 2:  # a few requests out, the rest still to come
+                assert p.poll() is None
+                time.sleep(0.05)
+            urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/stop", method="POST"), timeout=5)
+            assert p.wait(120) == 0
+        finally:
+            if p.poll() is None:
+                p.kill()
+        first = json.loads((res / "summary.json").read_text())["run_id"]
+        assert first and 0 < len(srv.server.received) < 12
+        r = subprocess.run([sys.executable, "-m", "replayer", "run", "--resume", str(res), "--target", srv.url,
+                            "--admin-port", "0", "--quiet", "--speedup", "50", "--no-scrape-target-metrics"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        ids = [_rid(x) for x in srv.server.received]
+    rows = read_results(str(res)).to_pylist()
+    assert len(rows) == 12 and all(x["outcome"] == "success" for x in rows)
+    assert sorted(ids) == sorted(x["x_request_id"] for x in rows) == sorted(f"{first}-0-{x['row']}" for x in rows)
 
 
 def test_workers_share_one_run_id(tmp_path):
