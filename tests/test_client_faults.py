@@ -216,13 +216,7 @@ def test_b02_sse_split_across_reads(accs):
 
 # ---- B26 (client-faults-2.md): UTF-8 split across reads; invalid bytes counted ---------------
 
-B26_A = [(50, b'data: {"choices":[{"index":0,"text":"\xe4\xb8'),
-         (52, b'\xad","finish_reason":null}]}\n\n'),
-         (90, b'data: {"choices":[{"index":0,"text":"\xe6'),
-         (91, b'\x96\x87","finish_reason":"length"}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":2,"total_tokens":6}}\n\ndata: [DONE]\n\n')]
-B26_B = [(10, b'data: {"choices":[{"index":0,"text":"\\u4e'),
-         (11, b'2d","finish_reason":"length"}]}\n\ndata: [DONE]\n\n')]
-B26_C = [(10, b'data: {"choices":[{"index":0,"text":"a\xffb","finish_reason":"length"}]}\n\ndata: [DONE]\n\n')]
+from test_sse import B26_A, B26_B, B26_C  # noqa: E402  (the case's streams, defined once)
 B26_C_ALONE = [(10, b'data: {"choices":[{"index":0,"text":"a\xffb","finish_reason":"length"}]}\n\n'), (11, DONE)]
 
 

@@ -24,6 +24,7 @@ from replayer.prompts import PromptBuilder
 from replayer.result import RequestResult
 from replayer.schedule import Timeline, iter_schedule
 from replayer.sim import SimConfig, SimServer
+from batches import TimeBatch
 
 PROMPTS = PromptBuilder(seed=0, block_size=16)
 
@@ -244,16 +245,6 @@ def test_the_child_exits_when_its_parent_goes_away():
     assert asyncio.run(main()) == 0
 
 
-class _Batch:
-    def __init__(self, ts_ms: list[int]) -> None:
-        self.timestamp_ns = np.array(ts_ms, dtype=np.int64) * 1_000_000
-        self.row_offset = 0
-        self.session_id = None
-
-    def __len__(self) -> int:
-        return len(self.timestamp_ns)
-
-
 def _replay_through_the_launcher(ts: list[int], *, warm: int, expect: bool = True, start_s: float = 0.2,
                                  launch_ahead_ms: int = 50, connect_ahead_ms: int = 100):
     """Replay ``ts`` (ms) against the simulator with the launcher; (results, launched count)."""
@@ -279,7 +270,7 @@ def _replay_through_the_launcher(ts: list[int], *, warm: int, expect: bool = Tru
                 anchor = Anchor.at(start_s)
                 c.t0_ns = anchor.t0_ns
                 results: list[RequestResult] = []
-                d = Dispatcher(iter_schedule(lambda: [_Batch(ts)]), prepare, c.send, results.append,
+                d = Dispatcher(iter_schedule(lambda: [TimeBatch(ts)]), prepare, c.send, results.append,
                                t0_ns=anchor.t0_ns, timeline=timeline,
                                unsent=lambda sb, j: RequestResult(row=int(sb.rows[j])),
                                reserve=c.reserve, launch=c.launch,

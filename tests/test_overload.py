@@ -4,23 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 
 from replayer.clock import now_ns
 from replayer.dispatcher import Dispatcher
 from replayer.payload import PreparedRequest
 from replayer.result import RequestResult
 from replayer.schedule import Timeline, iter_schedule
-
-
-class _Batch:
-    def __init__(self, ts_ms: list[int]) -> None:
-        self.timestamp_ns = np.array(ts_ms, dtype=np.int64) * 1_000_000
-        self.row_offset = 0
-        self.session_id = None
-
-    def __len__(self) -> int:
-        return len(self.timestamp_ns)
+from batches import TimeBatch
 
 
 def _behind_on_a_saturated_loop(n: int) -> tuple[list[int], Dispatcher]:
@@ -53,7 +43,7 @@ def _behind_on_a_saturated_loop(n: int) -> tuple[list[int], Dispatcher]:
                 loop.call_soon(hog)
 
         loop.call_soon(hog)
-        d = Dispatcher(iter_schedule(lambda: [_Batch(list(range(n)))]), prepare, send, lambda r: None,
+        d = Dispatcher(iter_schedule(lambda: [TimeBatch(list(range(n)))]), prepare, send, lambda r: None,
                        t0_ns=now_ns() - 1_000_000_000, timeline=timeline,
                        unsent=lambda sb, j: RequestResult(row=int(sb.rows[j])))
         try:
@@ -97,7 +87,7 @@ def test_preparation_runs_through_the_lead_window_when_a_hand_over_is_due_every_
 
     async def main():
         t0[0] = now_ns() + 100_000_000
-        d = Dispatcher(iter_schedule(lambda: [_Batch(list(range(2000)))]), prepare, send, lambda r: None,
+        d = Dispatcher(iter_schedule(lambda: [TimeBatch(list(range(2000)))]), prepare, send, lambda r: None,
                        t0_ns=t0[0], timeline=timeline, unsent=lambda sb, j: RequestResult(row=int(sb.rows[j])),
                        reserve=lambda req, res: object(),
                        launch=lambda at, req, res, handle: launched.append(at))

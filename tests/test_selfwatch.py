@@ -6,7 +6,6 @@ import asyncio
 import logging
 import time
 
-import numpy as np
 from prometheus_client import CollectorRegistry
 
 from replayer import selfwatch
@@ -18,6 +17,7 @@ from replayer.payload import PreparedRequest
 from replayer.result import RequestResult
 from replayer.schedule import Timeline, iter_schedule
 from replayer.selfwatch import Reading, saturated
+from batches import TimeBatch
 
 
 def test_each_saturated_part_is_named_with_its_numbers():
@@ -34,16 +34,6 @@ def test_each_saturated_part_is_named_with_its_numbers():
         "due time)",
         "launcher process (wrote up to 80 ms past a due time)",
         "garbage collection (100 ms in 1.0 s)"]
-
-
-class _Batch:
-    def __init__(self, ts_ms: list[int]) -> None:
-        self.timestamp_ns = np.array(ts_ms, dtype=np.int64) * 1_000_000
-        self.row_offset = 0
-        self.session_id = None
-
-    def __len__(self) -> int:
-        return len(self.timestamp_ns)
 
 
 def test_a_replayer_starved_of_its_loop_says_so_while_behind_and_names_the_parts():
@@ -76,7 +66,7 @@ def test_a_replayer_starved_of_its_loop_says_so_while_behind_and_names_the_parts
             if not done.is_set():
                 loop.call_soon(hog)
 
-        d = Dispatcher(iter_schedule(lambda: [_Batch([5 * i for i in range(n)])]), prepare, send,
+        d = Dispatcher(iter_schedule(lambda: [TimeBatch([5 * i for i in range(n)])]), prepare, send,
                        lambda r: None, t0_ns=t0, timeline=timeline,
                        unsent=lambda sb, j: RequestResult(row=int(sb.rows[j])))
 
