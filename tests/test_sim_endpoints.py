@@ -167,6 +167,24 @@ def test_chat_non_stream_prefix_cache_and_errors():
     run(with_sim(SimConfig(max_model_len=64, **FAST), body))
 
 
+def test_reset_prefix_cache_empties_the_cache():
+    """``POST /reset_prefix_cache`` (vLLM's endpoint): a prompt sent again after it hits nothing."""
+    async def body(sim, url, c):
+        req = {"prompt": list(range(1000, 1040)), "max_tokens": 1}  # 2 full 16-token blocks
+        hits = ("vllm:prefix_cache_hits_total", None)
+        await ok(c, url, "/v1/completions", req)
+        await ok(c, url, "/v1/completions", req)
+        assert (await metrics(c, url))[hits] == 32  # the second hit both blocks
+        async with c.post(url + "/reset_prefix_cache") as r:
+            assert r.status == 200 and await r.read() == b""
+        await ok(c, url, "/v1/completions", req)
+        assert (await metrics(c, url))[hits] == 32  # nothing cached any more
+        await ok(c, url, "/v1/completions", req)
+        assert (await metrics(c, url))[hits] == 64  # (and it caches again)
+
+    run(with_sim(SimConfig(**FAST), body))
+
+
 # ---------------------------------------------------------------------------------------
 # Embeddings
 

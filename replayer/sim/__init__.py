@@ -84,6 +84,9 @@ Endpoints (vLLM flavour)
 
 ``GET /v1/models``  OpenAI list with the served model. ``GET /health``  200, empty body.
 
+``POST /reset_prefix_cache``  empties the prefix cache (vLLM's endpoint, served there in dev
+mode): 200, empty body; ``replayer sweep --prefix-cache reset`` calls it before each point.
+
 ``GET /metrics``  Prometheus text, vLLM names, labels ``engine="0"``, ``model_name=<model>``:
     counters ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
     ``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total`` (both in

@@ -78,5 +78,9 @@ class _PrefixCache:
             popitem(last=False)
         return hits
 
+    def reset(self) -> None:
+        """Forget every cached block (vLLM's ``POST /reset_prefix_cache``)."""
+        self._lru.clear()
+
     def usage(self) -> float:
         return len(self._lru) / self.capacity if self.capacity else 0.0

@@ -106,6 +106,7 @@ class SimServer(_Engine):
             app.router.add_get("/v1/models", self._models)
             app.router.add_get("/health", self._health)
             app.router.add_get("/metrics", self._metrics_handler)
+            app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
             app.on_shutdown.append(self._on_shutdown)
             app.on_cleanup.append(self._on_cleanup)
             self._app = app
@@ -159,6 +160,12 @@ class SimServer(_Engine):
     # -- handlers -------------------------------------------------------------------------
 
     async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """Empty the prefix cache, as vLLM's ``POST /reset_prefix_cache`` does (200, empty body):
+        requests sent after it hit only what they themselves cache. The metrics' counters stay."""
+        self._cache.reset()
         return web.Response(status=200)
 
     async def _models(self, request: web.Request) -> web.Response:
