@@ -38,7 +38,7 @@ import orjson
 from .config import RunConfig
 from .payload import CHAT, COMPLETIONS, EMBEDDINGS, POOLING, SCORE, PayloadBuilder, PreparedRequest, endpoint_kind
 from .prefix_cache import PrefixCacheModel
-from .prompts import PromptBuilder, TextPromptBuilder, mix64, vocab_from_range, vocab_from_tokenizer
+from .prompts import PromptBuilder, TextPromptBuilder, mix64, salted_seed, vocab_from_range, vocab_from_tokenizer
 from .result import RequestResult
 from .schedule import ScheduleBatch, Timeline
 
@@ -86,8 +86,7 @@ class Prompts:
         key = loop if self.salt else 0
         b = self._by_loop.get(key)
         if b is None:
-            seed = mix64(self.seed ^ mix64(key + 1)) if key else self.seed
-            b = PromptBuilder(seed=seed, block_size=self.block_size, vocab=self.vocab)
+            b = PromptBuilder(seed=salted_seed(self.seed, key), block_size=self.block_size, vocab=self.vocab)
             self._by_loop[key] = b
             for old in sorted(self._by_loop)[:-2]:
                 del self._by_loop[old]

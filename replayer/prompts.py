@@ -67,6 +67,13 @@ def mix64(x: int) -> int:
     return z ^ (z >> 31)
 
 
+def salted_seed(seed: int, salt: int) -> int:
+    """The prompt seed of salt ``salt`` (0: ``seed`` itself): fresh prefixes, i.e. no block in
+    common with another salt's prompts. ``--loop-salt`` salts by the loop number;
+    ``replayer sweep`` by the point's index, so one point cannot hit another's prefix cache."""
+    return mix64(seed ^ mix64(salt + 1)) if salt else seed
+
+
 def block_key(seed: int, hash_id: int) -> int:
     """The 64-bit key of ``hash_id``'s block under ``seed``: ``f(f(seed) ^ hash_id)``."""
     return mix64(mix64(seed) ^ (hash_id & _MASK))
