@@ -7,6 +7,7 @@ the target's metric samples (``RESULTS/target_metrics.parquet`` and parts a run 
 killed left: ``replayer.target_metrics.read_samples``), and writes one self-contained HTML file (plotly.js inlined
 once; no network needed to view it) with: arrivals due vs sent vs completed over time, latency
 over time, latency CDFs, token throughput, dispatch lag, errors, and the target's metrics.
+``write_sweep_report`` draws a sweep's page (``replayer sweep``'s ``sweep.json``) the same way.
 
 The figures' data comes from ``figure_specs`` (pure: titles, axis titles and units, series
 names and points), so a test can check what each plot shows without a browser; ``figures`` only
@@ -211,10 +212,16 @@ def target_specs(t: pd.DataFrame, t0_wall_s: float | None = None) -> list[dict]:
 def figures(df: pd.DataFrame, target: pd.DataFrame | None = None,
             t0_wall_s: float | None = None) -> list[tuple[str, object]]:
     """The report's plotly figures as (title, figure), drawn from ``figure_specs``."""
+    return draw(figure_specs(df, target, t0_wall_s))
+
+
+def draw(specs: list[dict]) -> list[tuple[str, object]]:
+    """Plotly figures as (title, figure) of figure specs (``figure_specs``' shape; ``mode`` may
+    also be "lines+markers")."""
     import plotly.graph_objects as go
 
     out = []
-    for sp in figure_specs(df, target, t0_wall_s):
+    for sp in specs:
         f = go.Figure()
         for se in sp["series"]:
             kw = {"marker": {"size": 4, "opacity": 0.6}} if se["mode"] == "markers" else {"line_shape": se["line_shape"]}
@@ -277,40 +284,143 @@ def _verdict_section(summary: dict) -> str:
             f"<table class='summary'>{cells}</table></section>")
 
 
-def render_html(results_dir: str) -> str:
-    """The report of ``results_dir`` as one self-contained HTML string."""
+def _page(title: str, heading: str, intro: str, figs: list[tuple[str, object]], tail: str = "") -> str:
+    """One self-contained HTML page (plotly.js inlined once): ``intro`` (HTML), the figures (div
+    ids ``fig0``, ``fig1``...), then ``tail`` (HTML)."""
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
+    parts = []
+    for i, (fig_title, fig) in enumerate(figs):
+        fig.update_layout(title=fig_title, height=420, margin={"l": 60, "r": 20, "t": 50, "b": 50},
+                          template="plotly_white")
+        parts.append(f"<section class='plot'>{pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=f'fig{i}')}</section>")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<script type="text/javascript">{get_plotlyjs()}</script>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}} table.summary{{border-collapse:collapse;font-size:13px}}
+table.summary td,table.summary th{{border-bottom:1px solid #ddd;padding:2px 10px}} section.plot{{margin:1.5em 0}}</style></head>
+<body><h1>{html.escape(heading)}</h1>{intro}
+{''.join(parts)}
+{tail}
+</body></html>
+"""
+
+
+def render_html(results_dir: str) -> str:
+    """The report of ``results_dir`` as one self-contained HTML string."""
     from .target_metrics import read_samples
 
     df, summary, meta = load_results(results_dir)
     samples = read_samples(results_dir)
     target = samples.to_pandas() if samples is not None else None
-    parts = []
-    for i, (title, fig) in enumerate(figures(df, target, axis_origin_wall_s(results_dir))):
-        fig.update_layout(title=title, height=420, margin={"l": 60, "r": 20, "t": 50, "b": 50},
-                          template="plotly_white")
-        parts.append(f"<section class='plot'>{pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=f'fig{i}')}</section>")
     info = {k: meta.get(f"replayer.{k}") for k in ("version", "trace", "target", "model")}
     head = " · ".join(f"{k}: {html.escape(str(v))}" for k, v in info.items() if v)
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>replayer report: {html.escape(os.path.basename(os.path.abspath(results_dir)))}</title>
-<script type="text/javascript">{get_plotlyjs()}</script>
-<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}} table.summary{{border-collapse:collapse;font-size:13px}}
-table.summary td{{border-bottom:1px solid #ddd;padding:2px 10px}} section.plot{{margin:1.5em 0}}</style></head>
-<body><h1>replayer report</h1><p>{head}</p><p>{len(df):,} requests; results folder {html.escape(os.path.abspath(results_dir))}</p>
-{_verdict_section(summary)}
-{''.join(parts)}
-<h2>Summary</h2>{_summary_table(summary)}
-</body></html>
-"""
+    intro = (f"<p>{head}</p><p>{len(df):,} requests; results folder {html.escape(os.path.abspath(results_dir))}</p>\n"
+             + _verdict_section(summary))
+    return _page(f"replayer report: {os.path.basename(os.path.abspath(results_dir))}", "replayer report", intro,
+                 figures(df, target, axis_origin_wall_s(results_dir)),
+                 f"<h2>Summary</h2>{_summary_table(summary)}")
 
 
 def write_report(results_dir: str, output: str | None = None) -> str:
     """Write the report (default ``RESULTS/report.html``); returns its path."""
     output = output or os.path.join(results_dir, "report.html")
     text = render_html(results_dir)
+    with open(output, "w", encoding="utf-8") as f:
+        f.write(text)
+    return output
+
+
+# --------------------------------------------------------------------------------------------
+# sweep
+
+
+#: (summary key, label) of the latency figures of a sweep page: p50 and p99 of each
+_SWEEP_LATENCIES = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("E2E", "e2el_ms"))
+
+
+def sweep_figure_specs(sweep: dict) -> list[dict]:
+    """The data behind the sweep page's figures (pure; ``figure_specs``' shape), each against
+    the offered load (requests/s) of the sweep's points (``replayer.sweep``'s ``sweep.json``):
+    goodput and throughput, SLO attainment (overall, per bound, and ``--min-attainment``),
+    TTFT/TPOT/E2E p50 and p99, dispatch lag p50 and p99 (and the bound past which the replayer
+    is behind). Points without an offered load are left out."""
+    pts = [p for p in sweep.get("points", []) if p.get("offered_rps")]
+    x = np.array([p["offered_rps"] for p in pts], dtype=np.float64)
+
+    def col(key: str) -> np.ndarray:
+        return np.array([np.nan if p.get(key) is None else p[key] for p in pts], dtype=np.float64)
+
+    def series(name: str, y, mode: str = "lines+markers", xs=None) -> dict:
+        return {"name": name, "mode": mode, "line_shape": "linear", "x": x if xs is None else np.asarray(xs),
+                "y": np.asarray(y, dtype=np.float64)}
+
+    def spec(title, y_title, ss, y_type="linear") -> dict:
+        return {"title": title, "x_title": "offered load (requests/s)", "y_title": y_title, "x_type": "log",
+                "y_type": y_type, "series": ss}
+
+    ends = [x.min(), x.max()] if x.size else []
+    bounds = list(sweep.get("goodput_slos_ms") or {})
+    return [
+        spec("Goodput and throughput vs offered load", "requests/s",
+             [series("request goodput (met every bound)", col("request_goodput")),
+              series("request throughput (completed)", col("request_throughput")),
+              series("offered", x, mode="lines")]),
+        spec("SLO attainment vs offered load", "fraction of judged requests",
+             [series("every bound", col("slo_attainment")),
+              *(series(f"{b} <= {sweep['goodput_slos_ms'][b]:g} ms", col(f"slo_attainment_{b}")) for b in bounds),
+              series(f"--min-attainment {sweep.get('min_attainment', 0.9):g}",
+                     [sweep.get("min_attainment", 0.9)] * len(ends), mode="lines", xs=ends)]),
+        *(spec(f"{label} vs offered load", "ms",
+               [series(f"{label} p50", col(f"median_{key}")), series(f"{label} p99", col(f"p99_{key}"))],
+               y_type="log") for label, key in _SWEEP_LATENCIES),
+        spec("Dispatch lag vs offered load (the replayer's own delay)", "ms",
+             [series("dispatch lag p50", col("dispatch_lag_p50_ms")), series("dispatch lag p99", col("dispatch_lag_p99_ms")),
+              series("replayer behind above", [sweep.get("max_dispatch_lag_p99_ms", 50.0)] * len(ends),
+                     mode="lines", xs=ends)]),
+    ]
+
+
+def _points_table(sweep: dict) -> str:
+    cols = (("index", "point"), ("speedup", "speed-up"), ("offered_rps", "offered req/s"),
+            ("slo_attainment", "attainment"), ("request_goodput", "goodput req/s"), ("p99_ttft_ms", "TTFT p99 ms"),
+            ("p99_tpot_ms", "TPOT p99 ms"), ("p99_e2el_ms", "E2E p99 ms"), ("dispatch_lag_p99_ms", "lag p99 ms"),
+            ("status", "status"), ("results", "results folder"))
+    head = "".join(f"<th>{html.escape(label)}</th>" for _, label in cols)
+
+    def cell(p: dict, k: str) -> str:
+        v = p.get(k)
+        return "n/a" if v is None else f"{v:.1%}" if k == "slo_attainment" else _number(v)
+
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(cell(p, k))}</td>" for k, _ in cols) + "</tr>"
+                   for p in sweep.get("points", []))
+    return f"<table class='summary'><tr>{head}</tr>{rows}</table>"
+
+
+def render_sweep_html(sweep: dict) -> str:
+    """The sweep page (``replayer.sweep``'s ``sweep.json``) as one self-contained HTML string:
+    the verdict (the highest speed-up that held, why the sweep stopped), the points, the plots."""
+    held = sweep.get("highest_held_speedup")
+    slos = " ".join(f"{k}&lt;={v:g} ms" for k, v in (sweep.get("goodput_slos_ms") or {}).items())
+    verdict = (f"the highest speed-up that held: <b>{held:g}x</b> ({_number(sweep.get('highest_held_offered_rps') or 0)} "
+               f"requests/s offered, goodput {_number(sweep.get('highest_held_request_goodput') or 0)} requests/s)"
+               if held is not None else "<b>no speed-up held</b>")
+    behind = [p for p in sweep.get("points", []) if p.get("replayer_behind")]
+    at = ", ".join(f"{p['speedup']:g}x" for p in behind)
+    note = (f"<p>The replayer itself fell behind at {at}: those points "
+            "measure the client, not the server.</p>" if behind else "")
+    intro = (f"<p>trace: {html.escape(str(sweep.get('trace')))} · target: {html.escape(str(sweep.get('target')))} · "
+             f"SLO: {slos} · a point holds when at least {sweep.get('min_attainment', 0.9):.0%} of its judged requests "
+             f"met every bound · prefix cache between points: {html.escape(str(sweep.get('prefix_cache')))}</p>"
+             f"<h2>Verdict</h2><p>{verdict}; stopped: {html.escape(str(sweep.get('stop_reason')))}</p>{note}"
+             f"<h2>Points</h2>{_points_table(sweep)}")
+    return _page("replayer sweep", "replayer sweep", intro, draw(sweep_figure_specs(sweep)))
+
+
+def write_sweep_report(sweep: dict, output: str) -> str:
+    """Write the sweep page to ``output``; returns its path."""
+    text = render_sweep_html(sweep)
     with open(output, "w", encoding="utf-8") as f:
         f.write(text)
     return output
