@@ -119,6 +119,30 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="write a self-contained HTML report (plots) of a results folder")
     rp.add_argument("results", help="results folder (holds requests.parquet)")
     rp.add_argument("-o", "--output", default=None, help="output .html [default: RESULTS/report.html]")
+    sw = sub.add_parser("sweep", help="replay a trace at growing speed-ups until the SLO attainment drops; "
+                        "finds the highest load that held", usage="%(prog)s --speedups LIST --goodput KEY:VALUE... "
+                        "[run options] [trace]",
+                        description="Replay a trace (or a window: --max-requests, --duration) at each speed-up "
+                        "of --speedups in turn, one results folder per point under --results, and stop after "
+                        "the first point whose SLO attainment (--goodput) is below --min-attainment. Writes "
+                        "sweep.json and sweep.html there. Every option of `replayer run` applies to each point, "
+                        "except --speedup, --seed (salted per point with --prefix-cache salt) and --resume.")
+    sw.add_argument("--config", dest="config_file", default=None, metavar="FILE",
+                    help="YAML file of run settings (see configs/); flags override it")
+    sw.add_argument("--speedups", required=True, metavar="LIST",
+                    help="speed-ups to replay at, in increasing order, e.g. 1,2,4,8,16 (at most 32)")
+    sw.add_argument("--min-attainment", type=float, default=0.9, metavar="F",
+                    help="a point holds when at least this fraction of its judged requests met every "
+                         "--goodput bound [default: 0.9]")
+    sw.add_argument("--prefix-cache", choices=("salt", "reset", "warm"), default="salt",
+                    help="keep points from sharing prefix-cache hits: salt = fresh prompt prefixes per point; "
+                         "reset = the same prompts, POST /reset_prefix_cache to the target before each point "
+                         "(vLLM in dev mode, the simulator); warm = neither [default: salt]")
+    sw.add_argument("--max-dispatch-lag", type=float, default=None, metavar="MS",
+                    help="a point whose dispatch lag p99 is above this is marked replayer_behind (the replayer, "
+                         "not the server, fell behind) and ends the sweep [default: the lag past which a run "
+                         "warns that the replayer itself is the bottleneck, daemon.BEHIND_MS]")
+    add_config_flags(sw)
     cp = sub.add_parser("compare", help="compare two runs' summary.json side by side")
     cp.add_argument("a", help="results folder or summary.json of run A")
     cp.add_argument("b", help="results folder or summary.json of run B")
@@ -196,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(__version__)
         return 0
-    if args.command == "run":
+    if args.command in ("run", "sweep"):
         flags = {k: v for k, v in vars(args).items() if k in RunConfig.model_fields}
         try:
             values = read_config_file(args.config_file) if args.config_file else {}
@@ -204,8 +228,27 @@ def main(argv: list[str] | None = None) -> int:
             values.update(flags)
             cfg = load_config(values, config_file=args.config_file, from_file=from_file)
         except ConfigError as e:
-            print(f"replayer run: {e}", file=sys.stderr)
+            print(f"replayer {args.command}: {e}", file=sys.stderr)
             return 2
+    if args.command == "sweep":
+        from .sweep import PER_POINT, SweepError, parse_speedups, run_sweep
+
+        given = [flag_name(k) for k in ("speedup", "resume", "resume_existing") if k in flags]
+        try:
+            if given:
+                raise SweepError(f"{', '.join(given)}: not for a sweep (it sets the speed-up of each point "
+                                 "from --speedups and starts a new run per point)")
+            if not 0 <= args.min_attainment <= 1:
+                raise SweepError(f"--min-attainment {args.min_attainment:g}: must be between 0 and 1")
+            speedups = parse_speedups(args.speedups)
+            _, code = run_sweep(cfg, _flags_for(cfg, PER_POINT), speedups=speedups,
+                                min_attainment=args.min_attainment, prefix_cache=args.prefix_cache,
+                                **({} if args.max_dispatch_lag is None else {"max_dispatch_lag_ms": args.max_dispatch_lag}))
+        except SweepError as e:
+            print(f"replayer sweep: {e}", file=sys.stderr)
+            return 2
+        return code
+    if args.command == "run":
         if cfg.workers > 1:
             from .workers import run_workers
 

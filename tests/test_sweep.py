@@ -1,0 +1,150 @@
+"""`replayer sweep` (replayer/sweep.py): a loop of real runs against the simulator on 127.0.0.1.
+
+The knee test gives the simulator a small capacity (2 sequences at a time, 20 ms per token, 14
+tokens per request: ~0.3 s each, so ~6.7 requests/s) and a trace of requests evenly spaced
+(2.5 requests/s at 1x). With even arrivals and a fixed service time a server below capacity
+never queues, and above it the queue grows by the same step per request: at 2x (5 requests/s,
+70% of capacity) no request waits, at 4x (10 requests/s, 150%) request i waits ~45 ms * i, so
+about half of 24 miss a 500 ms TTFT bound. Both sides are far from the 90% rule, and nothing is
+near what the client's CPU limits (at most 10 requests/s)."""
+
+import json
+import re
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from replayer.cli import main as cli_main
+from replayer.sweep import SweepError, judge_point, parse_speedups
+
+from test_report import CHROMIUM, _dump_dom
+
+
+def write_trace(path, n: int, gap_ms: int, output_length: int, hash_ids) -> str:
+    """``n`` requests ``gap_ms`` apart, 16-token blocks; ``hash_ids(i)`` gives row i's ids."""
+    ids = [hash_ids(i) for i in range(n)]
+    t = pa.table({"timestamp": [i * gap_ms for i in range(n)], "input_length": [16 * len(h) for h in ids],
+                  "output_length": [output_length] * n, "hash_ids": ids})
+    pq.write_table(t.replace_schema_metadata({"replayer.block_size": "16", "replayer.time_unit": "ms"}), path)
+    return str(path)
+
+
+def sweep(capsys, trace: str, url: str, results, *flags: str) -> tuple[int, dict, list[str]]:
+    """Run ``replayer sweep`` in-process: (exit code, sweep.json, progress lines)."""
+    capsys.readouterr()
+    code = cli_main(["sweep", trace, "--target", url, "--results", str(results), "--admin-port", "0",
+                     "--max-dispatch-lag", "2000", *flags])
+    out = capsys.readouterr().out.splitlines()
+    return code, json.loads((results / "sweep.json").read_text()), out
+
+
+def test_sweep_finds_the_knee_of_the_simulators_capacity(sim_process, tmp_path, capsys):
+    url, _ = sim_process("--max-num-seqs", "2", "--itl-base-ms", "20", "--ttft-base-ms", "20",
+                         "--prefill-us-per-token", "0")
+    trace = write_trace(tmp_path / "t.parquet", 24, 400, 14, lambda i: [2 * i, 2 * i + 1])
+    res = tmp_path / "sweep"
+    code, s, out = sweep(capsys, trace, url, res, "--speedups", "1,2,4,8,16",
+                         "--goodput", "ttft:500", "e2el:5000", "--scrape-interval", "1")
+    assert code == 0
+    # the stop rule: the first point below 90% ends the sweep (8x and 16x never ran)
+    assert [p["speedup"] for p in s["points"]] == [1.0, 2.0, 4.0]
+    assert [p["status"] for p in s["points"]] == ["held", "held", "missed"], [p["why"] for p in s["points"]]
+    assert s["highest_held_speedup"] == 2.0
+    assert s["stop_reason"].startswith("attainment ") and s["stop_reason"].endswith("< 90% at speed-up 4x")
+    held, missed = s["points"][1], s["points"][2]
+    assert held["slo_attainment"] == 1.0 and held["slo_met"] == 24
+    assert missed["slo_attainment"] < 0.8 and missed["p99_ttft_ms"] > 500
+    # offered load from the due times: 2.5 requests/s at 1x, times the speed-up
+    for p in s["points"]:
+        assert p["offered_rps"] == pytest.approx(2.5 * p["speedup"], rel=1e-3)
+        assert p["replayer_behind"] is False and p["exit_code"] == 0
+    assert s["highest_held_offered_rps"] == pytest.approx(5.0, rel=1e-3)
+    assert s["highest_held_request_goodput"] == held["request_goodput"] > 0
+    # sweep.json: the settings, and per point its folder (a whole run's) and the summary's numbers
+    assert s["speedups"] == [1.0, 2.0, 4.0, 8.0, 16.0] and s["min_attainment"] == 0.9
+    assert s["goodput_slos_ms"] == {"ttft": 500.0, "e2el": 5000.0} and s["prefix_cache"] == "salt"
+    assert s["target"] == url and s["target_embedded"] is False
+    for p in s["points"]:
+        point_summary = json.loads((res / p["results"] / "summary.json").read_text())
+        assert point_summary["speedup"] == p["speedup"] and point_summary["completed"] == 24
+        for key in ("request_goodput", "slo_attainment", "slo_attainment_ttft", "median_ttft_ms", "p99_ttft_ms",
+                    "median_tpot_ms", "p99_tpot_ms", "median_e2el_ms", "p99_e2el_ms", "dispatch_lag_p99_ms"):
+            assert p[key] == point_summary[key], key
+    assert sorted(x.name for x in res.iterdir()) == ["01-speedup-1", "02-speedup-2", "03-speedup-4",
+                                                       "sweep.html", "sweep.json"]
+    # progress: one line per point, then the outcome
+    lines = [line for line in out if line.startswith("sweep point ")]
+    assert len(lines) == 3 and lines[2].startswith("sweep point 3/5: speed-up 4x, offered 10.00 req/s: attainment ")
+    assert lines[0].endswith(": held") and ": missed (attainment " in lines[2]
+    assert "the highest speed-up that held: 2x (5.00 req/s offered" in out[-2]
+    # the page: every figure drew in headless Chromium, against the offered load
+    from replayer.report import sweep_figure_specs
+
+    specs = sweep_figure_specs(s)
+    assert [sp["title"] for sp in specs] == [
+        "Goodput and throughput vs offered load", "SLO attainment vs offered load", "TTFT vs offered load",
+        "TPOT vs offered load", "E2E vs offered load", "Dispatch lag vs offered load (the replayer's own delay)"]
+    att = specs[1]["series"]
+    assert [se["name"] for se in att] == ["every bound", "ttft <= 500 ms", "e2el <= 5000 ms", "--min-attainment 0.9"]
+    assert list(att[0]["x"]) == [p["offered_rps"] for p in s["points"]]
+    assert list(att[0]["y"]) == [p["slo_attainment"] for p in s["points"]]
+    text = (res / "sweep.html").read_text()
+    assert "the highest speed-up that held: <b>2x</b>" in text and "<script src=" not in text
+    if CHROMIUM is None:
+        pytest.skip("needs chromium for the page's drawing")
+    dom = _dump_dom(res / "sweep.html")
+    figs = re.findall(r'<div id="fig\d+" class="plotly-graph-div js-plotly-plot"', dom)
+    assert len(figs) == len(specs)  # plotly turned every div into a plot
+    assert dom.count('class="main-svg"') >= 2 * len(specs)
+    assert len(re.findall(r'class="trace scatter', dom)) >= sum(len(sp["series"]) for sp in specs)
+    assert dom.count('class="point"') >= 3 * 9  # the markers: 3 points on 9 lines+markers series
+
+
+@pytest.mark.parametrize("mode", ["salt", "reset", "warm"])
+def test_points_do_not_share_the_prefix_cache(sim_process, tmp_path, capsys, mode):
+    """Rows 2i and 2i+1 share their first two blocks, so within one point the second hits 32
+    tokens, as the replayer expects. With fresh prefixes (salt) or the server's cache reset
+    before each point, point 2 hits exactly what point 1 did; warm (neither), point 2 also hits
+    point 1's prompts."""
+    url, _ = sim_process("--ttft-base-ms", "1", "--itl-base-ms", "1")
+    trace = write_trace(tmp_path / "t.parquet", 12, 100, 2, lambda i: [i // 2 * 10, i // 2 * 10 + 1, *([1000 + i] * (i % 2))])
+    code, s, _ = sweep(capsys, trace, url, tmp_path / "sweep", "--speedups", "1,2", "--goodput", "e2el:10000",
+                       "--prefix-cache", mode, "--scrape-interval", "1")
+    assert code == 0 and [p["status"] for p in s["points"]] == ["held", "held"]
+    one, two = s["points"]
+    assert one["expected_prefix_hit_tokens"] == two["expected_prefix_hit_tokens"] == 6 * 32
+    assert one["server_prefix_cache_hit_tokens"] == 6 * 32
+    if mode == "warm":  # every prompt was cached by point 1: 1 block of the 32-token rows, 2 of the 48-token rows
+        assert two["server_prefix_cache_hit_tokens"] == 6 * 16 + 6 * 32
+    else:
+        assert two["server_prefix_cache_hit_tokens"] == one["server_prefix_cache_hit_tokens"]
+    assert (one["seed"] != two["seed"]) is (mode == "salt")
+
+
+def test_sweep_refuses_bad_settings(tmp_path, capsys):
+    trace = write_trace(tmp_path / "t.parquet", 2, 100, 2, lambda i: [i])
+    for flags, why in ((["--speedups", "1,2"], "--goodput is needed"),
+                       (["--speedups", "1,2", "--goodput", "ttft:1", "--speedup", "3"], "--speedup: not for a sweep"),
+                       (["--speedups", "2,1", "--goodput", "ttft:1"], "larger than the one before"),
+                       (["--speedups", "1,x", "--goodput", "ttft:1"], "must be numbers"),
+                       (["--speedups", "1", "--goodput", "ttft:1", "--min-attainment", "2"], "between 0 and 1")):
+        capsys.readouterr()
+        assert cli_main(["sweep", trace, "--results", str(tmp_path / "r"), *flags]) == 2, flags
+        assert why in capsys.readouterr().err, flags
+    assert not (tmp_path / "r").exists()  # refused before anything ran
+    assert parse_speedups("1, 2,4.5") == [1.0, 2.0, 4.5]
+    with pytest.raises(SweepError):
+        parse_speedups(",".join(str(i) for i in range(1, 34)))  # more points than a sweep runs
+
+
+def test_judge_point_blames_the_replayer_before_the_server():
+    ok = {"slo_attainment": 0.95, "dispatch_lag_p99_ms": 3.0}
+    assert judge_point(ok, 0.9)[0] == "held"
+    assert judge_point({**ok, "slo_attainment": 0.5}, 0.9) == ("missed", "attainment 50.0% < 90%")
+    status, why = judge_point({"slo_attainment": 0.5, "dispatch_lag_p99_ms": 80.0}, 0.9)
+    assert status == "replayer_behind" and "dispatch lag p99 80 ms > 50 ms" in why  # not "missed"
+    assert judge_point({"slo_attainment": 0.5, "dispatch_lag_p99_ms": 80.0}, 0.9, max_lag_ms=100)[0] == "missed"
+    assert judge_point({**ok, "slo_attainment": None}, 0.9)[0] == "no_verdict"
+    assert judge_point({**ok, "stopped_early": True, "stop_signal": "SIGTERM"}, 0.9)[0] == "stopped"
+    assert judge_point(None, 0.9)[0] == "error"
