@@ -241,9 +241,9 @@ def main(argv: list[str] | None = None) -> int:
             if not 0 <= args.min_attainment <= 1:
                 raise SweepError(f"--min-attainment {args.min_attainment:g}: must be between 0 and 1")
             speedups = parse_speedups(args.speedups)
+            lag = {} if args.max_dispatch_lag is None else {"max_dispatch_lag_ms": args.max_dispatch_lag}
             _, code = run_sweep(cfg, _flags_for(cfg, PER_POINT), speedups=speedups,
-                                min_attainment=args.min_attainment, prefix_cache=args.prefix_cache,
-                                **({} if args.max_dispatch_lag is None else {"max_dispatch_lag_ms": args.max_dispatch_lag}))
+                                min_attainment=args.min_attainment, prefix_cache=args.prefix_cache, **lag)
         except SweepError as e:
             print(f"replayer sweep: {e}", file=sys.stderr)
             return 2

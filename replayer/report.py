@@ -376,7 +376,8 @@ def sweep_figure_specs(sweep: dict) -> list[dict]:
                [series(f"{label} p50", col(f"median_{key}")), series(f"{label} p99", col(f"p99_{key}"))],
                y_type="log") for label, key in _SWEEP_LATENCIES),
         spec("Dispatch lag vs offered load (the replayer's own delay)", "ms",
-             [series("dispatch lag p50", col("dispatch_lag_p50_ms")), series("dispatch lag p99", col("dispatch_lag_p99_ms")),
+             [series("dispatch lag p50", col("dispatch_lag_p50_ms")),
+              series("dispatch lag p99", col("dispatch_lag_p99_ms")),
               series("replayer behind above", [sweep.get("max_dispatch_lag_p99_ms", 50.0)] * len(ends),
                      mode="lines", xs=ends)]),
     ]
@@ -403,7 +404,8 @@ def render_sweep_html(sweep: dict) -> str:
     the verdict (the highest speed-up that held, why the sweep stopped), the points, the plots."""
     held = sweep.get("highest_held_speedup")
     slos = " ".join(f"{k}&lt;={v:g} ms" for k, v in (sweep.get("goodput_slos_ms") or {}).items())
-    verdict = (f"the highest speed-up that held: <b>{held:g}x</b> ({_number(sweep.get('highest_held_offered_rps') or 0)} "
+    verdict = (f"the highest speed-up that held: <b>{held:g}x</b> "
+               f"({_number(sweep.get('highest_held_offered_rps') or 0)} "
                f"requests/s offered, goodput {_number(sweep.get('highest_held_request_goodput') or 0)} requests/s)"
                if held is not None else "<b>no speed-up held</b>")
     behind = [p for p in sweep.get("points", []) if p.get("replayer_behind")]
@@ -411,7 +413,8 @@ def render_sweep_html(sweep: dict) -> str:
     note = (f"<p>The replayer itself fell behind at {at}: those points "
             "measure the client, not the server.</p>" if behind else "")
     intro = (f"<p>trace: {html.escape(str(sweep.get('trace')))} · target: {html.escape(str(sweep.get('target')))} · "
-             f"SLO: {slos} · a point holds when at least {sweep.get('min_attainment', 0.9):.0%} of its judged requests "
+             f"SLO: {slos} · a point holds when at least {sweep.get('min_attainment', 0.9):.0%} of its judged "
+             "requests "
              f"met every bound · prefix cache between points: {html.escape(str(sweep.get('prefix_cache')))}</p>"
              f"<h2>Verdict</h2><p>{verdict}; stopped: {html.escape(str(sweep.get('stop_reason')))}</p>{note}"
              f"<h2>Points</h2>{_points_table(sweep)}")

@@ -157,7 +157,8 @@ def point_line(i: int, total: int, p: dict) -> str:
     judged = (p.get("slo_met") or 0) + (p.get("slo_missed") or 0)
     return (f"sweep point {i}/{total}: speed-up {p['speedup']:g}x, offered {rate(p.get('offered_rps'))} req/s: "
             f"attainment {'n/a' if att is None else f'{att:.1%}'} ({p.get('slo_met') or 0} of {judged}), "
-            f"goodput {rate(p.get('request_goodput'))} req/s, TTFT p50/p99 {ms('median_ttft_ms')}/{ms('p99_ttft_ms')} ms, "
+            f"goodput {rate(p.get('request_goodput'))} req/s, "
+            f"TTFT p50/p99 {ms('median_ttft_ms')}/{ms('p99_ttft_ms')} ms, "
             f"TPOT p50/p99 {ms('median_tpot_ms')}/{ms('p99_tpot_ms')} ms, E2E p50/p99 "
             f"{ms('median_e2el_ms')}/{ms('p99_e2el_ms')} ms, dispatch lag p99 {ms('dispatch_lag_p99_ms')} ms: "
             f"{p['status']}" + ("" if p["status"] == "held" else f" ({p['why']})"))

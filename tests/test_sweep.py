@@ -30,11 +30,12 @@ def write_trace(path, n: int, gap_ms: int, output_length: int, hash_ids) -> str:
     return str(path)
 
 
-def sweep(capsys, trace: str, url: str, results, *flags: str) -> tuple[int, dict, list[str]]:
-    """Run ``replayer sweep`` in-process: (exit code, sweep.json, progress lines)."""
+def sweep(capsys, trace: str, url: str | None, results, *flags: str) -> tuple[int, dict, list[str]]:
+    """Run ``replayer sweep`` in-process (``url`` None: on the embedded simulator): (exit code,
+    sweep.json, progress lines)."""
     capsys.readouterr()
-    code = cli_main(["sweep", trace, "--target", url, "--results", str(results), "--admin-port", "0",
-                     "--max-dispatch-lag", "2000", *flags])
+    code = cli_main(["sweep", trace, *(["--target", url] if url else []), "--results", str(results),
+                     "--admin-port", "0", "--max-dispatch-lag", "2000", *flags])
     out = capsys.readouterr().out.splitlines()
     return code, json.loads((results / "sweep.json").read_text()), out
 
@@ -106,9 +107,10 @@ def test_points_do_not_share_the_prefix_cache(sim_process, tmp_path, capsys, mod
     """Rows 2i and 2i+1 share their first two blocks, so within one point the second hits 32
     tokens, as the replayer expects. With fresh prefixes (salt) or the server's cache reset
     before each point, point 2 hits exactly what point 1 did; warm (neither), point 2 also hits
-    point 1's prompts."""
-    url, _ = sim_process("--ttft-base-ms", "1", "--itl-base-ms", "1")
-    trace = write_trace(tmp_path / "t.parquet", 12, 100, 2, lambda i: [i // 2 * 10, i // 2 * 10 + 1, *([1000 + i] * (i % 2))])
+    point 1's prompts. ``reset`` runs on the embedded simulator (one for every point)."""
+    url = None if mode == "reset" else sim_process("--ttft-base-ms", "1", "--itl-base-ms", "1")[0]
+    trace = write_trace(tmp_path / "t.parquet", 12, 100, 2,
+                        lambda i: [i // 2 * 10, i // 2 * 10 + 1, *([1000 + i] * (i % 2))])
     code, s, _ = sweep(capsys, trace, url, tmp_path / "sweep", "--speedups", "1,2", "--goodput", "e2el:10000",
                        "--prefix-cache", mode, "--scrape-interval", "1")
     assert code == 0 and [p["status"] for p in s["points"]] == ["held", "held"]
@@ -120,6 +122,9 @@ def test_points_do_not_share_the_prefix_cache(sim_process, tmp_path, capsys, mod
     else:
         assert two["server_prefix_cache_hit_tokens"] == one["server_prefix_cache_hit_tokens"]
     assert (one["seed"] != two["seed"]) is (mode == "salt")
+    assert s["target_embedded"] is (url is None)
+    if url is None:  # the points' summaries say so too (the sweep named its simulator to them)
+        assert json.loads((tmp_path / "sweep" / one["results"] / "summary.json").read_text())["target_embedded"]
 
 
 def test_sweep_refuses_bad_settings(tmp_path, capsys):
