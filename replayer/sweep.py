@@ -164,6 +164,20 @@ def point_line(i: int, total: int, p: dict) -> str:
             f"{p['status']}" + ("" if p["status"] == "held" else f" ({p['why']})"))
 
 
+def point_record(index: int, speedup: float, folder: str, seed: int, exit_code: int, min_attainment: float,
+                 max_lag_ms: float) -> dict:
+    """One point of ``sweep.json``, from its run's folder: its settings, offered load, the
+    ``POINT_KEYS`` and ``slo_attainment_<bound>`` of its ``summary.json``, and its judgement
+    (``judge_point``: ``status``, ``why``, ``replayer_behind``)."""
+    summary = read_summary(folder) or None
+    status, why = judge_point(summary, min_attainment, max_lag_ms)
+    return {"index": index, "speedup": speedup, "results": os.path.basename(folder), "seed": seed,
+            "exit_code": exit_code, "offered_rps": offered_rps(folder) if summary else None,
+            **{key: (summary or {}).get(key) for key in POINT_KEYS},
+            **{key: v for key, v in (summary or {}).items() if key.startswith("slo_attainment_")},
+            "status": status, "why": why, "replayer_behind": status == "replayer_behind"}
+
+
 def run_sweep(cfg: RunConfig, run_flags: list[str], *, speedups: list[float], min_attainment: float = 0.9,
               prefix_cache: str = "salt", max_dispatch_lag_ms: float = BEHIND_MS) -> tuple[dict, int]:
     """Run the sweep (see the module docstring); returns (sweep.json's dict, exit code: 0 when it
@@ -219,13 +233,8 @@ def run_sweep(cfg: RunConfig, run_flags: list[str], *, speedups: list[float], mi
                                      env=env, start_new_session=True)
                 child[:] = [p]
                 rc = p.wait()
-            summary = read_summary(folder) or None
-            status, why = judge_point(summary, min_attainment, max_dispatch_lag_ms)
-            point = {"index": k + 1, "speedup": speedup, "results": os.path.basename(folder), "seed": seed,
-                     "exit_code": rc, "offered_rps": offered_rps(folder) if summary else None,
-                     **{key: (summary or {}).get(key) for key in POINT_KEYS},
-                     **{key: v for key, v in (summary or {}).items() if key.startswith("slo_attainment_")},
-                     "status": status, "why": why, "replayer_behind": status == "replayer_behind"}
+            point = point_record(k + 1, speedup, folder, seed, rc, min_attainment, max_dispatch_lag_ms)
+            status, why = point["status"], point["why"]
             sweep["points"].append(point)
             if not cfg.quiet:
                 print(point_line(k + 1, len(speedups), point), flush=True)
