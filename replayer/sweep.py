@@ -21,7 +21,8 @@ Points must not share prefix-cache state, or point k would be served from point 
 salted by the point's index, ``prompts.salted_seed``); ``reset`` keeps the prompts and calls
 the target's ``POST /reset_prefix_cache`` (vLLM's, in dev mode; the simulator's) before each
 point; ``warm`` does neither. Without ``--target`` the embedded simulator is started once and
-serves every point, as one server would.
+serves every point, as one server would. Each point is a run of its own, with a run id of its own
+(``--run-id R``: ``R-01``, ``R-02``...), so request ids (``X-Request-Id``) never repeat across points.
 
 ``RESULTS/sweep.json`` is rewritten after each point (a killed sweep keeps the points it ran);
 ``RESULTS/sweep.html`` (``report.write_sweep_report``) plots goodput, attainment, latency and
@@ -51,9 +52,9 @@ from .summary import read_summary
 MAX_POINTS = 32
 PREFIX_MODES = ("salt", "reset", "warm")
 #: run settings the sweep sets per point (the rest pass through to every point's run)
-PER_POINT = {"speedup", "results", "seed", "target", "resume", "resume_existing"}
+PER_POINT = {"speedup", "results", "seed", "target", "resume", "resume_existing", "run_id"}
 #: summary.json keys copied into each point of sweep.json (vllm bench serve's names)
-POINT_KEYS = ("scheduled", "sent", "completed", "failed", "duration", "request_throughput", "request_goodput",
+POINT_KEYS = ("run_id", "scheduled", "sent", "completed", "failed", "duration", "request_throughput", "request_goodput",
               "output_token_goodput", "slo_attainment", "slo_met", "slo_missed", "slo_unknown",
               "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_e2el_ms", "p99_e2el_ms",
               "dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "expected_prefix_hit_tokens",
@@ -189,6 +190,8 @@ def run_sweep(cfg: RunConfig, run_flags: list[str], *, speedups: list[float], mi
     if not cfg.goodput:
         raise SweepError("--goodput is needed: each point is judged by its SLO attainment "
                          "(e.g. --goodput ttft:2000 tpot:50 e2el:30000)")
+    if cfg.run_id and len(cfg.run_id) > 61:
+        raise SweepError(f"--run-id {cfg.run_id!r}: at most 61 characters in a sweep (each point adds -NN)")
     results = cfg.results or new_results_dir()
     if os.path.exists(os.path.join(results, "sweep.json")):
         raise SweepError(f"--results {results}: holds an earlier sweep (sweep.json); give another folder")
@@ -225,7 +228,8 @@ def run_sweep(cfg: RunConfig, run_flags: list[str], *, speedups: list[float], mi
             if prefix_cache == "reset":
                 reset_prefix_cache(target, cfg.api_key(), cfg.ready_timeout_s if cfg.target else 30.0)
             args = [sys.executable, "-m", "replayer", "run", *run_flags, "--speedup", repr(speedup),
-                    "--results", folder, "--seed", str(seed), "--target", target]
+                    "--results", folder, "--seed", str(seed), "--target", target,
+                    *(["--run-id", f"{cfg.run_id}-{k + 1:02d}"] if cfg.run_id else [])]
             env = {**os.environ, PARENT_PID_ENV: str(os.getpid()),  # stops with us; prints nothing
                    **({EMBEDDED_TARGET_ENV: target} if sim is not None else {})}
             with open(os.path.join(folder, "run.log"), "ab") as log:

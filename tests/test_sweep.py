@@ -21,10 +21,11 @@ from replayer.sweep import SweepError, judge_point, parse_speedups
 from test_report import CHROMIUM, _dump_dom
 
 
-def write_trace(path, n: int, gap_ms: int, output_length: int, hash_ids) -> str:
-    """``n`` requests ``gap_ms`` apart, 16-token blocks; ``hash_ids(i)`` gives row i's ids."""
+def write_trace(path, n: int, gap_ms: int, output_length: int, hash_ids, start_ms: int = 0) -> str:
+    """``n`` requests ``gap_ms`` apart from ``start_ms``, 16-token blocks; ``hash_ids(i)`` gives
+    row i's ids."""
     ids = [hash_ids(i) for i in range(n)]
-    t = pa.table({"timestamp": [i * gap_ms for i in range(n)], "input_length": [16 * len(h) for h in ids],
+    t = pa.table({"timestamp": [start_ms + i * gap_ms for i in range(n)], "input_length": [16 * len(h) for h in ids],
                   "output_length": [output_length] * n, "hash_ids": ids})
     pq.write_table(t.replace_schema_metadata({"replayer.block_size": "16", "replayer.time_unit": "ms"}), path)
     return str(path)
@@ -107,12 +108,15 @@ def test_points_do_not_share_the_prefix_cache(sim_process, tmp_path, capsys, mod
     """Rows 2i and 2i+1 share their first two blocks, so within one point the second hits 32
     tokens, as the replayer expects. With fresh prefixes (salt) or the server's cache reset
     before each point, point 2 hits exactly what point 1 did; warm (neither), point 2 also hits
-    point 1's prompts. ``reset`` runs on the embedded simulator (one for every point)."""
+    point 1's prompts. ``reset`` runs on the embedded simulator (one for every point). The
+    requests are far enough apart (200 ms at 1x) to reach the server in order, and the first
+    comes after the run's first scrape of the server's counters (2 s into the trace)."""
     url = None if mode == "reset" else sim_process("--ttft-base-ms", "1", "--itl-base-ms", "1")[0]
-    trace = write_trace(tmp_path / "t.parquet", 12, 100, 2,
-                        lambda i: [i // 2 * 10, i // 2 * 10 + 1, *([1000 + i] * (i % 2))])
+    trace = write_trace(tmp_path / "t.parquet", 12, 200, 2,
+                        lambda i: [i // 2 * 10, i // 2 * 10 + 1, *([1000 + i] * (i % 2))], start_ms=2000)
     code, s, _ = sweep(capsys, trace, url, tmp_path / "sweep", "--speedups", "1,2", "--goodput", "e2el:10000",
-                       "--prefix-cache", mode, "--scrape-interval", "1")
+                       "--prefix-cache", mode, "--scrape-interval", "1",
+                       *(["--run-id", "sw"] if mode == "salt" else []))
     assert code == 0 and [p["status"] for p in s["points"]] == ["held", "held"]
     one, two = s["points"]
     assert one["expected_prefix_hit_tokens"] == two["expected_prefix_hit_tokens"] == 6 * 32
@@ -122,6 +126,9 @@ def test_points_do_not_share_the_prefix_cache(sim_process, tmp_path, capsys, mod
     else:
         assert two["server_prefix_cache_hit_tokens"] == one["server_prefix_cache_hit_tokens"]
     assert (one["seed"] != two["seed"]) is (mode == "salt")
+    assert one["run_id"] != two["run_id"]  # a run of its own each: request ids never repeat across points
+    if mode == "salt":
+        assert [one["run_id"], two["run_id"]] == ["sw-01", "sw-02"]
     assert s["target_embedded"] is (url is None)
     if url is None:  # the points' summaries say so too (the sweep named its simulator to them)
         assert json.loads((tmp_path / "sweep" / one["results"] / "summary.json").read_text())["target_embedded"]
