@@ -175,8 +175,11 @@ class PromptBuilder:
         cache = self._cache
         out: list[bytes | None] = []
         missing: list[int] = []
+        size = self.block_size * self._stride
         for h in hash_ids:
             b = cache.get(h)
+            if b is not None and len(b) < size:
+                b = None  # only the first ids of this block were made (``prompt_json``'s tail)
             if b is None:
                 missing.append(h)
             else:
@@ -188,7 +191,6 @@ class PromptBuilder:
             # one gather for every missing block, then one bytes object cut per block (a gather
             # per block costs ~2x as much)
             whole = np.take(self._table, self._block_index(missing)).tobytes()
-            size = self.block_size * self._stride
             made = {h: whole[k * size:(k + 1) * size] for k, h in enumerate(missing)}
             cache.update(made)
             while len(cache) > self._cache_cap:
@@ -199,10 +201,28 @@ class PromptBuilder:
     def prompt_json(self, hash_ids: Sequence[int], input_length: int) -> bytes:
         """The prompt as a JSON array text (``b"[...]"``) of exactly ``input_length`` ids."""
         self._check(hash_ids, input_length)
+        ids = [int(h) for h in hash_ids]
+        bs = self.block_size
+        tail = input_length - (len(ids) - 1) * bs  # ids of the last block sent (1 .. bs)
+        if tail < bs:
+            # a partial last block the cache lacks whole, with every other block cached (a
+            # one-block prompt of a new hash id: a tiny request): only its first ``tail`` ids
+            # are made (or taken from a short entry that holds them)
+            cache = self._cache
+            last = ids[-1]
+            got = cache.get(last)
+            if (got is None or len(got) < bs * self._stride) and all(h in cache for h in ids[:-1]):
+                blocks = self.blocks_json(ids[:-1]) if len(ids) > 1 else []
+                if got is not None and len(got) >= tail * self._stride:
+                    self.cache_hits += 1
+                    cache.move_to_end(last)
+                else:
+                    got = self._tail_json(last, tail)
+                blocks.append(got[: tail * self._stride - 1])  # drop the trailing comma
+                return b"".join((b"[", *blocks, b"]"))
         parts = [b"["]
         left = input_length
-        bs = self.block_size
-        for blk in self.blocks_json([int(h) for h in hash_ids]):
+        for blk in self.blocks_json(ids):
             if left > bs:
                 parts.append(blk)
                 left -= bs
@@ -211,6 +231,33 @@ class PromptBuilder:
                 break
         parts.append(b"]")
         return b"".join(parts)
+
+    #: a tail of at most this many ids is made in pure Python (numpy's per-call overhead is more)
+    _TAIL_PY = 48
+
+    def _tail_json(self, hash_id: int, n: int) -> bytes:
+        """The first ``n`` serialised ids (each followed by ',') of ``hash_id``'s block: the same
+        bytes as the full block's start (id j depends on the block key and j alone). Cached as a
+        short entry (``blocks_json`` makes the whole block when a row needs it)."""
+        self.cache_misses += 1
+        if n <= self._TAIL_PY:
+            m, v = _MASK, self.vocab.size
+            k = mix64(self._seed_mix ^ (hash_id & m))
+            idx = [mix64((k + j * GAMMA) & m) % v for j in range(1, n + 1)]
+        else:
+            keys = np.array([hash_id & _MASK], dtype=np.uint64)
+            keys ^= np.uint64(self._seed_mix)
+            z = _mix(keys)[:, None] + self._steps[None, :n]
+            _mix_inplace(z, np.empty_like(z))
+            z %= np.uint64(self.vocab.size)
+            idx = z[0].astype(np.intp)
+        out = np.take(self._table, idx).tobytes()
+        cache = self._cache
+        cache[hash_id] = out
+        cache.move_to_end(hash_id)
+        while len(cache) > self._cache_cap:
+            cache.popitem(last=False)
+        return out
 
     def _check(self, hash_ids: Sequence[int], input_length: int) -> None:
         n = len(hash_ids)

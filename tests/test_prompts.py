@@ -141,3 +141,22 @@ def test_salted_seeds_give_fresh_prefixes():
     cfg = load_config({"trace": str(SLICE_10MIN), "seed": 7, "loop_salt": True})
     prompts = Prompts(cfg, 16)
     assert [tuple(prompts.for_loop(k).block_ids(3).tolist()) for k in range(4)] == blocks
+
+
+@pytest.mark.parametrize("tail", [1, 16, 48, 49, 100, 127])
+def test_tail_made_alone_is_the_full_blocks_start(tail):
+    # a one-block prompt of a new hash id makes only the ids it sends (a short cache entry); the
+    # bytes are those of the full block, and a later row needing more of the block gets them all
+    vocab = vocab_from_range(1000, 30000)
+    p = PromptBuilder(seed=5, block_size=128, vocab=vocab)
+    for h in (7, (1 << 64) - 3):
+        got = orjson.loads(p.prompt_json([h], tail))
+        assert got == reference_block(5, h, vocab, 128)[:tail]
+        assert orjson.loads(p.prompt_json([h], 128)) == reference_block(5, h, vocab, 128)
+        assert orjson.loads(p.prompt_json([h, 9], 140)) == (reference_block(5, h, vocab, 128)
+                                                            + reference_block(5, 9, vocab, 128)[:12])
+    q = PromptBuilder(seed=5, block_size=128, vocab=vocab)
+    q.prompt_json([3], tail)
+    assert orjson.loads(q.prompt_json([3], min(tail + 5, 128))) == reference_block(5, 3, vocab, 128)[:tail + 5]
+    assert orjson.loads(q.prompt_json([4, 3], 128 + tail)) == (reference_block(5, 4, vocab, 128)
+                                                              + reference_block(5, 3, vocab, 128)[:tail])
