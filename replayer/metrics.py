@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Iterable
 
 import numpy as np
@@ -165,6 +166,55 @@ class _DueCounter(Collector):
         return [CounterMetricFamily(self.NAME, self.DOC)]
 
 
+class _Flush(Collector):
+    """Registered before every metric: a collect of the registry (a scrape, ``generate_latest``,
+    ``get_sample_value``) first moves the per-request updates batched in plain numbers into the
+    metric objects, so what it reads is up to date."""
+
+    def __init__(self, flush) -> None:
+        self._flush = flush
+
+    def collect(self):
+        self._flush()
+        return iter(())
+
+    def describe(self):
+        return []
+
+
+class _PendingHistogram:
+    """Observations of one label-less ``Histogram`` kept in plain numbers until ``flush``: per
+    bucket counts, and the running sum in observation order (so the flushed ``_sum`` is the very
+    float ``observe`` would have summed). Only this class may observe its histogram."""
+
+    __slots__ = ("h", "bounds", "counts", "total", "n")
+
+    def __init__(self, h: Histogram) -> None:
+        self.h = h
+        self.bounds = list(h._upper_bounds)  # ends with +Inf
+        self.counts = [0] * len(self.bounds)
+        self.total = 0.0
+        self.n = 0
+
+    def add(self, v: float) -> None:
+        self.total += v
+        if v == v:  # NaN lands in no bucket (as in Histogram.observe)
+            self.counts[bisect_left(self.bounds, v)] += 1  # first bound >= v
+        self.n += 1
+
+    def flush(self) -> None:
+        if not self.n:
+            return
+        buckets = self.h._buckets
+        counts = self.counts
+        for i, c in enumerate(counts):
+            if c:
+                buckets[i].inc(c)
+                counts[i] = 0
+        self.h._sum.set(self.total)
+        self.n = 0
+
+
 class ReplayerMetrics:
     """The replayer's metrics on ``registry``.
 
@@ -173,12 +223,25 @@ class ReplayerMetrics:
     replay's position; ``on_expected_prefix_cache`` counts the prefix-cache hits the trace
     implies; ``snapshot()`` gives the live numbers for a console or ``/status``.
     ``process_collector=False`` skips ``process_*`` (only one may exist per registry).
+
+    Batching: the per-request hooks (``on_scheduled``, ``on_expected_prefix_cache``, ``on_sent``,
+    ``on_dispatched``, ``on_result``) add to plain numbers under one lock (a ``Histogram.observe``
+    or ``Counter.inc`` costs a lock and checks each; observe also a bucket search), and ``flush``
+    moves them into the metric objects: at every collect of the registry (each scrape reads exact
+    values), in ``snapshot``, and from ``on_result`` once ``FLUSH_S`` has passed since the last
+    flush. Only an object read directly (not through the registry) can lag, by at most
+    ``FLUSH_S`` while results arrive.
     """
+
+    #: most seconds between flushes while results arrive
+    FLUSH_S = 0.5
 
     def __init__(self, registry: CollectorRegistry, *, config_info: dict[str, str] | None = None,
                  process_collector: bool = True, clock=now_ns) -> None:
         r = registry
         self.registry = registry
+        self._lock = threading.RLock()
+        r.register(_Flush(self.flush))
         self.build_info = Info("replayer_build", "Version of replayer.", registry=r)
         self.build_info.info({"version": __version__})
         self.config_info = Info("replayer_config", "Key settings of this run (bounded set).", registry=r)
@@ -272,6 +335,32 @@ class ReplayerMetrics:
         self.loop_lag_recent_s = 0.0  # largest event-loop lag since its reader last reset it
         self._loop_no = 0
         self._loop_start_ns = 0
+        # batched per-request updates (see the class docstring)
+        self._h_lag, self._h_ttft, self._h_e2e, self._h_ttft_due, self._h_e2e_due, self._h_tpot, \
+            self._h_wait, self._h_overhead = (
+                _PendingHistogram(h) for h in (self.lag, self.ttft, self.e2e, self.ttft_from_due, self.e2e_from_due,
+                                               self.tpot, self.session_wait, self.client_overhead))
+        self._hists = (self._h_lag, self._h_ttft, self._h_e2e, self._h_ttft_due, self._h_e2e_due,
+                       self._h_tpot, self._h_wait, self._h_overhead)
+        self._incs: dict[object, float] = {}  # Counter/Gauge (or labelled child) -> amount to add
+        self._trace_time_s: float | None = None  # Gauge value to set
+        self._next_flush_s = time.monotonic() + self.FLUSH_S
+
+    # -- batching --------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Move the batched updates into the metric objects (any thread)."""
+        with self._lock:
+            self._next_flush_s = time.monotonic() + self.FLUSH_S
+            for h in self._hists:
+                h.flush()
+            incs = self._incs
+            if incs:
+                for obj, n in incs.items():
+                    obj.inc(n)
+                incs.clear()
+            if self._trace_time_s is not None:
+                self.trace_time.set(self._trace_time_s)
+                self._trace_time_s = None
 
     # -- replay position -------------------------------------------------------------------
     def set_trace(self, rows: int, duration_s: float, speedup: float = 1.0) -> None:
@@ -299,15 +388,21 @@ class ReplayerMetrics:
         """Loop ``loop`` (0-based) starts at trace offset ``start_trace_ns`` (loop offset included,
         as in ``PreparedRequest.trace_ns``). ``on_sent`` calls it by itself when a request of a
         later loop goes out, so calling it is optional."""
-        self._loop_no, self._loop_start_ns = int(loop), int(start_trace_ns)
-        self.loop.set(loop)
-        self.trace_rows_done.set(0)
+        with self._lock:
+            self.flush()  # the rows done so far belong to the previous loop
+            self._loop_no, self._loop_start_ns = int(loop), int(start_trace_ns)
+            self.loop.set(loop)
+            self.trace_rows_done.set(0)
 
     def on_expected_prefix_cache(self, query_tokens: int, hit_tokens: int) -> None:
         """One request's prompt: ``query_tokens`` looked up, ``hit_tokens`` of them expected cached."""
-        self.prefix_query_tokens.inc(query_tokens)
-        if hit_tokens:
-            self.prefix_hit_tokens.inc(hit_tokens)
+        with self._lock:
+            incs = self._incs
+            c = self.prefix_query_tokens
+            incs[c] = incs.get(c, 0) + query_tokens
+            if hit_tokens:
+                c = self.prefix_hit_tokens
+                incs[c] = incs.get(c, 0) + hit_tokens
 
     def set_slos(self, slos: dict[str, float]) -> None:
         """Export ``replayer_slo_requests_total`` for the ``--goodput`` bounds ``slos`` (and ``all``),
@@ -331,76 +426,103 @@ class ReplayerMetrics:
 
     # -- observer hooks --------------------------------------------------------------------
     def on_scheduled(self, n: int) -> None:
-        self.scheduled.inc(n)
+        with self._lock:
+            c = self.scheduled
+            self._incs[c] = self._incs.get(c, 0) + n
 
     def on_sent(self, req: PreparedRequest) -> None:
-        self.sent.inc()
-        self.in_flight.inc()
-        self.prompt_tokens_sent.inc(req.prompt_len)
-        trace_ns = getattr(req, "trace_ns", 0)
-        if req.loop > self._loop_no:  # the first request of a new loop: follow it
-            self.set_loop(req.loop, start_trace_ns=trace_ns)
-        if req.loop == self._loop_no:
-            if trace_ns:
-                self.trace_time.set(max(0, trace_ns - self._loop_start_ns) / 1e9)
-            else:  # no trace time on the request: derive it from the due time
-                self.trace_time.set(max(0, req.due_ns) * self._speedup / 1e9)
+        with self._lock:
+            incs = self._incs
+            get = incs.get
+            c = self.sent
+            incs[c] = get(c, 0) + 1
+            c = self.in_flight
+            incs[c] = get(c, 0) + 1
+            c = self.prompt_tokens_sent
+            incs[c] = get(c, 0) + req.prompt_len
+            trace_ns = getattr(req, "trace_ns", 0)
+            if req.loop > self._loop_no:  # the first request of a new loop: follow it
+                self.set_loop(req.loop, start_trace_ns=trace_ns)
+            if req.loop == self._loop_no:
+                if trace_ns:
+                    self._trace_time_s = max(0, trace_ns - self._loop_start_ns) / 1e9
+                else:  # no trace time on the request: derive it from the due time
+                    self._trace_time_s = max(0, req.due_ns) * self._speedup / 1e9
 
     def on_dispatched(self, res: RequestResult) -> None:
         """A request went out (its ``dispatch_lag_ms`` is set): observed at send time, so the
         lag histogram and alerts on it do not wait for the response to end."""
-        self.lag.observe(res.dispatch_lag_ms / 1e3)  # type: ignore[operator]
+        with self._lock:
+            self._h_lag.add(res.dispatch_lag_ms / 1e3)  # type: ignore[operator]
 
     def on_result(self, res: RequestResult) -> None:
-        child = self._requests.get((res.outcome, res.error_kind))
-        (child or self.requests.labels(res.outcome, res.error_kind)).inc()
-        if res.retries:
-            self.retries.inc(res.retries)
-        if res.loop == self._loop_no:
-            self.trace_rows_done.inc()
-        if res.outcome == "not_started":
-            return  # never issued: never counted as in flight
-        self.in_flight.dec()
+        with self._lock:
+            incs = self._incs
+            get = incs.get
+            c = self._requests.get((res.outcome, res.error_kind)) or self.requests.labels(res.outcome,
+                                                                                          res.error_kind)
+            incs[c] = get(c, 0) + 1
+            if res.retries:
+                c = self.retries
+                incs[c] = get(c, 0) + res.retries
+            if res.loop == self._loop_no:
+                c = self.trace_rows_done
+                incs[c] = get(c, 0) + 1
+            if res.outcome != "not_started":  # never issued: never counted as in flight
+                self._issued(res, incs, get)
+            if time.monotonic() >= self._next_flush_s:
+                self.flush()
+
+    def _issued(self, res: RequestResult, incs: dict, get) -> None:
+        c = self.in_flight
+        incs[c] = get(c, 0) - 1
         if res.session_wait_ms is not None:
-            self.session_wait.observe(res.session_wait_ms / 1e3)
+            self._h_wait.add(res.session_wait_ms / 1e3)
         if res.usage_audit != "n/a":
             audit = self._audit.get((res.endpoint, res.usage_audit))
             if audit is not None:
-                audit.inc()
+                incs[audit] = get(audit, 0) + 1
         if res.prompt_tokens is not None:
-            self.server_prompt_tokens.inc(res.prompt_tokens)
+            c = self.server_prompt_tokens
+            incs[c] = get(c, 0) + res.prompt_tokens
         if res.completion_tokens is not None:
-            self.server_completion_tokens.inc(res.completion_tokens)
+            c = self.server_completion_tokens
+            incs[c] = get(c, 0) + res.completion_tokens
         if res.outcome != "success":
             return
         if res.ttft_ms is not None:
-            self.ttft.observe(res.ttft_ms / 1e3)
+            self._h_ttft.add(res.ttft_ms / 1e3)
         if res.e2e_ms is not None:
-            self.e2e.observe(res.e2e_ms / 1e3)
+            self._h_e2e.add(res.e2e_ms / 1e3)
         if res.ttft_from_due_ms is not None:
-            self.ttft_from_due.observe(res.ttft_from_due_ms / 1e3)
+            self._h_ttft_due.add(res.ttft_from_due_ms / 1e3)
         if res.e2el_from_due_ms is not None:
-            self.e2e_from_due.observe(res.e2el_from_due_ms / 1e3)
+            self._h_e2e_due.add(res.e2el_from_due_ms / 1e3)
         if res.tpot_ms is not None:
-            self.tpot.observe(res.tpot_ms / 1e3)
+            self._h_tpot.add(res.tpot_ms / 1e3)
         if res.client_overhead_ms is not None:
-            self.client_overhead.observe(res.client_overhead_ms / 1e3)
+            self._h_overhead.add(res.client_overhead_ms / 1e3)
         if res.itl_ms:
             self.itl.observe_many(np.asarray(res.itl_ms) / 1e3)
         if res.endpoint in POOLING:
             return  # audited against its own expectations (replayer.audit)
+        mismatch = self._mismatch
         if res.prompt_tokens is None:
-            self._mismatch["missing"].inc()
+            c = mismatch["missing"]
+            incs[c] = get(c, 0) + 1
         elif res.prompt_tokens != res.input_length:
-            self._mismatch["prompt_tokens"].inc()
+            c = mismatch["prompt_tokens"]
+            incs[c] = get(c, 0) + 1
         if res.completion_tokens is not None and res.completion_tokens != res.output_length:
-            self._mismatch["completion_tokens"].inc()
+            c = mismatch["completion_tokens"]
+            incs[c] = get(c, 0) + 1
 
     # -- live view -------------------------------------------------------------------------
     def snapshot(self) -> dict[str, float | int | None]:
         """Live numbers since start (JSON-ready; ``None`` = nothing measured yet): cumulative
         quantiles in seconds from the histograms, token counters, trace position. A few dozen
         samples are read: cheap enough for a 2 Hz console."""
+        self.flush()
         out: dict[str, float | int | None] = {}
         for name, h, qs in (("ttft", self.ttft, (0.5, 0.99)), ("dispatch_lag", self.lag, (0.5, 0.99)),
                             ("e2e", self.e2e, (0.5, 0.99)), ("itl", self.itl, (0.5, 0.99))):

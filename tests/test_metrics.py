@@ -154,3 +154,48 @@ def test_event_loop_lag_monitor_sees_a_blocked_loop():
     assert v["replayer_event_loop_lag_max_seconds"] == pytest.approx(mon.max_lag_s)
     assert v["replayer_event_loop_lag_seconds_count"] == mon.samples
     assert "process_cpu_seconds_total" in v
+
+
+def test_batched_updates_read_exactly_at_every_collect():
+    # the per-request hooks batch their updates in plain numbers: a collect of the registry (a
+    # scrape) sees exactly what per-call observe/inc would have made, with no flush by the caller
+    from prometheus_client import Histogram
+
+    from replayer.metrics import LAG_BUCKETS, LATENCY_BUCKETS
+
+    r, m = _metrics()
+    ref = CollectorRegistry()
+    ttft = Histogram("ref_ttft", "x", buckets=LATENCY_BUCKETS, registry=ref)
+    lag = Histogram("ref_lag", "x", buckets=LAG_BUCKETS, registry=ref)
+    rng = np.random.default_rng(3)
+    for i in range(300):
+        req = PreparedRequest(index=i, row=i, due_ns=i * 1000, body=b"", input_length=16, output_length=1,
+                              prompt_len=16, max_tokens=1, trace_ns=i * 1000)
+        m.on_sent(req)
+        res = req.new_result(0)
+        res.outcome, res.prompt_tokens, res.completion_tokens = "success", 16, 1
+        res.ttft_ms = float(rng.lognormal(0, 2))
+        res.dispatch_lag_ms = float(rng.normal(0, 0.5))
+        m.on_dispatched(res)
+        ttft.observe(res.ttft_ms / 1e3)
+        lag.observe(res.dispatch_lag_ms / 1e3)
+        if i % 100 == 50:  # a scrape in the middle, then more updates
+            assert _values(r)["replayer_requests_in_flight"] == 1
+        m.on_result(res)
+    v, w = _values(r), _values(ref)
+    assert v["replayer_requests_sent_total"] == 300 == v['replayer_requests_total{error_kind=none,outcome=success}']
+    assert v["replayer_prompt_tokens_sent_total"] == 4800 and v["replayer_requests_in_flight"] == 0
+    for mine, theirs in (("replayer_ttft_seconds", "ref_ttft"), ("replayer_dispatch_lag_seconds", "ref_lag")):
+        got = {k.replace(mine, ""): x for k, x in v.items() if k.startswith(mine + "_")}
+        want = {k.replace(theirs, ""): x for k, x in w.items() if k.startswith(theirs + "_") and "created" not in k}
+        assert {k: x for k, x in got.items() if "created" not in k} == want  # sums bit-identical too
+    assert r.get_sample_value("replayer_trace_time_seconds") == pytest.approx(299e-6)
+
+
+def test_batched_updates_reach_the_objects_within_the_flush_interval():
+    r, m = _metrics()
+    m.on_result(RequestResult(row=0, outcome="failed", error_kind="connect", sent_ns=1))
+    assert m.requests.labels("failed", "connect")._value.get() == 0  # batched
+    m._next_flush_s = 0.0  # FLUSH_S has passed
+    m.on_result(RequestResult(row=0, outcome="failed", error_kind="connect", sent_ns=1))
+    assert m.requests.labels("failed", "connect")._value.get() == 2  # read directly, no collect
