@@ -126,6 +126,7 @@ class PromptBuilder:
         self._stride = self.width + 1  # bytes per serialised id, comma included
         # one fixed-width JSON text per vocabulary entry, as a 1-D array of (width+1)-byte items
         self._table = self._text_table(self.vocab, self.width).view(f"V{self._stride}").ravel()
+        self._table_bytes = self._table.tobytes()  # the same, for slicing one id's text in Python
         self._cache: OrderedDict[int, bytes] = OrderedDict()
         self._cache_cap = max(1, cache_bytes // (block_size * self._stride))
         self.cache_hits = 0
@@ -240,18 +241,24 @@ class PromptBuilder:
         bytes as the full block's start (id j depends on the block key and j alone). Cached as a
         short entry (``blocks_json`` makes the whole block when a row needs it)."""
         self.cache_misses += 1
-        if n <= self._TAIL_PY:
-            m, v = _MASK, self.vocab.size
+        if n <= self._TAIL_PY:  # mix64 inlined; each id's text sliced from the table's bytes
+            m, v, w, g, tb = _MASK, self.vocab.size, self._stride, GAMMA, self._table_bytes
             k = mix64(self._seed_mix ^ (hash_id & m))
-            idx = [mix64((k + j * GAMMA) & m) % v for j in range(1, n + 1)]
+            parts = []
+            for j in range(1, n + 1):
+                z = (k + j * g) & m
+                z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+                z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+                i = (z ^ (z >> 31)) % v * w
+                parts.append(tb[i:i + w])
+            out = b"".join(parts)
         else:
             keys = np.array([hash_id & _MASK], dtype=np.uint64)
             keys ^= np.uint64(self._seed_mix)
             z = _mix(keys)[:, None] + self._steps[None, :n]
             _mix_inplace(z, np.empty_like(z))
             z %= np.uint64(self.vocab.size)
-            idx = z[0].astype(np.intp)
-        out = np.take(self._table, idx).tobytes()
+            out = np.take(self._table, z[0].astype(np.intp)).tobytes()
         cache = self._cache
         cache[hash_id] = out
         cache.move_to_end(hash_id)
