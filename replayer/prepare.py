@@ -103,6 +103,10 @@ class _History:
     messages: list[dict] = field(default_factory=list)  # chat: the previous turn's messages
 
 
+#: optional per-row columns ``prepare`` reads (as ``_col`` would, looked up once per batch)
+_ROW_COLUMNS = ("endpoint", "session_id", "turn", "model", "priority", "extra_body")
+
+
 def _col(batch: object, name: str, i: int):
     col = getattr(batch, name, None)
     return None if col is None else col[i]
@@ -138,6 +142,7 @@ class RequestFactory:
         self._histories: OrderedDict[object, _History] = OrderedDict()
         self._history_tokens = 0
         self._seen: tuple[object, int, int] | None = None  # (batch, loop, next row to observe)
+        self._cols: tuple = (None,)  # (batch, *its _ROW_COLUMNS or None)
 
     # -- the request --------------------------------------------------------------------------
     def prepare(self, sb: ScheduleBatch, j: int) -> PreparedRequest:
@@ -146,10 +151,13 @@ class RequestFactory:
         self._observe_unsent(t, sb.loop, i)
         n_in, n_out = int(t.input_length[i]), int(t.output_length[i])
         hash_ids = t.hash_ids(i)
-        path = _col(t, "endpoint", i)
+        if self._cols[0] is not t:  # the batch's optional columns, looked up once per batch
+            self._cols = (t, *(getattr(t, name, None) for name in _ROW_COLUMNS))
+        _, c_path, c_session, c_turn, c_model, c_priority, c_extra = self._cols
+        path = None if c_path is None else c_path[i]
         kind = endpoint_kind(path) if path else self.default_endpoint
-        session = _col(t, "session_id", i)
-        turn = _col(t, "turn", i)
+        session = None if c_session is None else c_session[i]
+        turn = None if c_turn is None else c_turn[i]
         trace_ns = int(sb.trace_ns[j])
         req = PreparedRequest(index=sb.first_index + j, row=int(sb.rows[j]), due_ns=self.timeline.due(trace_ns),
                               body=b"", input_length=n_in, output_length=n_out, prompt_len=n_in,
@@ -160,7 +168,9 @@ class RequestFactory:
             req.headers = b"X-Request-Id: " + rid.encode("ascii") + b"\r\n"
         if self.sessions:
             self._session_keys(req, t, i, sb.loop, session)
-        payload = self.payload.for_row(_col(t, "model", i), _col(t, "priority", i), _col(t, "extra_body", i))
+        payload = self.payload.for_row(None if c_model is None else c_model[i],
+                                       None if c_priority is None else c_priority[i],
+                                       None if c_extra is None else c_extra[i])
         if kind in POOLING:
             self._pooling(req, payload, t, i, hash_ids, kind, sb.loop)
         elif _grows(t, kind, session):
