@@ -1,7 +1,8 @@
-"""The end-of-run summary of a long soak in bounded memory: counts exact, statistics sampled."""
+"""The end-of-run summary of a long soak in bounded memory: counts exact, statistics folded batch by batch."""
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from replayer.result import RequestResult, to_table
 from replayer.summary import summarize, summarize_files
@@ -23,26 +24,37 @@ def _results(n: int, seed: int) -> list[RequestResult]:
     return out
 
 
-def test_sampled_summary_keeps_counts_exact_and_percentiles_close(tmp_path):
+def test_folded_summary_keeps_counts_exact_and_statistics_within_the_sketch_error(tmp_path, monkeypatch):
+    from replayer import stats, summary
+
     files = []
     every = []
     for k in range(3):
         rs = _results(4000, k)
         every += rs
         f = tmp_path / f"requests-{k:05d}.parquet"
-        pq.write_table(to_table(rs), f)
+        pq.write_table(to_table(rs), f, row_group_size=1000)
         files.append(str(f))
     whole = summarize(to_table(every))
-    assert summarize_files(files) == whole                      # small: exactly the same
-    s = summarize_files(files, sample_rows=3000, seed=1)
-    for key in ("scheduled", "sent", "completed", "failed", "total_input_tokens", "total_output_tokens",
-                "errors_by_kind", "usage_missing", "prompt_token_mismatches"):
-        assert s[key] == whole[key], key
-    assert s["duration"] == whole["duration"]
-    assert s["request_throughput"] == whole["request_throughput"]
-    assert 2500 < s["statistics_sample_rows"] < 3500
-    assert abs(s["median_ttft_ms"] - whole["median_ttft_ms"]) / whole["median_ttft_ms"] < 0.05
-    assert s["median_itl_ms"] == whole["median_itl_ms"] == 10.0
+    monkeypatch.setattr(summary, "BATCH_ROWS", 700)  # many batches per file, folded one by one
+    for limit in (stats.EXACT_LIMIT, 1000):  # percentiles exact, then from the sketch
+        monkeypatch.setattr(stats, "EXACT_LIMIT", limit)
+        s = summarize_files(files)
+        assert set(s) == set(whole) and "statistics_sample_rows" not in s
+        for key, v in whole.items():
+            if key in ("percentiles_sketched",):
+                continue
+            if isinstance(v, float) and not key.startswith(("median_", "p50_", "p90_", "p99_", "dispatch_lag_p")):
+                assert s[key] == pytest.approx(v, rel=1e-12), key  # mean, std, max, throughputs: exact
+            elif isinstance(v, float):
+                rel = 0 if limit > 12_000 else stats.RELATIVE_ACCURACY
+                assert s[key] == pytest.approx(v, rel=rel * (1 + 1e-9)), key
+            else:
+                assert s[key] == v, key  # every count, token total and error kind
+        assert s["median_itl_ms"] == whole["median_itl_ms"] == 10.0
+    assert s["percentiles_sketched"] == ["ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "ttft_from_due_ms", "e2el_from_due_ms",
+                                         "dispatch_lag_ms"]
+    assert whole["percentiles_sketched"] == []
 
 
 def test_printed_summary_says_a_stop_and_the_prefix_cache():

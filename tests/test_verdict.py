@@ -173,15 +173,19 @@ def test_printed_summary_shows_the_verdict_first_when_bounds_are_set():
     assert next(x for x in lines if x.strip().startswith("e2el attainment")).endswith("66.67% (2 met of 3 judged)")
     assert lines.index(next(x for x in lines if "Scheduled requests" in x)) > 3
     frm = [x for x in lines if x.startswith("  from the due time (ms)")]
-    assert len(frm) == 2 and frm[0].endswith("275.00 / 275.00 / 495.50")  # sent at due: = TTFT's
+    assert len(frm) == 2 and frm[0].endswith("275.00 / 50.00 / 500.00")  # sent at due: = TTFT's (nearest rank)
     plain = format_summary(summarize(to_table(rs))).splitlines()
     assert not any("Verdict" in x or "SLO" in x for x in plain)
 
 
-def test_a_sampled_summary_keeps_the_verdict_exact(tmp_path):
+def test_a_folded_summary_keeps_the_verdict_exact(tmp_path, monkeypatch):
     import pyarrow.parquet as pq
 
+    from replayer import stats, summary
     from replayer.summary import summarize_files
+
+    monkeypatch.setattr(summary, "BATCH_ROWS", 300)  # folded batch by batch, file by file
+    monkeypatch.setattr(stats, "EXACT_LIMIT", 1000)  # percentiles from the sketch
 
     rng = np.random.default_rng(3)
     files, every = [], []
@@ -196,10 +200,10 @@ def test_a_sampled_summary_keeps_the_verdict_exact(tmp_path):
         files.append(str(tmp_path / f"requests-{k:05d}.parquet"))
     slos = {"ttft": 100.0}
     whole = summarize(to_table(every), slos)
-    s = summarize_files(files, sample_rows=1000, seed=1, slos=slos)
-    assert "statistics_sample_rows" in s
+    s = summarize_files(files, slos=slos)
+    assert "ttft_ms" in s["percentiles_sketched"]
     for key in ("slo_met", "slo_missed", "slo_unknown", "slo_requests", "goodput_output_tokens",
                 "slo_attainment", "slo_attainment_ttft"):
         assert s[key] == whole[key], key
     assert s["request_goodput"] == pytest.approx(whole["slo_met"] / s["duration"])
-    assert not [k for k in summarize_files(files, sample_rows=1000, seed=1, slos={}) if "slo" in k or "goodput" in k]
+    assert not [k for k in summarize_files(files, slos={}) if "slo" in k or "goodput" in k]
