@@ -14,6 +14,10 @@ names and points), so a test can check what each plot shows without a browser; `
 draws those specs with plotly. The target's samples (``save_samples``'s long format: one row per
 scrape and raw series, ``metric`` naming it) are plotted per metric on the run's time axis:
 gauges as scraped, counters as their increase per second, one figure per unit.
+
+Results are read batch by batch, only the columns a plot needs (``ReportData``): time series are
+binned counts, CDFs come from ``stats.Stat`` (exact, or sketched for long runs), scatter plots
+show a uniform sample of at most ``MAX_POINTS`` requests, so memory does not grow with the run.
 """
 
 from __future__ import annotations
@@ -27,10 +31,18 @@ import sys
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 #: keep plots light (SVG): at most this many points per trace (uniform subsample)
 MAX_POINTS = 5_000
+
+#: the results columns the report reads, batch by batch (ITL lists only a batch at a time)
+REPORT_COLUMNS = ["due_ns", "sent_ns", "end_ns", "outcome", "error_kind", "ttft_ms", "e2e_ms", "tpot_ms",
+                  "dispatch_lag_ms", "completion_tokens", "prompt_tokens", "ttft_from_due_ms", "e2el_from_due_ms",
+                  "itl_ms"]
+
+
 
 
 def report_files(results_dir: str) -> list[str]:
@@ -54,25 +66,119 @@ def report_files(results_dir: str) -> list[str]:
     return [f for f in files if open_file(f) is not None]  # a damaged file is reported by name
 
 
-def load_results(results_dir: str) -> tuple[pd.DataFrame, dict, dict]:
-    """(requests frame, summary dict, parquet metadata dict of the first file) of a results
-    folder: every results file (``report_files``), times rebased to the earliest run anchor
-    (a resumed run or a worker has an anchor of its own; ``replayer.workers``)."""
-    from .summary import read_summary
-    from .workers import read_on_one_axis
+class _Sample:
+    """A uniform random sample of at most ``size`` rows of a stream of batches (the rows with
+    the ``size`` smallest random keys), as numpy columns."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size = size
+        self.rng = np.random.default_rng(seed)
+        self.keys = np.zeros(0)
+        self.cols: dict[str, np.ndarray] = {}
+
+    def add(self, cols: dict[str, np.ndarray]) -> None:
+        n = len(next(iter(cols.values())))
+        keys = np.concatenate([self.keys, self.rng.random(n)])
+        merged = {k: np.concatenate([self.cols[k], v]) if k in self.cols else v for k, v in cols.items()}
+        keep = np.argpartition(keys, self.size)[: self.size] if keys.size > self.size else slice(None)
+        self.keys = keys[keep]
+        self.cols = {k: v[keep] for k, v in merged.items()}
+
+    def frame(self) -> pd.DataFrame:
+        order = np.argsort(self.cols.get("sent_s", np.zeros(0)), kind="stable") if self.cols else slice(None)
+        return pd.DataFrame({k: v[order] for k, v in self.cols.items()})
+
+
+class ReportData:
+    """What the report plots, folded from the results one batch at a time (memory bounded
+    whatever the number of rows or ITL samples): per-time-bin counts (arrivals due, sent,
+    completed; server-reported tokens; unsuccessful requests by kind) over ``edges`` (s since
+    the earliest run anchor), latency distributions as ``stats.Stat`` (CDFs: exact or sketched),
+    and uniform samples of at most ``MAX_POINTS`` rows for the scatter plots."""
+
+    def __init__(self, files: list[str]) -> None:
+        from .stats import Stat
+        from .workers import iter_on_one_axis
+
+        self.rows = 0
+        end = 1.0
+        for b in iter_on_one_axis(files, ["due_ns", "end_ns"]):  # first pass: the time span
+            self.rows += b.num_rows
+            for col in b.columns:
+                v = col.to_numpy(zero_copy_only=False).astype(np.float64)
+                if (~np.isnan(v)).any():
+                    end = max(end, float(np.nanmax(v)) / 1e9)
+        self.bin_s = max(1.0, end / 300)
+        self.edges = np.arange(0.0, end + self.bin_s, self.bin_s)
+        zeros = lambda: np.zeros(self.edges.size - 1)  # noqa: E731
+        self.per_bin = {k: zeros() for k in ("due", "sent", "completed", "completion_tokens", "prompt_tokens")}
+        self.failed_by_kind: dict[str, np.ndarray] = {}
+        self.latency = {k: Stat() for k in ("TTFT", "E2E", "TPOT", "ITL (token-weighted)")}
+        self.from_due = {k: Stat() for k in ("TTFT from the due time", "E2E from the due time")}
+        self.has_from_due = False  # the files have the from-due columns
+        self.ok_sample, self.sent_sample = _Sample(MAX_POINTS, 0), _Sample(MAX_POINTS, 1)
+        for b in iter_on_one_axis(files, REPORT_COLUMNS):
+            self._add(b)
+
+    def _bin(self, key: str, seconds: np.ndarray, weights: np.ndarray | None = None) -> None:
+        keep = ~np.isnan(seconds)
+        counts, _ = np.histogram(seconds[keep], bins=self.edges, weights=None if weights is None else weights[keep])
+        self.per_bin[key] += counts
+
+    def _add(self, b) -> None:
+        import pyarrow.compute as pc
+
+        f = lambda name: b.column(name).to_numpy(zero_copy_only=False).astype(np.float64)  # noqa: E731
+        due, sent, end = f("due_ns") / 1e9, f("sent_ns") / 1e9, f("end_ns") / 1e9
+        ok = pc.fill_null(pc.equal(b.column("outcome"), "success"), False).to_numpy(zero_copy_only=False)
+        self._bin("due", due)
+        self._bin("sent", sent)
+        self._bin("completed", end[ok])
+        for col in ("completion_tokens", "prompt_tokens"):
+            self._bin(col, end[ok], np.nan_to_num(f(col)[ok]))
+        bad = ~ok
+        if bad.any():
+            kinds = np.asarray(b.column("error_kind").to_pylist(), dtype=object)[bad]
+            for kind in set(kinds.tolist()):
+                counts, _ = np.histogram(due[bad][kinds == kind], bins=self.edges)
+                self.failed_by_kind[str(kind)] = self.failed_by_kind.get(str(kind), 0) + counts
+        ttft, e2e = f("ttft_ms")[ok], f("e2e_ms")[ok]
+        self.latency["TTFT"].add(ttft / 1e3)
+        self.latency["E2E"].add(e2e / 1e3)
+        self.latency["TPOT"].add(f("tpot_ms")[ok] / 1e3)
+        itl = pc.list_flatten(b.column("itl_ms").filter(pa.array(ok))).to_numpy(zero_copy_only=False)
+        self.latency["ITL (token-weighted)"].add(itl.astype(np.float64) / 1e3)
+        if "ttft_from_due_ms" in b.schema.names:
+            self.has_from_due = True
+            self.from_due["TTFT from the due time"].add(f("ttft_from_due_ms")[ok] / 1e3)
+            self.from_due["E2E from the due time"].add(f("e2el_from_due_ms")[ok] / 1e3)
+        if ok.any():
+            self.ok_sample.add({"sent_s": sent[ok], "ttft_ms": ttft, "e2e_ms": e2e})
+        was_sent = ~np.isnan(sent)
+        if was_sent.any():
+            self.sent_sample.add({"sent_s": sent[was_sent], "due_s": due[was_sent],
+                                  "dispatch_lag_ms": f("dispatch_lag_ms")[was_sent]})
+
+    def __len__(self) -> int:
+        return self.rows
+
+
+def load_results(results_dir: str) -> tuple["ReportData", dict, dict]:
+    """(the folded ``ReportData``, summary dict, parquet metadata dict of the first file) of a
+    results folder: every results file (``report_files``), times rebased to the earliest run
+    anchor (a resumed run or a worker has an anchor of its own; ``replayer.workers``). A folder
+    without ``summary.json`` is summarized from its files (``summary.summarize_files``, judged
+    by the run's own ``--goodput`` bounds from their metadata)."""
+    from .summary import read_summary, summarize_files
 
     files = report_files(results_dir)
     if not files:
         raise FileNotFoundError(f"no results files (requests*.parquet) in {results_dir}")
     meta = {k.decode(): v.decode() for k, v in (pq.read_schema(files[0]).metadata or {}).items()
             if not k.startswith(b"ARROW")}
-    table = read_on_one_axis(files)
-    summary = read_summary(results_dir)
-    if not summary:
-        from .summary import goodput_of, summarize
-
-        summary = summarize(table, goodput_of(pq.ParquetFile(files[0])))  # the run's own --goodput bounds
-    return table.to_pandas(), summary, meta
+    data = ReportData(files)
+    summary = read_summary(results_dir) or summarize_files(files)
+    return data, summary, meta
 
 
 def axis_origin_wall_s(results_dir: str) -> float | None:
@@ -86,38 +192,15 @@ def axis_origin_wall_s(results_dir: str) -> float | None:
     return min(walls) if walls else None
 
 
-def _sub(df: pd.DataFrame, n: int = MAX_POINTS) -> pd.DataFrame:
-    return df if len(df) <= n else df.sample(n=n, random_state=0).sort_index()
-
-
-def _per_second(seconds: pd.Series, bin_s: float, end_s: float, weights: pd.Series | None = None) -> tuple:
-    edges = np.arange(0.0, max(end_s, bin_s) + bin_s, bin_s)
-    counts, _ = np.histogram(seconds.dropna(), bins=edges,
-                             weights=None if weights is None else weights.loc[seconds.dropna().index])
-    return edges[:-1], counts / bin_s
-
-
-def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    v = np.sort(values[~np.isnan(values)])
-    if v.size > MAX_POINTS:
-        idx = np.linspace(0, v.size - 1, MAX_POINTS).astype(int)
-        return v[idx], (idx + 1) / v.size
-    return v, np.arange(1, v.size + 1) / max(v.size, 1)
-
-
-def figure_specs(df: pd.DataFrame, target: pd.DataFrame | None = None,
+def figure_specs(data: ReportData, target: pd.DataFrame | None = None,
                  t0_wall_s: float | None = None) -> list[dict]:
     """The data behind every figure of the report, as plain dicts (pure; tested without a
     browser): ``{"title", "x_title", "y_title", "x_type", "y_type", "series": [{"name", "mode",
     "line_shape", "x", "y"}]}`` with ``x``/``y`` NumPy arrays (``*_type``: "linear" or "log";
-    ``mode``: "lines" or "markers"). ``df``: the requests (``load_results``); ``target``: the
-    target's metric samples (``target_metrics.read_samples``) or None; ``t0_wall_s``: the Unix
+    ``mode``: "lines" or "markers"). ``data``: the requests folded (``load_results``); ``target``:
+    the target's metric samples (``target_metrics.read_samples``) or None; ``t0_wall_s``: the Unix
     time of the requests' time axis origin, so the target's samples share that axis."""
-    s = lambda col: df[col].astype("float64") / 1e9  # noqa: E731 - ns since anchor -> s
-    due, sent, end = s("due_ns"), s("sent_ns"), s("end_ns")
-    ok = df["outcome"] == "success"
-    span = float(np.nanmax([due.max(), end.max() if end.notna().any() else 0.0, 1.0]))
-    bin_s = max(1.0, span / 300)
+    x, bin_s = data.edges[:-1], data.bin_s
     specs: list[dict] = []
 
     def spec(title, x_title, y_title, series, x_type="linear", y_type="linear") -> None:
@@ -131,40 +214,30 @@ def figure_specs(df: pd.DataFrame, target: pd.DataFrame | None = None,
         return {"name": name, "mode": "markers", "line_shape": None, "x": np.asarray(x), "y": np.asarray(y)}
 
     spec("Arrivals: due vs sent vs completed", "time since start (s)", "requests/s",
-         [line(name, *_per_second(col, bin_s, span), shape="hv")
-          for name, col in (("due (schedule)", due), ("sent", sent), ("completed", end.where(ok)))])
+         [line(name, x, data.per_bin[key] / bin_s, shape="hv")
+          for name, key in (("due (schedule)", "due"), ("sent", "sent"), ("completed", "completed"))])
 
-    d = _sub(df[ok])
+    d = data.ok_sample.frame()
     spec("Latency over time (successful requests)", "send time (s)", "seconds",
-         [dots(name, d["sent_ns"] / 1e9, d[col] / 1e3) for col, name in (("ttft_ms", "TTFT"), ("e2e_ms", "E2E"))],
-         y_type="log")
+         [dots(name, d["sent_s"] if len(d) else [], d[col] / 1e3 if len(d) else [])
+          for col, name in (("ttft_ms", "TTFT"), ("e2e_ms", "E2E"))], y_type="log")
 
-    itl = np.concatenate([np.asarray(v, dtype=np.float64) for v in df.loc[ok, "itl_ms"] if v is not None and len(v)]
-                         or [np.zeros(0)])
+    cdfs = {**data.latency, **(data.from_due if data.has_from_due else {})}
     spec("Latency CDFs", "seconds", "fraction of samples",
-         [line(name, *_cdf(values / 1e3)) for name, values in (
-             ("TTFT", df.loc[ok, "ttft_ms"].to_numpy(np.float64)), ("E2E", df.loc[ok, "e2e_ms"].to_numpy(np.float64)),
-             ("TPOT", df.loc[ok, "tpot_ms"].to_numpy(np.float64)), ("ITL (token-weighted)", itl),
-             *((f"{name} from the due time", df.loc[ok, col].to_numpy(np.float64))
-               for name, col in (("TTFT", "ttft_from_due_ms"), ("E2E", "e2el_from_due_ms")) if col in df.columns))],
-         x_type="log")
+         [line(name, *stat.cdf(MAX_POINTS)) for name, stat in cdfs.items()], x_type="log")
 
     spec("Token throughput", "completion time (s)", "tokens/s",
-         [line(name, *_per_second(end.where(ok), bin_s, span, weights=df[col].astype("float64").fillna(0.0)),
-               shape="hv")
-          for name, col in (("completion tokens/s (server usage)", "completion_tokens"),
+         [line(name, x, data.per_bin[key] / bin_s, shape="hv")
+          for name, key in (("completion tokens/s (server usage)", "completion_tokens"),
                             ("prompt tokens/s (server usage)", "prompt_tokens"))])
 
-    d = _sub(df[df["sent_ns"].notna()])
-    spec("Dispatch lag", "due time (s)", "sent - due (ms)", [dots("lag", d["due_ns"] / 1e9, d["dispatch_lag_ms"])])
+    d = data.sent_sample.frame()
+    spec("Dispatch lag", "due time (s)", "sent - due (ms)",
+         [dots("lag", d["due_s"] if len(d) else [], d["dispatch_lag_ms"] if len(d) else [])])
 
-    failed = df[df["outcome"] != "success"]
-    if len(failed):
-        series = []
-        for kind, g in failed.groupby("error_kind"):
-            x, y = _per_second(due.loc[g.index], bin_s, span)
-            series.append(line(str(kind), x, y * bin_s, shape="hv"))
-        spec("Unsuccessful requests by kind", "due time (s)", f"requests per {bin_s:g} s", series)
+    if data.failed_by_kind:
+        spec("Unsuccessful requests by kind", "due time (s)", f"requests per {bin_s:g} s",
+             [line(kind, x, data.failed_by_kind[kind], shape="hv") for kind in sorted(data.failed_by_kind)])
 
     if target is not None and len(target):
         specs.extend(target_specs(target, t0_wall_s))
@@ -209,10 +282,10 @@ def target_specs(t: pd.DataFrame, t0_wall_s: float | None = None) -> list[dict]:
              "x_type": "linear", "y_type": "linear", "series": series} for unit, series in by_unit.items()]
 
 
-def figures(df: pd.DataFrame, target: pd.DataFrame | None = None,
+def figures(data: ReportData, target: pd.DataFrame | None = None,
             t0_wall_s: float | None = None) -> list[tuple[str, object]]:
     """The report's plotly figures as (title, figure), drawn from ``figure_specs``."""
-    return draw(figure_specs(df, target, t0_wall_s))
+    return draw(figure_specs(data, target, t0_wall_s))
 
 
 def draw(specs: list[dict]) -> list[tuple[str, object]]:
@@ -311,15 +384,15 @@ def render_html(results_dir: str) -> str:
     """The report of ``results_dir`` as one self-contained HTML string."""
     from .target_metrics import read_samples
 
-    df, summary, meta = load_results(results_dir)
+    data, summary, meta = load_results(results_dir)
     samples = read_samples(results_dir)
     target = samples.to_pandas() if samples is not None else None
     info = {k: meta.get(f"replayer.{k}") for k in ("version", "trace", "target", "model")}
     head = " · ".join(f"{k}: {html.escape(str(v))}" for k, v in info.items() if v)
-    intro = (f"<p>{head}</p><p>{len(df):,} requests; results folder {html.escape(os.path.abspath(results_dir))}</p>\n"
+    intro = (f"<p>{head}</p><p>{len(data):,} requests; results folder {html.escape(os.path.abspath(results_dir))}</p>\n"
              + _verdict_section(summary))
     return _page(f"replayer report: {os.path.basename(os.path.abspath(results_dir))}", "replayer report", intro,
-                 figures(df, target, axis_origin_wall_s(results_dir)),
+                 figures(data, target, axis_origin_wall_s(results_dir)),
                  f"<h2>Summary</h2>{_summary_table(summary)}")
 
 

@@ -109,6 +109,20 @@ class Stat:
         q = min(1.0, (rank - 0.5) / (self.count - 1)) if self.count > 1 else 0.0
         return min(self.max, max(self.min, float(self.sketch.get_quantile_value(q))))
 
+    def cdf(self, points: int) -> tuple[np.ndarray, np.ndarray]:
+        """(values, fraction of values <= each) at about ``points`` points, for a CDF plot:
+        evenly spaced ranks of the values while exact, else at most 1,000 sketched percentiles
+        (each one walks the sketch's buckets)."""
+        if not self.count:
+            return np.zeros(0), np.zeros(0)
+        if self._values is not None:
+            v = np.sort(np.concatenate(self._values))
+            idx = np.linspace(0, v.size - 1, min(points, v.size)).astype(np.int64)
+            return v[idx], (idx + 1) / v.size
+        points = min(points, 1_000)
+        fractions = np.linspace(1 / points, 1.0, points)
+        return np.array([self.percentile(100 * f) for f in fractions]), fractions
+
     def summary(self, name: str, percentiles: tuple[int, ...]) -> dict[str, float | int | None]:
         """``{name}_count``, ``mean_/median_/std_{name}``, ``p{P}_{name}``, ``max_{name}`` (the
         summary's field names; None when empty)."""

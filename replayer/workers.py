@@ -30,11 +30,13 @@ import time
 import urllib.request
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from .config import RunConfig, new_run_id
 from .simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, free_port
-from .recorder import earlier_run, new_results_dir, open_file, read_file, result_files, write_json
-from .summary import format_summary, goodput_of, read_summary, run_spans, set_duration, summarize
+from .recorder import earlier_run, new_results_dir, open_file, report_damaged, result_files, write_json
+from .summary import BATCH_ROWS, fold_files, format_summary, read_summary, run_spans, set_duration
 
 log = logging.getLogger(__name__)
 
@@ -51,19 +53,19 @@ def _files(path: str) -> list[str]:
     return [path] if os.path.isfile(path) else result_files(path)
 
 
-def _read_dir(path: str) -> list[tuple[object, float | None, str | None]]:
-    """(table without metadata, anchor wall time in Unix s or None, shard "i/N" or None) for
-    every results file of a results folder (or one file) that can be read (a damaged one is
-    reported by name and left out). Raises FileNotFoundError if there is none."""
+def _read_dir(path: str) -> list[tuple[str, float | None, str | None]]:
+    """(file, anchor wall time in Unix s or None, shard "i/N" or None) for every results file of
+    a results folder (or one file) that can be opened (a damaged one is reported by name and
+    left out), from the files' metadata alone. Raises FileNotFoundError if there is none."""
     files = _files(path)
     if not files:
         raise FileNotFoundError(f"{path}: no results files")
     out = []
     for f in files:
-        t = read_file(f)
-        if t is None:  # damaged: reported by name, the folder's other files still count
+        pf = open_file(f)
+        if pf is None:  # damaged: reported by name, the folder's other files still count
             continue
-        meta = t.schema.metadata or {}
+        meta = pf.schema_arrow.metadata or {}
         wall = meta.get(b"replayer.t0_wall_s")
         shard = None
         if b"replayer.config" in meta:
@@ -71,21 +73,30 @@ def _read_dir(path: str) -> list[tuple[object, float | None, str | None]]:
                 shard = json.loads(meta[b"replayer.config"]).get("shard")
             except (ValueError, AttributeError):
                 shard = None
-        out.append((t.replace_schema_metadata(None), float(wall) if wall else None, shard))
+        out.append((f, float(wall) if wall else None, shard))
     if not out:
         raise FileNotFoundError(f"{path}: no readable results files (all {len(files)} damaged)")
     return out
 
 
-def read_on_one_axis(files: list[str]):
-    """Every results file of ``files`` as one Arrow table, times rebased to the earliest run
-    anchor among them (a resumed run and each worker have an anchor of their own)."""
-    import pyarrow as pa
-
+def iter_on_one_axis(files: list[str], columns: list[str], batch_rows: int = BATCH_ROWS):
+    """Record batches of ``columns`` of every readable results file of ``files`` (folders or
+    files), times rebased to the earliest run anchor among them (a resumed run and each worker
+    have an anchor of their own): one batch of ``batch_rows`` rows in memory at a time. A file
+    damaged part-way is reported by name and its remaining rows are left out."""
     parts = [p for f in files for p in _read_dir(f)]
     walls = [w for _, w, _ in parts if w is not None]
     base = min(walls) if walls else None
-    return pa.concat_tables([_rebase(t, _shift_ns(w, base)) for t, w, _ in parts])
+    for f, wall, _ in parts:
+        shift = _shift_ns(wall, base)
+        pf = open_file(f)
+        if pf is None:
+            continue
+        try:
+            for batch in pf.iter_batches(batch_size=batch_rows, columns=[c for c in columns if c in pf.schema_arrow.names]):
+                yield _rebase(batch, shift)
+        except (OSError, pa.ArrowException) as e:
+            report_damaged(f, e)
 
 
 def _shift_ns(wall: float | None, base: float | None) -> int:
@@ -109,18 +120,13 @@ def _union_s(spans: list[tuple[int, int]]) -> float:
     return total / 1e9
 
 
-def _rebase(table, shift_ns: int):
-    """``table`` with ``shift_ns`` added to every time column (nulls stay null)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
+def _rebase(batch: pa.RecordBatch, shift_ns: int) -> pa.RecordBatch:
+    """``batch`` with ``shift_ns`` added to each of its time columns (nulls stay null)."""
     if not shift_ns:
-        return table
-    for name in TIME_COLUMNS:
-        i = table.schema.get_field_index(name)
-        col = pc.add(table.column(name), pa.scalar(shift_ns, pa.int64()))
-        table = table.set_column(i, table.schema.field(i), col)
-    return table
+        return batch
+    arrays = [pc.add(col, pa.scalar(shift_ns, pa.int64())) if name in TIME_COLUMNS else col
+              for name, col in zip(batch.schema.names, batch.columns)]
+    return pa.RecordBatch.from_arrays(arrays, schema=batch.schema)
 
 
 def _shard_warnings(shards_by_dir: list[set[str]], dirs: list[str]) -> list[str]:
@@ -149,6 +155,25 @@ def _shard_warnings(shards_by_dir: list[set[str]], dirs: list[str]) -> list[str]
     return warnings
 
 
+def _sent_rows(files: list[str]) -> np.ndarray:
+    """The distinct (loop, row) pairs, as ``loop << 40 | row``, that ``files`` recorded as sent
+    (8 bytes per row: the one per-row array a merge holds), read three columns at a time."""
+    keys = []
+    for f in files:
+        pf = open_file(f)
+        if pf is None:
+            continue
+        try:
+            for b in pf.iter_batches(batch_size=65_536, columns=["loop", "row", "outcome"]):
+                sent = pc.fill_null(pc.not_equal(b.column("outcome"), "not_started"), True).to_numpy(zero_copy_only=False)
+                k = (b.column("loop").to_numpy(zero_copy_only=False).astype(np.int64) << 40) + \
+                    b.column("row").to_numpy(zero_copy_only=False).astype(np.int64)
+                keys.append(np.unique(k[sent]))
+        except (OSError, pa.ArrowException) as e:  # damaged part-way: reported, and so in the warnings
+            report_damaged(f, e)
+    return np.unique(np.concatenate(keys)) if keys else np.zeros(0, dtype=np.int64)
+
+
 def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = False,
                   one_target: bool = False) -> dict:
     """One summary over several results folders (shards or workers). Writes
@@ -165,35 +190,30 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     own summary says a stop cut its run short, ``run_id`` (the folders' run id: a list when they
     differ, as in a merge of separate runs). ``one_target`` (``--workers``: every folder
     scraped the same server) keeps the target-metric view of the folder with the most scrapes."""
-    import pyarrow as pa
-
     per_dir = [_read_dir(d) for d in dirs]
     walls = [w for files in per_dir for _, w, _ in files if w is not None]
     base = min(walls) if walls else None
     # each folder's first run: a later anchor in a folder is a resumed run, not a late shard
     starts = [min(ws) for ws in ([w for _, w, _ in files if w is not None] for files in per_dir) if ws]
-    tables, keys, shards_by_dir = [], [], []
+    keys, shards_by_dir = [], []
     spans: list[tuple[int, int]] = []  # each run's first send..last end, on the shared axis
     for d, files in zip(dirs, per_dir):
-        dir_tables = []
-        for t, wall, _ in files:
-            dir_tables.append(_rebase(t, _shift_ns(wall, base)))
         for anchor, (lo, hi) in run_spans(_files(d)).items():
             shift = _shift_ns(float(anchor) if anchor else None, base)
             spans.append((lo + shift, hi + shift))
-        t = pa.concat_tables(dir_tables)
-        tables.append(t)
         shards_by_dir.append({s for _, _, s in files if s})
-        sent = np.asarray(t.column("outcome").to_pylist(), dtype=object) != "not_started"
-        k = (t.column("loop").to_numpy(zero_copy_only=False).astype(np.int64) << 40) + \
-            t.column("row").to_numpy(zero_copy_only=False).astype(np.int64)
-        keys.append(np.unique(k[sent]))
+        keys.append(_sent_rows([f for f, _, _ in files]))
     all_keys = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
     _, counts = np.unique(all_keys, return_counts=True)
     duplicates = int((counts > 1).sum())
+    own = [read_summary(d) for d in dirs]
+    # the bounds the runs were judged by (a folder without a summary: its files' metadata)
+    slos = next((o["goodput_slos_ms"] for o in own if o.get("goodput_slos_ms")), None)
+    # the summary: every file folded batch by batch into one (sketches and counts merge)
+    fold, damaged = fold_files([f for files in per_dir for f, _, _ in files], slos)
     warnings = _shard_warnings(shards_by_dir, list(dirs))
     warnings += [f"{f}: damaged results file, its results are left out" for d in dirs for f in _files(d)
-                 if open_file(f) is None]
+                 if open_file(f) is None or f in damaged]
     real = [os.path.realpath(d) for d in dirs]
     for d in sorted({d for d, r in zip(dirs, real) if real.count(r) > 1}):
         warnings.insert(0, f"{d} is given more than once: its rows are counted that many times")
@@ -202,7 +222,6 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     if starts and max(starts) - min(starts) > ANCHOR_SPREAD_WARN_S:
         warnings.append(f"the runs were anchored {max(starts) - min(starts):.3f} s apart: a shard started after "
                         "the shared --start-at (or none was given), so the shards did not replay in step")
-    own = [read_summary(d) for d in dirs]
     for d, o in zip(dirs, own):
         why = _unfinished(o)
         if why:
@@ -215,11 +234,7 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
         elif len(values) > 1:
             setup[key] = [json.loads(v) for v in sorted(values)]
             warnings.append(f"the folders differ in {key}: {', '.join(sorted(values))}")
-    # the bounds the runs were judged by (a folder without a summary: its files' metadata)
-    slos = next((o["goodput_slos_ms"] for o in own if o.get("goodput_slos_ms")), None)
-    if slos is None:
-        slos = next((goodput_of(pf) for d in dirs for f in _files(d) if (pf := open_file(f)) is not None), {})
-    s = summarize(pa.concat_tables(tables), slos)
+    s = fold.result()
     # duration: the time covered by the runs on the shared axis (shards overlap, resumed runs
     # follow each other: the gap between a stop and its resume is not replay time)
     set_duration(s, _union_s(spans))
