@@ -9,14 +9,17 @@ report``, ``replayer merge`` and ``replayer compare`` on results folders of 250k
    every 250,000 rows into ``requests-NNNNN.parquet`` as a soak with ``--roll-rows`` leaves them.
    Output lengths are drawn from the committed Mooncake slice (mean ~354 tokens, up to 2,000),
    so each successful request holds ``output_length - 1`` ITL samples (~350, realistic lists);
-   5 % fail (no ITL), 1 % have no usage; TTFT, TPOT, E2E and dispatch lag are lognormal.
+   5 % fail (no ITL), 1 % have no usage; TTFT, TPOT, E2E and dispatch lag are lognormal. A
+   folder above 250k rows repeats the 250k folder's results as loops of a ``--loop`` soak.
 2. Runs each step in its own process and reads that process's peak RSS (``ru_maxrss`` from
    ``os.wait4``): ``summary`` = ``summarize_files(result_files(DIR))`` as the daemon calls it at
    the end of a run; ``report`` = ``replayer report DIR``; ``merge`` = ``replayer merge DIR -o
    OUT`` (exit 1 after its work: a built folder has no summary.json, so merge says it is not
    one whole run); ``compare`` = ``replayer compare DIR DIR`` (a folder without summary.json: each side is
    summarized from its files). ``--old-code DIR`` runs the steps again with the code in DIR
-   (e.g. ``git archive`` of an older commit) first on ``PYTHONPATH``: the "before" column.
+   (e.g. ``git archive`` of an older commit) first on ``PYTHONPATH``: the "before" column; on
+   folders above 250k rows only ``--old-steps`` (default summary and compare: the old report and
+   merge read the whole folder, ~13 GB per 1M rows, more than this machine can spare).
 3. On each folder, compares the summaries of the two codes: counts equal, statistics within the
    sketch's relative error (``replayer.stats.RELATIVE_ACCURACY``) plus the old percentile
    definition's own difference (linear interpolation vs nearest rank).
@@ -42,6 +45,8 @@ STEPS = {
     "merge": "import sys; from replayer.cli import main; sys.exit(main(['merge', sys.argv[1], '-o', sys.argv[2] + '.merged']))",
     "compare": "import sys; from replayer.cli import main; sys.exit(main(['compare', sys.argv[1], sys.argv[1], '--json']))",
 }
+#: rows built result by result; a larger folder repeats them as loops (``extend``)
+LOOP_ROWS = 250_000
 SLICE = os.path.join(os.path.dirname(__file__), "..", "traces", "mooncake_conversation_10min.parquet")
 
 
@@ -87,13 +92,47 @@ def build(folder: str, rows: int, seed: int = 25) -> None:
     print(f"built {folder}: {rows:,} rows, {size / 2**20:,.0f} MiB of Parquet in {time.perf_counter() - t:.0f} s", flush=True)
 
 
+def extend(small: str, folder: str, rows: int) -> None:
+    """A results folder of ``rows`` rows made of ``small``'s results repeated as loops 0, 1, ...
+    of a ``--loop`` soak (each loop's times after the previous one's), rolled file by rolled
+    file and row group by row group (building 2M rows result by result takes too long here)."""
+    import glob
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    t = time.perf_counter()
+    os.makedirs(folder)
+    files = sorted(glob.glob(os.path.join(small, "requests*.parquet")))
+    per_loop = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    span = max(pq.read_table(f, columns=["end_ns"]).column(0).to_numpy(zero_copy_only=False).max() for f in files)
+    n = 0
+    for loop in range(-(-rows // per_loop)):
+        for f in files:
+            src = pq.ParquetFile(f, pre_buffer=False, buffer_size=1 << 20)
+            with pq.ParquetWriter(os.path.join(folder, f"requests-{n:05d}.parquet"), src.schema_arrow, compression="zstd") as w:
+                for g in range(src.num_row_groups):
+                    tb = src.read_row_group(g)
+                    i = tb.schema.get_field_index("loop")
+                    tb = tb.set_column(i, tb.schema.field(i), pa.array(np.full(tb.num_rows, loop), tb.schema.field(i).type))
+                    for name in ("due_ns", "sent_ns", "first_token_ns", "last_token_ns", "end_ns"):
+                        i = tb.schema.get_field_index(name)
+                        tb = tb.set_column(i, tb.schema.field(i), pc.add(tb.column(name), pa.scalar(int(loop * (span + 5e9)))))
+                    w.write_table(tb)
+            n += 1
+    print(f"built {folder}: {n * per_loop:,} rows ({n // len(files)} loops of {small}) in {time.perf_counter() - t:.0f} s",
+          flush=True)
+
+
 def run_step(step: str, folder: str, out: str, code: str | None) -> tuple[float, float]:
     """(peak RSS in MB of the step's own process, seconds)."""
     env = dict(os.environ)
     if code:
         env["PYTHONPATH"] = code + os.pathsep + env.get("PYTHONPATH", "")
     t = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-c", STEPS[step], folder, out], env=env,
+    # cwd: not the checkout (``python -c`` puts the cwd first on sys.path, before PYTHONPATH)
+    p = subprocess.Popen([sys.executable, "-c", STEPS[step], folder, out], env=env, cwd=os.path.dirname(out),
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     err = p.stderr.read()
     _, status, usage = os.wait4(p.pid, 0)
@@ -123,6 +162,9 @@ def main() -> None:
     ap.add_argument("--dir", default="/tmp/eor")
     ap.add_argument("--old-code", default=None)
     ap.add_argument("--steps", default=",".join(STEPS))
+    ap.add_argument("--old-steps", default="summary,compare",
+                    help="steps the old code runs on folders above 250k rows (its report and merge read the "
+                         "whole folder: ~13 GB per 1M rows of these)")
     args = ap.parse_args()
     from replayer.stats import RELATIVE_ACCURACY
 
@@ -130,10 +172,14 @@ def main() -> None:
     for rows in (int(x) for x in args.sizes.split(",")):
         folder = os.path.join(args.dir, f"rows-{rows}")
         if not os.path.isdir(folder):
-            build(folder, rows)
+            small = os.path.join(args.dir, f"rows-{min(rows, LOOP_ROWS)}")
+            if not os.path.isdir(small):
+                build(small, min(rows, LOOP_ROWS))
+            if rows > LOOP_ROWS:
+                extend(small, folder, rows)
         summaries = {}
         for label, code in codes:
-            for step in args.steps.split(","):
+            for step in (args.old_steps if code and rows > LOOP_ROWS else args.steps).split(","):
                 out = os.path.join(args.dir, f"{label}-{rows}-{step}")
                 rss, took = run_step(step, folder, out + ".json", code)
                 print(f"{rows:>9,} rows  {label:<6}  {step:<8} peak RSS {rss:7,.0f} MB  {took:6.1f} s", flush=True)

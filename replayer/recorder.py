@@ -42,6 +42,7 @@ from .result import SCHEMA, RequestResult, Rows, batches_to_table, to_table
 log = logging.getLogger(__name__)
 
 PARTS = "parts"
+READ_BUFFER_BYTES = 1 << 20  # results files are read through a buffered stream of this size
 ROLL_GROUP_ROWS = 50_000  # rows per row group of a rolled file
 
 
@@ -342,9 +343,12 @@ def report_damaged(path: str, err: Exception) -> None:
 
 def open_file(path: str) -> pq.ParquetFile | None:
     """The Parquet file at ``path``, or None when it cannot be opened (cut short, not Parquet:
-    reported once by name, see ``report_damaged``)."""
+    reported once by name, see ``report_damaged``). Read through a 1 MiB buffered stream, page by
+    page: unbuffered, pyarrow reads a whole column chunk at once (a rolled file's 50k-row group of
+    ITL lists is ~70 MB), and a summary of a 250k-row folder peaked at 364 MB instead of 210 MB
+    just reading its batches."""
     try:
-        return pq.ParquetFile(path)
+        return pq.ParquetFile(path, buffer_size=READ_BUFFER_BYTES, pre_buffer=False)
     except (OSError, pa.ArrowException) as e:
         report_damaged(path, e)
         return None

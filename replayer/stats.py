@@ -64,11 +64,17 @@ class Stat:
 
     def add(self, values: np.ndarray) -> None:
         v = np.asarray(values, dtype=np.float64)
-        v = v[~np.isnan(v)]
+        unknown = np.isnan(v)
+        if unknown.any():
+            v = v[~unknown]
+        del unknown
         if not v.size:
             return
         mean = float(v.mean())
-        self._combine(v.size, float(v.sum()), float(v.min()), float(v.max()), mean, float(np.square(v - mean).sum()))
+        dev = v - mean  # (one temporary at a time: a batch may hold millions of ITL samples)
+        dev *= dev
+        self._combine(v.size, float(v.sum()), float(v.min()), float(v.max()), mean, float(dev.sum()))
+        del dev
         _sketch_add(self.sketch, v)
         if self._values is not None:
             self._values = self._values + [v] if self.count <= EXACT_LIMIT else None
@@ -141,14 +147,21 @@ def _sketch_add(sketch: DDSketch, v: np.ndarray) -> None:
     mapping = sketch._mapping  # noqa: SLF001 - the library exposes no public accessor for it
     tiny = mapping.min_possible
     log_gamma = math.log(mapping.gamma)
-    for sign, part in ((1.0, v[v > tiny]), (-1.0, -v[v < -tiny])):
-        if not part.size:
+    positive = int((v > tiny).sum())
+    negative = int((v < -tiny).sum())
+    for sign, count in ((1.0, positive), (-1.0, negative)):
+        if not count:
             continue
-        keys = np.ceil(np.log(part) / log_gamma).astype(np.int64)
-        lo = int(keys.min())
-        counts = np.bincount(keys - lo)
+        x = v if count == v.size and sign > 0 else (v[v > tiny] if sign > 0 else -v[v < -tiny])
+        x = np.log(x)  # (in place from here: one temporary the size of the batch)
+        x /= log_gamma
+        np.ceil(x, out=x)
+        lo = int(x.min())
+        x -= lo
+        counts = np.bincount(x.astype(np.int64))
+        del x
         for k in np.flatnonzero(counts):
             sketch.add(sign * mapping.value(int(k) + lo), float(counts[k]))
-    zeros = int(v.size - (v > tiny).sum() - (v < -tiny).sum())
+    zeros = v.size - positive - negative
     if zeros:
         sketch.add(0.0, float(zeros))
