@@ -184,8 +184,15 @@ def test_merge_and_run_replace_summary_json_whole(tmp_path, mooncake_slice, sim_
     merged = json.loads((out / "summary.json").read_text())
     # a failure while the new summary is written (here: a value JSON cannot encode, which stops
     # the encoder half-way as a kill would) leaves the previous file, whole
-    real = workers.summarize
-    monkeypatch.setattr(workers, "summarize", lambda t: {**real(t), "zz": object()})
+    real = workers.fold_files
+
+    def broken(files, slos=None):
+        fold, damaged = real(files, slos)
+        result = fold.result
+        fold.result = lambda: {**result(), "zz": object()}
+        return fold, damaged
+
+    monkeypatch.setattr(workers, "fold_files", broken)
     with pytest.raises(TypeError):
         workers.merge_results([str(res)], str(out), quiet=True)
     assert json.loads((out / "summary.json").read_text()) == merged
