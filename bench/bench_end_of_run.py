@@ -11,8 +11,7 @@ report``, ``replayer merge`` and ``replayer compare`` on results folders of 250k
    so each successful request holds ``output_length - 1`` ITL samples (~350, realistic lists);
    5 % fail (no ITL), 1 % have no usage; TTFT, TPOT, E2E and dispatch lag are lognormal. A
    folder above 250k rows repeats the 250k folder's results as loops of a ``--loop`` soak.
-2. Runs each step in its own process and reads that process's peak RSS (``ru_maxrss`` from
-   ``os.wait4``): ``summary`` = ``summarize_files(result_files(DIR))`` as the daemon calls it at
+2. Runs each step in its own process and reads that process's peak RSS (its ``VmHWM`` at exit): ``summary`` = ``summarize_files(result_files(DIR))`` as the daemon calls it at
    the end of a run; ``report`` = ``replayer report DIR``; ``merge`` = ``replayer merge DIR -o
    OUT`` (exit 1 after its work: a built folder has no summary.json, so merge says it is not
    one whole run); ``compare`` = ``replayer compare DIR DIR`` (a folder without summary.json: each side is
@@ -38,6 +37,11 @@ import time
 
 import numpy as np
 
+#: each step ends by writing its process's VmHWM (peak RSS since its exec, from /proc): the
+#: ru_maxrss that wait4 reports keeps the RSS the parent had when it forked (Linux carries it
+#: across exec), so a step forked from this script after it built a folder reported that instead
+_HWM = ("import atexit, sys; atexit.register(lambda: open(sys.argv[2] + '.hwm', 'w').write("
+        "next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM'))))\n")
 STEPS = {
     "summary": "import json,sys; from replayer.recorder import result_files; from replayer.summary import summarize_files; "
                "json.dump(summarize_files(result_files(sys.argv[1])), open(sys.argv[2], 'w'))",
@@ -126,19 +130,20 @@ def extend(small: str, folder: str, rows: int) -> None:
 
 
 def run_step(step: str, folder: str, out: str, code: str | None) -> tuple[float, float]:
-    """(peak RSS in MB of the step's own process, seconds)."""
+    """(peak RSS in MiB of the step's own process, seconds)."""
     env = dict(os.environ)
     if code:
         env["PYTHONPATH"] = code + os.pathsep + env.get("PYTHONPATH", "")
     t = time.perf_counter()
     # cwd: not the checkout (``python -c`` puts the cwd first on sys.path, before PYTHONPATH)
-    p = subprocess.Popen([sys.executable, "-c", STEPS[step], folder, out], env=env, cwd=os.path.dirname(out),
+    p = subprocess.Popen([sys.executable, "-c", _HWM + STEPS[step], folder, out], env=env, cwd=os.path.dirname(out),
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     err = p.stderr.read()
-    _, status, usage = os.wait4(p.pid, 0)
+    _, status, _ = os.wait4(p.pid, 0)
     if status and not (step == "merge" and os.waitstatus_to_exitcode(status) == 1):  # 1: "not one whole run"
         print(f"  {step} failed: {err.decode()[-500:]}", flush=True)
-    return usage.ru_maxrss / 1024, time.perf_counter() - t
+    with open(out + ".hwm") as f:
+        return int(f.read()) / 1024, time.perf_counter() - t
 
 
 def compare_summaries(old: dict, new: dict, tol: float) -> list[str]:
