@@ -11,7 +11,9 @@ client process's user and system CPU per event (``getrusage`` over the waves, im
 warm-up excluded), voluntary context switches and events/s. A read costs a syscall plus the ACK
 it sends (on loopback the ACK's processing runs in the reader's syscall too), so system time per
 event is part of the price of per-token timing; ``--delayed-ack`` (as ``replayer run
---delayed-ack``) halves the ACKs. Asserts nothing.
+--delayed-ack``) halves the ACKs. Bodies ask for ``continuous_usage_stats`` as ``replayer run``
+sends them (usage on every event); ``--no-continuous-usage`` asks for usage at the end only.
+Asserts nothing.
 """
 
 from __future__ import annotations
@@ -62,10 +64,12 @@ def _start_sim() -> tuple[subprocess.Popen, str]:
     raise SystemExit("replayer sim did not start within 30 s")
 
 
-async def _run(url: str, streams: int, tokens: int, waves: int, model: str, delayed_ack: bool) -> None:
+async def _run(url: str, streams: int, tokens: int, waves: int, model: str, delayed_ack: bool,
+               continuous_usage: bool) -> None:
+    stream_options = {"include_usage": True, "continuous_usage_stats": continuous_usage}
     body = orjson.dumps({"model": model, "prompt": list(range(1, 9)), "max_tokens": tokens,
                          "min_tokens": tokens, "ignore_eos": True, "stream": True,
-                         "stream_options": {"include_usage": True}})
+                         "stream_options": stream_options})
     async with Client(url, t0_ns=now_ns(), delayed_ack=delayed_ack) as client:
         await client.warm_up(streams)
 
@@ -99,12 +103,14 @@ def main() -> None:
     ap.add_argument("--target", help="an OpenAI-compatible server on 127.0.0.1 (default: a replayer sim)")
     ap.add_argument("--model", default="sim-model")
     ap.add_argument("--delayed-ack", action="store_true", help="as replayer run --delayed-ack")
+    ap.add_argument("--no-continuous-usage", action="store_true",
+                    help="usage only at the end (as --no-vllm-extensions), not on every event")
     a = ap.parse_args()
     if a.target and not a.target.startswith(("http://127.0.0.1", "http://localhost")):
         raise SystemExit("--target must be on 127.0.0.1 (benchmarks stay on this host)")
     proc, url = (None, a.target) if a.target else _start_sim()
     try:
-        uvloop.run(_run(url, a.streams, a.tokens, a.waves, a.model, a.delayed_ack))
+        uvloop.run(_run(url, a.streams, a.tokens, a.waves, a.model, a.delayed_ack, not a.no_continuous_usage))
     finally:
         if proc is not None:
             proc.terminate()
