@@ -40,7 +40,7 @@ class RunConfig(BaseModel):
 
     trace: str = Field(description="trace: canonical Parquet (file, folder or glob), Mooncake JSONL, "
                        "Azure CSV, or generic JSONL/CSV with --map")
-    format: str = Field("auto", description="trace format: auto, parquet, mooncake, azure, jsonl, csv")
+    format: str = Field("auto", description="trace format: auto, parquet, mooncake, azure, jsonl, csv, weka, copilot, tracelab")
     map: str | None = Field(None, description="column mapping for generic traces, e.g. timestamp=ts,input_length=n_in")
     time_unit: str | None = Field(None, description="timestamp unit of generic traces: s, ms, us, ns or datetime")
     validate_trace: str = Field("full", description="full: check every row before sending; lazy: check each "

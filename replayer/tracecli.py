@@ -34,9 +34,10 @@ _SYNTH_FLAGS = {"rows": "--rows", "rate_per_s": "--rate", "arrival": "--arrival"
 
 
 def _add_input(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="trace: Parquet file, folder or glob of shards; .jsonl; .csv")
+    p.add_argument("input", help="trace: Parquet file, folder or glob of shards; .jsonl (.gz for agentic traces); .json; .csv")
     p.add_argument("--format", default="auto",
-                   help="auto, parquet, mooncake, azure, jsonl, csv [default: auto, from the extension]")
+                   help="auto, parquet, mooncake, azure, jsonl, csv, weka, copilot, tracelab "
+                        "[default: auto, from the extension and, for JSON, the first record's keys]")
     p.add_argument("--map", default=None, metavar="FIELD=COL,...",
                    help="source column of each field, e.g. timestamp=ts,input_length=prompt_tokens, "
                         "request_id=chat_id,parent_request_id=parent_chat_id; "

@@ -22,7 +22,7 @@ TIME_UNITS: dict[str, int] = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, 
 META_PREFIX = "replayer."
 MAX_PROBLEMS = 50
 #: Input formats (``fmt=``); ``"auto"`` picks one from the path (see :func:`read_trace`).
-FORMATS = ("parquet", "mooncake", "azure", "jsonl", "csv")
+FORMATS = ("parquet", "mooncake", "azure", "jsonl", "csv", "weka", "copilot", "tracelab")
 #: Time units accepted by ``time_unit=`` for the generic formats (``datetime``: ISO-8601 strings).
 READ_TIME_UNITS = ("s", "ms", "us", "ns", "datetime")
 #: Synthesised hash ids (rows of a trace without prefix information, e.g. the Azure trace) are

@@ -13,6 +13,7 @@ import warnings
 
 import numpy as np
 
+from .agentic import AGENTIC_FORMATS, sniff
 from .columns import _check_hash_counts, _Raw
 from .csv import AZURE_COLUMNS, _read_csv, _sniff_csv_header
 from .jsonl import _read_jsonl
@@ -20,6 +21,9 @@ from .model import (_INT64_MAX, _OPTIONAL, FORMATS, READ_TIME_UNITS, Trace, Trac
                     TraceProblem, _Problems, _readonly)
 from .options import _AZURE_MAP, _Opts, parse_mapping
 from .parquet import _read_parquet
+from .copilot import _read_copilot
+from .tracelab import _read_tracelab
+from .weka import _read_weka
 
 
 # --------------------------------------------------------------------------------------------
@@ -35,8 +39,11 @@ def _resolve(path: str, fmt: str, block_size: int | None, strict: bool, mapping,
     mapping = parse_mapping(mapping)
     kind = fmt
     if fmt == "auto":
-        ext = os.path.splitext(path)[1].lower()
-        if os.path.isdir(path) or ext in (".parquet", ".pq") or (any(c in path for c in "*?[") and not os.path.exists(path)):
+        ext = os.path.splitext(path[:-3] if path.lower().endswith(".gz") else path)[1].lower()
+        agentic = sniff(path) if ext in (".jsonl", ".json") and not (mapping or time_unit) else None
+        if agentic:
+            kind = agentic
+        elif os.path.isdir(path) or ext in (".parquet", ".pq") or (any(c in path for c in "*?[") and not os.path.exists(path)):
             kind = "parquet"
         elif ext in (".jsonl", ".json"):
             kind = "jsonl" if (mapping or time_unit) else "mooncake"
@@ -241,7 +248,7 @@ def _not_text(path: str, fmt: str) -> str | None:
 
 
 _READERS = {"parquet": _read_parquet, "mooncake": _read_jsonl, "jsonl": _read_jsonl, "csv": _read_csv,
-            "azure": _read_csv}
+            "azure": _read_csv, "weka": _read_weka, "copilot": _read_copilot, "tracelab": _read_tracelab}
 
 
 def read_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | None = None,
@@ -298,7 +305,8 @@ def read_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | 
     if opts.fmt != "parquet" and not os.path.exists(path):
         probs.add(0, "file", "no such file")
         raise TraceError(probs.items)
-    why = _not_text(path, opts.fmt) if opts.fmt != "parquet" and os.path.isfile(path) else None
+    why = (_not_text(path, opts.fmt) if opts.fmt not in ("parquet", *AGENTIC_FORMATS) and os.path.isfile(path)
+           else None)
     if why:
         raise TraceError([TraceProblem(path, 0, "file", why)])
     raw = _READERS[opts.fmt](path, probs, opts)

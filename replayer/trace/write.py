@@ -69,6 +69,9 @@ def trace_table(trace: Trace, *, time_unit: str = "ms", source: str = "", licens
     }
     if trace.hash_ids_synthetic:
         meta["hash_ids"] = "synthesised"
+    for key in ("hash_id_scope", "notes"):  # kept through conversion (agentic readers, mixes)
+        if trace.metadata.get(key):
+            meta[key] = trace.metadata[key]
     meta.update(extra_metadata or {})
     return pa.table(cols).replace_schema_metadata({META_PREFIX + k: v for k, v in meta.items()})
 
