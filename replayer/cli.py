@@ -37,8 +37,8 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
         unit = " (seconds)" if name.endswith("_s") else ""
         default = "" if f.is_required() else f" [default: {f.default}]"
         help_text = f"{f.description}{unit}{default}"
-        if name in POSITIONAL:
-            p.add_argument(name, nargs="?", default=argparse.SUPPRESS, help=help_text)
+        if name in POSITIONAL:  # `run A B ...`: several traces are a mix (one tenant each)
+            p.add_argument(name, nargs="*", default=argparse.SUPPRESS, help=help_text)
         elif typing.get_origin(typ) is list:  # KEY:VALUE pairs (--goodput, as vllm bench serve takes it)
             p.add_argument(flag_name(name), dest=name, nargs="+", default=argparse.SUPPRESS,
                            metavar=name.upper(), help=help_text)
@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "against OpenAI-compatible servers, open-loop and token-exact.")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="replay a trace (against the embedded simulator if no --target)",
-                         usage="%(prog)s [options] [trace]",
+                         usage="%(prog)s [options] [trace ...]",
                          description="Replay a trace. Settings come from --config FILE (YAML; keys are "
                          "the setting names: the flag without '--', dashes as underscores, and '_s' "
                          "appended for settings in seconds, e.g. read_timeout_s) and are overridden by flags.")
@@ -222,6 +222,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command in ("run", "sweep"):
         flags = {k: v for k, v in vars(args).items() if k in RunConfig.model_fields}
+        traces = flags.pop("trace", None) or []
+        if len(traces) == 1:
+            flags["trace"] = traces[0]
+        elif traces:
+            if "mix" in flags:
+                print(f"replayer {args.command}: give the traces of a mix either as arguments or with --mix, "
+                      "not both", file=sys.stderr)
+                return 2
+            flags["trace"], flags["mix"] = traces[0], traces
         try:
             values = read_config_file(args.config_file) if args.config_file else {}
             from_file = set(values) - set(flags)

@@ -45,6 +45,19 @@ class RunConfig(BaseModel):
     time_unit: str | None = Field(None, description="timestamp unit of generic traces: s, ms, us, ns or datetime")
     validate_trace: str = Field("full", description="full: check every row before sending; lazy: check each "
                                 "batch as it is read (fast start on huge traces)")
+    mix: list[str] | None = Field(None, description="replay several traces on one clock, one tenant each: "
+                                  "PATH[,tenant=NAME][,offset_s=S][,rate=R][,hash_id_scope=local|global] per "
+                                  "trace (`replayer run A B` = a mix of A and B); tenant is a results column and "
+                                  "a metric label")
+    hash_id_scope: str | None = Field(None, description="local: the traces' hash ids mean something only inside "
+                                      "their trace (salted per trace in a mix); global: ids are shared; none = "
+                                      "what each trace declares (global when it declares nothing)")
+    idle_gap_cap_s: float | None = Field(None, gt=0, description="a gap between consecutive requests longer than "
+                                         "this in replay time (after --speedup) shrinks to it; the summary "
+                                         "reports gaps capped and time skipped")
+    session_header: str | None = Field(None, description="send each request's session id in this header, for "
+                                       "routers: a header name, or a preset: dynamo (X-Dynamo-Session-ID), "
+                                       "aibrix (x-aibrix-session-key with routing-strategy: session-affinity)")
     target: str | None = Field(None, description="base URL of the server (a trailing /v1 is dropped); "
                                "none = start the embedded simulator")
     model: str | None = Field(None, description="request 'model' field; none = the first of GET /v1/models")
@@ -178,6 +191,43 @@ class RunConfig(BaseModel):
             raise ValueError("must be tokens or text")
         return v
 
+    @field_validator("mix", mode="before")
+    @classmethod
+    def _mix(cls, v: list | None) -> list[str] | None:
+        if v is None:
+            return None
+        from .trace.mix import format_entry, parse_entry
+
+        entries = [parse_entry(x) for x in v]
+        for e in entries:
+            if not os.path.exists(e.trace):
+                raise ValueError(f"no such file or folder: {e.trace}")
+        names = [e.tenant for e in entries]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tenant names must differ (name them: PATH,tenant=NAME), got {', '.join(names)}")
+        return [format_entry(e) for e in entries]
+
+    @field_validator("hash_id_scope")
+    @classmethod
+    def _hash_id_scope(cls, v: str | None) -> str | None:
+        if v is not None and v not in ("local", "global"):
+            raise ValueError("must be local or global")
+        return v
+
+    @field_validator("session_header")
+    @classmethod
+    def _session_header(cls, v: str | None) -> str | None:
+        if v is not None and (not v or any(c in v for c in ":\r\n \t")):
+            raise ValueError(f"{v!r} is not a header name (or a preset: dynamo, aibrix)")
+        return v
+
+    @property
+    def mix_entries(self) -> list:
+        """The mix (``replayer.trace.mix.MixEntry`` per trace), or [] for one trace."""
+        from .trace.mix import parse_entry
+
+        return [parse_entry(x) for x in self.mix or ()]
+
     @field_validator("session_policy")
     @classmethod
     def _session_policy(cls, v: str) -> str:
@@ -256,6 +306,15 @@ class RunConfig(BaseModel):
         if not v.startswith("/"):
             raise ValueError("must start with '/', e.g. /v1/completions")
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trace_of_mix(cls, values: object) -> object:
+        if isinstance(values, dict) and not values.get("trace") and values.get("mix"):
+            first = values["mix"][0]
+            path = first.get("trace") if isinstance(first, dict) else str(first).split(",")[0]
+            values = {**values, "trace": path}
+        return values
 
     @model_validator(mode="before")
     @classmethod

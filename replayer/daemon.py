@@ -9,6 +9,7 @@ cancels in-flight requests at once. Results already measured are flushed in ever
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import itertools
 import json
@@ -52,7 +53,8 @@ from .simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, spawn_sim, stop_sim
 from .schedule import Timeline, iter_schedule
 from .sessions import SessionGate
 from .summary import format_summary, summarize_files
-from .trace import TraceError, open_trace, parse_mapping
+from .tenants import TenantMetrics, format_tenants, read_tenant_sections
+from .trace import TraceError, open_mix, open_trace, parse_mapping
 
 log = logging.getLogger("replayer")
 
@@ -347,8 +349,13 @@ def open_batches_factory(cfg: RunConfig):
     without reading the rows: ``TraceSource.span_ns``). With ``validate_trace=full`` every row
     is checked before anything is sent (a TraceError lists every problem); with ``lazy`` each
     batch is checked as it is read."""
-    source = open_trace(cfg.trace, fmt=cfg.format, block_size=cfg.block_size, strict=cfg.strict,
-                        mapping=cfg.map, time_unit=cfg.time_unit)
+    opts = dict(fmt=cfg.format, block_size=cfg.block_size, strict=cfg.strict, mapping=cfg.map,
+                time_unit=cfg.time_unit)
+    if cfg.mix:  # several traces (tenants) on one clock: replayer.trace.mix
+        source = open_mix([dataclasses.replace(e, hash_id_scope=e.hash_id_scope or cfg.hash_id_scope)
+                           for e in cfg.mix_entries], **opts)
+    else:
+        source = open_trace(cfg.trace, **opts)
     if cfg.validate_trace == "full":
         source.validate()
     if not cfg.tokenizer and _may_have_endpoints(source, cfg):
@@ -544,11 +551,14 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     acct = _Accounting(state, metrics)
     slos = cfg.goodput_slos
     metrics.set_slos(slos)
+    tenant_metrics = TenantMetrics(metrics.registry, [e.tenant for e in cfg.mix_entries]) if cfg.mix else None
 
     def sink(res: RequestResult) -> None:  # the verdict (from-due latencies, SLO) before it is recorded
         codes = verdict.apply(res, slos)
         if codes is not None:
             metrics.on_slo(codes)
+        if tenant_metrics is not None:
+            tenant_metrics.on_result(res)
         recorder.add(res)
 
     dispatcher = Dispatcher(batches, factory.prepare, client.send, sink, t0_ns=anchor.t0_ns,
@@ -655,9 +665,14 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                     "trace": cfg.trace, "speedup": cfg.speedup, "speedup_changes": control.speedup_changes,
                     "shard": cfg.shard, "loop": cfg.loop, "results": results_dir, "run_id": run_id,
                     "stopped_early": dispatcher.stopping, "stop_signal": signals[0] if signals else None})
+    if cfg.mix:  # per-tenant sections (replayer.tenants)
+        summary["mix"] = list(cfg.mix)
+        summary["tenants"] = await loop.run_in_executor(None, read_tenant_sections, results_dir)
     write_json(os.path.join(results_dir, "summary.json"), summary)
     if not os.environ.get(PARENT_PID_ENV):  # (--quiet too; a --workers worker: its parent prints the merge)
         print(format_summary(summary), flush=True)
+        if summary.get("tenants"):
+            print(format_tenants(summary["tenants"]), flush=True)
         files = [os.path.relpath(f, results_dir) for f in result_files(results_dir)]
         listed = ", ".join(files) if len(files) <= 3 else f"{len(files)} results files"
         print(f"results: {results_dir}/ ({listed}, summary.json)", flush=True)

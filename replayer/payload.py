@@ -92,6 +92,7 @@ class PreparedRequest:
     x_request_id: str | None = None   # the X-Request-Id header's value (RequestFactory.request_id)
     headers: bytes = b""              # extra header lines of the HTTP head ("Name: value\r\n"...),
     #                                   built in the lead window like the body
+    tenant: str | None = None         # the trace of a mix (replayer.trace.mix)
 
     def new_result(self, shard: int, due_ns: int | None = None) -> RequestResult:
         """The result record this request starts with (outcome ``not_started``)."""
@@ -102,7 +103,7 @@ class PreparedRequest:
                              session_id=self.session_id, turn=self.turn, n_documents=self.n_documents,
                              expected_prompt_tokens_once=self.expected_once,
                              expected_prompt_tokens_per_document=self.expected_per_doc,
-                             x_request_id=self.x_request_id)
+                             x_request_id=self.x_request_id, tenant=self.tenant)
 
 
 class PayloadBuilder:

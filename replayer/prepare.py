@@ -104,7 +104,7 @@ class _History:
 
 
 #: optional per-row columns ``prepare`` reads (as ``_col`` would, looked up once per batch)
-_ROW_COLUMNS = ("endpoint", "session_id", "turn", "model", "priority", "extra_body")
+_ROW_COLUMNS = ("endpoint", "session_id", "turn", "model", "priority", "extra_body", "tenant")
 
 
 def _col(batch: object, name: str, i: int):
@@ -153,7 +153,7 @@ class RequestFactory:
         hash_ids = t.hash_ids(i)
         if self._cols[0] is not t:  # the batch's optional columns, looked up once per batch
             self._cols = (t, *(getattr(t, name, None) for name in _ROW_COLUMNS))
-        _, c_path, c_session, c_turn, c_model, c_priority, c_extra = self._cols
+        _, c_path, c_session, c_turn, c_model, c_priority, c_extra, c_tenant = self._cols
         path = None if c_path is None else c_path[i]
         kind = endpoint_kind(path) if path else self.default_endpoint
         session = None if c_session is None else c_session[i]
@@ -162,7 +162,7 @@ class RequestFactory:
         req = PreparedRequest(index=sb.first_index + j, row=int(sb.rows[j]), due_ns=self.timeline.due(trace_ns),
                               body=b"", input_length=n_in, output_length=n_out, prompt_len=n_in,
                               max_tokens=n_out, loop=sb.loop, trace_ns=trace_ns, path=path, endpoint=kind,
-                              session_id=session, turn=turn)
+                              session_id=session, turn=turn, tenant=None if c_tenant is None else c_tenant[i])
         if self.run_id is not None:
             req.x_request_id = rid = self.request_id(sb.loop, req.row)
             req.headers = b"X-Request-Id: " + rid.encode("ascii") + b"\r\n"
@@ -221,6 +221,7 @@ class RequestFactory:
                              input_length=int(t.input_length[i]), output_length=int(t.output_length[i]),
                              endpoint=endpoint_kind(path) if path else self.default_endpoint,
                              session_id=_col(t, "session_id", i), turn=_col(t, "turn", i),
+                             tenant=_col(t, "tenant", i),
                              x_request_id=None if self.run_id is None else self.request_id(sb.loop, int(sb.rows[j])))
 
     def request_id(self, loop: int, row: int) -> str:

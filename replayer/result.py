@@ -91,6 +91,7 @@ class RequestResult:
     server_generation_time_ms: float | None = None
     client_overhead_ms: float | None = None  # ttft_ms - (server queue + server TTFT): network, the server's
     #                                          HTTP/tokenizer front end and this client (never below 0 in theory)
+    tenant: str | None = None      # the trace of a mix this row came from (replayer.trace.mix); None unmixed
     itl_ms: list[float] = field(default_factory=list)
 
 
@@ -111,7 +112,7 @@ _TYPES: dict[str, pa.DataType] = {
     "ttft_from_due_ms": pa.float64(), "e2el_from_due_ms": pa.float64(), "slo_met": pa.bool_(),
     "partial_output_tokens": pa.int64(), "x_request_id": pa.string(), "server_queue_time_ms": pa.float64(),
     "server_time_to_first_token_ms": pa.float64(), "server_generation_time_ms": pa.float64(),
-    "client_overhead_ms": pa.float64(),
+    "client_overhead_ms": pa.float64(), "tenant": pa.string(),
     "itl_ms": pa.list_(pa.float32()),
 }
 

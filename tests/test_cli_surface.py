@@ -106,7 +106,7 @@ def test_unknown_config_keys_are_errors(tmp_path):
 
 
 @pytest.mark.parametrize("argv, usage, hint", [
-    (["run", "t.parquet", "--speedupp", "2"], "usage: replayer run [options] [trace]", "--speedupp 2; did you mean --speedup?"),
+    (["run", "t.parquet", "--speedupp", "2"], "usage: replayer run [options] [trace ...]", "--speedupp 2; did you mean --speedup?"),
     (["trace", "inspect", "t.parquet", "--jsn"], "usage: replayer trace inspect", "--jsn; did you mean --json?"),
     (["merge", "a", "--ouput", "x"], "usage: replayer merge", "--ouput x; did you mean --output?"),
 ])

@@ -51,6 +51,7 @@ from .model import (
     TraceProblem,
     _cut_optional,  # noqa: F401 - private; replayer.tracetools imports it
 )
+from .mix import MixEntry, mix_traces, open_mix, parse_entry
 from .options import parse_mapping
 from .parquet import trace_paths
 from .read import read_trace
@@ -82,4 +83,8 @@ __all__ = [
     "trace_paths",
     "ENDPOINTS",
     "EXTRA_BODY_RESERVED",
+    "MixEntry",
+    "mix_traces",
+    "open_mix",
+    "parse_entry",
 ]

@@ -62,7 +62,7 @@ _OPTIONAL_TYPES: dict[str, pa.DataType] = {
     "request_id": pa.string(), "session_id": pa.string(), "model": pa.string(), "priority": pa.int64(),
     "extra_body": pa.string(), "turn": pa.int64(), "parent_request_id": pa.string(),
     "think_time_s": pa.float64(), "endpoint": pa.string(), "query_length": pa.int64(),
-    "document_lengths": pa.list_(pa.int64()),
+    "document_lengths": pa.list_(pa.int64()), "tenant": pa.string(),
 }
 _OPTIONAL = tuple(_OPTIONAL_TYPES)
 _FIELD_ORDER = {
@@ -176,6 +176,7 @@ class Trace:
       ``endpoint`` ``str | None``: an API path, a value of :data:`ENDPOINTS`; ``query_length``
       ``int | None`` (tokens, >= 1); ``document_lengths`` ``list[int] | None`` (tokens per
       document, each >= 1; with ``query_length`` they add up to ``input_length``).
+    * ``tenant`` ``str | None``: the tenant of each row (the trace it came from in a mix).
     * ``hash_ids_synthetic``: the hash ids were synthesised (no prefix information in the source:
       Azure CSV, ``hash_ids=`` mapping); metadata ``hash_ids`` is then ``"synthesised"``.
     * ``metadata``: ``schema_version``, ``block_size``, ``time_unit`` (unit of the source's
@@ -208,6 +209,8 @@ class Trace:
     query_length: list[int | None] | None = None
     document_lengths: list[list[int] | None] | None = None
     hash_ids_synthetic: bool = False
+    #: the tenant (trace of a mix, ``replayer.trace.mix``) of each row, or None
+    tenant: list[str | None] | None = None
 
     def __len__(self) -> int:
         return int(self.input_length.shape[0])

@@ -357,7 +357,7 @@ def _optional_from_list(name: str, values: list, rows: np.ndarray, probs: _Probl
         if v is _MISSING or v is None:
             out.append(None)
             continue
-        if name in ("request_id", "session_id", "parent_request_id"):
+        if name in ("request_id", "session_id", "parent_request_id", "tenant"):
             if name == "parent_request_id" and _no_parent(v):
                 out.append(None)
             elif isinstance(v, str):
