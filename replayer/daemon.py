@@ -50,7 +50,7 @@ from .result import RequestResult
 from . import selfwatch
 from .selfwatch import BEHIND_MS
 from .simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, spawn_sim, stop_sim
-from .schedule import Timeline, iter_schedule
+from .schedule import IdleGapCap, Timeline, iter_schedule
 from .sessions import SessionGate
 from .summary import format_summary, summarize_files
 from .tenants import TenantMetrics, format_tenants, read_tenant_sections
@@ -469,17 +469,22 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     shard, shards = cfg.shard_index
     start_loop, skip = resume_plan(results_dir, cfg) if cfg.resume else (0, None)
 
-    def schedule():
+    def schedule(gap_cap: IdleGapCap | None = None):
         return iter_schedule(open_batches, loops=cfg.loops, loop_gap_ns=int(cfg.loop_gap_s * 1e9),
                              shard=shard, shards=shards, max_requests=cfg.max_requests,
-                             start_loop=start_loop, skip=skip)
+                             start_loop=start_loop, skip=skip, gap_cap=gap_cap)
 
-    batches = schedule()
+    def new_gap_cap() -> IdleGapCap | None:  # one per pass over the schedule (it keeps state)
+        return IdleGapCap(cfg.idle_gap_cap_s, cfg.speedup) if cfg.idle_gap_cap_s else None
+
+    gap_cap = new_gap_cap()
+    batches = schedule(gap_cap)
     duration_ns = int(cfg.duration_s * 1e9) if cfg.duration_s else None
     if duration_ns or (cfg.loops is not None and n_rows is not None and n_rows * cfg.loops <= COUNT_LIMIT):
         # what will be sent (shard, --duration, resume skips...), for /status and the progress line
         state.scheduled = await loop.run_in_executor(None, lambda: count_scheduled(
-            schedule(), speedup=cfg.speedup, duration_ns=duration_ns, rebase=bool(cfg.resume))) or 0
+            schedule(new_gap_cap()), speedup=cfg.speedup, duration_ns=duration_ns,
+            rebase=bool(cfg.resume))) or 0
     # GC at moments of the dispatcher's choosing (replayer.gcpacer): never when a burst is due.
     gc_pacer = GcPacer()
     gc_pacer.start()
@@ -665,6 +670,8 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                     "trace": cfg.trace, "speedup": cfg.speedup, "speedup_changes": control.speedup_changes,
                     "shard": cfg.shard, "loop": cfg.loop, "results": results_dir, "run_id": run_id,
                     "stopped_early": dispatcher.stopping, "stop_signal": signals[0] if signals else None})
+    if gap_cap is not None:  # --idle-gap-cap: gaps capped, time skipped, the trace -> replay map
+        summary["idle_gap_cap"] = gap_cap.report()
     if cfg.mix:  # per-tenant sections (replayer.tenants)
         summary["mix"] = list(cfg.mix)
         summary["tenants"] = await loop.run_in_executor(None, read_tenant_sections, results_dir)
@@ -673,6 +680,10 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         print(format_summary(summary), flush=True)
         if summary.get("tenants"):
             print(format_tenants(summary["tenants"]), flush=True)
+        if summary.get("idle_gap_cap"):
+            g = summary["idle_gap_cap"]
+            print(f"Idle gaps over {g['cap_s']:g} s (replay time) capped: {g['gaps_capped']}, "
+                  f"{g['time_skipped_s']:,.3f} s skipped", flush=True)
         files = [os.path.relpath(f, results_dir) for f in result_files(results_dir)]
         listed = ", ".join(files) if len(files) <= 3 else f"{len(files)} results files"
         print(f"results: {results_dir}/ ({listed}, summary.json)", flush=True)

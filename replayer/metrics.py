@@ -440,7 +440,7 @@ class ReplayerMetrics:
             incs[c] = get(c, 0) + 1
             c = self.prompt_tokens_sent
             incs[c] = get(c, 0) + req.prompt_len
-            trace_ns = getattr(req, "trace_ns", 0)
+            trace_ns = getattr(req, "trace_pos_ns", None) or getattr(req, "trace_ns", 0)  # the trace's own time
             if req.loop > self._loop_no:  # the first request of a new loop: follow it
                 self.set_loop(req.loop, start_trace_ns=trace_ns)
             if req.loop == self._loop_no:

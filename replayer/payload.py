@@ -93,6 +93,7 @@ class PreparedRequest:
     headers: bytes = b""              # extra header lines of the HTTP head ("Name: value\r\n"...),
     #                                   built in the lead window like the body
     tenant: str | None = None         # the trace of a mix (replayer.trace.mix)
+    trace_pos_ns: int | None = None   # the row's own trace offset when --idle-gap-cap moved trace_ns
 
     def new_result(self, shard: int, due_ns: int | None = None) -> RequestResult:
         """The result record this request starts with (outcome ``not_started``)."""

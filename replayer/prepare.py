@@ -163,6 +163,8 @@ class RequestFactory:
                               body=b"", input_length=n_in, output_length=n_out, prompt_len=n_in,
                               max_tokens=n_out, loop=sb.loop, trace_ns=trace_ns, path=path, endpoint=kind,
                               session_id=session, turn=turn, tenant=None if c_tenant is None else c_tenant[i])
+        if sb.trace_pos_ns is not None:
+            req.trace_pos_ns = int(sb.trace_pos_ns[j])
         if self.run_id is not None:
             req.x_request_id = rid = self.request_id(sb.loop, req.row)
             req.headers = b"X-Request-Id: " + rid.encode("ascii") + b"\r\n"

@@ -7,6 +7,17 @@ of trace-time offsets; ``Timeline`` maps a trace-time offset to a due time
 ``due_ns = wall0 + (trace_ns - trace0) / speedup`` (ns after the anchor ``t0_ns``). Changing the
 speed-up or pausing re-anchors the timeline at the current trace position, so neither a burst
 nor drift follows.
+
+Trace time -> replay time, the one mapping (``--idle-gap-cap``, :class:`IdleGapCap`): take each
+row's offset from the trace's first row (loop offsets included), apply the speed-up, then cap
+every gap between consecutive rows of the whole schedule (all shards' rows, across loops) at
+``cap_s`` seconds of *replay* time: ``replay(t) = (t - skipped(t)) / speedup`` where
+``skipped(t)`` sums, over the gaps before ``t``, ``max(0, gap - cap_s * speedup)`` (the cap in
+trace units at the run's starting speed-up; a later ``/speedup`` change keeps the capped
+schedule). Example (case B34): offsets 0, 1, 1201, 1202 s at speed-up 10 with a 60 s cap are
+due at 0, 0.1, 60.1, 60.2 s: one gap capped, 60 s of replay time skipped. ``ScheduleBatch.trace_ns``
+holds the capped offsets (the due times follow from them); ``trace_pos_ns`` the trace's own, so
+the trace position shown (metrics, console) stays the trace's.
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ class ScheduleBatch:
     trace_ns: np.ndarray
     rows: np.ndarray
     first_index: int
+    #: the rows' own trace offsets (ns, loop offset included) when --idle-gap-cap moved ``trace_ns``
+    trace_pos_ns: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.idx.size)
@@ -64,7 +77,8 @@ def iter_schedule(open_batches: Callable[[], Iterable[object]], *, loops: int | 
                   loop_gap_ns: int = 0, shard: int = 0, shards: int = 1,
                   max_requests: int | None = None, start_loop: int = 0,
                   skip_rows: int = 0,
-                  skip: Callable[[int, np.ndarray], np.ndarray] | None = None) -> Iterator[ScheduleBatch]:
+                  skip: Callable[[int, np.ndarray], np.ndarray] | None = None,
+                  gap_cap: "IdleGapCap | None" = None) -> Iterator[ScheduleBatch]:
     """Yield the schedule batch by batch.
 
     ``open_batches()`` returns a fresh iterator of trace batches (each a ``Trace`` whose
@@ -76,6 +90,7 @@ def iter_schedule(open_batches: Callable[[], Iterable[object]], *, loops: int | 
     ``start_loop``/``skip_rows``: resume at that loop and global row (rows before it in
     that loop are skipped; trace time is kept, so the timeline must be re-anchored by the caller).
     ``skip(loop, rows)``: a bool mask of rows to leave out (rows already recorded, on resume).
+    ``gap_cap``: caps idle gaps (module docstring); it sees every row, so shards agree.
     """
     if shards < 1 or not 0 <= shard < shards:
         raise ValueError(f"shard must be in 0..{shards - 1}, got {shard}")
@@ -105,14 +120,59 @@ def iter_schedule(open_batches: Callable[[], Iterable[object]], *, loops: int | 
             if skip is not None:
                 mask &= ~skip(loop, rows)
             idx = np.flatnonzero(mask).astype(np.int64)
+            pos = loop_base + ts
+            at = gap_cap.apply(pos, rows, loop) if gap_cap is not None else pos
             if idx.size:
-                yield ScheduleBatch(loop=loop, batch=batch, idx=idx, trace_ns=loop_base + ts[idx],
-                                    rows=rows[idx], first_index=index)
+                yield ScheduleBatch(loop=loop, batch=batch, idx=idx, trace_ns=at[idx],
+                                    rows=rows[idx], first_index=index,
+                                    trace_pos_ns=pos[idx] if gap_cap is not None else None)
                 index += int(idx.size)
         if not any_rows:
             return
         loop_base += (last or 0) + loop_gap_ns
         loop += 1
+
+
+class IdleGapCap:
+    """Caps the gaps between consecutive rows of the schedule (module docstring): ``apply``
+    maps each batch's trace offsets to capped offsets, in schedule order, and counts what it
+    did. ``report()``: ``cap_s``, ``gaps_capped``, ``time_skipped_s`` (replay seconds),
+    ``trace_time_skipped_s``, and ``map``: for the first ``MAP_LIMIT`` capped gaps, the row
+    after the gap with its trace and replay time (s from the first row); every later row of
+    that stretch keeps its distance to it (divided by the speed-up)."""
+
+    MAP_LIMIT = 1000
+
+    def __init__(self, cap_s: float, speedup: float) -> None:
+        if not cap_s > 0 or not speedup > 0:
+            raise ValueError("cap_s and speedup must be > 0")
+        self.cap_s, self.speedup = float(cap_s), float(speedup)
+        self.cap_trace_ns = int(round(cap_s * 1e9 * speedup))
+        self.prev_ns: int | None = None
+        self.skipped_ns = 0  # trace ns skipped so far
+        self.gaps = 0
+        self.map: list[dict] = []
+
+    def apply(self, trace_ns: np.ndarray, rows: np.ndarray | None = None, loop: int = 0) -> np.ndarray:
+        ts = np.asarray(trace_ns, dtype=np.int64)
+        if ts.size == 0:
+            return ts
+        prev = ts[0] if self.prev_ns is None else self.prev_ns
+        gaps = np.diff(ts, prepend=np.int64(prev))
+        excess = np.maximum(gaps - self.cap_trace_ns, 0)
+        skipped = self.skipped_ns + np.cumsum(excess)
+        out = ts - skipped
+        for i in np.flatnonzero(excess)[: max(0, self.MAP_LIMIT - len(self.map))]:
+            self.map.append({"loop": int(loop), "row": int(rows[i]) if rows is not None else None,
+                             "trace_s": int(ts[i]) / 1e9, "replay_s": int(out[i]) / 1e9 / self.speedup})
+        self.gaps += int(np.count_nonzero(excess))
+        self.skipped_ns = int(skipped[-1])
+        self.prev_ns = int(ts[-1])
+        return out
+
+    def report(self) -> dict:
+        return {"cap_s": self.cap_s, "gaps_capped": self.gaps, "time_skipped_s": self.skipped_ns / 1e9 / self.speedup,
+                "trace_time_skipped_s": self.skipped_ns / 1e9, "map": self.map}
 
 
 class Timeline:
