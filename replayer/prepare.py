@@ -118,6 +118,31 @@ def _grows(batch: object, kind: str, session: object) -> bool:
     return session is not None and getattr(batch, "hash_ids_synthetic", False) and kind in (COMPLETIONS, CHAT)
 
 
+#: ``--session-header`` presets: the header names routers read a session id from. Dynamo
+#: (docs "Identify Agent Sessions"): ``X-Dynamo-Session-ID``; AIBrix (gateway
+#: ``HeaderSessionKey``): ``x-aibrix-session-key``, read only with the ``session-affinity``
+#: routing strategy, so the preset also sends ``routing-strategy: session-affinity``.
+SESSION_HEADER_PRESETS = {"dynamo": ("X-Dynamo-Session-ID",),
+                          "aibrix": ("x-aibrix-session-key", "routing-strategy: session-affinity")}
+
+
+def session_header_lines(setting: str | None) -> bytes | None:
+    """The header lines of ``--session-header`` as a bytes template with one ``%s`` (the value)."""
+    if setting is None:
+        return None
+    name, *extra = SESSION_HEADER_PRESETS.get(setting.lower(), (setting,))
+    return b"".join([name.encode("ascii") + b": %s\r\n", *(e.encode("ascii") + b"\r\n" for e in extra)])
+
+
+def session_header_value(session: str, loop: int) -> bytes:
+    """A session id as a header value: the id itself in loop 0, ``<id>.loop<k>`` in loop k (another
+    pass is another conversation); bytes outside visible ASCII and ``%`` percent-encoded (UTF-8)."""
+    from urllib.parse import quote
+
+    v = session if loop == 0 else f"{session}.loop{loop}"
+    return quote(v, safe="".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")).encode("ascii")
+
+
 class RequestFactory:
     """Builds the PreparedRequest (``prepare``) or the never-sent RequestResult (``unsent``) of
     item ``j`` of a schedule batch. Raises ValueError for a row its settings cannot build (a
@@ -139,6 +164,7 @@ class RequestFactory:
         self.default_endpoint = endpoint_kind(cfg.endpoint)
         self.text_mode = cfg.prompt_mode == "text"
         self.sessions = cfg.session_policy != "off"
+        self.session_header = session_header_lines(cfg.session_header)
         self._histories: OrderedDict[object, _History] = OrderedDict()
         self._history_tokens = 0
         self._seen: tuple[object, int, int] | None = None  # (batch, loop, next row to observe)
@@ -168,6 +194,8 @@ class RequestFactory:
         if self.run_id is not None:
             req.x_request_id = rid = self.request_id(sb.loop, req.row)
             req.headers = b"X-Request-Id: " + rid.encode("ascii") + b"\r\n"
+        if self.session_header is not None and session is not None:
+            req.headers += self.session_header % session_header_value(session, sb.loop)
         if self.sessions:
             self._session_keys(req, t, i, sb.loop, session)
         payload = self.payload.for_row(None if c_model is None else c_model[i],
