@@ -3,8 +3,8 @@
 The tenant names come from the mix (the config), a closed set fixed before the run, so the
 ``tenant`` label is bounded. Metrics (only registered when the run has a mix):
 ``replayer_tenant_requests_total{tenant,outcome}``, ``replayer_tenant_ttft_seconds{tenant}``,
-``replayer_tenant_e2e_latency_seconds{tenant}`` and ``replayer_tenant_session_wait_seconds{tenant}``
-(histograms with the explicit log-spaced buckets of ``replayer.metrics``).
+``replayer_tenant_e2e_latency_seconds{tenant}`` (successful requests, as the run-wide histograms)
+and ``replayer_tenant_session_wait_seconds{tenant}`` (histograms with explicit log-spaced buckets).
 
 The summary's ``tenants`` section has, per tenant: requests by outcome, token totals, and
 count/mean/median/p99 (nearest rank, ``stats.Stat``) of TTFT, TPOT, E2E, dispatch lag and
@@ -51,13 +51,16 @@ class TenantMetrics:
         t = res.tenant
         if t not in self.tenants:
             return
-        self.requests.labels(t, Outcome(res.outcome).value).inc()
+        outcome = Outcome(res.outcome)
+        self.requests.labels(t, outcome.value).inc()
+        if res.session_wait_ms is not None:
+            self.wait.labels(t).observe(res.session_wait_ms / 1e3)
+        if outcome is not Outcome.SUCCESS:  # latency histograms hold successful requests only
+            return
         if res.ttft_ms is not None:
             self.ttft.labels(t).observe(res.ttft_ms / 1e3)
         if res.e2e_ms is not None:
             self.e2e.labels(t).observe(res.e2e_ms / 1e3)
-        if res.session_wait_ms is not None:
-            self.wait.labels(t).observe(res.session_wait_ms / 1e3)
 
 
 def tenant_sections(table) -> dict:
