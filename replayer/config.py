@@ -375,7 +375,7 @@ class RunConfig(BaseModel):
 #: settings a resumed run must share with the run it continues: they decide which rows exist
 #: and what each prompt is (a resume with another seed would mix two prompt sets in one folder)
 SAME_ON_RESUME = ("seed", "shard", "block_size", "vocab_range", "tokenizer", "prompt_mode", "loop_salt",
-                  "loop", "max_requests", "endpoint", "format", "map", "time_unit")
+                  "loop", "max_requests", "endpoint", "format", "map", "time_unit", "mix", "hash_id_scope")
 
 
 def recorded_settings(results_dir: str, *, workers: bool = False) -> dict:

@@ -86,3 +86,17 @@ def test_two_tenant_run_against_the_simulator(tmp_path):
         assert tenants[name]["median_ttft_ms"] is not None
         assert registry.get_sample_value("replayer_tenant_requests_total",
                                          {"tenant": name, "outcome": "success"}) == 5
+
+
+def test_a_resume_with_another_mix_is_refused(tmp_path):
+    from replayer.config import load_config
+    from replayer.daemon import StartupError, run_replay
+
+    res = tmp_path / "res"
+    base = {"results": str(res), "admin_port": 0, "quiet": True, "speedup": 8, "warm_connections": 2,
+            "scrape_target_metrics": False}
+    cfg = load_config({"mix": [f"{WEKA},tenant=a", f"{WEKA},tenant=b"], **base})
+    asyncio.run(asyncio.wait_for(run_replay(cfg, registry=CollectorRegistry()), 120))
+    again = load_config({"mix": [f"{WEKA},tenant=a", f"{WEKA},tenant=c"], **base, "resume": str(res)})
+    with pytest.raises(StartupError, match="--mix .*tenant=b.* there, .*tenant=c.* now"):
+        asyncio.run(asyncio.wait_for(run_replay(again, registry=CollectorRegistry()), 120))
