@@ -194,3 +194,12 @@ def test_copilot_prefix_equals_cached_tokens_on_the_simulator():
     got = asyncio.run(asyncio.wait_for(main(), 60))
     assert got == want == expected
     assert sum(got) == 960 + 1280 + 640 + 448
+
+
+def test_a_first_record_over_a_mebibyte_is_still_detected(tmp_path):
+    reqs = [{"t": i * 0.5, "type": "n", "in": 64 * 40, "out": 1, "hash_ids": list(range(1, 41))} for i in range(6000)]
+    p = tmp_path / "big.jsonl"
+    p.write_text(json.dumps({"id": "big", "block_size": 64, "hash_id_scope": "local", "requests": reqs}) + "\n")
+    assert p.stat().st_size > 1 << 20
+    t = read_trace(p)
+    assert t.metadata["format"] == "weka" and len(t) == 6000

@@ -160,8 +160,13 @@ def read_records(path: str, probs: _Problems) -> Iterator[tuple[int, Any]]:
             probs.add(lineno, "json", f"invalid JSON: {e}")
 
 
+_SNIFF_KEYS = ("requests", "turns", "round_index", "input_tokens_total")
+
+
 def first_record(path: str) -> Any:
-    """The first JSON record of ``path`` (for format detection), or None."""
+    """The first JSON record of ``path`` (for format detection), or None. Reads at most 1 MiB: a
+    first record longer than that (a Weka session can be megabytes) is judged by the keys that
+    appear in its first 64 KiB (the top-level keys come before the long lists)."""
     try:
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rb") as f:
@@ -169,24 +174,15 @@ def first_record(path: str) -> Any:
     except (OSError, EOFError):
         return None
     s = head.lstrip()
-    if s[:1] == b"{":
-        line = s.split(b"\n", 1)[0]
-        for text in (line, s):
-            try:
-                return orjson.loads(text)
-            except orjson.JSONDecodeError:
-                continue
-        try:  # one big object cut by the 1 MiB read: look at its keys' text
-            return {k: None for k in ("requests", "turns", "round_index") if f'"{k}"'.encode() in s[:65536]}
-        except Exception:  # pragma: no cover
-            return None
-    if s[:1] == b"[":
+    if s[:1] not in (b"{", b"["):
+        return None
+    for text in (s.split(b"\n", 1)[0], s):
         try:
-            arr = orjson.loads(s)
-            return arr[0] if arr else None
+            v = orjson.loads(text)
         except orjson.JSONDecodeError:
-            return {k: None for k in ("requests", "turns", "round_index") if f'"{k}"'.encode() in s[:65536]}
-    return None
+            continue
+        return (v[0] if v else None) if isinstance(v, list) else v
+    return {k: None for k in _SNIFF_KEYS if b'"%s"' % k.encode() in s[:65536]}
 
 
 def sniff(path: str) -> str | None:
