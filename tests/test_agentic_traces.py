@@ -29,7 +29,7 @@ def test_weka_sample_sessions_turns_waits_and_local_ids():
     t = read_trace(WEKA)
     assert t.metadata["format"] == "weka" and t.block_size == 64
     assert t.metadata["hash_id_scope"] == "local"
-    assert "1 subagent entries not replayed" in t.metadata["notes"]
+    assert "1 subagents replayed as sessions of their own" in t.metadata["notes"]
     a, b = _rows(t, "trace_0001"), _rows(t, "trace_0002")
     assert [t.turn[i] for i in a] == [0, 1, 2] and [t.turn[i] for i in b] == [0, 1]
     assert [int(t.timestamp_ns[i]) for i in a] == [0, 2_500_000_000, 6_000_000_000]
@@ -41,6 +41,15 @@ def test_weka_sample_sessions_turns_waits_and_local_ids():
     # local scope: id 1 of one session is not id 1 of the other
     assert t.hash_ids(b[0])[0] != h[0][0] and not set(t.hash_ids(b[1])) & set(np.concatenate(h))
     assert all(0 <= int(x) < 2**62 for x in t.hash_values)
+
+    # the subagent: a session of its own, inner t relative to its marker (3.0 s), first call
+    # waiting for the parent's call before the marker; it shares its record's blocks
+    sa = _rows(t, "trace_0001::sa:a1")
+    assert [int(t.timestamp_ns[i]) for i in sa] == [3_200_000_000, 3_800_000_000]
+    assert [t.request_id[i] for i in sa] == ["trace_0001::sa:a1#0", "trace_0001::sa:a1#1"]
+    assert [t.parent_request_id[i] for i in sa] == ["trace_0001#1", "trace_0001::sa:a1#0"]
+    assert list(t.hash_ids(sa[0])[:2]) == h[0][:2] and t.hash_ids(sa[1])[2] == t.hash_ids(sa[0])[2]
+    assert [t.parent_request_id[i] for i in a] == [None, "trace_0001#0", "trace_0001#1"]
 
 
 def test_weka_single_object_file_and_global_scope(tmp_path):

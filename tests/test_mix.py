@@ -41,10 +41,12 @@ def test_mix_times_sessions_and_tenants():
     t = _mix(f"{WEKA},tenant=a", f"{WEKA},tenant=b,offset_s=1,rate=2")
     a = [i for i in range(len(t)) if t.tenant[i] == "a"]
     b = [i for i in range(len(t)) if t.tenant[i] == "b"]
-    assert sorted(int(t.timestamp_ns[i]) // 10**6 for i in a) == [0, 0, 1500, 2500, 6000]
-    assert sorted(int(t.timestamp_ns[i]) // 10**6 for i in b) == [1000, 1000, 1750, 2250, 4000]
-    assert {t.session_id[i] for i in a} == {"a/trace_0001", "a/trace_0002"}
-    assert {t.session_id[i] for i in b} == {"b/trace_0001", "b/trace_0002"}
+    assert sorted(int(t.timestamp_ns[i]) // 10**6 for i in a) == [0, 0, 1500, 2500, 3200, 3800, 6000]
+    assert sorted(int(t.timestamp_ns[i]) // 10**6 for i in b) == [1000, 1000, 1750, 2250, 2600, 2900, 4000]
+    assert {t.session_id[i] for i in a} == {"a/trace_0001", "a/trace_0002", "a/trace_0001::sa:a1"}
+    assert {t.session_id[i] for i in b} == {"b/trace_0001", "b/trace_0002", "b/trace_0001::sa:a1"}
+    assert {t.parent_request_id[i] for i in b} == {None, "b/trace_0001#0", "b/trace_0001#1",
+                                                   "b/trace_0002#0", "b/trace_0001::sa:a1#0"}
     assert list(t.timestamp_ns) == sorted(t.timestamp_ns)
 
 
@@ -72,20 +74,22 @@ def test_two_tenant_run_against_the_simulator(tmp_path):
     registry = CollectorRegistry()
     summary = asyncio.run(asyncio.wait_for(run_replay(cfg, registry=registry), 120))
     rows = read_results(str(res)).to_pylist()
-    assert len(rows) == 10 and {r["tenant"] for r in rows} == {"a", "b"}
+    assert len(rows) == 14 and {r["tenant"] for r in rows} == {"a", "b"}
     assert all(r["session_id"].startswith(r["tenant"] + "/") for r in rows)
     assert all(r["outcome"] == "success" for r in rows)
-    # per session: trace_0001 shares 2 then 4 blocks of 64, trace_0002 shares 2: 512 tokens a tenant
-    assert summary["expected_prefix_hit_tokens"] == 1024
-    assert summary["server_prefix_cache_hit_tokens"] == 1024
+    # per record: trace_0001 shares 2 then 4 blocks of 64 (384 tokens), its subagent 2 blocks of the
+    # record's (128) then 2 blocks and the one full 16-token KV block of its first call's partial
+    # third block (144), trace_0002 shares 2 (128): 784 tokens a tenant, none across tenants
+    assert summary["expected_prefix_hit_tokens"] == 1568
+    assert summary["server_prefix_cache_hit_tokens"] == 1568
     tenants = json.loads((res / "summary.json").read_text())["tenants"]
     assert set(tenants) == {"a", "b"}
     for name in ("a", "b"):
-        assert tenants[name]["requests"] == 5 and tenants[name]["success"] == 5
-        assert tenants[name]["expected_prefix_hit_tokens"] == 512
+        assert tenants[name]["requests"] == 7 and tenants[name]["success"] == 7
+        assert tenants[name]["expected_prefix_hit_tokens"] == 784
         assert tenants[name]["median_ttft_ms"] is not None
         assert registry.get_sample_value("replayer_tenant_requests_total",
-                                         {"tenant": name, "outcome": "success"}) == 5
+                                         {"tenant": name, "outcome": "success"}) == 7
 
 
 def test_a_resume_with_another_mix_is_refused(tmp_path):

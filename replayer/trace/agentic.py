@@ -9,6 +9,8 @@ canonical rows (``_Raw``) in one documented way:
 * **session, turn, parent**: every call is a row with ``session_id`` = its session's id and
   ``turn`` = its 0-based position in the session; its parent is the call before it (the session
   chain), so with ``--session-policy wait`` a call is never sent before its predecessor ended.
+  A spawned session (a Weka subagent) has as first parent the spawning call: the rows then also
+  get ``request_id`` ``<session>#<turn>`` and ``parent_request_id``, and the gate follows them.
 * **waits**: ``wait_s`` (a tool batch, user idle time, think time: whatever the source says the
   session waited between the predecessor's end and this call) becomes ``think_time_s``; None
   leaves it unset (only the trace time applies).
@@ -74,11 +76,17 @@ class AgentCall:
 
 @dataclass
 class AgentSession:
-    """A session: its id, its calls in order, and whether its given hash ids are local to it."""
+    """A session: its id, its calls in order, and whether its given hash ids are local.
+
+    ``scope``: the name local ids are salted by (default: the session id; a Weka subagent uses
+    its record's, so it shares the record's blocks). ``spawned_by``: (session id, call index) of
+    the call whose end this session's first call waits for (a subagent), or None."""
 
     session_id: str
     calls: list[AgentCall] = field(default_factory=list)
     local_ids: bool = True
+    scope: str | None = None
+    spawned_by: tuple[str, int] | None = None
 
 
 # -- ids ---------------------------------------------------------------------------------------
@@ -267,11 +275,12 @@ def sessions_to_raw(sessions: list[AgentSession], fmt: str, block_size: int, pro
     match ``input_length``) name the call's record and field. ``notes`` are joined into the
     metadata key ``notes`` (what was adjusted, with counts)."""
     B = block_size
-    out: list[tuple] = []  # (time_ns, record, input, output, ids, session, turn, wait, model)
+    out: list[tuple] = []  # (time_ns, record, input, output, ids, session, turn, wait, model, parent)
     cut = 0
+    spawns = any(s.spawned_by is not None for s in sessions)
     for s in sessions:
-        key = scope_key(s.session_id)
-        fresh = _FreshIds(key)
+        key = scope_key(s.scope or s.session_id)
+        fresh = _FreshIds(scope_key(s.session_id))
         prev_ids: np.ndarray | None = None
         prev_len = 0
         for k, c in enumerate(s.calls):
@@ -296,8 +305,12 @@ def sessions_to_raw(sessions: list[AgentSession], fmt: str, block_size: int, pro
                     cut += 1
                 shared = prev_ids[:k_blocks] if prev_ids is not None else np.empty(0, np.int64)
                 ids = np.concatenate((shared, fresh.take(n_blocks - k_blocks)))
+            if k > 0:
+                parent = f"{s.session_id}#{k - 1}"
+            else:
+                parent = f"{s.spawned_by[0]}#{s.spawned_by[1]}" if s.spawned_by is not None else None
             out.append((c.time_ns, c.record, c.input_length, c.output_length, ids, s.session_id, k,
-                        np.nan if c.wait_s is None else c.wait_s, c.model))
+                        np.nan if c.wait_s is None else c.wait_s, c.model, parent))
             prev_ids, prev_len = ids, c.input_length
     if cut and notes is not None:
         notes.append(f"{cut} calls reused more tokens than the previous call's full blocks: cut to them")
@@ -306,7 +319,7 @@ def sessions_to_raw(sessions: list[AgentSession], fmt: str, block_size: int, pro
             probs.add(0, "file", "no LLM calls (empty trace)")
         return None
     out.sort(key=lambda r: r[0])  # time order (stable): sessions interleave as they ran
-    ts, rows, il, ol, hvals, sid, turn, think, model = (list(col) for col in zip(*out))
+    ts, rows, il, ol, hvals, sid, turn, think, model, parents = (list(col) for col in zip(*out))
     hlen = [ids.size for ids in hvals]
     n = len(rows)
     ones = np.ones(n, dtype=bool)
@@ -317,6 +330,9 @@ def sessions_to_raw(sessions: list[AgentSession], fmt: str, block_size: int, pro
                                 "think_time_s": np.asarray(think, dtype=np.float64)}
     if any(m is not None for m in model):
         optional["model"] = model
+    if spawns:  # a spawned session waits on a call of another: gate by request (session, call) ids
+        optional["request_id"] = [f"{a}#{k}" for a, k in zip(sid, turn)]
+        optional["parent_request_id"] = parents
     return _Raw(np.asarray(rows, dtype=np.int64), np.asarray(ts, dtype=np.int64), ones,
                 np.asarray(il, dtype=np.int64), ones.copy(), np.asarray(ol, dtype=np.int64), ones.copy(),
                 np.asarray(hlen, dtype=np.int64),
