@@ -91,12 +91,15 @@ def tenant_sections(table) -> dict:
     return out
 
 
-def read_tenant_sections(results_dir: str) -> dict:
-    """``tenant_sections`` of a results folder (``recorder.read_results``, the needed columns only)."""
+def read_tenant_sections(*results_dirs: str) -> dict:
+    """``tenant_sections`` of results folders together (shards, workers: ``recorder.read_results``,
+    the needed columns only)."""
+    import pyarrow as pa
+
     from .recorder import read_results
 
-    table = read_results(results_dir, columns=list(_COLUMNS))
-    return tenant_sections(table)
+    tables = [read_results(d, columns=list(_COLUMNS)) for d in results_dirs]
+    return tenant_sections(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
 
 
 def format_tenants(sections: dict) -> str:

@@ -248,6 +248,10 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
         for key in ("target_metrics", "server_prefix_cache_hit_tokens"):
             if key in best:
                 s[key] = best[key]
+    if any(o.get("tenants") for o in own):  # a mix: per-tenant sections over every folder
+        from .tenants import read_tenant_sections
+
+        s["tenants"] = read_tenant_sections(*dirs)
     s["merged_from"] = list(dirs)
     s["shards"] = [sorted(x)[0] if len(x) == 1 else sorted(x) for x in shards_by_dir]
     s["anchor_spread_s"] = (max(starts) - min(starts)) if starts else None

@@ -104,3 +104,21 @@ def test_a_resume_with_another_mix_is_refused(tmp_path):
     again = load_config({"mix": [f"{WEKA},tenant=a", f"{WEKA},tenant=c"], **base, "resume": str(res)})
     with pytest.raises(StartupError, match="--mix .*tenant=b.* there, .*tenant=c.* now"):
         asyncio.run(asyncio.wait_for(run_replay(again, registry=CollectorRegistry()), 120))
+
+
+def test_shards_of_a_mix_merge_into_per_tenant_sections(tmp_path):
+    from replayer.config import load_config
+    from replayer.daemon import run_replay
+    from replayer.workers import merge_results
+
+    dirs = []
+    for shard in ("0/2", "1/2"):
+        d = tmp_path / shard.replace("/", "-")
+        cfg = load_config({"mix": [f"{WEKA},tenant=a", f"{WEKA},tenant=b"], "shard": shard, "results": str(d),
+                           "admin_port": 0, "quiet": True, "speedup": 8, "warm_connections": 2,
+                           "scrape_target_metrics": False})
+        asyncio.run(asyncio.wait_for(run_replay(cfg, registry=CollectorRegistry()), 120))
+        dirs.append(str(d))
+    s = merge_results(dirs, str(tmp_path / "merged"), quiet=True)
+    assert {k: v["requests"] for k, v in s["tenants"].items()} == {"a": 7, "b": 7}
+    assert s["tenants"]["a"]["success"] == 7
