@@ -23,6 +23,16 @@ POSITIONAL = ("trace",)
 
 
 
+class _Traces(argparse.Action):
+    """The trace argument(s): one is ``trace``; several are ``trace`` (the first) and ``mix``."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if values:
+            setattr(namespace, "trace", values[0])
+            if len(values) > 1:
+                setattr(namespace, "mix", list(values))
+
+
 def _base_type(annotation: object) -> type:
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
@@ -38,7 +48,7 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
         default = "" if f.is_required() else f" [default: {f.default}]"
         help_text = f"{f.description}{unit}{default}"
         if name in POSITIONAL:  # `run A B ...`: several traces are a mix (one tenant each)
-            p.add_argument(name, nargs="*", default=argparse.SUPPRESS, help=help_text)
+            p.add_argument(name, nargs="*", default=argparse.SUPPRESS, action=_Traces, help=help_text)
         elif typing.get_origin(typ) is list:  # KEY:VALUE pairs (--goodput, as vllm bench serve takes it)
             p.add_argument(flag_name(name), dest=name, nargs="+", default=argparse.SUPPRESS,
                            metavar=name.upper(), help=help_text)
@@ -222,15 +232,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command in ("run", "sweep"):
         flags = {k: v for k, v in vars(args).items() if k in RunConfig.model_fields}
-        traces = flags.pop("trace", None) or []
-        if len(traces) == 1:
-            flags["trace"] = traces[0]
-        elif traces:
-            if "mix" in flags:
-                print(f"replayer {args.command}: give the traces of a mix either as arguments or with --mix, "
-                      "not both", file=sys.stderr)
-                return 2
-            flags["trace"], flags["mix"] = traces[0], traces
         try:
             values = read_config_file(args.config_file) if args.config_file else {}
             from_file = set(values) - set(flags)

@@ -72,6 +72,17 @@ PANELS: list[tuple[str, str, list[dict], int] | str] = [
      [dict(t, legendFormat=f"overhead {t['legendFormat']}") for t in quantiles("replayer_client_overhead_seconds",
                                                                                (0.5, 0.99))]
      + [dict(t, legendFormat=f"TTFT {t['legendFormat']}") for t in quantiles("replayer_ttft_seconds", (0.5,))], 12),
+    "Tenants (a mix of traces: replayer run A B; empty for one trace)",
+    ("Requests completed by tenant", "reqps", [
+        q(f'sum by (tenant) (rate(replayer_tenant_requests_total{{outcome="success"}}[{W}]))', "{{tenant}}"),
+        q(f'sum by (tenant) (rate(replayer_tenant_requests_total{{outcome="failed"}}[{W}]))', "{{tenant}} failed"),
+    ], 8),
+    ("TTFT p99 by tenant", "s", [
+        q(f"histogram_quantile(0.99, sum by (le, tenant) (rate(replayer_tenant_ttft_seconds_bucket[{W}])))",
+          "{{tenant}}")], 8),
+    ("Session wait p99 by tenant (turn held for its predecessor)", "s", [
+        q(f"histogram_quantile(0.99, sum by (le, tenant) (rate(replayer_tenant_session_wait_seconds_bucket[{W}])))",
+          "{{tenant}}")], 8),
     "Tokens and trace",
     ("Token throughput", "short", [
         q(f"sum(rate(replayer_prompt_tokens_sent_total[{W}]))", "prompt tokens sent/s"),
