@@ -267,12 +267,12 @@ class RequestFactory:
 
     def _session_keys(self, req: PreparedRequest, t: object, i: int, loop: int, session: str | None) -> None:
         parents = getattr(t, "parent_request_id", None)
-        if parents is not None:
-            rid = _col(t, "request_id", i)
+        rid = _col(t, "request_id", i)
+        if parents is not None and (rid is not None or parents[i] is not None):
             parent = parents[i]
             req.key = (loop, "r", rid) if rid is not None else None
             req.dep = (loop, "r", parent) if parent is not None else None
-        elif session is not None:
+        elif session is not None:  # (also a row of a mix whose own trace has no request chains)
             req.key = req.dep = (loop, "s", session)
         if req.dep is not None:
             think = _col(t, "think_time_s", i)

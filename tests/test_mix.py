@@ -122,3 +122,19 @@ def test_shards_of_a_mix_merge_into_per_tenant_sections(tmp_path):
     s = merge_results(dirs, str(tmp_path / "merged"), quiet=True)
     assert {k: v["requests"] for k, v in s["tenants"].items()} == {"a": 7, "b": 7}
     assert s["tenants"]["a"]["success"] == 7
+
+
+def test_sessions_stay_gated_when_another_trace_of_the_mix_chains_requests(tmp_path):
+    """The Weka sample's subagent gives the mix request/parent ids; the Copilot sample's rows have
+    none and still wait for their session's previous call (by session id)."""
+    from replayer.config import load_config
+    from replayer.daemon import run_replay
+    from replayer.recorder import read_results
+
+    res = tmp_path / "res"
+    cfg = load_config({"mix": [WEKA, str(DATA / "copilot_sample.jsonl")], "results": str(res), "admin_port": 0,
+                       "quiet": True, "speedup": 40, "warm_connections": 2, "scrape_target_metrics": False})
+    asyncio.run(asyncio.wait_for(run_replay(cfg, registry=CollectorRegistry()), 120))
+    rows = read_results(str(res), columns=["tenant", "turn", "session_wait_ms", "sent_ns"]).to_pylist()
+    later = [r for r in rows if r["tenant"] == "copilot_sample" and r["turn"] > 0]
+    assert len(later) == 4 and all(r["session_wait_ms"] is not None for r in later)
