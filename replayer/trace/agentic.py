@@ -23,10 +23,11 @@ canonical rows (``_Raw``) in one documented way:
   partial block (``reused % B`` tokens, < B) is sent as new tokens, and a reuse larger than the
   previous prompt's full blocks (a cache filled by something else) is cut to them, counted in
   the metadata note.
-* **hash scope**: ids that are local to a session (Weka ``hash_id_scope: "local"``) are salted by
-  the session, and synthesised ids are drawn from the session's own stream, so sessions never
-  share blocks by accident; the trace is then ``hash_id_scope`` "local" (``replayer.mix`` salts
-  it again per trace when traces are mixed). Ids stay below 2**62, clear of the synthesised range.
+* **hash scope**: given ids that are local (Weka ``hash_id_scope: "local"``) are salted by the
+  session's scope (its record: a Weka subagent shares its record's blocks), and fresh ids are
+  drawn from the session's own stream, so sessions of different scopes never share blocks by
+  accident; the trace is then ``hash_id_scope`` "local" (``trace.mix`` salts it again per trace
+  when traces are mixed). Ids stay below 2**62, clear of the synthesised range.
 
 A session's id in the rows is the source's, so results join back to the source.
 """
@@ -48,7 +49,6 @@ from .model import _Problems
 #: Hash ids made here stay below 2**62 (below the reserved synthesised range).
 ID_MASK = (1 << 62) - 1
 _M64 = (1 << 64) - 1
-_G = 0x9E3779B97F4A7C15
 AGENTIC_FORMATS = ("weka", "copilot", "tracelab")
 
 
