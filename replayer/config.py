@@ -40,7 +40,7 @@ class RunConfig(BaseModel):
 
     trace: str = Field(description="trace: canonical Parquet (file, folder or glob), Mooncake JSONL, "
                        "Azure CSV, or generic JSONL/CSV with --map")
-    format: str = Field("auto", description="trace format: auto, parquet, mooncake, azure, jsonl, csv, weka, copilot, tracelab")
+    format: str = Field("auto", description="trace format: auto, parquet, mooncake, azure, jsonl, csv, weka, copilot, tracelab, servegen")
     map: str | None = Field(None, description="column mapping for generic traces, e.g. timestamp=ts,input_length=n_in")
     time_unit: str | None = Field(None, description="timestamp unit of generic traces: s, ms, us, ns or datetime")
     validate_trace: str = Field("full", description="full: check every row before sending; lazy: check each "
@@ -93,6 +93,14 @@ class RunConfig(BaseModel):
     tokenizer: str | None = Field(None, description="local tokenizer.json or folder: use its non-special ids")
     prompt_mode: str = Field("tokens", description="tokens: prompt as token ids (exact); text: blocks "
                              "decoded with --tokenizer (the server re-tokenizes; drift is reported)")
+    image_size: str = Field("512x512", description="multimodal traces: WxH of every image whose row has no "
+                            "image_sizes")
+    image_format: str = Field("png", description="synthetic images as png (lossless) or jpeg")
+    image_token_rule: str = Field("qwen2-vl", description="expected image tokens per image when the trace has "
+                                  "no image_tokens: qwen2-vl (28-pixel patches merged 2x2, its min/max pixels), "
+                                  "llava (576), fixed:N, or none; a server count that differs is counted "
+                                  "(image_token_mismatches)")
+    image_cache_mb: int = Field(256, ge=1, description="memory bound of the cache of built images (base64 parts)")
     vllm_extensions: bool = Field(True, description="send ignore_eos and min_tokens (vLLM/SGLang)")
     control_token_env: str = Field("REPLAYER_CONTROL_TOKEN", description="environment variable holding "
                                    "the bearer token for the admin control endpoints (unset = open)")
@@ -183,6 +191,31 @@ class RunConfig(BaseModel):
         from .verdict import parse_goodput
 
         return parse_goodput(self.goodput)
+
+    @field_validator("image_size")
+    @classmethod
+    def _image_size(cls, v: str) -> str:
+        from .trace.images import parse_size
+
+        wh, err = parse_size(v)
+        if err:
+            raise ValueError(err)
+        return f"{wh[0]}x{wh[1]}"
+
+    @field_validator("image_format")
+    @classmethod
+    def _image_format(cls, v: str) -> str:
+        if v not in ("png", "jpeg"):
+            raise ValueError("must be png or jpeg")
+        return v
+
+    @field_validator("image_token_rule")
+    @classmethod
+    def _image_token_rule(cls, v: str) -> str:
+        from .image_tokens import parse_rule
+
+        parse_rule(v)
+        return v
 
     @field_validator("prompt_mode")
     @classmethod

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from .model import _OPTIONAL, _REQUIRED, TIME_UNITS, _Problems
 from .options import _Opts, _src, _synth_hash
 from .timestamps import _timestamps
+from .images import check_image_rows
 from .values import (_check_requests, _hash_from_lists, _hash_ids_from_strings, _hash_slow, _ints_checked,
                      _ints_from_list, _ints_slow, _optional_column)
 
@@ -109,7 +110,7 @@ def _raw_from_table(table: pa.Table, probs: _Problems, meta: dict[str, str], blo
     text: dict[str, list] = {}
     if opts.fmt in ("csv", "azure"):  # a bad cell makes the whole CSV column text: re-read the numbers
         for name in ("timestamp", "input_length", "output_length", "priority", "turn", "query_length",
-                     "think_time_s"):
+                     "think_time_s", "num_images", "image_tokens"):
             k = _src(opts, name)
             if k in table.column_names and (name != "timestamp" or meta["time_unit"] != "datetime"):
                 col = table.column(k)
@@ -149,6 +150,7 @@ def _raw_from_table(table: pa.Table, probs: _Problems, meta: dict[str, str], blo
         if k and k in names:
             optional[name] = _optional_column(name, text[name] if name in text else table.column(k), rows, probs)
     _check_requests(rows, il, il_ok, optional, probs)
+    check_image_rows(rows, optional, probs)
     return _Raw(rows, ts, ts_ok, il, il_ok, ol, ol_ok, hl, hv, hok, optional, ns, block_size, meta)
 
 

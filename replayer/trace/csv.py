@@ -34,7 +34,7 @@ def _read_csv(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
     if unit == "datetime":
         types[_src(opts, "timestamp")] = pa.string()
     for name in ("hash_ids", "request_id", "session_id", "model", "extra_body", "parent_request_id", "endpoint",
-                 "document_lengths"):
+                 "document_lengths", "image_ids", "image_sizes"):
         if _src(opts, name):
             types[_src(opts, name)] = pa.string()
     try:
@@ -51,7 +51,11 @@ def _read_csv(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
             return None
     bs = opts.block_size if opts.block_size is not None else DEFAULT_BLOCK_SIZE
     meta = {"format": opts.fmt, "time_unit": unit, "block_size": str(bs)}
-    if opts.fmt == "azure":
+    if opts.fmt == "azure" and "NumImages" in table.column_names:
+        meta["source"] = ("Azure LMM inference trace 2025 (AzurePublicDataset AzureLMMInferenceTrace_multimodal; "
+                          "ModServe, SoCC 2025): " + os.path.basename(path))
+        meta["license"] = "CC-BY-4.0"
+    elif opts.fmt == "azure":
         meta["source"] = ("Azure LLM inference trace 2023 (AzurePublicDataset AzureLLMInferenceTrace; "
                           "Splitwise, ISCA 2024): " + os.path.basename(path))
         meta["license"] = "CC-BY-4.0"

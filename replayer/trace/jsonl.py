@@ -18,6 +18,7 @@ from .columns import _Raw
 from .model import _OPTIONAL, _REQUIRED, DEFAULT_BLOCK_SIZE, DEFAULT_TIME_UNIT, _Problems
 from .options import _Opts, _src, _synth_hash
 from .timestamps import _timestamps
+from .images import check_image_rows
 from .values import _MISSING, _check_requests, _hash_from_lists, _ints_from_list, _optional_column, _type_name
 
 
@@ -28,8 +29,33 @@ def _lossy(v: Any) -> bool:
     return type(v) is float and len(repr(v)) > 16
 
 
-def _read_jsonl(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
-    """Mooncake / generic JSONL (or a JSON array): rows are physical line numbers (array: index+1)."""
+#: ServeGen content-hash traces (alibaba/ServeGen ``data/offline``): 16-token blocks, no arrival
+#: times (one batch task, submitted whole: every row at time 0) and no output lengths.
+SERVEGEN_BLOCK_SIZE = 16
+#: Output length given to ServeGen rows that have none (said in the trace's ``source`` metadata).
+SERVEGEN_OUTPUT_LENGTH = 128
+
+
+def _read_servegen(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
+    """ServeGen content-hash JSONL: ``request_id``, ``type``, ``input_length``, ``hash_ids``
+    (16-token blocks), ``img_ids`` (equal ids = the same image). Rows without ``timestamp`` arrive
+    at 0 (a batch task); rows without ``output_length`` get ``SERVEGEN_OUTPUT_LENGTH``."""
+    mapping = {"image_ids": "img_ids", **opts.mapping}
+    bs = opts.block_size if opts.block_size is not None else SERVEGEN_BLOCK_SIZE
+    o2 = _Opts("jsonl", bs, opts.strict, mapping, opts.time_unit, opts.allow_float_time)
+    raw = _read_jsonl(path, probs, o2, defaults={"timestamp": 0, "output_length": SERVEGEN_OUTPUT_LENGTH})
+    if raw is not None:
+        raw.metadata["format"] = "servegen"
+        raw.metadata["source"] = (f"ServeGen content-hash trace (alibaba/ServeGen data/offline; rows without "
+                                  f"output_length given {SERVEGEN_OUTPUT_LENGTH}, without timestamp 0): "
+                                  + path.rsplit("/", 1)[-1])
+        raw.metadata["license"] = "Apache-2.0"
+    return raw
+
+
+def _read_jsonl(path: str, probs: _Problems, opts: _Opts, defaults: dict | None = None) -> _Raw | None:
+    """Mooncake / generic JSONL (or a JSON array): rows are physical line numbers (array: index+1).
+    ``defaults``: values of keys a row does not have."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -78,6 +104,9 @@ def _read_jsonl(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
             objs.append(o)
             rows.append(lineno)
     del data
+    for k, v in (defaults or {}).items():
+        for o in objs:
+            o.setdefault(k, v)
     if not objs:
         if not probs:
             probs.add(0, "file", "no rows (empty trace)")
@@ -108,6 +137,7 @@ def _read_jsonl(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
         if k and any(k in o for o in objs):
             optional[name] = _optional_column(name, [o.get(k, _MISSING) for o in objs], rows_a, probs)
     _check_requests(rows_a, *cols["input_length"], optional, probs)
+    check_image_rows(rows_a, optional, probs)
     meta = {"format": opts.fmt, "time_unit": unit, "block_size": str(bs)}
     if not _src(opts, "hash_ids"):
         meta["hash_ids"] = "synthesised"

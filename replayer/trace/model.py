@@ -22,7 +22,7 @@ TIME_UNITS: dict[str, int] = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, 
 META_PREFIX = "replayer."
 MAX_PROBLEMS = 50
 #: Input formats (``fmt=``); ``"auto"`` picks one from the path (see :func:`read_trace`).
-FORMATS = ("parquet", "mooncake", "azure", "jsonl", "csv", "weka", "copilot", "tracelab")
+FORMATS = ("parquet", "mooncake", "azure", "jsonl", "csv", "weka", "copilot", "tracelab", "servegen")
 #: Time units accepted by ``time_unit=`` for the generic formats (``datetime``: ISO-8601 strings).
 READ_TIME_UNITS = ("s", "ms", "us", "ns", "datetime")
 #: Synthesised hash ids (rows of a trace without prefix information, e.g. the Azure trace) are
@@ -63,6 +63,8 @@ _OPTIONAL_TYPES: dict[str, pa.DataType] = {
     "extra_body": pa.string(), "turn": pa.int64(), "parent_request_id": pa.string(),
     "think_time_s": pa.float64(), "endpoint": pa.string(), "query_length": pa.int64(),
     "document_lengths": pa.list_(pa.int64()), "tenant": pa.string(),
+    "image_ids": pa.list_(pa.string()), "image_sizes": pa.list_(pa.string()), "num_images": pa.int64(),
+    "image_tokens": pa.int64(),
 }
 _OPTIONAL = tuple(_OPTIONAL_TYPES)
 _FIELD_ORDER = {
@@ -177,6 +179,10 @@ class Trace:
       ``int | None`` (tokens, >= 1); ``document_lengths`` ``list[int] | None`` (tokens per
       document, each >= 1; with ``query_length`` they add up to ``input_length``).
     * ``tenant`` ``str | None``: the tenant of each row (the trace it came from in a mix).
+    * Image columns (``trace.images``): ``image_ids`` ``list[str] | None`` (equal ids = the same
+      image), ``image_sizes`` ``list[str] | None`` (``"WxH"`` per image), ``num_images``
+      ``int | None`` (a count only: each image a new one), ``image_tokens`` ``int | None``
+      (expected image tokens of the row's images together).
     * ``hash_ids_synthetic``: the hash ids were synthesised (no prefix information in the source:
       Azure CSV, ``hash_ids=`` mapping); metadata ``hash_ids`` is then ``"synthesised"``.
     * ``metadata``: ``schema_version``, ``block_size``, ``time_unit`` (unit of the source's
@@ -211,6 +217,10 @@ class Trace:
     hash_ids_synthetic: bool = False
     #: the tenant (trace of a mix, ``replayer.trace.mix``) of each row, or None
     tenant: list[str | None] | None = None
+    image_ids: list[list[str] | None] | None = None
+    image_sizes: list[list[str] | None] | None = None
+    num_images: list[int | None] | None = None
+    image_tokens: list[int | None] | None = None
 
     def __len__(self) -> int:
         return int(self.input_length.shape[0])

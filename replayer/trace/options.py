@@ -17,7 +17,7 @@ from .model import _OPTIONAL, _REQUIRED, SYNTH_ID_BASE
 
 _ALL_FIELDS = (*_REQUIRED, *_OPTIONAL)
 _AZURE_MAP = {"timestamp": "TIMESTAMP", "input_length": "ContextTokens", "output_length": "GeneratedTokens",
-              "hash_ids": ""}
+              "hash_ids": "", "num_images": "NumImages"}
 
 
 def parse_mapping(text: str | dict[str, str] | None) -> dict[str, str]:
@@ -26,7 +26,7 @@ def parse_mapping(text: str | dict[str, str] | None) -> dict[str, str]:
     Keys must be canonical field names (``timestamp``, ``input_length``, ``output_length``,
     ``hash_ids``, ``request_id``, ``session_id``, ``model``, ``priority``, ``extra_body``,
     ``turn``, ``parent_request_id``, ``think_time_s``, ``endpoint``, ``query_length``,
-    ``document_lengths``); an empty value for ``hash_ids`` (``hash_ids=``) means "no prefix
+    ``document_lengths``, ``image_ids``, ``image_sizes``, ``num_images``, ``image_tokens``); an empty value for ``hash_ids`` (``hash_ids=``) means "no prefix
     information: synthesise unique ids".
     Raises ValueError naming the bad entry.
     """

@@ -16,7 +16,7 @@ import numpy as np
 from .agentic import AGENTIC_FORMATS, sniff
 from .columns import _check_hash_counts, _Raw
 from .csv import AZURE_COLUMNS, _read_csv, _sniff_csv_header
-from .jsonl import _read_jsonl
+from .jsonl import _read_jsonl, _read_servegen
 from .model import (_INT64_MAX, _OPTIONAL, FORMATS, READ_TIME_UNITS, Trace, TraceError, TraceOrderWarning,
                     TraceProblem, _Problems, _readonly)
 from .options import _AZURE_MAP, _Opts, parse_mapping
@@ -46,7 +46,7 @@ def _resolve(path: str, fmt: str, block_size: int | None, strict: bool, mapping,
         elif os.path.isdir(path) or ext in (".parquet", ".pq") or (any(c in path for c in "*?[") and not os.path.exists(path)):
             kind = "parquet"
         elif ext in (".jsonl", ".json"):
-            kind = "jsonl" if (mapping or time_unit) else "mooncake"
+            kind = "jsonl" if (mapping or time_unit) else ("servegen" if _is_servegen(path) else "mooncake")
         elif ext == ".csv":
             head = set(_sniff_csv_header(path))
             kind = "azure" if (not mapping and len(head.intersection(AZURE_COLUMNS)) >= 2) else "csv"
@@ -63,8 +63,18 @@ def _resolve(path: str, fmt: str, block_size: int | None, strict: bool, mapping,
         mapping = {**_AZURE_MAP, **mapping}
     if kind == "mooncake" and time_unit not in (None, "ms"):
         kind = "jsonl"
-    allow_float = kind in ("mooncake", "jsonl", "csv", "azure") or time_unit is not None
+    allow_float = kind in ("mooncake", "jsonl", "csv", "azure", "servegen") or time_unit is not None
     return _Opts(kind, block_size, strict, mapping, time_unit, allow_float)
+
+
+def _is_servegen(path: str) -> bool:
+    """A JSONL file whose first row has ServeGen's ``img_ids`` and no ``timestamp``."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 20)
+    except OSError:
+        return False
+    return b'"img_ids"' in first and b'"timestamp"' not in first
 
 
 class _Sessions:
@@ -248,7 +258,8 @@ def _not_text(path: str, fmt: str) -> str | None:
 
 
 _READERS = {"parquet": _read_parquet, "mooncake": _read_jsonl, "jsonl": _read_jsonl, "csv": _read_csv,
-            "azure": _read_csv, "weka": _read_weka, "copilot": _read_copilot, "tracelab": _read_tracelab}
+            "azure": _read_csv, "weka": _read_weka, "copilot": _read_copilot, "tracelab": _read_tracelab,
+            "servegen": _read_servegen}
 
 
 def read_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | None = None,

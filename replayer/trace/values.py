@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from .model import (_ENDPOINT_PATH, _HEX, _INT64_MAX, _MIN, _QUERY_ENDPOINTS, _U64, ENDPOINTS, EXTRA_BODY_RESERVED,
                     HASH_ID_KEY, _Problems)
+from .images import IMAGE_COLUMNS, image_value
 
 
 # --------------------------------------------------------------------------------------------
@@ -353,6 +354,13 @@ def _without_nulls(v: Any) -> Any:
 
 def _optional_from_list(name: str, values: list, rows: np.ndarray, probs: _Problems) -> list:
     out: list = []
+    if name in IMAGE_COLUMNS:
+        for i, v in enumerate(values):
+            val, err = (None, None) if v is _MISSING or v is None else image_value(name, v)
+            if err is not None:
+                probs.add(rows[i], name, err)
+            out.append(val)
+        return out
     for i, v in enumerate(values):
         if v is _MISSING or v is None:
             out.append(None)
