@@ -725,6 +725,9 @@ def _measure(res: RequestResult, acc: StreamAccumulator, sent: int, t0: int,
     """Copy the accumulator's measurements (and the decoder's invalid-UTF-8 count) into ``res``
     (times as offsets from ``t0``)."""
     res.prompt_tokens = acc.prompt_tokens
+    res.image_tokens = acc.image_tokens
+    if acc.image_tokens is not None and acc.prompt_tokens is not None:
+        res.text_tokens = acc.prompt_tokens - acc.image_tokens
     res.completion_tokens = acc.completion_tokens
     res.usage_source = "server" if acc.usage_seen else "none"
     res.n_chunks = acc.n_chunks

@@ -35,6 +35,7 @@ from .clock import Anchor, now_ns
 from .config import SAME_ON_RESUME, RunConfig, flag_name, new_run_id
 from .dispatcher import Dispatcher, Observer
 from .gcpacer import GcPacer
+from .imagerows import ImageEndpointError, check_image_endpoints, may_have_images
 from .launcher import Launcher
 from .logs import ErrorBurstLog, setup_logging
 from .console import LiveConsole
@@ -360,6 +361,11 @@ def open_batches_factory(cfg: RunConfig):
         source.validate()
     if not cfg.tokenizer and _may_have_endpoints(source, cfg):
         check_endpoints(source.batches(BATCH_ROWS), cfg.trace)
+    if may_have_images(source, cfg.map):
+        try:
+            check_image_endpoints(source.batches(BATCH_ROWS), cfg.trace, cfg.endpoint)
+        except ImageEndpointError as e:
+            raise StartupError(str(e)) from None
     span_ns = source.span_ns(cfg.max_requests)
     span_s = span_ns / 1e9 if span_ns is not None else None
     return (lambda: source.batches(BATCH_ROWS)), source.block_size, source.num_rows, span_s
@@ -664,6 +670,9 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         hits = summary["target_metrics"]["deltas"].get("prefix_cache_hits")
         if hits is not None:
             summary["server_prefix_cache_hit_tokens"] = hits
+        mm_hits = summary["target_metrics"]["deltas"].get("mm_cache_hits")
+        if mm_hits is not None and "images_sent" in summary:
+            summary["server_image_cache_hits"] = int(mm_hits) if float(mm_hits).is_integer() else mm_hits
     elif scraper is not None:
         summary["target_metrics"] = {"scrapes": 0, "scrape_errors": scraper.errors, "last_error": scraper.last_error}
     summary.update({"target": target, "target_embedded": _target_embedded(cfg), "model": model,

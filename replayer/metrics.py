@@ -297,6 +297,15 @@ class ReplayerMetrics:
         self.usage_mismatch = Counter("replayer_usage_mismatches",
                                       "Successful requests whose server usage differs from the trace.",
                                       ["field"], registry=r)
+        self.images_sent = Counter("replayer_images_sent", "Images sent (multimodal rows).", registry=r)
+        self.image_bytes_sent = Counter("replayer_image_bytes_sent", "Encoded bytes of the images sent "
+                                        "(before base64).", registry=r)
+        self.image_tokens = Counter("replayer_image_tokens", "Image tokens of requests that ended: server = "
+                                    "usage.prompt_tokens_details.image_tokens (when reported), expected = the "
+                                    "trace's image_tokens or --image-token-rule.", ["source"], registry=r)
+        self.image_token_mismatches = Counter(
+            "replayer_image_token_mismatches",
+            "Successful requests whose server-reported image tokens differ from the expected count.", registry=r)
         self.prefix_hit_tokens = Counter(
             "replayer_expected_prefix_cache_hit_tokens",
             "Prompt tokens the trace's hash ids say a prefix cache could serve (expected hits).", registry=r)
@@ -328,6 +337,8 @@ class ReplayerMetrics:
         self._requests = {(o.value, k.value): self.requests.labels(o.value, k.value)
                           for o, k in _REQUEST_LABELS}
         self._mismatch = {f: self.usage_mismatch.labels(f) for f in USAGE_FIELDS}
+        self._image_tokens_server = self.image_tokens.labels("server")
+        self._image_tokens_expected = self.image_tokens.labels("expected")
         self._audit = {(e, a): self.pooling_audit.labels(e, a) for e in sorted(POOLING)
                        for a in ("ok", "inflated", "missing")}
         self._slo: dict[tuple[str, int], Counter] = {}
@@ -485,6 +496,8 @@ class ReplayerMetrics:
         if res.prompt_tokens is not None:
             c = self.server_prompt_tokens
             incs[c] = get(c, 0) + res.prompt_tokens
+        if res.images:
+            self._images(res, incs, get)
         if res.completion_tokens is not None:
             c = self.server_completion_tokens
             incs[c] = get(c, 0) + res.completion_tokens
@@ -507,14 +520,27 @@ class ReplayerMetrics:
         if res.endpoint in POOLING:
             return  # audited against its own expectations (replayer.audit)
         mismatch = self._mismatch
+        # an image request's prompt holds its image tokens: its text is audited when the server split them
+        prompt = res.prompt_tokens if not res.images else res.text_tokens
         if res.prompt_tokens is None:
             c = mismatch["missing"]
             incs[c] = get(c, 0) + 1
-        elif res.prompt_tokens != res.input_length:
+        elif prompt is not None and prompt != res.input_length:
             c = mismatch["prompt_tokens"]
             incs[c] = get(c, 0) + 1
         if res.completion_tokens is not None and res.completion_tokens != res.output_length:
             c = mismatch["completion_tokens"]
+            incs[c] = get(c, 0) + 1
+
+    def _images(self, res: RequestResult, incs: dict, get) -> None:
+        for c, n in ((self.images_sent, res.images), (self.image_bytes_sent, res.image_bytes),
+                     (self._image_tokens_server, res.image_tokens),
+                     (self._image_tokens_expected, res.expected_image_tokens)):
+            if n is not None:
+                incs[c] = get(c, 0) + n
+        if (res.outcome == "success" and res.image_tokens is not None and res.expected_image_tokens is not None
+                and res.image_tokens != res.expected_image_tokens):
+            c = self.image_token_mismatches
             incs[c] = get(c, 0) + 1
 
     # -- live view -------------------------------------------------------------------------

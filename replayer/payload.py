@@ -94,6 +94,10 @@ class PreparedRequest:
     #                                   built in the lead window like the body
     tenant: str | None = None         # the trace of a mix (replayer.trace.mix)
     trace_pos_ns: int | None = None   # the row's own trace offset when --idle-gap-cap moved trace_ns
+    images: int = 0                   # images in the body (multimodal rows; replayer.images)
+    image_bytes: int = 0              # their encoded size (before base64)
+    expected_image_tokens: int | None = None  # the trace's image_tokens, else the --image-token-rule's
+    expected_image_cache_hits: int = 0  # its images sent before in the run (an encoder cache could hit them)
 
     def new_result(self, shard: int, due_ns: int | None = None) -> RequestResult:
         """The result record this request starts with (outcome ``not_started``)."""
@@ -104,7 +108,10 @@ class PreparedRequest:
                              session_id=self.session_id, turn=self.turn, n_documents=self.n_documents,
                              expected_prompt_tokens_once=self.expected_once,
                              expected_prompt_tokens_per_document=self.expected_per_doc,
-                             x_request_id=self.x_request_id, tenant=self.tenant)
+                             x_request_id=self.x_request_id, tenant=self.tenant, images=self.images,
+                             image_bytes=self.image_bytes,
+                             expected_image_tokens=self.expected_image_tokens,
+                             expected_image_cache_hits=self.expected_image_cache_hits)
 
 
 class PayloadBuilder:
@@ -174,6 +181,12 @@ class PayloadBuilder:
         if self.chat if chat is None else chat:
             return self.messages_body([{"role": "user", "content": text}], max_tokens)
         return self.body(orjson.dumps(text), max_tokens)
+
+    def image_body(self, text: str, parts: list[bytes], max_tokens: int) -> bytes:
+        """Chat body of one user message whose content is the text, then the images: ``parts``
+        are content parts already serialised (``replayer.images.content_part``), only joined."""
+        content = b",".join((b'{"type":"text","text":' + orjson.dumps(text) + b"}", *parts))
+        return self.body(b'[{"role":"user","content":[' + content + b"]}]", max_tokens, key=b"messages")
 
     def messages_body(self, messages: list[dict], max_tokens: int) -> bytes:
         """Chat body for a list of ``{"role", "content"}`` messages (a conversation so far)."""

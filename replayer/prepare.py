@@ -36,6 +36,8 @@ import numpy as np
 import orjson
 
 from .config import RunConfig
+from .image_tokens import parse_rule
+from .images import ImageParts
 from .payload import CHAT, COMPLETIONS, EMBEDDINGS, POOLING, SCORE, PayloadBuilder, PreparedRequest, endpoint_kind
 from .prefix_cache import PrefixCacheModel
 from .prompts import PromptBuilder, TextPromptBuilder, mix64, salted_seed, vocab_from_range, vocab_from_tokenizer
@@ -104,7 +106,8 @@ class _History:
 
 
 #: optional per-row columns ``prepare`` reads (as ``_col`` would, looked up once per batch)
-_ROW_COLUMNS = ("endpoint", "session_id", "turn", "model", "priority", "extra_body", "tenant")
+_ROW_COLUMNS = ("endpoint", "session_id", "turn", "model", "priority", "extra_body", "tenant", "image_ids",
+                "num_images")
 
 
 def _col(batch: object, name: str, i: int):
@@ -169,6 +172,8 @@ class RequestFactory:
         self._history_tokens = 0
         self._seen: tuple[object, int, int] | None = None  # (batch, loop, next row to observe)
         self._cols: tuple = (None,)  # (batch, *its _ROW_COLUMNS or None)
+        self._image_src: ImageParts | None = None  # built on the first image
+        self._image_rule = None
 
     # -- the request --------------------------------------------------------------------------
     def prepare(self, sb: ScheduleBatch, j: int) -> PreparedRequest:
@@ -179,7 +184,7 @@ class RequestFactory:
         hash_ids = t.hash_ids(i)
         if self._cols[0] is not t:  # the batch's optional columns, looked up once per batch
             self._cols = (t, *(getattr(t, name, None) for name in _ROW_COLUMNS))
-        _, c_path, c_session, c_turn, c_model, c_priority, c_extra, c_tenant = self._cols
+        _, c_path, c_session, c_turn, c_model, c_priority, c_extra, c_tenant, c_img, c_nimg = self._cols
         path = None if c_path is None else c_path[i]
         kind = endpoint_kind(path) if path else self.default_endpoint
         session = None if c_session is None else c_session[i]
@@ -206,7 +211,15 @@ class RequestFactory:
         elif _grows(t, kind, session):
             self._grown(req, payload, hash_ids, (sb.loop, session), kind, sb.loop)
         else:
-            if kind == CHAT or self.text_mode:
+            ids = c_img[i] if c_img is not None else None
+            n_img = len(ids) if ids is not None else (c_nimg[i] if c_nimg is not None else None) or 0
+            if n_img:
+                if kind != CHAT:
+                    raise ValueError(f"row {req.row}: images need the chat API (--endpoint /v1/chat/completions "
+                                     f"--tokenizer PATH); {kind} takes no images")
+                text = self._text(sb.loop).prompt_text(hash_ids, n_in)
+                req.body = payload.image_body(text, self._image_parts(req, t, i, ids, n_img, sb.loop), n_out)
+            elif kind == CHAT or self.text_mode:
                 text = self._text(sb.loop).prompt_text(hash_ids, n_in)
                 req.body = payload.text_body(text, n_out, chat=kind == CHAT)
             else:
@@ -260,6 +273,32 @@ class RequestFactory:
         return f"{self.run_id}-{loop}-{row}"
 
     # -- pieces -------------------------------------------------------------------------------
+    def _image_parts(self, req: PreparedRequest, t, i: int, ids: list | None, n: int, loop: int) -> list[bytes]:
+        """The row's images as chat content parts (built once per (seed, id, size), then cached):
+        ids from ``image_ids`` (equal ids = the same image) or, with only ``num_images``, ids of the
+        row's own (each image new); sizes from ``image_sizes``, else ``--image-size``. Sets the
+        request's image count, bytes and expected image tokens."""
+        if self._image_src is None:
+            self._image_src = ImageParts(self.cfg.image_format, self.cfg.image_cache_mb << 20)
+            self._image_rule = parse_rule(self.cfg.image_token_rule)
+        sizes = _col(t, "image_sizes", i)
+        seed = self.prompts.for_loop(loop).seed
+        parts, nbytes, expected, again = [], 0, 0, 0
+        for k in range(n):
+            image_id = ids[k] if ids is not None else f"#row{req.row}.{k}"
+            w, h = (int(x) for x in (sizes[k] if sizes else self.cfg.image_size).split("x"))
+            part, size = self._image_src.part(seed, image_id, w, h)
+            again += self._image_src.seen(seed, image_id, w, h)
+            parts.append(part)
+            nbytes += size
+            if self._image_rule is not None:
+                expected += self._image_rule(w, h)
+        req.images, req.image_bytes, req.expected_image_cache_hits = n, nbytes, again
+        trace_tokens = _col(t, "image_tokens", i)
+        req.expected_image_tokens = trace_tokens if trace_tokens is not None else (
+            expected if self._image_rule is not None else None)
+        return parts
+
     def _text(self, loop: int) -> TextPromptBuilder:
         if not self.prompts.tokenizer:
             raise ValueError("this row needs text (chat, score or rerank endpoint): pass --tokenizer PATH")

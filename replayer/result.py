@@ -92,6 +92,15 @@ class RequestResult:
     client_overhead_ms: float | None = None  # ttft_ms - (server queue + server TTFT): network, the server's
     #                                          HTTP/tokenizer front end and this client (never below 0 in theory)
     tenant: str | None = None      # the trace of a mix this row came from (replayer.trace.mix); None unmixed
+    # multimodal rows: images sent and their encoded bytes; image tokens expected (the trace's
+    # image_tokens or --image-token-rule) and as the server reported them
+    # (usage.prompt_tokens_details.image_tokens); text_tokens = prompt_tokens - image_tokens when both are known
+    images: int = 0
+    image_bytes: int = 0
+    expected_image_tokens: int | None = None
+    image_tokens: int | None = None
+    text_tokens: int | None = None
+    expected_image_cache_hits: int = 0  # images of this request sent before in the run
     itl_ms: list[float] = field(default_factory=list)
 
 
@@ -113,6 +122,8 @@ _TYPES: dict[str, pa.DataType] = {
     "partial_output_tokens": pa.int64(), "x_request_id": pa.string(), "server_queue_time_ms": pa.float64(),
     "server_time_to_first_token_ms": pa.float64(), "server_generation_time_ms": pa.float64(),
     "client_overhead_ms": pa.float64(), "tenant": pa.string(),
+    "images": pa.int32(), "image_bytes": pa.int64(), "expected_image_tokens": pa.int64(), "image_tokens": pa.int64(),
+    "text_tokens": pa.int64(), "expected_image_cache_hits": pa.int32(),
     "itl_ms": pa.list_(pa.float32()),
 }
 

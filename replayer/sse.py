@@ -302,7 +302,8 @@ class StreamAccumulator:
       wrong);
     * ``first_token_ns`` / ``last_token_ns`` (int ns | None): the TTFT and E2E event times;
     * ``prompt_tokens`` / ``completion_tokens`` / ``total_tokens`` (int | None) from the last
-      non-null usage object;
+      non-null usage object; ``image_tokens`` (int | None) its
+      ``prompt_tokens_details.image_tokens`` (None when the server did not report it);
       ``usage_seen``; ``output_tokens`` (int | None: completion_tokens; None without usage);
       ``output_tokens_estimate`` (int: tokens counted per event, an estimate for a stream
       without usage); ``n_chunks`` (choice events); ``finish_reason``; ``done_seen``;
@@ -318,7 +319,7 @@ class StreamAccumulator:
     carries tokens even with empty text; one whose count did not rise carries none).
     """
 
-    __slots__ = ("success", "error_kind", "error", "prompt_tokens", "completion_tokens",
+    __slots__ = ("success", "error_kind", "error", "prompt_tokens", "image_tokens", "completion_tokens",
                  "total_tokens", "usage_seen", "n_chunks", "finish_reason", "done_seen", "_times", "_flags",
                  "_totals", "_stream_err", "_proto_err", "_body", "_other", "_texts", "_dirty",
                  "_first", "_last", "_tok_t", "_tok_k", "_n_out", "invalid_utf8")
@@ -328,6 +329,7 @@ class StreamAccumulator:
         self.error_kind = ErrorKind.NONE
         self.error: str | None = None
         self.prompt_tokens: int | None = None
+        self.image_tokens: int | None = None  # usage.prompt_tokens_details.image_tokens (None: not reported)
         self.completion_tokens: int | None = None
         self.total_tokens: int | None = None  # usage.total_tokens (all a rerank usage holds)
         self.usage_seen = False
@@ -426,6 +428,11 @@ class StreamAccumulator:
                 pt = usage.get("prompt_tokens")
                 if type(pt) is int:
                     self.prompt_tokens = pt
+                    details = usage.get("prompt_tokens_details")
+                    if type(details) is dict:
+                        it = details.get("image_tokens")
+                        if type(it) is int:
+                            self.image_tokens = it
                 tt = usage.get("total_tokens")
                 if type(tt) is int:
                     self.total_tokens = tt

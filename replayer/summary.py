@@ -24,6 +24,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import verdict
+from .imagestats import COLUMNS as IMAGE_COLUMNS
+from .imagestats import ImageFold
 from .stats import PERCENTILE_METHOD, Stat
 
 PERCENTILES = (50, 90, 99)
@@ -33,7 +35,7 @@ COLUMNS = ("outcome", "error_kind", "endpoint", "due_ns", "sent_ns", "end_ns", "
            "input_length", "output_length", "ttft_ms", "tpot_ms", "e2e_ms", "dispatch_lag_ms",
            "expected_prefix_hit_tokens", "usage_audit", "session_id", "session_wait_ms", "partial_output_tokens",
            "output_tokens_estimate", "invalid_utf8", "server_queue_time_ms", "server_time_to_first_token_ms",
-           "server_generation_time_ms", "client_overhead_ms", "itl_ms")
+           "server_generation_time_ms", "client_overhead_ms", *IMAGE_COLUMNS, "itl_ms")
 #: rows per batch read from a results file: ~1.4M ITL samples at Mooncake's ~350 tokens per
 #: request, ~11 MB a float64 copy (the end-of-run summary of a 250k-row folder peaked at 274 MB
 #: with 4,096, 346 MB with 8,192)
@@ -97,6 +99,7 @@ class SummaryFold:
         self.end_max = -math.inf
         self.drift_max_abs: int | None = None
         self.pooled = False
+        self.images = ImageFold()
 
     def stat(self, key: str) -> Stat:
         return self.stats.setdefault(key, Stat())
@@ -162,9 +165,16 @@ class SummaryFold:
                                   _f64(t.column("tpot_ms")), e2e, completion_all, self.slos)
             self.verdict = _add(self.verdict, verdict.fold(codes, completion_all))
         self.stat("dispatch_lag_ms").add(_f64(t.column("dispatch_lag_ms"))[was_sent])
-        # usage audit: the server's numbers against the trace's
+        self.images.add(t, was_sent, ok)
+        # usage audit: the server's numbers against the trace's (an image request's prompt also holds
+        # its image tokens: its text tokens are audited, where the server reported the split)
         has_usage = ~np.isnan(prompt)
         n["usage_missing"] += int((~has_usage | np.isnan(completion)).sum())
+        if "images" in names:
+            mm = np.nan_to_num(_f64(t.column("images"))[ok]) > 0
+            if mm.any():
+                prompt = np.where(mm, _f64(t.column("text_tokens"))[ok], prompt)
+        has_usage &= ~np.isnan(prompt)
         n["prompt_token_mismatches"] += int((prompt[has_usage] != input_length[has_usage]).sum())
         drift = prompt[has_usage] - input_length[has_usage]  # server count - trace (text mode drifts)
         n["prompt_token_drift_total"] += int(drift.sum())
@@ -235,6 +245,7 @@ class SummaryFold:
         if other.drift_max_abs is not None:
             self.drift_max_abs = max(self.drift_max_abs or 0, other.drift_max_abs)
         self.pooled |= other.pooled
+        self.images.merge(other.images)
 
     def result(self) -> dict:
         """The summary dict (JSON-ready; None for n/a); ``duration`` from the first send to the
@@ -270,6 +281,7 @@ class SummaryFold:
         s["errors_by_kind"] = {k: self.errors[k] for k in sorted(self.errors)}
         if self.partial_known:
             s["partial_output_tokens"] = n["partial_output_tokens"]
+        s.update(self.images.result())
         if self.endpoints and sorted(self.endpoints) != ["/v1/completions"]:
             s["endpoints"] = {k: {**self.endpoints[k], "e2el_ms": self._pct(f"e2el_ms {k}")} for k in sorted(self.endpoints)}
         if self.pooled:
@@ -505,6 +517,16 @@ def format_summary(s: dict) -> str:
     if expected is not None or server is not None:
         rows.append("Prefix cache (prompt tokens served from it)")
         rows.append(("Expected from hash ids / server-reported", f"{fmt(expected)} / {fmt(server)}"))
+    if "images_sent" in s:
+        rows.append("Images (server counts the tokens)")
+        rows.append(("Image requests / images sent", f"{s['image_requests']:,} / {s['images_sent']:,}"))
+        rows.append(("Image bytes sent", s["image_bytes_sent"]))
+        rows.append(("Image tokens server / expected", f"{fmt(s['image_tokens_server'])} / "
+                                                       f"{fmt(s['image_tokens_expected'])}"))
+        rows.append(("Image-token mismatches / not reported", f"{s['image_token_mismatches']:,} / "
+                                                              f"{s['image_tokens_unknown']:,}"))
+        rows.append(("Image cache hits expected / server", f"{s['expected_image_cache_hits']:,} / "
+                                                           f"{fmt(s.get('server_image_cache_hits'))}"))
     if s.get("sessions"):
         ss = s["sessions"]
         rows.append("Sessions (turn waits for its predecessor)")

@@ -71,6 +71,8 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "num_preemptions": ("vllm:num_preemptions_total",),
     "prefix_cache_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
     "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    "mm_cache_queries": ("vllm:mm_cache_queries_total",),
+    "mm_cache_hits": ("vllm:mm_cache_hits_total",),
     "spec_decode_num_drafts": ("vllm:spec_decode_num_drafts_total",),
     "spec_decode_num_draft_tokens": ("vllm:spec_decode_num_draft_tokens_total",),
     "spec_decode_num_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total",),
@@ -184,6 +186,7 @@ def _derived(v: Mapping[str, float]) -> dict[str, float]:
         if k.startswith(prefix):
             _ratio(out, "spec_decode_acceptance_rate_per_pos{" + k[len(prefix):], val, drafts)
     _ratio(out, "prefix_cache_hit_rate", v.get("prefix_cache_hits"), v.get("prefix_cache_queries"))
+    _ratio(out, "mm_cache_hit_rate", v.get("mm_cache_hits"), v.get("mm_cache_queries"))
     for what in ("ttft", "e2e", "queue"):
         _ratio(out, f"server_mean_{what}_seconds", v.get(f"server_{what}_seconds_sum"),
                v.get(f"server_{what}_seconds_count"))

@@ -245,7 +245,7 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     s["run_id"] = run_ids[0] if len(run_ids) == 1 else (run_ids or None)
     if one_target or isinstance(setup.get("target"), str):  # one server, scraped by every folder:
         best = max(own, key=_scrape_coverage)  # its deltas, once: those of the folder that saw most of it
-        for key in ("target_metrics", "server_prefix_cache_hit_tokens"):
+        for key in ("target_metrics", "server_prefix_cache_hit_tokens", "server_image_cache_hits"):
             if key in best:
                 s[key] = best[key]
     if any(o.get("tenants") for o in own):  # a mix: per-tenant sections over every folder
