@@ -126,6 +126,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="as vLLM's flag: every completions/chat response carries its timings in a "
                    "'metrics' object (streams: on the final usage chunk); without it, only requests "
                    "with \"include_metrics\": true get them")
+    p.add_argument("--image-token-rule", default=d.image_token_rule,
+                   help="tokens of each decoded image: qwen2-vl, llava (576), fixed:N or none (0); the "
+                   "default is replayer run's default expectation")
+    p.add_argument("--encoder-cache-images", type=int, default=d.encoder_cache_images,
+                   help="images the encoder cache holds (LRU keyed by image content; 0 = no cache)")
+    p.add_argument("--image-encode-us-per-token", type=float, default=d.image_encode_us_per_token,
+                   help="simulated encoder time per image token, skipped when the image hits the encoder cache")
+    p.add_argument("--no-prompt-tokens-details", dest="prompt_tokens_details", action="store_false",
+                   help="leave usage.prompt_tokens_details (image_tokens) out, as vLLM does without "
+                   "--enable-prompt-tokens-details")
     return p
 
 
@@ -142,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
             record_requests=False, record_limit=a.record_limit,
             embedding_dim=a.embedding_dim, score_usage=a.score_usage,
             score_usage_inflate_tokens=a.inflate_score_usage, tokens_per_chunk=a.tokens_per_chunk,
-            per_request_metrics=a.enable_per_request_metrics)
+            per_request_metrics=a.enable_per_request_metrics, image_token_rule=a.image_token_rule,
+            encoder_cache_images=a.encoder_cache_images, image_encode_us_per_token=a.image_encode_us_per_token,
+            prompt_tokens_details=a.prompt_tokens_details)
     except ValueError as e:
         print(f"replayer sim: {e}", file=sys.stderr)
         return 2

@@ -34,7 +34,8 @@ class _Req:
     """A request in prefill/decode; mutated only on the event loop."""
 
     __slots__ = ("max_tokens", "prompt_tokens", "generated", "transport", "chunk",
-                 "chunked", "continuous", "base", "done", "t_first", "aborted", "chat", "last", "timing")
+                 "chunked", "continuous", "base", "done", "t_first", "aborted", "chat", "last", "timing",
+                 "details")
 
     def __init__(self, max_tokens: int, prompt_tokens: int, chat: bool) -> None:
         self.chat = chat           # chat.completion(.chunk) format instead of text_completion
@@ -53,6 +54,7 @@ class _Req:
         # per-request metrics asked for (vLLM --enable-per-request-metrics / include_metrics):
         # [queued, scheduled, first token] in time.perf_counter() seconds; None = not asked
         self.timing: list[float] | None = None
+        self.details: dict[str, int] | None = None  # usage.prompt_tokens_details (image requests)
 
 
 class _Engine:
@@ -217,6 +219,8 @@ class _Engine:
             obj["usage"] = {"prompt_tokens": r.prompt_tokens,
                             "completion_tokens": r.max_tokens,
                             "total_tokens": r.prompt_tokens + r.max_tokens}
+            if r.details is not None:
+                obj["usage"]["prompt_tokens_details"] = r.details
             if r.timing is not None:  # vLLM: on the final usage chunk only
                 obj["metrics"] = timing_metrics(r)
             out += b"data: " + orjson.dumps(obj) + b"\n\n"

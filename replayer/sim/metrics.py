@@ -54,6 +54,10 @@ class _Metrics:
         yield counter("vllm:prefix_cache_hits",
                       "Prefix cache hits, in terms of number of cached tokens.",
                       self.prefix_hits)
+        yield counter("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of "
+                      "queried items.", s._images.queries)
+        yield counter("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached "
+                      "items.", s._images.hits)
         m = CounterMetricFamily("vllm:request_success", "Count of successfully processed "
                                 "requests.", labels=labels + ["finished_reason"],
                                 created=self.created)

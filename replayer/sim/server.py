@@ -20,6 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .cache import _PrefixCache, prompt_block_hashes
 from .config import ReceivedRequest, SimConfig
+from .images import ImageError, SimImages
 from .engine import _DONE, _TOKEN_TEXT, _Engine, _frame, _Req, timing_metrics
 from .metrics import _Metrics
 from .pooling import EmbeddingsJob, PoolingError, PoolingJob, RerankJob, ScoreJob
@@ -63,6 +64,7 @@ class SimServer(_Engine):
         self.records_dropped = 0
         self._on_request = on_request
         self._cache = _PrefixCache(self.config.prefix_cache_tokens // self.config.kv_block_size)
+        self._images = SimImages(self.config.image_token_rule, self.config.encoder_cache_images)
         self._metrics = _Metrics(self)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self._metrics)
@@ -228,6 +230,7 @@ class SimServer(_Engine):
         if not isinstance(msgs, list) or not msgs:
             raise _BadRequest("messages must be a non-empty list")
         words: list[str] = []
+        images: list = []
         for m in msgs:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise _BadRequest('each message must be an object with a string "role"')
@@ -236,19 +239,29 @@ class SimServer(_Engine):
                 words += c.split()
             elif isinstance(c, list):
                 for part in c:
+                    if isinstance(part, dict) and part.get("type") == "image_url":
+                        url = part.get("image_url")
+                        try:
+                            images.append(self._images.decode(url.get("url") if isinstance(url, dict) else url))
+                        except ImageError as e:
+                            raise _BadRequest(str(e)) from None
+                        continue
                     if not (isinstance(part, dict) and part.get("type") == "text"
                             and isinstance(part.get("text"), str)):
-                        raise _BadRequest('the sim supports only {"type": "text", "text": '
-                                          '...} content parts')
+                        raise _BadRequest('the sim supports only {"type": "text", "text": ...} and '
+                                          '{"type": "image_url", ...} content parts')
                     words += part["text"].split()
             elif c is not None:
                 raise _BadRequest("message content must be a string, a list of parts or null")
-        if not words:
+        if not words and not images:
             raise _BadRequest("Prompt cannot be empty")
         ids = np.fromiter((hash(w) for w in words), dtype=np.int64, count=len(words))
+        if images:  # the images' placeholder tokens follow the text (as the replayer sends them)
+            ids = np.concatenate([ids, *(self._images.token_ids(im) for im in images)])
         mt = body.get("max_completion_tokens")  # vLLM: preferred over max_tokens
-        return msgs, ids, len(ids), self._opts(
-            body, body.get("max_tokens") if mt is None else mt, True, True)
+        o = self._opts(body, body.get("max_tokens") if mt is None else mt, True, True)
+        o["images"] = images
+        return msgs, ids, len(ids), o
 
     @staticmethod
     def _opts(body: dict[str, Any], max_tokens: Any, text: bool, chat: bool
@@ -380,8 +393,15 @@ class SimServer(_Engine):
             m = self._metrics
             m.prefix_queries += n_prompt
             m.prefix_hits += hits
-            ttft_s = (cfg.ttft_base_ms + cfg.prefill_us_per_token
-                      * (n_prompt - hits) / 1000.0) / 1000.0
+            encode_us = 0.0
+            images = o.get("images")
+            if images:  # encoder: images missing from the encoder cache are encoded (a hit skips it)
+                encode_us = cfg.image_encode_us_per_token * sum(
+                    im.tokens for im in images if not self._images.lookup(im))
+                if cfg.prompt_tokens_details:
+                    r.details = {"cached_tokens": hits, "image_tokens": sum(im.tokens for im in images)}
+            ttft_s = (cfg.ttft_base_ms + (cfg.prefill_us_per_token
+                      * (n_prompt - hits) + encode_us) / 1000.0) / 1000.0
             await asyncio.sleep(max(0.0, t_admit + ttft_s - loop.time()))
             if r.timing is not None:
                 r.timing[2] = time.perf_counter()
@@ -417,6 +437,8 @@ class SimServer(_Engine):
             m.success += 1
             usage = {"prompt_tokens": n_prompt, "completion_tokens": r.max_tokens,
                      "total_tokens": n_prompt + r.max_tokens}
+            if r.details is not None:
+                usage["prompt_tokens_details"] = r.details
             if r.chat:
                 body = {**r.base, "choices": [{
                     "index": 0, "message": {"role": "assistant", "reasoning_content": None,
