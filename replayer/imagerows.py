@@ -30,6 +30,25 @@ def image_count(batch, i: int) -> int:
     return (num[i] or 0) if num is not None else 0
 
 
+def row_images(batch, i: int, row: int, default_size: str) -> list[tuple[str, int, int]]:
+    """(image id, width, height) of each image of row ``i`` of a trace batch (``row``: its global
+    trace row): ids from ``image_ids`` (equal ids = the same image) or, with only ``num_images``,
+    ids of the row's own (``#row<row>.<k>``: each image new); sizes from ``image_sizes``, else
+    ``default_size`` (``WxH``)."""
+    n = image_count(batch, i)
+    if not n:
+        return []
+    ids = getattr(batch, "image_ids", None)
+    ids = ids[i] if ids is not None else None
+    sizes = getattr(batch, "image_sizes", None)
+    sizes = sizes[i] if sizes is not None else None
+    out = []
+    for k in range(n):
+        w, h = (sizes[k] if sizes else default_size).split("x")
+        out.append((ids[k] if ids is not None else f"#row{row}.{k}", int(w), int(h)))
+    return out
+
+
 def may_have_images(source, mapping: str | None) -> bool:
     """Whether the trace may carry image columns, without reading its rows (a loaded trace: the
     columns; Parquet: the schema; other sources: assume it may)."""

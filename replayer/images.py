@@ -20,7 +20,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import threading
 from collections import OrderedDict
+from concurrent.futures import Future
 
 import numpy as np
 
@@ -80,7 +82,7 @@ class ImageParts:
     """Content parts of synthetic images, cached (LRU bounded to ``cache_bytes`` of part text).
 
     ``part(seed, id, w, h)`` -> (part JSON bytes, encoded image bytes); ``built`` counts images
-    built (cache misses), ``hits`` parts served from the cache."""
+    built (cache misses, here or ahead), ``hits`` parts served from the cache."""
 
     def __init__(self, fmt: str = "png", cache_bytes: int = 256 << 20) -> None:
         if fmt not in FORMATS:
@@ -91,6 +93,9 @@ class ImageParts:
         self._held = 0
         self.built = 0
         self.hits = 0
+        self.waits = 0  # parts waited for while another thread built them
+        self._lock = threading.Lock()
+        self._building: dict[tuple, Future] = {}
         self._seen: OrderedDict[tuple, None] = OrderedDict()  # images sent before (expected cache hits)
 
     #: images remembered for ``seen`` (an LRU: the expectation of a cache of that many images)
@@ -109,18 +114,51 @@ class ImageParts:
         return False
 
     def part(self, seed: int, image_id: str, width: int, height: int) -> tuple[bytes, int]:
+        """The image's content part and encoded size: from the cache, else built now (or, when
+        another thread is building it, waited for). Thread-safe (``replayer.imageprefetch``
+        builds ahead in a thread)."""
         key = (seed, image_id, width, height)
-        got = self._cache.get(key)
-        if got is not None:
-            self._cache.move_to_end(key)
-            self.hits += 1
-            return got
-        data = image_bytes(seed, image_id, width, height, self.fmt)
-        got = (content_part(data, self.fmt), len(data))
-        self.built += 1
-        self._cache[key] = got
-        self._held += len(got[0])
-        while self._held > self.cache_bytes and len(self._cache) > 1:
-            _, old = self._cache.popitem(last=False)
-            self._held -= len(old[0])
+        with self._lock:
+            got = self._cache.get(key)
+            if got is not None:
+                self._cache.move_to_end(key)
+                self.hits += 1
+                return got
+            fut = self._building.get(key)
+            mine = fut is None
+            if mine:
+                fut = self._building[key] = Future()
+        if not mine:
+            self.waits += 1
+            return fut.result()
+        return self._build(key, fut)
+
+    def build_ahead(self, seed: int, image_id: str, width: int, height: int) -> bool:
+        """Build the image into the cache unless it is there or being built (False then)."""
+        key = (seed, image_id, width, height)
+        with self._lock:
+            if key in self._cache or key in self._building:
+                return False
+            fut = self._building[key] = Future()
+        self._build(key, fut)
+        return True
+
+    def _build(self, key: tuple, fut: Future) -> tuple[bytes, int]:
+        try:
+            data = image_bytes(*key, self.fmt)
+            got = (content_part(data, self.fmt), len(data))
+        except BaseException as e:
+            with self._lock:
+                del self._building[key]
+            fut.set_exception(e)
+            raise
+        with self._lock:
+            self.built += 1
+            self._cache[key] = got
+            self._held += len(got[0])
+            while self._held > self.cache_bytes and len(self._cache) > 1:
+                _, old = self._cache.popitem(last=False)
+                self._held -= len(old[0])
+            del self._building[key]
+        fut.set_result(got)
         return got

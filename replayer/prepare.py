@@ -37,6 +37,8 @@ import orjson
 
 from .config import RunConfig
 from .image_tokens import parse_rule
+from .imageprefetch import ImagePrefetch
+from .imagerows import row_images
 from .images import ImageParts
 from .payload import CHAT, COMPLETIONS, EMBEDDINGS, POOLING, SCORE, PayloadBuilder, PreparedRequest, endpoint_kind
 from .prefix_cache import PrefixCacheModel
@@ -174,6 +176,7 @@ class RequestFactory:
         self._cols: tuple = (None,)  # (batch, *its _ROW_COLUMNS or None)
         self._image_src: ImageParts | None = None  # built on the first image
         self._image_rule = None
+        self._prefetch: ImagePrefetch | None = None
 
     # -- the request --------------------------------------------------------------------------
     def prepare(self, sb: ScheduleBatch, j: int) -> PreparedRequest:
@@ -218,7 +221,7 @@ class RequestFactory:
                     raise ValueError(f"row {req.row}: images need the chat API (--endpoint /v1/chat/completions "
                                      f"--tokenizer PATH); {kind} takes no images")
                 text = self._text(sb.loop).prompt_text(hash_ids, n_in)
-                req.body = payload.image_body(text, self._image_parts(req, t, i, ids, n_img, sb.loop), n_out)
+                req.body = payload.image_body(text, self._image_parts(req, sb, j, t, i), n_out)
             elif kind == CHAT or self.text_mode:
                 text = self._text(sb.loop).prompt_text(hash_ids, n_in)
                 req.body = payload.text_body(text, n_out, chat=kind == CHAT)
@@ -273,26 +276,26 @@ class RequestFactory:
         return f"{self.run_id}-{loop}-{row}"
 
     # -- pieces -------------------------------------------------------------------------------
-    def _image_parts(self, req: PreparedRequest, t, i: int, ids: list | None, n: int, loop: int) -> list[bytes]:
-        """The row's images as chat content parts (built once per (seed, id, size), then cached):
-        ids from ``image_ids`` (equal ids = the same image) or, with only ``num_images``, ids of the
-        row's own (each image new); sizes from ``image_sizes``, else ``--image-size``. Sets the
-        request's image count, bytes and expected image tokens."""
+    def _image_parts(self, req: PreparedRequest, sb: ScheduleBatch, j: int, t, i: int) -> list[bytes]:
+        """The row's images as chat content parts (``imagerows.row_images``), from the image
+        cache (built ahead by ``imageprefetch`` or now). Sets the request's image count, bytes,
+        expected image tokens and expected image-cache hits."""
         if self._image_src is None:
             self._image_src = ImageParts(self.cfg.image_format, self.cfg.image_cache_mb << 20)
             self._image_rule = parse_rule(self.cfg.image_token_rule)
-        sizes = _col(t, "image_sizes", i)
-        seed = self.prompts.for_loop(loop).seed
+            self._prefetch = ImagePrefetch(self._image_src, self.cfg.image_size)
+        seed = self.prompts.for_loop(sb.loop).seed
+        self._prefetch.at(sb, j, seed)
         parts, nbytes, expected, again = [], 0, 0, 0
-        for k in range(n):
-            image_id = ids[k] if ids is not None else f"#row{req.row}.{k}"
-            w, h = (int(x) for x in (sizes[k] if sizes else self.cfg.image_size).split("x"))
+        images = row_images(t, i, req.row, self.cfg.image_size)
+        for image_id, w, h in images:
             part, size = self._image_src.part(seed, image_id, w, h)
             again += self._image_src.seen(seed, image_id, w, h)
             parts.append(part)
             nbytes += size
             if self._image_rule is not None:
                 expected += self._image_rule(w, h)
+        n = len(images)
         req.images, req.image_bytes, req.expected_image_cache_hits = n, nbytes, again
         trace_tokens = _col(t, "image_tokens", i)
         req.expected_image_tokens = trace_tokens if trace_tokens is not None else (

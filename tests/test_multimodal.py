@@ -291,3 +291,36 @@ def test_azure_lmm_counts_replay_each_image_new(tmp_path, sim_process):
     urls = [c["image_url"]["url"] for content in contents if isinstance(content, list)
             for c in content if c["type"] == "image_url"]
     assert len(urls) == 7 == len(set(urls))  # a count only: every image a new one
+
+
+def test_prefetch_builds_upcoming_rows_images_into_the_cache(tmp_path):
+    import time
+
+    from replayer.imageprefetch import ImagePrefetch
+    from replayer.schedule import ScheduleBatch
+
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(json.dumps({"timestamp": k, "input_length": 4, "output_length": 1, "hash_ids": [k],
+                                     "image_ids": [f"i{k}"], "image_sizes": ["96x64"]}) + "\n" for k in range(6)))
+    t = read_trace(p)
+    sb = ScheduleBatch(loop=0, batch=t, idx=np.arange(6), trace_ns=np.zeros(6, np.int64), rows=np.arange(6),
+                       first_index=0)
+    parts = ImageParts("png")
+    pre = ImagePrefetch(parts, "512x512", lookahead_rows=3)
+    parts.part(5, "i0", 96, 64)  # row 0, prepared now
+    pre.at(sb, 0, 5)
+    deadline = time.monotonic() + 60  # a bound for a slow machine, not a timing assertion
+    while pre.built < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pre.built == 3                                  # rows 1..3: at most 3 rows ahead
+    time.sleep(0.2)
+    assert pre.built == 3 and ("i4" not in {k[1] for k in parts._cache})
+    before = parts.built
+    assert parts.part(5, "i1", 96, 64)[0] == content_part_of(5, "i1")  # from the cache, same bytes
+    assert parts.built == before and parts.hits == 1
+
+
+def content_part_of(seed, image_id):
+    from replayer.images import content_part
+
+    return content_part(image_bytes(seed, image_id, 96, 64, "png"), "png")
