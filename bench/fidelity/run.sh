@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Measure replayer (or the lean reference client) with the neutral fidelity harness in
 # ../shared/bench/fidelity (issue 7's and issue 17's workloads).
-#   bench/fidelity/run.sh [W1 | stress SPEEDUP | tiny RATE] [WORK_DIR]
+#   bench/fidelity/run.sh [W1 | W1chat | W1mm | stress SPEEDUP | tiny RATE] [WORK_DIR]
 # W1     = first 600 s of the Mooncake conversation trace at 10x (1,750 rows);
+# W1chat = the same rows as chat text (word-level tokenizer, /v1/chat/completions);
+# W1mm   = W1chat plus a seeded synthetic image column (bench/fidelity/add_images.py);
 # stress = the same slice with outputs capped at 32 tokens at SPEEDUP;
 # tiny   = 1,000 requests of 16 prompt tokens and 1 output token, evenly spaced at RATE requests/s,
 #          against the harness server with no TTFT or ITL delay (issue 17's tiny requests).
@@ -30,11 +32,16 @@ with open(path, "w") as f:
                             "output_length": 1, "hash_ids": [i]}) + "\n")
 PYEOF
     SLICE_ARGS=(--trace "$W/tiny_r$R.jsonl" --first-n 1000 --speedup 1) ;;
+  W1mm|W1chat) S=10; W=${2:-$(mktemp -d)}; SLICE_ARGS=(--first-seconds 600 --speedup "$S"); NAME=$(echo "$MODE" | tr A-Z a-z) ;;
   *) S=10; W=${2:-$(mktemp -d)}; SLICE_ARGS=(--first-seconds 600 --speedup "$S"); NAME=w1 ;;
 esac
 TOOL=${TOOL:-replayer}
 rm -rf "$W/run_${NAME}_$TOOL"  # a fresh run folder: replayer keeps (and summarizes) results already in one
 $P "$H/trace_slice.py" "${SLICE_ARGS[@]}" --out-dir "$W/slice_$NAME" >/dev/null
+if [[ $MODE == W1mm || $MODE == W1chat ]]; then  # the W1 timing as chat text (W1chat), with images (W1mm)
+  "$ROOT/.venv/bin/python" "$ROOT/bench/fidelity/add_images.py" "$W/slice_$NAME" $([[ $MODE == W1chat ]] && echo --no-images)
+  REPLAYER_ARGS="--endpoint /v1/chat/completions --prompt-mode text --tokenizer $W/slice_$NAME/tokenizer.json ${REPLAYER_ARGS:-}"
+fi
 if [[ $TOOL == calib ]]; then RUNNER=(--tool calib); else RUNNER=(--runner "$ROOT/bench/fidelity/replayer_runner.sh"); fi
 $P "$H/harness.py" "${RUNNER[@]}" --slice "$W/slice_$NAME" --out "$W/run_${NAME}_$TOOL" --work-dir "$W" --name "$TOOL" \
   ${SERVER_ARGS:+"--server-args=$SERVER_ARGS"} ${REPLAYER_ARGS:+"--tool-args=$REPLAYER_ARGS"}
