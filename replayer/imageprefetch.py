@@ -5,18 +5,22 @@ A new image costs tens to hundreds of milliseconds (pixels, PNG/JPEG encoding: s
 loop that reads streams and hands requests to the launcher. So when preparation reaches a schedule
 batch, this thread walks the batch's rows from the one being prepared onwards and builds their
 images into the shared cache (``images.ImageParts``), at most ``LOOKAHEAD_ROWS`` rows ahead (so
-what it built is still cached when its row comes). Pillow's encoders and numpy's loops release
-the GIL for most of the work. A row prepared before the thread got to it builds its image itself
-(or waits for the build in progress): the result is the same bytes either way.
+what it built is still cached when its row comes). The building itself runs in a child process
+(a spawned interpreter): numpy's array copies hold the GIL, and a thread holding it would make
+the event loop wait; the thread only waits for the child's answer. A row prepared before the
+thread got to it builds its image itself (or waits for the build in progress): the result is the
+same bytes either way.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import threading
+from concurrent.futures import ProcessPoolExecutor
 
 from .imagerows import row_images
-from .images import ImageParts
+from .images import ImageParts, build_part
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,7 @@ class ImagePrefetch:
         self._pos = 0     # the item of it being prepared
         self._seed = 0    # its images' seed
         self._thread: threading.Thread | None = None
+        self._pool: ProcessPoolExecutor | None = None
         self.built = 0    # images this thread built
 
     def at(self, sb, j: int, seed: int) -> None:
@@ -62,6 +67,9 @@ class ImagePrefetch:
                         break
                     if not self._cond.wait(IDLE_EXIT_S):  # nothing prepared for a while: end (at() restarts it)
                         self._thread = None
+                        if self._pool is not None:
+                            self._pool.shutdown(wait=False)
+                            self._pool = None
                         return
             try:
                 self._row(sb, k, seed)
@@ -73,4 +81,9 @@ class ImagePrefetch:
         t = sb.batch
         i = int(sb.idx[k])
         for image_id, w, h in row_images(t, i, int(sb.rows[k]), self.default_size):
-            self.built += self.parts.build_ahead(seed, image_id, w, h)
+            self.built += self.parts.build_ahead(seed, image_id, w, h, self._in_child)
+
+    def _in_child(self, key: tuple, fmt: str) -> tuple[bytes, int]:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool.submit(build_part, key, fmt).result()

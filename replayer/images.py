@@ -22,6 +22,7 @@ import hashlib
 import io
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import numpy as np
@@ -76,6 +77,12 @@ def content_part(data: bytes, fmt: str) -> bytes:
     """The chat content part (JSON text) carrying ``data`` as a base64 data URL."""
     return b"".join((b'{"type":"image_url","image_url":{"url":"data:image/', fmt.encode(), b";base64,",
                      base64.b64encode(data), b'"}}'))
+
+
+def build_part(key: tuple, fmt: str) -> tuple[bytes, int]:
+    """(content part, encoded size) of the image ``key`` = (seed, id, width, height)."""
+    data = image_bytes(*key, fmt)
+    return content_part(data, fmt), len(data)
 
 
 class ImageParts:
@@ -133,20 +140,22 @@ class ImageParts:
             return fut.result()
         return self._build(key, fut)
 
-    def build_ahead(self, seed: int, image_id: str, width: int, height: int) -> bool:
-        """Build the image into the cache unless it is there or being built (False then)."""
+    def build_ahead(self, seed: int, image_id: str, width: int, height: int,
+                    build: Callable[[tuple, str], tuple[bytes, int]] | None = None) -> bool:
+        """Build the image into the cache unless it is there or being built (False then).
+        ``build(key, fmt)`` -> (part, size) builds it elsewhere (``imageprefetch``: in a process
+        of its own); default :func:`build_part`, here."""
         key = (seed, image_id, width, height)
         with self._lock:
             if key in self._cache or key in self._building:
                 return False
             fut = self._building[key] = Future()
-        self._build(key, fut)
+        self._build(key, fut, build)
         return True
 
-    def _build(self, key: tuple, fut: Future) -> tuple[bytes, int]:
+    def _build(self, key: tuple, fut: Future, build=None) -> tuple[bytes, int]:
         try:
-            data = image_bytes(*key, self.fmt)
-            got = (content_part(data, self.fmt), len(data))
+            got = (build or build_part)(key, self.fmt)
         except BaseException as e:
             with self._lock:
                 del self._building[key]

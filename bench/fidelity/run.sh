@@ -5,6 +5,7 @@
 # W1     = first 600 s of the Mooncake conversation trace at 10x (1,750 rows);
 # W1chat = the same rows as chat text (word-level tokenizer, /v1/chat/completions);
 # W1mm   = W1chat plus a seeded synthetic image column (bench/fidelity/add_images.py);
+#          SPEEDUP=S runs these two at another speed-up than 10;
 # stress = the same slice with outputs capped at 32 tokens at SPEEDUP;
 # tiny   = 1,000 requests of 16 prompt tokens and 1 output token, evenly spaced at RATE requests/s,
 #          against the harness server with no TTFT or ITL delay (issue 17's tiny requests).
@@ -32,7 +33,8 @@ with open(path, "w") as f:
                             "output_length": 1, "hash_ids": [i]}) + "\n")
 PYEOF
     SLICE_ARGS=(--trace "$W/tiny_r$R.jsonl" --first-n 1000 --speedup 1) ;;
-  W1mm|W1chat) S=10; W=${2:-$(mktemp -d)}; SLICE_ARGS=(--first-seconds 600 --speedup "$S"); NAME=$(echo "$MODE" | tr A-Z a-z) ;;
+  W1mm|W1chat) S=${SPEEDUP:-10}; W=${2:-$(mktemp -d)}; SLICE_ARGS=(--first-seconds 600 --speedup "$S")
+    NAME=$(echo "$MODE" | tr A-Z a-z)_s$S ;;
   *) S=10; W=${2:-$(mktemp -d)}; SLICE_ARGS=(--first-seconds 600 --speedup "$S"); NAME=w1 ;;
 esac
 TOOL=${TOOL:-replayer}
