@@ -6,6 +6,7 @@
 # W1chat = the same rows as chat text (word-level tokenizer, /v1/chat/completions);
 # W1mm   = W1chat plus a seeded synthetic image column (bench/fidelity/add_images.py);
 #          SPEEDUP=S runs these two at another speed-up than 10;
+# PORT=P serves the harness on port P (default 9100; another run on the host may hold it).
 # stress = the same slice with outputs capped at 32 tokens at SPEEDUP;
 # tiny   = 1,000 requests of 16 prompt tokens and 1 output token, evenly spaced at RATE requests/s,
 #          against the harness server with no TTFT or ITL delay (issue 17's tiny requests).
@@ -45,6 +46,6 @@ if [[ $MODE == W1mm || $MODE == W1chat ]]; then  # the W1 timing as chat text (W
   REPLAYER_ARGS="--endpoint /v1/chat/completions --prompt-mode text --tokenizer $W/slice_$NAME/tokenizer.json ${REPLAYER_ARGS:-}"
 fi
 if [[ $TOOL == calib ]]; then RUNNER=(--tool calib); else RUNNER=(--runner "$ROOT/bench/fidelity/replayer_runner.sh"); fi
-$P "$H/harness.py" "${RUNNER[@]}" --slice "$W/slice_$NAME" --out "$W/run_${NAME}_$TOOL" --work-dir "$W" --name "$TOOL" \
+$P "$H/harness.py" "${RUNNER[@]}" ${PORT:+--port "$PORT"} --slice "$W/slice_$NAME" --out "$W/run_${NAME}_$TOOL" --work-dir "$W" --name "$TOOL" \
   ${SERVER_ARGS:+"--server-args=$SERVER_ARGS"} ${REPLAYER_ARGS:+"--tool-args=$REPLAYER_ARGS"}
 echo "score: $W/run_${NAME}_$TOOL/score.json"
