@@ -5,7 +5,7 @@ Model. Rows are taken in trace order. Row ``i`` has hash ids ``h[0..n-1]`` (one 
 ``input_length`` tokens. Block ``j`` of the row is identified by its whole prefix chain
 ``h[0..j]`` (two rows share block j's tokens only if they share every id up to j), represented by
 a chained 64-bit key: ``k[-1] = 0``, ``k[j] = mix64((k[j-1] ^ h[j]) + GAMMA)`` with
-``replayer.prompts.mix64`` (the SplitMix64 finalizer) and ``GAMMA = 0x9E3779B97F4A7C15``; a
+``replayer.hashing.mix64`` (the SplitMix64 finalizer) and ``GAMMA = 0x9E3779B97F4A7C15``; a
 collision needs two different chains to meet on 64 bits (~2**-64 per pair).
 
 For each row, the expected cached (hit) tokens are::
@@ -43,11 +43,10 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .prompts import GAMMA, _mix, mix64
+from .hashing import GAMMA, MASK64 as _MASK, mix64, mix64_array
 
 __all__ = ["PrefixCacheModel", "chain_keys", "expected_hits"]
 
-_MASK = (1 << 64) - 1
 _G = np.uint64(GAMMA)
 
 
@@ -86,7 +85,7 @@ def chain_keys(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
         for j in range(int(s_lens[0])):
             m = int(np.searchsorted(neg, -j, side="left"))  # rows with len > j
             idx = s_starts[:m] + j
-            kj = _mix((k[:m] ^ vals[idx]) + _G)
+            kj = mix64_array((k[:m] ^ vals[idx]) + _G)
             k[:m] = kj
             out[idx] = kj
     return out

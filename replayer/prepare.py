@@ -36,13 +36,14 @@ import numpy as np
 import orjson
 
 from .config import RunConfig
+from .hashing import mix64
 from .image_tokens import parse_rule
 from .imageprefetch import ImagePrefetch
 from .imagerows import row_images
 from .images import ImageParts
 from .payload import CHAT, COMPLETIONS, EMBEDDINGS, POOLING, SCORE, PayloadBuilder, PreparedRequest, endpoint_kind
 from .prefix_cache import PrefixCacheModel
-from .prompts import PromptBuilder, TextPromptBuilder, mix64, salted_seed, vocab_from_range, vocab_from_tokenizer
+from .prompts import PromptBuilder, TextPromptBuilder, salted_seed, vocab_from_range, vocab_from_tokenizer
 from .result import RequestResult
 from .schedule import ScheduleBatch, Timeline
 

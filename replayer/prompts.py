@@ -8,7 +8,7 @@ Specification (reproducible by any tool; see traces/README.md, "Prompt expansion
 * ``f`` is the SplitMix64 finalizer on unsigned 64-bit integers (Steele, Lea, Flood, "Fast
   splittable pseudorandom number generators", OOPSLA 2014; constants as in Java's SplittableRandom):
   ``z ^= z >> 30; z *= 0xBF58476D1CE4E5B9; z ^= z >> 27; z *= 0x94D049BB133111EB; z ^= z >> 31``,
-  all mod 2**64. ``G = 0x9E3779B97F4A7C15``.
+  all mod 2**64 (``replayer.hashing``). ``G = 0x9E3779B97F4A7C15``.
 * Block key of hash id ``h`` (an unsigned 64-bit integer) under seed ``s``: ``k = f(f(s) ^ h)``.
 * Token ``j`` (0-based) of the block: ``V[f(k + (j + 1) * G) mod len(V)]`` for ``j`` in
   ``0 .. block_size-1``: the block is always built at full size, whatever row uses it.
@@ -30,41 +30,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-_C1 = np.uint64(0xBF58476D1CE4E5B9)
-_C2 = np.uint64(0x94D049BB133111EB)
-GAMMA = 0x9E3779B97F4A7C15
-_MASK = (1 << 64) - 1
+from .hashing import GAMMA, mix64, mix64_steps
+from .hashing import MASK64 as _MASK
+from .hashing import mix64_array as _mix
+from .hashing import mix64_inplace as _mix_inplace
 
 DEFAULT_VOCAB_RANGE = (1000, 30000)
-
-
-def _mix(z: np.ndarray) -> np.ndarray:
-    """SplitMix64 finalizer, vectorised over a uint64 array (wraps mod 2**64)."""
-    z = z ^ (z >> np.uint64(30))
-    z = z * _C1
-    z = z ^ (z >> np.uint64(27))
-    z = z * _C2
-    return z ^ (z >> np.uint64(31))
-
-
-def _mix_inplace(z: np.ndarray, tmp: np.ndarray) -> None:
-    """``_mix`` into ``z`` itself (``tmp``: scratch of the same shape and dtype)."""
-    np.right_shift(z, np.uint64(30), out=tmp)
-    z ^= tmp
-    z *= _C1
-    np.right_shift(z, np.uint64(27), out=tmp)
-    z ^= tmp
-    z *= _C2
-    np.right_shift(z, np.uint64(31), out=tmp)
-    z ^= tmp
-
-
-def mix64(x: int) -> int:
-    """SplitMix64 finalizer of one Python int (taken mod 2**64); pure Python, ~1 us."""
-    z = x & _MASK
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return z ^ (z >> 31)
 
 
 def salted_seed(seed: int, salt: int) -> int:
@@ -241,17 +212,11 @@ class PromptBuilder:
         bytes as the full block's start (id j depends on the block key and j alone). Cached as a
         short entry (``blocks_json`` makes the whole block when a row needs it)."""
         self.cache_misses += 1
-        if n <= self._TAIL_PY:  # mix64 inlined; each id's text sliced from the table's bytes
-            m, v, w, g, tb = _MASK, self.vocab.size, self._stride, GAMMA, self._table_bytes
-            k = mix64(self._seed_mix ^ (hash_id & m))
-            parts = []
-            for j in range(1, n + 1):
-                z = (k + j * g) & m
-                z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
-                z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
-                i = (z ^ (z >> 31)) % v * w
-                parts.append(tb[i:i + w])
-            out = b"".join(parts)
+        if n <= self._TAIL_PY:  # pure Python: each id's text sliced from the table's bytes
+            v, w, tb = self.vocab.size, self._stride, self._table_bytes
+            key = mix64(self._seed_mix ^ (hash_id & _MASK))
+            starts = [z % v * w for z in mix64_steps(key, n)]
+            out = b"".join([tb[i:i + w] for i in starts])
         else:
             keys = np.array([hash_id & _MASK], dtype=np.uint64)
             keys ^= np.uint64(self._seed_mix)

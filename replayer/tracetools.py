@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .prompts import mix64
+from .hashing import GAMMA, mix64, mix64_array
 from .trace import Trace, TraceSource, _cut_optional, open_trace
 from .trace.values import hash_name
 
@@ -33,17 +33,6 @@ GRIDS_NS = (("1 s", 1_000_000_000), ("100 ms", 100_000_000), ("10 ms", 10_000_00
             ("100 us", 100_000), ("1 us", 1_000))
 PERCENTILES = (50, 90, 95, 99)
 _U = np.uint64
-
-
-def _mix64_np(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 finalizer on a uint64 array (same function as ``prompts.mix64``)."""
-    z = x.astype(np.uint64, copy=True)
-    z ^= z >> _U(30)
-    z *= _U(0xBF58476D1CE4E5B9)
-    z ^= z >> _U(27)
-    z *= _U(0x94D049BB133111EB)
-    z ^= z >> _U(31)
-    return z
 
 
 # --------------------------------------------------------------------------------------------
@@ -424,14 +413,14 @@ def _prefix_chain(offs: np.ndarray, vals: np.ndarray) -> np.ndarray:
         return prefix
     row_of = np.repeat(np.arange(lens.size), lens)
     pos = np.arange(vals.size) - offs[:-1][row_of]
-    mixed = _mix64_np(vals ^ _U(0x9E3779B97F4A7C15))
+    mixed = mix64_array(vals ^ _U(GAMMA))
     by_pos = np.argsort(pos, kind="stable")
     ends = np.cumsum(np.bincount(pos))
     at = by_pos[: ends[0]]
-    prefix[at] = _mix64_np(mixed[at])
+    prefix[at] = mix64_array(mixed[at])
     for p in range(1, ends.size):
         at = by_pos[ends[p - 1]: ends[p]]
-        prefix[at] = _mix64_np(prefix[at - 1] ^ mixed[at])
+        prefix[at] = mix64_array(prefix[at - 1] ^ mixed[at])
     return prefix
 
 
@@ -452,7 +441,7 @@ def _rehash_scaled(t: Trace, factor: float, new_len: np.ndarray) -> tuple[np.nda
     m = np.ceil((j + 1) / factor - 1e-9).astype(np.int64)
     m = np.clip(m, 1, lens[nrow])
     chain = prefix[offs[:-1][nrow] + m - 1]
-    ids = _mix64_np(chain ^ _mix64_np(j.astype(np.uint64) + _U(0x632BE59BD9B4E019)))
+    ids = mix64_array(chain ^ mix64_array(j.astype(np.uint64) + _U(0x632BE59BD9B4E019)))
     return new_off, (ids >> _U(1)).astype(np.int64)  # < 2**63: plain non-negative int64
 
 

@@ -7,13 +7,11 @@ import collections
 
 import numpy as np
 
+from ..hashing import GAMMA, mix64_inplace
 
 # ---------------------------------------------------------------------------------------
 # Prefix hashing
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _POS_KEYS = np.zeros(0, dtype=np.uint64)
 
 
@@ -22,7 +20,7 @@ def _pos_keys(n: int) -> np.ndarray:
     global _POS_KEYS
     if len(_POS_KEYS) < n:
         size = max(n, 2 * len(_POS_KEYS), 1 << 14)
-        _POS_KEYS = np.arange(size, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        _POS_KEYS = np.arange(size, dtype=np.uint64) * np.uint64(GAMMA)
     return _POS_KEYS
 
 
@@ -39,11 +37,7 @@ def prompt_block_hashes(ids: np.ndarray, block_size: int) -> list[int]:
     n = nb * block_size
     with np.errstate(over="ignore"):
         z = ids[:n].view(np.uint64) ^ _pos_keys(n)[:n]  # new array; input untouched
-        z ^= z >> _S30
-        z *= _M1
-        z ^= z >> _S27
-        z *= _M2
-        z ^= z >> _S31
+        mix64_inplace(z, np.empty_like(z))
         h = z.reshape(nb, block_size).sum(axis=1, dtype=np.uint64)
         np.cumsum(h, out=h)
     return h.tolist()
