@@ -10,7 +10,7 @@ is its own. Steps:
    file size). Spec: Poisson at 1000 req/s, 16 shared system prompts of 1,024 tokens, sessions of 4
    turns (64 interleaved), user tokens lognormal(512, cv 1), output lognormal(128, cv 1), input
    capped at 16,384 tokens.
-2. ``inspect``: ``tracetools.inspect_trace`` (infinite-cache hit ratio, no LRU) — the target is
+2. ``inspect``: ``tracetools.inspect_trace`` (expected prefix-cache hits, as a replay's) — the target is
    peak RSS under 1 GB.
 3. ``stream``: ``trace.open_trace(path).batches(65536)`` touching every batch (rows/s, peak RSS).
 
@@ -66,7 +66,7 @@ def step_inspect(path: str) -> dict:
     dt = time.perf_counter() - t0
     return {"step": "inspect", "rows": s["rows"], "seconds": dt, "rows_per_s": s["rows"] / dt,
             "peak_rss_mb": _rss_mb(), "unique_blocks": s["unique_blocks"],
-            "prefix_hit_ratio_infinite": s["prefix_hit_ratio_infinite"], "sessions": s["sessions"],
+            "prefix_hit_ratio": s["prefix_hit_ratio"], "sessions": s["sessions"],
             "peak_rate_per_s": s["peak_rate_per_s"]}
 
 

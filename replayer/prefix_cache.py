@@ -31,6 +31,12 @@ matched keys, the row's keys are then inserted/refreshed, and the least recently
 evicted. Without it the cache is infinite. Concurrency is ignored: a row sees every earlier row
 as fully prefilled (an upper bound when requests overlap in time).
 
+Which rows the model sees (:func:`modelled`): those whose prompt is the blocks of their hash ids.
+Pooling requests (embeddings, score, rerank: the input is cut into documents) and turns that grow
+their session's conversation (synthesised hash ids) are left out: they have no expected hits.
+``replayer trace inspect`` and a replay use this same model, rule and defaults
+(``DEFAULT_KV_BLOCK_SIZE``, ``DEFAULT_CAPACITY_TOKENS``), so they report the same expected hits.
+
 These expected hits are what ``vllm:prefix_cache_hits_total`` should grow by over a replay
 (``replayer.target_metrics``), and ``vllm:prefix_cache_queries_total`` by the sum of
 ``input_length``.
@@ -43,9 +49,27 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .hashing import GAMMA, MASK64 as _MASK, mix64, mix64_array
+from .hashing import GAMMA, mix64, mix64_array
+from .hashing import MASK64 as _MASK
+from .payload import CHAT, COMPLETIONS, POOLING
 
-__all__ = ["PrefixCacheModel", "chain_keys", "expected_hits"]
+__all__ = ["PrefixCacheModel", "chain_keys", "expected_hits", "modelled", "DEFAULT_KV_BLOCK_SIZE",
+           "DEFAULT_CAPACITY_TOKENS"]
+
+#: vLLM's KV-cache block on GPU (``--kv-block-size``; ``RunConfig`` holds the same defaults as
+#: literals, to keep ``replayer.config`` free of numpy: tests/test_prefix_cache.py checks they agree).
+DEFAULT_KV_BLOCK_SIZE = 16
+#: LRU capacity of the model in tokens (``--expected-cache-tokens``): larger than any server's KV
+#: cache, and it bounds the model's memory on long traces (~125k keys of 512-token blocks).
+DEFAULT_CAPACITY_TOKENS = 64_000_000
+
+
+def modelled(kind: str, session: object, hash_ids_synthetic: bool) -> bool:
+    """Whether a row of endpoint ``kind`` (``replayer.payload``'s paths) is seen by the model: its
+    prompt is its hash ids' blocks (not a pooling request, not a turn that grows its session)."""
+    if kind in POOLING:
+        return False
+    return not (session is not None and hash_ids_synthetic and kind in (COMPLETIONS, CHAT))
 
 _G = np.uint64(GAMMA)
 
@@ -103,7 +127,8 @@ class PrefixCacheModel:
     __slots__ = ("block_size", "kv_block_size", "capacity_blocks", "last_token_recomputed",
                  "query_tokens", "hit_tokens", "rows", "_cache")
 
-    def __init__(self, block_size: int = 512, kv_block_size: int = 16, capacity_tokens: int | None = None,
+    def __init__(self, block_size: int = 512, kv_block_size: int = DEFAULT_KV_BLOCK_SIZE,
+                 capacity_tokens: int | None = None,
                  *, last_token_recomputed: bool = True) -> None:
         if block_size < 1 or kv_block_size < 1:
             raise ValueError(f"block_size and kv_block_size must be >= 1, got {block_size}, {kv_block_size}")
@@ -213,7 +238,8 @@ class PrefixCacheModel:
         return self.hit_tokens / self.query_tokens if self.query_tokens else None
 
 
-def expected_hits(trace: object | Iterable[object], *, block_size: int | None = None, kv_block_size: int = 16,
+def expected_hits(trace: object | Iterable[object], *, block_size: int | None = None,
+                  kv_block_size: int = DEFAULT_KV_BLOCK_SIZE,
                   capacity_tokens: int | None = None, last_token_recomputed: bool = True,
                   model: PrefixCacheModel | None = None, chunk_rows: int = 65_536) -> np.ndarray:
     """Expected hit tokens of every row, in order: int64[n_rows].

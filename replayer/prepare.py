@@ -42,7 +42,7 @@ from .imageprefetch import ImagePrefetch
 from .imagerows import row_images
 from .images import ImageParts
 from .payload import CHAT, COMPLETIONS, EMBEDDINGS, POOLING, SCORE, PayloadBuilder, PreparedRequest, endpoint_kind
-from .prefix_cache import PrefixCacheModel
+from .prefix_cache import PrefixCacheModel, modelled
 from .prompts import PromptBuilder, TextPromptBuilder, salted_seed, vocab_from_range, vocab_from_tokenizer
 from .result import RequestResult
 from .schedule import ScheduleBatch, Timeline
@@ -255,7 +255,7 @@ class RequestFactory:
         for k in range(a, b):
             path = _col(t, "endpoint", k)
             kind = endpoint_kind(path) if path else self.default_endpoint
-            if kind in POOLING or _grows(t, kind, _col(t, "session_id", k)):
+            if not modelled(kind, _col(t, "session_id", k), getattr(t, "hash_ids_synthetic", False)):
                 continue  # rows whose prompt is not their hash ids' blocks (as prepare decides)
             model.observe(t.hash_ids(k), int(t.input_length[k]))
 

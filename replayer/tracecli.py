@@ -67,8 +67,11 @@ def add_trace_parser(sub) -> None:
     ins = trs.add_parser("inspect", help="rows, span, rates, lengths, blocks, prefix-cache hit ratio, sessions")
     _add_input(ins)
     ins.add_argument("--json", action="store_true", help="print one JSON object")
-    ins.add_argument("--cache-tokens", type=int, default=None, metavar="N",
-                     help="also estimate the hit ratio of an LRU prefix cache of N tokens")
+    ins.add_argument("--cache-tokens", type=int, default=64_000_000, metavar="N",
+                     help="LRU capacity in tokens of the expected prefix-cache model, as replayer run's "
+                     "--expected-cache-tokens; 0 = infinite (default: %(default)s)")
+    ins.add_argument("--kv-block-size", type=int, default=16, metavar="N",
+                     help="the server's KV block in tokens, as replayer run's (default: %(default)s)")
 
     sl = trs.add_parser("slice", help="time window / first N rows / seeded sample (sessions kept whole)")
     _add_input(sl)
@@ -191,7 +194,8 @@ def _run(args, json, convert, read_trace, write_parquet, coarsest_unit) -> int:
     if cmd == "inspect":
         from .tracetools import format_inspect, inspect_trace
 
-        s = inspect_trace(args.input, cache_tokens=args.cache_tokens, **_open_opts(args))
+        s = inspect_trace(args.input, cache_tokens=args.cache_tokens or None, kv_block_size=args.kv_block_size,
+                          **_open_opts(args))
         print(json.dumps(s, indent=2) if args.json else format_inspect(s))
         return 0
     if cmd in ("slice", "scale"):

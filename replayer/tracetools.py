@@ -4,11 +4,9 @@ Pure, synchronous code over :class:`replayer.trace.Trace`; no I/O except :func:`
 which streams a source batch by batch (memory bounded by the batch size plus the distinct hash ids
 and session ids seen, 8 bytes per hash id).
 
-Prefix-cache estimate (``inspect``): a row's hit tokens are ``min(k * block_size, input_length)``
-where ``k`` is the number of leading hash ids of the row that earlier rows already contained
-(prefix caching only reuses a leading run). The infinite cache is computed here, vectorised over
-batches. The LRU cache of ``cache_tokens`` capacity uses ``replayer.prefix_cache.PrefixCacheModel``
-when that module exists, else the small local :class:`LruPrefixCache` (hash-id granularity).
+Expected prefix-cache hits (``inspect``): :class:`replayer.prefix_cache.PrefixCacheModel`, the
+model a replay uses, with the same row rule and defaults, so ``inspect`` and a replay of the whole
+trace report the same ``expected_prefix_hit_tokens``.
 """
 
 from __future__ import annotations
@@ -16,17 +14,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections import Counter, OrderedDict
-from typing import Any, Iterable
+from collections import Counter
+from typing import Any
 
 import numpy as np
 
 from .hashing import GAMMA, mix64, mix64_array
+from .payload import COMPLETIONS, endpoint_kind
+from .prefix_cache import DEFAULT_CAPACITY_TOKENS, DEFAULT_KV_BLOCK_SIZE, PrefixCacheModel, expected_hits, modelled
 from .trace import Trace, TraceSource, _cut_optional, open_trace
 from .trace.values import hash_name
 
 __all__ = ["inspect_trace", "inspect_source", "format_inspect", "take_rows", "slice_trace", "scale_trace",
-           "sessionize_trace", "LruPrefixCache", "GRIDS_NS"]
+           "sessionize_trace", "GRIDS_NS"]
 
 #: Candidate timestamp grids, coarsest first: (label, ns).
 GRIDS_NS = (("1 s", 1_000_000_000), ("100 ms", 100_000_000), ("10 ms", 10_000_000), ("1 ms", 1_000_000),
@@ -96,47 +96,6 @@ class _Hist:
         return out
 
 
-class LruPrefixCache:
-    """LRU prefix cache over hash-id blocks with a capacity in tokens (local fallback model).
-
-    ``observe(hash_ids, input_length) -> hit tokens``: the leading run of ids present counts as hit
-    (capped at ``input_length``); then every id of the row is touched (inserted / most recent) and
-    the least recently used blocks are evicted down to ``capacity_tokens // block_size`` blocks.
-    """
-
-    def __init__(self, block_size: int = 512, capacity_tokens: int | None = None):
-        self.block_size = block_size
-        self.capacity_blocks = None if capacity_tokens is None else max(0, capacity_tokens // block_size)
-        self.blocks: OrderedDict[int, None] = OrderedDict()
-
-    def observe(self, hash_ids: Iterable[int], input_length: int) -> int:
-        ids = [int(h) for h in hash_ids]
-        k = 0
-        for h in ids:
-            if h not in self.blocks:
-                break
-            k += 1
-        blocks = self.blocks
-        for h in ids:
-            if h in blocks:
-                blocks.move_to_end(h)
-            else:
-                blocks[h] = None
-        if self.capacity_blocks is not None:
-            while len(blocks) > self.capacity_blocks:
-                blocks.popitem(last=False)
-        return min(k * self.block_size, int(input_length))
-
-
-def _lru_model(block_size: int, capacity_tokens: int):
-    try:
-        from .prefix_cache import PrefixCacheModel  # written by another engineer; optional
-    except ImportError:
-        return LruPrefixCache(block_size, capacity_tokens), "replayer.tracetools.LruPrefixCache"
-    return (PrefixCacheModel(block_size=block_size, capacity_tokens=capacity_tokens),
-            "replayer.prefix_cache.PrefixCacheModel")
-
-
 def _grow_add(counts: np.ndarray, idx: np.ndarray) -> np.ndarray:
     c = np.bincount(idx)
     if c.size > counts.size:
@@ -146,7 +105,23 @@ def _grow_add(counts: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return counts
 
 
-def inspect_source(source: TraceSource, *, cache_tokens: int | None = None, max_rows: int = 65_536) -> dict[str, Any]:
+def _expected_hits(model: PrefixCacheModel, t: Trace) -> int:
+    """Expected hit tokens of batch ``t``'s rows the model sees (``prefix_cache.modelled``, the
+    run's default endpoint: completions), fed to ``model`` in order."""
+    kinds = None if t.endpoint is None else [endpoint_kind(e) if e else COMPLETIONS for e in t.endpoint]
+    sessions = t.session_id
+    synthetic = bool(getattr(t, "hash_ids_synthetic", False))
+    if kinds is None and (sessions is None or not synthetic):
+        return int(expected_hits(t, model=model).sum())
+    hits = 0
+    for i in range(len(t)):
+        if modelled(COMPLETIONS if kinds is None else kinds[i], None if sessions is None else sessions[i], synthetic):
+            hits += model.observe(t.hash_ids(i), int(t.input_length[i]))
+    return hits
+
+
+def inspect_source(source: TraceSource, *, cache_tokens: int | None = DEFAULT_CAPACITY_TOKENS,
+                   kv_block_size: int = DEFAULT_KV_BLOCK_SIZE, max_rows: int = 65_536) -> dict[str, Any]:
     """Statistics of a whole trace, streamed batch by batch (see :func:`inspect_trace` for the keys)."""
     bs = source.block_size
     rows = 0
@@ -157,11 +132,8 @@ def inspect_source(source: TraceSource, *, cache_tokens: int | None = None, max_
     h_in, h_out = _Hist(), _Hist()
     tok_in = tok_out = 0
     seen = _SortedSet()
-    hit_inf = 0
-    lru = lru_name = None
-    hit_lru = 0
-    if cache_tokens is not None:
-        lru, lru_name = _lru_model(bs, int(cache_tokens))
+    model = PrefixCacheModel(bs, kv_block_size, cache_tokens)
+    hits = 0
     sessions: Counter[str] | None = None  # session -> rows
     rows_with_session = 0
     endpoints: Counter[str] | None = None
@@ -183,29 +155,12 @@ def inspect_source(source: TraceSource, *, cache_tokens: int | None = None, max_
         h_out.add(ol)
         tok_in += int(il.sum())
         tok_out += int(ol.sum())
-        # Infinite prefix cache, vectorised: an id is cached if an earlier batch or an earlier row
-        # of this batch held it; a row hits its leading run of cached ids.
         offs = np.asarray(t.hash_offsets, dtype=np.int64)
-        offs = offs - offs[0]
-        lens = np.diff(offs)
-        flat = np.asarray(t.hash_values, dtype=np.int64)
+        flat = np.asarray(t.hash_values[int(offs[0]):int(offs[-1])], dtype=np.int64)
         if flat.size:
-            row_of = np.repeat(np.arange(n), lens)
-            uniq, first, inv = np.unique(flat, return_index=True, return_inverse=True)
-            in_old = seen.contains(uniq)
-            cached = in_old[inv] | (row_of[first][inv] < row_of)
-            pos = np.arange(flat.size) - offs[:-1][row_of]
-            miss_pos = np.where(cached, np.iinfo(np.int64).max, pos)
-            nz = lens > 0
-            first_miss = np.zeros(n, dtype=np.int64)
-            first_miss[nz] = np.minimum.reduceat(miss_pos, offs[:-1][nz])
-            k = np.minimum(first_miss, lens)
-            hit_inf += int(np.minimum(k * bs, il).sum())
-            seen.add_new(uniq[~in_old])
-        if lru is not None:
-            obs = lru.observe
-            for i in range(n):
-                hit_lru += int(obs(t.hash_values[offs[i]: offs[i + 1]], int(il[i])))
+            uniq = np.unique(flat)
+            seen.add_new(uniq[~seen.contains(uniq)])
+        hits += _expected_hits(model, t)
         if t.session_id is not None:
             if sessions is None:
                 sessions = Counter()
@@ -239,11 +194,11 @@ def inspect_source(source: TraceSource, *, cache_tokens: int | None = None, max_
         "total_output_tokens": tok_out,
         "total_tokens": tok_in + tok_out,
         "unique_blocks": len(seen),
-        "prefix_hit_ratio_infinite": hit_inf / tok_in if tok_in else None,
-        "prefix_hit_tokens_infinite": hit_inf,
+        "expected_prefix_hit_tokens": hits,
+        "expected_prefix_query_tokens": model.query_tokens,
+        "prefix_hit_ratio": model.hit_ratio,
+        "kv_block_size": kv_block_size,
         "cache_tokens": cache_tokens,
-        "prefix_hit_ratio_lru": (hit_lru / tok_in if tok_in else None) if lru is not None else None,
-        "prefix_cache_model": lru_name,
         "sessions": len(sessions) if sessions is not None else None,
         "rows_with_session": rows_with_session if sessions is not None else None,
         "multi_turn_sessions": sum(1 for c in sessions.values() if c > 1) if sessions is not None else None,
@@ -257,7 +212,8 @@ def inspect_source(source: TraceSource, *, cache_tokens: int | None = None, max_
     return out
 
 
-def inspect_trace(path: str | os.PathLike, *, cache_tokens: int | None = None, max_rows: int = 65_536,
+def inspect_trace(path: str | os.PathLike, *, cache_tokens: int | None = DEFAULT_CAPACITY_TOKENS,
+                  kv_block_size: int = DEFAULT_KV_BLOCK_SIZE, max_rows: int = 65_536,
                   **open_opts: Any) -> dict[str, Any]:
     """Open ``path`` (:func:`replayer.trace.open_trace` options) and return its statistics.
 
@@ -266,15 +222,18 @@ def inspect_trace(path: str | os.PathLike, *, cache_tokens: int | None = None, m
     window from time 0); ``timestamp_grid`` (coarsest of 1 s .. 1 us that every offset is a multiple
     of, or None); ``input_length`` / ``output_length`` (min, max, mean, p50/p90/p95/p99 with numpy's
     ``inverted_cdf`` definition); ``total_*_tokens``; ``unique_blocks`` (distinct hash ids);
-    ``prefix_hit_ratio_infinite`` (hit tokens / input tokens, infinite cache);
-    ``prefix_hit_ratio_lru`` (with ``cache_tokens`` capacity, else None); ``sessions`` (distinct
+    ``expected_prefix_hit_tokens`` (``replayer.prefix_cache``'s model, as a replay computes them:
+    an LRU of ``cache_tokens`` tokens, None = infinite, whole ``kv_block_size`` KV blocks, the last
+    prompt token recomputed), ``expected_prefix_query_tokens`` (input tokens of the rows the model
+    sees) and ``prefix_hit_ratio`` (their ratio); ``sessions`` (distinct
     ``session_id`` values), ``rows_with_session``, ``multi_turn_sessions`` (sessions of >= 2 rows),
     ``max_turns`` (most rows in one session) - all None without the column; ``endpoints``
     (endpoint path -> rows, ``"(not set)"`` for rows without one; None without the column);
     ``rows_with_documents`` / ``documents`` (rows with ``document_lengths``, documents in them; None
     without the column). Raises TraceError for a bad trace.
     """
-    return inspect_source(open_trace(path, **open_opts), cache_tokens=cache_tokens, max_rows=max_rows)
+    return inspect_source(open_trace(path, **open_opts), cache_tokens=cache_tokens, kv_block_size=kv_block_size,
+                          max_rows=max_rows)
 
 
 def format_inspect(s: dict[str, Any]) -> str:
@@ -289,6 +248,7 @@ def format_inspect(s: dict[str, Any]) -> str:
         return (f"min {d['min']:,}  p50 {d['p50']:,}  p90 {d['p90']:,}  p95 {d['p95']:,}  p99 {d['p99']:,}  "
                 f"max {d['max']:,}  mean {d['mean']:,.1f}")
 
+    cache = "infinite size" if s["cache_tokens"] is None else f"{s['cache_tokens']:,} tokens"
     lines = [
         f"trace            {s['path']} ({s['format']}, block size {s['block_size']})",
         f"rows             {s['rows']:,}",
@@ -300,11 +260,9 @@ def format_inspect(s: dict[str, Any]) -> str:
         f"output length    {lens(s['output_length'])}",
         f"tokens           {s['total_input_tokens']:,} in + {s['total_output_tokens']:,} out = {s['total_tokens']:,}",
         f"unique blocks    {s['unique_blocks']:,}" + (f"  ({s['hash_ids']})" if s.get("hash_ids") else ""),
-        f"prefix hits      infinite cache {num(s['prefix_hit_ratio_infinite'], '{:.2%}')}",
+        f"prefix hits      {num(s['prefix_hit_ratio'], '{:.2%}')}  ({s['expected_prefix_hit_tokens']:,} tokens "
+        f"expected; LRU of {cache}, {s['kv_block_size']}-token KV blocks)",
     ]
-    if s["cache_tokens"] is not None:
-        lines.append(f"                 LRU {s['cache_tokens']:,} tokens {num(s['prefix_hit_ratio_lru'], '{:.2%}')}"
-                     f"  ({s['prefix_cache_model']})")
     if s["sessions"] is None:
         lines.append("sessions         -")
     else:

@@ -196,3 +196,40 @@ def test_shards_expect_the_hits_of_one_process():
     # daemon reads 65,536-row batches: rows skipped in a batch it sends from are seen)
     resumed = hits("0/1", skip=lambda loop, rows: rows < 250, batch_rows=65_536)
     assert resumed == {r: h for r, h in one.items() if r >= 250}
+
+
+def test_run_config_defaults_are_the_models():
+    # RunConfig keeps them as literals (config imports no numpy); they must be the model's
+    from replayer.config import RunConfig
+    from replayer.prefix_cache import DEFAULT_CAPACITY_TOKENS, DEFAULT_KV_BLOCK_SIZE
+
+    fields = RunConfig.model_fields
+    assert fields["kv_block_size"].default == DEFAULT_KV_BLOCK_SIZE
+    assert fields["expected_cache_tokens"].default == DEFAULT_CAPACITY_TOKENS
+
+
+def test_trace_inspect_and_a_replay_expect_the_same_hits(tmp_path, capsys):
+    # one model: `replayer trace inspect` and a replay of the whole 10-minute slice (against the
+    # embedded simulator) report the same expected prefix-cache hit tokens. Outputs are cut to one
+    # token and times to a hundredth so the run is short; prompts, hash ids and order are the slice's.
+    import json
+    import subprocess
+    import sys
+
+    from replayer.cli import main as cli_main
+    from replayer.tracetools import scale_trace
+    from replayer.trace import write_parquet
+
+    fast = tmp_path / "slice_fast.parquet"
+    write_parquet(scale_trace(read_trace(SLICE_10MIN), time_factor=0.01, output_factor=1e-9), fast, time_unit="ns")
+    assert cli_main(["trace", "inspect", str(SLICE_10MIN), "--json"]) == 0
+    inspected = json.loads(capsys.readouterr().out)
+    assert cli_main(["trace", "inspect", str(fast), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["expected_prefix_hit_tokens"] == inspected["expected_prefix_hit_tokens"]
+    results = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "replayer", "run", str(fast), "--speedup", "1", "--results", str(results),
+                        "--admin-port", "0", "--quiet"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((results / "summary.json").read_text())
+    assert summary["sent"] == 1750 and summary["completed"] == 1750
+    assert summary["expected_prefix_hit_tokens"] == inspected["expected_prefix_hit_tokens"] > 0

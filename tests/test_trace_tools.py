@@ -36,24 +36,35 @@ def test_inspect_committed_slice_matches_pandas():
         assert s[col]["max"] == df[col].max() and s[col]["mean"] == pytest.approx(df[col].mean())
     assert s["total_input_tokens"] == df.input_length.sum() and s["total_output_tokens"] == df.output_length.sum()
     assert s["unique_blocks"] == df.hash_ids.explode().nunique()
-    seen: set = set()
+    # the expected hits, computed independently: a block is its whole chain of ids (a tuple), it
+    # remembers the most tokens any earlier row sent of it, a row's hits are its leading blocks'
+    # tokens up to the first one sent shorter before, capped at input_length - 1 and cut to whole
+    # 16-token KV blocks (replayer.prefix_cache's docstring)
+    sent: dict = {}
     hits = 0
     for ids, L in zip(df.hash_ids, df.input_length):
-        k = 0
-        while k < len(ids) and ids[k] in seen:
-            k += 1
-        hits += min(k * 512, L)
-        seen.update(ids)
-    assert s["prefix_hit_ratio_infinite"] == pytest.approx(hits / df.input_length.sum())
-    # an LRU cache larger than the trace hits as the infinite one (prefix_cache's model counts whole
-    # 16-token KV blocks and recomputes the last token: a hair lower); a tiny one hits less
-    assert s["prefix_hit_ratio_lru"] == pytest.approx(s["prefix_hit_ratio_infinite"], abs=1e-3)
-    from replayer.tracetools import LruPrefixCache
-
-    lru = LruPrefixCache(512, 10**12)
-    assert sum(lru.observe(ids, L) for ids, L in zip(df.hash_ids, df.input_length)) == hits
+        sizes = [min(512, L - 512 * j) for j in range(len(ids))]
+        matched = 0
+        for j, n in enumerate(sizes):
+            before = sent.get(tuple(ids[:j + 1]), 0)
+            matched += min(before, n)
+            if before < n:
+                break
+        h = min(matched, L - 1)
+        hits += h - h % 16
+        for j, n in enumerate(sizes):
+            key = tuple(ids[:j + 1])
+            sent[key] = max(sent.get(key, 0), n)
+    assert s["expected_prefix_hit_tokens"] == hits
+    assert s["expected_prefix_query_tokens"] == df.input_length.sum()
+    assert s["prefix_hit_ratio"] == pytest.approx(hits / df.input_length.sum())
     small = inspect_trace(SLICE, cache_tokens=512 * 50)
-    assert small["prefix_hit_ratio_lru"] < s["prefix_hit_ratio_infinite"]
+    assert small["expected_prefix_hit_tokens"] < s["expected_prefix_hit_tokens"]
+    # the default capacity (as replayer run's) holds the whole slice: the same hits
+    assert inspect_trace(SLICE)["expected_prefix_hit_tokens"] == hits
+    assert inspect_trace(SLICE, cache_tokens=None)["expected_prefix_hit_tokens"] == hits
+    coarse = inspect_trace(SLICE, kv_block_size=128)
+    assert coarse["kv_block_size"] == 128 and coarse["expected_prefix_hit_tokens"] < hits
     assert s["sessions"] is None
 
 
@@ -160,7 +171,7 @@ def test_cli_trace_subcommands(tmp_path, capsys):
     capsys.readouterr()
     assert cli_main(["trace", "inspect", str(tmp_path / "b.parquet"), "--json", "--cache-tokens", "100000"]) == 0
     s = json.loads(capsys.readouterr().out)
-    assert s["rows"] == 300 and s["sessions"] == 150 and s["prefix_hit_ratio_lru"] is not None
+    assert s["rows"] == 300 and s["sessions"] == 150 and s["prefix_hit_ratio"] is not None
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 0, "hash_ids": [1]}\n')
     assert cli_main(["trace", "inspect", str(bad)]) == 2
