@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return main_run(cfg, sim=sim)
     if args.command == "merge":
-        from .workers import main_merge
+        from .merge import main_merge
 
         return main_merge(args.dirs, args.output, args.wait)
     if args.command == "report":

@@ -98,7 +98,7 @@ class ReportData:
 
     def __init__(self, files: list[str]) -> None:
         from .stats import Stat
-        from .workers import iter_on_one_axis
+        from .merge import iter_on_one_axis
 
         self.rows = 0
         end = 1.0
@@ -166,7 +166,7 @@ class ReportData:
 def load_results(results_dir: str) -> tuple["ReportData", dict, dict]:
     """(the folded ``ReportData``, summary dict, parquet metadata dict of the first file) of a
     results folder: every results file (``report_files``), times rebased to the earliest run
-    anchor (a resumed run or a worker has an anchor of its own; ``replayer.workers``). A folder
+    anchor (a resumed run or a worker has an anchor of its own; ``replayer.merge``). A folder
     without ``summary.json`` is summarized from its files (``summary.summarize_files``, judged
     by the run's own ``--goodput`` bounds from their metadata)."""
     from .summary import read_summary, summarize_files

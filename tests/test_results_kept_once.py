@@ -170,7 +170,7 @@ def test_an_interrupted_json_write_leaves_the_old_file_whole(tmp_path):
 
 
 def test_merge_and_run_replace_summary_json_whole(tmp_path, mooncake_slice, sim_process, monkeypatch):
-    import replayer.workers as workers
+    import replayer.merge as merge
 
     url, _ = sim_process("--itl-base-ms", "1")
     trace = mooncake_slice(10)
@@ -180,11 +180,11 @@ def test_merge_and_run_replace_summary_json_whole(tmp_path, mooncake_slice, sim_
     assert p.returncode == 0, p.stderr[-2000:]
     first = json.loads((res / "summary.json").read_text())
     out = tmp_path / "merged"
-    workers.merge_results([str(res)], str(out), quiet=True)
+    merge.merge_results([str(res)], str(out), quiet=True)
     merged = json.loads((out / "summary.json").read_text())
     # a failure while the new summary is written (here: a value JSON cannot encode, which stops
     # the encoder half-way as a kill would) leaves the previous file, whole
-    real = workers.fold_files
+    real = merge.fold_files
 
     def broken(files, slos=None):
         fold, damaged = real(files, slos)
@@ -192,9 +192,9 @@ def test_merge_and_run_replace_summary_json_whole(tmp_path, mooncake_slice, sim_
         fold.result = lambda: {**result(), "zz": object()}
         return fold, damaged
 
-    monkeypatch.setattr(workers, "fold_files", broken)
+    monkeypatch.setattr(merge, "fold_files", broken)
     with pytest.raises(TypeError):
-        workers.merge_results([str(res)], str(out), quiet=True)
+        merge.merge_results([str(res)], str(out), quiet=True)
     assert json.loads((out / "summary.json").read_text()) == merged
     # the same for the run's own summary.json (a resumed run rewrites it)
     code = ("import sys; import replayer.daemon as d; real = d.summarize_files\n"

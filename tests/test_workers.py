@@ -21,7 +21,8 @@ from conftest import free_port
 from replayer.recorder import read_results, result_files
 from replayer.result import RequestResult, to_table
 from replayer.trace import read_trace
-from replayer.workers import _exit_code, _progress, _without_flag, merge_results, progress_line
+from replayer.merge import merge_results
+from replayer.workers import _exit_code, _progress, _without_flag, progress_line
 
 SPEEDUP = 20
 SHARDS = 3
@@ -403,7 +404,7 @@ def test_workers_progress_lines_sum_the_workers_status(caplog):
 def test_merge_wait_returns_when_every_run_has_ended_by_itself(tmp_path):
     import threading
 
-    from replayer.workers import unfinished, wait_finished
+    from replayer.merge import unfinished, wait_finished
 
     a, b = tmp_path / "a", tmp_path / "b"   # b does not exist yet (its pod not started)
     a.mkdir()
@@ -468,3 +469,17 @@ def test_workers_max_error_ratio_and_quiet_print_the_merged_outcome(tmp_path, mo
     assert out.stdout.count("Replay result") == 1 and f"merged 2 of 2 workers: {results}/summary.json" in out.stdout
     for i in range(2):  # each worker ran to its end (it does not judge its shard alone)
         assert json.loads((results / f"worker-{i}" / "summary.json").read_text())["failed"] > 0
+
+
+def test_readers_of_results_do_not_import_the_supervisor():
+    # report, merge and summary read results; the --workers supervisor (process handling,
+    # signals) is not theirs to load
+    import ast
+    from pathlib import Path
+
+    pkg = Path(__file__).resolve().parents[1] / "replayer"
+    for name in ("report", "merge", "summary"):
+        tree = ast.parse((pkg / f"{name}.py").read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not {"workers", "replayer.workers", "daemon", "replayer.daemon"} & imported, name
