@@ -4,8 +4,8 @@
 
 N rows of 16 prompt tokens and 1 output token (a hash id each, as ``bench_tiny.py`` writes) go
 through what ``replayer run`` does per request on its event loop, outside the client: the
-request body and the expected prefix-cache hits (``RequestFactory.prepare``, with the run's
-metrics), then the metric hooks of a successful request (``on_sent``, ``on_dispatched``,
+request body and the expected prefix-cache hits (``RequestFactory.prepare``, then the run's
+``on_prepared`` metric hook), then the metric hooks of a successful request (``on_sent``, ``on_dispatched``,
 ``on_result``). The cyclic GC is off while measuring, as during a replay (``replayer.gcpacer``).
 Prints the median and min over ``--runs`` of CPU microseconds per request (``time.process_time``:
 other processes on a loaded machine do not count), per part.
@@ -52,8 +52,9 @@ def one_run(trace: str, part: str) -> tuple[float, float, int]:
     cfg = load_config({"trace": trace, "format": "jsonl", "time_unit": "ms"})
     source = open_trace(trace, fmt="jsonl", time_unit="ms")
     metrics = ReplayerMetrics(CollectorRegistry(), config_info={"speedup": "1.0"})
-    factory = RequestFactory(cfg, Prompts(cfg, cfg.block_size or source.block_size), PayloadBuilder("sim-model"),
-                             Timeline(1.0), metrics=metrics)
+    factory = RequestFactory(Prompts(cfg.block_size or source.block_size, seed=cfg.seed, vocab_range=cfg.vocab_bounds,
+                                     kv_block_size=cfg.kv_block_size, cache_tokens=cfg.expected_cache_tokens),
+                             PayloadBuilder("sim-model"), Timeline(1.0))
     sbs = list(iter_schedule(lambda: source.batches(65_536)))
     reqs = []
     gc.collect()
@@ -62,7 +63,9 @@ def one_run(trace: str, part: str) -> tuple[float, float, int]:
     if part in ("all", "prepare"):
         for sb in sbs:
             for j in range(len(sb.idx)):
-                reqs.append(factory.prepare(sb, j))
+                req = factory.prepare(sb, j)
+                metrics.on_prepared(req)  # as the run counts each request built
+                reqs.append(req)
     t_prep = time.process_time() - t
     if not reqs:  # metrics only: requests built outside the measurement
         for sb in sbs:

@@ -419,7 +419,9 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
         # warm the results writer in a thread while the trace loads and the target comes up
         warming = asyncio.get_running_loop().run_in_executor(None, recorder_warm_up)
         open_batches, block_size, n_rows, span_s = open_batches_factory(cfg)
-        prompts = Prompts(cfg, cfg.block_size or block_size)
+        prompts = Prompts(cfg.block_size or block_size, seed=cfg.seed, loop_salt=cfg.loop_salt,
+                          vocab_range=cfg.vocab_bounds, tokenizer=cfg.tokenizer, kv_block_size=cfg.kv_block_size,
+                          cache_tokens=cfg.expected_cache_tokens)
         results_dir, created = _results_dir(cfg)
         state.results = results_dir
         metrics = ReplayerMetrics(registry, config_info={
@@ -537,7 +539,9 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
 
     # X-Request-Id: <run_id>-<loop>-<row>; a resumed run keeps its run's id (config.recorded_settings)
     run_id = cfg.run_id or new_run_id()
-    factory = RequestFactory(cfg, prompts, payload, timeline, metrics=metrics, shard=shard, run_id=run_id)
+    factory = RequestFactory(prompts, payload, timeline, endpoint=cfg.endpoint, text_mode=cfg.prompt_mode == "text",
+                             sessions=cfg.session_policy != "off", shard=shard, run_id=run_id,
+                             session_header=cfg.session_header)
     gate = SessionGate(cfg.session_policy, scale=lambda ns: round(ns / timeline.speedup))
 
     meta = {"replayer.version": __version__, "replayer.t0_wall_s": repr(anchor.wall_s),
@@ -572,7 +576,13 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
             tenant_metrics.on_result(res)
         recorder.add(res)
 
-    dispatcher = Dispatcher(batches, factory.prepare, client.send, sink, t0_ns=anchor.t0_ns,
+    def prepare(sb, j: int) -> PreparedRequest:  # each request built is counted (scheduled, expected hits)
+        req = build(sb, j)
+        on_prepared(req)
+        return req
+
+    build, on_prepared = factory.prepare, metrics.on_prepared
+    dispatcher = Dispatcher(batches, prepare, client.send, sink, t0_ns=anchor.t0_ns,
                             timeline=timeline, unsent=factory.unsent, observer=acct, gate=gate,
                             reserve=client.reserve, launch=client.launch,
                             expect=client.expect,

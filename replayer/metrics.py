@@ -218,13 +218,13 @@ class _PendingHistogram:
 class ReplayerMetrics:
     """The replayer's metrics on ``registry``.
 
-    ``on_scheduled``/``on_sent``/``on_result`` are the dispatcher's observer hooks (O(1) per
+    ``on_prepared``/``on_sent``/``on_result`` are the dispatcher's observer hooks (O(1) per
     request except ITL, which is one vectorised call). ``set_trace``/``set_loop`` describe the
     replay's position; ``on_expected_prefix_cache`` counts the prefix-cache hits the trace
     implies; ``snapshot()`` gives the live numbers for a console or ``/status``.
     ``process_collector=False`` skips ``process_*`` (only one may exist per registry).
 
-    Batching: the per-request hooks (``on_scheduled``, ``on_expected_prefix_cache``, ``on_sent``,
+    Batching: the per-request hooks (``on_prepared``, ``on_scheduled``, ``on_expected_prefix_cache``, ``on_sent``,
     ``on_dispatched``, ``on_result``) add to plain numbers under one lock (a ``Histogram.observe``
     or ``Counter.inc`` costs a lock and checks each; observe also a bucket search), and ``flush``
     moves them into the metric objects: at every collect of the registry (each scrape reads exact
@@ -440,6 +440,22 @@ class ReplayerMetrics:
         with self._lock:
             c = self.scheduled
             self._incs[c] = self._incs.get(c, 0) + n
+
+    def on_prepared(self, req: PreparedRequest) -> None:
+        """A request was put on the schedule (built in the lead window): ``on_scheduled(1)`` and,
+        when it has expected hits, ``on_expected_prefix_cache`` (its input tokens, those hits)."""
+        with self._lock:
+            incs = self._incs
+            get = incs.get
+            c = self.scheduled
+            incs[c] = get(c, 0) + 1
+            hits = req.expected_hits
+            if hits is not None:
+                c = self.prefix_query_tokens
+                incs[c] = get(c, 0) + req.input_length
+                if hits:
+                    c = self.prefix_hit_tokens
+                    incs[c] = get(c, 0) + hits
 
     def on_sent(self, req: PreparedRequest) -> None:
         with self._lock:

@@ -35,15 +35,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
-from .config import RunConfig
 from .hashing import mix64
 from .image_tokens import parse_rule
 from .imageprefetch import ImagePrefetch
 from .imagerows import row_images
 from .images import ImageParts
 from .payload import CHAT, COMPLETIONS, EMBEDDINGS, POOLING, SCORE, PayloadBuilder, PreparedRequest, endpoint_kind
-from .prefix_cache import PrefixCacheModel, modelled
-from .prompts import PromptBuilder, TextPromptBuilder, salted_seed, vocab_from_range, vocab_from_tokenizer
+from .prefix_cache import DEFAULT_CAPACITY_TOKENS, DEFAULT_KV_BLOCK_SIZE, PrefixCacheModel, modelled
+from .prompts import (DEFAULT_VOCAB_RANGE, PromptBuilder, TextPromptBuilder, salted_seed, vocab_from_range,
+                      vocab_from_tokenizer)
 from .result import RequestResult
 from .schedule import ScheduleBatch, Timeline
 
@@ -53,19 +53,26 @@ HISTORY_TOKENS = 32_000_000  # bound of the prefix-growth histories (int32 ids: 
 
 class Prompts:
     """Prompt builders per loop: the same builder every loop, or with ``loop_salt`` a builder
-    whose seed is salted by the loop number (fresh prefixes each loop). Keeps the last two."""
+    whose seed is salted by the loop number (fresh prefixes each loop). Keeps the last two.
 
-    def __init__(self, cfg: RunConfig, block_size: int) -> None:
-        self.vocab = vocab_from_tokenizer(cfg.tokenizer) if cfg.tokenizer else vocab_from_range(*cfg.vocab_bounds)
-        self.seed = cfg.seed
-        self.salt = cfg.loop_salt
+    Token ids from ``tokenizer`` (a local path: its non-special ids) or else ``vocab_range``
+    (``--vocab-range``); ``kv_block_size`` and ``cache_tokens`` configure the expected
+    prefix-cache model (``--kv-block-size``, ``--expected-cache-tokens``)."""
+
+    def __init__(self, block_size: int, *, seed: int = 0, loop_salt: bool = False,
+                 vocab_range: tuple[int, int] = DEFAULT_VOCAB_RANGE, tokenizer: str | None = None,
+                 kv_block_size: int = DEFAULT_KV_BLOCK_SIZE,
+                 cache_tokens: int | None = DEFAULT_CAPACITY_TOKENS) -> None:
+        self.vocab = vocab_from_tokenizer(tokenizer) if tokenizer else vocab_from_range(*vocab_range)
+        self.seed = seed
+        self.salt = loop_salt
         self.block_size = block_size
         self._by_loop: dict[int, PromptBuilder] = {}
         self._cache_by_loop: dict[int, PrefixCacheModel] = {}
         self._text: dict[int, TextPromptBuilder] = {}
-        self.tokenizer = cfg.tokenizer
-        self.kv_block_size = cfg.kv_block_size
-        self.cache_tokens = cfg.expected_cache_tokens
+        self.tokenizer = tokenizer
+        self.kv_block_size = kv_block_size
+        self.cache_tokens = cache_tokens
 
     def expected_cache(self, loop: int) -> PrefixCacheModel:
         """The expected prefix-cache model: one for the run, or one per loop with ``loop_salt``
@@ -154,23 +161,27 @@ class RequestFactory:
     item ``j`` of a schedule batch. Raises ValueError for a row its settings cannot build (a
     text-only endpoint without ``--tokenizer``: ``check_endpoints`` reports it before the run).
 
+    ``endpoint``: of rows without an ``endpoint`` column (``--endpoint``); ``text_mode``: text
+    prompts on completions (``--prompt-mode text``); ``sessions``: rows wait on their session or
+    parent (``--session-policy`` not ``off``); ``shard``: recorded in each result;
+    ``session_header``: ``--session-header`` (a header name or preset carrying the session id).
     ``run_id``: each request gets the header ``X-Request-Id: <run_id>-<loop>-<row>``
     (``request_id``), built here in the lead window with the body, and the result records it
-    (``x_request_id``); None sends no such header."""
+    (``x_request_id``); None sends no such header. Nothing here touches metrics: the run's
+    observer counts each request it is handed (``PreparedRequest.expected_hits`` included)."""
 
-    def __init__(self, cfg: RunConfig, prompts: Prompts, payload: PayloadBuilder, timeline: Timeline,
-                 metrics=None, shard: int = 0, run_id: str | None = None) -> None:
+    def __init__(self, prompts: Prompts, payload: PayloadBuilder, timeline: Timeline, *,
+                 endpoint: str = COMPLETIONS, text_mode: bool = False, sessions: bool = False, shard: int = 0,
+                 run_id: str | None = None, session_header: str | None = None) -> None:
         self.run_id = run_id
-        self.cfg = cfg
         self.prompts = prompts
         self.payload = payload
         self.timeline = timeline
-        self.metrics = metrics
         self.shard = shard
-        self.default_endpoint = endpoint_kind(cfg.endpoint)
-        self.text_mode = cfg.prompt_mode == "text"
-        self.sessions = cfg.session_policy != "off"
-        self.session_header = session_header_lines(cfg.session_header)
+        self.default_endpoint = endpoint_kind(endpoint)
+        self.text_mode = text_mode
+        self.sessions = sessions
+        self.session_header = session_header_lines(session_header)
         self._histories: OrderedDict[object, _History] = OrderedDict()
         self._history_tokens = 0
         self._seen: tuple[object, int, int] | None = None  # (batch, loop, next row to observe)
@@ -229,10 +240,6 @@ class RequestFactory:
             else:
                 req.body = payload.body(self.prompts.for_loop(sb.loop).prompt_json(hash_ids, n_in), n_out)
             req.expected_hits = self.prompts.expected_cache(sb.loop).observe(hash_ids, n_in)
-        if self.metrics is not None:
-            self.metrics.on_scheduled(1)
-            if req.expected_hits is not None:
-                self.metrics.on_expected_prefix_cache(n_in, req.expected_hits)
         return req
 
     def _observe_unsent(self, t, loop: int, i: int) -> None:

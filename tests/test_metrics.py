@@ -135,6 +135,25 @@ def test_expected_prefix_cache_counters():
     assert v["replayer_expected_prefix_cache_hit_tokens_total"] == 512
 
 
+def test_each_request_built_is_counted_from_the_request_itself():
+    # on_prepared: what prepare used to push (scheduled, and the expected prefix-cache tokens when
+    # the request has expected hits), read from the PreparedRequest the run hands on
+    r, m = _metrics()
+
+    def req(n_in: int, hits: int | None) -> PreparedRequest:
+        p = PreparedRequest(index=0, row=0, due_ns=0, body=b"", input_length=n_in, output_length=1,
+                            prompt_len=n_in, max_tokens=1)
+        p.expected_hits = hits
+        return p
+
+    for p in (req(1000, 512), req(700, 0), req(300, None)):
+        m.on_prepared(p)
+    v = _values(r)
+    assert v["replayer_requests_scheduled_total"] == 3
+    assert v["replayer_expected_prefix_cache_query_tokens_total"] == 1700  # not the one without hits
+    assert v["replayer_expected_prefix_cache_hit_tokens_total"] == 512
+
+
 def test_event_loop_lag_monitor_sees_a_blocked_loop():
     import time
 

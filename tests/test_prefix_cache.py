@@ -176,7 +176,7 @@ def test_shards_expect_the_hits_of_one_process():
         cfg = load_config({"trace": trace, "shard": shard})
         i, n = cfg.shard_index
         source = open_trace(trace)
-        factory = RequestFactory(cfg, Prompts(cfg, source.block_size), PayloadBuilder("m"), Timeline(1.0))
+        factory = RequestFactory(Prompts(source.block_size), PayloadBuilder("m"), Timeline(1.0))
         out = {}
         for sb in iter_schedule(lambda: source.batches(batch_rows), shard=i, shards=n, max_requests=600,
                                 skip=skip):

@@ -126,11 +126,8 @@ def test_request_bodies_byte_identical_across_processes():
 def test_salted_seeds_give_fresh_prefixes():
     """``salted_seed`` (--loop-salt per loop, ``replayer sweep`` per point): salt 0 is the seed
     itself; other salts share no block with it or each other, and ``Prompts`` uses them per loop."""
-    from replayer.config import load_config
     from replayer.prepare import Prompts
     from replayer.prompts import salted_seed
-
-    from conftest import SLICE_10MIN
 
     vocab = vocab_from_range(1000, 30000)
     assert salted_seed(7, 0) == 7
@@ -138,8 +135,7 @@ def test_salted_seeds_give_fresh_prefixes():
     assert len(set(seeds)) == 4
     blocks = [tuple(PromptBuilder(seed=s, block_size=16, vocab=vocab).block_ids(3).tolist()) for s in seeds]
     assert len(set(blocks)) == 4
-    cfg = load_config({"trace": str(SLICE_10MIN), "seed": 7, "loop_salt": True})
-    prompts = Prompts(cfg, 16)
+    prompts = Prompts(16, seed=7, loop_salt=True)
     assert [tuple(prompts.for_loop(k).block_ids(3).tolist()) for k in range(4)] == blocks
 
 
