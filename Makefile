@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]' $(PIP_NOISE)
 	touch $@
 
-.PHONY: install run test bench
+.PHONY: install run test lint bench
 install: $(VENV)/.installed
 
 # Replay the committed 10-minute Mooncake slice at 10x against the embedded simulator.
@@ -26,6 +26,12 @@ run: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# ruff (pyflakes, pycodestyle, bugbear; `ruff check` only, no reformatting) and mypy (strict on
+# the pure core, default checks elsewhere): settings in pyproject.toml.
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 bench: $(VENV)/.installed
 	$(PY) bench/bench_hotpaths.py

@@ -167,7 +167,7 @@ def main() -> int:
     if held_best is None:
         print(f"no rate held (the first, {args.lo:.0f}/s, missed p99 <= {args.p99_ms:g} ms)")
     else:
-        bound = f"; {hi:.0f}/s missed" if hi is not None else f" (the highest tried)"
+        bound = f"; {hi:.0f}/s missed" if hi is not None else " (the highest tried)"
         print(f"highest rate held: {held_best:.0f} requests/s with dispatch error p99 <= {args.p99_ms:g} ms"
               f" ({args.n} requests of 16+1 tokens{bound})")
     return 0

@@ -35,7 +35,6 @@ from replayer.config import load_config  # noqa: E402
 from replayer.metrics import ReplayerMetrics  # noqa: E402
 from replayer.payload import PayloadBuilder  # noqa: E402
 from replayer.prepare import Prompts, RequestFactory  # noqa: E402
-from replayer.result import RequestResult  # noqa: E402
 from replayer.schedule import Timeline, iter_schedule  # noqa: E402
 from replayer.trace import open_trace  # noqa: E402
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +75,7 @@ def modelled(kind: str, session: object, hash_ids_synthetic: bool) -> bool:
 _G = np.uint64(GAMMA)
 
 
-def chain_keys_py(hash_ids: Sequence[int]) -> list[int]:
+def chain_keys_py(hash_ids: Sequence[int] | np.ndarray) -> list[int]:
     """Chained prefix keys of one row (Python ints in [0, 2**64)); see the module docstring."""
     out = []
     k = 0
@@ -148,7 +149,7 @@ class PrefixCacheModel:
         """Blocks (chain keys) currently cached."""
         return len(self._cache)
 
-    def observe(self, hash_ids: Sequence[int], input_length: int) -> int:
+    def observe(self, hash_ids: Sequence[int] | np.ndarray, input_length: int) -> int:
         """Hit tokens of the next row (``hash_ids`` in block order, ``input_length`` tokens);
         then the row's blocks are cached."""
         return self.observe_keys(chain_keys_py(hash_ids), input_length)
@@ -249,15 +250,15 @@ def expected_hits(trace: object | Iterable[object], *, block_size: int | None = 
     order. ``block_size`` defaults to the trace's. Pass ``model`` to continue an existing
     model (its settings then apply). Keys are computed ``chunk_rows`` rows at a time.
     """
-    batches = [trace] if hasattr(trace, "hash_offsets") else trace
+    batches: Iterable[Any] = [trace] if hasattr(trace, "hash_offsets") else trace  # type: ignore[assignment]
     out: list[np.ndarray] = []
     for b in batches:
         if model is None:
             bs = block_size or int(getattr(b, "block_size", 512))
             model = PrefixCacheModel(bs, kv_block_size, capacity_tokens, last_token_recomputed=last_token_recomputed)
-        offs = np.asarray(b.hash_offsets, dtype=np.int64)  # type: ignore[attr-defined]
-        vals = b.hash_values  # type: ignore[attr-defined]
-        il = np.asarray(b.input_length, dtype=np.int64)  # type: ignore[attr-defined]
+        offs = np.asarray(b.hash_offsets, dtype=np.int64)
+        vals = b.hash_values
+        il = np.asarray(b.input_length, dtype=np.int64)
         n = il.size
         observe = model.observe_keys
         for a in range(0, n, chunk_rows):

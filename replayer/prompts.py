@@ -118,7 +118,8 @@ class PromptBuilder:
 
     def block_ids(self, hash_id: int) -> np.ndarray:
         """The full block (``block_size`` int64 token ids) of ``hash_id``."""
-        return self.vocab[self._block_index([hash_id])[0]]
+        ids: np.ndarray = self.vocab[self._block_index([hash_id])[0]]
+        return ids
 
     def prompt_ids(self, hash_ids: Sequence[int], input_length: int) -> np.ndarray:
         """The prompt as an int64 array of exactly ``input_length`` ids.

@@ -119,7 +119,7 @@ _TYPES: dict[str, pa.DataType] = {
     "expected_prompt_tokens_per_document": pa.int64(), "usage_audit": pa.string(),
     "partial_output_tokens": pa.int64(),
     "ttft_from_due_ms": pa.float64(), "e2el_from_due_ms": pa.float64(), "slo_met": pa.bool_(),
-    "partial_output_tokens": pa.int64(), "x_request_id": pa.string(), "server_queue_time_ms": pa.float64(),
+    "x_request_id": pa.string(), "server_queue_time_ms": pa.float64(),
     "server_time_to_first_token_ms": pa.float64(), "server_generation_time_ms": pa.float64(),
     "client_overhead_ms": pa.float64(), "tenant": pa.string(),
     "images": pa.int32(), "image_bytes": pa.int64(), "expected_image_tokens": pa.int64(), "image_tokens": pa.int64(),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -70,10 +71,11 @@ def shard_mask(batch: object, shard: int, shards: int) -> np.ndarray:
             if s is not None:
                 h = int.from_bytes(hashlib.blake2b(str(s).encode(), digest_size=8).digest(), "little")
                 owner[i] = h % shards
-    return owner == shard
+    mine: np.ndarray = owner == shard
+    return mine
 
 
-def iter_schedule(open_batches: Callable[[], Iterable[object]], *, loops: int | None = 1,
+def iter_schedule(open_batches: Callable[[], Iterable[Any]], *, loops: int | None = 1,
                   loop_gap_ns: int = 0, shard: int = 0, shards: int = 1,
                   max_requests: int | None = None, start_loop: int = 0,
                   skip_rows: int = 0,
@@ -105,7 +107,7 @@ def iter_schedule(open_batches: Callable[[], Iterable[object]], *, loops: int | 
         for batch in open_batches():
             if max_requests is not None and gindex >= max_requests:
                 return
-            ts = np.asarray(batch.timestamp_ns, dtype=np.int64)  # type: ignore[attr-defined]
+            ts = np.asarray(batch.timestamp_ns, dtype=np.int64)
             if ts.size == 0:
                 continue
             any_rows = True

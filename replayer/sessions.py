@@ -124,7 +124,7 @@ class SessionGate:
 
     def take_waiting(self) -> list:
         """Remove and return every request still waiting (at shutdown: they were never sent)."""
-        out = []
+        out: list = []
         for k in self._live.values():
             out.extend(k.waiters)
             k.waiters.clear()

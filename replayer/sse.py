@@ -66,6 +66,7 @@ Times are integer nanoseconds of the caller's monotonic clock; durations are flo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -411,7 +412,7 @@ class StreamAccumulator:
             self.invalid_utf8 += text.count("\ufffd") - data.count(_FFFD)
             return text
 
-    def _take(self, obj: dict, t: int) -> None:
+    def _take(self, obj: dict[str, Any], t: int) -> None:
         get = obj.get
         # Each field is read independently (B08): error, usage and choices may share one event.
         if get("error") is not None:
@@ -485,7 +486,7 @@ class StreamAccumulator:
         whose usage is missing)."""
         return self._body and self._other is not None and not self.usage_seen and not self._stream_err
 
-    def _stream_error(self, obj: dict) -> None:
+    def _stream_error(self, obj: dict[str, Any]) -> None:
         err = obj.get("error")
         msg = _error_message(obj if err is None else err)
         if not self._stream_err:  # keep the first server message: the root cause
@@ -541,7 +542,7 @@ class StreamAccumulator:
             # choice event came after the last token-carrying one, that event carries them: the
             # trailing gap then yields ITL samples, keeping sum(ITL) == E2E - TTFT.
             ct = self.completion_tokens
-            if ct is not None and tok_i >= 0 and last_i > tok_i:
+            if ct is not None and last is not None and tok_i >= 0 and last_i > tok_i:
                 missing = ct - len(tok_t)
                 if missing > 0:
                     tok_t.append(last)

@@ -113,7 +113,9 @@ class Stat:
         # DDSketch's quantile q is the value of 0-based rank floor(q * (n - 1)) (its "lower"
         # rank): ask for rank - 0.5 so that float rounding cannot land one rank low
         q = min(1.0, (rank - 0.5) / (self.count - 1)) if self.count > 1 else 0.0
-        return min(self.max, max(self.min, float(self.sketch.get_quantile_value(q))))
+        qv = self.sketch.get_quantile_value(q)
+        assert qv is not None and self.max is not None and self.min is not None  # count > 0
+        return min(self.max, max(self.min, float(qv)))
 
     def cdf(self, points: int) -> tuple[np.ndarray, np.ndarray]:
         """(values, fraction of values <= each) at about ``points`` points, for a CDF plot:

@@ -500,7 +500,7 @@ def format_summary(s: dict) -> str:
     for name, label in (("ttft_ms", "Time to first token"), ("tpot_ms", "Time per output token (excl. 1st)"),
                         ("itl_ms", "Inter-token latency"), ("e2el_ms", "End-to-end latency")):
         rows.append(label)
-        rows.append((f"mean / median / p99 (ms)", " / ".join(fmt(s[f"{k}_{name}"]) for k in ("mean", "median", "p99"))))
+        rows.append(("mean / median / p99 (ms)", " / ".join(fmt(s[f"{k}_{name}"]) for k in ("mean", "median", "p99"))))
         if name in ("ttft_ms", "e2el_ms") and f"mean_{name[:-3]}_from_due_ms" in s:
             rows.append(("  from the due time (ms)", " / ".join(fmt(s[f"{k}_{name[:-3]}_from_due_ms"])
                                                               for k in ("mean", "median", "p99"))))

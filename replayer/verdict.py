@@ -24,6 +24,7 @@ unknown ones left out (``slo_unknown`` counts them). Goodput divides by the run'
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -70,15 +71,17 @@ def format_goodput(slos: dict[str, float]) -> list[str]:
     return [f"{k}:{v:g}" for k, v in slos.items()]
 
 
-def _f(values) -> np.ndarray:
+def _f(values: Any) -> np.ndarray:
     """A float64 array of ``values`` (None -> NaN)."""
     a = np.asarray(values, dtype=object if not isinstance(values, np.ndarray) else None)
     if a.dtype == object:
         a = np.array([np.nan if v is None else v for v in a.tolist()], dtype=np.float64)
-    return a.astype(np.float64, copy=False)
+    out: np.ndarray = a.astype(np.float64, copy=False)
+    return out
 
 
-def judge(outcome, ttft_ms, tpot_ms, e2el_ms, completion_tokens, slos: dict[str, float]) -> dict[str, np.ndarray]:
+def judge(outcome: Any, ttft_ms: Any, tpot_ms: Any, e2el_ms: Any, completion_tokens: Any,
+          slos: dict[str, float]) -> dict[str, np.ndarray]:
     """Per-request verdict codes (``MET``, ``MISSED``, ``UNKNOWN``, ``NOT_JUDGED``; int8 arrays) for
     each bound in ``slos`` and for ``all`` of them. Arguments are per-request columns of one length:
     ``outcome`` strings (``replayer.errors.Outcome`` values), latencies in ms and server-reported
@@ -128,7 +131,7 @@ def judge_one(outcome: str, ttft_ms: float | None, tpot_ms: float | None, e2el_m
     return out
 
 
-def apply(res, slos: dict[str, float]) -> dict[str, int] | None:
+def apply(res: Any, slos: dict[str, float]) -> dict[str, int] | None:
     """Fill a ``RequestResult``'s derived verdict fields: ``ttft_from_due_ms`` and
     ``e2el_from_due_ms`` (``from_due_ms``; None where unknown), and, with bounds, ``slo_met``
     (True, False, or None when unknown or not judged). Returns ``judge_one``'s codes (None
@@ -153,7 +156,7 @@ def slo_met(codes: np.ndarray) -> list[bool | None]:
     return [True if c == MET else False if c == MISSED else None for c in codes.tolist()]
 
 
-def fold(codes: dict[str, np.ndarray], completion_tokens) -> dict:
+def fold(codes: dict[str, np.ndarray], completion_tokens: Any) -> dict[str, Any]:
     """Counts of ``judge``'s codes, additive across batches, shards and runs: ``slo_met``,
     ``slo_missed``, ``slo_unknown`` (all bounds), ``slo_requests`` ({bound or "all": {met, missed,
     unknown}}) and ``goodput_output_tokens`` (server-reported completion tokens of the requests
@@ -174,7 +177,7 @@ def _ratio(met: int, missed: int) -> float | None:
     return met / (met + missed) if met + missed else None
 
 
-def finish(counts: dict, slos: dict[str, float], duration_s: float) -> dict:
+def finish(counts: dict[str, Any], slos: dict[str, float], duration_s: float) -> dict[str, Any]:
     """Summary fields from ``fold``'s ``counts`` (merged) and the run's ``duration_s``:
     ``goodput_slos_ms`` (the bounds), ``request_goodput`` (requests/s meeting every bound, vllm's
     name), ``output_token_goodput`` (their output tokens/s), ``slo_attainment`` and
@@ -192,7 +195,7 @@ def finish(counts: dict, slos: dict[str, float], duration_s: float) -> dict:
     return out
 
 
-def from_due_ms(value_ms, sent_ns, due_ns, session_wait_ms) -> np.ndarray:
+def from_due_ms(value_ms: Any, sent_ns: Any, due_ns: Any, session_wait_ms: Any) -> np.ndarray:
     """Latency from the due time (coordinated-omission-free, wrk2's corrected view): ``value_ms``
     (TTFT or E2E, measured from the send) plus the time from the due time to the send, in ms.
     For a session turn held back behind its predecessor, "due" is its release (due +
@@ -200,7 +203,8 @@ def from_due_ms(value_ms, sent_ns, due_ns, session_wait_ms) -> np.ndarray:
     is the (last) attempt's send, so a retried request's earlier attempts count too. NaN where
     ``value_ms`` or ``sent_ns`` is unknown."""
     wait = _f(session_wait_ms)
-    return _f(value_ms) + (_f(sent_ns) - _f(due_ns)) / 1e6 - np.where(np.isnan(wait), 0.0, wait)
+    out: np.ndarray = _f(value_ms) + (_f(sent_ns) - _f(due_ns)) / 1e6 - np.where(np.isnan(wait), 0.0, wait)
+    return out
 
 
 def _pct(v: float | None) -> str:
@@ -211,7 +215,7 @@ def _num(v: float | None) -> str:
     return "n/a" if v is None else f"{v:,.2f}"
 
 
-def verdict_rows(summary: dict) -> list[tuple[str, str]]:
+def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     """The verdict of a summary as (label, text) rows, to show first (printed summary, HTML
     report); [] when it has no ``--goodput`` bounds."""
     slos = summary.get("goodput_slos_ms")
@@ -219,7 +223,7 @@ def verdict_rows(summary: dict) -> list[tuple[str, str]]:
         return []
     per = summary.get("slo_requests") or {}
 
-    def attained(key: str, counts: dict) -> str:
+    def attained(key: str, counts: dict[str, int]) -> str:
         met, missed = counts.get("met", 0), counts.get("missed", 0)
         return f"{_pct(summary.get(key))} ({met:,} met of {met + missed:,} judged)"
 

@@ -136,8 +136,8 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     if results is None:
         results = new_results_dir()
     elif not cfg.resume and not cfg.resume_existing:  # (a worker would refuse its folder only after the others started)
-        dirs = (results, *(os.path.join(results, f"worker-{i}") for i in range(n)))
-        used = next((why for d in dirs if os.path.isdir(d) and (why := earlier_run(d, resume=results))), None)
+        taken = (results, *(os.path.join(results, f"worker-{i}") for i in range(n)))
+        used = next((why for d in taken if os.path.isdir(d) and (why := earlier_run(d, resume=results))), None)
         if used:
             print(f"replayer run: --results {results}: {used}", file=sys.stderr)
             return 2

@@ -243,8 +243,8 @@ class FaultServer:
     ``await stop()``; or ``async with``. Routes: ``POST`` any path plays a plan; ``GET /health``
     answers 200; ``GET /v1/models`` lists one model, ``m``."""
 
-    def __init__(self, plan: PlanSource = Plan(), *, sample_run_delay: bool = True) -> None:
-        self.plan = plan
+    def __init__(self, plan: PlanSource | None = None, *, sample_run_delay: bool = True) -> None:
+        self.plan = plan if plan is not None else Plan()
         self.sample_run_delay = sample_run_delay  # fill Received.run_delays (~0.1 ms a write)
         self.received: list[Received] = []
         self.active = 0
@@ -380,7 +380,7 @@ class ThreadedFaultServer:
     ``with ThreadedFaultServer(plan) as srv:`` -> ``srv.url``, ``srv.server`` (the FaultServer:
     read ``received``/``peak_active`` after the requests are done)."""
 
-    def __init__(self, plan: PlanSource = Plan()) -> None:
+    def __init__(self, plan: PlanSource | None = None) -> None:
         self.server = FaultServer(plan)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -445,8 +445,8 @@ class ProcessFaultServer:
     srv:`` -> ``srv.url``; after the block: ``srv.received``, ``srv.peak_active``,
     ``srv.peak_connections`` (copied from the child)."""
 
-    def __init__(self, plan: PlanSource = Plan()) -> None:
-        self.plan = plan
+    def __init__(self, plan: PlanSource | None = None) -> None:
+        self.plan = plan if plan is not None else Plan()
         self.url: str | None = None
         self.received: list[Received] = []
         self.peak_active = 0

@@ -89,7 +89,7 @@ def test_k8s_manifests_validate_against_schemas():
 
     crd_schema = json.loads((DEPLOY / "k8s" / "schemas" / "monitoring.coreos.com-v1.json").read_text())
     kinds = set()
-    for name, doc in _k8s_docs():
+    for _name, doc in _k8s_docs():
         kinds.add(doc["kind"])
         if doc["apiVersion"].startswith("monitoring.coreos.com/"):
             jsonschema.validate(doc, crd_schema)
@@ -149,7 +149,7 @@ def test_soak_setups_are_soaks_that_continue_after_a_restart(tmp_path):
     for argv in ([_k8s_expand(a, cm) for a in k8s], [trace if a.startswith("traces/") else a for a in compose]):
         results = argv[argv.index("--results") + 1]
         argv[argv.index("--results") + 1] = str(tmp_path / results.strip("/"))
-        values = lambda: {k: v for k, v in vars(build_parser().parse_args(argv)).items()  # noqa: E731
+        values = lambda: {k: v for k, v in vars(build_parser().parse_args(argv)).items()  # noqa: E731, B023
                           if k in RunConfig.model_fields}
         cfg = load_config(values())
         assert cfg.loops is None and cfg.resume_existing and cfg.resume is None and cfg.roll_interval_s
@@ -186,7 +186,7 @@ def test_k8s_sharded_manifests_validate_against_schemas():
 
     crd_schema = json.loads((DEPLOY / "k8s" / "schemas" / "monitoring.coreos.com-v1.json").read_text())
     kinds = []
-    for name, doc in _sharded_docs():
+    for _name, doc in _sharded_docs():
         kinds.append(doc["kind"])
         if doc["apiVersion"].startswith("monitoring.coreos.com/"):
             jsonschema.validate(doc, crd_schema)
@@ -260,7 +260,6 @@ def _k8s_expand(text: str, env: dict) -> str:
 def _run_script(c, env: dict, results, tmp_path, timeout=30):
     """Run a container's `sh -c` script locally with /results -> `results` and a `replayer`
     stub that prints its arguments as JSON; returns (argv lists, stderr)."""
-    import os
     import textwrap
 
     bin_dir = tmp_path / "bin"

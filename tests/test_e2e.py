@@ -80,7 +80,6 @@ def test_two_minutes_of_mooncake_token_exact(tmp_path, mooncake_slice, sim_proce
     # what the server received: exact lengths, shared prefixes exactly where hash ids are shared
     got = [orjson.loads(line) for line in received.read_text().splitlines()]
     assert len(got) == n
-    by_len: dict[tuple, list] = {}
     for g in got:
         assert isinstance(g["prompt"], list)
         assert len(g["prompt"]) == g["prompt_tokens"]

@@ -2,7 +2,6 @@
 long soak's results still writes its summary under a memory limit its own replay fits in."""
 
 import json
-import os
 import resource
 import signal
 import subprocess

@@ -206,7 +206,7 @@ def test_ring_space_is_reused_only_after_its_bytes_left_the_ring():
     # the ring went round: 15 or more requests of >= 10 KB through a 128 KB ring (how many found no
     # room depends on how fast the child writes: 11 under two CPU hogs, 0-9 without)
     assert misses <= 25
-    for (sent_ns, written, err), received, data in out:
+    for (_sent_ns, written, err), received, data in out:
         assert (err, written) == (0, len(data)) and received == data
 
 

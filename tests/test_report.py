@@ -165,7 +165,7 @@ def test_compare_text_and_json(results, tmp_path, capsys):
     capsys.readouterr()
     assert cli_main(["compare", str(results), str(b)]) == 0
     out = capsys.readouterr()
-    line = next(l for l in out.out.splitlines() if l.startswith("TTFT p99"))
+    line = next(x for x in out.out.splitlines() if x.startswith("TTFT p99"))
     assert "+100.0%" in line and line.rstrip().endswith("A")
     assert "errors: timeout" in out.out and "not the same experiment" not in out.out
     assert cli_main(["compare", str(results), str(b / "summary.json"), "--json"]) == 0

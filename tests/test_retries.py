@@ -21,7 +21,7 @@ from replayer.logs import ErrorBurstLog, JsonFormatter, setup_logging
 from replayer.metrics import ReplayerMetrics
 from replayer.result import SCHEMA, RequestResult, to_table
 
-from faultserver import ABORT, DONE, FaultServer, Plan, choice, run_delay_ns, usage_event
+from faultserver import DONE, FaultServer, Plan, choice, run_delay_ns, usage_event
 from test_client_faults import at, prepared, result_for
 
 OK = Plan([(20, choice("a")), (25, choice("b", "length")), (26, usage_event(16, 2)), (27, DONE)])

@@ -1,6 +1,6 @@
 """Streaming schedule: loops, shards, resume skips, and the re-anchoring timeline."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from hypothesis import given, settings

@@ -13,7 +13,6 @@ import time
 import urllib.request
 
 import pyarrow.parquet as pq
-import pytest
 
 from conftest import free_port, wait_http
 

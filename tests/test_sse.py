@@ -94,13 +94,13 @@ def run(transcript, accumulator=None, splitter=None) -> StreamAccumulator:
 
 
 def metrics(acc: StreamAccumulator) -> dict:
-    f, l = acc.first_token_ns, acc.last_token_ns
+    f, last = acc.first_token_ns, acc.last_token_ns
     return {
         "success": acc.success,
         "kind": acc.error_kind,
         "error": acc.error,
         "ttft": None if f is None else f / MS,
-        "e2e": None if l is None else l / MS,
+        "e2e": None if last is None else last / MS,
         "tpot": acc.tpot_ms(),
         "itl": acc.itl_ms(),
         "N": acc.output_tokens,
@@ -441,7 +441,9 @@ def test_chat_role_chunk_and_reasoning_tokens():
 
 
 def test_continuous_usage_role_chunk_with_zero_usage_is_not_a_token():
-    u = lambda n: ',"usage":{"prompt_tokens":2,"completion_tokens":%d,"total_tokens":%d}' % (n, n + 2)
+    def u(n: int) -> str:
+        return ',"usage":{"prompt_tokens":2,"completion_tokens":%d,"total_tokens":%d}' % (n, n + 2)
+
     tr = [(5, ('data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]%s}\n\n' % u(0)).encode()),
           (20, ('data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]%s}\n\n' % u(1)).encode()),
           (30, ('data: {"choices":[{"index":0,"delta":{"content":"b"},"finish_reason":"length"}]%s}\n\n' % u(2)).encode()),
@@ -451,7 +453,9 @@ def test_continuous_usage_role_chunk_with_zero_usage_is_not_a_token():
 
 
 def test_continuous_usage_when_role_chunk_has_no_usage():
-    u = lambda n: ',"usage":{"prompt_tokens":2,"completion_tokens":%d,"total_tokens":%d}' % (n, n + 2)
+    def u(n: int) -> str:
+        return ',"usage":{"prompt_tokens":2,"completion_tokens":%d,"total_tokens":%d}' % (n, n + 2)
+
     tr = [(5, b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'),
           (20, ('data: {"choices":[{"index":0,"delta":{"content":"ab"},"finish_reason":null}]%s}\n\n' % u(1)).encode()),
           (30, ('data: {"choices":[{"index":0,"delta":{"content":"cd"},"finish_reason":null}]%s}\n\n' % u(3)).encode()),
@@ -608,7 +612,7 @@ _line = st.one_of(
 @given(lines=st.lists(st.tuples(_line, st.sampled_from(["\n", "\r", "\r\n"])), max_size=25),
        bom=st.booleans(), tail=_value_text, cuts=st.lists(st.integers(0, 2000), max_size=12))
 def test_decoder_matches_reference_at_any_split(lines, bom, tail, cuts):
-    s = ("\ufeff" if bom else "") + "".join(l + e for l, e in lines) + tail
+    s = ("\ufeff" if bom else "") + "".join(text + e for text, e in lines) + tail
     b = s.encode()
     expected = ref_decode(b)
     pos = sorted({c % (len(b) + 1) for c in cuts})

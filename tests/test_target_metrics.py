@@ -9,7 +9,7 @@ import aiohttp
 import pyarrow.parquet as pq
 import pytest
 
-from replayer.target_metrics import (COUNTERS, GAUGES, SampleFiles, TargetScraper, aggregate, check_invariants, parse_series,
+from replayer.target_metrics import (COUNTERS, GAUGES, SampleFiles, TargetScraper, check_invariants, parse_series,
                                      parse_vllm_metrics, read_samples, sample_files, save_samples,
                                      series_deltas)
 

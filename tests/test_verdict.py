@@ -145,7 +145,7 @@ def test_the_per_request_judge_agrees_with_the_columnar_one():
         for i in range(2000):
             one = verdict.judge_one(outcomes[i], ttft[i], tpot[i], e2el[i], tokens[i], slos)
             assert one == {k: int(v[i]) for k, v in cols.items()}, (i, slos)
-    for i, (case, want) in enumerate(CASES):
+    for case, want in CASES:
         assert tuple(verdict.judge_one(*case, SLOS).values()) == want, case
 
 

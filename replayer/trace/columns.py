@@ -64,7 +64,7 @@ def _column_hash(col: pa.ChunkedArray, rows: np.ndarray, probs: _Problems) -> tu
     t = col.type
     if pa.types.is_string(t) or pa.types.is_large_string(t):  # CSV: a JSON list per cell
         lists: list = []
-        for i, v in enumerate(col.to_pylist()):
+        for v in col.to_pylist():
             if v is None:
                 lists.append(None)
                 continue
