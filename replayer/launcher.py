@@ -2,10 +2,9 @@
 
 Why: the event loop handles the response streams. Under load a server's token tick makes ~100
 connections readable at once, and the loop spends a few milliseconds on that burst; a request due
-during it would wait for the burst to end (dispatch error p99 ~4 ms on issue 7's workload). A
-thread in the same process is not enough: it shares the GIL with the loop, and each head of a
-burst waited its turn for it (the median gap between two heads of a burst was 30 us, ~10 us of it
-GIL hand-over, and one gap in 14 was over 100 us). So the writes happen in a small child process
+during it would wait for the burst to end (milliseconds of dispatch error). A thread in the same
+process is not enough: it shares the GIL with the loop, so each head of a burst waits its turn
+for it (tens of microseconds per head, some over 100 us). So the writes happen in a small child process
 (``replayer.launchproc``: standard library only, ~10 MB) with its own interpreter.
 
 How: the dispatcher binds each request to an idle keep-alive connection ``launch_ahead_ns`` (50 ms)
@@ -26,12 +25,10 @@ full socket buffer) through the connection's transport. The child runs at real-t
 where the OS permits (root or ``CAP_SYS_NICE``: SCHED_FIFO 1, else nice -10). The loop still
 reads and measures every response; only the write moves.
 
-Measured on issue 7's workload (bench/fidelity, 2 cores shared with the server): W1 dispatch
-error p99 0.75-0.95 ms (the thread: 2.15 ms in a run the same day); stress slice at 160x (470
-requests/s of ~70 KB) p99 0.59-0.77 ms. A hand-over costs the loop ~70 us (``bench_hotpaths``:
-the copy ~20 us, the ``sendmsg`` most of the rest, both cold after a sleep); with a memory file
-per request it was ~160 us, and at 160x that left the loop near saturation (p99 27 ms in some
-runs).
+Why a shared ring: a hand-over then costs the loop ~70 us (``bench/bench_hotpaths.py``: the copy
+~20 us, the ``sendmsg`` most of the rest), about half of what a memory file per request costs,
+which keeps the loop out of saturation at hundreds of large requests per second. Dispatch error
+with and without the launcher: README, *Performance* (``bench/fidelity/run.sh``).
 
 A request whose connection is closed before its due time is cancelled (``cancel``): the child
 drops it and closes its descriptors, so the socket goes away with the loop's. The child exits when

@@ -100,9 +100,9 @@ def _atomic_write_table(table: pa.Table, path: str, *, buffered: bool = True) ->
     """Write ``table`` to ``path`` (zstd Parquet) through ``atomic_file``.
 
     ``buffered``: encode into an Arrow memory buffer, then write it with one Python file write.
-    Handing ``pq.write_table`` the path instead stalled the event loop (and then the writes
-    it hands to the launcher) for 20-40 ms per flush at 470 requests/s (issue 7's stress slice at 160x: dispatch error p99
-    13-40 ms with it, ~1 ms buffered). False: stream through a Python file object instead of
+    Handing ``pq.write_table`` the path instead holds the GIL through the file writes, which
+    stalls the event loop (and the requests it hands to the launcher) for tens of milliseconds
+    per flush at hundreds of requests per second. False: stream through a Python file object instead of
     holding the whole file in memory."""
     if buffered:
         sink = pa.BufferOutputStream()

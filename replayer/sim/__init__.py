@@ -142,7 +142,7 @@ the first inter-token gap averages one step rather than half a step.
 Prefix cache: the prompt is cut into ``kv_block_size`` blocks; only full blocks count. The
 key of block i is a 64-bit hash of the whole prefix (blocks 0..i): per-token
 SplitMix64 (``replayer.hashing``) of (token XOR position-key), summed per block, then cumulatively summed over blocks
-(vectorised in numpy, ~0.1-0.2 ms for 14k tokens; blake2b per block was ~1 ms). Not
+(vectorised in numpy, ~0.1-0.2 ms for 14k tokens, where a blake2b per block costs ~1 ms). Not
 cryptographic, but content- and position-keyed with 64-bit keys: accidental collisions are
 ~1e-8 over millions of lookups. Hits = leading blocks found x block size, capped like vLLM so
 at least one prompt token is recomputed. Simplifications vs vLLM: a request's blocks enter
