@@ -109,7 +109,7 @@ def test_a_resume_with_another_mix_is_refused(tmp_path):
 def test_shards_of_a_mix_merge_into_per_tenant_sections(tmp_path):
     from replayer.config import load_config
     from replayer.daemon import run_replay
-    from replayer.workers import merge_results
+    from replayer.merge import merge_results
 
     dirs = []
     for shard in ("0/2", "1/2"):
