@@ -1,7 +1,7 @@
 """The one SplitMix64 (replayer.hashing): pinned values, and every form equal to the scalar one.
 
 The pinned values were computed by the four separate copies this module replaced (prompts,
-prefix_cache, tracetools, the simulator's cache): prompts, prefix keys, rehashed trace ids and
+prefix_cache, tracetools, the simulator's cache, trace.agentic): prompts, prefix keys, rehashed trace ids and
 the simulator's block keys must stay bit-identical."""
 
 import numpy as np
@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from replayer.hashing import GAMMA, MASK64, mix64, mix64_array, mix64_inplace, mix64_steps
 from replayer.prefix_cache import chain_keys, chain_keys_py
 from replayer.sim import prompt_block_hashes
+from replayer.trace.agentic import salt_ids
 from replayer.tracetools import _prefix_chain
 
 PINNED = {0: 0x0, 1: 0x5692161D100B05E5, MASK64: 0xB4D055FCF2CBBD7B, GAMMA: 0xE220A8397B1DCDAF,
@@ -57,3 +58,6 @@ def test_callers_pinned():
     assert _prefix_chain(np.array([0, 3, 5]), np.array([1, 2, 3, 1, 9])).tolist() == [
         4922461756044938104, 8261106594766421335, 5966783535737962542, 4922461756044938104,
         17531770685786046823]
+    ids = np.array([0, 1, -1, 2**62, 123456789, -2**63], dtype=np.int64)
+    assert salt_ids(ids, 99).tolist() == [1593456917116945961, 243321680435763400, 4543380895191925280,
+                                          2514866482844361359, 1392260634254724408, 3733480549510740953]

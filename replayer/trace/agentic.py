@@ -43,12 +43,13 @@ from typing import Any, Iterator
 import numpy as np
 import orjson
 
+from ..hashing import mix64 as _mix
+from ..hashing import mix64_array
 from .columns import _Raw
 from .model import _Problems
 
 #: Hash ids made here stay below 2**62 (below the reserved synthesised range).
 ID_MASK = (1 << 62) - 1
-_M64 = (1 << 64) - 1
 AGENTIC_FORMATS = ("weka", "copilot", "tracelab")
 
 
@@ -92,13 +93,6 @@ class AgentSession:
 # -- ids ---------------------------------------------------------------------------------------
 
 
-def _mix(z: int) -> int:
-    z &= _M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    return z ^ (z >> 31)
-
-
 def scope_key(name: str) -> int:
     """A stable 64-bit key of a scope name (a session id, a trace's tenant): keyed BLAKE2b."""
     return int.from_bytes(hashlib.blake2b(name.encode("utf-8"), digest_size=8,
@@ -108,12 +102,8 @@ def scope_key(name: str) -> int:
 def salt_ids(ids: np.ndarray, key: int) -> np.ndarray:
     """``ids`` (int64 bit patterns) moved into the scope ``key``: ``mix64(mix64(key) ^ id)`` cut
     to 62 bits. The same id in one scope maps to the same id; two scopes share none (but by a
-    ~2**-62 chance per pair). Vectorised SplitMix64 finalizer."""
-    z = np.asarray(ids, dtype=np.int64).view(np.uint64) ^ np.uint64(_mix(key))
-    with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
+    ~2**-62 chance per pair). Vectorised SplitMix64 finalizer (``replayer.hashing``)."""
+    z = mix64_array(np.asarray(ids, dtype=np.int64).view(np.uint64) ^ np.uint64(_mix(key)))
     return (z & np.uint64(ID_MASK)).astype(np.int64)
 
 
