@@ -28,9 +28,9 @@ class _Traces(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         if values:
-            setattr(namespace, "trace", values[0])
+            namespace.trace = values[0]
             if len(values) > 1:
-                setattr(namespace, "mix", list(values))
+                namespace.mix = list(values)
 
 
 def _base_type(annotation: object) -> type:

@@ -153,7 +153,7 @@ class IdleGapCap:
         self.prev_ns: int | None = None
         self.skipped_ns = 0  # trace ns skipped so far
         self.gaps = 0
-        self.map: list[dict] = []
+        self.map: list[dict[str, Any]] = []
 
     def apply(self, trace_ns: np.ndarray, rows: np.ndarray | None = None, loop: int = 0) -> np.ndarray:
         ts = np.asarray(trace_ns, dtype=np.int64)
@@ -163,7 +163,7 @@ class IdleGapCap:
         gaps = np.diff(ts, prepend=np.int64(prev))
         excess = np.maximum(gaps - self.cap_trace_ns, 0)
         skipped = self.skipped_ns + np.cumsum(excess)
-        out = ts - skipped
+        out: np.ndarray = ts - skipped
         for i in np.flatnonzero(excess)[: max(0, self.MAP_LIMIT - len(self.map))]:
             self.map.append({"loop": int(loop), "row": int(rows[i]) if rows is not None else None,
                              "trace_s": int(ts[i]) / 1e9, "replay_s": int(out[i]) / 1e9 / self.speedup})
@@ -172,7 +172,7 @@ class IdleGapCap:
         self.prev_ns = int(ts[-1])
         return out
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         return {"cap_s": self.cap_s, "gaps_capped": self.gaps, "time_skipped_s": self.skipped_ns / 1e9 / self.speedup,
                 "trace_time_skipped_s": self.skipped_ns / 1e9, "map": self.map}
 
