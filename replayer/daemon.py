@@ -541,7 +541,9 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     run_id = cfg.run_id or new_run_id()
     factory = RequestFactory(prompts, payload, timeline, endpoint=cfg.endpoint, text_mode=cfg.prompt_mode == "text",
                              sessions=cfg.session_policy != "off", shard=shard, run_id=run_id,
-                             session_header=cfg.session_header)
+                             session_header=cfg.session_header, image_size=cfg.image_size,
+                             image_format=cfg.image_format, image_token_rule=cfg.image_token_rule,
+                             image_cache_mb=cfg.image_cache_mb)
     gate = SessionGate(cfg.session_policy, scale=lambda ns: round(ns / timeline.speedup))
 
     meta = {"replayer.version": __version__, "replayer.t0_wall_s": repr(anchor.wall_s),

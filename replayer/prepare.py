@@ -164,7 +164,9 @@ class RequestFactory:
     ``endpoint``: of rows without an ``endpoint`` column (``--endpoint``); ``text_mode``: text
     prompts on completions (``--prompt-mode text``); ``sessions``: rows wait on their session or
     parent (``--session-policy`` not ``off``); ``shard``: recorded in each result;
-    ``session_header``: ``--session-header`` (a header name or preset carrying the session id).
+    ``session_header``: ``--session-header`` (a header name or preset carrying the session id);
+    ``image_*``: the multimodal settings (``--image-size``, ``--image-format``,
+    ``--image-token-rule``, ``--image-cache-mb``).
     ``run_id``: each request gets the header ``X-Request-Id: <run_id>-<loop>-<row>``
     (``request_id``), built here in the lead window with the body, and the result records it
     (``x_request_id``); None sends no such header. Nothing here touches metrics: the run's
@@ -172,7 +174,8 @@ class RequestFactory:
 
     def __init__(self, prompts: Prompts, payload: PayloadBuilder, timeline: Timeline, *,
                  endpoint: str = COMPLETIONS, text_mode: bool = False, sessions: bool = False, shard: int = 0,
-                 run_id: str | None = None, session_header: str | None = None) -> None:
+                 run_id: str | None = None, session_header: str | None = None, image_size: str = "512x512",
+                 image_format: str = "png", image_token_rule: str = "qwen2-vl", image_cache_mb: int = 256) -> None:
         self.run_id = run_id
         self.prompts = prompts
         self.payload = payload
@@ -182,6 +185,8 @@ class RequestFactory:
         self.text_mode = text_mode
         self.sessions = sessions
         self.session_header = session_header_lines(session_header)
+        self.image_size, self.image_format = image_size, image_format
+        self.image_token_rule, self.image_cache_mb = image_token_rule, image_cache_mb
         self._histories: OrderedDict[object, _History] = OrderedDict()
         self._history_tokens = 0
         self._seen: tuple[object, int, int] | None = None  # (batch, loop, next row to observe)
@@ -289,13 +294,13 @@ class RequestFactory:
         cache (built ahead by ``imageprefetch`` or now). Sets the request's image count, bytes,
         expected image tokens and expected image-cache hits."""
         if self._image_src is None:
-            self._image_src = ImageParts(self.cfg.image_format, self.cfg.image_cache_mb << 20)
-            self._image_rule = parse_rule(self.cfg.image_token_rule)
-            self._prefetch = ImagePrefetch(self._image_src, self.cfg.image_size)
+            self._image_src = ImageParts(self.image_format, self.image_cache_mb << 20)
+            self._image_rule = parse_rule(self.image_token_rule)
+            self._prefetch = ImagePrefetch(self._image_src, self.image_size)
         seed = self.prompts.for_loop(sb.loop).seed
         self._prefetch.at(sb, j, seed)
         parts, nbytes, expected, again = [], 0, 0, 0
-        images = row_images(t, i, req.row, self.cfg.image_size)
+        images = row_images(t, i, req.row, self.image_size)
         for image_id, w, h in images:
             part, size = self._image_src.part(seed, image_id, w, h)
             again += self._image_src.seen(seed, image_id, w, h)

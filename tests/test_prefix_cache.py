@@ -233,3 +233,15 @@ def test_trace_inspect_and_a_replay_expect_the_same_hits(tmp_path, capsys):
     summary = json.loads((results / "summary.json").read_text())
     assert summary["sent"] == 1750 and summary["completed"] == 1750
     assert summary["expected_prefix_hit_tokens"] == inspected["expected_prefix_hit_tokens"] > 0
+
+
+def test_request_factory_defaults_are_run_config_defaults():
+    # RequestFactory takes its settings one by one (not the config): its defaults must be the run's
+    import inspect
+
+    from replayer.config import RunConfig
+    from replayer.prepare import RequestFactory
+
+    params = inspect.signature(RequestFactory).parameters
+    for name in ("image_size", "image_format", "image_token_rule", "image_cache_mb", "session_header", "endpoint"):
+        assert params[name].default == RunConfig.model_fields[name].default, name
