@@ -237,8 +237,8 @@ def test_chat_images_against_the_simulator_rule_counts_agree(tmp_path, sim_proce
     assert [c["type"] for c in content[1:]] == ["image_url"] * len(ids[0])
     assert content[1]["image_url"]["url"].startswith("data:image/png;base64,")
     metrics = subprocess.run(["curl", "-s", url + "/metrics"], capture_output=True, text=True).stdout
-    queries = float(next(l.split()[-1] for l in metrics.splitlines() if l.startswith("vllm:mm_cache_queries_total")))
-    hits = float(next(l.split()[-1] for l in metrics.splitlines() if l.startswith("vllm:mm_cache_hits_total")))
+    queries = float(next(x.split()[-1] for x in metrics.splitlines() if x.startswith("vllm:mm_cache_queries_total")))
+    hits = float(next(x.split()[-1] for x in metrics.splitlines() if x.startswith("vllm:mm_cache_hits_total")))
     assert queries == s["images_sent"] and hits == s["expected_image_cache_hits"]
     import pyarrow.parquet as pq
     t = pq.read_table(tmp_path / "r" / "requests.parquet").sort_by("row").to_pylist()
