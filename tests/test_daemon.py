@@ -377,7 +377,7 @@ def test_status_says_waiting_until_the_start_time(tmp_path, mooncake_slice, sim_
     trace = mooncake_slice(30)
     url, _ = sim_process("--itl-base-ms", "2")
     port = free_port()
-    start = time.time() + 4
+    start = time.time() + 12  # start-up alone took over 4 s on a 2-core machine at load average 10
     p = _run([str(trace), "--target", url, "--speedup", "10", "--results", str(tmp_path / "r"), "--admin-port",
               str(port), "--start-at", repr(start), "--drain-timeout", "1"])
     try:

@@ -290,8 +290,9 @@ def test_a_replay_through_the_launcher_sends_every_request_on_its_due_time():
     ts = [0, 0, 0, 15, 30, 30, 45, 60, 75, 90]
     # (a connection each, from 1 s out: on a loaded machine (load average 14) 3-8 of 10 were
     # launched with 8 warm connections and 0.2 s, old dispatcher too: the first ones were overdue
-    # before their hand-over, or found every connection still held by a slow earlier response)
-    results, launched = _replay_through_the_launcher(ts, warm=len(ts), start_s=1.0)
+    # before their hand-over, or found every connection still held by a slow earlier response;
+    # 1 s out still lost 2 of 10 beside four other busy processes, hence 3 s)
+    results, launched = _replay_through_the_launcher(ts, warm=len(ts), start_s=3.0)
     assert len(results) == len(ts) and all(r.outcome == "success" for r in results)
     assert launched == len(ts)                          # every write went through the launcher
     assert all(r.sent_ns >= r.due_ns for r in results)  # never early

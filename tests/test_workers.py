@@ -78,8 +78,9 @@ def test_shards_on_one_machine_add_up_to_a_single_run(tmp_path, mooncake_slice, 
     url_sharded, rec_sharded = sim_process(*SIM_ARGS)
     url_single, rec_single = sim_process(*SIM_ARGS)
     # every process must have loaded the trace and reached the target before the shared start:
-    # four processes starting at once on a busy 2-core machine took up to ~10 s
-    start_at = time.time() + 15.0
+    # four processes starting at once on a busy 2-core machine took up to ~10 s (~30 s at load
+    # average 11)
+    start_at = time.time() + 30.0
     dirs = [tmp_path / f"shard-{i}" for i in range(SHARDS)]
     procs = [_run(trace_path, url_sharded, d, "--shard", f"{i}/{SHARDS}", "--start-at", repr(start_at))
              for i, d in enumerate(dirs)]
