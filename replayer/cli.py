@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .tracecli import add_trace_parser
 
     add_trace_parser(sub)
+    from .capture.record import add_record_parser
+
+    add_record_parser(sub)
     mg = sub.add_parser("merge", help="merge the results folders of shards or workers into one summary")
     mg.add_argument("dirs", nargs="+", help="results folders")
     mg.add_argument("-o", "--output", default=None,
@@ -286,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         from .report import main_compare
 
         return main_compare(args.a, args.b, args.json)
+    if args.command == "record":
+        from .capture.record import main_record
+
+        return main_record(args)
     if args.command == "trace":
         from .tracecli import run_trace
 

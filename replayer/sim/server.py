@@ -109,6 +109,7 @@ class SimServer(_Engine):
             app.router.add_get("/health", self._health)
             app.router.add_get("/metrics", self._metrics_handler)
             app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
+            app.router.add_post("/tokenize", self._tokenize)
             app.on_shutdown.append(self._on_shutdown)
             app.on_cleanup.append(self._on_cleanup)
             self._app = app
@@ -169,6 +170,23 @@ class SimServer(_Engine):
         requests sent after it hit only what they themselves cache. The metrics' counters stay."""
         self._cache.reset()
         return web.Response(status=200)
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /tokenize``: ``{"prompt": ...}`` or ``{"messages": [...]}`` -> ``{"count",
+        "max_model_len", "tokens", "token_strs"}``, tokenized as the simulator counts a prompt
+        (whitespace words; token-id prompts as they are); word ids are non-negative 31-bit values,
+        stable for the life of the process."""
+        try:
+            body = orjson.loads(await request.read())
+            _, ids, n, _ = (self._parse_chat if isinstance(body, dict) and "messages" in body else self._parse)(
+                {**body, "max_tokens": None} if isinstance(body, dict) else body)
+        except orjson.JSONDecodeError:
+            return _error_response("Request body is not valid JSON")
+        except _BadRequest as e:
+            return _error_response(str(e))
+        tokens = (ids & 0x7FFFFFFF).tolist()
+        return web.json_response({"count": n, "max_model_len": self.config.max_model_len, "tokens": tokens,
+                                  "token_strs": None})
 
     async def _models(self, request: web.Request) -> web.Response:
         c = self.config

@@ -20,6 +20,11 @@ DEFAULT_TIME_UNIT = "ms"
 #: Nanoseconds per unit for ``replayer.time_unit``.
 TIME_UNITS: dict[str, int] = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 META_PREFIX = "replayer."
+#: File metadata key that marks a capture's files (``replayer record``, ``trace from-log``): rows in
+#: completion order, some not replayable (see ``trace/parquet.replayable_rows``)
+CAPTURE_META = "replayer.capture"
+#: A capture folder's rolled files list the parts they hold under this key (as results folders do)
+ROLLED_PARTS_META = "replayer.rolled_parts"
 MAX_PROBLEMS = 50
 #: Input formats (``fmt=``); ``"auto"`` picks one from the path (see :func:`read_trace`).
 FORMATS = ("parquet", "mooncake", "azure", "jsonl", "csv", "weka", "copilot", "tracelab", "servegen")

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import glob as _glob
+import json
 import os
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .columns import _check_hash_counts, _Raw, _raw_from_table
-from .model import _OPTIONAL, DEFAULT_BLOCK_SIZE, DEFAULT_TIME_UNIT, META_PREFIX, SCHEMA_VERSION, TIME_UNITS, _Problems
+from .model import _OPTIONAL, CAPTURE_META, DEFAULT_BLOCK_SIZE, ROLLED_PARTS_META, DEFAULT_TIME_UNIT, META_PREFIX, SCHEMA_VERSION, TIME_UNITS, _Problems
 from .options import _Opts
 
 
@@ -55,11 +57,54 @@ def trace_paths(path: str) -> list[str]:
     """Files of a Parquet source: the file itself, a folder's ``*.parquet``/``*.pq`` files, or a
     glob's matches, sorted by name (shards are read in that order as one trace). [] if none."""
     if os.path.isdir(path):
-        return sorted(os.path.join(path, n) for n in os.listdir(path)
-                      if n.endswith((".parquet", ".pq")) and not n.startswith((".", "_")))
+        files = sorted(os.path.join(path, n) for n in os.listdir(path)
+                       if n.endswith((".parquet", ".pq")) and not n.startswith((".", "_")))
+        return files + _unrolled_parts(path, files)
     if any(c in path for c in "*?[") and not os.path.exists(path):
         return sorted(p for p in _glob.glob(path) if os.path.isfile(p))
     return [path]
+
+
+def _unrolled_parts(folder: str, files: list[str]) -> list[str]:
+    """A capture folder's ``parts/part-*.parquet`` that no file of ``files`` lists in its
+    ``replayer.rolled_parts`` (rows of a capture still running, or killed before its last roll)."""
+    parts = sorted(_glob.glob(os.path.join(folder, "parts", "part-*.parquet")))
+    if not parts:
+        return []
+    covered: set[str] = set()
+    for f in files:
+        try:
+            names = (pq.read_schema(f).metadata or {}).get(ROLLED_PARTS_META.encode())
+        except (OSError, pa.ArrowException):
+            continue
+        if names:
+            covered.update(json.loads(names))
+    return [p for p in parts if os.path.basename(p) not in covered]
+
+
+def is_capture_folder(path: str) -> bool:
+    """A folder written by ``replayer record`` (its ``capture.json``)."""
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "capture.json"))
+
+
+def replayable_rows(table: pa.Table, first_row: int = 1) -> tuple[pa.Table, np.ndarray]:
+    """``table`` and the 1-based row numbers of its rows (``first_row`` = the number of its first).
+    A capture file (metadata ``replayer.capture``) also holds requests that cannot be replayed:
+    those with an unknown input length, no output or no hash ids (the upstream was down, the client
+    left before any token); they are left out, the others keep their row numbers."""
+    rows = np.arange(first_row, first_row + table.num_rows, dtype=np.int64)
+    if CAPTURE_META.encode() not in (table.schema.metadata or {}):
+        return table, rows
+    names = table.column_names
+    if not {"input_length", "output_length", "hash_ids"} <= set(names):
+        return table, rows
+    ok = pc.and_(pc.and_(pc.greater_equal(table.column("input_length"), 1),
+                         pc.greater_equal(table.column("output_length"), 1)),
+                 pc.is_valid(table.column("hash_ids")))
+    keep = np.flatnonzero(pc.fill_null(ok, False).to_numpy(zero_copy_only=False))
+    if len(keep) == table.num_rows:
+        return table, rows
+    return table.take(pa.array(keep)), rows[keep]
 
 
 def _concat_raw(raws: list[_Raw], files: list[str]) -> _Raw:
@@ -91,6 +136,8 @@ def _read_parquet(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
         return None
     raws: list[_Raw] = []
     synth = 0
+    skipped = 0
+    used: list[str] = []
     units = set()
     for f in files:
         fp = _Problems(f)
@@ -100,7 +147,12 @@ def _read_parquet(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
             probs.add(0, "file", f"not a readable Parquet file: {e}", file=f)
             continue
         meta, bs = _parquet_meta(table.schema.metadata, fp, opts)
-        raw = _raw_from_table(table, fp, meta, bs, opts, np.arange(1, table.num_rows + 1, dtype=np.int64), synth)
+        captured = CAPTURE_META.encode() in (table.schema.metadata or {})
+        table, rows = replayable_rows(table)
+        if captured and table.num_rows == 0:  # a capture's part with no replayable row
+            skipped += 1
+            continue
+        raw = _raw_from_table(table, fp, meta, bs, opts, rows, synth)
         del table
         if raw is not None:
             _check_hash_counts(raw, fp)
@@ -109,9 +161,13 @@ def _read_parquet(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
             synth += int(raw.hash_len.sum()) if raw.metadata.get("hash_ids") == "synthesised" else 0
             units.add(raw.ns_per_unit)
             raws.append(raw)
-    if probs or len(raws) != len(files):
+            used.append(f)
+    if probs or len(raws) + skipped != len(files):
+        return None
+    if not raws:
+        probs.add(0, "file", "no replayable rows (every captured request failed or produced no output)")
         return None
     if len(units) > 1:
         probs.add(0, "metadata", "shards disagree on replayer.time_unit; convert them one by one first")
         return None
-    return _concat_raw(raws, files)
+    return _concat_raw(raws, used)

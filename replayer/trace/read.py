@@ -20,7 +20,7 @@ from .jsonl import _read_jsonl, _read_servegen
 from .model import (_INT64_MAX, _OPTIONAL, FORMATS, READ_TIME_UNITS, Trace, TraceError, TraceOrderWarning,
                     TraceProblem, _Problems, _readonly)
 from .options import _AZURE_MAP, _Opts, parse_mapping
-from .parquet import _read_parquet
+from .parquet import _read_parquet, is_capture_folder
 from .copilot import _read_copilot
 from .tracelab import _read_tracelab
 from .weka import _read_weka
@@ -324,4 +324,8 @@ def read_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | 
     if raw is None:
         probs.raise_if_any()
         raise TraceError([TraceProblem(path, 0, "file", "no rows (empty trace)")])  # pragma: no cover
+    if opts.fmt == "parquet" and is_capture_folder(path):  # written in completion order on purpose
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TraceOrderWarning)
+            return _finish(raw, probs, path, strict)
     return _finish(raw, probs, path, strict)

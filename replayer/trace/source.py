@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from .columns import _raw_from_table
 from .model import MAX_PROBLEMS, TIME_UNITS, Trace, TraceError, TraceProblem, _cut_optional, _Problems, _readonly
 from .options import _Opts, _src
-from .parquet import _parquet_meta, trace_paths
+from .parquet import _parquet_meta, is_capture_folder, replayable_rows, trace_paths
 from .read import _finish, _resolve, _Sessions, read_trace
 
 
@@ -175,14 +175,16 @@ class _ParquetSource(TraceSource):
                 problems.extend(fp.items)
                 continue
             row = 1
+            file_meta = pf.schema_arrow.metadata
             for rb in pf.iter_batches(batch_size=max_rows):
-                table = pa.Table.from_batches([rb])
+                table, rows = replayable_rows(pa.Table.from_batches([rb]).replace_schema_metadata(file_meta), row)
+                row += rb.num_rows
                 n = table.num_rows
+                if n == 0 and rb.num_rows:  # a capture's batch with no replayable row
+                    continue
                 bp = _Problems(f)
-                raw = _raw_from_table(table, bp, dict(meta), bs, self.opts,
-                                      np.arange(row, row + n, dtype=np.int64), synth)
+                raw = _raw_from_table(table, bp, dict(meta), bs, self.opts, rows, synth)
                 del table, rb
-                row += n
                 try:
                     if raw is None:
                         bp.raise_if_any()
@@ -231,6 +233,9 @@ def open_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | 
     opts = _resolve(path, fmt, block_size, strict, mapping, time_unit, probs)
     if opts is None:
         raise TraceError(probs.items)
+    if opts.fmt == "parquet" and is_capture_folder(path):  # rows in completion order: read whole, sorted
+        return _LoadedSource(read_trace(path, fmt=opts.fmt, block_size=block_size, strict=strict,
+                                        mapping=mapping, time_unit=time_unit))
     if opts.fmt == "parquet":
         files = trace_paths(path)
         if not files:
