@@ -1,6 +1,6 @@
 """The ``replayer trace`` subcommands: flags -> calls into ``trace``, ``tracetools``, ``synth``.
 
-``convert``, ``inspect``, ``slice``, ``scale``, ``sessionize``, ``synth``. Exit codes: 0 done, 2 bad input or
+``convert``, ``inspect``, ``slice``, ``scale``, ``sessionize``, ``synth``, ``from-log`` (in ``capture``). Exit codes: 0 done, 2 bad input or
 flags (the message names file, row and field for trace problems; nothing is written).
 """
 
@@ -100,6 +100,21 @@ def add_trace_parser(sub) -> None:
     se.add_argument("--min-shared-blocks", type=int, default=1, metavar="K",
                     help="full blocks a row must share with the previous turn [default: 1]")
 
+    fl = trs.add_parser("from-log", help="a capture trace (as `replayer record` writes) from gateway request/response "
+                        "logs (JSON lines: timestamp, request body, usage)")
+    fl.add_argument("log", help="JSON lines, one request per line (see replayer/capture/fromlog.py)")
+    _add_output(fl)
+    fl.add_argument("--block-size", type=int, default=512, help="tokens per hash id [default: 512]")
+    fl.add_argument("--time-unit", default="s", choices=("s", "ms", "us", "ns"),
+                    help="unit of numeric timestamps (ISO-8601 strings are read as such) [default: s]")
+    fl.add_argument("--endpoint", default="/v1/chat/completions",
+                    help="API path of lines without an endpoint [default: /v1/chat/completions]")
+    fl.add_argument("--tokenizer", default=None, metavar="PATH", help="local tokenizer.json (or a folder) for text prompts")
+    fl.add_argument("--tokenize-url", default=None, metavar="URL",
+                    help="a server's /tokenize (vLLM's, same model) for text and chat prompts, e.g. http://host:8000/tokenize")
+    fl.add_argument("--hash-key-file", default=None, metavar="FILE",
+                    help="secret key for the block hashes [default: a random key, not kept]")
+
     sy = trs.add_parser("synth", help="generate a synthetic trace (seeded)")
     _add_output(sy)
     sy.add_argument("--rows", type=int, required=True, help="requests to generate")
@@ -136,6 +151,10 @@ def run_trace(args) -> int:
     from .trace import TraceError, TraceOrderWarning, coarsest_unit, convert, read_trace, write_parquet
 
     name = f"replayer trace {args.trace_command}"
+    if args.trace_command == "from-log":
+        from .capture.fromlog import main_from_log
+
+        return main_from_log(args)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", TraceOrderWarning)

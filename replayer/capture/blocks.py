@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-import sys
-from array import array
+
+import numpy as np
 
 KEY_BYTES = 32
 _DIGEST = 16  # 128-bit digests: a collision needs ~2**64 blocks
@@ -46,16 +46,13 @@ def load_key(path: str | None) -> bytes:
     return hashlib.blake2b(key, digest_size=KEY_BYTES).digest() if len(key) > 64 else key
 
 
-def _token_bytes(tokens) -> bytes:
-    """Token ids as uint32 little-endian bytes (every tokenizer's ids fit; a prompt holding a
-    negative or larger value, which no tokenizer gives, is hashed as uint64s instead)."""
-    try:
-        a = array("I", tokens)
-    except (OverflowError, TypeError):
-        a = array("Q", (int(t) & 0xFFFFFFFFFFFFFFFF for t in tokens))
-    if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
-        a.byteswap()
-    return a.tobytes()
+def _token_bytes(tokens) -> tuple[bytes, int]:
+    """Token ids as little-endian bytes and the width of one: uint32 (every tokenizer's ids fit),
+    or uint64 for a prompt holding a negative or larger value (which no tokenizer gives)."""
+    a = np.asarray(tokens, dtype=np.int64)
+    if a.size and (int(a.min()) < 0 or int(a.max()) > 0xFFFFFFFF):
+        return a.astype("<u8").tobytes(), 8
+    return a.astype("<u4").tobytes(), 4
 
 
 class BlockHasher:
@@ -79,9 +76,8 @@ class BlockHasher:
     def digests(self, tokens) -> list[bytes]:
         """The chained keyed digest of each block of ``tokens`` (the last one partial or full)."""
         bs = self.block_size
-        raw = _token_bytes(tokens)
-        w = len(raw) // max(1, len(tokens)) if len(tokens) else 4
-        n = len(tokens)
+        raw, w = _token_bytes(tokens)
+        n = len(raw) // w
         out: list[bytes] = []
         prev = b""
         for start in range(0, n, bs):

@@ -11,8 +11,10 @@ client's ``Authorization`` header is forwarded and kept only in memory until the
 tokenized; it is never written. Paths other than the captured API paths are passed through
 without a row. An unreachable upstream gives the client a 502 with a JSON error, and a row.
 
-``timestamp`` is the arrival of the request (the handler's first instruction), on the monotonic
-clock ``time.perf_counter_ns`` minus the capture's start.
+``timestamp`` is the arrival of the request's head: the read that completed it (stamped in the
+connection's ``data_received``, before any handler runs, so a burst of requests arriving together
+is stamped together however long the loop then takes to start their handlers), on the monotonic
+clock ``time.perf_counter_ns``, minus the capture's start.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ import time
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict
 
-from ..sse import SSEDecoder, StreamAccumulator
+from ..sse import SSEDecoder
 from .metrics import CaptureMetrics
-from .rows import CAPTURED, GENERATION, request_facts
+from .rows import CAPTURED, GENERATION
 from .tokenize import Tokenization
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,41 @@ _PER_HOP = frozenset(("host", "content-length"))
 MAX_BODY_PARSE = 64 << 20
 
 
+class _StampingHandler(RequestHandler):
+    """aiohttp's connection protocol, recording when each request's head arrived."""
+
+    __slots__ = ("arrivals",)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.arrivals: dict[int, int] = {}  # id(request message) -> arrival ns
+
+    def data_received(self, data: bytes) -> None:
+        t = time.perf_counter_ns()
+        msgs = self._messages
+        n = len(msgs)
+        super().data_received(data)
+        for i in range(n, len(msgs)):
+            self.arrivals[id(msgs[i][0])] = t
+
+
+class _StampingServer(web.Server):
+    """The low-level aiohttp server (every path goes to one handler) with ``_StampingHandler``
+    connections and no 1 MB request body limit (a long prompt's body is larger)."""
+
+    def __call__(self) -> RequestHandler:
+        return _StampingHandler(self, loop=self._loop, **self._kwargs)
+
+    def _make_request(self, message, payload, protocol, writer, task) -> web.BaseRequest:
+        return web.BaseRequest(message, payload, protocol, writer, task, self._loop, client_max_size=1 << 30)
+
+
+def _arrival(request: web.BaseRequest) -> int:
+    arrivals = getattr(request.protocol, "arrivals", None)
+    t = arrivals.pop(id(request.message), None) if arrivals is not None else None
+    return t if t is not None else time.perf_counter_ns()
+
+
 def forward_headers(headers, extra_drop: frozenset = frozenset()) -> CIMultiDict:
     """``headers`` without the hop-by-hop ones (and those the ``Connection`` header names)."""
     named = {t.strip().lower() for v in headers.getall("Connection", []) for t in v.split(",")}
@@ -51,15 +89,14 @@ def forward_headers(headers, extra_drop: frozenset = frozenset()) -> CIMultiDict
 
 class CaptureProxy:
     """The aiohttp application of ``replayer record``. ``start()`` opens the upstream session;
-    ``app`` serves every path; ``stop_accepting``/``wait_idle`` support the drain on SIGTERM."""
+    ``server`` serves every path; ``stop_accepting``/``wait_idle`` support the drain on SIGTERM."""
 
     def __init__(self, upstream: str, tokenization_factory, metrics: CaptureMetrics, *, t0_ns: int,
-                 session_header: str = "X-Session-Id", image_hash=None, connect_timeout_s: float = 10.0) -> None:
+                 session_header: str = "X-Session-Id", connect_timeout_s: float = 10.0) -> None:
         self.upstream = upstream.rstrip("/")
         self.metrics = metrics
         self.t0_ns = t0_ns
         self.session_header = session_header
-        self.image_hash = image_hash
         self.connect_timeout_s = connect_timeout_s
         self._tokenization_factory = tokenization_factory
         self.tokenization: Tokenization | None = None
@@ -67,8 +104,7 @@ class CaptureProxy:
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self.app = web.Application(client_max_size=1 << 30)
-        self.app.router.add_route("*", "/{tail:.*}", self._handle)
+        self.server = _StampingServer(self._handle, access_log=None)
 
     async def start(self) -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=None)
@@ -93,8 +129,8 @@ class CaptureProxy:
 
     # ---- requests --------------------------------------------------------------------------
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        arrival = time.perf_counter_ns()
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        arrival = _arrival(request)
         path = request.path
         endpoint = path.rstrip("/") if request.method == "POST" and path.rstrip("/") in CAPTURED else None
         self.in_flight += 1
@@ -115,41 +151,43 @@ class CaptureProxy:
                 self._idle.set()
 
     async def _capture(self, request: web.Request, body: bytes, endpoint: str, arrival: int) -> web.StreamResponse:
-        facts = request_facts(endpoint, body, request.headers.get(self.session_header), self.image_hash)
-        acc = StreamAccumulator()
+        """Forward first; the body is read for its facts only after the answer, in the
+        tokenization queue (parsing a long token-id prompt here would delay every other request)."""
+        acc = UsageTracker()
         resp, (status, outcome) = await self._forward(request, body, acc)
         end = time.perf_counter_ns()
-        row = self._row(facts, acc, request, status, outcome, arrival, end)
+        acc.finish()  # (a stream cut short: the last usage it carried)
+        row = self._row(endpoint, acc, request, status, outcome, arrival, end)
         self.metrics.request_done(endpoint, status, outcome)
-        self.tokenization.submit(row, facts, request.headers.get("Authorization"))
+        h = request.headers
+        self.tokenization.submit(row, body, h.get(self.session_header), h.get("Authorization"))
         return resp
 
-    def _row(self, facts, acc: StreamAccumulator, request: web.Request, status: int | None, outcome: str,
+    def _row(self, endpoint: str, acc: UsageTracker, request: web.Request, status: int | None, outcome: str,
              arrival: int, end: int) -> dict:
+        """The row's measured part; the tokenization queue adds what comes from the body."""
         il = acc.prompt_tokens
-        if facts.endpoint in GENERATION:
+        if endpoint in GENERATION:
             ol, ol_src = acc.completion_tokens, "usage"
             if ol is None and outcome == "http_error":  # an error answer generated nothing
                 ol, ol_src = 0, None
             elif ol is None and status is not None:  # no usage: the chunks that carried text (an estimate)
-                ol, ol_src = acc.output_tokens_estimate, "chunks"
+                ol, ol_src = acc.chunks, "chunks"
             if ol is None:
                 ol_src = None
         else:  # pooling endpoints generate nothing; the schema's minimum
             ol, ol_src = (1, "pooling") if outcome == "ok" else (0, None)
         return {
             "timestamp": arrival - self.t0_ns, "input_length": il, "output_length": ol, "hash_ids": None,
-            "request_id": request.headers.get("X-Request-Id"), "session_id": facts.session_id,
-            "endpoint": facts.endpoint, "model": facts.model, "max_tokens": facts.max_tokens, "status": status,
-            "outcome": outcome, "input_length_source": "usage" if il is not None else None,
-            "output_length_source": ol_src, "tokenized_by": None, "hashed_tokens": None,
-            "image_count": len(facts.images) if facts.endpoint == "/v1/chat/completions" and facts.parsed else None,
-            "image_hashes": facts.images if facts.images else None,
+            "request_id": request.headers.get("X-Request-Id"), "session_id": None, "endpoint": endpoint,
+            "model": None, "max_tokens": None, "status": status, "outcome": outcome,
+            "input_length_source": "usage" if il is not None else None, "output_length_source": ol_src,
+            "tokenized_by": None, "hashed_tokens": None, "image_count": None, "image_hashes": None,
             "duration_ms": (end - arrival) / 1e6,
         }
 
     async def _forward(self, request: web.Request, body: bytes,
-                       acc: StreamAccumulator | None) -> tuple[web.StreamResponse, tuple[int | None, str]]:
+                       acc: UsageTracker | None) -> tuple[web.StreamResponse, tuple[int | None, str]]:
         """Send the request upstream and stream the answer back. Returns the response and
         (status the client got, outcome)."""
         headers = forward_headers(request.headers, _PER_HOP)
@@ -178,13 +216,15 @@ class CaptureProxy:
                         return resp, (up.status, "client_disconnected")
                     _measure(acc, dec, buf, chunk)
                 if buf is not None and len(buf) <= MAX_BODY_PARSE:
-                    acc.on_body(bytes(buf), time.perf_counter_ns())
+                    acc.on_body(bytes(buf))
                 try:
                     await resp.write_eof()
                 except (ConnectionResetError, ConnectionError):
                     return resp, (up.status, "client_disconnected")
                 outcome = "ok" if up.status < 400 else "http_error"
-                if acc is not None and acc.error_kind.value == "stream_error" and outcome == "ok":
+                if acc is not None:
+                    acc.finish()
+                if acc is not None and acc.error and outcome == "ok":
                     outcome = "upstream_broken"
                 return resp, (up.status, outcome)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
@@ -200,12 +240,63 @@ class CaptureProxy:
             return resp, (resp.status, "upstream_broken")
 
 
-def _measure(acc: StreamAccumulator | None, dec: SSEDecoder | None, buf: bytearray | None, chunk: bytes) -> None:
+def _measure(acc, dec: SSEDecoder | None, buf: bytearray | None, chunk: bytes) -> None:
     if acc is None:
         return
     if dec is not None:
-        t = time.perf_counter_ns()
         for ev in dec.feed(chunk):
-            acc.on_event(ev.data, t)
+            acc.on_event(ev.data)
     elif buf is not None and len(buf) <= MAX_BODY_PARSE:
         buf += chunk
+
+
+class UsageTracker:
+    """What a capture needs of a response: the server's usage (prompt and completion tokens), or
+    else a count of the chunks that carried text (an estimate), and whether an error came.
+
+    Cheaper than ``sse.UsageTracker`` on purpose: a stream's events are not JSON-parsed one
+    by one (that was a third of the proxy's CPU); only the last event carrying a usage object is
+    parsed, at the end (with continuous usage stats it is the running count, so a stream cut
+    short still gives the tokens it reached). A non-streamed body is parsed whole."""
+
+    __slots__ = ("prompt_tokens", "completion_tokens", "chunks", "error", "_last_usage")
+
+    def __init__(self) -> None:
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.chunks = 0
+        self.error = False
+        self._last_usage: str | None = None
+
+    def on_event(self, data: str) -> None:
+        if '"usage"' in data and '"usage":null' not in data and '"usage": null' not in data:
+            self._last_usage = data
+        if ('"text":' in data or '"content":' in data or '"text": ' in data) and not (
+                '"text":""' in data or '"content":""' in data or '"content":null' in data):
+            self.chunks += 1
+        if '"error"' in data:
+            self.error = True
+
+    def on_body(self, body: bytes) -> None:
+        self._take(body)
+
+    def finish(self) -> None:
+        if self._last_usage is not None:
+            self._take(self._last_usage)
+            self._last_usage = None
+
+    def _take(self, data: str | bytes) -> None:
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return
+        if type(obj) is not dict:
+            return
+        if obj.get("error") is not None:
+            self.error = True
+        u = obj.get("usage")
+        if type(u) is dict:
+            if type(u.get("prompt_tokens")) is int:
+                self.prompt_tokens = u["prompt_tokens"]
+            if type(u.get("completion_tokens")) is int:
+                self.completion_tokens = u["completion_tokens"]

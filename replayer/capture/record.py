@@ -56,7 +56,7 @@ def add_record_parser(sub) -> None:
     p.add_argument("--roll-interval", type=float, default=None, metavar="S", help="start a new trace file every S seconds")
     p.add_argument("--tokenize-queue", type=int, default=10_000, metavar="N",
                    help="finished requests that may wait for tokenization; past it rows are written "
-                        "without hash ids [default: 10000]")
+                        "without hash ids [default: 4096]")
     p.add_argument("--drain-timeout", type=float, default=60.0, metavar="S",
                    help="on SIGTERM/SIGINT, wait S seconds for requests in flight [default: 60]")
 
@@ -142,21 +142,20 @@ async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, imag
     metrics = CaptureMetrics()
     meta = {"replayer.block_size": str(args.block_size), "replayer.time_unit": "ns",
             "replayer.source": f"replayer record {__version__}, upstream {upstream}",
-            "replayer.capture_started_at": f"{started:.6f}"}
+            "replayer.capture_started_at": f"{started:.6f}", "replayer.capture_monotonic_origin_ns": str(t0)}
     writer = CaptureWriter(args.out, meta, flush_interval_s=args.flush_interval, roll_rows=args.roll_rows,
                            roll_interval_s=args.roll_interval)
     tok_url = upstream + "/tokenize" if args.upstream_tokenize else None
 
     def tokenization(session):
         return Tokenization(hasher, writer.add, metrics, maxsize=args.tokenize_queue, session=session,
-                            tokenize_url=tok_url, tokenizer=tokenizer)
+                            tokenize_url=tok_url, tokenizer=tokenizer, image_hash=image_hash)
 
-    proxy = CaptureProxy(upstream, tokenization, metrics, t0_ns=t0, session_header=args.session_header,
-                         image_hash=image_hash)
+    proxy = CaptureProxy(upstream, tokenization, metrics, t0_ns=t0, session_header=args.session_header)
     stop = asyncio.Event()
     signals: list[str] = []
     await proxy.start()
-    runner = web.AppRunner(proxy.app, access_log=None)
+    runner = web.ServerRunner(proxy.server)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)
     try:

@@ -14,6 +14,7 @@ produced no output are kept with their status: the trace reader replays only row
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass, field
 
 import orjson
@@ -57,7 +58,7 @@ class RequestFacts:
     model: str | None = None
     max_tokens: int | None = None
     session_id: str | None = None
-    token_ids: list[int] | None = None   # the prompt as token ids, when the request sent ids
+    token_ids: array | None = None       # the prompt as token ids, when the request sent ids
     tokenize_body: dict | None = None    # body for the upstream's /tokenize (text prompts, chat)
     text: str | None = None              # text for a local tokenizer (completions, embeddings)
     images: list[str] = field(default_factory=list)  # image identities (keyed hashes), chat only
@@ -68,14 +69,23 @@ def _int(v) -> int | None:
     return v if type(v) is int else None
 
 
-def _token_list(v) -> list[int] | None:
-    """``v`` as a list of token ids, or None. A flat list of ints, or a batch of such lists
-    (concatenated: one row per request)."""
-    if type(v) is list and v:
-        if all(type(t) is int for t in v):
-            return v
-        if all(type(x) is list and x and all(type(t) is int for t in x) for x in v):
-            return [t for x in v for t in x]
+def _token_list(v) -> array | None:
+    """``v`` as token ids (an ``array('q')``: checked and copied at C speed), or None. A flat
+    list of ints, or a batch of such lists (concatenated: one row per request)."""
+    if type(v) is not list or not v:
+        return None
+    try:
+        if type(v[0]) is int:
+            return array("q", v)  # (a float or a string in the list: TypeError)
+        if type(v[0]) is list:
+            out = array("q")
+            for x in v:
+                if type(x) is not list or not x:
+                    return None
+                out.extend(array("q", x))
+            return out
+    except (TypeError, OverflowError):
+        return None
     return None
 
 

@@ -19,7 +19,7 @@ import orjson
 
 from .blocks import BlockHasher
 from .metrics import CaptureMetrics
-from .rows import RequestFacts, fit_hash_ids
+from .rows import RequestFacts, fit_hash_ids, request_facts
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +29,9 @@ WORKERS = 4  # tokenize calls to the upstream at once
 class Tokenization:
     """The queue and its workers. ``submit`` from the event loop; ``drain`` at the end."""
 
-    def __init__(self, hasher: BlockHasher, emit, metrics: CaptureMetrics, *, maxsize: int = 10_000,
+    def __init__(self, hasher: BlockHasher, emit, metrics: CaptureMetrics, *, maxsize: int = 4096,
                  session: aiohttp.ClientSession | None = None, tokenize_url: str | None = None,
-                 tokenizer=None) -> None:
+                 tokenizer=None, image_hash=None) -> None:
         self.hasher = hasher
         self.emit = emit  # row -> None (the writer's add)
         self.metrics = metrics
@@ -39,18 +39,21 @@ class Tokenization:
         self.session = session
         self.tokenize_url = tokenize_url
         self.tokenizer = tokenizer
+        self.image_hash = image_hash
         self._workers: list[asyncio.Task] = []
 
     def start(self) -> None:
         self._workers = [asyncio.create_task(self._work()) for _ in range(WORKERS)]
 
-    def submit(self, row: dict, facts: RequestFacts, auth: str | None) -> None:
-        """Queue a finished request's row (never blocks; a full queue writes the row as it is)."""
+    def submit(self, row: dict, body: bytes, session: str | None, auth: str | None) -> None:
+        """Queue a finished request's row with its body (never blocks; when the queue is full the
+        row is written at once, with what the response told: no hash ids, no body facts)."""
         try:
-            self.queue.put_nowait((row, facts, auth))
+            self.queue.put_nowait((row, body, session, auth))
         except asyncio.QueueFull:
             self.metrics.tokenize_failures.labels("queue_full").inc()
             row["tokenized_by"] = "dropped"
+            row["session_id"] = session
             self._finish(row)
             return
         self.metrics.backlog.set(self.queue.qsize())
@@ -64,8 +67,13 @@ class Tokenization:
 
     async def _work(self) -> None:
         while True:
-            row, facts, auth = await self.queue.get()
+            row, body, session, auth = await self.queue.get()
             try:
+                facts = request_facts(row["endpoint"], body, session, self.image_hash)
+                del body
+                row.update(session_id=facts.session_id, model=facts.model, max_tokens=facts.max_tokens)
+                if facts.endpoint == "/v1/chat/completions" and facts.parsed:
+                    row.update(image_count=len(facts.images), image_hashes=facts.images or None)
                 tokens, by, reason = await self._tokens(facts, auth)
                 if tokens is not None:
                     self._hash(row, tokens, by)

@@ -1,0 +1,222 @@
+"""``replayer trace from-log LOG.jsonl -o OUT.parquet``: the rows ``replayer record`` writes, from
+request/response logs a gateway already keeps (for teams that cannot put a proxy in the path).
+
+One JSON object per line and per request::
+
+    {"timestamp": 1733050000.125, "endpoint": "/v1/chat/completions", "request": {...the body...},
+     "usage": {"prompt_tokens": 812, "completion_tokens": 64}, "status": 200,
+     "request_id": "abc", "session_id": "u-17"}
+
+``timestamp`` (required): a number in ``--time-unit`` (default s) or an ISO-8601 string; ``request``
+(required): the request body as sent; ``usage``, or ``response`` holding ``usage``: the server's
+usage (without it the lengths come from the tokens and are flagged, or stay unknown);
+``endpoint`` (default ``--endpoint``), ``status`` (default 200), ``request_id``, ``session_id``
+(else the body's ``user``) are optional. Prompts are hashed exactly as by ``replayer record``:
+token-id prompts as they are, text with ``--tokenizer`` or an upstream's ``/tokenize``
+(``--tokenize-url``). The log itself is only read; nothing of its text reaches the output.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import urllib.error
+import urllib.request
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ..trace.model import CAPTURE_META, MAX_PROBLEMS
+from .blocks import BlockHasher, content_hash
+from .rows import CAPTURED, GENERATION, SCHEMA, fit_hash_ids, request_facts
+
+_UNITS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
+
+
+class LogError(ValueError):
+    """Problems of a log, one per line: ``FILE: line N: FIELD: message``."""
+
+    def __init__(self, problems: list[str], more: int = 0) -> None:
+        self.problems = problems
+        super().__init__("\n".join(problems + ([f"... and {more} more problems"] if more else [])))
+
+
+def _timestamp_ns(v, unit: str) -> int:
+    if isinstance(v, bool):
+        raise ValueError("a number or an ISO-8601 string expected, got a boolean")
+    if isinstance(v, (int, float)):
+        if v != v or v in (float("inf"), float("-inf")) or v < 0:
+            raise ValueError(f"must be a finite number >= 0, got {v}")
+        return int(round(v * _UNITS[unit]))
+    if isinstance(v, str):
+        try:
+            t = _dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"not an ISO-8601 date-time: {v[:40]!r}") from None
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=_dt.timezone.utc)
+        return int(t.timestamp() * 1_000_000_000)
+    raise ValueError(f"a number or an ISO-8601 string expected, got {type(v).__name__}")
+
+
+def _tokenize_remote(url: str, body: dict) -> list[int] | None:
+    req = urllib.request.Request(url, data=orjson.dumps(body), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            tokens = orjson.loads(r.read()).get("tokens")
+    except (OSError, urllib.error.URLError, orjson.JSONDecodeError, AttributeError):
+        return None
+    return tokens if type(tokens) is list and tokens and all(type(t) is int for t in tokens) else None
+
+
+def rows_from_log(path: str, *, block_size: int = 512, key: bytes, tokenizer=None, tokenize_url: str | None = None,
+                  time_unit: str = "s", endpoint: str = "/v1/chat/completions") -> tuple[list[dict], dict[str, int]]:
+    """The capture rows of a log (in file order) and counts (``rows``, ``tokenize_failures``).
+    Raises LogError listing every bad line (at most ``MAX_PROBLEMS``), OSError when unreadable."""
+    hasher = BlockHasher(key, block_size)
+    problems: list[str] = []
+    n_problems = 0
+    rows: list[dict] = []
+    failures = 0
+
+    def bad(line: int, field: str, msg: str) -> None:
+        nonlocal n_problems
+        n_problems += 1
+        if len(problems) < MAX_PROBLEMS:
+            problems.append(f"{path}: line {line}: {field}: {msg}")
+
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                obj = orjson.loads(raw)
+            except orjson.JSONDecodeError as e:
+                bad(line_no, "line", f"not valid JSON ({e})")
+                continue
+            if type(obj) is not dict:
+                bad(line_no, "line", "not a JSON object")
+                continue
+            if "timestamp" not in obj:
+                bad(line_no, "timestamp", "missing")
+                continue
+            try:
+                ts = _timestamp_ns(obj["timestamp"], time_unit)
+            except ValueError as e:
+                bad(line_no, "timestamp", str(e))
+                continue
+            body = obj.get("request")
+            if type(body) is not dict:
+                bad(line_no, "request", "missing or not a JSON object (the request body)")
+                continue
+            ep = obj.get("endpoint", endpoint)
+            if ep not in CAPTURED:
+                bad(line_no, "endpoint", f"{ep!r} is not one of {', '.join(CAPTURED)}")
+                continue
+            resp = obj.get("response")
+            usage = obj.get("usage", resp.get("usage") if type(resp) is dict else None)
+            if usage is not None and type(usage) is not dict:
+                bad(line_no, "usage", "not a JSON object")
+                continue
+            status = obj.get("status", 200)
+            if type(status) is not int:
+                bad(line_no, "status", f"an integer expected, got {status!r}")
+                continue
+            facts = request_facts(ep, orjson.dumps(body), obj.get("session_id"), lambda d: content_hash(key, d))
+            usage = usage or {}
+            il = usage.get("prompt_tokens") if type(usage.get("prompt_tokens")) is int else None
+            ol = usage.get("completion_tokens") if type(usage.get("completion_tokens")) is int else None
+            if ep not in GENERATION:
+                ol = 1 if status < 400 else 0
+            row = {"timestamp": ts, "input_length": il, "output_length": ol, "hash_ids": None,
+                   "request_id": None if obj.get("request_id") is None else str(obj["request_id"]),
+                   "session_id": None if facts.session_id is None else str(facts.session_id), "endpoint": ep,
+                   "model": facts.model, "max_tokens": facts.max_tokens, "status": status,
+                   "outcome": "ok" if status < 400 else "http_error",
+                   "input_length_source": "usage" if il is not None else None,
+                   "output_length_source": ("usage" if ep in GENERATION else "pooling") if ol is not None else None,
+                   "tokenized_by": None, "hashed_tokens": None,
+                   "image_count": len(facts.images) if ep == "/v1/chat/completions" else None,
+                   "image_hashes": facts.images or None, "duration_ms": None}
+            tokens, by = None, "none"
+            if facts.token_ids is not None:
+                tokens, by = facts.token_ids, "request"
+            elif facts.tokenize_body is not None and tokenize_url:
+                tokens, by = _tokenize_remote(tokenize_url, facts.tokenize_body), "upstream"
+            if tokens is None and tokenizer is not None:
+                text = facts.text
+                if text is None and ep == "/v1/chat/completions":  # message contents (no chat template)
+                    text = "\n".join(_contents(body.get("messages")))
+                if text:
+                    tokens, by = list(tokenizer.encode(text).ids), "tokenizer"
+            if tokens is None:
+                row["tokenized_by"] = "none" if by == "none" else "failed"
+                failures += 1
+            else:
+                row.update(tokenized_by=by, hashed_tokens=len(tokens))
+                if row["input_length"] is None:
+                    row.update(input_length=len(tokens), input_length_source="tokens")
+                if row["input_length"] >= 1:
+                    row["hash_ids"] = fit_hash_ids(hasher.hash_ids(tokens), row["input_length"], block_size,
+                                                   hasher.fresh_id)
+            rows.append(row)
+    if n_problems:
+        raise LogError(problems, n_problems - len(problems))
+    return rows, {"rows": len(rows), "tokenize_failures": failures, "distinct_blocks": hasher.distinct_blocks}
+
+
+def _contents(msgs) -> list[str]:
+    out = []
+    for m in msgs if type(msgs) is list else []:
+        c = m.get("content") if type(m) is dict else None
+        if type(c) is str:
+            out.append(c)
+        elif type(c) is list:
+            out += [p["text"] for p in c if type(p) is dict and type(p.get("text")) is str]
+    return out
+
+
+def write_rows(rows: list[dict], out: str, *, block_size: int, source: str) -> None:
+    """Rows sorted by timestamp into one Parquet file with the capture metadata."""
+    from ..recorder import atomic_file
+
+    meta = {CAPTURE_META: "1", "replayer.block_size": str(block_size), "replayer.time_unit": "ns",
+            "replayer.source": source}
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    table = table.take(pc.sort_indices(table, sort_keys=[("timestamp", "ascending")]))
+    table = table.replace_schema_metadata({k.encode(): v.encode() for k, v in meta.items()})
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    with atomic_file(out) as f:
+        f.write(sink.getvalue())
+
+
+def main_from_log(args) -> int:
+    import sys
+
+    from .blocks import HashKeyError, load_key
+    from .record import StartError, _load_tokenizer
+
+    try:
+        if not args.output.endswith(".parquet"):
+            raise StartError(f"-o {args.output}: the output must be a .parquet file")
+        tokenizer = _load_tokenizer(args.tokenizer) if args.tokenizer else None
+        key = load_key(args.hash_key_file)
+        rows, counts = rows_from_log(args.log, block_size=args.block_size, key=key, tokenizer=tokenizer,
+                                     tokenize_url=args.tokenize_url, time_unit=args.time_unit, endpoint=args.endpoint)
+    except (StartError, HashKeyError, LogError) as e:
+        print(f"replayer trace from-log: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"replayer trace from-log: {args.log}: cannot read: {e.strerror or e}", file=sys.stderr)
+        return 2
+    if not rows:
+        print(f"replayer trace from-log: {args.log}: no requests", file=sys.stderr)
+        return 2
+    write_rows(rows, args.output, block_size=args.block_size, source=f"replayer trace from-log {os.path.basename(args.log)}")
+    print(json.dumps({"output": args.output, **counts}))
+    return 0

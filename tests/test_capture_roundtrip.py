@@ -1,0 +1,178 @@
+"""Round trip: the committed 10-minute Mooncake slice replayed at 10x through `replayer record`
+in front of the embedded simulator gives a capture with the same rows, lengths, prefix
+structure and expected prefix-cache hits, and arrival times equal to the replayer's send times.
+
+Three real processes on 127.0.0.1 (simulator, proxy, replayer), as a user runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import SLICE_10MIN, wait_http
+from replayer.prefix_cache import expected_hits
+from replayer.recorder import read_results
+from replayer.trace import read_trace
+from replayer.tracetools import inspect_trace
+from wakeprobe import WakeProbe
+
+pytestmark = pytest.mark.slow
+
+
+def start_record(out, upstream: str, *args: str) -> tuple[subprocess.Popen, str]:
+    """`replayer record` on a free port; returns the process and its URL (from capture.json)."""
+    p = subprocess.Popen([sys.executable, "-m", "replayer", "record", "--upstream", upstream, "--listen",
+                          "127.0.0.1:0", "--admin-port", "0", "--out", str(out), *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (out / "capture.json").exists():
+        if p.poll() is not None:
+            raise AssertionError(f"replayer record exited {p.returncode}: {p.stderr.read()}")
+        if time.monotonic() > deadline:
+            p.kill()
+            raise TimeoutError("replayer record did not start")
+        time.sleep(0.1)
+    return p, json.loads((out / "capture.json").read_text())["listen"]
+
+
+def stop_record(p: subprocess.Popen) -> str:
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    return err
+
+
+def arrival_abs_ns(cap, request_ids) -> np.ndarray:
+    """Each request's arrival at the proxy on the host's monotonic clock (the capture's origin
+    from its metadata + the row's timestamp), in the order of ``request_ids``."""
+    by_id = {}
+    for f in cap.glob("trace-*.parquet"):
+        t = pq.read_table(f, columns=["request_id", "timestamp"])
+        origin = int(t.schema.metadata[b"replayer.capture_monotonic_origin_ns"])
+        by_id.update(zip(t.column("request_id").to_pylist(), (origin + x for x in t.column("timestamp").to_pylist())))
+    return np.array([by_id[r] for r in request_ids], dtype=np.int64)
+
+
+def full_block_paths(t) -> list[list[int]]:
+    """Per row, the trie node of each of its leading full blocks: two rows share their first k
+    full blocks exactly when their k-th nodes are equal (O(total blocks), not O(rows^2))."""
+    nodes: dict[tuple[int, int], int] = {}
+    out = []
+    offs, vals, bs = t.hash_offsets, t.hash_values, t.block_size
+    for r in range(len(t.input_length)):
+        cur, path = -1, []
+        for h in vals[offs[r]:offs[r] + int(t.input_length[r]) // bs].tolist():
+            cur = nodes.setdefault((cur, h), len(nodes))
+            path.append(cur)
+        out.append(path)
+    return out
+
+
+def same_prefix_structure(a: list[list[int]], b: list[list[int]]) -> list[str]:
+    """Problems where the rows of ``a`` and ``b`` (row i of one is row i of the other) differ in
+    the number of leading full blocks some pair shares: the node -> node map between the two
+    tries must be a bijection on every path."""
+    fwd: dict[int, int] = {}
+    back: dict[int, int] = {}
+    problems = []
+    for i, (pa, pb) in enumerate(zip(a, b)):
+        if len(pa) != len(pb):
+            problems.append(f"row {i}: {len(pa)} full blocks vs {len(pb)}")
+            continue
+        for k, (x, y) in enumerate(zip(pa, pb)):
+            if fwd.setdefault(x, y) != y or back.setdefault(y, x) != x:
+                problems.append(f"row {i}: block {k} shared with other rows differently")
+                break
+    return problems
+
+
+def test_prefix_structure_check_can_fail():
+    """The structure check tells a changed sharing apart (else the round trip proves nothing)."""
+    class T:
+        block_size = 2
+
+        def __init__(self, rows):
+            self.input_length = np.array([2 * len(r) for r in rows])
+            self.hash_offsets = np.cumsum([0] + [len(r) for r in rows])
+            self.hash_values = np.array([h for r in rows for h in r])
+
+    same = same_prefix_structure(full_block_paths(T([[1, 2], [1, 3]])), full_block_paths(T([[7, 8], [7, 9]])))
+    assert same == []
+    differs = same_prefix_structure(full_block_paths(T([[1, 2], [1, 3]])), full_block_paths(T([[7, 8], [6, 9]])))
+    assert differs
+
+
+def test_mooncake_slice_round_trip_through_record(tmp_path, sim_process):
+    sim_url, _ = sim_process("--tokens-per-chunk", "8")
+    probe = WakeProbe(tmp_path / "probe.npy").__enter__()
+    cap = tmp_path / "capture"
+    rec, proxy_url = start_record(cap, sim_url, "--block-size", "512")
+    wait_http(proxy_url + "/health")  # (passed through to the simulator)
+    res = tmp_path / "results"
+    run = subprocess.run([sys.executable, "-m", "replayer", "run", str(SLICE_10MIN), "--target", proxy_url,
+                          "--speedup", "10", "--results", str(res), "--admin-port", "0", "--quiet"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    err = stop_record(rec)
+    assert "1750 rows" in err
+
+    orig = read_trace(SLICE_10MIN)
+    capt = read_trace(cap)  # the capture folder, read directly
+    results = read_results(str(res)).to_pandas()
+    assert len(capt.input_length) == len(orig.input_length) == len(results) == 1750
+
+    # match rows by the X-Request-Id the replayer sent (the capture's request_id)
+    by_id = {x: i for i, x in enumerate(results.x_request_id)}
+    ri = np.array([by_id[x] for x in capt.request_id])
+    rows = results.row.to_numpy()[ri]
+    assert sorted(rows.tolist()) == list(range(1750))
+    assert np.array_equal(capt.input_length, orig.input_length[rows])
+    assert np.array_equal(capt.output_length, orig.output_length[rows])
+
+    # arrival times against the replayer's own send times. Two processes, two clock origins: the
+    # offset between them is taken as the median difference (the origins' difference plus the
+    # typical hand-over through loopback), and each row is compared with it.
+    d_ms = (capt.timestamp_ns - results.sent_ns.to_numpy()[ri]) / 1e6
+    dev = np.abs(d_ms - np.median(d_ms))
+    # The host's own share: how late a process of the proxy's priority got to run at that time
+    # (the wake-up probe's overshoot around each arrival). On a quiet host it is ~0 and the bound
+    # is 2 ms; on a shared 2-core host (load average 6-10 while this was written) processes are
+    # kept off the CPU for tens to hundreds of ms, and a whole burst is stamped late together.
+    allowance = probe.allowance_ms(arrival_abs_ns(cap, capt.request_id), dev)
+    ok = dev <= 2.0 + allowance
+    print(f"|arrival - send - median| (ms): p50 {np.percentile(dev, 50):.2f} p90 {np.percentile(dev, 90):.2f} "
+          f"p99 {np.percentile(dev, 99):.2f} max {dev.max():.2f}; within 2 ms: {np.mean(dev <= 2):.1%}; "
+          f"host wake-up overshoot around arrivals p50 {np.percentile(allowance, 50):.2f} "
+          f"p99 {np.percentile(allowance, 99):.2f} ms; within 2 ms + that: {np.mean(ok):.1%}")
+    assert np.mean(ok) >= 0.99, np.sort(dev - allowance)[-20:]
+
+    # the same prefix structure: every pair shares the same number of leading full blocks
+    assert same_prefix_structure(full_block_paths(_reorder(orig, rows)),
+                                 full_block_paths(capt)) == []
+
+    # the same expected prefix-cache hits (infinite cache as `trace inspect` reports, and the
+    # LRU model `replayer run` reports as expected_prefix_hit_tokens)
+    a, b = inspect_trace(str(cap)), inspect_trace(str(SLICE_10MIN))
+    assert a["prefix_hit_ratio_infinite"] == b["prefix_hit_ratio_infinite"]
+    assert a["unique_blocks"] == b["unique_blocks"]
+    assert int(expected_hits(capt).sum()) == int(expected_hits(orig).sum())
+    assert np.array_equal(expected_hits(capt), expected_hits(_reorder(orig, rows)))  # request by request
+
+
+def _reorder(t, rows: np.ndarray):
+    """``t``'s rows in the order ``rows`` (hash ids, lengths and block size only)."""
+    class R:
+        block_size = t.block_size
+        input_length = t.input_length[rows]
+        lens = np.diff(t.hash_offsets)[rows]
+        hash_offsets = np.concatenate([[0], np.cumsum(lens)])
+        hash_values = np.concatenate([t.hash_values[t.hash_offsets[r]:t.hash_offsets[r + 1]] for r in rows])
+    return R
