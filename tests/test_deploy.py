@@ -3,6 +3,7 @@ dashboard, docker-compose wiring and Kubernetes manifests (schema-validated offl
 
 import copy
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -324,3 +325,46 @@ def test_k8s_merge_job_waits_for_every_shard(tmp_path):
     (argv,), _ = _run_script(c, {"SHARDS": str(n), "WAIT_S": "60"}, results, tmp_path)
     assert argv == ["merge", *(f"{results}/shard-{i}" for i in range(n)), "-o", f"{results}/merged", "--wait", "60"]
     # (replayer merge --wait does the waiting: tests/test_workers.py)
+
+
+# -- capture sidecar: deploy/k8s/capture (vLLM + `replayer record` in one pod) ------------------
+
+CAPTURE = DEPLOY / "k8s" / "capture"
+
+
+def _capture_docs():
+    return [d for p in sorted(CAPTURE.glob("*.yaml")) if p.name != "kustomization.yaml"
+            for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+def test_k8s_capture_sidecar_validates_and_lines_up():
+    kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (test extra)")
+    import shlex
+
+    from replayer.cli import build_parser
+
+    docs = _capture_docs()
+    for doc in docs:
+        kv.validate(doc, kv.utils.latest_version(), strict=True)
+    kinds = {d["kind"]: d for d in docs}
+    assert set(kinds) == {"Deployment", "PersistentVolumeClaim", "Service"}
+    kust = yaml.safe_load((CAPTURE / "kustomization.yaml").read_text())
+    assert sorted(kust["resources"]) == sorted(p.name for p in CAPTURE.glob("*.yaml") if p.name != "kustomization.yaml")
+    pod = kinds["Deployment"]["spec"]["template"]["spec"]
+    vllm, cap = (next(c for c in pod["containers"] if c["name"] == n) for n in ("vllm", "capture"))
+    # the proxy's command parses as `replayer record` and points at the vLLM container
+    line = cap["args"][0].replace("$(POD_NAME)", "pod-0").replace("$(date -u +%Y%m%d-%H%M%S)", "20260101-000000")
+    argv = shlex.split(line)
+    assert argv[:3] == ["exec", "replayer", "record"]
+    args = build_parser().parse_args(argv[2:])
+    assert args.upstream == f"http://127.0.0.1:{vllm['args'][vllm['args'].index('--port') + 1]}"
+    ports = {p["name"]: p["containerPort"] for p in cap["ports"]}
+    assert args.listen == f"0.0.0.0:{ports['api']}" and args.admin_port == ports["capture-metrics"]
+    assert args.admin_host == "0.0.0.0" and args.out.startswith("/captures/")
+    assert {m["mountPath"] for m in cap["volumeMounts"]} >= {"/captures", os.path.dirname(args.hash_key_file)}
+    assert pod["terminationGracePeriodSeconds"] > args.drain_timeout
+    svc = kinds["Service"]["spec"]
+    assert {p["targetPort"] for p in svc["ports"]} == set(ports)
+    assert svc["selector"].items() <= kinds["Deployment"]["spec"]["template"]["metadata"]["labels"].items()
+    claim = next(v for v in pod["volumes"] if v["name"] == "captures")["persistentVolumeClaim"]["claimName"]
+    assert claim == kinds["PersistentVolumeClaim"]["metadata"]["name"]

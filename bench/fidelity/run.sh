@@ -10,7 +10,9 @@
 # stress = the same slice with outputs capped at 32 tokens at SPEEDUP;
 # tiny   = 1,000 requests of 16 prompt tokens and 1 output token, evenly spaced at RATE requests/s,
 #          against the harness server with no TTFT or ITL delay (issue 17's tiny requests).
-# TOOL=calib runs the reference client (calib_client.py) on the same slice instead of replayer.
+# TOOL=calib runs the reference client (calib_client.py) on the same slice instead of replayer;
+# TOOL=record runs replayer through `replayer record` (record_runner.sh: the proxy's CPU and RSS in
+# RUN/tool/proxy.json; bench/bench_capture.py interleaves it with direct runs).
 # REPLAYER_ARGS="--no-launcher ..." passes options to `replayer run`.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -45,7 +47,9 @@ if [[ $MODE == W1mm || $MODE == W1chat ]]; then  # the W1 timing as chat text (W
   "$ROOT/.venv/bin/python" "$ROOT/bench/fidelity/add_images.py" "$W/slice_$NAME" $([[ $MODE == W1chat ]] && echo --no-images)
   REPLAYER_ARGS="--endpoint /v1/chat/completions --prompt-mode text --tokenizer $W/slice_$NAME/tokenizer.json ${REPLAYER_ARGS:-}"
 fi
-if [[ $TOOL == calib ]]; then RUNNER=(--tool calib); else RUNNER=(--runner "$ROOT/bench/fidelity/replayer_runner.sh"); fi
+if [[ $TOOL == calib ]]; then RUNNER=(--tool calib)
+elif [[ $TOOL == record ]]; then RUNNER=(--runner "$ROOT/bench/fidelity/record_runner.sh")
+else RUNNER=(--runner "$ROOT/bench/fidelity/replayer_runner.sh"); fi
 $P "$H/harness.py" "${RUNNER[@]}" ${PORT:+--port "$PORT"} --slice "$W/slice_$NAME" --out "$W/run_${NAME}_$TOOL" --work-dir "$W" --name "$TOOL" \
   ${SERVER_ARGS:+"--server-args=$SERVER_ARGS"} ${REPLAYER_ARGS:+"--tool-args=$REPLAYER_ARGS"}
 echo "score: $W/run_${NAME}_$TOOL/score.json"

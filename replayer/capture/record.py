@@ -49,7 +49,9 @@ def add_record_parser(sub) -> None:
     p.add_argument("--session-header", default="X-Session-Id", metavar="NAME",
                    help="request header holding the session id (else the body's user field) [default: X-Session-Id]")
     p.add_argument("--admin-port", type=int, default=9401, metavar="P",
-                   help="/metrics and /healthz on 127.0.0.1:P (0 = a free port) [default: 9401]")
+                   help="/metrics, /healthz and /status on ADMIN_HOST:P (0 = a free port) [default: 9401]")
+    p.add_argument("--admin-host", default="127.0.0.1", metavar="HOST",
+                   help="address of the admin port (0.0.0.0 in a container, for Prometheus) [default: 127.0.0.1]")
     p.add_argument("--flush-interval", type=float, default=2.0, metavar="S",
                    help="write finished rows at least every S seconds [default: 2]")
     p.add_argument("--roll-rows", type=int, default=None, metavar="N", help="start a new trace file every N rows")
@@ -169,7 +171,7 @@ async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, imag
         "rows_written": writer.rows_written, "tokenize_backlog": proxy.tokenization.queue.qsize(),
         "distinct_blocks": hasher.distinct_blocks})
     try:
-        admin_url = await admin.start("127.0.0.1", args.admin_port)
+        admin_url = await admin.start(args.admin_host, args.admin_port)
     except OSError as e:
         await runner.cleanup()
         await proxy.close()

@@ -1,0 +1,96 @@
+"""What `replayer record` costs on W1: TTFT/ITL it adds, its CPU per 1k requests, its memory.
+
+Runs `bench/fidelity/run.sh W1` (the neutral harness server in ../shared/bench/fidelity; first 600 s
+of the Mooncake conversation trace at 10x: 1,750 requests, ~120 streams) directly and through the
+proxy (`TOOL=record`), interleaved (direct, proxy, direct, proxy, ...), back to back on the same
+machine, and prints per run and per mode:
+
+* the client's TTFT p99 and its error against the server's truth (`measurement_err.ttft_p99`:
+  client p99 - server p99; through the proxy it includes what the proxy adds), the client's ITL
+  p99 and mean (the server paces tokens every 10 ms, so ITL above 10 ms is delay on the way), the
+  server-side dispatch error p99 (arrival at the server vs the trace: the proxy's delay shows there);
+* "added by the proxy" = the proxy runs' mean minus the direct runs' mean of each figure;
+* the proxy's CPU seconds per 1k requests (user + system of its process) and peak / end RSS.
+
+    .venv/bin/python bench/bench_capture.py [--pairs 2] [--work DIR]
+
+The host is shared: also prints the load average and steal before and after each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def steal_ticks() -> int:
+    with open("/proc/stat") as f:
+        return int(f.readline().split()[8])
+
+
+def one_run(mode: str, work: str) -> dict:
+    env = {**os.environ, "TOOL": "record" if mode == "proxy" else "replayer"}
+    load0, st0 = os.getloadavg()[0], steal_ticks()
+    subprocess.run(["bash", os.path.join(ROOT, "bench/fidelity/run.sh"), "W1", work], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    load1, st1 = os.getloadavg()[0], steal_ticks()
+    run = os.path.join(work, f"run_w1_{env['TOOL']}")
+    score = json.load(open(os.path.join(run, "score.json")))
+    summary = json.load(open(os.path.join(run, "tool", "results", "summary.json")))
+    out = {
+        "mode": mode,
+        "ttft_p99_ms": summary["p99_ttft_ms"],
+        "ttft_p99_err_ms": score["measurement_err"]["ttft_p99"],
+        "itl_p99_ms": summary["p99_itl_ms"],
+        "itl_mean_ms": summary["mean_itl_ms"],
+        "dispatch_p99_ms": score["dispatch"]["median_aligned_p99_abs_ms"],
+        "completed": summary["completed"],
+        "load_avg": f"{load0:.1f}->{load1:.1f}",
+        "steal_s": (st1 - st0) / os.sysconf("SC_CLK_TCK"),
+    }
+    if mode == "proxy":
+        p = json.load(open(os.path.join(run, "tool", "proxy.json")))
+        out.update(proxy_cpu_s_per_1k=p["proxy_cpu_s"] / summary["completed"] * 1000,
+                   proxy_peak_rss_mb=p["proxy_peak_rss_mb"], proxy_end_rss_mb=p["proxy_end_rss_mb"],
+                   rows_captured=p["rows_captured"])
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=2, help="direct + proxy pairs [default: 2]")
+    ap.add_argument("--work", default=None, help="work folder [default: a new temporary one]")
+    args = ap.parse_args()
+    work = args.work or tempfile.mkdtemp(prefix="bench-capture-")
+    runs = []
+    for i in range(args.pairs):
+        for mode in ("direct", "proxy"):
+            r = one_run(mode, work)
+            runs.append(r)
+            print(json.dumps(r), flush=True)
+    keys = ("ttft_p99_ms", "ttft_p99_err_ms", "itl_p99_ms", "itl_mean_ms", "dispatch_p99_ms")
+
+    def mean(mode: str, k: str) -> float:
+        v = [r[k] for r in runs if r["mode"] == mode and r.get(k) is not None]
+        return sum(v) / len(v) if v else float("nan")
+
+    print("\nadded by the proxy (mean of proxy runs - mean of direct runs), ms:")
+    for k in keys:
+        print(f"  {k:18s} direct {mean('direct', k):8.2f}  proxy {mean('proxy', k):8.2f}  "
+              f"added {mean('proxy', k) - mean('direct', k):+8.2f}")
+    px = [r for r in runs if r["mode"] == "proxy"]
+    print("proxy CPU s per 1k requests: " + ", ".join(f"{r['proxy_cpu_s_per_1k']:.2f}" for r in px))
+    print("proxy peak RSS MB: " + ", ".join(f"{r['proxy_peak_rss_mb']:.0f}" for r in px)
+          + "; at the end: " + ", ".join(f"{r['proxy_end_rss_mb']:.0f}" for r in px))
+    print("rows captured: " + ", ".join(str(r["rows_captured"]) for r in px))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
