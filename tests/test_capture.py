@@ -289,3 +289,16 @@ def test_from_log_writes_the_same_rows_and_names_bad_lines(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert f"{log}: line 1: timestamp:" in r.stderr and f"{log}: line 2: request:" in r.stderr
+
+
+def test_every_capture_metric_is_documented():
+    from prometheus_client import CollectorRegistry
+
+    from conftest import ROOT
+    from replayer.capture.metrics import CaptureMetrics
+
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    names = {m.name + ("_total" if m.type == "counter" else "")
+             for m in CaptureMetrics(CollectorRegistry()).registry.collect() if m.name.startswith("replayer_capture")}
+    assert len(names) == 8
+    assert [n for n in names if f"`{n}`" not in doc] == []
