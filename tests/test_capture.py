@@ -302,3 +302,23 @@ def test_every_capture_metric_is_documented():
              for m in CaptureMetrics(CollectorRegistry()).registry.collect() if m.name.startswith("replayer_capture")}
     assert len(names) == 8
     assert [n for n in names if f"`{n}`" not in doc] == []
+
+
+def test_a_client_that_leaves_mid_stream_gives_a_row_with_the_output_reached(fault_capture):
+    srv, out, url, p = fault_capture
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", "/v1/completions", body=orjson.dumps({"prompt": [1, 2, 3], "stream": True, "slow": True,
+                                                               "max_tokens": 2}),
+                 headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    assert CHUNK1 in r.read1(65536)
+    conn.sock.close()  # the client goes away after the first chunk
+    conn.close()
+    deadline = time.monotonic() + 60
+    while not capture_rows(out) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (row,) = capture_rows(out)
+    assert row["outcome"] == "client_disconnected" and row["status"] == 200
+    assert row["output_length"] >= 1  # what the upstream had sent when the client left
+    stop_record(p)

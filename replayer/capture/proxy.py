@@ -201,7 +201,11 @@ class CaptureProxy:
                                           headers=forward_headers(up.headers, frozenset(("content-length",))))
                 if up.content_length is not None and up.headers.get("Content-Encoding") is None:
                     resp.content_length = up.content_length
-                await resp.prepare(request)
+                try:
+                    await resp.prepare(request)
+                except (ConnectionResetError, ConnectionError):  # the client left while the upstream thought
+                    up.close()
+                    return resp, (up.status, "client_disconnected")
                 sse = "text/event-stream" in up.headers.get("Content-Type", "")
                 dec = SSEDecoder() if acc is not None and sse else None
                 buf = bytearray() if acc is not None and not sse else None
