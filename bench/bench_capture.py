@@ -35,7 +35,12 @@ def steal_ticks() -> int:
 
 
 def one_run(mode: str, work: str) -> dict:
-    env = {**os.environ, "TOOL": "record" if mode == "proxy" else "replayer"}
+    import socket
+
+    with socket.socket() as sk:  # a free port for the harness server (another run may hold 9100)
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    env = {**os.environ, "TOOL": "record" if mode == "proxy" else "replayer", "PORT": str(port)}
     load0, st0 = os.getloadavg()[0], steal_ticks()
     subprocess.run(["bash", os.path.join(ROOT, "bench/fidelity/run.sh"), "W1", work], env=env, check=True,
                    stdout=subprocess.DEVNULL)

@@ -44,7 +44,8 @@ def plan(req) -> Plan:
     """Fault-server plan per request: a slow stream when asked, else a whole JSON body."""
     if isinstance(req, dict) and req.get("stream"):
         gap = 1500 if req.get("slow") else 0
-        return Plan(transcript=[(0, CHUNK1), (gap, CHUNK2), (gap, USAGE), (gap, b"data: [DONE]\n\n")],
+        usage = [] if req.get("no_usage") else [(gap, USAGE)]
+        return Plan(transcript=[(0, CHUNK1), (gap, CHUNK2), *usage, (gap, b"data: [DONE]\n\n")],
                     headers={"X-Upstream": "yes"})
     body = {"choices": [{"index": 0, "text": " x", "finish_reason": "length"}],
             "usage": {"prompt_tokens": 6, "completion_tokens": 1, "total_tokens": 7}}
@@ -322,3 +323,13 @@ def test_a_client_that_leaves_mid_stream_gives_a_row_with_the_output_reached(fau
     assert row["outcome"] == "client_disconnected" and row["status"] == 200
     assert row["output_length"] >= 1  # what the upstream had sent when the client left
     stop_record(p)
+
+
+def test_without_usage_the_lengths_are_counted_and_flagged(fault_capture):
+    srv, out, url, p = fault_capture
+    status, _, body = post(url + "/v1/completions", {"prompt": [1, 2, 3, 4, 5], "stream": True, "no_usage": True})
+    assert status == 200 and b"usage" not in body
+    stop_record(p)
+    (row,) = capture_rows(out)
+    assert (row["input_length"], row["input_length_source"]) == (5, "tokens")  # counted from the token ids
+    assert (row["output_length"], row["output_length_source"]) == (2, "chunks")  # chunks with text: an estimate

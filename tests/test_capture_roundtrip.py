@@ -178,6 +178,19 @@ def _round_trip(tmp_path, sim_url: str, probe: WakeProbe) -> None:
     assert int(expected_hits(capt).sum()) == int(expected_hits(orig).sum())
     assert np.array_equal(expected_hits(capt), expected_hits(_reorder(orig, rows)))  # request by request
 
+    # and `replayer run` on the capture folder itself reports them so (at 20x: only the hash ids
+    # matter here), request by request against the original replay's
+    res2 = tmp_path / "replay-of-capture"
+    run2 = subprocess.run([sys.executable, "-m", "replayer", "run", str(cap), "--target", sim_url, "--speedup", "20",
+                           "--results", str(res2), "--admin-port", "0", "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+    assert run2.returncode == 0, run2.stderr
+    s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (res, res2))
+    assert s2["expected_prefix_hit_tokens"] == s1["expected_prefix_hit_tokens"] and s2["completed"] == 1750
+    again = read_results(str(res2)).to_pandas().sort_values("row")
+    first = results.set_index("x_request_id").loc[list(capt.request_id)]
+    assert again.expected_prefix_hit_tokens.tolist() == first.expected_prefix_hit_tokens.tolist()
+
 
 def _reorder(t, rows: np.ndarray):
     """``t``'s rows in the order ``rows`` (hash ids, lengths and block size only)."""

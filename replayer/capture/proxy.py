@@ -31,6 +31,7 @@ from multidict import CIMultiDict
 
 from ..sse import SSEDecoder
 from .metrics import CaptureMetrics
+from .relay import Exchange, UpstreamGone, UpstreamPool
 from .rows import CAPTURED, GENERATION
 from .tokenize import Tokenization
 
@@ -100,6 +101,7 @@ class CaptureProxy:
         self.connect_timeout_s = connect_timeout_s
         self._tokenization_factory = tokenization_factory
         self.tokenization: Tokenization | None = None
+        self.pool: UpstreamPool | None = None
         self.session: aiohttp.ClientSession | None = None
         self.in_flight = 0
         self._idle = asyncio.Event()
@@ -107,6 +109,15 @@ class CaptureProxy:
         self.server = _StampingServer(self._handle, access_log=None)
 
     async def start(self) -> None:
+        import ssl as _ssl
+        from urllib.parse import urlsplit
+
+        u = urlsplit(self.upstream)
+        https = u.scheme == "https"
+        self.pool = UpstreamPool(u.hostname, u.port or (443 if https else 80),
+                                 ssl=_ssl.create_default_context() if https else None,
+                                 connect_timeout_s=self.connect_timeout_s)
+        self._host = u.netloc
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=None)
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
                                              timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
@@ -118,6 +129,7 @@ class CaptureProxy:
             await self.tokenization.drain()
         if self.session is not None:
             await self.session.close()
+        self.pool.close()
 
     async def wait_idle(self, timeout_s: float | None) -> bool:
         """Wait until no request is in flight (True) or ``timeout_s`` passed (False)."""
@@ -154,7 +166,7 @@ class CaptureProxy:
         """Forward first; the body is read for its facts only after the answer, in the
         tokenization queue (parsing a long token-id prompt here would delay every other request)."""
         acc = UsageTracker()
-        resp, (status, outcome) = await self._forward(request, body, acc)
+        resp, (status, outcome) = await self._relay(request, body, acc)
         end = time.perf_counter_ns()
         acc.finish()  # (a stream cut short: the last usage it carried)
         row = self._row(endpoint, acc, request, status, outcome, arrival, end)
@@ -185,6 +197,63 @@ class CaptureProxy:
             "tokenized_by": None, "hashed_tokens": None, "image_count": None, "image_hashes": None,
             "duration_ms": (end - arrival) / 1e6,
         }
+
+    def _bad_gateway(self, e: BaseException) -> web.Response:
+        msg = f"upstream {self.upstream} unreachable: {type(e).__name__}: {e}"
+        log.warning("capture: %s", msg)
+        return web.json_response({"error": {"message": msg, "type": "BadGateway", "code": 502}}, status=502,
+                                 dumps=lambda o: orjson.dumps(o).decode())
+
+    async def _relay(self, request: web.BaseRequest, body: bytes, acc: UsageTracker) -> tuple[web.StreamResponse, tuple]:
+        """A captured request over the fast path (``relay``): the response body goes to the
+        client from the upstream connection's ``data_received``."""
+        hdrs = forward_headers(request.headers, _PER_HOP)
+        head = "".join([f"{request.method} {request.raw_path} HTTP/1.1\r\nHost: {self._host}\r\n",
+                        *(f"{k}: {v}\r\n" for k, v in hdrs.items()),
+                        f"Content-Length: {len(body)}\r\n\r\n"]).encode("latin-1", "replace")
+        for attempt in (0, 1):
+            try:
+                conn, reused = await self.pool.acquire()
+            except (OSError, asyncio.TimeoutError) as e:
+                return self._bad_gateway(e), (502, "upstream_unreachable")
+            ex = Exchange(acc)
+            conn.send(head, body, ex)
+            try:
+                await ex.head
+                break
+            except UpstreamGone as e:
+                if reused and not ex.got_bytes and attempt == 0:
+                    continue  # a keep-alive connection the upstream had closed: once more, on a new one
+                return self._bad_gateway(e), (502, "upstream_unreachable")
+        clen = next((v for k, v in ex.headers if k.lower() == "content-length"), None)
+        resp = web.StreamResponse(status=ex.status, headers=forward_headers(CIMultiDict(ex.headers), _PER_HOP))
+        if clen is not None and clen.strip().isdigit():
+            resp.content_length = int(clen)
+        out = self.metrics.bytes.labels("response")
+        try:
+            await resp.prepare(request)
+            if request.transport is None:
+                raise ConnectionResetError
+        except (ConnectionResetError, ConnectionError):  # the client left while the upstream thought
+            conn.abort()
+            return resp, (ex.status, "client_disconnected")
+        ex.start_relay(request.transport, "chunked" in resp.headers.get("Transfer-Encoding", "").lower())
+        try:
+            await ex.done
+        except UpstreamGone:  # the upstream broke mid-stream: the client's response is cut off too
+            out.inc(ex.bytes_out)
+            request.transport.close()
+            return resp, (ex.status, "upstream_broken")
+        out.inc(ex.bytes_out)
+        if ex.client_gone:
+            return resp, (ex.status, "client_disconnected")
+        try:
+            await resp.write_eof()
+        except (ConnectionResetError, ConnectionError):
+            return resp, (ex.status, "client_disconnected")
+        outcome = "ok" if ex.status < 400 else "http_error"
+        acc.finish()
+        return resp, (ex.status, "upstream_broken" if acc.error and outcome == "ok" else outcome)
 
     async def _forward(self, request: web.Request, body: bytes,
                        acc: UsageTracker | None) -> tuple[web.StreamResponse, tuple[int | None, str]]:

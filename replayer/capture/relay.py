@@ -1,0 +1,210 @@
+"""The fast path of the capture proxy: an upstream HTTP/1.1 connection that relays a response's
+body to the client's transport from inside ``data_received``.
+
+Why not aiohttp's client: each streamed chunk then costs a parser feed into a ``StreamReader``, a
+task wake-up, a ``StreamResponse.write`` and its framing in Python; on W1 (~12,000 one-token
+chunks/s at 10x) that made the proxy CPU-bound on a shared host and its queue grew to seconds.
+Here one ``asyncio.Protocol`` per upstream connection parses the response with llhttp
+(``httptools``, as ``replayer.client`` does) and, in the parser's body callback, writes each
+piece at once to the client's transport (chunked framing; the body's bytes unchanged) and feeds
+a copy to the SSE decoder: no task switch per chunk. Connections are kept alive and reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httptools
+
+from ..sse import SSEDecoder
+
+#: a non-streamed response body is read for its usage up to this size
+MAX_BODY_PARSE = 64 << 20
+
+
+class UpstreamGone(Exception):
+    """The upstream connection failed or closed before the response ended."""
+
+
+class Exchange:
+    """One request's response as it comes: head (``head`` future: status, reason, headers),
+    then the body relayed to ``client`` (a transport, set once the client's head is written;
+    pieces that come earlier wait in ``pending``), ``done`` when the message ends."""
+
+    __slots__ = ("head", "done", "client", "pending", "chunked", "acc", "dec", "buf", "bytes_out",
+                 "client_gone", "status", "headers", "got_bytes", "conn")
+
+    def __init__(self, acc) -> None:
+        self.conn: UpstreamConnection | None = None
+        loop = asyncio.get_running_loop()
+        self.head: asyncio.Future = loop.create_future()
+        self.done: asyncio.Future = loop.create_future()
+        self.client = None
+        self.pending: list[bytes] = []
+        self.chunked = True
+        self.acc = acc
+        self.dec: SSEDecoder | None = None
+        self.buf: bytearray | None = None
+        self.bytes_out = 0
+        self.client_gone = False
+        self.status = 0
+        self.headers: list[tuple[str, str]] = []
+        self.got_bytes = False
+
+    def start_relay(self, transport, chunked: bool) -> None:
+        """The client's response head is written: relay what came so far, then every piece at once."""
+        self.chunked = chunked
+        self.client = transport
+        pending, self.pending = self.pending, []
+        for b in pending:
+            self._write(b)
+
+    def body(self, b: bytes) -> None:
+        self.bytes_out += len(b)
+        if self.client is None:
+            self.pending.append(b)
+        else:
+            self._write(b)
+        acc = self.acc
+        if acc is not None:
+            if self.dec is not None:
+                for ev in self.dec.feed(b):
+                    acc.on_event(ev.data)
+            elif self.buf is not None and len(self.buf) <= MAX_BODY_PARSE:
+                self.buf += b
+
+    def _write(self, b: bytes) -> None:
+        t = self.client
+        if self.client_gone:
+            return
+        if t.is_closing():  # the client left: stop the upstream too (the server stops generating)
+            self.client_gone = True
+            if not self.done.done():
+                self.done.set_result(None)
+            if self.conn is not None:
+                self.conn.abort()
+            return
+        t.write(b"%x\r\n%b\r\n" % (len(b), b) if self.chunked else b)
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection to the upstream (see the module docstring)."""
+
+    def __init__(self, pool: "UpstreamPool") -> None:
+        self.pool = pool
+        self.transport = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.ex: Exchange | None = None
+        self._hname = b""
+        self.closed = False
+        self.reusable = False
+
+    # -- asyncio ------------------------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        ex = self.ex
+        if ex is not None:
+            ex.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self._fail(f"bad response from the upstream: {e}")
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self.pool.forget(self)
+        self._fail(f"the upstream closed the connection{': ' + str(exc) if exc else ''}")
+
+    # -- httptools callbacks ------------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.ex is not None:
+            self.ex.headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        ex = self.ex
+        if ex is None:
+            return
+        ex.status = self.parser.get_status_code()
+        if ex.acc is not None:
+            ctype = next((v for k, v in ex.headers if k.lower() == "content-type"), "")
+            if "text/event-stream" in ctype:
+                ex.dec = SSEDecoder()
+            else:
+                ex.buf = bytearray()
+        if not ex.head.done():
+            ex.head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        if self.ex is not None:
+            self.ex.body(body)
+
+    def on_message_complete(self) -> None:
+        ex, self.ex = self.ex, None
+        self.reusable = self.parser.should_keep_alive()
+        if ex is not None and not ex.done.done():
+            if ex.buf is not None and len(ex.buf) <= MAX_BODY_PARSE:
+                ex.acc.on_body(bytes(ex.buf))
+            ex.done.set_result(None)
+        self.pool.release(self)
+
+    # -- use ----------------------------------------------------------------------------------
+    def send(self, head: bytes, body: bytes, ex: Exchange) -> None:
+        self.ex = ex
+        ex.conn = self
+        self.reusable = False
+        self.transport.write(head + body if len(body) < 65536 else head)
+        if len(body) >= 65536:
+            self.transport.write(body)
+
+    def _fail(self, msg: str) -> None:
+        ex, self.ex = self.ex, None
+        if ex is None:
+            return
+        for f in (ex.head, ex.done):
+            if not f.done():
+                f.set_exception(UpstreamGone(msg))
+                f.exception()  # (retrieved: a head that failed leaves done unawaited)
+
+    def abort(self) -> None:
+        self.ex = None
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class UpstreamPool:
+    """Idle keep-alive connections to one upstream (host, port), opened on demand."""
+
+    def __init__(self, host: str, port: int, ssl=None, connect_timeout_s: float = 10.0) -> None:
+        self.host, self.port, self.ssl = host, port, ssl
+        self.connect_timeout_s = connect_timeout_s
+        self.idle: list[UpstreamConnection] = []
+
+    async def acquire(self) -> tuple[UpstreamConnection, bool]:
+        """A connection and whether it was reused (a reused one may turn out closed: retry once)."""
+        while self.idle:
+            c = self.idle.pop()
+            if not c.closed and not c.transport.is_closing():
+                return c, True
+        loop = asyncio.get_running_loop()
+        _, proto = await asyncio.wait_for(loop.create_connection(lambda: UpstreamConnection(self), self.host, self.port,
+                                                                 ssl=self.ssl), self.connect_timeout_s)
+        return proto, False
+
+    def release(self, c: UpstreamConnection) -> None:
+        if c.reusable and not c.closed:
+            self.idle.append(c)
+        elif c.transport is not None:
+            c.closed = True
+            c.transport.close()
+
+    def forget(self, c: UpstreamConnection) -> None:
+        if c in self.idle:
+            self.idle.remove(c)
+
+    def close(self) -> None:
+        for c in self.idle:
+            c.transport.close()
+        self.idle.clear()
