@@ -5,11 +5,12 @@ Transparency: the request body is sent as received (a malformed one too: the ups
 and the row records the status); headers go both ways except the hop-by-hop ones (RFC 9110
 7.6.1: ``Connection`` and the headers it names, ``Keep-Alive``, ``Proxy-*``, ``TE``, ``Trailer``,
 ``Transfer-Encoding``, ``Upgrade``) and ``Host``/``Content-Length``, which each hop sets for
-itself; the response body's bytes are written to the client read by read (no SSE buffering,
-no decompression), while a sans-I/O SSE decoder reads the usage from a copy of each read. The
-client's ``Authorization`` header is forwarded and kept only in memory until the prompt is
-tokenized; it is never written. Paths other than the captured API paths are passed through
-without a row. An unreachable upstream gives the client a 502 with a JSON error, and a row.
+itself. A captured request's response is relayed by ``relay`` (each piece of the body written to
+the client as the upstream connection reads it, no SSE buffering, no decompression; a copy goes
+to the SSE decoder for the usage); other paths go through aiohttp's client, streamed too, and get
+no row. The client's ``Authorization`` header is forwarded and kept only in memory until the
+prompt is tokenized; it is never written. An unreachable upstream gives the client a 502 with a
+JSON error, and a row.
 
 ``timestamp`` is the arrival of the request's head: the read that completed it (stamped in the
 connection's ``data_received``, before any handler runs, so a burst of requests arriving together
@@ -29,7 +30,6 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict
 
-from ..sse import SSEDecoder
 from .metrics import CaptureMetrics
 from .relay import Exchange, UpstreamGone, UpstreamPool
 from .rows import CAPTURED, GENERATION
@@ -41,9 +41,6 @@ HOP_BY_HOP = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy
                         "te", "trailer", "trailers", "transfer-encoding", "upgrade"))
 #: set again by each hop
 _PER_HOP = frozenset(("host", "content-length"))
-#: a non-streamed response body is read for its usage up to this size (an embeddings response can
-#: be large); past it the body still goes to the client whole, the usage is unknown
-MAX_BODY_PARSE = 64 << 20
 
 
 class _StampingHandler(RequestHandler):
@@ -153,8 +150,7 @@ class CaptureProxy:
             self.metrics.bytes.labels("request").inc(len(body))
             if endpoint is None:
                 self.metrics.passed_through.inc()
-                resp, _ = await self._forward(request, body, None)
-                return resp
+                return await self._forward(request, body)
             return await self._capture(request, body, endpoint, arrival)
         finally:
             self.in_flight -= 1
@@ -255,72 +251,32 @@ class CaptureProxy:
         acc.finish()
         return resp, (ex.status, "upstream_broken" if acc.error and outcome == "ok" else outcome)
 
-    async def _forward(self, request: web.Request, body: bytes,
-                       acc: UsageTracker | None) -> tuple[web.StreamResponse, tuple[int | None, str]]:
-        """Send the request upstream and stream the answer back. Returns the response and
-        (status the client got, outcome)."""
+    async def _forward(self, request: web.BaseRequest, body: bytes) -> web.StreamResponse:
+        """Any other path, through aiohttp's client, unmeasured: the response streamed back as it comes."""
         headers = forward_headers(request.headers, _PER_HOP)
-        url = self.upstream + str(request.rel_url)
         resp: web.StreamResponse | None = None
         try:
-            async with self.session.request(request.method, url, data=body, headers=headers, allow_redirects=False,
+            async with self.session.request(request.method, self.upstream + request.raw_path, data=body,
+                                            headers=headers, allow_redirects=False,
                                             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding",
                                                                "Content-Type")) as up:
                 resp = web.StreamResponse(status=up.status, reason=up.reason,
-                                          headers=forward_headers(up.headers, frozenset(("content-length",))))
+                                          headers=forward_headers(up.headers, _PER_HOP))
                 if up.content_length is not None and up.headers.get("Content-Encoding") is None:
                     resp.content_length = up.content_length
-                try:
-                    await resp.prepare(request)
-                except (ConnectionResetError, ConnectionError):  # the client left while the upstream thought
-                    up.close()
-                    return resp, (up.status, "client_disconnected")
-                sse = "text/event-stream" in up.headers.get("Content-Type", "")
-                dec = SSEDecoder() if acc is not None and sse else None
-                buf = bytearray() if acc is not None and not sse else None
+                await resp.prepare(request)
                 out = self.metrics.bytes.labels("response")
                 async for chunk in up.content.iter_any():
                     out.inc(len(chunk))
-                    try:
-                        await resp.write(chunk)
-                    except (ConnectionResetError, ConnectionError):
-                        _measure(acc, dec, buf, chunk)
-                        up.close()
-                        return resp, (up.status, "client_disconnected")
-                    _measure(acc, dec, buf, chunk)
-                if buf is not None and len(buf) <= MAX_BODY_PARSE:
-                    acc.on_body(bytes(buf))
-                try:
-                    await resp.write_eof()
-                except (ConnectionResetError, ConnectionError):
-                    return resp, (up.status, "client_disconnected")
-                outcome = "ok" if up.status < 400 else "http_error"
-                if acc is not None:
-                    acc.finish()
-                if acc is not None and acc.error and outcome == "ok":
-                    outcome = "upstream_broken"
-                return resp, (up.status, outcome)
+                    await resp.write(chunk)
+                await resp.write_eof()
+                return resp
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-            if resp is None:  # nothing was sent to the client yet: a 502 it can read
-                msg = f"upstream {self.upstream} unreachable: {type(e).__name__}: {e}"
-                log.warning("capture: %s", msg)
-                err = web.json_response({"error": {"message": msg, "type": "BadGateway", "code": 502}},
-                                        status=502, dumps=lambda o: orjson.dumps(o).decode())
-                return err, (502, "upstream_unreachable")
-            # the upstream broke mid-stream: the client's response is cut off too
-            if request.transport is not None:
+            if resp is None:
+                return self._bad_gateway(e)
+            if request.transport is not None:  # the client left, or the upstream broke mid-stream
                 request.transport.close()
-            return resp, (resp.status, "upstream_broken")
-
-
-def _measure(acc, dec: SSEDecoder | None, buf: bytearray | None, chunk: bytes) -> None:
-    if acc is None:
-        return
-    if dec is not None:
-        for ev in dec.feed(chunk):
-            acc.on_event(ev.data)
-    elif buf is not None and len(buf) <= MAX_BODY_PARSE:
-        buf += chunk
+            return resp
 
 
 class UsageTracker:

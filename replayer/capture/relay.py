@@ -13,6 +13,7 @@ a copy to the SSE decoder: no task switch per chunk. Connections are kept alive 
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import httptools
 
@@ -102,6 +103,12 @@ class UpstreamConnection(asyncio.Protocol):
     # -- asyncio ------------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
         self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # no Nagle: a request's last segment must not wait for an ACK
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
 
     def data_received(self, data: bytes) -> None:
         ex = self.ex
@@ -154,9 +161,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.ex = ex
         ex.conn = self
         self.reusable = False
-        self.transport.write(head + body if len(body) < 65536 else head)
-        if len(body) >= 65536:
-            self.transport.write(body)
+        self.transport.write(head + body)  # one write: head and body leave together
 
     def _fail(self, msg: str) -> None:
         ex, self.ex = self.ex, None
