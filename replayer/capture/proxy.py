@@ -30,6 +30,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict
 
+from ..sse import SSEDecoder
 from .metrics import CaptureMetrics
 from .relay import Exchange, UpstreamGone, UpstreamPool
 from .rows import CAPTURED, GENERATION
@@ -86,8 +87,9 @@ def forward_headers(headers, extra_drop: frozenset = frozenset()) -> CIMultiDict
 
 
 class CaptureProxy:
-    """The aiohttp application of ``replayer record``. ``start()`` opens the upstream session;
-    ``server`` serves every path; ``stop_accepting``/``wait_idle`` support the drain on SIGTERM."""
+    """The proxy of ``replayer record``. ``start()`` opens the upstream pool and session;
+    ``server`` (a low-level aiohttp server) serves every path; ``wait_idle`` supports the drain on
+    SIGTERM; ``close()`` tokenizes what is queued and closes the upstream connections."""
 
     def __init__(self, upstream: str, tokenization_factory, metrics: CaptureMetrics, *, t0_ns: int,
                  session_header: str = "X-Session-Id", connect_timeout_s: float = 10.0) -> None:
@@ -281,38 +283,51 @@ class CaptureProxy:
 
 class UsageTracker:
     """What a capture needs of a response: the server's usage (prompt and completion tokens), or
-    else a count of the chunks that carried text (an estimate), and whether an error came.
+    else a count of the events that carried text (an estimate), and whether an error came.
 
-    Cheaper than ``sse.UsageTracker`` on purpose: a stream's events are not JSON-parsed one
-    by one (that was a third of the proxy's CPU); only the last event carrying a usage object is
-    parsed, at the end (with continuous usage stats it is the running count, so a stream cut
-    short still gives the tokens it reached). A non-streamed body is parsed whole."""
+    Cheap on purpose (a W1 stream is ~100 one-token events per request): a stream's pieces are
+    only counted with ``bytes.count`` and the last ``TAIL_BYTES`` kept; at the end that tail is
+    decoded and its last event carrying a usage object parsed (with continuous usage stats it is
+    the running count, so a stream cut short still gives the tokens it reached). A non-streamed
+    body is parsed whole."""
 
-    __slots__ = ("prompt_tokens", "completion_tokens", "chunks", "error", "_last_usage")
+    TAIL_BYTES = 16384
+    __slots__ = ("prompt_tokens", "completion_tokens", "chunks", "error", "_tail", "_tail_len", "_done")
 
     def __init__(self) -> None:
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
         self.chunks = 0
         self.error = False
-        self._last_usage: str | None = None
+        self._tail: list[bytes] = []
+        self._tail_len = 0
+        self._done = False
 
-    def on_event(self, data: str) -> None:
-        if '"usage"' in data and '"usage":null' not in data and '"usage": null' not in data:
-            self._last_usage = data
-        if ('"text":' in data or '"content":' in data or '"text": ' in data) and not (
-                '"text":""' in data or '"content":""' in data or '"content":null' in data):
-            self.chunks += 1
-        if '"error"' in data:
+    def on_sse_piece(self, b: bytes) -> None:
+        self.chunks += (b.count(b'"text":"') - b.count(b'"text":""') + b.count(b'"content":"')
+                        - b.count(b'"content":""'))
+        if b'"error"' in b:
             self.error = True
+        self._tail.append(b)
+        self._tail_len += len(b)
+        while self._tail_len - len(self._tail[0]) >= self.TAIL_BYTES:
+            self._tail_len -= len(self._tail.pop(0))
 
     def on_body(self, body: bytes) -> None:
         self._take(body)
 
     def finish(self) -> None:
-        if self._last_usage is not None:
-            self._take(self._last_usage)
-            self._last_usage = None
+        if self._done or not self._tail:
+            return
+        self._done = True
+        last = None
+        for ev in SSEDecoder().feed(b"".join(self._tail)):  # (the first line may be cut: it parses as nothing)
+            d = ev.data
+            if '"usage"' in d and '"usage":null' not in d and '"usage": null' not in d:
+                last = d
+        self._tail = []
+        if last is not None:
+            self._take(last)
 
     def _take(self, data: str | bytes) -> None:
         try:
