@@ -298,7 +298,7 @@ def test_every_capture_metric_is_documented():
     from conftest import ROOT
     from replayer.capture.metrics import CaptureMetrics
 
-    doc = (ROOT / "docs" / "metrics.md").read_text()
+    doc = (ROOT / "docs" / "capture.md").read_text()
     names = {m.name + ("_total" if m.type == "counter" else "")
              for m in CaptureMetrics(CollectorRegistry()).registry.collect() if m.name.startswith("replayer_capture")}
     assert len(names) == 8

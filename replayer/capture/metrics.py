@@ -2,7 +2,7 @@
 
 ``replayer_capture_`` prefix, base units, ``_total`` counters, labels from closed sets only:
 ``endpoint`` (the captured API paths), ``status`` (HTTP status class or ``none``), ``outcome``
-(``rows.OUTCOMES``), ``direction``, ``reason``. docs/metrics.md lists them.
+(``rows.OUTCOMES``), ``direction``, ``reason``. docs/capture.md lists them.
 """
 
 from __future__ import annotations
