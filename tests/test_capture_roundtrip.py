@@ -110,6 +110,7 @@ def test_prefix_structure_check_can_fail():
     assert differs
 
 
+@pytest.mark.timeout(1500)  # two replays of 60 and 30 s, slower on a loaded host
 def test_mooncake_slice_round_trip_through_record(tmp_path, sim_process):
     sim_url, _ = sim_process("--tokens-per-chunk", "8")
     with WakeProbe(tmp_path / "probe.npy") as probe:
