@@ -74,7 +74,7 @@ def main() -> int:
     args = ap.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="bench-capture-")
     runs = []
-    for i in range(args.pairs):
+    for _i in range(args.pairs):
         for mode in ("direct", "proxy"):
             r = one_run(mode, work)
             runs.append(r)
