@@ -132,6 +132,15 @@ class RunConfig(BaseModel):
     flush_interval_s: float = Field(2.0, gt=0, description="or every this many seconds")
     roll_rows: int | None = Field(None, ge=1, description="start a new results file every N results (soak)")
     roll_interval_s: float | None = Field(None, gt=0, description="start a new results file this often (soak)")
+    retain_size: str | None = Field(None, description="retention: while the results folder holds more than "
+                                    "this (e.g. 2GB, 500MB, 1.5GiB; K/M/G/T = 1000^n, Ki/Mi/Gi/Ti = 1024^n bytes), "
+                                    "remove its oldest rolled results file (needs --roll-interval or --roll-rows; "
+                                    "the counts and statistics of removed files stay in removed.json)")
+    retain_age_s: float | None = Field(None, gt=0, description="retention: remove a rolled results file once its "
+                                       "newest result is older than this (needs --roll-interval or --roll-rows)")
+    itl_format: str = Field("exact", description="per-request ITL in the results: exact (every gap) or sketch "
+                            "(compact, for long runs: each request's gaps rounded to buckets 0.5 percent wide, one "
+                            "value and one count per bucket; ITL statistics within 0.5 percent)")
     resume: str | None = Field(None, description="continue the run recorded in this results folder "
                                "(its trace and settings unless given again: then they must agree), "
                                "skipping every row already recorded")
@@ -215,6 +224,33 @@ class RunConfig(BaseModel):
         from .image_tokens import parse_rule
 
         parse_rule(v)
+        return v
+
+    @field_validator("retain_size")
+    @classmethod
+    def _retain_size(cls, v: str | int | None) -> str | None:
+        if v is None:
+            return None
+        from .retention import parse_size
+
+        if parse_size(v) <= 0:
+            raise ValueError("retain_size must be more than 0 bytes")
+        return str(v)
+
+    @property
+    def retain_bytes(self) -> int | None:
+        """``retain_size`` in bytes (None: no size bound)."""
+        from .retention import parse_size
+
+        return parse_size(self.retain_size) if self.retain_size is not None else None
+
+    @field_validator("itl_format")
+    @classmethod
+    def _itl_format(cls, v: str) -> str:
+        from .result import ITL_FORMATS
+
+        if v not in ITL_FORMATS:
+            raise ValueError(f"itl_format must be one of {', '.join(ITL_FORMATS)}")
         return v
 
     @field_validator("prompt_mode")
@@ -371,6 +407,9 @@ class RunConfig(BaseModel):
                             "documents are token blocks decoded with it)")
         if self.prompt_mode == "text" and not self.tokenizer:
             problems.append("prompt_mode: text mode needs --tokenizer PATH (a local tokenizer.json or folder)")
+        if (self.retain_size is not None or self.retain_age_s is not None) and not (self.roll_rows or self.roll_interval_s):
+            problems.append("retain_size/retain_age: retention removes rolled results files: give --roll-interval "
+                            "or --roll-rows too (without them results are rolled only at the end)")
         if self.workers > 1 and self.shard != "0/1":
             problems.append("workers: --workers N splits the trace into its own N shards; it cannot be "
                             "combined with --shard (use one or the other)")

@@ -48,6 +48,7 @@ from .recorder import (Recorder, drop_not_started, earlier_run, new_results_dir,
                        write_json)
 from .recorder import warm_up as recorder_warm_up
 from .result import RequestResult
+from .retention import read_removed
 from . import selfwatch
 from .selfwatch import BEHIND_MS
 from .simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, spawn_sim, stop_sim
@@ -81,6 +82,7 @@ class RunState:
     target: str = ""
     results: str = ""
     started_wall: float = field(default_factory=time.time)
+    recorder: Recorder | None = None  # its folder size and oldest result (/status)
 
 
 class _Accounting(Observer):
@@ -266,6 +268,9 @@ def resume_plan(results_dir: str, cfg: RunConfig | None = None):
         rows = sent.column("row").to_numpy()
         for lp in np.unique(loops):
             done[int(lp)] = np.unique(rows[loops == lp])
+    removed = read_removed(results_dir)  # rows in results files retention removed were sent too
+    for lp, rows in (removed.recorded_rows() if removed else {}).items():
+        done[lp] = np.union1d(done.get(lp, np.zeros(0, np.int64)), rows)
     # results of the last loop(s) may have been lost with the process: restart one loop earlier
     start_loop = max(0, int(ckpt.get("loop", 0)) - 1)
     # rows a stopped run recorded as not started are sent now: their old records go
@@ -564,7 +569,10 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
 
     recorder = Recorder(results_dir, flush_rows=cfg.flush_rows, flush_interval_s=cfg.flush_interval_s,
                         roll_rows=cfg.roll_rows, roll_interval_s=cfg.roll_interval_s, metadata=meta,
-                        checkpoint=checkpoint)
+                        checkpoint=checkpoint, itl_format=cfg.itl_format, retain_bytes=cfg.retain_bytes,
+                        retain_age_s=cfg.retain_age_s)
+    state.recorder = recorder
+    metrics.results_disk.source = lambda: (recorder.results_bytes, recorder.oldest_timestamp_s)
     acct = _Accounting(state, metrics)
     slos = cfg.goodput_slos
     metrics.set_slos(slos)
@@ -754,7 +762,7 @@ def _hms(wall_s: float) -> str:
 def _status(state: RunState, dispatcher_ref: list[Dispatcher]) -> dict:
     d = dispatcher_ref[0] if dispatcher_ref else None
     pos = d.position if d else None
-    st = state.state
+    st, rec = state.state, state.recorder
     if st == "running" and d is not None and d.stopping:  # after SIGTERM or /stop
         st = "draining"
     elif st == "running" and d is not None and d.timeline.paused:  # POST /pause
@@ -767,7 +775,10 @@ def _status(state: RunState, dispatcher_ref: list[Dispatcher]) -> dict:
             "in_flight": d.in_flight if d else 0,
             "position": {"index": pos.index, "loop": pos.loop, "row": pos.row} if pos else None,
             "speedup": d.timeline.speedup if d else None, "paused": d.timeline.paused if d else False,
-            "dispatch_lag_max_s": round(state.max_lag_ms / 1e3, 6)}  # (seconds, as every /status time)
+            "dispatch_lag_max_s": round(state.max_lag_ms / 1e3, 6),  # (seconds, as every /status time)
+            # the results folder's size and its oldest result kept (Unix s), as of the last flush
+            "results_bytes": rec.results_bytes if rec else None,
+            "results_oldest_timestamp_s": rec.oldest_timestamp_s if rec else None}
 
 
 

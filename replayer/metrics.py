@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from . import __version__
@@ -166,6 +166,29 @@ class _DueCounter(Collector):
         return [CounterMetricFamily(self.NAME, self.DOC)]
 
 
+class _ResultsDisk(Collector):
+    """``replayer_results_bytes`` (the results folder's size) and
+    ``replayer_results_oldest_timestamp_seconds`` (Unix time of the first request sent among the
+    results kept there: retention moves it forward), as of the recorder's last flush; a value
+    not known yet is left out, never 0."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.source = lambda: (None, None)  # () -> (bytes, oldest Unix s), set by the run
+        registry.register(self)
+
+    def collect(self):
+        size, oldest = self.source()
+        if size is not None:
+            yield GaugeMetricFamily("replayer_results_bytes", "Bytes of every file in the results folder "
+                                    "(bounded by --retain-size).", value=size)
+        if oldest is not None:
+            yield GaugeMetricFamily("replayer_results_oldest_timestamp_seconds", "Unix time of the first "
+                                    "request sent among the results kept (--retain-age moves it on).", value=oldest)
+
+    def describe(self):
+        return []
+
+
 class _Flush(Collector):
     """Registered before every metric: a collect of the registry (a scrape, ``generate_latest``,
     ``get_sample_value``) first moves the per-request updates batched in plain numbers into the
@@ -248,6 +271,7 @@ class ReplayerMetrics:
         self.config_info.info(config_info or {})
         self.scheduled = Counter("replayer_requests_scheduled", "Requests put on the schedule.", registry=r)
         self.due = _DueCounter(r, clock)
+        self.results_disk = _ResultsDisk(r)
         self.sent = Counter("replayer_requests_sent", "Requests sent to the target.", registry=r)
         self.requests = Counter("replayer_requests", "Requests finished, by outcome and error kind.",
                                 ["outcome", "error_kind"], registry=r)

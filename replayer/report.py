@@ -34,13 +34,15 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .result import itl_samples
+
 #: keep plots light (SVG): at most this many points per trace (uniform subsample)
 MAX_POINTS = 5_000
 
 #: the results columns the report reads, batch by batch (ITL lists only a batch at a time)
 REPORT_COLUMNS = ["due_ns", "sent_ns", "end_ns", "outcome", "error_kind", "ttft_ms", "e2e_ms", "tpot_ms",
                   "dispatch_lag_ms", "completion_tokens", "prompt_tokens", "ttft_from_due_ms", "e2el_from_due_ms",
-                  "itl_ms"]
+                  "itl_ms", "itl_counts"]
 
 
 
@@ -146,8 +148,7 @@ class ReportData:
         self.latency["TTFT"].add(ttft / 1e3)
         self.latency["E2E"].add(e2e / 1e3)
         self.latency["TPOT"].add(f("tpot_ms")[ok] / 1e3)
-        itl = pc.list_flatten(b.column("itl_ms").filter(pa.array(ok))).to_numpy(zero_copy_only=False)
-        self.latency["ITL (token-weighted)"].add(itl.astype(np.float64) / 1e3)
+        self.latency["ITL (token-weighted)"].add(itl_samples(b, ok) / 1e3)  # (either ITL form)
         if "ttft_from_due_ms" in b.schema.names:
             self.has_from_due = True
             self.from_due["TTFT from the due time"].add(f("ttft_from_due_ms")[ok] / 1e3)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 
 @dataclass(slots=True)
@@ -125,9 +126,13 @@ _TYPES: dict[str, pa.DataType] = {
     "images": pa.int32(), "image_bytes": pa.int64(), "expected_image_tokens": pa.int64(), "image_tokens": pa.int64(),
     "text_tokens": pa.int64(), "expected_image_cache_hits": pa.int32(),
     "itl_ms": pa.list_(pa.float32()),
+    "itl_counts": pa.list_(pa.int32()),
 }
 
-COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RequestResult))
+#: ``itl_ms`` as written: ``exact`` (every gap) or ``sketch`` (the compact form, see ``compact_itl``)
+ITL_FORMATS = ("exact", "sketch")
+#: the results columns: the fields of ``RequestResult``, then ``itl_counts`` (null in the exact form)
+COLUMNS: tuple[str, ...] = (*(f.name for f in fields(RequestResult)), "itl_counts")
 SCHEMA: pa.Schema = pa.schema([pa.field(name, _TYPES[name]) for name in COLUMNS])
 
 
@@ -143,10 +148,13 @@ class Rows:
     batches on the loop, the writer thread only concatenates and encodes (pyarrow releases the
     GIL there). ``take()`` returns the batches so far (the last one partial) and starts afresh."""
 
-    __slots__ = ("batch_rows", "_rows", "_itl", "_lens", "_batches", "n")
+    __slots__ = ("batch_rows", "itl_format", "_rows", "_itl", "_lens", "_batches", "n")
 
-    def __init__(self, batch_rows: int = 128) -> None:
+    def __init__(self, batch_rows: int = 128, itl_format: str = "exact") -> None:
+        if itl_format not in ITL_FORMATS:
+            raise ValueError(f"itl_format must be one of {', '.join(ITL_FORMATS)}, got {itl_format!r}")
         self.batch_rows = batch_rows
+        self.itl_format = itl_format
         self._batches: list[pa.RecordBatch] = []
         self.n = 0  # results held
         self._reset()
@@ -171,9 +179,17 @@ class Rows:
             return
         cols = list(zip(*rows))
         arrays = [pa.array(col, type=t) for col, t in zip(cols, _SCALAR_TYPES)]
+        lens = np.frombuffer(self._lens, dtype=np.int32)
+        itl = np.frombuffer(self._itl, dtype=np.float32)
+        counts = None
+        if self.itl_format == "sketch":
+            itl, counts, lens = compact_itl(itl, lens)
         offsets = np.zeros(len(rows) + 1, dtype=np.int32)
-        np.cumsum(np.frombuffer(self._lens, dtype=np.int32), out=offsets[1:])
-        arrays.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.frombuffer(self._itl, dtype=np.float32))))
+        np.cumsum(lens, out=offsets[1:])
+        offsets_arr = pa.array(offsets)
+        arrays.append(pa.ListArray.from_arrays(offsets_arr, pa.array(itl)))
+        arrays.append(pa.ListArray.from_arrays(offsets_arr, pa.array(counts)) if counts is not None
+                      else pa.nulls(len(rows), pa.list_(pa.int32())))
         self._batches.append(pa.RecordBatch.from_arrays(arrays, schema=_SCALARS_THEN_ITL))
         self._reset()
 
@@ -188,15 +204,62 @@ def batches_to_table(batches: list[pa.RecordBatch]) -> pa.Table:
     return pa.Table.from_batches(batches, schema=_SCALARS_THEN_ITL).select(list(COLUMNS))
 
 
-def to_table(results: list[RequestResult]) -> pa.Table:
+def to_table(results: list[RequestResult], itl_format: str = "exact") -> pa.Table:
     """Columnar Arrow table (schema ``SCHEMA``) from a list of results."""
-    rows = Rows(batch_rows=max(1, len(results)))
+    rows = Rows(batch_rows=max(1, len(results)), itl_format=itl_format)
     for r in results:
         rows.add(r)
     return batches_to_table(rows.take())
 
 
-_SCALARS = tuple(name for name in COLUMNS if name != "itl_ms")
+_SCALARS = tuple(name for name in COLUMNS if name not in ("itl_ms", "itl_counts"))
 _SCALAR_TYPES = tuple(_TYPES[name] for name in _SCALARS)
-_SCALARS_THEN_ITL = pa.schema([pa.field(name, _TYPES[name]) for name in (*_SCALARS, "itl_ms")])
+_SCALARS_THEN_ITL = pa.schema([pa.field(name, _TYPES[name]) for name in (*_SCALARS, "itl_ms", "itl_counts")])
+
+
+def compact_itl(itl: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The compact ITL form of a batch: each request's gaps (``itl``, the requests' lists one
+    after the other, ``lens`` gaps each) rounded to the buckets of the summary's DDSketch
+    (``stats.RELATIVE_ACCURACY``: each bucket's representative value is within 0.5 % of every
+    gap in it; zero and negative gaps are kept as they are) and counted: returns (distinct
+    values per request, in increasing order; how many gaps each stands for; values per request).
+    A request's ITL statistics from the compact form are those of its gaps within the sketch's
+    error (the count exactly), and bucketed again they fall in the same buckets, so the run's
+    ITL percentiles are the same whichever form the results were written in. The size: a
+    request of n tokens keeps one value and one count per occupied bucket (~1 % wide) instead of
+    n values."""
+    from .stats import itl_bucket_values
+
+    if not itl.size:
+        return itl.astype(np.float32), np.zeros(0, np.int32), np.asarray(lens, np.int32)
+    row = np.repeat(np.arange(lens.size, dtype=np.int64), lens)
+    rep = itl_bucket_values(itl.astype(np.float64)).astype(np.float32)
+    order = np.lexsort((rep, row))
+    row, rep = row[order], rep[order]
+    new = np.ones(row.size, dtype=bool)
+    new[1:] = (row[1:] != row[:-1]) | (rep[1:] != rep[:-1])
+    starts = np.flatnonzero(new)
+    counts = np.diff(np.append(starts, row.size)).astype(np.int32)
+    return rep[starts], counts, np.bincount(row[starts], minlength=lens.size).astype(np.int32)
+
+
+def itl_samples(t: pa.Table | pa.RecordBatch, mask: np.ndarray | None = None) -> np.ndarray:
+    """Every ITL sample (ms, float64) of the rows of ``t`` selected by ``mask`` (all: None), in
+    either form: the exact lists as they are; the compact form's values each repeated as many
+    times as its count (so a statistic of them counts every gap once; see ``compact_itl``)."""
+    sel = pa.array(mask) if mask is not None else None
+    lists = t.column("itl_ms") if sel is None else t.column("itl_ms").filter(sel)
+    values = pc.list_flatten(lists).to_numpy(zero_copy_only=False).astype(np.float64)
+    if "itl_counts" not in t.schema.names:
+        return values
+    counts = t.column("itl_counts") if sel is None else t.column("itl_counts").filter(sel)
+    if counts.null_count == len(counts):
+        return values
+    if counts.null_count == 0:
+        return np.repeat(values, pc.list_flatten(counts).to_numpy(zero_copy_only=False))
+    # rows of both forms in one table (results files of runs with different --itl-format)
+    lens = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
+    weights = [np.ones(n, np.int64) if c is None else np.asarray(c, np.int64)
+               for n, c in zip(lens, counts.to_pylist())]
+    return np.repeat(values, np.concatenate(weights) if weights else np.zeros(0, np.int64))
 _fields = operator.attrgetter(*_SCALARS)

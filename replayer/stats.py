@@ -167,3 +167,49 @@ def _sketch_add(sketch: DDSketch, v: np.ndarray) -> None:
     zeros = v.size - positive - negative
     if zeros:
         sketch.add(0.0, float(zeros))
+
+
+def stat_to_json(s: Stat) -> dict:
+    """``s`` as a JSON-able dict that ``stat_from_json`` takes back: the exact count, sum, min,
+    max, mean and m2, and the sketch's occupied buckets (``{"key": count}`` per sign, and the
+    zeros). The exact values are not kept: percentiles of a ``Stat`` read back come from its
+    sketch (within ``RELATIVE_ACCURACY``), the other statistics stay exact."""
+    def store(st) -> dict[str, float]:
+        return {str(st.offset + i): c for i, c in enumerate(st.bins) if c}
+
+    sk = s.sketch
+    return {"count": s.count, "total": s.total, "min": s.min if s.count else None,
+            "max": s.max if s.count else None, "mean": s.mean, "m2": s.m2,
+            "positive": store(sk._store), "negative": store(sk._negative_store),  # noqa: SLF001
+            "zeros": sk._zero_count}  # noqa: SLF001
+
+
+def stat_from_json(d: dict) -> Stat:
+    """The ``Stat`` that ``stat_to_json`` wrote (sketched percentiles: see there)."""
+    s = Stat()
+    if not d.get("count"):
+        return s
+    s.count, s.total, s.mean, s.m2 = int(d["count"]), float(d["total"]), float(d["mean"]), float(d["m2"])
+    s.min, s.max = float(d["min"]), float(d["max"])
+    mapping = s.sketch._mapping  # noqa: SLF001
+    for sign, name in ((1.0, "positive"), (-1.0, "negative")):
+        for key, c in d.get(name, {}).items():
+            s.sketch.add(sign * mapping.value(int(key)), float(c))
+    if d.get("zeros"):
+        s.sketch.add(0.0, float(d["zeros"]))
+    s._values = None  # noqa: SLF001 - the values themselves are gone: percentiles from the sketch
+    return s
+
+
+def itl_bucket_values(v: np.ndarray) -> np.ndarray:
+    """Each value replaced by the representative value of its bucket of a ``RELATIVE_ACCURACY``
+    DDSketch (within that relative error of it, and in the same bucket); zero, negative and NaN
+    values are returned as they are. For the compact ITL form (``result.compact_itl``)."""
+    mapping = DDSketch(RELATIVE_ACCURACY)._mapping  # noqa: SLF001 - no public accessor
+    out = np.array(v, dtype=np.float64, copy=True)
+    pos = out > mapping.min_possible
+    if pos.any():
+        keys = np.ceil(np.log(out[pos]) / math.log(mapping.gamma)).astype(np.int64)
+        uniq, inv = np.unique(keys, return_inverse=True)
+        out[pos] = np.array([mapping.value(int(k)) for k in uniq])[inv]
+    return out

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from . import verdict
 from .imagestats import COLUMNS as IMAGE_COLUMNS
 from .imagestats import ImageFold
+from .result import itl_samples
 from .stats import PERCENTILE_METHOD, Stat
 
 PERCENTILES = (50, 90, 99)
@@ -35,7 +36,7 @@ COLUMNS = ("outcome", "error_kind", "endpoint", "due_ns", "sent_ns", "end_ns", "
            "input_length", "output_length", "ttft_ms", "tpot_ms", "e2e_ms", "dispatch_lag_ms",
            "expected_prefix_hit_tokens", "usage_audit", "session_id", "session_wait_ms", "partial_output_tokens",
            "output_tokens_estimate", "invalid_utf8", "server_queue_time_ms", "server_time_to_first_token_ms",
-           "server_generation_time_ms", "client_overhead_ms", *IMAGE_COLUMNS, "itl_ms")
+           "server_generation_time_ms", "client_overhead_ms", *IMAGE_COLUMNS, "itl_ms", "itl_counts")
 #: rows per batch read from a results file: ~1.4M ITL samples at Mooncake's ~350 tokens per
 #: request, ~11 MB a float64 copy (the end-of-run summary of a 250k-row folder peaked at 274 MB
 #: with 4,096, 346 MB with 8,192)
@@ -147,7 +148,7 @@ class SummaryFold:
         self.stat("ttft_ms").add(ttft)
         self.stat("tpot_ms").add(_f64(t.column("tpot_ms"))[ok])
         # this batch's ITL samples only: a run's ITL lists are never held whole
-        self.stat("itl_ms").add(_f64(pc.list_flatten(t.column("itl_ms").filter(pa.array(ok)))))
+        self.stat("itl_ms").add(itl_samples(t, ok))  # (either ITL form: result.compact_itl)
         e2e = _f64(t.column("e2e_ms"))
         self.stat("e2el_ms").add(e2e[ok_all])
         if "due_ns" in names:  # the same from the due time (coordinated-omission-free; a held turn's from its release)
@@ -354,7 +355,19 @@ def fold_files(files: list[str], slos: dict[str, float] | None = None) -> tuple[
             damaged.append(f)
         else:
             total.merge(fold)
+    for removed in _removed_of(files):  # results files retention removed: their digest
+        fold = removed.fold()
+        if fold is not None:
+            total.merge(fold)
     return total, damaged
+
+
+def _removed_of(files: list[str]) -> list:
+    """The ``retention.Removed`` digests of the results folders ``files`` are in."""
+    from .retention import read_removed, results_dir_of
+
+    dirs = sorted({results_dir_of(f) for f in files})
+    return [r for r in (read_removed(d) for d in dirs) if r is not None]
 
 
 def summarize_files(files: list[str], *, slos: dict[str, float] | None = None) -> dict:
@@ -412,13 +425,18 @@ def run_durations(files: list[str]) -> list[float]:
     return [(b - a) / 1e9 for a, b in run_spans(files).values()]
 
 
-def run_spans(files: list[str]) -> dict[bytes, tuple[int, int]]:
+def run_spans(files: list[str], *, removed: bool = True) -> dict[bytes, tuple[int, int]]:
     """(first sent_ns, last end_ns) per run that wrote ``files``, keyed by the run anchor in each
     file's metadata (``replayer.t0_wall_s``, b"" if none): a resumed run's times are offsets
     from its own anchor. From the Parquet column statistics where present."""
     from .recorder import open_file
 
     spans: dict[bytes, tuple[int, int]] = {}
+    for digest in _removed_of(files) if removed else ():  # (the runs' spans in files retention removed)
+        for run, (lo, hi) in digest.spans.items():
+            key = run.encode()
+            a, b = spans.get(key, (lo, hi))
+            spans[key] = (min(a, lo), max(b, hi))
     for f in files:
         pf = open_file(f)
         if pf is None:  # damaged (reported): its rows are not counted either
