@@ -100,7 +100,7 @@ def _size(text: str) -> int:
 
 
 class Sampler(threading.Thread):
-    """Every ``every_s``: (t_s, rss_mb, completed, state, results_bytes, status_results_bytes)."""
+    """Every ``every_s``: (t_s, rss_mb, ended, state, results_bytes, status_results_bytes, in_flight)."""
 
     def __init__(self, proc: psutil.Process, admin: str, results: str, every_s: float) -> None:
         super().__init__(daemon=True)
@@ -119,9 +119,9 @@ class Sampler(threading.Thread):
             try:
                 st = json.loads(_http(self.admin + "/status", timeout=self.every_s))
                 row = (t, rss, st.get("completed", 0) + st.get("failed", 0), st.get("state", "?"),
-                       _du(self.results), st.get("results_bytes"))
+                       _du(self.results), st.get("results_bytes"), st.get("in_flight"))
             except Exception:  # noqa: BLE001 - admin not up yet / shutting down
-                row = (t, rss, None, "no-admin", _du(self.results), None)
+                row = (t, rss, None, "no-admin", _du(self.results), None, None)
             self.samples.append(row)
             self.stop_evt.wait(max(0.0, self.every_s - (time.monotonic() - self.t0 - t)))
 
@@ -288,7 +288,7 @@ def main() -> int:
                 terminated, t_term = True, time.monotonic() - sampler.t0
             if el >= next_print and sampler.samples:
                 s = sampler.samples[-1]
-                print(f"# t={s[0]:6.0f}s rss {s[1]:7.1f} MB completed {s[2]} state {s[3]} results "
+                print(f"# t={s[0]:6.0f}s rss {s[1]:7.1f} MB ended {s[2]} in_flight {s[6]} state {s[3]} results "
                       f"{s[4] / 1e6:.1f} MB  {_load()}", flush=True)
                 next_print += 60.0
             if terminated and el > a.max_seconds + 180:
@@ -312,7 +312,7 @@ def main() -> int:
     samples = sampler.samples
     if a.samples:
         with open(a.samples, "w", encoding="utf-8") as f:
-            f.write("t_s,rss_mb,completed,state,results_bytes,status_results_bytes\n")
+            f.write("t_s,rss_mb,ended,state,results_bytes,status_results_bytes,in_flight\n")
             for s in samples:
                 f.write(",".join("" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))
                                  for x in s) + "\n")
@@ -358,10 +358,15 @@ def main() -> int:
           + (f"{retain_size / 1e6:.1f} MB: peak {'within' if disk_peak <= retain_size else 'ABOVE'} it"
              if retain_size else "none set"))
     print(f"{'retention deletions logged':46s} {deletions}")
+    flights = [s[6] for s in running if s[2] >= a.warmup and s[6] is not None]
+    print(f"{'in flight after warm-up: median / max':46s} "
+          + (f"{sorted(flights)[len(flights) // 2]} / {max(flights)}" if flights else "n/a")
+          + " (a high max: the machine fell behind, and RSS holds those requests)")
     print(f"{'admin /metrics scrapes':46s} {prom_line}")
     print(f"{'control calls (errors)':46s} {ctl.calls} ({ctl.errors})")
     print(f"{'dispatch lag p50 / p99 (ms, summary.json)':46s} {summary.get('dispatch_lag_p50_ms')} / "
           f"{summary.get('dispatch_lag_p99_ms')}")
+    print(f"{'TTFT p50 / p99 (ms, summary.json)':46s} {summary.get('median_ttft_ms')} / {summary.get('p99_ttft_ms')}")
     print(f"{'load average start / end':46s} {load_start} / {load_end}")
     print("\n  ended     t_s    rss_mb  results_mb")
     mark = 0

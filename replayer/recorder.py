@@ -450,4 +450,4 @@ def read_results(path: str, columns: list[str] | None = None) -> pa.Table:
     if not tables:
         empty = SCHEMA.empty_table()
         return empty.select(columns) if columns else empty
-    return pa.concat_tables(tables)
+    return pa.concat_tables(tables, promote_options="default")  # (files written before itl_counts existed)

@@ -343,7 +343,9 @@ def fold_file(path: str, slos: dict[str, float] | None = None) -> SummaryFold | 
 def fold_files(files: list[str], slos: dict[str, float] | None = None) -> tuple[SummaryFold, list[str]]:
     """(every readable file of ``files`` folded into one, the damaged files). ``slos``: the
     ``--goodput`` bounds (ms) to judge requests by (None: those the run that wrote the first
-    readable file was given, from its metadata: ``goodput_of``)."""
+    readable file was given, from its metadata: ``goodput_of``). The results retention removed
+    from the folders of ``files`` are merged from their digest (``retention``: counts exact,
+    percentiles from the sketch)."""
     from .recorder import open_file
 
     if slos is None:
@@ -428,7 +430,8 @@ def run_durations(files: list[str]) -> list[float]:
 def run_spans(files: list[str], *, removed: bool = True) -> dict[bytes, tuple[int, int]]:
     """(first sent_ns, last end_ns) per run that wrote ``files``, keyed by the run anchor in each
     file's metadata (``replayer.t0_wall_s``, b"" if none): a resumed run's times are offsets
-    from its own anchor. From the Parquet column statistics where present."""
+    from its own anchor. From the Parquet column statistics where present. ``removed``: also the
+    spans of the files retention removed from the folders of ``files`` (``removed.json``)."""
     from .recorder import open_file
 
     spans: dict[bytes, tuple[int, int]] = {}

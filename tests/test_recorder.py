@@ -24,6 +24,7 @@ def _as_rows(results: list[RequestResult]) -> list[dict]:
     for r in results:
         d = dataclasses.asdict(r)
         d["itl_ms"] = [float(np.float32(x)) for x in d["itl_ms"]]  # stored as float32
+        d["itl_counts"] = None  # (the exact ITL form)
         out.append(d)
     return out
 
