@@ -36,8 +36,9 @@ def _values(r: CollectorRegistry) -> dict[str, float]:
 def test_every_metric_is_documented_and_follows_conventions():
     from replayer.tenants import TenantMetrics
 
-    r, _ = _metrics()
+    r, m = _metrics()
     TenantMetrics(r, ["a"])  # (registered by a mixed run)
+    m.results_disk.source = lambda: (12345, 1.7e9)  # (exported once the recorder knows them)
     names = metric_names(r)
     doc = (ROOT / "docs" / "metrics.md").read_text()
     for name in names:
@@ -221,3 +222,13 @@ def test_batched_updates_reach_the_objects_within_the_flush_interval():
     m._next_flush_s = 0.0  # FLUSH_S has passed
     m.on_result(RequestResult(row=0, outcome="failed", error_kind="connect", sent_ns=1))
     assert m.requests.labels("failed", "connect")._value.get() == 2  # read directly, no collect
+
+
+def test_results_folder_size_and_oldest_result_are_left_out_until_known():
+    r, m = _metrics()
+    assert "replayer_results_bytes" not in metric_names(r)
+    assert "replayer_results_oldest_timestamp_seconds" not in metric_names(r)
+    m.results_disk.source = lambda: (2_000_000, 1_796_000_000.5)
+    v = _values(r)
+    assert v["replayer_results_bytes"] == 2_000_000
+    assert v["replayer_results_oldest_timestamp_seconds"] == 1_796_000_000.5
