@@ -4,7 +4,8 @@ A soak writes results for days; ``--retain-size`` (total bytes of the results fo
 ``--retain-age`` (seconds) bound what stays on disk. After each flush the recorder calls
 ``apply``: while the folder is larger than the size bound, or the oldest rolled file's newest
 result is older than the age bound, the oldest rolled file (``requests-NNNNN.parquet``, oldest =
-lowest number) is removed. Parts not yet rolled (the file being written) are never removed.
+lowest number) is removed. Parts not yet rolled (the file being written) and the newest rolled
+file are never removed.
 
 Before a file goes, its results are folded (``summary.fold_file``: counts, token totals, error
 kinds, each latency's count/sum/min/max/variance and DDSketch) and merged into ``removed.json``,
@@ -297,7 +298,9 @@ def apply(results_dir: str, *, max_bytes: int | None = None, max_age_s: float | 
           now: float | None = None, newest_end=newest_end_s) -> list[str]:
     """Remove the oldest rolled files of ``results_dir`` while the folder holds more than
     ``max_bytes`` or the oldest rolled file's newest result is older than ``max_age_s`` (``now``:
-    Unix s). Parts (results not yet rolled) are never removed. Returns the files removed."""
+    Unix s). Parts (results not yet rolled) and the newest rolled file are never removed (every
+    reader finds the folder's ``removed.json`` through a results file in it). Returns the files
+    removed."""
     from .recorder import rolled_files
 
     if max_bytes is None and max_age_s is None:
@@ -305,7 +308,7 @@ def apply(results_dir: str, *, max_bytes: int | None = None, max_age_s: float | 
     now = time.time() if now is None else now
     gone: list[str] = []
     size = folder_bytes(results_dir) if max_bytes is not None else 0
-    for f in rolled_files(results_dir):
+    for f in rolled_files(results_dir)[:-1]:  # (the newest stays: a folder always has a results file)
         why = None
         if max_bytes is not None and size > max_bytes:
             why = f"the results folder holds {size} bytes, more than --retain-size {max_bytes}"
