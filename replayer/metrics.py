@@ -168,8 +168,8 @@ class _DueCounter(Collector):
 
 class _ResultsDisk(Collector):
     """``replayer_results_bytes`` (the results folder's size) and
-    ``replayer_results_oldest_timestamp_seconds`` (Unix time of the first request sent among the
-    results kept there: retention moves it forward), as of the recorder's last flush; a value
+    ``replayer_results_oldest_timestamp_seconds`` (Unix time of the first request sent in the
+    oldest results file kept there: retention moves it forward), as of the recorder's last flush; a value
     not known yet is left out, never 0."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -183,7 +183,7 @@ class _ResultsDisk(Collector):
                                     "(bounded by --retain-size).", value=size)
         if oldest is not None:
             yield GaugeMetricFamily("replayer_results_oldest_timestamp_seconds", "Unix time of the first "
-                                    "request sent among the results kept (--retain-age moves it on).", value=oldest)
+                                    "request sent in the oldest results file kept (retention moves it on).", value=oldest)
 
     def describe(self):
         return []

@@ -141,13 +141,16 @@ def test_age_bound_removes_files_whose_newest_result_is_older(rolled_run):
     assert gone == files[:2]
 
 
-def test_status_and_metrics_report_the_results_folder(tmp_path, mooncake_slice, sim_process):
-    trace = mooncake_slice(60)
-    url, _ = sim_process("--itl-base-ms", "1")
+def test_status_and_metrics_report_the_results_folder(tmp_path, sim_process):
+    trace = tmp_path / "short.parquet"  # short outputs: results end in the order they were sent
+    p = _run("trace", "synth", "-o", str(trace), "--rows", "1500", "--rate", "100", "--input-dist", "const:8",
+             "--output-dist", "const:2", "--seed", "1")
+    assert p.returncode == 0, p.stderr[-2000:]
+    url, _ = sim_process("--itl-base-ms", "1", "--ttft-base-ms", "1")
     port = free_port()
     res = tmp_path / "r"
     p = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace), "--results", str(res), "--target", url,
-                          "--speedup", "4", "--admin-port", str(port), "--quiet", "--no-scrape-target-metrics",
+                          "--speedup", "1", "--admin-port", str(port), "--quiet", "--no-scrape-target-metrics",
                           "--flush-interval", "0.2", "--roll-interval", "2", "--retain-size", "60KB"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
