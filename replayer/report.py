@@ -31,7 +31,6 @@ import sys
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .result import itl_samples

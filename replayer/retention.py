@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from .stats import Stat, stat_from_json, stat_to_json
+from .stats import stat_from_json, stat_to_json
 
 log = logging.getLogger(__name__)
 

@@ -87,6 +87,10 @@ def fast_sim():
 def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_slice, fast_sim, prometheus):
     t_start = time.monotonic()
     trace_path = mooncake_slice(120)  # ~6 s of replay at speedup 20
+    # two tenants (the slice and a copy, a mix on one clock) so that the dashboard's Tenants row
+    # has series too
+    tenant_b = tmp_path / "tenant-b.jsonl"
+    shutil.copyfile(trace_path, tenant_b)
     sim_url = fast_sim
     admin_port = free_port()
     prom = prometheus({"replayer": f"127.0.0.1:{admin_port}", "target": sim_url.removeprefix("http://")})
@@ -96,7 +100,7 @@ def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_sli
         assert time.monotonic() < deadline, "Prometheus never scraped the simulator"
         time.sleep(0.25)
     t_prom = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace_path), "--target", sim_url,
+    proc = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace_path), str(tenant_b), "--target", sim_url,
                              "--speedup", "20", "--admin-port", str(admin_port), "--results", str(tmp_path / "res"),
                              "--start-delay", "1", "--quiet", "--goodput", "ttft:60000", "e2el:600000",
                              "--server-timings"],
