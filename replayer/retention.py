@@ -232,7 +232,7 @@ def newest_end_s(path: str) -> float | None:
     pf = open_file(path)
     wall = (pf.schema_arrow.metadata or {}).get(b"replayer.t0_wall_s") if pf is not None else None
     spans = run_spans([path], removed=False) if wall is not None else {}
-    return float(wall) + max(b for _, b in spans.values()) / 1e9 if spans else None
+    return float(wall) + max(b for _, b in spans.values()) / 1e9 if spans and wall is not None else None
 
 
 def oldest_start_s(path: str) -> float | None:
@@ -243,7 +243,7 @@ def oldest_start_s(path: str) -> float | None:
     pf = open_file(path)
     wall = (pf.schema_arrow.metadata or {}).get(b"replayer.t0_wall_s") if pf is not None else None
     spans = run_spans([path], removed=False) if wall is not None else {}
-    return float(wall) + min(a for a, _ in spans.values()) / 1e9 if spans else None
+    return float(wall) + min(a for a, _ in spans.values()) / 1e9 if spans and wall is not None else None
 
 
 def remove(results_dir: str, path: str, why: str) -> None:

@@ -25,6 +25,7 @@ across six orders of magnitude at 0.5 %)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from ddsketch import DDSketch
@@ -169,12 +170,12 @@ def _sketch_add(sketch: DDSketch, v: np.ndarray) -> None:
         sketch.add(0.0, float(zeros))
 
 
-def stat_to_json(s: Stat) -> dict:
+def stat_to_json(s: Stat) -> dict[str, Any]:
     """``s`` as a JSON-able dict that ``stat_from_json`` takes back: the exact count, sum, min,
     max, mean and m2, and the sketch's occupied buckets (``{"key": count}`` per sign, and the
     zeros). The exact values are not kept: percentiles of a ``Stat`` read back come from its
     sketch (within ``RELATIVE_ACCURACY``), the other statistics stay exact."""
-    def store(st) -> dict[str, float]:
+    def store(st: Any) -> dict[str, float]:
         return {str(st.offset + i): c for i, c in enumerate(st.bins) if c}
 
     sk = s.sketch
@@ -184,7 +185,7 @@ def stat_to_json(s: Stat) -> dict:
             "zeros": sk._zero_count}  # noqa: SLF001
 
 
-def stat_from_json(d: dict) -> Stat:
+def stat_from_json(d: dict[str, Any]) -> Stat:
     """The ``Stat`` that ``stat_to_json`` wrote (sketched percentiles: see there)."""
     s = Stat()
     if not d.get("count"):
