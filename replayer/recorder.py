@@ -359,8 +359,8 @@ def _next_part_seq(results_dir: str) -> int:
     file lists (a rolled file's list must never name a later run's part)."""
     removed = retention.read_removed(results_dir)
     names = [os.path.basename(p) for p in _part_files(results_dir)] + list(_rolled_parts(rolled_files(results_dir)))
-    names += removed.parts if removed else []
-    return 1 + max((int(n[5:13]) for n in names if n[5:13].isdigit()), default=-1)
+    seqs = [retention.part_seq(n) for n in names] + [removed.parts_max if removed else -1]
+    return 1 + max(seqs)
 
 
 def remove_rolled_parts(results_dir: str) -> int:

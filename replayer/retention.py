@@ -148,6 +148,12 @@ def _merge_ranges(a: list[list[int]], b: list[list[int]]) -> list[list[int]]:
     return out
 
 
+def part_seq(name: str) -> int:
+    """The number of a part file's name (``part-NNNNNNNN.parquet``), -1 for another name."""
+    digits = name[5:13]
+    return int(digits) if name.startswith("part-") and digits.isdigit() else -1
+
+
 class Removed:
     """The digest of the results files removed from a folder (``removed.json``)."""
 
@@ -159,12 +165,14 @@ class Removed:
         self.fold_json: dict | None = d.get("fold")
         self.spans: dict[str, list[int]] = dict(d.get("spans", {}))  # run anchor -> [first sent, last end] ns
         self.recorded: dict[str, list[list[int]]] = dict(d.get("recorded", {}))  # loop -> row ranges sent
-        self.parts: list[str] = list(d.get("parts", []))  # the parts the removed files held (names never reused)
+        # the highest part number the removed files held (part numbers are never reused); folders
+        # written before kept every part's name ("parts"), one more per flush for the whole run
+        self.parts_max: int = max([int(d.get("parts_max", -1))] + [part_seq(n) for n in d.get("parts", [])])
         self.newest_end_s: float | None = d.get("newest_end_s")
 
     def to_json(self) -> dict:
         return {"files": self.files, "rows": self.rows, "bytes": self.bytes, "fold": self.fold_json,
-                "spans": self.spans, "recorded": self.recorded, "parts": self.parts,
+                "spans": self.spans, "recorded": self.recorded, "parts_max": self.parts_max,
                 "newest_end_s": self.newest_end_s}
 
     def fold(self):
@@ -267,7 +275,7 @@ def remove(results_dir: str, path: str, why: str) -> None:
             removed.spans[run] = [min(a, lo), max(b, hi)]
         for lp, rs in recorded.items():
             removed.recorded[lp] = _merge_ranges(removed.recorded.get(lp, []), rs)
-        removed.parts = sorted(set(removed.parts) | set(parts))
+        removed.parts_max = max([removed.parts_max] + [part_seq(n) for n in parts])
         if newest is not None:
             removed.newest_end_s = max(removed.newest_end_s or newest, newest)
     else:

@@ -210,3 +210,28 @@ def test_the_digest_keeps_every_part_of_the_summary_state():
     from replayer.summary import SummaryFold
 
     assert set(retention.fold_to_json(SummaryFold())) == set(vars(SummaryFold()))
+
+
+def test_the_digest_keeps_the_highest_part_number_not_every_part_name(tmp_path):
+    """A week-long soak flushes a part every few seconds: the digest must not list each one, yet a
+    later writer must never reuse a removed file's part number (also from a digest of the older
+    form, which listed every part's name)."""
+    folder = tmp_path / "r"
+    rec = Recorder(str(folder), flush_rows=10**6, roll_rows=2)
+    for i in range(6):
+        rec.add(RequestResult(row=i, outcome="success", sent_ns=i, end_ns=i + 1))
+        rec.flush().result()
+    for f in rolled_files(str(folder))[:2]:
+        retention.remove(str(folder), f, "test")
+    rec.close()
+    digest = json.loads((folder / retention.REMOVED).read_text())
+    assert "parts" not in digest and digest["parts_max"] == 3  # parts 0-3 were in the two files
+    legacy = tmp_path / "legacy"
+    (legacy / "parts").mkdir(parents=True)
+    (legacy / retention.REMOVED).write_text(json.dumps({"files": [], "parts": ["part-00000041.parquet", "part-00000007.parquet"]}))
+    assert retention.read_removed(str(legacy)).parts_max == 41
+    rec = Recorder(str(legacy), flush_rows=10**6)
+    rec.add(RequestResult(row=0, outcome="success", sent_ns=0, end_ns=1))
+    rec.flush().result()
+    assert sorted(p.name for p in (legacy / "parts").glob("part-*.parquet")) == ["part-00000042.parquet"]
+    rec.close()
