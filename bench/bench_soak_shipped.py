@@ -353,9 +353,22 @@ def main() -> int:
           + (f"{min(p[1] for p in pts):.1f} / {max(p[1] for p in pts):.1f}" if pts else "n/a"))
     print(f"{'RSS slope after warm-up (MB per 100k requests)':46s} "
           f"{'n/a' if slope is None else f'{slope:+.3f}'} ({len(pts)} samples past {a.warmup:,})")
+    # The in-flight high-water mark holds memory after a backlog clears (connections, tasks and
+    # buffers stay in the allocator): the slope past the last backlog shows what grows with requests.
+    flights_all = [s[6] for s in running if s[2] >= a.warmup and s[6] is not None]
+    if flights_all:
+        limit = max(1000, 20 * sorted(flights_all)[len(flights_all) // 2])
+        backlog = [s for s in running if s[2] >= a.warmup and s[3] == "running" and s[6] is not None and s[6] > limit]
+        after = [(s[2] / 1e5, s[1]) for s in running if s[2] >= a.warmup and (not backlog or s[0] > backlog[-1][0])]
+        since = f"after the last backlog (in flight > {limit:,} at {backlog[-1][2]:,})" if backlog else "(no backlog)"
+        tail_slope = _slope(after) if len(after) >= 20 else None
+        print(f"{'RSS slope past the last backlog (MB per 100k)':46s} "
+              f"{'n/a' if tail_slope is None else f'{tail_slope:+.3f}'} ({len(after)} samples {since})")
     print(f"{'results folder peak / last (MB)':46s} {disk_peak / 1e6:.1f} / {samples[-1][4] / 1e6:.1f}")
     print(f"{'retention bound (--retain-size)':46s} "
           + (f"{retain_size / 1e6:.1f} MB: peak {'within' if disk_peak <= retain_size else 'ABOVE'} it"
+             + ("" if disk_peak <= retain_size else f" by {(disk_peak - retain_size) / 1e6:.2f} MB (retention runs "
+                "after each flush: the parts of one flush interval can sit above the bound)")
              if retain_size else "none set"))
     print(f"{'retention deletions logged':46s} {deletions}")
     flights = [s[6] for s in running if s[2] >= a.warmup and s[6] is not None]
