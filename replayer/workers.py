@@ -115,6 +115,14 @@ def _progress(procs: list[subprocess.Popen], ports: list[int], start_at: float, 
                 log.info("%s", progress_line(last, time.time() - start_at, running))
 
 
+def worker_shares(cfg: RunConfig) -> list[str]:
+    """Flags giving each of ``cfg.workers`` workers its share of a bound meant for the whole run:
+    ``--retain-size`` (the results folder holds every worker's folder, so each keeps 1/N)."""
+    if cfg.retain_bytes is None or cfg.workers <= 1:
+        return []
+    return ["--retain-size", str(max(1, cfg.retain_bytes // cfg.workers))]
+
+
 def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     """Run ``cfg.workers`` shard processes of the same replay; returns the worst exit code
     (a worker killed by a signal counts as 128 + signal; 1 if no results could be merged).
@@ -169,8 +177,8 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
         ports = _distinct_free_ports(n) if cfg.admin_port == 0 else [cfg.admin_port + i for i in range(n)]
         for i, port in enumerate(ports):
             wdir = os.path.join(results, f"worker-{i}")
-            args = [sys.executable, "-m", "replayer", "run", *flags, "--workers", "1", "--shard", f"{i}/{n}",
-                    "--start-at", repr(start_at), "--results", wdir,
+            args = [sys.executable, "-m", "replayer", "run", *flags, *worker_shares(cfg), "--workers", "1",
+                    "--shard", f"{i}/{n}", "--start-at", repr(start_at), "--results", wdir,
                     "--admin-port", str(port), "--target", target, "--quiet"]
             if cfg.resume and os.path.exists(os.path.join(wdir, "checkpoint.json")):
                 args += ["--resume", wdir]

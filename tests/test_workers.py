@@ -484,3 +484,19 @@ def test_readers_of_results_do_not_import_the_supervisor():
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert not {"workers", "replayer.workers", "daemon", "replayer.daemon"} & imported, name
+
+
+def test_each_worker_keeps_its_share_of_the_retention_bound():
+    """--retain-size bounds the whole results folder; with --workers N it holds N worker folders,
+    so each worker gets 1/N (the flag comes after the user's, and the last one given wins)."""
+    from replayer.cli import build_parser
+    from replayer.config import load_config
+    from replayer.workers import worker_shares
+
+    trace = "traces/mooncake_conversation_10min.parquet"
+    cfg = load_config({"trace": trace, "retain_size": "2GB", "roll_interval_s": 600, "workers": 4})
+    assert worker_shares(cfg) == ["--retain-size", "500000000"]
+    assert worker_shares(load_config({"trace": trace, "retain_size": "2GB", "roll_interval_s": 600})) == []
+    assert worker_shares(load_config({"trace": trace, "workers": 4})) == []
+    args = build_parser().parse_args(["run", trace, "--retain-size", "2GB", *worker_shares(cfg)])
+    assert args.retain_size == "500000000"
