@@ -6,7 +6,8 @@ one background thread as a small, complete Parquet file ``RESULTS/parts/part-NNN
 at most one flush interval. Parts are merged ("rolled") into ``RESULTS/requests.parquet`` at the
 end of a run; with ``roll_rows``/``roll_interval_s`` they are also rolled during the run into
 ``requests-NNNNN.parquet`` files, so a week-long soak is many bounded files, not one growing one.
-``read_results(RESULTS)`` reads all of them as one table.
+``read_results(RESULTS)`` reads all of them as one table. The part and roll protocol is
+``replayer.rolling``'s (the capture proxy's trace writer uses the same one).
 
 A roll is atomic for readers: a rolled file names the parts it holds in its metadata
 (``replayer.rolled_parts``), and ``result_files`` leaves those parts out, so a kill between the
@@ -24,12 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import glob
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 
@@ -39,16 +38,14 @@ import pyarrow.parquet as pq
 
 from . import retention
 from .result import SCHEMA, RequestResult, Rows, batches_to_table, to_table
+from .rolling import PARTS, ROLL_GROUP_ROWS, ROLLED_PARTS, RollingWriter, atomic_file, write_json
+from .rolling import atomic_write_table as _atomic_write_table
 
 log = logging.getLogger(__name__)
 
-PARTS = "parts"
 READ_BUFFER_BYTES = 1 << 20  # results files are read through a buffered stream of this size
-ROLL_GROUP_ROWS = 50_000  # rows per row group of a rolled file
-
-
-#: a rolled file's metadata key: JSON list of the part file names (``part-NNNNNNNN.parquet``) it holds
-ROLLED_PARTS = b"replayer.rolled_parts"
+__all__ = ["PARTS", "ROLLED_PARTS", "ROLL_GROUP_ROWS", "Recorder", "atomic_file", "write_json", "read_results",
+           "result_files", "rolled_files", "open_file", "read_file", "report_damaged"]
 
 
 def _roll_step(step: str) -> None:
@@ -56,68 +53,9 @@ def _roll_step(step: str) -> None:
     kills the process to check that readers see each row once whatever step was last."""
 
 
-@contextlib.contextmanager
-def atomic_file(path: str):
-    """Yield a binary file that replaces ``path`` when the block ends: written as ``path.tmp``
-    in the same folder, flushed and fsynced, renamed over ``path``, the folder fsynced. On an
-    exception the temporary file is removed and ``path`` is left as it was."""
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path) or ".")
-
-
-def _fsync_dir(path: str) -> None:
-    """Make a rename in folder ``path`` durable (best effort: not every file system allows it)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_json(path: str, obj: object, *, indent: int | None = 2) -> None:
-    """Write ``obj`` as JSON to ``path`` through ``atomic_file`` (encoded first: a value that
-    cannot be encoded leaves the old file untouched)."""
-    data = json.dumps(obj, indent=indent).encode()
-    with atomic_file(path) as f:
-        f.write(data)
-
-
-def _atomic_write_table(table: pa.Table, path: str, *, buffered: bool = True) -> None:
-    """Write ``table`` to ``path`` (zstd Parquet) through ``atomic_file``.
-
-    ``buffered``: encode into an Arrow memory buffer, then write it with one Python file write.
-    Handing ``pq.write_table`` the path instead holds the GIL through the file writes, which
-    stalls the event loop (and the requests it hands to the launcher) for tens of milliseconds
-    per flush at hundreds of requests per second. False: stream through a Python file object instead of
-    holding the whole file in memory."""
-    if buffered:
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, compression="zstd")
-        data = sink.getvalue()
-        with atomic_file(path) as f:
-            f.write(data)
-    else:
-        with atomic_file(path) as f:
-            pq.write_table(table, f, compression="zstd")
-
-
 class Recorder:
-    """Writes results under ``results_dir`` (schema ``result.SCHEMA``).
+    """Writes results under ``results_dir`` (schema ``result.SCHEMA``) through one
+    ``rolling.RollingWriter``: parts, rolls into ``requests.parquet`` / ``requests-NNNNN.parquet``.
 
     ``metadata``: file-level key/values (run anchor, config) stored in every file.
     ``checkpoint``: called on the loop thread at each flush; its dict goes to checkpoint.json.
@@ -134,27 +72,26 @@ class Recorder:
         os.makedirs(self.parts_dir, exist_ok=True)
         self.flush_rows = flush_rows
         self.flush_interval_s = flush_interval_s
-        self.roll_rows = roll_rows
-        self.roll_interval_s = roll_interval_s
-        self._schema = SCHEMA.with_metadata({k.encode(): v.encode() for k, v in (metadata or {}).items()})
         self._checkpoint = checkpoint
         self._buf = Rows(itl_format=itl_format)  # converted to Arrow on the loop, in small batches (see Rows)
         self.retain_bytes = retain_bytes
         self.retain_age_s = retain_age_s
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="recorder")
-        self._lock = threading.Lock()
         retention.remove_leftovers(results_dir)
         remove_rolled_parts(results_dir)
-        self._seq = _next_part_seq(results_dir)
+        schema = SCHEMA.with_metadata({k.encode(): v.encode() for k, v in (metadata or {}).items()})
+        self._w = RollingWriter(results_dir, schema, rolled_path=self._rolled_path,
+                                empty_final=lambda: not result_files(self.dir), first_part=_next_part_seq(results_dir),
+                                roll_rows=roll_rows, roll_interval_s=roll_interval_s, group_rows=ROLL_GROUP_ROWS,
+                                thread_name="recorder", on_step=lambda s: _roll_step(s),
+                                after_roll=lambda: release_memory())
         self.results_bytes: int | None = None  # the folder's size and its oldest result (Unix s),
         self.oldest_timestamp_s: float | None = None  # as of the last flush (``/status``, metrics)
         self._oldest_cache: dict[str, float | None] = {}
-        self._parts: list[str] = []          # parts of this run not yet rolled
-        self._part_rows = 0
-        self._last_roll = time.monotonic()
-        self.rows_written = 0
         self.rows_added = 0
-        self._closed = False
+
+    @property
+    def rows_written(self) -> int:
+        return self._w.rows_written
 
     def add(self, res: RequestResult) -> None:
         """Buffer one result (~10-20 us with a few hundred ITL samples, plus ~1 ms per 128
@@ -166,31 +103,22 @@ class Recorder:
 
     def flush(self) -> concurrent.futures.Future | None:
         """Hand the buffered results (and a checkpoint) to the writer thread; returns its future."""
-        if self._closed:
+        if self._w.closed:
             return None
         batches = self._buf.take()
         ckpt = self._checkpoint() if self._checkpoint else None
         if not batches and ckpt is None:
             return None
-        return self._pool.submit(self._write, batches, ckpt)
+        return self._w.submit(lambda: self._write(batches, ckpt))
 
     def _write(self, batches: list[pa.RecordBatch], ckpt: dict | None) -> None:
-        with self._lock:
-            if batches:
-                path = os.path.join(self.parts_dir, f"part-{self._seq:08d}.parquet")
-                self._seq += 1
-                table = batches_to_table(batches)
-                _atomic_write_table(table.replace_schema_metadata(self._schema.metadata), path)
-                self._parts.append(path)
-                self._part_rows += table.num_rows
-                self.rows_written += table.num_rows
-            if ckpt is not None:
-                write_json(os.path.join(self.dir, "checkpoint.json"), ckpt, indent=None)
-            due = (self.roll_rows is not None and self._part_rows >= self.roll_rows) or (
-                self.roll_interval_s is not None and time.monotonic() - self._last_roll >= self.roll_interval_s)
-            if due:
-                self._roll(final=False)
-            self._retain()
+        """On the writer thread, its lock held: a part, the checkpoint, a roll when due, retention."""
+        if batches:
+            self._w.write_part(batches_to_table(batches))
+        if ckpt is not None:
+            write_json(os.path.join(self.dir, "checkpoint.json"), ckpt, indent=None)
+        self._w.roll_if_due()
+        self._retain()
 
     def _retain(self) -> None:
         """Apply the retention bounds (``retention.apply``), then note the folder's size and
@@ -206,48 +134,19 @@ class Recorder:
                               for f in files}
         self.oldest_timestamp_s = self._oldest_cache[files[0]] if files else None
 
-    def _roll(self, *, final: bool) -> None:
-        """Merge this run's parts into one rolled file (caller holds the lock). The rolled file
-        lists its parts (``ROLLED_PARTS``), so from its rename on readers skip them; they are
-        removed after it. A final roll with no results in the whole folder writes an empty
-        ``requests.parquet`` (an empty shard: mergeable, its metadata says which shard)."""
-        self._last_roll = time.monotonic()
-        if not self._parts and not (final and not result_files(self.dir)):
-            return
+    def _rolled_path(self, final: bool) -> str:
+        """``requests.parquet`` for a run's only file (a final roll in a folder with no rolled
+        file and nothing removed), else the next ``requests-NNNNN.parquet`` (numbers never reused:
+        retention may have removed the oldest files). A final roll with no results in the whole
+        folder writes an empty ``requests.parquet`` (an empty shard: mergeable, its metadata says
+        which shard)."""
         removed = retention.read_removed(self.dir)
-        single = final and not glob.glob(os.path.join(self.dir, "requests*.parquet")) and removed is None
-        if single:
-            dst = os.path.join(self.dir, "requests.parquet")
-        else:  # (numbers never reused: retention may have removed the oldest files)
-            names = [os.path.basename(f) for f in glob.glob(os.path.join(self.dir, "requests-*.parquet"))]
-            names += removed.files if removed else []
-            n = 1 + max((int(m[9:14]) for m in names if m[9:14].isdigit()), default=-1)
-            dst = os.path.join(self.dir, f"requests-{n:05d}.parquet")
-        names = [os.path.basename(p) for p in self._parts]
-        schema = self._schema.with_metadata({**(self._schema.metadata or {}), ROLLED_PARTS: json.dumps(names).encode()})
-        # part by part, in row groups of ~ROLL_GROUP_ROWS: the end of a days-long run without
-        # --roll-* holds one row group in memory, not every result of the run
-        with atomic_file(dst) as f:
-            with pq.ParquetWriter(f, schema, compression="zstd") as w:
-                group: list[pa.Table] = []
-                rows = 0
-                for p in self._parts:
-                    t = pq.read_table(p)
-                    group.append(t)
-                    rows += t.num_rows
-                    if rows >= ROLL_GROUP_ROWS:
-                        w.write_table(pa.concat_tables(group))
-                        group, rows = [], 0
-                if group:
-                    w.write_table(pa.concat_tables(group))
-            _roll_step("written")
-        _roll_step("renamed")
-        for i, p in enumerate(self._parts):
-            os.remove(p)
-            _roll_step(f"removed {i + 1}")
-        self._parts = []
-        self._part_rows = 0
-        release_memory()
+        if final and not glob.glob(os.path.join(self.dir, "requests*.parquet")) and removed is None:
+            return os.path.join(self.dir, "requests.parquet")
+        names = [os.path.basename(f) for f in glob.glob(os.path.join(self.dir, "requests-*.parquet"))]
+        names += removed.files if removed else []
+        n = 1 + max((int(m[9:14]) for m in names if m[9:14].isdigit()), default=-1)
+        return os.path.join(self.dir, f"requests-{n:05d}.parquet")
 
     async def run_periodic_flush(self) -> None:
         """Flush every ``flush_interval_s`` until cancelled."""
@@ -256,21 +155,12 @@ class Recorder:
             self.flush()
 
     def close(self) -> None:
-        """Write what is buffered, roll the parts into the final file. Blocking; idempotent."""
-        if self._closed:
+        """Write what is buffered, roll the parts into the final file. Blocking; idempotent.
+        (An empty parts/ is removed; target-metric parts there go first.)"""
+        if self._w.closed:
             return
-        fut = self.flush()
-        if fut is not None:
-            fut.result()
-        self._closed = True
-        self._pool.shutdown(wait=True)
-        with self._lock:
-            self._roll(final=True)
-            self._retain()
-        try:  # an empty parts/ left in every finished folder (target-metric parts go first)
-            os.rmdir(self.parts_dir)
-        except OSError:
-            pass
+        self.flush()
+        self._w.close(then=self._retain)
 
 
 def release_memory() -> None:
