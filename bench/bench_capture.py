@@ -12,7 +12,7 @@ machine, and prints per run and per mode:
 * "added by the proxy" = the proxy runs' mean minus the direct runs' mean of each figure;
 * the proxy's CPU seconds per 1k requests (user + system of its process) and peak / end RSS.
 
-    .venv/bin/python bench/bench_capture.py [--pairs 2] [--work DIR]
+    .venv/bin/python bench/bench_capture.py [--pairs 2] [--work DIR] [--record-args "--poll-interval 0"]
 
 The host is shared: also prints the load average and steal before and after each run.
 """
@@ -34,13 +34,14 @@ def steal_ticks() -> int:
         return int(f.readline().split()[8])
 
 
-def one_run(mode: str, work: str) -> dict:
+def one_run(mode: str, work: str, record_args: str = "") -> dict:
     import socket
 
     with socket.socket() as sk:  # a free port for the harness server (another run may hold 9100)
         sk.bind(("127.0.0.1", 0))
         port = sk.getsockname()[1]
-    env = {**os.environ, "TOOL": "record" if mode == "proxy" else "replayer", "PORT": str(port)}
+    env = {**os.environ, "TOOL": "record" if mode == "proxy" else "replayer", "PORT": str(port),
+           "RECORD_ARGS": record_args}
     load0, st0 = os.getloadavg()[0], steal_ticks()
     subprocess.run(["bash", os.path.join(ROOT, "bench/fidelity/run.sh"), "W1", work], env=env, check=True,
                    stdout=subprocess.DEVNULL)
@@ -61,7 +62,7 @@ def one_run(mode: str, work: str) -> dict:
     }
     if mode == "proxy":
         p = json.load(open(os.path.join(run, "tool", "proxy.json")))
-        out.update(proxy_cpu_s_per_1k=p["proxy_cpu_s"] / summary["completed"] * 1000,
+        out.update(record_args=record_args, proxy_cpu_s_per_1k=p["proxy_cpu_s"] / summary["completed"] * 1000,
                    proxy_peak_rss_mb=p["proxy_peak_rss_mb"], proxy_end_rss_mb=p["proxy_end_rss_mb"],
                    rows_captured=p["rows_captured"])
     return out
@@ -71,12 +72,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=2, help="direct + proxy pairs [default: 2]")
     ap.add_argument("--work", default=None, help="work folder [default: a new temporary one]")
+    ap.add_argument("--record-args", default="", help="options for `replayer record` (e.g. \"--poll-interval 0\")")
     args = ap.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="bench-capture-")
     runs = []
     for _i in range(args.pairs):
         for mode in ("direct", "proxy"):
-            r = one_run(mode, work)
+            r = one_run(mode, work, args.record_args)
             runs.append(r)
             print(json.dumps(r), flush=True)
     keys = ("ttft_p99_ms", "ttft_p99_err_ms", "itl_p99_ms", "itl_mean_ms", "dispatch_p99_ms")

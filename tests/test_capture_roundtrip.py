@@ -1,6 +1,8 @@
-"""Round trip: the committed 10-minute Mooncake slice replayed at 10x through `replayer record`
-in front of the embedded simulator gives a capture with the same rows, lengths, prefix
-structure and expected prefix-cache hits, and arrival times equal to the replayer's send times.
+"""Round trip: the committed Mooncake slice (its first 200 s: 599 requests, the multi-turn
+prefix sharing of the 10-minute slice at a third of the cost) replayed at 10x through `replayer
+record` in front of the embedded simulator gives a capture with the same rows, lengths, prefix
+structure and expected prefix-cache hits, and arrival times equal to the replayer's send times
+within 2 ms, every row.
 
 Three real processes on 127.0.0.1 (simulator, proxy, replayer), as a user runs them.
 """
@@ -22,9 +24,9 @@ from replayer.prefix_cache import expected_hits
 from replayer.recorder import read_results
 from replayer.trace import read_trace
 from replayer.tracetools import inspect_trace
-from wakeprobe import WakeProbe
 
 pytestmark = pytest.mark.slow
+FIRST_S = 200  # seconds of the slice replayed (599 requests)
 
 
 def start_record(out, upstream: str, *args: str) -> tuple[subprocess.Popen, str]:
@@ -48,17 +50,6 @@ def stop_record(p: subprocess.Popen) -> str:
     _, err = p.communicate(timeout=120)
     assert p.returncode == 0, err
     return err
-
-
-def arrival_abs_ns(cap, request_ids) -> np.ndarray:
-    """Each request's arrival at the proxy on the host's monotonic clock (the capture's origin
-    from its metadata + the row's timestamp), in the order of ``request_ids``."""
-    by_id = {}
-    for f in cap.glob("trace-*.parquet"):
-        t = pq.read_table(f, columns=["request_id", "timestamp"])
-        origin = int(t.schema.metadata[b"replayer.capture_monotonic_origin_ns"])
-        by_id.update(zip(t.column("request_id").to_pylist(), (origin + x for x in t.column("timestamp").to_pylist())))
-    return np.array([by_id[r] for r in request_ids], dtype=np.int64)
 
 
 def full_block_paths(t) -> list[list[int]]:
@@ -110,20 +101,29 @@ def test_prefix_structure_check_can_fail():
     assert differs
 
 
-@pytest.mark.timeout(1500)  # two replays of 60 and 30 s, slower on a loaded host
+def first_seconds(src, dst, seconds: float):
+    """The rows of trace file ``src`` that arrive in its first ``seconds`` s, to ``dst`` (metadata kept)."""
+    t = pq.read_table(src)
+    n = int(np.sum(read_trace(str(src)).timestamp_ns < seconds * 1e9))
+    pq.write_table(t.slice(0, n), dst)
+    return n
+
+
+@pytest.mark.timeout(900)  # two replays of 20 and 10 s, slower on a loaded host
 def test_mooncake_slice_round_trip_through_record(tmp_path, sim_process):
     sim_url, _ = sim_process("--tokens-per-chunk", "8")
-    with WakeProbe(tmp_path / "probe.npy") as probe:
-        _round_trip(tmp_path, sim_url, probe)
+    _round_trip(tmp_path, sim_url)
 
 
-def _round_trip(tmp_path, sim_url: str, probe: WakeProbe) -> None:
+def _round_trip(tmp_path, sim_url: str) -> None:
+    src = tmp_path / "slice.parquet"
+    n = first_seconds(SLICE_10MIN, src, FIRST_S)
     cap = tmp_path / "capture"
     rec, proxy_url = start_record(cap, sim_url, "--block-size", "512")
     wait_http(proxy_url + "/health")  # (passed through to the simulator)
     res = tmp_path / "results"
     try:
-        run = subprocess.run([sys.executable, "-m", "replayer", "run", str(SLICE_10MIN), "--target", proxy_url,
+        run = subprocess.run([sys.executable, "-m", "replayer", "run", str(src), "--target", proxy_url,
                               "--speedup", "10", "--results", str(res), "--admin-port", "0", "--quiet"],
                              capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stderr
@@ -132,40 +132,32 @@ def _round_trip(tmp_path, sim_url: str, probe: WakeProbe) -> None:
         if rec.poll() is None:
             rec.kill()
             rec.wait()
-    assert "1750 rows" in err
+    assert f"{n} rows" in err and "; 0 reads without a kernel arrival stamp" in err, err
 
-    orig = read_trace(SLICE_10MIN)
+    orig = read_trace(str(src))
     capt = read_trace(cap)  # the capture folder, read directly
     results = read_results(str(res)).to_pandas()
-    assert len(capt.input_length) == len(orig.input_length) == len(results) == 1750
+    assert len(capt.input_length) == len(orig.input_length) == len(results) == n
 
     # match rows by the X-Request-Id the replayer sent (the capture's request_id)
     by_id = {x: i for i, x in enumerate(results.x_request_id)}
     ri = np.array([by_id[x] for x in capt.request_id])
     rows = results.row.to_numpy()[ri]
-    assert sorted(rows.tolist()) == list(range(1750))
+    assert sorted(rows.tolist()) == list(range(n))
     assert np.array_equal(capt.input_length, orig.input_length[rows])
     assert np.array_equal(capt.output_length, orig.output_length[rows])
 
-    # arrival times against the replayer's own send times. Two processes, two clock origins: the
-    # offset between them is taken as the median difference (the origins' difference plus the
-    # typical hand-over through loopback), and each row is compared with it.
+    # arrival times against the replayer's own send times (stamped by its launcher just before
+    # the write). Two processes, two clock origins: the offset between them is taken as the
+    # median difference, and every row is compared with it. The proxy's arrival is the kernel's
+    # receive stamp of the request's first segment, taken during the launcher's write, so a
+    # proxy the host keeps off the CPU (tens to hundreds of ms on this shared 2-core host) reads
+    # late but still stamps right.
     d_ms = (capt.timestamp_ns - results.sent_ns.to_numpy()[ri]) / 1e6
     dev = np.abs(d_ms - np.median(d_ms))
-    # The host's own share: how late a process of the proxy's priority got to run around each
-    # arrival (the wake-up probe's overshoot). On a quiet host it is ~0 and the bound is 2 ms. On
-    # this shared 2-core host (load average 6-10 while this was written) processes wait tens to
-    # hundreds of ms for a CPU, and the proxy, which needs ~20 % of a core in bursts, more than
-    # the probe: there 29-72 % of the rows were within 2 ms (+ the probe's overshoot), p99 0.3-0.6 s.
-    # A stamp taken at the wrong moment (after the body, after the upstream answered: tens to
-    # hundreds of ms each time) moves the median; so the median row must hold, the tail is printed.
-    allowance = probe.allowance_ms(arrival_abs_ns(cap, capt.request_id), dev)
-    ok = dev <= 2.0 + allowance
-    print(f"|arrival - send - median| (ms): p50 {np.percentile(dev, 50):.2f} p90 {np.percentile(dev, 90):.2f} "
-          f"p99 {np.percentile(dev, 99):.2f} max {dev.max():.2f}; within 2 ms: {np.mean(dev <= 2):.1%}; "
-          f"host wake-up overshoot around arrivals p50 {np.percentile(allowance, 50):.2f} "
-          f"p99 {np.percentile(allowance, 99):.2f} ms; within 2 ms + that: {np.mean(ok):.1%}")
-    assert np.mean(ok) >= 0.5, np.sort(dev - allowance)[-20:]
+    print(f"|arrival - send - median| (ms): p50 {np.percentile(dev, 50):.3f} p99 {np.percentile(dev, 99):.3f} "
+          f"max {dev.max():.3f}")
+    assert dev.max() <= 2.0, np.sort(dev)[-10:]
 
     # the same prefix structure: every pair shares the same number of leading full blocks
     assert same_prefix_structure(full_block_paths(_reorder(orig, rows)),
@@ -173,7 +165,7 @@ def _round_trip(tmp_path, sim_url: str, probe: WakeProbe) -> None:
 
     # the same expected prefix-cache hits (infinite cache as `trace inspect` reports, and the
     # LRU model `replayer run` reports as expected_prefix_hit_tokens)
-    a, b = (inspect_trace(str(p), cache_tokens=None) for p in (cap, SLICE_10MIN))
+    a, b = (inspect_trace(str(p), cache_tokens=None) for p in (cap, src))
     assert a["prefix_hit_ratio"] == b["prefix_hit_ratio"] and a["expected_prefix_hit_tokens"] > 0
     assert a["unique_blocks"] == b["unique_blocks"]
     assert int(expected_hits(capt).sum()) == int(expected_hits(orig).sum())
@@ -187,7 +179,7 @@ def _round_trip(tmp_path, sim_url: str, probe: WakeProbe) -> None:
                           capture_output=True, text=True, timeout=600)
     assert run2.returncode == 0, run2.stderr
     s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (res, res2))
-    assert s2["expected_prefix_hit_tokens"] == s1["expected_prefix_hit_tokens"] and s2["completed"] == 1750
+    assert s2["expected_prefix_hit_tokens"] == s1["expected_prefix_hit_tokens"] and s2["completed"] == n
     again = read_results(str(res2)).to_pandas().sort_values("row")
     first = results.set_index("x_request_id").loc[list(capt.request_id)]
     assert again.expected_prefix_hit_tokens.tolist() == first.expected_prefix_hit_tokens.tolist()

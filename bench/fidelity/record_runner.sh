@@ -3,12 +3,13 @@
 # the harness's server: starts the proxy (capture into OUT/capture), replays the slice through it
 # with replayer_runner.sh, stops the proxy (SIGTERM: drain, last rows written) and writes
 # OUT/proxy.json: the proxy's CPU seconds (user + system, from /proc), peak RSS, rows captured.
+# RECORD_ARGS="--poll-interval 0 ..." passes options to `replayer record`.
 set -euo pipefail
 SLICE=$1; OUT=$2; PORT=$3; shift 3
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${REPLAYER_PYTHON:-$ROOT/.venv/bin/python}
 "$PY" -m replayer record --upstream "http://127.0.0.1:$PORT" --listen 127.0.0.1:0 --admin-port 0 \
-  --out "$OUT/capture" 2> "$OUT/record.stderr" &
+  --out "$OUT/capture" ${RECORD_ARGS:-} 2> "$OUT/record.stderr" &
 REC=$!
 for _ in $(seq 600); do [[ -f $OUT/capture/capture.json ]] && break; sleep 0.1; done
 PPORT=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['listen'].rsplit(':', 1)[1])" "$OUT/capture/capture.json")

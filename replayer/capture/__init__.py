@@ -2,7 +2,8 @@
 ``replayer trace from-log``), storing no prompt text, token ids or image bytes.
 
 ``rows`` (request body -> facts; the capture schema), ``blocks`` (keyed chained block hashes,
-compact ids), ``tokenize`` (token ids after the request, bounded queue), ``proxy`` (the aiohttp
-reverse proxy), ``writer`` (Parquet parts and rolls), ``metrics``, ``record`` (the command),
+compact ids), ``tokenize`` (token ids after the request, bounded queue), ``proxy`` (the reverse
+proxy: ``downstream`` clients, ``relay`` upstream, ``usage``, ``poll``), ``writer`` (Parquet
+parts and rolls), ``metrics``, ``record`` (the command),
 ``fromlog`` (gateway logs -> the same rows).
 """

@@ -5,17 +5,18 @@ Transparency: the request body is sent as received (a malformed one too: the ups
 and the row records the status); headers go both ways except the hop-by-hop ones (RFC 9110
 7.6.1: ``Connection`` and the headers it names, ``Keep-Alive``, ``Proxy-*``, ``TE``, ``Trailer``,
 ``Transfer-Encoding``, ``Upgrade``) and ``Host``/``Content-Length``, which each hop sets for
-itself. A captured request's response is relayed by ``relay`` (each piece of the body written to
-the client as the upstream connection reads it, no SSE buffering, no decompression; a copy goes
-to the SSE decoder for the usage); other paths go through aiohttp's client, streamed too, and get
-no row. The client's ``Authorization`` header is forwarded and kept only in memory until the
-prompt is tokenized; it is never written. An unreachable upstream gives the client a 502 with a
-JSON error, and a row.
+itself. Clients are served by ``downstream`` (raw sockets, the kernel's arrival stamps). A
+captured request (POST to ``rows.CAPTURED``) is relayed by ``relay``: each piece of the response
+body is written to the client as the upstream connection reads it (no SSE buffering, no
+decompression), a copy goes to the usage tracker (``usage``). Other requests go through aiohttp's
+client, streamed too, and get no row. The client's ``Authorization`` header is forwarded and kept
+only in memory until the prompt is tokenized; it is never written. An unreachable upstream gives
+the client a 502 with a JSON error, and a row.
 
-``timestamp`` is the arrival of the request's head: the read that completed it (stamped in the
-connection's ``data_received``, before any handler runs, so a burst of requests arriving together
-is stamped together however long the loop then takes to start their handlers), on the monotonic
-clock ``time.perf_counter_ns``, minus the capture's start.
+``timestamp`` is the request's arrival: the kernel's receive time of its first segment
+(``downstream``), on the monotonic clock ``time.perf_counter_ns``, minus the capture's start.
+The row is built when the response has ended; what comes from the body (tokens, hash ids,
+model, session) is added later, off the request path, by ``tokenize``.
 """
 
 from __future__ import annotations
@@ -26,15 +27,15 @@ import time
 
 import aiohttp
 import orjson
-from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict
 
-from ..sse import SSEDecoder
+from .downstream import ClientConnection, Listener, Request
 from .metrics import CaptureMetrics
+from .poll import POLL_MIN_IN_FLIGHT, Poller
 from .relay import Exchange, UpstreamGone, UpstreamPool
 from .rows import CAPTURED, GENERATION
 from .tokenize import Tokenization
+from .usage import UsageTracker
 
 log = logging.getLogger(__name__)
 
@@ -42,57 +43,40 @@ HOP_BY_HOP = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy
                         "te", "trailer", "trailers", "transfer-encoding", "upgrade"))
 #: set again by each hop
 _PER_HOP = frozenset(("host", "content-length"))
+_SKIP_AUTO = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 
 
-class _StampingHandler(RequestHandler):
-    """aiohttp's connection protocol, recording when each request's head arrived."""
-
-    __slots__ = ("arrivals",)
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.arrivals: dict[int, int] = {}  # id(request message) -> arrival ns
-
-    def data_received(self, data: bytes) -> None:
-        t = time.perf_counter_ns()
-        msgs = self._messages
-        n = len(msgs)
-        super().data_received(data)
-        for i in range(n, len(msgs)):
-            self.arrivals[id(msgs[i][0])] = t
-
-
-class _StampingServer(web.Server):
-    """The low-level aiohttp server (every path goes to one handler) with ``_StampingHandler``
-    connections and no 1 MB request body limit (a long prompt's body is larger)."""
-
-    def __call__(self) -> RequestHandler:
-        return _StampingHandler(self, loop=self._loop, **self._kwargs)
-
-    def _make_request(self, message, payload, protocol, writer, task) -> web.BaseRequest:
-        return web.BaseRequest(message, payload, protocol, writer, task, self._loop, client_max_size=1 << 30)
-
-
-def _arrival(request: web.BaseRequest) -> int:
-    arrivals = getattr(request.protocol, "arrivals", None)
-    t = arrivals.pop(id(request.message), None) if arrivals is not None else None
-    return t if t is not None else time.perf_counter_ns()
-
-
-def forward_headers(headers, extra_drop: frozenset = frozenset()) -> CIMultiDict:
+def forward_headers(headers: list[tuple[str, str]], extra_drop: frozenset = frozenset()) -> list[tuple[str, str]]:
     """``headers`` without the hop-by-hop ones (and those the ``Connection`` header names)."""
-    named = {t.strip().lower() for v in headers.getall("Connection", []) for t in v.split(",")}
+    named = {t.strip().lower() for k, v in headers if k.lower() == "connection" for t in v.split(",")}
     drop = HOP_BY_HOP | named | extra_drop
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
+    return [(k, v) for k, v in headers if k.lower() not in drop]
+
+
+def response_head(status: int, reason: bytes, headers: list[tuple[str, str]], framing: str | None,
+                  keep_alive: bool, http10: bool) -> bytes:
+    """The client's response head: status line, ``headers``, the framing header (``framing``:
+    ``Transfer-Encoding: chunked`` / ``Content-Length: N`` / None) and ``Connection`` when needed."""
+    lines = [b"HTTP/1.1 %d %s\r\n" % (status, reason or b"-")]
+    lines += [f"{k}: {v}\r\n".encode("latin-1", "replace") for k, v in headers]
+    if framing is not None:
+        lines.append(framing.encode() + b"\r\n")
+    if not keep_alive:
+        lines.append(b"Connection: close\r\n")
+    elif http10:
+        lines.append(b"Connection: keep-alive\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines)
 
 
 class CaptureProxy:
     """The proxy of ``replayer record``. ``start()`` opens the upstream pool and session;
-    ``server`` (a low-level aiohttp server) serves every path; ``wait_idle`` supports the drain on
-    SIGTERM; ``close()`` tokenizes what is queued and closes the upstream connections."""
+    ``listen()`` serves; ``stop_accepting`` and ``wait_idle`` support the drain on SIGTERM;
+    ``close()`` tokenizes what is queued and closes every connection."""
 
     def __init__(self, upstream: str, tokenization_factory, metrics: CaptureMetrics, *, t0_ns: int,
-                 session_header: str = "X-Session-Id", connect_timeout_s: float = 10.0) -> None:
+                 session_header: str = "X-Session-Id", connect_timeout_s: float = 10.0,
+                 poll_interval_s: float = 0.0) -> None:
         self.upstream = upstream.rstrip("/")
         self.metrics = metrics
         self.t0_ns = t0_ns
@@ -105,7 +89,12 @@ class CaptureProxy:
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self.server = _StampingServer(self._handle, access_log=None)
+        self._tasks: set[asyncio.Task] = set()
+        self.listener = Listener(self._handle)
+        self.poller: Poller | None = Poller(poll_interval_s, lambda: self.in_flight >= POLL_MIN_IN_FLIGHT,
+                                            self.listener.reading) if poll_interval_s > 0 else None
+        self._bytes_request = metrics.bytes.labels("request")
+        self._bytes_response = metrics.bytes.labels("response")
 
     async def start(self) -> None:
         import ssl as _ssl
@@ -123,12 +112,22 @@ class CaptureProxy:
         self.tokenization = self._tokenization_factory(self.session)
         self.tokenization.start()
 
+    def listen(self, host: str, port: int) -> int:
+        """Serve on ``host:port``; returns the port (OSError when it cannot listen)."""
+        return self.listener.start(host, port)
+
+    def stop_accepting(self) -> None:
+        self.listener.stop()
+
     async def close(self) -> None:
+        self.listener.stop()
         if self.tokenization is not None:
             await self.tokenization.drain()
+        self.listener.close_all()
         if self.session is not None:
             await self.session.close()
-        self.pool.close()
+        if self.pool is not None:
+            self.pool.close()
 
     async def wait_idle(self, timeout_s: float | None) -> bool:
         """Wait until no request is in flight (True) or ``timeout_s`` passed (False)."""
@@ -140,41 +139,98 @@ class CaptureProxy:
 
     # ---- requests --------------------------------------------------------------------------
 
-    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        arrival = _arrival(request)
-        path = request.path
-        endpoint = path.rstrip("/") if request.method == "POST" and path.rstrip("/") in CAPTURED else None
+    def _handle(self, conn: ClientConnection, req: Request) -> None:
+        """A whole request from ``conn`` (called in its read): captured or passed through. A
+        captured request goes to the upstream at once, from this read, when an idle upstream
+        connection is at hand (no wait for a task to start); the rest runs in a task."""
+        path = req.path.rstrip("/")
+        endpoint = path if req.method == "POST" and path in CAPTURED else None
         self.in_flight += 1
         self._idle.clear()
         self.metrics.in_flight.inc()
+        if self.poller is not None:
+            self.poller.kick()
+        body = b"".join(req.body)
+        req.body = []
+        self._bytes_request.inc(len(body))
+        acc = pre = None
+        if endpoint is not None:
+            acc = UsageTracker()
+            up = self.pool.take_idle() if self.pool is not None else None
+            if up is not None:
+                pre = (up, True, self._send(conn, req, up, self._upstream_head(req, len(body)), body, acc))
+        task = asyncio.get_running_loop().create_task(self._serve(conn, req, body, endpoint, acc, pre))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _send(self, conn: ClientConnection, req: Request, up, head: bytes, body: bytes, acc: UsageTracker) -> Exchange:
+        ex = Exchange(acc)
+        conn.on_lost = ex.client_left
+        ex.on_head = lambda: self._respond(conn, req, ex)
+        ex.on_end = lambda: self._release(conn, req, ex.keep)
+        up.send(head, body, ex)
+        return ex
+
+    @staticmethod
+    def _release(conn: ClientConnection, req: Request, keep: bool) -> None:
+        """``req`` is answered: its connection goes on to its next request (or closes)."""
+        if not req.released:
+            req.released = True
+            conn.done(keep)
+
+    def _respond(self, conn: ClientConnection, req: Request, ex: Exchange) -> None:
+        """The upstream's response head came (in its read): write the client's, start the relay."""
+        clen = next((v.strip() for k, v in ex.headers if k.lower() == "content-length"), None)
+        no_body = ex.status < 200 or ex.status in (204, 304)
+        if clen is not None and clen.isdigit():
+            framing, chunked, keep = f"Content-Length: {clen}", False, req.keep_alive
+        elif no_body:
+            framing, chunked, keep = None, False, req.keep_alive
+        elif req.http10:  # (no chunks for HTTP/1.0: the body ends when the connection does)
+            framing, chunked, keep = None, False, False
+        else:
+            framing, chunked, keep = "Transfer-Encoding: chunked", True, req.keep_alive
+        ex.keep = keep
+        conn.write(response_head(ex.status, ex.reason, forward_headers(ex.headers, _PER_HOP), framing, keep,
+                                 req.http10))
+        ex.start_relay(conn, chunked)
+
+    async def _serve(self, conn: ClientConnection, req: Request, body: bytes, endpoint: str | None,
+                     acc: UsageTracker | None, pre: tuple | None) -> None:
+        keep = False
         try:
-            body = await request.read()
-            self.metrics.bytes.labels("request").inc(len(body))
             if endpoint is None:
                 self.metrics.passed_through.inc()
-                return await self._forward(request, body)
-            return await self._capture(request, body, endpoint, arrival)
+                keep = await self._forward(conn, req, body)
+            else:
+                assert acc is not None
+                keep = await self._capture(conn, req, body, endpoint, acc, pre)
+        except Exception:  # a bug here must not stop the proxy: this client's connection goes
+            log.exception("capture: request %s %s failed in the proxy", req.method, req.path)
+            if not req.released:
+                conn.on_lost = None
+                conn.abort()
         finally:
             self.in_flight -= 1
             self.metrics.in_flight.dec()
             if self.in_flight == 0:
                 self._idle.set()
+            self._release(conn, req, keep)
 
-    async def _capture(self, request: web.Request, body: bytes, endpoint: str, arrival: int) -> web.StreamResponse:
+    async def _capture(self, conn: ClientConnection, req: Request, body: bytes, endpoint: str, acc: UsageTracker,
+                       pre: tuple | None) -> bool:
         """Forward first; the body is read for its facts only after the answer, in the
         tokenization queue (parsing a long token-id prompt here would delay every other request)."""
-        acc = UsageTracker()
-        resp, (status, outcome) = await self._relay(request, body, acc)
+        status, outcome, keep = await self._relay(conn, req, body, acc, pre)
         end = time.perf_counter_ns()
         acc.finish()  # (a stream cut short: the last usage it carried)
-        row = self._row(endpoint, acc, request, status, outcome, arrival, end)
+        row = self._row(endpoint, acc, req, status, outcome, end)
         self.metrics.request_done(endpoint, status, outcome)
-        h = request.headers
-        self.tokenization.submit(row, body, h.get(self.session_header), h.get("Authorization"))
-        return resp
+        assert self.tokenization is not None
+        self.tokenization.submit(row, body, req.header(self.session_header), req.header("Authorization"))
+        return keep
 
-    def _row(self, endpoint: str, acc: UsageTracker, request: web.Request, status: int | None, outcome: str,
-             arrival: int, end: int) -> dict:
+    def _row(self, endpoint: str, acc: UsageTracker, req: Request, status: int | None, outcome: str, end: int) -> dict:
         """The row's measured part; the tokenization queue adds what comes from the body."""
         il = acc.prompt_tokens
         if endpoint in GENERATION:
@@ -188,159 +244,110 @@ class CaptureProxy:
         else:  # pooling endpoints generate nothing; the schema's minimum
             ol, ol_src = (1, "pooling") if outcome == "ok" else (0, None)
         return {
-            "timestamp": arrival - self.t0_ns, "input_length": il, "output_length": ol, "hash_ids": None,
-            "request_id": request.headers.get("X-Request-Id"), "session_id": None, "endpoint": endpoint,
+            "timestamp": req.arrival_ns - self.t0_ns, "input_length": il, "output_length": ol, "hash_ids": None,
+            "request_id": req.header("X-Request-Id"), "session_id": None, "endpoint": endpoint,
             "model": None, "max_tokens": None, "status": status, "outcome": outcome,
             "input_length_source": "usage" if il is not None else None, "output_length_source": ol_src,
             "tokenized_by": None, "hashed_tokens": None, "image_count": None, "image_hashes": None,
-            "duration_ms": (end - arrival) / 1e6,
+            "duration_ms": (end - req.arrival_ns) / 1e6,
         }
 
-    def _bad_gateway(self, e: BaseException) -> web.Response:
+    def _bad_gateway(self, conn: ClientConnection, req: Request, e: BaseException) -> None:
         msg = f"upstream {self.upstream} unreachable: {type(e).__name__}: {e}"
         log.warning("capture: %s", msg)
-        return web.json_response({"error": {"message": msg, "type": "BadGateway", "code": 502}}, status=502,
-                                 dumps=lambda o: orjson.dumps(o).decode())
+        body = orjson.dumps({"error": {"message": msg, "type": "BadGateway", "code": 502}})
+        conn.write(response_head(502, b"Bad Gateway", [("Content-Type", "application/json; charset=utf-8")],
+                                 f"Content-Length: {len(body)}", req.keep_alive, req.http10) + body)
 
-    async def _relay(self, request: web.BaseRequest, body: bytes, acc: UsageTracker) -> tuple[web.StreamResponse, tuple]:
+    def _upstream_head(self, req: Request, body_len: int) -> bytes:
+        return b"".join([b"%s %s HTTP/1.1\r\nHost: %s\r\n" % (req.method.encode(), req.url, self._host.encode()),
+                         *(f"{k}: {v}\r\n".encode("latin-1", "replace") for k, v in forward_headers(req.headers, _PER_HOP)),
+                         b"Content-Length: %d\r\n\r\n" % body_len])
+
+    async def _relay(self, conn: ClientConnection, req: Request, body: bytes, acc: UsageTracker,
+                     pre: tuple | None) -> tuple[int | None, str, bool]:
         """A captured request over the fast path (``relay``): the response body goes to the
-        client from the upstream connection's ``data_received``."""
-        hdrs = forward_headers(request.headers, _PER_HOP)
-        head = "".join([f"{request.method} {request.raw_path} HTTP/1.1\r\nHost: {self._host}\r\n",
-                        *(f"{k}: {v}\r\n" for k, v in hdrs.items()),
-                        f"Content-Length: {len(body)}\r\n\r\n"]).encode("latin-1", "replace")
+        client from the upstream connection's ``data_received``. ``pre``: (connection, reused,
+        exchange) when ``_handle`` sent it already. Returns (status the client got, outcome, keep
+        the client's connection)."""
+        assert self.pool is not None
         for attempt in (0, 1):
-            try:
-                conn, reused = await self.pool.acquire()
-            except (OSError, asyncio.TimeoutError) as e:
-                return self._bad_gateway(e), (502, "upstream_unreachable")
-            ex = Exchange(acc)
-            conn.send(head, body, ex)
+            if pre is not None:
+                up, reused, ex = pre
+                pre = None
+            else:
+                try:
+                    up, reused = await self.pool.acquire()
+                except (OSError, asyncio.TimeoutError) as e:
+                    self._bad_gateway(conn, req, e)
+                    return 502, "upstream_unreachable", req.keep_alive
+                if conn.closed:  # the client left while a connection was opened
+                    self.pool.release(up)
+                    return None, "client_disconnected", False
+                ex = self._send(conn, req, up, self._upstream_head(req, len(body)), body, acc)
             try:
                 await ex.head
                 break
             except UpstreamGone as e:
+                if ex.client_gone:
+                    return None, "client_disconnected", False
                 if reused and not ex.got_bytes and attempt == 0:
                     continue  # a keep-alive connection the upstream had closed: once more, on a new one
-                return self._bad_gateway(e), (502, "upstream_unreachable")
-        clen = next((v for k, v in ex.headers if k.lower() == "content-length"), None)
-        resp = web.StreamResponse(status=ex.status, headers=forward_headers(CIMultiDict(ex.headers), _PER_HOP))
-        if clen is not None and clen.strip().isdigit():
-            resp.content_length = int(clen)
-        out = self.metrics.bytes.labels("response")
-        try:
-            await resp.prepare(request)
-            if request.transport is None:
-                raise ConnectionResetError
-        except (ConnectionResetError, ConnectionError):  # the client left while the upstream thought
-            conn.abort()
-            return resp, (ex.status, "client_disconnected")
-        ex.start_relay(request.transport, "chunked" in resp.headers.get("Transfer-Encoding", "").lower())
+                self._bad_gateway(conn, req, e)
+                return 502, "upstream_unreachable", req.keep_alive
         try:
             await ex.done
-        except UpstreamGone:  # the upstream broke mid-stream: the client's response is cut off too
-            out.inc(ex.bytes_out)
-            request.transport.close()
-            return resp, (ex.status, "upstream_broken")
-        out.inc(ex.bytes_out)
-        if ex.client_gone:
-            return resp, (ex.status, "client_disconnected")
-        try:
-            await resp.write_eof()
-        except (ConnectionResetError, ConnectionError):
-            return resp, (ex.status, "client_disconnected")
+        except UpstreamGone:
+            self._bytes_response.inc(ex.bytes_out)
+            if ex.client_gone:
+                return ex.status, "client_disconnected", False
+            conn.on_lost = None  # the upstream broke mid-stream: the client's response is cut off too
+            conn.abort()
+            return ex.status, "upstream_broken", False
+        self._bytes_response.inc(ex.bytes_out)
+        if ex.client_gone or not ex.ended:
+            return ex.status, "client_disconnected", False
         outcome = "ok" if ex.status < 400 else "http_error"
         acc.finish()
-        return resp, (ex.status, "upstream_broken" if acc.error and outcome == "ok" else outcome)
+        return ex.status, "upstream_broken" if acc.error and outcome == "ok" else outcome, ex.keep
 
-    async def _forward(self, request: web.BaseRequest, body: bytes) -> web.StreamResponse:
-        """Any other path, through aiohttp's client, unmeasured: the response streamed back as it comes."""
-        headers = forward_headers(request.headers, _PER_HOP)
-        resp: web.StreamResponse | None = None
+    async def _forward(self, conn: ClientConnection, req: Request, body: bytes) -> bool:
+        """Any other request, through aiohttp's client, unmeasured: the response streamed back as
+        it comes. Returns whether the client's connection stays open."""
+        assert self.session is not None
+        started = False
         try:
-            async with self.session.request(request.method, self.upstream + request.raw_path, data=body,
-                                            headers=headers, allow_redirects=False,
-                                            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding",
-                                                               "Content-Type")) as up:
-                resp = web.StreamResponse(status=up.status, reason=up.reason,
-                                          headers=forward_headers(up.headers, _PER_HOP))
-                if up.content_length is not None and up.headers.get("Content-Encoding") is None:
-                    resp.content_length = up.content_length
-                await resp.prepare(request)
-                out = self.metrics.bytes.labels("response")
+            async with self.session.request(req.method, self.upstream + req.url.decode("latin-1"), data=body,
+                                            headers=CIMultiDict(forward_headers(req.headers, _PER_HOP)),
+                                            allow_redirects=False, skip_auto_headers=_SKIP_AUTO) as up:
+                hdrs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in up.raw_headers]
+                no_body = req.method == "HEAD" or up.status < 200 or up.status in (204, 304)
+                fwd = forward_headers(hdrs, frozenset(("host",)) if no_body else _PER_HOP)
+                if no_body:
+                    framing, chunked, keep = None, False, req.keep_alive
+                elif up.content_length is not None and up.headers.get("Content-Encoding") is None:
+                    framing, chunked, keep = f"Content-Length: {up.content_length}", False, req.keep_alive
+                elif req.http10:
+                    framing, chunked, keep = None, False, False
+                else:
+                    framing, chunked, keep = "Transfer-Encoding: chunked", True, req.keep_alive
+                conn.write(response_head(up.status, (up.reason or "").encode("latin-1", "replace"), fwd, framing,
+                                         keep, req.http10))
+                started = True
+                if no_body:
+                    return keep
                 async for chunk in up.content.iter_any():
-                    out.inc(len(chunk))
-                    await resp.write(chunk)
-                await resp.write_eof()
-                return resp
+                    if conn.closed:
+                        return False
+                    self._bytes_response.inc(len(chunk))
+                    conn.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+                    await conn.drain()
+                if chunked:
+                    conn.write(b"0\r\n\r\n")
+                return keep
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-            if resp is None:
-                return self._bad_gateway(e)
-            if request.transport is not None:  # the client left, or the upstream broke mid-stream
-                request.transport.close()
-            return resp
-
-
-class UsageTracker:
-    """What a capture needs of a response: the server's usage (prompt and completion tokens), or
-    else a count of the events that carried text (an estimate), and whether an error came.
-
-    Cheap on purpose (a W1 stream is ~100 one-token events per request): a stream's pieces are
-    only counted with ``bytes.count`` and the last ``TAIL_BYTES`` kept; at the end that tail is
-    decoded and its last event carrying a usage object parsed (with continuous usage stats it is
-    the running count, so a stream cut short still gives the tokens it reached). A non-streamed
-    body is parsed whole."""
-
-    TAIL_BYTES = 16384
-    __slots__ = ("prompt_tokens", "completion_tokens", "chunks", "error", "_tail", "_tail_len", "_done")
-
-    def __init__(self) -> None:
-        self.prompt_tokens: int | None = None
-        self.completion_tokens: int | None = None
-        self.chunks = 0
-        self.error = False
-        self._tail: list[bytes] = []
-        self._tail_len = 0
-        self._done = False
-
-    def on_sse_piece(self, b: bytes) -> None:
-        self.chunks += (b.count(b'"text":"') - b.count(b'"text":""') + b.count(b'"content":"')
-                        - b.count(b'"content":""'))
-        if b'"error"' in b:
-            self.error = True
-        self._tail.append(b)
-        self._tail_len += len(b)
-        while self._tail_len - len(self._tail[0]) >= self.TAIL_BYTES:
-            self._tail_len -= len(self._tail.pop(0))
-
-    def on_body(self, body: bytes) -> None:
-        self._take(body)
-
-    def finish(self) -> None:
-        if self._done or not self._tail:
-            return
-        self._done = True
-        last = None
-        for ev in SSEDecoder().feed(b"".join(self._tail)):  # (the first line may be cut: it parses as nothing)
-            d = ev.data
-            if '"usage"' in d and '"usage":null' not in d and '"usage": null' not in d:
-                last = d
-        self._tail = []
-        if last is not None:
-            self._take(last)
-
-    def _take(self, data: str | bytes) -> None:
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return
-        if type(obj) is not dict:
-            return
-        if obj.get("error") is not None:
-            self.error = True
-        u = obj.get("usage")
-        if type(u) is dict:
-            if type(u.get("prompt_tokens")) is int:
-                self.prompt_tokens = u["prompt_tokens"]
-            if type(u.get("completion_tokens")) is int:
-                self.completion_tokens = u["completion_tokens"]
+            if not started:
+                self._bad_gateway(conn, req, e)
+                return req.keep_alive
+            conn.abort()  # the upstream broke mid-stream
+            return False

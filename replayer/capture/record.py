@@ -18,8 +18,6 @@ import signal
 import sys
 import time
 
-from aiohttp import web
-
 from .. import __version__
 from ..recorder import write_json
 
@@ -58,6 +56,10 @@ def add_record_parser(sub) -> None:
     p.add_argument("--tokenize-queue", type=int, default=10_000, metavar="N",
                    help="finished requests that may wait for tokenization; past it rows are written "
                         "without hash ids [default: 4096]")
+    p.add_argument("--poll-interval", type=float, default=0.0005, metavar="S",
+                   help="while 8 or more requests are in flight, read and forward in turns S seconds apart "
+                        "instead of waking for every streamed event (each event waits at most S; far less CPU "
+                        "per event); 0 = always wake per event [default: 0.0005]")
     p.add_argument("--drain-timeout", type=float, default=60.0, metavar="S",
                    help="on SIGTERM/SIGINT, wait S seconds for requests in flight [default: 60]")
 
@@ -108,6 +110,8 @@ def main_record(args: argparse.Namespace) -> int:
     try:
         if args.block_size < 1:
             raise StartError(f"--block-size {args.block_size}: must be >= 1")
+        if not 0 <= args.poll_interval <= 0.1:
+            raise StartError(f"--poll-interval {args.poll_interval}: must be between 0 and 0.1 s")
         if not args.upstream.startswith(("http://", "https://")):
             raise StartError(f"--upstream {args.upstream!r}: expected an http:// or https:// URL")
         host, port = _listen(args.listen)
@@ -134,7 +138,7 @@ async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, imag
     from ..admin import AdminServer
     from .metrics import CaptureMetrics
     from .proxy import CaptureProxy
-    from .tokenize import Tokenization
+    from .tokenize import Tokenization, worker_pool
     from .writer import CaptureWriter
 
     t0 = time.perf_counter_ns()
@@ -147,32 +151,30 @@ async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, imag
     writer = CaptureWriter(args.out, meta, flush_interval_s=args.flush_interval, roll_rows=args.roll_rows,
                            roll_interval_s=args.roll_interval)
     tok_url = upstream + "/tokenize" if args.upstream_tokenize else None
+    procs = worker_pool(key, args.block_size)  # started now, not during the first requests
+    await asyncio.get_running_loop().run_in_executor(procs, int)
 
     def tokenization(session):
         return Tokenization(hasher, writer.add, metrics, maxsize=args.tokenize_queue, session=session,
-                            tokenize_url=tok_url, tokenizer=tokenizer, image_hash=image_hash)
+                            tokenize_url=tok_url, tokenizer=tokenizer, image_hash=image_hash, procs=procs)
 
-    proxy = CaptureProxy(upstream, tokenization, metrics, t0_ns=t0, session_header=args.session_header)
+    proxy = CaptureProxy(upstream, tokenization, metrics, t0_ns=t0, session_header=args.session_header,
+                         poll_interval_s=args.poll_interval)
     stop = asyncio.Event()
     signals: list[str] = []
     await proxy.start()
-    runner = web.ServerRunner(proxy.server)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024)
     try:
-        await site.start()
+        bound = proxy.listen(host, port)
     except OSError as e:
         await proxy.close()
         raise StartError(f"--listen {args.listen}: cannot listen: {e.strerror or e}") from None
-    bound = runner.addresses[0][1] if runner.addresses else port
     admin = AdminServer(metrics.registry, ready=lambda: True, status=lambda: {
         "state": "draining" if stop.is_set() else "capturing", "in_flight": proxy.in_flight,
         "rows_written": writer.rows_written, "tokenize_backlog": proxy.tokenization.queue.qsize(),
-        "distinct_blocks": hasher.distinct_blocks})
+        "distinct_blocks": hasher.distinct_blocks, "reads_without_kernel_stamp": proxy.listener.unstamped})
     try:
         admin_url = await admin.start(args.admin_host, args.admin_port)
     except OSError as e:
-        await runner.cleanup()
         await proxy.close()
         raise StartError(f"--admin-port {args.admin_port}: cannot listen: {e.strerror or e}") from None
     admin_port = int(admin_url.rsplit(":", 1)[1])
@@ -202,18 +204,17 @@ async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, imag
 
     flush_task = asyncio.create_task(flusher())
     await stop.wait()
-    await site.stop()  # no new connections
+    proxy.stop_accepting()  # no new connections
     n = len(signals)
     deadline = loop.time() + args.drain_timeout
     while proxy.in_flight and len(signals) == n and loop.time() < deadline:
         await proxy.wait_idle(0.2)
     if proxy.in_flight:
         log.warning("stopping with %d request(s) still in flight (their rows are not written)", proxy.in_flight)
-    await proxy.close()  # tokenizes what is queued
+    await proxy.close()  # tokenizes what is queued, closes the connections
     flush_task.cancel()
-    await runner.cleanup()
     await admin.stop()
     await asyncio.get_running_loop().run_in_executor(None, writer.close)
-    print(f"replayer record: {writer.rows_written} rows in {args.out} ({hasher.distinct_blocks} distinct blocks)",
-          file=sys.stderr, flush=True)
+    print(f"replayer record: {writer.rows_written} rows in {args.out} ({hasher.distinct_blocks} distinct blocks; "
+          f"{proxy.listener.unstamped} reads without a kernel arrival stamp)", file=sys.stderr, flush=True)
     return 0

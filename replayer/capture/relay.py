@@ -1,14 +1,16 @@
 """The fast path of the capture proxy: an upstream HTTP/1.1 connection that relays a response's
-body to the client's transport from inside ``data_received``.
+body to the client's socket from inside ``data_received``.
 
 Why not aiohttp's client: each streamed chunk then costs a parser feed into a ``StreamReader``, a
 task wake-up, a ``StreamResponse.write`` and its framing in Python; on W1 (~12,000 one-token
 chunks/s at 10x) that made the proxy CPU-bound on a shared host and its queue grew to seconds.
 Here one ``asyncio.Protocol`` per upstream connection parses the response with llhttp
 (``httptools``, as ``replayer.client`` does) and, at the end of each read, writes the body bytes
-it held at once to the client's transport (one chunk frame; the body's bytes unchanged): no task
-switch, no per-event work. Stream pieces are only counted (C-speed ``bytes.count``) and the last
-few kept; the usage is decoded from that tail when the stream ends. Connections are kept alive.
+it held at once to the client's socket (``downstream.ClientConnection.write``: one chunk frame,
+the body's bytes unchanged): no task switch, no per-event work. Stream pieces are only handed to
+the usage tracker (``usage``: counted and the last few kept). Connections are kept alive. A
+response with neither a length nor chunks ends when the upstream closes; it goes to the client
+chunked.
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ class UpstreamGone(Exception):
 
 class Exchange:
     """One request's response as it comes: head (``head`` future: status, reason, headers),
-    then the body relayed to ``client`` (a transport, set once the client's head is written;
+    then the body relayed to ``client`` (a ``ClientConnection``, set once the client's head is written;
     pieces that come earlier wait in ``pending``), ``done`` when the message ends."""
 
     __slots__ = ("head", "done", "client", "pending", "chunked", "acc", "sse", "buf", "bytes_out",
-                 "client_gone", "status", "headers", "got_bytes", "conn")
+                 "client_gone", "status", "reason", "headers", "got_bytes", "conn", "until_close", "on_head", "on_end", "keep", "ended")
 
     def __init__(self, acc) -> None:
         self.conn: UpstreamConnection | None = None
@@ -48,13 +50,25 @@ class Exchange:
         self.bytes_out = 0
         self.client_gone = False
         self.status = 0
+        self.reason = b""
         self.headers: list[tuple[str, str]] = []
         self.got_bytes = False
+        self.until_close = False  # the body ends when the upstream closes
+        self.on_head = None  # called in the read that completed the response head (writes the client's)
+        self.keep = True  # the client's connection stays open after this response
+        self.on_end = None  # called when the client has the whole response (releases its connection)
+        self.ended = False
 
-    def start_relay(self, transport, chunked: bool) -> None:
-        """The client's response head is written: relay what came so far, then as it comes."""
+    def start_relay(self, client, chunked: bool) -> None:
+        """The client's response head is written: relay what came so far, then as it comes.
+        ``client``: a ``downstream.ClientConnection`` (its ``write``; backpressure pauses the
+        upstream connection)."""
         self.chunked = chunked
-        self.client = transport
+        self.client = client
+        conn = self.conn
+        if conn is not None and conn.transport is not None:
+            client.on_pause = conn.transport.pause_reading
+            client.on_resume = conn.transport.resume_reading
         self.flush()
 
     def body(self, b: bytes) -> None:
@@ -74,17 +88,42 @@ class Exchange:
             return
         b = self.pending[0] if len(self.pending) == 1 else b"".join(self.pending)
         self.pending.clear()
-        t = self.client
+        c = self.client
         if self.client_gone:
             return
-        if t.is_closing():  # the client left: stop the upstream too (the server stops generating)
-            self.client_gone = True
-            if not self.done.done():
-                self.done.set_result(None)
-            if self.conn is not None:
-                self.conn.abort()
+        if c.closed:
+            self.client_left()
             return
-        t.write(b"%x\r\n%b\r\n" % (len(b), b) if self.chunked else b)
+        c.write(b"%x\r\n%b\r\n" % (len(b), b) if self.chunked else b)
+
+    def end(self) -> None:
+        """The response's last byte came: write what is left, end the client's chunks, release
+        the client's connection (``on_end``), all in this read."""
+        self.flush()
+        c = self.client
+        if c is None or self.client_gone:
+            return
+        if c.closed:
+            self.client_left()
+            return
+        if self.chunked:
+            c.write(b"0\r\n\r\n")
+        self.ended = True
+        if self.on_end is not None:
+            self.on_end()
+
+    def client_left(self) -> None:
+        """The client went away: stop the upstream too (the server stops generating)."""
+        if self.client_gone:
+            return
+        self.client_gone = True
+        self.pending.clear()
+        for f in (self.head, self.done):
+            if not f.done():
+                f.set_exception(UpstreamGone("the client went away"))
+                f.exception()  # (retrieved: whoever waits checks client_gone)
+        if self.conn is not None and self.conn.ex is self:
+            self.conn.abort()
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -123,9 +162,22 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.closed = True
         self.pool.forget(self)
+        ex = self.ex
+        if ex is not None and ex.until_close and exc is None and ex.head.done():  # the body's end
+            self.ex = None
+            ex.end()
+            if not ex.done.done():
+                if ex.buf is not None and len(ex.buf) <= MAX_BODY_PARSE:
+                    ex.acc.on_body(bytes(ex.buf))
+                ex.done.set_result(None)
+            return
         self._fail(f"the upstream closed the connection{': ' + str(exc) if exc else ''}")
 
     # -- httptools callbacks ------------------------------------------------------------------
+    def on_status(self, reason: bytes) -> None:
+        if self.ex is not None:
+            self.ex.reason += reason
+
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.ex is not None:
             self.ex.headers.append((name.decode("latin-1"), value.decode("latin-1")))
@@ -135,12 +187,17 @@ class UpstreamConnection(asyncio.Protocol):
         if ex is None:
             return
         ex.status = self.parser.get_status_code()
+        names = {k.lower() for k, _ in ex.headers}
+        ex.until_close = ("content-length" not in names and "transfer-encoding" not in names
+                          and ex.status >= 200 and ex.status not in (204, 304))
         if ex.acc is not None:
             ctype = next((v for k, v in ex.headers if k.lower() == "content-type"), "")
             if "text/event-stream" in ctype:
                 ex.sse = True
             else:
                 ex.buf = bytearray()
+        if ex.on_head is not None:
+            ex.on_head()
         if not ex.head.done():
             ex.head.set_result(None)
 
@@ -152,7 +209,7 @@ class UpstreamConnection(asyncio.Protocol):
         ex, self.ex = self.ex, None
         self.reusable = self.parser.should_keep_alive()
         if ex is not None:
-            ex.flush()
+            ex.end()
         if ex is not None and not ex.done.done():
             if ex.buf is not None and len(ex.buf) <= MAX_BODY_PARSE:
                 ex.acc.on_body(bytes(ex.buf))
@@ -190,12 +247,19 @@ class UpstreamPool:
         self.connect_timeout_s = connect_timeout_s
         self.idle: list[UpstreamConnection] = []
 
-    async def acquire(self) -> tuple[UpstreamConnection, bool]:
-        """A connection and whether it was reused (a reused one may turn out closed: retry once)."""
+    def take_idle(self) -> UpstreamConnection | None:
+        """An idle keep-alive connection, or None (it may turn out closed: retry once, anew)."""
         while self.idle:
             c = self.idle.pop()
             if not c.closed and not c.transport.is_closing():
-                return c, True
+                return c
+        return None
+
+    async def acquire(self) -> tuple[UpstreamConnection, bool]:
+        """A connection and whether it was reused (a reused one may turn out closed: retry once)."""
+        c = self.take_idle()
+        if c is not None:
+            return c, True
         loop = asyncio.get_running_loop()
         _, proto = await asyncio.wait_for(loop.create_connection(lambda: UpstreamConnection(self), self.host, self.port,
                                                                  ssl=self.ssl), self.connect_timeout_s)
@@ -203,6 +267,8 @@ class UpstreamPool:
 
     def release(self, c: UpstreamConnection) -> None:
         if c.reusable and not c.closed:
+            if not c.transport.is_reading():  # (paused for a slow client as its response ended)
+                c.transport.resume_reading()
             self.idle.append(c)
         elif c.transport is not None:
             c.closed = True
