@@ -10,11 +10,16 @@ machine, and prints per run and per mode:
   p99 and mean (the server paces tokens every 10 ms, so ITL above 10 ms is delay on the way), the
   server-side dispatch error p99 (arrival at the server vs the trace: the proxy's delay shows there);
 * "added by the proxy" = the proxy runs' mean minus the direct runs' mean of each figure;
-* the proxy's CPU seconds per 1k requests (user + system of its process) and peak / end RSS.
+* the proxy's CPU seconds per 1k requests (user + system of its process) and peak / end RSS;
+* the replayer's own dispatch lag p99 (late sends are the client's or the host's, not the proxy's).
 
     .venv/bin/python bench/bench_capture.py [--pairs 2] [--work DIR] [--record-args "--poll-interval 0"]
+        [--modes direct,proxy,proxy-nopoll]
 
-The host is shared: also prints the load average and steal before and after each run.
+``--modes``: the runs of each round, in order: ``direct``, ``proxy`` (with ``--record-args``),
+``proxy-nopoll`` (the same with ``--poll-interval 0``: woken per streamed event).
+The host is shared: also prints per run the load average, steal, and the CPU seconds the harness
+saw the whole machine and other processes (``foreign``) use.
 """
 
 from __future__ import annotations
@@ -34,14 +39,17 @@ def steal_ticks() -> int:
         return int(f.readline().split()[8])
 
 
-def one_run(mode: str, work: str, record_args: str = "") -> dict:
+def one_run(mode: str, work: str, record_args: str = "", extra_env: dict | None = None) -> dict:
     import socket
 
     with socket.socket() as sk:  # a free port for the harness server (another run may hold 9100)
         sk.bind(("127.0.0.1", 0))
         port = sk.getsockname()[1]
-    env = {**os.environ, "TOOL": "record" if mode == "proxy" else "replayer", "PORT": str(port),
-           "RECORD_ARGS": record_args}
+    proxy = mode != "direct"
+    if mode == "proxy-nopoll":
+        record_args = f"{record_args} --poll-interval 0"
+    env = {**os.environ, "TOOL": "record" if proxy else "replayer", "PORT": str(port), "RECORD_ARGS": record_args,
+           **(extra_env or {})}
     load0, st0 = os.getloadavg()[0], steal_ticks()
     subprocess.run(["bash", os.path.join(ROOT, "bench/fidelity/run.sh"), "W1", work], env=env, check=True,
                    stdout=subprocess.DEVNULL)
@@ -49,6 +57,7 @@ def one_run(mode: str, work: str, record_args: str = "") -> dict:
     run = os.path.join(work, f"run_w1_{env['TOOL']}")
     score = json.load(open(os.path.join(run, "score.json")))
     summary = json.load(open(os.path.join(run, "tool", "results", "summary.json")))
+    cost = json.load(open(os.path.join(run, "client_cost.json")))
     out = {
         "mode": mode,
         "ttft_p99_ms": summary["p99_ttft_ms"],
@@ -59,8 +68,11 @@ def one_run(mode: str, work: str, record_args: str = "") -> dict:
         "completed": summary["completed"],
         "load_avg": f"{load0:.1f}->{load1:.1f}",
         "steal_s": (st1 - st0) / os.sysconf("SC_CLK_TCK"),
+        "replayer_dispatch_lag_p99_ms": summary.get("dispatch_lag_p99_ms"),
+        "machine_busy_cpu_s": cost.get("machine_busy_cpu_s"), "foreign_cpu_s": cost.get("foreign_cpu_s"),
+        "wall_s": cost.get("wall_s"),
     }
-    if mode == "proxy":
+    if proxy:
         p = json.load(open(os.path.join(run, "tool", "proxy.json")))
         out.update(record_args=record_args, proxy_cpu_s_per_1k=p["proxy_cpu_s"] / summary["completed"] * 1000,
                    proxy_peak_rss_mb=p["proxy_peak_rss_mb"], proxy_end_rss_mb=p["proxy_end_rss_mb"],
@@ -73,11 +85,13 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=2, help="direct + proxy pairs [default: 2]")
     ap.add_argument("--work", default=None, help="work folder [default: a new temporary one]")
     ap.add_argument("--record-args", default="", help="options for `replayer record` (e.g. \"--poll-interval 0\")")
+    ap.add_argument("--modes", default="direct,proxy", help="runs of each round [default: direct,proxy]")
     args = ap.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="bench-capture-")
     runs = []
+    modes = args.modes.split(",")
     for _i in range(args.pairs):
-        for mode in ("direct", "proxy"):
+        for mode in modes:
             r = one_run(mode, work, args.record_args)
             runs.append(r)
             print(json.dumps(r), flush=True)
@@ -87,11 +101,12 @@ def main() -> int:
         v = [r[k] for r in runs if r["mode"] == mode and r.get(k) is not None]
         return sum(v) / len(v) if v else float("nan")
 
-    print("\nadded by the proxy (mean of proxy runs - mean of direct runs), ms:")
-    for k in keys:
-        print(f"  {k:18s} direct {mean('direct', k):8.2f}  proxy {mean('proxy', k):8.2f}  "
-              f"added {mean('proxy', k) - mean('direct', k):+8.2f}")
-    px = [r for r in runs if r["mode"] == "proxy"]
+    for pm in [m for m in modes if m != "direct"]:
+        print(f"\nadded by {pm} (mean of its runs - mean of direct runs), ms:")
+        for k in keys:
+            print(f"  {k:18s} direct {mean('direct', k):8.2f}  {pm} {mean(pm, k):8.2f}  "
+                  f"added {mean(pm, k) - mean('direct', k):+8.2f}")
+    px = [r for r in runs if r["mode"] != "direct"]
     print("proxy CPU s per 1k requests: " + ", ".join(f"{r['proxy_cpu_s_per_1k']:.2f}" for r in px))
     print("proxy peak RSS MB: " + ", ".join(f"{r['proxy_peak_rss_mb']:.0f}" for r in px)
           + "; at the end: " + ", ".join(f"{r['proxy_end_rss_mb']:.0f}" for r in px))

@@ -6,7 +6,8 @@ arrived, not when a busy event loop got to it. Each client socket has ``SO_TIMES
 read with ``recvmsg``: the kernel's receive time of the data comes with it (on loopback, taken
 during the sender's own write). The first read of each new request is at most ``HEAD_READ``
 bytes, so its stamp is that of the request's first segment (Linux returns the stamp of the last
-segment a read consumed). The stamp is on the wall clock; it is moved to the monotonic clock
+segment a read consumed; a client that writes the head and the body apart, as replayer's
+launcher does, sends them in two segments, the body maybe much later if the host stalled it). The stamp is on the wall clock; it is moved to the monotonic clock
 (``time.perf_counter_ns``) with the two clocks' offset sampled at the read. A loop that falls
 behind now only delays the forwarding, not the stamp.
 
@@ -31,10 +32,39 @@ import httptools
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 _TS = struct.Struct("qq")
-HEAD_READ = 1024  # first read of a new request: its first segment's stamp
+HEAD_READ = 64  # first read of a new request: within its first segment, so the stamp is that segment's
 READ = 256 * 1024
 WRITE_HIGH = 1 << 20  # bytes waiting for a client before its producer is paused
 WRITE_LOW = 1 << 18
+
+
+class _ClockOffset:
+    """Wall clock minus monotonic clock, from a tight sample (monotonic, wall, monotonic less than
+    ``TIGHT_NS`` apart: not preempted in between, which on a busy host can take tens of ms) taken
+    again every ``REFRESH_NS``; the two clocks drift apart by parts per million at most."""
+
+    TIGHT_NS = 20_000
+    REFRESH_NS = 1_000_000_000
+
+    def __init__(self) -> None:
+        self.offset = 0
+        self.taken = -self.REFRESH_NS
+        self.get()
+
+    def get(self) -> int:
+        now = time.perf_counter_ns()
+        if now - self.taken >= self.REFRESH_NS:
+            for _ in range(5):
+                a = time.perf_counter_ns()
+                w = time.time_ns()
+                b = time.perf_counter_ns()
+                if b - a <= self.TIGHT_NS:
+                    self.offset, self.taken = w - (a + b) // 2, b
+                    break
+        return self.offset
+
+
+_CLOCKS = _ClockOffset()
 
 
 def kernel_stamp_ns(ancdata) -> int | None:
@@ -42,7 +72,7 @@ def kernel_stamp_ns(ancdata) -> int | None:
     for level, typ, data in ancdata:
         if level == socket.SOL_SOCKET and typ == SO_TIMESTAMPNS and len(data) >= 16:
             sec, nsec = _TS.unpack_from(data)
-            return sec * 1_000_000_000 + nsec - (time.time_ns() - time.perf_counter_ns())
+            return sec * 1_000_000_000 + nsec - _CLOCKS.get()
     return None
 
 
