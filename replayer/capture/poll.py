@@ -16,6 +16,9 @@ request ends it at once: only the streamed events wait. With fewer requests in f
 blocks and wakes on each event as usual.
 
 Arrival stamps do not depend on it (the kernel stamps requests as they arrive: ``downstream``).
+Off by default (``replayer record --poll-interval``): on the saturated shared 2-core host where it
+was measured (W1, ``bench/bench_capture.py``), neither its CPU per request nor the latency it adds
+differed clearly from waking per event (README, *The capture proxy's cost*).
 """
 
 from __future__ import annotations

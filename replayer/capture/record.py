@@ -56,10 +56,10 @@ def add_record_parser(sub) -> None:
     p.add_argument("--tokenize-queue", type=int, default=10_000, metavar="N",
                    help="finished requests that may wait for tokenization; past it rows are written "
                         "without hash ids [default: 4096]")
-    p.add_argument("--poll-interval", type=float, default=0.0005, metavar="S",
+    p.add_argument("--poll-interval", type=float, default=0.0, metavar="S",
                    help="while 8 or more requests are in flight, read and forward in turns S seconds apart "
-                        "instead of waking for every streamed event (each event waits at most S; far less CPU "
-                        "per event); 0 = always wake per event [default: 0.0005]")
+                        "instead of waking for every streamed event (each event waits at most S; fewer process "
+                        "wake-ups per event); 0 = wake per event [default: 0]")
     p.add_argument("--drain-timeout", type=float, default=60.0, metavar="S",
                    help="on SIGTERM/SIGINT, wait S seconds for requests in flight [default: 60]")
 
