@@ -157,6 +157,9 @@ def test_status_and_metrics_report_the_results_folder(tmp_path, sim_process):
         status, seen = None, []
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and p.poll() is None:
+            # (looked at before /status is read: a status read after a removal has begun; the
+            # status is as of the last flush, so only the later ones after it count)
+            removed = (res / retention.REMOVED).exists()
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2) as r:
                     status = json.loads(r.read())
@@ -165,17 +168,16 @@ def test_status_and_metrics_report_the_results_folder(tmp_path, sim_process):
             except OSError:
                 time.sleep(0.2)
                 continue
-            removed = (res / retention.REMOVED).exists()
             if status["results_bytes"] is not None and status["results_oldest_timestamp_s"] is not None:
-                seen.append((status, metrics))
-                if removed and len(seen) > 3:
+                seen.append((status, metrics, removed))
+                if sum(r for *_, r in seen) > 3:
                     break
             time.sleep(0.2)
     finally:
         p.terminate()
         _, err = p.communicate(timeout=60)
     assert seen, err[-2000:]
-    status, metrics = seen[-1]
+    status, metrics, _ = seen[-1]
     assert 0 < status["results_bytes"] < 10**7
     assert abs(status["results_oldest_timestamp_s"] - time.time()) < 600
     assert f"replayer_results_bytes {float(status['results_bytes'])}" in metrics or "replayer_results_bytes " in metrics
