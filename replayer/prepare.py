@@ -46,6 +46,7 @@ from .prompts import (DEFAULT_VOCAB_RANGE, PromptBuilder, TextPromptBuilder, sal
                       vocab_from_tokenizer)
 from .result import RequestResult
 from .schedule import ScheduleBatch, Timeline
+from .textprefetch import TextPrefetch
 
 ANSWER_SALT = 0xA5A5_0A5A_5A5A_A5A5
 HISTORY_TOKENS = 32_000_000  # bound of the prefix-growth histories (int32 ids: 128 MB)
@@ -194,6 +195,7 @@ class RequestFactory:
         self._image_src: ImageParts | None = None  # built on the first image
         self._image_rule = None
         self._prefetch: ImagePrefetch | None = None
+        self._text_prefetch: TextPrefetch | None = None  # started by the first text row
 
     # -- the request --------------------------------------------------------------------------
     def prepare(self, sb: ScheduleBatch, j: int) -> PreparedRequest:
@@ -237,10 +239,10 @@ class RequestFactory:
                 if kind != CHAT:
                     raise ValueError(f"row {req.row}: images need the chat API (--endpoint /v1/chat/completions "
                                      f"--tokenizer PATH); {kind} takes no images")
-                text = self._text(sb.loop).prompt_text(hash_ids, n_in)
+                text = self._prompt_text(sb, j, hash_ids, n_in)
                 req.body = payload.image_body(text, self._image_parts(req, sb, j, t, i), n_out)
             elif kind == CHAT or self.text_mode:
-                text = self._text(sb.loop).prompt_text(hash_ids, n_in)
+                text = self._prompt_text(sb, j, hash_ids, n_in)
                 req.body = payload.text_body(text, n_out, chat=kind == CHAT)
             else:
                 req.body = payload.body(self.prompts.for_loop(sb.loop).prompt_json(hash_ids, n_in), n_out)
@@ -314,6 +316,27 @@ class RequestFactory:
         req.expected_image_tokens = trace_tokens if trace_tokens is not None else (
             expected if self._image_rule is not None else None)
         return parts
+
+    def _prompt_text(self, sb: ScheduleBatch, j: int, hash_ids, n_in: int) -> str:
+        """The prompt text of item ``j``: decoded ahead by ``textprefetch``'s child, else now."""
+        text = self._text(sb.loop)
+        if self._text_prefetch is None:
+            p = self.prompts
+            self._text_prefetch = TextPrefetch(p.tokenizer, p.block_size, p.vocab, self._text_item)
+        self._text_prefetch.at(sb, j, text.builder.seed)
+        got = self._text_prefetch.take(sb, j)
+        return got if got is not None else text.prompt_text(hash_ids, n_in)
+
+    def _text_item(self, sb: ScheduleBatch, k: int):
+        """(hash ids, input_length) of item ``k`` when ``prepare`` sends it as text decoded in one
+        piece (chat, text mode; not pooling or prefix growth), else None. Run by the prefetch thread."""
+        t = sb.batch
+        i = int(sb.idx[k])
+        path = _col(t, "endpoint", i)
+        kind = endpoint_kind(path) if path else self.default_endpoint
+        if kind in POOLING or _grows(t, kind, _col(t, "session_id", i)) or not (kind == CHAT or self.text_mode):
+            return None
+        return t.hash_ids(i), int(t.input_length[i])
 
     def _text(self, loop: int) -> TextPromptBuilder:
         if not self.prompts.tokenizer:

@@ -64,3 +64,75 @@ def test_text_mode_replay_reports_no_drift_with_an_exact_tokenizer(tmp_path, moo
     assert s["prompt_token_drift_total"] == 0 and s["prompt_token_mismatches"] == 0
     got = [orjson.loads(line) for line in received.read_text().splitlines()]
     assert all(isinstance(g["prompt"], str) for g in got)
+
+
+def _text_trace(tmp_path, n=6):
+    from replayer.trace import read_trace
+
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(json.dumps({"timestamp": k, "input_length": 700 + k, "output_length": 3,
+                                     "hash_ids": [k % 2, 100 + k]}) + "\n" for k in range(n)))
+    return read_trace(p)
+
+
+def _batch(t, n):
+    import numpy as np
+
+    from replayer.schedule import ScheduleBatch
+
+    return ScheduleBatch(loop=0, batch=t, idx=np.arange(n), trace_ns=np.zeros(n, np.int64), rows=np.arange(n),
+                         first_index=0)
+
+
+def _wait(cond):
+    import time
+
+    deadline = time.monotonic() + 60  # a bound for a slow machine, not a timing assertion
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def test_text_prefetch_decodes_upcoming_rows_in_a_child_to_the_same_text(tmp_path):
+    from replayer.textprefetch import TextPrefetch
+
+    tpath = word_tokenizer(tmp_path / "tokenizer.json")
+    vocab = vocab_from_tokenizer(tpath)
+    text = TextPromptBuilder(PromptBuilder(seed=3, vocab=vocab), tpath)
+    t = _text_trace(tmp_path)
+    sb = _batch(t, 6)
+
+    def wants(sb, k):  # item 2 is not a text row
+        return None if k == 2 else (sb.batch.hash_ids(k), int(sb.batch.input_length[k]))
+
+    pre = TextPrefetch(tpath, 512, vocab, wants, lookahead_rows=3)
+    pre.at(sb, 0, 3)
+    _wait(lambda: pre.decoded >= 2)
+    assert pre.decoded == 2                                 # items 1 and 3: at most 3 ahead, 2 skipped
+    assert pre.take(sb, 0) is None
+    got = pre.take(sb, 1)
+    assert got == text.prompt_text(t.hash_ids(1), 701) and len(got.split()) == 701
+    assert pre.take(sb, 1) is None and pre.take(sb, 2) is None  # taken once; 2 never decoded
+    pre.at(sb, 4, 3)                                        # item 3 prepared without it: dropped
+    _wait(lambda: pre.decoded >= 3)
+    assert pre.take(sb, 5) == text.prompt_text(t.hash_ids(5), 705)
+    assert pre.taken == 2 and not pre._texts
+
+
+def test_prepared_text_bodies_are_the_same_with_the_prefetch(tmp_path):
+    from replayer.prepare import Prompts, RequestFactory
+    from replayer.schedule import Timeline
+
+    tpath = word_tokenizer(tmp_path / "tokenizer.json")
+    t = _text_trace(tmp_path, 8)
+    sb = _batch(t, 8)
+    factory = RequestFactory(Prompts(512, seed=9, tokenizer=tpath), PayloadBuilder("m", chat=True),
+                             Timeline(1.0), endpoint="/v1/chat/completions")
+    first = factory.prepare(sb, 0)                          # starts the prefetch (decoded here)
+    pre = factory._text_prefetch
+    _wait(lambda: pre.decoded >= 7)
+    bodies = [first.body] + [factory.prepare(sb, j).body for j in range(1, 8)]
+    assert pre.taken == 7
+    inline = Prompts(512, seed=9, tokenizer=tpath).text_for_loop(0)
+    for j, body in enumerate(bodies):
+        content = orjson.loads(body)["messages"][0]["content"]
+        assert content == inline.prompt_text(t.hash_ids(j), 700 + j)
