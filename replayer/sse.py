@@ -304,7 +304,8 @@ class StreamAccumulator:
     * ``first_token_ns`` / ``last_token_ns`` (int ns | None): the TTFT and E2E event times;
     * ``prompt_tokens`` / ``completion_tokens`` / ``total_tokens`` (int | None) from the last
       non-null usage object; ``image_tokens`` (int | None) its
-      ``prompt_tokens_details.image_tokens`` (None when the server did not report it);
+      ``prompt_tokens_details.image_tokens`` (SGLang) or ``.multimodal_tokens.image`` (vLLM 0.32,
+      with ``--enable-prompt-tokens-details``; None when the server reported neither);
       ``usage_seen``; ``output_tokens`` (int | None: completion_tokens; None without usage);
       ``output_tokens_estimate`` (int: tokens counted per event, an estimate for a stream
       without usage); ``n_chunks`` (choice events); ``finish_reason``; ``done_seen``;
@@ -431,7 +432,9 @@ class StreamAccumulator:
                     self.prompt_tokens = pt
                     details = usage.get("prompt_tokens_details")
                     if type(details) is dict:
-                        it = details.get("image_tokens")
+                        it = details.get("image_tokens")  # SGLang; vLLM: multimodal_tokens.image
+                        if it is None and type(mm := details.get("multimodal_tokens")) is dict:
+                            it = mm.get("image")
                         if type(it) is int:
                             self.image_tokens = it
                 tt = usage.get("total_tokens")

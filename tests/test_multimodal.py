@@ -171,6 +171,11 @@ def test_b35_usage_with_and_without_details():
     assert (u1.prompt_tokens, u1.image_tokens) == (542, 512)
     assert (u2.prompt_tokens, u2.image_tokens) == (542, None)   # unknown, not 0 and not 542
     assert (u3.prompt_tokens, u3.image_tokens) == (None, None)
+    # vLLM 0.32 reports the placeholder tokens per modality instead
+    vllm = _accumulate(U1.replace(b'"image_tokens":512', b'"multimodal_tokens":{"image":512}'))
+    assert (vllm.prompt_tokens, vllm.image_tokens) == (542, 512)
+    text_only = _accumulate(U1.replace(b'"image_tokens":512', b'"multimodal_tokens":null,"cached_tokens":0'))
+    assert text_only.image_tokens is None
     # the client's estimate: 30 text tokens + one placeholder per image = 32 (fixed:1 per image)
     s1 = summarize(to_table([_b35_result(u1, 2)]))
     assert s1["total_input_tokens"] == 542 and s1["image_tokens_server"] == 512
