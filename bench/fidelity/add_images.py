@@ -5,9 +5,9 @@ slice.truth.jsonl, which is left alone) a synthetic image column, seeded: 40 % o
 45 % one, 15 % two; ids drawn from a pool of 500 with Zipf-like weights (so images repeat, as in
 ServeGen's image captioning trace), each id with one size of 512x512, 1024x768, 1024x1024. Writes
 SLICE/tokenizer.json, a word-level tokenizer (30,000 single-token words) that the harness server's
-whitespace count reproduces exactly, for chat text (decoding is still ~19 ms for W1's mean 14k-token
-prompt on this host: text mode's own cost, on the event loop, the same in W1chat and W1mm). ``--no-images`` writes the tokenizer only
-(the text-chat baseline).
+whitespace count reproduces exactly, for chat text (decoded ahead in replayer's text-prefetch child
+process, the same in W1chat and W1mm). ``--no-images`` writes the tokenizer only (the text-chat
+baseline).
 Run with replayer's venv: ``.venv/bin/python bench/fidelity/add_images.py SLICE [--no-images]``.
 """
 
