@@ -6,9 +6,9 @@ different one everywhere else. The pixels come from a keyed BLAKE2b of (seed, id
 PCG64's raw 64-bit stream (a fixed algorithm, the same on every machine), laid out as a mosaic of
 16-pixel tiles of random colours plus a diagonal colour ramp of random slopes (wrapping mod 256):
 structure at two scales that an encoder cannot collapse (not a flat colour), cheap to build with
-numpy, and quick for PNG to encode (its filters predict a ramp).
+numpy, and quick to encode as PNG (its Sub filter turns a ramp into a constant).
 PNG is lossless, so its pixels are the same wherever it is decoded; the encoded bytes are those of
-the Pillow build (its bundled zlib / libjpeg), the same across processes of one installation.
+the installation's zlib (PNG) or Pillow's libjpeg (JPEG), the same across its processes.
 
 ``ImageParts`` keeps each image as the JSON text of its chat content part
 (``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``) in an LRU bounded
@@ -20,7 +20,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import struct
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -53,18 +55,39 @@ def image_pixels(seed: int, image_id: str, width: int, height: int) -> np.ndarra
     return mosaic
 
 
+def _png_chunk(tag: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + tag + body + struct.pack(">I", zlib.crc32(tag + body))
+
+
+def encode_png(pixels: np.ndarray) -> bytes:
+    """PNG bytes of RGB ``pixels`` (8-bit, not interlaced): every row with PNG's Sub filter (each
+    byte minus the same channel of the pixel to its left, mod 256), deflated at zlib level 1.
+
+    Written here rather than by Pillow, whose encoder tries every filter on every row: for these
+    images (tiles plus a ramp) Sub is the right filter anyway (a ramp's rows become a constant and
+    the rows of a tile row become nearly equal), and the whole encoding costs ~4x less (a 1024x1024
+    image: ~15 ms rather than ~60; ~70 KB rather than ~34 KB). Lossless: any decoder gives back
+    ``pixels`` exactly."""
+    h, w, _ = pixels.shape
+    flat = pixels.reshape(h, w * 3)
+    raw = np.empty((h, 1 + w * 3), np.uint8)
+    raw[:, 0] = 1  # filter type Sub
+    raw[:, 1:4] = flat[:, :3]
+    np.subtract(flat[:, 3:], flat[:, :-3], out=raw[:, 4:])  # uint8: wraps mod 256, as PNG's Sub
+    return b"".join((b"\x89PNG\r\n\x1a\n", _png_chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)),
+                     _png_chunk(b"IDAT", zlib.compress(raw, 1)), _png_chunk(b"IEND", b"")))
+
+
 def encode_image(pixels: np.ndarray, fmt: str) -> bytes:
-    """PNG (zlib level 1: fast; lossless) or JPEG (quality 90) bytes of ``pixels``."""
+    """PNG (``encode_png``: lossless) or JPEG (Pillow, quality 90) bytes of ``pixels``."""
+    if fmt == "png":
+        return encode_png(pixels)
+    if fmt != "jpeg":
+        raise ValueError(f"image format {fmt!r}: expected one of {', '.join(FORMATS)}")
     from PIL import Image
 
     buf = io.BytesIO()
-    img = Image.fromarray(pixels, "RGB")
-    if fmt == "png":
-        img.save(buf, format="PNG", compress_level=1)
-    elif fmt == "jpeg":
-        img.save(buf, format="JPEG", quality=90)
-    else:
-        raise ValueError(f"image format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    Image.fromarray(pixels, "RGB").save(buf, format="JPEG", quality=90)
     return buf.getvalue()
 
 

@@ -52,6 +52,8 @@ def test_images_have_structure_and_decode_to_their_size():
     with Image.open(io.BytesIO(image_bytes(0, "a", 320, 200, "png"))) as im:
         assert im.size == (320, 200)
         assert np.array_equal(np.asarray(im.convert("RGB")), px)  # PNG: lossless
+    with Image.open(io.BytesIO(image_bytes(0, "c", 97, 1, "png"))) as im:  # odd sizes, one row
+        assert np.array_equal(np.asarray(im.convert("RGB")), image_pixels(0, "c", 97, 1))
 
 
 def test_image_cache_is_bounded_and_counts_hits():
