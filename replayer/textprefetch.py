@@ -6,7 +6,7 @@ that (a Mooncake prompt of 14k tokens: ~10-20 ms; ~4x more with a WordPiece deco
 loop, inside the lead window, every decode delays the sends due meanwhile; a thread would hold the
 GIL while it converts the ids. So when preparation reaches a schedule batch, a thread walks the
 rows after the one being prepared (at most ``LOOKAHEAD_ROWS`` ahead) and has a spawned child
-process decode each row that needs text, one at a time; the thread itself only waits. Preparation
+process decode the rows that need text, in batches; the thread itself only waits. Preparation
 takes a row's text when it comes to it (waiting if the child is on that row now), or decodes it
 itself when the thread has not reached it (the first rows, a burst, a broken child): the same text
 either way, since the child runs the same builder on the same seed, vocabulary, ids and tokenizer.
@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 #: rows of the schedule the thread may run ahead of preparation (texts held: at most this many)
 LOOKAHEAD_ROWS = 256
+#: most rows decoded by one call to the child
+MAX_BATCH = 16
 #: the thread ends after this long without preparation moving (the next text row starts it again)
 IDLE_EXIT_S = 10.0
 
@@ -45,12 +47,13 @@ def _init(tokenizer: str, block_size: int, vocab: np.ndarray) -> None:
     _setup = (tokenizer, block_size, vocab)
 
 
-def decode_prompt(seed: int, hash_ids: np.ndarray, input_length: int) -> str:
-    """The prompt text of (seed, hash ids, input_length), as ``TextPromptBuilder.prompt_text``
-    makes it in the parent (run in the child, set up by ``_init``)."""
+def decode_prompts(seed: int, rows: list[tuple[np.ndarray, int]]) -> list[str | Exception]:
+    """The prompt texts of rows (hash ids, input_length) under prompt seed ``seed``, as
+    ``TextPromptBuilder.prompt_text`` makes them in the parent; a row's error is its item (run in
+    the child, set up by ``_init``)."""
     from .prompts import PromptBuilder, TextPromptBuilder
 
-    assert _setup is not None, "decode_prompt runs in a child set up by _init"
+    assert _setup is not None, "decode_prompts runs in a child set up by _init"
     tb = _builders.get(seed)
     if tb is None:
         if len(_builders) >= 2:  # --loop-salt: a seed per loop; the last ones are the live ones
@@ -58,8 +61,13 @@ def decode_prompt(seed: int, hash_ids: np.ndarray, input_length: int) -> str:
         tokenizer, block_size, vocab = _setup
         tb = _builders[seed] = TextPromptBuilder(PromptBuilder(seed=seed, block_size=block_size, vocab=vocab),
                                                  tokenizer)
-    text: str = tb.prompt_text(hash_ids.tolist(), input_length)
-    return text
+    out: list[str | Exception] = []
+    for hash_ids, input_length in rows:
+        try:
+            out.append(tb.prompt_text(hash_ids.tolist(), input_length))
+        except Exception as e:
+            out.append(e)
+    return out
 
 
 # -- in the replaying process ----------------------------------------------------------------
@@ -121,36 +129,50 @@ class TextPrefetch:
                     if self._serial != serial:  # preparation moved to another batch: follow it
                         serial, k = self._serial, self._pos + 1
                     k = max(k, self._pos + 1)
-                    sb, seed = self._sb, self._seed
-                    if k < len(sb) and k <= self._pos + self.lookahead:
+                    sb, seed, pos = self._sb, self._seed, self._pos
+                    if k < len(sb) and k <= pos + self.lookahead:
                         break
                     if not self._cond.wait(IDLE_EXIT_S):  # nothing prepared for a while: end (at() restarts it)
                         self._stop()
                         return
-            try:
-                work = self.wants(sb, k)
-            except Exception:  # preparation meets the same row and says what is wrong with it
-                log.debug("text prefetch skipped item %s", k, exc_info=True)
-                work = None
-            if work is not None:
-                fut: Future = Future()
-                with self._cond:
-                    if self._serial != serial:
-                        continue
-                    self._texts[k] = fut
+            # the rows up to a batch: one child call per batch (each call costs the parent a few
+            # GIL hand-overs, each up to the 5 ms switch interval while the loop is busy); small
+            # while preparation is close behind, so the next row it needs comes back soon
+            size = max(1, min(MAX_BATCH, (k - pos) // 4))
+            batch: list[tuple[int, tuple[np.ndarray, int]]] = []
+            while len(batch) < size and k < len(sb) and k <= pos + self.lookahead:
                 try:
-                    fut.set_result(self._decode(seed, *work))
+                    work = self.wants(sb, k)
+                except Exception:  # preparation meets the same row and says what is wrong with it
+                    log.debug("text prefetch skipped item %s", k, exc_info=True)
+                    work = None
+                if work is not None:
+                    batch.append((k, work))
+                k += 1
+            if not batch:
+                continue
+            futs: list[Future] = [Future() for _ in batch]
+            with self._cond:
+                if self._serial != serial:
+                    continue
+                for (item, _), fut in zip(batch, futs):
+                    self._texts[item] = fut
+            try:
+                texts = self._decode(seed, [w for _, w in batch])
+            except BrokenExecutor as e:  # the child died (killed, out of memory): no more prefetching
+                for fut in futs:
+                    fut.set_exception(e)
+                log.warning("text prefetch stopped (texts are decoded in preparation): %r", e)
+                with self._cond:
+                    self._broken = True
+                    self._stop()
+                return
+            for fut, text in zip(futs, texts):
+                if isinstance(text, Exception):  # this row's own problem (preparation raises it again)
+                    fut.set_exception(text)
+                else:
+                    fut.set_result(text)
                     self.decoded += 1
-                except BrokenExecutor as e:  # the child died (killed, out of memory): no more prefetching
-                    fut.set_exception(e)
-                    log.warning("text prefetch stopped (texts are decoded in preparation): %r", e)
-                    with self._cond:
-                        self._broken = True
-                        self._stop()
-                    return
-                except Exception as e:  # this row's own problem (preparation raises it again)
-                    fut.set_exception(e)
-            k += 1
 
     def _stop(self) -> None:
         self._thread = None
@@ -158,9 +180,10 @@ class TextPrefetch:
             self._pool.shutdown(wait=False)
             self._pool = None
 
-    def _decode(self, seed: int, hash_ids: np.ndarray, input_length: int) -> str:
+    def _decode(self, seed: int, rows: list[tuple[np.ndarray, int]]) -> list[str | Exception]:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_init,
                                              initargs=(self.tokenizer, self.block_size, self.vocab))
-        text: str = self._pool.submit(decode_prompt, seed, np.array(hash_ids), input_length).result()
-        return text
+        rows = [(np.array(h), n) for h, n in rows]
+        texts: list[str | Exception] = self._pool.submit(decode_prompts, seed, rows).result()
+        return texts
