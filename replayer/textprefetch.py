@@ -7,8 +7,8 @@ loop, inside the lead window, every decode delays the sends due meanwhile; a thr
 GIL while it converts the ids. So when preparation reaches a schedule batch, a thread walks the
 rows after the one being prepared (at most ``LOOKAHEAD_ROWS`` ahead) and has a spawned child
 process decode the rows that need text, in batches; the thread itself only waits. Preparation
-takes a row's text when it comes to it (waiting if the child is on that row now), or decodes it
-itself when the thread has not reached it (the first rows, a burst, a broken child): the same text
+takes a row's text when it comes to it, or decodes it itself when the child has not finished it
+(the first rows, a burst, a child starved of CPU, a broken child: never waiting for it): the same text
 either way, since the child runs the same builder on the same seed, vocabulary, ids and tokenizer.
 """
 
@@ -73,8 +73,8 @@ def decode_prompts(seed: int, rows: list[tuple[np.ndarray, int]]) -> list[str | 
 # -- in the replaying process ----------------------------------------------------------------
 class TextPrefetch:
     """``at(sb, j, seed)``: preparation is at item ``j`` of schedule batch ``sb`` (prompt seed
-    ``seed``); ``take(sb, j)``: item ``j``'s text if decoded ahead (or being decoded: waits for
-    it), else None. ``decoded``: texts the child made; ``taken``: texts preparation used."""
+    ``seed``); ``take(sb, j)``: item ``j``'s text if decoded ahead, else None (also while the child
+    is still on it). ``decoded``: texts the child made; ``taken``: texts preparation used."""
 
     def __init__(self, tokenizer: str, block_size: int, vocab: np.ndarray, wants: Wants,
                  lookahead_rows: int = LOOKAHEAD_ROWS) -> None:
@@ -112,8 +112,8 @@ class TextPrefetch:
             while texts and next(iter(texts)) < j:  # rows prepared without it (or never text rows)
                 texts.popitem(last=False)
             fut = texts.pop(j, None)
-        if fut is None:
-            return None
+        if fut is None or not fut.done():  # not there yet: decoding it now beats waiting for a child
+            return None                    # that shares the cores (the loop would block meanwhile)
         try:
             text: str = fut.result()
         except Exception:  # decoded again in preparation, where a real problem shows

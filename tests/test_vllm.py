@@ -192,3 +192,58 @@ def test_embeddings_batches_against_real_vllm_pooling_runner(tmp_path):
         assert r["endpoint"] == "/v1/embeddings" and r["n_documents"] == 3
         assert r["prompt_tokens"] == r["input_length"] and r["usage_audit"] == "ok" and r["e2e_ms"] > 0
     print(json.dumps({"usage_audit": s["usage_audit"], "e2el_ms": s["endpoints"]["/v1/embeddings"]["e2el_ms"]}))
+
+
+VLM_URL = os.environ.get("REPLAYER_VLLM_VLM_URL", "http://127.0.0.1:8002")
+VLM_MODEL = os.environ.get("REPLAYER_VLLM_VLM_MODEL", os.path.join(
+    os.environ.get("VLM_DIR", os.path.join(os.environ.get("VLLM_WORKDIR", ".vllm-cpu"), "vlm")), "tiny-qwen2-vl"))
+
+
+def _vlm_up() -> bool:
+    try:
+        with urllib.request.urlopen(VLM_URL + "/v1/models", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _vlm_up(), reason="no multimodal vLLM at $REPLAYER_VLLM_VLM_URL "
+                    "(tests/vlm_target/vlm_target.sh install, then start)")
+def test_images_against_real_vllm_qwen2_vl(tmp_path):
+    """Issue 22: chat requests with images on a real vLLM serving a tiny random-weight Qwen2-VL.
+    The server's prompt tokens include the image tokens, which it reports per request
+    (``multimodal_tokens.image``) and which equal replayer's ``qwen2-vl`` rule; repeated image
+    ids hit its multimodal cache, and a repeated prompt with its image hits its prefix cache."""
+    from replayer.image_tokens import qwen2_vl_tokens
+
+    rows = [(7, ["a"]), (8, ["b"]), (7, ["a"]), (9, ["a", "b"]), (10, ["c"]), (11, ["b"])]
+    sizes = {"a": "224x224", "b": "448x336", "c": "336x336"}
+    trace = tmp_path / "mm.jsonl"
+    with open(trace, "w") as f:
+        for k, (h, ids) in enumerate(rows):
+            f.write(json.dumps({"timestamp": 1500 * k, "input_length": 200, "output_length": 8, "hash_ids": [h],
+                                "image_ids": ids, "image_sizes": [sizes[i] for i in ids]}) + "\n")
+    res = tmp_path / "res"
+    p = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace), "--target", VLM_URL,
+                        "--model", "tiny-qwen2-vl", "--endpoint", "/v1/chat/completions", "--prompt-mode", "text",
+                        "--tokenizer", VLM_MODEL, "--image-token-rule", "qwen2-vl", "--results", str(res),
+                        "--admin-port", "0"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads((res / "summary.json").read_text())
+    per_row = [sum(qwen2_vl_tokens(*map(int, sizes[i].split("x"))) for i in ids) for _, ids in rows]
+    assert s["completed"] == 6 and s["failed"] == 0 and s["images_sent"] == 7
+    assert s["image_tokens_reported"] == 6 and s["image_tokens_unknown"] == 0
+    assert s["image_tokens_server"] == s["image_tokens_expected"] == sum(per_row)
+    assert s["image_token_mismatches"] == 0
+    got = sorted(pq.read_table(res / "requests.parquet").to_pylist(), key=lambda r: r["row"])
+    for r, want in zip(got, per_row):
+        assert r["image_tokens"] == r["expected_image_tokens"] == want
+        # the text re-tokenized (drift) plus the chat template: near input_length, never the images'
+        assert 150 <= r["text_tokens"] <= 260 and r["prompt_tokens"] == r["text_tokens"] + want
+        assert r["completion_tokens"] == 8
+    assert s["expected_image_cache_hits"] == 4                # a twice again, b twice again
+    assert s["server_image_cache_hits"] >= 1                  # vLLM's multimodal cache saw the reuse
+    assert s["server_prefix_cache_hit_tokens"] > 0            # row 2 repeats row 0, image included
+    print(json.dumps({k: s.get(k) for k in ("image_tokens_server", "image_tokens_expected", "server_image_cache_hits",
+                                            "expected_image_cache_hits", "server_prefix_cache_hit_tokens",
+                                            "prompt_token_drift_total", "mean_ttft_ms")}))
