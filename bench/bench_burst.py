@@ -30,7 +30,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from replayer.client import Client  # noqa: E402
 from replayer.clock import Anchor, now_ns  # noqa: E402
-from replayer.dispatcher import Dispatcher  # noqa: E402
+from replayer.dispatcher import Dispatcher, Feed  # noqa: E402
+from replayer.planner import Planner  # noqa: E402
+from replayer.sender import LoopSender  # noqa: E402
 from replayer.gcpacer import GcPacer  # noqa: E402
 from replayer.payload import PayloadBuilder, PreparedRequest  # noqa: E402
 from replayer.prompts import PromptBuilder  # noqa: E402
@@ -78,9 +80,8 @@ async def _round(url: str, n: int, cold: bool, profile: cProfile.Profile | None,
         gc_pacer = GcPacer()
         if pacer:  # as the daemon composes it: collections only when nothing is due
             gc_pacer.start()
-        d = Dispatcher(iter_schedule(lambda: [_Batch(n)]), prepare, c.send, results.append,
-                       t0_ns=anchor.t0_ns, timeline=timeline, unsent=unsent,
-                       on_idle=gc_pacer.idle if pacer else None)
+        d = Dispatcher(Feed(iter_schedule(lambda: [_Batch(n)]), prepare, unsent), Planner(timeline),
+                       LoopSender(c), results.append, t0_ns=anchor.t0_ns, on_idle=gc_pacer.idle if pacer else None)
         cpu = {}
 
         async def cpu_window():

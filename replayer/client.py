@@ -47,7 +47,7 @@ import errno
 import os
 import socket
 import ssl
-from collections import deque
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -340,10 +340,9 @@ class Client:
         self._spares_opening = 0
         self._spares_paused_until = 0  # no background connects before this (one failed)
         self.spare_target = 8  # idle connections kept ready in the background (0 = none)
-        # results whose request has just gone out (first send, or its connect failed at the due
-        # time), for live dispatch-lag accounting at send time; the owner drains it (bounded if
-        # never drained)
-        self.dispatched: deque[RequestResult] = deque(maxlen=1 << 16)
+        # told of each result whose request has just gone out (first send, or its connect
+        # failed at the due time), its dispatch lag set: live accounting at send time
+        self.on_dispatched: Callable[[RequestResult], None] | None = None
         self._launcher: Launcher | None = None
         self._launches: dict[int, tuple] = {}  # launcher token -> (req, res, conn, ex, request head)
 
@@ -485,7 +484,7 @@ class Client:
         if at_ns > ex.last_ns:  # the read timeout counts from the write, not from the hand-over
             ex.last_ns = at_ns
         token = self._launcher.submit(at_ns, conn.fd, head, req.body)  # type: ignore[union-attr]
-        self._launches[token] = (req, res, conn, ex, head)
+        self._launches[token] = (req, res, conn, ex, head, at_ns)
         conn.launch = token
 
     def on_launched(self, token: int, sent: int, written: int, err: int) -> None:
@@ -495,21 +494,19 @@ class Client:
         item = self._launches.pop(token, None)
         if item is None:
             return
-        req, res, conn, ex, head = item
+        req, res, conn, ex, head, at_ns = item
         conn.launch = 0
         if err:
             what = "the launcher process exited" if err == errno.ECHILD else os.strerror(err)
             if conn.ex is ex:
                 conn._finish_error(ErrorKind.DISCONNECT, f"write failed: {what}")
         else:
-            res.sent_ns = sent - self.t0_ns
-            res.dispatch_lag_ms = (res.sent_ns - req.due_ns) / 1e6
             if sent > ex.last_ns:
                 ex.last_ns = sent
             if ex.total_ns is not None and conn.ex is ex:
                 ex.deadline_ns = sent + ex.total_ns
                 conn.check_stall()
-            self.dispatched.append(res)
+            self._stamp_sent(res, sent, at_ns - self.t0_ns)
             if written < len(head) + len(req.body):
                 if ex.done.done():  # answered before its body went out: the stream is out of step
                     conn._abort()
@@ -540,7 +537,19 @@ class Client:
         """The whole HTTP request: head and ``req.body``."""
         return b"".join((self._head_of(req), req.body))
 
-    def _write(self, req: PreparedRequest, res: RequestResult, conn: _Connection, t_start: int) -> _Exchange:
+    def _stamp_sent(self, res: RequestResult, sent: int, lag_from_ns: int) -> None:
+        """The one way a send is stamped, whoever wrote it (the loop or the launcher process):
+        ``sent_ns`` (``sent``: ``now_ns`` just before the first byte); on the first send (retries
+        keep it) ``dispatch_lag_ms`` = sent - ``lag_from_ns`` (ns after the anchor), reported
+        to ``on_dispatched``."""
+        res.sent_ns = sent - self.t0_ns
+        if res.dispatch_lag_ms is None:
+            res.dispatch_lag_ms = (res.sent_ns - lag_from_ns) / 1e6
+            if self.on_dispatched is not None:
+                self.on_dispatched(res)
+
+    def _write(self, req: PreparedRequest, res: RequestResult, conn: _Connection, t_start: int,
+               lag_from_ns: int) -> _Exchange:
         ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns,
                        self._acc())
         request = self._request_bytes(req)
@@ -548,21 +557,22 @@ class Client:
         if ex.total_ns is not None:
             ex.deadline_ns = sent + ex.total_ns
         res.connect_ms = (sent - t_start) / 1e6
-        res.sent_ns = sent - self.t0_ns
-        if res.dispatch_lag_ms is None:  # the first send (retries keep it)
-            res.dispatch_lag_ms = (res.sent_ns - req.due_ns) / 1e6
-            self.dispatched.append(res)
         conn.start(request, ex)
+        self._stamp_sent(res, sent, lag_from_ns)
         return ex
 
-    async def send(self, req: PreparedRequest, res: RequestResult, reserved: tuple | None = None) -> RequestResult:
+    async def send(self, req: PreparedRequest, res: RequestResult, reserved: tuple | None = None, *,
+                   lag_from_ns: int | None = None) -> RequestResult:
         """Send ``req`` (with ``reserved`` from ``reserve``: the launcher process writes it; this
         only waits), stream its response and fill ``res`` (returned). Request failures are
         recorded in ``res``; ``asyncio.CancelledError`` marks ``res`` cancelled and propagates.
-        Retryable failures are retried per the policy (module docstring), counted in ``res.retries``."""
-        retry_after = await self._attempt(req, res, reserved)
+        Retryable failures are retried per the policy (module docstring), counted in ``res.retries``.
+        ``lag_from_ns``: when the request was due (ns after the anchor; default ``req.due_ns``),
+        the origin of its ``dispatch_lag_ms``."""
+        origin = req.due_ns if lag_from_ns is None else lag_from_ns
+        retry_after = await self._attempt(req, res, origin, reserved)
         if retry_after == _UNSENT:  # nothing reached the server: no attempt yet, send it now
-            retry_after = await self._attempt(req, res)
+            retry_after = await self._attempt(req, res, origin)
         if retry_after is None or not self.retry_max:
             return res
         while retry_after is not None and res.retries < self.retry_max:
@@ -577,10 +587,11 @@ class Client:
             res.retries += 1
             res.outcome, res.error_kind, res.error = Outcome.NOT_STARTED.value, ErrorKind.NONE.value, None
             res.http_status = res.end_ns = res.partial_output_tokens = None
-            retry_after = await self._attempt(req, res)
+            retry_after = await self._attempt(req, res, origin)
         return res
 
-    async def _attempt(self, req: PreparedRequest, res: RequestResult, reserved: tuple | None = None) -> float | None:
+    async def _attempt(self, req: PreparedRequest, res: RequestResult, lag_from_ns: int,
+                       reserved: tuple | None = None) -> float | None:
         """One exchange of ``req``, filling ``res``. Returns None when the outcome is final
         (success, or a failure that must not be retried), else the delay the server asked for
         (``Retry-After`` seconds, capped) or -1.0 (none: use the backoff); ``_UNSENT`` when the
@@ -604,7 +615,7 @@ class Client:
                 except OSError as e:
                     raise _Failure(ErrorKind.CONNECT, f"cannot connect to {self._host}:{self._port}: "
                                                       f"{type(e).__name__}: {e}") from None
-                ex = self._write(req, res, conn, t_start)
+                ex = self._write(req, res, conn, t_start, lag_from_ns)
             await ex.done
             if res.sent_ns is None and reserved is not None and conn.launch:
                 # the response ended before the launcher's report was read (a stalled loop)
@@ -656,10 +667,8 @@ class Client:
             if ex is None:  # the connection could not be opened (refused, connect timeout)
                 retry = -1.0 if kind in (ErrorKind.CONNECT, ErrorKind.CONNECT_TIMEOUT) else None
                 if res.sent_ns is None:  # the attempt counts as sent when it began: it was issued
-                    res.sent_ns = t_start - t0
                     res.connect_ms = (now_ns() - t_start) / 1e6
-                    res.dispatch_lag_ms = (res.sent_ns - req.due_ns) / 1e6
-                    self.dispatched.append(res)
+                    self._stamp_sent(res, t_start, lag_from_ns)
             elif kind in (ErrorKind.DISCONNECT, ErrorKind.STALE_CONNECTION) and not ex.headers_done:
                 retry = -1.0  # closed before the response began
         except asyncio.CancelledError:

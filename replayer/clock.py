@@ -65,3 +65,22 @@ async def sleep_until(deadline_ns: int, spin_ns: int = SPIN_NS) -> None:
             await asyncio.sleep((left - spin_ns) / 1e9)
         else:
             await asyncio.sleep(0)
+
+
+class Clock:
+    """The clock the dispatcher reads and sleeps on: ``now_ns`` (ns on the one monotonic
+    clock), ``sleep_until`` an absolute deadline (kept to the microsecond) and a coarse
+    ``sleep``. Injected, so a test can run the open loop in virtual time."""
+
+    def now_ns(self) -> int:
+        return now_ns()
+
+    async def sleep_until(self, deadline_ns: int) -> None:
+        await sleep_until(deadline_ns)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+#: the real clock
+MONOTONIC = Clock()

@@ -33,7 +33,7 @@ from .admin import AdminServer
 from .client import Client
 from .clock import Anchor, now_ns
 from .config import SAME_ON_RESUME, RunConfig, flag_name, new_run_id
-from .dispatcher import Dispatcher, Observer
+from .dispatcher import Dispatcher, Feed, Observer
 from .gcpacer import GcPacer
 from .imagerows import ImageEndpointError, check_image_endpoints, may_have_images
 from .launcher import Launcher
@@ -51,6 +51,8 @@ from .result import RequestResult
 from .retention import read_removed
 from . import selfwatch
 from .selfwatch import BEHIND_MS
+from .sender import LauncherSender, LoopSender
+from .planner import Planner
 from .simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, spawn_sim, stop_sim
 from .schedule import IdleGapCap, Timeline, iter_schedule
 from .sessions import SessionGate
@@ -119,18 +121,6 @@ class _Accounting(Observer):
             if lag > s.watch_max_lag_ms:
                 s.watch_max_lag_ms = lag
             self.m.on_dispatched(res)
-
-    def take_dispatched(self, client: Client) -> None:
-        """Account the requests the client has sent since the last call (dispatch lag)."""
-        q = client.dispatched
-        while q:
-            self.on_dispatched(q.popleft())
-
-    async def pump(self, client: Client, every_s: float = 0.2) -> None:
-        """Dispatch lag at send time, within ``every_s``, off the requests' hot path."""
-        while True:
-            await asyncio.sleep(every_s)
-            self.take_dispatched(client)
 
 
 class RunControl:
@@ -318,6 +308,8 @@ def _resume_settings(cfg: RunConfig) -> dict:
 
 
 BATCH_ROWS = 65_536
+#: the requests due within this horizon are counted for the client to open connections ahead
+CONNECT_AHEAD_NS = 100_000_000
 #: the requests a run will send are counted ahead (``count_scheduled``, a pass over the trace
 #: before the start: ~2 ms per 1,000 rows) when at most this many schedule entries are read:
 #: every pass of a trace of this size, or under ``--duration`` the entries due before its end
@@ -592,13 +584,12 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         return req
 
     build, on_prepared = factory.prepare, metrics.on_prepared
-    dispatcher = Dispatcher(batches, prepare, client.send, sink, t0_ns=anchor.t0_ns,
-                            timeline=timeline, unsent=factory.unsent, observer=acct, gate=gate,
-                            reserve=client.reserve, launch=client.launch,
-                            expect=client.expect,
-                            lead_ns=int(cfg.lead_s * 1e9),
-                            drain_timeout_s=cfg.drain_timeout_s, duration_ns=duration_ns,
-                            rebase_first=bool(cfg.resume), on_idle=gc_pacer.idle, shard=shard)
+    client.on_dispatched = acct.on_dispatched  # dispatch lag accounted as each request goes out
+    sender = LauncherSender(client, shard=shard) if launcher is not None else LoopSender(client, shard=shard)
+    planner = Planner(timeline, gate=gate, lead_ns=int(cfg.lead_s * 1e9), duration_ns=duration_ns,
+                      rebase_first=bool(cfg.resume), ahead_ns=sender.ahead_ns, connect_ahead_ns=CONNECT_AHEAD_NS)
+    dispatcher = Dispatcher(Feed(batches, prepare, factory.unsent), planner, sender, sink, t0_ns=anchor.t0_ns,
+                            observer=acct, on_idle=gc_pacer.idle, drain_timeout_s=cfg.drain_timeout_s, shard=shard)
     dispatcher_ref.append(dispatcher)
 
     def timing_changed() -> None:  # under --duration, a pause or a speed-up changes what will be sent
@@ -624,8 +615,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig.name)
     background = [loop.create_task(recorder.run_periodic_flush()),
-                  loop.create_task(EventLoopLagMonitor(metrics).run()),
-                  loop.create_task(acct.pump(client))]
+                  loop.create_task(EventLoopLagMonitor(metrics).run())]
     console = LiveConsole(lambda: {**_status(state, dispatcher_ref), **metrics.snapshot()}, quiet=cfg.quiet)
     if console.enabled:
         background.append(loop.create_task(console.run()))
@@ -659,7 +649,6 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         for t in background:
             t.cancel()
         await asyncio.gather(*background, return_exceptions=True)
-        acct.take_dispatched(client)  # the last ones
         if scraper is not None:  # the final values, after the drain
             async with aiohttp.ClientSession() as s:
                 await scraper.scrape_once(s)

@@ -24,7 +24,9 @@ import pytest
 import replayer.client as client_mod
 from replayer.client import Client
 from replayer.clock import Anchor, now_ns
-from replayer.dispatcher import Dispatcher
+from replayer.dispatcher import Dispatcher, Feed
+from replayer.planner import Planner
+from replayer.sender import LoopSender
 from replayer.errors import ErrorKind, Outcome
 from replayer.gcpacer import GcPacer
 from replayer.payload import PayloadBuilder, PreparedRequest
@@ -487,8 +489,8 @@ def _b24_run(warm: bool) -> None:
             # (replayer.gcpacer); CPython's automatic GC landing in the burst doubled its lag
             pacer = GcPacer()
             pacer.start()
-            d = Dispatcher(iter_schedule(lambda: [Batch()]), prepare, c.send, results.append,
-                           t0_ns=anchor.t0_ns, timeline=timeline, unsent=unsent, on_idle=pacer.idle)
+            d = Dispatcher(Feed(iter_schedule(lambda: [Batch()]), prepare, unsent), Planner(timeline),
+                           LoopSender(c), results.append, t0_ns=anchor.t0_ns, on_idle=pacer.idle)
             # the loop thread's run-queue wait from just before the first tokens to the end: the
             # time the machine kept the client from running while it had streams to read
             async def run_delay_at(at_ns: int) -> int:

@@ -17,7 +17,9 @@ import pytest
 
 from replayer.client import Client
 from replayer.clock import Anchor, now_ns
-from replayer.dispatcher import Dispatcher
+from replayer.dispatcher import Dispatcher, Feed
+from replayer.planner import Planner
+from replayer.sender import LauncherSender
 from replayer.launcher import Launcher
 from replayer.payload import PayloadBuilder, PreparedRequest
 from replayer.prompts import PromptBuilder
@@ -270,13 +272,12 @@ def _replay_through_the_launcher(ts: list[int], *, warm: int, expect: bool = Tru
                 anchor = Anchor.at(start_s)
                 c.t0_ns = anchor.t0_ns
                 results: list[RequestResult] = []
-                d = Dispatcher(iter_schedule(lambda: [TimeBatch(ts)]), prepare, c.send, results.append,
-                               t0_ns=anchor.t0_ns, timeline=timeline,
-                               unsent=lambda sb, j: RequestResult(row=int(sb.rows[j])),
-                               reserve=c.reserve, launch=c.launch,
-                               expect=c.expect if expect else None,
-                               launch_ahead_ns=launch_ahead_ms * 1_000_000,
-                               connect_ahead_ns=connect_ahead_ms * 1_000_000)
+                sender = LauncherSender(c, ahead_ns=launch_ahead_ms * 1_000_000)
+                planner = Planner(timeline, ahead_ns=sender.ahead_ns,
+                                  connect_ahead_ns=connect_ahead_ms * 1_000_000 if expect else None)
+                d = Dispatcher(Feed(iter_schedule(lambda: [TimeBatch(ts)]), prepare,
+                                    lambda sb, j: RequestResult(row=int(sb.rows[j]))),
+                               planner, sender, results.append, t0_ns=anchor.t0_ns)
                 await asyncio.wait_for(d.run(), 20)
                 return results, launcher.launched
         finally:
@@ -348,7 +349,7 @@ def test_connections_for_a_burst_larger_than_the_pool_are_opened_ahead():
 
 def test_a_hand_over_that_finds_no_connection_is_tried_again_before_the_due_time():
     # without the demand count, the burst's hand-overs find the pool empty at first; each is
-    # tried again every RETRY_LAUNCH_NS while the pool opens spares, so they still go through
+    # tried again every RETRY_HAND_OVER_NS while the pool opens spares, so they still go through
     # the launcher, on time, instead of falling back to writes from the loop at the due time
     # (hand-overs from 500 ms ahead: spares opened by a loop that shares a busy machine's cores
     # with the in-process server need more than the default 50 ms)

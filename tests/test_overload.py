@@ -6,11 +6,13 @@ import asyncio
 
 
 from replayer.clock import now_ns
-from replayer.dispatcher import Dispatcher
+from replayer.dispatcher import Dispatcher, Feed
+from replayer.planner import Planner
 from replayer.payload import PreparedRequest
 from replayer.result import RequestResult
 from replayer.schedule import Timeline, iter_schedule
 from batches import TimeBatch
+from senders import CallSender
 
 
 def _behind_on_a_saturated_loop(n: int) -> tuple[list[int], Dispatcher]:
@@ -43,9 +45,9 @@ def _behind_on_a_saturated_loop(n: int) -> tuple[list[int], Dispatcher]:
                 loop.call_soon(hog)
 
         loop.call_soon(hog)
-        d = Dispatcher(iter_schedule(lambda: [TimeBatch(list(range(n)))]), prepare, send, lambda r: None,
-                       t0_ns=now_ns() - 1_000_000_000, timeline=timeline,
-                       unsent=lambda sb, j: RequestResult(row=int(sb.rows[j])))
+        d = Dispatcher(Feed(iter_schedule(lambda: [TimeBatch(list(range(n)))]), prepare,
+                            lambda sb, j: RequestResult(row=int(sb.rows[j]))),
+                       Planner(timeline), CallSender(send), lambda r: None, t0_ns=now_ns() - 1_000_000_000)
         try:
             await asyncio.wait_for(d.run(), 120)
         finally:
@@ -87,10 +89,10 @@ def test_preparation_runs_through_the_lead_window_when_a_hand_over_is_due_every_
 
     async def main():
         t0[0] = now_ns() + 100_000_000
-        d = Dispatcher(iter_schedule(lambda: [TimeBatch(list(range(2000)))]), prepare, send, lambda r: None,
-                       t0_ns=t0[0], timeline=timeline, unsent=lambda sb, j: RequestResult(row=int(sb.rows[j])),
-                       reserve=lambda req, res: object(),
-                       launch=lambda at, req, res, handle: launched.append(at))
+        sender = CallSender(send, ahead_ns=50_000_000, hand_over=lambda req, res, at: launched.append(at) or object())
+        d = Dispatcher(Feed(iter_schedule(lambda: [TimeBatch(list(range(2000)))]), prepare,
+                            lambda sb, j: RequestResult(row=int(sb.rows[j]))),
+                       Planner(timeline, ahead_ns=sender.ahead_ns), sender, lambda r: None, t0_ns=t0[0])
         await asyncio.wait_for(d.run(), 120)
         return d
 

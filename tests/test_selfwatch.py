@@ -11,13 +11,15 @@ from prometheus_client import CollectorRegistry
 from replayer import selfwatch
 from replayer.clock import now_ns
 from replayer.daemon import RunState, _watch_self
-from replayer.dispatcher import Dispatcher
+from replayer.dispatcher import Dispatcher, Feed
+from replayer.planner import Planner
 from replayer.metrics import EventLoopLagMonitor, ReplayerMetrics
 from replayer.payload import PreparedRequest
 from replayer.result import RequestResult
 from replayer.schedule import Timeline, iter_schedule
 from replayer.selfwatch import Reading, saturated
 from batches import TimeBatch
+from senders import CallSender
 
 
 def test_each_saturated_part_is_named_with_its_numbers():
@@ -66,9 +68,9 @@ def test_a_replayer_starved_of_its_loop_says_so_while_behind_and_names_the_parts
             if not done.is_set():
                 loop.call_soon(hog)
 
-        d = Dispatcher(iter_schedule(lambda: [TimeBatch([5 * i for i in range(n)])]), prepare, send,
-                       lambda r: None, t0_ns=t0, timeline=timeline,
-                       unsent=lambda sb, j: RequestResult(row=int(sb.rows[j])))
+        d = Dispatcher(Feed(iter_schedule(lambda: [TimeBatch([5 * i for i in range(n)])]), prepare,
+                            lambda sb, j: RequestResult(row=int(sb.rows[j]))),
+                       Planner(timeline), CallSender(send), lambda r: None, t0_ns=t0)
 
         class Said(logging.Handler):
             def emit(self, record):

@@ -1,0 +1,218 @@
+"""The dispatcher's shell in virtual time: a fake clock (time moves only when the dispatcher
+sleeps, to exactly the time it sleeps until) and a fake sender (``replayer.sender.Sender``) that
+stamps each send on that clock. No server, no real waiting."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from replayer.clock import Clock
+from replayer.dispatcher import Dispatcher, Feed
+from replayer.payload import PreparedRequest
+from replayer.planner import NEVER, Planner
+from replayer.result import RequestResult
+from replayer.schedule import ScheduleBatch, Timeline, iter_schedule
+from replayer.sender import SendCancelled, lag_origin, result_for
+from replayer.sessions import SessionGate
+from batches import TimeBatch
+
+MS = 1_000_000
+
+
+class VirtualClock(Clock):
+    """Trio's ``MockClock`` with autojump, for one sleeper: a sleep returns at once with the
+    clock at its deadline; a deadline that never comes waits until cancelled."""
+
+    def __init__(self) -> None:
+        self.t = 0
+
+    def now_ns(self) -> int:
+        return self.t
+
+    def advance_to(self, t: int) -> None:
+        self.t = max(self.t, t)
+
+    async def sleep_until(self, deadline_ns: int) -> None:
+        if deadline_ns >= NEVER // 2:
+            await asyncio.get_running_loop().create_future()
+        self.advance_to(deadline_ns)
+        await asyncio.sleep(0)
+
+    async def sleep(self, seconds: float) -> None:
+        self.advance_to(self.t + int(seconds * 1e9))
+        await asyncio.sleep(0)
+
+
+class FakeSender:
+    """Stamps ``sent_ns`` = the clock's time at the send (a handed-over request: its due time,
+    as a launcher writing it then would), ends at once with success. ``refuse``: rows whose
+    hand-over is refused; ``crash``: a row whose send raises; ``block``: rows that never end;
+    ``takes_ms``: rows whose response takes that long (the clock moves on when they end)."""
+
+    def __init__(self, clock: VirtualClock, *, ahead_ns: int = 0, refuse=(), crash=None, block=(), takes_ms=None):
+        self.clock, self.ahead_ns = clock, ahead_ns
+        self.refuse, self.crash, self.block = set(refuse), crash, set(block)
+        self.takes_ms = takes_ms or {}
+        self.handed: list[tuple[int, int]] = []   # (row, time handed over)
+        self.expected: list[int] = []
+
+    def send(self, req: PreparedRequest, due_ns: int):
+        return self._go(req, due_ns, self.clock.now_ns())
+
+    def hand_over(self, req: PreparedRequest, due_ns: int):
+        if req.row in self.refuse:
+            return None
+        self.handed.append((req.row, self.clock.now_ns()))
+        return self._go(req, due_ns, lag_origin(req, due_ns))
+
+    def expect(self, n: int) -> None:
+        self.expected.append(n)
+
+    async def _go(self, req: PreparedRequest, due_ns: int, sent_ns: int) -> RequestResult:
+        res = result_for(req, due_ns, 0)
+        res.sent_ns = sent_ns
+        res.dispatch_lag_ms = (sent_ns - lag_origin(req, due_ns)) / 1e6
+        try:
+            await asyncio.sleep(0)
+            if req.row == self.crash:
+                raise RuntimeError("a bug in the sender")
+            if req.row in self.block:
+                await asyncio.get_running_loop().create_future()
+            if req.row in self.takes_ms:
+                await asyncio.sleep(0.01)  # (real time: the dispatcher meanwhile waits for a change)
+                self.clock.advance_to(sent_ns + self.takes_ms[req.row] * MS)
+        except asyncio.CancelledError:
+            res.outcome, res.error_kind = "cancelled", "cancelled"
+            raise SendCancelled(res) from None
+        res.outcome, res.end_ns = "success", self.clock.now_ns()
+        return res
+
+
+def _prepare(timeline: Timeline):
+    def prepare(sb: ScheduleBatch, j: int) -> PreparedRequest:
+        t = int(sb.trace_ns[j])
+        return PreparedRequest(index=sb.first_index + j, row=int(sb.rows[j]), due_ns=timeline.due(t), body=b"{}",
+                               input_length=1, output_length=1, prompt_len=1, max_tokens=1, trace_ns=t)
+    return prepare
+
+
+def _run(ts_ms: list[int], sender_kw: dict | None = None, *, speedup: float = 1.0, stop_at_ms: int | None = None,
+         prepare=None, gate: SessionGate | None = None, **plan_kw):
+    """Replay ``ts_ms`` in virtual time; (results by row, dispatcher, sender, error raised by run)."""
+    clock = VirtualClock()
+    timeline = Timeline(speedup)
+    sender = FakeSender(clock, **(sender_kw or {}))
+    results: list[RequestResult] = []
+    feed = Feed(iter_schedule(lambda: [TimeBatch(ts_ms)]), prepare or _prepare(timeline),
+                lambda sb, j: RequestResult(row=int(sb.rows[j]), due_ns=timeline.due(int(sb.trace_ns[j]))))
+    d = Dispatcher(feed, Planner(timeline, gate=gate, ahead_ns=sender.ahead_ns, **plan_kw), sender, results.append,
+                   t0_ns=0, clock=clock, drain_timeout_s=0.05)
+    error: BaseException | None = None
+
+    async def main():
+        nonlocal error
+        if stop_at_ms is not None:
+            async def stopper():
+                while clock.now_ns() < stop_at_ms * MS:
+                    await asyncio.sleep(0)
+                d.stop()
+            watcher = asyncio.ensure_future(stopper())
+        try:
+            await asyncio.wait_for(d.run(), 30)
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            error = e
+        if stop_at_ms is not None:
+            watcher.cancel()
+
+    asyncio.run(main())
+    by_row = {r.row: r for r in results}
+    assert len(by_row) == len(results), "a result was delivered twice"
+    return by_row, d, sender, error
+
+
+def test_every_request_is_sent_exactly_at_its_due_time():
+    ts = [0, 0, 3, 10, 10, 250, 1_000, 1_001]
+    res, d, _, error = _run(ts, speedup=2.0)
+    assert error is None and d.finished and d.in_flight == 0
+    assert d.sent == len(ts) == len(res) and d.not_started == 0
+    assert [res[i].sent_ns for i in range(len(ts))] == [round(t * MS / 2.0) for t in ts]
+    assert all(r.dispatch_lag_ms == 0.0 and r.due_ns == r.sent_ns for r in res.values())
+
+
+def test_requests_are_handed_over_ahead_and_a_refused_one_goes_at_its_due_time():
+    ts = [100, 200, 300]
+    res, d, sender, error = _run(ts, {"ahead_ns": 50 * MS, "refuse": {1}})
+    assert error is None and d.sent == 3
+    assert sender.handed == [(0, 50 * MS), (2, 250 * MS)]   # refused row 1 was retried, never taken
+    assert d.fired_by_loop == 1 and res[1].sent_ns == 200 * MS
+    assert [res[i].dispatch_lag_ms for i in range(3)] == [0.0, 0.0, 0.0]
+
+
+def test_the_demand_for_connections_is_told_to_the_sender():
+    _, _, sender, _ = _run([100, 100, 150, 900], connect_ahead_ns=100 * MS)
+    # counted when the head enters the 100 ms horizon (at 0 ms: the two due at 100 ms), then
+    # again after each send
+    assert sender.expected[0] == 2 and max(sender.expected) == 2 and len(sender.expected) >= 3
+
+
+def test_a_stop_drains_cancels_what_is_left_and_accounts_for_every_row():
+    ts = list(range(0, 100, 10))
+    res, d, _, error = _run(ts, {"block": {2}}, stop_at_ms=45)
+    assert error is None and d.stopping
+    assert len(res) == len(ts) == d.sent + d.not_started       # every scheduled row, once
+    assert res[2].outcome == "cancelled" and d.cancelled == 1  # in flight past the drain timeout
+    assert {res[i].outcome for i in (0, 1, 3, 4)} == {"success"}
+    assert all(res[i].outcome == "not_started" for i in range(5, 10))
+
+
+def test_a_crashed_send_stops_the_run_loudly_and_every_row_is_still_accounted():
+    ts = list(range(0, 100, 10))
+    res, d, _, error = _run(ts, {"crash": 3, "block": {2}})
+    assert isinstance(error, ExceptionGroup)
+    assert [type(e) for e in error.exceptions] == [RuntimeError]
+    assert len(res) == len(ts) == d.sent + d.not_started
+    assert (res[3].outcome, res[3].error_kind) == ("failed", "client") and "a bug" in res[3].error
+    assert res[2].outcome == "cancelled"                       # its sibling in flight was cancelled
+    assert d.in_flight == 0
+
+
+def test_a_session_turn_held_by_its_predecessor_goes_at_its_release():
+    base = _prepare(Timeline(1.0))
+
+    def prepare(sb, j):
+        req = base(sb, j)
+        req.key = req.dep = "s"   # one session: each turn waits for the one before
+        return req
+
+    # (two turns: the fake clock jumps to any later due time while a response is in flight)
+    res, d, _, error = _run([0, 10], {"takes_ms": {0: 30}}, prepare=prepare, gate=SessionGate("wait"))
+    assert error is None and d.sent == 2 and d.finished
+    assert (res[0].sent_ns, res[0].session_wait_ms) == (0, 0.0)
+    # turn 1 was due at 10 ms, its predecessor ended at 30 ms: sent then, the hold apart
+    assert (res[1].due_ns, res[1].sent_ns, res[1].session_wait_ms, res[1].dispatch_lag_ms) == (10 * MS, 30 * MS, 20.0, 0.0)
+
+
+@pytest.mark.parametrize("rows", [1, 300])
+def test_a_run_cancelled_from_outside_records_in_flight_and_unsent_rows(rows):
+    ts = [0] + [10_000] * (rows - 1)
+    clock = VirtualClock()
+    timeline = Timeline(1.0)
+    sender = FakeSender(clock, block={0})
+    results: list[RequestResult] = []
+    feed = Feed(iter_schedule(lambda: [TimeBatch(ts)]), _prepare(timeline),
+                lambda sb, j: RequestResult(row=int(sb.rows[j])))
+    d = Dispatcher(feed, Planner(timeline), sender, results.append, t0_ns=0, clock=clock)
+
+    async def main():
+        task = asyncio.ensure_future(d.run())
+        while d.sent == 0:
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert sorted(r.row for r in results) == list(range(rows))
+    assert results[0].outcome == "cancelled" and d.cancelled == 1 and d.in_flight == 0
