@@ -61,6 +61,7 @@ from .result import RequestResult
 from .servertimings import TimedStreamAccumulator
 from .servertimings import record as record_server_timings
 from .sse import SSEDecoder, StreamAccumulator
+from .timestamps import Timestamps, derive
 
 _ERROR_BODY_LIMIT = 64 * 1024
 _UNSENT = -2.0  # _attempt: the launcher never wrote the reserved request (its connection closed first)
@@ -634,14 +635,14 @@ class Client:
                       or f"HTTP {ex.status}")
                 if ex.status == 429 or ex.status >= 500:
                     retry = _retry_after_s(ex.retry_after)
-            else:
-                _measure(res, acc, sent, t0, ex.dec)
+            else:  # (a pooling response is one JSON body: its E2E is its arrival)
+                pooled = acc.success and req.endpoint in POOLING
+                _measure(res, acc, sent, t0, ex.dec, body_ns=ex.t_ns if pooled else None)
                 if self.server_timings:
                     record_server_timings(res, acc)
                 if acc.success:
                     res.outcome = Outcome.SUCCESS.value
-                    if req.endpoint in POOLING:  # one JSON body: E2E is its arrival
-                        res.e2e_ms = (ex.t_ns - sent) / 1e6 if ex.t_ns else None
+                    if pooled:
                         audit_pooling(res, acc.prompt_tokens if acc.prompt_tokens is not None
                                       else acc.total_tokens, self.usage_slack_tokens)
                 elif req.endpoint in POOLING and acc.body_without_usage:
@@ -730,9 +731,11 @@ def _partial(res: RequestResult, acc: StreamAccumulator) -> None:
 
 
 def _measure(res: RequestResult, acc: StreamAccumulator, sent: int, t0: int,
-             dec: SSEDecoder | None = None) -> None:
+             dec: SSEDecoder | None = None, body_ns: int | None = None) -> None:
     """Copy the accumulator's measurements (and the decoder's invalid-UTF-8 count) into ``res``
-    (times as offsets from ``t0``)."""
+    (times as offsets from ``t0``), and the latencies ``timestamps.derive`` computes from the
+    moments observed (``sent``, ``body_ns``: ``now_ns`` times; ``body_ns`` a whole JSON body's
+    arrival when that is the E2E point)."""
     res.prompt_tokens = acc.prompt_tokens
     res.image_tokens = acc.image_tokens
     if acc.image_tokens is not None and acc.prompt_tokens is not None:
@@ -746,9 +749,12 @@ def _measure(res: RequestResult, acc: StreamAccumulator, sent: int, t0: int,
     first, last = acc.first_token_ns, acc.last_token_ns
     if first is not None:
         res.first_token_ns = first - t0
-        res.ttft_ms = (first - sent) / 1e6
     if last is not None:
         res.last_token_ns = last - t0
-        res.e2e_ms = (last - sent) / 1e6
-    res.tpot_ms = acc.tpot_ms()
-    res.itl_ms = acc.itl_ms()
+    token_ns, token_counts = acc.token_times()
+    lat = derive(Timestamps(due_ns=res.due_ns + t0, sent_ns=sent, first_token_ns=first, last_token_ns=last,
+                            body_ns=body_ns or None, token_ns=token_ns, token_counts=token_counts,
+                            output_tokens=acc.output_tokens, streamed=not acc.whole_body,
+                            session_wait_ms=res.session_wait_ms))
+    res.ttft_ms, res.e2e_ms, res.tpot_ms, res.itl_ms = lat.ttft_ms, lat.e2e_ms, lat.tpot_ms, lat.itl_ms
+    res.ttft_from_due_ms, res.e2el_from_due_ms = lat.ttft_from_due_ms, lat.e2el_from_due_ms

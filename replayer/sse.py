@@ -70,6 +70,7 @@ from typing import Any
 
 import orjson
 
+from .timestamps import itl_ms, tpot_ms
 from .errors import ErrorKind
 
 __all__ = ["SSEEvent", "SSEDecoder", "StreamAccumulator", "ERROR_TEXT_LIMIT"]
@@ -586,36 +587,29 @@ class StreamAccumulator:
         """Generated text (completions text / chat content) if ``keep_text=True``, else None."""
         return None if self._texts is None else "".join(self._texts)
 
+    @property
+    def whole_body(self) -> bool:
+        """A non-streaming (whole JSON) body: per-token timing is not observable."""
+        return self._body
+
+    def token_times(self) -> tuple[list[int], list[int]]:
+        """(arrival ns, tokens) of each token-carrying event (``replayer.timestamps``)."""
+        self._derive()
+        return self._tok_t, self._tok_k
+
     def itl_ms(self) -> list[float]:
-        """Token-weighted inter-token latencies in ms: each gap between successive token-carrying
-        events, ending in an event with k tokens, gives k samples of gap/k. Empty if N < 2 or
+        """Token-weighted inter-token latencies in ms (``timestamps.itl_ms``): empty if N < 2 or
         fewer than two token-carrying events, for a non-streaming body, and whenever the per-event
         counts are not known: N unknown (no usage), or the events counted without continuous usage
         do not add up to N (some event carried several tokens, and which one is not known)."""
         self._derive()
-        tok_t, tok_k = self._tok_t, self._tok_k
-        n = self._n_out
-        if n is None or n < 2 or len(tok_t) < 2 or self._body or sum(tok_k) != n:
-            return []
-        out: list[float] = []
-        prev = tok_t[0]
-        for t, k in zip(tok_t[1:], tok_k[1:]):
-            g = (t - prev) / 1e6
-            prev = t
-            if k == 1:
-                out.append(g)
-            else:
-                out.extend([g / k] * k)
-        return out
+        return itl_ms(self._tok_t, self._tok_k, None if self._body else self._n_out)
 
     def tpot_ms(self) -> float | None:
         """(last - first) / (N - 1) in ms; None unless N (from usage) >= 2 and the first token was
         measured. None for a non-streaming body (per-token timing is not observable there)."""
         self._derive()
-        n = self._n_out
-        if n is None or n < 2 or self._first is None or self._last is None or self._body:
-            return None
-        return (self._last - self._first) / 1e6 / (n - 1)
+        return tpot_ms(self._first, self._last, None if self._body else self._n_out)
 
     # ---- verdict -------------------------------------------------------------------------
 

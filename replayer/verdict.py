@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from .timestamps import since_due_ms
+
 #: the bounds ``--goodput`` takes (vllm bench serve's keys), in this order everywhere
 SLO_NAMES = ("ttft", "tpot", "e2el")
 #: per-request verdict codes (int8 arrays)
@@ -136,8 +138,8 @@ def apply(res: Any, slos: dict[str, float]) -> dict[str, int] | None:
     ``e2el_from_due_ms`` (``from_due_ms``; None where unknown), and, with bounds, ``slo_met``
     (True, False, or None when unknown or not judged). Returns ``judge_one``'s codes (None
     without bounds)."""
-    if res.sent_ns is not None:
-        since_due = (res.sent_ns - res.due_ns) / 1e6 - (res.session_wait_ms or 0.0)
+    since_due = since_due_ms(res.sent_ns, res.due_ns, res.session_wait_ms)
+    if since_due is not None:
         if res.ttft_ms is not None:
             res.ttft_from_due_ms = res.ttft_ms + since_due
         if res.e2e_ms is not None:
