@@ -42,7 +42,7 @@ import urllib.request
 import pyarrow.compute as pc
 
 from .config import RunConfig
-from .daemon import BEHIND_MS
+from .selfwatch import BEHIND_MS
 from .prompts import salted_seed
 from .recorder import new_results_dir, read_file, write_json
 from .simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, spawn_sim, stop_sim

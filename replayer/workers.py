@@ -225,7 +225,7 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     merged = merge_results(present, results, one_target=True)  # (printed with --quiet too: it is the outcome)
     print(f"merged {len(present)} of {n} workers: {results}/summary.json", flush=True)
     code = max([0 if len(present) == n else 1, *codes])
-    from .daemon import EXIT_ERROR_RATIO, error_ratio_problem
+    from .runsummary import EXIT_ERROR_RATIO, error_ratio_problem
 
     problem = error_ratio_problem(merged, cfg.max_error_ratio)  # over all workers (they do not check)
     if code == 0 and problem:

@@ -268,7 +268,8 @@ def test_self_watch_reports_each_loop_stall_once_and_apart_from_lateness(caplog)
 
     from prometheus_client import CollectorRegistry
 
-    from replayer.daemon import RunState, _watch_self
+    from replayer.runstate import RunState
+    from replayer.runstate import watch_self as _watch_self
     from replayer.metrics import ReplayerMetrics
 
     async def main():
@@ -424,7 +425,7 @@ def test_error_ratio_problem():
 
 def test_count_scheduled_counts_what_will_be_sent(mooncake_slice):
     """Pure: the count behind /status ``scheduled`` and the progress line's ``sent N/M``."""
-    from replayer.daemon import count_scheduled
+    from replayer.runinputs import count_scheduled
     from replayer.schedule import iter_schedule
     from replayer.trace import open_trace
 

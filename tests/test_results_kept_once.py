@@ -197,8 +197,8 @@ def test_merge_and_run_replace_summary_json_whole(tmp_path, mooncake_slice, sim_
         merge.merge_results([str(res)], str(out), quiet=True)
     assert json.loads((out / "summary.json").read_text()) == merged
     # the same for the run's own summary.json (a resumed run rewrites it)
-    code = ("import sys; import replayer.daemon as d; real = d.summarize_files\n"
-            "d.summarize_files = lambda files: {**real(files), 'zz': object()}\n"
+    code = ("import sys; import replayer.runsummary as d; real = d.summarize_files\n"
+            "d.summarize_files = lambda files, **kw: {**real(files, **kw), 'zz': object()}\n"
             "from replayer.cli import main; sys.exit(main(sys.argv[1:]))\n")
     p = subprocess.run([sys.executable, "-c", code, "run", "--resume", str(res), str(trace), "--target", url,
                         "--admin-port", "0", "--quiet", "--no-scrape-target-metrics"],

@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from replayer import selfwatch
 from replayer.clock import now_ns
-from replayer.daemon import RunState, _watch_self
+from replayer.runstate import RunState
+from replayer.runstate import watch_self as _watch_self
 from replayer.dispatcher import Dispatcher, Feed
 from replayer.planner import Planner
 from replayer.metrics import EventLoopLagMonitor, ReplayerMetrics
