@@ -15,8 +15,9 @@ recorded. There is no concurrency cap: a cap would turn the open loop into a clo
 lateness.
 
 Shutdown: ``stop()`` stops issuing; in-flight requests get ``drain_timeout_s`` to finish, then
-are cancelled (recorded as ``cancelled``; so are they when ``run`` itself is cancelled). Requests already prepared, and the rest of the
-current trace batch, are recorded as ``not_started``. So ``sent + not_started`` = everything
+are cancelled (recorded as ``cancelled``, as they are when ``run`` itself is cancelled).
+Requests already prepared, and the rest of the current trace batch, are recorded as
+``not_started``. So ``sent + not_started`` = everything
 scheduled so far, and every sent request ends as success, failed or cancelled.
 """
 
