@@ -216,3 +216,33 @@ def test_a_run_cancelled_from_outside_records_in_flight_and_unsent_rows(rows):
     asyncio.run(main())
     assert sorted(r.row for r in results) == list(range(rows))
     assert results[0].outcome == "cancelled" and d.cancelled == 1 and d.in_flight == 0
+
+
+def test_a_pause_holds_every_request_and_a_resume_shifts_the_rest_by_the_pause():
+    clock = VirtualClock()
+    timeline = Timeline(1.0)
+    sender = FakeSender(clock)
+    results: list[RequestResult] = []
+    feed = Feed(iter_schedule(lambda: [TimeBatch([0, 100, 200])]), _prepare(timeline),
+                lambda sb, j: RequestResult(row=int(sb.rows[j])))
+    d = Dispatcher(feed, Planner(timeline), sender, results.append, t0_ns=0, clock=clock)
+
+    async def operator():
+        while clock.now_ns() < 100 * MS:  # paused as the clock reaches row 1's due time, before it fires
+            await asyncio.sleep(0)
+        d.pause()
+        for _ in range(100):              # nothing goes while paused, however long
+            await asyncio.sleep(0)
+        assert d.sent == 1
+        clock.advance_to(1_000 * MS)      # 900 ms later
+        d.resume()
+
+    async def main():
+        op = asyncio.ensure_future(operator())
+        await asyncio.wait_for(d.run(), 30)
+        await op
+
+    asyncio.run(main())
+    by_row = {r.row: r for r in results}
+    assert [by_row[i].sent_ns for i in range(3)] == [0, 1_000 * MS, 1_100 * MS]
+    assert all(r.dispatch_lag_ms == 0.0 for r in results)
