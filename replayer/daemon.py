@@ -168,6 +168,22 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         batches = itertools.chain((first,), batches)
     if launcher is not None:
         launcher = await _launcher_ready(launcher)
+    timeline = Timeline(cfg.speedup)
+    # X-Request-Id: <run_id>-<loop>-<row>; a resumed run keeps its run's id (config.recorded_settings)
+    run_id = cfg.run_id or new_run_id()
+    factory = RequestFactory(prompts, payload, timeline, endpoint=cfg.endpoint, text_mode=cfg.prompt_mode == "text",
+                             sessions=cfg.session_policy != "off", shard=shard, run_id=run_id,
+                             session_header=cfg.session_header, image_size=cfg.image_size,
+                             image_format=cfg.image_format, image_token_rule=cfg.image_token_rule,
+                             image_cache_mb=cfg.image_cache_mb)
+    # the first requests' images and prompt texts made (their child processes started) before the
+    # pool opens (a server may close idle keep-alive connections) and before the anchor: start-up,
+    # not lateness of the first requests due
+    t_warm = now_ns()
+    warmed = await loop.run_in_executor(None, factory.warm_up, first)
+    if any(warmed):
+        log.info("made the images of %d rows and decoded %d prompt texts ahead of the first requests in %.2f s "
+                 "(before the schedule's anchor)", warmed[0], warmed[1], (now_ns() - t_warm) / 1e9)
     client = Client(target, endpoint=cfg.endpoint, api_key=api_key,
                     connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s or None,
                     request_timeout_s=cfg.request_timeout_s,
@@ -199,15 +215,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         log.warning("--start-at %s passed %.1f s ago: starting now, %.1f s out of step with runs that kept it "
                     "(the requests overdue are not sent in one burst)", hms(cfg.start_at), anchor.late_s,
                     anchor.late_s)
-    timeline = Timeline(cfg.speedup)
 
-    # X-Request-Id: <run_id>-<loop>-<row>; a resumed run keeps its run's id (config.recorded_settings)
-    run_id = cfg.run_id or new_run_id()
-    factory = RequestFactory(prompts, payload, timeline, endpoint=cfg.endpoint, text_mode=cfg.prompt_mode == "text",
-                             sessions=cfg.session_policy != "off", shard=shard, run_id=run_id,
-                             session_header=cfg.session_header, image_size=cfg.image_size,
-                             image_format=cfg.image_format, image_token_rule=cfg.image_token_rule,
-                             image_cache_mb=cfg.image_cache_mb)
     gate = SessionGate(cfg.session_policy, scale=lambda ns: round(ns / timeline.speedup))
 
     meta = {"replayer.version": __version__, "replayer.t0_wall_s": repr(anchor.wall_s),

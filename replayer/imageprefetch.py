@@ -77,6 +77,12 @@ class ImagePrefetch:
                 log.debug("image prefetch failed at row %s", k, exc_info=True)
             k += 1
 
+    def warm(self, sb, n: int, seed: int) -> None:
+        """Before the run starts: build the images of the first ``n`` items of ``sb`` (in the child,
+        started now), so the first requests due take them from the cache."""
+        for k in range(min(n, len(sb))):
+            self._row(sb, k, seed)
+
     def _row(self, sb, k: int, seed: int) -> None:
         t = sb.batch
         i = int(sb.idx[k])

@@ -28,6 +28,8 @@ was evicted (or whose session began before a resume) is built from its own hash 
 
 from __future__ import annotations
 
+import logging
+
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -38,7 +40,7 @@ import orjson
 from .hashing import mix64
 from .image_tokens import parse_rule
 from .imageprefetch import ImagePrefetch
-from .imagerows import row_images
+from .imagerows import image_count, row_images
 from .images import ImageParts
 from .payload import CHAT, COMPLETIONS, EMBEDDINGS, POOLING, SCORE, PayloadBuilder, PreparedRequest, endpoint_kind
 from .prefix_cache import DEFAULT_CAPACITY_TOKENS, DEFAULT_KV_BLOCK_SIZE, PrefixCacheModel, modelled
@@ -49,6 +51,10 @@ from .schedule import ScheduleBatch, Timeline
 from .textprefetch import TextPrefetch
 
 ANSWER_SALT = 0xA5A5_0A5A_5A5A_A5A5
+log = logging.getLogger(__name__)
+
+#: items of the first schedule batch whose images and texts are made before the run is anchored
+WARM_ROWS = 64
 HISTORY_TOKENS = 32_000_000  # bound of the prefix-growth histories (int32 ids: 128 MB)
 
 
@@ -295,12 +301,9 @@ class RequestFactory:
         """The row's images as chat content parts (``imagerows.row_images``), from the image
         cache (built ahead by ``imageprefetch`` or now). Sets the request's image count, bytes,
         expected image tokens and expected image-cache hits."""
-        if self._image_src is None:
-            self._image_src = ImageParts(self.image_format, self.image_cache_mb << 20)
-            self._image_rule = parse_rule(self.image_token_rule)
-            self._prefetch = ImagePrefetch(self._image_src, self.image_size)
+        prefetch = self._images()
         seed = self.prompts.for_loop(sb.loop).seed
-        self._prefetch.at(sb, j, seed)
+        prefetch.at(sb, j, seed)
         parts, nbytes, expected, again = [], 0, 0, 0
         images = row_images(t, i, req.row, self.image_size)
         for image_id, w, h in images:
@@ -317,13 +320,49 @@ class RequestFactory:
             expected if self._image_rule is not None else None)
         return parts
 
-    def _prompt_text(self, sb: ScheduleBatch, j: int, hash_ids, n_in: int) -> str:
-        """The prompt text of item ``j``: decoded ahead by ``textprefetch``'s child, else now."""
-        text = self._text(sb.loop)
+    def _images(self) -> ImagePrefetch:
+        """The image cache and its prefetch (made on the first image row)."""
+        if self._prefetch is None:
+            self._image_src = ImageParts(self.image_format, self.image_cache_mb << 20)
+            self._image_rule = parse_rule(self.image_token_rule)
+            self._prefetch = ImagePrefetch(self._image_src, self.image_size)
+        return self._prefetch
+
+    def _texts(self) -> TextPrefetch:
+        """The text prefetch (made on the first text row)."""
         if self._text_prefetch is None:
             p = self.prompts
             self._text_prefetch = TextPrefetch(p.tokenizer, p.block_size, p.vocab, self._text_item)
-        self._text_prefetch.at(sb, j, text.builder.seed)
+        return self._text_prefetch
+
+    def warm_up(self, sb: ScheduleBatch | None, n: int = WARM_ROWS, timeout_s: float = 30.0) -> tuple[int, int]:
+        """Before the run is anchored: the images and prompt texts of the first ``n`` items of the
+        first schedule batch, built and decoded by the prefetch children (started now), so the first
+        requests due are not late by the children's start or by building them in the lead window.
+        Returns (rows with images, texts decoded); (0, 0) when the batch needs neither."""
+        try:
+            return self._warm_up(sb, n, timeout_s)
+        except Exception:  # (a row's problem is reported when preparation meets it)
+            log.debug("warm-up stopped", exc_info=True)
+            return 0, 0
+
+    def _warm_up(self, sb: ScheduleBatch | None, n: int, timeout_s: float) -> tuple[int, int]:
+        if sb is None:
+            return 0, 0
+        m = min(n, len(sb))
+        image_rows = [k for k in range(m) if image_count(sb.batch, int(sb.idx[k]))]
+        text_rows = [k for k in range(m) if self._text_item(sb, k) is not None]
+        texts = 0
+        if text_rows and self.prompts.tokenizer:
+            texts = self._texts().warm(sb, n, self._text(sb.loop).builder.seed, timeout_s)
+        if image_rows:
+            self._images().warm(sb, n, self.prompts.for_loop(sb.loop).seed)
+        return len(image_rows), texts
+
+    def _prompt_text(self, sb: ScheduleBatch, j: int, hash_ids, n_in: int) -> str:
+        """The prompt text of item ``j``: decoded ahead by ``textprefetch``'s child, else now."""
+        text = self._text(sb.loop)
+        self._texts().at(sb, j, text.builder.seed)
         got = self._text_prefetch.take(sb, j)
         return got if got is not None else text.prompt_text(hash_ids, n_in)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import BrokenExecutor, Future, ProcessPoolExecutor
@@ -120,6 +121,21 @@ class TextPrefetch:
             return None
         self.taken += 1
         return text
+
+    def warm(self, sb: Any, n: int, seed: int, timeout_s: float) -> int:
+        """Before the run starts: decode the text rows among the first ``n`` items of ``sb`` (the
+        child started) and wait for them, at most ``timeout_s``; returns how many are ready."""
+        want = [k for k in range(min(n, len(sb))) if self.wants(sb, k) is not None]
+        self.at(sb, -1, seed)  # (the thread starts at item 0)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._cond:
+                ready = sum(1 for k in want if k in self._texts and self._texts[k].done())
+                if ready == len(want) or self._broken:
+                    return ready
+            if time.monotonic() > deadline:
+                return ready
+            time.sleep(0.005)
 
     def _run(self) -> None:
         serial, k = -1, 0

@@ -136,3 +136,33 @@ def test_prepared_text_bodies_are_the_same_with_the_prefetch(tmp_path):
     for j, body in enumerate(bodies):
         content = orjson.loads(body)["messages"][0]["content"]
         assert content == inline.prompt_text(t.hash_ids(j), 700 + j)
+
+
+def test_warm_up_makes_the_first_rows_texts_and_images_before_the_run(tmp_path):
+    """Before the anchor, the first rows' prompt texts are decoded by the child and their images
+    built: preparation then takes every one of them (the first request included) instead of
+    starting the children and making them in the lead window, late."""
+    from replayer.prepare import Prompts, RequestFactory
+    from replayer.schedule import Timeline
+    from replayer.trace import read_trace
+
+    tpath = word_tokenizer(tmp_path / "tokenizer.json")
+    p = tmp_path / "mm.jsonl"
+    p.write_text("".join(json.dumps({"timestamp": k, "input_length": 700 + k, "output_length": 3,
+                                     "hash_ids": [k % 2, 100 + k], "num_images": 1}) + "\n" for k in range(8)))
+    t = read_trace(p)
+    sb = _batch(t, 8)
+    factory = RequestFactory(Prompts(512, seed=9, tokenizer=tpath), PayloadBuilder("m", chat=True),
+                             Timeline(1.0), endpoint="/v1/chat/completions", image_size="64x64")
+    assert factory.warm_up(sb, n=8) == (8, 8)
+    assert factory._image_src.built == 8
+    bodies = [factory.prepare(sb, j).body for j in range(8)]
+    assert factory._text_prefetch.taken == 8              # no text decoded in preparation
+    assert factory._image_src.hits == 8 and factory._image_src.built == 8  # no image built in it
+    inline = Prompts(512, seed=9, tokenizer=tpath).text_for_loop(0)
+    for j, body in enumerate(bodies):
+        parts = orjson.loads(body)["messages"][0]["content"]
+        assert [q["text"] for q in parts if q["type"] == "text"] == [inline.prompt_text(t.hash_ids(j), 700 + j)]
+        assert sum(q["type"] == "image_url" for q in parts) == 1
+    empty = RequestFactory(Prompts(512, seed=9), PayloadBuilder("m"), Timeline(1.0))
+    assert empty.warm_up(_batch(_text_trace(tmp_path), 6)) == (0, 0)  # token ids, no images: nothing to make
