@@ -184,6 +184,11 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     if any(warmed):
         log.info("made the images of %d rows and decoded %d prompt texts ahead of the first requests in %.2f s "
                  "(before the schedule's anchor)", warmed[0], warmed[1], (now_ns() - t_warm) / 1e9)
+    # the first lead window's requests built now, not at the start, behind their due times
+    t_warm = now_ns()
+    prebuilt = await loop.run_in_executor(None, factory.prebuild, first, int(cfg.lead_s * 1e9))
+    log.debug("built the first %d requests in %.3f s (before the schedule's anchor)", prebuilt,
+              (now_ns() - t_warm) / 1e9)
     client = Client(target, endpoint=cfg.endpoint, api_key=api_key,
                     connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s or None,
                     request_timeout_s=cfg.request_timeout_s,

@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 
 #: items of the first schedule batch whose images and texts are made before the run is anchored
 WARM_ROWS = 64
+#: most requests built before the run is anchored (``RequestFactory.prebuild``)
+PREBUILD_MAX = 10_000
 HISTORY_TOKENS = 32_000_000  # bound of the prefix-growth histories (int32 ids: 128 MB)
 
 
@@ -202,9 +204,32 @@ class RequestFactory:
         self._image_rule = None
         self._prefetch: ImagePrefetch | None = None
         self._text_prefetch: TextPrefetch | None = None  # started by the first text row
+        self._prebuilt: tuple[ScheduleBatch, dict[int, PreparedRequest]] | None = None  # (batch, item -> request)
 
     # -- the request --------------------------------------------------------------------------
+    def prebuild(self, sb: ScheduleBatch | None, lead_ns: int, cap: int = PREBUILD_MAX) -> int:
+        """Before the run is anchored: build the requests of ``sb`` due within ``lead_ns`` of the
+        start (at most ``cap``), in order, so that the first lead window is not built at the
+        start of the run, behind its due times (a run whose first second is hundreds of
+        requests started late and stayed late). ``prepare`` hands them out; returns how many."""
+        if sb is None:
+            return 0
+        n = 0
+        while n < min(cap, len(sb)) and self.timeline.due(int(sb.trace_ns[n])) <= lead_ns:
+            n += 1
+        self._prebuilt = (sb, {j: self._build(sb, j) for j in range(n)})
+        return n
+
     def prepare(self, sb: ScheduleBatch, j: int) -> PreparedRequest:
+        if self._prebuilt is not None and self._prebuilt[0] is sb:
+            req = self._prebuilt[1].pop(j, None)
+            if not self._prebuilt[1]:
+                self._prebuilt = None
+            if req is not None:
+                return req
+        return self._build(sb, j)
+
+    def _build(self, sb: ScheduleBatch, j: int) -> PreparedRequest:
         t = sb.batch
         i = int(sb.idx[j])
         self._observe_unsent(t, sb.loop, i)

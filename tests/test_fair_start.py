@@ -45,3 +45,38 @@ def test_a_slow_pool_opening_is_not_charged_as_dispatch_lag(tmp_path, mooncake_s
     lags = [r["dispatch_lag_ms"] for r in rows]
     assert max(lags[:5]) < warm_ms / 3 and max(lags) < warm_ms / 3, (warm_ms, lags[:5])
     assert "keep-alive connections ahead of the first request in" in p.stderr
+
+
+def test_the_first_lead_window_is_built_before_the_anchor(tmp_path):
+    """``prebuild``: the requests due within the lead window of the start are built before the
+    run is anchored (pure: no event loop) and handed out by ``prepare`` in order, the same
+    requests as built on the way; the rest are built as they come."""
+    import json
+
+    import numpy as np
+
+    from replayer.payload import PayloadBuilder
+    from replayer.prepare import Prompts, RequestFactory
+    from replayer.schedule import ScheduleBatch, Timeline
+    from replayer.trace import read_trace
+
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(json.dumps({"timestamp": 100 * k, "input_length": 600 + k, "output_length": 3,
+                                     "hash_ids": [k % 3, 10 + k]}) + "\n" for k in range(10)))
+    t = read_trace(p)
+    sb = ScheduleBatch(loop=0, batch=t, idx=np.arange(10), trace_ns=np.arange(10, dtype=np.int64) * 100_000_000,
+                       rows=np.arange(10), first_index=0)
+
+    def factory(speedup: float) -> RequestFactory:
+        return RequestFactory(Prompts(512, seed=4), PayloadBuilder("m"), Timeline(speedup), run_id="r")
+
+    ahead = factory(2.0)
+    assert ahead.prebuild(sb, lead_ns=200_000_000) == 5  # due 0, 50, 100, 150, 200 ms at 2x
+    built = dict(ahead._prebuilt[1])
+    reqs = [ahead.prepare(sb, j) for j in range(10)]
+    assert all(reqs[j] is built[j] for j in range(5)) and ahead._prebuilt is None
+    fresh = factory(2.0)
+    plain = [fresh.prepare(sb, j) for j in range(10)]
+    assert [(r.body, r.due_ns, r.expected_hits, r.x_request_id) for r in reqs] == \
+        [(r.body, r.due_ns, r.expected_hits, r.x_request_id) for r in plain]
+    assert factory(1.0).prebuild(None, lead_ns=10**9) == 0
