@@ -126,7 +126,8 @@ class RunConfig(BaseModel):
                               "response stream (TCP_QUICKACK off; Linux, elsewhere a no-op with a warning): half the ACKs, ~3.5 us less CPU per "
                               "SSE event; only for servers that set TCP_NODELAY (vLLM, SGLang, uvicorn and "
                               "aiohttp servers do): with Nagle on, each token would wait up to 40 ms")
-    lead_s: float = Field(0.5, gt=0, le=60, description="build request bodies this far ahead of their due time")
+    lead_s: float = Field(3.0, gt=0, le=60, description="build request bodies this far ahead of their due time "
+                          "(the first window before the run starts)")
     start_delay_s: float = Field(0.1, ge=0, description="anchor the schedule this long after start-up")
     flush_rows: int = Field(2000, ge=1, description="write a results row group every N results")
     flush_interval_s: float = Field(2.0, gt=0, description="or every this many seconds")

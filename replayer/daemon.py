@@ -186,7 +186,8 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
                  "(before the schedule's anchor)", warmed[0], warmed[1], (now_ns() - t_warm) / 1e9)
     # the first lead window's requests built now, not at the start, behind their due times
     t_warm = now_ns()
-    prebuilt = await loop.run_in_executor(None, factory.prebuild, first, int(cfg.lead_s * 1e9))
+    lead_ns = int(cfg.lead_s * 1e9) if not duration_ns else min(int(cfg.lead_s * 1e9), duration_ns - 1)
+    prebuilt = await loop.run_in_executor(None, factory.prebuild, first, lead_ns)
     log.debug("built the first %d requests in %.3f s (before the schedule's anchor)", prebuilt,
               (now_ns() - t_warm) / 1e9)
     client = Client(target, endpoint=cfg.endpoint, api_key=api_key,
