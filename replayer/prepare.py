@@ -29,7 +29,6 @@ was evicted (or whose session began before a resume) is built from its own hash 
 from __future__ import annotations
 
 import logging
-
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -214,11 +213,17 @@ class RequestFactory:
         requests started late and stayed late). ``prepare`` hands them out; returns how many."""
         if sb is None:
             return 0
-        n = 0
-        while n < min(cap, len(sb)) and self.timeline.due(int(sb.trace_ns[n])) <= lead_ns:
-            n += 1
-        self._prebuilt = (sb, {j: self._build(sb, j) for j in range(n)})
-        return n
+        built: dict[int, PreparedRequest] = {}
+        j = 0
+        while j < min(cap, len(sb)) and self.timeline.due(int(sb.trace_ns[j])) <= lead_ns:
+            try:
+                built[j] = self._build(sb, j)
+            except Exception:  # this row fails again, visibly, when the run prepares it
+                log.debug("prebuild stopped at item %d", j, exc_info=True)
+                break
+            j += 1
+        self._prebuilt = (sb, built) if built else None
+        return len(built)
 
     def prepare(self, sb: ScheduleBatch, j: int) -> PreparedRequest:
         if self._prebuilt is not None and self._prebuilt[0] is sb:
