@@ -23,7 +23,7 @@ from collections.abc import Callable
 import aiohttp
 from prometheus_client import CollectorRegistry
 
-from . import __version__, verdict
+from . import __version__, retention, verdict
 from .admin import AdminServer
 from .client import Client
 from .clock import Anchor, now_ns
@@ -301,7 +301,8 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         background.append(loop.create_task(_stop_with_parent(int(parent), on_signal)))
     samples = None
     if scraper is not None:
-        samples = SampleFiles(results_dir)
+        samples = SampleFiles(results_dir, keep_since=lambda: retention.samples_kept_since(
+            results_dir, recorder.oldest_timestamp_s))
         if cfg.resume:  # the summary covers the whole folder: start from the earlier runs' totals
             carry_target_totals(results_dir, scraper)
         background.append(loop.create_task(scraper.run()))

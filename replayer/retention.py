@@ -199,6 +199,12 @@ def read_removed(results_dir: str) -> Removed | None:
         return None
 
 
+def samples_kept_since(results_dir: str, oldest_s: float | None) -> float | None:
+    """Where the target-metric samples kept start (``target_metrics.SampleFiles.keep_since``):
+    ``oldest_s`` (the oldest result kept) once retention has removed results, else None (all kept)."""
+    return oldest_s if os.path.exists(os.path.join(results_dir, REMOVED)) else None
+
+
 def results_dir_of(path: str) -> str:
     """The results folder a results file is in (a part's folder is ``parts/`` inside it)."""
     d = os.path.dirname(os.path.abspath(path))

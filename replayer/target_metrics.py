@@ -52,7 +52,7 @@ import os
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -407,6 +407,7 @@ class TargetScraper:
 
 SAMPLES_FILE = "target_metrics.parquet"
 SAMPLES_FLUSH_SCRAPES = 12  # samples reach a part file every this many scrape intervals (a SIGKILL loses at most that)
+SAMPLES_ROLL_PARTS = 60  # parts on disk that trigger a roll during the run (an hour at the soak's 5 s scrapes)
 _PARTS = "parts"  # the results folder's parts folder (``replayer.recorder.PARTS``)
 
 
@@ -477,33 +478,48 @@ def read_samples(results_dir: str):
 
 class SampleFiles:
     """The scraper's samples on disk, so that nothing scraped is lost: ``write_part`` (every
-    ``SAMPLES_FLUSH_SCRAPES`` scrape intervals during the run) writes a small whole Parquet file under ``parts/``;
-    ``roll`` (at the end) merges ``target_metrics.parquet`` (an earlier run's, on ``--resume``),
-    every part (also those a killed run left) and the last rows into a new
-    ``target_metrics.parquet``, batch by batch (memory stays bounded over a days-long soak), then
-    removes the parts. Blocking: call both from a worker thread."""
+    ``SAMPLES_FLUSH_SCRAPES`` scrape intervals during the run) writes a small whole Parquet file under
+    ``parts/``; ``roll`` merges ``target_metrics.parquet`` (an earlier roll's, or an earlier run's on
+    ``--resume``), every part (also those a killed run left) and the given rows into a new
+    ``target_metrics.parquet``, batch by batch, then removes the parts. The run rolls at its end,
+    and ``write_part`` rolls once ``roll_parts`` parts are on disk, so a days-long soak keeps one
+    file, not one per minute.
 
-    def __init__(self, results_dir: str) -> None:
+    ``keep_since`` (-> Unix s or None) bounds the file: a roll leaves out samples older than it
+    returns. The run passes the oldest results kept once retention has removed results
+    (``retention.samples_kept_since``), so the samples cover what the results cover and stay
+    inside the retention bound. Blocking: call from a worker thread, one call at a time."""
+
+    def __init__(self, results_dir: str, *, keep_since: Callable[[], float | None] | None = None,
+                 roll_parts: int = SAMPLES_ROLL_PARTS) -> None:
         self.dir = results_dir
+        self.keep_since = keep_since
+        self.roll_parts = roll_parts
         os.makedirs(os.path.join(results_dir, _PARTS), exist_ok=True)
         # part names are never reused: target_metrics.parquet's list of parts must not name a new one
         names = [os.path.basename(p) for p in glob.glob(os.path.join(results_dir, _PARTS, "target_metrics-*.parquet"))]
+        self._parts = len(names)
         names += _rolled_parts(os.path.join(results_dir, SAMPLES_FILE))
         self._seq = 1 + max((int(n[-16:-8]) for n in names if n[-16:-8].isdigit()), default=-1)
 
     def write_part(self, rows: list[dict]) -> str | None:
-        """Write ``rows`` as the next part file; returns its path (None for no rows)."""
+        """Write ``rows`` as the next part file (then roll, when ``roll_parts`` are on disk);
+        returns the part's path (None for no rows)."""
         if not rows:
             return None
         os.makedirs(os.path.join(self.dir, _PARTS), exist_ok=True)
         path = os.path.join(self.dir, _PARTS, f"target_metrics-{self._seq:08d}.parquet")
         self._seq += 1
         save_samples(rows, path)
+        self._parts += 1
+        if self._parts >= self.roll_parts:
+            self.roll()
         return path
 
     def roll(self, rows: list[dict] | tuple = ()) -> int:
         """Merge everything into ``target_metrics.parquet`` (see the class docstring); returns
         its row count (0, and no file, when there are no samples)."""
+        import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
         from .recorder import ROLLED_PARTS, atomic_file
@@ -513,24 +529,39 @@ class SampleFiles:
             return 0
         dst = os.path.join(self.dir, SAMPLES_FILE)
         parts = glob.glob(os.path.join(self.dir, _PARTS, "target_metrics-*.parquet"))
-        # every part merged now or before: from the rename on, readers skip them (a kill before
-        # their removal shows no sample twice)
-        rolled = sorted({os.path.basename(p) for p in parts} | _rolled_parts(dst))
+        # the parts merged now (and any a cut-short roll left): from the rename on, readers skip
+        # them (a kill before their removal shows no sample twice); the parts a finished roll
+        # merged are gone, so the list stays as short as the parts on disk
+        rolled = sorted({os.path.basename(p) for p in parts})
+        since = self.keep_since() if self.keep_since is not None else None
         schema, n = _sample_schema(), 0
         with atomic_file(dst) as out:
             with pq.ParquetWriter(out, schema.with_metadata({ROLLED_PARTS: json.dumps(rolled).encode()}),
                                   compression="zstd") as w:
-                for f in files:
-                    for batch in pq.ParquetFile(f).iter_batches(batch_size=65_536):
-                        w.write_batch(batch.cast(schema))
-                        n += batch.num_rows
-                if rows:
-                    w.write_table(_samples_table(list(rows)))
-                    n += len(rows)
+                for table in self._sources(files, rows):
+                    if since is not None:
+                        table = table.filter(pc.greater_equal(table.column("time_s"), since))
+                    if table.num_rows:
+                        w.write_table(table)
+                        n += table.num_rows
         for f in parts:
             os.remove(f)
+        self._parts = 0
         try:  # (the results' parts went first: nothing left in parts/ then)
             os.rmdir(os.path.join(self.dir, _PARTS))
         except OSError:
             pass
         return n
+
+    @staticmethod
+    def _sources(files: list[str], rows: list[dict] | tuple) -> Iterator:
+        """The samples to merge as Arrow tables of ``_sample_schema()``, in order, batch by batch."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = _sample_schema()
+        for f in files:
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=65_536):
+                yield pa.Table.from_batches([batch.cast(schema)])
+        if rows:
+            yield _samples_table(list(rows))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 import pyarrow.parquet as pq
@@ -227,6 +228,38 @@ def test_sample_parts_roll_into_one_file_after_an_earlier_run(tmp_path):
     t = pq.read_table(tmp_path / "target_metrics.parquet")
     assert t.column("t_ns").to_pylist() == [i for i in range(5) for _ in range(10)]  # in order, each once
     assert SampleFiles(str(tmp_path / "empty")).roll() == 0 and read_samples(str(tmp_path / "empty")) is None
+
+
+def test_sample_parts_roll_during_the_run_and_the_file_stays_within_retention(tmp_path):
+    from replayer.recorder import ROLLED_PARTS
+    from replayer.retention import REMOVED, samples_kept_since
+
+    sc = TargetScraper("http://unused/metrics")
+
+    def scrape(i: int) -> list[dict]:
+        sc.observe(b19_text(False), time_s=float(i), t_ns=i)
+        return sc.take_samples()
+
+    since: list[float | None] = [None]
+    files = SampleFiles(str(tmp_path), keep_since=lambda: since[0], roll_parts=3)
+    for i in range(7):  # a soak: parts roll into one file every 3 parts, not one file per part at the end
+        files.write_part(scrape(i))
+    assert sample_files(str(tmp_path)) == [str(tmp_path / "target_metrics.parquet"),
+                                           str(tmp_path / "parts" / "target_metrics-00000006.parquet")]
+    assert read_samples(str(tmp_path)).column("t_ns").to_pylist() == [i for i in range(7) for _ in range(10)]
+    listed = json.loads(pq.read_schema(tmp_path / "target_metrics.parquet").metadata[ROLLED_PARTS])
+    assert listed == ["target_metrics-00000003.parquet", "target_metrics-00000004.parquet",
+                      "target_metrics-00000005.parquet"]  # only the parts that roll merged: the list stays short
+    assert SampleFiles(str(tmp_path)).write_part(scrape(7)).endswith("target_metrics-00000007.parquet")
+
+    # retention removed results up to Unix second 4: samples before it go at the next roll
+    assert samples_kept_since(str(tmp_path), 4.0) is None  # (nothing removed: every sample is kept)
+    (tmp_path / REMOVED).write_text("{}")
+    since[0] = samples_kept_since(str(tmp_path), 4.0)
+    assert since[0] == 4.0
+    assert files.roll(scrape(8)) == 50
+    assert read_samples(str(tmp_path)).column("time_s").to_pylist() == [float(i) for i in range(4, 9) for _ in range(10)]
+    assert sample_files(str(tmp_path)) == [str(tmp_path / "target_metrics.parquet")]
 
 
 def test_live_scrape_of_embedded_sim():
