@@ -47,6 +47,7 @@ import errno
 import os
 import socket
 import ssl
+from collections import deque
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -67,6 +68,7 @@ _UNSENT = -2.0  # _attempt: the launcher never wrote the reserved request (its c
 _ERROR_TEXT_LIMIT = 500
 _RETRY_AFTER_MAX_S = 60.0
 SPARE_BACKOFF_NS = 500_000_000  # no connections opened ahead for this long after one failed
+IDLE_EXPIRY_S = 60.0  # an idle keep-alive connection beyond the spares is closed after this long unused
 
 
 class Client:
@@ -89,14 +91,18 @@ class Client:
     one is acknowledged, so tokens would wait for the delayed ACK (up to 40 ms). A request with its own ``path`` goes to
     ``base_url + path``. A request's ``headers`` (its ``X-Request-Id``) go into its head.
     ``server_timings``: read the server's own timings from the response and record them
-    (``replayer.servertimings``). Use as an async context manager, or call ``start``/``close``.
+    (``replayer.servertimings``). ``idle_expiry_s``: an idle connection beyond the
+    ``spare_target`` spares is closed once unused this long, and one the server closed leaves
+    the pool: a burst or a backlog opens a connection per request in flight, and without this
+    the pool would keep them all (a few KB each, with their parsers) for the rest of a soak.
+    Use as an async context manager, or call ``start``/``close``.
     """
 
     def __init__(self, base_url: str, *, t0_ns: int = 0, endpoint: str = "/v1/completions",
                  api_key: str | None = None, connect_timeout_s: float = 30.0,
                  read_timeout_s: float | None = 600.0, request_timeout_s: float | None = None, retry_max: int = 0,
                  retry_backoff_s: float = 0.5, usage_slack_tokens: int = 0, delayed_ack: bool = False,
-                 server_timings: bool = False) -> None:
+                 server_timings: bool = False, idle_expiry_s: float = IDLE_EXPIRY_S) -> None:
         u = urlsplit(base_url.rstrip("/") + endpoint)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"target must be an http(s) URL, got {base_url!r}")
@@ -121,7 +127,9 @@ class Client:
             raise ValueError("retry_max and retry_backoff_s must be >= 0")
         self.retry_max = retry_max
         self.retry_backoff_s = retry_backoff_s
-        self._idle: list[_Connection] = []
+        # the idle pool, a LIFO stack: the newest on the right, spares and the longest idle on the left
+        self._idle: deque[_Connection] = deque()
+        self._idle_expiry_ns = int(idle_expiry_s * 1e9)
         self._all: set[_Connection] = set()
         self._spares_opening = 0
         self._spares_paused_until = 0  # no background connects before this (one failed)
@@ -173,6 +181,9 @@ class Client:
         does not pay for TCP handshakes at its due time). Returns how many opened."""
         conns = await asyncio.gather(*(self._connect() for _ in range(n)), return_exceptions=True)
         ok = [c for c in conns if isinstance(c, _Connection)]
+        t = now_ns()
+        for c in ok:
+            c.idle_since_ns = t
         self._idle.extend(ok)
         return len(ok)
 
@@ -209,7 +220,9 @@ class Client:
             if t.cancelled():
                 return
             if t.exception() is None:
-                self._idle.insert(0, t.result())  # LIFO pool: spares are used after warm ones
+                c = t.result()
+                c.idle_since_ns = now_ns()
+                self._idle.appendleft(c)  # LIFO pool: spares are used after warm ones
             else:  # the target refuses or is down: no connect storm ahead of demand for a while
                 self._spares_paused_until = now_ns() + SPARE_BACKOFF_NS
 
@@ -233,7 +246,25 @@ class Client:
             c._abort()
             self._all.discard(c)
         else:
-            self._idle.append(c)
+            c.idle_since_ns = now = now_ns()
+            idle = self._idle
+            idle.append(c)
+            if len(idle) > self.spare_target:
+                self._expire_idle(now)
+
+    def _expire_idle(self, now: int) -> None:
+        """Close the idle connections unused for ``idle_expiry_s``, and drop those the server
+        closed, from the long-idle end of the pool while it holds more than ``spare_target``
+        (amortized O(1): each connection leaves once)."""
+        idle, limit = self._idle, now - self._idle_expiry_ns
+        while len(idle) > self.spare_target:
+            c = idle[0]
+            if not c.closed and c.ex is None and c.idle_since_ns > limit:
+                return
+            idle.popleft()
+            if not c.closed and c.ex is None:  # (one with an exchange is not idle: only dropped)
+                c._abort()
+            self._all.discard(c)
 
     def use_launcher(self, launcher: Launcher) -> None:
         """Write reserved requests through ``launcher`` (started and ready; its reports go to

@@ -77,6 +77,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.keep_alive = True
         self.served = 0  # responses completed on this connection (> 0: a reused keep-alive connection)
+        self.idle_since_ns = 0  # when it last went back to the client's idle pool
         self._header_name = b""
 
     # -- asyncio.Protocol -------------------------------------------------------------------
