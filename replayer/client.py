@@ -53,7 +53,7 @@ from urllib.parse import urlsplit
 
 
 from .audit import audit_pooling
-from .connection import _ERROR_BODY_LIMIT, _Connection, _Exchange, _Failure
+from .connection import _ERROR_BODY_LIMIT, _Connection, _Exchange, _Failure, fd_limit_hint
 from .clock import now_ns
 from .errors import ErrorKind, Outcome
 from .launcher import Launcher
@@ -431,7 +431,7 @@ class Client:
                                    f"{self._port} within {self._connect_timeout:g} s (--connect-timeout)") from None
                 except OSError as e:
                     raise _Failure(ErrorKind.CONNECT, f"cannot connect to {self._host}:{self._port}: "
-                                                      f"{type(e).__name__}: {e}") from None
+                                                      f"{type(e).__name__}: {e}{fd_limit_hint(e)}") from None
                 ex = self._write(req, res, conn, t_start, lag_from_ns)
             await ex.done
             if res.sent_ns is None and reserved is not None and conn.launch:

@@ -8,6 +8,8 @@ them into result values."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import resource
 import socket
 from typing import TYPE_CHECKING
 
@@ -23,6 +25,30 @@ if TYPE_CHECKING:
 #: the most bytes of an error response body kept (its message)
 ERROR_BODY_LIMIT = 64 * 1024
 _ERROR_BODY_LIMIT = ERROR_BODY_LIMIT
+
+
+def raise_open_file_limit() -> tuple[int, int]:
+    """Raise this process's soft limit of open files to its hard limit (as load generators do:
+    every request in flight holds a connection, and a default of 1,024 is a few seconds of a
+    burst); returns (before, after)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ValueError, OSError):
+        return soft, soft
+    return soft, want
+
+
+def fd_limit_hint(e: OSError) -> str:
+    """What a connect that failed for want of file descriptors (EMFILE) should say."""
+    if e.errno != errno.EMFILE:
+        return ""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return (f" (the replayer's open-file limit, ulimit -n {soft}, is reached: each request in flight holds a "
+            "connection; raise the hard limit, or use --workers / a lower --speedup)")
 
 
 class _Failure(Exception):

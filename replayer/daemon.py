@@ -27,6 +27,7 @@ from . import __version__, retention, verdict
 from .admin import AdminServer
 from .client import Client
 from .clock import Anchor, now_ns
+from .connection import raise_open_file_limit
 from .config import RunConfig, new_run_id
 from .dispatcher import Dispatcher, Feed
 from .gcpacer import GcPacer
@@ -74,6 +75,9 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
     """
     state = state or RunState()
     registry = registry or CollectorRegistry()
+    before, after = raise_open_file_limit()
+    if after != before:
+        log.info("open-file limit raised from %d to %d (each request in flight holds a connection)", before, after)
     sim_proc = sim[0] if sim else None
     admin: AdminServer | None = None
     created = False  # the results folder is this run's own

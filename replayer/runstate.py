@@ -155,7 +155,9 @@ def status(state: RunState, d: Dispatcher | None) -> dict:
             "dispatch_lag_max_s": round(state.max_lag_ms / 1e3, 6),  # (seconds, as every /status time)
             # the results folder's size and its oldest result kept (Unix s), as of the last flush
             "results_bytes": rec.results_bytes if rec else None,
-            "results_oldest_timestamp_s": rec.oldest_timestamp_s if rec else None}
+            "results_oldest_timestamp_s": rec.oldest_timestamp_s if rec else None,
+            # results a failed write keeps in memory until writing works again (0: all on disk)
+            "results_unwritten": rec.unwritten_rows if rec else None}
 
 
 def hms(wall_s: float) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import resource
 import subprocess
 import sys
 from collections import Counter
@@ -261,3 +262,29 @@ def test_more_shards_than_rows_every_shard_merges_into_each_row_once(tmp_path, m
     assert p.returncode == (1 if merged["merge_warnings"] else 0), p.stderr[-2000:]
     rows = Counter(r for d in dirs for r in read_results(str(d), columns=["row"]).column("row").to_pylist())
     assert sorted(rows) == list(range(12)) and set(rows.values()) == {1}
+
+
+def test_out_of_file_descriptors_no_result_is_lost(tmp_path, sim_process):
+    # more requests in flight than the process may open files: connects fail (recorded, with the
+    # limit named) and writing a part fails too; the results stay in memory until it works again
+    trace = tmp_path / "burst.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": i * 2.5, "input_length": 8, "output_length": 2, "hash_ids": [i]})
+                             + "\n" for i in range(800)))
+    url, _ = sim_process("--ttft-base-ms", "1000", "--itl-base-ms", "1", "--prefill-us-per-token", "0")
+    res = tmp_path / "res"
+
+    def limit():  # soft = hard: the run cannot raise it
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    p = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace), "--target", url, "--results", str(res),
+                        "--admin-port", "0", "--quiet", "--flush-interval", "0.5", "--no-scrape-target-metrics"],
+                       capture_output=True, text=True, timeout=240, preexec_fn=limit)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "open-file limit, ulimit -n 256" in p.stderr
+    assert "cannot write results" in p.stderr and "works again" in p.stderr  # the write failed, then caught up
+    t = pq.read_table(res / "requests.parquet")
+    assert sorted(t.column("row").to_pylist()) == list(range(800))  # every row, once
+    outcomes = Counter(t.column("outcome").to_pylist())
+    assert outcomes["failed"] > 0 and outcomes["success"] > 0 and sum(outcomes.values()) == 800
+    summary = json.loads((res / "summary.json").read_text())
+    assert summary["completed"] + summary["failed"] == 800
