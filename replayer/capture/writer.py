@@ -6,6 +6,8 @@ Parquet part ``OUT/parts/part-NNNNNNNN.parquet`` (a SIGKILL loses at most one fl
 parts are rolled into ``OUT/trace-NNNNN.parquet`` every ``roll_rows`` rows / ``roll_interval_s``
 seconds and at the end. A rolled file lists the parts it holds (``replayer.rolled_parts``), so the
 trace reader never shows a row twice. The last roll (a clean stop) sorts its rows by arrival.
+A write that fails (no file descriptor left, disk full) keeps its rows in memory for the next
+flush, with the error logged when it starts and when writing works again: no row is dropped unseen.
 
 Every file carries the capture's metadata (``replayer.capture``, block size, time unit ns, the
 wall-clock start), so ``replayer trace inspect`` and ``replayer run`` read the folder as a trace.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import glob
+import logging
 import os
 import time
 
@@ -23,6 +26,8 @@ import pyarrow as pa
 from ..rolling import PARTS, RollingWriter
 from ..trace.model import CAPTURE_META as CAPTURE_KEY
 from .rows import SCHEMA
+
+log = logging.getLogger(__name__)
 
 
 class CaptureWriter:
@@ -44,6 +49,7 @@ class CaptureWriter:
                                 roll_rows=roll_rows, roll_interval_s=roll_interval_s, sort_final_by="timestamp",
                                 thread_name="capture-writer")
         self._buf: list[dict] = []
+        self._unwritten: list[dict] = []  # rows a failed write kept (writer thread only)
         self._last_flush = time.monotonic()
 
     @property
@@ -58,7 +64,7 @@ class CaptureWriter:
     def flush(self) -> concurrent.futures.Future | None:
         """Hand the buffered rows to the writer thread (returns its future, None when empty)."""
         self._last_flush = time.monotonic()
-        if self._w.closed or not self._buf:
+        if self._w.closed or not (self._buf or self._unwritten):
             return None
         rows, self._buf = self._buf, []
         return self._w.submit(lambda: self._write(rows))
@@ -68,8 +74,24 @@ class CaptureWriter:
             self.flush()
 
     def _write(self, rows: list[dict]) -> None:
-        self._w.write_part(pa.Table.from_pylist(rows, schema=self._w.schema))
-        self._w.roll_if_due()
+        pending = self._unwritten
+        pending.extend(rows)
+        if not pending:
+            return
+        try:
+            self._w.write_part(pa.Table.from_pylist(pending, schema=self._w.schema))
+        except (OSError, pa.ArrowException) as e:
+            if len(pending) == len(rows):
+                log.error("cannot write captured rows in %s: %s; they are kept in memory and written when "
+                          "it works again", self.dir, e)
+            return
+        if len(pending) > len(rows):
+            log.warning("writing captured rows in %s works again: the %d rows kept are on disk", self.dir, len(pending))
+        pending.clear()
+        try:
+            self._w.roll_if_due()
+        except (OSError, pa.ArrowException) as e:
+            log.error("rolling captured rows in %s failed: %s (tried again at the next flush)", self.dir, e)
 
     def _rolled(self) -> list[str]:
         return glob.glob(os.path.join(self.dir, "trace-*.parquet"))
