@@ -344,6 +344,12 @@ def main() -> int:
           f"{total_s:.0f} s")
     print(f"{'requests ended (last running sample)':46s} {last[2]:,}")
     print(f"{'completed / failed (summary.json)':46s} {summary.get('completed')} / {summary.get('failed')}")
+    on_disk = (summary.get("completed") or 0) + (summary.get("failed") or 0)
+    ended = max((s[2] for s in samples if s[2] is not None), default=0)
+    print(f"{'results missing (ended - completed - failed)':46s} {ended - on_disk:,}"
+          + (" (RESULTS LOST)" if ended > on_disk else ""))
+    blind = sum(1 for s in samples[1:] if s[3] == "no-admin")
+    print(f"{'samples with the admin port not answering':46s} {blind} of {len(samples)}")
     print(f"{'requests/s (running samples)':46s} {(last[2] - first[2]) / run_s if run_s else 0:.0f} "
           f"(offered {a.rate * a.speedup:.0f}, 0.8x in every other control round)")
     if warm:
