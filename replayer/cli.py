@@ -19,6 +19,8 @@ from .config import ConfigError, RunConfig, flag_name, load_config
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 POSITIONAL = ("trace",)
+#: list settings given one value per flag, the flag repeated (``--target A --target B``)
+REPEATED = ("target",)
 
 
 
@@ -49,6 +51,9 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
         help_text = f"{f.description}{unit}{default}"
         if name in POSITIONAL:  # `run A B ...`: several traces are a mix (one tenant each)
             p.add_argument(name, nargs="*", default=argparse.SUPPRESS, action=_Traces, help=help_text)
+        elif name in REPEATED:
+            p.add_argument(flag_name(name), dest=name, action="append", default=argparse.SUPPRESS,
+                           metavar=name.upper(), help=help_text)
         elif typing.get_origin(typ) is list:  # KEY:VALUE pairs (--goodput, as vllm bench serve takes it)
             p.add_argument(flag_name(name), dest=name, nargs="+", default=argparse.SUPPRESS,
                            metavar=name.upper(), help=help_text)
@@ -95,6 +100,9 @@ def _flags_for(cfg: RunConfig, skip: set[str]) -> list[str]:
             out.append(v)
         elif isinstance(v, bool):
             out.append(flag_name(name) if v else "--no-" + flag_name(name)[2:])
+        elif isinstance(v, list) and name in REPEATED:
+            for x in v:
+                out += [flag_name(name), x]
         elif isinstance(v, list):
             out += [flag_name(name), *v]
         elif v is not None:

@@ -7,33 +7,19 @@ validation).
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import secrets
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from .configchecks import FieldChecks
+from .configload import (RUN_ID, SAME_ON_RESUME, ConfigError, flag_name, load_config, new_run_id,
+                         recorded_settings)
 
-#: what ``run_id`` may hold: it goes into every request's ``X-Request-Id`` header
-RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
-
-
-def new_run_id() -> str:
-    """A new run id (12 random hex digits): unique across runs, so ids in a server's logs never
-    collide between runs."""
-    return secrets.token_hex(6)
+__all__ = ["RUN_ID", "SAME_ON_RESUME", "ConfigError", "RunConfig", "flag_name", "load_config", "new_run_id",
+           "recorded_settings"]
 
 
-class ConfigError(ValueError):
-    """Invalid settings; ``problems`` lists one ``field: message`` per problem."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = problems
-        super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
-
-
-class RunConfig(BaseModel):
+class RunConfig(FieldChecks):
     """Settings of ``replayer run``; every field has the CLI flag ``--field-name``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -58,8 +44,12 @@ class RunConfig(BaseModel):
     session_header: str | None = Field(None, description="send each request's session id in this header, for "
                                        "routers: a header name, or a preset: dynamo (X-Dynamo-Session-ID), "
                                        "aibrix (x-aibrix-session-key with routing-strategy: session-affinity)")
-    target: str | None = Field(None, description="base URL of the server (a trailing /v1 is dropped); "
-                               "none = start the embedded simulator")
+    target: list[str] | None = Field(None, description="base URL of the server (a trailing /v1 is dropped); "
+                                     "repeat it for several targets (a session keeps the target of its first "
+                                     "turn: --target-policy); none = start the embedded simulator")
+    target_policy: str = Field("session-order", description="with several --target: session-order (sessions "
+                               "numbered by first appearance in the trace, round robin) or session-hash (a "
+                               "hash of the session id); rows without a session go by row number")
     model: str | None = Field(None, description="request 'model' field; none = the first of GET /v1/models")
     endpoint: str = Field("/v1/completions", description="API path requests are sent to (a trace's "
                           "endpoint column overrides it per row)")
@@ -171,30 +161,6 @@ class RunConfig(BaseModel):
     log_format: str = Field("text", description="log lines as text or json (one object per line)")
     log_level: str = Field("info", description="debug, info, warning or error")
 
-    @field_validator("vocab_range")
-    @classmethod
-    def _vocab(cls, v: str) -> str:
-        try:
-            lo, hi = (int(x) for x in v.split(":"))
-        except ValueError:
-            raise ValueError("must be LO:HI with integers, e.g. 1000:30000") from None
-        if not 0 <= lo < hi:
-            raise ValueError(f"must satisfy 0 <= LO < HI, got {lo}:{hi}")
-        return v
-
-    @field_validator("goodput", mode="before")
-    @classmethod
-    def _goodput(cls, v: object) -> object:
-        from .verdict import format_goodput, parse_goodput
-
-        if v is None:
-            return None
-        if isinstance(v, str):  # a config file may give one string of pairs
-            v = v.split()
-        if not isinstance(v, list | tuple):
-            raise ValueError("must be KEY:VALUE pairs, e.g. ttft:2000 tpot:50 e2el:30000")
-        return format_goodput(parse_goodput([str(x) for x in v])) or None
-
     @property
     def goodput_slos(self) -> dict[str, float]:
         """The ``--goodput`` bounds in ms ({} if none): ``replayer.verdict.parse_goodput``."""
@@ -202,64 +168,12 @@ class RunConfig(BaseModel):
 
         return parse_goodput(self.goodput)
 
-    @field_validator("image_size")
-    @classmethod
-    def _image_size(cls, v: str) -> str:
-        from .trace.images import parse_size
-
-        wh, err = parse_size(v)
-        if err:
-            raise ValueError(err)
-        return f"{wh[0]}x{wh[1]}"
-
-    @field_validator("image_format")
-    @classmethod
-    def _image_format(cls, v: str) -> str:
-        if v not in ("png", "jpeg"):
-            raise ValueError("must be png or jpeg")
-        return v
-
-    @field_validator("image_token_rule")
-    @classmethod
-    def _image_token_rule(cls, v: str) -> str:
-        from .image_tokens import parse_rule
-
-        parse_rule(v)
-        return v
-
-    @field_validator("retain_size")
-    @classmethod
-    def _retain_size(cls, v: str | int | None) -> str | None:
-        if v is None:
-            return None
-        from .retention import parse_size
-
-        if parse_size(v) <= 0:
-            raise ValueError("retain_size must be more than 0 bytes")
-        return str(v)
-
     @property
     def retain_bytes(self) -> int | None:
         """``retain_size`` in bytes (None: no size bound)."""
         from .retention import parse_size
 
         return parse_size(self.retain_size) if self.retain_size is not None else None
-
-    @field_validator("itl_format")
-    @classmethod
-    def _itl_format(cls, v: str) -> str:
-        from .result import ITL_FORMATS
-
-        if v not in ITL_FORMATS:
-            raise ValueError(f"itl_format must be one of {', '.join(ITL_FORMATS)}")
-        return v
-
-    @field_validator("prompt_mode")
-    @classmethod
-    def _prompt_mode(cls, v: str) -> str:
-        if v not in ("tokens", "text"):
-            raise ValueError("must be tokens or text")
-        return v
 
     @field_validator("mix", mode="before")
     @classmethod
@@ -277,65 +191,12 @@ class RunConfig(BaseModel):
             raise ValueError(f"tenant names must differ (name them: PATH,tenant=NAME), got {', '.join(names)}")
         return [format_entry(e) for e in entries]
 
-    @field_validator("hash_id_scope")
-    @classmethod
-    def _hash_id_scope(cls, v: str | None) -> str | None:
-        if v is not None and v not in ("local", "global"):
-            raise ValueError("must be local or global")
-        return v
-
-    @field_validator("session_header")
-    @classmethod
-    def _session_header(cls, v: str | None) -> str | None:
-        if v is not None and (not v or any(c in v for c in ":\r\n \t")):
-            raise ValueError(f"{v!r} is not a header name (or a preset: dynamo, aibrix)")
-        return v
-
     @property
     def mix_entries(self) -> list:
         """The mix (``replayer.trace.mix.MixEntry`` per trace), or [] for one trace."""
         from .trace.mix import parse_entry
 
         return [parse_entry(x) for x in self.mix or ()]
-
-    @field_validator("session_policy")
-    @classmethod
-    def _session_policy(cls, v: str) -> str:
-        if v not in ("wait", "wait-no-think", "off"):
-            raise ValueError("must be wait, wait-no-think or off")
-        return v
-
-    @field_validator("log_format")
-    @classmethod
-    def _log_format(cls, v: str) -> str:
-        if v not in ("text", "json"):
-            raise ValueError("must be text or json")
-        return v
-
-    @field_validator("validate_trace")
-    @classmethod
-    def _validate_mode(cls, v: str) -> str:
-        if v not in ("full", "lazy"):
-            raise ValueError("must be full or lazy")
-        return v
-
-    @field_validator("loop")
-    @classmethod
-    def _loop(cls, v: str) -> str:
-        if v == "forever" or (v.isdigit() and int(v) >= 1):
-            return v
-        raise ValueError("must be a whole number >= 1 or 'forever'")
-
-    @field_validator("shard")
-    @classmethod
-    def _shard(cls, v: str) -> str:
-        try:
-            i, n = (int(x) for x in v.split("/"))
-        except ValueError:
-            raise ValueError("must be I/N, e.g. 0/4") from None
-        if not (n >= 1 and 0 <= i < n):
-            raise ValueError(f"must satisfy 0 <= I < N, got {v}")
-        return v
 
     @property
     def loops(self) -> int | None:
@@ -347,35 +208,40 @@ class RunConfig(BaseModel):
         i, n = (int(x) for x in self.shard.split("/"))
         return i, n
 
-    @field_validator("run_id")
+    @field_validator("target", mode="before")
     @classmethod
-    def _run_id(cls, v: str | None) -> str | None:
-        if v is not None and not RUN_ID.fullmatch(v):
-            raise ValueError("must be 1 to 64 letters, digits, '.', '_' or '-' (it goes into an HTTP header)")
+    def _target(cls, v: object) -> list[str] | None:
+        """The servers' base URLs (one string is one target); one given with the API's ``/v1`` (as
+        OpenAI clients take it) is the same server: the ``/v1`` is dropped, since every path sent
+        starts with it. A URL given twice is refused (it would take two shares of the sessions)."""
+        if v is None:
+            return None
+        urls = [v] if isinstance(v, str) else v
+        if not isinstance(urls, list | tuple) or not urls:
+            raise ValueError("must be a URL or a list of URLs")
+        out = []
+        for u in urls:
+            if not isinstance(u, str) or not u.startswith(("http://", "https://")):
+                raise ValueError(f"{u!r} must be an http:// or https:// URL, e.g. http://127.0.0.1:8000")
+            u = u.rstrip("/").removesuffix("/v1").rstrip("/")
+            if u in out:
+                raise ValueError(f"target {u} is given twice")
+            out.append(u)
+        return out
+
+    @field_validator("target_policy")
+    @classmethod
+    def _target_policy(cls, v: str) -> str:
+        from .routing import POLICIES
+
+        if v not in POLICIES:
+            raise ValueError(f"must be one of {', '.join(POLICIES)}")
         return v
 
-    @field_validator("log_level")
-    @classmethod
-    def _level(cls, v: str) -> str:
-        if v.lower() not in ("debug", "info", "warning", "error"):
-            raise ValueError("must be debug, info, warning or error")
-        return v.lower()
-
-    @field_validator("target")
-    @classmethod
-    def _target(cls, v: str | None) -> str | None:
-        """The server's base URL; one given with the API's ``/v1`` (as OpenAI clients take it) is
-        the same server: the ``/v1`` is dropped, since every path sent starts with it."""
-        if v is not None and not v.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:8000")
-        return None if v is None else v.rstrip("/").removesuffix("/v1").rstrip("/")
-
-    @field_validator("endpoint")
-    @classmethod
-    def _endpoint(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError("must start with '/', e.g. /v1/completions")
-        return v
+    @property
+    def targets(self) -> list[str]:
+        """The ``--target`` URLs ([] = the embedded simulator)."""
+        return list(self.target or ())
 
     @model_validator(mode="before")
     @classmethod
@@ -443,56 +309,3 @@ class RunConfig(BaseModel):
             with open(self.api_key_file, encoding="utf-8") as f:
                 return f.read().strip() or None
         return os.environ.get(self.api_key_env) or None
-
-
-#: settings a resumed run must share with the run it continues: they decide which rows exist
-#: and what each prompt is (a resume with another seed would mix two prompt sets in one folder)
-SAME_ON_RESUME = ("seed", "shard", "block_size", "vocab_range", "tokenizer", "prompt_mode", "loop_salt",
-                  "loop", "max_requests", "endpoint", "format", "map", "time_unit", "mix", "hash_id_scope")
-
-
-def recorded_settings(results_dir: str, *, workers: bool = False) -> dict:
-    """The trace, ``SAME_ON_RESUME`` settings and run id recorded in ``results_dir/checkpoint.json`` (or,
-    for a ``--workers`` run's folder, ``worker-0/checkpoint.json``, without its shard), so that
-    ``--resume DIR`` alone continues the run as it was. Empty when there is no readable
-    checkpoint (the daemon then says so)."""
-    for folder, own in ((results_dir, not workers), (os.path.join(results_dir, "worker-0"), False)):
-        try:
-            with open(os.path.join(folder, "checkpoint.json"), encoding="utf-8") as f:
-                ckpt = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if not isinstance(ckpt, dict):
-            return {}
-        out = {k: v for k, v in (ckpt.get("settings") or {}).items() if k in SAME_ON_RESUME}
-        out.update({k: ckpt[k] for k in ("seed", "shard", "trace", "run_id") if k in ckpt})
-        if not own:
-            out.pop("shard", None)
-        return out
-    return {}
-
-
-def flag_name(field: str) -> str:
-    """The CLI flag of a RunConfig field: ``read_timeout_s`` -> ``--read-timeout``."""
-    return "--" + field.removesuffix("_s").replace("_", "-")
-
-
-def load_config(values: dict, *, config_file: str | None = None, from_file: set[str] = frozenset()) -> RunConfig:
-    """Validate ``values`` into a RunConfig, or raise ConfigError listing every problem, each
-    naming the setting (and its flag, or ``config_file`` for the names in ``from_file``: the
-    values that came from it) and the value given."""
-    try:
-        return RunConfig(**values)
-    except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            name = ".".join(str(x) for x in err["loc"])
-            msg = err["msg"].removeprefix("Value error, ")
-            src = f" in {config_file}" if config_file and name in from_file else ""
-            if name in RunConfig.model_fields and name != "trace":
-                where = f"{name} ({flag_name(name)}{src})"
-            else:
-                where = f"{name or 'config'}{src}"
-            got = f" (got {err['input']!r})" if err.get("type") != "missing" and name else ""
-            problems.append(f"{where}: {msg}{got}")
-        raise ConfigError(problems) from None

@@ -39,7 +39,7 @@ from .target_metrics import SAMPLES_FLUSH_SCRAPES, SampleFiles, TargetScraper
 from .payload import PayloadBuilder, PreparedRequest
 from .servertimings import REQUEST_FIELD as SERVER_TIMINGS_FIELD
 from .prepare import Prompts, RequestFactory
-from .readiness import StartupError, wait_ready
+from .readiness import StartupError, wait_ready_all
 from .recorder import Recorder
 from .recorder import warm_up as recorder_warm_up
 from .resume import Checkpoint, carry_target_totals, resume_plan
@@ -48,11 +48,13 @@ from .runstate import Accounting, RunControl, RunState, StatusView, hms, progres
 from .runsummary import EXIT_ERROR_RATIO, error_ratio_problem, final_summary, print_summary
 from .result import RequestResult
 from . import selfwatch
-from .sender import LauncherSender, LoopSender
+from .routing import RoutingSender, TargetRoute, share_launcher
+from .sender import LauncherSender, LoopSender, Sender
 from .planner import Planner
 from .simproc import PARENT_PID_ENV, spawn_sim, stop_sim
 from .schedule import IdleGapCap, Timeline, iter_schedule
 from .sessions import SessionGate
+from .targets import TargetMetrics, TargetScrapers
 from .tenants import TenantMetrics
 from .trace import TraceError
 
@@ -82,10 +84,11 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
     admin: AdminServer | None = None
     created = False  # the results folder is this run's own
     try:
-        target = cfg.target
-        if target is None:  # start it first: it boots in its own process while we load the trace
-            sim_proc, target = sim if sim else spawn_sim()
-            log.info("no --target: starting the embedded simulator at %s", target)
+        targets = cfg.targets
+        if not targets:  # start it first: it boots in its own process while we load the trace
+            sim_proc, embedded = sim if sim else spawn_sim()
+            log.info("no --target: starting the embedded simulator at %s", embedded)
+            targets = [embedded]
         # warm the results writer in a thread while the trace loads and the target comes up
         warming = asyncio.get_running_loop().run_in_executor(None, recorder_warm_up)
         open_batches, block_size, n_rows, span_s = open_batches_factory(cfg)
@@ -110,16 +113,19 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
                                "(--admin-port 0 takes a free port)") from None
         log.info("admin server on %s (/metrics, /status)", admin_url)
         api_key = cfg.api_key()
-        state.target = target
-        models = await wait_ready(target, cfg.ready_timeout_s if cfg.target else 30.0, api_key)
-        model = cfg.model or (models[0] if models else None)
+        state.target = ", ".join(targets)
+        listed = await wait_ready_all(targets, cfg.ready_timeout_s if cfg.target else 30.0, api_key)
+        model = cfg.model or (listed[0][0] if listed[0] else None)
         if model is None:
-            raise StartupError(f"target {target} lists no model: pass --model")
+            raise StartupError(f"target {targets[0]} lists no model: pass --model")
+        for url, models in zip(targets[1:], listed[1:], strict=True):
+            if models and model not in models:
+                log.warning("target %s does not list the model %s (it lists %s)", url, model, ", ".join(map(str, models)))
         payload = PayloadBuilder(model, vllm_extensions=cfg.vllm_extensions,
                                  chat="chat/completions" in cfg.endpoint,
                                  extra={SERVER_TIMINGS_FIELD: True} if cfg.server_timings else None)
         await warming
-        summary = await _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, metrics,
+        summary = await _replay(cfg, open_batches, n_rows, prompts, payload, targets, api_key, metrics,
                                 state, results_dir, model, view)
     except (StartupError, TraceError):
         # nothing was sent: a folder this run made holds nothing (an empty parts/ at most)
@@ -139,22 +145,23 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
     return summary
 
 
-async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, metrics, state,
+async def _replay(cfg, open_batches, n_rows, prompts, payload, targets: list[str], api_key, metrics, state,
                   results_dir, model, view: StatusView) -> dict:
     loop = asyncio.get_running_loop()
     shard, shards = cfg.shard_index
     start_loop, skip = resume_plan(results_dir, cfg) if cfg.resume else (0, None)
 
-    def schedule(gap_cap: IdleGapCap | None = None):
+    def schedule(gap_cap: IdleGapCap | None = None, route: TargetRoute | None = None):
         return iter_schedule(open_batches, loops=cfg.loops, loop_gap_ns=int(cfg.loop_gap_s * 1e9),
                              shard=shard, shards=shards, max_requests=cfg.max_requests,
-                             start_loop=start_loop, skip=skip, gap_cap=gap_cap)
+                             start_loop=start_loop, skip=skip, gap_cap=gap_cap, route=route)
 
     def new_gap_cap() -> IdleGapCap | None:  # one per pass over the schedule (it keeps state)
         return IdleGapCap(cfg.idle_gap_cap_s, cfg.speedup) if cfg.idle_gap_cap_s else None
 
     gap_cap = new_gap_cap()
-    batches = schedule(gap_cap)
+    target = targets[0]  # several: each request's target is chosen by replayer.routing
+    batches = schedule(gap_cap, TargetRoute(cfg.target_policy, len(targets)) if len(targets) > 1 else None)
     duration_ns = int(cfg.duration_s * 1e9) if cfg.duration_s else None
     if duration_ns or (cfg.loops is not None and n_rows is not None and n_rows * cfg.loops <= COUNT_LIMIT):
         # what will be sent (shard, --duration, resume skips...), for /status and the progress line
@@ -165,7 +172,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     gc_pacer = GcPacer()
     gc_pacer.start()
     # the launcher process boots (~50 ms) while the first trace batch is read
-    launcher = _start_launcher() if cfg.launcher and target.startswith("http://") else None
+    launcher = _start_launcher() if cfg.launcher and all(t.startswith("http://") for t in targets) else None
     # read the first trace batch before anchoring, so the first requests are not late by its read
     first = await loop.run_in_executor(None, next, batches, None)
     if first is not None:
@@ -194,31 +201,36 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     prebuilt = await loop.run_in_executor(None, factory.prebuild, first, lead_ns)
     log.debug("built the first %d requests in %.3f s (before the schedule's anchor)", prebuilt,
               (now_ns() - t_warm) / 1e9)
-    client = Client(target, endpoint=cfg.endpoint, api_key=api_key,
-                    connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s or None,
-                    request_timeout_s=cfg.request_timeout_s,
-                    retry_max=cfg.retry_max, retry_backoff_s=cfg.retry_backoff_s,
-                    usage_slack_tokens=cfg.usage_slack_tokens, delayed_ack=cfg.delayed_ack,
-                    server_timings=cfg.server_timings)
+    clients = {url: Client(url, endpoint=cfg.endpoint, api_key=api_key,
+                           connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s or None,
+                           request_timeout_s=cfg.request_timeout_s,
+                           retry_max=cfg.retry_max, retry_backoff_s=cfg.retry_backoff_s,
+                           usage_slack_tokens=cfg.usage_slack_tokens, delayed_ack=cfg.delayed_ack,
+                           server_timings=cfg.server_timings) for url in targets}  # one pool per target
+    client = clients[target]
     if cfg.delayed_ack:
         if client.delayed_ack:
             log.info("--delayed-ack: quick ACKs off per response (the target must set TCP_NODELAY)")
         else:
             log.warning("--delayed-ack has no effect here: this OS has no TCP_QUICKACK")
-    await client.start()
+    for c in clients.values():
+        await c.start()
     if launcher is not None:
-        client.use_launcher(launcher)
+        share_launcher(list(clients.values()), launcher)
     try:
-        await _open_pool(client, cfg.warm_connections)
+        for c in clients.values():  # (the warm pool shared out between the targets)
+            await _open_pool(c, -(-cfg.warm_connections // len(clients)))
     except BaseException:
-        await client.close()
+        for c in clients.values():
+            await c.close()
         if launcher is not None:
             launcher.stop()
         raise
     # anchored only now: the time the pool took to open (seconds against a server with a small
     # listen backlog) is start-up, not lateness charged to every request
     anchor = Anchor.at(cfg.start_delay_s, start_wall_s=cfg.start_at)
-    client.t0_ns = anchor.t0_ns
+    for c in clients.values():
+        c.t0_ns = anchor.t0_ns
     if anchor.late_s and cfg.resume:
         log.info("resuming now: the run's --start-at %s passed %.0f s ago", hms(cfg.start_at), anchor.late_s)
     elif anchor.late_s:
@@ -229,13 +241,14 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     gate = SessionGate(cfg.session_policy, scale=lambda ns: round(ns / timeline.speedup))
 
     meta = {"replayer.version": __version__, "replayer.t0_wall_s": repr(anchor.wall_s),
-            "replayer.trace": os.path.abspath(cfg.trace), "replayer.target": target, "replayer.model": model,
+            "replayer.trace": os.path.abspath(cfg.trace), "replayer.target": ",".join(targets), "replayer.model": model,
             "replayer.config": cfg.model_dump_json(), "replayer.run_id": run_id}
-    scraper: TargetScraper | None = None
+    scraper: TargetScraper | TargetScrapers | None = None
     if cfg.scrape_target_metrics:
-        scraper = TargetScraper(target.rstrip("/") + "/metrics", interval_s=cfg.scrape_interval_s,
-                                t0_ns=anchor.t0_ns)
-    checkpoint = Checkpoint(cfg, run_id, start_loop, scraper)
+        one = {url: TargetScraper(url.rstrip("/") + "/metrics", interval_s=cfg.scrape_interval_s, t0_ns=anchor.t0_ns)
+               for url in targets}
+        scraper = one[target] if len(one) == 1 else TargetScrapers(one)
+    checkpoint = Checkpoint(cfg, run_id, start_loop, scraper if isinstance(scraper, TargetScraper) else None)
 
     recorder = Recorder(results_dir, flush_rows=cfg.flush_rows, flush_interval_s=cfg.flush_interval_s,
                         roll_rows=cfg.roll_rows, roll_interval_s=cfg.roll_interval_s, metadata=meta,
@@ -247,6 +260,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     slos = cfg.goodput_slos
     metrics.set_slos(slos)
     tenant_metrics = TenantMetrics(metrics.registry, [e.tenant for e in cfg.mix_entries]) if cfg.mix else None
+    target_metrics = TargetMetrics(metrics.registry, targets) if len(targets) > 1 else None
 
     def sink(res: RequestResult) -> None:  # the verdict (from-due latencies, SLO) before it is recorded
         codes = verdict.apply(res, slos)
@@ -254,6 +268,8 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
             metrics.on_slo(codes)
         if tenant_metrics is not None:
             tenant_metrics.on_result(res)
+        if target_metrics is not None:
+            target_metrics.on_result(res)
         recorder.add(res)
 
     def prepare(sb, j: int) -> PreparedRequest:  # each request built is counted (scheduled, expected hits)
@@ -261,12 +277,24 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         on_prepared(req)
         return req
 
+    def prepare_routed(sb, j: int) -> PreparedRequest:  # several targets: each request's from the route
+        req = build(sb, j)
+        req.target = targets[sb.targets[j]]
+        on_prepared(req)
+        return req
+
     build, on_prepared = factory.prepare, metrics.on_prepared
-    client.on_dispatched = acct.on_dispatched  # dispatch lag accounted as each request goes out
-    sender = LauncherSender(client, shard=shard) if launcher is not None else LoopSender(client, shard=shard)
+
+    def sender_for(c: Client) -> LoopSender:
+        c.on_dispatched = acct.on_dispatched  # dispatch lag accounted as each request goes out
+        return LauncherSender(c, shard=shard) if launcher is not None else LoopSender(c, shard=shard)
+
+    sender: Sender = sender_for(client) if len(clients) == 1 else \
+        RoutingSender({url: sender_for(c) for url, c in clients.items()})
     planner = Planner(timeline, gate=gate, lead_ns=int(cfg.lead_s * 1e9), duration_ns=duration_ns,
                       rebase_first=bool(cfg.resume), ahead_ns=sender.ahead_ns, connect_ahead_ns=CONNECT_AHEAD_NS)
-    dispatcher = Dispatcher(Feed(batches, prepare, factory.unsent), planner, sender, sink, t0_ns=anchor.t0_ns,
+    dispatcher = Dispatcher(Feed(batches, prepare if len(clients) == 1 else prepare_routed, factory.unsent), planner,
+                            sender, sink, t0_ns=anchor.t0_ns,
                             observer=acct, on_idle=gc_pacer.idle, drain_timeout_s=cfg.drain_timeout_s, shard=shard)
 
     def timing_changed() -> None:  # under --duration, a pause or a speed-up changes what will be sent
@@ -307,15 +335,15 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     if scraper is not None:
         samples = SampleFiles(results_dir, keep_since=lambda: retention.samples_kept_since(
             results_dir, recorder.oldest_timestamp_s))
-        if cfg.resume:  # the summary covers the whole folder: start from the earlier runs' totals
-            carry_target_totals(results_dir, scraper)
+        if cfg.resume and isinstance(scraper, TargetScraper):  # the summary covers the whole folder:
+            carry_target_totals(results_dir, scraper)  # start from the earlier runs' totals
         background.append(loop.create_task(scraper.run()))
         every_s = max(cfg.flush_interval_s, SAMPLES_FLUSH_SCRAPES * cfg.scrape_interval_s)
         background.append(loop.create_task(_flush_samples(scraper, samples, every_s)))
     log.info("replaying %s (%s rows%s, passes %s, shard %s) against %s (model %s) at speedup %g; results in %s",
              cfg.trace, n_rows, "" if not cfg.max_requests else f", the first {cfg.max_requests} sent"
              + (f" over all {shards} shards" if shards > 1 else ""), cfg.loop,
-             cfg.shard, target, model, cfg.speedup, results_dir)
+             cfg.shard, ", ".join(targets), model, cfg.speedup, results_dir)
     try:
         state.state = "running"
         await dispatcher.run()
@@ -328,7 +356,8 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
         if scraper is not None:  # the final values, after the drain
             async with aiohttp.ClientSession() as s:
                 await scraper.scrape_once(s)
-        await client.close()
+        for c in clients.values():
+            await c.close()
         gc_pacer.stop()
         acct.bursts.close()  # the last window of each error burst
         state.state = "flushing"
@@ -344,7 +373,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, target, api_key, 
     if recorder.rows_added == 0 and not cfg.resume:
         log.warning("no row of the trace %s: nothing was sent; an empty results file keeps the folder "
                     "mergeable", f"falls in shard {cfg.shard}" if shards > 1 else "was scheduled")
-    summary = await final_summary(cfg, results_dir, target=target, model=model, run_id=run_id, scraper=scraper,
+    summary = await final_summary(cfg, results_dir, target=target if len(targets) == 1 else targets, model=model, run_id=run_id, scraper=scraper,
                                   samples=samples, speedup_changes=control.speedup_changes,
                                   stopped_early=dispatcher.stopping, stop_signal=signals[0] if signals else None,
                                   gap_cap=gap_cap)
@@ -366,7 +395,7 @@ async def _stop_with_parent(pid: int, stop: Callable[[str], None], every_s: floa
     stop("SIGHUP")
 
 
-async def _flush_samples(scraper: TargetScraper, samples: SampleFiles, every_s: float) -> None:
+async def _flush_samples(scraper: TargetScraper | TargetScrapers, samples: SampleFiles, every_s: float) -> None:
     """Write the target-metric samples to a part file every ``every_s`` (off the loop)."""
     loop = asyncio.get_running_loop()
     while True:

@@ -240,6 +240,10 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
         from .tenants import read_tenant_sections
 
         s["tenants"] = read_tenant_sections(*dirs)
+    if any(o.get("targets") for o in own):  # several targets: per-target sections over every folder
+        from .targets import read_targets
+
+        s["targets"], s["target_switches"] = read_targets(*dirs)
     s["merged_from"] = list(dirs)
     s["shards"] = [sorted(x)[0] if len(x) == 1 else sorted(x) for x in shards_by_dir]
     s["anchor_spread_s"] = (max(starts) - min(starts)) if starts else None

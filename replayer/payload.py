@@ -93,6 +93,7 @@ class PreparedRequest:
     headers: bytes = b""              # extra header lines of the HTTP head ("Name: value\r\n"...),
     #                                   built in the lead window like the body
     tenant: str | None = None         # the trace of a mix (replayer.trace.mix)
+    target: str | None = None         # the target URL it goes to with several targets (replayer.routing)
     trace_pos_ns: int | None = None   # the row's own trace offset when --idle-gap-cap moved trace_ns
     images: int = 0                   # images in the body (multimodal rows; replayer.images)
     image_bytes: int = 0              # their encoded size (before base64)
@@ -108,7 +109,8 @@ class PreparedRequest:
                              session_id=self.session_id, turn=self.turn, n_documents=self.n_documents,
                              expected_prompt_tokens_once=self.expected_once,
                              expected_prompt_tokens_per_document=self.expected_per_doc,
-                             x_request_id=self.x_request_id, tenant=self.tenant, images=self.images,
+                             x_request_id=self.x_request_id, tenant=self.tenant, target=self.target,
+                             images=self.images,
                              image_bytes=self.image_bytes,
                              expected_image_tokens=self.expected_image_tokens,
                              expected_image_cache_hits=self.expected_image_cache_hits)

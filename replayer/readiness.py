@@ -51,3 +51,20 @@ async def wait_ready(base_url: str, timeout_s: float, api_key: str | None) -> li
                 log.info("waiting for the target: GET %s: %s (%.0f s of --ready-timeout %.0f s left)",
                          url, last, deadline - now, timeout_s)
             await asyncio.sleep(0.05)
+
+
+
+async def wait_ready_all(base_urls: list[str], timeout_s: float, api_key: str | None) -> list[list[str | None]]:
+    """``wait_ready`` for every target at once (each with the whole ``timeout_s``): each one's
+    model ids. Raises StartupError naming every target not ready in time (nothing is sent to any:
+    a run whose targets are not all up would measure another fleet than the one asked for)."""
+    got = await asyncio.gather(*(wait_ready(u, timeout_s, api_key) for u in base_urls), return_exceptions=True)
+    for g in got:
+        if isinstance(g, BaseException) and not isinstance(g, StartupError):
+            raise g
+    bad = [str(g) for g in got if isinstance(g, StartupError)]
+    if len(bad) == 1 and len(base_urls) == 1:
+        raise StartupError(bad[0])
+    if bad:
+        raise StartupError(f"{len(bad)} of {len(base_urls)} targets not ready: " + "; ".join(bad))
+    return [g for g in got if isinstance(g, list)]

@@ -93,6 +93,7 @@ class RequestResult:
     client_overhead_ms: float | None = None  # ttft_ms - (server queue + server TTFT): network, the server's
     #                                          HTTP/tokenizer front end and this client (never below 0 in theory)
     tenant: str | None = None      # the trace of a mix this row came from (replayer.trace.mix); None unmixed
+    target: str | None = None      # with several --target: the URL it went to (replayer.routing); None with one
     # multimodal rows: images sent and their encoded bytes; image tokens expected (the trace's
     # image_tokens or --image-token-rule) and as the server reported them
     # (usage.prompt_tokens_details.image_tokens); text_tokens = prompt_tokens - image_tokens when both are known
@@ -122,7 +123,7 @@ _TYPES: dict[str, pa.DataType] = {
     "ttft_from_due_ms": pa.float64(), "e2el_from_due_ms": pa.float64(), "slo_met": pa.bool_(),
     "x_request_id": pa.string(), "server_queue_time_ms": pa.float64(),
     "server_time_to_first_token_ms": pa.float64(), "server_generation_time_ms": pa.float64(),
-    "client_overhead_ms": pa.float64(), "tenant": pa.string(),
+    "client_overhead_ms": pa.float64(), "tenant": pa.string(), "target": pa.string(),
     "images": pa.int32(), "image_bytes": pa.int64(), "expected_image_tokens": pa.int64(), "image_tokens": pa.int64(),
     "text_tokens": pa.int64(), "expected_image_cache_hits": pa.int32(),
     "itl_ms": pa.list_(pa.float32()),

@@ -1,5 +1,5 @@
 """The end of a run: ``summary.json`` assembled (the results folder's summary, the target's
-metric deltas, the run's identity and settings, per-tenant sections), printed, and the exit
+metric deltas, the run's identity and settings, per-tenant and per-target sections), printed, and the exit
 code's verdict on failed requests."""
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from .schedule import IdleGapCap
 from .simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV
 from .summary import format_summary, summarize_files
 from .target_metrics import SampleFiles, TargetScraper
+from .targets import TargetScrapers, format_targets, read_targets
 from .tenants import format_tenants, read_tenant_sections
 
 
-async def final_summary(cfg: RunConfig, results_dir: str, *, target: str, model: str, run_id: str,
-                        scraper: TargetScraper | None, samples: SampleFiles | None,
+async def final_summary(cfg: RunConfig, results_dir: str, *, target: str | list[str], model: str, run_id: str,
+                        scraper: TargetScraper | TargetScrapers | None, samples: SampleFiles | None,
                         speedup_changes: list[dict], stopped_early: bool, stop_signal: str | None,
                         gap_cap: IdleGapCap | None) -> dict[str, Any]:
     """Summarize the results folder (off the loop), add the run's own parts and write
@@ -30,7 +31,9 @@ async def final_summary(cfg: RunConfig, results_dir: str, *, target: str, model:
                                                                  slos=cfg.goodput_slos))
     if samples is not None and scraper is not None:  # (also the parts a killed earlier run left)
         await loop.run_in_executor(None, samples.roll, scraper.take_samples())
-    if scraper is not None and scraper.scrapes:
+    if isinstance(scraper, TargetScrapers):  # several targets: each one's deltas in its section
+        pass
+    elif scraper is not None and scraper.scrapes:
         summary["target_metrics"] = {"deltas": scraper.deltas(), "latest": scraper.latest,
                                      "first_scrape_s": scraper.first_time_s, "last_scrape_s": scraper.last_time_s,
                                      "missing": scraper.missing, **scraper_totals(scraper)}
@@ -51,6 +54,16 @@ async def final_summary(cfg: RunConfig, results_dir: str, *, target: str, model:
     if cfg.mix:  # per-tenant sections (replayer.tenants)
         summary["mix"] = list(cfg.mix)
         summary["tenants"] = await loop.run_in_executor(None, read_tenant_sections, results_dir)
+    if isinstance(target, list):  # several targets: per-target sections (replayer.targets)
+        summary["target_policy"] = cfg.target_policy
+        summary["targets"], summary["target_switches"] = await loop.run_in_executor(None, read_targets, results_dir)
+        if isinstance(scraper, TargetScrapers):
+            metrics = scraper.sections()
+            for url, sec in metrics.items():
+                summary["targets"].setdefault(url, {})["target_metrics"] = sec
+            hits = [sec.get("deltas", {}).get("prefix_cache_hits") for sec in metrics.values()]
+            if hits and all(h is not None for h in hits):  # (every target reported it)
+                summary["server_prefix_cache_hit_tokens"] = sum(hits)
     write_json(os.path.join(results_dir, "summary.json"), summary)
     return summary
 
@@ -63,6 +76,8 @@ def print_summary(summary: dict[str, Any], results_dir: str) -> None:
     print(format_summary(summary), flush=True)
     if summary.get("tenants"):
         print(format_tenants(summary["tenants"]), flush=True)
+    if summary.get("targets"):
+        print(format_targets(summary["targets"], summary.get("target_switches", 0)), flush=True)
     if summary.get("idle_gap_cap"):
         g = summary["idle_gap_cap"]
         print(f"Idle gaps over {g['cap_s']:g} s (replay time) capped: {g['gaps_capped']}, "
@@ -75,7 +90,7 @@ def print_summary(summary: dict[str, Any], results_dir: str) -> None:
 def _target_embedded(cfg: RunConfig) -> bool:
     """Whether the run's target is the embedded simulator: started by this run (no ``--target``)
     or by the ``--workers`` parent, which names it in ``EMBEDDED_TARGET_ENV``."""
-    return cfg.target is None or cfg.target == os.environ.get(EMBEDDED_TARGET_ENV)
+    return cfg.target is None or cfg.target == [os.environ.get(EMBEDDED_TARGET_ENV)]
 
 
 #: exit code of a run whose failed requests exceeded ``--max-error-ratio``

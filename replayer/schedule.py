@@ -48,6 +48,8 @@ class ScheduleBatch:
     first_index: int
     #: the rows' own trace offsets (ns, loop offset included) when --idle-gap-cap moved ``trace_ns``
     trace_pos_ns: np.ndarray | None = None
+    #: with several targets: each row's target (index of ``--target``; ``replayer.routing``)
+    targets: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.idx.size)
@@ -80,7 +82,7 @@ def iter_schedule(open_batches: Callable[[], Iterable[Any]], *, loops: int | Non
                   max_requests: int | None = None, start_loop: int = 0,
                   skip_rows: int = 0,
                   skip: Callable[[int, np.ndarray], np.ndarray] | None = None,
-                  gap_cap: "IdleGapCap | None" = None) -> Iterator[ScheduleBatch]:
+                  gap_cap: "IdleGapCap | None" = None, route: Any = None) -> Iterator[ScheduleBatch]:
     """Yield the schedule batch by batch.
 
     ``open_batches()`` returns a fresh iterator of trace batches (each a ``Trace`` whose
@@ -93,6 +95,8 @@ def iter_schedule(open_batches: Callable[[], Iterable[Any]], *, loops: int | Non
     that loop are skipped; trace time is kept, so the timeline must be re-anchored by the caller).
     ``skip(loop, rows)``: a bool mask of rows to leave out (rows already recorded, on resume).
     ``gap_cap``: caps idle gaps (module docstring); it sees every row, so shards agree.
+    ``route``: a ``replayer.routing.TargetRoute`` giving each row its target; it too sees every
+    row (before the shard split and the resume skips), so shards and resumed runs agree.
     """
     if shards < 1 or not 0 <= shard < shards:
         raise ValueError(f"shard must be in 0..{shards - 1}, got {shard}")
@@ -124,10 +128,12 @@ def iter_schedule(open_batches: Callable[[], Iterable[Any]], *, loops: int | Non
             idx = np.flatnonzero(mask).astype(np.int64)
             pos = loop_base + ts
             at = gap_cap.apply(pos, rows, loop) if gap_cap is not None else pos
+            targets = route.apply(batch, rows) if route is not None else None
             if idx.size:
                 yield ScheduleBatch(loop=loop, batch=batch, idx=idx, trace_ns=at[idx],
                                     rows=rows[idx], first_index=index,
-                                    trace_pos_ns=pos[idx] if gap_cap is not None else None)
+                                    trace_pos_ns=pos[idx] if gap_cap is not None else None,
+                                    targets=targets[idx] if targets is not None else None)
                 index += int(idx.size)
         if not any_rows:
             return

@@ -207,8 +207,9 @@ def run_sweep(cfg: RunConfig, run_flags: list[str], *, speedups: list[float], mi
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     sim = None
-    target = cfg.target
-    sweep = {"trace": cfg.trace, "target": target, "target_embedded": target is None, "speedups": speedups,
+    targets = cfg.targets
+    sweep = {"trace": cfg.trace, "target": targets[0] if len(targets) == 1 else (targets or None),
+             "target_embedded": not targets, "speedups": speedups,
              "min_attainment": min_attainment, "goodput_slos_ms": cfg.goodput_slos, "prefix_cache": prefix_cache,
              "seed": cfg.seed, "max_requests": cfg.max_requests, "duration_s": cfg.duration_s,
              "max_dispatch_lag_p99_ms": max_dispatch_lag_ms, "started_wall_s": time.time(), "points": [],
@@ -216,9 +217,10 @@ def run_sweep(cfg: RunConfig, run_flags: list[str], *, speedups: list[float], mi
              "stop_reason": None}
     code = 0
     try:
-        if target is None:
-            sim, target = spawn_sim()
-            sweep["target"] = target
+        if not targets:
+            sim, embedded = spawn_sim()
+            targets = [embedded]
+            sweep["target"] = embedded
         for k, speedup in enumerate(speedups):
             if signals:
                 break
@@ -226,12 +228,13 @@ def run_sweep(cfg: RunConfig, run_flags: list[str], *, speedups: list[float], mi
             os.makedirs(folder, exist_ok=True)
             seed = salted_seed(cfg.seed, k) if prefix_cache == "salt" else cfg.seed
             if prefix_cache == "reset":
-                reset_prefix_cache(target, cfg.api_key(), cfg.ready_timeout_s if cfg.target else 30.0)
+                for target in targets:
+                    reset_prefix_cache(target, cfg.api_key(), cfg.ready_timeout_s if cfg.target else 30.0)
             args = [sys.executable, "-m", "replayer", "run", *run_flags, "--speedup", repr(speedup),
-                    "--results", folder, "--seed", str(seed), "--target", target,
+                    "--results", folder, "--seed", str(seed), *(a for t in targets for a in ("--target", t)),
                     *(["--run-id", f"{cfg.run_id}-{k + 1:02d}"] if cfg.run_id else [])]
             env = {**os.environ, PARENT_PID_ENV: str(os.getpid()),  # stops with us; prints nothing
-                   **({EMBEDDED_TARGET_ENV: target} if sim is not None else {})}
+                   **({EMBEDDED_TARGET_ENV: targets[0]} if sim is not None else {})}
             with open(os.path.join(folder, "run.log"), "ab") as log:
                 p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True)

@@ -161,14 +161,14 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     sim = None
     codes: list[int] = []
     try:
-        target = cfg.target
-        if target is None:
+        targets = cfg.targets
+        if not targets:
             port = free_port()
             sim = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--host", "127.0.0.1", "--port", str(port),
                                     "--parent-pid", str(os.getpid())], stdin=subprocess.DEVNULL, start_new_session=True)
-            target = f"http://127.0.0.1:{port}"
-            if not _wait_health(target + "/health", sim, 30.0):
-                print(f"replayer run: the embedded simulator did not start at {target}", file=sys.stderr)
+            targets = [f"http://127.0.0.1:{port}"]
+            if not _wait_health(targets[0] + "/health", sim, 30.0):
+                print(f"replayer run: the embedded simulator did not start at {targets[0]}", file=sys.stderr)
                 return 1
         # time for every worker to import, load the trace and reach the target (a worker that is
         # later anchors at its own start, out of step: the merge then warns)
@@ -179,12 +179,12 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
             wdir = os.path.join(results, f"worker-{i}")
             args = [sys.executable, "-m", "replayer", "run", *flags, *worker_shares(cfg), "--workers", "1",
                     "--shard", f"{i}/{n}", "--start-at", repr(start_at), "--results", wdir,
-                    "--admin-port", str(port), "--target", target, "--quiet"]
+                    "--admin-port", str(port), *(a for t in targets for a in ("--target", t)), "--quiet"]
             if cfg.resume and os.path.exists(os.path.join(wdir, "checkpoint.json")):
                 args += ["--resume", wdir]
             procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True,
                                           env={**os.environ, PARENT_PID_ENV: str(os.getpid()),
-                                               **({EMBEDDED_TARGET_ENV: target} if sim is not None else {})}))
+                                               **({EMBEDDED_TARGET_ENV: targets[0]} if sim is not None else {})}))
         if not cfg.quiet:
             log.info("%d workers (shards 0/%d..%d/%d) start at %s; results in %s; their /status on 127.0.0.1:%s",
                      n, n, n - 1, n, time.strftime("%H:%M:%S", time.localtime(start_at)), results,
