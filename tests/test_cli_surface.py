@@ -133,8 +133,8 @@ def test_a_misspelt_command_gets_a_hint(capsys):
 def test_a_target_given_with_v1_is_the_server_base_url(given):
     """OpenAI clients take ``.../v1``; requests here add ``/v1/...`` themselves (was /v1/v1/models: 404)."""
     trace = str(ROOT / "traces" / "mooncake_conversation_10min.parquet")
-    assert load_config({"trace": trace, "target": given}).target == "http://h:8000"
-    assert load_config({"trace": trace, "target": "http://h/api/v1x"}).target == "http://h/api/v1x"
+    assert load_config({"trace": trace, "target": given}).target == ["http://h:8000"]
+    assert load_config({"trace": trace, "target": "http://h/api/v1x"}).target == ["http://h/api/v1x"]
 
 
 def test_resume_alone_takes_the_trace_and_settings_of_the_checkpoint(tmp_path, caplog):

@@ -303,7 +303,7 @@ def test_k8s_indexed_job_wrapper_runs_one_shard(tmp_path):
     cfg = load_config({k: v for k, v in vars(args).items() if k in RunConfig.model_fields})
     assert cfg.shard == f"2/{env['SHARDS']}" and cfg.start_at == float(start_at)
     assert cfg.results == f"{results}/shard-2" and cfg.admin_port == 9400 and cfg.admin_host == "0.0.0.0"
-    assert cfg.target == cm["TARGET"] and cfg.trace == str(trace) and cfg.resume is None
+    assert cfg.target == [cm["TARGET"]] and cfg.trace == str(trace) and cfg.resume is None
     assert cfg.resume_existing and "warning" not in err
     # a retry of the same index (its folder has a checkpoint) resumes it
     (results / "shard-2").mkdir(parents=True)
