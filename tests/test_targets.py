@@ -269,3 +269,40 @@ def test_route_is_the_same_in_every_shard_and_on_resume():
         else:
             first.setdefault(r["s"], len(first))
             assert whole[k] == first[r["s"]] % 3
+
+
+def test_workers_keep_each_session_on_its_target(tmp_path):
+    """--workers 2 splits the sessions between two processes; the numbering is over the whole
+    trace, so each session still goes where one process would send it (B29's assignment)."""
+    import subprocess
+    import sys
+
+    from replayer.recorder import read_results
+
+    # B29 and six more sessions, two turns each, so both workers hold sessions
+    rows = list(B29)
+    for k in range(6):
+        rows.append({"timestamp": 3000 + 10 * k, "session_id": f"x{k}", "turn": 1, "input_length": 64,
+                     "output_length": 4, "hash_ids": [100 + k]})
+        rows.append({"timestamp": 3500 + 10 * k, "session_id": f"x{k}", "turn": 2, "input_length": 128,
+                     "output_length": 4, "hash_ids": [100 + k, 200 + k]})
+    trace = _write(tmp_path, rows)
+    results = tmp_path / "res"
+    with ThreadedFaultServer(_plan_b) as a, ThreadedFaultServer(_plan_b) as b:
+        out = subprocess.run([sys.executable, "-m", "replayer", "run", trace, "--time-unit", "ms", "--block-size",
+                              "64", "--workers", "2", "--target", a.url, "--target", b.url, "--results",
+                              str(results), "--admin-port", "0", "--quiet", "--no-scrape-target-metrics",
+                              "--warm-connections", "2"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    s = json.loads((results / "summary.json").read_text())
+    assert s["completed"] == len(rows) and s["target_switches"] == 0
+    got = {}
+    for i in range(2):
+        for r in read_results(str(results / f"worker-{i}")).to_pylist():
+            got[(r["session_id"], r["turn"])] = (i, r["target"])
+    assert len({w for w, _ in got.values()}) == 2  # both workers sent sessions
+    # sessions by first appearance: s1, s2, x0..x5 -> A, B, A, B, ...
+    order = ["s1", "s2"] + [f"x{k}" for k in range(6)]
+    want = {sid: (a.url, b.url)[n % 2] for n, sid in enumerate(order)}
+    assert {k: t for k, (_, t) in got.items()} == {(r["session_id"], r["turn"]): want[r["session_id"]] for r in rows}
+    assert s["targets"][a.url]["requests"] + s["targets"][b.url]["requests"] == len(rows)
