@@ -306,3 +306,31 @@ def test_workers_keep_each_session_on_its_target(tmp_path):
     want = {sid: (a.url, b.url)[n % 2] for n, sid in enumerate(order)}
     assert {k: t for k, (_, t) in got.items()} == {(r["session_id"], r["turn"]): want[r["session_id"]] for r in rows}
     assert s["targets"][a.url]["requests"] + s["targets"][b.url]["requests"] == len(rows)
+
+
+def test_each_targets_metrics_scraped_and_labelled(tmp_path):
+    """Two embedded simulators: each one's /metrics is scraped, its samples carry its URL as the
+    label replayer_target, and its prefix-cache and token deltas are in its own section."""
+    from replayer.simproc import spawn_sim, stop_sim
+    from replayer.target_metrics import read_samples
+
+    trace = _write(tmp_path, B29)
+    procs = [spawn_sim(), spawn_sim()]
+    urls = [u for _, u in procs]
+    try:
+        summary = _run({"trace": trace, "time_unit": "ms", "block_size": 64, "target": urls, "speedup": 4,
+                        "scrape_target_metrics": True, "scrape_interval_s": 0.5, "results": str(tmp_path / "res")})
+    finally:
+        for p, _ in procs:
+            stop_sim(p)
+    assert summary["completed"] == 5 and summary["target_switches"] == 0
+    samples = read_samples(str(tmp_path / "res"))
+    labelled = {json.loads(x).get("replayer_target") for x in samples.column("labels").to_pylist()}
+    assert labelled == set(urls)
+    sent = {urls[0]: 64 + 128 + 192, urls[1]: 64 + 128}  # s1's turns on the first, s2's on the second
+    for url in urls:
+        tm = summary["targets"][url]["target_metrics"]
+        assert tm["scrapes"] > 0
+        assert tm["deltas"]["prompt_tokens"] == sent[url]
+    hits = [summary["targets"][u]["target_metrics"]["deltas"].get("prefix_cache_hits") for u in urls]
+    assert summary["server_prefix_cache_hit_tokens"] == sum(hits)
