@@ -27,7 +27,10 @@ from . import verdict
 from .imagestats import COLUMNS as IMAGE_COLUMNS
 from .imagestats import ImageFold
 from .result import itl_samples
+from .runspans import removed_of as _removed_of
+from .runspans import run_durations, run_spans
 from .stats import PERCENTILE_METHOD, Stat
+from .summarytext import format_summary
 
 PERCENTILES = (50, 90, 99)
 POOLING = ("/v1/embeddings", "/v1/score", "/v1/rerank")
@@ -364,14 +367,6 @@ def fold_files(files: list[str], slos: dict[str, float] | None = None) -> tuple[
     return total, damaged
 
 
-def _removed_of(files: list[str]) -> list:
-    """The ``retention.Removed`` digests of the results folders ``files`` are in."""
-    from .retention import read_removed, results_dir_of
-
-    dirs = sorted({results_dir_of(f) for f in files})
-    return [r for r in (read_removed(d) for d in dirs) if r is not None]
-
-
 def summarize_files(files: list[str], *, slos: dict[str, float] | None = None) -> dict:
     """``summarize`` of results files, read in bounded memory (a days-long soak writes many
     millions of rows): batch by batch, only the columns the summary needs, folded into one
@@ -422,58 +417,6 @@ def goodput_of(pf: pq.ParquetFile) -> dict[str, float]:
         return {}
 
 
-def run_durations(files: list[str]) -> list[float]:
-    """Seconds from the first request sent to the last one ended, per run that wrote ``files``."""
-    return [(b - a) / 1e9 for a, b in run_spans(files).values()]
-
-
-def run_spans(files: list[str], *, removed: bool = True) -> dict[bytes, tuple[int, int]]:
-    """(first sent_ns, last end_ns) per run that wrote ``files``, keyed by the run anchor in each
-    file's metadata (``replayer.t0_wall_s``, b"" if none): a resumed run's times are offsets
-    from its own anchor. From the Parquet column statistics where present. ``removed``: also the
-    spans of the files retention removed from the folders of ``files`` (``removed.json``)."""
-    from .recorder import open_file
-
-    spans: dict[bytes, tuple[int, int]] = {}
-    for digest in _removed_of(files) if removed else ():  # (the runs' spans in files retention removed)
-        for run, (lo, hi) in digest.spans.items():
-            key = run.encode()
-            a, b = spans.get(key, (lo, hi))
-            spans[key] = (min(a, lo), max(b, hi))
-    for f in files:
-        pf = open_file(f)
-        if pf is None:  # damaged (reported): its rows are not counted either
-            continue
-        run = (pf.schema_arrow.metadata or {}).get(b"replayer.t0_wall_s", b"")
-        try:
-            lo, hi = _min_max(pf, "sent_ns", min), _min_max(pf, "end_ns", max)
-        except (OSError, pa.ArrowException):
-            continue
-        if lo is None or hi is None:
-            continue
-        a, b = spans.get(run, (lo, hi))
-        spans[run] = (min(a, lo), max(b, hi))
-    return spans
-
-
-def _min_max(pf: pq.ParquetFile, column: str, pick) -> int | None:
-    """``pick`` (min or max) of a column's non-null values: from row-group statistics, or by
-    reading the column where a row group has none."""
-    md = pf.metadata
-    idx = next(i for i in range(md.num_columns) if md.schema.column(i).path == column)
-    vals = []
-    for g in range(md.num_row_groups):
-        st = md.row_group(g).column(idx).statistics
-        if st is not None and st.has_min_max:
-            vals.append(st.min if pick is min else st.max)
-        elif st is None or st.null_count != md.row_group(g).num_rows:  # unknown: read it
-            col = pf.read_row_group(g, columns=[column]).column(0)
-            v = (pc.min if pick is min else pc.max)(col).as_py()
-            if v is not None:
-                vals.append(v)
-    return pick(vals) if vals else None
-
-
 def read_summary(results_dir: str) -> dict:
     """A results folder's own ``summary.json`` as a dict ({} if it has none or it is not one)."""
     try:
@@ -484,91 +427,5 @@ def read_summary(results_dir: str) -> dict:
     return s if isinstance(s, dict) else {}
 
 
-def format_summary(s: dict) -> str:
-    """A fixed-width text table of the main summary fields (``n/a`` for None)."""
-
-    def fmt(v: object) -> str:
-        if v is None:
-            return "n/a"
-        if isinstance(v, float):
-            return f"{v:,.2f}"
-        if isinstance(v, int) and not isinstance(v, bool):
-            return f"{v:,}"
-        return str(v)
-
-    rows: list[tuple[str, object] | str] = ["Replay result"]
-    if s.get("stopped_early"):
-        rows.append(("Stopped early (results partial)", f"by {s['stop_signal']}" if s.get("stop_signal") else "yes"))
-    verdict_rows = verdict.verdict_rows(s)  # the verdict first, when there are bounds
-    if verdict_rows:
-        rows += ["Verdict (--goodput; failed = missed)", *verdict_rows, "Requests"]
-    rows += [
-        ("Scheduled requests", s["scheduled"]), ("Sent requests", s["sent"]),
-        ("Successful requests", s["completed"]), ("Failed requests", s["failed"]),
-        ("Cancelled / not started", f"{s['cancelled']:,} / {s['not_started']:,}"),
-        ("Duration (s)", s["duration"]),
-        ("Total input tokens (server)", s["total_input_tokens"]),
-        ("Total output tokens (server)", s["total_output_tokens"]),
-        ("Request throughput (req/s)", s["request_throughput"]),
-        ("Output token throughput (tok/s)", s["output_throughput"]),
-        ("Prompt-token mismatches vs trace", s["prompt_token_mismatches"]),
-        ("Completion-token mismatches", s["completion_token_mismatches"]),
-        ("Usage missing / TTFT unmeasured", f"{s['usage_missing']:,} / {s['ttft_unmeasured']:,}"),
-        "Dispatch lag (sent - due)",
-        ("p50 / p99 / max (ms)", " / ".join(fmt(s[k]) for k in
-                                             ("dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "dispatch_lag_max_ms"))),
-    ]
-    for name, label in (("ttft_ms", "Time to first token"), ("tpot_ms", "Time per output token (excl. 1st)"),
-                        ("itl_ms", "Inter-token latency"), ("e2el_ms", "End-to-end latency")):
-        rows.append(label)
-        rows.append(("mean / median / p99 (ms)", " / ".join(fmt(s[f"{k}_{name}"]) for k in ("mean", "median", "p99"))))
-        if name in ("ttft_ms", "e2el_ms") and f"mean_{name[:-3]}_from_due_ms" in s:
-            rows.append(("  from the due time (ms)", " / ".join(fmt(s[f"{k}_{name[:-3]}_from_due_ms"])
-                                                              for k in ("mean", "median", "p99"))))
-    if "client_overhead_ms_count" in s:
-        rows.append("Server timings (--server-timings; mean / median / p99, ms)")
-        for name, label in (("server_queue_time_ms", "Server queue time"),
-                            ("server_time_to_first_token_ms", "Server TTFT (from scheduling)"),
-                            ("server_generation_time_ms", "Server generation time"),
-                            ("client_overhead_ms", "Client overhead (TTFT - queue - server TTFT)")):
-            rows.append((label, " / ".join(fmt(s[f"{k}_{name}"]) for k in ("mean", "median", "p99"))))
-    expected, server = s.get("expected_prefix_hit_tokens"), s.get("server_prefix_cache_hit_tokens")
-    if isinstance(server, float) and server.is_integer():  # (a counter's delta: a float in Prometheus)
-        server = int(server)
-    if expected is not None or server is not None:
-        rows.append("Prefix cache (prompt tokens served from it)")
-        rows.append(("Expected from hash ids / server-reported", f"{fmt(expected)} / {fmt(server)}"))
-    if "images_sent" in s:
-        rows.append("Images (server counts the tokens)")
-        rows.append(("Image requests / images sent", f"{s['image_requests']:,} / {s['images_sent']:,}"))
-        rows.append(("Image bytes sent", s["image_bytes_sent"]))
-        rows.append(("Image tokens server / expected", f"{fmt(s['image_tokens_server'])} / "
-                                                       f"{fmt(s['image_tokens_expected'])}"))
-        rows.append(("Image-token mismatches / not reported", f"{s['image_token_mismatches']:,} / "
-                                                              f"{s['image_tokens_unknown']:,}"))
-        rows.append(("Image cache hits expected / server", f"{s['expected_image_cache_hits']:,} / "
-                                                           f"{fmt(s.get('server_image_cache_hits'))}"))
-    if s.get("sessions"):
-        ss = s["sessions"]
-        rows.append("Sessions (turn waits for its predecessor)")
-        rows.append(("Sessions / turns / turns held", f"{ss['sessions']} / {ss['turns']} / {ss['turns_held']}"))
-        w = ss["session_wait_ms"]
-        rows.append(("Session wait p50 / p99 / max (ms)", " / ".join(fmt(w[k]) for k in ("p50", "p99", "max"))))
-    if s.get("endpoints"):
-        rows.append("Endpoints (completed / failed)")
-        rows.extend((k, f"{v['completed']} / {v['failed']}") for k, v in s["endpoints"].items())
-    if s.get("usage_audit"):
-        rows.append("Pooling usage audit (ok / inflated / missing)")
-        rows.extend((k, " / ".join(str(v[a]) for a in ("ok", "inflated", "missing")))
-                    for k, v in s["usage_audit"].items())
-    if s.get("errors_by_kind"):
-        rows.append("Errors by kind")
-        rows.extend((k, v) for k, v in s["errors_by_kind"].items())
-    width = 50
-    lines = []
-    for r in rows:
-        if isinstance(r, str):
-            lines.append(f"{'-' * 4} {r} ".ljust(width + 14, "-"))
-        else:
-            lines.append(f"{r[0]:<{width - 8}}{fmt(r[1]):>22}")
-    return "\n".join(lines)
+__all__ = ["BATCH_ROWS", "COLUMNS", "PERCENTILES", "SummaryFold", "fold_file", "fold_files", "format_summary",
+           "goodput_of", "read_summary", "run_durations", "run_spans", "set_duration", "summarize", "summarize_files"]
