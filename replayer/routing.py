@@ -70,22 +70,39 @@ class TargetRoute:
         self.numbers: dict[object, int] = {}
 
     def apply(self, batch: object, rows: np.ndarray) -> np.ndarray:
-        """Target index (int64) of each row of ``batch``; ``rows``: their global row numbers."""
+        """Target index (int64) of each row of ``batch``; ``rows``: their global row numbers.
+        Per distinct session of the batch, not per row: its sessions in order of first
+        appearance (``pyarrow``'s ``unique``), then each row looks its session up."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         out = np.asarray(rows, dtype=np.int64) % self.n
         sessions = getattr(batch, "session_id", None)
         if sessions is None:
             return out
+        if isinstance(sessions, pa.Array | pa.ChunkedArray):
+            col = sessions
+        else:
+            try:
+                col = pa.array(sessions, type=pa.string())
+            except (pa.ArrowInvalid, pa.ArrowTypeError):  # (other values: their text, as the shard split)
+                col = pa.array([None if x is None else str(x) for x in sessions], type=pa.string())
+        if col.null_count == len(col):
+            return out
+        uniques = pc.drop_null(pc.unique(col))
+        per_session = np.empty(len(uniques), dtype=np.int64)
         numbers = self.numbers
-        for i, s in enumerate(sessions):
-            if s is None:
-                continue
+        for k, s in enumerate(uniques.to_pylist()):
             if self.policy == "session-order":
-                k = numbers.get(s)
-                if k is None:
-                    k = numbers[s] = len(numbers)
-                out[i] = target_index(self.policy, self.n, int(rows[i]), s, k)
+                num = numbers.get(s)
+                if num is None:
+                    num = numbers[s] = len(numbers)
+                per_session[k] = target_index(self.policy, self.n, 0, s, num)
             else:
-                out[i] = target_index(self.policy, self.n, int(rows[i]), s)
+                per_session[k] = target_index(self.policy, self.n, 0, s)
+        idx = pc.index_in(col, value_set=uniques)
+        has = np.asarray(pc.is_valid(idx).to_numpy(zero_copy_only=False), dtype=bool)
+        out[has] = per_session[np.asarray(pc.drop_null(idx).to_numpy(zero_copy_only=False), dtype=np.int64)]
         return out
 
 

@@ -334,3 +334,10 @@ def test_each_targets_metrics_scraped_and_labelled(tmp_path):
         assert tm["deltas"]["prompt_tokens"] == sent[url]
     hits = [summary["targets"][u]["target_metrics"]["deltas"].get("prefix_cache_hits") for u in urls]
     assert summary["server_prefix_cache_hit_tokens"] == sum(hits)
+
+
+def test_route_takes_non_text_session_ids_as_their_text():
+    route = TargetRoute("session-order", 2)
+    got = route.apply(_Batch(np.zeros(5, np.int64), [7, None, 8, 7, "8"], 0), np.arange(5))
+    assert got.tolist() == [0, 1, 1, 0, 1]  # 7 -> session 0, 8 and "8" -> session 1; the row without one by row
+    assert target_index("session-hash", 5, 0, 8) == target_index("session-hash", 5, 3, "8")
