@@ -28,10 +28,13 @@ prepared request to the sender of its ``target``. A target that is down fails it
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from .payload import PreparedRequest
-from .sender import Sender, Sending
+if TYPE_CHECKING:
+    from .payload import PreparedRequest
+    from .sender import Sender, Sending
 
 POLICIES = ("session-order", "session-hash")
 _HASH_KEY = b"replayer-target"
