@@ -256,6 +256,10 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
         write_json(os.path.join(out_dir, "summary.json"), s)
     if not quiet:
         print(format_summary(s), flush=True)
+        if s.get("targets"):
+            from .targets import format_targets
+
+            print(format_targets(s["targets"], s.get("target_switches", 0)), flush=True)
     return s
 
 

@@ -59,7 +59,7 @@ def _completions(srv) -> list:
     return [r for r in srv.server.received if r.path.endswith("/completions")]
 
 
-def test_b29_sessions_keep_their_first_turns_target(tmp_path):
+def test_b29_sessions_keep_their_first_turns_target(tmp_path, capsys):
     from replayer.recorder import read_results
 
     trace = _write(tmp_path, B29)
@@ -76,6 +76,8 @@ def test_b29_sessions_keep_their_first_turns_target(tmp_path):
         ("s1", 1): a.url, ("s1", 2): a.url, ("s1", 3): a.url, ("s2", 1): b.url, ("s2", 2): b.url}
     assert all(r["outcome"] == "success" for r in rows.values())
     assert summary["target_switches"] == 0
+    printed = capsys.readouterr().out
+    assert "Targets (switches inside sessions: 0)" in printed and f"{a.url}: 3 requests (3 ok, 0 failed)" in printed
     assert summary["target"] == [a.url, b.url] and summary["target_policy"] == "session-order"
     assert summary["targets"][a.url]["requests"] == 3 and summary["targets"][b.url]["requests"] == 2
     ms = 1_000_000
@@ -296,6 +298,7 @@ def test_workers_keep_each_session_on_its_target(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     s = json.loads((results / "summary.json").read_text())
     assert s["completed"] == len(rows) and s["target_switches"] == 0
+    assert "Targets (switches inside sessions: 0)" in out.stdout  # the merged summary, printed
     got = {}
     for i in range(2):
         for r in read_results(str(results / f"worker-{i}")).to_pylist():
