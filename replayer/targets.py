@@ -84,6 +84,11 @@ def target_switches(table: pa.Table) -> int:
     return int(np.count_nonzero((sess[1:] == sess[:-1]) & (tgt[1:] != tgt[:-1])))
 
 
+def _counts(col) -> dict[str, int]:
+    """How many times each non-null value occurs in a column."""
+    return {v["values"]: v["counts"] for v in pc.value_counts(col).to_pylist() if v["values"] is not None}
+
+
 def target_sections(table: pa.Table) -> dict:
     """Per-target summary sections of a results table (module docstring); {} when no row has a target."""
     if "target" not in table.column_names:
@@ -92,11 +97,10 @@ def target_sections(table: pa.Table) -> dict:
     targets = [t for t in pc.unique(table.column("target")).to_pylist() if t is not None]
     for name in sorted(targets):
         t = table.filter(pc.equal(table.column("target"), name))
-        outcome = t.column("outcome").to_pylist()
-        sec: dict = {"requests": t.num_rows, **{o.value: outcome.count(o.value) for o in Outcome}}
-        kinds = [k for k, o in zip(t.column("error_kind").to_pylist(), outcome, strict=True)
-                 if o == Outcome.FAILED.value and k is not None]
-        sec["errors_by_kind"] = {k: kinds.count(k) for k in sorted(set(kinds))}
+        outcomes = _counts(t.column("outcome"))
+        sec: dict = {"requests": t.num_rows, **{o.value: outcomes.get(o.value, 0) for o in Outcome}}
+        failed = t.filter(pc.equal(t.column("outcome"), Outcome.FAILED.value))
+        sec["errors_by_kind"] = dict(sorted(_counts(failed.column("error_kind")).items()))
         for col, key in (("prompt_tokens", "total_input_tokens"), ("completion_tokens", "total_output_tokens")):
             v = pc.sum(t.column(col)).as_py()
             sec[key] = int(v) if v is not None else None

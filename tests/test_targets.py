@@ -345,3 +345,29 @@ def test_route_takes_non_text_session_ids_as_their_text():
     got = route.apply(_Batch(np.zeros(5, np.int64), [7, None, 8, 7, "8"], 0), np.arange(5))
     assert got.tolist() == [0, 1, 1, 0, 1]  # 7 -> session 0, 8 and "8" -> session 1; the row without one by row
     assert target_index("session-hash", 5, 0, 8) == target_index("session-hash", 5, 3, "8")
+
+
+def test_target_switches_count_turns_that_moved():
+    import pyarrow as pa
+
+    from replayer.targets import target_sections, target_switches
+
+    t = pa.table({"session_id": ["s", "s", "s", "u", "u", None, None, "s"],
+                  "loop": [0, 0, 0, 0, 0, 0, 0, 1],
+                  "row": [0, 2, 5, 1, 3, 4, 6, 0],
+                  "target": ["A", "B", "A", "B", "B", "A", "B", None],  # (s's loop-1 turn: not sent)
+                  "outcome": ["success", "success", "failed", "success", "success", "success", "success",
+                              "not_started"],
+                  "error_kind": [None, None, "connect", None, None, None, None, None],
+                  "prompt_tokens": [10, 10, None, 10, 10, 10, 10, None],
+                  "completion_tokens": [1, 1, None, 1, 1, 1, 1, None],
+                  "ttft_ms": [5.0, 7.0, None, 9.0, 11.0, 13.0, 15.0, None],
+                  "e2e_ms": [6.0, 8.0, None, 10.0, 12.0, 14.0, 16.0, None],
+                  "dispatch_lag_ms": [0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, None]})
+    assert target_switches(t) == 2  # s: A -> B -> A; u stays on B; rows without a session do not count
+    sec = target_sections(t)
+    assert sorted(sec) == ["A", "B"]
+    assert sec["A"]["requests"] == 3 and sec["A"]["success"] == 2 and sec["A"]["failed"] == 1
+    assert sec["A"]["errors_by_kind"] == {"connect": 1}
+    assert sec["A"]["median_ttft_ms"] == 5.0 and sec["A"]["p99_ttft_ms"] == 13.0  # successful requests only
+    assert sec["B"]["total_input_tokens"] == 40 and sec["B"]["errors_by_kind"] == {}
