@@ -25,7 +25,8 @@ import sys
 
 import psutil
 
-from replayer.client import IDLE_EXPIRY_S, Client
+from replayer.client import Client
+from replayer.pool import IDLE_EXPIRY_S
 from replayer.clock import now_ns
 from replayer.payload import PayloadBuilder, PreparedRequest
 from replayer.prompts import PromptBuilder

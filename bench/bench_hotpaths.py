@@ -25,7 +25,8 @@ from replayer.payload import PayloadBuilder
 from replayer.prompts import PromptBuilder
 from replayer.recorder import Recorder
 from replayer.result import RequestResult
-from replayer.sse import SSEDecoder, StreamAccumulator
+from replayer.chunks import StreamAccumulator
+from replayer.sse import SSEDecoder
 
 
 def best(fn, n: int, repeat: int = 5) -> float:

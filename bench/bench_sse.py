@@ -15,7 +15,8 @@ import time
 
 import orjson
 
-from replayer.sse import SSEDecoder, StreamAccumulator
+from replayer.chunks import StreamAccumulator
+from replayer.sse import SSEDecoder
 
 N_TOKENS = 500
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -7,7 +7,8 @@ per-chunk machinery (StreamReader, a future and a task wake-up per chunk, a read
 re-armed per chunk) taking ~45 % of the replayer's CPU. This client is an asyncio ``Protocol``
 per connection (``replayer.connection``) with llhttp (``httptools``) parsing the response; response bytes are decoded and
 measured inside ``data_received``, stamped once per read with the one monotonic clock, and the
-sending coroutine wakes up once per request.
+sending coroutine wakes up once per request. The client is a connection pool (``replayer.pool``);
+what an attempt leaves in its result is ``replayer.measure``'s.
 
 Behaviour (the traps of DESIGN.md avoided):
 * unlimited keep-alive connections: no hidden client-side queue (case B24); the time spent
@@ -47,31 +48,27 @@ import errno
 import os
 import socket
 import ssl
-from collections import deque
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-
 from .audit import audit_pooling
+from .pool import IDLE_EXPIRY_S, Pool
 from .connection import _ERROR_BODY_LIMIT, _Connection, _Exchange, _Failure, fd_limit_hint
 from .clock import now_ns
 from .errors import ErrorKind, Outcome
 from .launcher import Launcher
+from .measure import fail, measure, partial, retry_after_s
 from .payload import POOLING, PreparedRequest
 from .result import RequestResult
 from .servertimings import TimedStreamAccumulator
 from .servertimings import record as record_server_timings
-from .sse import SSEDecoder, StreamAccumulator
-from .timestamps import Timestamps, derive
+from .chunks import StreamAccumulator
 
 _UNSENT = -2.0  # _attempt: the launcher never wrote the reserved request (its connection closed first)
 _ERROR_TEXT_LIMIT = 500
-_RETRY_AFTER_MAX_S = 60.0
-SPARE_BACKOFF_NS = 500_000_000  # no connections opened ahead for this long after one failed
-IDLE_EXPIRY_S = 60.0  # an idle keep-alive connection beyond the spares is closed after this long unused
 
 
-class Client:
+class Client(Pool):
     """Sends prepared requests to ``base_url + endpoint`` (``http://`` or ``https://``).
 
     ``t0_ns``: the run anchor; recorded times are offsets from it (may be set after ``warm_up``,
@@ -106,11 +103,11 @@ class Client:
         u = urlsplit(base_url.rstrip("/") + endpoint)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"target must be an http(s) URL, got {base_url!r}")
+        super().__init__(u.hostname, u.port or (443 if u.scheme == "https" else 80),
+                         ssl.create_default_context() if u.scheme == "https" else None, connect_timeout_s,
+                         idle_expiry_s=idle_expiry_s)
         self.url = base_url.rstrip("/") + endpoint
         self.t0_ns = t0_ns
-        self._host = u.hostname
-        self._port = u.port or (443 if u.scheme == "https" else 80)
-        self._ssl = ssl.create_default_context() if u.scheme == "https" else None
         self._host_header = u.netloc.rsplit("@", 1)[-1]
         self._base_path = urlsplit(base_url).path.rstrip("/")
         self._api_key = api_key
@@ -120,20 +117,12 @@ class Client:
         self.server_timings = server_timings
         self._acc = TimedStreamAccumulator if server_timings else StreamAccumulator
         self.delayed_ack = delayed_ack and hasattr(socket, "TCP_QUICKACK")
-        self._connect_timeout = connect_timeout_s
         self._read_timeout_ns = int(read_timeout_s * 1e9) if read_timeout_s else None
         self._total_ns = int(request_timeout_s * 1e9) if request_timeout_s else None
         if retry_max < 0 or retry_backoff_s < 0:
             raise ValueError("retry_max and retry_backoff_s must be >= 0")
         self.retry_max = retry_max
         self.retry_backoff_s = retry_backoff_s
-        # the idle pool, a LIFO stack: the newest on the right, spares and the longest idle on the left
-        self._idle: deque[_Connection] = deque()
-        self._idle_expiry_ns = int(idle_expiry_s * 1e9)
-        self._all: set[_Connection] = set()
-        self._spares_opening = 0
-        self._spares_paused_until = 0  # no background connects before this (one failed)
-        self.spare_target = 8  # idle connections kept ready in the background (0 = none)
         # told of each result whose request has just gone out (first send, or its connect
         # failed at the due time), its dispatch lag set: live accounting at send time
         self.on_dispatched: Callable[[RequestResult], None] | None = None
@@ -158,113 +147,12 @@ class Client:
     async def start(self) -> None:
         """Nothing to set up beyond the constructor (kept for symmetry with ``close``)."""
 
-    async def close(self) -> None:
-        """Close every connection (in-flight exchanges fail as DISCONNECT)."""
-        for c in list(self._all):
-            c._abort()
-        self._all.clear()
-        self._idle.clear()
-
     async def __aenter__(self) -> "Client":
         await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    @property
-    def open_connections(self) -> int:
-        return sum(1 for c in self._all if not c.closed)
-
-    async def warm_up(self, n: int) -> int:
-        """Open up to ``n`` idle keep-alive connections ahead of the replay (so the first burst
-        does not pay for TCP handshakes at its due time). Returns how many opened."""
-        conns = await asyncio.gather(*(self._connect() for _ in range(n)), return_exceptions=True)
-        ok = [c for c in conns if isinstance(c, _Connection)]
-        t = now_ns()
-        for c in ok:
-            c.idle_since_ns = t
-        self._idle.extend(ok)
-        return len(ok)
-
-    async def _connect(self) -> _Connection:
-        loop = asyncio.get_running_loop()
-        _, conn = await asyncio.wait_for(
-            loop.create_connection(lambda: _Connection(self), self._host, self._port, ssl=self._ssl),
-            self._connect_timeout)
-        self._all.add(conn)
-        return conn
-
-    def _idle_connection(self) -> _Connection | None:
-        idle = self._idle
-        if len(idle) + self._spares_opening < self.spare_target and now_ns() >= self._spares_paused_until:
-            self._open_spare()
-        while idle:
-            c = idle.pop()
-            if not c.closed and c.ex is None:
-                return c
-            self._all.discard(c)
-        return None
-
-    async def _acquire(self) -> _Connection:
-        return self._idle_connection() or await self._connect()
-
-    def _open_spare(self) -> None:
-        """Open one connection in the background, so a request due later finds one ready instead
-        of paying for a TCP handshake at its due time. A failure pauses background connects (the
-        pool's top-up to ``spare_target`` and ``expect``) for ``SPARE_BACKOFF_NS``."""
-        self._spares_opening += 1
-
-        def done(t: asyncio.Task) -> None:
-            self._spares_opening -= 1
-            if t.cancelled():
-                return
-            if t.exception() is None:
-                c = t.result()
-                c.idle_since_ns = now_ns()
-                self._idle.appendleft(c)  # LIFO pool: spares are used after warm ones
-            else:  # the target refuses or is down: no connect storm ahead of demand for a while
-                self._spares_paused_until = now_ns() + SPARE_BACKOFF_NS
-
-        asyncio.get_running_loop().create_task(self._connect()).add_done_callback(done)
-
-    def expect(self, n: int) -> None:
-        """Loop thread: ``n`` requests are due soon (the dispatcher counts them): open
-        connections in the background until ``n`` are idle or opening (at most 32 more per
-        call), so each finds one ready (and can go through the launcher) instead of waiting for
-        a TCP handshake at its due time. Connections busy now are not counted: some may be
-        free by then, so this errs on the side of a few idle connections more. After a failed
-        background connect it opens none for ``SPARE_BACKOFF_NS`` (a target that is down gets
-        each request's own connect attempt, not a storm of spares)."""
-        if now_ns() < self._spares_paused_until:
-            return
-        for _ in range(min(n - len(self._idle) - self._spares_opening, 32)):
-            self._open_spare()
-
-    def _release(self, c: _Connection) -> None:
-        if c.closed or not c.keep_alive or c.ex is not None:
-            c._abort()
-            self._all.discard(c)
-        else:
-            c.idle_since_ns = now = now_ns()
-            idle = self._idle
-            idle.append(c)
-            if len(idle) > self.spare_target:
-                self._expire_idle(now)
-
-    def _expire_idle(self, now: int) -> None:
-        """Close the idle connections unused for ``idle_expiry_s``, and drop those the server
-        closed, from the long-idle end of the pool while it holds more than ``spare_target``
-        (amortized O(1): each connection leaves once)."""
-        idle, limit = self._idle, now - self._idle_expiry_ns
-        while len(idle) > self.spare_target:
-            c = idle[0]
-            if not c.closed and c.ex is None and c.idle_since_ns > limit:
-                return
-            idle.popleft()
-            if not c.closed and c.ex is None:  # (one with an exchange is not idle: only dropped)
-                c._abort()
-            self._all.discard(c)
 
     def use_launcher(self, launcher: Launcher) -> None:
         """Write reserved requests through ``launcher`` (started and ready; its reports go to
@@ -398,7 +286,7 @@ class Client:
                 await asyncio.sleep(delay)
             except asyncio.CancelledError:
                 res.end_ns = now_ns() - self.t0_ns
-                _fail(res, ErrorKind.CANCELLED, "cancelled at shutdown (waiting to retry)",
+                fail(res, ErrorKind.CANCELLED, "cancelled at shutdown (waiting to retry)",
                       outcome=Outcome.CANCELLED)
                 raise
             res.retries += 1
@@ -447,13 +335,13 @@ class Client:
             acc.finish()
             if ex.status != 200:
                 text = b"".join(ex.body)[:_ERROR_BODY_LIMIT]
-                _fail(res, ErrorKind.HTTP_STATUS, acc.error or text.decode("utf-8", "replace")[:_ERROR_TEXT_LIMIT]
+                fail(res, ErrorKind.HTTP_STATUS, acc.error or text.decode("utf-8", "replace")[:_ERROR_TEXT_LIMIT]
                       or f"HTTP {ex.status}")
                 if ex.status == 429 or ex.status >= 500:
-                    retry = _retry_after_s(ex.retry_after)
+                    retry = retry_after_s(ex.retry_after)
             else:  # (a pooling response is one JSON body: its E2E is its arrival)
                 pooled = acc.success and req.endpoint in POOLING
-                _measure(res, acc, sent, t0, ex.dec, body_ns=ex.t_ns if pooled else None)
+                measure(res, acc, sent, t0, ex.dec, body_ns=ex.t_ns if pooled else None)
                 if self.server_timings:
                     record_server_timings(res, acc)
                 if acc.success:
@@ -464,9 +352,9 @@ class Client:
                 elif req.endpoint in POOLING and acc.body_without_usage:
                     audit_pooling(res, None)
                 else:
-                    _fail(res, acc.error_kind, acc.error)
+                    fail(res, acc.error_kind, acc.error)
                 if res.outcome != Outcome.SUCCESS.value:
-                    _partial(res, acc)
+                    partial(res, acc)
         except _Failure as f:
             if reserved is not None and res.sent_ns is None and ex is not None and not ex.t_ns:
                 return _UNSENT  # the reserved connection went away before the launcher wrote it
@@ -475,12 +363,12 @@ class Client:
             if ex is not None:
                 res.http_status = ex.status or None
                 if res.sent_ns is not None:
-                    _measure(res, ex.acc, res.sent_ns + t0, t0, ex.dec)
-                    _partial(res, ex.acc)
+                    measure(res, ex.acc, res.sent_ns + t0, t0, ex.dec)
+                    partial(res, ex.acc)
                 if kind is ErrorKind.DISCONNECT and not ex.t_ns and conn is not None and conn.served:
                     kind, message = ErrorKind.STALE_CONNECTION, ("reused keep-alive connection closed before "
                                                                   f"any response byte ({message})")
-            _fail(res, kind, message[:_ERROR_TEXT_LIMIT])
+            fail(res, kind, message[:_ERROR_TEXT_LIMIT])
             if ex is None:  # the connection could not be opened (refused, connect timeout)
                 retry = -1.0 if kind in (ErrorKind.CONNECT, ErrorKind.CONNECT_TIMEOUT) else None
                 if res.sent_ns is None:  # the attempt counts as sent when it began: it was issued
@@ -494,15 +382,15 @@ class Client:
                 conn._abort()
             if ex is not None and res.sent_ns is not None:
                 res.http_status = ex.status or None
-                _measure(res, ex.acc, res.sent_ns + t0, t0, ex.dec)
-                _partial(res, ex.acc)
-            _fail(res, ErrorKind.CANCELLED, "cancelled at shutdown", outcome=Outcome.CANCELLED)
+                measure(res, ex.acc, res.sent_ns + t0, t0, ex.dec)
+                partial(res, ex.acc)
+            fail(res, ErrorKind.CANCELLED, "cancelled at shutdown", outcome=Outcome.CANCELLED)
             raise
         except Exception as exc:  # noqa: BLE001 - a bug here must not stop the replay
             res.end_ns = now_ns() - t0
             if conn is not None:
                 conn._abort()
-            _fail(res, ErrorKind.CLIENT, f"{type(exc).__name__}: {exc}"[:_ERROR_TEXT_LIMIT])
+            fail(res, ErrorKind.CLIENT, f"{type(exc).__name__}: {exc}"[:_ERROR_TEXT_LIMIT])
         finally:
             if conn is not None:
                 self._release(conn)
@@ -513,64 +401,3 @@ def _reported(ex: _Exchange) -> None:
     """Wake an ``_attempt`` waiting for the launcher's report on ``ex`` (see ``Client.send``)."""
     if ex.sent is not None and not ex.sent.done():
         ex.sent.set_result(None)
-
-
-def _retry_after_s(value: bytes | None) -> float:
-    """Seconds of a ``Retry-After: <seconds>`` header, capped at 60 s; -1.0 when absent or not a
-    number of seconds (an HTTP date is not honoured: the backoff applies)."""
-    if value is None:
-        return -1.0
-    try:
-        s = float(value.strip())
-    except ValueError:
-        return -1.0
-    if s != s or s < 0:  # NaN or negative
-        return -1.0
-    return min(s, _RETRY_AFTER_MAX_S)
-
-
-def _fail(res: RequestResult, kind: ErrorKind, error: str | None, outcome: Outcome = Outcome.FAILED) -> None:
-    """Record a failure: its outcome, kind and message (never empty: the kind when none was given)."""
-    res.outcome = outcome.value
-    res.error_kind = kind.value
-    res.error = error or f"{kind.value} (no message)"
-
-
-def _partial(res: RequestResult, acc: StreamAccumulator) -> None:
-    """A request that did not succeed: the output tokens that arrived become
-    ``partial_output_tokens`` (the server's running usage, else one per token-carrying event:
-    ``usage_source`` tells which; None when none arrived) and its ``completion_tokens`` unknown,
-    so no total and no throughput counts them."""
-    n = acc.output_tokens
-    res.partial_output_tokens = (acc.output_tokens_estimate if n is None else n) or None
-    res.completion_tokens = None
-
-
-def _measure(res: RequestResult, acc: StreamAccumulator, sent: int, t0: int,
-             dec: SSEDecoder | None = None, body_ns: int | None = None) -> None:
-    """Copy the accumulator's measurements (and the decoder's invalid-UTF-8 count) into ``res``
-    (times as offsets from ``t0``), and the latencies ``timestamps.derive`` computes from the
-    moments observed (``sent``, ``body_ns``: ``now_ns`` times; ``body_ns`` a whole JSON body's
-    arrival when that is the E2E point)."""
-    res.prompt_tokens = acc.prompt_tokens
-    res.image_tokens = acc.image_tokens
-    if acc.image_tokens is not None and acc.prompt_tokens is not None:
-        res.text_tokens = acc.prompt_tokens - acc.image_tokens
-    res.completion_tokens = acc.completion_tokens
-    res.usage_source = "server" if acc.usage_seen else "none"
-    res.n_chunks = acc.n_chunks
-    res.output_tokens_estimate = acc.output_tokens_estimate if acc.completion_tokens is None else None
-    res.invalid_utf8 = acc.invalid_utf8 + (dec.invalid_utf8 if dec is not None else 0)
-    res.finish_reason = acc.finish_reason
-    first, last = acc.first_token_ns, acc.last_token_ns
-    if first is not None:
-        res.first_token_ns = first - t0
-    if last is not None:
-        res.last_token_ns = last - t0
-    token_ns, token_counts = acc.token_times()
-    lat = derive(Timestamps(due_ns=res.due_ns + t0, sent_ns=sent, first_token_ns=first, last_token_ns=last,
-                            body_ns=body_ns or None, token_ns=token_ns, token_counts=token_counts,
-                            output_tokens=acc.output_tokens, streamed=not acc.whole_body,
-                            session_wait_ms=res.session_wait_ms))
-    res.ttft_ms, res.e2e_ms, res.tpot_ms, res.itl_ms = lat.ttft_ms, lat.e2e_ms, lat.tpot_ms, lat.itl_ms
-    res.ttft_from_due_ms, res.e2el_from_due_ms = lat.ttft_from_due_ms, lat.e2el_from_due_ms

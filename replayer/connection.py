@@ -17,10 +17,11 @@ import httptools
 
 from .clock import now_ns
 from .errors import ErrorKind
-from .sse import SSEDecoder, StreamAccumulator
+from .chunks import StreamAccumulator
+from .sse import SSEDecoder
 
 if TYPE_CHECKING:
-    from .client import Client
+    from .pool import Pool
 
 #: the most bytes of an error response body kept (its message)
 ERROR_BODY_LIMIT = 64 * 1024
@@ -92,7 +93,7 @@ class _Exchange:
 class _Connection(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection; at most one exchange at a time."""
 
-    def __init__(self, pool: Client) -> None:
+    def __init__(self, pool: Pool) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.fd = -1  # the socket, for writes from the launcher process (plain HTTP)

@@ -25,7 +25,7 @@ it. Unknown unless all three are known.
 from __future__ import annotations
 
 from .result import RequestResult
-from .sse import StreamAccumulator
+from .chunks import StreamAccumulator
 
 #: request body field asking for the timings (PR #46768's request-side gate; harmless elsewhere in vLLM)
 REQUEST_FIELD = "include_metrics"

@@ -33,7 +33,7 @@ from replayer.payload import PayloadBuilder, PreparedRequest
 from replayer.prompts import PromptBuilder
 from replayer.result import RequestResult, to_table
 from replayer.schedule import ScheduleBatch, Timeline, iter_schedule
-from replayer.sse import StreamAccumulator
+from replayer.chunks import StreamAccumulator
 from replayer.summary import summarize
 from replayer.trace import TraceError, read_trace
 

@@ -17,7 +17,7 @@ from PIL import Image
 from replayer.image_tokens import parse_rule, qwen2_vl_tokens
 from replayer.images import ImageParts, image_bytes, image_pixels
 from replayer.result import RequestResult, to_table
-from replayer.sse import StreamAccumulator
+from replayer.chunks import StreamAccumulator
 from replayer.summary import summarize
 from replayer.trace import TraceError, read_trace, write_parquet
 

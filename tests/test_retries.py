@@ -14,7 +14,8 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from replayer.client import Client, _retry_after_s
+from replayer.client import Client
+from replayer.measure import retry_after_s
 from replayer.clock import now_ns
 from replayer.errors import ErrorKind, Outcome
 from replayer.logs import ErrorBurstLog, JsonFormatter, setup_logging
@@ -84,12 +85,12 @@ def test_retry_after_seconds_is_honoured():
 
 
 def test_retry_after_parsing_and_cap():
-    assert _retry_after_s(None) == -1.0
-    assert _retry_after_s(b" 2 ") == 2.0
-    assert _retry_after_s(b"0") == 0.0
-    assert _retry_after_s(b"3600") == 60.0                       # capped
-    assert _retry_after_s(b"Wed, 21 Oct 2015 07:28:00 GMT") == -1.0  # a date: the backoff applies
-    assert _retry_after_s(b"-5") == -1.0 and _retry_after_s(b"nan") == -1.0
+    assert retry_after_s(None) == -1.0
+    assert retry_after_s(b" 2 ") == 2.0
+    assert retry_after_s(b"0") == 0.0
+    assert retry_after_s(b"3600") == 60.0                       # capped
+    assert retry_after_s(b"Wed, 21 Oct 2015 07:28:00 GMT") == -1.0  # a date: the backoff applies
+    assert retry_after_s(b"-5") == -1.0 and retry_after_s(b"nan") == -1.0
 
 
 def test_no_retry_after_output_arrived():

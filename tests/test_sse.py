@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replayer.errors import ErrorKind
-from replayer.sse import SSEDecoder, SSEEvent, StreamAccumulator
+from replayer.chunks import StreamAccumulator
+from replayer.sse import SSEDecoder, SSEEvent
 
 MS = 1_000_000
 
