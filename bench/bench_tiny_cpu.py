@@ -34,7 +34,8 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 from replayer.config import load_config  # noqa: E402
 from replayer.metrics import ReplayerMetrics  # noqa: E402
 from replayer.payload import PayloadBuilder  # noqa: E402
-from replayer.prepare import Prompts, RequestFactory  # noqa: E402
+from replayer.loopprompts import Prompts  # noqa: E402
+from replayer.prepare import RequestFactory  # noqa: E402
 from replayer.schedule import Timeline, iter_schedule  # noqa: E402
 from replayer.trace import open_trace  # noqa: E402
 

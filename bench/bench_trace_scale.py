@@ -10,7 +10,7 @@ is its own. Steps:
    file size). Spec: Poisson at 1000 req/s, 16 shared system prompts of 1,024 tokens, sessions of 4
    turns (64 interleaved), user tokens lognormal(512, cv 1), output lognormal(128, cv 1), input
    capped at 16,384 tokens.
-2. ``inspect``: ``tracetools.inspect_trace`` (expected prefix-cache hits, as a replay's) — the target is
+2. ``inspect``: ``traceinspect.inspect_trace`` (expected prefix-cache hits, as a replay's) — the target is
    peak RSS under 1 GB.
 3. ``stream``: ``trace.open_trace(path).batches(65536)`` touching every batch (rows/s, peak RSS).
 
@@ -59,7 +59,7 @@ def step_generate(path: str, rows: int, rate: float = 1000.0, output_dist: str =
 
 
 def step_inspect(path: str) -> dict:
-    from replayer.tracetools import inspect_trace
+    from replayer.traceinspect import inspect_trace
 
     t0 = time.perf_counter()
     s = inspect_trace(path)

@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return main_report(args.results, args.output)
     if args.command == "compare":
-        from .report import main_compare
+        from .compare import main_compare
 
         return main_compare(args.a, args.b, args.json)
     if args.command == "record":

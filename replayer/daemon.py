@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Callable
 
 import aiohttp
 from prometheus_client import CollectorRegistry
@@ -31,14 +30,16 @@ from .connection import raise_open_file_limit
 from .config import RunConfig, new_run_id
 from .dispatcher import Dispatcher, Feed
 from .gcpacer import GcPacer
-from .launcher import Launcher
+from .launcher import launcher_ready, start_launcher
 from .logs import setup_logging
 from .console import LiveConsole
 from .metrics import EventLoopLagMonitor, ReplayerMetrics
-from .target_metrics import SAMPLES_FLUSH_SCRAPES, SampleFiles, TargetScraper
+from .target_metrics import TargetScraper
+from .target_samples import SAMPLES_FLUSH_SCRAPES, SampleFiles, flush_samples
 from .payload import PayloadBuilder, PreparedRequest
 from .servertimings import REQUEST_FIELD as SERVER_TIMINGS_FIELD
-from .prepare import Prompts, RequestFactory
+from .loopprompts import Prompts
+from .prepare import RequestFactory
 from .readiness import StartupError, wait_ready_all
 from .recorder import Recorder
 from .recorder import warm_up as recorder_warm_up
@@ -57,6 +58,7 @@ from .sessions import SessionGate
 from .targets import TargetMetrics, TargetScrapers
 from .tenants import TenantMetrics
 from .trace import TraceError
+from .workers import stop_with_parent
 
 log = logging.getLogger("replayer")
 
@@ -172,13 +174,13 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, targets: list[str
     gc_pacer = GcPacer()
     gc_pacer.start()
     # the launcher process boots (~50 ms) while the first trace batch is read
-    launcher = _start_launcher() if cfg.launcher and all(t.startswith("http://") for t in targets) else None
+    launcher = start_launcher() if cfg.launcher and all(t.startswith("http://") for t in targets) else None
     # read the first trace batch before anchoring, so the first requests are not late by its read
     first = await loop.run_in_executor(None, next, batches, None)
     if first is not None:
         batches = itertools.chain((first,), batches)
     if launcher is not None:
-        launcher = await _launcher_ready(launcher)
+        launcher = await launcher_ready(launcher)
     timeline = Timeline(cfg.speedup)
     # X-Request-Id: <run_id>-<loop>-<row>; a resumed run keeps its run's id (config.recorded_settings)
     run_id = cfg.run_id or new_run_id()
@@ -330,7 +332,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, targets: list[str
         state, metrics, probe=lambda: selfwatch.read(dispatcher, launcher, gc_pacer))))
     parent = os.environ.get(PARENT_PID_ENV)
     if parent and parent.isdigit():  # a --workers worker: stop with its parent
-        background.append(loop.create_task(_stop_with_parent(int(parent), on_signal)))
+        background.append(loop.create_task(stop_with_parent(int(parent), on_signal)))
     samples = None
     if scraper is not None:
         samples = SampleFiles(results_dir, keep_since=lambda: retention.samples_kept_since(
@@ -339,7 +341,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, targets: list[str
             carry_target_totals(results_dir, scraper)  # start from the earlier runs' totals
         background.append(loop.create_task(scraper.run()))
         every_s = max(cfg.flush_interval_s, SAMPLES_FLUSH_SCRAPES * cfg.scrape_interval_s)
-        background.append(loop.create_task(_flush_samples(scraper, samples, every_s)))
+        background.append(loop.create_task(flush_samples(scraper, samples, every_s)))
     log.info("replaying %s (%s rows%s, passes %s, shard %s) against %s (model %s) at speedup %g; results in %s",
              cfg.trace, n_rows, "" if not cfg.max_requests else f", the first {cfg.max_requests} sent"
              + (f" over all {shards} shards" if shards > 1 else ""), cfg.loop,
@@ -386,28 +388,6 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, targets: list[str
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-async def _stop_with_parent(pid: int, stop: Callable[[str], None], every_s: float = 0.5) -> None:
-    """Stop the run as on SIGHUP once process ``pid`` (the ``--workers`` parent) is gone: the
-    workers run in sessions of their own, so nothing else would stop them when it is killed."""
-    while os.getppid() == pid:
-        await asyncio.sleep(every_s)
-    log.warning("the --workers parent (pid %d) is gone: stopping", pid)
-    stop("SIGHUP")
-
-
-async def _flush_samples(scraper: TargetScraper | TargetScrapers, samples: SampleFiles, every_s: float) -> None:
-    """Write the target-metric samples to a part file every ``every_s`` (off the loop)."""
-    loop = asyncio.get_running_loop()
-    while True:
-        await asyncio.sleep(every_s)
-        fut = loop.run_in_executor(None, samples.write_part, scraper.take_samples())
-        try:
-            await asyncio.shield(fut)
-        except asyncio.CancelledError:  # the run ends: this part must be on disk before the final roll
-            await fut
-            raise
-
-
 async def _open_pool(client: Client, n: int) -> None:
     """Open ``n`` keep-alive connections before the run is anchored, and say how long it took."""
     if not n:
@@ -416,29 +396,6 @@ async def _open_pool(client: Client, n: int) -> None:
     opened = await client.warm_up(n)
     log.info("opened %d keep-alive connections ahead of the first request in %.3f s (before the "
              "schedule's anchor)", opened, (now_ns() - t) / 1e9)
-
-
-_NO_LAUNCHER = "the launcher process failed to start (%s); the event loop writes every request"
-
-
-def _start_launcher() -> Launcher | None:
-    launcher = Launcher()
-    try:
-        launcher.start()
-    except OSError as e:
-        log.warning(_NO_LAUNCHER, e)
-        return None
-    return launcher
-
-
-async def _launcher_ready(launcher: Launcher) -> Launcher | None:
-    try:
-        await launcher.ready()
-    except (OSError, RuntimeError) as e:
-        log.warning(_NO_LAUNCHER, e)
-        return None
-    log.info("launcher process started (%s priority)", launcher.priority)
-    return launcher
 
 
 def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import array
 import asyncio
 import errno
+import logging
 import mmap
 import os
 import socket
@@ -53,6 +54,8 @@ from collections import deque
 from collections.abc import Callable
 
 from .launchproc import CANCEL, FILE, FRAME, PRIORITIES, REPORT, RING, STOP
+
+log = logging.getLogger("replayer")
 
 #: the loop's handler for a report: (token, sent_ns or 0, bytes written, errno)
 Report = Callable[[int, int, int, int], None]
@@ -360,3 +363,28 @@ def _sendmsg(sock: socket.socket, data: memoryview, fds: list[int]) -> int:
         return 0
     except OSError:
         return -1
+
+
+_NO_LAUNCHER = "the launcher process failed to start (%s); the event loop writes every request"
+
+
+def start_launcher() -> Launcher | None:
+    """A launcher process started (ready later: ``launcher_ready``), or None (logged) when it cannot start."""
+    launcher = Launcher()
+    try:
+        launcher.start()
+    except OSError as e:
+        log.warning(_NO_LAUNCHER, e)
+        return None
+    return launcher
+
+
+async def launcher_ready(launcher: Launcher) -> Launcher | None:
+    """``launcher`` once ready, or None (logged): the event loop then writes every request."""
+    try:
+        await launcher.ready()
+    except (OSError, RuntimeError) as e:
+        log.warning(_NO_LAUNCHER, e)
+        return None
+    log.info("launcher process started (%s priority)", launcher.priority)
+    return launcher

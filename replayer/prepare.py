@@ -13,9 +13,8 @@ Per endpoint (the row's ``endpoint`` column, else ``--endpoint``; ``replayer.pay
 A row's ``model``, ``priority`` and ``extra_body`` columns go into its body
 (``PayloadBuilder.for_row``; built here, in the lead window, like the rest of the body).
 
-Sessions: with a ``parent_request_id`` column a row waits on its parent's request id; otherwise
-a row with a ``session_id`` waits on its session (``replayer.sessions``). Keys carry the loop
-number, so a session of loop k+1 never waits on loop k.
+Sessions: each row's keys for the session gate and its session header (``replayer.sessionkeys``);
+prompt builders per pass and the expected prefix-cache model: ``replayer.loopprompts``.
 
 Prefix growth without hash ids (traces whose hash ids were synthesised, e.g. Azure): a turn's
 prompt is the previous turn's prompt, then a stand-in for the previous answer (its
@@ -29,7 +28,6 @@ was evicted (or whose session began before a resume) is built from its own hash 
 from __future__ import annotations
 
 import logging
-import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -41,12 +39,13 @@ from .image_tokens import parse_rule
 from .imageprefetch import ImagePrefetch
 from .imagerows import image_count, row_images
 from .images import ImageParts
+from .loopprompts import Prompts
 from .payload import CHAT, COMPLETIONS, EMBEDDINGS, POOLING, SCORE, PayloadBuilder, PreparedRequest, endpoint_kind
-from .prefix_cache import DEFAULT_CAPACITY_TOKENS, DEFAULT_KV_BLOCK_SIZE, PrefixCacheModel, modelled
-from .prompts import (DEFAULT_VOCAB_RANGE, PromptBuilder, TextPromptBuilder, salted_seed, vocab_from_range,
-                      vocab_from_tokenizer)
+from .prefix_cache import modelled
+from .prompts import TextPromptBuilder
 from .result import RequestResult
-from .schedule import ScheduleBatch, Timeline
+from .schedule import ScheduleBatch, Timeline, column_value
+from .sessionkeys import session_header_lines, session_header_value, session_keys
 from .textprefetch import TextPrefetch
 
 ANSWER_SALT = 0xA5A5_0A5A_5A5A_A5A5
@@ -59,60 +58,6 @@ PREBUILD_MAX = 10_000
 HISTORY_TOKENS = 32_000_000  # bound of the prefix-growth histories (int32 ids: 128 MB)
 
 
-class Prompts:
-    """Prompt builders per loop: the same builder every loop, or with ``loop_salt`` a builder
-    whose seed is salted by the loop number (fresh prefixes each loop). Keeps the last two.
-
-    Token ids from ``tokenizer`` (a local path: its non-special ids) or else ``vocab_range``
-    (``--vocab-range``); ``kv_block_size`` and ``cache_tokens`` configure the expected
-    prefix-cache model (``--kv-block-size``, ``--expected-cache-tokens``)."""
-
-    def __init__(self, block_size: int, *, seed: int = 0, loop_salt: bool = False,
-                 vocab_range: tuple[int, int] = DEFAULT_VOCAB_RANGE, tokenizer: str | None = None,
-                 kv_block_size: int = DEFAULT_KV_BLOCK_SIZE,
-                 cache_tokens: int | None = DEFAULT_CAPACITY_TOKENS) -> None:
-        self.vocab = vocab_from_tokenizer(tokenizer) if tokenizer else vocab_from_range(*vocab_range)
-        self.seed = seed
-        self.salt = loop_salt
-        self.block_size = block_size
-        self._by_loop: dict[int, PromptBuilder] = {}
-        self._cache_by_loop: dict[int, PrefixCacheModel] = {}
-        self._text: dict[int, TextPromptBuilder] = {}
-        self.tokenizer = tokenizer
-        self.kv_block_size = kv_block_size
-        self.cache_tokens = cache_tokens
-
-    def expected_cache(self, loop: int) -> PrefixCacheModel:
-        """The expected prefix-cache model: one for the run, or one per loop with ``loop_salt``
-        (fresh prefixes cannot hit the previous loop's blocks)."""
-        key = loop if self.salt else 0
-        m = self._cache_by_loop.get(key)
-        if m is None:
-            m = PrefixCacheModel(block_size=self.block_size, kv_block_size=self.kv_block_size,
-                                 capacity_tokens=self.cache_tokens)
-            self._cache_by_loop = {key: m}
-        return m
-
-    def text_for_loop(self, loop: int) -> TextPromptBuilder:
-        """Text prompts for ``--prompt-mode text`` (same blocks, decoded with the tokenizer)."""
-        b = self.for_loop(loop)
-        t = self._text.get(id(b))
-        if t is None:
-            t = TextPromptBuilder(b, self.tokenizer)
-            self._text = {id(b): t}
-        return t
-
-    def for_loop(self, loop: int) -> PromptBuilder:
-        key = loop if self.salt else 0
-        b = self._by_loop.get(key)
-        if b is None:
-            b = PromptBuilder(seed=salted_seed(self.seed, key), block_size=self.block_size, vocab=self.vocab)
-            self._by_loop[key] = b
-            for old in sorted(self._by_loop)[:-2]:
-                del self._by_loop[old]
-        return b
-
-
 @dataclass
 class _History:
     """A session's conversation so far (prefix growth without hash ids)."""
@@ -123,45 +68,15 @@ class _History:
     messages: list[dict] = field(default_factory=list)  # chat: the previous turn's messages
 
 
-#: optional per-row columns ``prepare`` reads (as ``_col`` would, looked up once per batch)
+#: optional per-row columns ``prepare`` reads (as ``column_value`` would, looked up once per batch)
 _ROW_COLUMNS = ("endpoint", "session_id", "turn", "model", "priority", "extra_body", "tenant", "image_ids",
                 "num_images")
-
-
-def _col(batch: object, name: str, i: int):
-    col = getattr(batch, name, None)
-    return None if col is None else col[i]
 
 
 def _grows(batch: object, kind: str, session: object) -> bool:
     """A turn whose prompt is its session's conversation so far (a trace without hash ids),
     not the blocks of its own hash ids."""
     return session is not None and getattr(batch, "hash_ids_synthetic", False) and kind in (COMPLETIONS, CHAT)
-
-
-#: ``--session-header`` presets: the header names routers read a session id from. Dynamo
-#: (docs "Identify Agent Sessions"): ``X-Dynamo-Session-ID``; AIBrix (gateway
-#: ``HeaderSessionKey``): ``x-aibrix-session-key``, read only with the ``session-affinity``
-#: routing strategy, so the preset also sends ``routing-strategy: session-affinity``.
-SESSION_HEADER_PRESETS = {"dynamo": ("X-Dynamo-Session-ID",),
-                          "aibrix": ("x-aibrix-session-key", "routing-strategy: session-affinity")}
-
-
-def session_header_lines(setting: str | None) -> bytes | None:
-    """The header lines of ``--session-header`` as a bytes template with one ``%s`` (the value)."""
-    if setting is None:
-        return None
-    name, *extra = SESSION_HEADER_PRESETS.get(setting.lower(), (setting,))
-    return b"".join([name.encode("ascii") + b": %s\r\n", *(e.encode("ascii") + b"\r\n" for e in extra)])
-
-
-def session_header_value(session: str, loop: int) -> bytes:
-    """A session id as a header value: the id itself in loop 0, ``<id>.loop<k>`` in loop k (another
-    pass is another conversation); bytes outside visible ASCII and ``%`` percent-encoded (UTF-8)."""
-    from urllib.parse import quote
-
-    v = session if loop == 0 else f"{session}.loop{loop}"
-    return quote(v, safe="".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")).encode("ascii")
 
 
 class RequestFactory:
@@ -260,7 +175,7 @@ class RequestFactory:
         if self.session_header is not None and session is not None:
             req.headers += self.session_header % session_header_value(session, sb.loop)
         if self.sessions:
-            self._session_keys(req, t, i, sb.loop, session)
+            session_keys(req, t, i, sb.loop, session)
         payload = self.payload.for_row(None if c_model is None else c_model[i],
                                        None if c_priority is None else c_priority[i],
                                        None if c_extra is None else c_extra[i])
@@ -303,22 +218,22 @@ class RequestFactory:
             return
         model = self.prompts.expected_cache(loop)
         for k in range(a, b):
-            path = _col(t, "endpoint", k)
+            path = column_value(t, "endpoint", k)
             kind = endpoint_kind(path) if path else self.default_endpoint
-            if not modelled(kind, _col(t, "session_id", k), getattr(t, "hash_ids_synthetic", False)):
+            if not modelled(kind, column_value(t, "session_id", k), getattr(t, "hash_ids_synthetic", False)):
                 continue  # rows whose prompt is not their hash ids' blocks (as prepare decides)
             model.observe(t.hash_ids(k), int(t.input_length[k]))
 
     def unsent(self, sb: ScheduleBatch, j: int) -> RequestResult:
         t = sb.batch
         i = int(sb.idx[j])
-        path = _col(t, "endpoint", i)
+        path = column_value(t, "endpoint", i)
         return RequestResult(row=int(sb.rows[j]), loop=sb.loop, shard=self.shard,
                              due_ns=self.timeline.due(int(sb.trace_ns[j])),
                              input_length=int(t.input_length[i]), output_length=int(t.output_length[i]),
                              endpoint=endpoint_kind(path) if path else self.default_endpoint,
-                             session_id=_col(t, "session_id", i), turn=_col(t, "turn", i),
-                             tenant=_col(t, "tenant", i),
+                             session_id=column_value(t, "session_id", i), turn=column_value(t, "turn", i),
+                             tenant=column_value(t, "tenant", i),
                              x_request_id=None if self.run_id is None else self.request_id(sb.loop, int(sb.rows[j])))
 
     def request_id(self, loop: int, row: int) -> str:
@@ -345,7 +260,7 @@ class RequestFactory:
                 expected += self._image_rule(w, h)
         n = len(images)
         req.images, req.image_bytes, req.expected_image_cache_hits = n, nbytes, again
-        trace_tokens = _col(t, "image_tokens", i)
+        trace_tokens = column_value(t, "image_tokens", i)
         req.expected_image_tokens = trace_tokens if trace_tokens is not None else (
             expected if self._image_rule is not None else None)
         return parts
@@ -401,9 +316,9 @@ class RequestFactory:
         piece (chat, text mode; not pooling or prefix growth), else None. Run by the prefetch thread."""
         t = sb.batch
         i = int(sb.idx[k])
-        path = _col(t, "endpoint", i)
+        path = column_value(t, "endpoint", i)
         kind = endpoint_kind(path) if path else self.default_endpoint
-        if kind in POOLING or _grows(t, kind, _col(t, "session_id", i)) or not (kind == CHAT or self.text_mode):
+        if kind in POOLING or _grows(t, kind, column_value(t, "session_id", i)) or not (kind == CHAT or self.text_mode):
             return None
         return t.hash_ids(i), int(t.input_length[i])
 
@@ -412,26 +327,12 @@ class RequestFactory:
             raise ValueError("this row needs text (chat, score or rerank endpoint): pass --tokenizer PATH")
         return self.prompts.text_for_loop(loop)
 
-    def _session_keys(self, req: PreparedRequest, t: object, i: int, loop: int, session: str | None) -> None:
-        parents = getattr(t, "parent_request_id", None)
-        rid = _col(t, "request_id", i)
-        if parents is not None and (rid is not None or parents[i] is not None):
-            parent = parents[i]
-            req.key = (loop, "r", rid) if rid is not None else None
-            req.dep = (loop, "r", parent) if parent is not None else None
-        elif session is not None:  # (also a row of a mix whose own trace has no request chains)
-            req.key = req.dep = (loop, "s", session)
-        if req.dep is not None:
-            think = _col(t, "think_time_s", i)
-            if think is not None and not math.isnan(think):
-                req.think_ns = int(round(float(think) * 1e9))
-
     def _pooling(self, req: PreparedRequest, payload: PayloadBuilder, t: object, i: int, hash_ids, kind: str,
                  loop: int) -> None:
         n_in = req.input_length
         ids = self.prompts.for_loop(loop).prompt_ids(hash_ids, n_in)
-        docs = _col(t, "document_lengths", i)
-        q = _col(t, "query_length", i) or 0
+        docs = column_value(t, "document_lengths", i)
+        q = column_value(t, "query_length", i) or 0
         req.max_tokens = 0
         if kind == EMBEDDINGS:
             cuts = np.cumsum(docs)[:-1] if docs else []

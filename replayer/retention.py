@@ -200,7 +200,7 @@ def read_removed(results_dir: str) -> Removed | None:
 
 
 def samples_kept_since(results_dir: str, oldest_s: float | None) -> float | None:
-    """Where the target-metric samples kept start (``target_metrics.SampleFiles.keep_since``):
+    """Where the target-metric samples kept start (``target_samples.SampleFiles.keep_since``):
     ``oldest_s`` (the oldest result kept) once retention has removed results, else None (all kept)."""
     return oldest_s if os.path.exists(os.path.join(results_dir, REMOVED)) else None
 

@@ -15,7 +15,8 @@ from .resume import scraper_totals
 from .schedule import IdleGapCap
 from .simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV
 from .summary import format_summary, summarize_files
-from .target_metrics import SampleFiles, TargetScraper
+from .target_metrics import TargetScraper
+from .target_samples import SampleFiles
 from .targets import TargetScrapers, format_targets, read_targets
 from .tenants import format_tenants, read_tenant_sections
 

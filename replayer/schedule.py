@@ -55,6 +55,12 @@ class ScheduleBatch:
         return int(self.idx.size)
 
 
+def column_value(batch: object, name: str, i: int) -> Any:
+    """Row ``i``'s value of the optional column ``name`` of a trace batch (None without it)."""
+    col = getattr(batch, name, None)
+    return None if col is None else col[i]
+
+
 def shard_mask(batch: object, shard: int, shards: int) -> np.ndarray:
     """Rows of ``batch`` owned by shard ``shard`` of ``shards`` (bool array).
 

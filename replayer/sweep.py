@@ -102,7 +102,7 @@ def judge_point(summary: dict | None, min_attainment: float, max_lag_ms: float =
 def offered_rps(folder: str) -> float | None:
     """The load a point offered, requests/s: (n - 1) / the span of the n due times in its results
     files (a ``--workers`` point's in its worker folders); None for fewer than 2 requests."""
-    from .report import report_files
+    from .reportdata import report_files
 
     lo = hi = None
     n = 0
@@ -270,7 +270,7 @@ def run_sweep(cfg: RunConfig, run_flags: list[str], *, speedups: list[float], mi
         code = 128 + signals[0]
     sweep["finished_wall_s"] = time.time()
     write_json(os.path.join(results, "sweep.json"), sweep)
-    from .report import write_sweep_report
+    from .sweepreport import write_sweep_report
 
     page = write_sweep_report(sweep, os.path.join(results, "sweep.html"))
     held = sweep["highest_held_speedup"]

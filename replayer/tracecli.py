@@ -211,7 +211,7 @@ def _run(args, json, convert, read_trace, write_parquet, coarsest_unit) -> int:
         print(f"wrote {args.output}: {len(t)} rows")
         return 0
     if cmd == "inspect":
-        from .tracetools import format_inspect, inspect_trace
+        from .traceinspect import format_inspect, inspect_trace
 
         s = inspect_trace(args.input, cache_tokens=args.cache_tokens or None, kv_block_size=args.kv_block_size,
                           **_open_opts(args))

@@ -16,6 +16,7 @@ simulator is stopped only after every worker has drained. A worker whose parent 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 
 from .config import RunConfig, new_run_id
 from .merge import merge_results
@@ -232,3 +234,12 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
         print(f"replayer: {problem}", file=sys.stderr)
         return EXIT_ERROR_RATIO
     return code
+
+
+async def stop_with_parent(pid: int, stop: Callable[[str], None], every_s: float = 0.5) -> None:
+    """Stop the run as on SIGHUP once process ``pid`` (the ``--workers`` parent) is gone: the
+    workers run in sessions of their own, so nothing else would stop them when it is killed."""
+    while os.getppid() == pid:
+        await asyncio.sleep(every_s)
+    log.warning("the --workers parent (pid %d) is gone: stopping", pid)
+    stop("SIGHUP")

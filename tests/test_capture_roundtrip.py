@@ -23,7 +23,7 @@ from conftest import SLICE_10MIN, wait_http
 from replayer.prefix_cache import expected_hits
 from replayer.recorder import read_results
 from replayer.trace import read_trace
-from replayer.tracetools import inspect_trace
+from replayer.traceinspect import inspect_trace
 
 pytestmark = pytest.mark.slow
 FIRST_S = 200  # seconds of the slice replayed (599 requests)

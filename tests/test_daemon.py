@@ -195,7 +195,7 @@ def test_sigkill_then_resume_records_every_row_once(tmp_path, mooncake_slice, si
     p.kill()
     p.communicate(timeout=30)
     from replayer.recorder import read_results
-    from replayer.target_metrics import read_samples
+    from replayer.target_samples import read_samples
     before = read_results(str(res)).to_pylist()
     assert 0 < len(before) < n                      # parts already on disk survived the SIGKILL
     samples_before = read_samples(str(res)).to_pylist()   # and so did the target's metric samples

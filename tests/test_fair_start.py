@@ -56,7 +56,8 @@ def test_the_first_lead_window_is_built_before_the_anchor(tmp_path):
     import numpy as np
 
     from replayer.payload import PayloadBuilder
-    from replayer.prepare import Prompts, RequestFactory
+    from replayer.loopprompts import Prompts
+    from replayer.prepare import RequestFactory
     from replayer.schedule import ScheduleBatch, Timeline
     from replayer.trace import read_trace
 

@@ -166,7 +166,8 @@ def test_shards_expect_the_hits_of_one_process():
     # shards send (in trace order), so per row it expects what a single process would
     from replayer.config import load_config
     from replayer.payload import PayloadBuilder
-    from replayer.prepare import Prompts, RequestFactory
+    from replayer.loopprompts import Prompts
+    from replayer.prepare import RequestFactory
     from replayer.schedule import Timeline, iter_schedule
     from replayer.trace import open_trace
 

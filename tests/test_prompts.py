@@ -126,7 +126,7 @@ def test_request_bodies_byte_identical_across_processes():
 def test_salted_seeds_give_fresh_prefixes():
     """``salted_seed`` (--loop-salt per loop, ``replayer sweep`` per point): salt 0 is the seed
     itself; other salts share no block with it or each other, and ``Prompts`` uses them per loop."""
-    from replayer.prepare import Prompts
+    from replayer.loopprompts import Prompts
     from replayer.prompts import salted_seed
 
     vocab = vocab_from_range(1000, 30000)

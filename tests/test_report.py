@@ -34,8 +34,9 @@ def test_report_figures_show_the_runs_data(results):
     of a real run on the embedded simulator, whose /metrics were scraped every second."""
     import numpy as np
 
-    from replayer.report import axis_origin_wall_s, figure_specs, load_results
-    from replayer.target_metrics import read_samples
+    from replayer.report import figure_specs
+    from replayer.reportdata import axis_origin_wall_s, load_results
+    from replayer.target_samples import read_samples
 
     df, summary, _ = load_results(str(results))
     target = read_samples(str(results)).to_pandas()
@@ -126,7 +127,7 @@ def test_report_cli_writes_self_contained_html(results, tmp_path, capsys):
     assert cli_main(["report", str(target_run), "-o", str(tmp_path / "no" / "r.html")]) == 2  # no traceback
     assert "cannot write the report" in capsys.readouterr().err
     # a --workers folder: its results are in worker-i/, rolled or not
-    from replayer.report import load_results
+    from replayer.reportdata import load_results
 
     w = tmp_path / "w"
     for i, name in enumerate(("requests.parquet", "requests-00000.parquet")):
@@ -139,8 +140,9 @@ def test_report_cli_writes_self_contained_html(results, tmp_path, capsys):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium; .ci/run installs it)")
 def test_report_plots_draw_in_headless_chromium(results, tmp_path):
-    from replayer.report import axis_origin_wall_s, figure_specs, load_results, write_report
-    from replayer.target_metrics import read_samples
+    from replayer.report import figure_specs, write_report
+    from replayer.reportdata import axis_origin_wall_s, load_results
+    from replayer.target_samples import read_samples
 
     path = write_report(str(results), str(tmp_path / "report.html"))
     specs = figure_specs(load_results(str(results))[0], read_samples(str(results)).to_pandas(),

@@ -209,7 +209,7 @@ def test_merge_and_run_replace_summary_json_whole(tmp_path, mooncake_slice, sim_
 
 
 def test_a_target_metrics_roll_cut_before_removing_its_parts_shows_each_sample_once(tmp_path, monkeypatch):
-    import replayer.target_metrics as tm
+    import replayer.target_samples as tm
 
     rows = [{"time_s": float(i), "t_ns": i, "metric": "vllm:prompt_tokens_total", "labels": "{}",
              "kind": "counter", "value": float(i)} for i in range(6)]

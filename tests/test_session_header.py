@@ -9,7 +9,7 @@ import json
 import pytest
 from prometheus_client import CollectorRegistry
 
-from replayer.prepare import session_header_lines, session_header_value
+from replayer.sessionkeys import session_header_lines, session_header_value
 
 from faultserver import DONE, Plan, ThreadedFaultServer, choice, usage_event
 

@@ -81,7 +81,7 @@ def test_sweep_finds_the_knee_of_the_simulators_capacity(sim_process, tmp_path, 
     assert lines[0].endswith(": held") and ": missed (attainment " in lines[2]
     assert "the highest speed-up that held: 2x (5.00 req/s offered" in out[-2]
     # the page: every figure drew in headless Chromium, against the offered load
-    from replayer.report import sweep_figure_specs
+    from replayer.sweepreport import sweep_figure_specs
 
     specs = sweep_figure_specs(s)
     assert [sp["title"] for sp in specs] == [

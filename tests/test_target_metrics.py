@@ -10,9 +10,10 @@ import aiohttp
 import pyarrow.parquet as pq
 import pytest
 
-from replayer.target_metrics import (COUNTERS, GAUGES, SampleFiles, TargetScraper, check_invariants, parse_series,
-                                     parse_vllm_metrics, read_samples, sample_files, save_samples,
-                                     series_deltas)
+from replayer.target_metrics import TargetScraper
+from replayer.target_samples import SampleFiles, read_samples, sample_files, save_samples
+from replayer.target_series import (COUNTERS, GAUGES, check_invariants, parse_series, parse_vllm_metrics,
+                                    series_deltas)
 
 B03 = """\
 # HELP vllm:spec_decode_num_drafts_total Drafts.

@@ -315,7 +315,7 @@ def test_each_targets_metrics_scraped_and_labelled(tmp_path):
     """Two embedded simulators: each one's /metrics is scraped, its samples carry its URL as the
     label replayer_target, and its prefix-cache and token deltas are in its own section."""
     from replayer.simproc import spawn_sim, stop_sim
-    from replayer.target_metrics import read_samples
+    from replayer.target_samples import read_samples
 
     trace = _write(tmp_path, B29)
     procs = [spawn_sim(), spawn_sim()]

@@ -119,7 +119,8 @@ def test_text_prefetch_decodes_upcoming_rows_in_a_child_to_the_same_text(tmp_pat
 
 
 def test_prepared_text_bodies_are_the_same_with_the_prefetch(tmp_path):
-    from replayer.prepare import Prompts, RequestFactory
+    from replayer.loopprompts import Prompts
+    from replayer.prepare import RequestFactory
     from replayer.schedule import Timeline
 
     tpath = word_tokenizer(tmp_path / "tokenizer.json")
@@ -142,7 +143,8 @@ def test_warm_up_makes_the_first_rows_texts_and_images_before_the_run(tmp_path):
     """Before the anchor, the first rows' prompt texts are decoded by the child and their images
     built: preparation then takes every one of them (the first request included) instead of
     starting the children and making them in the lead window, late."""
-    from replayer.prepare import Prompts, RequestFactory
+    from replayer.loopprompts import Prompts
+    from replayer.prepare import RequestFactory
     from replayer.schedule import Timeline
     from replayer.trace import read_trace
 

@@ -30,7 +30,8 @@ from replayer.trace import (
     trace_table,
     write_parquet,
 )
-from replayer.tracetools import format_inspect, inspect_trace, sessionize_trace
+from replayer.traceinspect import format_inspect, inspect_trace
+from replayer.tracetools import sessionize_trace
 
 REPO = Path(__file__).resolve().parents[1]
 SLICE = REPO / "traces" / "mooncake_conversation_10min.parquet"

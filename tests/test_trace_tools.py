@@ -14,7 +14,8 @@ import pytest
 from replayer.cli import main as cli_main
 from replayer.synth import SynthSpec, synth, write_synth
 from replayer.trace import read_trace, write_parquet
-from replayer.tracetools import inspect_trace, scale_trace, slice_trace
+from replayer.traceinspect import inspect_trace
+from replayer.tracetools import scale_trace, slice_trace
 
 REPO = Path(__file__).resolve().parents[1]
 SLICE = REPO / "traces" / "mooncake_conversation_10min.parquet"

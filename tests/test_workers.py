@@ -202,7 +202,7 @@ def test_workers_end_to_end(tmp_path, mooncake_slice):
         assert w["shard"] == f"{i}/2" and w["completed"] > 0 and w["slo_met"] == w["completed"]
         assert w["target_embedded"] is True  # the parent's simulator, given to it as --target
     # so a plain run on the embedded simulator (its own free port) is the same experiment
-    from replayer.report import setup_differences
+    from replayer.compare import setup_differences
 
     assert s["target_embedded"] is True
     plain = dict(s, target="http://127.0.0.1:1", target_embedded=True)
