@@ -19,8 +19,8 @@ from .model import _OPTIONAL, _REQUIRED, TIME_UNITS, _Problems
 from .options import _Opts, _src, _synth_hash
 from .timestamps import _timestamps
 from .images import check_image_rows
-from .values import (_check_requests, _hash_from_lists, _hash_ids_from_strings, _hash_slow, _ints_checked,
-                     _ints_from_list, _ints_slow, _optional_column)
+from .optional import _check_requests, _optional_column
+from .values import _hash_from_lists, _hash_ids_from_strings, _hash_slow, _ints_checked, _ints_from_list, _ints_slow
 
 
 # --------------------------------------------------------------------------------------------

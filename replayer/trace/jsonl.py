@@ -19,7 +19,8 @@ from .model import _OPTIONAL, _REQUIRED, DEFAULT_BLOCK_SIZE, DEFAULT_TIME_UNIT, 
 from .options import _Opts, _src, _synth_hash
 from .timestamps import _timestamps
 from .images import check_image_rows
-from .values import _MISSING, _check_requests, _hash_from_lists, _ints_from_list, _optional_column, _type_name
+from .optional import _check_requests, _optional_column
+from .values import _MISSING, _hash_from_lists, _ints_from_list, _type_name
 
 
 def _lossy(v: Any) -> bool:
