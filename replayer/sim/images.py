@@ -49,7 +49,7 @@ class SimImages:
         self.queries = 0
         self.hits = 0
 
-    def decode(self, url: str) -> DecodedImage:
+    def decode(self, url: object) -> DecodedImage:
         """The image of a ``data:image/...;base64,`` URL. Raises ImageError."""
         if not isinstance(url, str) or not url.startswith("data:image/") or ";base64," not in url:
             raise ImageError("the sim takes images only as data:image/...;base64, URLs")
