@@ -28,7 +28,8 @@ from .client import Client
 from .clock import Anchor, now_ns
 from .connection import raise_open_file_limit
 from .config import RunConfig, new_run_id
-from .dispatcher import Dispatcher, Feed
+from .dispatcher import Dispatcher
+from .feed import Feed
 from .gcpacer import GcPacer
 from .launcher import launcher_ready, start_launcher
 from .logs import setup_logging

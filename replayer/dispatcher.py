@@ -24,14 +24,14 @@ scheduled so far, and every sent request ends as success, failed or cancelled.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from .clock import MONOTONIC, SPIN_NS, Clock
 from .errors import ErrorKind, Outcome
+from .feed import BatchFeeder, Feed
 from .payload import PreparedRequest
 from .planner import PREPARE, Fire, Planner
 from .result import RequestResult
@@ -60,41 +60,6 @@ class Position:
     loop: int = 0
     row: int = 0     # global trace row
     trace_ns: int = 0
-
-
-class BatchFeeder:
-    """Runs a synchronous schedule iterator in one worker thread, one batch ahead, so Parquet
-    reads and batch preparation never run on the event loop."""
-
-    def __init__(self, batches: Iterator[ScheduleBatch]) -> None:
-        self._it = batches
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trace-reader")
-        self._next: asyncio.Future[ScheduleBatch | None] | None = None
-
-    def _fetch(self) -> asyncio.Future[ScheduleBatch | None]:
-        return asyncio.get_running_loop().run_in_executor(self._pool, next, self._it, None)
-
-    async def next(self) -> ScheduleBatch | None:
-        fut = self._next or self._fetch()
-        batch: ScheduleBatch | None = await fut
-        self._next = self._fetch() if batch is not None else None
-        return batch
-
-    def close(self) -> None:
-        if self._next is not None:
-            self._next.cancel()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-@dataclass(frozen=True)
-class Feed:
-    """What is replayed: the schedule's batches, ``prepare(sb, j)`` building the request of item j
-    of batch ``sb`` (pure, may take ~0.5 ms) and ``unsent(sb, j)`` the result of an item never
-    prepared (shutdown)."""
-
-    batches: Iterator[ScheduleBatch]
-    prepare: Callable[[ScheduleBatch, int], PreparedRequest]
-    unsent: Callable[[ScheduleBatch, int], RequestResult]
 
 
 class Dispatcher:

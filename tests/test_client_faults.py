@@ -24,7 +24,8 @@ import pytest
 import replayer.client as client_mod
 from replayer.client import Client
 from replayer.clock import Anchor, now_ns
-from replayer.dispatcher import Dispatcher, Feed
+from replayer.dispatcher import Dispatcher
+from replayer.feed import Feed
 from replayer.planner import Planner
 from replayer.sender import LoopSender
 from replayer.errors import ErrorKind, Outcome

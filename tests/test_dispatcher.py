@@ -9,7 +9,8 @@ import asyncio
 import pytest
 
 from replayer.clock import Clock
-from replayer.dispatcher import Dispatcher, Feed
+from replayer.dispatcher import Dispatcher
+from replayer.feed import Feed
 from replayer.payload import PreparedRequest
 from replayer.planner import NEVER, Planner
 from replayer.result import RequestResult

@@ -6,7 +6,8 @@ import asyncio
 
 
 from replayer.clock import now_ns
-from replayer.dispatcher import Dispatcher, Feed
+from replayer.dispatcher import Dispatcher
+from replayer.feed import Feed
 from replayer.planner import Planner
 from replayer.payload import PreparedRequest
 from replayer.result import RequestResult
