@@ -1,4 +1,4 @@
-"""Micro-benchmark of replayer.sse on a realistic vLLM /v1/completions stream.
+"""Micro-benchmark of replayer.sse and replayer.chunks on a realistic vLLM /v1/completions stream.
 
 Prints microseconds per SSE event for: decoder + accumulator (plain stream, and with
 continuous_usage_stats), the decoder alone, and the decoder on a CRLF stream (general path).

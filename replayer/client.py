@@ -62,10 +62,9 @@ from .payload import POOLING, PreparedRequest
 from .result import RequestResult
 from .servertimings import TimedStreamAccumulator
 from .servertimings import record as record_server_timings
-from .chunks import StreamAccumulator
+from .chunks import ERROR_TEXT_LIMIT, StreamAccumulator
 
 _UNSENT = -2.0  # _attempt: the launcher never wrote the reserved request (its connection closed first)
-_ERROR_TEXT_LIMIT = 500
 
 
 class Client(Pool):
@@ -335,7 +334,7 @@ class Client(Pool):
             acc.finish()
             if ex.status != 200:
                 text = b"".join(ex.body)[:_ERROR_BODY_LIMIT]
-                fail(res, ErrorKind.HTTP_STATUS, acc.error or text.decode("utf-8", "replace")[:_ERROR_TEXT_LIMIT]
+                fail(res, ErrorKind.HTTP_STATUS, acc.error or text.decode("utf-8", "replace")[:ERROR_TEXT_LIMIT]
                       or f"HTTP {ex.status}")
                 if ex.status == 429 or ex.status >= 500:
                     retry = retry_after_s(ex.retry_after)
@@ -368,7 +367,7 @@ class Client(Pool):
                 if kind is ErrorKind.DISCONNECT and not ex.t_ns and conn is not None and conn.served:
                     kind, message = ErrorKind.STALE_CONNECTION, ("reused keep-alive connection closed before "
                                                                   f"any response byte ({message})")
-            fail(res, kind, message[:_ERROR_TEXT_LIMIT])
+            fail(res, kind, message[:ERROR_TEXT_LIMIT])
             if ex is None:  # the connection could not be opened (refused, connect timeout)
                 retry = -1.0 if kind in (ErrorKind.CONNECT, ErrorKind.CONNECT_TIMEOUT) else None
                 if res.sent_ns is None:  # the attempt counts as sent when it began: it was issued
@@ -390,7 +389,7 @@ class Client(Pool):
             res.end_ns = now_ns() - t0
             if conn is not None:
                 conn._abort()
-            fail(res, ErrorKind.CLIENT, f"{type(exc).__name__}: {exc}"[:_ERROR_TEXT_LIMIT])
+            fail(res, ErrorKind.CLIENT, f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT])
         finally:
             if conn is not None:
                 self._release(conn)
