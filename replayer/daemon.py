@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from . import __version__, retention, verdict
 from .admin import AdminServer
+from .background import EXIT_TASK_FAILED, BackgroundTasks
 from .client import Client
 from .clock import Anchor, now_ns
 from .connection import raise_open_file_limit
@@ -322,27 +323,29 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, targets: list[str
 
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig.name)
-    background = [loop.create_task(recorder.run_periodic_flush()),
-                  loop.create_task(EventLoopLagMonitor(metrics).run())]
+    # owned: a task that crashes is logged and stops the run (drain, flush), never lost silently
+    background = BackgroundTasks(on_failure=lambda name, exc: dispatcher.stop())
+    background.start("results flush", recorder.run_periodic_flush())
+    background.start("event-loop lag", EventLoopLagMonitor(metrics).run())
     console = LiveConsole(view, quiet=cfg.quiet)
     if console.enabled:
-        background.append(loop.create_task(console.run()))
+        background.start("console", console.run())
     elif not cfg.quiet:
-        background.append(loop.create_task(progress(state, dispatcher, anchor)))
-    background.append(loop.create_task(watch_self(
-        state, metrics, probe=lambda: selfwatch.read(dispatcher, launcher, gc_pacer))))
+        background.start("progress", progress(state, dispatcher, anchor))
+    background.start("self-watch", watch_self(state, metrics,
+                                              probe=lambda: selfwatch.read(dispatcher, launcher, gc_pacer)))
     parent = os.environ.get(PARENT_PID_ENV)
     if parent and parent.isdigit():  # a --workers worker: stop with its parent
-        background.append(loop.create_task(stop_with_parent(int(parent), on_signal)))
+        background.start("parent watch", stop_with_parent(int(parent), on_signal))
     samples = None
     if scraper is not None:
         samples = SampleFiles(results_dir, keep_since=lambda: retention.samples_kept_since(
             results_dir, recorder.oldest_timestamp_s))
         if cfg.resume and isinstance(scraper, TargetScraper):  # the summary covers the whole folder:
             carry_target_totals(results_dir, scraper)  # start from the earlier runs' totals
-        background.append(loop.create_task(scraper.run()))
+        background.start("target scrape", scraper.run())
         every_s = max(cfg.flush_interval_s, SAMPLES_FLUSH_SCRAPES * cfg.scrape_interval_s)
-        background.append(loop.create_task(flush_samples(scraper, samples, every_s)))
+        background.start("target samples flush", flush_samples(scraper, samples, every_s))
     log.info("replaying %s (%s rows%s, passes %s, shard %s) against %s (model %s) at speedup %g; results in %s",
              cfg.trace, n_rows, "" if not cfg.max_requests else f", the first {cfg.max_requests} sent"
              + (f" over all {shards} shards" if shards > 1 else ""), cfg.loop,
@@ -353,9 +356,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, targets: list[str
     finally:
         if launcher is not None:
             launcher.stop()
-        for t in background:
-            t.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
+        await background.close()
         if scraper is not None:  # the final values, after the drain
             async with aiohttp.ClientSession() as s:
                 await scraper.scrape_once(s)
@@ -379,7 +380,7 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, targets: list[str
     summary = await final_summary(cfg, results_dir, target=target if len(targets) == 1 else targets, model=model, run_id=run_id, scraper=scraper,
                                   samples=samples, speedup_changes=control.speedup_changes,
                                   stopped_early=dispatcher.stopping, stop_signal=signals[0] if signals else None,
-                                  gap_cap=gap_cap)
+                                  gap_cap=gap_cap, task_failures=background.failures)
     print_summary(summary, results_dir)
     return summary
 
@@ -401,7 +402,8 @@ async def _open_pool(client: Client, n: int) -> None:
 
 def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     """Run with uvloop. Exit code: 0 when the replay ended by itself (or by ``/stop``), 2 on a
-    startup/trace error, 3 when more requests failed than ``--max-error-ratio`` allows, 128 + the
+    startup/trace error, 3 when more requests failed than ``--max-error-ratio`` allows, 4 when a
+    background task crashed and stopped the run (``replayer.background``), 128 + the
     signal's number when SIGTERM (143), SIGINT (130) or SIGHUP (129: the terminal closed, or the
     ``--workers`` parent is gone) stopped it,
     its results on disk and resumable (a Kubernetes Job then retries the pod, which resumes)."""
@@ -423,6 +425,11 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     sig = summary.get("stop_signal") if isinstance(summary, dict) else None
     if sig:
         return 128 + signal.Signals[sig].value
+    failed = summary.get("task_failures") if isinstance(summary, dict) else None
+    if failed:
+        print(f"replayer: a background task failed ({failed[0]['task']}: {failed[0]['error']}): the run stopped "
+              f"early, its results are on disk: exit {EXIT_TASK_FAILED}", file=sys.stderr)
+        return EXIT_TASK_FAILED
     problem = error_ratio_problem(summary, cfg.max_error_ratio)
     if problem:
         print(f"replayer: {problem}", file=sys.stderr)

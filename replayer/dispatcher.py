@@ -358,10 +358,13 @@ class Dispatcher:
 
 
 async def _first(*aws: Awaitable[object]) -> None:
-    """Wait until the first of ``aws`` finishes; cancel the others."""
+    """Wait until the first of ``aws`` finishes; cancel the others. An exception of the one that
+    finished is raised here (not left in a task nobody reads)."""
     tasks = [asyncio.ensure_future(a) for a in aws]
     try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            t.result()
     finally:
         for t in tasks:
             t.cancel()

@@ -24,9 +24,11 @@ from .tenants import format_tenants, read_tenant_sections
 async def final_summary(cfg: RunConfig, results_dir: str, *, target: str | list[str], model: str, run_id: str,
                         scraper: TargetScraper | TargetScrapers | None, samples: SampleFiles | None,
                         speedup_changes: list[dict], stopped_early: bool, stop_signal: str | None,
-                        gap_cap: IdleGapCap | None) -> dict[str, Any]:
+                        gap_cap: IdleGapCap | None, task_failures: list[dict[str, str]] | None = None
+                        ) -> dict[str, Any]:
     """Summarize the results folder (off the loop), add the run's own parts and write
-    ``summary.json``; returns it."""
+    ``summary.json``; returns it. ``task_failures``: the background tasks that crashed
+    (``replayer.background``), in the summary only when there were some."""
     loop = asyncio.get_running_loop()
     summary = await loop.run_in_executor(None, functools.partial(summarize_files, result_files(results_dir),
                                                                  slos=cfg.goodput_slos))
@@ -50,6 +52,8 @@ async def final_summary(cfg: RunConfig, results_dir: str, *, target: str | list[
                     "trace": cfg.trace, "speedup": cfg.speedup, "speedup_changes": speedup_changes,
                     "shard": cfg.shard, "loop": cfg.loop, "results": results_dir, "run_id": run_id,
                     "stopped_early": stopped_early, "stop_signal": stop_signal})
+    if task_failures:
+        summary["task_failures"] = list(task_failures)
     if gap_cap is not None:  # --idle-gap-cap: gaps capped, time skipped, the trace -> replay map
         summary["idle_gap_cap"] = gap_cap.report()
     if cfg.mix:  # per-tenant sections (replayer.tenants)

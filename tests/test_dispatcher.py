@@ -100,9 +100,9 @@ def _prepare(timeline: Timeline):
 
 
 def _run(ts_ms: list[int], sender_kw: dict | None = None, *, speedup: float = 1.0, stop_at_ms: int | None = None,
-         prepare=None, gate: SessionGate | None = None, **plan_kw):
+         prepare=None, gate: SessionGate | None = None, clock: VirtualClock | None = None, **plan_kw):
     """Replay ``ts_ms`` in virtual time; (results by row, dispatcher, sender, error raised by run)."""
-    clock = VirtualClock()
+    clock = clock or VirtualClock()
     timeline = Timeline(speedup)
     sender = FakeSender(clock, **(sender_kw or {}))
     results: list[RequestResult] = []
@@ -177,6 +177,24 @@ def test_a_crashed_send_stops_the_run_loudly_and_every_row_is_still_accounted():
     assert (res[3].outcome, res[3].error_kind) == ("failed", "client") and "a bug" in res[3].error
     assert res[2].outcome == "cancelled"                       # its sibling in flight was cancelled
     assert d.in_flight == 0
+
+
+class BrokenClock(VirtualClock):
+    """A clock whose every real wait raises (an injected clock with a bug)."""
+
+    async def sleep_until(self, deadline_ns: int) -> None:
+        if deadline_ns > self.t:
+            raise RuntimeError("the clock broke")
+        await super().sleep_until(deadline_ns)
+
+
+def test_a_wait_that_raises_stops_the_run_instead_of_being_lost():
+    # the wait runs as a task beside the wake-up event: its exception must leave ``run``, not
+    # stay in a task nobody reads while the loop spins on a clock that never moves
+    res, d, _, error = _run([0, 1_000, 2_000], clock=BrokenClock())
+    assert isinstance(error, ExceptionGroup), error
+    assert [str(e) for e in error.exceptions] == ["the clock broke"]
+    assert len(res) == 3 == d.sent + d.not_started and d.not_started >= 1  # every row still accounted for
 
 
 def test_a_session_turn_held_by_its_predecessor_goes_at_its_release():

@@ -5,7 +5,9 @@ earlier capture (the compact hash ids of two captures would collide), a ``--toke
 ``--hash-key-file`` that cannot be loaded, a bad ``--listen``. Then it listens, writes
 ``OUT/capture.json`` (the wall-clock start and settings; never the key) and serves until SIGTERM or
 SIGINT: it stops accepting, waits up to ``--drain-timeout`` s for requests in flight, tokenizes
-what is queued, writes and rolls the last rows, and exits 0 (a second signal stops waiting).
+what is queued, writes and rolls the last rows, and exits 0 (a second signal stops waiting). Its
+periodic flush is owned (``replayer.background``): if it crashes, that is logged with its traceback,
+the capture stops the same way and exits 4.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 import time
 
 from .. import __version__
+from ..background import EXIT_TASK_FAILED, BackgroundTasks
 from ..recorder import write_json
 
 log = logging.getLogger("replayer.record")
@@ -202,7 +205,9 @@ async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, imag
             await asyncio.sleep(min(0.5, args.flush_interval))
             writer.flush_if_due()
 
-    flush_task = asyncio.create_task(flusher())
+    # owned: a flusher that crashes is logged and stops the capture (drain, close), never lost silently
+    background = BackgroundTasks(on_failure=lambda name, exc: stop.set())
+    background.start("trace flush", flusher())
     await stop.wait()
     proxy.stop_accepting()  # no new connections
     n = len(signals)
@@ -212,9 +217,9 @@ async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, imag
     if proxy.in_flight:
         log.warning("stopping with %d request(s) still in flight (their rows are not written)", proxy.in_flight)
     await proxy.close()  # tokenizes what is queued, closes the connections
-    flush_task.cancel()
+    await background.close()
     await admin.stop()
     await asyncio.get_running_loop().run_in_executor(None, writer.close)
     print(f"replayer record: {writer.rows_written} rows in {args.out} ({hasher.distinct_blocks} distinct blocks; "
           f"{proxy.listener.unstamped} reads without a kernel arrival stamp)", file=sys.stderr, flush=True)
-    return 0
+    return EXIT_TASK_FAILED if background.failures else 0

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 
+from ..background import BackgroundTasks
 from .config import ReceivedRequest, SimConfig
 from .pooling import SCORE_USAGE_MODES
 from .server import SimServer
@@ -39,11 +40,12 @@ async def _serve(config: SimConfig, host: str, port: int, record_file: str | Non
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        # owned: a watch that crashes is logged and stops the simulator (it was to stop with the parent)
+        background = BackgroundTasks(on_failure=lambda name, exc: stop.set())
         if parent_pid:
-            watch = asyncio.ensure_future(_exit_with(parent_pid, stop, server))
+            background.start("parent watch", _exit_with(parent_pid, stop, server))
         await stop.wait()
-        if parent_pid:
-            watch.cancel()
+        await background.close()
     finally:
         await server.stop()
         if fh is not None:

@@ -57,6 +57,13 @@ class _Req:
         self.details: dict[str, int] | None = None  # usage.prompt_tokens_details (image requests)
 
 
+def _engine_ended(task: asyncio.Task[None]) -> None:
+    """The decode loop only ends cancelled; one that raised is logged (the next request starts it again)."""
+    if not task.cancelled() and task.exception() is not None:
+        exc = task.exception()
+        log.error("sim engine loop failed: %r", exc, exc_info=exc)
+
+
 class _Engine:
     """Slots, decode loop and chunks of :class:`SimServer` (a mixin; see the module docstring)."""
 
@@ -64,6 +71,7 @@ class _Engine:
         if self._engine is None or self._engine.done():
             self._wake = asyncio.Event()
             self._engine = asyncio.get_running_loop().create_task(self._engine_loop())
+            self._engine.add_done_callback(_engine_ended)
 
     # -- slots (max_num_seqs) -------------------------------------------------------------
 
