@@ -1,5 +1,6 @@
 """The simulator's request parsing and validation: a completions or chat body -> the prompt as
-sent, its ids, its prompt token count and the generation options, or a vLLM-like 400 message.
+sent, its ids, its prompt token count and the generation options, or a vLLM-like 400 (its body:
+``_error_response``).
 
 A mixin of :class:`replayer.sim.server.SimServer` (``_Parsing``; chat images are decoded with its
 ``_images``), kept apart from the routes and the generation path.
@@ -10,12 +11,26 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import orjson
+from aiohttp import web
 
 from .images import ImageError, SimImages
 
 
 class _BadRequest(Exception):
     """A request the sim refuses (HTTP 400), with a vLLM-like message."""
+
+
+def _error_body(message: str, code: int = 400) -> dict[str, Any]:
+    """vLLM's error body."""
+    return {"error": {"message": message, "type": "BadRequestError", "param": None,
+                      "code": code}}
+
+
+def _error_response(message: str) -> web.Response:
+    """An HTTP 400 with vLLM's error body."""
+    return web.Response(status=400, body=orjson.dumps(_error_body(message)),
+                        content_type="application/json")
 
 
 class _Parsing:

@@ -1,7 +1,7 @@
 """The simulated vLLM OpenAI-compatible HTTP server (:class:`SimServer`): routes, lifecycle,
 the completions/chat generation path and the pooling endpoints. The decode engine and slots
 are in ``engine.py`` (mixin ``_Engine``), request parsing and validation in ``requests.py``
-(mixin ``_Parsing``).
+(mixin ``_Parsing``), the pooling endpoints' handler in ``poolroutes.py`` (mixin ``_PoolingRoutes``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from .config import ReceivedRequest, SimConfig
 from .images import SimImages
 from .engine import _DONE, _TOKEN_TEXT, _Engine, _frame, _Req, timing_metrics
 from .metrics import _Metrics
-from .pooling import EmbeddingsJob, PoolingError, PoolingJob, RerankJob, ScoreJob
-from .requests import _BadRequest, _Parsing
+from .pooling import EmbeddingsJob, RerankJob, ScoreJob
+from .poolroutes import _PoolingRoutes
+from .requests import _BadRequest, _error_body, _error_response, _Parsing
 
 # The package's logger name, as before the split into modules.
 log = logging.getLogger("replayer.sim")
@@ -35,17 +36,7 @@ log = logging.getLogger("replayer.sim")
 # Server
 
 
-def _error_body(message: str, code: int = 400) -> dict[str, Any]:
-    return {"error": {"message": message, "type": "BadRequestError", "param": None,
-                      "code": code}}
-
-
-def _error_response(message: str) -> web.Response:
-    return web.Response(status=400, body=orjson.dumps(_error_body(message)),
-                        content_type="application/json")
-
-
-class SimServer(_Engine, _Parsing):
+class SimServer(_Engine, _Parsing, _PoolingRoutes):
     """Simulated vLLM OpenAI server (see the module docstring).
 
     ``SimServer(config)``; ``await start(host, port)`` -> base URL, ``await stop()``. Or mount
@@ -371,43 +362,3 @@ class SimServer(_Engine, _Parsing):
         finally:
             r.aborted = True  # the engine drops it at its next step, if still listed
             self._release()
-
-    def _pooling_route(self, job_cls: type[PoolingJob]
-                       ) -> Callable[[web.Request], Any]:
-        async def handler(request: web.Request) -> web.Response:
-            return await self._pooling(request, job_cls)
-        return handler
-
-    async def _pooling(self, request: web.Request, job_cls: type[PoolingJob]
-                       ) -> web.Response:
-        """Embeddings/score/rerank (replayer.sim.pooling): parse, take a slot, wait the prefill time
-        of ``job.tokens`` (no prefix cache, no decode), count it, answer."""
-        arrival_ns = time.perf_counter_ns()
-        try:
-            job = job_cls.parse(orjson.loads(await request.read()), self.config)
-        except orjson.JSONDecodeError as e:
-            return _error_response(f"Invalid JSON body: {e}")
-        except PoolingError as e:
-            return _error_response(str(e))
-        cfg = self.config
-        if cfg.record_requests or self._on_request is not None:
-            self._record(ReceivedRequest(
-                arrival_ns=arrival_ns, endpoint=request.path, prompt=job.prompt,
-                prompt_tokens=job.tokens, max_tokens=None, min_tokens=None, ignore_eos=None,
-                stream=False, model=job.model, include_usage=False))
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        try:
-            await self._admit()
-            try:
-                await asyncio.sleep((cfg.ttft_base_ms + cfg.prefill_us_per_token
-                                     * job.tokens / 1000.0) / 1000.0)
-                self._metrics.prompt_tokens += job.tokens
-                self._metrics.success_stop += 1
-            finally:
-                self._release()
-        finally:
-            self._handlers.discard(task)
-        body = job.response(job.model or cfg.model)
-        return web.Response(body=orjson.dumps(body), content_type="application/json")
