@@ -30,7 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from replayer.client import Client  # noqa: E402
 from replayer.clock import Anchor, now_ns  # noqa: E402
-from replayer.dispatcher import Dispatcher, Feed  # noqa: E402
+from replayer.dispatcher import Dispatcher  # noqa: E402
+from replayer.feed import Feed  # noqa: E402
 from replayer.planner import Planner  # noqa: E402
 from replayer.sender import LoopSender  # noqa: E402
 from replayer.gcpacer import GcPacer  # noqa: E402

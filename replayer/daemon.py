@@ -26,6 +26,7 @@ from . import __version__, retention, verdict
 from .admin import AdminServer
 from .background import EXIT_TASK_FAILED, BackgroundTasks
 from .client import Client
+from .clients import open_clients
 from .clock import Anchor, now_ns
 from .connection import raise_open_file_limit
 from .config import RunConfig, new_run_id
@@ -51,7 +52,7 @@ from .runstate import Accounting, RunControl, RunState, StatusView, hms, progres
 from .runsummary import EXIT_ERROR_RATIO, error_ratio_problem, final_summary, print_summary
 from .result import RequestResult
 from . import selfwatch
-from .routing import RoutingSender, TargetRoute, share_launcher
+from .routing import RoutingSender, TargetRoute
 from .sender import LauncherSender, LoopSender, Sender
 from .planner import Planner
 from .simproc import PARENT_PID_ENV, spawn_sim, stop_sim
@@ -205,31 +206,8 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, targets: list[str
     prebuilt = await loop.run_in_executor(None, factory.prebuild, first, lead_ns)
     log.debug("built the first %d requests in %.3f s (before the schedule's anchor)", prebuilt,
               (now_ns() - t_warm) / 1e9)
-    clients = {url: Client(url, endpoint=cfg.endpoint, api_key=api_key,
-                           connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s or None,
-                           request_timeout_s=cfg.request_timeout_s,
-                           retry_max=cfg.retry_max, retry_backoff_s=cfg.retry_backoff_s,
-                           usage_slack_tokens=cfg.usage_slack_tokens, delayed_ack=cfg.delayed_ack,
-                           server_timings=cfg.server_timings) for url in targets}  # one pool per target
+    clients = await open_clients(cfg, targets, api_key, launcher)  # one pool per target, opened ahead
     client = clients[target]
-    if cfg.delayed_ack:
-        if client.delayed_ack:
-            log.info("--delayed-ack: quick ACKs off per response (the target must set TCP_NODELAY)")
-        else:
-            log.warning("--delayed-ack has no effect here: this OS has no TCP_QUICKACK")
-    for c in clients.values():
-        await c.start()
-    if launcher is not None:
-        share_launcher(list(clients.values()), launcher)
-    try:
-        for c in clients.values():  # (the warm pool shared out between the targets)
-            await _open_pool(c, -(-cfg.warm_connections // len(clients)))
-    except BaseException:
-        for c in clients.values():
-            await c.close()
-        if launcher is not None:
-            launcher.stop()
-        raise
     # anchored only now: the time the pool took to open (seconds against a server with a small
     # listen backlog) is start-up, not lateness charged to every request
     anchor = Anchor.at(cfg.start_delay_s, start_wall_s=cfg.start_at)
@@ -388,16 +366,6 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, targets: list[str
 #: signals that stop a run (drain, flush, exit 128 + the signal's number); SIGHUP: the terminal
 #: closed (its default action would end the process without writing what it measured)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-async def _open_pool(client: Client, n: int) -> None:
-    """Open ``n`` keep-alive connections before the run is anchored, and say how long it took."""
-    if not n:
-        return
-    t = now_ns()
-    opened = await client.warm_up(n)
-    log.info("opened %d keep-alive connections ahead of the first request in %.3f s (before the "
-             "schedule's anchor)", opened, (now_ns() - t) / 1e9)
 
 
 def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:

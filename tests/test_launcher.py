@@ -17,7 +17,8 @@ import pytest
 
 from replayer.client import Client
 from replayer.clock import Anchor, now_ns
-from replayer.dispatcher import Dispatcher, Feed
+from replayer.dispatcher import Dispatcher
+from replayer.feed import Feed
 from replayer.planner import Planner
 from replayer.sender import LauncherSender
 from replayer.launcher import Launcher

@@ -12,7 +12,8 @@ from replayer import selfwatch
 from replayer.clock import now_ns
 from replayer.runstate import RunState
 from replayer.runstate import watch_self as _watch_self
-from replayer.dispatcher import Dispatcher, Feed
+from replayer.dispatcher import Dispatcher
+from replayer.feed import Feed
 from replayer.planner import Planner
 from replayer.metrics import EventLoopLagMonitor, ReplayerMetrics
 from replayer.payload import PreparedRequest
