@@ -9,15 +9,21 @@ and at the end), ``read_samples`` reads a results folder's samples back (``repla
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import json
+import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 if TYPE_CHECKING:
     from .target_metrics import TargetScraper
     from .targets import TargetScrapers
+
+log = logging.getLogger(__name__)
 
 __all__ = ["SAMPLES_FILE", "SAMPLES_FLUSH_SCRAPES", "SAMPLES_ROLL_PARTS", "save_samples", "SampleFiles",
            "sample_files", "read_samples", "flush_samples"]
@@ -116,18 +122,25 @@ class SampleFiles:
         # part names are never reused: target_metrics.parquet's list of parts must not name a new one
         names = [os.path.basename(p) for p in glob.glob(os.path.join(results_dir, _PARTS, "target_metrics-*.parquet"))]
         self._parts = len(names)
+        self._unwritten: list[dict] = []  # rows whose part could not be written (the next write takes them)
         names += _rolled_parts(os.path.join(results_dir, SAMPLES_FILE))
         self._seq = 1 + max((int(n[-16:-8]) for n in names if n[-16:-8].isdigit()), default=-1)
 
     def write_part(self, rows: list[dict]) -> str | None:
         """Write ``rows`` as the next part file (then roll, when ``roll_parts`` are on disk);
         returns the part's path (None for no rows)."""
+        rows = self._unwritten + list(rows) if self._unwritten else rows
         if not rows:
             return None
-        os.makedirs(os.path.join(self.dir, _PARTS), exist_ok=True)
         path = os.path.join(self.dir, _PARTS, f"target_metrics-{self._seq:08d}.parquet")
         self._seq += 1
-        save_samples(rows, path)
+        try:
+            os.makedirs(os.path.join(self.dir, _PARTS), exist_ok=True)
+            save_samples(rows, path)
+        except BaseException:
+            self._unwritten = list(rows)
+            raise
+        self._unwritten = []
         self._parts += 1
         if self._parts >= self.roll_parts:
             self.roll()
@@ -141,6 +154,7 @@ class SampleFiles:
 
         from .recorder import ROLLED_PARTS, atomic_file
 
+        rows = self._unwritten + list(rows) if self._unwritten else rows
         files = sample_files(self.dir)
         if not files and not rows:
             return 0
@@ -161,6 +175,7 @@ class SampleFiles:
                     if table.num_rows:
                         w.write_table(table)
                         n += table.num_rows
+        self._unwritten = []
         for f in parts:
             os.remove(f)
         self._parts = 0
@@ -185,13 +200,27 @@ class SampleFiles:
 
 
 async def flush_samples(scraper: TargetScraper | TargetScrapers, samples: SampleFiles, every_s: float) -> None:
-    """Write the target-metric samples to a part file every ``every_s`` (off the loop)."""
+    """Write the target-metric samples to a part file every ``every_s`` (off the loop). A write
+    that fails (no file descriptor left, disk full) leaves its rows with ``samples`` for the next
+    one (``SampleFiles.write_part``), logged when it starts and when writing works again, as the
+    results recorder does: a soak goes on."""
     loop = asyncio.get_running_loop()
+    failing = False
     while True:
         await asyncio.sleep(every_s)
         fut = loop.run_in_executor(None, samples.write_part, scraper.take_samples())
         try:
             await asyncio.shield(fut)
         except asyncio.CancelledError:  # the run ends: this part must be on disk before the final roll
-            await fut
+            with contextlib.suppress(OSError, pa.ArrowException):  # (or its rows go with the roll)
+                await fut
             raise
+        except (OSError, pa.ArrowException) as e:
+            if not failing:
+                log.error("cannot write target-metric samples in %s: %s; they are kept in memory and written "
+                          "when it works again", samples.dir, e)
+            failing = True
+            continue
+        if failing:
+            log.warning("writing target-metric samples in %s works again", samples.dir)
+        failing = False

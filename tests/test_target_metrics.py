@@ -387,3 +387,24 @@ def test_a_replay_lists_the_targets_missing_metrics_in_its_summary(tmp_path, cap
     assert not set(expected) & set(s["target_metrics"]["deltas"])  # left out, never 0
     [line] = [r.getMessage() for r in caplog.records if "missing" in r.getMessage()]
     assert all(m in line for m in expected)
+
+
+def test_a_sample_part_that_cannot_be_written_is_kept_for_the_next(tmp_path, monkeypatch):
+    import replayer.target_samples as ts
+
+    rows = [{"time_s": float(i), "t_ns": i, "metric": "vllm:prompt_tokens_total", "labels": "{}",
+             "kind": "counter", "value": float(i)} for i in range(6)]
+    files = SampleFiles(str(tmp_path))
+    files.write_part(rows[:2])
+    real = ts.save_samples
+
+    def no_fd(rows, path):  # as with every file descriptor in use
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(ts, "save_samples", no_fd)
+    with pytest.raises(OSError):
+        files.write_part(rows[2:4])
+    monkeypatch.setattr(ts, "save_samples", real)
+    files.write_part(rows[4:5])  # takes the rows the failed write kept
+    assert files.roll(rows[5:]) == 6
+    assert read_samples(str(tmp_path)).column("t_ns").to_pylist() == [0, 1, 2, 3, 4, 5]  # each once, in order
