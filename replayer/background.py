@@ -8,7 +8,9 @@ exception would sit in a task nobody awaits and the run would go on without it, 
 flushes, no scrapes). Here it is logged at once with its traceback, kept in ``failures``, and
 ``on_failure`` is told (the daemon then stops the run as ``/stop`` does: in-flight requests
 drain, results are flushed, ``summary.json``'s ``task_failures`` names the task and the exit
-code is ``EXIT_TASK_FAILED``). ``close`` cancels the others and awaits every one.
+code is ``EXIT_TASK_FAILED``). A task started with ``essential=False`` (the live view: the
+console, the progress line) only logs its failure: a soak must not stop because its terminal went
+away. ``close`` cancels the others and awaits every one.
 
 Why not an ``asyncio.TaskGroup`` around the run: a child's exception makes a task group cancel
 its body at once, which here would cancel the in-flight requests instead of draining them.
@@ -39,12 +41,16 @@ class BackgroundTasks:
     def __init__(self, on_failure: Callable[[str, BaseException], None] | None = None) -> None:
         self._on_failure = on_failure
         self._tasks: dict[asyncio.Task[None], str] = {}
+        self._optional: set[asyncio.Task[None]] = set()
         self.failures: list[dict[str, str]] = []
 
-    def start(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
-        """Run ``coro`` as the background task ``name`` until it ends or ``close``."""
+    def start(self, name: str, coro: Coroutine[Any, Any, None], *, essential: bool = True) -> None:
+        """Run ``coro`` as the background task ``name`` until it ends or ``close`` (not
+        ``essential``: its failure is logged and the run goes on)."""
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks[task] = name
+        if not essential:
+            self._optional.add(task)
         task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[None]) -> None:
@@ -53,6 +59,10 @@ class BackgroundTasks:
             return
         exc = task.exception()
         if exc is None:
+            return
+        if task in self._optional:
+            log.error("background task %r failed: %s: %s; the run goes on without it", name, type(exc).__name__,
+                      exc, exc_info=(type(exc), exc, exc.__traceback__))
             return
         log.error("background task %r failed: %s: %s; stopping the run", name, type(exc).__name__, exc,
                   exc_info=(type(exc), exc, exc.__traceback__))

@@ -307,9 +307,9 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, targets: list[str
     background.start("event-loop lag", EventLoopLagMonitor(metrics).run())
     console = LiveConsole(view, quiet=cfg.quiet)
     if console.enabled:
-        background.start("console", console.run())
+        background.start("console", console.run(), essential=False)
     elif not cfg.quiet:
-        background.start("progress", progress(state, dispatcher, anchor))
+        background.start("progress", progress(state, dispatcher, anchor), essential=False)
     background.start("self-watch", watch_self(state, metrics,
                                               probe=lambda: selfwatch.read(dispatcher, launcher, gc_pacer)))
     parent = os.environ.get(PARENT_PID_ENV)

@@ -51,6 +51,27 @@ def test_a_task_that_raises_is_logged_and_told_and_close_awaits_the_others(caplo
     assert len(rec) == 1 and rec[0].exc_info is not None  # with its traceback
 
 
+def test_a_live_view_that_fails_is_logged_and_the_run_goes_on(caplog):
+    async def main():
+        told: list[str] = []
+        bg = BackgroundTasks(on_failure=lambda name, exc: told.append(name))
+
+        async def broken_terminal() -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        bg.start("progress", broken_terminal(), essential=False)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        await bg.close()
+        return told, bg.failures
+
+    with caplog.at_level(logging.ERROR, logger="replayer"):
+        told, failures = asyncio.run(main())
+    assert told == [] and failures == []  # not a reason to stop a soak
+    assert any("background task 'progress' failed" in r.getMessage() and "goes on" in r.getMessage()
+               for r in caplog.records)
+
+
 def test_close_sees_a_task_that_fails_as_it_is_cancelled():
     async def main():
         bg = BackgroundTasks()
