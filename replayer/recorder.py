@@ -97,6 +97,7 @@ class Recorder:
         self._unwritten: list[pa.RecordBatch] = []  # results a failed write kept (writer thread only)
         self.unwritten_rows = 0  # their count, for /status and the end of the run
         self.write_errors = 0  # flushes whose write failed
+        self._last_part_bytes = 0  # the size of the last part written (retention's headroom)
 
     @property
     def rows_written(self) -> int:
@@ -159,7 +160,8 @@ class Recorder:
         """Apply the retention bounds (``retention.apply``), then note the folder's size and
         oldest result (caller holds the lock). A failure is logged; the run goes on."""
         try:
-            if retention.apply(self.dir, max_bytes=self.retain_bytes, max_age_s=self.retain_age_s):
+            if retention.apply(self.dir, max_bytes=self.retain_bytes, max_age_s=self.retain_age_s,
+                               headroom=self._headroom() if self.retain_bytes is not None else 0):
                 release_memory()  # (each removed file was read whole to fold it)
         except (OSError, ValueError, pa.ArrowException) as e:
             log.error("retention in %s failed: %s (nothing is removed until it works)", self.dir, e)
@@ -168,6 +170,20 @@ class Recorder:
         self._oldest_cache = {f: self._oldest_cache[f] if f in self._oldest_cache else retention.oldest_start_s(f)
                               for f in files}
         self.oldest_timestamp_s = self._oldest_cache[files[0]] if files else None
+
+    def _headroom(self) -> int:
+        """What the folder takes beyond its size now before the next retention (lock held): the
+        next part (as large as the last one) and the roll's copy of the parts not yet rolled
+        (written before they are removed), so ``--retain-size`` holds between flushes too."""
+        sizes = []
+        for p in self._w.parts:
+            try:
+                sizes.append(os.path.getsize(p))
+            except OSError:
+                pass
+        if sizes:
+            self._last_part_bytes = sizes[-1]
+        return sum(sizes) + self._last_part_bytes
 
     def _rolled_path(self, final: bool) -> str:
         """``requests.parquet`` for a run's only file (a final roll in a folder with no rolled

@@ -309,10 +309,11 @@ def remove_leftovers(results_dir: str) -> int:
 
 
 def apply(results_dir: str, *, max_bytes: int | None = None, max_age_s: float | None = None,
-          now: float | None = None, newest_end=newest_end_s) -> list[str]:
+          now: float | None = None, newest_end=newest_end_s, headroom: int = 0) -> list[str]:
     """Remove the oldest rolled files of ``results_dir`` while the folder holds more than
-    ``max_bytes`` or the oldest rolled file's newest result is older than ``max_age_s`` (``now``:
-    Unix s). Parts (results not yet rolled) and the newest rolled file are never removed (every
+    ``max_bytes`` less ``headroom`` (the bytes the writer will add before the next call: the
+    folder stays within ``max_bytes`` between calls too) or the oldest rolled file's newest
+    result is older than ``max_age_s`` (``now``: Unix s). Parts (results not yet rolled) and the newest rolled file are never removed (every
     reader finds the folder's ``removed.json`` through a results file in it). Returns the files
     removed."""
     from .recorder import rolled_files
@@ -324,8 +325,9 @@ def apply(results_dir: str, *, max_bytes: int | None = None, max_age_s: float | 
     size = folder_bytes(results_dir) if max_bytes is not None else 0
     for f in rolled_files(results_dir)[:-1]:  # (the newest stays: a folder always has a results file)
         why = None
-        if max_bytes is not None and size > max_bytes:
-            why = f"the results folder holds {size} bytes, more than --retain-size {max_bytes}"
+        if max_bytes is not None and size + headroom > max_bytes:
+            why = (f"the results folder holds {size} bytes, and {size + headroom} with room for the next flush "
+                   f"and roll: more than --retain-size {max_bytes}")
         elif max_age_s is not None:
             end = newest_end(f)
             if end is not None and now - end > max_age_s:

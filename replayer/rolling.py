@@ -138,6 +138,11 @@ class RollingWriter:
         self.rows_written = 0
         self.closed = False
 
+    @property
+    def parts(self) -> list[str]:
+        """The parts written and not yet rolled, oldest first."""
+        return self._parts
+
     def submit(self, job: Callable[[], None]) -> concurrent.futures.Future | None:
         """Run ``job`` on the writer thread with ``lock`` held (None once closed)."""
         if self.closed:

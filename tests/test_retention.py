@@ -237,3 +237,33 @@ def test_the_digest_keeps_the_highest_part_number_not_every_part_name(tmp_path):
     rec.flush().result()
     assert sorted(p.name for p in (legacy / "parts").glob("part-*.parquet")) == ["part-00000042.parquet"]
     rec.close()
+
+
+def test_the_folder_stays_within_the_size_bound_between_flushes_and_during_rolls(tmp_path, monkeypatch):
+    # retention runs after each flush; the next flush's part and the roll's copy of the parts
+    # (written before they are removed) come before the next retention: it leaves room for them
+    import replayer.recorder as recorder_mod
+
+    peaks: list[int] = []
+    real_apply = retention.apply
+
+    def measured_apply(results_dir, **kw):  # the folder as the flush left it: its part written, rolled
+        peaks.append(retention.folder_bytes(results_dir))
+        return real_apply(results_dir, **kw)
+
+    monkeypatch.setattr(recorder_mod.retention, "apply", measured_apply)
+    monkeypatch.setattr(recorder_mod, "_roll_step",  # mid-roll: the rolled file written, its parts not yet removed
+                        lambda step: peaks.append(retention.folder_bytes(str(tmp_path))) if step == "written" else None)
+    bound = 250_000
+    rec = Recorder(str(tmp_path), flush_rows=10**9, roll_rows=400, retain_bytes=bound)
+    for i in range(8000):
+        rec.add(RequestResult(row=i, outcome="success", itl_ms=[float(i % 7 + j) for j in range(40)]))
+        if i % 100 == 99:
+            rec.flush().result()
+    rec.close()
+    removed = retention.read_removed(str(tmp_path))
+    assert removed is not None and removed.rows > 0  # the bound made retention remove files
+    assert max(peaks[10:]) <= bound, (max(peaks[10:]), bound)  # (past the first files: nothing to remove yet)
+    kept = read_results(str(tmp_path)).column("row").to_pylist()
+    gone = [int(r) for rows in removed.recorded_rows().values() for r in rows]
+    assert sorted(kept + gone) == list(range(8000))  # each row kept or folded into removed.json, once
