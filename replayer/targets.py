@@ -26,49 +26,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
 
 from .errors import Outcome
-from .metrics import log_buckets
-from .result import RequestResult
+from .groupmetrics import GroupMetrics
 from .stats import Stat
 from .target_metrics import TargetScraper
 
-_LATENCY = log_buckets(0.001, 600.0)
 _STATS = ("ttft_ms", "e2e_ms", "dispatch_lag_ms")
 _COLUMNS = ("target", "outcome", "error_kind", "session_id", "loop", "row", "prompt_tokens", "completion_tokens",
             *_STATS)
 
 
-class TargetMetrics:
-    """The per-target series, children created up front for every target."""
+class TargetMetrics(GroupMetrics):
+    """The per-target series (``replayer.groupmetrics``), children created up front for every target."""
 
     def __init__(self, registry: CollectorRegistry, targets: list[str]) -> None:
-        self.targets = frozenset(targets)
-        self.requests = Counter("replayer_target_requests_total", "Requests that ended, by target (--target URL) "
-                                "and outcome", ["target", "outcome"], registry=registry)
-        self.ttft = Histogram("replayer_target_ttft_seconds", "Time to first token by target", ["target"],
-                              buckets=_LATENCY, registry=registry)
-        self.e2e = Histogram("replayer_target_e2e_latency_seconds", "End-to-end latency by target", ["target"],
-                             buckets=_LATENCY, registry=registry)
-        for t in targets:
-            for o in Outcome:
-                self.requests.labels(t, o.value)
-            self.ttft.labels(t)
-            self.e2e.labels(t)
-
-    def on_result(self, res: RequestResult) -> None:
-        t = res.target
-        if t not in self.targets:
-            return
-        outcome = Outcome(res.outcome)
-        self.requests.labels(t, outcome.value).inc()
-        if outcome is not Outcome.SUCCESS:  # latency histograms hold successful requests only
-            return
-        if res.ttft_ms is not None:
-            self.ttft.labels(t).observe(res.ttft_ms / 1e3)
-        if res.e2e_ms is not None:
-            self.e2e.labels(t).observe(res.e2e_ms / 1e3)
+        super().__init__(registry, "target", targets, "target (--target URL)")
 
 
 def target_switches(table: pa.Table) -> int:

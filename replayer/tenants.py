@@ -15,52 +15,21 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow.compute as pc
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
 
 from .errors import Outcome
-from .metrics import log_buckets
-from .result import RequestResult
+from .groupmetrics import GroupMetrics
 from .stats import Stat
 
-_LATENCY = log_buckets(0.001, 600.0)
 _STATS = ("ttft_ms", "tpot_ms", "e2e_ms", "dispatch_lag_ms", "session_wait_ms")
 _COLUMNS = ("tenant", "outcome", "prompt_tokens", "completion_tokens", "expected_prefix_hit_tokens", *_STATS)
 
 
-class TenantMetrics:
-    """The per-tenant series, children created up front for every tenant of the mix."""
+class TenantMetrics(GroupMetrics):
+    """The per-tenant series (``replayer.groupmetrics``), children created up front for every tenant."""
 
     def __init__(self, registry: CollectorRegistry, tenants: list[str]) -> None:
-        self.tenants = frozenset(tenants)
-        self.requests = Counter("replayer_tenant_requests_total", "Requests that ended, by tenant (trace of the "
-                                "mix) and outcome", ["tenant", "outcome"], registry=registry)
-        self.ttft = Histogram("replayer_tenant_ttft_seconds", "Time to first token by tenant", ["tenant"],
-                              buckets=_LATENCY, registry=registry)
-        self.e2e = Histogram("replayer_tenant_e2e_latency_seconds", "End-to-end latency by tenant", ["tenant"],
-                             buckets=_LATENCY, registry=registry)
-        self.wait = Histogram("replayer_tenant_session_wait_seconds", "Time a session turn was held for its "
-                              "predecessor, by tenant", ["tenant"], buckets=_LATENCY, registry=registry)
-        for t in tenants:
-            for o in Outcome:
-                self.requests.labels(t, o.value)
-            self.ttft.labels(t)
-            self.e2e.labels(t)
-            self.wait.labels(t)
-
-    def on_result(self, res: RequestResult) -> None:
-        t = res.tenant
-        if t not in self.tenants:
-            return
-        outcome = Outcome(res.outcome)
-        self.requests.labels(t, outcome.value).inc()
-        if res.session_wait_ms is not None:
-            self.wait.labels(t).observe(res.session_wait_ms / 1e3)
-        if outcome is not Outcome.SUCCESS:  # latency histograms hold successful requests only
-            return
-        if res.ttft_ms is not None:
-            self.ttft.labels(t).observe(res.ttft_ms / 1e3)
-        if res.e2e_ms is not None:
-            self.e2e.labels(t).observe(res.e2e_ms / 1e3)
+        super().__init__(registry, "tenant", tenants, "tenant (trace of the mix)", session_wait=True)
 
 
 def tenant_sections(table) -> dict:
