@@ -40,6 +40,15 @@ PERCENTILE_METHOD = (f"nearest rank: the ceil(p/100*n)-th smallest value; exact 
                      f"of a statistic, beyond that from a DDSketch within {RELATIVE_ACCURACY:.1%} relative error")
 
 
+def latency_fields(name: str, values: np.ndarray) -> dict[str, float | None]:
+    """``mean_<name>_ms``, ``median_<name>_ms`` and ``p99_<name>_ms`` of ``values`` (ms; NaN =
+    unknown, left out; None when none is known): a summary section's figures for one latency."""
+    st = Stat()
+    st.add(values)
+    return {f"mean_{name}_ms": st.mean if st.count else None, f"median_{name}_ms": st.percentile(50),
+            f"p99_{name}_ms": st.percentile(99)}
+
+
 class Stat:
     """Count, sum, min, max, mean, variance and nearest-rank percentiles of the values added.
 

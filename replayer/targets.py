@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from .errors import Outcome
 from .groupmetrics import GroupMetrics
-from .stats import Stat
+from .stats import latency_fields
 from .target_metrics import TargetScraper
 
 _STATS = ("ttft_ms", "e2e_ms", "dispatch_lag_ms")
@@ -80,13 +80,9 @@ def target_sections(table: pa.Table) -> dict:
             sec[key] = int(v) if v is not None else None
         ok = t.filter(pc.equal(t.column("outcome"), Outcome.SUCCESS.value))
         for col in _STATS:
-            st = Stat()
             src = t if col == "dispatch_lag_ms" else ok  # latencies of successful requests, as the run's
-            st.add(np.asarray(src.column(col).to_numpy(zero_copy_only=False), dtype=np.float64))
-            base = col.removesuffix("_ms")
-            sec[f"mean_{base}_ms"] = st.mean if st.count else None
-            sec[f"median_{base}_ms"] = st.percentile(50)
-            sec[f"p99_{base}_ms"] = st.percentile(99)
+            sec.update(latency_fields(col.removesuffix("_ms"),
+                                      np.asarray(src.column(col).to_numpy(zero_copy_only=False), dtype=np.float64)))
         out[name] = sec
     return out
 

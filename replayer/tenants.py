@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from .errors import Outcome
 from .groupmetrics import GroupMetrics
-from .stats import Stat
+from .stats import latency_fields
 
 _STATS = ("ttft_ms", "tpot_ms", "e2e_ms", "dispatch_lag_ms", "session_wait_ms")
 _COLUMNS = ("tenant", "outcome", "prompt_tokens", "completion_tokens", "expected_prefix_hit_tokens", *_STATS)
@@ -50,12 +50,8 @@ def tenant_sections(table) -> dict:
         for col in _STATS:
             if col not in t.column_names:
                 continue
-            st = Stat()
-            st.add(np.asarray(t.column(col).to_numpy(zero_copy_only=False), dtype=np.float64))
-            base = col.removesuffix("_ms")
-            sec[f"mean_{base}_ms"] = st.mean if st.count else None
-            sec[f"median_{base}_ms"] = st.percentile(50)
-            sec[f"p99_{base}_ms"] = st.percentile(99)
+            sec.update(latency_fields(col.removesuffix("_ms"),
+                                      np.asarray(t.column(col).to_numpy(zero_copy_only=False), dtype=np.float64)))
         out[name] = sec
     return out
 
