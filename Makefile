@@ -24,8 +24,11 @@ install: $(VENV)/.installed
 run: $(VENV)/.installed
 	$(VENV)/bin/replayer run $(TRACE) --speedup $(SPEEDUP) $(ARGS)
 
+# Two test processes (pytest-xdist): most of the suite's time is spent waiting on replays and
+# servers, not on the CPU. TEST_WORKERS=0 runs the tests in this process, one at a time.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # ruff (pyflakes, pycodestyle, bugbear; `ruff check` only, no reformatting) and mypy (strict on
 # the pure core, default checks elsewhere): settings in pyproject.toml.
