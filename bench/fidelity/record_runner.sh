@@ -3,12 +3,14 @@
 # the harness's server: starts the proxy (capture into OUT/capture), replays the slice through it
 # with replayer_runner.sh, stops the proxy (SIGTERM: drain, last rows written) and writes
 # OUT/proxy.json: the proxy's CPU seconds (user + system, from /proc), peak RSS, rows captured.
-# RECORD_ARGS="--poll-interval 0 ..." passes options to `replayer record`.
+# RECORD_ARGS="--poll-interval 0 ..." passes options to `replayer record`; RECORD_CPUS=LIST runs the
+# proxy on those CPUs only (taskset), e.g. a core of its own as a sidecar gets.
 set -euo pipefail
 SLICE=$1; OUT=$2; PORT=$3; shift 3
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${REPLAYER_PYTHON:-$ROOT/.venv/bin/python}
-"$PY" -m replayer record --upstream "http://127.0.0.1:$PORT" --listen 127.0.0.1:0 --admin-port 0 \
+PIN=(); [[ -n ${RECORD_CPUS:-} ]] && PIN=(taskset -c "$RECORD_CPUS")
+"${PIN[@]}" "$PY" -m replayer record --upstream "http://127.0.0.1:$PORT" --listen 127.0.0.1:0 --admin-port 0 \
   --out "$OUT/capture" ${RECORD_ARGS:-} 2> "$OUT/record.stderr" &
 REC=$!
 for _ in $(seq 600); do [[ -f $OUT/capture/capture.json ]] && break; sleep 0.1; done
@@ -20,11 +22,12 @@ HWM=$(awk '/VmHWM/ {print $2}' /proc/$REC/status)
 RSS=$(awk '/VmRSS/ {print $2}' /proc/$REC/status)
 kill -TERM $REC; wait $REC
 TCK=$(getconf CLK_TCK)
-"$PY" -S - "$OUT" "$(( (U1 - U0) + (S1 - S0) ))" "$TCK" "$HWM" "$RSS" <<'PYEOF'
+"$PY" -S - "$OUT" "$(( U1 - U0 ))" "$(( S1 - S0 ))" "$TCK" "$HWM" "$RSS" <<'PYEOF'
 import json, sys
-out, ticks, tck, hwm, rss = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+out, user, system, tck, hwm, rss = sys.argv[1], *map(int, sys.argv[2:])
+ticks = user + system
 err = open(f"{out}/record.stderr").read()
 rows = int(err.rsplit(" rows in ", 1)[0].rsplit(" ", 1)[1]) if " rows in " in err else None
-json.dump({"proxy_cpu_s": ticks / tck, "proxy_peak_rss_mb": hwm / 1024, "proxy_end_rss_mb": rss / 1024,
+json.dump({"proxy_cpu_s": ticks / tck, "proxy_user_s": user / tck, "proxy_system_s": system / tck, "proxy_peak_rss_mb": hwm / 1024, "proxy_end_rss_mb": rss / 1024,
            "rows_captured": rows}, open(f"{out}/proxy.json", "w"))
 PYEOF
