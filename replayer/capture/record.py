@@ -141,7 +141,8 @@ async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, imag
     from ..admin import AdminServer
     from .metrics import CaptureMetrics
     from .proxy import CaptureProxy
-    from .tokenize import Tokenization, worker_pool
+    from .offload import OffloadWorker
+    from .tokenize import Tokenization
     from .writer import CaptureWriter
 
     t0 = time.perf_counter_ns()
@@ -154,12 +155,12 @@ async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, imag
     writer = CaptureWriter(args.out, meta, flush_interval_s=args.flush_interval, roll_rows=args.roll_rows,
                            roll_interval_s=args.roll_interval)
     tok_url = upstream + "/tokenize" if args.upstream_tokenize else None
-    procs = worker_pool(key, args.block_size)  # started now, not during the first requests
-    await asyncio.get_running_loop().run_in_executor(procs, int)
+    offload = OffloadWorker()
+    await offload.start(key, args.block_size)  # started now, not during the first requests
 
     def tokenization(session):
         return Tokenization(hasher, writer.add, metrics, maxsize=args.tokenize_queue, session=session,
-                            tokenize_url=tok_url, tokenizer=tokenizer, image_hash=image_hash, procs=procs)
+                            tokenize_url=tok_url, tokenizer=tokenizer, image_hash=image_hash, offload=offload)
 
     proxy = CaptureProxy(upstream, tokenization, metrics, t0_ns=t0, session_header=args.session_header,
                          poll_interval_s=args.poll_interval)

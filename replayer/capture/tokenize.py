@@ -9,7 +9,7 @@ that cannot be tokenized gives a row without hash ids, counted by reason. The pr
 token ids are dropped as soon as the hash ids exist; only the row goes to the writer.
 
 The per-token work (parsing the body, ~80 KB of JSON for a 14k-token prompt; the block digests;
-parsing a ``/tokenize`` answer) runs in one worker process (``procs``, when given): done on the
+parsing a ``/tokenize`` answer) runs in one worker process (``offload``, when given): done on the
 proxy's event loop it took ~1.8 ms per W1 request, a stall that every stream relayed meanwhile
 waited out. The loop keeps only the mapping of digests to compact ids (one dict lookup per
 block), which must happen in one place. The key goes to the worker process at its start, in
@@ -19,78 +19,26 @@ memory; nothing is written.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
-from concurrent.futures.process import BrokenProcessPool
 
 import aiohttp
 import orjson
 
-from .blocks import BlockHasher, content_hash
+from .blocks import BlockHasher
 from .metrics import CaptureMetrics
-from .rows import RequestFacts, fit_hash_ids, request_facts
+from .offload import OffloadWorker, WorkerGone, digests_of_tokenize_answer, facts_and_digests
+from .rows import RequestFacts, fit_hash_ids
 
 log = logging.getLogger(__name__)
 
 WORKERS = 4  # rows being finished at once (tokenize calls to the upstream)
 
-# ---- the worker process's side ----------------------------------------------------------------
-_hasher: BlockHasher | None = None
-_key = b""
-
-
-def _init_worker(key: bytes, block_size: int) -> None:
-    global _hasher, _key
-    _hasher, _key = BlockHasher(key, block_size), key
-
-
-def _image_hash(data) -> str:
-    return content_hash(_key, data)
-
-
-def facts_and_digests(hasher: BlockHasher | None, image_hash, endpoint: str, body: bytes,
-                      session: str | None) -> tuple[RequestFacts, list[bytes] | None, int]:
-    """The body's facts (without its token ids) and, for a token-id prompt, its block digests and
-    token count. ``hasher`` / ``image_hash`` None: the worker process's own."""
-    hasher = hasher or _hasher
-    assert hasher is not None
-    facts = request_facts(endpoint, body, session, image_hash or _image_hash)
-    if facts.token_ids is None:
-        return facts, None, 0
-    n = len(facts.token_ids)
-    digests = hasher.digests(facts.token_ids)
-    facts.token_ids = None
-    return facts, digests, n
-
-
-def digests_of_tokenize_answer(hasher: BlockHasher | None, data: bytes) -> tuple[list[bytes], int] | None:
-    """A ``/tokenize`` answer's tokens as block digests and their count (None: no tokens in it)."""
-    hasher = hasher or _hasher
-    assert hasher is not None
-    try:
-        tokens = orjson.loads(data).get("tokens")
-    except (orjson.JSONDecodeError, AttributeError):
-        return None
-    if type(tokens) is not list or not tokens or not all(type(t) is int for t in tokens):
-        return None
-    return hasher.digests(tokens), len(tokens)
-
-
-def worker_pool(key: bytes, block_size: int) -> concurrent.futures.ProcessPoolExecutor:
-    """The one worker process (spawned: nothing of the proxy's state is copied into it)."""
-    import multiprocessing
-
-    return concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                                  initializer=_init_worker, initargs=(key, block_size))
-
-
-# ---- the proxy's side -------------------------------------------------------------------------
 class Tokenization:
     """The queue and its workers. ``submit`` from the event loop; ``drain`` at the end."""
 
     def __init__(self, hasher: BlockHasher, emit, metrics: CaptureMetrics, *, maxsize: int = 4096,
                  session: aiohttp.ClientSession | None = None, tokenize_url: str | None = None,
-                 tokenizer=None, image_hash=None, procs: concurrent.futures.Executor | None = None) -> None:
+                 tokenizer=None, image_hash=None, offload: OffloadWorker | None = None) -> None:
         self.hasher = hasher
         self.emit = emit  # row -> None (the writer's add)
         self.metrics = metrics
@@ -99,7 +47,7 @@ class Tokenization:
         self.tokenize_url = tokenize_url
         self.tokenizer = tokenizer
         self.image_hash = image_hash
-        self.procs = procs
+        self.offload = offload
         self._workers: list[asyncio.Task] = []
 
     def start(self) -> None:
@@ -124,19 +72,18 @@ class Tokenization:
         for w in self._workers:
             w.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
-        if self.procs is not None:
-            self.procs.shutdown(wait=True)
+        if self.offload is not None:
+            await self.offload.close()
 
     async def _off_loop(self, fn, *args):
         """``fn(None, ..., *args)`` in the worker process (its own hasher), or ``fn(hasher, ...,
         *args)`` here when there is none (or it broke)."""
-        lead = (None, None) if fn is facts_and_digests else (None,)
-        if self.procs is not None:
+        if self.offload is not None:
             try:
-                return await asyncio.get_running_loop().run_in_executor(self.procs, fn, *lead, *args)
-            except BrokenProcessPool:
+                return await self.offload.call(fn.__name__, *args)
+            except WorkerGone:
                 log.error("capture: the tokenization worker process died; hashing on the event loop from now on")
-                self.procs = None
+                self.offload = None
         here = (self.hasher, self.image_hash) if fn is facts_and_digests else (self.hasher,)
         return fn(*here, *args)
 
