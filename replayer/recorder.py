@@ -18,7 +18,7 @@ name and left out; every intact file is still read (``open_file``, ``read_file``
 A write that fails (no file descriptor left, disk full, an I/O error) loses nothing: its results
 stay in memory, the error is logged when it starts and when writing works again, and the next
 flush writes them first (the checkpoint is not moved past results not on disk). ``close`` retries
-for ``CLOSE_RETRY_S``; ``unwritten_rows`` is what could not be written in the end.
+for ``rolling.CLOSE_RETRY_S``; ``unwritten_rows`` is what could not be written in the end.
 
 A ``checkpoint.json`` written after every flush records the replay position (see ``--resume``).
 Every whole file (parts, rolled files, checkpoint, ``write_json``) is written to a temporary
@@ -49,7 +49,6 @@ from .rolling import atomic_write_table as _atomic_write_table
 log = logging.getLogger(__name__)
 
 READ_BUFFER_BYTES = 1 << 20  # results files are read through a buffered stream of this size
-CLOSE_RETRY_S = 30.0  # at the end, results whose write failed are tried again for this long
 __all__ = ["PARTS", "ROLLED_PARTS", "ROLL_GROUP_ROWS", "Recorder", "atomic_file", "write_json", "read_results",
            "result_files", "rolled_files", "open_file", "read_file", "report_damaged"]
 
@@ -94,14 +93,20 @@ class Recorder:
         self.oldest_timestamp_s: float | None = None  # as of the last flush (``/status``, metrics)
         self._oldest_cache: dict[str, float | None] = {}
         self.rows_added = 0
-        self._unwritten: list[pa.RecordBatch] = []  # results a failed write kept (writer thread only)
-        self.unwritten_rows = 0  # their count, for /status and the end of the run
-        self.write_errors = 0  # flushes whose write failed
         self._last_part_bytes = 0  # the size of the last part written (retention's headroom)
 
     @property
     def rows_written(self) -> int:
         return self._w.rows_written
+
+    @property
+    def unwritten_rows(self) -> int:
+        """Results a failed write keeps in memory (/status, the end of the run)."""
+        return self._w.unwritten_rows
+
+    @property
+    def write_errors(self) -> int:
+        return self._w.write_errors
 
     def add(self, res: RequestResult) -> None:
         """Buffer one result (~10-20 us with a few hundred ITL samples, plus ~1 ms per 128
@@ -125,19 +130,8 @@ class Recorder:
         """On the writer thread, its lock held: a part (with the results an earlier failed write
         kept), the checkpoint, a roll when due, retention. A failed part write keeps the results
         for the next flush and skips the checkpoint; a failed roll is tried again at the next."""
-        pending = self._unwritten
-        pending.extend(batches)
-        if pending:
-            try:
-                self._w.write_part(batches_to_table(pending))
-            except (OSError, pa.ArrowException) as e:
-                self._failed(e, sum(b.num_rows for b in pending))
-                return
-            if self.write_errors and self.unwritten_rows:
-                log.warning("writing results in %s works again: the %d results kept in memory are on disk",
-                            self.dir, sum(b.num_rows for b in pending))
-            pending.clear()
-            self.unwritten_rows = 0
+        if not self._w.write_or_keep(batches_to_table(batches) if batches else None, "results"):
+            return
         try:
             if ckpt is not None:
                 write_json(os.path.join(self.dir, "checkpoint.json"), ckpt, indent=None)
@@ -145,16 +139,6 @@ class Recorder:
         except (OSError, pa.ArrowException) as e:
             log.error("results in %s: checkpoint or roll failed (%s); tried again at the next flush", self.dir, e)
         self._retain()
-
-    def _failed(self, e: BaseException, rows: int) -> None:
-        """A part write failed: its results stay in memory (lock held)."""
-        self.write_errors += 1
-        if not self.unwritten_rows:
-            log.error("cannot write results in %s: %s; they are kept in memory and written when it works "
-                      "again (%d results so far)", self.dir, e, rows)
-        elif self.write_errors % 100 == 0:
-            log.error("still cannot write results in %s: %s (%d results kept in memory)", self.dir, e, rows)
-        self.unwritten_rows = rows
 
     def _retain(self) -> None:
         """Apply the retention bounds (``retention.apply``), then note the folder's size and
@@ -212,19 +196,8 @@ class Recorder:
         (An empty parts/ is removed; target-metric parts there go first.)"""
         if self._w.closed:
             return
-        fut = self.flush()
-        if fut is not None:
-            fut.result()
-        deadline = time.monotonic() + CLOSE_RETRY_S
-        while self.unwritten_rows and time.monotonic() < deadline:
-            time.sleep(1.0)
-            fut = self._w.submit(lambda: self._write([], None))
-            if fut is not None:
-                fut.result()
-        if self.unwritten_rows:
-            log.error("%d results could not be written in %s: they are lost (the summary leaves them out)",
-                      self.unwritten_rows, self.dir)
-        self._w.close(then=self._retain)
+        self.flush()
+        self._w.close(then=self._retain, what="results")
 
 
 def _log_failure(fut: concurrent.futures.Future) -> None:

@@ -14,7 +14,10 @@ writer (``replayer.capture.writer``), each with its own schema and file names:
   rows / ``roll_interval_s`` seconds and at the end; a rolled file is written part by part in row
   groups of ``group_rows`` (bounded memory), except a final roll sorted by a column.
 
-The event loop never waits for a disk: ``submit`` runs a job on the writer thread.
+The event loop never waits for a disk: ``submit`` runs a job on the writer thread. A part write
+that fails (no file descriptor left, disk full, an I/O error) loses nothing (``write_or_keep``):
+its rows stay in memory, the error is logged when it starts and when writing works again, and the
+next write puts them first.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import logging
 import os
 import threading
 import time
@@ -31,10 +35,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+log = logging.getLogger(__name__)
+
 PARTS = "parts"
 #: a rolled file's metadata key: JSON list of the part file names (``part-NNNNNNNN.parquet``) it holds
 ROLLED_PARTS = b"replayer.rolled_parts"
 ROLL_GROUP_ROWS = 50_000  # rows per row group of a rolled file
+CLOSE_RETRY_S = 30.0  # at the end, rows whose write failed are tried again for this long
 
 
 @contextlib.contextmanager
@@ -137,6 +144,9 @@ class RollingWriter:
         self._last_roll = time.monotonic()
         self.rows_written = 0
         self.closed = False
+        self._kept: list[pa.Table] = []  # rows a failed part write kept (``write_or_keep``)
+        self.unwritten_rows = 0  # their count
+        self.write_errors = 0  # part writes that failed
 
     @property
     def parts(self) -> list[str]:
@@ -162,6 +172,33 @@ class RollingWriter:
         self._parts.append(path)
         self._part_rows += table.num_rows
         self.rows_written += table.num_rows
+
+    def write_or_keep(self, table: pa.Table | None, what: str) -> bool:
+        """Write the rows an earlier failed write kept and ``table`` as the next part (in a job:
+        lock held). When the write fails they all stay in memory for the next call, logged (as
+        ``what``, e.g. "results") when it starts, every 100th failure, and when it works again.
+        True when nothing is left unwritten."""
+        if table is not None and table.num_rows:
+            self._kept.append(table)
+        if not self._kept:
+            return True
+        rows = sum(t.num_rows for t in self._kept)
+        try:
+            self.write_part(self._kept[0] if len(self._kept) == 1 else pa.concat_tables(self._kept))
+        except (OSError, pa.ArrowException) as e:
+            self.write_errors += 1
+            if not self.unwritten_rows:
+                log.error("cannot write %s in %s: %s; they are kept in memory and written when it works again "
+                          "(%d so far)", what, self.dir, e, rows)
+            elif self.write_errors % 100 == 0:
+                log.error("still cannot write %s in %s: %s (%d kept in memory)", what, self.dir, e, rows)
+            self.unwritten_rows = rows
+            return False
+        if self.unwritten_rows:
+            log.warning("writing %s in %s works again: the %d kept in memory are on disk", what, self.dir, rows)
+        self._kept.clear()
+        self.unwritten_rows = 0
+        return True
 
     def roll_if_due(self) -> None:
         """Roll when ``roll_rows`` rows or ``roll_interval_s`` seconds have gathered (lock held)."""
@@ -207,14 +244,23 @@ class RollingWriter:
         if self._after_roll is not None:
             self._after_roll()
 
-    def close(self, then: Callable[[], None] | None = None) -> None:
-        """Wait for the submitted jobs, roll the parts into the last file, run ``then`` (lock held),
-        remove the empty parts folder. Blocking; idempotent."""
+    def close(self, then: Callable[[], None] | None = None, *, what: str = "rows",
+              retry_s: float = CLOSE_RETRY_S) -> None:
+        """Wait for the submitted jobs; write what a failed write kept, trying again each second
+        for ``retry_s`` (what is still unwritten then is logged as lost, as ``what``); roll the
+        parts into the last file, run ``then`` (lock held), remove the empty parts folder.
+        Blocking; idempotent."""
         if self.closed:
             return
         self.closed = True
         self._pool.shutdown(wait=True)
+        deadline = time.monotonic() + retry_s
         with self.lock:
+            while self.unwritten_rows and time.monotonic() < deadline:
+                time.sleep(1.0)
+                self.write_or_keep(None, what)
+            if self.unwritten_rows:
+                log.error("%d %s could not be written in %s: they are lost", self.unwritten_rows, what, self.dir)
             self.roll(final=True)
             if then is not None:
                 then()

@@ -46,6 +46,38 @@ def test_rows_roll_into_trace_files_and_the_last_is_sorted_by_arrival(tmp_path):
     assert sorted(_read(tmp_path)) == [10 + i for i in range(7)]
 
 
+def test_rows_of_a_failed_write_are_kept_and_written_once_it_works_again(tmp_path, caplog):
+    w = CaptureWriter(str(tmp_path), META)
+    parts = tmp_path / "parts"
+    parts.rmdir()
+    parts.write_text("")  # parts/ is a file now: every part write fails (ENOTDIR), as on a full disk
+    for i in range(3):
+        w.add(_row(i, i))
+        w.flush().result()
+    assert w.rows_written == 0 and w._w.unwritten_rows == 3 and w._w.write_errors == 3
+    assert sum("cannot write captured rows" in r.getMessage() for r in caplog.records) == 1  # once, not per flush
+    parts.unlink()
+    parts.mkdir()
+    w.add(_row(3, 3))
+    w.flush().result()
+    assert w.rows_written == 4 and w._w.unwritten_rows == 0
+    assert any("works again: the 4 kept in memory are on disk" in r.getMessage() for r in caplog.records)
+    w.close()
+    assert sorted(_read(tmp_path)) == [10, 11, 12, 13]
+
+
+def test_rows_still_unwritten_at_the_end_are_tried_again_then_reported_lost(tmp_path, caplog):
+    w = CaptureWriter(str(tmp_path), META)
+    parts = tmp_path / "parts"
+    parts.rmdir()
+    parts.write_text("")
+    w.add(_row(0, 0))
+    w.flush().result()
+    w._w.close(what="captured rows", retry_s=1.5)  # (30 s by default)
+    assert w._w.write_errors >= 2  # tried again before giving up
+    assert any("1 captured rows could not be written" in r.getMessage() for r in caplog.records)
+
+
 def test_an_empty_capture_leaves_one_readable_empty_file(tmp_path):
     w = CaptureWriter(str(tmp_path), META)
     w.close()

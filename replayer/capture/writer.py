@@ -49,7 +49,6 @@ class CaptureWriter:
                                 roll_rows=roll_rows, roll_interval_s=roll_interval_s, sort_final_by="timestamp",
                                 thread_name="capture-writer")
         self._buf: list[dict] = []
-        self._unwritten: list[dict] = []  # rows a failed write kept (writer thread only)
         self._last_flush = time.monotonic()
 
     @property
@@ -64,7 +63,7 @@ class CaptureWriter:
     def flush(self) -> concurrent.futures.Future | None:
         """Hand the buffered rows to the writer thread (returns its future, None when empty)."""
         self._last_flush = time.monotonic()
-        if self._w.closed or not (self._buf or self._unwritten):
+        if self._w.closed or not (self._buf or self._w.unwritten_rows):
             return None
         rows, self._buf = self._buf, []
         return self._w.submit(lambda: self._write(rows))
@@ -74,20 +73,9 @@ class CaptureWriter:
             self.flush()
 
     def _write(self, rows: list[dict]) -> None:
-        pending = self._unwritten
-        pending.extend(rows)
-        if not pending:
+        if not self._w.write_or_keep(pa.Table.from_pylist(rows, schema=self._w.schema) if rows else None,
+                                     "captured rows"):
             return
-        try:
-            self._w.write_part(pa.Table.from_pylist(pending, schema=self._w.schema))
-        except (OSError, pa.ArrowException) as e:
-            if len(pending) == len(rows):
-                log.error("cannot write captured rows in %s: %s; they are kept in memory and written when "
-                          "it works again", self.dir, e)
-            return
-        if len(pending) > len(rows):
-            log.warning("writing captured rows in %s works again: the %d rows kept are on disk", self.dir, len(pending))
-        pending.clear()
         try:
             self._w.roll_if_due()
         except (OSError, pa.ArrowException) as e:
@@ -105,4 +93,4 @@ class CaptureWriter:
         if self._w.closed:
             return
         self.flush()
-        self._w.close()
+        self._w.close(what="captured rows")
