@@ -18,6 +18,7 @@ machine, and prints per run and per mode:
 
 ``--modes``: the runs of each round, in order: ``direct``, ``proxy`` (with ``--record-args``),
 ``proxy-nopoll`` (the same with ``--poll-interval 0``: woken per streamed event).
+``--speedup S``: W1 at another speed-up (5: ~60 streams, half the events per second).
 ``--pin``: on a host of 2 or more CPUs, the harness (its server and replayer) runs on CPU 0 and the
 proxy on CPU 1 in every mode, as a sidecar with a core of its own (the proxy then competes with no
 one, and the direct runs get the same single CPU as the proxy runs' client and server).
@@ -42,7 +43,8 @@ def steal_ticks() -> int:
         return int(f.readline().split()[8])
 
 
-def one_run(mode: str, work: str, record_args: str = "", extra_env: dict | None = None, pin: bool = False) -> dict:
+def one_run(mode: str, work: str, record_args: str = "", extra_env: dict | None = None, pin: bool = False,
+            speedup: float = 10) -> dict:
     import socket
 
     with socket.socket() as sk:  # a free port for the harness server (another run may hold 9100)
@@ -52,18 +54,18 @@ def one_run(mode: str, work: str, record_args: str = "", extra_env: dict | None 
     if mode == "proxy-nopoll":
         record_args = f"{record_args} --poll-interval 0"
     env = {**os.environ, "TOOL": "record" if proxy else "replayer", "PORT": str(port), "RECORD_ARGS": record_args,
-           **({"RECORD_CPUS": "1"} if pin else {}), **(extra_env or {})}
+           "SPEEDUP": f"{speedup:g}", **({"RECORD_CPUS": "1"} if pin else {}), **(extra_env or {})}
     load0, st0 = os.getloadavg()[0], steal_ticks()
     subprocess.run([*(["taskset", "-c", "0"] if pin else []), "bash", os.path.join(ROOT, "bench/fidelity/run.sh"),
                     "W1", work], env=env, check=True,
                    stdout=subprocess.DEVNULL)
     load1, st1 = os.getloadavg()[0], steal_ticks()
-    run = os.path.join(work, f"run_w1_{env['TOOL']}")
+    run = os.path.join(work, f"run_w1{'' if speedup == 10 else f'_s{speedup:g}'}_{env['TOOL']}")
     score = json.load(open(os.path.join(run, "score.json")))
     summary = json.load(open(os.path.join(run, "tool", "results", "summary.json")))
     cost = json.load(open(os.path.join(run, "client_cost.json")))
     out = {
-        "mode": mode, "pinned": pin,
+        "mode": mode, "pinned": pin, "speedup": speedup,
         "ttft_p99_ms": summary["p99_ttft_ms"],
         "ttft_p99_err_ms": score["measurement_err"]["ttft_p99"],
         "itl_p99_ms": summary["p99_itl_ms"],
@@ -91,6 +93,8 @@ def main() -> int:
     ap.add_argument("--work", default=None, help="work folder [default: a new temporary one]")
     ap.add_argument("--record-args", default="", help="options for `replayer record` (e.g. \"--poll-interval 0\")")
     ap.add_argument("--modes", default="direct,proxy", help="runs of each round [default: direct,proxy]")
+    ap.add_argument("--speedup", type=float, default=10,
+                    help="W1's speed-up [default: 10, the issue's]; lower = fewer streams, a host with CPU to spare")
     ap.add_argument("--pin", action="store_true", help="harness on CPU 0, proxy on CPU 1 (a core of its own)")
     args = ap.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="bench-capture-")
@@ -98,7 +102,7 @@ def main() -> int:
     modes = args.modes.split(",")
     for _i in range(args.pairs):
         for mode in modes:
-            r = one_run(mode, work, args.record_args, pin=args.pin)
+            r = one_run(mode, work, args.record_args, pin=args.pin, speedup=args.speedup)
             runs.append(r)
             print(json.dumps(r), flush=True)
     keys = ("ttft_p99_ms", "ttft_p99_err_ms", "itl_p99_ms", "itl_mean_ms", "dispatch_p99_ms")

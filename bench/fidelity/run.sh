@@ -5,7 +5,7 @@
 # W1     = first 600 s of the Mooncake conversation trace at 10x (1,750 rows);
 # W1chat = the same rows as chat text (word-level tokenizer, /v1/chat/completions);
 # W1mm   = W1chat plus a seeded synthetic image column (bench/fidelity/add_images.py);
-#          SPEEDUP=S runs these two at another speed-up than 10;
+#          SPEEDUP=S runs these three at another speed-up than 10;
 # PORT=P serves the harness on port P (default 9100; another run on the host may hold it).
 # stress = the same slice with outputs capped at 32 tokens at SPEEDUP;
 # tiny   = 1,000 requests of 16 prompt tokens and 1 output token, evenly spaced at RATE requests/s,
@@ -38,7 +38,8 @@ PYEOF
     SLICE_ARGS=(--trace "$W/tiny_r$R.jsonl" --first-n 1000 --speedup 1) ;;
   W1mm|W1chat) S=${SPEEDUP:-10}; W=${2:-$(mktemp -d)}; SLICE_ARGS=(--first-seconds 600 --speedup "$S")
     NAME=$(echo "$MODE" | tr A-Z a-z)_s$S ;;
-  *) S=10; W=${2:-$(mktemp -d)}; SLICE_ARGS=(--first-seconds 600 --speedup "$S"); NAME=w1 ;;
+  *) S=${SPEEDUP:-10}; W=${2:-$(mktemp -d)}; SLICE_ARGS=(--first-seconds 600 --speedup "$S")
+    NAME=w1; [[ $S == 10 ]] || NAME=w1_s$S ;;
 esac
 TOOL=${TOOL:-replayer}
 rm -rf "$W/run_${NAME}_$TOOL"  # a fresh run folder: replayer keeps (and summarizes) results already in one
