@@ -135,28 +135,43 @@ class ClientConnection:
 
     # -- reading --------------------------------------------------------------------------------
     def _on_readable(self) -> None:
-        try:
-            data, anc, _flags, _addr = self.sock.recvmsg(HEAD_READ if self.between else READ, 64)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self.abort()
-            return
-        if not data:
-            self.abort()
-            return
-        t = kernel_stamp_ns(anc)
-        if t is None:  # (no stamp: stamping not on yet, another socket type) the read's time
-            t = time.perf_counter_ns()
-            self.unstamped += 1
-        self.t_read = t
-        self.between = False
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._refuse(b"501 Not Implemented", b"protocol upgrades are not proxied")
-        except httptools.HttpParserError as e:
-            self._refuse(b"400 Bad Request", str(e).encode("latin-1", "replace"))
+        """Read what is there: a new request's first read is stamped (``recvmsg``, ``HEAD_READ``
+        bytes), then the rest is read in this same call until the socket is empty or the
+        request is complete (a request is not left waiting a loop turn per read while many
+        streams are relayed). The next request's first read waits for its own readiness, so it
+        gets its own stamp."""
+        while True:
+            stamped = self.between
+            try:
+                if stamped:
+                    data, anc, _flags, _addr = self.sock.recvmsg(HEAD_READ, 64)
+                else:
+                    data = self.sock.recv(READ)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self.abort()
+                return
+            if not data:
+                self.abort()
+                return
+            if stamped:
+                t = kernel_stamp_ns(anc)
+                if t is None:  # (no stamp: stamping not on yet, another socket type) the read's time
+                    t = time.perf_counter_ns()
+                    self.unstamped += 1
+                self.t_read = t
+                self.between = False
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserUpgrade:
+                self._refuse(b"501 Not Implemented", b"protocol upgrades are not proxied")
+                return
+            except httptools.HttpParserError as e:
+                self._refuse(b"400 Bad Request", str(e).encode("latin-1", "replace"))
+                return
+            if self.between or self.closed or len(data) < (HEAD_READ if stamped else READ):
+                return  # a request completed, or the socket is (most likely) empty
 
     def _stop_reading(self) -> None:
         self.loop.remove_reader(self.fd)
