@@ -4,11 +4,9 @@ there, never on the loop that relays streams.
 
 Why not ``concurrent.futures.ProcessPoolExecutor``: its ``submit`` wakes a manager thread through
 a pipe, and a queue feeder thread pickles the call: two threads that take the GIL from the event
-loop at every request. On W1 through the proxy the loop spent ~1.3 ms per request waiting in that
-wake-up (py-spy: ``_ThreadWakeup.wakeup`` on the main thread), and requests waiting behind it
-reached the upstream up to tens of ms late. Here the channel is one Unix socket read and written
-by the loop itself (an ``asyncio.Protocol``; writes are buffered by the transport, never
-blocking), with no thread on the proxy's side.
+loop at every request, so the requests and stream events waiting on the loop wait for them too.
+Here the channel is one Unix socket read and written by the loop itself (an ``asyncio.Protocol``;
+writes are buffered by the transport, never blocking), with no thread on the proxy's side.
 
 Frames on the socket: a 4-byte big-endian length, then a pickle. The first frame to the worker
 is ``(key, block_size)`` (the hash key travels in memory, never in argv or a file); each call is
@@ -68,7 +66,8 @@ class Frames:
 
 class OffloadWorker(asyncio.Protocol):
     """The proxy's side: ``await start(key, block_size)``, then ``await call(name, *args)``
-    (``name``: one of ``CALLS``); ``close()`` ends the worker (it finishes the calls it has)."""
+    (``name``: one of ``CALLS``); ``close()`` ends the worker once no call is waiting (calls still
+    waiting then fail with ``WorkerGone``)."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
@@ -122,7 +121,7 @@ class OffloadWorker(asyncio.Protocol):
         return fut
 
     async def close(self, timeout_s: float = 10.0) -> None:
-        """End the worker: it sees the socket close once it has answered what it was sent."""
+        """End the worker: it stops when it reads the socket's end (killed after ``timeout_s``)."""
         if self.transport is not None:
             self.transport.close()
         if self.proc is not None:
@@ -172,9 +171,11 @@ def digests_of_tokenize_answer(hasher: BlockHasher | None, data: bytes) -> tuple
 
 
 #: what the proxy may call in the worker (the worker's own hasher and image hash)
-CALLS: dict[str, Callable[..., object]] = {"facts_and_digests": lambda *a: facts_and_digests(None, None, *a),
-         "digests_of_tokenize_answer": lambda *a: digests_of_tokenize_answer(None, *a),
-         "ready": lambda: True}
+CALLS: dict[str, Callable[..., object]] = {
+    "facts_and_digests": lambda *a: facts_and_digests(None, None, *a),
+    "digests_of_tokenize_answer": lambda *a: digests_of_tokenize_answer(None, *a),
+    "ready": lambda: True,
+}
 
 
 def _serve(sock: socket.socket) -> None:
