@@ -34,6 +34,20 @@ def wait_http(url: str, timeout: float = 20.0) -> None:
         time.sleep(0.1)
 
 
+def wait_sim_url(p: subprocess.Popen, stderr_file: Path, timeout: float = 60.0) -> str:
+    """The URL a `replayer sim` child serves at, from its "serving at URL" line on stderr."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for line in stderr_file.read_text(errors="replace").splitlines():
+            if " serving at " in line:
+                return line.rsplit(" serving at ", 1)[1].strip()
+        if p.poll() is not None:
+            raise AssertionError(f"replayer sim exited {p.returncode}: {stderr_file.read_text(errors='replace')}")
+        if time.monotonic() > deadline:
+            raise TimeoutError("replayer sim did not say where it serves")
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def mooncake_slice(tmp_path):
     """Write the first `seconds` of the real Mooncake conversation trace as JSONL."""
@@ -51,16 +65,20 @@ def mooncake_slice(tmp_path):
 
 @pytest.fixture
 def sim_process(tmp_path):
-    """Start `replayer sim` in a child process; yields (base_url, record_file)."""
+    """Start `replayer sim` in a child process; yields (base_url, record_file). The simulator
+    binds port 0 and says which port it got (its first stderr line): no free port is picked
+    ahead, which a parallel test's connection could take in between."""
     procs = []
 
     def start(*args: str):
-        port = free_port()
-        rec = tmp_path / f"received-{port}.jsonl"
-        p = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--port", str(port),
-                              "--record-requests", str(rec), *args])
+        n = len(procs)
+        rec = tmp_path / f"received-{n}.jsonl"
+        err = tmp_path / f"sim-{n}.stderr"
+        with open(err, "wb") as fh:
+            p = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--port", "0",
+                                  "--record-requests", str(rec), *args], stderr=fh)
         procs.append(p)
-        url = f"http://127.0.0.1:{port}"
+        url = wait_sim_url(p, err)
         wait_http(url + "/health")
         return url, rec
 
