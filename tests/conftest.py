@@ -1,4 +1,6 @@
 import json
+import os
+import random
 import socket
 import subprocess
 import sys
@@ -14,7 +16,39 @@ MOONCAKE = SHARED / "traces" / "mooncake_conversation.jsonl"
 SLICE_10MIN = ROOT / "traces" / "mooncake_conversation_10min.parquet"
 
 
+def _port_span() -> tuple[int, int] | None:
+    """This test process's share of the ports below the kernel's ephemeral range (None: no room).
+
+    A port picked ahead for a child process stays free until the child binds it only if nothing
+    else takes it in between: outgoing connections take their source ports from the ephemeral
+    range (Linux: ``ip_local_port_range``, 32768-60999 by default), so the ports below it are
+    never taken that way, and each pytest-xdist worker picks from its own slice of them."""
+    try:
+        low_ephemeral = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    lo, hi = 10_000, low_ephemeral
+    if hi - lo < 1000:
+        return None
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    span = (hi - lo) // max(workers, 1)
+    return lo + (worker % max(workers, 1)) * span, lo + (worker % max(workers, 1) + 1) * span
+
+
 def free_port() -> int:
+    """A 127.0.0.1 port free now that no outgoing connection or other test process will take
+    (``_port_span``); a kernel-chosen one where the ephemeral range leaves no room below it."""
+    span = _port_span()
+    if span is not None:
+        for _ in range(200):
+            port = random.randrange(*span)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from replayer.routing import TargetRoute, target_index
 from replayer.schedule import iter_schedule
 
+from conftest import free_port
 from faultserver import ABORT, DONE, Plan, ThreadedFaultServer, choice, usage_event
 
 # case B29: two targets A and B, the target chosen on a session's first turn (round robin)
@@ -115,12 +115,6 @@ def test_one_target_has_no_target_column_values_or_series(tmp_path):
     assert not [m for m in registry.collect() if m.name.startswith("replayer_target_")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_target_down_fails_its_own_requests_the_other_goes_on(tmp_path):
     from replayer.recorder import read_results
     from replayer.simproc import spawn_sim, stop_sim
@@ -166,7 +160,7 @@ def test_not_ready_target_is_named_and_nothing_is_sent(tmp_path):
     from replayer.readiness import StartupError
 
     trace = _write(tmp_path, B29)
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     with ThreadedFaultServer(_plan_b) as b:
         with pytest.raises(StartupError, match=rf"1 of 2 targets not ready: target {dead} not ready"):
             _run({"trace": trace, "time_unit": "ms", "block_size": 64, "target": [b.url, dead],
