@@ -5,7 +5,9 @@
 * per-request recording (Recorder.add, which builds Arrow batches on the loop; the writer thread
   only encodes Parquet) and metrics,
 * the event loop's cost to hand a 70 KB request to the launcher process (shared ring or a memory
-  file of its own), against a local server that reads everything.
+  file of its own), against a local server that reads everything,
+* reading the full Mooncake conversation trace (``../shared/traces``, 12,031 rows of JSONL) with
+  ``read_trace``, when it is present.
 
 Run: ``.venv/bin/python bench/bench_hotpaths.py``. Numbers are CPU-bound and vary with what else
 runs on the machine; each figure is the best of 5 repeats.
@@ -223,9 +225,24 @@ def bench_handover() -> None:
         print(f"launcher hand-over 70 KB, {name:16s}: {p50:8.1f} us p50, {p99:6.1f} us p99 (ring misses {misses})")
 
 
+def bench_trace_read() -> None:
+    from pathlib import Path
+
+    from replayer.trace import read_trace
+
+    path = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_conversation.jsonl"
+    if not path.exists():
+        print(f"trace read: {path} not present, skipped")
+        return
+    read_trace(path)  # warm imports and the page cache
+    secs = best(lambda n: [read_trace(path) for _ in range(n)], 1) / 1e6
+    print(f"read_trace full Mooncake JSONL (12,031 rows): {secs * 1e3:8.1f} ms")
+
+
 if __name__ == "__main__":
     bench_handover()
     bench_prompt()
     bench_sse()
     bench_client_protocol()
     bench_record()
+    bench_trace_read()

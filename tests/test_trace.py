@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 import warnings
 from pathlib import Path
 
@@ -70,12 +69,9 @@ def has_problem(excinfo, row: int, field: str, contains: str = "") -> bool:
 
 
 @needs_mooncake
-def test_mooncake_full_read_fast_and_correct():
-    read_trace(MOONCAKE)  # warm imports
-    t0 = time.perf_counter()
+def test_mooncake_full_read_correct():
+    # (how long the read takes is a number bench/bench_hotpaths.py prints, not a test's bound)
     t = read_trace(MOONCAKE)
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 1.0, f"reading the full trace took {elapsed:.3f} s"
     raw = [orjson.loads(line) for line in MOONCAKE.read_bytes().splitlines() if line.strip()]
     assert len(t) == len(raw) == 12031
     assert t.rows_out_of_order == 0
