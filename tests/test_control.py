@@ -46,6 +46,7 @@ def test_pause_resume_speedup_stop_with_token(tmp_path, mooncake_slice, sim_proc
             except urllib.error.HTTPError as e:
                 assert e.code == 401 and says in e.read().decode()
         time.sleep(1.0)
+        paused_at = time.monotonic()
         st = _post(base + "/pause", "s3cret-token")
         assert st["paused"] is True and st["state"] == "paused"
         # one unit convention in /status: seconds (as the quantiles)
@@ -56,6 +57,7 @@ def test_pause_resume_speedup_stop_with_token(tmp_path, mooncake_slice, sim_proc
         time.sleep(1.5)
         assert _status(base)["sent"] == sent            # nothing issued while paused
         _post(base + "/resume", "s3cret-token")
+        paused_ms = (time.monotonic() - paused_at) * 1e3  # >= 1.8 s: the run's pause (or longer)
         st = _post(base + "/speedup", "s3cret-token", {"speedup": 40})
         assert st["speedup"] == 40 and st["paused"] is False and st["state"] == "running"
         time.sleep(1.0)
@@ -82,7 +84,11 @@ def test_pause_resume_speedup_stop_with_token(tmp_path, mooncake_slice, sim_proc
     assert 1.0 < s["speedup_changes"][0]["t_s"] < s["duration"] + 60
     rows = pq.read_table(tmp_path / "r" / "requests.parquet").to_pylist()
     lags = [r["dispatch_lag_ms"] for r in rows if r["dispatch_lag_ms"] is not None]
-    assert max(lags) < 500     # pause/resume/speed-up re-anchor: no burst of late requests
+    # pause/resume/speed-up re-anchor: no burst of late requests. Without it, the requests due
+    # during the pause go at the resume, the first ~a whole pause late (and a speed-up 4 -> 40
+    # kept on the old anchor makes a trace's next minute overdue at once); half the pause is
+    # far more than a busy machine holds up the replayer's sends
+    assert max(lags) < paused_ms / 2, (max(lags), paused_ms)
     # the API key never appears in what the run wrote or printed
     secret = "sk-very-secret-key-123"
     assert secret not in out and secret not in err
