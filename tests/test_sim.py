@@ -24,6 +24,8 @@ if str(ROOT) not in sys.path:  # the package may not be installed in the venv
 
 from replayer.sim import SimConfig, SimServer, prompt_block_hashes  # noqa: E402
 
+from faultserver import run_delay_ns  # noqa: E402
+
 FAST = dict(ttft_base_ms=1.0, prefill_us_per_token=0.0, itl_base_ms=1.0,
             itl_per_running_us=0.0)
 
@@ -319,7 +321,7 @@ def test_decode_steps_follow_absolute_deadlines():
                     itl_per_running_us=0)
 
     async def body(sim, url, c):
-        times = []
+        times, off, off0 = [], [], run_delay_ns() / 1e9
         async with c.post(url + "/v1/completions",
                           json={"prompt": [1], "max_tokens": 41, "stream": True}) as r:
             buf = b""
@@ -327,9 +329,14 @@ def test_decode_steps_follow_absolute_deadlines():
                 buf += chunk
                 n = buf.count(b"\n\n")
                 times += [time.perf_counter()] * (n - len(times))
+                off += [run_delay_ns() / 1e9] * (n - len(off))
         gaps = np.diff(times[:41])
-        # 40 steps of 10 ms; absolute deadlines keep the mean close despite jitter.
-        assert 0.009 < gaps.mean() < 0.02, gaps
+        # 40 steps of 10 ms; absolute deadlines keep the mean close despite jitter (a step late
+        # by a wake-up's latency is not carried into the next). Off by at most 15 ms over the
+        # 400, plus the time the machine kept this thread (sim and client) off the CPU until the
+        # last token (a stall can delay either end's stamp)
+        off_cpu = off[40] - off0
+        assert abs(gaps.sum() - 0.4) <= 0.015 + off_cpu, (gaps, off_cpu)
 
     run(with_sim(cfg, body))
 
@@ -398,12 +405,16 @@ def test_light_load_200_streams():
     rng = np.random.default_rng(3)
     prompts = [rng.integers(0, 32000, plen).tolist() for _ in range(n)]
 
+    took = []
+
     async def one(c, url, p):
+        t0 = time.perf_counter()
         async with c.post(url + "/v1/completions", json={
                 "prompt": p, "max_tokens": out, "stream": True,
                 "stream_options": {"include_usage": True}}) as r:
             assert r.status == 200
             ev = parse_sse(await r.read())
+        took.append(time.perf_counter() - t0)
         assert len(ev) == out + 2 and ev[-1] == "[DONE]"
         assert ev[out - 1]["choices"][0]["finish_reason"] == "length"
         return ev[-2]["usage"]
@@ -418,8 +429,11 @@ def test_light_load_200_streams():
         assert m["vllm:generation_tokens_total"] == n * out
         assert m["vllm:request_success_total"] == n
         assert m["vllm:num_requests_running"] == 0
-        # Ideal: ~0.05 s TTFT + 49 steps of ~14 ms; allow a slow shared machine.
-        assert dt < 30, dt
+        # the streams are served together, in one batch (ideal: ~0.05 s TTFT + 49 steps of ~14 ms),
+        # not one after another: on average many are in flight at once, however slow the machine
+        # (a stall stretches every stream in flight and the whole run alike)
+        in_flight = sum(took) / dt
+        assert len(took) == n and in_flight > 20, (in_flight, dt)
 
     run(with_sim(SimConfig(), body), timeout=110)
 
