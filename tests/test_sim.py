@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ if str(ROOT) not in sys.path:  # the package may not be installed in the venv
 
 from replayer.sim import SimConfig, SimServer, prompt_block_hashes  # noqa: E402
 
+from conftest import free_port  # noqa: E402
 from faultserver import run_delay_ns  # noqa: E402
 
 FAST = dict(ttft_base_ms=1.0, prefill_us_per_token=0.0, itl_base_ms=1.0,
@@ -438,14 +438,8 @@ def test_light_load_200_streams():
     run(with_sim(SimConfig(), body), timeout=110)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_main_cli_records_requests(tmp_path):
-    port = _free_port()
+    port = free_port()
     rec = tmp_path / "rec.jsonl"
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(
