@@ -1,7 +1,9 @@
 """The summary as printed at the end of a run and by ``replayer merge``: a fixed-width text table
-of the main fields (``n/a`` for a value not known)."""
+of the main fields (``n/a`` for a value not known), and one line per tenant or target."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from . import verdict
 
@@ -93,4 +95,19 @@ def format_summary(s: dict) -> str:
             lines.append(f"{'-' * 4} {r} ".ljust(width + 14, "-"))
         else:
             lines.append(f"{r[0]:<{width - 8}}{fmt(r[1]):>22}")
+    return "\n".join(lines)
+
+
+def fmt_ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:,.2f}"
+
+
+def format_groups(title: str, sections: dict, tail: Callable[[dict], str]) -> str:
+    """One line per group (tenant, target) of a summary section: requests, outcomes, TTFT p50 /
+    p99 and E2E p50 (``stats.latency_fields``' names), then ``tail(section)``."""
+    lines = [title]
+    for name, s in sections.items():
+        lines.append(f"  {name}: {s.get('requests', 0)} requests ({s.get('success', 0)} ok, {s.get('failed', 0)} failed), "
+                     f"TTFT p50 {fmt_ms(s.get('median_ttft_ms'))} / p99 {fmt_ms(s.get('p99_ttft_ms'))} ms, "
+                     f"E2E p50 {fmt_ms(s.get('median_e2e_ms'))}{tail(s)}")
     return "\n".join(lines)

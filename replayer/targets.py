@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry
 from .errors import Outcome
 from .groupmetrics import GroupMetrics
 from .stats import latency_fields
+from .summarytext import fmt_ms, format_groups
 from .target_metrics import TargetScraper
 
 _STATS = ("ttft_ms", "e2e_ms", "dispatch_lag_ms")
@@ -113,14 +114,8 @@ def read_targets(*results_dirs: str) -> tuple[dict, int]:
 
 def format_targets(sections: dict, switches: int) -> str:
     """One line per target for the printed summary."""
-    lines = [f"Targets (switches inside sessions: {switches})"]
-    for name, s in sections.items():
-        def ms(v):
-            return "n/a" if v is None else f"{v:,.2f}"
-        lines.append(f"  {name}: {s.get('requests', 0)} requests ({s.get('success', 0)} ok, {s.get('failed', 0)} failed), "
-                     f"TTFT p50 {ms(s.get('median_ttft_ms'))} / p99 {ms(s.get('p99_ttft_ms'))} ms, "
-                     f"E2E p50 {ms(s.get('median_e2e_ms'))} / p99 {ms(s.get('p99_e2e_ms'))} ms")
-    return "\n".join(lines)
+    return format_groups(f"Targets (switches inside sessions: {switches})", sections,
+                         lambda s: f" / p99 {fmt_ms(s.get('p99_e2e_ms'))} ms")
 
 
 class TargetScrapers:

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from .errors import Outcome
 from .groupmetrics import GroupMetrics
 from .stats import latency_fields
+from .summarytext import fmt_ms, format_groups
 
 _STATS = ("ttft_ms", "tpot_ms", "e2e_ms", "dispatch_lag_ms", "session_wait_ms")
 _COLUMNS = ("tenant", "outcome", "prompt_tokens", "completion_tokens", "expected_prefix_hit_tokens", *_STATS)
@@ -69,11 +70,4 @@ def read_tenant_sections(*results_dirs: str) -> dict:
 
 def format_tenants(sections: dict) -> str:
     """One line per tenant for the printed summary."""
-    lines = ["Tenants"]
-    for name, s in sections.items():
-        def ms(v):
-            return "n/a" if v is None else f"{v:,.2f}"
-        lines.append(f"  {name}: {s['requests']} requests ({s.get('success', 0)} ok, {s.get('failed', 0)} failed), "
-                     f"TTFT p50 {ms(s.get('median_ttft_ms'))} / p99 {ms(s.get('p99_ttft_ms'))} ms, "
-                     f"E2E p50 {ms(s.get('median_e2e_ms'))} ms, session wait p99 {ms(s.get('p99_session_wait_ms'))} ms")
-    return "\n".join(lines)
+    return format_groups("Tenants", sections, lambda s: f" ms, session wait p99 {fmt_ms(s.get('p99_session_wait_ms'))} ms")
