@@ -4,13 +4,32 @@ relate several settings, and the derived properties, stay there."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, field_validator
+from pydantic import BaseModel, ValidationInfo, field_validator
 
 from .configload import RUN_ID
 
 
+#: settings that take one word of a closed set (None, where a setting allows it, is not checked)
+CHOICES: dict[str, tuple[str, ...]] = {
+    "image_format": ("png", "jpeg"),
+    "prompt_mode": ("tokens", "text"),
+    "hash_id_scope": ("local", "global"),
+    "session_policy": ("wait", "wait-no-think", "off"),
+    "log_format": ("text", "json"),
+    "validate_trace": ("full", "lazy"),
+}
+
+
 class FieldChecks(BaseModel):
     """Field validators for ``RunConfig`` (declared without fields: ``check_fields=False``)."""
+
+    @field_validator(*CHOICES, check_fields=False)
+    @classmethod
+    def _one_of(cls, v: str | None, info: ValidationInfo) -> str | None:
+        choices = CHOICES[info.field_name]  # type: ignore[index]
+        if v is not None and v not in choices:
+            raise ValueError(f"must be {', '.join(choices[:-1])} or {choices[-1]}")
+        return v
 
     @field_validator("vocab_range", check_fields=False)
     @classmethod
@@ -46,13 +65,6 @@ class FieldChecks(BaseModel):
             raise ValueError(err or "must be WxH")
         return f"{wh[0]}x{wh[1]}"
 
-    @field_validator("image_format", check_fields=False)
-    @classmethod
-    def _image_format(cls, v: str) -> str:
-        if v not in ("png", "jpeg"):
-            raise ValueError("must be png or jpeg")
-        return v
-
     @field_validator("image_token_rule", check_fields=False)
     @classmethod
     def _image_token_rule(cls, v: str) -> str:
@@ -81,46 +93,11 @@ class FieldChecks(BaseModel):
             raise ValueError(f"itl_format must be one of {', '.join(ITL_FORMATS)}")
         return v
 
-    @field_validator("prompt_mode", check_fields=False)
-    @classmethod
-    def _prompt_mode(cls, v: str) -> str:
-        if v not in ("tokens", "text"):
-            raise ValueError("must be tokens or text")
-        return v
-
-    @field_validator("hash_id_scope", check_fields=False)
-    @classmethod
-    def _hash_id_scope(cls, v: str | None) -> str | None:
-        if v is not None and v not in ("local", "global"):
-            raise ValueError("must be local or global")
-        return v
-
     @field_validator("session_header", check_fields=False)
     @classmethod
     def _session_header(cls, v: str | None) -> str | None:
         if v is not None and (not v or any(c in v for c in ":\r\n \t")):
             raise ValueError(f"{v!r} is not a header name (or a preset: dynamo, aibrix)")
-        return v
-
-    @field_validator("session_policy", check_fields=False)
-    @classmethod
-    def _session_policy(cls, v: str) -> str:
-        if v not in ("wait", "wait-no-think", "off"):
-            raise ValueError("must be wait, wait-no-think or off")
-        return v
-
-    @field_validator("log_format", check_fields=False)
-    @classmethod
-    def _log_format(cls, v: str) -> str:
-        if v not in ("text", "json"):
-            raise ValueError("must be text or json")
-        return v
-
-    @field_validator("validate_trace", check_fields=False)
-    @classmethod
-    def _validate_mode(cls, v: str) -> str:
-        if v not in ("full", "lazy"):
-            raise ValueError("must be full or lazy")
         return v
 
     @field_validator("loop", check_fields=False)
