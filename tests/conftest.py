@@ -14,6 +14,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 MOONCAKE = SHARED / "traces" / "mooncake_conversation.jsonl"
 SLICE_10MIN = ROOT / "traces" / "mooncake_conversation_10min.parquet"
+SLICE_SECONDS = 600  # SLICE_10MIN is the first 600 s of MOONCAKE
+
+
+def slice_rows() -> list[dict]:
+    """SLICE_10MIN's rows as dicts (its columns in the order of MOONCAKE's keys)."""
+    import pyarrow.parquet as pq
+
+    return pq.read_table(SLICE_10MIN).to_pylist()
 
 
 def _port_span() -> tuple[int, int] | None:
@@ -84,14 +92,23 @@ def wait_sim_url(p: subprocess.Popen, stderr_file: Path, timeout: float = 60.0) 
 
 @pytest.fixture
 def mooncake_slice(tmp_path):
-    """Write the first `seconds` of the real Mooncake conversation trace as JSONL."""
+    """Write the first `seconds` of the real Mooncake conversation trace as JSONL. Up to 600 s
+    from the committed slice (`traces/`: the same rows, written as the same bytes, as
+    test_trace_files checks), so these tests need nothing beside the checkout; longer from
+    ../shared."""
 
     def make(seconds: float, name: str = "slice.jsonl") -> Path:
         out = tmp_path / name
-        with open(MOONCAKE) as src, open(out, "w") as dst:
-            for line in src:
-                if json.loads(line)["timestamp"] < seconds * 1000:
-                    dst.write(line)
+        with open(out, "w") as dst:
+            if seconds <= SLICE_SECONDS:
+                for row in slice_rows():
+                    if row["timestamp"] < seconds * 1000:
+                        dst.write(json.dumps(row) + "\n")
+                return out
+            with open(MOONCAKE) as src:
+                for line in src:
+                    if json.loads(line)["timestamp"] < seconds * 1000:
+                        dst.write(line)
         return out
 
     return make

@@ -135,6 +135,16 @@ def test_committed_slice_matches_first_ten_minutes():
     assert np.array_equal(t.hash_values, full.hash_values[: t.hash_values.shape[0]])
 
 
+@needs_mooncake
+def test_the_slices_the_tests_write_are_the_shared_traces_lines_byte_for_byte(mooncake_slice):
+    """conftest's mooncake_slice writes from the committed slice: the same bytes as the lines of
+    ../shared's trace that it stood for."""
+    for seconds in (20, 600):
+        lines = [line for line in MOONCAKE.read_bytes().splitlines(keepends=True)
+                 if orjson.loads(line)["timestamp"] < seconds * 1000]
+        assert mooncake_slice(seconds, f"s{seconds}.jsonl").read_bytes() == b"".join(lines)
+
+
 def test_committed_slice_present_and_readable():
     assert SLICE.exists()
     t = read_trace(SLICE)
