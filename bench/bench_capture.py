@@ -11,7 +11,10 @@ machine, and prints per run and per mode:
   server-side dispatch error p99 (arrival at the server vs the trace: the proxy's delay shows there);
 * "added by the proxy" = the proxy runs' mean minus the direct runs' mean of each figure;
 * the proxy's CPU seconds per 1k requests (user + system of its process) and peak / end RSS;
-* the replayer's own dispatch lag p99 (late sends are the client's or the host's, not the proxy's).
+* the replayer's own dispatch lag p99 (late sends are the client's or the host's, not the proxy's);
+* the time the proxy held requests and responses by its own kernel stamps
+  (``replayer_capture_forward_delay_seconds``, read from its /metrics at the end of each run):
+  what it adds itself, but for the loopback hop, apart from what it costs the host's other processes.
 
     .venv/bin/python bench/bench_capture.py [--pairs 2] [--work DIR] [--record-args "--poll-interval 0"]
         [--modes direct,proxy,proxy-nopoll]
@@ -41,6 +44,33 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def steal_ticks() -> int:
     with open("/proc/stat") as f:
         return int(f.readline().split()[8])
+
+
+def forward_delays(path: str) -> dict:
+    """From the proxy's /metrics (``proxy_metrics.txt``): per direction of
+    ``replayer_capture_forward_delay_seconds``, the count, the mean, the share within 1 ms, and
+    p50/p99 as the upper bound of the bucket they fall in."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if not os.path.exists(path):
+        return {}
+    fam = next((f for f in text_string_to_metric_families(open(path).read())
+                if f.name == "replayer_capture_forward_delay_seconds"), None)
+    if fam is None:
+        return {}
+    out = {}
+    for d in ("request", "response"):
+        buckets = sorted((float(s.labels["le"]), s.value) for s in fam.samples
+                         if s.labels.get("direction") == d and s.name.endswith("_bucket"))
+        total = next(s.value for s in fam.samples if s.labels.get("direction") == d and s.name.endswith("_count"))
+        ssum = next(s.value for s in fam.samples if s.labels.get("direction") == d and s.name.endswith("_sum"))
+        if not total:
+            continue
+
+        p50, p99 = (next(le for le, n in buckets if n >= p * total) * 1e3 for p in (0.5, 0.99))
+        out[d] = {"count": int(total), "mean_ms": ssum / total * 1e3, "within_1ms": dict(buckets)[0.001] / total,
+                  "p50_le_ms": p50, "p99_le_ms": p99}
+    return out
 
 
 def one_run(mode: str, work: str, record_args: str = "", extra_env: dict | None = None, pin: bool = False,
@@ -83,7 +113,8 @@ def one_run(mode: str, work: str, record_args: str = "", extra_env: dict | None 
         out.update(record_args=record_args, proxy_cpu_s_per_1k=p["proxy_cpu_s"] / summary["completed"] * 1000,
                    proxy_system_share=p["proxy_system_s"] / p["proxy_cpu_s"] if p["proxy_cpu_s"] else None,
                    proxy_peak_rss_mb=p["proxy_peak_rss_mb"], proxy_end_rss_mb=p["proxy_end_rss_mb"],
-                   rows_captured=p["rows_captured"])
+                   rows_captured=p["rows_captured"],
+                   held=forward_delays(os.path.join(run, "tool", "proxy_metrics.txt")))
     return out
 
 
@@ -121,6 +152,12 @@ def main() -> int:
     print("proxy peak RSS MB: " + ", ".join(f"{r['proxy_peak_rss_mb']:.0f}" for r in px)
           + "; at the end: " + ", ".join(f"{r['proxy_end_rss_mb']:.0f}" for r in px))
     print("rows captured: " + ", ".join(str(r["rows_captured"]) for r in px))
+    for d in ("request", "response"):
+        h = [r["held"][d] for r in px if d in r.get("held", {})]
+        if h:
+            print(f"held in the proxy ({d}: kernel arrival to write on), per run: " + "; ".join(
+                f"{x['count']} obs, mean {x['mean_ms']:.3f} ms, {x['within_1ms']:.2%} within 1 ms, "
+                f"p50 <= {x['p50_le_ms']:g} ms, p99 <= {x['p99_le_ms']:g} ms" for x in h))
     return 0
 
 

@@ -21,6 +21,7 @@ import urllib.request
 import orjson
 import pyarrow.parquet as pq
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import free_port, wait_http
 from faultserver import Plan, ThreadedFaultServer
@@ -301,7 +302,7 @@ def test_every_capture_metric_is_documented():
     doc = (ROOT / "docs" / "capture.md").read_text()
     names = {m.name + ("_total" if m.type == "counter" else "")
              for m in CaptureMetrics(CollectorRegistry()).registry.collect() if m.name.startswith("replayer_capture")}
-    assert len(names) == 8
+    assert len(names) == 9
     assert [n for n in names if f"`{n}`" not in doc] == []
 
 
@@ -333,3 +334,55 @@ def test_without_usage_the_lengths_are_counted_and_flagged(fault_capture):
     (row,) = capture_rows(out)
     assert (row["input_length"], row["input_length_source"]) == (5, "tokens")  # counted from the token ids
     assert (row["output_length"], row["output_length_source"]) == (2, "chunks")  # chunks with text: an estimate
+
+
+def _forward_delay(admin: int) -> dict[str, tuple[float, float]]:
+    """``replayer_capture_forward_delay_seconds`` by direction: (count, sum in seconds)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=10).read().decode()
+    fam = next(f for f in text_string_to_metric_families(text) if f.name == "replayer_capture_forward_delay_seconds")
+    got = {s.labels["direction"]: {} for s in fam.samples}
+    for s in fam.samples:
+        got[s.labels["direction"]][s.name.rsplit("_", 1)[1]] = s.value
+    return {d: (v["count"], v["sum"]) for d, v in got.items()}
+
+
+def test_the_time_the_proxy_holds_a_request_and_a_response_counts_from_the_kernels_arrival(fault_capture):
+    """The proxy is stopped (SIGSTOP) while a request reaches it and again while a response's
+    event does: each is written on only after SIGCONT, so the forward delay it reports must count
+    the whole stop, which it can only see from the kernel's arrival stamps (timed from its own read,
+    it would report microseconds)."""
+    srv, out, url, p = fault_capture
+    admin = json.loads((out / "capture.json").read_text())["admin_port"]
+    wait_http(f"http://127.0.0.1:{admin}/healthz")
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.connect()
+    os.kill(p.pid, signal.SIGSTOP)
+    try:
+        conn.request("POST", "/v1/completions", body=orjson.dumps({"prompt": [1, 2, 3], "stream": True, "slow": True,
+                                                                   "max_tokens": 2}),
+                     headers={"Content-Type": "application/json"})
+        sent = time.perf_counter_ns()  # the whole request is in the proxy's socket by now
+        time.sleep(0.4)
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+    resumed = time.perf_counter_ns()
+    r = conn.getresponse()
+    assert CHUNK1 in r.read1(65536)
+    os.kill(p.pid, signal.SIGSTOP)  # the next event comes 1.5 s after the first: it waits in the socket
+    try:
+        time.sleep(2.5)
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+    resumed2 = time.perf_counter_ns()
+    assert r.read().endswith(b"data: [DONE]\n\n")
+    conn.close()
+    rec = srv.server.received[-1]
+    chunk2_in = rec.write_ns[1]  # after the server's write of the second event: in the proxy's socket
+    held = _forward_delay(admin)
+    assert held["request"][0] == 1
+    assert held["request"][1] >= (resumed - sent) / 1e9 - 0.001  # (the clocks' offset: sampled to ~20 us)
+    assert held["response"][0] >= 2  # the head and first event, the second, ... (a read may carry several)
+    assert held["response"][1] >= max(0, resumed2 - chunk2_in) / 1e9 - 0.001
+    assert resumed2 - chunk2_in > 0.5e9 or chunk2_in > resumed2 - 2.5e9  # (the stop did cover the write)
+    stop_record(p)

@@ -155,3 +155,116 @@ def test_a_slow_client_pauses_its_producer_and_gets_every_byte():
     events, n, got, piece = asyncio.run(main())
     assert events == ["pause", "resume"]
     assert got == piece * (n // len(piece))  # in order, nothing lost or repeated
+
+
+class _Recorder(asyncio.Protocol):
+    """Keeps what a ``StampedTransport`` gives it: each read with its stamp, and the losses."""
+
+    def __init__(self) -> None:
+        self.transport = None
+        self.reads: list[tuple[bytes, int]] = []
+        self.lost: list[object] = []
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.reads.append((data, self.transport.stamp_ns))
+
+    def connection_lost(self, exc) -> None:
+        self.lost.append(exc)
+
+
+def test_an_upstream_connection_stamps_each_read_with_the_kernels_arrival_and_writes_every_byte():
+    from replayer.capture.stamps import open_stamped
+
+    async def main():
+        with socket.socket() as lsock:
+            lsock.bind(("127.0.0.1", 0))
+            lsock.listen()
+            proto = await open_stamped("127.0.0.1", lsock.getsockname()[1], _Recorder)
+            srv, _ = lsock.accept()
+        with srv:
+            for _ in range(100):  # the kernel turns stamping on a moment after the socket asks
+                srv.sendall(b"x")
+                await asyncio.sleep(0.01)
+                if proto.reads and proto.transport.unstamped == 0:
+                    break
+                proto.reads.clear()
+                proto.transport.unstamped = 0
+            proto.reads.clear()
+            sent = time.perf_counter_ns()
+            srv.sendall(b"event")
+            time.sleep(0.2)  # the loop is busy: the read comes late
+            read_after = time.perf_counter_ns()
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if proto.reads:
+                    break
+            (data, stamp), = proto.reads
+            assert data == b"event"
+            assert sent <= stamp + 1_000_000 and stamp < sent + 100_000_000 <= read_after  # at the send
+
+            big = bytes(range(256)) * 40_000  # 10 MB: more than the socket takes at once
+            proto.transport.write(big)
+            got = bytearray()
+            srv.setblocking(False)
+            for _ in range(2000):
+                await asyncio.sleep(0)  # (the transport writes the rest when the socket is writable)
+                try:
+                    got += srv.recv(1 << 20)
+                except BlockingIOError:
+                    await asyncio.sleep(0.001)
+                if len(got) == len(big):
+                    break
+            assert bytes(got) == big
+
+            proto.transport.pause_reading()
+            srv.sendall(b"later")
+            await asyncio.sleep(0.05)
+            assert proto.reads[-1][0] == b"event" and not proto.transport.is_reading()
+            proto.transport.resume_reading()
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if proto.reads[-1][0] == b"later":
+                    break
+            assert proto.reads[-1][0] == b"later"
+            srv.shutdown(socket.SHUT_WR)  # the upstream closes: connection_lost(None), once
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if proto.lost:
+                    break
+            assert proto.lost == [None] and proto.transport.is_closing()
+            proto.transport.close()
+            await asyncio.sleep(0.01)
+            assert proto.lost == [None]
+
+        with socket.socket() as free:  # nobody listens: the connect fails with OSError
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1]
+        try:
+            await open_stamped("127.0.0.1", port, _Recorder)
+        except OSError:
+            pass
+        else:
+            raise AssertionError("connected to a port nobody listens on")
+
+    asyncio.run(main())
+
+
+def test_forward_delays_are_counted_in_prometheus_buckets():
+    from replayer.capture.metrics import FORWARD_DELAY_BUCKETS, ForwardDelay
+
+    fd = ForwardDelay()
+    obs = fd.observer("response")
+    for ns in (-3_000, 0, 100_000, 100_001, 999_999, 1_000_000, 1_000_001, 5_000_000_000):
+        obs(ns)
+    b = dict(fd.buckets("response"))
+    assert b[0.0001] == 3  # <= 100 us: the negative (clock offset) one as zero, 0, 100 us exactly
+    assert b[0.00025] == 4 and b[0.001] == 6 and b[0.0025] == 7
+    assert b[FORWARD_DELAY_BUCKETS[-1]] == 7 and b[float("inf")] == 8
+    assert dict(fd.buckets("request"))[float("inf")] == 0
+    (fam,) = list(fd.collect())
+    s = {(x.name, x.labels["direction"], x.labels.get("le")): x.value for x in fam.samples}
+    assert s[("replayer_capture_forward_delay_seconds_count", "response", None)] == 8
+    assert abs(s[("replayer_capture_forward_delay_seconds_sum", "response", None)] - 5.003200001) < 1e-9

@@ -2,7 +2,8 @@
 # Runner for ../shared/bench/fidelity/harness.py that puts `replayer record` between replayer and
 # the harness's server: starts the proxy (capture into OUT/capture), replays the slice through it
 # with replayer_runner.sh, stops the proxy (SIGTERM: drain, last rows written) and writes
-# OUT/proxy.json: the proxy's CPU seconds (user + system, from /proc), peak RSS, rows captured.
+# OUT/proxy.json: the proxy's CPU seconds (user + system, from /proc), peak RSS, rows captured, and
+# OUT/proxy_metrics.txt: its /metrics at the end of the replay (the forward delays it measured).
 # RECORD_ARGS="--poll-interval 0 ..." passes options to `replayer record`; RECORD_CPUS=LIST runs the
 # proxy on those CPUs only (taskset), e.g. a core of its own as a sidecar gets.
 set -euo pipefail
@@ -18,6 +19,9 @@ PPORT=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['listen'].
 read -r U0 S0 < <(awk '{print $14, $15}' /proc/$REC/stat)
 bash "$ROOT/bench/fidelity/replayer_runner.sh" "$SLICE" "$OUT" "$PPORT" "$@"
 read -r U1 S1 < <(awk '{print $14, $15}' /proc/$REC/stat)
+APORT=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['admin_port'])" "$OUT/capture/capture.json")
+"$PY" -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=30).read().decode())" \
+  "http://127.0.0.1:$APORT/metrics" > "$OUT/proxy_metrics.txt" || echo "record_runner: could not read the proxy's /metrics" >&2
 HWM=$(awk '/VmHWM/ {print $2}' /proc/$REC/status)
 RSS=$(awk '/VmRSS/ {print $2}' /proc/$REC/status)
 kill -TERM $REC; wait $REC

@@ -7,8 +7,10 @@ read with ``recvmsg``: the kernel's receive time of the data comes with it (on l
 during the sender's own write). The first read of each new request is at most ``HEAD_READ``
 bytes, so its stamp is that of the request's first segment (Linux returns the stamp of the last
 segment a read consumed; a client that writes the head and the body apart, as replayer's
-launcher does, sends them in two segments, the body maybe much later if the host stalled it). The stamp is on the wall clock; it is moved to the monotonic clock
-(``time.perf_counter_ns``) with the two clocks' offset sampled at the read. A loop that falls
+launcher does, sends them in two segments, the body maybe much later if the host stalled it).
+The reads after it are stamped too: the read that completes a request carries its last byte's
+arrival (``Request.complete_ns``), from which the proxy counts the time it held the request
+(``metrics.ForwardDelay``). Stamps are on the monotonic clock (``stamps``). A loop that falls
 behind now only delays the forwarding, not the stamp.
 
 Requests are parsed with llhttp (``httptools``); a connection handles its requests one after the
@@ -24,65 +26,28 @@ from __future__ import annotations
 import asyncio
 import collections
 import socket
-import struct
 import time
 from collections.abc import Callable
 
 import httptools
 
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
-_TS = struct.Struct("qq")
+from .stamps import SO_TIMESTAMPNS, kernel_stamp_ns
+
 HEAD_READ = 64  # first read of a new request: within its first segment, so the stamp is that segment's
 READ = 256 * 1024
 WRITE_HIGH = 1 << 20  # bytes waiting for a client before its producer is paused
 WRITE_LOW = 1 << 18
 
 
-class _ClockOffset:
-    """Wall clock minus monotonic clock, from a tight sample (monotonic, wall, monotonic less than
-    ``TIGHT_NS`` apart: not preempted in between, which on a busy host can take tens of ms) taken
-    again every ``REFRESH_NS``; the two clocks drift apart by parts per million at most."""
-
-    TIGHT_NS = 20_000
-    REFRESH_NS = 1_000_000_000
-
-    def __init__(self) -> None:
-        self.offset = 0
-        self.taken = -self.REFRESH_NS
-        self.get()
-
-    def get(self) -> int:
-        now = time.perf_counter_ns()
-        if now - self.taken >= self.REFRESH_NS:
-            for _ in range(5):
-                a = time.perf_counter_ns()
-                w = time.time_ns()
-                b = time.perf_counter_ns()
-                if b - a <= self.TIGHT_NS:
-                    self.offset, self.taken = w - (a + b) // 2, b
-                    break
-        return self.offset
-
-
-_CLOCKS = _ClockOffset()
-
-
-def kernel_stamp_ns(ancdata) -> int | None:
-    """The ``SCM_TIMESTAMPNS`` of a ``recvmsg`` on the monotonic clock, or None."""
-    for level, typ, data in ancdata:
-        if level == socket.SOL_SOCKET and typ == SO_TIMESTAMPNS and len(data) >= 16:
-            sec, nsec = _TS.unpack_from(data)
-            return sec * 1_000_000_000 + nsec - _CLOCKS.get()
-    return None
-
-
 class Request:
-    """One request as it came: arrival (monotonic ns), method, target, raw headers, body pieces."""
+    """One request as it came: arrival (its first byte's, monotonic ns), its last byte's arrival
+    (``complete_ns``), method, target, raw headers, body pieces."""
 
-    __slots__ = ("arrival_ns", "method", "url", "headers", "body", "keep_alive", "http10", "released")
+    __slots__ = ("arrival_ns", "complete_ns", "method", "url", "headers", "body", "keep_alive", "http10", "released")
 
     def __init__(self, arrival_ns: int) -> None:
         self.arrival_ns = arrival_ns
+        self.complete_ns = arrival_ns
         self.method = ""
         self.url = b""
         self.headers: list[tuple[str, str]] = []
@@ -119,8 +84,9 @@ class ClientConnection:
         self.cur: Request | None = None
         self.busy = False
         self.between = True  # nothing of the next request read yet
-        self.t_read = 0
-        self.unstamped = 0  # reads that came without a kernel stamp
+        self.t_read = 0  # stamp of the read that began the current request
+        self.t_last = 0  # stamp of the latest read
+        self.unstamped = 0  # requests whose first read came without a kernel stamp
         self.wbuf: collections.deque[bytes] = collections.deque()
         self.wbuf_bytes = 0
         self.paused = False
@@ -135,18 +101,16 @@ class ClientConnection:
 
     # -- reading --------------------------------------------------------------------------------
     def _on_readable(self) -> None:
-        """Read what is there: a new request's first read is stamped (``recvmsg``, ``HEAD_READ``
-        bytes), then the rest is read in this same call until the socket is empty or the
-        request is complete (a request is not left waiting a loop turn per read while many
-        streams are relayed). The next request's first read waits for its own readiness, so it
-        gets its own stamp."""
+        """Read what is there: a new request's first read is ``HEAD_READ`` bytes (its stamp is
+        the request's arrival), then the rest is read in this same call until the socket is
+        empty or the request is complete (a request is not left waiting a loop turn per read
+        while many streams are relayed). Every read is stamped (``recvmsg``); the one that
+        completes a request gives its ``complete_ns``. The next request's first read waits for
+        its own readiness, so it gets its own stamp."""
         while True:
-            stamped = self.between
+            first = self.between
             try:
-                if stamped:
-                    data, anc, _flags, _addr = self.sock.recvmsg(HEAD_READ, 64)
-                else:
-                    data = self.sock.recv(READ)
+                data, anc, _flags, _addr = self.sock.recvmsg(HEAD_READ if first else READ, 64)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -155,11 +119,12 @@ class ClientConnection:
             if not data:
                 self.abort()
                 return
-            if stamped:
-                t = kernel_stamp_ns(anc)
-                if t is None:  # (no stamp: stamping not on yet, another socket type) the read's time
-                    t = time.perf_counter_ns()
-                    self.unstamped += 1
+            t = kernel_stamp_ns(anc)
+            if t is None:  # (no stamp: stamping not on yet, another socket type) the read's time
+                t = time.perf_counter_ns()
+                self.unstamped += first
+            self.t_last = t
+            if first:
                 self.t_read = t
                 self.between = False
             try:
@@ -170,7 +135,7 @@ class ClientConnection:
             except httptools.HttpParserError as e:
                 self._refuse(b"400 Bad Request", str(e).encode("latin-1", "replace"))
                 return
-            if self.between or self.closed or len(data) < (HEAD_READ if stamped else READ):
+            if self.between or self.closed or len(data) < (HEAD_READ if first else READ):
                 return  # a request completed, or the socket is (most likely) empty
 
     def _stop_reading(self) -> None:
@@ -216,6 +181,7 @@ class ClientConnection:
         r, self.cur = self.cur, None
         self.between = True
         if r is not None:
+            r.complete_ns = self.t_last
             self.queue.append(r)
             self._next()
 

@@ -15,8 +15,10 @@ the client a 502 with a JSON error, and a row.
 
 ``timestamp`` is the request's arrival: the kernel's receive time of its first segment
 (``downstream``), on the monotonic clock ``time.perf_counter_ns``, minus the capture's start.
-The row is built when the response has ended; what comes from the body (tokens, hash ids,
-model, session) is added later, off the request path, by ``tokenize``.
+The same stamps give the time the proxy held each request and each read of a response, from
+arrival to its write on (``metrics.ForwardDelay``). The row is built when the response has
+ended; what comes from the body (tokens, hash ids, model, session) is added later, off the
+request path, by ``tokenize``.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ class CaptureProxy:
                                             self.listener.reading) if poll_interval_s > 0 else None
         self._bytes_request = metrics.bytes.labels("request")
         self._bytes_response = metrics.bytes.labels("response")
+        self._request_held = metrics.forward_delay.observer("request")
 
     async def start(self) -> None:
         import ssl as _ssl
@@ -104,7 +107,8 @@ class CaptureProxy:
         https = u.scheme == "https"
         self.pool = UpstreamPool(u.hostname, u.port or (443 if https else 80),
                                  ssl=_ssl.create_default_context() if https else None,
-                                 connect_timeout_s=self.connect_timeout_s)
+                                 connect_timeout_s=self.connect_timeout_s,
+                                 observe_forward=self.metrics.forward_delay.observer("response"))
         self._host = u.netloc
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=None)
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
@@ -169,6 +173,7 @@ class CaptureProxy:
         ex.on_head = lambda: self._respond(conn, req, ex)
         ex.on_end = lambda: self._release(conn, req, ex.keep)
         up.send(head, body, ex)
+        self._request_held(time.perf_counter_ns() - req.complete_ns)  # (a retry on a new connection counts again)
         return ex
 
     @staticmethod

@@ -11,14 +11,22 @@ the body's bytes unchanged): no task switch, no per-event work. Stream pieces ar
 the usage tracker (``usage``: counted and the last few kept). Connections are kept alive. A
 response with neither a length nor chunks ends when the upstream closes; it goes to the client
 chunked.
+
+Plain-HTTP upstream connections run on ``stamps.StampedTransport``: each read carries the kernel's
+receive stamp, and the pool's ``observe_forward(ns)`` gets, for each read that reached the
+client, the time from that stamp to the client's write (``metrics.ForwardDelay``, direction
+``response``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 import httptools
+
+from .stamps import StampedTransport, open_stamped
 
 #: a non-streamed response body is read for its usage up to this size
 MAX_BODY_PARSE = 64 << 20
@@ -34,7 +42,8 @@ class Exchange:
     pieces that come earlier wait in ``pending``), ``done`` when the message ends."""
 
     __slots__ = ("head", "done", "client", "pending", "chunked", "acc", "sse", "buf", "bytes_out",
-                 "client_gone", "status", "reason", "headers", "got_bytes", "conn", "until_close", "on_head", "on_end", "keep", "ended")
+                 "client_gone", "status", "reason", "headers", "got_bytes", "conn", "until_close", "on_head", "on_end", "keep", "ended",
+                 "writes")
 
     def __init__(self, acc) -> None:
         self.conn: UpstreamConnection | None = None
@@ -58,6 +67,7 @@ class Exchange:
         self.keep = True  # the client's connection stays open after this response
         self.on_end = None  # called when the client has the whole response (releases its connection)
         self.ended = False
+        self.writes = 0  # writes to the client (its response head included)
 
     def start_relay(self, client, chunked: bool) -> None:
         """The client's response head is written: relay what came so far, then as it comes.
@@ -65,6 +75,7 @@ class Exchange:
         upstream connection)."""
         self.chunked = chunked
         self.client = client
+        self.writes += 1
         conn = self.conn
         if conn is not None and conn.transport is not None:
             client.on_pause = conn.transport.pause_reading
@@ -95,6 +106,7 @@ class Exchange:
             self.client_left()
             return
         c.write(b"%x\r\n%b\r\n" % (len(b), b) if self.chunked else b)
+        self.writes += 1
 
     def end(self) -> None:
         """The response's last byte came: write what is left, end the client's chunks, release
@@ -108,6 +120,7 @@ class Exchange:
             return
         if self.chunked:
             c.write(b"0\r\n\r\n")
+            self.writes += 1
         self.ended = True
         if self.on_end is not None:
             self.on_end()
@@ -134,13 +147,14 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport = None
         self.parser = httptools.HttpResponseParser(self)
         self.ex: Exchange | None = None
-        self._hname = b""
         self.closed = False
         self.reusable = False
+        self.stamped = False
 
     # -- asyncio ------------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.stamped = isinstance(transport, StampedTransport)
         sock = transport.get_extra_info("socket")
         if sock is not None:  # no Nagle: a request's last segment must not wait for an ACK
             try:
@@ -150,14 +164,19 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         ex = self.ex
+        writes = 0
         if ex is not None:
             ex.got_bytes = True
+            writes = ex.writes
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:
             self._fail(f"bad response from the upstream: {e}")
-        if ex is not None and ex.pending:
-            ex.flush()
+        if ex is not None:
+            if ex.pending:
+                ex.flush()
+            if self.stamped and ex.writes != writes:  # this read reached the client: how long it was held
+                self.pool.observe_forward(time.perf_counter_ns() - self.transport.stamp_ns)
 
     def connection_lost(self, exc) -> None:
         self.closed = True
@@ -242,10 +261,13 @@ class UpstreamConnection(asyncio.Protocol):
 class UpstreamPool:
     """Idle keep-alive connections to one upstream (host, port), opened on demand."""
 
-    def __init__(self, host: str, port: int, ssl=None, connect_timeout_s: float = 10.0) -> None:
+    def __init__(self, host: str, port: int, ssl=None, connect_timeout_s: float = 10.0,
+                 observe_forward=None) -> None:
         self.host, self.port, self.ssl = host, port, ssl
         self.connect_timeout_s = connect_timeout_s
         self.idle: list[UpstreamConnection] = []
+        #: called with the ns from a read's kernel stamp to the client's write of it (plain HTTP only)
+        self.observe_forward = observe_forward if observe_forward is not None else (lambda ns: None)
 
     def take_idle(self) -> UpstreamConnection | None:
         """An idle keep-alive connection, or None (it may turn out closed: retry once, anew)."""
@@ -260,10 +282,14 @@ class UpstreamPool:
         c = self.take_idle()
         if c is not None:
             return c, True
-        loop = asyncio.get_running_loop()
-        _, proto = await asyncio.wait_for(loop.create_connection(lambda: UpstreamConnection(self), self.host, self.port,
-                                                                 ssl=self.ssl), self.connect_timeout_s)
-        return proto, False
+        if self.ssl is not None:  # (asyncio's TLS transport: unstamped)
+            loop = asyncio.get_running_loop()
+            _, proto = await asyncio.wait_for(loop.create_connection(lambda: UpstreamConnection(self), self.host,
+                                                                     self.port, ssl=self.ssl), self.connect_timeout_s)
+        else:
+            proto = await asyncio.wait_for(open_stamped(self.host, self.port, lambda: UpstreamConnection(self)),
+                                           self.connect_timeout_s)
+        return proto, False  # type: ignore[return-value]
 
     def release(self, c: UpstreamConnection) -> None:
         if c.reusable and not c.closed:
