@@ -17,10 +17,13 @@ machine, and prints per run and per mode:
   what it adds itself, but for the loopback hop, apart from what it costs the host's other processes.
 
     .venv/bin/python bench/bench_capture.py [--pairs 2] [--work DIR] [--record-args "--poll-interval 0"]
-        [--modes direct,proxy,proxy-nopoll]
+        [--modes direct,proxy,proxy-nopoll,proxy-baseline] [--baseline DIR]
 
 ``--modes``: the runs of each round, in order: ``direct``, ``proxy`` (with ``--record-args``),
-``proxy-nopoll`` (the same with ``--poll-interval 0``: woken per streamed event).
+``proxy-nopoll`` (the same with ``--poll-interval 0``: woken per streamed event),
+``proxy-baseline`` (the proxy of the checkout ``--baseline DIR``, e.g. a ``git worktree`` of the
+commit before a change, through ``PYTHONPATH``: before and after interleaved in one session; the
+client is that checkout's too).
 ``--speedup S``: W1 at another speed-up (5: ~60 streams, half the events per second).
 ``--pin``: on a host of 2 or more CPUs, the harness (its server and replayer) runs on CPU 0 and the
 proxy on CPU 1 in every mode, as a sidecar with a core of its own (the proxy then competes with no
@@ -126,14 +129,18 @@ def main() -> int:
     ap.add_argument("--modes", default="direct,proxy", help="runs of each round [default: direct,proxy]")
     ap.add_argument("--speedup", type=float, default=10,
                     help="W1's speed-up [default: 10, the issue's]; lower = fewer streams, a host with CPU to spare")
+    ap.add_argument("--baseline", default=None, help="checkout whose proxy the proxy-baseline mode runs")
     ap.add_argument("--pin", action="store_true", help="harness on CPU 0, proxy on CPU 1 (a core of its own)")
     args = ap.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="bench-capture-")
     runs = []
     modes = args.modes.split(",")
+    if "proxy-baseline" in modes and not args.baseline:
+        ap.error("the proxy-baseline mode needs --baseline DIR")
     for _i in range(args.pairs):
         for mode in modes:
-            r = one_run(mode, work, args.record_args, pin=args.pin, speedup=args.speedup)
+            env = {"PYTHONPATH": os.path.abspath(args.baseline)} if mode == "proxy-baseline" else None
+            r = one_run(mode, work, args.record_args, extra_env=env, pin=args.pin, speedup=args.speedup)
             runs.append(r)
             print(json.dumps(r), flush=True)
     keys = ("ttft_p99_ms", "ttft_p99_err_ms", "itl_p99_ms", "itl_mean_ms", "dispatch_p99_ms")
