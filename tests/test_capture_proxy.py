@@ -88,6 +88,35 @@ def test_pipelined_requests_are_answered_in_order_one_at_a_time():
     assert out == b"AB" and len(closed) == 1  # in order; closed after the second (keep_alive False)
 
 
+def test_each_request_has_its_first_and_last_bytes_arrival_also_when_the_next_begins_in_the_same_read():
+    async def main():
+        c, s = _pair()
+        s.setblocking(False)
+        got = []
+
+        def handler(conn, req):
+            got.append(req)
+            conn.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+            conn.done(True)
+
+        ClientConnection(asyncio.get_running_loop(), s, handler, lambda conn: None)
+        c.sendall(b"POST /a HTTP/1.1\r\nContent-Length: 2\r\n\r\n")  # A's head
+        await asyncio.sleep(0.1)  # (read: A has begun)
+        second = time.perf_counter_ns()
+        c.sendall(b"hi" b"POST /b HTTP/1.1\r\nContent-Length: 0\r\n\r\n")  # A's body and B, one segment
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if len(got) == 2:
+                break
+        c.close()
+        return got, second
+
+    (a, b), second = asyncio.run(main())
+    slack = 1_000_000  # (the clocks' offset is sampled to ~20 us)
+    assert a.arrival_ns < second <= a.complete_ns + slack  # A: first byte before, last byte after
+    assert b.arrival_ns + slack >= second  # B came with A's last bytes, not with A's first
+
+
 def test_the_poller_takes_turns_only_while_busy_and_then_lets_the_loop_block():
     from replayer.capture.poll import Poller
 

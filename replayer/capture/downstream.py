@@ -180,6 +180,7 @@ class ClientConnection:
     def on_message_complete(self) -> None:
         r, self.cur = self.cur, None
         self.between = True
+        self.t_read = self.t_last  # (a next request that begins in this same read came with its newest bytes)
         if r is not None:
             r.complete_ns = self.t_last
             self.queue.append(r)
