@@ -363,12 +363,36 @@ def _cont(pid: int) -> int:
     return t
 
 
-def test_the_time_the_proxy_holds_a_request_and_a_response_counts_from_the_kernels_arrival(fault_capture):
+@pytest.fixture
+def stamped_capture(tmp_path):
+    with ThreadedFaultServer(plan) as srv:
+        out = tmp_path / "cap"
+        p, url = start_record(out, srv.url, "--block-size", "4", "--stamp-responses")
+        try:
+            yield srv, out, url, p
+        finally:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+                p.wait()
+
+
+def test_without_stamp_responses_only_requests_are_timed(fault_capture):
+    srv, out, url, p = fault_capture
+    admin = json.loads((out / "capture.json").read_text())["admin_port"]
+    status, _, _ = post(url + "/v1/completions", {"prompt": [1, 2, 3], "stream": True, "max_tokens": 2})
+    assert status == 200
+    held = _forward_delay(admin)
+    assert held["request"][0] == 1 and held["response"][0] == 0
+    stop_record(p)
+
+
+def test_the_time_the_proxy_holds_a_request_and_a_response_counts_from_the_kernels_arrival(stamped_capture):
     """The proxy is stopped (SIGSTOP) while a request reaches it and again while a response's
     event does: each is written on only after SIGCONT, so the forward delay it reports must count
     the whole stop, which it can only see from the kernel's arrival stamps (timed from its own read,
     it would report microseconds). Causal bounds only: arrival <= our send, write >= our SIGCONT."""
-    srv, out, url, p = fault_capture
+    srv, out, url, p = stamped_capture
     admin = json.loads((out / "capture.json").read_text())["admin_port"]
     wait_http(f"http://127.0.0.1:{admin}/healthz")
     host, port = url.removeprefix("http://").split(":")

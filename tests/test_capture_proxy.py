@@ -297,3 +297,56 @@ def test_forward_delays_are_counted_in_prometheus_buckets():
     s = {(x.name, x.labels["direction"], x.labels.get("le")): x.value for x in fam.samples}
     assert s[("replayer_capture_forward_delay_seconds_count", "response", None)] == 8
     assert abs(s[("replayer_capture_forward_delay_seconds_sum", "response", None)] - 5.003200001) < 1e-9
+
+
+def test_the_upstream_pool_keeps_spare_connections_open_ahead_of_need():
+    from replayer.capture.relay import UpstreamPool
+
+    async def main():
+        accepted: list[asyncio.StreamWriter] = []
+
+        async def on_conn(reader, writer):
+            accepted.append(writer)
+            await reader.read()  # (until the proxy's side closes)
+
+        server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+
+        async def until(cond):
+            for _ in range(500):
+                if cond():
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError("timed out")
+
+        pool = UpstreamPool("127.0.0.1", port, spares=3)
+        pool.refill()
+        await until(lambda: len(pool.idle) == 3 and len(accepted) == 3)  # before any request
+        c = pool.take_idle()
+        assert c is not None and len(pool.idle) == 2
+        await until(lambda: len(pool.idle) == 3 and len(accepted) == 4)  # the one taken is replaced
+        pool.release(c)  # back from its request: kept, beyond the spares too
+        assert len(pool.idle) == 4
+        accepted[1].close()  # the upstream closes an idle connection: the pool forgets it
+        await until(lambda: len(pool.idle) == 3)
+        assert pool.take_idle() is not None and pool.take_idle() is not None
+        await until(lambda: len(pool.idle) == 3 and len(accepted) == 6)  # two taken: two opened
+        pool.close()
+        server.close()
+        await server.wait_closed()
+        await asyncio.sleep(0.05)  # (the server's handlers see the pool's connections close)
+
+        down = UpstreamPool("127.0.0.1", port, spares=3)  # nobody listens any more
+        down.refill()
+        await until(lambda: down._opening == 0)
+        down.refill()  # within the retry pause: no new attempt
+        assert down._opening == 0 and down.idle == [] and down.opened == 0
+        try:
+            await down.acquire()  # a request still tries (and gets the error for its 502)
+        except OSError:
+            pass
+        else:
+            raise AssertionError("connected to a closed port")
+        down.close()
+
+    asyncio.run(main())

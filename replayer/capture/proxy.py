@@ -78,12 +78,13 @@ class CaptureProxy:
 
     def __init__(self, upstream: str, tokenization_factory, metrics: CaptureMetrics, *, t0_ns: int,
                  session_header: str = "X-Session-Id", connect_timeout_s: float = 10.0,
-                 poll_interval_s: float = 0.0) -> None:
+                 poll_interval_s: float = 0.0, stamp_responses: bool = False) -> None:
         self.upstream = upstream.rstrip("/")
         self.metrics = metrics
         self.t0_ns = t0_ns
         self.session_header = session_header
         self.connect_timeout_s = connect_timeout_s
+        self.stamp_responses = stamp_responses
         self._tokenization_factory = tokenization_factory
         self.tokenization: Tokenization | None = None
         self.pool: UpstreamPool | None = None
@@ -108,7 +109,9 @@ class CaptureProxy:
         self.pool = UpstreamPool(u.hostname, u.port or (443 if https else 80),
                                  ssl=_ssl.create_default_context() if https else None,
                                  connect_timeout_s=self.connect_timeout_s,
-                                 observe_forward=self.metrics.forward_delay.observer("response"))
+                                 observe_forward=self.metrics.forward_delay.observer("response"),
+                                 stamped=self.stamp_responses)
+        self.pool.refill()  # (the spare connections: open before the first request)
         self._host = u.netloc
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=None)
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),

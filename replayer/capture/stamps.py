@@ -210,7 +210,10 @@ async def open_stamped(host: str, port: int, protocol_factory) -> asyncio.Protoc
     """Connect to ``host:port`` (each address it resolves to, in order, until one answers) and
     return the protocol, on a ``StampedTransport``. OSError when none answers."""
     loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    try:  # an address literal needs no resolver (the loop's runs in a thread)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     err: OSError = OSError(f"{host}:{port} resolves to no address")
     for family, type_, proto, _name, addr in infos:
         sock = socket.socket(family, type_, proto)
