@@ -113,7 +113,7 @@ def one_run(mode: str, work: str, record_args: str = "", extra_env: dict | None 
     }
     if proxy:
         p = json.load(open(os.path.join(run, "tool", "proxy.json")))
-        out.update(record_args=record_args, proxy_cpu_s_per_1k=p["proxy_cpu_s"] / summary["completed"] * 1000,
+        out.update(record_args=record_args, proxy_nice=(extra_env or {}).get("RECORD_NICE"), proxy_cpu_s_per_1k=p["proxy_cpu_s"] / summary["completed"] * 1000,
                    proxy_system_share=p["proxy_system_s"] / p["proxy_cpu_s"] if p["proxy_cpu_s"] else None,
                    proxy_peak_rss_mb=p["proxy_peak_rss_mb"], proxy_end_rss_mb=p["proxy_end_rss_mb"],
                    rows_captured=p["rows_captured"],
@@ -130,6 +130,8 @@ def main() -> int:
     ap.add_argument("--speedup", type=float, default=10,
                     help="W1's speed-up [default: 10, the issue's]; lower = fewer streams, a host with CPU to spare")
     ap.add_argument("--baseline", default=None, help="checkout whose proxy the proxy-baseline mode runs")
+    ap.add_argument("--proxy-nice", type=int, default=None, metavar="N",
+                    help="run the proxy at niceness N (e.g. -10: scheduled ahead of the client and the server)")
     ap.add_argument("--pin", action="store_true", help="harness on CPU 0, proxy on CPU 1 (a core of its own)")
     args = ap.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="bench-capture-")
@@ -139,7 +141,9 @@ def main() -> int:
         ap.error("the proxy-baseline mode needs --baseline DIR")
     for _i in range(args.pairs):
         for mode in modes:
-            env = {"PYTHONPATH": os.path.abspath(args.baseline)} if mode == "proxy-baseline" else None
+            env = {"PYTHONPATH": os.path.abspath(args.baseline)} if mode == "proxy-baseline" else {}
+            if args.proxy_nice is not None:
+                env["RECORD_NICE"] = str(args.proxy_nice)
             r = one_run(mode, work, args.record_args, extra_env=env, pin=args.pin, speedup=args.speedup)
             runs.append(r)
             print(json.dumps(r), flush=True)

@@ -5,12 +5,14 @@
 # OUT/proxy.json: the proxy's CPU seconds (user + system, from /proc), peak RSS, rows captured, and
 # OUT/proxy_metrics.txt: its /metrics at the end of the replay (the forward delays it measured).
 # RECORD_ARGS="--poll-interval 0 ..." passes options to `replayer record`; RECORD_CPUS=LIST runs the
-# proxy on those CPUs only (taskset), e.g. a core of its own as a sidecar gets.
+# proxy on those CPUs only (taskset), e.g. a core of its own as a sidecar gets; RECORD_NICE=N runs it
+# at that niceness (negative: ahead of the client and the server, where the OS permits it).
 set -euo pipefail
 SLICE=$1; OUT=$2; PORT=$3; shift 3
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${REPLAYER_PYTHON:-$ROOT/.venv/bin/python}
 PIN=(); [[ -n ${RECORD_CPUS:-} ]] && PIN=(taskset -c "$RECORD_CPUS")
+[[ -n ${RECORD_NICE:-} ]] && PIN=(nice -n "$RECORD_NICE" "${PIN[@]}")
 "${PIN[@]}" "$PY" -m replayer record --upstream "http://127.0.0.1:$PORT" --listen 127.0.0.1:0 --admin-port 0 \
   --out "$OUT/capture" ${RECORD_ARGS:-} 2> "$OUT/record.stderr" &
 REC=$!
