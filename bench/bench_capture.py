@@ -115,7 +115,7 @@ def one_run(mode: str, work: str, record_args: str = "", extra_env: dict | None 
         p = json.load(open(os.path.join(run, "tool", "proxy.json")))
         out.update(record_args=record_args, proxy_nice=(extra_env or {}).get("RECORD_NICE"), proxy_cpu_s_per_1k=p["proxy_cpu_s"] / summary["completed"] * 1000,
                    proxy_system_share=p["proxy_system_s"] / p["proxy_cpu_s"] if p["proxy_cpu_s"] else None,
-                   proxy_peak_rss_mb=p["proxy_peak_rss_mb"], proxy_end_rss_mb=p["proxy_end_rss_mb"],
+                   proxy_cpu_wait_s=p.get("proxy_cpu_wait_s"), proxy_peak_rss_mb=p["proxy_peak_rss_mb"], proxy_end_rss_mb=p["proxy_end_rss_mb"],
                    rows_captured=p["rows_captured"],
                    held=forward_delays(os.path.join(run, "tool", "proxy_metrics.txt")))
     return out
@@ -160,6 +160,8 @@ def main() -> int:
                   f"added {mean(pm, k) - mean('direct', k):+8.2f}")
     px = [r for r in runs if r["mode"] != "direct"]
     print("proxy CPU s per 1k requests: " + ", ".join(f"{r['proxy_cpu_s_per_1k']:.2f}" for r in px))
+    print("proxy's main thread runnable but waiting for a CPU, s per run: "
+          + ", ".join(f"{r['proxy_cpu_wait_s']:.1f}" for r in px if r.get("proxy_cpu_wait_s") is not None))
     print("proxy peak RSS MB: " + ", ".join(f"{r['proxy_peak_rss_mb']:.0f}" for r in px)
           + "; at the end: " + ", ".join(f"{r['proxy_end_rss_mb']:.0f}" for r in px))
     print("rows captured: " + ", ".join(str(r["rows_captured"]) for r in px))
