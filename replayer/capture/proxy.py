@@ -111,7 +111,6 @@ class CaptureProxy:
                                  connect_timeout_s=self.connect_timeout_s,
                                  observe_forward=self.metrics.forward_delay.observer("response"),
                                  stamped=self.stamp_responses)
-        self.pool.refill()  # (the spare connections: open before the first request)
         self._host = u.netloc
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=None)
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
