@@ -17,6 +17,7 @@ machine, and prints per run and per mode:
   what it adds itself, but for the loopback hop, apart from what it costs the host's other processes.
 
     .venv/bin/python bench/bench_capture.py [--pairs 2] [--work DIR] [--record-args "--poll-interval 0"]
+        [--record-args=--stamp-responses] [--proxy-nice -10]
         [--modes direct,proxy,proxy-nopoll,proxy-baseline] [--baseline DIR]
 
 ``--modes``: the runs of each round, in order: ``direct``, ``proxy`` (with ``--record-args``),

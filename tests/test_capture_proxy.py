@@ -1,6 +1,7 @@
 """The capture proxy's own parts, in process: arrival stamps taken by the kernel (not when a busy
-loop gets to the read), the client connection's parsing, pipelining and backpressure, and the
-poller's batching. The proxy as a whole runs in tests/test_capture.py."""
+loop gets to the read) on both sides, the client connection's parsing, pipelining and
+backpressure, the poller's batching, the forward-delay buckets. The proxy as a whole runs in
+tests/test_capture.py."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import asyncio
 import socket
 import time
 
-from replayer.capture.downstream import HEAD_READ, SO_TIMESTAMPNS, ClientConnection, kernel_stamp_ns
+from replayer.capture.downstream import HEAD_READ, ClientConnection
 from replayer.capture.proxy import forward_headers, response_head
+from replayer.capture.stamps import SO_TIMESTAMPNS, kernel_stamp_ns
 
 
 def _pair() -> tuple[socket.socket, socket.socket]:

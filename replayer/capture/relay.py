@@ -263,11 +263,7 @@ class UpstreamPool:
 
     ``stamped``: plain-HTTP connections on ``stamps.StampedTransport`` (each response read
     stamped, for ``observe_forward``), else on uvloop's transport (cheaper by ~3-4 us of CPU per
-    read). TLS always uses asyncio's transport.
-
-    (Spare connections opened ahead of need were tried: in 5 interleaved W1 pairs they changed
-    neither the time requests stayed in the proxy nor the end-to-end figures beyond the host's
-    noise: the connects they save are a small part of it, the wait for a CPU the rest.)"""
+    read). TLS always uses asyncio's transport."""
 
     def __init__(self, host: str, port: int, ssl=None, connect_timeout_s: float = 10.0,
                  observe_forward=None, stamped: bool = False) -> None:
