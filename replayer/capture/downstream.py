@@ -31,10 +31,9 @@ from collections.abc import Callable
 
 import httptools
 
-from .stamps import SO_TIMESTAMPNS, kernel_stamp_ns
+from .stamps import READ, SO_TIMESTAMPNS, kernel_stamp_ns
 
 HEAD_READ = 64  # first read of a new request: within its first segment, so the stamp is that segment's
-READ = 256 * 1024
 WRITE_HIGH = 1 << 20  # bytes waiting for a client before its producer is paused
 WRITE_LOW = 1 << 18
 

@@ -26,7 +26,7 @@ import time
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 _TS = struct.Struct("qq")
 _SOL_SOCKET = socket.SOL_SOCKET
-READ = 256 * 1024
+READ = 256 * 1024  # bytes one read takes (both sides of the proxy)
 
 
 class _ClockOffset:
