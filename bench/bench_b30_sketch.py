@@ -1,4 +1,4 @@
-"""Case B30 (issue 19): 10,000,000 ITL samples folded into one ``replayer.stats.Stat``, with the
+"""Case B30 (issue 19): 10,000,000 ITL samples folded into one ``replayer.core.stats.Stat``, with the
 process RSS after 1,000,000 and after 10,000,000 samples, and the case's exact values.
 
     .venv/bin/python bench/bench_b30_sketch.py [--requests 200000]
@@ -20,7 +20,7 @@ import time
 import numpy as np
 import psutil
 
-from replayer.stats import Stat
+from replayer.core.stats import Stat
 
 
 def feed(stat: Stat, requests: int, *, scale: float = 1.0, offset: float = 0.0, rss_at: int | None = None) -> float | None:

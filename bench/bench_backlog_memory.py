@@ -25,11 +25,11 @@ import sys
 
 import psutil
 
-from replayer.client import Client
-from replayer.pool import IDLE_EXPIRY_S
-from replayer.clock import now_ns
-from replayer.payload import PayloadBuilder, PreparedRequest
-from replayer.prompts import PromptBuilder
+from replayer.http.client import Client
+from replayer.http.pool import IDLE_EXPIRY_S
+from replayer.core.clock import now_ns
+from replayer.build.payload import PayloadBuilder, PreparedRequest
+from replayer.build.prompts import PromptBuilder
 
 
 def _rss_mb() -> float:

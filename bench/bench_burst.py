@@ -28,17 +28,17 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from replayer.client import Client  # noqa: E402
-from replayer.clock import Anchor, now_ns  # noqa: E402
-from replayer.dispatcher import Dispatcher  # noqa: E402
-from replayer.feed import Feed  # noqa: E402
-from replayer.planner import Planner  # noqa: E402
-from replayer.sender import LoopSender  # noqa: E402
-from replayer.gcpacer import GcPacer  # noqa: E402
-from replayer.payload import PayloadBuilder, PreparedRequest  # noqa: E402
-from replayer.prompts import PromptBuilder  # noqa: E402
-from replayer.result import RequestResult  # noqa: E402
-from replayer.schedule import Timeline, iter_schedule  # noqa: E402
+from replayer.http.client import Client  # noqa: E402
+from replayer.core.clock import Anchor, now_ns  # noqa: E402
+from replayer.send.dispatcher import Dispatcher  # noqa: E402
+from replayer.send.feed import Feed  # noqa: E402
+from replayer.plan.planner import Planner  # noqa: E402
+from replayer.send.sender import LoopSender  # noqa: E402
+from replayer.run.gcpacer import GcPacer  # noqa: E402
+from replayer.build.payload import PayloadBuilder, PreparedRequest  # noqa: E402
+from replayer.build.prompts import PromptBuilder  # noqa: E402
+from replayer.core.result import RequestResult  # noqa: E402
+from replayer.plan.schedule import Timeline, iter_schedule  # noqa: E402
 
 
 def _free_port() -> int:
@@ -116,7 +116,7 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true", help="no idle connections before t = 0")
     ap.add_argument("--profile", default=None, metavar="FILE")
     ap.add_argument("--no-gc-pacer", action="store_true", help="leave CPython's automatic GC on (the "
-                    "daemon runs replayer.gcpacer; a bare Dispatcher does not)")
+                    "daemon runs replayer.run.gcpacer; a bare Dispatcher does not)")
     a = ap.parse_args()
     port = _free_port()
     sim = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--port", str(port), "--ttft-base-ms", "2000",

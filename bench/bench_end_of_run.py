@@ -5,7 +5,7 @@ report``, ``replayer merge`` and ``replayer compare`` on results folders of 250k
                                                [--old-code DIR] [--steps summary,report,merge,compare]
 
 1. Builds each results folder once (kept in ``--dir`` and reused): synthetic results written
-   by the recorder itself (``replayer.recorder.Recorder``, schema ``replayer/result.py``), rolled
+   by the recorder itself (``replayer.record.recorder.Recorder``, schema ``replayer/core/result.py``), rolled
    every 250,000 rows into ``requests-NNNNN.parquet`` as a soak with ``--roll-rows`` leaves them.
    Output lengths are drawn from the committed Mooncake slice (mean ~354 tokens, up to 2,000),
    so each successful request holds ``output_length - 1`` ITL samples (~350, realistic lists);
@@ -20,7 +20,7 @@ report``, ``replayer merge`` and ``replayer compare`` on results folders of 250k
    folders above 250k rows only ``--old-steps`` (default summary and compare: the old report and
    merge read the whole folder, ~13 GB per 1M rows, more than this machine can spare).
 3. On each folder, compares the summaries of the two codes: counts equal, statistics within the
-   sketch's relative error (``replayer.stats.RELATIVE_ACCURACY``) plus the old percentile
+   sketch's relative error (``replayer.core.stats.RELATIVE_ACCURACY``) plus the old percentile
    definition's own difference (linear interpolation vs nearest rank).
 
 Prints numbers; asserts nothing.
@@ -43,7 +43,7 @@ import numpy as np
 _HWM = ("import atexit, sys; atexit.register(lambda: open(sys.argv[2] + '.hwm', 'w').write("
         "next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM'))))\n")
 STEPS = {
-    "summary": "import json,sys; from replayer.recorder import result_files; from replayer.summary import summarize_files; "
+    "summary": "import json,sys; from replayer.record.recorder import result_files; from replayer.results.summary import summarize_files; "
                "json.dump(summarize_files(result_files(sys.argv[1])), open(sys.argv[2], 'w'))",
     "report": "import sys; from replayer.cli import main; sys.exit(main(['report', sys.argv[1], '-o', sys.argv[2] + '.html']))",
     "merge": "import sys; from replayer.cli import main; sys.exit(main(['merge', sys.argv[1], '-o', sys.argv[2] + '.merged']))",
@@ -58,8 +58,8 @@ def build(folder: str, rows: int, seed: int = 25) -> None:
     """A results folder of ``rows`` synthetic results, written by the recorder (see above)."""
     import pyarrow.parquet as pq
 
-    from replayer.recorder import Recorder
-    from replayer.result import RequestResult
+    from replayer.record.recorder import Recorder
+    from replayer.core.result import RequestResult
 
     lengths = pq.read_table(SLICE, columns=["output_length"]).column(0).to_numpy()
     rng = np.random.default_rng(seed)
@@ -171,7 +171,7 @@ def main() -> None:
                     help="steps the old code runs on folders above 250k rows (its report and merge read the "
                          "whole folder: ~13 GB per 1M rows of these)")
     args = ap.parse_args()
-    from replayer.stats import RELATIVE_ACCURACY
+    from replayer.core.stats import RELATIVE_ACCURACY
 
     codes = ([("before", args.old_code)] if args.old_code else []) + [("after", None)]
     for rows in (int(x) for x in args.sizes.split(",")):

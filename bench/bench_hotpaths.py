@@ -22,13 +22,13 @@ import time
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from replayer.metrics import ReplayerMetrics
-from replayer.payload import PayloadBuilder
-from replayer.prompts import PromptBuilder
-from replayer.recorder import Recorder
-from replayer.result import RequestResult
-from replayer.chunks import StreamAccumulator
-from replayer.sse import SSEDecoder
+from replayer.observe.metrics import ReplayerMetrics
+from replayer.build.payload import PayloadBuilder
+from replayer.build.prompts import PromptBuilder
+from replayer.record.recorder import Recorder
+from replayer.core.result import RequestResult
+from replayer.http.chunks import StreamAccumulator
+from replayer.http.sse import SSEDecoder
 
 
 def best(fn, n: int, repeat: int = 5) -> float:
@@ -99,7 +99,7 @@ def bench_client_protocol() -> None:
     protocol (llhttp parse -> SSE fast path -> OpenAI chunk accounting), as uvloop would."""
     import asyncio
 
-    from replayer.client import Client, _Connection, _Exchange
+    from replayer.http.client import Client, _Connection, _Exchange
 
     class NullTransport:
         def write(self, b):
@@ -166,7 +166,7 @@ def bench_record() -> None:
     print(f"recorder add (event loop side, Arrow batches of 128 built there): {add_us:8.2f} us per request")
     print(f"recorder final flush of the rest           : {close_s * 1e3:8.1f} ms")
 
-    from replayer.result import Rows
+    from replayer.core.result import Rows
     rows, worst = Rows(), 0.0
     for r in results[:2000]:
         t = time.perf_counter()
@@ -188,8 +188,8 @@ def bench_handover() -> None:
     import asyncio
     import socket
 
-    from replayer.clock import now_ns
-    from replayer.launcher import Launcher
+    from replayer.core.clock import now_ns
+    from replayer.http.launcher import Launcher
 
     class Drain(asyncio.Protocol):
         def data_received(self, data):

@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from replayer.images import ImageParts, content_part, encode_image, image_pixels
-from replayer.payload import PayloadBuilder
+from replayer.build.images import ImageParts, content_part, encode_image, image_pixels
+from replayer.build.payload import PayloadBuilder
 
 
 def build_with_cached_images(fmt: str, n: int = 500) -> tuple[float, float, int]:

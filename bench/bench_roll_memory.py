@@ -28,8 +28,8 @@ import pyarrow as pa
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from replayer import recorder  # noqa: E402
-from replayer.result import RequestResult  # noqa: E402
+import replayer.record.recorder as recorder  # noqa: E402
+from replayer.core.result import RequestResult  # noqa: E402
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """Cost of choosing targets (several ``--target``): prints numbers, asserts nothing.
 
-The route (``replayer.routing.TargetRoute``) runs in the schedule's reader thread over every row
+The route (``replayer.send.routing.TargetRoute``) runs in the schedule's reader thread over every row
 of the trace (all shards' rows), batch by batch (65,536 rows, as a run reads them). This times
 it on a synthetic trace: ROWS rows, sessions of TURNS turns interleaved (a session's turns spread
 over the trace), a share of rows without a session; for each policy, rows per second and the
@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from replayer.routing import TargetRoute
-from replayer.schedule import iter_schedule
+from replayer.send.routing import TargetRoute
+from replayer.plan.schedule import iter_schedule
 
 BATCH = 65_536
 

@@ -1,4 +1,4 @@
-"""Micro-benchmark of replayer.sse and replayer.chunks on a realistic vLLM /v1/completions stream.
+"""Micro-benchmark of replayer.http.sse and replayer.http.chunks on a realistic vLLM /v1/completions stream.
 
 Prints microseconds per SSE event for: decoder + accumulator (plain stream, and with
 continuous_usage_stats), the decoder alone, and the decoder on a CRLF stream (general path).
@@ -15,8 +15,8 @@ import time
 
 import orjson
 
-from replayer.chunks import StreamAccumulator
-from replayer.sse import SSEDecoder
+from replayer.http.chunks import StreamAccumulator
+from replayer.http.sse import SSEDecoder
 
 N_TOKENS = 500
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

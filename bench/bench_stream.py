@@ -33,10 +33,10 @@ import uvloop
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from replayer.client import Client  # noqa: E402
-from replayer.clock import now_ns  # noqa: E402
-from replayer.payload import PreparedRequest  # noqa: E402
-from replayer.result import RequestResult  # noqa: E402
+from replayer.http.client import Client  # noqa: E402
+from replayer.core.clock import now_ns  # noqa: E402
+from replayer.build.payload import PreparedRequest  # noqa: E402
+from replayer.core.result import RequestResult  # noqa: E402
 
 
 def _free_port() -> int:

@@ -6,7 +6,7 @@ N rows of 16 prompt tokens and 1 output token (a hash id each, as ``bench_tiny.p
 through what ``replayer run`` does per request on its event loop, outside the client: the
 request body and the expected prefix-cache hits (``RequestFactory.prepare``, then the run's
 ``on_prepared`` metric hook), then the metric hooks of a successful request (``on_sent``, ``on_dispatched``,
-``on_result``). The cyclic GC is off while measuring, as during a replay (``replayer.gcpacer``).
+``on_result``). The cyclic GC is off while measuring, as during a replay (``replayer.run.gcpacer``).
 Prints the median and min over ``--runs`` of CPU microseconds per request (``time.process_time``:
 other processes on a loaded machine do not count), per part.
 
@@ -31,12 +31,12 @@ sys.path.insert(0, ROOT)
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from replayer.config import load_config  # noqa: E402
-from replayer.metrics import ReplayerMetrics  # noqa: E402
-from replayer.payload import PayloadBuilder  # noqa: E402
-from replayer.loopprompts import Prompts  # noqa: E402
-from replayer.prepare import RequestFactory  # noqa: E402
-from replayer.schedule import Timeline, iter_schedule  # noqa: E402
+from replayer.config.model import load_config  # noqa: E402
+from replayer.observe.metrics import ReplayerMetrics  # noqa: E402
+from replayer.build.payload import PayloadBuilder  # noqa: E402
+from replayer.build.loopprompts import Prompts  # noqa: E402
+from replayer.build.prepare import RequestFactory  # noqa: E402
+from replayer.plan.schedule import Timeline, iter_schedule  # noqa: E402
 from replayer.trace import open_trace  # noqa: E402
 
 

@@ -46,7 +46,7 @@ def _rss_mb() -> float:
 
 
 def step_generate(path: str, rows: int, rate: float = 1000.0, output_dist: str = "lognormal:128:1.0") -> dict:
-    from replayer.synth import SynthSpec, write_synth
+    from replayer.trace.synth import SynthSpec, write_synth
 
     spec = SynthSpec(rows=rows, rate_per_s=rate, input_dist="lognormal:512:1.0", output_dist=output_dist,
                      system_prompts=16, system_prompt_tokens=1024, turns=4, sessions=64,
@@ -59,7 +59,7 @@ def step_generate(path: str, rows: int, rate: float = 1000.0, output_dist: str =
 
 
 def step_inspect(path: str) -> dict:
-    from replayer.traceinspect import inspect_trace
+    from replayer.results.traceinspect import inspect_trace
 
     t0 = time.perf_counter()
     s = inspect_trace(path)

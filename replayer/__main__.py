@@ -1,10 +1,10 @@
 import sys
 
 if sys.argv[1:2] == ["sim"]:  # the simulator starts fast: skip the CLI's config machinery
-    from .sim import main as sim_main
+    from replayer.sim import main as sim_main
 
     sys.exit(sim_main(sys.argv[2:]))
 
-from .cli import main  # noqa: E402
+from replayer.cli import main  # noqa: E402
 
 sys.exit(main())

@@ -3,7 +3,7 @@
 A **transcript** is ``[(ms, bytes), ...]``: item ``(ms, b)`` is written as ONE transport write
 (``StreamResponse.write``, which also drains) at ``t0 + ms``, where ``t0`` is the moment the
 request body was fully received (``time.perf_counter_ns``, the same clock as
-``replayer.clock.now_ns``). This is the convention of ``shared/cases/client-faults.md``
+``replayer.core.clock.now_ns``). This is the convention of ``shared/cases/client-faults.md``
 ("t = 0 is the moment the last byte of the request is written"). Deadlines are absolute offsets
 from ``t0`` (never chained sleeps), so a late write does not delay the next one's deadline.
 

@@ -1,11 +1,11 @@
-"""A ``replayer.sender.Sender`` over plain functions, for dispatcher tests (tests only)."""
+"""A ``replayer.send.sender.Sender`` over plain functions, for dispatcher tests (tests only)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from replayer.result import RequestResult
-from replayer.sender import SendCancelled, lag_origin, result_for
+from replayer.core.result import RequestResult
+from replayer.send.sender import SendCancelled, lag_origin, result_for
 
 
 class CallSender:

@@ -163,11 +163,11 @@ def test_copilot_prefix_equals_cached_tokens_on_the_simulator():
     tokens rounded down to 64-token blocks, and the replayer's expected-hit model agrees."""
     import aiohttp
 
-    from replayer.payload import PayloadBuilder
-    from replayer.prefix_cache import PrefixCacheModel
-    from replayer.prompts import PromptBuilder
+    from replayer.build.payload import PayloadBuilder
+    from replayer.build.prefix_cache import PrefixCacheModel
+    from replayer.build.prompts import PromptBuilder
     from replayer.sim import SimConfig, SimServer
-    from replayer.target_metrics import TargetScraper
+    from replayer.observe.target_metrics import TargetScraper
 
     t = read_trace(COPILOT)
     cached = {("c0ffee01", 0): 0, ("c0ffee01", 1): 990, ("c0ffee01", 2): 1290, ("c0ffee01", 3): 700,

@@ -11,7 +11,7 @@ import sys
 
 import pyarrow.parquet as pq
 
-from replayer.background import BackgroundTasks
+from replayer.core.background import BackgroundTasks
 
 
 def test_a_task_that_raises_is_logged_and_told_and_close_awaits_the_others(caplog):
@@ -94,7 +94,7 @@ def test_close_sees_a_task_that_fails_as_it_is_cancelled():
 
 _CHILD = """
 import sys
-import replayer.metrics as m
+import replayer.observe.metrics as m
 
 async def broken(self):
     raise RuntimeError("lag monitor broke")

@@ -20,10 +20,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import SLICE_10MIN, wait_http
-from replayer.prefix_cache import expected_hits
-from replayer.recorder import read_results
+from replayer.build.prefix_cache import expected_hits
+from replayer.record.recorder import read_results
 from replayer.trace import read_trace
-from replayer.traceinspect import inspect_trace
+from replayer.results.traceinspect import inspect_trace
 
 pytestmark = pytest.mark.slow
 FIRST_S = 600  # seconds of the slice replayed: all of it (1,750 requests)

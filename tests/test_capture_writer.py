@@ -1,4 +1,4 @@
-"""The capture's trace writer on the shared crash-safe roll protocol (``replayer.rolling``): rows
+"""The capture's trace writer on the shared crash-safe roll protocol (``replayer.record.rolling``): rows
 in, rolled trace files out (the last one sorted by arrival), and a kill at any step of a roll
 shows each row once to the trace reader, as the results recorder's kill tests show for results."""
 
@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from replayer.capture.writer import CaptureWriter
-from replayer.rolling import ROLLED_PARTS
+from replayer.record.rolling import ROLLED_PARTS
 from replayer.trace.parquet import trace_paths
 
 META = {"replayer.block_size": "16", "replayer.time_unit": "ns"}

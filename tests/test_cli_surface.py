@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from replayer.cli import build_parser, flag_name, read_config_file
-from replayer.config import ConfigError, RunConfig, load_config
+from replayer.config.model import ConfigError, RunConfig, load_config
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "cli_run.txt"
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,7 +154,7 @@ def test_resume_alone_takes_the_trace_and_settings_of_the_checkpoint(tmp_path, c
     cfg = load_config({"resume": str(w), "workers": 3})
     assert cfg.trace == trace and cfg.seed == 7 and cfg.shard == "0/1"
     # the log names the checkpoint's position (it said "from loop 1" for loop 2, row 350)
-    from replayer.resume import resume_plan
+    from replayer.run.resume import resume_plan
 
     caplog.set_level("INFO", logger="replayer")
     start_loop, _ = resume_plan(str(d))

@@ -1,5 +1,5 @@
 """Client fault cases (shared/cases/client-faults.md B01-B25 and the soak faults), end to end:
-real ``replayer.client.Client`` -> real aiohttp server on 127.0.0.1 (``tests/faultserver.py``)
+real ``replayer.http.client.Client`` -> real aiohttp server on 127.0.0.1 (``tests/faultserver.py``)
 playing each case's byte transcript with its timing.
 
 Times: a transcript's ms are counted from the moment the server has the whole request body; the
@@ -21,21 +21,21 @@ import time
 import numpy as np
 import pytest
 
-import replayer.client as client_mod
-from replayer.client import Client
-from replayer.clock import Anchor, now_ns
-from replayer.dispatcher import Dispatcher
-from replayer.feed import Feed
-from replayer.planner import Planner
-from replayer.sender import LoopSender
-from replayer.errors import ErrorKind, Outcome
-from replayer.gcpacer import GcPacer
-from replayer.payload import PayloadBuilder, PreparedRequest
-from replayer.prompts import PromptBuilder
-from replayer.result import RequestResult, to_table
-from replayer.schedule import ScheduleBatch, Timeline, iter_schedule
-from replayer.chunks import StreamAccumulator
-from replayer.summary import summarize
+import replayer.http.client as client_mod
+from replayer.http.client import Client
+from replayer.core.clock import Anchor, now_ns
+from replayer.send.dispatcher import Dispatcher
+from replayer.send.feed import Feed
+from replayer.plan.planner import Planner
+from replayer.send.sender import LoopSender
+from replayer.core.errors import ErrorKind, Outcome
+from replayer.run.gcpacer import GcPacer
+from replayer.build.payload import PayloadBuilder, PreparedRequest
+from replayer.build.prompts import PromptBuilder
+from replayer.core.result import RequestResult, to_table
+from replayer.plan.schedule import ScheduleBatch, Timeline, iter_schedule
+from replayer.http.chunks import StreamAccumulator
+from replayer.results.summary import summarize
 from replayer.trace import TraceError, read_trace
 
 from faultserver import DONE, HANG, FaultServer, ProcessFaultServer, peak_concurrency, Plan, choice, huge_event, sse, usage_event
@@ -487,7 +487,7 @@ def _b24_run(warm: bool) -> None:
             c.t0_ns = anchor.t0_ns
             results: list[RequestResult] = []
             # composed as the daemon composes it: the cyclic GC runs only when nothing is due
-            # (replayer.gcpacer); CPython's automatic GC landing in the burst doubled its lag
+            # (replayer.run.gcpacer); CPython's automatic GC landing in the burst doubled its lag
             pacer = GcPacer()
             pacer.start()
             d = Dispatcher(Feed(iter_schedule(lambda: [Batch()]), prepare, unsent), Planner(timeline),

@@ -8,10 +8,10 @@ import socket
 
 import pytest
 
-from replayer.client import Client
-from replayer.clock import now_ns
-from replayer.payload import PayloadBuilder, PreparedRequest
-from replayer.prompts import PromptBuilder
+from replayer.http.client import Client
+from replayer.core.clock import now_ns
+from replayer.build.payload import PayloadBuilder, PreparedRequest
+from replayer.build.prompts import PromptBuilder
 from replayer.sim import SimConfig, SimServer
 
 from faultserver import run_delay_ns

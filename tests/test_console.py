@@ -5,7 +5,7 @@ import io
 
 from rich.console import Console
 
-from replayer.console import LiveConsole
+from replayer.observe.console import LiveConsole
 
 STATUS = {"state": "running", "scheduled": 100, "sent": 50, "completed": 40, "failed": 2, "in_flight": 8,
           "trace_rows": 100, "trace_rows_done": 42, "trace_time_s": 30.0, "trace_duration_s": 60.0, "loop": 0,

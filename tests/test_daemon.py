@@ -65,7 +65,7 @@ def test_sigterm_drains_then_accounts_for_every_row(tmp_path, mooncake_slice, si
     assert p.returncode == 0, err[-2000:]
     assert f"resuming {tmp_path / 'r'} at loop {ckpt['loop']}, row {ckpt['next_row']} (its checkpoint): " \
            f"{sent} rows already recorded are skipped" in err
-    from replayer.recorder import read_results, result_files
+    from replayer.record.recorder import read_results, result_files
     rows = read_results(str(tmp_path / "r")).to_pylist()
     assert sorted(r["row"] for r in rows) == list(range(n))       # no row twice
     assert sum(r["outcome"] == "not_started" for r in rows) == 0
@@ -194,8 +194,8 @@ def test_sigkill_then_resume_records_every_row_once(tmp_path, mooncake_slice, si
     time.sleep(0.5)
     p.kill()
     p.communicate(timeout=30)
-    from replayer.recorder import read_results
-    from replayer.target_samples import read_samples
+    from replayer.record.recorder import read_results
+    from replayer.observe.target_samples import read_samples
     before = read_results(str(res)).to_pylist()
     assert 0 < len(before) < n                      # parts already on disk survived the SIGKILL
     samples_before = read_samples(str(res)).to_pylist()   # and so did the target's metric samples
@@ -268,9 +268,9 @@ def test_self_watch_reports_each_loop_stall_once_and_apart_from_lateness(caplog)
 
     from prometheus_client import CollectorRegistry
 
-    from replayer.runstate import RunState
-    from replayer.runstate import watch_self as _watch_self
-    from replayer.metrics import ReplayerMetrics
+    from replayer.run.runstate import RunState
+    from replayer.run.runstate import watch_self as _watch_self
+    from replayer.observe.metrics import ReplayerMetrics
 
     async def main():
         state, metrics = RunState(), ReplayerMetrics(CollectorRegistry())
@@ -281,7 +281,7 @@ def test_self_watch_reports_each_loop_stall_once_and_apart_from_lateness(caplog)
         await asyncio.sleep(0.05)
         task.cancel()
 
-    with caplog.at_level(logging.INFO, logger="replayer.daemon"):
+    with caplog.at_level(logging.INFO, logger="replayer.run.daemon"):
         asyncio.run(main())
     stalls = [r for r in caplog.records if "event loop stalled for up to 80 ms" in r.getMessage()]
     behind = [r for r in caplog.records if "behind schedule: max dispatch lag 120 ms" in r.getMessage()]
@@ -316,7 +316,7 @@ def test_resume_refuses_settings_that_change_the_prompts(tmp_path, mooncake_slic
 
 
 def test_runs_started_in_the_same_second_get_their_own_results_folders(tmp_path, monkeypatch):
-    import replayer.recorder as recorder
+    import replayer.record.recorder as recorder
 
     monkeypatch.setattr(recorder.time, "strftime", lambda fmt: "20261201-120000")
     made = [recorder.new_results_dir(str(tmp_path / "results")) for _ in range(3)]
@@ -418,7 +418,7 @@ def test_max_error_ratio_fails_a_run_whose_requests_failed(tmp_path, mooncake_sl
 
 
 def test_error_ratio_problem():
-    from replayer.daemon import error_ratio_problem
+    from replayer.run.daemon import error_ratio_problem
 
     s = {"completed": 99, "failed": 1}
     assert error_ratio_problem(s, None) is None and error_ratio_problem(s, 0.01) is None
@@ -428,8 +428,8 @@ def test_error_ratio_problem():
 
 def test_count_scheduled_counts_what_will_be_sent(mooncake_slice):
     """Pure: the count behind /status ``scheduled`` and the progress line's ``sent N/M``."""
-    from replayer.runinputs import count_scheduled
-    from replayer.schedule import iter_schedule
+    from replayer.run.runinputs import count_scheduled
+    from replayer.plan.schedule import iter_schedule
     from replayer.trace import open_trace
 
     trace = mooncake_slice(60)

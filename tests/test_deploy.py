@@ -140,7 +140,7 @@ def test_soak_setups_are_soaks_that_continue_after_a_restart(tmp_path):
     """docker-compose's replayer and the k8s Deployment: valid `replayer run` commands that loop
     forever and, restarted into their results folder, resume it (a plain run would be refused)."""
     from replayer.cli import build_parser
-    from replayer.config import RunConfig, load_config
+    from replayer.config.model import RunConfig, load_config
 
     trace = str(ROOT / "traces" / "mooncake_conversation_10min.parquet")
     docs = dict((d["kind"], d) for _, d in _k8s_docs())
@@ -289,7 +289,7 @@ def test_k8s_indexed_job_wrapper_runs_one_shard(tmp_path):
     import time
 
     from replayer.cli import build_parser
-    from replayer.config import RunConfig, load_config
+    from replayer.config.model import RunConfig, load_config
 
     job, _ = _sharded_jobs()
     c = job["spec"]["template"]["spec"]["containers"][0]

@@ -1,5 +1,5 @@
 """The dispatcher's shell in virtual time: a fake clock (time moves only when the dispatcher
-sleeps, to exactly the time it sleeps until) and a fake sender (``replayer.sender.Sender``) that
+sleeps, to exactly the time it sleeps until) and a fake sender (``replayer.send.sender.Sender``) that
 stamps each send on that clock. No server, no real waiting."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ import asyncio
 
 import pytest
 
-from replayer.clock import Clock
-from replayer.dispatcher import Dispatcher
-from replayer.feed import Feed
-from replayer.payload import PreparedRequest
-from replayer.planner import NEVER, Planner
-from replayer.result import RequestResult
-from replayer.schedule import ScheduleBatch, Timeline, iter_schedule
-from replayer.sender import SendCancelled, lag_origin, result_for
-from replayer.sessions import SessionGate
+from replayer.core.clock import Clock
+from replayer.send.dispatcher import Dispatcher
+from replayer.send.feed import Feed
+from replayer.build.payload import PreparedRequest
+from replayer.plan.planner import NEVER, Planner
+from replayer.core.result import RequestResult
+from replayer.plan.schedule import ScheduleBatch, Timeline, iter_schedule
+from replayer.send.sender import SendCancelled, lag_origin, result_for
+from replayer.plan.sessions import SessionGate
 from batches import TimeBatch
 
 MS = 1_000_000

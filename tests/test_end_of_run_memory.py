@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from conftest import free_port, wait_http
-from replayer.result import SCHEMA
+from replayer.core.result import SCHEMA
 
 #: address-space limit of the resumed run (RLIMIT_AS: every mapping counts, so ~2.1 GB of it is
 #: the replay's own threads, arenas and libraries, measured as VmPeak while it ran): generously

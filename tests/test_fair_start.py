@@ -3,15 +3,15 @@
 import subprocess
 import sys
 
-from replayer.recorder import read_results
+from replayer.record.recorder import read_results
 
 # The daemon as a process whose pool opens slowly, as against a target with a small listen backlog
 # (SYNs dropped and retried after 1 s): the real warm-up, then a pause of argv[1] seconds. It
 # prints how long the whole warm-up took, measured on the replayer's clock.
 SLOW_POOL = """
 import asyncio, sys
-from replayer import client
-from replayer.clock import now_ns
+from replayer.http import client
+from replayer.core.clock import now_ns
 real = client.Client.warm_up
 pause_s = float(sys.argv.pop(1))
 
@@ -55,10 +55,10 @@ def test_the_first_lead_window_is_built_before_the_anchor(tmp_path):
 
     import numpy as np
 
-    from replayer.payload import PayloadBuilder
-    from replayer.loopprompts import Prompts
-    from replayer.prepare import RequestFactory
-    from replayer.schedule import ScheduleBatch, Timeline
+    from replayer.build.payload import PayloadBuilder
+    from replayer.build.loopprompts import Prompts
+    from replayer.build.prepare import RequestFactory
+    from replayer.plan.schedule import ScheduleBatch, Timeline
     from replayer.trace import read_trace
 
     p = tmp_path / "t.jsonl"

@@ -2,7 +2,7 @@
 
 import gc
 
-from replayer.gcpacer import GcPacer
+from replayer.run.gcpacer import GcPacer
 
 
 def _generations(pacer: GcPacer, calls) -> list[int]:

@@ -1,4 +1,4 @@
-"""The one SplitMix64 (replayer.hashing): pinned values, and every form equal to the scalar one.
+"""The one SplitMix64 (replayer.core.hashing): pinned values, and every form equal to the scalar one.
 
 The pinned values were computed by the four separate copies this module replaced (prompts,
 prefix_cache, tracetools, the simulator's cache, trace.agentic): prompts, prefix keys, rehashed trace ids and
@@ -8,11 +8,11 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replayer.hashing import GAMMA, MASK64, mix64, mix64_array, mix64_inplace, mix64_steps
-from replayer.prefix_cache import chain_keys, chain_keys_py
+from replayer.core.hashing import GAMMA, MASK64, mix64, mix64_array, mix64_inplace, mix64_steps
+from replayer.build.prefix_cache import chain_keys, chain_keys_py
 from replayer.sim import prompt_block_hashes
 from replayer.trace.agentic import salt_ids
-from replayer.tracetools import _prefix_chain
+from replayer.trace.tools import _prefix_chain
 
 PINNED = {0: 0x0, 1: 0x5692161D100B05E5, MASK64: 0xB4D055FCF2CBBD7B, GAMMA: 0xE220A8397B1DCDAF,
           123456789: 0xF21C87D4233FFD60}

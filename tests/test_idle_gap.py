@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from replayer.schedule import IdleGapCap, iter_schedule
+from replayer.plan.schedule import IdleGapCap, iter_schedule
 from replayer.trace import read_trace
 
 B34 = [{"timestamp": 0, "input_length": 16, "output_length": 2, "hash_ids": [0]},
@@ -62,9 +62,9 @@ def test_matrix_speedup_cap_loop(b34, speedup, cap_s, loops):
 
 
 def test_run_with_cap_records_due_times_summary_and_trace_position(b34, tmp_path):
-    from replayer.config import load_config
-    from replayer.daemon import run_replay
-    from replayer.recorder import read_results
+    from replayer.config.model import load_config
+    from replayer.run.daemon import run_replay
+    from replayer.record.recorder import read_results
 
     # speed-up 1000, cap 0.06 s: B34's shape 100x faster (offsets 0, 1, 1201, 1202 ms replayed)
     res = tmp_path / "res"

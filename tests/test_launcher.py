@@ -15,17 +15,17 @@ import socket
 import numpy as np
 import pytest
 
-from replayer.client import Client
-from replayer.clock import Anchor, now_ns
-from replayer.dispatcher import Dispatcher
-from replayer.feed import Feed
-from replayer.planner import Planner
-from replayer.sender import LauncherSender
-from replayer.launcher import Launcher
-from replayer.payload import PayloadBuilder, PreparedRequest
-from replayer.prompts import PromptBuilder
-from replayer.result import RequestResult
-from replayer.schedule import Timeline, iter_schedule
+from replayer.http.client import Client
+from replayer.core.clock import Anchor, now_ns
+from replayer.send.dispatcher import Dispatcher
+from replayer.send.feed import Feed
+from replayer.plan.planner import Planner
+from replayer.send.sender import LauncherSender
+from replayer.http.launcher import Launcher
+from replayer.build.payload import PayloadBuilder, PreparedRequest
+from replayer.build.prompts import PromptBuilder
+from replayer.core.result import RequestResult
+from replayer.plan.schedule import Timeline, iter_schedule
 from replayer.sim import SimConfig, SimServer
 from batches import TimeBatch
 

@@ -12,10 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT
 
-from replayer.metrics import (EventLoopLagMonitor, ReplayerMetrics, metric_names,
+from replayer.observe.metrics import (EventLoopLagMonitor, ReplayerMetrics, metric_names,
                               quantile_from_buckets)
-from replayer.payload import PreparedRequest
-from replayer.result import RequestResult
+from replayer.build.payload import PreparedRequest
+from replayer.core.result import RequestResult
 
 
 def _metrics(clock=None):
@@ -34,8 +34,8 @@ def _values(r: CollectorRegistry) -> dict[str, float]:
 
 
 def test_every_metric_is_documented_and_follows_conventions():
-    from replayer.targets import TargetMetrics
-    from replayer.tenants import TenantMetrics
+    from replayer.results.targets import TargetMetrics
+    from replayer.results.tenants import TenantMetrics
 
     r, m = _metrics()
     TenantMetrics(r, ["a"])  # (registered by a mixed run)
@@ -190,7 +190,7 @@ def test_batched_updates_read_exactly_at_every_collect():
     # scrape) sees exactly what per-call observe/inc would have made, with no flush by the caller
     from prometheus_client import Histogram
 
-    from replayer.metrics import LAG_BUCKETS, LATENCY_BUCKETS
+    from replayer.observe.metrics import LAG_BUCKETS, LATENCY_BUCKETS
 
     r, m = _metrics()
     ref = CollectorRegistry()

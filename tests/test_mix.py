@@ -63,9 +63,9 @@ def test_two_tenant_run_against_the_simulator(tmp_path):
     """Two local-scope traces mixed, replayed against the embedded simulator: each tenant has
     its rows, metrics and summary section; the expected prefix-cache hits (the model) and the
     simulator's prefix-cache counter agree, and both count only sharing inside a session."""
-    from replayer.config import load_config
-    from replayer.daemon import run_replay
-    from replayer.recorder import read_results
+    from replayer.config.model import load_config
+    from replayer.run.daemon import run_replay
+    from replayer.record.recorder import read_results
 
     res = tmp_path / "res"
     cfg = load_config({"trace": WEKA, "mix": [f"{WEKA},tenant=a", {"trace": WEKA, "tenant": "b", "offset_s": 1}],
@@ -93,8 +93,8 @@ def test_two_tenant_run_against_the_simulator(tmp_path):
 
 
 def test_a_resume_with_another_mix_is_refused(tmp_path):
-    from replayer.config import load_config
-    from replayer.daemon import StartupError, run_replay
+    from replayer.config.model import load_config
+    from replayer.run.daemon import StartupError, run_replay
 
     res = tmp_path / "res"
     base = {"results": str(res), "admin_port": 0, "quiet": True, "speedup": 8, "warm_connections": 2,
@@ -107,9 +107,9 @@ def test_a_resume_with_another_mix_is_refused(tmp_path):
 
 
 def test_shards_of_a_mix_merge_into_per_tenant_sections(tmp_path):
-    from replayer.config import load_config
-    from replayer.daemon import run_replay
-    from replayer.merge import merge_results
+    from replayer.config.model import load_config
+    from replayer.run.daemon import run_replay
+    from replayer.results.merge import merge_results
 
     dirs = []
     for shard in ("0/2", "1/2"):
@@ -127,9 +127,9 @@ def test_shards_of_a_mix_merge_into_per_tenant_sections(tmp_path):
 def test_sessions_stay_gated_when_another_trace_of_the_mix_chains_requests(tmp_path):
     """The Weka sample's subagent gives the mix request/parent ids; the Copilot sample's rows have
     none and still wait for their session's previous call (by session id)."""
-    from replayer.config import load_config
-    from replayer.daemon import run_replay
-    from replayer.recorder import read_results
+    from replayer.config.model import load_config
+    from replayer.run.daemon import run_replay
+    from replayer.record.recorder import read_results
 
     res = tmp_path / "res"
     cfg = load_config({"mix": [WEKA, str(DATA / "copilot_sample.jsonl")], "results": str(res), "admin_port": 0,

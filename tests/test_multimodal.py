@@ -14,18 +14,18 @@ import orjson
 import pytest
 from PIL import Image
 
-from replayer.image_tokens import parse_rule, qwen2_vl_tokens
-from replayer.images import ImageParts, image_bytes, image_pixels
-from replayer.result import RequestResult, to_table
-from replayer.chunks import StreamAccumulator
-from replayer.summary import summarize
+from replayer.build.image_tokens import parse_rule, qwen2_vl_tokens
+from replayer.build.images import ImageParts, image_bytes, image_pixels
+from replayer.core.result import RequestResult, to_table
+from replayer.http.chunks import StreamAccumulator
+from replayer.results.summary import summarize
 from replayer.trace import TraceError, read_trace, write_parquet
 
 from test_text_mode import word_tokenizer
 
 DATA = Path(__file__).parent / "data"
 
-_CHILD = ("import hashlib, sys; from replayer.images import image_bytes; "
+_CHILD = ("import hashlib, sys; from replayer.build.images import image_bytes; "
           "print(hashlib.sha256(image_bytes(7, sys.argv[1], 333, 250, sys.argv[2])).hexdigest())")
 
 
@@ -303,8 +303,8 @@ def test_azure_lmm_counts_replay_each_image_new(tmp_path, sim_process):
 def test_prefetch_builds_upcoming_rows_images_into_the_cache(tmp_path):
     import time
 
-    from replayer.imageprefetch import ImagePrefetch
-    from replayer.schedule import ScheduleBatch
+    from replayer.build.imageprefetch import ImagePrefetch
+    from replayer.plan.schedule import ScheduleBatch
 
     p = tmp_path / "t.jsonl"
     p.write_text("".join(json.dumps({"timestamp": k, "input_length": 4, "output_length": 1, "hash_ids": [k],
@@ -328,6 +328,6 @@ def test_prefetch_builds_upcoming_rows_images_into_the_cache(tmp_path):
 
 
 def content_part_of(seed, image_id):
-    from replayer.images import content_part
+    from replayer.build.images import content_part
 
     return content_part(image_bytes(seed, image_id, 96, 64, "png"), "png")

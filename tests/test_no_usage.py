@@ -17,8 +17,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from replayer.config import load_config
-from replayer.daemon import run_replay
+from replayer.config.model import load_config
+from replayer.run.daemon import run_replay
 
 ROWS = 6
 OUTPUT = 8          # tokens per request

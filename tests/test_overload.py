@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 
 
-from replayer.clock import now_ns
-from replayer.dispatcher import Dispatcher
-from replayer.feed import Feed
-from replayer.planner import Planner
-from replayer.payload import PreparedRequest
-from replayer.result import RequestResult
-from replayer.schedule import Timeline, iter_schedule
+from replayer.core.clock import now_ns
+from replayer.send.dispatcher import Dispatcher
+from replayer.send.feed import Feed
+from replayer.plan.planner import Planner
+from replayer.build.payload import PreparedRequest
+from replayer.core.result import RequestResult
+from replayer.plan.schedule import Timeline, iter_schedule
 from batches import TimeBatch
 from senders import CallSender
 

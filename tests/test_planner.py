@@ -1,15 +1,15 @@
-"""The open loop's decisions in virtual time (``replayer.planner``): tables of (time, what the
+"""The open loop's decisions in virtual time (``replayer.plan.planner``): tables of (time, what the
 planner answers), no clock, no event loop."""
 
 from __future__ import annotations
 
 import pytest
 
-from replayer.clock import SPIN_NS
-from replayer.payload import PreparedRequest
-from replayer.planner import END, LATER, NEVER, PREPARE, RETRY_HAND_OVER_NS, Planner, Wake
-from replayer.schedule import Timeline
-from replayer.sessions import SessionGate
+from replayer.core.clock import SPIN_NS
+from replayer.build.payload import PreparedRequest
+from replayer.plan.planner import END, LATER, NEVER, PREPARE, RETRY_HAND_OVER_NS, Planner, Wake
+from replayer.plan.schedule import Timeline
+from replayer.plan.sessions import SessionGate
 
 MS = 1_000_000
 

@@ -1,4 +1,4 @@
-"""replayer.prefix_cache: expected prefix-cache hits of a trace from its hash ids."""
+"""replayer.build.prefix_cache: expected prefix-cache hits of a trace from its hash ids."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replayer.prefix_cache import PrefixCacheModel, chain_keys, chain_keys_py, expected_hits
+from replayer.build.prefix_cache import PrefixCacheModel, chain_keys, chain_keys_py, expected_hits
 from replayer.trace import read_trace
 
 SLICE_10MIN = Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation_10min.parquet"
@@ -123,10 +123,10 @@ def test_model_agrees_with_simulator_cache():
 
     import aiohttp
 
-    from replayer.payload import PayloadBuilder
-    from replayer.prompts import PromptBuilder
+    from replayer.build.payload import PayloadBuilder
+    from replayer.build.prompts import PromptBuilder
     from replayer.sim import SimConfig, SimServer
-    from replayer.target_metrics import TargetScraper
+    from replayer.observe.target_metrics import TargetScraper
 
     n = 40
     trace = read_trace(SLICE_10MIN).head(n)
@@ -164,11 +164,11 @@ def test_model_agrees_with_simulator_cache():
 def test_shards_expect_the_hits_of_one_process():
     # shards replay one trace against one server: each shard's model also sees the rows the other
     # shards send (in trace order), so per row it expects what a single process would
-    from replayer.config import load_config
-    from replayer.payload import PayloadBuilder
-    from replayer.loopprompts import Prompts
-    from replayer.prepare import RequestFactory
-    from replayer.schedule import Timeline, iter_schedule
+    from replayer.config.model import load_config
+    from replayer.build.payload import PayloadBuilder
+    from replayer.build.loopprompts import Prompts
+    from replayer.build.prepare import RequestFactory
+    from replayer.plan.schedule import Timeline, iter_schedule
     from replayer.trace import open_trace
 
     trace = str(Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation_10min.parquet")
@@ -201,8 +201,8 @@ def test_shards_expect_the_hits_of_one_process():
 
 def test_run_config_defaults_are_the_models():
     # RunConfig keeps them as literals (config imports no numpy); they must be the model's
-    from replayer.config import RunConfig
-    from replayer.prefix_cache import DEFAULT_CAPACITY_TOKENS, DEFAULT_KV_BLOCK_SIZE
+    from replayer.config.model import RunConfig
+    from replayer.build.prefix_cache import DEFAULT_CAPACITY_TOKENS, DEFAULT_KV_BLOCK_SIZE
 
     fields = RunConfig.model_fields
     assert fields["kv_block_size"].default == DEFAULT_KV_BLOCK_SIZE
@@ -218,7 +218,7 @@ def test_trace_inspect_and_a_replay_expect_the_same_hits(tmp_path, capsys):
     import sys
 
     from replayer.cli import main as cli_main
-    from replayer.tracetools import scale_trace
+    from replayer.trace.tools import scale_trace
     from replayer.trace import write_parquet
 
     fast = tmp_path / "slice_fast.parquet"
@@ -240,8 +240,8 @@ def test_request_factory_defaults_are_run_config_defaults():
     # RequestFactory takes its settings one by one (not the config): its defaults must be the run's
     import inspect
 
-    from replayer.config import RunConfig
-    from replayer.prepare import RequestFactory
+    from replayer.config.model import RunConfig
+    from replayer.build.prepare import RequestFactory
 
     params = inspect.signature(RequestFactory).parameters
     for name in ("image_size", "image_format", "image_token_rule", "image_cache_mb", "session_header", "endpoint"):

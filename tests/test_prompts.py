@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replayer.payload import PayloadBuilder
-from replayer.prompts import GAMMA, PromptBuilder, block_key, mix64, vocab_from_range
+from replayer.build.payload import PayloadBuilder
+from replayer.build.prompts import GAMMA, PromptBuilder, block_key, mix64, vocab_from_range
 
 M = (1 << 64) - 1
 
@@ -99,7 +99,7 @@ def test_vocabulary_range_respected():
 
 
 def test_same_bodies_in_another_process():
-    code = ("from replayer.prompts import PromptBuilder;import sys;"
+    code = ("from replayer.build.prompts import PromptBuilder;import sys;"
             "sys.stdout.buffer.write(PromptBuilder(seed=3).prompt_json([5,6,7],1300))")
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, check=True,
                            env={"PYTHONHASHSEED": str(s), "PATH": ""}).stdout for s in (1, 2)}
@@ -112,8 +112,8 @@ def test_request_bodies_byte_identical_across_processes():
     from pathlib import Path
 
     trace = Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation_10min.parquet"
-    code = ("import hashlib,sys;from replayer.trace import read_trace;from replayer.prompts import PromptBuilder;"
-            "from replayer.payload import PayloadBuilder;t=read_trace(sys.argv[1]);p=PromptBuilder(seed=42);"
+    code = ("import hashlib,sys;from replayer.trace import read_trace;from replayer.build.prompts import PromptBuilder;"
+            "from replayer.build.payload import PayloadBuilder;t=read_trace(sys.argv[1]);p=PromptBuilder(seed=42);"
             "b=PayloadBuilder('m');h=hashlib.sha256()\n"
             "for i in range(200): h.update(b.body(p.prompt_json(t.hash_ids(i),int(t.input_length[i])),"
             "int(t.output_length[i])))\n"
@@ -126,8 +126,8 @@ def test_request_bodies_byte_identical_across_processes():
 def test_salted_seeds_give_fresh_prefixes():
     """``salted_seed`` (--loop-salt per loop, ``replayer sweep`` per point): salt 0 is the seed
     itself; other salts share no block with it or each other, and ``Prompts`` uses them per loop."""
-    from replayer.loopprompts import Prompts
-    from replayer.prompts import salted_seed
+    from replayer.build.loopprompts import Prompts
+    from replayer.build.prompts import salted_seed
 
     vocab = vocab_from_range(1000, 30000)
     assert salted_seed(7, 0) == 7

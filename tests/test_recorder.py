@@ -4,8 +4,8 @@ import dataclasses
 
 import numpy as np
 
-from replayer.recorder import Recorder, read_results
-from replayer.result import SCHEMA, RequestResult, Rows, batches_to_table
+from replayer.record.recorder import Recorder, read_results
+from replayer.core.result import SCHEMA, RequestResult, Rows, batches_to_table
 
 
 def _result(i: int, rng) -> RequestResult:
@@ -55,7 +55,7 @@ def test_recorder_parts_and_final_file_hold_every_result(tmp_path):
 def test_a_roll_of_many_parts_is_written_in_bounded_row_groups(tmp_path, monkeypatch):
     import pyarrow.parquet as pq
 
-    import replayer.recorder as recorder
+    import replayer.record.recorder as recorder
 
     monkeypatch.setattr(recorder, "ROLL_GROUP_ROWS", 50)
     rng = np.random.default_rng(5)

@@ -34,9 +34,9 @@ def test_report_figures_show_the_runs_data(results):
     of a real run on the embedded simulator, whose /metrics were scraped every second."""
     import numpy as np
 
-    from replayer.report import figure_specs
-    from replayer.reportdata import axis_origin_wall_s, load_results
-    from replayer.target_samples import read_samples
+    from replayer.results.report import figure_specs
+    from replayer.results.reportdata import axis_origin_wall_s, load_results
+    from replayer.observe.target_samples import read_samples
 
     df, summary, _ = load_results(str(results))
     target = read_samples(str(results)).to_pandas()
@@ -77,7 +77,7 @@ def test_report_figures_show_the_runs_data(results):
 
 
 def test_summary_table_is_flat_with_one_number_format():
-    from replayer.report import _summary_table, summary_rows
+    from replayer.results.report import _summary_table, summary_rows
 
     rows = summary_rows({"completed": 7072928, "x_ms": 4413632.0, "p99_ttft_ms": 12.34567, "ratio": 0.0123456,
                          "p99_itl_ms": None, "errors_by_kind": {}, "speedup_changes": [{"t_s": 1.5, "speedup": 20.0}],
@@ -112,7 +112,7 @@ def test_report_cli_writes_self_contained_html(results, tmp_path, capsys):
     # the verdict first: before the plots (and kept when a killed run's summary is recomputed)
     assert "SLO attainment (every bound)" in text and text.index("<h2>Verdict</h2>") < text.index('id="fig0"')
     assert "ttft&lt;=60000 e2el&lt;=600000" in text
-    from replayer.report import render_html
+    from replayer.results.report import render_html
 
     killed = Path(shutil.copytree(results, tmp_path / "killed"))
     (killed / "summary.json").unlink()
@@ -127,7 +127,7 @@ def test_report_cli_writes_self_contained_html(results, tmp_path, capsys):
     assert cli_main(["report", str(target_run), "-o", str(tmp_path / "no" / "r.html")]) == 2  # no traceback
     assert "cannot write the report" in capsys.readouterr().err
     # a --workers folder: its results are in worker-i/, rolled or not
-    from replayer.reportdata import load_results
+    from replayer.results.reportdata import load_results
 
     w = tmp_path / "w"
     for i, name in enumerate(("requests.parquet", "requests-00000.parquet")):
@@ -140,9 +140,9 @@ def test_report_cli_writes_self_contained_html(results, tmp_path, capsys):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium; .ci/run installs it)")
 def test_report_plots_draw_in_headless_chromium(results, tmp_path):
-    from replayer.report import figure_specs, write_report
-    from replayer.reportdata import axis_origin_wall_s, load_results
-    from replayer.target_samples import read_samples
+    from replayer.results.report import figure_specs, write_report
+    from replayer.results.reportdata import axis_origin_wall_s, load_results
+    from replayer.observe.target_samples import read_samples
 
     path = write_report(str(results), str(tmp_path / "report.html"))
     specs = figure_specs(load_results(str(results))[0], read_samples(str(results)).to_pandas(),

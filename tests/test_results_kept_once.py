@@ -15,15 +15,15 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from replayer.recorder import Recorder, read_results, result_files
-from replayer.result import RequestResult
-from replayer.summary import summarize_files
+from replayer.record.recorder import Recorder, read_results, result_files
+from replayer.core.result import RequestResult
+from replayer.results.summary import summarize_files
 
 #: a recorder in a child process that dies (os._exit: no clean-up at all) at one roll step
 RECORD_AND_DIE = """
 import os, sys
-import replayer.recorder as recorder
-from replayer.result import RequestResult
+import replayer.record.recorder as recorder
+from replayer.core.result import RequestResult
 folder, step, roll_rows, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 recorder._roll_step = lambda s: os._exit(137) if s == step else None
 rec = recorder.Recorder(folder, flush_rows=10**6, roll_rows=roll_rows or None)
@@ -36,7 +36,7 @@ rec.close()
 #: ``replayer CMD...`` in a process killed (os._exit) at one step of a results roll ("" = never)
 CLI_DYING_AT = """
 import os, sys
-import replayer.recorder as recorder
+import replayer.record.recorder as recorder
 step = sys.argv[1]
 if step:
     recorder._roll_step = lambda s: os._exit(137) if s == step else None
@@ -122,7 +122,7 @@ def test_a_damaged_part_is_named_and_every_other_file_is_read(tmp_path, mooncake
     res, trace, n, bad, lost = _killed_run_with_a_damaged_part(tmp_path, mooncake_slice, url)
     kept = sorted(set(range(n)) - set(lost))
 
-    with caplog.at_level(logging.WARNING, logger="replayer.recorder"):
+    with caplog.at_level(logging.WARNING, logger="replayer.record.recorder"):
         assert _rows(res) == kept
     assert str(bad) in caplog.text and "damaged" in caplog.text
     s = summarize_files(result_files(str(res)))
@@ -152,7 +152,7 @@ def test_a_damaged_part_is_named_and_every_other_file_is_read(tmp_path, mooncake
 
 
 def test_an_interrupted_json_write_leaves_the_old_file_whole(tmp_path):
-    from replayer.recorder import write_json
+    from replayer.record.recorder import write_json
 
     path = tmp_path / "summary.json"
     write_json(str(path), {"completed": 1})
@@ -160,7 +160,7 @@ def test_an_interrupted_json_write_leaves_the_old_file_whole(tmp_path):
         write_json(str(path), {"completed": 2, "bad": object()})
     assert json.loads(path.read_text()) == {"completed": 1}
     # a process dying half-way through the write (no clean-up at all)
-    code = ("import os, sys; from replayer.recorder import atomic_file\n"
+    code = ("import os, sys; from replayer.record.recorder import atomic_file\n"
             "with atomic_file(sys.argv[1]) as f:\n"
             "    f.write(b'{\"completed\": ')\n"
             "    f.flush()\n"
@@ -171,7 +171,7 @@ def test_an_interrupted_json_write_leaves_the_old_file_whole(tmp_path):
 
 
 def test_merge_and_run_replace_summary_json_whole(tmp_path, mooncake_slice, sim_process, monkeypatch):
-    import replayer.merge as merge
+    import replayer.results.merge as merge
 
     url, _ = sim_process("--itl-base-ms", "1")
     trace = mooncake_slice(10)
@@ -198,7 +198,7 @@ def test_merge_and_run_replace_summary_json_whole(tmp_path, mooncake_slice, sim_
         merge.merge_results([str(res)], str(out), quiet=True)
     assert json.loads((out / "summary.json").read_text()) == merged
     # the same for the run's own summary.json (a resumed run rewrites it)
-    code = ("import sys; import replayer.runsummary as d; real = d.summarize_files\n"
+    code = ("import sys; import replayer.run.runsummary as d; real = d.summarize_files\n"
             "d.summarize_files = lambda files, **kw: {**real(files, **kw), 'zz': object()}\n"
             "from replayer.cli import main; sys.exit(main(sys.argv[1:]))\n")
     p = subprocess.run([sys.executable, "-c", code, "run", "--resume", str(res), str(trace), "--target", url,
@@ -209,7 +209,7 @@ def test_merge_and_run_replace_summary_json_whole(tmp_path, mooncake_slice, sim_
 
 
 def test_a_target_metrics_roll_cut_before_removing_its_parts_shows_each_sample_once(tmp_path, monkeypatch):
-    import replayer.target_samples as tm
+    import replayer.observe.target_samples as tm
 
     rows = [{"time_s": float(i), "t_ns": i, "metric": "vllm:prompt_tokens_total", "labels": "{}",
              "kind": "counter", "value": float(i)} for i in range(6)]

@@ -15,12 +15,12 @@ import urllib.request
 
 import pytest
 
-from replayer import retention
-from replayer.config import ConfigError, load_config
-from replayer.recorder import Recorder, read_results, result_files, rolled_files
-from replayer.result import RequestResult
-from replayer.stats import RELATIVE_ACCURACY
-from replayer.summary import summarize_files
+import replayer.record.retention as retention
+from replayer.config.model import ConfigError, load_config
+from replayer.record.recorder import Recorder, read_results, result_files, rolled_files
+from replayer.core.result import RequestResult
+from replayer.core.stats import RELATIVE_ACCURACY
+from replayer.results.summary import summarize_files
 
 from conftest import free_port
 
@@ -65,7 +65,7 @@ def test_removed_files_keep_the_summary_report_and_compare_whole(rolled_run, tmp
     before = summarize_files(result_files(str(res)))
     files = rolled_files(str(res))
     size = retention.folder_bytes(str(res))
-    with caplog.at_level(logging.INFO, logger="replayer.retention"):
+    with caplog.at_level(logging.INFO, logger="replayer.record.retention"):
         gone = retention.apply(str(res), max_bytes=size - 1)  # just over: the oldest file goes
     assert gone == files[:1]
     assert "retention: removed" in caplog.text and files[0] in caplog.text
@@ -209,7 +209,7 @@ def test_retention_settings_are_checked():
 
 def test_the_digest_keeps_every_part_of_the_summary_state():
     """A field added to ``SummaryFold`` must be added to the digest too (else a removal loses it)."""
-    from replayer.summary import SummaryFold
+    from replayer.results.summary import SummaryFold
 
     assert set(retention.fold_to_json(SummaryFold())) == set(vars(SummaryFold()))
 
@@ -242,7 +242,7 @@ def test_the_digest_keeps_the_highest_part_number_not_every_part_name(tmp_path):
 def test_the_folder_stays_within_the_size_bound_between_flushes_and_during_rolls(tmp_path, monkeypatch):
     # retention runs after each flush; the next flush's part and the roll's copy of the parts
     # (written before they are removed) come before the next retention: it leaves room for them
-    import replayer.recorder as recorder_mod
+    import replayer.record.recorder as recorder_mod
 
     peaks: list[int] = []
     real_apply = retention.apply

@@ -14,13 +14,13 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from replayer.client import Client
-from replayer.measure import retry_after_s
-from replayer.clock import now_ns
-from replayer.errors import ErrorKind, Outcome
-from replayer.logs import ErrorBurstLog, JsonFormatter, setup_logging
-from replayer.metrics import ReplayerMetrics
-from replayer.result import SCHEMA, RequestResult, to_table
+from replayer.http.client import Client
+from replayer.http.measure import retry_after_s
+from replayer.core.clock import now_ns
+from replayer.core.errors import ErrorKind, Outcome
+from replayer.observe.logs import ErrorBurstLog, JsonFormatter, setup_logging
+from replayer.observe.metrics import ReplayerMetrics
+from replayer.core.result import SCHEMA, RequestResult, to_table
 
 from faultserver import DONE, FaultServer, Plan, choice, run_delay_ns, usage_event
 from test_client_faults import at, prepared, result_for
@@ -215,12 +215,12 @@ def test_a_shards_log_lines_say_which_shard():
         stream = io.StringIO()
         setup_logging(fmt, "info", stream=stream, fields={"shard": "1/4"})
         try:
-            logging.getLogger("replayer.dispatcher").info("draining %d in-flight requests", 50)
+            logging.getLogger("replayer.send.dispatcher").info("draining %d in-flight requests", 50)
         finally:
             setup_logging("text", "warning", stream=io.StringIO())
         line = stream.getvalue().strip()
         if fmt == "text":
-            assert line.endswith(" INFO replayer.dispatcher[shard 1/4]: draining 50 in-flight requests")
+            assert line.endswith(" INFO replayer.send.dispatcher[shard 1/4]: draining 50 in-flight requests")
         else:
             assert json.loads(line)["shard"] == "1/4"
 

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replayer.schedule import build_schedule
+from replayer.plan.schedule import build_schedule
 
 
 def test_speedup_divides_offsets():
@@ -40,7 +40,7 @@ def test_monotone_and_complete(offsets, speedup):
 def test_a_start_time_long_past_is_not_kept():
     import time
 
-    from replayer.clock import MAX_LATE_S, Anchor, now_ns
+    from replayer.core.clock import MAX_LATE_S, Anchor, now_ns
 
     def anchored(start_wall_s):
         """``Anchor.at(0.2, start_wall_s)`` with the clocks read just before and after it: the

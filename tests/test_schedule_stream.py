@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replayer.schedule import Timeline, iter_schedule, shard_mask
+from replayer.plan.schedule import Timeline, iter_schedule, shard_mask
 
 
 @dataclass

@@ -8,18 +8,18 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from replayer import selfwatch
-from replayer.clock import now_ns
-from replayer.runstate import RunState
-from replayer.runstate import watch_self as _watch_self
-from replayer.dispatcher import Dispatcher
-from replayer.feed import Feed
-from replayer.planner import Planner
-from replayer.metrics import EventLoopLagMonitor, ReplayerMetrics
-from replayer.payload import PreparedRequest
-from replayer.result import RequestResult
-from replayer.schedule import Timeline, iter_schedule
-from replayer.selfwatch import Reading, saturated
+import replayer.observe.selfwatch as selfwatch
+from replayer.core.clock import now_ns
+from replayer.run.runstate import RunState
+from replayer.run.runstate import watch_self as _watch_self
+from replayer.send.dispatcher import Dispatcher
+from replayer.send.feed import Feed
+from replayer.plan.planner import Planner
+from replayer.observe.metrics import EventLoopLagMonitor, ReplayerMetrics
+from replayer.build.payload import PreparedRequest
+from replayer.core.result import RequestResult
+from replayer.plan.schedule import Timeline, iter_schedule
+from replayer.observe.selfwatch import Reading, saturated
 from batches import TimeBatch
 from senders import CallSender
 

@@ -9,7 +9,7 @@ import json
 import pytest
 from prometheus_client import CollectorRegistry
 
-from replayer.sessionkeys import session_header_lines, session_header_value
+from replayer.build.sessionkeys import session_header_lines, session_header_value
 
 from faultserver import DONE, Plan, ThreadedFaultServer, choice, usage_event
 
@@ -31,8 +31,8 @@ def _one_token() -> Plan:
     ("aibrix", "x-aibrix-session-key", {"routing-strategy": "session-affinity"}),
 ])
 def test_every_turn_carries_its_session_id(tmp_path, setting, name, extra):
-    from replayer.config import load_config
-    from replayer.daemon import run_replay
+    from replayer.config.model import load_config
+    from replayer.run.daemon import run_replay
 
     trace = tmp_path / "sessions.jsonl"
     trace.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
@@ -58,6 +58,6 @@ def test_header_lines_and_values():
     assert session_header_lines("Dynamo") % b"x" == b"X-Dynamo-Session-ID: x\r\n"
     assert session_header_value("s", 3) == b"s.loop3"  # another pass is another conversation
     with pytest.raises(Exception, match="not a header name"):
-        from replayer.config import load_config
+        from replayer.config.model import load_config
 
         load_config({"trace": __file__, "session_header": "Bad: name"})

@@ -13,10 +13,10 @@ import statistics
 import orjson
 import pytest
 
-from replayer.client import Client
-from replayer.clock import now_ns
-from replayer.payload import PayloadBuilder, PreparedRequest
-from replayer.result import RequestResult
+from replayer.http.client import Client
+from replayer.core.clock import now_ns
+from replayer.build.payload import PayloadBuilder, PreparedRequest
+from replayer.core.result import RequestResult
 from replayer.sim import SimConfig, SimServer
 
 N = 10   # output tokens: 1 (first) + 3 + 3 + 3

@@ -1,4 +1,4 @@
-"""Tests for replayer.sse: the SSE decoder (WHATWG grammar, every split position) and the OpenAI
+"""Tests for replayer.http.sse: the SSE decoder (WHATWG grammar, every split position) and the OpenAI
 stream accumulator (exact values of client-faults cases B02, B04, B05, B06, B08, B09, B11, B13,
 B25, plus continuous-usage ITL invariants and split-invariance properties)."""
 
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replayer.errors import ErrorKind
-from replayer.chunks import StreamAccumulator
-from replayer.sse import SSEDecoder, SSEEvent
+from replayer.core.errors import ErrorKind
+from replayer.http.chunks import StreamAccumulator
+from replayer.http.sse import SSEDecoder, SSEEvent
 
 MS = 1_000_000
 

@@ -8,10 +8,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from replayer import stats
-from replayer.result import RequestResult, to_table
-from replayer.stats import RELATIVE_ACCURACY, Stat
-from replayer.summary import summarize, summarize_files
+import replayer.core.stats as stats
+from replayer.core.result import RequestResult, to_table
+from replayer.core.stats import RELATIVE_ACCURACY, Stat
+from replayer.results.summary import summarize, summarize_files
 
 
 @pytest.fixture(params=["exact", "sketch"])

@@ -4,8 +4,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from replayer.result import RequestResult, to_table
-from replayer.summary import summarize, summarize_files
+from replayer.core.result import RequestResult, to_table
+from replayer.results.summary import summarize, summarize_files
 
 
 def _results(n: int, seed: int) -> list[RequestResult]:
@@ -25,7 +25,8 @@ def _results(n: int, seed: int) -> list[RequestResult]:
 
 
 def test_folded_summary_keeps_counts_exact_and_statistics_within_the_sketch_error(tmp_path, monkeypatch):
-    from replayer import stats, summary
+    import replayer.core.stats as stats
+    import replayer.results.summary as summary
 
     files = []
     every = []
@@ -58,7 +59,7 @@ def test_folded_summary_keeps_counts_exact_and_statistics_within_the_sketch_erro
 
 
 def test_printed_summary_says_a_stop_and_the_prefix_cache():
-    from replayer.summary import format_summary
+    from replayer.results.summary import format_summary
 
     s = summarize(to_table(_results(2000, 3)))
     plain = format_summary(s)

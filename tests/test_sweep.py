@@ -1,4 +1,4 @@
-"""`replayer sweep` (replayer/sweep.py): a loop of real runs against the simulator on 127.0.0.1.
+"""`replayer sweep` (replayer/run/sweep.py): a loop of real runs against the simulator on 127.0.0.1.
 
 The knee test gives the simulator a small capacity (2 sequences at a time, 20 ms per token, 14
 tokens per request: ~0.3 s each, so ~6.7 requests/s) and a trace of requests evenly spaced
@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from replayer.cli import main as cli_main
-from replayer.sweep import SweepError, judge_point, parse_speedups
+from replayer.run.sweep import SweepError, judge_point, parse_speedups
 
 from test_report import CHROMIUM, _dump_dom
 
@@ -81,7 +81,7 @@ def test_sweep_finds_the_knee_of_the_simulators_capacity(sim_process, tmp_path, 
     assert lines[0].endswith(": held") and ": missed (attainment " in lines[2]
     assert "the highest speed-up that held: 2x (5.00 req/s offered" in out[-2]
     # the page: every figure drew in headless Chromium, against the offered load
-    from replayer.sweepreport import sweep_figure_specs
+    from replayer.results.sweepreport import sweep_figure_specs
 
     specs = sweep_figure_specs(s)
     assert [sp["title"] for sp in specs] == [

@@ -1,4 +1,4 @@
-"""replayer.target_metrics: cases B03 (``_created`` series), B19 (sum across engines), B20
+"""replayer.observe.target_metrics: cases B03 (``_created`` series), B19 (sum across engines), B20
 (counter reset), B23 (``_total`` family naming), and a live scrape of the embedded simulator."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import aiohttp
 import pyarrow.parquet as pq
 import pytest
 
-from replayer.target_metrics import TargetScraper
-from replayer.target_samples import SampleFiles, read_samples, sample_files, save_samples
-from replayer.target_series import (COUNTERS, GAUGES, check_invariants, parse_series, parse_vllm_metrics,
+from replayer.observe.target_metrics import TargetScraper
+from replayer.observe.target_samples import SampleFiles, read_samples, sample_files, save_samples
+from replayer.observe.target_series import (COUNTERS, GAUGES, check_invariants, parse_series, parse_vllm_metrics,
                                     series_deltas)
 
 B03 = """\
@@ -232,8 +232,8 @@ def test_sample_parts_roll_into_one_file_after_an_earlier_run(tmp_path):
 
 
 def test_sample_parts_roll_during_the_run_and_the_file_stays_within_retention(tmp_path):
-    from replayer.recorder import ROLLED_PARTS
-    from replayer.retention import REMOVED, samples_kept_since
+    from replayer.record.recorder import ROLLED_PARTS
+    from replayer.record.retention import REMOVED, samples_kept_since
 
     sc = TargetScraper("http://unused/metrics")
 
@@ -324,7 +324,7 @@ def test_missing_target_metrics_logged_once_by_name_and_listed_never_zero(caplog
     t2 = t1.replace("total 10", "total 30")
     t3 = t2 + "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total 5\n"
     sc = TargetScraper("http://unused/metrics")
-    with caplog.at_level("WARNING", logger="replayer.target_metrics"):
+    with caplog.at_level("WARNING", logger="replayer.observe.target_metrics"):
         sc.observe(t1)
         logged = [r.getMessage() for r in caplog.records if "missing" in r.getMessage()]
         assert len(logged) == 1  # at the first scrape, before any summary
@@ -343,7 +343,7 @@ def test_a_counter_reset_is_logged_when_the_scrape_sees_it(caplog):
     t1 = ("# TYPE vllm:prompt_tokens_total counter\n"
           'vllm:prompt_tokens_total{engine="0"} 100\nvllm:prompt_tokens_total{engine="1"} 50\n')
     sc = TargetScraper("http://unused/metrics")
-    with caplog.at_level("WARNING", logger="replayer.target_metrics"):
+    with caplog.at_level("WARNING", logger="replayer.observe.target_metrics"):
         sc.observe(t1)
         sc.observe(t1.replace("} 100", "} 120"))
         assert not [r for r in caplog.records if "went back" in r.getMessage()]
@@ -358,8 +358,8 @@ def test_a_replay_lists_the_targets_missing_metrics_in_its_summary(tmp_path, cap
     log named them while the run went on."""
     import json
 
-    from replayer.config import load_config
-    from replayer.daemon import run_replay
+    from replayer.config.model import load_config
+    from replayer.run.daemon import run_replay
     from replayer.sim import SimConfig, SimServer
 
     trace = tmp_path / "t.jsonl"
@@ -376,7 +376,7 @@ def test_a_replay_lists_the_targets_missing_metrics_in_its_summary(tmp_path, cap
         finally:
             await sim.stop()
 
-    with caplog.at_level("WARNING", logger="replayer.target_metrics"):
+    with caplog.at_level("WARNING", logger="replayer.observe.target_metrics"):
         s = asyncio.run(main())
     expected = ["num_preemptions", "server_e2e_seconds_count", "server_e2e_seconds_sum", "server_queue_seconds_count",
                 "server_queue_seconds_sum", "server_ttft_seconds_count", "server_ttft_seconds_sum",
@@ -390,7 +390,7 @@ def test_a_replay_lists_the_targets_missing_metrics_in_its_summary(tmp_path, cap
 
 
 def test_a_sample_part_that_cannot_be_written_is_kept_for_the_next(tmp_path, monkeypatch):
-    import replayer.target_samples as ts
+    import replayer.observe.target_samples as ts
 
     rows = [{"time_s": float(i), "t_ns": i, "metric": "vllm:prompt_tokens_total", "labels": "{}",
              "kind": "counter", "value": float(i)} for i in range(6)]

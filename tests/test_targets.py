@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from replayer.routing import TargetRoute, target_index
-from replayer.schedule import iter_schedule
+from replayer.send.routing import TargetRoute, target_index
+from replayer.plan.schedule import iter_schedule
 
 from conftest import free_port
 from faultserver import ABORT, DONE, Plan, ThreadedFaultServer, choice, usage_event
@@ -47,8 +47,8 @@ def _write(tmp_path, rows, name="trace.jsonl"):
 
 
 def _run(cfg_values: dict, registry: CollectorRegistry | None = None) -> dict:
-    from replayer.config import load_config
-    from replayer.daemon import run_replay
+    from replayer.config.model import load_config
+    from replayer.run.daemon import run_replay
 
     cfg = load_config({"admin_port": 0, "quiet": True, "warm_connections": 2, "scrape_target_metrics": False,
                        **cfg_values})
@@ -60,7 +60,7 @@ def _completions(srv) -> list:
 
 
 def test_b29_sessions_keep_their_first_turns_target(tmp_path, capsys):
-    from replayer.recorder import read_results
+    from replayer.record.recorder import read_results
 
     trace = _write(tmp_path, B29)
     registry = CollectorRegistry()
@@ -103,7 +103,7 @@ def test_b29_sessions_keep_their_first_turns_target(tmp_path, capsys):
 
 
 def test_one_target_has_no_target_column_values_or_series(tmp_path):
-    from replayer.recorder import read_results
+    from replayer.record.recorder import read_results
 
     trace = _write(tmp_path, B29[:2])
     registry = CollectorRegistry()
@@ -116,8 +116,8 @@ def test_one_target_has_no_target_column_values_or_series(tmp_path):
 
 
 def test_a_target_down_fails_its_own_requests_the_other_goes_on(tmp_path):
-    from replayer.recorder import read_results
-    from replayer.simproc import spawn_sim, stop_sim
+    from replayer.record.recorder import read_results
+    from replayer.run.simproc import spawn_sim, stop_sim
 
     # 3 sessions of 2 turns and 2 rows without a session: sessions 0 and 2 and row 4 go to
     # target 0 (a server that resets every completion: down), session 1 and row 5 to the simulator
@@ -157,7 +157,7 @@ def test_a_target_down_fails_its_own_requests_the_other_goes_on(tmp_path):
 
 
 def test_not_ready_target_is_named_and_nothing_is_sent(tmp_path):
-    from replayer.readiness import StartupError
+    from replayer.run.readiness import StartupError
 
     trace = _write(tmp_path, B29)
     dead = f"http://127.0.0.1:{free_port()}"
@@ -170,12 +170,12 @@ def test_not_ready_target_is_named_and_nothing_is_sent(tmp_path):
 
 def test_target_list_from_flags_and_config(tmp_path):
     from replayer.cli import _flags_for, build_parser, read_config_file
-    from replayer.config import ConfigError, load_config
+    from replayer.config.model import ConfigError, load_config
 
     trace = _write(tmp_path, B29)
     args = build_parser().parse_args(["run", trace, "--target", "http://a:1/v1", "--target", "http://b:2",
                                       "--target-policy", "session-hash"])
-    from replayer.config import RunConfig
+    from replayer.config.model import RunConfig
 
     cfg = load_config({k: v for k, v in vars(args).items() if k in RunConfig.model_fields})
     assert cfg.target == ["http://a:1", "http://b:2"] and cfg.target_policy == "session-hash"
@@ -273,7 +273,7 @@ def test_workers_keep_each_session_on_its_target(tmp_path):
     import subprocess
     import sys
 
-    from replayer.recorder import read_results
+    from replayer.record.recorder import read_results
 
     # B29 and six more sessions, two turns each, so both workers hold sessions
     rows = list(B29)
@@ -308,8 +308,8 @@ def test_workers_keep_each_session_on_its_target(tmp_path):
 def test_each_targets_metrics_scraped_and_labelled(tmp_path):
     """Two embedded simulators: each one's /metrics is scraped, its samples carry its URL as the
     label replayer_target, and its prefix-cache and token deltas are in its own section."""
-    from replayer.simproc import spawn_sim, stop_sim
-    from replayer.target_samples import read_samples
+    from replayer.run.simproc import spawn_sim, stop_sim
+    from replayer.observe.target_samples import read_samples
 
     trace = _write(tmp_path, B29)
     procs = [spawn_sim(), spawn_sim()]
@@ -344,7 +344,7 @@ def test_route_takes_non_text_session_ids_as_their_text():
 def test_target_switches_count_turns_that_moved():
     import pyarrow as pa
 
-    from replayer.targets import target_sections, target_switches
+    from replayer.results.targets import target_sections, target_switches
 
     t = pa.table({"session_id": ["s", "s", "s", "u", "u", None, None, "s"],
                   "loop": [0, 0, 0, 0, 0, 0, 0, 1],

@@ -8,9 +8,9 @@ import orjson
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders
 
-from replayer.config import ConfigError, load_config
-from replayer.payload import PayloadBuilder
-from replayer.prompts import PromptBuilder, TextPromptBuilder, vocab_from_tokenizer
+from replayer.config.model import ConfigError, load_config
+from replayer.build.payload import PayloadBuilder
+from replayer.build.prompts import PromptBuilder, TextPromptBuilder, vocab_from_tokenizer
 
 
 def word_tokenizer(path, n=3000):
@@ -78,7 +78,7 @@ def _text_trace(tmp_path, n=6):
 def _batch(t, n):
     import numpy as np
 
-    from replayer.schedule import ScheduleBatch
+    from replayer.plan.schedule import ScheduleBatch
 
     return ScheduleBatch(loop=0, batch=t, idx=np.arange(n), trace_ns=np.zeros(n, np.int64), rows=np.arange(n),
                          first_index=0)
@@ -93,7 +93,7 @@ def _wait(cond):
 
 
 def test_text_prefetch_decodes_upcoming_rows_in_a_child_to_the_same_text(tmp_path):
-    from replayer.textprefetch import TextPrefetch
+    from replayer.build.textprefetch import TextPrefetch
 
     tpath = word_tokenizer(tmp_path / "tokenizer.json")
     vocab = vocab_from_tokenizer(tpath)
@@ -119,9 +119,9 @@ def test_text_prefetch_decodes_upcoming_rows_in_a_child_to_the_same_text(tmp_pat
 
 
 def test_prepared_text_bodies_are_the_same_with_the_prefetch(tmp_path):
-    from replayer.loopprompts import Prompts
-    from replayer.prepare import RequestFactory
-    from replayer.schedule import Timeline
+    from replayer.build.loopprompts import Prompts
+    from replayer.build.prepare import RequestFactory
+    from replayer.plan.schedule import Timeline
 
     tpath = word_tokenizer(tmp_path / "tokenizer.json")
     t = _text_trace(tmp_path, 8)
@@ -143,9 +143,9 @@ def test_warm_up_makes_the_first_rows_texts_and_images_before_the_run(tmp_path):
     """Before the anchor, the first rows' prompt texts are decoded by the child and their images
     built: preparation then takes every one of them (the first request included) instead of
     starting the children and making them in the lead window, late."""
-    from replayer.loopprompts import Prompts
-    from replayer.prepare import RequestFactory
-    from replayer.schedule import Timeline
+    from replayer.build.loopprompts import Prompts
+    from replayer.build.prepare import RequestFactory
+    from replayer.plan.schedule import Timeline
     from replayer.trace import read_trace
 
     tpath = word_tokenizer(tmp_path / "tokenizer.json")

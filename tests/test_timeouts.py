@@ -3,7 +3,7 @@ apart from an optional total timeout, a kind per timeout (connect, first byte, i
 for a reused keep-alive connection closed before any response byte, a non-empty message on every
 failure, and the partial output of a failed request kept apart from every total and statistic.
 
-Real ``replayer.client.Client`` against the transcript-playing aiohttp server on 127.0.0.1
+Real ``replayer.http.client.Client`` against the transcript-playing aiohttp server on 127.0.0.1
 (``tests/faultserver.py``). Times are asserted with generous tolerances (a loaded 2-core machine);
 counts, kinds and tokens exactly."""
 
@@ -23,11 +23,11 @@ from test_client_faults import PROMPTS, by_prompt_head, play, prepared, result_f
 from test_client_faults import SANITY_MS, TOL_MS as TOL_FAULTS_MS, served
 from faultserver import run_delay_ns
 
-from replayer.client import Client
-from replayer.clock import now_ns
-from replayer.errors import ErrorKind
-from replayer.result import to_table
-from replayer.summary import summarize
+from replayer.http.client import Client
+from replayer.core.clock import now_ns
+from replayer.core.errors import ErrorKind
+from replayer.core.result import to_table
+from replayer.results.summary import summarize
 
 TOL_MS = 60.0  # generous: a loaded machine; every B27 boundary is >= 50 ms from the next event
 
@@ -333,7 +333,7 @@ def test_b27_a_whole_run_ends_with_the_long_stream_and_writes_its_results(tmp_pa
 def test_the_read_timeout_of_a_request_handed_to_the_launcher_counts_from_its_write():
     # the dispatcher hands a request to the launcher process ahead of its due time; silence before
     # the write is not the server's (here the hand-over is longer ahead than the read timeout)
-    from replayer.launcher import Launcher
+    from replayer.http.launcher import Launcher
 
     async def main():
         async with FaultServer(Plan(OK_STREAM, headers_delay_ms=50)) as srv:

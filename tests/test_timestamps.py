@@ -1,4 +1,4 @@
-"""``replayer.timestamps.derive``: the latencies of one request from its moments."""
+"""``replayer.core.timestamps.derive``: the latencies of one request from its moments."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from replayer.timestamps import Latencies, Timestamps, derive
+from replayer.core.timestamps import Latencies, Timestamps, derive
 
 MS = 1_000_000
 

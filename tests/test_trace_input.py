@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from replayer.prompts import PromptBuilder
+from replayer.build.prompts import PromptBuilder
 from replayer.trace import TraceError, hash_id_from_string, read_trace
 
 
@@ -206,9 +206,9 @@ def test_a_parquet_or_compressed_file_named_as_text_is_named_for_what_it_is(tmp_
 
 def test_a_seeded_sample_keys_any_session_id_as_a_name(tmp_path):
     """Session ids are names, not hash ids: "-5" (an error as a hash id) and "12" sample like any id."""
-    from replayer.prompts import mix64
+    from replayer.build.prompts import mix64
     from replayer.trace.values import hash_name
-    from replayer.tracetools import slice_trace
+    from replayer.trace.tools import slice_trace
 
     ids = ["-5", "12", "", "chat-1", "0000000000000010"]
     p = _jsonl(tmp_path / "s.jsonl", [_row(i, [i], session_id=s) for i, s in enumerate(ids * 40)])

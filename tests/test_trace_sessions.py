@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replayer.cli import main as cli_main
-from replayer.synth import SynthSpec, synth, write_synth
+from replayer.trace.synth import SynthSpec, synth, write_synth
 from replayer.trace import (
     ENDPOINTS,
     Trace,
@@ -30,8 +30,8 @@ from replayer.trace import (
     trace_table,
     write_parquet,
 )
-from replayer.traceinspect import format_inspect, inspect_trace
-from replayer.tracetools import sessionize_trace
+from replayer.results.traceinspect import format_inspect, inspect_trace
+from replayer.trace.tools import sessionize_trace
 
 REPO = Path(__file__).resolve().parents[1]
 SLICE = REPO / "traces" / "mooncake_conversation_10min.parquet"

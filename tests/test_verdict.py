@@ -1,14 +1,14 @@
-"""The verdict's pure core (replayer.verdict): --goodput parsing, per-request verdicts, the
+"""The verdict's pure core (replayer.results.verdict): --goodput parsing, per-request verdicts, the
 summary fold, latency from the due time. No event loop."""
 
 import numpy as np
 import pytest
 
-from replayer import verdict
-from replayer.config import ConfigError, load_config
-from replayer.result import RequestResult, to_table
-from replayer.summary import set_duration, summarize
-from replayer.verdict import MET, MISSED, NOT_JUDGED, UNKNOWN
+import replayer.results.verdict as verdict
+from replayer.config.model import ConfigError, load_config
+from replayer.core.result import RequestResult, to_table
+from replayer.results.summary import set_duration, summarize
+from replayer.results.verdict import MET, MISSED, NOT_JUDGED, UNKNOWN
 
 
 def test_parse_goodput_takes_vllm_bench_serve_pairs():
@@ -162,7 +162,7 @@ def test_apply_fills_a_result_as_the_columns_would():
 
 
 def test_printed_summary_shows_the_verdict_first_when_bounds_are_set():
-    from replayer.summary import format_summary
+    from replayer.results.summary import format_summary
 
     rs = [_result(0, "success", 50.0, 240.0), _result(1, "success", 500.0, 690.0), _result(2, "failed", None, None)]
     lines = format_summary(summarize(to_table(rs), {"ttft": 100.0, "e2el": 1000.0})).splitlines()
@@ -181,8 +181,9 @@ def test_printed_summary_shows_the_verdict_first_when_bounds_are_set():
 def test_a_folded_summary_keeps_the_verdict_exact(tmp_path, monkeypatch):
     import pyarrow.parquet as pq
 
-    from replayer import stats, summary
-    from replayer.summary import summarize_files
+    import replayer.core.stats as stats
+    import replayer.results.summary as summary
+    from replayer.results.summary import summarize_files
 
     monkeypatch.setattr(summary, "BATCH_ROWS", 300)  # folded batch by batch, file by file
     monkeypatch.setattr(stats, "EXACT_LIMIT", 1000)  # percentiles from the sketch

@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 from prometheus_client import CollectorRegistry
 
-from replayer.config import load_config
-from replayer.daemon import run_replay
-from replayer.recorder import read_results
+from replayer.config.model import load_config
+from replayer.run.daemon import run_replay
+from replayer.record.recorder import read_results
 
 from faultserver import DONE, Plan, ThreadedFaultServer, choice, usage_event
 

@@ -18,11 +18,11 @@ import pytest
 
 from conftest import free_port
 
-from replayer.recorder import read_results, result_files
-from replayer.result import RequestResult, to_table
+from replayer.record.recorder import read_results, result_files
+from replayer.core.result import RequestResult, to_table
 from replayer.trace import read_trace
-from replayer.merge import merge_results
-from replayer.workers import _exit_code, _progress, _without_flag, progress_line
+from replayer.results.merge import merge_results
+from replayer.run.workers import _exit_code, _progress, _without_flag, progress_line
 
 SPEEDUP = 20
 SHARDS = 3
@@ -202,7 +202,7 @@ def test_workers_end_to_end(tmp_path, mooncake_slice):
         assert w["shard"] == f"{i}/2" and w["completed"] > 0 and w["slo_met"] == w["completed"]
         assert w["target_embedded"] is True  # the parent's simulator, given to it as --target
     # so a plain run on the embedded simulator (its own free port) is the same experiment
-    from replayer.compare import setup_differences
+    from replayer.results.compare import setup_differences
 
     assert s["target_embedded"] is True
     plain = dict(s, target="http://127.0.0.1:1", target_embedded=True)
@@ -387,7 +387,7 @@ def test_workers_progress_lines_sum_the_workers_status(caplog):
     ports = [srv.server_address[1] for srv in servers]
     procs = [subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({t})"]) for t in (2.5, 1.2)]
     threading.Timer(0.9, lambda: (servers[1].shutdown(), servers[1].server_close())).start()
-    caplog.set_level("INFO", logger="replayer.workers")
+    caplog.set_level("INFO", logger="replayer.run.workers")
     try:
         _progress(procs, ports, start_at=time.time(), every_s=0.5)
     finally:
@@ -405,7 +405,7 @@ def test_workers_progress_lines_sum_the_workers_status(caplog):
 def test_merge_wait_returns_when_every_run_has_ended_by_itself(tmp_path):
     import threading
 
-    from replayer.merge import unfinished, wait_finished
+    from replayer.results.merge import unfinished, wait_finished
 
     a, b = tmp_path / "a", tmp_path / "b"   # b does not exist yet (its pod not started)
     a.mkdir()
@@ -480,18 +480,18 @@ def test_readers_of_results_do_not_import_the_supervisor():
 
     pkg = Path(__file__).resolve().parents[1] / "replayer"
     for name in ("report", "merge", "summary"):
-        tree = ast.parse((pkg / f"{name}.py").read_text())
+        tree = ast.parse((pkg / "results" / f"{name}.py").read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        assert not {"workers", "replayer.workers", "daemon", "replayer.daemon"} & imported, name
+        assert not {"workers", "replayer.run.workers", "daemon", "replayer.run.daemon"} & imported, name
 
 
 def test_each_worker_keeps_its_share_of_the_retention_bound():
     """--retain-size bounds the whole results folder; with --workers N it holds N worker folders,
     so each worker gets 1/N (the flag comes after the user's, and the last one given wins)."""
     from replayer.cli import build_parser
-    from replayer.config import load_config
-    from replayer.workers import worker_shares
+    from replayer.config.model import load_config
+    from replayer.run.workers import worker_shares
 
     trace = "traces/mooncake_conversation_10min.parquet"
     cfg = load_config({"trace": trace, "retain_size": "2GB", "roll_interval_s": 600, "workers": 4})

@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 from faultserver import FaultServer, Plan
 from test_text_mode import word_tokenizer
 
-from replayer.client import Client
-from replayer.clock import now_ns
-from replayer.payload import EMBEDDINGS, RERANK, PayloadBuilder, PreparedRequest
+from replayer.http.client import Client
+from replayer.core.clock import now_ns
+from replayer.build.payload import EMBEDDINGS, RERANK, PayloadBuilder, PreparedRequest
 
 BS = 16  # tokens per hash id in these traces
 
@@ -228,8 +228,8 @@ def test_sessions_without_hash_ids_grow_their_prompt_from_the_previous_turn(tmp_
 def test_the_endpoint_check_reads_no_rows_of_a_trace_without_the_column(tmp_path):
     from pathlib import Path
 
-    from replayer.config import load_config
-    from replayer.runinputs import may_have_endpoints as _may_have_endpoints
+    from replayer.config.model import load_config
+    from replayer.run.runinputs import may_have_endpoints as _may_have_endpoints
     from replayer.trace import open_trace
 
     slice_ = Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation_10min.parquet"

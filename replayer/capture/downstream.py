@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import httptools
 
-from .stamps import READ, SO_TIMESTAMPNS, kernel_stamp_ns
+from replayer.capture.stamps import READ, SO_TIMESTAMPNS, kernel_stamp_ns
 
 HEAD_READ = 64  # first read of a new request: within its first segment, so the stamp is that segment's
 WRITE_HIGH = 1 << 20  # bytes waiting for a client before its producer is paused

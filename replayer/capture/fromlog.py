@@ -29,9 +29,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..trace.model import CAPTURE_META, MAX_PROBLEMS
-from .blocks import BlockHasher, content_hash
-from .rows import CAPTURED, GENERATION, SCHEMA, fit_hash_ids, request_facts
+from replayer.trace.model import CAPTURE_META, MAX_PROBLEMS
+from replayer.capture.blocks import BlockHasher, content_hash
+from replayer.capture.rows import CAPTURED, GENERATION, SCHEMA, fit_hash_ids, request_facts
 
 _UNITS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 
@@ -181,7 +181,7 @@ def _contents(msgs) -> list[str]:
 
 def write_rows(rows: list[dict], out: str, *, block_size: int, source: str) -> None:
     """Rows sorted by timestamp into one Parquet file with the capture metadata."""
-    from ..recorder import atomic_file
+    from replayer.record.recorder import atomic_file
 
     meta = {CAPTURE_META: "1", "replayer.block_size": str(block_size), "replayer.time_unit": "ns",
             "replayer.source": source}
@@ -198,8 +198,8 @@ def write_rows(rows: list[dict], out: str, *, block_size: int, source: str) -> N
 def main_from_log(args) -> int:
     import sys
 
-    from .blocks import HashKeyError, load_key
-    from .record import StartError, _load_tokenizer
+    from replayer.capture.blocks import HashKeyError, load_key
+    from replayer.capture.record import StartError, _load_tokenizer
 
     try:
         if not args.output.endswith(".parquet"):

@@ -1,4 +1,4 @@
-"""The capture proxy's own Prometheus metrics, on an injected registry (as ``replayer.metrics``).
+"""The capture proxy's own Prometheus metrics, on an injected registry (as ``replayer.observe.metrics``).
 
 ``replayer_capture_`` prefix, base units, ``_total`` counters, labels from closed sets only:
 ``endpoint`` (the captured API paths), ``status`` (HTTP status class or ``none``), ``outcome``
@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollecto
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from .rows import CAPTURED, OUTCOMES
+from replayer.capture.rows import CAPTURED, OUTCOMES
 
 #: closed label set of replayer_capture_tokenize_failures_total
 TOKENIZE_FAILURES = ("queue_full", "upstream_error", "tokenizer_error", "no_prompt")

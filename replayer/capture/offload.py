@@ -27,8 +27,8 @@ from collections.abc import Callable
 
 import orjson
 
-from .blocks import BlockHasher, content_hash
-from .rows import RequestFacts, request_facts
+from replayer.capture.blocks import BlockHasher, content_hash
+from replayer.capture.rows import RequestFacts, request_facts
 
 FRAME = struct.Struct("!I")
 

@@ -31,13 +31,13 @@ import aiohttp
 import orjson
 from multidict import CIMultiDict
 
-from .downstream import ClientConnection, Listener, Request
-from .metrics import CaptureMetrics
-from .poll import POLL_MIN_IN_FLIGHT, Poller
-from .relay import Exchange, UpstreamGone, UpstreamPool
-from .rows import CAPTURED, GENERATION
-from .tokenize import Tokenization
-from .usage import UsageTracker
+from replayer.capture.downstream import ClientConnection, Listener, Request
+from replayer.capture.metrics import CaptureMetrics
+from replayer.capture.poll import POLL_MIN_IN_FLIGHT, Poller
+from replayer.capture.relay import Exchange, UpstreamGone, UpstreamPool
+from replayer.capture.rows import CAPTURED, GENERATION
+from replayer.capture.tokenize import Tokenization
+from replayer.capture.usage import UsageTracker
 
 log = logging.getLogger(__name__)
 

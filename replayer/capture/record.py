@@ -6,7 +6,7 @@ earlier capture (the compact hash ids of two captures would collide), a ``--toke
 ``OUT/capture.json`` (the wall-clock start and settings; never the key) and serves until SIGTERM or
 SIGINT: it stops accepting, waits up to ``--drain-timeout`` s for requests in flight, tokenizes
 what is queued, writes and rolls the last rows, and exits 0 (a second signal stops waiting). Its
-periodic flush is owned (``replayer.background``): if it crashes, that is logged with its traceback,
+periodic flush is owned (``replayer.core.background``): if it crashes, that is logged with its traceback,
 the capture stops the same way and exits 4.
 """
 
@@ -20,9 +20,9 @@ import signal
 import sys
 import time
 
-from .. import __version__
-from ..background import EXIT_TASK_FAILED, BackgroundTasks
-from ..recorder import write_json
+from replayer import __version__
+from replayer.core.background import EXIT_TASK_FAILED, BackgroundTasks
+from replayer.record.recorder import write_json
 
 log = logging.getLogger("replayer.record")
 
@@ -112,7 +112,7 @@ def _listen(text: str) -> tuple[str, int]:
 
 def main_record(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .blocks import BlockHasher, HashKeyError, content_hash, load_key
+    from replayer.capture.blocks import BlockHasher, HashKeyError, content_hash, load_key
 
     try:
         if args.block_size < 1:
@@ -142,12 +142,12 @@ def main_record(args: argparse.Namespace) -> int:
 
 
 async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, image_hash) -> int:
-    from ..admin import AdminServer
-    from .metrics import CaptureMetrics
-    from .proxy import CaptureProxy
-    from .offload import OffloadWorker
-    from .tokenize import Tokenization
-    from .writer import CaptureWriter
+    from replayer.observe.admin import AdminServer
+    from replayer.capture.metrics import CaptureMetrics
+    from replayer.capture.proxy import CaptureProxy
+    from replayer.capture.offload import OffloadWorker
+    from replayer.capture.tokenize import Tokenization
+    from replayer.capture.writer import CaptureWriter
 
     t0 = time.perf_counter_ns()
     started = time.time()

@@ -5,7 +5,7 @@ Why not aiohttp's client: each streamed chunk then costs a parser feed into a ``
 task wake-up, a ``StreamResponse.write`` and its framing in Python; on W1 (~12,000 one-token
 chunks/s at 10x) that made the proxy CPU-bound on a shared host and its queue grew to seconds.
 Here one ``asyncio.Protocol`` per upstream connection parses the response with llhttp
-(``httptools``, as ``replayer.client`` does) and, at the end of each read, writes the body bytes
+(``httptools``, as ``replayer.http.client`` does) and, at the end of each read, writes the body bytes
 it held at once to the client's socket (``downstream.ClientConnection.write``: one chunk frame,
 the body's bytes unchanged): no task switch, no per-event work. Stream pieces are only handed to
 the usage tracker (``usage``: counted and the last few kept). Connections are kept alive. A
@@ -26,7 +26,7 @@ import time
 
 import httptools
 
-from .stamps import StampedTransport, open_stamped
+from replayer.capture.stamps import StampedTransport, open_stamped
 
 #: a non-streamed response body is read for its usage up to this size
 MAX_BODY_PARSE = 64 << 20

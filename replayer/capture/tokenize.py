@@ -24,10 +24,10 @@ import logging
 import aiohttp
 import orjson
 
-from .blocks import BlockHasher
-from .metrics import CaptureMetrics
-from .offload import OffloadWorker, WorkerGone, digests_of_tokenize_answer, facts_and_digests
-from .rows import RequestFacts, fit_hash_ids
+from replayer.capture.blocks import BlockHasher
+from replayer.capture.metrics import CaptureMetrics
+from replayer.capture.offload import OffloadWorker, WorkerGone, digests_of_tokenize_answer, facts_and_digests
+from replayer.capture.rows import RequestFacts, fit_hash_ids
 
 log = logging.getLogger(__name__)
 

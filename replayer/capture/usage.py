@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import orjson
 
-from ..sse import SSEDecoder
+from replayer.http.sse import SSEDecoder
 
 
 class UsageTracker:

@@ -1,6 +1,6 @@
 """Captured rows to Parquet as requests finish: parts flushed often, rolled into trace files.
 
-The crash-safe part and roll protocol is ``replayer.rolling``'s (the results recorder's too):
+The crash-safe part and roll protocol is ``replayer.record.rolling``'s (the results recorder's too):
 every ``flush_rows`` rows or ``flush_interval_s`` seconds the rows so far become a complete
 Parquet part ``OUT/parts/part-NNNNNNNN.parquet`` (a SIGKILL loses at most one flush interval);
 parts are rolled into ``OUT/trace-NNNNN.parquet`` every ``roll_rows`` rows / ``roll_interval_s``
@@ -23,9 +23,9 @@ import time
 
 import pyarrow as pa
 
-from ..rolling import PARTS, RollingWriter
-from ..trace.model import CAPTURE_META as CAPTURE_KEY
-from .rows import SCHEMA
+from replayer.record.rolling import PARTS, RollingWriter
+from replayer.trace.model import CAPTURE_META as CAPTURE_KEY
+from replayer.capture.rows import SCHEMA
 
 log = logging.getLogger(__name__)
 

@@ -141,7 +141,7 @@ the first inter-token gap averages one step rather than half a step.
 
 Prefix cache: the prompt is cut into ``kv_block_size`` blocks; only full blocks count. The
 key of block i is a 64-bit hash of the whole prefix (blocks 0..i): per-token
-SplitMix64 (``replayer.hashing``) of (token XOR position-key), summed per block, then cumulatively summed over blocks
+SplitMix64 (``replayer.core.hashing``) of (token XOR position-key), summed per block, then cumulatively summed over blocks
 (vectorised in numpy, ~0.1-0.2 ms for 14k tokens, where a blake2b per block costs ~1 ms). Not
 cryptographic, but content- and position-keyed with 64-bit keys: accidental collisions are
 ~1e-8 over millions of lookups. Hits = leading blocks found x block size, capped like vLLM so
@@ -161,10 +161,10 @@ chunks), ``server`` (``SimServer``: routes, parsing, generation and pooling hand
 
 from __future__ import annotations
 
-from .cache import _PrefixCache, prompt_block_hashes  # noqa: F401 - _PrefixCache: bench/bench_sim.py
-from .cli import _parser, main, run_sim  # noqa: F401 - _parser: tests/test_sim_endpoints.py
-from .config import ReceivedRequest, SimConfig
-from .server import SimServer
+from replayer.sim.cache import _PrefixCache, prompt_block_hashes  # noqa: F401 - _PrefixCache: bench/bench_sim.py
+from replayer.sim.cli import _parser, main, run_sim  # noqa: F401 - _parser: tests/test_sim_endpoints.py
+from replayer.sim.config import ReceivedRequest, SimConfig
+from replayer.sim.server import SimServer
 
 __all__ = ["SimConfig", "SimServer", "ReceivedRequest", "prompt_block_hashes", "main",
            "run_sim"]

@@ -7,7 +7,7 @@ import collections
 
 import numpy as np
 
-from ..hashing import GAMMA, mix64_inplace
+from replayer.core.hashing import GAMMA, mix64_inplace
 
 # ---------------------------------------------------------------------------------------
 # Prefix hashing

@@ -8,10 +8,10 @@ import os
 import signal
 import sys
 
-from ..background import BackgroundTasks
-from .config import ReceivedRequest, SimConfig
-from .pooling import SCORE_USAGE_MODES
-from .server import SimServer
+from replayer.core.background import BackgroundTasks
+from replayer.sim.config import ReceivedRequest, SimConfig
+from replayer.sim.pooling import SCORE_USAGE_MODES
+from replayer.sim.server import SimServer
 
 
 # ---------------------------------------------------------------------------------------

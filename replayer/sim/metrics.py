@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:
-    from .server import SimServer
+    from replayer.sim.server import SimServer
 
 
 # ---------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from .config import SimConfig
+    from replayer.sim.config import SimConfig
 
 __all__ = ["PoolingError", "PoolingJob", "EmbeddingsJob", "ScoreJob", "RerankJob",
            "SCORE_USAGE_MODES", "text_score", "embedding_vector"]

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, Callable
 import orjson
 from aiohttp import web
 
-from .config import ReceivedRequest
-from .pooling import PoolingError, PoolingJob
-from .requests import _error_response
+from replayer.sim.config import ReceivedRequest
+from replayer.sim.pooling import PoolingError, PoolingJob
+from replayer.sim.requests import _error_response
 
 if TYPE_CHECKING:
-    from .config import SimConfig
-    from .metrics import _Metrics
+    from replayer.sim.config import SimConfig
+    from replayer.sim.metrics import _Metrics
 
 
 class _PoolingRoutes:

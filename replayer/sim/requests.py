@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 from aiohttp import web
 
-from .images import ImageError, SimImages
+from replayer.sim.images import ImageError, SimImages
 
 
 class _BadRequest(Exception):

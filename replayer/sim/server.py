@@ -19,14 +19,14 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from .cache import _PrefixCache, prompt_block_hashes
-from .config import ReceivedRequest, SimConfig
-from .images import SimImages
-from .engine import _DONE, _TOKEN_TEXT, _Engine, _frame, _Req, timing_metrics
-from .metrics import _Metrics
-from .pooling import EmbeddingsJob, RerankJob, ScoreJob
-from .poolroutes import _PoolingRoutes
-from .requests import _BadRequest, _error_body, _error_response, _Parsing
+from replayer.sim.cache import _PrefixCache, prompt_block_hashes
+from replayer.sim.config import ReceivedRequest, SimConfig
+from replayer.sim.images import SimImages
+from replayer.sim.engine import _DONE, _TOKEN_TEXT, _Engine, _frame, _Req, timing_metrics
+from replayer.sim.metrics import _Metrics
+from replayer.sim.pooling import EmbeddingsJob, RerankJob, ScoreJob
+from replayer.sim.poolroutes import _PoolingRoutes
+from replayer.sim.requests import _BadRequest, _error_body, _error_response, _Parsing
 
 # The package's logger name, as before the split into modules.
 log = logging.getLogger("replayer.sim")

@@ -35,13 +35,13 @@ from ``replayer.trace``.
 
 from __future__ import annotations
 
-from .model import (
+from replayer.trace.model import (
     DEFAULT_BLOCK_SIZE,
     ENDPOINTS,
     EXTRA_BODY_RESERVED,
     FORMATS,
     HASH_ID_KEY,
-    ROW_GROUP_SIZE,  # noqa: F401 - not in __all__; replayer.synth imports it
+    ROW_GROUP_SIZE,  # noqa: F401 - not in __all__; replayer.trace.synth imports it
     SCHEMA_VERSION,
     SYNTH_ID_BASE,
     TIME_UNITS,
@@ -49,15 +49,15 @@ from .model import (
     TraceError,
     TraceOrderWarning,
     TraceProblem,
-    _cut_optional,  # noqa: F401 - private; replayer.tracetools imports it
+    _cut_optional,  # noqa: F401 - private; replayer.trace.tools imports it
 )
-from .mix import MixEntry, mix_traces, open_mix, parse_entry
-from .options import parse_mapping
-from .parquet import trace_paths
-from .read import read_trace
-from .source import TraceSource, open_trace, slice_rows
-from .values import hash_id_from_string
-from .write import coarsest_unit, convert, trace_table, write_parquet
+from replayer.trace.mix import MixEntry, mix_traces, open_mix, parse_entry
+from replayer.trace.options import parse_mapping
+from replayer.trace.parquet import trace_paths
+from replayer.trace.read import read_trace
+from replayer.trace.source import TraceSource, open_trace, slice_rows
+from replayer.trace.values import hash_id_from_string
+from replayer.trace.write import coarsest_unit, convert, trace_table, write_parquet
 
 __all__ = [
     "TraceProblem",

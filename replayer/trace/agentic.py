@@ -43,10 +43,10 @@ from typing import Any, Iterator
 import numpy as np
 import orjson
 
-from ..hashing import mix64 as _mix
-from ..hashing import mix64_array
-from .columns import _Raw
-from .model import _Problems
+from replayer.core.hashing import mix64 as _mix
+from replayer.core.hashing import mix64_array
+from replayer.trace.columns import _Raw
+from replayer.trace.model import _Problems
 
 #: Hash ids made here stay below 2**62 (below the reserved synthesised range).
 ID_MASK = (1 << 62) - 1
@@ -102,7 +102,7 @@ def scope_key(name: str) -> int:
 def salt_ids(ids: np.ndarray, key: int) -> np.ndarray:
     """``ids`` (int64 bit patterns) moved into the scope ``key``: ``mix64(mix64(key) ^ id)`` cut
     to 62 bits. The same id in one scope maps to the same id; two scopes share none (but by a
-    ~2**-62 chance per pair). Vectorised SplitMix64 finalizer (``replayer.hashing``)."""
+    ~2**-62 chance per pair). Vectorised SplitMix64 finalizer (``replayer.core.hashing``)."""
     z = mix64_array(np.asarray(ids, dtype=np.int64).view(np.uint64) ^ np.uint64(_mix(key)))
     return (z & np.uint64(ID_MASK)).astype(np.int64)
 

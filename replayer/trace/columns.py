@@ -15,12 +15,12 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .model import _OPTIONAL, _REQUIRED, TIME_UNITS, _Problems
-from .options import _Opts, _src, _synth_hash
-from .timestamps import _timestamps
-from .images import check_image_rows
-from .optional import _check_requests, _optional_column
-from .values import _hash_from_lists, _hash_ids_from_strings, _hash_slow, _ints_checked, _ints_from_list, _ints_slow
+from replayer.trace.model import _OPTIONAL, _REQUIRED, TIME_UNITS, _Problems
+from replayer.trace.options import _Opts, _src, _synth_hash
+from replayer.trace.timestamps import _timestamps
+from replayer.trace.images import check_image_rows
+from replayer.trace.optional import _check_requests, _optional_column
+from replayer.trace.values import _hash_from_lists, _hash_ids_from_strings, _hash_slow, _ints_checked, _ints_from_list, _ints_slow
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,10 +22,10 @@ sent as 1 (counted in the metadata note).
 
 from __future__ import annotations
 
-from .agentic import AgentCall, AgentSession, get_float, get_int, parse_time_ns, read_records, sessions_to_raw
-from .columns import _Raw
-from .model import _Problems
-from .options import _Opts
+from replayer.trace.agentic import AgentCall, AgentSession, get_float, get_int, parse_time_ns, read_records, sessions_to_raw
+from replayer.trace.columns import _Raw
+from replayer.trace.model import _Problems
+from replayer.trace.options import _Opts
 
 COPILOT_BLOCK_SIZE = 64
 

@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pyarrow as pa
 
-from .columns import _Raw, _raw_from_table
-from .model import DEFAULT_BLOCK_SIZE, DEFAULT_TIME_UNIT, _Problems
-from .options import _Opts, _src
+from replayer.trace.columns import _Raw, _raw_from_table
+from replayer.trace.model import DEFAULT_BLOCK_SIZE, DEFAULT_TIME_UNIT, _Problems
+from replayer.trace.options import _Opts, _src
 
 
 #: Columns of the Azure LLM inference trace CSV (a header with two of them is taken for one).

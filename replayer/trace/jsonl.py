@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 import orjson
 
-from .columns import _Raw
-from .model import _OPTIONAL, _REQUIRED, DEFAULT_BLOCK_SIZE, DEFAULT_TIME_UNIT, _Problems
-from .options import _Opts, _src, _synth_hash
-from .timestamps import _timestamps
-from .images import check_image_rows
-from .optional import _check_requests, _optional_column
-from .values import _MISSING, _hash_from_lists, _ints_from_list, _type_name
+from replayer.trace.columns import _Raw
+from replayer.trace.model import _OPTIONAL, _REQUIRED, DEFAULT_BLOCK_SIZE, DEFAULT_TIME_UNIT, _Problems
+from replayer.trace.options import _Opts, _src, _synth_hash
+from replayer.trace.timestamps import _timestamps
+from replayer.trace.images import check_image_rows
+from replayer.trace.optional import _check_requests, _optional_column
+from replayer.trace.values import _MISSING, _hash_from_lists, _ints_from_list, _type_name
 
 
 def _lossy(v: Any) -> bool:

@@ -26,9 +26,9 @@ import os
 
 import numpy as np
 
-from .agentic import ID_MASK, salt_ids, scope_key
-from .model import _OPTIONAL, SYNTH_ID_BASE, Trace, TraceError, TraceProblem, _readonly
-from .read import read_trace
+from replayer.trace.agentic import ID_MASK, salt_ids, scope_key
+from replayer.trace.model import _OPTIONAL, SYNTH_ID_BASE, Trace, TraceError, TraceProblem, _readonly
+from replayer.trace.read import read_trace
 
 SCOPES = ("local", "global")
 
@@ -164,6 +164,6 @@ def mix_traces(entries: list[MixEntry], **read_options) -> Trace:
 
 def open_mix(entries: list[MixEntry], **read_options):
     """The mix of ``entries`` as a :class:`TraceSource` (read whole, served in batches)."""
-    from .source import _LoadedSource
+    from replayer.trace.source import _LoadedSource
 
     return _LoadedSource(mix_traces(entries, **read_options))

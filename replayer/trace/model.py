@@ -54,7 +54,7 @@ _ENDPOINT_PATH = {**ENDPOINTS, **{v: v for v in ENDPOINTS.values()}}
 _QUERY_ENDPOINTS = ("/v1/score", "/v1/rerank")
 #: Request body keys an ``extra_body`` may not set: the replayer sets them per request from the
 #: row (the prompt of each endpoint, the output length) or needs them to measure (streaming with
-#: usage). Every other top-level key is merged over the built body (``replayer.payload``).
+#: usage). Every other top-level key is merged over the built body (``replayer.build.payload``).
 EXTRA_BODY_RESERVED = frozenset(("prompt", "messages", "input", "text_1", "text_2", "query", "documents",
                                  "max_tokens", "max_completion_tokens", "min_tokens", "stream",
                                  "stream_options"))

@@ -16,9 +16,9 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from .model import _ENDPOINT_PATH, _INT64_MAX, _MIN, _QUERY_ENDPOINTS, ENDPOINTS, EXTRA_BODY_RESERVED, _Problems
-from .images import IMAGE_COLUMNS, image_value
-from .values import _MISSING, _coerce_int, _short, _type_name
+from replayer.trace.model import _ENDPOINT_PATH, _INT64_MAX, _MIN, _QUERY_ENDPOINTS, ENDPOINTS, EXTRA_BODY_RESERVED, _Problems
+from replayer.trace.images import IMAGE_COLUMNS, image_value
+from replayer.trace.values import _MISSING, _coerce_int, _short, _type_name
 
 
 def _is_nan(v: Any) -> bool:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .model import _OPTIONAL, _REQUIRED, SYNTH_ID_BASE
+from replayer.trace.model import _OPTIONAL, _REQUIRED, SYNTH_ID_BASE
 
 
 # --------------------------------------------------------------------------------------------

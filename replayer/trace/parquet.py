@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .columns import _check_hash_counts, _Raw, _raw_from_table
-from .model import _OPTIONAL, CAPTURE_META, DEFAULT_BLOCK_SIZE, ROLLED_PARTS_META, DEFAULT_TIME_UNIT, META_PREFIX, SCHEMA_VERSION, TIME_UNITS, _Problems
-from .options import _Opts
+from replayer.trace.columns import _check_hash_counts, _Raw, _raw_from_table
+from replayer.trace.model import _OPTIONAL, CAPTURE_META, DEFAULT_BLOCK_SIZE, ROLLED_PARTS_META, DEFAULT_TIME_UNIT, META_PREFIX, SCHEMA_VERSION, TIME_UNITS, _Problems
+from replayer.trace.options import _Opts
 
 
 def _parquet_meta(schema_meta: dict | None, probs: _Problems, opts: _Opts) -> tuple[dict[str, str], int]:

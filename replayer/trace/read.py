@@ -13,17 +13,17 @@ import warnings
 
 import numpy as np
 
-from .agentic import AGENTIC_FORMATS, sniff
-from .columns import _check_hash_counts, _Raw
-from .csv import AZURE_COLUMNS, _read_csv, _sniff_csv_header
-from .jsonl import _read_jsonl, _read_servegen
-from .model import (_INT64_MAX, _OPTIONAL, FORMATS, READ_TIME_UNITS, Trace, TraceError, TraceOrderWarning,
+from replayer.trace.agentic import AGENTIC_FORMATS, sniff
+from replayer.trace.columns import _check_hash_counts, _Raw
+from replayer.trace.csv import AZURE_COLUMNS, _read_csv, _sniff_csv_header
+from replayer.trace.jsonl import _read_jsonl, _read_servegen
+from replayer.trace.model import (_INT64_MAX, _OPTIONAL, FORMATS, READ_TIME_UNITS, Trace, TraceError, TraceOrderWarning,
                     TraceProblem, _Problems, _readonly)
-from .options import _AZURE_MAP, _Opts, parse_mapping
-from .parquet import _read_parquet, is_capture_folder
-from .copilot import _read_copilot
-from .tracelab import _read_tracelab
-from .weka import _read_weka
+from replayer.trace.options import _AZURE_MAP, _Opts, parse_mapping
+from replayer.trace.parquet import _read_parquet, is_capture_folder
+from replayer.trace.copilot import _read_copilot
+from replayer.trace.tracelab import _read_tracelab
+from replayer.trace.weka import _read_weka
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,11 +11,11 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .columns import _raw_from_table
-from .model import MAX_PROBLEMS, TIME_UNITS, Trace, TraceError, TraceProblem, _cut_optional, _Problems, _readonly
-from .options import _Opts, _src
-from .parquet import _parquet_meta, is_capture_folder, replayable_rows, trace_paths
-from .read import _finish, _resolve, _Sessions, read_trace
+from replayer.trace.columns import _raw_from_table
+from replayer.trace.model import MAX_PROBLEMS, TIME_UNITS, Trace, TraceError, TraceProblem, _cut_optional, _Problems, _readonly
+from replayer.trace.options import _Opts, _src
+from replayer.trace.parquet import _parquet_meta, is_capture_folder, replayable_rows, trace_paths
+from replayer.trace.read import _finish, _resolve, _Sessions, read_trace
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,8 +9,8 @@ from decimal import ROUND_HALF_EVEN, Decimal
 import numpy as np
 import pyarrow as pa
 
-from .model import _INT64_MAX, TIME_UNITS, _Problems
-from .values import _MISSING, _coerce_int, _ints_checked, _ints_from_list, _ints_slow, _short, _type_name
+from replayer.trace.model import _INT64_MAX, TIME_UNITS, _Problems
+from replayer.trace.values import _MISSING, _coerce_int, _ints_checked, _ints_from_list, _ints_slow, _short, _type_name
 
 
 # --------------------------------------------------------------------------------------------

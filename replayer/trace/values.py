@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .model import (_HEX, _INT64_MAX, _MIN, _U64, HASH_ID_KEY, _Problems)
+from replayer.trace.model import (_HEX, _INT64_MAX, _MIN, _U64, HASH_ID_KEY, _Problems)
 
 # --------------------------------------------------------------------------------------------
 # Value checks (slow paths are only taken for the values that need them)

@@ -23,10 +23,10 @@ time 0 (the corpus gives no session start). ``out`` 0 is sent as 1 (counted in t
 
 from __future__ import annotations
 
-from .agentic import AgentCall, AgentSession, get_float, get_int, read_records, sessions_to_raw
-from .columns import _Raw
-from .model import _Problems
-from .options import _Opts
+from replayer.trace.agentic import AgentCall, AgentSession, get_float, get_int, read_records, sessions_to_raw
+from replayer.trace.columns import _Raw
+from replayer.trace.model import _Problems
+from replayer.trace.options import _Opts
 
 WEKA_BLOCK_SIZE = 64
 

@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .model import (_OPTIONAL_TYPES, DEFAULT_TIME_UNIT, META_PREFIX, ROW_GROUP_SIZE, SCHEMA_VERSION, TIME_UNITS,
+from replayer.trace.model import (_OPTIONAL_TYPES, DEFAULT_TIME_UNIT, META_PREFIX, ROW_GROUP_SIZE, SCHEMA_VERSION, TIME_UNITS,
                     Trace)
-from .read import read_trace
+from replayer.trace.read import read_trace
 
 
 def trace_table(trace: Trace, *, time_unit: str = "ms", source: str = "", license: str = "",  # noqa: A002

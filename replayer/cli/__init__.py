@@ -1,0 +1,312 @@
+"""Command line: parse flags into a RunConfig and call the right entry point; no logic here.
+
+Every ``RunConfig`` field has exactly one flag, derived from the field (``duration_s`` ->
+``--duration``, units in the help), so the CLI and the config cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import types
+import typing
+
+from replayer.config.model import ConfigError, RunConfig, flag_name, load_config
+
+# NumPy's OpenBLAS starts one spinning thread per core at import; the replayer does no linear
+# algebra, and on a small host those threads cost ~0.3 s of CPU per start (set before numpy loads).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+POSITIONAL = ("trace",)
+#: list settings given one value per flag, the flag repeated (``--target A --target B``)
+REPEATED = ("target",)
+
+
+
+
+class _Traces(argparse.Action):
+    """The trace argument(s): one is ``trace``; several are ``trace`` (the first) and ``mix``."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if values:
+            namespace.trace = values[0]
+            if len(values) > 1:
+                namespace.mix = list(values)
+
+
+def _base_type(annotation: object) -> type:
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return args[0]
+    return annotation  # type: ignore[return-value]
+
+
+def add_config_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per RunConfig field; unset flags stay absent so the config's defaults apply."""
+    for name, f in RunConfig.model_fields.items():
+        typ = _base_type(f.annotation)
+        unit = " (seconds)" if name.endswith("_s") else ""
+        default = "" if f.is_required() else f" [default: {f.default}]"
+        help_text = f"{f.description}{unit}{default}"
+        if name in POSITIONAL:  # `run A B ...`: several traces are a mix (one tenant each)
+            p.add_argument(name, nargs="*", default=argparse.SUPPRESS, action=_Traces, help=help_text)
+        elif name in REPEATED:
+            p.add_argument(flag_name(name), dest=name, action="append", default=argparse.SUPPRESS,
+                           metavar=name.upper(), help=help_text)
+        elif typing.get_origin(typ) is list:  # KEY:VALUE pairs (--goodput, as vllm bench serve takes it)
+            p.add_argument(flag_name(name), dest=name, nargs="+", default=argparse.SUPPRESS,
+                           metavar=name.upper(), help=help_text)
+        elif typ is bool:
+            p.add_argument(flag_name(name), dest=name, action=argparse.BooleanOptionalAction,
+                           default=argparse.SUPPRESS, help=help_text)
+        else:
+            p.add_argument(flag_name(name), dest=name, type=typ, default=argparse.SUPPRESS,
+                           metavar=name.removesuffix("_s").upper(), help=help_text)
+
+
+def read_config_file(path: str) -> dict:
+    """Settings from a YAML file whose keys are RunConfig field names (``configs/*.yaml``).
+    Raises ConfigError for unreadable files, non-mapping documents and unknown keys."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError([f"config: cannot read {path}: {e}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([f"config: {path} must hold a mapping of setting: value"])
+    unknown = sorted(set(data) - set(RunConfig.model_fields))
+    if unknown:
+        import difflib
+
+        def hint(k: str) -> str:
+            close = difflib.get_close_matches(str(k), list(RunConfig.model_fields), n=1)
+            return f" (did you mean {close[0]!r}?)" if close else ""
+
+        raise ConfigError([f"config: {path}: unknown setting {k!r}{hint(k)}" for k in unknown])
+    return data
+
+
+def _flags_for(cfg: RunConfig, skip: set[str]) -> list[str]:
+    """Command-line flags reproducing every setting of ``cfg`` except ``skip``."""
+    out: list[str] = []
+    for name in RunConfig.model_fields:
+        if name in skip:
+            continue
+        v = getattr(cfg, name)
+        if name == "trace":
+            out.append(v)
+        elif isinstance(v, bool):
+            out.append(flag_name(name) if v else "--no-" + flag_name(name)[2:])
+        elif isinstance(v, list) and name in REPEATED:
+            for x in v:
+                out += [flag_name(name), x]
+        elif isinstance(v, list):
+            out += [flag_name(name), *v]
+        elif v is not None:
+            out += [flag_name(name), str(v)]
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="replayer", allow_abbrev=False, description="Replay LLM serving traces "
+                                "against OpenAI-compatible servers, open-loop and token-exact.")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="replay a trace (against the embedded simulator if no --target)",
+                         usage="%(prog)s [options] [trace ...]",
+                         description="Replay a trace. Settings come from --config FILE (YAML; keys are "
+                         "the setting names: the flag without '--', dashes as underscores, and '_s' "
+                         "appended for settings in seconds, e.g. read_timeout_s) and are overridden by flags.")
+    run.add_argument("--config", dest="config_file", default=None, metavar="FILE",
+                     help="YAML file of settings (see configs/); flags override it")
+    add_config_flags(run)
+    sub.add_parser("sim", help="run the simulated OpenAI-compatible server (see `replayer sim --help`)",
+                   add_help=False)
+    from replayer.cli.trace import add_trace_parser
+
+    add_trace_parser(sub)
+    from replayer.capture.record import add_record_parser
+
+    add_record_parser(sub)
+    mg = sub.add_parser("merge", help="merge the results folders of shards or workers into one summary")
+    mg.add_argument("dirs", nargs="+", help="results folders")
+    mg.add_argument("-o", "--output", default=None,
+                    help="folder for the merged summary.json [default: none: print it only]")
+    mg.add_argument("--wait", type=float, default=None, metavar="S",
+                    help="first wait up to S seconds for every folder's run to end by itself (a "
+                         "summary.json that was not cut short by a stop), e.g. in a Kubernetes merge Job")
+    rp = sub.add_parser("report", help="write a self-contained HTML report (plots) of a results folder")
+    rp.add_argument("results", help="results folder (holds requests.parquet)")
+    rp.add_argument("-o", "--output", default=None, help="output .html [default: RESULTS/report.html]")
+    sw = sub.add_parser("sweep", help="replay a trace at growing speed-ups until the SLO attainment drops; "
+                        "finds the highest load that held", usage="%(prog)s --speedups LIST --goodput KEY:VALUE... "
+                        "[run options] [trace]",
+                        description="Replay a trace (or a window: --max-requests, --duration) at each speed-up "
+                        "of --speedups in turn, one results folder per point under --results, and stop after "
+                        "the first point whose SLO attainment (--goodput) is below --min-attainment. Writes "
+                        "sweep.json and sweep.html there. Every option of `replayer run` applies to each point, "
+                        "except --speedup, --seed (salted per point with --prefix-cache salt) and --resume.")
+    sw.add_argument("--config", dest="config_file", default=None, metavar="FILE",
+                    help="YAML file of run settings (see configs/); flags override it")
+    sw.add_argument("--speedups", required=True, metavar="LIST",
+                    help="speed-ups to replay at, in increasing order, e.g. 1,2,4,8,16 (at most 32)")
+    sw.add_argument("--min-attainment", type=float, default=0.9, metavar="F",
+                    help="a point holds when at least this fraction of its judged requests met every "
+                         "--goodput bound [default: 0.9]")
+    sw.add_argument("--prefix-cache", choices=("salt", "reset", "warm"), default="salt",
+                    help="keep points from sharing prefix-cache hits: salt = fresh prompt prefixes per point; "
+                         "reset = the same prompts, POST /reset_prefix_cache to the target before each point "
+                         "(vLLM in dev mode, the simulator); warm = neither [default: salt]")
+    sw.add_argument("--max-dispatch-lag", type=float, default=None, metavar="MS",
+                    help="a point whose dispatch lag p99 is above this is marked replayer_behind (the replayer, "
+                         "not the server, fell behind) and ends the sweep [default: the lag past which a run "
+                         "warns that the replayer itself is the bottleneck, daemon.BEHIND_MS]")
+    add_config_flags(sw)
+    cp = sub.add_parser("compare", help="compare two runs' summary.json side by side")
+    cp.add_argument("a", help="results folder or summary.json of run A")
+    cp.add_argument("b", help="results folder or summary.json of run B")
+    cp.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    sub.add_parser("version", help="print the version")
+    _finish_parsers(p)
+    return p
+
+
+def _subcommands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """``p``'s subcommands: name -> parser."""
+    return {name: c for a in p._actions if isinstance(a, argparse._SubParsersAction) for name, c in a.choices.items()}
+
+
+def _finish_parsers(p: argparse.ArgumentParser) -> None:
+    """Every subcommand's parser records itself as ``_leaf`` in the namespace (the innermost
+    one wins), so an unknown flag is reported with that subcommand's usage, not the top level's;
+    and none accepts abbreviations (``--max-request`` is an unknown flag, not ``--max-requests``:
+    an abbreviation that works today breaks when a flag with the same prefix is added)."""
+    for sp in _subcommands(p).values():
+        sp.allow_abbrev = False
+        sp.set_defaults(_leaf=sp)
+        _finish_parsers(sp)
+
+
+#: How alike an unknown flag and a real one must be (``difflib`` ratio of the names without their
+#: dashes) for "did you mean": ``--speedupp`` -> ``--speedup`` (0.93), but ``--foo`` gets no
+#: ``--loop`` (0.57).
+FLAG_HINT_CUTOFF = 0.7
+
+
+def _closest_flag(arg: str, flags: list[str]) -> str | None:
+    """The flag of ``flags`` closest to ``arg`` (``--name`` or ``--name=value``), or None: the one
+    flag ``arg`` abbreviates if there is one, else the closest name within ``FLAG_HINT_CUTOFF``."""
+    import difflib
+
+    names = {f.lstrip("-"): f for f in flags}
+    typed = arg.split("=", 1)[0].lstrip("-")
+    longer = [n for n in names if n.startswith(typed)] if typed else []
+    if len(longer) == 1:
+        return names[longer[0]]
+    close = difflib.get_close_matches(typed, list(names), n=1, cutoff=FLAG_HINT_CUTOFF)
+    return names[close[0]] if close else None
+
+
+def _unrecognized(p: argparse.ArgumentParser, extra: list[str]) -> None:
+    """Exit 2 with ``p``'s usage, naming the unknown arguments and the closest flags of ``p``."""
+    flags = [o for a in p._actions for o in a.option_strings if a.help != argparse.SUPPRESS]
+    hints = [c for c in (_closest_flag(arg, flags) for arg in extra if arg.startswith("-")) if c]
+    msg = "unrecognized arguments: " + " ".join(extra)
+    if hints:
+        msg += "; did you mean " + ", ".join(hints) + "?"
+    p.error(msg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "sim":
+        from replayer.sim import main as sim_main
+
+        return sim_main(argv[1:])
+    parser = build_parser()
+    commands = list(_subcommands(parser))
+    if argv and not argv[0].startswith("-") and argv[0] not in commands:
+        import difflib
+
+        close = difflib.get_close_matches(argv[0], commands, n=1)
+        parser.error(f"unknown command {argv[0]!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+                     + f" (commands: {', '.join(commands)})")
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _unrecognized(getattr(args, "_leaf", parser), extra)
+    if args.command == "version":
+        from replayer import __version__
+
+        print(__version__)
+        return 0
+    if args.command in ("run", "sweep"):
+        flags = {k: v for k, v in vars(args).items() if k in RunConfig.model_fields}
+        try:
+            values = read_config_file(args.config_file) if args.config_file else {}
+            from_file = set(values) - set(flags)
+            values.update(flags)
+            cfg = load_config(values, config_file=args.config_file, from_file=from_file)
+        except ConfigError as e:
+            print(f"replayer {args.command}: {e}", file=sys.stderr)
+            return 2
+    if args.command == "sweep":
+        from replayer.run.sweep import PER_POINT, SweepError, parse_speedups, run_sweep
+
+        given = [flag_name(k) for k in ("speedup", "resume", "resume_existing") if k in flags]
+        try:
+            if given:
+                raise SweepError(f"{', '.join(given)}: not for a sweep (it sets the speed-up of each point "
+                                 "from --speedups and starts a new run per point)")
+            if not 0 <= args.min_attainment <= 1:
+                raise SweepError(f"--min-attainment {args.min_attainment:g}: must be between 0 and 1")
+            speedups = parse_speedups(args.speedups)
+            lag = {} if args.max_dispatch_lag is None else {"max_dispatch_lag_ms": args.max_dispatch_lag}
+            _, code = run_sweep(cfg, _flags_for(cfg, PER_POINT), speedups=speedups,
+                                min_attainment=args.min_attainment, prefix_cache=args.prefix_cache, **lag)
+        except SweepError as e:
+            print(f"replayer sweep: {e}", file=sys.stderr)
+            return 2
+        return code
+    if args.command == "run":
+        if cfg.workers > 1:
+            from replayer.run.workers import run_workers
+
+            skip = {"workers", "shard", "results", "start_at", "admin_port", "target", "quiet", "config_file",
+                    "max_error_ratio"}  # (checked on the merged summary)
+            passthrough = _flags_for(cfg, skip)
+            return run_workers(cfg, passthrough)
+        sim = None
+        if cfg.target is None:  # boot the simulator on the other core while the daemon imports
+            from replayer.run.simproc import spawn_sim
+
+            sim = spawn_sim()
+        from replayer.run.daemon import main_run
+
+        return main_run(cfg, sim=sim)
+    if args.command == "merge":
+        from replayer.results.merge import main_merge
+
+        return main_merge(args.dirs, args.output, args.wait)
+    if args.command == "report":
+        from replayer.results.report import main_report
+
+        return main_report(args.results, args.output)
+    if args.command == "compare":
+        from replayer.results.compare import main_compare
+
+        return main_compare(args.a, args.b, args.json)
+    if args.command == "record":
+        from replayer.capture.record import main_record
+
+        return main_record(args)
+    if args.command == "trace":
+        from replayer.cli.trace import run_trace
+
+        return run_trace(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

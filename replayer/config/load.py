@@ -1,0 +1,92 @@
+"""Loading the run configuration: the errors that list every problem, the CLI flag of a setting,
+the run id, and the settings a resumed run takes from its checkpoint.
+
+``replayer.config.model`` holds ``RunConfig`` (the settings and their checks) and re-exports these.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from replayer.config.model import RunConfig
+
+
+#: what ``run_id`` may hold: it goes into every request's ``X-Request-Id`` header
+RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def new_run_id() -> str:
+    """A new run id (12 random hex digits): unique across runs, so ids in a server's logs never
+    collide between runs."""
+    return secrets.token_hex(6)
+
+
+class ConfigError(ValueError):
+    """Invalid settings; ``problems`` lists one ``field: message`` per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+#: settings a resumed run must share with the run it continues: they decide which rows exist
+#: and what each prompt is (a resume with another seed would mix two prompt sets in one folder)
+SAME_ON_RESUME = ("seed", "shard", "block_size", "vocab_range", "tokenizer", "prompt_mode", "loop_salt",
+                  "loop", "max_requests", "endpoint", "format", "map", "time_unit", "mix", "hash_id_scope")
+
+
+def recorded_settings(results_dir: str, *, workers: bool = False) -> dict:
+    """The trace, ``SAME_ON_RESUME`` settings and run id recorded in ``results_dir/checkpoint.json`` (or,
+    for a ``--workers`` run's folder, ``worker-0/checkpoint.json``, without its shard), so that
+    ``--resume DIR`` alone continues the run as it was. Empty when there is no readable
+    checkpoint (the daemon then says so)."""
+    for folder, own in ((results_dir, not workers), (os.path.join(results_dir, "worker-0"), False)):
+        try:
+            with open(os.path.join(folder, "checkpoint.json"), encoding="utf-8") as f:
+                ckpt = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(ckpt, dict):
+            return {}
+        out = {k: v for k, v in (ckpt.get("settings") or {}).items() if k in SAME_ON_RESUME}
+        out.update({k: ckpt[k] for k in ("seed", "shard", "trace", "run_id") if k in ckpt})
+        if not own:
+            out.pop("shard", None)
+        return out
+    return {}
+
+
+def flag_name(field: str) -> str:
+    """The CLI flag of a RunConfig field: ``read_timeout_s`` -> ``--read-timeout``."""
+    return "--" + field.removesuffix("_s").replace("_", "-")
+
+
+def load_config(values: dict, *, config_file: str | None = None, from_file: AbstractSet[str] = frozenset()) -> "RunConfig":
+    """Validate ``values`` into a RunConfig, or raise ConfigError listing every problem, each
+    naming the setting (and its flag, or ``config_file`` for the names in ``from_file``: the
+    values that came from it) and the value given."""
+    from replayer.config.model import RunConfig
+
+    try:
+        return RunConfig(**values)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            name = ".".join(str(x) for x in err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            src = f" in {config_file}" if config_file and name in from_file else ""
+            if name in RunConfig.model_fields and name != "trace":
+                where = f"{name} ({flag_name(name)}{src})"
+            else:
+                where = f"{name or 'config'}{src}"
+            got = f" (got {err['input']!r})" if err.get("type") != "missing" and name else ""
+            problems.append(f"{where}: {msg}{got}")
+        raise ConfigError(problems) from None

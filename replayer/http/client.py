@@ -1,0 +1,402 @@
+"""The HTTP client of the hot path: ``send`` turns a PreparedRequest into a measured
+RequestResult and never raises for request failures (errors are values at this boundary).
+
+Why not aiohttp's client here (it serves the admin server, the simulator, readiness checks and
+scraping): profiling the W1 workload (~120 concurrent streams, ~12k SSE events/s) showed its
+per-chunk machinery (StreamReader, a future and a task wake-up per chunk, a read-timeout timer
+re-armed per chunk) taking ~45 % of the replayer's CPU. This client is an asyncio ``Protocol``
+per connection (``replayer.http.connection``) with llhttp (``httptools``) parsing the response; response bytes are decoded and
+measured inside ``data_received``, stamped once per read with the one monotonic clock, and the
+sending coroutine wakes up once per request. The client is a connection pool (``replayer.http.pool``);
+what an attempt leaves in its result is ``replayer.http.measure``'s.
+
+Behaviour (the traps of DESIGN.md avoided):
+* unlimited keep-alive connections: no hidden client-side queue (case B24); the time spent
+  opening a connection is recorded apart (``connect_ms``) and ``sent_ns`` is stamped when the
+  request bytes are handed to the socket;
+* timeouts told apart by kind (``replayer.core.errors``): connect (``connect_timeout_s``), first byte
+  and idle (``read_timeout_s`` of silence after the send or between two reads: a slow but steady
+  stream is never cut), and an optional total (``request_timeout_s`` from the send to the end of
+  the response; none by default), all checked by one lazy timer per request (not re-armed per
+  chunk). A failed or cancelled request keeps what arrived as ``partial_output_tokens``, never
+  as ``completion_tokens``; every failure has a non-empty message;
+* a reused keep-alive connection (one that served a response before) that closes before any
+  byte of the response is ``STALE_CONNECTION``, apart from the server's disconnects: the server
+  closed it idle as the request went out (or went away). No byte came back, so it is retried
+  like a connect failure (below). A connection reserved for the launcher that closes before the
+  launcher wrote the request is no failure at all: nothing reached the server, and the request
+  goes out on another connection at once (not counted as a retry);
+* SSE events of any size (``sse.SSEDecoder`` on a byte buffer), chunked, Content-Length or
+  close-delimited bodies, HTTP and HTTPS.
+
+Retries (off by default: ``retry_max=0``): a request answered HTTP 429 or 5xx, or whose
+connection failed before any response byte (CONNECT, CONNECT_TIMEOUT, STALE_CONNECTION, or
+DISCONNECT before the response headers), is sent again after ``retry_backoff_s * 2**k`` seconds
+(k = retries so far), or after the response's ``Retry-After`` seconds when it carried one (capped at 60 s), on a pooled
+or fresh connection, at most ``retry_max`` times. Never retried: any other 4xx, and any failure
+after a 200 response's headers (output may have arrived; the request is not idempotent then).
+``res.retries`` counts the retries; the result holds the LAST attempt's outcome, status, error,
+``sent_ns``/``connect_ms`` and TTFT/E2E (measured from the last attempt's send), while
+``dispatch_lag_ms`` stays the first send's (how late the schedule was served; when the first
+attempts could not even connect, it is the first attempt that wrote the request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import socket
+import ssl
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from replayer.http.audit import audit_pooling
+from replayer.http.pool import IDLE_EXPIRY_S, Pool
+from replayer.http.connection import _ERROR_BODY_LIMIT, _Connection, _Exchange, _Failure, fd_limit_hint
+from replayer.core.clock import now_ns
+from replayer.core.errors import ErrorKind, Outcome
+from replayer.http.launcher import Launcher
+from replayer.http.measure import fail, measure, partial, retry_after_s
+from replayer.build.payload import POOLING, PreparedRequest
+from replayer.core.result import RequestResult
+from replayer.http.servertimings import TimedStreamAccumulator
+from replayer.http.servertimings import record as record_server_timings
+from replayer.http.chunks import ERROR_TEXT_LIMIT, StreamAccumulator
+
+_UNSENT = -2.0  # _attempt: the launcher never wrote the reserved request (its connection closed first)
+
+
+class Client(Pool):
+    """Sends prepared requests to ``base_url + endpoint`` (``http://`` or ``https://``).
+
+    ``t0_ns``: the run anchor; recorded times are offsets from it (may be set after ``warm_up``,
+    before the first send: the daemon anchors the schedule once the pool is open). ``api_key``: sent as a bearer
+    token (never logged). ``connect_timeout_s``: TCP (and TLS) connect limit.
+    ``read_timeout_s``: longest silence after the send (FIRST_BYTE_TIMEOUT) or between two reads
+    (IDLE_TIMEOUT) (``None``: wait forever). ``request_timeout_s``: the longest a response may take
+    from the send to its end (TOTAL_TIMEOUT; ``None``: no total timeout).
+    ``retry_max``/``retry_backoff_s``: the retry policy (see the module docstring; 0 = never retry). ``usage_slack_tokens``: the pooling usage audit's
+    allowance per input (``replayer.http.audit``). ``delayed_ack``: turn TCP quick ACKs off on a
+    connection when a response's headers arrive (``TCP_QUICKACK`` 0, Linux), so the kernel ACKs
+    every second SSE event instead of each one (Linux ACKs at once each read that empties the
+    buffer of a small pushed segment, unless the socket is in "pingpong" mode, which this sets
+    and which lasts until a delayed-ACK timer fires: about one response). Half the ACK segments
+    and ~3.5 us less system CPU per event (bench/bench_stream.py). Only for servers with
+    ``TCP_NODELAY``: a server using Nagle's algorithm holds each small write until the previous
+    one is acknowledged, so tokens would wait for the delayed ACK (up to 40 ms). A request with its own ``path`` goes to
+    ``base_url + path``. A request's ``headers`` (its ``X-Request-Id``) go into its head.
+    ``server_timings``: read the server's own timings from the response and record them
+    (``replayer.http.servertimings``). ``idle_expiry_s``: an idle connection beyond the
+    ``spare_target`` spares is closed once unused this long, and one the server closed leaves
+    the pool: a burst or a backlog opens a connection per request in flight, and without this
+    the pool would keep them all (a few KB each, with their parsers) for the rest of a soak.
+    Use as an async context manager, or call ``start``/``close``.
+    """
+
+    def __init__(self, base_url: str, *, t0_ns: int = 0, endpoint: str = "/v1/completions",
+                 api_key: str | None = None, connect_timeout_s: float = 30.0,
+                 read_timeout_s: float | None = 600.0, request_timeout_s: float | None = None, retry_max: int = 0,
+                 retry_backoff_s: float = 0.5, usage_slack_tokens: int = 0, delayed_ack: bool = False,
+                 server_timings: bool = False, idle_expiry_s: float = IDLE_EXPIRY_S) -> None:
+        u = urlsplit(base_url.rstrip("/") + endpoint)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"target must be an http(s) URL, got {base_url!r}")
+        super().__init__(u.hostname, u.port or (443 if u.scheme == "https" else 80),
+                         ssl.create_default_context() if u.scheme == "https" else None, connect_timeout_s,
+                         idle_expiry_s=idle_expiry_s)
+        self.url = base_url.rstrip("/") + endpoint
+        self.t0_ns = t0_ns
+        self._host_header = u.netloc.rsplit("@", 1)[-1]
+        self._base_path = urlsplit(base_url).path.rstrip("/")
+        self._api_key = api_key
+        self._head = self._request_head((u.path or "/") + (f"?{u.query}" if u.query else ""))
+        self._heads: dict[str, bytes] = {}
+        self.usage_slack_tokens = usage_slack_tokens
+        self.server_timings = server_timings
+        self._acc = TimedStreamAccumulator if server_timings else StreamAccumulator
+        self.delayed_ack = delayed_ack and hasattr(socket, "TCP_QUICKACK")
+        self._read_timeout_ns = int(read_timeout_s * 1e9) if read_timeout_s else None
+        self._total_ns = int(request_timeout_s * 1e9) if request_timeout_s else None
+        if retry_max < 0 or retry_backoff_s < 0:
+            raise ValueError("retry_max and retry_backoff_s must be >= 0")
+        self.retry_max = retry_max
+        self.retry_backoff_s = retry_backoff_s
+        # told of each result whose request has just gone out (first send, or its connect
+        # failed at the due time), its dispatch lag set: live accounting at send time
+        self.on_dispatched: Callable[[RequestResult], None] | None = None
+        self._launcher: Launcher | None = None
+        self._launches: dict[int, tuple] = {}  # launcher token -> (req, res, conn, ex, request head)
+
+    def _request_head(self, path: str) -> bytes:
+        head = (f"POST {path} HTTP/1.1\r\nHost: {self._host_header}\r\nUser-Agent: replayer\r\n"
+                "Content-Type: application/json\r\nAccept: text/event-stream, application/json\r\n")
+        if self._api_key:
+            head += f"Authorization: Bearer {self._api_key}\r\n"
+        return head.encode("latin-1")
+
+    def _head_for(self, path: str | None) -> bytes:
+        if path is None:
+            return self._head
+        head = self._heads.get(path)
+        if head is None:
+            head = self._heads[path] = self._request_head(self._base_path + path)
+        return head
+
+    async def start(self) -> None:
+        """Nothing to set up beyond the constructor (kept for symmetry with ``close``)."""
+
+    async def __aenter__(self) -> "Client":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def use_launcher(self, launcher: Launcher) -> None:
+        """Write reserved requests through ``launcher`` (started and ready; its reports go to
+        ``on_launched``): see ``reserve`` and ``launch``."""
+        launcher.attach(self.on_launched)
+        self._launcher = launcher
+
+    def reserve(self, req: PreparedRequest, res: RequestResult) -> tuple | None:
+        """Bind ``req`` to an idle keep-alive connection and build its bytes, to be written at
+        its due time by the launcher process (``launch``; ``replayer.http.launcher``). None when no
+        launcher runs or no idle plain-HTTP connection is ready (then ``send`` writes it as
+        usual). Pass the returned handle to ``launch`` and then to ``send(req, res, reserved)``."""
+        if self._launcher is None or not self._launcher.running:
+            return None
+        conn = self._idle_connection()
+        if conn is None:
+            return None
+        if conn.fd < 0:  # TLS: only the transport can write
+            self._idle.append(conn)
+            return None
+        ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns,
+                       self._acc())
+        conn.ex = ex  # the connection is ours from now on
+        res.connect_ms = 0.0
+        return conn, ex, self._head_of(req)
+
+    def launch(self, at_ns: int, req: PreparedRequest, res: RequestResult, reserved: tuple) -> None:
+        """Queue the reserved request's write in the launcher for ``at_ns`` (``now_ns`` clock).
+        The launcher writes its head at that time (every request due then starts before any
+        body goes; see ``replayer.http.launcher``); ``on_launched`` records it."""
+        conn, ex, head = reserved
+        if conn.closed:  # the server closed it since reserve: the exchange has failed already
+            return
+        if at_ns > ex.last_ns:  # the read timeout counts from the write, not from the hand-over
+            ex.last_ns = at_ns
+        token = self._launcher.submit(at_ns, conn.fd, head, req.body)  # type: ignore[union-attr]
+        self._launches[token] = (req, res, conn, ex, head, at_ns)
+        conn.launch = token
+
+    def on_launched(self, token: int, sent: int, written: int, err: int) -> None:
+        """The launcher's report on the write ``token``: stamp ``sent_ns`` (just before the
+        first byte) and write what the socket did not take, or fail the exchange as a disconnect
+        before any response byte."""
+        item = self._launches.pop(token, None)
+        if item is None:
+            return
+        req, res, conn, ex, head, at_ns = item
+        conn.launch = 0
+        if err:
+            what = "the launcher process exited" if err == errno.ECHILD else os.strerror(err)
+            if conn.ex is ex:
+                conn._finish_error(ErrorKind.DISCONNECT, f"write failed: {what}")
+        else:
+            if sent > ex.last_ns:
+                ex.last_ns = sent
+            if ex.total_ns is not None and conn.ex is ex:
+                ex.deadline_ns = sent + ex.total_ns
+                conn.check_stall()
+            self._stamp_sent(res, sent, at_ns - self.t0_ns)
+            if written < len(head) + len(req.body):
+                if ex.done.done():  # answered before its body went out: the stream is out of step
+                    conn._abort()
+                elif not conn.closed and conn.transport is not None:
+                    if written < len(head):
+                        conn.transport.writelines((memoryview(head)[written:], req.body))
+                    else:
+                        conn.transport.write(memoryview(req.body)[written - len(head):])
+        _reported(ex)
+
+    def _cancel_launch(self, conn: _Connection) -> None:
+        """``conn`` is closing: drop its write queued in the launcher, if any (the exchange
+        fails through the connection)."""
+        token = conn.launch
+        if token:
+            conn.launch = 0
+            item = self._launches.pop(token, None)
+            if self._launcher is not None:
+                self._launcher.cancel(token)
+            if item is not None:
+                _reported(item[3])
+
+    def _head_of(self, req: PreparedRequest) -> bytes:
+        """``req``'s HTTP head (request line and headers, its own ``headers`` and Content-Length)."""
+        return b"".join((self._head_for(req.path), req.headers, b"Content-Length: %d\r\n\r\n" % len(req.body)))
+
+    def _request_bytes(self, req: PreparedRequest) -> bytes:
+        """The whole HTTP request: head and ``req.body``."""
+        return b"".join((self._head_of(req), req.body))
+
+    def _stamp_sent(self, res: RequestResult, sent: int, lag_from_ns: int) -> None:
+        """The one way a send is stamped, whoever wrote it (the loop or the launcher process):
+        ``sent_ns`` (``sent``: ``now_ns`` just before the first byte); on the first send (retries
+        keep it) ``dispatch_lag_ms`` = sent - ``lag_from_ns`` (ns after the anchor), reported
+        to ``on_dispatched``."""
+        res.sent_ns = sent - self.t0_ns
+        if res.dispatch_lag_ms is None:
+            res.dispatch_lag_ms = (res.sent_ns - lag_from_ns) / 1e6
+            if self.on_dispatched is not None:
+                self.on_dispatched(res)
+
+    def _write(self, req: PreparedRequest, res: RequestResult, conn: _Connection, t_start: int,
+               lag_from_ns: int) -> _Exchange:
+        ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns,
+                       self._acc())
+        request = self._request_bytes(req)
+        sent = now_ns()
+        if ex.total_ns is not None:
+            ex.deadline_ns = sent + ex.total_ns
+        res.connect_ms = (sent - t_start) / 1e6
+        conn.start(request, ex)
+        self._stamp_sent(res, sent, lag_from_ns)
+        return ex
+
+    async def send(self, req: PreparedRequest, res: RequestResult, reserved: tuple | None = None, *,
+                   lag_from_ns: int | None = None) -> RequestResult:
+        """Send ``req`` (with ``reserved`` from ``reserve``: the launcher process writes it; this
+        only waits), stream its response and fill ``res`` (returned). Request failures are
+        recorded in ``res``; ``asyncio.CancelledError`` marks ``res`` cancelled and propagates.
+        Retryable failures are retried per the policy (module docstring), counted in ``res.retries``.
+        ``lag_from_ns``: when the request was due (ns after the anchor; default ``req.due_ns``),
+        the origin of its ``dispatch_lag_ms``."""
+        origin = req.due_ns if lag_from_ns is None else lag_from_ns
+        retry_after = await self._attempt(req, res, origin, reserved)
+        if retry_after == _UNSENT:  # nothing reached the server: no attempt yet, send it now
+            retry_after = await self._attempt(req, res, origin)
+        if retry_after is None or not self.retry_max:
+            return res
+        while retry_after is not None and res.retries < self.retry_max:
+            delay = retry_after if retry_after >= 0 else self.retry_backoff_s * (2 ** res.retries)
+            try:
+                await asyncio.sleep(delay)
+            except asyncio.CancelledError:
+                res.end_ns = now_ns() - self.t0_ns
+                fail(res, ErrorKind.CANCELLED, "cancelled at shutdown (waiting to retry)",
+                      outcome=Outcome.CANCELLED)
+                raise
+            res.retries += 1
+            res.outcome, res.error_kind, res.error = Outcome.NOT_STARTED.value, ErrorKind.NONE.value, None
+            res.http_status = res.end_ns = res.partial_output_tokens = None
+            retry_after = await self._attempt(req, res, origin)
+        return res
+
+    async def _attempt(self, req: PreparedRequest, res: RequestResult, lag_from_ns: int,
+                       reserved: tuple | None = None) -> float | None:
+        """One exchange of ``req``, filling ``res``. Returns None when the outcome is final
+        (success, or a failure that must not be retried), else the delay the server asked for
+        (``Retry-After`` seconds, capped) or -1.0 (none: use the backoff); ``_UNSENT`` when the
+        launcher never wrote the ``reserved`` request (``res`` untouched: send it again)."""
+        retry: float | None = None
+        t0 = self.t0_ns
+        ex: _Exchange | None = None
+        conn: _Connection | None = None
+        t_start = now_ns()
+        try:
+            if reserved is not None:
+                conn, ex = reserved[0], reserved[1]
+                if ex.timer is None:  # (on_launched may have armed it already)
+                    conn.check_stall()
+            else:
+                try:
+                    conn = await self._acquire()
+                except asyncio.TimeoutError:
+                    raise _Failure(ErrorKind.CONNECT_TIMEOUT, f"connect timeout: no connection to {self._host}:"
+                                   f"{self._port} within {self._connect_timeout:g} s (--connect-timeout)") from None
+                except OSError as e:
+                    raise _Failure(ErrorKind.CONNECT, f"cannot connect to {self._host}:{self._port}: "
+                                                      f"{type(e).__name__}: {e}{fd_limit_hint(e)}") from None
+                ex = self._write(req, res, conn, t_start, lag_from_ns)
+            await ex.done
+            if res.sent_ns is None and reserved is not None and conn.launch:
+                # the response ended before the launcher's report was read (a stalled loop)
+                ex.sent = asyncio.get_running_loop().create_future()
+                await ex.sent
+            if res.sent_ns is None:  # the exchange failed before it was written
+                raise _Failure(ErrorKind.DISCONNECT, "connection closed before the request was written")
+            sent = res.sent_ns + t0
+            res.end_ns = now_ns() - t0
+            res.http_status = ex.status
+            acc = ex.acc
+            acc.finish()
+            if ex.status != 200:
+                text = b"".join(ex.body)[:_ERROR_BODY_LIMIT]
+                fail(res, ErrorKind.HTTP_STATUS, acc.error or text.decode("utf-8", "replace")[:ERROR_TEXT_LIMIT]
+                      or f"HTTP {ex.status}")
+                if ex.status == 429 or ex.status >= 500:
+                    retry = retry_after_s(ex.retry_after)
+            else:  # (a pooling response is one JSON body: its E2E is its arrival)
+                pooled = acc.success and req.endpoint in POOLING
+                measure(res, acc, sent, t0, ex.dec, body_ns=ex.t_ns if pooled else None)
+                if self.server_timings:
+                    record_server_timings(res, acc)
+                if acc.success:
+                    res.outcome = Outcome.SUCCESS.value
+                    if pooled:
+                        audit_pooling(res, acc.prompt_tokens if acc.prompt_tokens is not None
+                                      else acc.total_tokens, self.usage_slack_tokens)
+                elif req.endpoint in POOLING and acc.body_without_usage:
+                    audit_pooling(res, None)
+                else:
+                    fail(res, acc.error_kind, acc.error)
+                if res.outcome != Outcome.SUCCESS.value:
+                    partial(res, acc)
+        except _Failure as f:
+            if reserved is not None and res.sent_ns is None and ex is not None and not ex.t_ns:
+                return _UNSENT  # the reserved connection went away before the launcher wrote it
+            res.end_ns = now_ns() - t0
+            kind, message = f.kind, str(f)
+            if ex is not None:
+                res.http_status = ex.status or None
+                if res.sent_ns is not None:
+                    measure(res, ex.acc, res.sent_ns + t0, t0, ex.dec)
+                    partial(res, ex.acc)
+                if kind is ErrorKind.DISCONNECT and not ex.t_ns and conn is not None and conn.served:
+                    kind, message = ErrorKind.STALE_CONNECTION, ("reused keep-alive connection closed before "
+                                                                  f"any response byte ({message})")
+            fail(res, kind, message[:ERROR_TEXT_LIMIT])
+            if ex is None:  # the connection could not be opened (refused, connect timeout)
+                retry = -1.0 if kind in (ErrorKind.CONNECT, ErrorKind.CONNECT_TIMEOUT) else None
+                if res.sent_ns is None:  # the attempt counts as sent when it began: it was issued
+                    res.connect_ms = (now_ns() - t_start) / 1e6
+                    self._stamp_sent(res, t_start, lag_from_ns)
+            elif kind in (ErrorKind.DISCONNECT, ErrorKind.STALE_CONNECTION) and not ex.headers_done:
+                retry = -1.0  # closed before the response began
+        except asyncio.CancelledError:
+            res.end_ns = now_ns() - t0
+            if conn is not None:
+                conn._abort()
+            if ex is not None and res.sent_ns is not None:
+                res.http_status = ex.status or None
+                measure(res, ex.acc, res.sent_ns + t0, t0, ex.dec)
+                partial(res, ex.acc)
+            fail(res, ErrorKind.CANCELLED, "cancelled at shutdown", outcome=Outcome.CANCELLED)
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug here must not stop the replay
+            res.end_ns = now_ns() - t0
+            if conn is not None:
+                conn._abort()
+            fail(res, ErrorKind.CLIENT, f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT])
+        finally:
+            if conn is not None:
+                self._release(conn)
+        return retry
+
+
+def _reported(ex: _Exchange) -> None:
+    """Wake an ``_attempt`` waiting for the launcher's report on ``ex`` (see ``Client.send``)."""
+    if ex.sent is not None and not ex.sent.done():
+        ex.sent.set_result(None)

@@ -1,0 +1,267 @@
+"""One keep-alive HTTP/1.1 connection of the hot-path client (``replayer.http.client``): an asyncio
+``Protocol`` with llhttp (``httptools``) parsing the response, one exchange (request/response)
+at a time, the response decoded and measured inside ``data_received`` (one timestamp per read,
+for every event it completes), and one lazy timer per exchange for the read and total timeouts.
+Failures end the exchange's future with ``_Failure`` (a kind and a message); the client turns
+them into result values."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import resource
+import socket
+from typing import TYPE_CHECKING
+
+import httptools
+
+from replayer.core.clock import now_ns
+from replayer.core.errors import ErrorKind
+from replayer.http.chunks import StreamAccumulator
+from replayer.http.sse import SSEDecoder
+
+if TYPE_CHECKING:
+    from replayer.http.pool import Pool
+
+#: the most bytes of an error response body kept (its message)
+ERROR_BODY_LIMIT = 64 * 1024
+_ERROR_BODY_LIMIT = ERROR_BODY_LIMIT
+
+
+def raise_open_file_limit() -> tuple[int, int]:
+    """Raise this process's soft limit of open files to its hard limit (as load generators do:
+    every request in flight holds a connection, and a default of 1,024 is a few seconds of a
+    burst); returns (before, after)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ValueError, OSError):
+        return soft, soft
+    return soft, want
+
+
+def fd_limit_hint(e: OSError) -> str:
+    """What a connect that failed for want of file descriptors (EMFILE) should say."""
+    if e.errno != errno.EMFILE:
+        return ""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return (f" (the replayer's open-file limit, ulimit -n {soft}, is reached: each request in flight holds a "
+            "connection; raise the hard limit, or use --workers / a lower --speedup)")
+
+
+class _Failure(Exception):
+    """A transport-level failure of one exchange (kind + message)."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class _Exchange:
+    """One request/response on a connection: parses and measures the response as it arrives."""
+
+    __slots__ = ("acc", "dec", "status", "sse", "body", "body_len", "done", "last_ns", "t_ns",
+                 "content_type", "has_length", "chunked", "headers_done", "read_timeout_ns", "timer",
+                 "retry_after", "sent", "total_ns", "deadline_ns")
+
+    def __init__(self, done: asyncio.Future, read_timeout_ns: int | None, total_ns: int | None = None,
+                 acc: StreamAccumulator | None = None) -> None:
+        self.acc = StreamAccumulator() if acc is None else acc
+        self.dec: SSEDecoder | None = None
+        self.status = 0
+        self.sse = False
+        self.body: list[bytes] = []
+        self.body_len = 0
+        self.done = done
+        self.last_ns = now_ns()
+        self.t_ns = 0
+        self.content_type = b""
+        self.has_length = False
+        self.chunked = False
+        self.headers_done = False
+        self.read_timeout_ns = read_timeout_ns
+        self.total_ns = total_ns  # total timeout: deadline_ns = send + total_ns, set at the send
+        self.deadline_ns: int | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.retry_after: bytes | None = None
+        self.sent: asyncio.Future | None = None  # set when awaited for the launcher's report
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection; at most one exchange at a time."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.fd = -1  # the socket, for writes from the launcher process (plain HTTP)
+        self.sock = None  # the transport's socket, where Client.delayed_ack needs it
+        self.launch = 0  # token of this connection's write queued in the launcher (0 = none)
+        self.parser = httptools.HttpResponseParser(self)
+        self.ex: _Exchange | None = None
+        self.closed = False
+        self.keep_alive = True
+        self.served = 0  # responses completed on this connection (> 0: a reused keep-alive connection)
+        self.idle_since_ns = 0  # when it last went back to the client's idle pool
+        self._header_name = b""
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and transport.get_extra_info("sslcontext") is None:
+            self.fd = sock.fileno()
+        if sock is not None and self.pool.delayed_ack:
+            self.sock = sock
+
+    def data_received(self, data: bytes) -> None:
+        ex = self.ex
+        if ex is None:  # bytes with no request outstanding: the connection is unusable
+            self._abort()
+            return
+        ex.t_ns = ex.last_ns = now_ns()  # one timestamp per read, for every event it completes
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._finish_error(ErrorKind.PROTOCOL, "unexpected protocol upgrade")
+        except httptools.HttpParserError as e:
+            self._finish_error(ErrorKind.PROTOCOL, f"invalid HTTP response: {e}")
+
+    def eof_received(self) -> None:
+        self._closing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing()
+        ex = self.ex
+        if ex is None:
+            return
+        if ex.headers_done and not ex.has_length and not ex.chunked and exc is None:
+            self.on_message_complete()  # a body delimited by the connection closing
+            return
+        what = "after the response headers" if ex.headers_done else "before the response headers"
+        self._finish_error(ErrorKind.DISCONNECT, f"server closed the connection {what}"
+                           + (f": {exc}" if exc else ""))
+
+    # -- httptools callbacks ----------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        n = name.lower()
+        ex = self.ex
+        if ex is None:
+            return
+        if n == b"content-type":
+            ex.content_type = value.lower()
+        elif n == b"content-length":
+            ex.has_length = True
+        elif n == b"transfer-encoding" and b"chunked" in value.lower():
+            ex.chunked = True
+        elif n == b"retry-after":
+            ex.retry_after = value
+
+    def on_headers_complete(self) -> None:
+        ex = self.ex
+        if ex is None:
+            return
+        ex.headers_done = True
+        if self.sock is not None:  # (Client.delayed_ack) once per response: the mode outlasts the reads
+            try:
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 0)
+            except OSError:
+                pass
+        ex.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()
+        if ex.status == 200 and ex.content_type.startswith(b"text/event-stream"):
+            ex.sse = True
+            ex.dec = SSEDecoder()
+
+    def on_body(self, body: bytes) -> None:
+        ex = self.ex
+        if ex is None:
+            return
+        if ex.sse:
+            dec = ex.dec
+            data = dec.simple_event(body)  # type: ignore[union-attr]
+            if data is not None:  # one plain "data: ...\n\n" event: no decoding needed
+                ex.acc.on_event(data, ex.t_ns)
+            else:
+                on_event, t = ex.acc.on_event, ex.t_ns
+                for ev in dec.feed(body):  # type: ignore[union-attr]
+                    on_event(ev.data, t)
+        elif ex.status == 200 or ex.body_len < _ERROR_BODY_LIMIT:
+            ex.body.append(body)
+            ex.body_len += len(body)
+
+    def on_message_complete(self) -> None:
+        ex = self.ex
+        if ex is None:
+            return
+        self.ex = None
+        self.served += 1
+        if ex.timer is not None:
+            ex.timer.cancel()
+        if ex.sse:
+            ex.dec.close()  # type: ignore[union-attr]
+        else:
+            ex.acc.on_body(b"".join(ex.body), ex.t_ns or now_ns())
+        if not ex.done.done():
+            ex.done.set_result(None)
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _finish_error(self, kind: ErrorKind, message: str) -> None:
+        ex = self.ex
+        self.ex = None
+        self._abort()
+        if ex is not None:
+            if ex.timer is not None:
+                ex.timer.cancel()
+            if not ex.done.done():
+                ex.done.set_exception(_Failure(kind, message))
+
+    def _abort(self) -> None:
+        self._closing()
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _closing(self) -> None:
+        """The connection is going away: no new exchange on it, and its write queued in the
+        launcher (if any) is cancelled."""
+        self.closed = True
+        self.pool._cancel_launch(self)
+
+    def check_stall(self) -> None:
+        """The lazy timeout timer: fail the exchange whose total deadline passed (TOTAL_TIMEOUT) or
+        that has been silent for the read timeout (FIRST_BYTE_TIMEOUT before any response byte,
+        else IDLE_TIMEOUT); otherwise (re-)arm one timer for the nearer of the two. Called at the
+        send and when the timer fires: once per timeout period, not per chunk."""
+        ex = self.ex
+        if ex is None:
+            return
+        if ex.timer is not None:
+            ex.timer.cancel()
+            ex.timer = None
+        now = now_ns()
+        wake = ex.deadline_ns
+        if wake is not None and now >= wake:
+            self._finish_error(ErrorKind.TOTAL_TIMEOUT, f"total timeout: the response was not complete "
+                               f"{(ex.total_ns or 0) / 1e9:g} s after the request was sent (--request-timeout)")
+            return
+        rt = ex.read_timeout_ns
+        if rt is not None:
+            idle = now - ex.last_ns
+            if idle >= rt:
+                if ex.t_ns:
+                    self._finish_error(ErrorKind.IDLE_TIMEOUT, f"idle timeout: no data for {idle / 1e9:.3g} s "
+                                       f"after {ex.acc.n_chunks} response events (--read-timeout {rt / 1e9:g} s)")
+                else:
+                    self._finish_error(ErrorKind.FIRST_BYTE_TIMEOUT, f"first-byte timeout: no response byte "
+                                       f"{idle / 1e9:.3g} s after the request (--read-timeout {rt / 1e9:g} s)")
+                return
+            wake = ex.last_ns + rt if wake is None else min(wake, ex.last_ns + rt)
+        if wake is not None:
+            ex.timer = asyncio.get_running_loop().call_later((wake - now) / 1e9, self.check_stall)
+
+    def start(self, request: bytes, ex: _Exchange) -> None:
+        self.ex = ex
+        self.check_stall()
+        self.transport.write(request)  # type: ignore[union-attr]

@@ -1,0 +1,150 @@
+"""The hot-path client's keep-alive connection pool (``replayer.http.client.Client`` is one).
+
+Unlimited connections (no hidden client-side queue, case B24): a request takes the most recently
+used idle connection (LIFO: the warm ones first) or opens its own. Spares are opened in the
+background, ahead of demand: up to ``spare_target`` idle ones, and as many as the requests due
+soon (``expect``), so a request due later finds one ready instead of paying for a TCP handshake
+at its due time; a failed background connect pauses them for ``SPARE_BACKOFF_NS`` (a target
+that is down gets each request's own connect attempt, not a storm of spares). Idle connections
+beyond the spares expire after ``IDLE_EXPIRY_S`` unused, and those the server closed leave the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+
+from replayer.core.clock import now_ns
+from replayer.http.connection import _Connection
+
+SPARE_BACKOFF_NS = 500_000_000  # no connections opened ahead for this long after one failed
+IDLE_EXPIRY_S = 60.0  # an idle keep-alive connection beyond the spares is closed after this long unused
+
+
+class Pool:
+    """Idle keep-alive connections to ``host:port`` (TLS with ``ssl_context``), each opened within
+    ``connect_timeout_s``; one beyond the ``spare_target`` spares is closed once unused for
+    ``idle_expiry_s`` (a burst's connections are not kept for the rest of a soak). ``delayed_ack``: what each connection does with quick ACKs (see
+    ``replayer.http.client.Client``); ``_cancel_launch``: called by a connection that closes (the
+    client drops its write queued in the launcher process)."""
+
+    delayed_ack = False
+
+    def __init__(self, host: str, port: int, ssl_context: ssl.SSLContext | None, connect_timeout_s: float, *,
+                 idle_expiry_s: float = IDLE_EXPIRY_S) -> None:
+        self._host = host
+        self._port = port
+        self._ssl = ssl_context
+        self._connect_timeout = connect_timeout_s
+        # the idle pool, a LIFO stack: the newest on the right, spares and the longest idle on the left
+        self._idle: deque[_Connection] = deque()
+        self._idle_expiry_ns = int(idle_expiry_s * 1e9)
+        self._all: set[_Connection] = set()
+        self._spares_opening = 0
+        self._spares_paused_until = 0  # no background connects before this (one failed)
+        self.spare_target = 8  # idle connections kept ready in the background (0 = none)
+
+    def _cancel_launch(self, conn: _Connection) -> None:
+        """``conn`` is closing: nothing queued elsewhere to drop here (the client overrides it)."""
+
+    async def close(self) -> None:
+        """Close every connection (in-flight exchanges fail as DISCONNECT)."""
+        for c in list(self._all):
+            c._abort()
+        self._all.clear()
+        self._idle.clear()
+
+    @property
+    def open_connections(self) -> int:
+        return sum(1 for c in self._all if not c.closed)
+
+    async def warm_up(self, n: int) -> int:
+        """Open up to ``n`` idle keep-alive connections ahead of the replay (so the first burst
+        does not pay for TCP handshakes at its due time). Returns how many opened."""
+        conns = await asyncio.gather(*(self._connect() for _ in range(n)), return_exceptions=True)
+        ok = [c for c in conns if isinstance(c, _Connection)]
+        t = now_ns()
+        for c in ok:
+            c.idle_since_ns = t
+        self._idle.extend(ok)
+        return len(ok)
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        _, conn = await asyncio.wait_for(
+            loop.create_connection(lambda: _Connection(self), self._host, self._port, ssl=self._ssl),
+            self._connect_timeout)
+        self._all.add(conn)
+        return conn
+
+    def _idle_connection(self) -> _Connection | None:
+        idle = self._idle
+        if len(idle) + self._spares_opening < self.spare_target and now_ns() >= self._spares_paused_until:
+            self._open_spare()
+        while idle:
+            c = idle.pop()
+            if not c.closed and c.ex is None:
+                return c
+            self._all.discard(c)
+        return None
+
+    async def _acquire(self) -> _Connection:
+        return self._idle_connection() or await self._connect()
+
+    def _open_spare(self) -> None:
+        """Open one connection in the background, so a request due later finds one ready instead
+        of paying for a TCP handshake at its due time. A failure pauses background connects (the
+        pool's top-up to ``spare_target`` and ``expect``) for ``SPARE_BACKOFF_NS``."""
+        self._spares_opening += 1
+
+        def done(t: asyncio.Task[_Connection]) -> None:
+            self._spares_opening -= 1
+            if t.cancelled():
+                return
+            if t.exception() is None:
+                c = t.result()
+                c.idle_since_ns = now_ns()
+                self._idle.appendleft(c)  # LIFO pool: spares are used after warm ones
+            else:  # the target refuses or is down: no connect storm ahead of demand for a while
+                self._spares_paused_until = now_ns() + SPARE_BACKOFF_NS
+
+        asyncio.get_running_loop().create_task(self._connect()).add_done_callback(done)
+
+    def expect(self, n: int) -> None:
+        """Loop thread: ``n`` requests are due soon (the dispatcher counts them): open
+        connections in the background until ``n`` are idle or opening (at most 32 more per
+        call), so each finds one ready (and can go through the launcher) instead of waiting for
+        a TCP handshake at its due time. Connections busy now are not counted: some may be
+        free by then, so this errs on the side of a few idle connections more. After a failed
+        background connect it opens none for ``SPARE_BACKOFF_NS`` (a target that is down gets
+        each request's own connect attempt, not a storm of spares)."""
+        if now_ns() < self._spares_paused_until:
+            return
+        for _ in range(min(n - len(self._idle) - self._spares_opening, 32)):
+            self._open_spare()
+
+    def _release(self, c: _Connection) -> None:
+        if c.closed or not c.keep_alive or c.ex is not None:
+            c._abort()
+            self._all.discard(c)
+        else:
+            c.idle_since_ns = now = now_ns()
+            idle = self._idle
+            idle.append(c)
+            if len(idle) > self.spare_target:
+                self._expire_idle(now)
+
+    def _expire_idle(self, now: int) -> None:
+        """Close the idle connections unused for ``idle_expiry_s``, and drop those the server
+        closed, from the long-idle end of the pool while it holds more than ``spare_target``
+        (amortized O(1): each connection leaves once)."""
+        idle, limit = self._idle, now - self._idle_expiry_ns
+        while len(idle) > self.spare_target:
+            c = idle[0]
+            if not c.closed and c.ex is None and c.idle_since_ns > limit:
+                return
+            idle.popleft()
+            if not c.closed and c.ex is None:  # (one with an exchange is not idle: only dropped)
+                c._abort()
+            self._all.discard(c)

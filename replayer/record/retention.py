@@ -1,0 +1,344 @@
+"""Retention of a long run's results: the oldest rolled files go, the run's summary stays whole.
+
+A soak writes results for days; ``--retain-size`` (total bytes of the results folder) and
+``--retain-age`` (seconds) bound what stays on disk. After each flush the recorder calls
+``apply``: while the folder is larger than the size bound, or the oldest rolled file's newest
+result is older than the age bound, the oldest rolled file (``requests-NNNNN.parquet``, oldest =
+lowest number) is removed. Parts not yet rolled (the file being written) and the newest rolled
+file are never removed.
+
+Before a file goes, its results are folded (``summary.fold_file``: counts, token totals, error
+kinds, each latency's count/sum/min/max/variance and DDSketch) and merged into ``removed.json``,
+with the file's name, the run spans it covered (``summary.run_spans``: the run's duration) and
+the (loop, row) pairs it recorded (as row ranges per loop: ``--resume`` skips them). The file
+is removed only after ``removed.json`` is renamed into place (``recorder.write_json``: a kill
+leaves the old digest or the new one), and readers leave out every file that ``removed.json``
+names (``recorder.result_files``), so a kill between the two shows no result twice; the next
+recorder in the folder removes such a file (``remove_leftovers``). The summary of a folder
+(``summary.fold_files``) merges ``removed.json``: counts equal those before the removal;
+percentiles of the removed results come from their sketches (within ``stats.RELATIVE_ACCURACY``);
+means, minima and maxima stay exact. Each removal is logged (the file, its rows and bytes, why).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import time
+
+import numpy as np
+
+from replayer.core.stats import stat_from_json, stat_to_json
+
+log = logging.getLogger(__name__)
+
+#: the digest of the results files retention removed, in the results folder
+REMOVED = "removed.json"
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+          "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``2GB``, ``500MB``, ``1.5GiB``, ``100000`` (decimal units K/M/G/T = 1000^n,
+    binary Ki/Mi/Gi/Ti = 1024^n; the trailing B is optional). Raises ValueError naming the text."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ValueError(f"{text!r} is not a size: give bytes with an optional unit, e.g. 2GB, 500MB, 1.5GiB")
+    unit = (m.group(2) or "").upper().rstrip("B")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def folder_bytes(results_dir: str) -> int:
+    """Bytes of every file under ``results_dir`` (a file removed meanwhile counts 0)."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(results_dir):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+# -- the digest ----------------------------------------------------------------------------------
+def fold_to_json(fold) -> dict:
+    """A ``summary.SummaryFold`` as JSON (its statistics as ``stats.stat_to_json``)."""
+    return {"n": fold.n, "stats": {k: stat_to_json(s) for k, s in fold.stats.items()},
+            "errors": fold.errors, "endpoints": fold.endpoints, "audit": fold.audit,
+            "sessions": sorted(fold.sessions), "verdict": fold.verdict, "slos": fold.slos,
+            "partial_known": fold.partial_known, "estimate_known": fold.estimate_known,
+            "sent_min": fold.sent_min if math.isfinite(fold.sent_min) else None,
+            "end_max": fold.end_max if math.isfinite(fold.end_max) else None,
+            "drift_max_abs": fold.drift_max_abs, "pooled": fold.pooled,
+            "images": {"n": fold.images.n, "seen": fold.images.seen}}
+
+
+def fold_from_json(d: dict):
+    """The ``summary.SummaryFold`` that ``fold_to_json`` wrote."""
+    from replayer.results.summary import SummaryFold
+
+    fold = SummaryFold(d.get("slos") or {})
+    for k, v in d.get("n", {}).items():
+        fold.n[k] = fold.n.get(k, 0) + v
+    fold.stats = {k: stat_from_json(v) for k, v in d.get("stats", {}).items()}
+    fold.errors = dict(d.get("errors", {}))
+    fold.endpoints = {k: dict(v) for k, v in d.get("endpoints", {}).items()}
+    fold.audit = {k: dict(v) for k, v in d.get("audit", {}).items()}
+    fold.sessions = set(d.get("sessions", []))
+    fold.verdict = _verdict_from_json(d.get("verdict") or {})
+    fold.partial_known, fold.estimate_known = bool(d.get("partial_known")), bool(d.get("estimate_known"))
+    fold.sent_min = d["sent_min"] if d.get("sent_min") is not None else math.inf
+    fold.end_max = d["end_max"] if d.get("end_max") is not None else -math.inf
+    fold.drift_max_abs = d.get("drift_max_abs")
+    fold.pooled = bool(d.get("pooled"))
+    images = d.get("images") or {}
+    for k, v in images.get("n", {}).items():
+        fold.images.n[k] = fold.images.n.get(k, 0) + v
+    fold.images.seen = bool(images.get("seen"))
+    return fold
+
+
+def _jsonable(v):
+    """numpy values and arrays (the verdict's counts) as JSON values."""
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, np.ndarray):
+        return {"__array__": v.tolist()}
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def _verdict_from_json(v):
+    if isinstance(v, dict):
+        if set(v) == {"__array__"}:
+            return np.asarray(v["__array__"])
+        return {k: _verdict_from_json(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_verdict_from_json(x) for x in v]
+    return v
+
+
+def _ranges(rows: np.ndarray) -> list[list[int]]:
+    """Sorted unique ``rows`` as inclusive ``[first, last]`` runs of consecutive numbers."""
+    if not rows.size:
+        return []
+    rows = np.unique(rows)
+    breaks = np.flatnonzero(np.diff(rows) != 1)
+    starts = np.concatenate(([rows[0]], rows[breaks + 1]))
+    ends = np.concatenate((rows[breaks], [rows[-1]]))
+    return [[int(a), int(b)] for a, b in zip(starts, ends)]
+
+
+def _merge_ranges(a: list[list[int]], b: list[list[int]]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for lo, hi in sorted(a + b):
+        if out and lo <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return out
+
+
+def part_seq(name: str) -> int:
+    """The number of a part file's name (``part-NNNNNNNN.parquet``), -1 for another name."""
+    digits = name[5:13]
+    return int(digits) if name.startswith("part-") and digits.isdigit() else -1
+
+
+class Removed:
+    """The digest of the results files removed from a folder (``removed.json``)."""
+
+    def __init__(self, d: dict | None = None) -> None:
+        d = d or {}
+        self.files: list[str] = list(d.get("files", []))
+        self.rows = int(d.get("rows", 0))
+        self.bytes = int(d.get("bytes", 0))
+        self.fold_json: dict | None = d.get("fold")
+        self.spans: dict[str, list[int]] = dict(d.get("spans", {}))  # run anchor -> [first sent, last end] ns
+        self.recorded: dict[str, list[list[int]]] = dict(d.get("recorded", {}))  # loop -> row ranges sent
+        # the highest part number the removed files held (part numbers are never reused); folders
+        # written before kept every part's name ("parts"), one more per flush for the whole run
+        self.parts_max: int = max([int(d.get("parts_max", -1))] + [part_seq(n) for n in d.get("parts", [])])
+        self.newest_end_s: float | None = d.get("newest_end_s")
+
+    def to_json(self) -> dict:
+        return {"files": self.files, "rows": self.rows, "bytes": self.bytes, "fold": self.fold_json,
+                "spans": self.spans, "recorded": self.recorded, "parts_max": self.parts_max,
+                "newest_end_s": self.newest_end_s}
+
+    def fold(self):
+        """The removed results' ``SummaryFold`` (None when nothing was removed)."""
+        return fold_from_json(self.fold_json) if self.fold_json else None
+
+    def recorded_rows(self) -> dict[int, np.ndarray]:
+        """loop -> the rows the removed files recorded as sent (any outcome but not started)."""
+        return {int(lp): np.concatenate([np.arange(a, b + 1) for a, b in rs]) if rs else np.zeros(0, np.int64)
+                for lp, rs in self.recorded.items()}
+
+
+def read_removed(results_dir: str) -> Removed | None:
+    """The folder's ``removed.json`` (None when retention removed nothing there, or when it
+    cannot be read: reported by name)."""
+    path = os.path.join(results_dir, REMOVED)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return Removed(json.load(f))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        log.warning("%s: cannot read the digest of removed results files (%s): their results are left out", path, e)
+        return None
+
+
+def samples_kept_since(results_dir: str, oldest_s: float | None) -> float | None:
+    """Where the target-metric samples kept start (``target_samples.SampleFiles.keep_since``):
+    ``oldest_s`` (the oldest result kept) once retention has removed results, else None (all kept)."""
+    return oldest_s if os.path.exists(os.path.join(results_dir, REMOVED)) else None
+
+
+def results_dir_of(path: str) -> str:
+    """The results folder a results file is in (a part's folder is ``parts/`` inside it)."""
+    d = os.path.dirname(os.path.abspath(path))
+    return os.path.dirname(d) if os.path.basename(d) == "parts" else d
+
+
+# -- removal -------------------------------------------------------------------------------------
+def _file_info(path: str) -> tuple[int, float | None, dict, dict[str, list[list[int]]], list[str]]:
+    """(rows, newest end as Unix s or None, run spans, recorded row ranges per loop, parts it
+    holds) of a rolled file."""
+    import pyarrow.compute as pc
+
+    from replayer.record.recorder import ROLLED_PARTS, open_file
+    from replayer.results.summary import run_spans
+
+    pf = open_file(path)
+    if pf is None:
+        return 0, None, {}, {}, []
+    meta = pf.schema_arrow.metadata or {}
+    spans = {k.decode() if isinstance(k, bytes) else k: list(v) for k, v in run_spans([path], removed=False).items()}
+    wall = meta.get(b"replayer.t0_wall_s")
+    newest = None
+    if wall is not None and spans:
+        newest = float(wall) + max(v[1] for v in spans.values()) / 1e9
+    t = pf.read(columns=["loop", "row", "outcome"])
+    sent = t.filter(pc.not_equal(t.column("outcome"), "not_started"))
+    loops, rows = sent.column("loop").to_numpy(), sent.column("row").to_numpy()
+    recorded = {str(int(lp)): _ranges(rows[loops == lp]) for lp in np.unique(loops)}
+    parts = json.loads(meta[ROLLED_PARTS]) if meta.get(ROLLED_PARTS) else []
+    return pf.metadata.num_rows, newest, spans, recorded, parts
+
+
+def newest_end_s(path: str) -> float | None:
+    """The Unix time of the last result of a results file (its run anchor plus its largest
+    ``end_ns``), None when unknown."""
+    from replayer.record.recorder import open_file
+    from replayer.results.summary import run_spans
+
+    pf = open_file(path)
+    wall = (pf.schema_arrow.metadata or {}).get(b"replayer.t0_wall_s") if pf is not None else None
+    spans = run_spans([path], removed=False) if wall is not None else {}
+    return float(wall) + max(b for _, b in spans.values()) / 1e9 if spans and wall is not None else None
+
+
+def oldest_start_s(path: str) -> float | None:
+    """The Unix time of the first request sent in a results file, None when unknown."""
+    from replayer.record.recorder import open_file
+    from replayer.results.summary import run_spans
+
+    pf = open_file(path)
+    wall = (pf.schema_arrow.metadata or {}).get(b"replayer.t0_wall_s") if pf is not None else None
+    spans = run_spans([path], removed=False) if wall is not None else {}
+    return float(wall) + min(a for a, _ in spans.values()) / 1e9 if spans and wall is not None else None
+
+
+def remove(results_dir: str, path: str, why: str) -> None:
+    """Fold the rolled file ``path`` into the folder's ``removed.json``, then delete it (logged)."""
+    from replayer.record.recorder import write_json
+    from replayer.results.summary import fold_file
+
+    fold = fold_file(path)
+    size = os.path.getsize(path)
+    removed = read_removed(results_dir) or Removed()
+    if fold is not None:  # (a damaged file has no results to keep: it was left out of every summary)
+        rows, newest, spans, recorded, parts = _file_info(path)
+        old = removed.fold()
+        if old is not None:
+            old.merge(fold)
+            fold = old
+        removed.fold_json = _jsonable(fold_to_json(fold))
+        removed.rows += rows
+        for run, (lo, hi) in spans.items():
+            a, b = removed.spans.get(run, (lo, hi))
+            removed.spans[run] = [min(a, lo), max(b, hi)]
+        for lp, rs in recorded.items():
+            removed.recorded[lp] = _merge_ranges(removed.recorded.get(lp, []), rs)
+        removed.parts_max = max([removed.parts_max] + [part_seq(n) for n in parts])
+        if newest is not None:
+            removed.newest_end_s = max(removed.newest_end_s or newest, newest)
+    else:
+        rows = 0
+    removed.files.append(os.path.basename(path))
+    removed.bytes += size
+    write_json(os.path.join(results_dir, REMOVED), removed.to_json(), indent=None)
+    os.remove(path)
+    log.info("retention: removed %s (%d results, %d bytes): %s; its counts and statistics are kept in %s",
+             path, rows, size, why, REMOVED)
+
+
+def remove_leftovers(results_dir: str) -> int:
+    """Delete the files ``removed.json`` names that are still there (a removal cut short
+    between the digest and the deletion: readers already leave them out); returns how many."""
+    removed = read_removed(results_dir)
+    n = 0
+    for name in removed.files if removed else ():
+        try:
+            os.remove(os.path.join(results_dir, name))
+            n += 1
+        except FileNotFoundError:
+            pass
+    return n
+
+
+def apply(results_dir: str, *, max_bytes: int | None = None, max_age_s: float | None = None,
+          now: float | None = None, newest_end=newest_end_s, headroom: int = 0) -> list[str]:
+    """Remove the oldest rolled files of ``results_dir`` while the folder holds more than
+    ``max_bytes`` less ``headroom`` (the bytes the writer will add before the next call: the
+    folder stays within ``max_bytes`` between calls too) or the oldest rolled file's newest
+    result is older than ``max_age_s`` (``now``: Unix s). Parts (results not yet rolled) and the newest rolled file are never removed (every
+    reader finds the folder's ``removed.json`` through a results file in it). Returns the files
+    removed."""
+    from replayer.record.recorder import rolled_files
+
+    if max_bytes is None and max_age_s is None:
+        return []
+    now = time.time() if now is None else now
+    gone: list[str] = []
+    size = folder_bytes(results_dir) if max_bytes is not None else 0
+    for f in rolled_files(results_dir)[:-1]:  # (the newest stays: a folder always has a results file)
+        why = None
+        if max_bytes is not None and size + headroom > max_bytes:
+            why = (f"the results folder holds {size} bytes, and {size + headroom} with room for the next flush "
+                   f"and roll: more than --retain-size {max_bytes}")
+        elif max_age_s is not None:
+            end = newest_end(f)
+            if end is not None and now - end > max_age_s:
+                why = f"its newest result is {now - end:.0f} s old, older than --retain-age {max_age_s:g} s"
+        if why is None:
+            break
+        try:
+            fsize = os.path.getsize(f)
+        except OSError:
+            continue
+        remove(results_dir, f, why)
+        size -= fsize
+        gone.append(f)
+    return gone

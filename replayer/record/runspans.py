@@ -1,0 +1,69 @@
+"""When the runs that wrote a results folder sent: per run (keyed by its anchor), the first send
+and the last end, from the Parquet column statistics, the removed files' digests included. The
+summary's ``duration`` adds these spans up (a resumed run has a time axis of its own)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+
+def removed_of(files: list[str]) -> list:
+    """The ``retention.Removed`` digests of the results folders ``files`` are in."""
+    from replayer.record.retention import read_removed, results_dir_of
+
+    dirs = sorted({results_dir_of(f) for f in files})
+    return [r for r in (read_removed(d) for d in dirs) if r is not None]
+
+
+def run_durations(files: list[str]) -> list[float]:
+    """Seconds from the first request sent to the last one ended, per run that wrote ``files``."""
+    return [(b - a) / 1e9 for a, b in run_spans(files).values()]
+
+
+def run_spans(files: list[str], *, removed: bool = True) -> dict[bytes, tuple[int, int]]:
+    """(first sent_ns, last end_ns) per run that wrote ``files``, keyed by the run anchor in each
+    file's metadata (``replayer.t0_wall_s``, b"" if none): a resumed run's times are offsets
+    from its own anchor. From the Parquet column statistics where present. ``removed``: also the
+    spans of the files retention removed from the folders of ``files`` (``removed.json``)."""
+    from replayer.record.recorder import open_file
+
+    spans: dict[bytes, tuple[int, int]] = {}
+    for digest in removed_of(files) if removed else ():  # (the runs' spans in files retention removed)
+        for run, (lo, hi) in digest.spans.items():
+            key = run.encode()
+            a, b = spans.get(key, (lo, hi))
+            spans[key] = (min(a, lo), max(b, hi))
+    for f in files:
+        pf = open_file(f)
+        if pf is None:  # damaged (reported): its rows are not counted either
+            continue
+        run = (pf.schema_arrow.metadata or {}).get(b"replayer.t0_wall_s", b"")
+        try:
+            lo, hi = _min_max(pf, "sent_ns", min), _min_max(pf, "end_ns", max)
+        except (OSError, pa.ArrowException):
+            continue
+        if lo is None or hi is None:
+            continue
+        a, b = spans.get(run, (lo, hi))
+        spans[run] = (min(a, lo), max(b, hi))
+    return spans
+
+
+def _min_max(pf: pq.ParquetFile, column: str, pick) -> int | None:
+    """``pick`` (min or max) of a column's non-null values: from row-group statistics, or by
+    reading the column where a row group has none."""
+    md = pf.metadata
+    idx = next(i for i in range(md.num_columns) if md.schema.column(i).path == column)
+    vals = []
+    for g in range(md.num_row_groups):
+        st = md.row_group(g).column(idx).statistics
+        if st is not None and st.has_min_max:
+            vals.append(st.min if pick is min else st.max)
+        elif st is None or st.null_count != md.row_group(g).num_rows:  # unknown: read it
+            col = pf.read_row_group(g, columns=[column]).column(0)
+            v = (pc.min if pick is min else pc.max)(col).as_py()
+            if v is not None:
+                vals.append(v)
+    return pick(vals) if vals else None

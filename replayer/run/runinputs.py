@@ -1,0 +1,132 @@
+"""What a run reads and where it writes, checked before anything is sent: the results folder,
+the trace's batches (validated, endpoints and images checked against the settings) and how many
+requests the schedule will send."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from replayer.config.model import RunConfig
+from replayer.build.imagerows import ImageEndpointError, check_image_endpoints, may_have_images
+from replayer.build.payload import TEXT_ONLY
+from replayer.run.readiness import StartupError
+from replayer.record.recorder import earlier_run, new_results_dir
+from replayer.trace import open_mix, open_trace, parse_mapping
+
+
+def results_dir_for(cfg: RunConfig) -> tuple[str, bool]:
+    """The results folder, created if needed: (path, whether this call created it). Without
+    ``--results``: a new ``results/<timestamp>`` (``-2``, ``-3``... when runs start in the same
+    second). Raises StartupError when the path is a file, cannot be created, or (without
+    ``--resume``) already holds a run's results."""
+    if cfg.resume:
+        return cfg.resume, False  # (resume_plan checks it)
+    if cfg.results is None:
+        try:
+            return new_results_dir(), True
+        except OSError as e:
+            raise StartupError(f"cannot create a results folder under ./results: {e.strerror or e}") from None
+    path = cfg.results
+    if os.path.exists(path):
+        if not os.path.isdir(path):  # (a traceback before)
+            raise StartupError(f"--results {path}: exists and is not a folder")
+        used = earlier_run(path)
+        if used:
+            raise StartupError(f"--results {path}: {used}")
+        return path, False
+    try:
+        os.makedirs(path)
+    except OSError as e:
+        raise StartupError(f"--results {path}: cannot create the folder: {e.strerror or e}") from None
+    return path, True
+
+
+BATCH_ROWS = 65_536
+#: the requests a run will send are counted ahead (``count_scheduled``, a pass over the trace
+#: before the start: ~2 ms per 1,000 rows) when at most this many schedule entries are read:
+#: every pass of a trace of this size, or under ``--duration`` the entries due before its end
+COUNT_LIMIT = 250_000
+
+
+def count_scheduled(schedule, *, speedup: float, duration_ns: int | None = None, rebase: bool = False,
+                    limit: int = COUNT_LIMIT) -> int | None:
+    """How many requests a schedule (``iter_schedule``'s batches: shard, loops, ``--max-requests``
+    and resume skips applied) will send: all of them, or under ``duration_ns`` those due before it
+    (due = (trace_ns - trace0) / speedup, trace0 = 0, or the first entry's with ``rebase``, as the
+    dispatcher does on resume). None when the count passes ``limit`` (a schedule without end)."""
+    n, trace0 = 0, None
+    for sb in schedule:
+        t = np.asarray(sb.trace_ns, dtype=np.int64)
+        if not t.size:
+            continue
+        if trace0 is None:
+            trace0 = int(t[0]) if rebase else 0
+        if duration_ns is None:
+            n += int(t.size)
+        else:
+            k = int(np.count_nonzero(np.round((t - trace0) / speedup) < duration_ns))
+            n += k
+            if k < t.size:
+                return n
+        if n > limit:
+            return None
+    return n
+
+
+def open_batches_factory(cfg: RunConfig):
+    """(function returning a fresh iterator of trace batches — one pass per loop, block size,
+    number of rows or None, trace seconds spanned by one loop's schedule or None when not known
+    without reading the rows: ``TraceSource.span_ns``). With ``validate_trace=full`` every row
+    is checked before anything is sent (a TraceError lists every problem); with ``lazy`` each
+    batch is checked as it is read."""
+    opts: dict[str, Any] = dict(fmt=cfg.format, block_size=cfg.block_size, strict=cfg.strict, mapping=cfg.map,
+                time_unit=cfg.time_unit)
+    if cfg.mix:  # several traces (tenants) on one clock: replayer.trace.mix
+        source = open_mix([dataclasses.replace(e, hash_id_scope=e.hash_id_scope or cfg.hash_id_scope)
+                           for e in cfg.mix_entries], **opts)
+    else:
+        source = open_trace(cfg.trace, **opts)
+    if cfg.validate_trace == "full":
+        source.validate()
+    if not cfg.tokenizer and may_have_endpoints(source, cfg):
+        check_endpoints(source.batches(BATCH_ROWS), cfg.trace)
+    if may_have_images(source, cfg.map):
+        try:
+            check_image_endpoints(source.batches(BATCH_ROWS), cfg.trace, cfg.endpoint)
+        except ImageEndpointError as e:
+            raise StartupError(str(e)) from None
+    span_ns = source.span_ns(cfg.max_requests)
+    span_s = span_ns / 1e9 if span_ns is not None else None
+    return (lambda: source.batches(BATCH_ROWS)), source.block_size, source.num_rows, span_s
+
+
+def may_have_endpoints(source, cfg: RunConfig) -> bool:
+    """Whether the trace may carry an ``endpoint`` column, without reading its rows (Parquet:
+    the schema; a loaded trace: the column; other sources: assume it may)."""
+    trace = getattr(source, "trace", None)
+    if trace is not None:
+        return getattr(trace, "endpoint", None) is not None
+    files = getattr(source, "files", None)
+    if files:
+        name = parse_mapping(cfg.map).get("endpoint", "endpoint")
+        return name in pq.read_schema(files[0]).names
+    return True
+
+
+def check_endpoints(batches, trace: str) -> None:
+    """Without a tokenizer, refuse (before anything is sent) a trace whose ``endpoint`` column
+    names a text-only API (chat, score, rerank): token ids cannot go there. Reads the trace only
+    when it has that column."""
+    for batch in batches:
+        col = getattr(batch, "endpoint", None)
+        if col is None:
+            return
+        bad = {e for e in col if e in TEXT_ONLY}
+        if bad:
+            raise StartupError(f"{trace}: rows for {', '.join(sorted(bad))} need text prompts: pass "
+                               "--tokenizer PATH (token-id prompts cannot go to these endpoints)")

@@ -1,0 +1,113 @@
+"""The end of a run: ``summary.json`` assembled (the results folder's summary, the target's
+metric deltas, the run's identity and settings, per-tenant and per-target sections), printed, and the exit
+code's verdict on failed requests."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+from typing import Any
+
+from replayer.config.model import RunConfig
+from replayer.record.recorder import result_files, write_json
+from replayer.run.resume import scraper_totals
+from replayer.plan.schedule import IdleGapCap
+from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV
+from replayer.results.summary import format_summary, summarize_files
+from replayer.observe.target_metrics import TargetScraper
+from replayer.observe.target_samples import SampleFiles
+from replayer.results.targets import TargetScrapers, format_targets, read_targets
+from replayer.results.tenants import format_tenants, read_tenant_sections
+
+
+async def final_summary(cfg: RunConfig, results_dir: str, *, target: str | list[str], model: str, run_id: str,
+                        scraper: TargetScraper | TargetScrapers | None, samples: SampleFiles | None,
+                        speedup_changes: list[dict], stopped_early: bool, stop_signal: str | None,
+                        gap_cap: IdleGapCap | None, task_failures: list[dict[str, str]] | None = None
+                        ) -> dict[str, Any]:
+    """Summarize the results folder (off the loop), add the run's own parts and write
+    ``summary.json``; returns it. ``task_failures``: the background tasks that crashed
+    (``replayer.core.background``), in the summary only when there were some."""
+    loop = asyncio.get_running_loop()
+    summary = await loop.run_in_executor(None, functools.partial(summarize_files, result_files(results_dir),
+                                                                 slos=cfg.goodput_slos))
+    if samples is not None and scraper is not None:  # (also the parts a killed earlier run left)
+        await loop.run_in_executor(None, samples.roll, scraper.take_samples())
+    if isinstance(scraper, TargetScrapers):  # several targets: each one's deltas in its section
+        pass
+    elif scraper is not None and scraper.scrapes:
+        summary["target_metrics"] = {"deltas": scraper.deltas(), "latest": scraper.latest,
+                                     "first_scrape_s": scraper.first_time_s, "last_scrape_s": scraper.last_time_s,
+                                     "missing": scraper.missing, **scraper_totals(scraper)}
+        hits = summary["target_metrics"]["deltas"].get("prefix_cache_hits")
+        if hits is not None:
+            summary["server_prefix_cache_hit_tokens"] = hits
+        mm_hits = summary["target_metrics"]["deltas"].get("mm_cache_hits")
+        if mm_hits is not None and "images_sent" in summary:
+            summary["server_image_cache_hits"] = int(mm_hits) if float(mm_hits).is_integer() else mm_hits
+    elif scraper is not None:
+        summary["target_metrics"] = {"scrapes": 0, "scrape_errors": scraper.errors, "last_error": scraper.last_error}
+    summary.update({"target": target, "target_embedded": _target_embedded(cfg), "model": model,
+                    "trace": cfg.trace, "speedup": cfg.speedup, "speedup_changes": speedup_changes,
+                    "shard": cfg.shard, "loop": cfg.loop, "results": results_dir, "run_id": run_id,
+                    "stopped_early": stopped_early, "stop_signal": stop_signal})
+    if task_failures:
+        summary["task_failures"] = list(task_failures)
+    if gap_cap is not None:  # --idle-gap-cap: gaps capped, time skipped, the trace -> replay map
+        summary["idle_gap_cap"] = gap_cap.report()
+    if cfg.mix:  # per-tenant sections (replayer.results.tenants)
+        summary["mix"] = list(cfg.mix)
+        summary["tenants"] = await loop.run_in_executor(None, read_tenant_sections, results_dir)
+    if isinstance(target, list):  # several targets: per-target sections (replayer.results.targets)
+        summary["target_policy"] = cfg.target_policy
+        summary["targets"], summary["target_switches"] = await loop.run_in_executor(None, read_targets, results_dir)
+        if isinstance(scraper, TargetScrapers):
+            metrics = scraper.sections()
+            for url, sec in metrics.items():
+                summary["targets"].setdefault(url, {})["target_metrics"] = sec
+            hits = [sec.get("deltas", {}).get("prefix_cache_hits") for sec in metrics.values()]
+            if hits and all(h is not None for h in hits):  # (every target reported it)
+                summary["server_prefix_cache_hit_tokens"] = sum(hits)
+    write_json(os.path.join(results_dir, "summary.json"), summary)
+    return summary
+
+
+def print_summary(summary: dict[str, Any], results_dir: str) -> None:
+    """The summary as printed at the end of a run (not by a ``--workers`` worker: its parent
+    prints the merge)."""
+    if os.environ.get(PARENT_PID_ENV):
+        return
+    print(format_summary(summary), flush=True)
+    if summary.get("tenants"):
+        print(format_tenants(summary["tenants"]), flush=True)
+    if summary.get("targets"):
+        print(format_targets(summary["targets"], summary.get("target_switches", 0)), flush=True)
+    if summary.get("idle_gap_cap"):
+        g = summary["idle_gap_cap"]
+        print(f"Idle gaps over {g['cap_s']:g} s (replay time) capped: {g['gaps_capped']}, "
+              f"{g['time_skipped_s']:,.3f} s skipped", flush=True)
+    files = [os.path.relpath(f, results_dir) for f in result_files(results_dir)]
+    listed = ", ".join(files) if len(files) <= 3 else f"{len(files)} results files"
+    print(f"results: {results_dir}/ ({listed}, summary.json)", flush=True)
+
+
+def _target_embedded(cfg: RunConfig) -> bool:
+    """Whether the run's target is the embedded simulator: started by this run (no ``--target``)
+    or by the ``--workers`` parent, which names it in ``EMBEDDED_TARGET_ENV``."""
+    return cfg.target is None or cfg.target == [os.environ.get(EMBEDDED_TARGET_ENV)]
+
+
+#: exit code of a run whose failed requests exceeded ``--max-error-ratio``
+EXIT_ERROR_RATIO = 3
+
+
+def error_ratio_problem(summary: dict, max_error_ratio: float | None) -> str | None:
+    """Why the run should exit ``EXIT_ERROR_RATIO``: failed / (completed + failed) is above
+    ``max_error_ratio`` (None: no limit, or no request ended); else None."""
+    failed, ended = summary.get("failed") or 0, (summary.get("completed") or 0) + (summary.get("failed") or 0)
+    if max_error_ratio is None or not ended or failed / ended <= max_error_ratio:
+        return None
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted((summary.get("errors_by_kind") or {}).items()))
+    return (f"{failed} of {ended} requests failed ({failed / ended:.1%}{'; ' + kinds if kinds else ''}), "
+            f"more than --max-error-ratio {max_error_ratio:g}: exit {EXIT_ERROR_RATIO}")

@@ -1,0 +1,370 @@
+"""The open loop: send every scheduled request at its due time, whether or not earlier ones
+finished; account for every one of them.
+
+The decisions (what fires, what is handed over ahead, how far to prepare, when to wake) are the
+pure ``replayer.plan.planner.Planner``'s; this module is its shell: it reads and sleeps on an injected
+clock (``replayer.core.clock.Clock``), prepares requests as the planner asks, and starts each send
+(``replayer.send.sender.Sender``) as a task of one ``asyncio.TaskGroup``, so every in-flight request
+is owned and a send that crashes stops the run loudly (its exception leaves ``run``).
+
+Deadlines are absolute offsets from the anchor ``t0_ns`` (``schedule.Timeline``), recomputed at
+every wait (never a chain of relative sleeps, which drifts: vLLM issue 21104). Trace batches are
+read ahead in a worker thread; bodies are prepared in a lead window before their due time, so
+nothing heavy runs when a request is due. A late request goes out at once and its lag is
+recorded. There is no concurrency cap: a cap would turn the open loop into a closed one and hide
+lateness.
+
+Shutdown: ``stop()`` stops issuing; in-flight requests get ``drain_timeout_s`` to finish, then
+are cancelled (recorded as ``cancelled``, as they are when ``run`` itself is cancelled).
+Requests already prepared, and the rest of the current trace batch, are recorded as
+``not_started``. So ``sent + not_started`` = everything
+scheduled so far, and every sent request ends as success, failed or cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from replayer.core.clock import MONOTONIC, SPIN_NS, Clock
+from replayer.core.errors import ErrorKind, Outcome
+from replayer.send.feed import BatchFeeder, Feed
+from replayer.build.payload import PreparedRequest
+from replayer.plan.planner import PREPARE, Fire, Planner
+from replayer.core.result import RequestResult
+from replayer.plan.schedule import ScheduleBatch, Timeline
+from replayer.send.sender import SendCancelled, Sender, Sending
+
+log = logging.getLogger(__name__)
+
+#: longest stretch of preparation between two yields to the loop (and, behind schedule, the
+#: longest the overdue requests prepared in one go wait for the first of them to fire)
+CATCH_UP_NS = 2_000_000
+
+
+class Observer:
+    """Hooks for live accounting (metrics, status). All no-ops here."""
+
+    def on_sent(self, req: PreparedRequest) -> None: ...
+    def on_result(self, res: RequestResult) -> None: ...
+
+
+@dataclass
+class Position:
+    """Where the replay is: the next request to send (for status and resume checkpoints)."""
+
+    index: int = 0   # schedule position
+    loop: int = 0
+    row: int = 0     # global trace row
+    trace_ns: int = 0
+
+
+class Dispatcher:
+    """Runs a schedule (``feed``) as ``planner`` decides, sending through ``sender``.
+
+    ``sink(res)`` receives every result exactly once. ``t0_ns``: the run's anchor on ``clock``.
+    ``observer``: live accounting hooks. ``on_idle(slack_ns)``: called before a wait (GC pacing).
+    ``drain_timeout_s``: how long in-flight requests may take after ``stop``. ``shard``: written
+    in the results of requests never sent.
+    """
+
+    def __init__(self, feed: Feed, planner: Planner, sender: Sender, sink: Callable[[RequestResult], None], *,
+                 t0_ns: int, observer: Observer | None = None, clock: Clock = MONOTONIC,
+                 on_idle: Callable[[int], None] | None = None, drain_timeout_s: float = 30.0,
+                 shard: int = 0) -> None:
+        self._feeder = BatchFeeder(feed.batches)
+        self._prepare = feed.prepare
+        self._unsent = feed.unsent
+        self._plan = planner
+        self._sender = sender
+        self._sink = sink
+        self.t0_ns = t0_ns
+        self.obs = observer or Observer()
+        self._clock = clock
+        self._on_idle = on_idle
+        self.drain_timeout_s = drain_timeout_s
+        self.shard = shard
+        self._stopping = asyncio.Event()
+        self._changed = asyncio.Event()   # timeline changed (pause/resume/speed-up), a turn released, or stop
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._tg: asyncio.TaskGroup | None = None
+        self._tasks: dict[asyncio.Task[None], tuple[PreparedRequest, int, Sending]] = {}
+        self._cur: ScheduleBatch | None = None
+        self._j = 0
+        self.position = Position()
+        self.sent = 0
+        self.not_started = 0
+        self.cancelled = 0
+        self.finished = False  # the whole schedule was issued
+
+    # -- control ------------------------------------------------------------------------------
+    @property
+    def timeline(self) -> Timeline:
+        return self._plan.timeline
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    @property
+    def prepared_late(self) -> int:
+        """Requests whose body was built after their due time (preparation behind)."""
+        return self._plan.prepared_late
+
+    @property
+    def fired_by_loop(self) -> int:
+        """Requests meant for the sender's hand-over that went at their due time instead."""
+        return self._plan.fired_late
+
+    def stop(self) -> None:
+        """Stop issuing requests; ``run`` then drains and returns."""
+        self._stopping.set()
+        self._changed.set()
+
+    def cancel_in_flight(self) -> None:
+        """Cancel every in-flight request now (second SIGTERM)."""
+        self.stop()
+        for t in list(self._tasks):
+            t.cancel()
+
+    def due_count(self) -> int:
+        """Requests whose due time has passed: those sent plus prepared ones already overdue.
+        Safe to call from another thread (the metrics exposition thread)."""
+        return self.sent + self._plan.overdue(self.now_rel())
+
+    def now_rel(self) -> int:
+        return self._clock.now_ns() - self.t0_ns
+
+    def pause(self) -> None:
+        self.timeline.pause(self.now_rel())
+        self._changed.set()
+
+    def resume(self) -> None:
+        self.timeline.resume(self.now_rel())
+        self._changed.set()
+
+    def set_speedup(self, speedup: float) -> None:
+        self.timeline.set_speedup(speedup, self.now_rel())
+        self._changed.set()
+
+    # -- the loop -----------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Send the whole schedule (or until ``stop``), then drain and account. A send that
+        raises (a bug: senders return failures as values) cancels the others and leaves here
+        in an ``ExceptionGroup``; the requests never sent are recorded first."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                try:
+                    await self._issue()
+                    await self._drain()
+                except BaseException:  # cancelled, or a send crashed: what is left is not sent
+                    self._stopping.set()
+                    raise
+        finally:
+            self._tg = None
+            self._record_unsent()
+            self._feeder.close()
+
+    async def _issue(self) -> None:
+        plan, clock, sender = self._plan, self._clock, self._sender
+        stopping = self._stopping
+        while not stopping.is_set():
+            # 1. fire everything due, then let those tasks write their requests before any
+            #    preparation work (on Python 3.11 a new task only starts at the next yield)
+            fires = plan.due(self.now_rel())
+            if fires:
+                while fires:
+                    for f in fires:
+                        self._fire(f)
+                    fires = plan.due(self.now_rel())
+                await asyncio.sleep(0)
+                continue
+            # 1b. hand the requests due soon to a sender that writes ahead of the due time
+            if plan.ahead_ns:
+                now = self.now_rel()
+                handed = False
+                while (h := plan.hand_over(now)) is not None:
+                    sending = sender.hand_over(h.req, h.due_ns)
+                    if sending is None:
+                        plan.not_taken(now)
+                        break
+                    plan.taken()
+                    self._start(h.req, h.due_ns, sending)
+                    handed = True
+                if handed:
+                    await asyncio.sleep(0)
+                    continue
+            # 2. prepare ahead, but never past the next due time. Behind schedule (the next
+            #    request is overdue already), the requests overdue too are prepared first, for up
+            #    to CATCH_UP_NS, and then fire together: one request per turn of the loop would
+            #    let a loop saturated with stream reads set the send rate (each turn runs every
+            #    ready read first), where independent clients' timers all fire in one turn
+            t_yield = clock.now_ns() + CATCH_UP_NS
+            catching_up = False
+            while not plan.exhausted:
+                if plan.must_act(self.now_rel()):
+                    if not plan.head_overdue(self.now_rel()) or clock.now_ns() > t_yield:
+                        break
+                    catching_up = True
+                if (self._cur is None or self._j >= len(self._cur)) and not await self._next_batch():
+                    plan.exhausted = True
+                    break
+                sb, j = self._cur, self._j
+                trace_ns = int(sb.trace_ns[j])  # type: ignore[union-attr]
+                if plan.next_item(trace_ns, self.now_rel(), catching_up) is not PREPARE:
+                    break
+                req = self._prepare(sb, j)  # type: ignore[arg-type]
+                plan.add(req, trace_ns, self.now_rel())
+                self._j += 1
+                if clock.now_ns() > t_yield:  # let streams progress during a long preparation burst
+                    if catching_up:
+                        break
+                    await asyncio.sleep(0)
+                    t_yield = clock.now_ns() + CATCH_UP_NS
+            # connections for the requests due soon (counted again at most every millisecond)
+            n = plan.demand(self.now_rel())
+            if n is not None:
+                sender.expect(n)
+            if plan.finished:
+                self.finished = True
+                return
+            cur = self._cur
+            nxt = int(cur.trace_ns[self._j]) if cur is not None and self._j < len(cur) else None
+            wake = plan.wake(self.now_rel(), nxt)
+            if wake is None:  # the next batch is to be read
+                continue
+            left = wake.at_ns - self.now_rel()
+            if self._on_idle is not None and left > 0:
+                self._on_idle(left)
+                left = wake.at_ns - self.now_rel()
+            if left > 2 * SPIN_NS:
+                self._changed.clear()
+                await _first(clock.sleep_until(self.t0_ns + wake.at_ns), self._changed.wait())
+            elif left > 0:
+                # a hand-over only has to happen before the due time: no spinning for it
+                await (clock.sleep_until(self.t0_ns + wake.at_ns) if wake.precise else clock.sleep(left / 1e9))
+            else:
+                await asyncio.sleep(0)
+
+    async def _next_batch(self) -> bool:
+        """Read the next schedule batch (False: the schedule ended)."""
+        while self._cur is None or self._j >= len(self._cur):
+            self._cur = await self._feeder.next()
+            self._j = 0
+            if self._cur is None:
+                return False
+        return True
+
+    def _fire(self, f: Fire) -> None:
+        self._start(f.req, f.due_ns, self._sender.send(f.req, f.due_ns))
+
+    def _start(self, req: PreparedRequest, due_ns: int, sending: Sending) -> None:
+        task = self._tg.create_task(self._one(req, sending))  # type: ignore[union-attr]
+        self._tasks[task] = (req, due_ns, sending)
+        self._idle.clear()
+        task.add_done_callback(self._task_done)
+        self.sent += 1
+        p = self.position
+        p.index, p.loop, p.row = req.index + 1, req.loop, req.row + 1
+        self.obs.on_sent(req)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        req, due_ns, sending = self._tasks.pop(task)
+        if not self._tasks:
+            self._idle.set()
+        if task.cancelled() and inspect.getcoroutinestate(sending) == inspect.CORO_CREATED:
+            sending.close()  # cancelled before its first step: the sender never began
+            self.cancelled += 1
+            res = req.new_result(self.shard, due_ns=due_ns)
+            res.outcome, res.error_kind = Outcome.CANCELLED.value, ErrorKind.CANCELLED.value
+            self._deliver(res)
+            self._ended(req, stopping=True)
+
+    async def _one(self, req: PreparedRequest, sending: Sending) -> None:
+        try:
+            res = await sending
+        except SendCancelled as c:
+            self.cancelled += 1
+            self._deliver(c.result)
+            self._ended(req, stopping=True)  # nothing more is released at shutdown
+            raise
+        except Exception as e:  # a bug in the sender: recorded, then it stops the run (TaskGroup)
+            self._stopping.set()
+            res = req.new_result(self.shard, due_ns=self._tasks[asyncio.current_task()][1])  # type: ignore[index]
+            res.outcome, res.error_kind = Outcome.FAILED.value, ErrorKind.CLIENT.value
+            res.error = f"{type(e).__name__}: {e}"[:500]
+            self._deliver(res)
+            self._ended(req, stopping=True)
+            raise
+        self._ended(req, self.stopping)
+        self._deliver(res)
+
+    def _ended(self, req: PreparedRequest, stopping: bool) -> None:
+        """A session turn (or parent) ended: start the turns it releases now; the planner keeps
+        later ones (and, while stopping, all of them: recorded as not started)."""
+        if req.key is None:
+            return
+        for f in self._plan.ended(req, self.now_rel(), stopping):
+            self._fire(f)
+        self._changed.set()  # the issuing loop re-plans (it may be waiting for these)
+
+    def _deliver(self, res: RequestResult) -> None:
+        try:
+            self._sink(res)
+            self.obs.on_result(res)
+        except Exception:  # a broken sink must not lose the replay
+            log.exception("result sink failed for row %d", res.row)
+
+    async def _drain(self) -> None:
+        """Normal end: wait for every in-flight request. After ``stop()`` (also one arriving during
+        that wait): wait at most ``drain_timeout_s``, then cancel what is left (the task group
+        waits for them)."""
+        if not self.stopping:
+            await _first(self._idle.wait(), self._stopping.wait())
+        if not self._tasks:
+            return
+        log.info("draining %d in-flight requests (timeout %.1f s)", len(self._tasks), self.drain_timeout_s)
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.drain_timeout_s)
+        except TimeoutError:
+            pending = list(self._tasks)
+            log.warning("drain timeout: cancelling %d in-flight requests", len(pending))
+            for t in pending:
+                t.cancel()
+
+    def _record_unsent(self) -> None:
+        if not self.stopping:
+            return
+        for req in self._plan.take_held():
+            self.not_started += 1
+            res = req.new_result(self.shard, due_ns=self.timeline.due(req.trace_ns))
+            res.prompt_len_sent = res.max_tokens = 0  # nothing was sent
+            res.expected_prefix_hit_tokens = None
+            self._deliver(res)
+        if self._cur is not None:
+            for j in range(self._j, len(self._cur)):
+                self.not_started += 1
+                self._deliver(self._unsent(self._cur, j))
+            self._j = len(self._cur)
+
+
+async def _first(*aws: Awaitable[object]) -> None:
+    """Wait until the first of ``aws`` finishes; cancel the others. An exception of the one that
+    finished is raised here (not left in a task nobody reads)."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            t.result()
+    finally:
+        for t in tasks:
+            t.cancel()

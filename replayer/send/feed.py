@@ -1,0 +1,54 @@
+"""The dispatcher's input: what is replayed (``Feed``) and its batches read ahead off the loop.
+
+``Feed`` holds the schedule's batches and how an item becomes a request (``prepare``) or, when it
+is never prepared, a result (``unsent``); ``BatchFeeder`` reads the batches in one worker thread,
+one batch ahead, so Parquet reads and batch preparation never run on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from replayer.build.payload import PreparedRequest
+from replayer.core.result import RequestResult
+from replayer.plan.schedule import ScheduleBatch
+
+__all__ = ["BatchFeeder", "Feed"]
+
+
+class BatchFeeder:
+    """Runs a synchronous schedule iterator in one worker thread, one batch ahead, so Parquet
+    reads and batch preparation never run on the event loop."""
+
+    def __init__(self, batches: Iterator[ScheduleBatch]) -> None:
+        self._it = batches
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trace-reader")
+        self._next: asyncio.Future[ScheduleBatch | None] | None = None
+
+    def _fetch(self) -> asyncio.Future[ScheduleBatch | None]:
+        return asyncio.get_running_loop().run_in_executor(self._pool, next, self._it, None)
+
+    async def next(self) -> ScheduleBatch | None:
+        fut = self._next or self._fetch()
+        batch: ScheduleBatch | None = await fut
+        self._next = self._fetch() if batch is not None else None
+        return batch
+
+    def close(self) -> None:
+        if self._next is not None:
+            self._next.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass(frozen=True)
+class Feed:
+    """What is replayed: the schedule's batches, ``prepare(sb, j)`` building the request of item j
+    of batch ``sb`` (pure, may take ~0.5 ms) and ``unsent(sb, j)`` the result of an item never
+    prepared (shutdown)."""
+
+    batches: Iterator[ScheduleBatch]
+    prepare: Callable[[ScheduleBatch, int], PreparedRequest]
+    unsent: Callable[[ScheduleBatch, int], RequestResult]

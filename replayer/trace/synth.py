@@ -1,0 +1,260 @@
+"""Synthetic traces: seeded arrivals, lengths and controlled prefix sharing -> Trace batches.
+
+Model (all draws from ``numpy.random.default_rng(seed)``, so the same spec gives the same rows):
+
+* **Arrivals**: one process over all requests at ``rate_per_s``: Poisson (exponential gaps) or
+  gamma gaps with coefficient of variation ``cv`` (shape ``1/cv**2``; cv 1 = Poisson, > 1 burstier).
+  The first request is at time 0; timestamps are integer nanoseconds, sorted.
+* **Sessions**: rows come in groups of ``sessions`` concurrent conversations x ``turns`` turns;
+  within a group the k-th arrival belongs to session ``k % sessions`` and is its turn
+  ``k // sessions`` (conversations interleave, each turn after the previous one). Session ids are
+  ``"s<n>"`` and ``turn`` the 0-based turn index (both only written when ``turns > 1``).
+* **Lengths**: per turn, ``u`` new user tokens and ``o`` output tokens, from distributions
+  (:func:`parse_dist`) or resampled as (input_length, output_length) pairs of a trace
+  (``lengths_from``). Turn ``t`` of a session has ``input_length = S + sum_{k<t} (u_k + o_k) + u_t``
+  (multi-turn growth: the history, answers included, is resent), capped at ``max_input_tokens``.
+* **Shared system prompts**: each session uses prompt ``p`` (uniform in ``system_prompts``) of
+  ``system_prompt_tokens`` tokens ``S``; its full blocks are shared by every session using ``p``.
+* **Hash ids**: block ``j`` of a row is the system prompt's block ``p * (S // bs) + j`` when it lies
+  entirely in the system prompt, else the session's own block ``base(session) + j`` (ids count up
+  from ``system_prompts * (S // bs)``). A session's content only grows, so a turn's blocks are a
+  prefix of the next turn's (a partial last block is a prefix of the full one). All ids < 2**62.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from replayer.trace import ROW_GROUP_SIZE, Trace, read_trace, trace_table
+
+__all__ = ["SynthSpec", "parse_dist", "synth_batches", "synth", "write_synth"]
+
+
+def parse_dist(text: str):
+    """``const:N`` | ``uniform:LO:HI`` (inclusive) | ``lognormal:MEAN:CV`` | ``normal:MEAN:SD`` |
+    ``exp:MEAN`` -> ``f(rng, n) -> int64[n]`` (values >= 1). Raises ValueError."""
+    kind, *args = text.split(":")
+    try:
+        a = [float(x) for x in args]
+    except ValueError:
+        raise ValueError(f"bad distribution {text!r}: numbers expected after the name") from None
+    need = {"const": 1, "uniform": 2, "lognormal": 2, "normal": 2, "exp": 1}
+    if kind not in need or len(a) != need[kind]:
+        raise ValueError(f"bad distribution {text!r}: expected const:N, uniform:LO:HI, lognormal:MEAN:CV, "
+                         "normal:MEAN:SD or exp:MEAN")
+    if any(not math.isfinite(x) or x < 0 for x in a):
+        raise ValueError(f"bad distribution {text!r}: parameters must be finite and >= 0")
+
+    def clip(x):
+        return np.maximum(1, np.round(x)).astype(np.int64)
+
+    if kind == "const":
+        if round(a[0]) < 1:  # (a length of 0 tokens is no request: refused, not turned into 1)
+            raise ValueError(f"bad distribution {text!r}: N must be >= 1")
+        return lambda rng, n: np.full(n, int(round(a[0])), dtype=np.int64)
+    if kind == "uniform":
+        lo, hi = int(a[0]), int(a[1])
+        if hi < lo:
+            raise ValueError(f"bad distribution {text!r}: HI < LO")
+        if hi < 1:
+            raise ValueError(f"bad distribution {text!r}: HI must be >= 1")
+        return lambda rng, n: np.maximum(1, rng.integers(lo, hi + 1, n)).astype(np.int64)
+    if kind in ("lognormal", "exp") and a[0] <= 0:
+        raise ValueError(f"bad distribution {text!r}: MEAN must be > 0")
+    if kind == "lognormal":
+        mean, cv = a
+        sigma = math.sqrt(math.log1p(cv * cv))
+        mu = math.log(max(mean, 1e-9)) - sigma * sigma / 2
+        return lambda rng, n: clip(rng.lognormal(mu, sigma, n))
+    if kind == "normal":
+        return lambda rng, n: clip(rng.normal(a[0], a[1], n))
+    return lambda rng, n: clip(rng.exponential(a[0], n))
+
+
+@dataclass(frozen=True)
+class SynthSpec:
+    """What to generate (see the module docstring). Rates in requests/s, lengths in tokens."""
+
+    rows: int
+    rate_per_s: float
+    arrival: str = "poisson"  # or "gamma"
+    cv: float = 1.0
+    input_dist: str = "lognormal:1024:1.0"
+    output_dist: str = "lognormal:256:0.8"
+    lengths_from: str | None = None
+    system_prompts: int = 0
+    system_prompt_tokens: int = 0
+    turns: int = 1
+    sessions: int = 1
+    max_input_tokens: int | None = None
+    block_size: int = 512
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def check(self, names: dict[str, str] | None = None) -> None:
+        """Raises ValueError listing every bad field; ``names`` maps field names to what the
+        caller calls them (the CLI's flags)."""
+        def n(field_name: str) -> str:
+            return (names or {}).get(field_name, field_name)
+
+        problems = []
+        if self.rows < 1:
+            problems.append(f"{n('rows')} must be >= 1, got {self.rows}")
+        if not (self.rate_per_s > 0 and math.isfinite(self.rate_per_s)):
+            problems.append(f"{n('rate_per_s')} must be a finite number > 0, got {self.rate_per_s}")
+        if self.arrival not in ("poisson", "gamma"):
+            problems.append(f"{n('arrival')} must be poisson or gamma, got {self.arrival!r}")
+        if not (self.cv > 0 and math.isfinite(self.cv)):
+            problems.append(f"{n('cv')} must be a finite number > 0, got {self.cv}")
+        if self.turns < 1 or self.sessions < 1:
+            problems.append(f"{n('turns')} and {n('sessions')} must be >= 1")
+        if self.system_prompts < 0 or self.system_prompt_tokens < 0 or (self.system_prompts == 0) != (self.system_prompt_tokens == 0):
+            problems.append(f"{n('system_prompts')} and {n('system_prompt_tokens')} must both be 0 or both be >= 1")
+        if self.block_size < 1:
+            problems.append(f"{n('block_size')} must be >= 1, got {self.block_size}")
+        if self.max_input_tokens is not None and self.max_input_tokens < 1:
+            problems.append(f"{n('max_input_tokens')} must be >= 1")
+        for field_name in ("input_dist", "output_dist"):
+            try:
+                parse_dist(getattr(self, field_name))
+            except ValueError as e:
+                problems.append(f"{n(field_name)}: {e}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+def _gaps(spec: SynthSpec, rng: np.random.Generator, n: int) -> np.ndarray:
+    if spec.arrival == "poisson":
+        return rng.exponential(1.0 / spec.rate_per_s, n)
+    k = 1.0 / (spec.cv * spec.cv)
+    return rng.gamma(k, 1.0 / (spec.rate_per_s * k), n)
+
+
+def synth_batches(spec: SynthSpec, *, chunk_rows: int = ROW_GROUP_SIZE) -> Iterator[Trace]:
+    """Generate ``spec.rows`` rows as consecutive Trace batches (each about ``chunk_rows`` rows,
+    a whole number of session groups); times are offsets from the first row. ValueError for a bad spec."""
+    spec.check()
+    rng = np.random.default_rng(spec.seed)
+    u_dist, o_dist = parse_dist(spec.input_dist), parse_dist(spec.output_dist)
+    pairs = None
+    if spec.lengths_from:
+        src = read_trace(spec.lengths_from)
+        pairs = (np.array(src.input_length), np.array(src.output_length))
+    bs = spec.block_size
+    C, T = spec.sessions, spec.turns
+    S = spec.system_prompt_tokens
+    sys_blocks = S // bs
+    next_id = spec.system_prompts * sys_blocks
+    group = C * T
+    groups_per_chunk = max(1, chunk_rows // group)
+    t_now = 0.0
+    first = True
+    done = 0
+    session_base = 0
+    while done < spec.rows:
+        n = min(groups_per_chunk * group, spec.rows - done)
+        g = -(-n // group)  # groups in this chunk (the last may be cut short)
+        full = g * group
+        if pairs is not None:
+            pick = rng.integers(0, pairs[0].size, full)
+            u, o = pairs[0][pick], pairs[1][pick]
+        else:
+            u, o = u_dist(rng, full), o_dist(rng, full)
+        # shape (g, T, C): row k of group gi is turn k // C of session k % C
+        u3, o3 = u.reshape(g, T, C), o.reshape(g, T, C)
+        hist = np.cumsum(u3 + o3, axis=1) - (u3 + o3)
+        prompt = rng.integers(0, spec.system_prompts, (g, 1, C)) if spec.system_prompts else np.zeros((g, 1, C), np.int64)
+        L = S + hist + u3
+        if spec.max_input_tokens is not None:
+            L = np.minimum(L, spec.max_input_tokens)
+        L = L.reshape(-1)[:n].astype(np.int64)
+        sess_local = np.tile(np.arange(C), g * T)[:n] + np.repeat(np.arange(g), group)[:n] * C
+        nb = (L + (bs - 1)) // bs
+        # per session: room for its largest row's blocks
+        max_nb = np.zeros(g * C, dtype=np.int64)
+        np.maximum.at(max_nb, sess_local, nb)
+        base = next_id + np.concatenate([[0], np.cumsum(max_nb)[:-1]])
+        next_id += int(max_nb.sum())
+        offs = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(nb, out=offs[1:])
+        row_of = np.repeat(np.arange(n), nb)
+        j = np.arange(offs[-1], dtype=np.int64) - offs[:-1][row_of]
+        s_of = sess_local[row_of]
+        p_of = prompt.reshape(-1)[s_of]
+        ids = np.where(j < sys_blocks, p_of * sys_blocks + j, base[s_of] + j)
+        gaps = _gaps(spec, rng, n)
+        if first:
+            gaps[0] = 0.0
+            first = False
+        times = t_now + np.cumsum(gaps)
+        t_now = float(times[-1])
+        ts = np.round(times * 1e9).astype(np.int64)
+        sid = turn = None
+        if T > 1:
+            sid = [f"s{session_base + k}" for k in sess_local.tolist()]
+            turn = ((np.arange(n) % group) // C).tolist()  # row k of a group is turn k // C
+        session_base += g * C
+        yield Trace(path="synthetic", timestamp_ns=ts, input_length=L, output_length=o.reshape(-1)[:n].astype(np.int64),
+                    hash_offsets=offs, hash_values=ids.astype(np.int64), block_size=bs,
+                    source_row=np.arange(done + 1, done + n + 1, dtype=np.int64), rows_out_of_order=0,
+                    session_id=sid, turn=turn, metadata={"format": "synthetic", "block_size": str(bs)},
+                    row_offset=done)
+        done += n
+
+
+def _concat(batches: list[Trace]) -> Trace:
+    offs = [np.asarray(b.hash_offsets) for b in batches]
+    shift = np.cumsum([0] + [int(o[-1]) for o in offs[:-1]])
+    hash_offsets = np.concatenate([offs[0][:1]] + [o[1:] + s for o, s in zip(offs, shift)])
+    sess = None if batches[0].session_id is None else [s for b in batches for s in b.session_id]
+    turn = None if batches[0].turn is None else [x for b in batches for x in b.turn]
+    b0 = batches[0]
+    return Trace(path=b0.path, timestamp_ns=np.concatenate([b.timestamp_ns for b in batches]),
+                 input_length=np.concatenate([b.input_length for b in batches]),
+                 output_length=np.concatenate([b.output_length for b in batches]), hash_offsets=hash_offsets,
+                 hash_values=np.concatenate([b.hash_values for b in batches]), block_size=b0.block_size,
+                 source_row=np.concatenate([b.source_row for b in batches]), rows_out_of_order=0,
+                 session_id=sess, turn=turn, metadata=dict(b0.metadata))
+
+
+def synth(spec: SynthSpec) -> Trace:
+    """The whole synthetic trace in memory (see :func:`synth_batches`)."""
+    return _concat(list(synth_batches(spec)))
+
+
+def describe(spec: SynthSpec) -> str:
+    return (f"synthetic: {spec.rows} rows, {spec.arrival} arrivals at {spec.rate_per_s:g}/s (cv {spec.cv:g}), "
+            f"input {spec.lengths_from or spec.input_dist}, output {spec.lengths_from or spec.output_dist}, "
+            f"{spec.system_prompts} system prompts x {spec.system_prompt_tokens} tokens, "
+            f"{spec.sessions} sessions x {spec.turns} turns, seed {spec.seed}")
+
+
+def write_synth(spec: SynthSpec, path: str | os.PathLike, *, row_group_rows: int = ROW_GROUP_SIZE) -> int:
+    """Generate and write canonical Parquet (ns timestamps, zstd, one row group per batch) without
+    holding the whole trace; returns the number of rows. Written to a temp name, then renamed."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    writer = None
+    rows = 0
+    try:
+        for b in synth_batches(spec, chunk_rows=row_group_rows):
+            table = trace_table(b, time_unit="ns", source=describe(spec), license="generated (no license needed)")
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, table.schema, compression="zstd")
+            writer.write_table(table, row_group_size=max(row_group_rows, table.num_rows))
+            rows += table.num_rows
+        writer.close()
+        writer = None
+        os.replace(tmp, path)
+    finally:
+        if writer is not None:
+            writer.close()
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return rows
