@@ -42,15 +42,30 @@ def write_shard(path: str, sessions: int, seed: int = 0) -> int:
                     cached = int(prev * (0.9 if c else 0.55))
                     dur = rng.uniform(300, 5000)
                     mid = f"m{s}-{k}-{c}"
-                    llm.append({"message_id": mid, "timestamp": t.isoformat().replace("+00:00", "Z"),
-                                "duration_ms": dur, "initiator_type": "agent" if c else "user", "model": "Model A",
-                                "tokens": {"prompt": prompt, "completion": max(1, int(rng.lognormvariate(5, 0.7))),
-                                           "cached": cached}})
+                    llm.append(
+                        {
+                            "message_id": mid,
+                            "timestamp": t.isoformat().replace("+00:00", "Z"),
+                            "duration_ms": dur,
+                            "initiator_type": "agent" if c else "user",
+                            "model": "Model A",
+                            "tokens": {
+                                "prompt": prompt,
+                                "completion": max(1, int(rng.lognormvariate(5, 0.7))),
+                                "cached": cached,
+                            },
+                        }
+                    )
                     t += timedelta(milliseconds=dur)
                     tool = rng.uniform(50, 3000)
-                    tools.append({"timestamp": t.isoformat().replace("+00:00", "Z"), "duration_ms": tool,
-                                  "request_id": mid, "function_calls": [{"name": "run", "status": 1,
-                                                                         "duration_ms": tool}]})
+                    tools.append(
+                        {
+                            "timestamp": t.isoformat().replace("+00:00", "Z"),
+                            "duration_ms": tool,
+                            "request_id": mid,
+                            "function_calls": [{"name": "run", "status": 1, "duration_ms": tool}],
+                        }
+                    )
                     t += timedelta(milliseconds=tool)
                     calls += 1
                 turns.append({"turn_id": f"t{k}", "llm_calls": llm, "tool_batches": tools})
@@ -69,8 +84,18 @@ def _step_read(path: str) -> None:
     tr = read_trace(path)
     dt = time.perf_counter() - t
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"step": "read", "calls": len(tr), "blocks": int(tr.hash_values.size), "seconds": dt,
-                      "calls_per_s": len(tr) / dt, "peak_rss_mb": rss}))
+    print(
+        json.dumps(
+            {
+                "step": "read",
+                "calls": len(tr),
+                "blocks": int(tr.hash_values.size),
+                "seconds": dt,
+                "calls_per_s": len(tr) / dt,
+                "peak_rss_mb": rss,
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -87,13 +112,24 @@ def main() -> None:
     path = os.path.join(a.dir, f"bench-copilot-{a.sessions}.jsonl.gz")
     t = time.perf_counter()
     calls = write_shard(path, a.sessions)
-    print(json.dumps({"step": "generate", "sessions": a.sessions, "calls": calls,
-                      "seconds": time.perf_counter() - t, "bytes": os.path.getsize(path)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "step": "generate",
+                "sessions": a.sessions,
+                "calls": calls,
+                "seconds": time.perf_counter() - t,
+                "bytes": os.path.getsize(path),
+            }
+        ),
+        flush=True,
+    )
     subprocess.run([sys.executable, __file__, "--step", "read", "--path", path], check=True)
     out = path.replace(".jsonl.gz", ".parquet")
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "replayer", "trace", "convert", path, "-o", out], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "replayer", "trace", "convert", path, "-o", out], check=True, capture_output=True
+    )
     print(json.dumps({"step": "convert", "seconds": time.perf_counter() - t, "parquet_bytes": os.path.getsize(out)}))
     if not a.keep:
         os.remove(path)

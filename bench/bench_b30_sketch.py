@@ -23,7 +23,9 @@ import psutil
 from replayer.core.stats import Stat
 
 
-def feed(stat: Stat, requests: int, *, scale: float = 1.0, offset: float = 0.0, rss_at: int | None = None) -> float | None:
+def feed(
+    stat: Stat, requests: int, *, scale: float = 1.0, offset: float = 0.0, rss_at: int | None = None
+) -> float | None:
     """Fold the B30 feed into ``stat``; returns the RSS (MiB) once ``rss_at`` gaps are in."""
     rss = None
     per = 1_000
@@ -44,12 +46,19 @@ def main() -> None:
     rss_1m = feed(ms, args.requests, rss_at=1_000_000)
     rss_end = psutil.Process().memory_info().rss / 2**20
     took = time.perf_counter() - t
-    print(f"count {ms.count:,}  min {ms.min:g}  max {ms.max:g}  sum {ms.total:,.0f} ms  mean {ms.mean:.4f} ms  "
-          f"std {ms.std():.4f} ms")
-    print("nearest-rank p50 / p90 / p99 (ms): " + " / ".join(f"{ms.percentile(p):.3f}" for p in (50, 90, 99))
-          + f"  (from the {'values' if ms.exact else 'sketch'})")
-    print(f"RSS after 1,000,000 samples {rss_1m:.1f} MiB, after {ms.count:,} {rss_end:.1f} MiB: "
-          f"growth {rss_end - rss_1m:+.1f} MiB; {took:.1f} s ({ms.count / took / 1e6:.1f} M samples/s)")
+    print(
+        f"count {ms.count:,}  min {ms.min:g}  max {ms.max:g}  sum {ms.total:,.0f} ms  mean {ms.mean:.4f} ms  "
+        f"std {ms.std():.4f} ms"
+    )
+    print(
+        "nearest-rank p50 / p90 / p99 (ms): "
+        + " / ".join(f"{ms.percentile(p):.3f}" for p in (50, 90, 99))
+        + f"  (from the {'values' if ms.exact else 'sketch'})"
+    )
+    print(
+        f"RSS after 1,000,000 samples {rss_1m:.1f} MiB, after {ms.count:,} {rss_end:.1f} MiB: "
+        f"growth {rss_end - rss_1m:+.1f} MiB; {took:.1f} s ({ms.count / took / 1e6:.1f} M samples/s)"
+    )
     ns = Stat()
     feed(ns, args.requests, scale=1e6, offset=1e12)
     print(f"second pass (ns + 1e12): std {ns.std():,.1f} ns (case: 11,543,396 +- 0.01 %), mean {ns.mean:,.1f} ns")

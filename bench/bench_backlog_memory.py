@@ -25,11 +25,11 @@ import sys
 
 import psutil
 
-from replayer.http.client import Client
-from replayer.http.pool import IDLE_EXPIRY_S
-from replayer.core.clock import now_ns
 from replayer.build.payload import PayloadBuilder, PreparedRequest
 from replayer.build.prompts import PromptBuilder
+from replayer.core.clock import now_ns
+from replayer.http.client import Client
+from replayer.http.pool import IDLE_EXPIRY_S
 
 
 def _rss_mb() -> float:
@@ -47,8 +47,9 @@ async def _burst(port: int, n: int, expiry_s: float) -> None:
     body = PayloadBuilder("m").body(PromptBuilder(block_size=16).prompt_json([1], 16), 2)
 
     def req(i: int) -> PreparedRequest:
-        return PreparedRequest(index=i, row=i, due_ns=0, body=body, input_length=16, output_length=2,
-                               prompt_len=16, max_tokens=2)
+        return PreparedRequest(
+            index=i, row=i, due_ns=0, body=body, input_length=16, output_length=2, prompt_len=16, max_tokens=2
+        )
 
     async with Client(f"http://127.0.0.1:{port}", t0_ns=now_ns(), idle_expiry_s=expiry_s or IDLE_EXPIRY_S) as c:
         for i in range(3):
@@ -69,8 +70,10 @@ async def _burst(port: int, n: int, expiry_s: float) -> None:
         print(f"idle expiry                 {expiry_s or IDLE_EXPIRY_S:g} s")
         print(f"RSS before the burst        {before:.1f} MB")
         print(f"RSS right after it          {after:.1f} MB ({after - before:+.1f})")
-        print(f"RSS after {expiry_s + 0.5:g} s and 3 more   {later:.1f} MB ({later - before:+.1f}); "
-              f"idle pool {len(c._idle)}, open {c.open_connections}")
+        print(
+            f"RSS after {expiry_s + 0.5:g} s and 3 more   {later:.1f} MB ({later - before:+.1f}); "
+            f"idle pool {len(c._idle)}, open {c.open_connections}"
+        )
         while len(c._idle) > c.spare_target:
             x = c._idle.popleft()
             x._abort()
@@ -79,8 +82,10 @@ async def _burst(port: int, n: int, expiry_s: float) -> None:
         gc.collect()
         cut = _rss_mb()
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-        print(f"pool cut to its spares      {cut:.1f} MB ({cut - before:+.1f}); after malloc_trim "
-              f"{_rss_mb():.1f} MB (the rest: memory the allocators keep)")
+        print(
+            f"pool cut to its spares      {cut:.1f} MB ({cut - before:+.1f}); after malloc_trim "
+            f"{_rss_mb():.1f} MB (the rest: memory the allocators keep)"
+        )
 
 
 def main() -> None:
@@ -93,9 +98,26 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    sim = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--host", "127.0.0.1", "--port", str(port),
-                            "--ttft-base-ms", "1500", "--itl-base-ms", "1", "--prefill-us-per-token", "0"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sim = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "sim",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--ttft-base-ms",
+            "1500",
+            "--itl-base-ms",
+            "1",
+            "--prefill-us-per-token",
+            "0",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         asyncio.run(_burst(port, a.requests, a.expiry))
     finally:

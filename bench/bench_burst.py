@@ -28,17 +28,17 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from replayer.http.client import Client  # noqa: E402
-from replayer.core.clock import Anchor, now_ns  # noqa: E402
-from replayer.send.dispatcher import Dispatcher  # noqa: E402
-from replayer.send.feed import Feed  # noqa: E402
-from replayer.plan.planner import Planner  # noqa: E402
-from replayer.send.sender import LoopSender  # noqa: E402
-from replayer.run.gcpacer import GcPacer  # noqa: E402
 from replayer.build.payload import PayloadBuilder, PreparedRequest  # noqa: E402
 from replayer.build.prompts import PromptBuilder  # noqa: E402
+from replayer.core.clock import Anchor, now_ns  # noqa: E402
 from replayer.core.result import RequestResult  # noqa: E402
+from replayer.http.client import Client  # noqa: E402
+from replayer.plan.planner import Planner  # noqa: E402
 from replayer.plan.schedule import Timeline, iter_schedule  # noqa: E402
+from replayer.run.gcpacer import GcPacer  # noqa: E402
+from replayer.send.dispatcher import Dispatcher  # noqa: E402
+from replayer.send.feed import Feed  # noqa: E402
+from replayer.send.sender import LoopSender  # noqa: E402
 
 
 def _free_port() -> int:
@@ -66,8 +66,17 @@ async def _round(url: str, n: int, cold: bool, profile: cProfile.Profile | None,
     def prepare(sb, j):
         i = int(sb.rows[j])
         body = payload.body(prompts.prompt_json([i], 16), 50)
-        return PreparedRequest(index=j, row=i, due_ns=timeline.due(0), body=body, input_length=16,
-                               output_length=50, prompt_len=16, max_tokens=50, trace_ns=0)
+        return PreparedRequest(
+            index=j,
+            row=i,
+            due_ns=timeline.due(0),
+            body=body,
+            input_length=16,
+            output_length=50,
+            prompt_len=16,
+            max_tokens=50,
+            trace_ns=0,
+        )
 
     def unsent(sb, j):
         return RequestResult(row=int(sb.rows[j]))
@@ -81,8 +90,14 @@ async def _round(url: str, n: int, cold: bool, profile: cProfile.Profile | None,
         gc_pacer = GcPacer()
         if pacer:  # as the daemon composes it: collections only when nothing is due
             gc_pacer.start()
-        d = Dispatcher(Feed(iter_schedule(lambda: [_Batch(n)]), prepare, unsent), Planner(timeline),
-                       LoopSender(c), results.append, t0_ns=anchor.t0_ns, on_idle=gc_pacer.idle if pacer else None)
+        d = Dispatcher(
+            Feed(iter_schedule(lambda: [_Batch(n)]), prepare, unsent),
+            Planner(timeline),
+            LoopSender(c),
+            results.append,
+            t0_ns=anchor.t0_ns,
+            on_idle=gc_pacer.idle if pacer else None,
+        )
         cpu = {}
 
         async def cpu_window():
@@ -103,10 +118,17 @@ async def _round(url: str, n: int, cold: bool, profile: cProfile.Profile | None,
     lag = np.array([r.dispatch_lag_ms for r in results])
     sent = np.array([r.sent_ns for r in results]) / 1e6
     ttft = np.array([r.ttft_ms for r in results if r.ttft_ms is not None])
-    return {"ok": sum(r.outcome == "success" for r in results), "lag_p50": np.percentile(lag, 50),
-            "lag_p99": np.percentile(lag, 99), "lag_max": lag.max(), "spread_ms": sent.max() - sent.min(),
-            "cpu_us_per_req": (cpu["t1"] - cpu["t0"]) / n * 1e6, "ttft_min": ttft.min() if ttft.size else None,
-            "ttft_max": ttft.max() if ttft.size else None, "run_s": run_s}
+    return {
+        "ok": sum(r.outcome == "success" for r in results),
+        "lag_p50": np.percentile(lag, 50),
+        "lag_p99": np.percentile(lag, 99),
+        "lag_max": lag.max(),
+        "spread_ms": sent.max() - sent.min(),
+        "cpu_us_per_req": (cpu["t1"] - cpu["t0"]) / n * 1e6,
+        "ttft_min": ttft.min() if ttft.size else None,
+        "ttft_max": ttft.max() if ttft.size else None,
+        "run_s": run_s,
+    }
 
 
 def main() -> None:
@@ -115,13 +137,32 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cold", action="store_true", help="no idle connections before t = 0")
     ap.add_argument("--profile", default=None, metavar="FILE")
-    ap.add_argument("--no-gc-pacer", action="store_true", help="leave CPython's automatic GC on (the "
-                    "daemon runs replayer.run.gcpacer; a bare Dispatcher does not)")
+    ap.add_argument(
+        "--no-gc-pacer",
+        action="store_true",
+        help="leave CPython's automatic GC on (the daemon runs replayer.run.gcpacer; a bare Dispatcher does not)",
+    )
     a = ap.parse_args()
     port = _free_port()
-    sim = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--port", str(port), "--ttft-base-ms", "2000",
-                            "--itl-base-ms", "2", "--prefill-us-per-token", "0", "--itl-per-running-us", "0"],
-                           stderr=subprocess.DEVNULL)
+    sim = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "sim",
+            "--port",
+            str(port),
+            "--ttft-base-ms",
+            "2000",
+            "--itl-base-ms",
+            "2",
+            "--prefill-us-per-token",
+            "0",
+            "--itl-per-running-us",
+            "0",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(100):
@@ -132,15 +173,20 @@ def main() -> None:
                 time.sleep(0.1)
         import uvloop
 
-        print(f"# burst of {a.n} requests at one instant ({'cold' if a.cold else 'warm'} pool), load "
-              + "%.2f %.2f %.2f" % os.getloadavg())
+        print(
+            f"# burst of {a.n} requests at one instant ({'cold' if a.cold else 'warm'} pool), load "
+            + "%.2f %.2f %.2f" % os.getloadavg()
+        )
         prof = cProfile.Profile() if a.profile else None
         for k in range(a.rounds):
             r = uvloop.run(_round(url, a.n, a.cold, prof if k == a.rounds - 1 else None, not a.no_gc_pacer))
-            print(f"round {k}: ok {r['ok']}/{a.n}  lag p50 {r['lag_p50']:.1f} p99 {r['lag_p99']:.1f} "
-                  f"max {r['lag_max']:.1f} ms  send spread {r['spread_ms']:.1f} ms  client CPU "
-                  f"{r['cpu_us_per_req']:.0f} us/req (first 200 ms)  TTFT {r['ttft_min']:.0f}..{r['ttft_max']:.0f} ms"
-                  f"  run {r['run_s']:.2f} s", flush=True)
+            print(
+                f"round {k}: ok {r['ok']}/{a.n}  lag p50 {r['lag_p50']:.1f} p99 {r['lag_p99']:.1f} "
+                f"max {r['lag_max']:.1f} ms  send spread {r['spread_ms']:.1f} ms  client CPU "
+                f"{r['cpu_us_per_req']:.0f} us/req (first 200 ms)  TTFT {r['ttft_min']:.0f}..{r['ttft_max']:.0f} ms"
+                f"  run {r['run_s']:.2f} s",
+                flush=True,
+            )
         if prof:
             prof.dump_stats(a.profile)
             print(f"profile of the last round: {a.profile}")

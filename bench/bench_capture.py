@@ -58,27 +58,42 @@ def forward_delays(path: str) -> dict:
 
     if not os.path.exists(path):
         return {}
-    fam = next((f for f in text_string_to_metric_families(open(path).read())
-                if f.name == "replayer_capture_forward_delay_seconds"), None)
+    fam = next(
+        (
+            f
+            for f in text_string_to_metric_families(open(path).read())
+            if f.name == "replayer_capture_forward_delay_seconds"
+        ),
+        None,
+    )
     if fam is None:
         return {}
     out = {}
     for d in ("request", "response"):
-        buckets = sorted((float(s.labels["le"]), s.value) for s in fam.samples
-                         if s.labels.get("direction") == d and s.name.endswith("_bucket"))
+        buckets = sorted(
+            (float(s.labels["le"]), s.value)
+            for s in fam.samples
+            if s.labels.get("direction") == d and s.name.endswith("_bucket")
+        )
         total = next(s.value for s in fam.samples if s.labels.get("direction") == d and s.name.endswith("_count"))
         ssum = next(s.value for s in fam.samples if s.labels.get("direction") == d and s.name.endswith("_sum"))
         if not total:
             continue
 
         p50, p99 = (next(le for le, n in buckets if n >= p * total) * 1e3 for p in (0.5, 0.99))
-        out[d] = {"count": int(total), "mean_ms": ssum / total * 1e3, "within_1ms": dict(buckets)[0.001] / total,
-                  "p50_le_ms": p50, "p99_le_ms": p99}
+        out[d] = {
+            "count": int(total),
+            "mean_ms": ssum / total * 1e3,
+            "within_1ms": dict(buckets)[0.001] / total,
+            "p50_le_ms": p50,
+            "p99_le_ms": p99,
+        }
     return out
 
 
-def one_run(mode: str, work: str, record_args: str = "", extra_env: dict | None = None, pin: bool = False,
-            speedup: float = 10) -> dict:
+def one_run(
+    mode: str, work: str, record_args: str = "", extra_env: dict | None = None, pin: bool = False, speedup: float = 10
+) -> dict:
     import socket
 
     with socket.socket() as sk:  # a free port for the harness server (another run may hold 9100)
@@ -87,19 +102,31 @@ def one_run(mode: str, work: str, record_args: str = "", extra_env: dict | None 
     proxy = mode != "direct"
     if mode == "proxy-nopoll":
         record_args = f"{record_args} --poll-interval 0"
-    env = {**os.environ, "TOOL": "record" if proxy else "replayer", "PORT": str(port), "RECORD_ARGS": record_args,
-           "SPEEDUP": f"{speedup:g}", **({"RECORD_CPUS": "1"} if pin else {}), **(extra_env or {})}
+    env = {
+        **os.environ,
+        "TOOL": "record" if proxy else "replayer",
+        "PORT": str(port),
+        "RECORD_ARGS": record_args,
+        "SPEEDUP": f"{speedup:g}",
+        **({"RECORD_CPUS": "1"} if pin else {}),
+        **(extra_env or {}),
+    }
     load0, st0 = os.getloadavg()[0], steal_ticks()
-    subprocess.run([*(["taskset", "-c", "0"] if pin else []), "bash", os.path.join(ROOT, "bench/fidelity/run.sh"),
-                    "W1", work], env=env, check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [*(["taskset", "-c", "0"] if pin else []), "bash", os.path.join(ROOT, "bench/fidelity/run.sh"), "W1", work],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     load1, st1 = os.getloadavg()[0], steal_ticks()
     run = os.path.join(work, f"run_w1{'' if speedup == 10 else f'_s{speedup:g}'}_{env['TOOL']}")
     score = json.load(open(os.path.join(run, "score.json")))
     summary = json.load(open(os.path.join(run, "tool", "results", "summary.json")))
     cost = json.load(open(os.path.join(run, "client_cost.json")))
     out = {
-        "mode": mode, "pinned": pin, "speedup": speedup,
+        "mode": mode,
+        "pinned": pin,
+        "speedup": speedup,
         "ttft_p99_ms": summary["p99_ttft_ms"],
         "ttft_p99_err_ms": score["measurement_err"]["ttft_p99"],
         "itl_p99_ms": summary["p99_itl_ms"],
@@ -109,16 +136,23 @@ def one_run(mode: str, work: str, record_args: str = "", extra_env: dict | None 
         "load_avg": f"{load0:.1f}->{load1:.1f}",
         "steal_s": (st1 - st0) / os.sysconf("SC_CLK_TCK"),
         "replayer_dispatch_lag_p99_ms": summary.get("dispatch_lag_p99_ms"),
-        "machine_busy_cpu_s": cost.get("machine_busy_cpu_s"), "foreign_cpu_s": cost.get("foreign_cpu_s"),
+        "machine_busy_cpu_s": cost.get("machine_busy_cpu_s"),
+        "foreign_cpu_s": cost.get("foreign_cpu_s"),
         "wall_s": cost.get("wall_s"),
     }
     if proxy:
         p = json.load(open(os.path.join(run, "tool", "proxy.json")))
-        out.update(record_args=record_args, proxy_nice=(extra_env or {}).get("RECORD_NICE"), proxy_cpu_s_per_1k=p["proxy_cpu_s"] / summary["completed"] * 1000,
-                   proxy_system_share=p["proxy_system_s"] / p["proxy_cpu_s"] if p["proxy_cpu_s"] else None,
-                   proxy_cpu_wait_s=p.get("proxy_cpu_wait_s"), proxy_peak_rss_mb=p["proxy_peak_rss_mb"], proxy_end_rss_mb=p["proxy_end_rss_mb"],
-                   rows_captured=p["rows_captured"],
-                   held=forward_delays(os.path.join(run, "tool", "proxy_metrics.txt")))
+        out.update(
+            record_args=record_args,
+            proxy_nice=(extra_env or {}).get("RECORD_NICE"),
+            proxy_cpu_s_per_1k=p["proxy_cpu_s"] / summary["completed"] * 1000,
+            proxy_system_share=p["proxy_system_s"] / p["proxy_cpu_s"] if p["proxy_cpu_s"] else None,
+            proxy_cpu_wait_s=p.get("proxy_cpu_wait_s"),
+            proxy_peak_rss_mb=p["proxy_peak_rss_mb"],
+            proxy_end_rss_mb=p["proxy_end_rss_mb"],
+            rows_captured=p["rows_captured"],
+            held=forward_delays(os.path.join(run, "tool", "proxy_metrics.txt")),
+        )
     return out
 
 
@@ -126,13 +160,22 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=2, help="direct + proxy pairs [default: 2]")
     ap.add_argument("--work", default=None, help="work folder [default: a new temporary one]")
-    ap.add_argument("--record-args", default="", help="options for `replayer record` (e.g. \"--poll-interval 0\")")
+    ap.add_argument("--record-args", default="", help='options for `replayer record` (e.g. "--poll-interval 0")')
     ap.add_argument("--modes", default="direct,proxy", help="runs of each round [default: direct,proxy]")
-    ap.add_argument("--speedup", type=float, default=10,
-                    help="W1's speed-up [default: 10, the issue's]; lower = fewer streams, a host with CPU to spare")
+    ap.add_argument(
+        "--speedup",
+        type=float,
+        default=10,
+        help="W1's speed-up [default: 10, the issue's]; lower = fewer streams, a host with CPU to spare",
+    )
     ap.add_argument("--baseline", default=None, help="checkout whose proxy the proxy-baseline mode runs")
-    ap.add_argument("--proxy-nice", type=int, default=None, metavar="N",
-                    help="run the proxy at niceness N (e.g. -10: scheduled ahead of the client and the server)")
+    ap.add_argument(
+        "--proxy-nice",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run the proxy at niceness N (e.g. -10: scheduled ahead of the client and the server)",
+    )
     ap.add_argument("--pin", action="store_true", help="harness on CPU 0, proxy on CPU 1 (a core of its own)")
     args = ap.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="bench-capture-")
@@ -157,21 +200,34 @@ def main() -> int:
     for pm in [m for m in modes if m != "direct"]:
         print(f"\nadded by {pm} (mean of its runs - mean of direct runs), ms:")
         for k in keys:
-            print(f"  {k:18s} direct {mean('direct', k):8.2f}  {pm} {mean(pm, k):8.2f}  "
-                  f"added {mean(pm, k) - mean('direct', k):+8.2f}")
+            print(
+                f"  {k:18s} direct {mean('direct', k):8.2f}  {pm} {mean(pm, k):8.2f}  "
+                f"added {mean(pm, k) - mean('direct', k):+8.2f}"
+            )
     px = [r for r in runs if r["mode"] != "direct"]
     print("proxy CPU s per 1k requests: " + ", ".join(f"{r['proxy_cpu_s_per_1k']:.2f}" for r in px))
-    print("proxy's main thread runnable but waiting for a CPU, s per run: "
-          + ", ".join(f"{r['proxy_cpu_wait_s']:.1f}" for r in px if r.get("proxy_cpu_wait_s") is not None))
-    print("proxy peak RSS MB: " + ", ".join(f"{r['proxy_peak_rss_mb']:.0f}" for r in px)
-          + "; at the end: " + ", ".join(f"{r['proxy_end_rss_mb']:.0f}" for r in px))
+    print(
+        "proxy's main thread runnable but waiting for a CPU, s per run: "
+        + ", ".join(f"{r['proxy_cpu_wait_s']:.1f}" for r in px if r.get("proxy_cpu_wait_s") is not None)
+    )
+    print(
+        "proxy peak RSS MB: "
+        + ", ".join(f"{r['proxy_peak_rss_mb']:.0f}" for r in px)
+        + "; at the end: "
+        + ", ".join(f"{r['proxy_end_rss_mb']:.0f}" for r in px)
+    )
     print("rows captured: " + ", ".join(str(r["rows_captured"]) for r in px))
     for d in ("request", "response"):
         h = [r["held"][d] for r in px if d in r.get("held", {})]
         if h:
-            print(f"held in the proxy ({d}: kernel arrival to write on), per run: " + "; ".join(
-                f"{x['count']} obs, mean {x['mean_ms']:.3f} ms, {x['within_1ms']:.2%} within 1 ms, "
-                f"p50 <= {x['p50_le_ms']:g} ms, p99 <= {x['p99_le_ms']:g} ms" for x in h))
+            print(
+                f"held in the proxy ({d}: kernel arrival to write on), per run: "
+                + "; ".join(
+                    f"{x['count']} obs, mean {x['mean_ms']:.3f} ms, {x['within_1ms']:.2%} within 1 ms, "
+                    f"p50 <= {x['p50_le_ms']:g} ms, p99 <= {x['p99_le_ms']:g} ms"
+                    for x in h
+                )
+            )
     return 0
 
 

@@ -40,11 +40,13 @@ import numpy as np
 #: each step ends by writing its process's VmHWM (peak RSS since its exec, from /proc): the
 #: ru_maxrss that wait4 reports keeps the RSS the parent had when it forked (Linux carries it
 #: across exec), so a step forked from this script after it built a folder reported that instead
-_HWM = ("import atexit, sys; atexit.register(lambda: open(sys.argv[2] + '.hwm', 'w').write("
-        "next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM'))))\n")
+_HWM = (
+    "import atexit, sys; atexit.register(lambda: open(sys.argv[2] + '.hwm', 'w').write("
+    "next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM'))))\n"
+)
 STEPS = {
     "summary": "import json,sys; from replayer.record.recorder import result_files; from replayer.results.summary import summarize_files; "
-               "json.dump(summarize_files(result_files(sys.argv[1])), open(sys.argv[2], 'w'))",
+    "json.dump(summarize_files(result_files(sys.argv[1])), open(sys.argv[2], 'w'))",
     "report": "import sys; from replayer.cli import main; sys.exit(main(['report', sys.argv[1], '-o', sys.argv[2] + '.html']))",
     "merge": "import sys; from replayer.cli import main; sys.exit(main(['merge', sys.argv[1], '-o', sys.argv[2] + '.merged']))",
     "compare": "import sys; from replayer.cli import main; sys.exit(main(['compare', sys.argv[1], sys.argv[1], '--json']))",
@@ -58,13 +60,18 @@ def build(folder: str, rows: int, seed: int = 25) -> None:
     """A results folder of ``rows`` synthetic results, written by the recorder (see above)."""
     import pyarrow.parquet as pq
 
-    from replayer.record.recorder import Recorder
     from replayer.core.result import RequestResult
+    from replayer.record.recorder import Recorder
 
     lengths = pq.read_table(SLICE, columns=["output_length"]).column(0).to_numpy()
     rng = np.random.default_rng(seed)
-    rec = Recorder(folder, flush_rows=2000, flush_interval_s=3600, roll_rows=250_000,
-                   metadata={"replayer.t0_wall_s": "1796000000.0"})
+    rec = Recorder(
+        folder,
+        flush_rows=2000,
+        flush_interval_s=3600,
+        roll_rows=250_000,
+        metadata={"replayer.t0_wall_s": "1796000000.0"},
+    )
     t = time.perf_counter()
     chunk = 10_000
     for start in range(0, rows, chunk):
@@ -82,18 +89,47 @@ def build(folder: str, rows: int, seed: int = 25) -> None:
             if ok[i]:
                 itl = (tpot[i] * rng.lognormal(0, 0.2, max(o - 1, 0))).astype(np.float32).tolist()
                 e2e = float(ttft[i] + sum(itl))
-                rec.add(RequestResult(row=row, input_length=1000, output_length=o, due_ns=due, sent_ns=due + int(lag[i] * 1e6),
-                                      end_ns=due + int(e2e * 1e6), outcome="success", error_kind="none",
-                                      prompt_tokens=1000 if usage[i] else None, completion_tokens=o if usage[i] else None,
-                                      ttft_ms=float(ttft[i]), e2e_ms=e2e, tpot_ms=float(tpot[i]) if o > 1 else None,
-                                      dispatch_lag_ms=float(lag[i]), expected_prefix_hit_tokens=512, itl_ms=itl))
+                rec.add(
+                    RequestResult(
+                        row=row,
+                        input_length=1000,
+                        output_length=o,
+                        due_ns=due,
+                        sent_ns=due + int(lag[i] * 1e6),
+                        end_ns=due + int(e2e * 1e6),
+                        outcome="success",
+                        error_kind="none",
+                        prompt_tokens=1000 if usage[i] else None,
+                        completion_tokens=o if usage[i] else None,
+                        ttft_ms=float(ttft[i]),
+                        e2e_ms=e2e,
+                        tpot_ms=float(tpot[i]) if o > 1 else None,
+                        dispatch_lag_ms=float(lag[i]),
+                        expected_prefix_hit_tokens=512,
+                        itl_ms=itl,
+                    )
+                )
             else:
-                rec.add(RequestResult(row=row, input_length=1000, output_length=o, due_ns=due, sent_ns=due + int(lag[i] * 1e6),
-                                      end_ns=due + 30_000_000, outcome="failed", error_kind="http_status",
-                                      dispatch_lag_ms=float(lag[i]), error="503"))
+                rec.add(
+                    RequestResult(
+                        row=row,
+                        input_length=1000,
+                        output_length=o,
+                        due_ns=due,
+                        sent_ns=due + int(lag[i] * 1e6),
+                        end_ns=due + 30_000_000,
+                        outcome="failed",
+                        error_kind="http_status",
+                        dispatch_lag_ms=float(lag[i]),
+                        error="503",
+                    )
+                )
     rec.close()
     size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.endswith(".parquet"))
-    print(f"built {folder}: {rows:,} rows, {size / 2**20:,.0f} MiB of Parquet in {time.perf_counter() - t:.0f} s", flush=True)
+    print(
+        f"built {folder}: {rows:,} rows, {size / 2**20:,.0f} MiB of Parquet in {time.perf_counter() - t:.0f} s",
+        flush=True,
+    )
 
 
 def extend(small: str, folder: str, rows: int) -> None:
@@ -115,18 +151,26 @@ def extend(small: str, folder: str, rows: int) -> None:
     for loop in range(-(-rows // per_loop)):
         for f in files:
             src = pq.ParquetFile(f, pre_buffer=False, buffer_size=1 << 20)
-            with pq.ParquetWriter(os.path.join(folder, f"requests-{n:05d}.parquet"), src.schema_arrow, compression="zstd") as w:
+            with pq.ParquetWriter(
+                os.path.join(folder, f"requests-{n:05d}.parquet"), src.schema_arrow, compression="zstd"
+            ) as w:
                 for g in range(src.num_row_groups):
                     tb = src.read_row_group(g)
                     i = tb.schema.get_field_index("loop")
-                    tb = tb.set_column(i, tb.schema.field(i), pa.array(np.full(tb.num_rows, loop), tb.schema.field(i).type))
+                    tb = tb.set_column(
+                        i, tb.schema.field(i), pa.array(np.full(tb.num_rows, loop), tb.schema.field(i).type)
+                    )
                     for name in ("due_ns", "sent_ns", "first_token_ns", "last_token_ns", "end_ns"):
                         i = tb.schema.get_field_index(name)
-                        tb = tb.set_column(i, tb.schema.field(i), pc.add(tb.column(name), pa.scalar(int(loop * (span + 5e9)))))
+                        tb = tb.set_column(
+                            i, tb.schema.field(i), pc.add(tb.column(name), pa.scalar(int(loop * (span + 5e9))))
+                        )
                     w.write_table(tb)
             n += 1
-    print(f"built {folder}: {n * per_loop:,} rows ({n // len(files)} loops of {small}) in {time.perf_counter() - t:.0f} s",
-          flush=True)
+    print(
+        f"built {folder}: {n * per_loop:,} rows ({n // len(files)} loops of {small}) in {time.perf_counter() - t:.0f} s",
+        flush=True,
+    )
 
 
 def run_step(step: str, folder: str, out: str, code: str | None) -> tuple[float, float]:
@@ -136,8 +180,13 @@ def run_step(step: str, folder: str, out: str, code: str | None) -> tuple[float,
         env["PYTHONPATH"] = code + os.pathsep + env.get("PYTHONPATH", "")
     t = time.perf_counter()
     # cwd: not the checkout (``python -c`` puts the cwd first on sys.path, before PYTHONPATH)
-    p = subprocess.Popen([sys.executable, "-c", _HWM + STEPS[step], folder, out], env=env, cwd=os.path.dirname(out),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [sys.executable, "-c", _HWM + STEPS[step], folder, out],
+        env=env,
+        cwd=os.path.dirname(out),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     err = p.stderr.read()
     _, status, _ = os.wait4(p.pid, 0)
     if status and not (step == "merge" and os.waitstatus_to_exitcode(status) == 1):  # 1: "not one whole run"
@@ -167,9 +216,12 @@ def main() -> None:
     ap.add_argument("--dir", default="/tmp/eor")
     ap.add_argument("--old-code", default=None)
     ap.add_argument("--steps", default=",".join(STEPS))
-    ap.add_argument("--old-steps", default="summary,compare",
-                    help="steps the old code runs on folders above 250k rows (its report and merge read the "
-                         "whole folder: ~13 GB per 1M rows of these)")
+    ap.add_argument(
+        "--old-steps",
+        default="summary,compare",
+        help="steps the old code runs on folders above 250k rows (its report and merge read the "
+        "whole folder: ~13 GB per 1M rows of these)",
+    )
     args = ap.parse_args()
     from replayer.core.stats import RELATIVE_ACCURACY
 
@@ -192,8 +244,11 @@ def main() -> None:
                     summaries[label] = json.load(open(out + ".json"))
         if len(summaries) == 2:
             diffs = compare_summaries(summaries["before"], summaries["after"], RELATIVE_ACCURACY)
-            print(f"  summary after vs before: {len(diffs)} fields beyond {RELATIVE_ACCURACY:.1%}"
-                  + "".join(f"\n    {d}" for d in diffs), flush=True)
+            print(
+                f"  summary after vs before: {len(diffs)} fields beyond {RELATIVE_ACCURACY:.1%}"
+                + "".join(f"\n    {d}" for d in diffs),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -22,13 +22,13 @@ import time
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from replayer.observe.metrics import ReplayerMetrics
 from replayer.build.payload import PayloadBuilder
 from replayer.build.prompts import PromptBuilder
-from replayer.record.recorder import Recorder
 from replayer.core.result import RequestResult
 from replayer.http.chunks import StreamAccumulator
 from replayer.http.sse import SSEDecoder
+from replayer.observe.metrics import ReplayerMetrics
+from replayer.record.recorder import Recorder
 
 
 def best(fn, n: int, repeat: int = 5) -> float:
@@ -65,13 +65,19 @@ def bench_prompt() -> None:
 
 
 def _stream(n_tokens: int) -> list[bytes]:
-    chunks = [b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
-              b'"text":" tok","logprobs":null,"finish_reason":null}]}\n\n' for _ in range(n_tokens - 1)]
-    chunks.append(b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
-                  b'"text":" tok","logprobs":null,"finish_reason":"length"}]}\n\n')
-    chunks.append(b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],'
-                  b'"usage":{"prompt_tokens":12000,"completion_tokens":%d,"total_tokens":1}}\n\ndata: [DONE]\n\n'
-                  % n_tokens)
+    chunks = [
+        b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
+        b'"text":" tok","logprobs":null,"finish_reason":null}]}\n\n'
+        for _ in range(n_tokens - 1)
+    ]
+    chunks.append(
+        b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
+        b'"text":" tok","logprobs":null,"finish_reason":"length"}]}\n\n'
+    )
+    chunks.append(
+        b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],'
+        b'"usage":{"prompt_tokens":12000,"completion_tokens":%d,"total_tokens":1}}\n\ndata: [DONE]\n\n' % n_tokens
+    )
     return chunks
 
 
@@ -90,8 +96,10 @@ def bench_sse() -> None:
             acc.itl_ms()
 
     per_req = best(run, 20)
-    print(f"SSE decode + accounting, per event        : {per_req / len(chunks):8.2f} us "
-          f"({per_req / 1000:.2f} ms per 500-token request incl. ITL)")
+    print(
+        f"SSE decode + accounting, per event        : {per_req / len(chunks):8.2f} us "
+        f"({per_req / 1000:.2f} ms per 500-token request incl. ITL)"
+    )
 
 
 def bench_client_protocol() -> None:
@@ -111,8 +119,10 @@ def bench_client_protocol() -> None:
         def abort(self):
             pass
 
-    ev = (b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
-          b'"text":" the","logprobs":null,"finish_reason":null}]}\n\n')
+    ev = (
+        b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
+        b'"text":" the","logprobs":null,"finish_reason":null}]}\n\n'
+    )
     frame = b"%x\r\n" % len(ev) + ev + b"\r\n"
     head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -144,11 +154,29 @@ def bench_record() -> None:
     itl = [10.0] * 300
 
     def make(i):
-        return RequestResult(row=i, input_length=12000, output_length=300, prompt_len_sent=12000, max_tokens=300,
-                             due_ns=i, sent_ns=i, first_token_ns=i + 10, last_token_ns=i + 20, end_ns=i + 21,
-                             outcome="success", prompt_tokens=12000, completion_tokens=300, usage_source="server",
-                             n_chunks=300, finish_reason="length", ttft_ms=50.0, e2e_ms=3000.0, tpot_ms=10.0,
-                             dispatch_lag_ms=0.1, itl_ms=itl)
+        return RequestResult(
+            row=i,
+            input_length=12000,
+            output_length=300,
+            prompt_len_sent=12000,
+            max_tokens=300,
+            due_ns=i,
+            sent_ns=i,
+            first_token_ns=i + 10,
+            last_token_ns=i + 20,
+            end_ns=i + 21,
+            outcome="success",
+            prompt_tokens=12000,
+            completion_tokens=300,
+            usage_source="server",
+            n_chunks=300,
+            finish_reason="length",
+            ttft_ms=50.0,
+            e2e_ms=3000.0,
+            tpot_ms=10.0,
+            dispatch_lag_ms=0.1,
+            itl_ms=itl,
+        )
 
     with tempfile.TemporaryDirectory() as d:
         rec = Recorder(os.path.join(d, "r.parquet"), flush_rows=2000)
@@ -167,6 +195,7 @@ def bench_record() -> None:
     print(f"recorder final flush of the rest           : {close_s * 1e3:8.1f} ms")
 
     from replayer.core.result import Rows
+
     rows, worst = Rows(), 0.0
     for r in results[:2000]:
         t = time.perf_counter()

@@ -53,21 +53,30 @@ def generation(size: int, fmt: str, repeat: int = 5) -> dict[str, float]:
         part_t.append(t3 - t2)
         nbytes = len(data)
     med = statistics.median
-    return {"pixels_ms": med(px_t) * 1e3, "encode_ms": med(enc_t) * 1e3, "base64_part_ms": med(part_t) * 1e3,
-            "total_ms": (med(px_t) + med(enc_t) + med(part_t)) * 1e3, "bytes": nbytes}
+    return {
+        "pixels_ms": med(px_t) * 1e3,
+        "encode_ms": med(enc_t) * 1e3,
+        "base64_part_ms": med(part_t) * 1e3,
+        "total_ms": (med(px_t) + med(enc_t) + med(part_t)) * 1e3,
+        "bytes": nbytes,
+    }
 
 
 def main() -> None:
     encode_image(np.zeros((8, 8, 3), np.uint8), "png")  # imports Pillow's codecs once
     for fmt in ("png", "jpeg"):
         p50, p99, size = build_with_cached_images(fmt)
-        print(f"request with two cached 1024x1024 {fmt.upper()} images + 1,000-token text: "
-              f"p50 {p50:.0f} us, p99 {p99:.0f} us (body {size / 1e6:.2f} MB)")
+        print(
+            f"request with two cached 1024x1024 {fmt.upper()} images + 1,000-token text: "
+            f"p50 {p50:.0f} us, p99 {p99:.0f} us (body {size / 1e6:.2f} MB)"
+        )
     for fmt in ("png", "jpeg"):
         for size in (512, 1024, 2048):
             g = generation(size, fmt)
-            print(f"new {size}x{size} {fmt.upper()}: pixels {g['pixels_ms']:.1f} ms + encode {g['encode_ms']:.1f} ms "
-                  f"+ base64 part {g['base64_part_ms']:.1f} ms = {g['total_ms']:.1f} ms ({g['bytes'] / 1e3:.0f} KB)")
+            print(
+                f"new {size}x{size} {fmt.upper()}: pixels {g['pixels_ms']:.1f} ms + encode {g['encode_ms']:.1f} ms "
+                f"+ base64 part {g['base64_part_ms']:.1f} ms = {g['total_ms']:.1f} ms ({g['bytes'] / 1e3:.0f} KB)"
+            )
 
 
 if __name__ == "__main__":

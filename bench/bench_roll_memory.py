@@ -43,18 +43,29 @@ def main() -> int:
     if a.no_release:
         recorder.release_memory = lambda: None
     work = tempfile.mkdtemp(prefix="bench_roll_memory_")
-    rec = recorder.Recorder(os.path.join(work, "r"), flush_rows=10**9, roll_rows=a.roll_rows,
-                            itl_format=a.itl_format)
+    rec = recorder.Recorder(os.path.join(work, "r"), flush_rows=10**9, roll_rows=a.roll_rows, itl_format=a.itl_format)
     proc = psutil.Process()
     itl = np.random.default_rng(0).lognormal(3, 0.3, a.itl).astype(np.float32).tolist()
-    print(f"# {a.results:,} results, {a.itl} ITL samples each, rolled every {a.roll_rows:,}, itl_format "
-          f"{a.itl_format}, release after roll: {not a.no_release}; load %.2f %.2f %.2f" % os.getloadavg())
+    print(
+        f"# {a.results:,} results, {a.itl} ITL samples each, rolled every {a.roll_rows:,}, itl_format "
+        f"{a.itl_format}, release after roll: {not a.no_release}; load %.2f %.2f %.2f" % os.getloadavg()
+    )
     print(f"{'results':>9} {'rss_mb':>8} {'arrow_mb':>9}")
     pts = []
     t0 = time.monotonic()
     for i in range(a.results):
-        rec.add(RequestResult(row=i, loop=0, sent_ns=i * 1000, end_ns=i * 1000 + 5, outcome="success",
-                              ttft_ms=1.0, e2e_ms=2.0, itl_ms=itl))
+        rec.add(
+            RequestResult(
+                row=i,
+                loop=0,
+                sent_ns=i * 1000,
+                end_ns=i * 1000 + 5,
+                outcome="success",
+                ttft_ms=1.0,
+                e2e_ms=2.0,
+                itl_ms=itl,
+            )
+        )
         if i % 2000 == 1999:
             fut = rec.flush()
             if fut is not None:
@@ -69,8 +80,9 @@ def main() -> int:
         n = len(pts)
         mx, my = sum(p[0] for p in pts) / n, sum(p[1] for p in pts) / n
         slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
-        print(f"RSS slope after two rolls: {slope:+.2f} MB per 100k results ({n} samples); "
-              f"{time.monotonic() - t0:.0f} s")
+        print(
+            f"RSS slope after two rolls: {slope:+.2f} MB per 100k results ({n} samples); {time.monotonic() - t0:.0f} s"
+        )
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

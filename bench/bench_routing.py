@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from replayer.send.routing import TargetRoute
 from replayer.plan.schedule import iter_schedule
+from replayer.send.routing import TargetRoute
 
 BATCH = 65_536
 
@@ -39,7 +39,7 @@ def main() -> None:
     no_session = rng.random(rows) < 0.1
     sessions = [None if no_session[i] else f"session-{sid[i]}" for i in range(rows)]
     ts = np.arange(rows, dtype=np.int64) * 1_000_000
-    batches = [_Batch(ts[lo:lo + BATCH], sessions[lo:lo + BATCH], lo) for lo in range(0, rows, BATCH)]
+    batches = [_Batch(ts[lo : lo + BATCH], sessions[lo : lo + BATCH], lo) for lo in range(0, rows, BATCH)]
     print(f"{rows:,} rows, ~{n_sessions:,} sessions, 10% of rows without a session, batches of {BATCH:,}")
     for policy in ("session-order", "session-hash"):
         best = float("inf")
@@ -57,8 +57,10 @@ def main() -> None:
             for _sb in iter_schedule(lambda: iter(batches)):
                 pass
             base = min(base, time.perf_counter() - t)
-        print(f"{policy:14s} schedule with route {best:.3f} s, without {base:.3f} s: route {rows / (best - base):,.0f} "
-              f"rows/s ({(best - base) / rows * 1e9:.0f} ns/row); session numbers kept {kept:,}")
+        print(
+            f"{policy:14s} schedule with route {best:.3f} s, without {base:.3f} s: route {rows / (best - base):,.0f} "
+            f"rows/s ({(best - base) / rows * 1e9:.0f} ns/row); session numbers kept {kept:,}"
+        )
 
 
 if __name__ == "__main__":

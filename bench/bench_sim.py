@@ -50,8 +50,9 @@ def _best_us(fn, n: int = 200, reps: int = 5) -> float:
 def bench_parse_hash(prompt_tokens: int) -> None:
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, 32000, prompt_tokens).tolist()
-    body = orjson.dumps({"prompt": prompt, "max_tokens": 100, "stream": True,
-                         "stream_options": {"include_usage": True}})
+    body = orjson.dumps(
+        {"prompt": prompt, "max_tokens": 100, "stream": True, "stream_options": {"include_usage": True}}
+    )
     parsed = orjson.loads(body)["prompt"]
     ids = np.fromiter(parsed, dtype=np.int64, count=len(parsed))
     keys = prompt_block_hashes(ids, 16)
@@ -59,8 +60,7 @@ def bench_parse_hash(prompt_tokens: int) -> None:
     cache.lookup_and_insert(keys)
     rows = [
         ("orjson.loads body", _best_us(lambda: orjson.loads(body))),
-        ("np.fromiter -> int64", _best_us(lambda: np.fromiter(parsed, dtype=np.int64,
-                                                              count=len(parsed)))),
+        ("np.fromiter -> int64", _best_us(lambda: np.fromiter(parsed, dtype=np.int64, count=len(parsed)))),
         ("min/max range check", _best_us(lambda: (int(ids.min()), int(ids.max())))),
         ("prompt_block_hashes (16)", _best_us(lambda: prompt_block_hashes(ids, 16))),
         ("LRU lookup+refresh (hit)", _best_us(lambda: cache.lookup_and_insert(keys))),
@@ -83,8 +83,7 @@ def _proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _load(url: str, streams: int, seconds: float, prompt_tokens: int,
-                max_tokens: int) -> dict:
+async def _load(url: str, streams: int, seconds: float, prompt_tokens: int, max_tokens: int) -> dict:
     rng = np.random.default_rng(1)
     # 8 shared "system prompts" of half the length, so the prefix cache gets hits.
     heads = [rng.integers(0, 32000, prompt_tokens // 2).tolist() for _ in range(8)]
@@ -95,13 +94,14 @@ async def _load(url: str, streams: int, seconds: float, prompt_tokens: int,
         k = 0
         while time.perf_counter() < stop_at:
             k += 1
-            prompt = heads[(i + k) % 8] + rng.integers(0, 32000,
-                                                       prompt_tokens - prompt_tokens // 2).tolist()
-            body = orjson.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": True,
-                                 "stream_options": {"include_usage": True}})
+            prompt = heads[(i + k) % 8] + rng.integers(0, 32000, prompt_tokens - prompt_tokens // 2).tolist()
+            body = orjson.dumps(
+                {"prompt": prompt, "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
+            )
             try:
-                async with c.post(url + "/v1/completions", data=body,
-                                  headers={"Content-Type": "application/json"}) as r:
+                async with c.post(
+                    url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+                ) as r:
                     n, first, last = 0, 0.0, 0.0
                     async for chunk in r.content.iter_any():
                         now = time.perf_counter()
@@ -131,28 +131,33 @@ def bench_streams(args: argparse.Namespace) -> None:
 
     cfg = SimConfig()
     step_ms = cfg.itl_base_ms + cfg.itl_per_running_us * args.streams / 1000
-    print(f"== {args.streams} concurrent streams for {args.seconds:g} s, "
-          f"{args.prompt_tokens}-token prompts, max_tokens {args.max_tokens}, "
-          f"sim {'in-process' if args.inprocess else 'in a separate process'}")
+    print(
+        f"== {args.streams} concurrent streams for {args.seconds:g} s, "
+        f"{args.prompt_tokens}-token prompts, max_tokens {args.max_tokens}, "
+        f"sim {'in-process' if args.inprocess else 'in a separate process'}"
+    )
     proc = None
     cpu_client0 = time.process_time()
     if args.inprocess:
+
         async def run_inproc():
             sim = SimServer(cfg)
             url = await sim.start()
             try:
-                return await _load(url, args.streams, args.seconds, args.prompt_tokens,
-                                   args.max_tokens)
+                return await _load(url, args.streams, args.seconds, args.prompt_tokens, args.max_tokens)
             finally:
                 await sim.stop()
+
         stats = uvloop.run(run_inproc())
         server_cpu = None
     else:
         port = _free_port()
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        proc = subprocess.Popen([sys.executable, "-c",
-                                 "import sys; from replayer.sim import main; sys.exit(main())",
-                                 "--port", str(port)], env=env, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from replayer.sim import main; sys.exit(main())", "--port", str(port)],
+            env=env,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             url = f"http://127.0.0.1:{port}"
 
@@ -165,10 +170,10 @@ def bench_streams(args: argparse.Namespace) -> None:
                         except aiohttp.ClientError:
                             await asyncio.sleep(0.05)
                 cpu0 = _proc_cpu_s(proc.pid)
-                st = await _load(url, args.streams, args.seconds, args.prompt_tokens,
-                                 args.max_tokens)
+                st = await _load(url, args.streams, args.seconds, args.prompt_tokens, args.max_tokens)
                 st["server_cpu"] = _proc_cpu_s(proc.pid) - cpu0
                 return st
+
             stats = uvloop.run(wait_and_run())
             server_cpu = stats["server_cpu"]
         finally:
@@ -176,17 +181,16 @@ def bench_streams(args: argparse.Namespace) -> None:
             proc.wait(timeout=10)
     client_cpu = time.process_time() - cpu_client0
     wall = stats["wall"]
-    print(f"  requests completed   {stats['requests']}  ({stats['requests'] / wall:.1f}/s), "
-          f"errors {stats['errors']}")
+    print(f"  requests completed   {stats['requests']}  ({stats['requests'] / wall:.1f}/s), errors {stats['errors']}")
     print(f"  output tokens        {stats['tokens']}  ({stats['tokens'] / wall:.0f} tokens/s)")
     if stats["gaps"]:
-        print(f"  mean inter-token gap {stats['gap_sum'] / stats['gaps'] * 1000:.2f} ms "
-              f"(model step at {args.streams} running: {step_ms:.2f} ms)")
+        print(
+            f"  mean inter-token gap {stats['gap_sum'] / stats['gaps'] * 1000:.2f} ms "
+            f"(model step at {args.streams} running: {step_ms:.2f} ms)"
+        )
     if server_cpu is not None:
-        print(f"  server CPU           {server_cpu:.2f} s over {wall:.2f} s "
-              f"({server_cpu / wall * 100:.0f}% of a core)")
-    print(f"  client CPU           {client_cpu:.2f} s"
-          f"{' (includes the in-process sim)' if args.inprocess else ''}")
+        print(f"  server CPU           {server_cpu:.2f} s over {wall:.2f} s ({server_cpu / wall * 100:.0f}% of a core)")
+    print(f"  client CPU           {client_cpu:.2f} s{' (includes the in-process sim)' if args.inprocess else ''}")
 
 
 def main() -> None:

@@ -96,8 +96,15 @@ class Sampler(threading.Thread):
                     pass
             try:
                 st = _get_json(self.admin + "/status", timeout=self.every_s)
-                row = (t, rss, st.get("sent", 0), st.get("completed", 0), st.get("in_flight", 0),
-                       st.get("state", "?"), sim_rss)
+                row = (
+                    t,
+                    rss,
+                    st.get("sent", 0),
+                    st.get("completed", 0),
+                    st.get("in_flight", 0),
+                    st.get("state", "?"),
+                    sim_rss,
+                )
             except Exception:  # noqa: BLE001 - admin not up yet / shutting down
                 row = (t, rss, None, None, None, "no-admin", sim_rss)
             self.samples.append(row)
@@ -128,8 +135,11 @@ def main() -> int:
     ap.add_argument("--input-dist", default="const:8")
     ap.add_argument("--output-dist", default="uniform:1:4")
     ap.add_argument("--roll-rows", type=int, default=100_000)
-    ap.add_argument("--sim-args", default="--ttft-base-ms 1 --itl-base-ms 1 --prefill-us-per-token 0 "
-                    "--itl-per-running-us 0", help="extra flags of `replayer sim`")
+    ap.add_argument(
+        "--sim-args",
+        default="--ttft-base-ms 1 --itl-base-ms 1 --prefill-us-per-token 0 --itl-per-running-us 0",
+        help="extra flags of `replayer sim`",
+    )
     ap.add_argument("--run-args", default="", help="extra flags of `replayer run`")
     ap.add_argument("--dir", default="/tmp")
     ap.add_argument("--keep", action="store_true", help="keep the trace and results folder")
@@ -143,21 +153,59 @@ def main() -> int:
     rows = a.requests if a.single_pass else a.trace_rows
     load_start = _load()
     print(f"# start {time.strftime('%H:%M:%S')} {load_start}", flush=True)
-    synth = [PY, "-m", "replayer", "trace", "synth", "-o", trace, "--rows", str(rows), "--rate", str(a.rate),
-             "--input-dist", a.input_dist, "--output-dist", a.output_dist, "--seed", "7"]
+    synth = [
+        PY,
+        "-m",
+        "replayer",
+        "trace",
+        "synth",
+        "-o",
+        trace,
+        "--rows",
+        str(rows),
+        "--rate",
+        str(a.rate),
+        "--input-dist",
+        a.input_dist,
+        "--output-dist",
+        a.output_dist,
+        "--seed",
+        "7",
+    ]
     print("$ " + shlex.join(synth), flush=True)
     subprocess.run(synth, check=True, stdout=subprocess.DEVNULL)
 
     sim_port, admin_port = _free_port(), _free_port()
     sim_cmd = [PY, "-m", "replayer", "sim", "--host", "127.0.0.1", "--port", str(sim_port), *shlex.split(a.sim_args)]
-    run_cmd = [PY, "-m", "replayer", "run", trace, "--target", f"http://127.0.0.1:{sim_port}",
-               "--speedup", str(a.speedup), "--max-requests", str(a.requests), "--roll-rows", str(a.roll_rows),
-               "--results", results, "--admin-port", str(admin_port), "--quiet", "--validate-trace", "lazy",
-               *([] if a.single_pass else ["--loop", "forever"]), *shlex.split(a.run_args)]
+    run_cmd = [
+        PY,
+        "-m",
+        "replayer",
+        "run",
+        trace,
+        "--target",
+        f"http://127.0.0.1:{sim_port}",
+        "--speedup",
+        str(a.speedup),
+        "--max-requests",
+        str(a.requests),
+        "--roll-rows",
+        str(a.roll_rows),
+        "--results",
+        results,
+        "--admin-port",
+        str(admin_port),
+        "--quiet",
+        "--validate-trace",
+        "lazy",
+        *([] if a.single_pass else ["--loop", "forever"]),
+        *shlex.split(a.run_args),
+    ]
     print("$ " + shlex.join(sim_cmd), flush=True)
     print("$ " + shlex.join(run_cmd), flush=True)
-    sim = subprocess.Popen(sim_cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=open(os.path.join(work, "sim.err"), "w"))
+    sim = subprocess.Popen(
+        sim_cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "sim.err"), "w")
+    )
     run = None
     sampler = None
     terminated = False
@@ -173,8 +221,12 @@ def main() -> int:
                     raise RuntimeError("sim did not start") from None
                 time.sleep(0.2)
         t_start = time.monotonic()
-        run = subprocess.Popen(run_cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=open(os.path.join(work, "run.err"), "w"))
+        run = subprocess.Popen(
+            run_cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=open(os.path.join(work, "run.err"), "w"),
+        )
         sampler = Sampler(psutil.Process(run.pid), f"http://127.0.0.1:{admin_port}", psutil.Process(sim.pid))
         sampler.start()
         next_print = 30.0
@@ -187,8 +239,11 @@ def main() -> int:
                 t_term = time.monotonic() - sampler.t0
             if el >= next_print and sampler.samples:
                 s = sampler.samples[-1]
-                print(f"# t={s[0]:6.0f}s rss {s[1]:7.1f} MB sent {s[2]} completed {s[3]} in_flight {s[4]} "
-                      f"state {s[5]} sim rss {s[6] or 0:.0f} MB  {_load()}", flush=True)
+                print(
+                    f"# t={s[0]:6.0f}s rss {s[1]:7.1f} MB sent {s[2]} completed {s[3]} in_flight {s[4]} "
+                    f"state {s[5]} sim rss {s[6] or 0:.0f} MB  {_load()}",
+                    flush=True,
+                )
                 next_print += 30.0
             if terminated and el > a.max_seconds + 120:
                 run.kill()
@@ -211,7 +266,9 @@ def main() -> int:
         with open(a.samples, "w", encoding="utf-8") as f:
             f.write("t_s,rss_mb,sent,completed,in_flight,state,sim_rss_mb\n")
             for s in samples:
-                f.write(",".join("" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x)) for x in s) + "\n")
+                f.write(
+                    ",".join("" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x)) for x in s) + "\n"
+                )
     # samples while issuing requests (before the time box's SIGTERM: the stop records the rest of the
     # current trace batch as not_started, a transient that is not steady-state memory)
     running = [s for s in samples if s[5] == "running" and s[3] is not None and s[0] < t_term - 1]
@@ -250,17 +307,25 @@ def main() -> int:
     print(f"{'RSS at last running sample (MB)':44s} {last[1]:.1f} (completed {last[3]:,}, t={last[0]:.0f}s)")
     if at100k:
         print(f"{'growth ~100k -> last (MB)':44s} {last[1] - at100k[1]:+.1f} over {last[3] - at100k[3]:,} requests")
-    print(f"{'RSS slope past 100k (MB per 100k requests)':44s} "
-          f"{'n/a' if slope is None else f'{slope:+.2f}'} ({len(slope_pts)} samples)")
-    print(f"{'RSS slope past 200k (MB per 100k requests)':44s} "
-          f"{'n/a' if slope_late is None else f'{slope_late:+.2f}'} ({len(late_pts)} samples; after the first "
-          "loop/roll and the prompt-block LRU filled)")
-    print(f"{'peak RSS while running / overall (MB)':44s} {peak_running:.1f} / {peak:.1f} (overall includes the "
-          "final read_results + summary)")
+    print(
+        f"{'RSS slope past 100k (MB per 100k requests)':44s} "
+        f"{'n/a' if slope is None else f'{slope:+.2f}'} ({len(slope_pts)} samples)"
+    )
+    print(
+        f"{'RSS slope past 200k (MB per 100k requests)':44s} "
+        f"{'n/a' if slope_late is None else f'{slope_late:+.2f}'} ({len(late_pts)} samples; after the first "
+        "loop/roll and the prompt-block LRU filled)"
+    )
+    print(
+        f"{'peak RSS while running / overall (MB)':44s} {peak_running:.1f} / {peak:.1f} (overall includes the "
+        "final read_results + summary)"
+    )
     print(f"{'max in-flight (sampled)':44s} {max_inflight}")
     print(f"{'requests/s (running samples)':44s} {rps:.0f} (offered {a.rate * a.speedup:.0f})")
-    print(f"{'dispatch lag p50 / p99 (ms, summary.json)':44s} {summary.get('dispatch_lag_p50_ms')} / "
-          f"{summary.get('dispatch_lag_p99_ms')}")
+    print(
+        f"{'dispatch lag p50 / p99 (ms, summary.json)':44s} {summary.get('dispatch_lag_p50_ms')} / "
+        f"{summary.get('dispatch_lag_p99_ms')}"
+    )
     print(f"{'total time, process start to exit (s)':44s} {total_s:.0f}")
     print(f"{'load average start / end':44s} {load_start} / {load_end}")
     # RSS by 100k milestones

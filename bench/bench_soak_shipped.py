@@ -59,8 +59,12 @@ def _free_port() -> int:
 
 def _http(url: str, *, method: str = "GET", body: dict | None = None, timeout: float = 5.0) -> bytes:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method,  # noqa: S310 - 127.0.0.1 only
-                                 headers={"Content-Type": "application/json"} if data else {})
+    req = urllib.request.Request(
+        url,
+        data=data,
+        method=method,  # noqa: S310 - 127.0.0.1 only
+        headers={"Content-Type": "application/json"} if data else {},
+    )
     with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310
         return r.read()
 
@@ -96,7 +100,7 @@ def _size(text: str) -> int:
     units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
     t = text.strip().upper()
     num = t.rstrip("KMGIB")
-    return int(float(num) * units[t[len(num):]])
+    return int(float(num) * units[t[len(num) :]])
 
 
 class Sampler(threading.Thread):
@@ -118,8 +122,15 @@ class Sampler(threading.Thread):
                 break
             try:
                 st = json.loads(_http(self.admin + "/status", timeout=self.every_s))
-                row = (t, rss, st.get("completed", 0) + st.get("failed", 0), st.get("state", "?"),
-                       _du(self.results), st.get("results_bytes"), st.get("in_flight"))
+                row = (
+                    t,
+                    rss,
+                    st.get("completed", 0) + st.get("failed", 0),
+                    st.get("state", "?"),
+                    _du(self.results),
+                    st.get("results_bytes"),
+                    st.get("in_flight"),
+                )
             except Exception:  # noqa: BLE001 - admin not up yet / shutting down
                 row = (t, rss, None, "no-admin", _du(self.results), None, None)
             self.samples.append(row)
@@ -175,14 +186,24 @@ def _start_prometheus(work: str, admin_hostport: str, every_s: float) -> tuple[s
     if not os.access(PROMETHEUS, os.X_OK):
         return None
     port = _free_port()
-    cfg = {"global": {"scrape_interval": f"{every_s:g}s", "evaluation_interval": f"{every_s:g}s"},
-           "scrape_configs": [{"job_name": "replayer", "static_configs": [{"targets": [admin_hostport]}]}]}
+    cfg = {
+        "global": {"scrape_interval": f"{every_s:g}s", "evaluation_interval": f"{every_s:g}s"},
+        "scrape_configs": [{"job_name": "replayer", "static_configs": [{"targets": [admin_hostport]}]}],
+    }
     path = os.path.join(work, "prometheus.yml")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(cfg, f)  # JSON is YAML
-    p = subprocess.Popen([PROMETHEUS, f"--config.file={path}", f"--storage.tsdb.path={work}/tsdb",
-                          f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                         stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "prometheus.log"), "w"))
+    p = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={path}",
+            f"--storage.tsdb.path={work}/tsdb",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(os.path.join(work, "prometheus.log"), "w"),
+    )
     return p, f"http://127.0.0.1:{port}"
 
 
@@ -192,8 +213,7 @@ def _prom_scrapes(prom: str) -> str:
         data = json.loads(_http(f"{prom}/api/v1/query?query={q}"))
         up = urllib.request.quote('up{job="replayer"}')
         last = json.loads(_http(f"{prom}/api/v1/query?query={up}"))
-        return (f"{data['data']['result'][0]['value'][1]} scrapes, last up="
-                f"{last['data']['result'][0]['value'][1]}")
+        return f"{data['data']['result'][0]['value'][1]} scrapes, last up={last['data']['result'][0]['value'][1]}"
     except Exception as e:  # noqa: BLE001
         return f"unknown ({type(e).__name__})"
 
@@ -213,8 +233,9 @@ def main() -> int:
     ap.add_argument("--sample-every", type=float, default=5.0)
     ap.add_argument("--prom-interval", type=float, default=15.0, help="Prometheus scrape interval (s)")
     ap.add_argument("--control-every", type=float, default=120.0, help="seconds between control rounds")
-    ap.add_argument("--sim-args", default="--ttft-base-ms 1 --itl-base-ms 1 --prefill-us-per-token 0 "
-                    "--itl-per-running-us 0")
+    ap.add_argument(
+        "--sim-args", default="--ttft-base-ms 1 --itl-base-ms 1 --prefill-us-per-token 0 --itl-per-running-us 0"
+    )
     ap.add_argument("--run-args", default="", help="extra flags of `replayer run` (win over the file)")
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (trace, results, logs)")
@@ -226,17 +247,54 @@ def main() -> int:
     results = os.path.join(work, "results")
     load_start = _load()
     print(f"# start {time.strftime('%Y-%m-%d %H:%M:%S')} {load_start}; work dir {work}", flush=True)
-    synth = [PY, "-m", "replayer", "trace", "synth", "-o", trace, "--rows", str(a.trace_rows),
-             "--rate", str(a.rate), "--input-dist", a.input_dist, "--output-dist", a.output_dist, "--seed", "7"]
+    synth = [
+        PY,
+        "-m",
+        "replayer",
+        "trace",
+        "synth",
+        "-o",
+        trace,
+        "--rows",
+        str(a.trace_rows),
+        "--rate",
+        str(a.rate),
+        "--input-dist",
+        a.input_dist,
+        "--output-dist",
+        a.output_dist,
+        "--seed",
+        "7",
+    ]
     subprocess.run(synth, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
 
     sim_port, admin_port = _free_port(), _free_port()
     admin = f"http://127.0.0.1:{admin_port}"
     sim_cmd = [PY, "-m", "replayer", "sim", "--host", "127.0.0.1", "--port", str(sim_port), *shlex.split(a.sim_args)]
-    run_cmd = [PY, "-m", "replayer", "run", "--config", a.config, trace, "--target", f"http://127.0.0.1:{sim_port}",
-               "--speedup", str(a.speedup), "--max-requests", str(a.requests), "--roll-interval",
-               str(a.roll_interval), "--results", results, "--admin-port", str(admin_port),
-               "--validate-trace", "lazy", *shlex.split(a.run_args)]
+    run_cmd = [
+        PY,
+        "-m",
+        "replayer",
+        "run",
+        "--config",
+        a.config,
+        trace,
+        "--target",
+        f"http://127.0.0.1:{sim_port}",
+        "--speedup",
+        str(a.speedup),
+        "--max-requests",
+        str(a.requests),
+        "--roll-interval",
+        str(a.roll_interval),
+        "--results",
+        results,
+        "--admin-port",
+        str(admin_port),
+        "--validate-trace",
+        "lazy",
+        *shlex.split(a.run_args),
+    ]
     print("$ " + shlex.join(sim_cmd), flush=True)
     print("$ " + shlex.join(run_cmd), flush=True)
     retain_size = None
@@ -251,8 +309,13 @@ def main() -> int:
             retain_size = _size(str(rs)) if rs else None
         except (OSError, ValueError, KeyError):
             pass
-    sim = subprocess.Popen(sim_cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=open(os.path.join(work, "sim.err"), "w"), cwd=ROOT)
+    sim = subprocess.Popen(
+        sim_cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=open(os.path.join(work, "sim.err"), "w"),
+        cwd=ROOT,
+    )
     run = prom = None
     sampler = scraper = ctl = None
     terminated, t_term = False, float("inf")
@@ -267,8 +330,13 @@ def main() -> int:
                     raise RuntimeError("sim did not start") from None
                 time.sleep(0.2)
         t_start = time.monotonic()
-        run = subprocess.Popen(run_cmd, stdin=subprocess.DEVNULL, stdout=open(os.path.join(work, "run.out"), "w"),
-                               stderr=open(os.path.join(work, "run.err"), "w"), cwd=ROOT)
+        run = subprocess.Popen(
+            run_cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=open(os.path.join(work, "run.out"), "w"),
+            stderr=open(os.path.join(work, "run.err"), "w"),
+            cwd=ROOT,
+        )
         sampler = Sampler(psutil.Process(run.pid), admin, results, a.sample_every)
         sampler.start()
         started = _start_prometheus(work, f"127.0.0.1:{admin_port}", a.prom_interval)
@@ -288,8 +356,11 @@ def main() -> int:
                 terminated, t_term = True, time.monotonic() - sampler.t0
             if el >= next_print and sampler.samples:
                 s = sampler.samples[-1]
-                print(f"# t={s[0]:6.0f}s rss {s[1]:7.1f} MB ended {s[2]} in_flight {s[6]} state {s[3]} results "
-                      f"{s[4] / 1e6:.1f} MB  {_load()}", flush=True)
+                print(
+                    f"# t={s[0]:6.0f}s rss {s[1]:7.1f} MB ended {s[2]} in_flight {s[6]} state {s[3]} results "
+                    f"{s[4] / 1e6:.1f} MB  {_load()}",
+                    flush=True,
+                )
                 next_print += 60.0
             if terminated and el > a.max_seconds + 180:
                 run.kill()
@@ -299,8 +370,11 @@ def main() -> int:
         for th in (ctl, scraper, sampler):
             if th is not None:
                 th.stop_evt.set()
-        prom_line = _prom_scrapes(prom_url) if prom is not None else (
-            f"{scraper.scrapes} scrapes by this script (no prometheus binary)" if scraper else "n/a")
+        prom_line = (
+            _prom_scrapes(prom_url)
+            if prom is not None
+            else (f"{scraper.scrapes} scrapes by this script (no prometheus binary)" if scraper else "n/a")
+        )
         for p in (run, prom, sim):
             if p is not None and p.poll() is None:
                 p.terminate()
@@ -314,8 +388,9 @@ def main() -> int:
         with open(a.samples, "w", encoding="utf-8") as f:
             f.write("t_s,rss_mb,ended,state,results_bytes,status_results_bytes,in_flight\n")
             for s in samples:
-                f.write(",".join("" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))
-                                 for x in s) + "\n")
+                f.write(
+                    ",".join("" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x)) for x in s) + "\n"
+                )
     running = [s for s in samples if s[3] in ("running", "paused") and s[2] is not None and s[0] < t_term - 1]
     if not running:
         print("no samples while running; see", os.path.join(work, "run.err"))
@@ -340,25 +415,35 @@ def main() -> int:
         pass
 
     print()
-    print(f"replayer exit code {run.returncode}; {'stopped by the time box' if terminated else 'finished'}; "
-          f"{total_s:.0f} s")
+    print(
+        f"replayer exit code {run.returncode}; {'stopped by the time box' if terminated else 'finished'}; "
+        f"{total_s:.0f} s"
+    )
     print(f"{'requests ended (last running sample)':46s} {last[2]:,}")
     print(f"{'completed / failed (summary.json)':46s} {summary.get('completed')} / {summary.get('failed')}")
     on_disk = (summary.get("completed") or 0) + (summary.get("failed") or 0)
     ended = max((s[2] for s in samples if s[2] is not None), default=0)
-    print(f"{'results missing (ended - completed - failed)':46s} {ended - on_disk:,}"
-          + (" (RESULTS LOST)" if ended > on_disk else ""))
+    print(
+        f"{'results missing (ended - completed - failed)':46s} {ended - on_disk:,}"
+        + (" (RESULTS LOST)" if ended > on_disk else "")
+    )
     blind = sum(1 for s in samples[1:] if s[3] == "no-admin")
     print(f"{'samples with the admin port not answering':46s} {blind} of {len(samples)}")
-    print(f"{'requests/s (running samples)':46s} {(last[2] - first[2]) / run_s if run_s else 0:.0f} "
-          f"(offered {a.rate * a.speedup:.0f}, 0.8x in every other control round)")
+    print(
+        f"{'requests/s (running samples)':46s} {(last[2] - first[2]) / run_s if run_s else 0:.0f} "
+        f"(offered {a.rate * a.speedup:.0f}, 0.8x in every other control round)"
+    )
     if warm:
         print(f"{'RSS at warm-up end (MB)':46s} {warm[1]:.1f} (ended {warm[2]:,}, t={warm[0]:.0f}s)")
     print(f"{'RSS at last running sample (MB)':46s} {last[1]:.1f} (ended {last[2]:,}, t={last[0]:.0f}s)")
-    print(f"{'RSS min / max after warm-up (MB)':46s} "
-          + (f"{min(p[1] for p in pts):.1f} / {max(p[1] for p in pts):.1f}" if pts else "n/a"))
-    print(f"{'RSS slope after warm-up (MB per 100k requests)':46s} "
-          f"{'n/a' if slope is None else f'{slope:+.3f}'} ({len(pts)} samples past {a.warmup:,})")
+    print(
+        f"{'RSS min / max after warm-up (MB)':46s} "
+        + (f"{min(p[1] for p in pts):.1f} / {max(p[1] for p in pts):.1f}" if pts else "n/a")
+    )
+    print(
+        f"{'RSS slope after warm-up (MB per 100k requests)':46s} "
+        f"{'n/a' if slope is None else f'{slope:+.3f}'} ({len(pts)} samples past {a.warmup:,})"
+    )
     # The in-flight high-water mark holds memory after a backlog clears (connections, tasks and
     # buffers stay in the allocator): the slope past the last backlog shows what grows with requests.
     flights_all = [s[6] for s in running if s[2] >= a.warmup and s[6] is not None]
@@ -368,23 +453,38 @@ def main() -> int:
         after = [(s[2] / 1e5, s[1]) for s in running if s[2] >= a.warmup and (not backlog or s[0] > backlog[-1][0])]
         since = f"after the last backlog (in flight > {limit:,} at {backlog[-1][2]:,})" if backlog else "(no backlog)"
         tail_slope = _slope(after) if len(after) >= 20 else None
-        print(f"{'RSS slope past the last backlog (MB per 100k)':46s} "
-              f"{'n/a' if tail_slope is None else f'{tail_slope:+.3f}'} ({len(after)} samples {since})")
+        print(
+            f"{'RSS slope past the last backlog (MB per 100k)':46s} "
+            f"{'n/a' if tail_slope is None else f'{tail_slope:+.3f}'} ({len(after)} samples {since})"
+        )
     print(f"{'results folder peak / last (MB)':46s} {disk_peak / 1e6:.1f} / {samples[-1][4] / 1e6:.1f}")
-    print(f"{'retention bound (--retain-size)':46s} "
-          + (f"{retain_size / 1e6:.1f} MB: peak {'within' if disk_peak <= retain_size else 'ABOVE'} it"
-             + ("" if disk_peak <= retain_size else f" by {(disk_peak - retain_size) / 1e6:.2f} MB (retention runs "
-                "after each flush: the parts of one flush interval can sit above the bound)")
-             if retain_size else "none set"))
+    print(
+        f"{'retention bound (--retain-size)':46s} "
+        + (
+            f"{retain_size / 1e6:.1f} MB: peak {'within' if disk_peak <= retain_size else 'ABOVE'} it"
+            + (
+                ""
+                if disk_peak <= retain_size
+                else f" by {(disk_peak - retain_size) / 1e6:.2f} MB (retention runs "
+                "after each flush: the parts of one flush interval can sit above the bound)"
+            )
+            if retain_size
+            else "none set"
+        )
+    )
     print(f"{'retention deletions logged':46s} {deletions}")
     flights = [s[6] for s in running if s[2] >= a.warmup and s[6] is not None]
-    print(f"{'in flight after warm-up: median / max':46s} "
-          + (f"{sorted(flights)[len(flights) // 2]} / {max(flights)}" if flights else "n/a")
-          + " (a high max: the machine fell behind, and RSS holds those requests)")
+    print(
+        f"{'in flight after warm-up: median / max':46s} "
+        + (f"{sorted(flights)[len(flights) // 2]} / {max(flights)}" if flights else "n/a")
+        + " (a high max: the machine fell behind, and RSS holds those requests)"
+    )
     print(f"{'admin /metrics scrapes':46s} {prom_line}")
     print(f"{'control calls (errors)':46s} {ctl.calls} ({ctl.errors})")
-    print(f"{'dispatch lag p50 / p99 (ms, summary.json)':46s} {summary.get('dispatch_lag_p50_ms')} / "
-          f"{summary.get('dispatch_lag_p99_ms')}")
+    print(
+        f"{'dispatch lag p50 / p99 (ms, summary.json)':46s} {summary.get('dispatch_lag_p50_ms')} / "
+        f"{summary.get('dispatch_lag_p99_ms')}"
+    )
     print(f"{'TTFT p50 / p99 (ms, summary.json)':46s} {summary.get('median_ttft_ms')} / {summary.get('p99_ttft_ms')}")
     print(f"{'load average start / end':46s} {load_start} / {load_end}")
     print("\n  ended     t_s    rss_mb  results_mb")

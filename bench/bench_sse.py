@@ -27,17 +27,33 @@ def make_events(continuous: bool) -> list[bytes]:
     words = [" the", " of", " model", " token", " cache", " and", " a", " stream", "ing", ","]
     evs = []
     for i in range(N_TOKENS):
-        obj = {"id": "cmpl-5f2c0e8a9b7d4c1e8f3a2b6d9c0e1f2a", "object": "text_completion",
-               "created": 1767225600, "model": MODEL,
-               "choices": [{"index": 0, "text": rnd.choice(words), "logprobs": None,
-                            "finish_reason": "length" if i == N_TOKENS - 1 else None,
-                            "stop_reason": None}],
-               "usage": ({"prompt_tokens": 1000, "total_tokens": 1001 + i, "completion_tokens": i + 1}
-                         if continuous else None)}
+        obj = {
+            "id": "cmpl-5f2c0e8a9b7d4c1e8f3a2b6d9c0e1f2a",
+            "object": "text_completion",
+            "created": 1767225600,
+            "model": MODEL,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": rnd.choice(words),
+                    "logprobs": None,
+                    "finish_reason": "length" if i == N_TOKENS - 1 else None,
+                    "stop_reason": None,
+                }
+            ],
+            "usage": (
+                {"prompt_tokens": 1000, "total_tokens": 1001 + i, "completion_tokens": i + 1} if continuous else None
+            ),
+        }
         evs.append(b"data: " + orjson.dumps(obj) + b"\n\n")
-    usage = {"id": "cmpl-5f2c0e8a9b7d4c1e8f3a2b6d9c0e1f2a", "object": "text_completion",
-             "created": 1767225600, "model": MODEL, "choices": [],
-             "usage": {"prompt_tokens": 1000, "total_tokens": 1000 + N_TOKENS, "completion_tokens": N_TOKENS}}
+    usage = {
+        "id": "cmpl-5f2c0e8a9b7d4c1e8f3a2b6d9c0e1f2a",
+        "object": "text_completion",
+        "created": 1767225600,
+        "model": MODEL,
+        "choices": [],
+        "usage": {"prompt_tokens": 1000, "total_tokens": 1000 + N_TOKENS, "completion_tokens": N_TOKENS},
+    }
     evs.append(b"data: " + orjson.dumps(usage) + b"\n\n")
     evs.append(b"data: [DONE]\n\n")
     return evs
@@ -48,7 +64,7 @@ def group_reads(evs: list[bytes], seed: int = 2) -> list[bytes]:
     reads, i = [], 0
     while i < len(evs):
         k = rnd.choice((1, 1, 1, 2, 2, 3))
-        reads.append(b"".join(evs[i:i + k]))
+        reads.append(b"".join(evs[i : i + k]))
         i += k
     return reads
 
@@ -59,7 +75,7 @@ def random_cut_reads(evs: list[bytes], seed: int = 3) -> list[bytes]:
     reads, i = [], 0
     while i < len(s):
         n = rnd.randint(50, 700)
-        reads.append(s[i:i + n])
+        reads.append(s[i : i + n])
         i += n
     return reads
 
@@ -95,16 +111,21 @@ def main() -> None:
     plain = make_events(continuous=False)
     cont = make_events(continuous=True)
     n = len(plain)
-    print(f"stream: {N_TOKENS} token events + usage + [DONE] = {n} events, "
-          f"{sum(map(len, plain)) / n:.0f} B/event (plain), {sum(map(len, cont)) / n:.0f} B/event (continuous usage)")
+    print(
+        f"stream: {N_TOKENS} token events + usage + [DONE] = {n} events, "
+        f"{sum(map(len, plain)) / n:.0f} B/event (plain), {sum(map(len, cont)) / n:.0f} B/event (continuous usage)"
+    )
     rows = [
         ("decode+accumulate, plain, 1-3 events/read", group_reads(plain), True),
         ("decode+accumulate, continuous usage, 1-3 events/read", group_reads(cont), True),
         ("decode+accumulate, plain, random 50-700 B reads", random_cut_reads(plain), True),
         ("decoder only, plain, 1-3 events/read", group_reads(plain), False),
         ("decoder only, plain, random 50-700 B reads", random_cut_reads(plain), False),
-        ("decoder only, CRLF (general path), 1-3 events/read",
-         group_reads([e.replace(b"\n", b"\r\n") for e in plain]), False),
+        (
+            "decoder only, CRLF (general path), 1-3 events/read",
+            group_reads([e.replace(b"\n", b"\r\n") for e in plain]),
+            False,
+        ),
     ]
     for name, reads, with_acc in rows:
         us = bench(reads, n, with_acc)
@@ -115,7 +136,9 @@ def main() -> None:
     for _ in range(200):
         for d in datas:
             orjson.loads(d)
-    print(f"{'orjson.loads alone (reference)':55s} {(time.process_time_ns() - t0) / 200 / len(datas) / 1000:6.2f} us/event")
+    print(
+        f"{'orjson.loads alone (reference)':55s} {(time.process_time_ns() - t0) / 200 / len(datas) / 1000:6.2f} us/event"
+    )
 
 
 if __name__ == "__main__":

@@ -33,10 +33,10 @@ import uvloop
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from replayer.http.client import Client  # noqa: E402
-from replayer.core.clock import now_ns  # noqa: E402
 from replayer.build.payload import PreparedRequest  # noqa: E402
+from replayer.core.clock import now_ns  # noqa: E402
 from replayer.core.result import RequestResult  # noqa: E402
+from replayer.http.client import Client  # noqa: E402
 
 
 def _free_port() -> int:
@@ -48,10 +48,29 @@ def _free_port() -> int:
 def _start_sim() -> tuple[subprocess.Popen, str]:
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "replayer", "sim", "--port", str(port), "--ttft-base-ms", "20",
-         "--prefill-us-per-token", "0", "--itl-base-ms", "10", "--itl-per-running-us", "0",
-         "--max-num-seqs", "0", "--prefix-cache-tokens", "0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "sim",
+            "--port",
+            str(port),
+            "--ttft-base-ms",
+            "20",
+            "--prefill-us-per-token",
+            "0",
+            "--itl-base-ms",
+            "10",
+            "--itl-per-running-us",
+            "0",
+            "--max-num-seqs",
+            "0",
+            "--prefix-cache-tokens",
+            "0",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     end = time.monotonic() + 30
     while time.monotonic() < end:
@@ -64,19 +83,36 @@ def _start_sim() -> tuple[subprocess.Popen, str]:
     raise SystemExit("replayer sim did not start within 30 s")
 
 
-async def _run(url: str, streams: int, tokens: int, waves: int, model: str, delayed_ack: bool,
-               continuous_usage: bool) -> None:
+async def _run(
+    url: str, streams: int, tokens: int, waves: int, model: str, delayed_ack: bool, continuous_usage: bool
+) -> None:
     stream_options = {"include_usage": True, "continuous_usage_stats": continuous_usage}
-    body = orjson.dumps({"model": model, "prompt": list(range(1, 9)), "max_tokens": tokens,
-                         "min_tokens": tokens, "ignore_eos": True, "stream": True,
-                         "stream_options": stream_options})
+    body = orjson.dumps(
+        {
+            "model": model,
+            "prompt": list(range(1, 9)),
+            "max_tokens": tokens,
+            "min_tokens": tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": stream_options,
+        }
+    )
     async with Client(url, t0_ns=now_ns(), delayed_ack=delayed_ack) as client:
         await client.warm_up(streams)
 
         async def one(i: int) -> RequestResult:
             await asyncio.sleep(0.01 * i / streams)  # starts spread as the trace's arrivals are
-            req = PreparedRequest(index=i, row=i, due_ns=0, body=body, input_length=8,
-                                  output_length=tokens, prompt_len=8, max_tokens=tokens)
+            req = PreparedRequest(
+                index=i,
+                row=i,
+                due_ns=0,
+                body=body,
+                input_length=8,
+                output_length=tokens,
+                prompt_len=8,
+                max_tokens=tokens,
+            )
             return await client.send(req, RequestResult(row=i))
 
         r0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
@@ -88,11 +124,15 @@ async def _run(url: str, streams: int, tokens: int, waves: int, model: str, dela
         r1, w1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     user, sys_ = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
     per = 1e6 / max(events, 1)
-    print(f"{streams} streams x {tokens} tokens x {waves} waves: {events} events in {w1 - w0:.1f} s "
-          f"({events / (w1 - w0):,.0f}/s), {failed} failed")
-    print(f"client CPU per event: user {user * per:.1f} us + system {sys_ * per:.1f} us "
-          f"= {(user + sys_) * per:.1f} us; voluntary context switches "
-          f"{(r1.ru_nvcsw - r0.ru_nvcsw) / max(events, 1):.2f} per event")
+    print(
+        f"{streams} streams x {tokens} tokens x {waves} waves: {events} events in {w1 - w0:.1f} s "
+        f"({events / (w1 - w0):,.0f}/s), {failed} failed"
+    )
+    print(
+        f"client CPU per event: user {user * per:.1f} us + system {sys_ * per:.1f} us "
+        f"= {(user + sys_) * per:.1f} us; voluntary context switches "
+        f"{(r1.ru_nvcsw - r0.ru_nvcsw) / max(events, 1):.2f} per event"
+    )
 
 
 def main() -> None:
@@ -103,8 +143,11 @@ def main() -> None:
     ap.add_argument("--target", help="an OpenAI-compatible server on 127.0.0.1 (default: a replayer sim)")
     ap.add_argument("--model", default="sim-model")
     ap.add_argument("--delayed-ack", action="store_true", help="as replayer run --delayed-ack")
-    ap.add_argument("--no-continuous-usage", action="store_true",
-                    help="usage only at the end (as --no-vllm-extensions), not on every event")
+    ap.add_argument(
+        "--no-continuous-usage",
+        action="store_true",
+        help="usage only at the end (as --no-vllm-extensions), not on every event",
+    )
     a = ap.parse_args()
     if a.target and not a.target.startswith(("http://127.0.0.1", "http://localhost")):
         raise SystemExit("--target must be on 127.0.0.1 (benchmarks stay on this host)")

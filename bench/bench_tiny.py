@@ -72,8 +72,10 @@ def write_trace(path: str, n: int, rate: float) -> float:
     gap_ms = 1e3 / rate
     with open(path, "w") as f:
         for i in range(n):
-            f.write(json.dumps({"timestamp": round(i * gap_ms, 6), "input_length": 16, "output_length": 1,
-                                "hash_ids": [i]}) + "\n")
+            f.write(
+                json.dumps({"timestamp": round(i * gap_ms, 6), "input_length": 16, "output_length": 1, "hash_ids": [i]})
+                + "\n"
+            )
     return (n - 1) * gap_ms
 
 
@@ -87,9 +89,24 @@ def trial(target: str, n: int, rate: float, work: str, profile_dir: str | None) 
         cmd += ["-c", PROFILED, out]
     else:
         cmd += ["-m", "replayer"]
-    cmd += ["run", trace, "--format", "jsonl", "--time-unit", "ms", "--target", target,
-            "--results", results, "--admin-port", "0", "--quiet", "--log-level", "warning",
-            "--no-scrape-target-metrics"]
+    cmd += [
+        "run",
+        trace,
+        "--format",
+        "jsonl",
+        "--time-unit",
+        "ms",
+        "--target",
+        target,
+        "--results",
+        results,
+        "--admin-port",
+        "0",
+        "--quiet",
+        "--log-level",
+        "warning",
+        "--no-scrape-target-metrics",
+    ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -101,11 +118,17 @@ def trial(target: str, n: int, rate: float, work: str, profile_dir: str | None) 
     sent = pq.read_table(os.path.join(results, "requests.parquet"), columns=["sent_ns"]).column("sent_ns")
     sent = [x for x in sent.to_pylist() if x is not None]
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"rate": rate, "completed": s["completed"], "failed": s["failed"],
-            "lag_p50_ms": s["dispatch_lag_p50_ms"], "lag_p99_ms": s["dispatch_lag_p99_ms"],
-            "lag_max_ms": s["dispatch_lag_max_ms"], "span_ms": span_ms,
-            "sent_spread_ms": (max(sent) - min(sent)) / 1e6 if sent else None,
-            "cpu_ms_per_request": 1e3 * cpu_s / n}
+    return {
+        "rate": rate,
+        "completed": s["completed"],
+        "failed": s["failed"],
+        "lag_p50_ms": s["dispatch_lag_p50_ms"],
+        "lag_p99_ms": s["dispatch_lag_p99_ms"],
+        "lag_max_ms": s["dispatch_lag_max_ms"],
+        "span_ms": span_ms,
+        "sent_spread_ms": (max(sent) - min(sent)) / 1e6 if sent else None,
+        "cpu_ms_per_request": 1e3 * cpu_s / n,
+    }
 
 
 def main() -> int:
@@ -122,25 +145,49 @@ def main() -> int:
     target = args.target
     if target is None:
         port = _free_port()
-        sim = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--port", str(port), "--ttft-base-ms", "0",
-                                "--itl-base-ms", "0", "--prefill-us-per-token", "0", "--itl-per-running-us", "0"],
-                               cwd=ROOT)
+        sim = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "replayer",
+                "sim",
+                "--port",
+                str(port),
+                "--ttft-base-ms",
+                "0",
+                "--itl-base-ms",
+                "0",
+                "--prefill-us-per-token",
+                "0",
+                "--itl-per-running-us",
+                "0",
+            ],
+            cwd=ROOT,
+        )
         target = f"http://127.0.0.1:{port}"
         _wait(target + "/health")
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
-    print(f"{'rate/s':>8} {'ok':>5} {'fail':>4} {'lag p50':>8} {'p99':>8} {'max':>8} {'spread/span ms':>16} "
-          f"{'CPU ms/req':>10}  held")
+    print(
+        f"{'rate/s':>8} {'ok':>5} {'fail':>4} {'lag p50':>8} {'p99':>8} {'max':>8} {'spread/span ms':>16} "
+        f"{'CPU ms/req':>10}  held"
+    )
     held_best, missed = None, None
 
     def run(rate: float) -> bool:
         r = trial(target, args.n, rate, work, args.profile)
-        ok = r["failed"] == 0 and r["completed"] == args.n and r["lag_p99_ms"] is not None \
+        ok = (
+            r["failed"] == 0
+            and r["completed"] == args.n
+            and r["lag_p99_ms"] is not None
             and r["lag_p99_ms"] <= args.p99_ms
+        )
         spread = f"{r['sent_spread_ms']:.0f}/{r['span_ms']:.0f}" if r["sent_spread_ms"] is not None else "n/a"
-        print(f"{rate:8.0f} {r['completed']:5d} {r['failed']:4d} {r['lag_p50_ms']:8.2f} {r['lag_p99_ms']:8.2f} "
-              f"{r['lag_max_ms']:8.2f} {spread:>16} {r['cpu_ms_per_request']:10.3f}  {'yes' if ok else 'no'}",
-              flush=True)
+        print(
+            f"{rate:8.0f} {r['completed']:5d} {r['failed']:4d} {r['lag_p50_ms']:8.2f} {r['lag_p99_ms']:8.2f} "
+            f"{r['lag_max_ms']:8.2f} {spread:>16} {r['cpu_ms_per_request']:10.3f}  {'yes' if ok else 'no'}",
+            flush=True,
+        )
         return ok
 
     try:
@@ -168,8 +215,10 @@ def main() -> int:
         print(f"no rate held (the first, {args.lo:.0f}/s, missed p99 <= {args.p99_ms:g} ms)")
     else:
         bound = f"; {hi:.0f}/s missed" if hi is not None else " (the highest tried)"
-        print(f"highest rate held: {held_best:.0f} requests/s with dispatch error p99 <= {args.p99_ms:g} ms"
-              f" ({args.n} requests of 16+1 tokens{bound})")
+        print(
+            f"highest rate held: {held_best:.0f} requests/s with dispatch error p99 <= {args.p99_ms:g} ms"
+            f" ({args.n} requests of 16+1 tokens{bound})"
+        )
     return 0
 
 

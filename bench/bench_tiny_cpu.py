@@ -31,11 +31,11 @@ sys.path.insert(0, ROOT)
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
+from replayer.build.loopprompts import Prompts  # noqa: E402
+from replayer.build.payload import PayloadBuilder  # noqa: E402
+from replayer.build.prepare import RequestFactory  # noqa: E402
 from replayer.config.model import load_config  # noqa: E402
 from replayer.observe.metrics import ReplayerMetrics  # noqa: E402
-from replayer.build.payload import PayloadBuilder  # noqa: E402
-from replayer.build.loopprompts import Prompts  # noqa: E402
-from replayer.build.prepare import RequestFactory  # noqa: E402
 from replayer.plan.schedule import Timeline, iter_schedule  # noqa: E402
 from replayer.trace import open_trace  # noqa: E402
 
@@ -43,8 +43,10 @@ from replayer.trace import open_trace  # noqa: E402
 def write_trace(path: str, n: int) -> None:
     with open(path, "w") as f:
         for i in range(n):
-            f.write(json.dumps({"timestamp": round(i * 0.2, 6), "input_length": 16, "output_length": 1,
-                                "hash_ids": [i]}) + "\n")
+            f.write(
+                json.dumps({"timestamp": round(i * 0.2, 6), "input_length": 16, "output_length": 1, "hash_ids": [i]})
+                + "\n"
+            )
 
 
 def one_run(trace: str, part: str) -> tuple[float, float, int]:
@@ -52,9 +54,17 @@ def one_run(trace: str, part: str) -> tuple[float, float, int]:
     cfg = load_config({"trace": trace, "format": "jsonl", "time_unit": "ms"})
     source = open_trace(trace, fmt="jsonl", time_unit="ms")
     metrics = ReplayerMetrics(CollectorRegistry(), config_info={"speedup": "1.0"})
-    factory = RequestFactory(Prompts(cfg.block_size or source.block_size, seed=cfg.seed, vocab_range=cfg.vocab_bounds,
-                                     kv_block_size=cfg.kv_block_size, cache_tokens=cfg.expected_cache_tokens),
-                             PayloadBuilder("sim-model"), Timeline(1.0))
+    factory = RequestFactory(
+        Prompts(
+            cfg.block_size or source.block_size,
+            seed=cfg.seed,
+            vocab_range=cfg.vocab_bounds,
+            kv_block_size=cfg.kv_block_size,
+            cache_tokens=cfg.expected_cache_tokens,
+        ),
+        PayloadBuilder("sim-model"),
+        Timeline(1.0),
+    )
     sbs = list(iter_schedule(lambda: source.batches(65_536)))
     reqs = []
     gc.collect()
@@ -74,8 +84,12 @@ def one_run(trace: str, part: str) -> tuple[float, float, int]:
     results = []
     for r in reqs:
         res = r.new_result(0)
-        res.sent_ns, res.first_token_ns, res.last_token_ns, res.end_ns = r.due_ns + 50_000, r.due_ns + 400_000, \
-            r.due_ns + 400_000, r.due_ns + 420_000
+        res.sent_ns, res.first_token_ns, res.last_token_ns, res.end_ns = (
+            r.due_ns + 50_000,
+            r.due_ns + 400_000,
+            r.due_ns + 400_000,
+            r.due_ns + 420_000,
+        )
         res.outcome, res.prompt_tokens, res.completion_tokens, res.usage_source = "success", 16, 1, "server"
         res.n_chunks, res.finish_reason, res.ttft_ms, res.e2e_ms = 1, "length", 0.35, 0.35
         res.dispatch_lag_ms, res.ttft_from_due_ms, res.e2el_from_due_ms = 0.05, 0.4, 0.4
@@ -107,10 +121,15 @@ def main() -> int:
             prep.append(p / n * 1e6)
             met.append(m / n * 1e6)
     tot = [p + m for p, m in zip(prep, met)]
-    for name, xs in (("prepare (body + expected hits)", prep), ("metric hooks (sent, dispatched, result)", met),
-                     ("total", tot)):
-        print(f"{name:40s}: median {statistics.median(xs):7.2f} us/request, min {min(xs):7.2f} "
-              f"({args.runs} runs of {args.n})")
+    for name, xs in (
+        ("prepare (body + expected hits)", prep),
+        ("metric hooks (sent, dispatched, result)", met),
+        ("total", tot),
+    ):
+        print(
+            f"{name:40s}: median {statistics.median(xs):7.2f} us/request, min {min(xs):7.2f} "
+            f"({args.runs} runs of {args.n})"
+        )
     return 0
 
 

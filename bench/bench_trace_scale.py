@@ -48,14 +48,29 @@ def _rss_mb() -> float:
 def step_generate(path: str, rows: int, rate: float = 1000.0, output_dist: str = "lognormal:128:1.0") -> dict:
     from replayer.trace.synth import SynthSpec, write_synth
 
-    spec = SynthSpec(rows=rows, rate_per_s=rate, input_dist="lognormal:512:1.0", output_dist=output_dist,
-                     system_prompts=16, system_prompt_tokens=1024, turns=4, sessions=64,
-                     max_input_tokens=16384, seed=42)
+    spec = SynthSpec(
+        rows=rows,
+        rate_per_s=rate,
+        input_dist="lognormal:512:1.0",
+        output_dist=output_dist,
+        system_prompts=16,
+        system_prompt_tokens=1024,
+        turns=4,
+        sessions=64,
+        max_input_tokens=16384,
+        seed=42,
+    )
     t0 = time.perf_counter()
     n = write_synth(spec, path)
     dt = time.perf_counter() - t0
-    return {"step": "generate", "rows": n, "seconds": dt, "rows_per_s": n / dt, "peak_rss_mb": _rss_mb(),
-            "file_mb": os.path.getsize(path) / 2**20}
+    return {
+        "step": "generate",
+        "rows": n,
+        "seconds": dt,
+        "rows_per_s": n / dt,
+        "peak_rss_mb": _rss_mb(),
+        "file_mb": os.path.getsize(path) / 2**20,
+    }
 
 
 def step_inspect(path: str) -> dict:
@@ -64,10 +79,17 @@ def step_inspect(path: str) -> dict:
     t0 = time.perf_counter()
     s = inspect_trace(path)
     dt = time.perf_counter() - t0
-    return {"step": "inspect", "rows": s["rows"], "seconds": dt, "rows_per_s": s["rows"] / dt,
-            "peak_rss_mb": _rss_mb(), "unique_blocks": s["unique_blocks"],
-            "prefix_hit_ratio": s["prefix_hit_ratio"], "sessions": s["sessions"],
-            "peak_rate_per_s": s["peak_rate_per_s"]}
+    return {
+        "step": "inspect",
+        "rows": s["rows"],
+        "seconds": dt,
+        "rows_per_s": s["rows"] / dt,
+        "peak_rss_mb": _rss_mb(),
+        "unique_blocks": s["unique_blocks"],
+        "prefix_hit_ratio": s["prefix_hit_ratio"],
+        "sessions": s["sessions"],
+        "peak_rate_per_s": s["peak_rate_per_s"],
+    }
 
 
 def step_stream(path: str) -> dict:
@@ -82,13 +104,31 @@ def step_stream(path: str) -> dict:
         tokens += int(b.input_length.sum())
         b.hash_ids(len(b) - 1)
     dt = time.perf_counter() - t0
-    return {"step": "stream", "rows": rows, "seconds": dt, "rows_per_s": rows / dt, "peak_rss_mb": _rss_mb(),
-            "num_rows_metadata": src.num_rows}
+    return {
+        "step": "stream",
+        "rows": rows,
+        "seconds": dt,
+        "rows_per_s": rows / dt,
+        "peak_rss_mb": _rss_mb(),
+        "num_rows_metadata": src.num_rows,
+    }
 
 
 def _child(step: str, path: str, rows: int, rate: float, output_dist: str) -> dict:
-    cmd = [sys.executable, __file__, "--step", step, "--path", path, "--rows", str(rows), "--rate", str(rate),
-           "--output-dist", output_dist]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--step",
+        step,
+        "--path",
+        path,
+        "--rows",
+        str(rows),
+        "--rate",
+        str(rate),
+        "--output-dist",
+        output_dist,
+    ]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -97,8 +137,9 @@ def _load() -> str:
     return "%.2f %.2f %.2f" % os.getloadavg()
 
 
-def step_replay(path: str, workdir: str, *, speedup: float, seconds: float, extra: list[str],
-                sample_s: float = 0.05) -> dict:
+def step_replay(
+    path: str, workdir: str, *, speedup: float, seconds: float, extra: list[str], sample_s: float = 0.05
+) -> dict:
     """One ``replayer run`` of ``seconds`` against the embedded sim, sampled with psutil."""
     import glob
     import shlex
@@ -111,8 +152,25 @@ def step_replay(path: str, workdir: str, *, speedup: float, seconds: float, extr
 
     results = os.path.join(workdir, f"bench_replay_{os.getpid()}")
     shutil.rmtree(results, ignore_errors=True)
-    cmd = [sys.executable, "-m", "replayer", "run", path, "--validate-trace", "lazy", "--duration", f"{seconds:g}",
-           "--speedup", f"{speedup:g}", "--results", results, "--admin-port", "0", "--quiet", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "replayer",
+        "run",
+        path,
+        "--validate-trace",
+        "lazy",
+        "--duration",
+        f"{seconds:g}",
+        "--speedup",
+        f"{speedup:g}",
+        "--results",
+        results,
+        "--admin-port",
+        "0",
+        "--quiet",
+        *extra,
+    ]
     print("$ " + shlex.join(cmd), flush=True)
     peak = {"tree": 0, "replayer": 0, "sim": 0, "procs": 0}
     stop = threading.Event()
@@ -161,6 +219,7 @@ def step_replay(path: str, workdir: str, *, speedup: float, seconds: float, extr
     t0_wall = float(pq.read_schema(files[0]).metadata[b"replayer.t0_wall_s"])
     cols = ["sent_ns", "due_ns", "dispatch_lag_ms", "outcome"]
     import pyarrow as pa
+
     table = pa.concat_tables([pq.read_table(f, columns=cols) for f in files])
     sent = table.column("sent_ns").to_numpy(zero_copy_only=False)
     sent = sent[~np.isnan(sent)] if sent.dtype.kind == "f" else sent
@@ -174,8 +233,12 @@ def step_replay(path: str, workdir: str, *, speedup: float, seconds: float, extr
     from datetime import datetime
 
     phases = {}
-    marks = (("admin server on", "admin_up"), ("no --target", "sim_spawned"), ("replaying ", "target_ready"),
-             ("opened ", "connections_warmed"))
+    marks = (
+        ("admin server on", "admin_up"),
+        ("no --target", "sim_spawned"),
+        ("replaying ", "target_ready"),
+        ("opened ", "connections_warmed"),
+    )
     with open(err_path, encoding="utf-8", errors="replace") as f:
         for line in f:
             m = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ [\w.]+: (.*)", line)
@@ -185,18 +248,33 @@ def step_replay(path: str, workdir: str, *, speedup: float, seconds: float, extr
             for prefix, name in marks:
                 if m.group(2).startswith(prefix) and name not in phases:
                     phases[name] = round(ts - t_wall0, 3)
-    out = {"step": "replay", "rows": int(table.num_rows), "seconds": elapsed, "rows_per_s": len(sent) / seconds,
-           "speedup": speedup, "exit_code": rc, "sent": int(len(sent)), "completed": summary.get("completed"),
-           "failed": summary.get("failed"), "not_started": summary.get("not_started"),
-           "peak_rss_mb": peak["tree"] / 2**20, "peak_rss_replayer_mb": peak["replayer"] / 2**20,
-           "peak_rss_sim_mb": peak["sim"] / 2**20, "processes": peak["procs"],
-           "start_to_anchor_s": t0_wall - t_wall0, "start_to_first_send_s": first_sent_wall - t_wall0,
-           "dispatch_lag_p50_ms": summary.get("dispatch_lag_p50_ms"),
-           "dispatch_lag_p99_ms": summary.get("dispatch_lag_p99_ms"),
-           "dispatch_lag_max_ms": summary.get("dispatch_lag_max_ms"),
-           "lag_gt_10ms_share": float((lag > 10).mean()) if lag.size else None,
-           "median_ttft_ms": summary.get("median_ttft_ms"), "load_before": load_before, "load_after": load_after,
-           "startup_phases_s": phases, "command": shlex.join(cmd)}
+    out = {
+        "step": "replay",
+        "rows": int(table.num_rows),
+        "seconds": elapsed,
+        "rows_per_s": len(sent) / seconds,
+        "speedup": speedup,
+        "exit_code": rc,
+        "sent": int(len(sent)),
+        "completed": summary.get("completed"),
+        "failed": summary.get("failed"),
+        "not_started": summary.get("not_started"),
+        "peak_rss_mb": peak["tree"] / 2**20,
+        "peak_rss_replayer_mb": peak["replayer"] / 2**20,
+        "peak_rss_sim_mb": peak["sim"] / 2**20,
+        "processes": peak["procs"],
+        "start_to_anchor_s": t0_wall - t_wall0,
+        "start_to_first_send_s": first_sent_wall - t_wall0,
+        "dispatch_lag_p50_ms": summary.get("dispatch_lag_p50_ms"),
+        "dispatch_lag_p99_ms": summary.get("dispatch_lag_p99_ms"),
+        "dispatch_lag_max_ms": summary.get("dispatch_lag_max_ms"),
+        "lag_gt_10ms_share": float((lag > 10).mean()) if lag.size else None,
+        "median_ttft_ms": summary.get("median_ttft_ms"),
+        "load_before": load_before,
+        "load_after": load_after,
+        "startup_phases_s": phases,
+        "command": shlex.join(cmd),
+    }
     shutil.rmtree(results, ignore_errors=True)
     os.unlink(err_path)
     return out
@@ -208,13 +286,16 @@ def main() -> int:
     ap.add_argument("--dir", default="/tmp")
     ap.add_argument("--keep", action="store_true", help="keep the generated file")
     ap.add_argument("--skip-generate", action="store_true", help="reuse an existing file")
-    ap.add_argument("--rate", type=float, default=None,
-                    help="trace arrival rate, req/s [default: 1000; 5 with --replay]")
-    ap.add_argument("--output-dist", default=None,
-                    help="output tokens [default: lognormal:128:1.0; uniform:1:4 with --replay]")
+    ap.add_argument(
+        "--rate", type=float, default=None, help="trace arrival rate, req/s [default: 1000; 5 with --replay]"
+    )
+    ap.add_argument(
+        "--output-dist", default=None, help="output tokens [default: lognormal:128:1.0; uniform:1:4 with --replay]"
+    )
     ap.add_argument("--replay", action="store_true", help="also replay one minute with `replayer run`")
-    ap.add_argument("--only", default=None, metavar="STEPS",
-                    help="comma-separated subset of generate,inspect,stream,replay")
+    ap.add_argument(
+        "--only", default=None, metavar="STEPS", help="comma-separated subset of generate,inspect,stream,replay"
+    )
     ap.add_argument("--replay-seconds", type=float, default=60.0, help="--duration of the replay")
     ap.add_argument("--replay-rps", type=float, default=250.0, help="offered requests/s: speedup = this / rate")
     ap.add_argument("--speedup", type=float, default=None, help="override the computed speedup")
@@ -225,8 +306,11 @@ def main() -> int:
     rate = a.rate if a.rate is not None else (5.0 if a.replay else 1000.0)
     output_dist = a.output_dist or ("uniform:1:4" if a.replay else "lognormal:128:1.0")
     if a.step:
-        fn = {"generate": lambda: step_generate(a.path, a.rows, rate, output_dist),
-              "inspect": lambda: step_inspect(a.path), "stream": lambda: step_stream(a.path)}[a.step]
+        fn = {
+            "generate": lambda: step_generate(a.path, a.rows, rate, output_dist),
+            "inspect": lambda: step_inspect(a.path),
+            "stream": lambda: step_stream(a.path),
+        }[a.step]
         print(json.dumps(fn()))
         return 0
     import shlex
@@ -249,23 +333,33 @@ def main() -> int:
             else:
                 r = _child(step, path, a.rows, rate, output_dist)
             results.append(r)
-            print(f"{step:9s} rows {r['rows']:>12,}  {r['seconds']:8.1f} s  {r['rows_per_s']:>12,.0f} rows/s  "
-                  f"peak RSS {r['peak_rss_mb']:8.1f} MB  load before {load}", flush=True)
+            print(
+                f"{step:9s} rows {r['rows']:>12,}  {r['seconds']:8.1f} s  {r['rows_per_s']:>12,.0f} rows/s  "
+                f"peak RSS {r['peak_rss_mb']:8.1f} MB  load before {load}",
+                flush=True,
+            )
         rep = [r for r in results if r["step"] == "replay"]
         if rep:
             r = rep[0]
             print("\nreplay (one minute of the trace, embedded sim)")
             rowsfmt = [
                 ("command", r["command"]),
-                ("speedup / requests sent / completed / failed", f"{r['speedup']:g} / {r['sent']:,} / "
-                 f"{r['completed']} / {r['failed']}"),
+                (
+                    "speedup / requests sent / completed / failed",
+                    f"{r['speedup']:g} / {r['sent']:,} / {r['completed']} / {r['failed']}",
+                ),
                 ("peak RSS, process tree (MB) [target < 1024]", f"{r['peak_rss_mb']:.1f} ({r['processes']} processes)"),
-                ("peak RSS, replayer alone / sim (MB)", f"{r['peak_rss_replayer_mb']:.1f} / {r['peak_rss_sim_mb']:.1f}"),
+                (
+                    "peak RSS, replayer alone / sim (MB)",
+                    f"{r['peak_rss_replayer_mb']:.1f} / {r['peak_rss_sim_mb']:.1f}",
+                ),
                 ("start-up phases from the log (s after start)", json.dumps(r["startup_phases_s"])),
                 ("process start -> t0 anchor (s)", f"{r['start_to_anchor_s']:.3f} (includes --start-delay)"),
                 ("process start -> first send (s) [target < 2]", f"{r['start_to_first_send_s']:.3f}"),
-                ("dispatch lag p50 / p99 / max (ms)", f"{r['dispatch_lag_p50_ms']:.3f} / {r['dispatch_lag_p99_ms']:.3f}"
-                 f" / {r['dispatch_lag_max_ms']:.3f}"),
+                (
+                    "dispatch lag p50 / p99 / max (ms)",
+                    f"{r['dispatch_lag_p50_ms']:.3f} / {r['dispatch_lag_p99_ms']:.3f} / {r['dispatch_lag_max_ms']:.3f}",
+                ),
                 ("share of requests with dispatch lag > 10 ms", f"{100 * r['lag_gt_10ms_share']:.2f} %"),
                 ("wall time of the run (s)", f"{r['seconds']:.1f}"),
                 ("load average before / after", f"{r['load_before']} / {r['load_after']}"),

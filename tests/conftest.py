@@ -126,8 +126,10 @@ def sim_process(tmp_path):
         rec = tmp_path / f"received-{n}.jsonl"
         err = tmp_path / f"sim-{n}.stderr"
         with open(err, "wb") as fh:
-            p = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--port", "0",
-                                  "--record-requests", str(rec), *args], stderr=fh)
+            p = subprocess.Popen(
+                [sys.executable, "-m", "replayer", "sim", "--port", "0", "--record-requests", str(rec), *args],
+                stderr=fh,
+            )
         procs.append(p)
         url = wait_sim_url(p, err)
         wait_http(url + "/health")

@@ -56,9 +56,23 @@ from typing import Any, Union
 import orjson
 from aiohttp import web
 
-__all__ = ["ABORT", "HANG", "Plan", "Received", "FaultServer", "ThreadedFaultServer", "sse",
-           "choice", "usage_event", "DONE", "huge_event", "PlanSource",
-           "ProcessFaultServer", "peak_concurrency", "run_delay_ns"]
+__all__ = [
+    "ABORT",
+    "HANG",
+    "Plan",
+    "Received",
+    "FaultServer",
+    "ThreadedFaultServer",
+    "sse",
+    "choice",
+    "usage_event",
+    "DONE",
+    "huge_event",
+    "PlanSource",
+    "ProcessFaultServer",
+    "peak_concurrency",
+    "run_delay_ns",
+]
 
 
 class _Marker:
@@ -69,13 +83,14 @@ class _Marker:
         return self.name
 
 
-ABORT = _Marker("ABORT")   # abort the connection (TCP RST) at this time
-HANG = _Marker("HANG")     # stop writing; keep the connection open until the client leaves
+ABORT = _Marker("ABORT")  # abort the connection (TCP RST) at this time
+HANG = _Marker("HANG")  # stop writing; keep the connection open until the client leaves
 
 Item = tuple[float, Union[bytes, _Marker]]
 
 
 # ---- building blocks for transcripts ------------------------------------------------------
+
 
 def sse(obj: Any) -> bytes:
     """``data: <json>\\n\\n`` for a JSON-able object (or a str/bytes payload taken verbatim)."""
@@ -98,9 +113,16 @@ def choice(text: str, finish: str | None = None, usage: dict | None = None) -> b
 
 def usage_event(prompt_tokens: int, completion_tokens: int) -> bytes:
     """A usage-only event (``choices: []``)."""
-    return sse({"choices": [], "usage": {"prompt_tokens": prompt_tokens,
-                                         "completion_tokens": completion_tokens,
-                                         "total_tokens": prompt_tokens + completion_tokens}})
+    return sse(
+        {
+            "choices": [],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+    )
 
 
 DONE = b"data: [DONE]\n\n"
@@ -112,6 +134,7 @@ def huge_event(n_bytes: int = 1 << 20, finish: str | None = "length") -> bytes:
 
 
 # ---- plans --------------------------------------------------------------------------------
+
 
 @dataclass
 class Plan:
@@ -186,8 +209,9 @@ class Received:
         before = [d for t, d in self.run_delays if t <= start_ns]
         after = [d for t, d in self.run_delays if t >= end_ns]
         if not before or not after:
-            raise ValueError(f"no run-delay samples cover {start_ns}..{end_ns} "
-                             f"(samples at {[t for t, _ in self.run_delays]})")
+            raise ValueError(
+                f"no run-delay samples cover {start_ns}..{end_ns} (samples at {[t for t, _ in self.run_delays]})"
+            )
         return (min(after) - max(before)) / 1e6
 
     def wrote_ns(self, ms: float) -> int:
@@ -206,8 +230,9 @@ class Received:
 
 def peak_concurrency(received: Sequence[Received]) -> int:
     """Most requests in flight at once (between body received and handler end) among ``received``."""
-    ev = sorted([(r.t0_ns, 1) for r in received] + [(r.end_ns or 2**63, -1) for r in received],
-                key=lambda e: (e[0], e[1]))
+    ev = sorted(
+        [(r.t0_ns, 1) for r in received] + [(r.end_ns or 2**63, -1) for r in received], key=lambda e: (e[0], e[1])
+    )
     peak = cur = 0
     for _, d in ev:
         cur += d
@@ -342,8 +367,9 @@ class FaultServer:
             self.active -= 1
             self._handlers.discard(task)
 
-    async def _play(self, request: web.Request, plan: Plan, t0: int,
-                    write_ns: list[int], rec: Received | None = None) -> web.StreamResponse:
+    async def _play(
+        self, request: web.Request, plan: Plan, t0: int, write_ns: list[int], rec: Received | None = None
+    ) -> web.StreamResponse:
         rec = rec if rec is not None else Received(b"", None, t0, request.path, {}, write_ns)
         if plan.headers_delay_ms:
             await _sleep_until(t0 + int(plan.headers_delay_ms * 1e6))
@@ -354,10 +380,10 @@ class FaultServer:
                 request.transport.abort()
                 raise asyncio.CancelledError  # nothing more to do for this handler
             rec.head_ns = time.perf_counter_ns()
-            return web.Response(status=plan.status, body=plan.body,
-                                headers={"Content-Type": plan.content_type, **plan.headers})
-        resp = web.StreamResponse(status=plan.status,
-                                  headers={"Content-Type": plan.content_type, **plan.headers})
+            return web.Response(
+                status=plan.status, body=plan.body, headers={"Content-Type": plan.content_type, **plan.headers}
+            )
+        resp = web.StreamResponse(status=plan.status, headers={"Content-Type": plan.content_type, **plan.headers})
         rec.head_ns = time.perf_counter_ns()
         await resp.prepare(request)
         await resp.write(b"")  # flush the head now (aiohttp holds it until the first write)
@@ -444,12 +470,12 @@ def _process_main(plan: PlanSource, conn) -> None:  # child process of ProcessFa
         loop.remove_reader(conn.fileno())
         os.set_blocking(conn.fileno(), True)  # the loop made it non-blocking; the reply is large
         conn.recv()
-        conn.send({"received": srv.received, "peak_active": srv.peak_active,
-                   "peak_connections": srv.peak_connections})
+        conn.send({"received": srv.received, "peak_active": srv.peak_active, "peak_connections": srv.peak_connections})
         await srv.stop()
 
     try:
         import uvloop
+
         uvloop.run(main())
     except ImportError:  # pragma: no cover
         asyncio.run(main())

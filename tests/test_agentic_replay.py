@@ -7,17 +7,39 @@ from __future__ import annotations
 import asyncio
 import json
 
+from faultserver import DONE, Plan, ThreadedFaultServer, choice, usage_event
 from prometheus_client import CollectorRegistry
 
-from faultserver import DONE, Plan, ThreadedFaultServer, choice, usage_event
-
-SESSION = {"session_id": "s", "turns": [{"turn_id": "t", "llm_calls": [
-    {"message_id": "m1", "timestamp": "2026-06-01T00:00:00.000Z", "duration_ms": 100.0,
-     "tokens": {"prompt": 64, "completion": 5, "cached": 0}},
-    {"message_id": "m2", "timestamp": "2026-06-01T00:00:00.400Z", "duration_ms": 100.0,
-     "tokens": {"prompt": 128, "completion": 6, "cached": 64}}],
-    "tool_batches": [{"timestamp": "2026-06-01T00:00:00.100Z", "duration_ms": 300.0, "request_id": "m1",
-                      "function_calls": [{"name": "run", "status": 1, "duration_ms": 300.0}]}]}]}
+SESSION = {
+    "session_id": "s",
+    "turns": [
+        {
+            "turn_id": "t",
+            "llm_calls": [
+                {
+                    "message_id": "m1",
+                    "timestamp": "2026-06-01T00:00:00.000Z",
+                    "duration_ms": 100.0,
+                    "tokens": {"prompt": 64, "completion": 5, "cached": 0},
+                },
+                {
+                    "message_id": "m2",
+                    "timestamp": "2026-06-01T00:00:00.400Z",
+                    "duration_ms": 100.0,
+                    "tokens": {"prompt": 128, "completion": 6, "cached": 64},
+                },
+            ],
+            "tool_batches": [
+                {
+                    "timestamp": "2026-06-01T00:00:00.100Z",
+                    "duration_ms": 300.0,
+                    "request_id": "m1",
+                    "function_calls": [{"name": "run", "status": 1, "duration_ms": 300.0}],
+                }
+            ],
+        }
+    ],
+}
 
 
 def _plan(body) -> Plan:
@@ -28,14 +50,23 @@ def _plan(body) -> Plan:
 
 def test_tool_wait_from_the_predecessors_end_recorded_as_session_wait(tmp_path):
     from replayer.config.model import load_config
-    from replayer.run.daemon import run_replay
     from replayer.record.recorder import read_results
+    from replayer.run.daemon import run_replay
 
     trace = tmp_path / "copilot.jsonl"
     trace.write_text(json.dumps(SESSION) + "\n")
     with ThreadedFaultServer(_plan) as srv:
-        cfg = load_config({"trace": str(trace), "target": srv.url, "results": str(tmp_path / "res"),
-                           "admin_port": 0, "quiet": True, "warm_connections": 2, "scrape_target_metrics": False})
+        cfg = load_config(
+            {
+                "trace": str(trace),
+                "target": srv.url,
+                "results": str(tmp_path / "res"),
+                "admin_port": 0,
+                "quiet": True,
+                "warm_connections": 2,
+                "scrape_target_metrics": False,
+            }
+        )
         asyncio.run(asyncio.wait_for(run_replay(cfg, registry=CollectorRegistry()), 120))
     first, second = sorted(read_results(str(tmp_path / "res")).to_pylist(), key=lambda r: r["turn"])
     assert first["outcome"] == second["outcome"] == "success"

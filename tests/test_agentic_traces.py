@@ -53,8 +53,12 @@ def test_weka_sample_sessions_turns_waits_and_local_ids():
 
 
 def test_weka_single_object_file_and_global_scope(tmp_path):
-    rec = {"id": "one", "block_size": 64, "hash_id_scope": "global",
-           "requests": [{"t": 0, "type": "n", "in": 64, "out": 2, "hash_ids": [7]}]}
+    rec = {
+        "id": "one",
+        "block_size": 64,
+        "hash_id_scope": "global",
+        "requests": [{"t": 0, "type": "n", "in": 64, "out": 2, "hash_ids": [7]}],
+    }
     p = tmp_path / "trace_0001.json"
     p.write_text(json.dumps(rec))
     t = read_trace(p)
@@ -113,29 +117,65 @@ def test_gzip_shards_are_read(tmp_path):
     assert t.metadata["format"] == "copilot" and len(t) == 6
 
 
-@pytest.mark.parametrize("fmt,lines,want", [
-    ("weka", ['{"id": "a", "block_size": 64, "requests": [{"t": 0, "type": "n", "in": 64, "out": 1, "hash_ids": [1]}]}',
-              '{"id": "b", "block_size": 64, "requests": [{"t": 0, "type": "n", "in": 64, "out": 1, "hash_ids": [1]},'
-              ' {"t": 1, "type": "n", "in": "many", "out": 1, "hash_ids": [1]}]}'],
-     "row 2: requests[1].in: expected a whole number"),
-    ("weka", ['{"id": "a", "block_size": 64, "requests": [{"t": 0, "type": "n", "in": 200, "out": 1, "hash_ids": [1]}]}'],
-     "row 1: requests[0].hash_ids: expected 4 hash ids"),
-    ("weka", ['{"id": "a", "block_size": 64, "requests": []}', '{"id": "b", "block_size": 16, "requests": []}'],
-     "row 2: block_size: 16 differs from 64"),
-    ("copilot", ['{"session_id": "s", "turns": [{"llm_calls": [{"timestamp": "2026-06-01T00:00:00Z", '
-                 '"duration_ms": 1, "tokens": {"prompt": 10, "completion": 1, "cached": 11}}]}]}'],
-     "row 1: turns[0].llm_calls[0].tokens.cached: cached 11 is more than prompt 10"),
-    ("copilot", ['{"session_id": "s", "turns": [{"llm_calls": [{"timestamp": "yesterday", '
-                 '"duration_ms": 1, "tokens": {"prompt": 10, "completion": 1, "cached": 0}}]}]}'],
-     "row 1: turns[0].llm_calls[0].timestamp: not an ISO-8601 date-time"),
-    ("tracelab", ['{"session_id": "s", "round_index": 0, "input_tokens_total": 10, "prefix_tokens": 3, '
-                  '"newly_append_tokens": 5, "output_tokens": 1, "timing_events": '
-                  '[{"event_type": "user_message", "timestamp": "2026-05-04T09:00:00Z"}]}'],
-     "row 1: input_tokens_total: prefix_tokens 3 + newly_append_tokens 5 = 8 != input_tokens_total 10"),
-    ("tracelab", ['{"session_id": "s", "round_index": 0, "input_tokens_total": 10, "prefix_tokens": 0, '
-                  '"newly_append_tokens": 10, "output_tokens": 1}'],
-     "row 1: timing_events: missing"),
-])
+@pytest.mark.parametrize(
+    "fmt,lines,want",
+    [
+        (
+            "weka",
+            [
+                '{"id": "a", "block_size": 64, "requests": [{"t": 0, "type": "n", "in": 64, "out": 1, "hash_ids": [1]}]}',
+                '{"id": "b", "block_size": 64, "requests": [{"t": 0, "type": "n", "in": 64, "out": 1, "hash_ids": [1]},'
+                ' {"t": 1, "type": "n", "in": "many", "out": 1, "hash_ids": [1]}]}',
+            ],
+            "row 2: requests[1].in: expected a whole number",
+        ),
+        (
+            "weka",
+            [
+                '{"id": "a", "block_size": 64, "requests": [{"t": 0, "type": "n", "in": 200, "out": 1, "hash_ids": [1]}]}'
+            ],
+            "row 1: requests[0].hash_ids: expected 4 hash ids",
+        ),
+        (
+            "weka",
+            ['{"id": "a", "block_size": 64, "requests": []}', '{"id": "b", "block_size": 16, "requests": []}'],
+            "row 2: block_size: 16 differs from 64",
+        ),
+        (
+            "copilot",
+            [
+                '{"session_id": "s", "turns": [{"llm_calls": [{"timestamp": "2026-06-01T00:00:00Z", '
+                '"duration_ms": 1, "tokens": {"prompt": 10, "completion": 1, "cached": 11}}]}]}'
+            ],
+            "row 1: turns[0].llm_calls[0].tokens.cached: cached 11 is more than prompt 10",
+        ),
+        (
+            "copilot",
+            [
+                '{"session_id": "s", "turns": [{"llm_calls": [{"timestamp": "yesterday", '
+                '"duration_ms": 1, "tokens": {"prompt": 10, "completion": 1, "cached": 0}}]}]}'
+            ],
+            "row 1: turns[0].llm_calls[0].timestamp: not an ISO-8601 date-time",
+        ),
+        (
+            "tracelab",
+            [
+                '{"session_id": "s", "round_index": 0, "input_tokens_total": 10, "prefix_tokens": 3, '
+                '"newly_append_tokens": 5, "output_tokens": 1, "timing_events": '
+                '[{"event_type": "user_message", "timestamp": "2026-05-04T09:00:00Z"}]}'
+            ],
+            "row 1: input_tokens_total: prefix_tokens 3 + newly_append_tokens 5 = 8 != input_tokens_total 10",
+        ),
+        (
+            "tracelab",
+            [
+                '{"session_id": "s", "round_index": 0, "input_tokens_total": 10, "prefix_tokens": 0, '
+                '"newly_append_tokens": 10, "output_tokens": 1}'
+            ],
+            "row 1: timing_events: missing",
+        ),
+    ],
+)
 def test_problems_name_file_record_and_field(tmp_path, fmt, lines, want):
     p = tmp_path / f"bad_{fmt}.jsonl"
     p.write_text("\n".join(lines) + "\n")
@@ -146,8 +186,12 @@ def test_problems_name_file_record_and_field(tmp_path, fmt, lines, want):
 
 def test_convert_writes_canonical_parquet(tmp_path):
     out = tmp_path / "copilot.parquet"
-    r = subprocess.run([sys.executable, "-m", "replayer", "trace", "convert", str(COPILOT), "-o", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "replayer", "trace", "convert", str(COPILOT), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     src, back = read_trace(COPILOT), read_trace(out)
     assert back.metadata["format"] == "parquet" and back.metadata["hash_id_scope"] == "local"
@@ -166,12 +210,18 @@ def test_copilot_prefix_equals_cached_tokens_on_the_simulator():
     from replayer.build.payload import PayloadBuilder
     from replayer.build.prefix_cache import PrefixCacheModel
     from replayer.build.prompts import PromptBuilder
-    from replayer.sim import SimConfig, SimServer
     from replayer.observe.target_metrics import TargetScraper
+    from replayer.sim import SimConfig, SimServer
 
     t = read_trace(COPILOT)
-    cached = {("c0ffee01", 0): 0, ("c0ffee01", 1): 990, ("c0ffee01", 2): 1290, ("c0ffee01", 3): 700,
-              ("c0ffee02", 0): 0, ("c0ffee02", 1): 450}
+    cached = {
+        ("c0ffee01", 0): 0,
+        ("c0ffee01", 1): 990,
+        ("c0ffee01", 2): 1290,
+        ("c0ffee01", 3): 700,
+        ("c0ffee02", 0): 0,
+        ("c0ffee02", 1): 450,
+    }
     want = [cached[(t.session_id[i], t.turn[i])] // 64 * 64 for i in range(len(t))]
     model = PrefixCacheModel(block_size=64, kv_block_size=16)
     expected = [model.observe(t.hash_ids(i), int(t.input_length[i])) for i in range(len(t))]
@@ -179,8 +229,11 @@ def test_copilot_prefix_equals_cached_tokens_on_the_simulator():
     payload = PayloadBuilder("sim-model", stream=False)
 
     async def main():
-        sim = SimServer(SimConfig(ttft_base_ms=0.0, prefill_us_per_token=0.0, itl_base_ms=0.0,
-                                  itl_per_running_us=0.0, kv_block_size=16))
+        sim = SimServer(
+            SimConfig(
+                ttft_base_ms=0.0, prefill_us_per_token=0.0, itl_base_ms=0.0, itl_per_running_us=0.0, kv_block_size=16
+            )
+        )
         url = await sim.start()
         try:
             async with aiohttp.ClientSession() as s:
@@ -189,8 +242,9 @@ def test_copilot_prefix_equals_cached_tokens_on_the_simulator():
                 got = []
                 for i in range(len(t)):
                     body = payload.body(prompts.prompt_json(t.hash_ids(i), int(t.input_length[i])), 1)
-                    async with s.post(url + "/v1/completions", data=body,
-                                      headers={"Content-Type": "application/json"}) as r:
+                    async with s.post(
+                        url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+                    ) as r:
                         assert r.status == 200, await r.text()
                         await r.read()
                     before = sc.deltas().get("prefix_cache_hits", 0)

@@ -68,8 +68,9 @@ def test_a_live_view_that_fails_is_logged_and_the_run_goes_on(caplog):
     with caplog.at_level(logging.ERROR, logger="replayer"):
         told, failures = asyncio.run(main())
     assert told == [] and failures == []  # not a reason to stop a soak
-    assert any("background task 'progress' failed" in r.getMessage() and "goes on" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "background task 'progress' failed" in r.getMessage() and "goes on" in r.getMessage() for r in caplog.records
+    )
 
 
 def test_close_sees_a_task_that_fails_as_it_is_cancelled():
@@ -108,12 +109,35 @@ sys.exit(main(sys.argv[1:]))
 def test_a_crashed_background_task_stops_the_run_which_drains_flushes_and_exits_4(tmp_path):
     # 10 rows 100 s apart at speed-up 1: without the stop the run would take 15 minutes
     trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(json.dumps({"timestamp": i * 100_000, "input_length": 16, "output_length": 2,
-                                         "hash_ids": [i]}) + "\n" for i in range(10)))
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": i * 100_000, "input_length": 16, "output_length": 2, "hash_ids": [i]}) + "\n"
+            for i in range(10)
+        )
+    )
     res = tmp_path / "r"
-    p = subprocess.Popen([sys.executable, "-c", _CHILD, "run", str(trace), "--block-size", "16", "--speedup", "1",
-                          "--results", str(res), "--admin-port", "0", "--quiet", "--no-scrape-target-metrics"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _CHILD,
+            "run",
+            str(trace),
+            "--block-size",
+            "16",
+            "--speedup",
+            "1",
+            "--results",
+            str(res),
+            "--admin-port",
+            "0",
+            "--quiet",
+            "--no-scrape-target-metrics",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         out, err = p.communicate(timeout=180)
     finally:

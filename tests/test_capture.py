@@ -21,13 +21,13 @@ import urllib.request
 import orjson
 import pyarrow.parquet as pq
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from conftest import free_port, wait_http
 from faultserver import Plan, ThreadedFaultServer
+from prometheus_client.parser import text_string_to_metric_families
+from test_capture_roundtrip import start_record, stop_record
+
 from replayer.capture.blocks import BlockHasher, content_hash
 from replayer.trace import read_trace
-from test_capture_roundtrip import start_record, stop_record
 
 SECRET = "Bearer sk-SECRET-4711"
 
@@ -46,10 +46,13 @@ def plan(req) -> Plan:
     if isinstance(req, dict) and req.get("stream"):
         gap = 1500 if req.get("slow") else 0
         usage = [] if req.get("no_usage") else [(gap, USAGE)]
-        return Plan(transcript=[(0, CHUNK1), (gap, CHUNK2), *usage, (gap, b"data: [DONE]\n\n")],
-                    headers={"X-Upstream": "yes"})
-    body = {"choices": [{"index": 0, "text": " x", "finish_reason": "length"}],
-            "usage": {"prompt_tokens": 6, "completion_tokens": 1, "total_tokens": 7}}
+        return Plan(
+            transcript=[(0, CHUNK1), (gap, CHUNK2), *usage, (gap, b"data: [DONE]\n\n")], headers={"X-Upstream": "yes"}
+        )
+    body = {
+        "choices": [{"index": 0, "text": " x", "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 6, "completion_tokens": 1, "total_tokens": 7},
+    }
     return Plan(body=orjson.dumps(body), content_type="application/json", headers={"X-Upstream": "yes"})
 
 
@@ -84,8 +87,11 @@ def fault_capture(tmp_path):
 def test_stream_is_forwarded_as_it_arrives_and_the_row_has_the_usage(fault_capture):
     srv, out, url, p = fault_capture
     body = {"model": "m", "prompt": [5, 6, 7, 8, 9, 10], "max_tokens": 2, "stream": True, "slow": True}
-    req = urllib.request.Request(url + "/v1/completions", data=orjson.dumps(body),
-                                 headers={"Content-Type": "application/json", "X-Request-Id": "req-1"})
+    req = urllib.request.Request(
+        url + "/v1/completions",
+        data=orjson.dumps(body),
+        headers={"Content-Type": "application/json", "X-Request-Id": "req-1"},
+    )
     with urllib.request.urlopen(req, timeout=60) as r:
         assert r.headers["X-Upstream"] == "yes"
         first = r.fp.read1(65536) if hasattr(r.fp, "read1") else r.read(len(CHUNK1))
@@ -111,9 +117,19 @@ def test_headers_both_ways_auth_forwarded_but_never_written(fault_capture):
     srv, out, url, p = fault_capture
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=60)  # (urllib sends its own Connection)
-    conn.request("POST", "/v1/completions?trace=1", body=orjson.dumps({"prompt": [1, 2, 3], "max_tokens": 1}),
-                 headers={"Content-Type": "application/json", "Authorization": SECRET, "X-Custom": "kept",
-                          "Connection": "keep-alive, X-Hop", "X-Hop": "dropped", "X-Session-Id": "sess-9"})
+    conn.request(
+        "POST",
+        "/v1/completions?trace=1",
+        body=orjson.dumps({"prompt": [1, 2, 3], "max_tokens": 1}),
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": SECRET,
+            "X-Custom": "kept",
+            "Connection": "keep-alive, X-Hop",
+            "X-Hop": "dropped",
+            "X-Session-Id": "sess-9",
+        },
+    )
     r = conn.getresponse()
     r.read()
     assert r.status == 200 and r.headers["X-Upstream"] == "yes"
@@ -149,8 +165,9 @@ def test_sigterm_drains_a_request_in_flight(fault_capture):
     got: dict = {}
 
     def client():
-        got["answer"] = post(url + "/v1/completions", {"prompt": [1, 2, 3, 4, 5], "stream": True, "slow": True,
-                                                       "max_tokens": 2})
+        got["answer"] = post(
+            url + "/v1/completions", {"prompt": [1, 2, 3, 4, 5], "stream": True, "slow": True, "max_tokens": 2}
+        )
 
     t = threading.Thread(target=client)
     t.start()
@@ -175,11 +192,11 @@ def test_metrics_and_healthz(fault_capture):
     deadline = time.monotonic() + 30
     while True:
         text = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=10).read().decode()
-        if 'replayer_capture_rows_written_total 1.0' in text or time.monotonic() > deadline:
+        if "replayer_capture_rows_written_total 1.0" in text or time.monotonic() > deadline:
             break
         time.sleep(0.1)
     assert 'replayer_capture_requests_total{endpoint="/v1/completions",outcome="ok",status="2xx"} 1.0' in text
-    assert 'replayer_capture_rows_written_total 1.0' in text
+    assert "replayer_capture_rows_written_total 1.0" in text
     assert 'replayer_capture_bytes_total{direction="request"}' in text
     assert "replayer_capture_tokenize_backlog" in text
 
@@ -203,8 +220,9 @@ def test_upstream_down_gives_502_and_a_row_and_keeps_serving(tmp_path):
     p, url = start_record(out, f"http://127.0.0.1:{free_port()}", "--flush-interval", "0.2")
     try:
         for _ in range(2):
-            status, headers, body = post(url + "/v1/chat/completions",
-                                         {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+            status, headers, body = post(
+                url + "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            )
             assert status == 502 and "unreachable" in orjson.loads(body)["error"]["message"]
         admin = json.loads((out / "capture.json").read_text())["admin_port"]
         assert urllib.request.urlopen(f"http://127.0.0.1:{admin}/healthz", timeout=10).status == 200
@@ -215,8 +233,9 @@ def test_upstream_down_gives_502_and_a_row_and_keeps_serving(tmp_path):
 
 
 def run_record(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "replayer", "record", *args], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "replayer", "record", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_unwritable_out_and_bad_tokenizer_are_refused_at_start(tmp_path):
@@ -240,8 +259,9 @@ def test_chat_through_the_simulator_is_tokenized_by_its_tokenize_endpoint(tmp_pa
         if img:
             content.append({"type": "image_url", "image_url": {"url": img}})
         msgs = [{"role": "system", "content": system}, {"role": "user", "content": q}]
-        status, _, body = post(url + "/v1/chat/completions",
-                               {"model": "sim-model", "messages": msgs, "max_tokens": 3, "user": "u7"})
+        status, _, body = post(
+            url + "/v1/chat/completions", {"model": "sim-model", "messages": msgs, "max_tokens": 3, "user": "u7"}
+        )
         assert status == 200, body
     stop_record(p)
     rows = sorted(capture_rows(out), key=lambda r: r["timestamp"])
@@ -264,44 +284,64 @@ def test_block_hashes_are_chained_keyed_and_partial_blocks_are_their_own():
     assert d[0] == 0 and d[1] not in (*a, *b, *c)  # a partial block never equals a full one
     other = BlockHasher(b"x" * 32, 4)
     assert other.digests([1, 2, 3, 4]) != h.digests([1, 2, 3, 4])  # keyed
-    assert content_hash(b"k" * 32, "data:image/png;base64,AAAA") != content_hash(b"x" * 32, "data:image/png;base64,AAAA")
+    assert content_hash(b"k" * 32, "data:image/png;base64,AAAA") != content_hash(
+        b"x" * 32, "data:image/png;base64,AAAA"
+    )
 
 
 def test_from_log_writes_the_same_rows_and_names_bad_lines(tmp_path):
     log = tmp_path / "gateway.jsonl"
     lines = [
-        {"timestamp": 10.0, "endpoint": "/v1/completions", "request": {"model": "m", "prompt": list(range(1, 10)),
-                                                                       "max_tokens": 4},
-         "usage": {"prompt_tokens": 9, "completion_tokens": 4}, "request_id": "a"},
-        {"timestamp": 10.5, "endpoint": "/v1/completions", "request": {"prompt": list(range(1, 9)) + [50, 51],
-                                                                       "user": "u1"},
-         "response": {"usage": {"prompt_tokens": 10, "completion_tokens": 3}}},
+        {
+            "timestamp": 10.0,
+            "endpoint": "/v1/completions",
+            "request": {"model": "m", "prompt": list(range(1, 10)), "max_tokens": 4},
+            "usage": {"prompt_tokens": 9, "completion_tokens": 4},
+            "request_id": "a",
+        },
+        {
+            "timestamp": 10.5,
+            "endpoint": "/v1/completions",
+            "request": {"prompt": list(range(1, 9)) + [50, 51], "user": "u1"},
+            "response": {"usage": {"prompt_tokens": 10, "completion_tokens": 3}},
+        },
     ]
     log.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     out = tmp_path / "t.parquet"
-    r = subprocess.run([sys.executable, "-m", "replayer", "trace", "from-log", str(log), "-o", str(out),
-                        "--block-size", "4"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "replayer", "trace", "from-log", str(log), "-o", str(out), "--block-size", "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     t = read_trace(out)
     assert t.input_length.tolist() == [9, 10] and t.output_length.tolist() == [4, 3]
     assert [t.hash_ids(i).tolist() for i in range(2)] == [[0, 1, 2], [0, 1, 3]]
     assert list(t.session_id) == [None, "u1"]
     log.write_text('{"timestamp": "yesterday", "request": {}}\n{"timestamp": 1}\n')
-    r = subprocess.run([sys.executable, "-m", "replayer", "trace", "from-log", str(log), "-o", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "replayer", "trace", "from-log", str(log), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2
     assert f"{log}: line 1: timestamp:" in r.stderr and f"{log}: line 2: request:" in r.stderr
 
 
 def test_every_capture_metric_is_documented():
+    from conftest import ROOT
     from prometheus_client import CollectorRegistry
 
-    from conftest import ROOT
     from replayer.capture.metrics import CaptureMetrics
 
     doc = (ROOT / "docs" / "capture.md").read_text()
-    names = {m.name + ("_total" if m.type == "counter" else "")
-             for m in CaptureMetrics(CollectorRegistry()).registry.collect() if m.name.startswith("replayer_capture")}
+    names = {
+        m.name + ("_total" if m.type == "counter" else "")
+        for m in CaptureMetrics(CollectorRegistry()).registry.collect()
+        if m.name.startswith("replayer_capture")
+    }
     assert len(names) == 9
     assert [n for n in names if f"`{n}`" not in doc] == []
 
@@ -310,9 +350,12 @@ def test_a_client_that_leaves_mid_stream_gives_a_row_with_the_output_reached(fau
     srv, out, url, p = fault_capture
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
-    conn.request("POST", "/v1/completions", body=orjson.dumps({"prompt": [1, 2, 3], "stream": True, "slow": True,
-                                                               "max_tokens": 2}),
-                 headers={"Content-Type": "application/json"})
+    conn.request(
+        "POST",
+        "/v1/completions",
+        body=orjson.dumps({"prompt": [1, 2, 3], "stream": True, "slow": True, "max_tokens": 2}),
+        headers={"Content-Type": "application/json"},
+    )
     r = conn.getresponse()
     assert CHUNK1 in r.read1(65536)
     conn.sock.close()  # the client goes away after the first chunk
@@ -400,9 +443,12 @@ def test_the_time_the_proxy_holds_a_request_and_a_response_counts_from_the_kerne
     conn.connect()
     _stop(p.pid)
     try:
-        conn.request("POST", "/v1/completions", body=orjson.dumps({"prompt": [1, 2, 3], "stream": True, "slow": True,
-                                                                   "max_tokens": 2}),
-                     headers={"Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            "/v1/completions",
+            body=orjson.dumps({"prompt": [1, 2, 3], "stream": True, "slow": True, "max_tokens": 2}),
+            headers={"Content-Type": "application/json"},
+        )
         sent = time.perf_counter_ns()  # the whole request is in the proxy's socket by now
         time.sleep(0.4)
     finally:

@@ -26,7 +26,7 @@ def test_frames_are_cut_right_however_the_bytes_come():
     for step in (1, 3, 4, 5, 4096, len(stream)):
         f, got = Frames(), []
         for i in range(0, len(stream), step):
-            got += f.feed(stream[i:i + step])
+            got += f.feed(stream[i : i + step])
         assert got == objs and not f.buf, step
 
 
@@ -45,8 +45,9 @@ def test_the_worker_answers_as_the_work_done_in_process_and_reports_its_errors()
             assert (facts, digests, n) == here and n == 100 and len(digests) == 7
             assert facts.session_id == "s1" and facts.max_tokens == 4 and facts.token_ids is None
             # many calls at once come back to their own callers
-            many = await asyncio.gather(*(w.call("digests_of_tokenize_answer", orjson.dumps({"tokens": [i] * 40}))
-                                          for i in range(50)))
+            many = await asyncio.gather(
+                *(w.call("digests_of_tokenize_answer", orjson.dumps({"tokens": [i] * 40})) for i in range(50))
+            )
             assert [m[1] for m in many] == [40] * 50 and len({tuple(m[0]) for m in many}) == 50
             with pytest.raises(RuntimeError, match="KeyError"):
                 await w.call("no_such_call")
@@ -71,8 +72,12 @@ def test_a_worker_that_dies_fails_its_calls_and_the_queue_hashes_on_the_loop():
         tok = Tokenization(hasher, rows.append, CaptureMetrics(), offload=w)
         tok.start()
         for i in range(3):
-            tok.submit({"endpoint": "/v1/completions", "input_length": None}, body(list(range(i * 100, i * 100 + 40))),
-                       None, None)
+            tok.submit(
+                {"endpoint": "/v1/completions", "input_length": None},
+                body(list(range(i * 100, i * 100 + 40))),
+                None,
+                None,
+            )
         await tok.drain()
         assert tok.offload is None  # gave up on the worker, said so in the log
         assert [r["tokenized_by"] for r in rows] == ["request"] * 3

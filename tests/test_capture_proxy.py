@@ -44,10 +44,20 @@ def test_the_arrival_stamp_is_the_kernels_not_the_reads():
 
 
 def test_headers_forwarded_without_hop_by_hop_ones_and_those_connection_names():
-    h = [("Connection", "keep-alive, X-Hop"), ("X-Hop", "1"), ("Keep-Alive", "5"), ("Host", "a"),
-         ("Content-Length", "3"), ("Authorization", "Bearer k"), ("X-Custom", "kept"), ("Transfer-Encoding", "chunked")]
-    assert forward_headers(h, frozenset(("host", "content-length"))) == [("Authorization", "Bearer k"),
-                                                                         ("X-Custom", "kept")]
+    h = [
+        ("Connection", "keep-alive, X-Hop"),
+        ("X-Hop", "1"),
+        ("Keep-Alive", "5"),
+        ("Host", "a"),
+        ("Content-Length", "3"),
+        ("Authorization", "Bearer k"),
+        ("X-Custom", "kept"),
+        ("Transfer-Encoding", "chunked"),
+    ]
+    assert forward_headers(h, frozenset(("host", "content-length"))) == [
+        ("Authorization", "Bearer k"),
+        ("X-Custom", "kept"),
+    ]
     head = response_head(200, b"OK", [("X-A", "1")], "Transfer-Encoding: chunked", True, False)
     assert head == b"HTTP/1.1 200 OK\r\nX-A: 1\r\nTransfer-Encoding: chunked\r\n\r\n"
     assert b"Connection: close\r\n" in response_head(502, b"Bad Gateway", [], "Content-Length: 0", False, False)
@@ -69,8 +79,7 @@ def test_pipelined_requests_are_answered_in_order_one_at_a_time():
 
         closed = []
         ClientConnection(asyncio.get_running_loop(), s, handler, closed.append)
-        c.sendall(b"POST /a HTTP/1.1\r\nX-N: 1\r\nContent-Length: 2\r\n\r\nhi"
-                  b"GET /b?q HTTP/1.1\r\nX-N: 2\r\n\r\n")
+        c.sendall(b"POST /a HTTP/1.1\r\nX-N: 1\r\nContent-Length: 2\r\n\r\nhiGET /b?q HTTP/1.1\r\nX-N: 2\r\n\r\n")
         c.setblocking(False)
         out = b""
         for _ in range(200):
@@ -105,7 +114,7 @@ def test_each_request_has_its_first_and_last_bytes_arrival_also_when_the_next_be
         c.sendall(b"POST /a HTTP/1.1\r\nContent-Length: 2\r\n\r\n")  # A's head
         await asyncio.sleep(0.1)  # (read: A has begun)
         second = time.perf_counter_ns()
-        c.sendall(b"hi" b"POST /b HTTP/1.1\r\nContent-Length: 0\r\n\r\n")  # A's body and B, one segment
+        c.sendall(b"hiPOST /b HTTP/1.1\r\nContent-Length: 0\r\n\r\n")  # A's body and B, one segment
         for _ in range(200):
             await asyncio.sleep(0.01)
             if len(got) == 2:
@@ -232,7 +241,7 @@ def test_an_upstream_connection_stamps_each_read_with_the_kernels_arrival_and_wr
                 await asyncio.sleep(0.01)
                 if proto.reads:
                     break
-            (data, stamp), = proto.reads
+            ((data, stamp),) = proto.reads
             assert data == b"event"
             assert sent <= stamp + 1_000_000 and stamp < sent + 100_000_000 <= read_after  # at the send
 

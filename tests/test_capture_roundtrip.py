@@ -18,12 +18,12 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import SLICE_10MIN, wait_http
+
 from replayer.build.prefix_cache import expected_hits
 from replayer.record.recorder import read_results
-from replayer.trace import read_trace
 from replayer.results.traceinspect import inspect_trace
+from replayer.trace import read_trace
 
 pytestmark = pytest.mark.slow
 FIRST_S = 600  # seconds of the slice replayed: all of it (1,750 requests)
@@ -31,9 +31,26 @@ FIRST_S = 600  # seconds of the slice replayed: all of it (1,750 requests)
 
 def start_record(out, upstream: str, *args: str) -> tuple[subprocess.Popen, str]:
     """`replayer record` on a free port; returns the process and its URL (from capture.json)."""
-    p = subprocess.Popen([sys.executable, "-m", "replayer", "record", "--upstream", upstream, "--listen",
-                          "127.0.0.1:0", "--admin-port", "0", "--out", str(out), *args],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "record",
+            "--upstream",
+            upstream,
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-port",
+            "0",
+            "--out",
+            str(out),
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not (out / "capture.json").exists():
         if p.poll() is not None:
@@ -60,7 +77,7 @@ def full_block_paths(t) -> list[list[int]]:
     offs, vals, bs = t.hash_offsets, t.hash_values, t.block_size
     for r in range(len(t.input_length)):
         cur, path = -1, []
-        for h in vals[offs[r]:offs[r] + int(t.input_length[r]) // bs].tolist():
+        for h in vals[offs[r] : offs[r] + int(t.input_length[r]) // bs].tolist():
             cur = nodes.setdefault((cur, h), len(nodes))
             path.append(cur)
         out.append(path)
@@ -87,6 +104,7 @@ def same_prefix_structure(a: list[list[int]], b: list[list[int]]) -> list[str]:
 
 def test_prefix_structure_check_can_fail():
     """The structure check tells a changed sharing apart (else the round trip proves nothing)."""
+
     class T:
         block_size = 2
 
@@ -123,9 +141,27 @@ def _round_trip(tmp_path, sim_url: str) -> None:
     wait_http(proxy_url + "/health")  # (passed through to the simulator)
     res = tmp_path / "results"
     try:
-        run = subprocess.run([sys.executable, "-m", "replayer", "run", str(src), "--target", proxy_url,
-                              "--speedup", "10", "--results", str(res), "--admin-port", "0", "--quiet"],
-                             capture_output=True, text=True, timeout=600)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "replayer",
+                "run",
+                str(src),
+                "--target",
+                proxy_url,
+                "--speedup",
+                "10",
+                "--results",
+                str(res),
+                "--admin-port",
+                "0",
+                "--quiet",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert run.returncode == 0, run.stderr
         err = stop_record(rec)
     finally:
@@ -157,13 +193,14 @@ def _round_trip(tmp_path, sim_url: str) -> None:
     # moves that row, so the check is on the share of rows, not on the single worst one.
     d_ms = (capt.timestamp_ns - results.sent_ns.to_numpy()[ri]) / 1e6
     dev = np.abs(d_ms - np.median(d_ms))
-    print(f"|arrival - send - median| (ms): p50 {np.percentile(dev, 50):.3f} p99 {np.percentile(dev, 99):.3f} "
-          f"max {dev.max():.3f}")
+    print(
+        f"|arrival - send - median| (ms): p50 {np.percentile(dev, 50):.3f} p99 {np.percentile(dev, 99):.3f} "
+        f"max {dev.max():.3f}"
+    )
     assert np.mean(dev <= 2.0) >= 0.98, np.sort(dev)[-10:]
 
     # the same prefix structure: every pair shares the same number of leading full blocks
-    assert same_prefix_structure(full_block_paths(_reorder(orig, rows)),
-                                 full_block_paths(capt)) == []
+    assert same_prefix_structure(full_block_paths(_reorder(orig, rows)), full_block_paths(capt)) == []
 
     # the same expected prefix-cache hits (infinite cache as `trace inspect` reports, and the
     # LRU model `replayer run` reports as expected_prefix_hit_tokens)
@@ -176,9 +213,27 @@ def _round_trip(tmp_path, sim_url: str) -> None:
     # and `replayer run` on the capture folder itself reports them so (at 20x: only the hash ids
     # matter here), request by request against the original replay's
     res2 = tmp_path / "replay-of-capture"
-    run2 = subprocess.run([sys.executable, "-m", "replayer", "run", str(cap), "--target", sim_url, "--speedup", "20",
-                           "--results", str(res2), "--admin-port", "0", "--quiet"],
-                          capture_output=True, text=True, timeout=600)
+    run2 = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(cap),
+            "--target",
+            sim_url,
+            "--speedup",
+            "20",
+            "--results",
+            str(res2),
+            "--admin-port",
+            "0",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run2.returncode == 0, run2.stderr
     s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (res, res2))
     assert s2["expected_prefix_hit_tokens"] == s1["expected_prefix_hit_tokens"] and s2["completed"] == n
@@ -189,10 +244,12 @@ def _round_trip(tmp_path, sim_url: str) -> None:
 
 def _reorder(t, rows: np.ndarray):
     """``t``'s rows in the order ``rows`` (hash ids, lengths and block size only)."""
+
     class R:
         block_size = t.block_size
         input_length = t.input_length[rows]
         lens = np.diff(t.hash_offsets)[rows]
         hash_offsets = np.concatenate([[0], np.cumsum(lens)])
-        hash_values = np.concatenate([t.hash_values[t.hash_offsets[r]:t.hash_offsets[r + 1]] for r in rows])
+        hash_values = np.concatenate([t.hash_values[t.hash_offsets[r] : t.hash_offsets[r + 1]] for r in rows])
+
     return R

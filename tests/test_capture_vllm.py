@@ -14,7 +14,6 @@ import urllib.request
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from test_capture import capture_rows, post
 from test_capture_roundtrip import start_record, stop_record
 from test_vllm import URL, pytestmark  # noqa: F401  (the same opt-in marks)
@@ -45,9 +44,11 @@ def test_chat_capture_matches_vllm_and_replays_its_prefix_hits(tmp_path):
             msgs = [{"role": "system", "content": system}]
             for t, q in enumerate(turns):
                 msgs.append({"role": "user", "content": q})
-                status, _, body = post(proxy + "/v1/chat/completions",
-                                       {"model": model, "messages": msgs, "max_tokens": 8, "temperature": 0},
-                                       {"X-Request-Id": f"c{c}-t{t}", "X-Session-Id": f"s{c}"})
+                status, _, body = post(
+                    proxy + "/v1/chat/completions",
+                    {"model": model, "messages": msgs, "max_tokens": 8, "temperature": 0},
+                    {"X-Request-Id": f"c{c}-t{t}", "X-Session-Id": f"s{c}"},
+                )
                 assert status == 200, body
                 ans = orjson.loads(body)
                 usage[f"c{c}-t{t}"] = ans["usage"]["prompt_tokens"]
@@ -70,10 +71,33 @@ def test_chat_capture_matches_vllm_and_replays_its_prefix_hits(tmp_path):
     pq.write_table(table.replace_schema_metadata({**table.schema.metadata}), trace)
     res = tmp_path / "replay"
     hits1, _ = prefix_counters()
-    p = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace), "--target", URL, "--model", model,
-                        "--speedup", "10", "--results", str(res), "--admin-port", "0", "--quiet",
-                        "--vocab-range", "3:32000", "--kv-block-size", str(KV_BLOCK)],
-                       capture_output=True, text=True, timeout=1800)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace),
+            "--target",
+            URL,
+            "--model",
+            model,
+            "--speedup",
+            "10",
+            "--results",
+            str(res),
+            "--admin-port",
+            "0",
+            "--quiet",
+            "--vocab-range",
+            "3:32000",
+            "--kv-block-size",
+            str(KV_BLOCK),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     replay_hits = prefix_counters()[0] - hits1
     print(json.dumps({"chat_hits": chat_hits, "replay_hits": replay_hits, "rows": len(rows)}))

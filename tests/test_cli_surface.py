@@ -46,8 +46,9 @@ def test_unset_flags_leave_the_config_defaults():
 
 def test_cli_snapshot():
     env = dict(os.environ, COLUMNS="100")
-    help_text = subprocess.run([sys.executable, "-m", "replayer", "run", "--help"], capture_output=True,
-                               text=True, env=env, check=True).stdout
+    help_text = subprocess.run(
+        [sys.executable, "-m", "replayer", "run", "--help"], capture_output=True, text=True, env=env, check=True
+    ).stdout
     lines = [help_text, "# fields: name | flag | type | default"]
     for name, f in RunConfig.model_fields.items():
         lines.append(f"{name} | {flag_name(name)} | {f.annotation} | {f.default!r}")
@@ -56,8 +57,10 @@ def test_cli_snapshot():
         SNAPSHOT.parent.mkdir(exist_ok=True)
         SNAPSHOT.write_text(current)
     assert SNAPSHOT.exists(), "no snapshot: run with REPLAYER_UPDATE_SNAPSHOT=1"
-    assert current == SNAPSHOT.read_text(), ("the CLI surface changed; if intended, regenerate with "
-                                             "REPLAYER_UPDATE_SNAPSHOT=1 python -m pytest tests/test_cli_surface.py")
+    assert current == SNAPSHOT.read_text(), (
+        "the CLI surface changed; if intended, regenerate with "
+        "REPLAYER_UPDATE_SNAPSHOT=1 python -m pytest tests/test_cli_surface.py"
+    )
 
 
 @pytest.mark.parametrize("name", ["benchmark.yaml", "soak.yaml", "sharded.yaml"])
@@ -105,11 +108,18 @@ def test_unknown_config_keys_are_errors(tmp_path):
     assert "speedupp" in str(e.value) and "foo" in str(e.value)
 
 
-@pytest.mark.parametrize("argv, usage, hint", [
-    (["run", "t.parquet", "--speedupp", "2"], "usage: replayer run [options] [trace ...]", "--speedupp 2; did you mean --speedup?"),
-    (["trace", "inspect", "t.parquet", "--jsn"], "usage: replayer trace inspect", "--jsn; did you mean --json?"),
-    (["merge", "a", "--ouput", "x"], "usage: replayer merge", "--ouput x; did you mean --output?"),
-])
+@pytest.mark.parametrize(
+    "argv, usage, hint",
+    [
+        (
+            ["run", "t.parquet", "--speedupp", "2"],
+            "usage: replayer run [options] [trace ...]",
+            "--speedupp 2; did you mean --speedup?",
+        ),
+        (["trace", "inspect", "t.parquet", "--jsn"], "usage: replayer trace inspect", "--jsn; did you mean --json?"),
+        (["merge", "a", "--ouput", "x"], "usage: replayer merge", "--ouput x; did you mean --output?"),
+    ],
+)
 def test_a_misspelt_flag_is_reported_by_its_subcommand(argv, usage, hint, capsys):
     from replayer.cli import main
 
@@ -142,11 +152,28 @@ def test_resume_alone_takes_the_trace_and_settings_of_the_checkpoint(tmp_path, c
     d = tmp_path / "r"
     d.mkdir()
     settings = {"seed": 7, "shard": "1/3", "vocab_range": "2000:40000", "loop": "3", "max_requests": 500}
-    (d / "checkpoint.json").write_text(json.dumps({"trace": trace, "shard": "1/3", "seed": 7, "settings": settings,
-                                                   "loop": 2, "next_row": 350, "next_index": 4000}))
+    (d / "checkpoint.json").write_text(
+        json.dumps(
+            {
+                "trace": trace,
+                "shard": "1/3",
+                "seed": 7,
+                "settings": settings,
+                "loop": 2,
+                "next_row": 350,
+                "next_index": 4000,
+            }
+        )
+    )
     cfg = load_config({"resume": str(d)})
-    assert (cfg.trace, cfg.seed, cfg.shard, cfg.vocab_range, cfg.loop, cfg.max_requests) == \
-        (trace, 7, "1/3", "2000:40000", "3", 500)
+    assert (cfg.trace, cfg.seed, cfg.shard, cfg.vocab_range, cfg.loop, cfg.max_requests) == (
+        trace,
+        7,
+        "1/3",
+        "2000:40000",
+        "3",
+        500,
+    )
     assert load_config({"resume": str(d), "seed": 3}).seed == 3  # given again: the daemon compares
     w = tmp_path / "w"  # a --workers run's folder: worker-0's settings, not its shard
     (w / "worker-0").mkdir(parents=True)
@@ -175,12 +202,15 @@ def _all_parsers(p=None, path=("replayer",)):
         yield from _all_parsers(sp, (*path, name))
 
 
-@pytest.mark.parametrize("argv, full", [
-    (["run", "t.parquet", "--max-request", "5"], "--max-requests"),
-    (["run", "t.parquet", "--spee", "5"], "--speedup"),
-    (["trace", "scale", "t.parquet", "-o", "x.parquet", "--output-fact", "2"], "--output-factor"),
-    (["merge", "a", "--wai", "5"], "--wait"),
-])
+@pytest.mark.parametrize(
+    "argv, full",
+    [
+        (["run", "t.parquet", "--max-request", "5"], "--max-requests"),
+        (["run", "t.parquet", "--spee", "5"], "--speedup"),
+        (["trace", "scale", "t.parquet", "-o", "x.parquet", "--output-fact", "2"], "--output-factor"),
+        (["merge", "a", "--wai", "5"], "--wait"),
+    ],
+)
 def test_abbreviated_flags_are_refused_with_the_full_name(argv, full, capsys):
     """An unambiguous prefix used to be taken for the flag: it would break the day a second flag
     with that prefix is added. Now it is an unknown flag, and the hint names the full one."""
@@ -199,8 +229,9 @@ def test_no_parser_accepts_abbreviations():
         next(p for path, p in _all_parsers() if path == ("replayer", "sim")).parse_args(["--po", "1"])
 
 
-@pytest.mark.parametrize("arg, hint", [("--foo", None), ("--speedpu", "--speedup"), ("--seeds", "--seed"),
-                                       ("--loop-salts=1", "--loop-salt")])
+@pytest.mark.parametrize(
+    "arg, hint", [("--foo", None), ("--speedpu", "--speedup"), ("--seeds", "--seed"), ("--loop-salts=1", "--loop-salt")]
+)
 def test_did_you_mean_only_for_close_flags(arg, hint, capsys):
     """`--foo` was answered "did you mean --loop?": a hint is given only for a close name."""
     from replayer.cli import main
@@ -217,8 +248,12 @@ def test_did_you_mean_only_for_close_flags(arg, hint, capsys):
 
 def test_every_flag_of_every_command_has_help():
     """`trace synth --arrival` had none."""
-    missing = [f"{' '.join(path)} {a.option_strings[0]}" for path, p in _all_parsers() for a in p._actions
-               if a.option_strings and not a.help and not isinstance(a, argparse._HelpAction)]
+    missing = [
+        f"{' '.join(path)} {a.option_strings[0]}"
+        for path, p in _all_parsers()
+        for a in p._actions
+        if a.option_strings and not a.help and not isinstance(a, argparse._HelpAction)
+    ]
     missing_sim = [m for m in missing if m.startswith("replayer sim ")]  # the simulator's knobs: names suffice
     assert [m for m in missing if m not in missing_sim] == []
 
@@ -229,19 +264,33 @@ def test_trace_scale_factors_are_named_alike_and_the_old_names_still_work(tmp_pa
 
     src = str(ROOT / "traces" / "mooncake_conversation_10min.parquet")
     new, old = tmp_path / "new.parquet", tmp_path / "old.parquet"
-    assert main(["trace", "scale", src, "-o", str(new), "--time-factor", "2", "--input-factor", "0.5",
-                 "--output-factor", "3"]) == 0
+    assert (
+        main(
+            [
+                "trace",
+                "scale",
+                src,
+                "-o",
+                str(new),
+                "--time-factor",
+                "2",
+                "--input-factor",
+                "0.5",
+                "--output-factor",
+                "3",
+            ]
+        )
+        == 0
+    )
     assert "deprecated" not in capsys.readouterr().err
-    assert main(["trace", "scale", src, "-o", str(old), "--time", "2", "--input", "0.5",
-                 "--output-factor", "3"]) == 0
+    assert main(["trace", "scale", src, "-o", str(old), "--time", "2", "--input", "0.5", "--output-factor", "3"]) == 0
     err = capsys.readouterr().err
     assert "--time is deprecated: use --time-factor" in err and "--input is deprecated: use --input-factor" in err
     a, b, orig = read_trace(new), read_trace(old), read_trace(src)
     assert (a.timestamp_ns == b.timestamp_ns).all() and (a.input_length == b.input_length).all()
     assert a.timestamp_ns[-1] == 2 * orig.timestamp_ns[-1] and a.input_length.sum() < orig.input_length.sum()
     assert (a.output_length == 3 * orig.output_length).all()
-    assert main(["trace", "scale", src, "-o", str(tmp_path / "c.parquet"), "--input", "2",
-                 "--input-factor", "3"]) == 2
+    assert main(["trace", "scale", src, "-o", str(tmp_path / "c.parquet"), "--input", "2", "--input-factor", "3"]) == 2
     assert "--input is the old name of --input-factor: give one of them" in capsys.readouterr().err
 
 

@@ -20,26 +20,37 @@ import time
 
 import numpy as np
 import pytest
+from faultserver import (
+    DONE,
+    HANG,
+    FaultServer,
+    Plan,
+    ProcessFaultServer,
+    Received,
+    choice,
+    huge_event,
+    peak_concurrency,
+    run_delay_ns,
+    sse,
+    usage_event,
+)
 
 import replayer.http.client as client_mod
-from replayer.http.client import Client
-from replayer.core.clock import Anchor, now_ns
-from replayer.send.dispatcher import Dispatcher
-from replayer.send.feed import Feed
-from replayer.plan.planner import Planner
-from replayer.send.sender import LoopSender
-from replayer.core.errors import ErrorKind, Outcome
-from replayer.run.gcpacer import GcPacer
 from replayer.build.payload import PayloadBuilder, PreparedRequest
 from replayer.build.prompts import PromptBuilder
+from replayer.core.clock import Anchor, now_ns
+from replayer.core.errors import ErrorKind, Outcome
 from replayer.core.result import RequestResult, to_table
-from replayer.plan.schedule import ScheduleBatch, Timeline, iter_schedule
 from replayer.http.chunks import StreamAccumulator
+from replayer.http.client import Client
+from replayer.plan.planner import Planner
+from replayer.plan.schedule import ScheduleBatch, Timeline, iter_schedule
 from replayer.results.summary import summarize
+from replayer.run.gcpacer import GcPacer
+from replayer.send.dispatcher import Dispatcher
+from replayer.send.feed import Feed
+from replayer.send.sender import LoopSender
 from replayer.trace import TraceError, read_trace
-
-from faultserver import DONE, HANG, FaultServer, ProcessFaultServer, peak_concurrency, Plan, choice, huge_event, sse, usage_event
-from faultserver import Received, run_delay_ns
 
 TOL_MS = float(os.environ.get("REPLAYER_FAULT_TOL_MS", "15"))
 
@@ -76,19 +87,22 @@ def at(value: float | None, rec: Received, ms: float, tol: float = TOL_MS) -> No
     server writes late."""
     actual = rec.wrote_ms(ms)
     assert value is not None, f"unmeasured; the server wrote the {ms} ms item at {actual:.2f} ms"
-    assert value - actual >= -0.001, f"measured {value:.2f} ms, before the server wrote the {ms} ms item ({actual:.2f} ms)"
+    assert value - actual >= -0.001, (
+        f"measured {value:.2f} ms, before the server wrote the {ms} ms item ({actual:.2f} ms)"
+    )
     sent = rec.client_sent_ns
     assert sent + value * 1e6 <= rec.run_delays[-1][0], (
-        f"measured {value:.2f} ms: after the exchange ended (the server wrote the {ms} ms item at {actual:.2f} ms)")
+        f"measured {value:.2f} ms: after the exchange ended (the server wrote the {ms} ms item at {actual:.2f} ms)"
+    )
     off_cpu = rec.off_cpu_ms(sent, rec.t0_ns) + rec.off_cpu_ms(rec.wrote_ns(ms), sent + round(value * 1e6))
     assert value - actual <= tol + off_cpu, (
         f"measured {value:.2f} ms, the server wrote the {ms} ms item at {actual:.2f} ms "
-        f"(error > {tol} ms + {off_cpu:.2f} ms off the CPU)")
+        f"(error > {tol} ms + {off_cpu:.2f} ms off the CPU)"
+    )
     assert ms <= value <= ms + SANITY_MS, f"measured {value:.2f} ms for an item planned at {ms} ms"
 
 
-def gap(value: float | None, rec: Received, a_ms: float, b_ms: float, n: int = 1,
-        tol: float = TOL_MS) -> None:
+def gap(value: float | None, rec: Received, a_ms: float, b_ms: float, n: int = 1, tol: float = TOL_MS) -> None:
     """Assert a client interval ``value`` (ITL, TPOT with ``n`` = N - 1) against the server's
     actual interval between its writes of the items planned at ``a_ms`` and ``b_ms``, divided by
     ``n``: each end's error is in [0, tol] plus the loop thread's run-queue wait from the first
@@ -98,28 +112,44 @@ def gap(value: float | None, rec: Received, a_ms: float, b_ms: float, n: int = 1
     off_cpu = rec.off_cpu_ms(rec.wrote_ns(a_ms), rec.run_delays[-1][0])
     assert abs(value - actual) <= (tol + off_cpu) / n, (
         f"measured {value:.2f} ms, the server's writes at {a_ms}..{b_ms} ms give {actual:.2f} ms "
-        f"(error > ({tol} ms + {off_cpu:.2f} ms off the CPU) / {n})")
+        f"(error > ({tol} ms + {off_cpu:.2f} ms off the CPU) / {n})"
+    )
     assert abs(value - (b_ms - a_ms) / n) <= SANITY_MS / n, f"measured {value:.2f} ms"
 
 
 # ---- harness --------------------------------------------------------------------------------
 
-def prepared(i: int, input_length: int = 16, output_length: int = 16, hash_ids=None, *,
-             stream: bool = True) -> PreparedRequest:
+
+def prepared(
+    i: int, input_length: int = 16, output_length: int = 16, hash_ids=None, *, stream: bool = True
+) -> PreparedRequest:
     """A PreparedRequest built the daemon's way (PromptBuilder + PayloadBuilder)."""
     hash_ids = [i] if hash_ids is None else hash_ids
     body = PayloadBuilder("m", stream=stream).body(PROMPTS.prompt_json(hash_ids, input_length), output_length)
-    return PreparedRequest(index=i, row=i, due_ns=0, body=body, input_length=input_length,
-                           output_length=output_length, prompt_len=input_length, max_tokens=output_length)
+    return PreparedRequest(
+        index=i,
+        row=i,
+        due_ns=0,
+        body=body,
+        input_length=input_length,
+        output_length=output_length,
+        prompt_len=input_length,
+        max_tokens=output_length,
+    )
 
 
 def result_for(req: PreparedRequest) -> RequestResult:
-    return RequestResult(row=req.row, input_length=req.input_length, output_length=req.output_length,
-                         prompt_len_sent=req.prompt_len, max_tokens=req.max_tokens, due_ns=req.due_ns)
+    return RequestResult(
+        row=req.row,
+        input_length=req.input_length,
+        output_length=req.output_length,
+        prompt_len_sent=req.prompt_len,
+        max_tokens=req.max_tokens,
+        due_ns=req.due_ns,
+    )
 
 
-async def send_all(url: str, reqs: list[PreparedRequest], t0_ns: int | None = None,
-                   **client_kw) -> list[RequestResult]:
+async def send_all(url: str, reqs: list[PreparedRequest], t0_ns: int | None = None, **client_kw) -> list[RequestResult]:
     """Send every request concurrently through one Client; t0 = now (or ``t0_ns``), so due_ns = 0
     means now."""
     async with Client(url, t0_ns=now_ns() if t0_ns is None else t0_ns, **client_kw) as c:
@@ -177,10 +207,17 @@ def ok(r: RequestResult) -> None:
 
 # ---- B01: token ids reach the server as ids; usage audited ----------------------------------
 
+
 @pytest.mark.parametrize("reported", [1000, 1001])
 def test_b01_prompt_is_token_ids_and_mismatches_counted(reported):
-    plan = lambda body: Plan([(5, choice("x")), (6, choice("y", "length")),  # noqa: E731
-                              (7, usage_event(len(body["prompt"]) + reported - 1000, 16)), (8, DONE)])
+    plan = lambda body: Plan(  # noqa: E731
+        [
+            (5, choice("x")),
+            (6, choice("y", "length")),  # noqa: E731
+            (7, usage_event(len(body["prompt"]) + reported - 1000, 16)),
+            (8, DONE),
+        ]
+    )
     [r], srv = play(plan, [prepared(0, 1000, 16, [0, 1])])
     sent = srv.received[0].json
     prompt = sent["prompt"]
@@ -197,11 +234,13 @@ def test_b01_prompt_is_token_ids_and_mismatches_counted(reported):
 
 # ---- B02: SSE split across reads -------------------------------------------------------------
 
-B02 = [(50, b'data:'),
-       (51, b' {"choices":[{"index":0,"text":" a'),
-       (52, b' b","finish_reason":null}]}\n\ndata: {"choices":[{"index":0,"text":"c","finish_reason":"length"}]}\n'),
-       (53, b'\ndata: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":3,"total_tokens":7}}\n\nda'),
-       (54, b'ta: [DONE]\n\n')]
+B02 = [
+    (50, b"data:"),
+    (51, b' {"choices":[{"index":0,"text":" a'),
+    (52, b' b","finish_reason":null}]}\n\ndata: {"choices":[{"index":0,"text":"c","finish_reason":"length"}]}\n'),
+    (53, b'\ndata: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":3,"total_tokens":7}}\n\nda'),
+    (54, b"ta: [DONE]\n\n"),
+]
 
 
 def test_b02_sse_split_across_reads(accs):
@@ -220,13 +259,15 @@ def test_b02_sse_split_across_reads(accs):
 # ---- B26 (client-faults-2.md): UTF-8 split across reads; invalid bytes counted ---------------
 
 from test_sse import B26_A, B26_B, B26_C  # noqa: E402  (the case's streams, defined once)
+
 B26_C_ALONE = [(10, b'data: {"choices":[{"index":0,"text":"a\xffb","finish_reason":"length"}]}\n\n'), (11, DONE)]
 
 
 def test_b26_utf8_split_across_reads(accs):
     reqs = [prepared(i) for i in range(4)]
-    [ra, rb, rc, rc1], srv = play(by_prompt_head({0: Plan(B26_A), 1: Plan(B26_B), 2: Plan(B26_C), 3: Plan(B26_C_ALONE)}),
-                                  reqs)
+    [ra, rb, rc, rc1], srv = play(
+        by_prompt_head({0: Plan(B26_A), 1: Plan(B26_B), 2: Plan(B26_C), 3: Plan(B26_C_ALONE)}), reqs
+    )
     for r in (ra, rb, rc, rc1):
         ok(r)
     texts = {acc.text for acc in accs}
@@ -242,8 +283,7 @@ def test_b26_utf8_split_across_reads(accs):
 
 # ---- B04: trailing usage chunk does not stretch E2E ------------------------------------------
 
-B04 = [(120, choice("x")), (150, choice("y")), (180, choice("z", "length")),
-       (900, usage_event(5, 3)), (901, DONE)]
+B04 = [(120, choice("x")), (150, choice("y")), (180, choice("z", "length")), (900, usage_event(5, 3)), (901, DONE)]
 
 
 def test_b04_usage_chunk_does_not_move_e2e():
@@ -302,8 +342,10 @@ B06_B = [(60, choice("ok")), (90, ERR), (91, DONE)]
 
 
 def test_b06_in_band_error_fails_request():
-    res, _ = play(by_prompt_head({0: Plan(B06_A), 1: Plan(B06_B)}),
-                  [prepared(0, output_length=128), prepared(1, output_length=128)])
+    res, _ = play(
+        by_prompt_head({0: Plan(B06_A), 1: Plan(B06_B)}),
+        [prepared(0, output_length=128), prepared(1, output_length=128)],
+    )
     a, b = res
     for r in res:
         assert r.outcome == Outcome.FAILED.value and r.error_kind == ErrorKind.STREAM_ERROR.value
@@ -319,11 +361,18 @@ def test_b06_in_band_error_fails_request():
 
 # ---- B08: whole answer in the first chunk ----------------------------------------------------
 
-B08_A = [(75, b'data: {"choices":[{"index":0,"text":"OK","finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}\n\n'),
-         (76, DONE)]
-B08_B = [(75, b'data: {"choices":[{"index":0,"text":"OK","finish_reason":"stop"}]}\n\n'),
-         (300, b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}\n\n'),
-         (301, DONE)]
+B08_A = [
+    (
+        75,
+        b'data: {"choices":[{"index":0,"text":"OK","finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}\n\n',
+    ),
+    (76, DONE),
+]
+B08_B = [
+    (75, b'data: {"choices":[{"index":0,"text":"OK","finish_reason":"stop"}]}\n\n'),
+    (300, b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}\n\n'),
+    (301, DONE),
+]
 
 
 @pytest.mark.parametrize("transcript", [B08_A, B08_B], ids=["A", "B"])
@@ -338,10 +387,12 @@ def test_b08_single_chunk_answer(transcript):
 
 # ---- B09: data: without space, CRLF ----------------------------------------------------------
 
-B09 = [(80, b'data:{"choices":[{"index":0,"text":"Hi","finish_reason":null}]}\r\n\r\n'),
-       (95, b'data:{"choices":[{"index":0,"text":"!","finish_reason":"length"}]}\r\n\r\n'),
-       (96, b'data:{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}\r\n\r\n'),
-       (97, b'data:[DONE]\r\n\r\n')]
+B09 = [
+    (80, b'data:{"choices":[{"index":0,"text":"Hi","finish_reason":null}]}\r\n\r\n'),
+    (95, b'data:{"choices":[{"index":0,"text":"!","finish_reason":"length"}]}\r\n\r\n'),
+    (96, b'data:{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}\r\n\r\n'),
+    (97, b"data:[DONE]\r\n\r\n"),
+]
 
 
 def test_b09_no_space_crlf(accs):
@@ -359,10 +410,15 @@ def test_b09_no_space_crlf(accs):
 # ---- B11: usage in a trailing choices: [] chunk / usage: null after it -----------------------
 
 B11_A = [(50, choice("a")), (70, choice("", "stop")), (71, usage_event(26, 2)), (72, DONE)]
-B11_B = [(50, choice("a")),
-         (70, b'data: {"choices":[{"index":0,"text":"","finish_reason":"stop"}],"usage":{"prompt_tokens":26,"completion_tokens":2,"total_tokens":28}}\n\n'),
-         (71, b'data: {"choices":[],"usage":null}\n\n'),
-         (72, DONE)]
+B11_B = [
+    (50, choice("a")),
+    (
+        70,
+        b'data: {"choices":[{"index":0,"text":"","finish_reason":"stop"}],"usage":{"prompt_tokens":26,"completion_tokens":2,"total_tokens":28}}\n\n',
+    ),
+    (71, b'data: {"choices":[],"usage":null}\n\n'),
+    (72, DONE),
+]
 
 
 @pytest.mark.parametrize("transcript", [B11_A, B11_B], ids=["A", "B"])
@@ -415,8 +471,10 @@ def test_b25_one_token_no_division(tmp_path):
     assert s["itl_ms_count"] == 0 and s["mean_itl_ms"] is None
     # Row 2 (output_length 0): the documented rule is rejection at load, naming file/row/field.
     f = tmp_path / "b25.jsonl"
-    f.write_text('{"timestamp": 0, "input_length": 100, "output_length": 1, "hash_ids": [0]}\n'
-                 '{"timestamp": 0, "input_length": 100, "output_length": 0, "hash_ids": [1]}\n')
+    f.write_text(
+        '{"timestamp": 0, "input_length": 100, "output_length": 1, "hash_ids": [0]}\n'
+        '{"timestamp": 0, "input_length": 100, "output_length": 0, "hash_ids": [1]}\n'
+    )
     with pytest.raises(TraceError) as ei:
         read_trace(f)
     [p] = ei.value.problems
@@ -424,6 +482,7 @@ def test_b25_one_token_no_division(tmp_path):
 
 
 # ---- B24: no hidden client-side connection queue ---------------------------------------------
+
 
 @pytest.mark.parametrize("warm", [True, False], ids=["warm-pool", "cold-pool"])
 def test_b24_300_concurrent_no_pool_cap(warm):
@@ -452,7 +511,7 @@ def _b24_run(warm: bool) -> None:
     # 50 token events in 100 ms, written 10 events per write (every 20 ms): 300 streams x 50
     # single-event writes (150k writes/s) would measure the test server's CPU, not the client.
     ev = [choice("t", "length" if k == 49 else None) for k in range(50)]
-    tokens = [(2000 + 20 * w, b"".join(ev[10 * w:10 * w + 10])) for w in range(5)]
+    tokens = [(2000 + 20 * w, b"".join(ev[10 * w : 10 * w + 10])) for w in range(5)]
     plan = Plan(tokens + [(2100, usage_event(16, 50) + DONE)])
     quick = Plan([(0, choice("w", "length") + usage_event(1, 1) + DONE)])
     payload = PayloadBuilder("m")
@@ -470,9 +529,17 @@ def _b24_run(warm: bool) -> None:
     def prepare(sb: ScheduleBatch, j: int) -> PreparedRequest:
         i, trace_ns = int(sb.rows[j]), int(sb.trace_ns[j])
         body = payload.body(PROMPTS.prompt_json([i], 16), 50)  # hash_ids [k], input_length 16
-        return PreparedRequest(index=sb.first_index + j, row=i, due_ns=timeline.due(trace_ns), body=body,
-                               input_length=16, output_length=50, prompt_len=16, max_tokens=50,
-                               trace_ns=trace_ns)
+        return PreparedRequest(
+            index=sb.first_index + j,
+            row=i,
+            due_ns=timeline.due(trace_ns),
+            body=body,
+            input_length=16,
+            output_length=50,
+            prompt_len=16,
+            max_tokens=50,
+            trace_ns=trace_ns,
+        )
 
     def unsent(sb: ScheduleBatch, j: int) -> RequestResult:
         return RequestResult(row=int(sb.rows[j]), due_ns=timeline.due(int(sb.trace_ns[j])))
@@ -481,8 +548,9 @@ def _b24_run(warm: bool) -> None:
         async with Client(url, t0_ns=now_ns()) as c:
             if warm:  # fill the keep-alive pool with n idle connections
                 warmup = [prepared(i) for i in range(n)]
-                assert all(r.outcome == "success" for r in
-                           await asyncio.gather(*(c.send(r, result_for(r)) for r in warmup)))
+                assert all(
+                    r.outcome == "success" for r in await asyncio.gather(*(c.send(r, result_for(r)) for r in warmup))
+                )
             anchor = Anchor.at(0.3)  # bodies are prepared in the lead window before t = 0
             c.t0_ns = anchor.t0_ns
             results: list[RequestResult] = []
@@ -490,8 +558,15 @@ def _b24_run(warm: bool) -> None:
             # (replayer.run.gcpacer); CPython's automatic GC landing in the burst doubled its lag
             pacer = GcPacer()
             pacer.start()
-            d = Dispatcher(Feed(iter_schedule(lambda: [Batch()]), prepare, unsent), Planner(timeline),
-                           LoopSender(c), results.append, t0_ns=anchor.t0_ns, on_idle=pacer.idle)
+            d = Dispatcher(
+                Feed(iter_schedule(lambda: [Batch()]), prepare, unsent),
+                Planner(timeline),
+                LoopSender(c),
+                results.append,
+                t0_ns=anchor.t0_ns,
+                on_idle=pacer.idle,
+            )
+
             # the loop thread's run-queue wait from just before the first tokens to the end: the
             # time the machine kept the client from running while it had streams to read
             async def run_delay_at(at_ns: int) -> int:
@@ -531,13 +606,15 @@ def _b24_run(warm: bool) -> None:
     # client's stamp of it (the server taking a request late, 300 at once, is the server's time)
     err = (first_ns - wrote_ns) / 1e6
     run_s, server_run_s = (end_ns - t0_ns) / 1e9, (max(x.wrote_ns(2100) for x in recs) - t0_ns) / 1e9
-    print(f"\nB24 {'warm' if warm else 'cold'}: server peak {peak} (connections {srv.peak_connections}), "
-          f"TTFT {ttft.min():.0f}..{ttft.max():.0f} ms, server had the requests "
-          f"{(got_ns - sent_ns).min() / 1e6:.1f}..{(got_ns - sent_ns).max() / 1e6:.1f} ms after their send "
-          f"and wrote their first tokens {(wrote_ns - got_ns).min() / 1e6:.0f}..{(wrote_ns - got_ns).max() / 1e6:.0f} "
-          f"ms after that, TTFT error {err.min():.1f}..{err.max():.1f} ms, lag p99 {lag99:.1f} ms, "
-          f"run {run_s:.2f} s (server's last write at {server_run_s:.2f} s), client off the CPU "
-          f"{off_cpu_ms:.0f} ms from 1.95 s on")
+    print(
+        f"\nB24 {'warm' if warm else 'cold'}: server peak {peak} (connections {srv.peak_connections}), "
+        f"TTFT {ttft.min():.0f}..{ttft.max():.0f} ms, server had the requests "
+        f"{(got_ns - sent_ns).min() / 1e6:.1f}..{(got_ns - sent_ns).max() / 1e6:.1f} ms after their send "
+        f"and wrote their first tokens {(wrote_ns - got_ns).min() / 1e6:.0f}..{(wrote_ns - got_ns).max() / 1e6:.0f} "
+        f"ms after that, TTFT error {err.min():.1f}..{err.max():.1f} ms, lag p99 {lag99:.1f} ms, "
+        f"run {run_s:.2f} s (server's last write at {server_run_s:.2f} s), client off the CPU "
+        f"{off_cpu_ms:.0f} ms from 1.95 s on"
+    )
     # every request had its own connection; the client may also hold a few idle spare
     # connections open (Client.spare_target) so later requests skip the TCP handshake
     assert peak == n and n <= srv.peak_connections <= n + 8
@@ -561,6 +638,7 @@ def _b24_run(warm: bool) -> None:
 
 # ---- soak faults -----------------------------------------------------------------------------
 
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -576,14 +654,24 @@ def test_target_down_connect_error_per_request():
         assert r.error and r.http_status is None and r.end_ns is not None
 
 
-@pytest.mark.parametrize("status,ctype,body,message", [
-    (500, "application/json",
-     b'{"error":{"message":"Internal server error","type":"InternalServerError","code":500}}',
-     "Internal server error"),
-    (429, "text/plain", b"Too Many Requests: slow down", "Too Many Requests: slow down"),
-    (400, "application/json", b'{"object":"error","message":"bad prompt","type":"BadRequestError","code":400}',
-     "bad prompt"),
-])
+@pytest.mark.parametrize(
+    "status,ctype,body,message",
+    [
+        (
+            500,
+            "application/json",
+            b'{"error":{"message":"Internal server error","type":"InternalServerError","code":500}}',
+            "Internal server error",
+        ),
+        (429, "text/plain", b"Too Many Requests: slow down", "Too Many Requests: slow down"),
+        (
+            400,
+            "application/json",
+            b'{"object":"error","message":"bad prompt","type":"BadRequestError","code":400}',
+            "bad prompt",
+        ),
+    ],
+)
 def test_http_error_status_body_recorded(status, ctype, body, message):
     [r], _ = play(Plan(status=status, content_type=ctype, body=body))
     assert r.outcome == "failed" and r.error_kind == ErrorKind.HTTP_STATUS.value
@@ -592,8 +680,7 @@ def test_http_error_status_body_recorded(status, ctype, body, message):
 
 def test_error_status_streamed_body_recorded():
     # a 503 whose body arrives later, in pieces
-    plan = Plan([(20, b'{"error":{"message":"over'), (40, b'loaded"}}')], status=503,
-                content_type="application/json")
+    plan = Plan([(20, b'{"error":{"message":"over'), (40, b'loaded"}}')], status=503, content_type="application/json")
     [r], _ = play(plan)
     assert r.error_kind == ErrorKind.HTTP_STATUS.value and r.http_status == 503
     assert r.error == "overloaded"
@@ -614,8 +701,10 @@ def test_stall_longer_than_read_timeout_is_timeout():
 
 
 def test_stall_shorter_than_read_timeout_is_fine():
-    [r], srv = play(Plan([(10, choice("a")), (400, choice("b", "length")), (401, usage_event(3, 2)),
-                          (402, DONE)]), read_timeout_s=1.0)
+    [r], srv = play(
+        Plan([(10, choice("a")), (400, choice("b", "length")), (401, usage_event(3, 2)), (402, DONE)]),
+        read_timeout_s=1.0,
+    )
     ok(r)
     at(r.e2e_ms, served(srv), 400)
     assert r.itl_ms
@@ -623,8 +712,7 @@ def test_stall_shorter_than_read_timeout_is_fine():
 
 
 def test_headers_delay_counts_in_ttft():
-    [r], srv = play(Plan([(500, choice("a", "length")), (501, usage_event(3, 1)), (502, DONE)],
-                         headers_delay_ms=300))
+    [r], srv = play(Plan([(500, choice("a", "length")), (501, usage_event(3, 1)), (502, DONE)], headers_delay_ms=300))
     ok(r)
     at(r.ttft_ms, served(srv), 500)
 
@@ -650,8 +738,15 @@ def test_disconnect_before_headers():
 
 
 def test_malformed_sse_json_is_protocol():
-    plan = Plan([(10, choice("a")), (20, b'data: {"choices":[{"index":0,"text":"b",\n\n'),
-                 (30, choice("c", "length")), (31, usage_event(3, 3)), (32, DONE)])
+    plan = Plan(
+        [
+            (10, choice("a")),
+            (20, b'data: {"choices":[{"index":0,"text":"b",\n\n'),
+            (30, choice("c", "length")),
+            (31, usage_event(3, 3)),
+            (32, DONE),
+        ]
+    )
     [r], _ = play(plan)
     assert r.outcome == "failed" and r.error_kind == ErrorKind.PROTOCOL.value
     assert r.error.startswith("invalid JSON in SSE event")
@@ -679,9 +774,14 @@ def test_one_mib_single_event(accs):
 
 
 def test_in_stream_error_after_tokens():
-    plan = Plan([(10, choice("a")), (20, choice("b")),
-                 (30, sse({"error": {"message": "KV cache exhausted", "type": "InternalServerError",
-                                     "code": 500}})), (31, DONE)])
+    plan = Plan(
+        [
+            (10, choice("a")),
+            (20, choice("b")),
+            (30, sse({"error": {"message": "KV cache exhausted", "type": "InternalServerError", "code": 500}})),
+            (31, DONE),
+        ]
+    )
     [r], _ = play(plan)
     assert r.outcome == "failed" and r.error_kind == ErrorKind.STREAM_ERROR.value
     assert r.error == "KV cache exhausted" and r.n_chunks == 2
@@ -689,13 +789,15 @@ def test_in_stream_error_after_tokens():
 
 def test_mixed_faults_concurrently_each_recorded():
     """Several faults at once through one client: each request gets its own verdict, none raises."""
-    plans = by_prompt_head({
-        0: Plan(B04),
-        1: Plan(status=500, body=b'{"error":{"message":"boom"}}', content_type="application/json"),
-        2: Plan([(10, choice("a"))], close_at_ms=20),
-        3: Plan([(10, b"data: not json\n\n"), (11, DONE)]),
-        4: Plan([(10, choice("a")), (20, HANG)]),
-    })
+    plans = by_prompt_head(
+        {
+            0: Plan(B04),
+            1: Plan(status=500, body=b'{"error":{"message":"boom"}}', content_type="application/json"),
+            2: Plan([(10, choice("a"))], close_at_ms=20),
+            3: Plan([(10, b"data: not json\n\n"), (11, DONE)]),
+            4: Plan([(10, choice("a")), (20, HANG)]),
+        }
+    )
     res, srv = play(plans, [prepared(i) for i in range(5)], read_timeout_s=1.5)
     kinds = [r.error_kind for r in res]
     assert kinds == ["none", "http_status", "disconnect", "protocol", "idle_timeout"]
@@ -706,6 +808,7 @@ def _connects_while(step, seconds: float = 0.3) -> tuple[int, int]:
     """Call ``step(client)`` every millisecond for ``seconds`` on a Client whose target port
     nobody listens on; (connect attempts made, background connects still opening at the end).
     The attempts are counted around the real ``Client._connect``."""
+
     async def main() -> tuple[int, int]:
         c = Client(f"http://127.0.0.1:{_closed_port()}", t0_ns=now_ns(), connect_timeout_s=1.0)
         attempts = 0

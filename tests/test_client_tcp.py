@@ -7,14 +7,13 @@ import os
 import socket
 
 import pytest
+from faultserver import run_delay_ns
 
-from replayer.http.client import Client
-from replayer.core.clock import now_ns
 from replayer.build.payload import PayloadBuilder, PreparedRequest
 from replayer.build.prompts import PromptBuilder
+from replayer.core.clock import now_ns
+from replayer.http.client import Client
 from replayer.sim import SimConfig, SimServer
-
-from faultserver import run_delay_ns
 
 
 @pytest.mark.skipif(not hasattr(socket, "TCP_QUICKACK"), reason="TCP_QUICKACK is Linux only")
@@ -28,8 +27,9 @@ def test_delayed_ack_turns_quick_acks_off_for_the_response(delayed):
         try:
             async with Client(url, t0_ns=now_ns(), delayed_ack=delayed) as c:
                 body = PayloadBuilder("m").body(PromptBuilder(block_size=16).prompt_json([1], 16), 10)
-                req = PreparedRequest(index=0, row=0, due_ns=0, body=body, input_length=16, output_length=10,
-                                      prompt_len=16, max_tokens=10)
+                req = PreparedRequest(
+                    index=0, row=0, due_ns=0, body=body, input_length=16, output_length=10, prompt_len=16, max_tokens=10
+                )
                 before = run_delay_ns()  # the loop thread's run-queue wait (sim, client: one loop)
                 task = asyncio.create_task(c.send(req, req.new_result(0)))
                 await asyncio.sleep(0.1)
@@ -59,8 +59,9 @@ def test_idle_connections_beyond_the_spares_are_closed_once_unused_for_the_expir
             body = PayloadBuilder("m").body(PromptBuilder(block_size=16).prompt_json([1], 16), 2)
 
             def req(i):
-                return PreparedRequest(index=i, row=i, due_ns=0, body=body, input_length=16, output_length=2,
-                                       prompt_len=16, max_tokens=2)
+                return PreparedRequest(
+                    index=i, row=i, due_ns=0, body=body, input_length=16, output_length=2, prompt_len=16, max_tokens=2
+                )
 
             async def backlog(c):
                 res = await asyncio.gather(*(c.send(req(i), req(i).new_result(0)) for i in range(40)))

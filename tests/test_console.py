@@ -7,9 +7,23 @@ from rich.console import Console
 
 from replayer.observe.console import LiveConsole
 
-STATUS = {"state": "running", "scheduled": 100, "sent": 50, "completed": 40, "failed": 2, "in_flight": 8,
-          "trace_rows": 100, "trace_rows_done": 42, "trace_time_s": 30.0, "trace_duration_s": 60.0, "loop": 0,
-          "dispatch_lag_p99_s": 0.0021, "ttft_p50_s": 0.120, "ttft_p99_s": 0.9, "completion_tokens_total": 1000}
+STATUS = {
+    "state": "running",
+    "scheduled": 100,
+    "sent": 50,
+    "completed": 40,
+    "failed": 2,
+    "in_flight": 8,
+    "trace_rows": 100,
+    "trace_rows_done": 42,
+    "trace_time_s": 30.0,
+    "trace_duration_s": 60.0,
+    "loop": 0,
+    "dispatch_lag_p99_s": 0.0021,
+    "ttft_p50_s": 0.120,
+    "ttft_p99_s": 0.9,
+    "completion_tokens_total": 1000,
+}
 
 
 def _text(renderable) -> str:

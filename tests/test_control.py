@@ -9,9 +9,8 @@ import urllib.error
 import urllib.request
 
 import pyarrow.parquet as pq
-from prometheus_client.parser import text_string_to_metric_families
-
 from conftest import free_port, wait_http
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def _post(url, token=None, body=None):
@@ -34,9 +33,28 @@ def test_pause_resume_speedup_stop_with_token(tmp_path, mooncake_slice, sim_proc
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = dict(os.environ, REPLAYER_CONTROL_TOKEN="s3cret-token", REPLAYER_API_KEY="sk-very-secret-key-123")
-    p = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace), "--target", url, "--speedup", "4",
-                          "--results", str(tmp_path / "r"), "--admin-port", str(port), "--quiet"],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace),
+            "--target",
+            url,
+            "--speedup",
+            "4",
+            "--results",
+            str(tmp_path / "r"),
+            "--admin-port",
+            str(port),
+            "--quiet",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_http(base + "/readyz", 30)
         for token, says in ((None, "control needs a token"), ("wrong", "wrong bearer token")):
@@ -55,19 +73,19 @@ def test_pause_resume_speedup_stop_with_token(tmp_path, mooncake_slice, sim_proc
         time.sleep(0.3)
         sent = _status(base)["sent"]
         time.sleep(1.5)
-        assert _status(base)["sent"] == sent            # nothing issued while paused
+        assert _status(base)["sent"] == sent  # nothing issued while paused
         _post(base + "/resume", "s3cret-token")
         paused_ms = (time.monotonic() - paused_at) * 1e3  # >= 1.8 s: the run's pause (or longer)
         st = _post(base + "/speedup", "s3cret-token", {"speedup": 40})
         assert st["speedup"] == 40 and st["paused"] is False and st["state"] == "running"
         time.sleep(1.0)
         assert _status(base)["sent"] > sent
-        for path in ("/healthz", "/metrics", "/status"):   # open without a token
+        for path in ("/healthz", "/metrics", "/status"):  # open without a token
             with urllib.request.urlopen(base + path, timeout=5) as r:
                 assert r.status == 200
         with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
             exported = {s.name: s for f in text_string_to_metric_families(r.read().decode()) for s in f.samples}
-        assert exported["replayer_speedup"].value == 40                  # now
+        assert exported["replayer_speedup"].value == 40  # now
         assert exported["replayer_config_info"].labels["speedup"] == "4.0"  # as started
         assert _post(base + "/stop", "s3cret-token")["state"] == "draining"
         out, err = p.communicate(timeout=60)
@@ -76,8 +94,13 @@ def test_pause_resume_speedup_stop_with_token(tmp_path, mooncake_slice, sim_proc
             p.kill()
     assert p.returncode == 0, err[-2000:]
     # every change is logged, and summary.json keeps the speed-up changes with their times
-    for said in ("refused: wrong bearer token", "paused (POST /pause) at t=", "resumed (POST /resume) at t=",
-                 "speed-up 4 -> 40 (POST /speedup) at t=", "stopping (POST /stop) at t="):
+    for said in (
+        "refused: wrong bearer token",
+        "paused (POST /pause) at t=",
+        "resumed (POST /resume) at t=",
+        "speed-up 4 -> 40 (POST /speedup) at t=",
+        "stopping (POST /stop) at t=",
+    ):
         assert said in err, said
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["speedup"] == 4 and [c["speedup"] for c in s["speedup_changes"]] == [40]

@@ -11,23 +11,41 @@ import time
 import urllib.request
 
 import pyarrow.parquet as pq
+from conftest import free_port, wait_http
 from prometheus_client.parser import text_string_to_metric_families
-
-from conftest import wait_http, free_port
 
 
 def _run(args, **kw):
-    return subprocess.Popen([sys.executable, "-m", "replayer", "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "replayer", "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def test_sigterm_drains_then_accounts_for_every_row(tmp_path, mooncake_slice, sim_process):
     trace = mooncake_slice(60)
     n = sum(1 for _ in open(trace))
-    url, _ = sim_process("--itl-base-ms", "40")         # ~300 tokens x 40 ms: still running at SIGTERM
+    url, _ = sim_process("--itl-base-ms", "40")  # ~300 tokens x 40 ms: still running at SIGTERM
     port = free_port()
-    p = _run([str(trace), "--target", url, "--speedup", "10", "--results", str(tmp_path / "r"),
-              "--admin-port", str(port), "--drain-timeout", "1", "--quiet"])
+    p = _run(
+        [
+            str(trace),
+            "--target",
+            url,
+            "--speedup",
+            "10",
+            "--results",
+            str(tmp_path / "r"),
+            "--admin-port",
+            str(port),
+            "--drain-timeout",
+            "1",
+            "--quiet",
+        ]
+    )
     wait_http(f"http://127.0.0.1:{port}/readyz", 30)
     time.sleep(2.5)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as r:
@@ -41,10 +59,10 @@ def test_sigterm_drains_then_accounts_for_every_row(tmp_path, mooncake_slice, si
     assert lags > done  # dispatch lag is observed when a request goes out, not when it ends
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 128 + signal.SIGTERM, err[-2000:]      # stopped, not finished: 143
+    assert p.returncode == 128 + signal.SIGTERM, err[-2000:]  # stopped, not finished: 143
     rows = pq.read_table(tmp_path / "r" / "requests.parquet").to_pylist()
     outcomes = [r["outcome"] for r in rows]
-    assert sorted(r["row"] for r in rows) == list(range(n))       # every row exactly once
+    assert sorted(r["row"] for r in rows) == list(range(n))  # every row exactly once
     sent = sum(r["sent_ns"] is not None for r in rows)
     assert 0 < sent < n
     assert outcomes.count("cancelled") > 0 and outcomes.count("not_started") == n - sent
@@ -59,15 +77,17 @@ def test_sigterm_drains_then_accounts_for_every_row(tmp_path, mooncake_slice, si
     # resumed (a retried pod): the rows not started go now, and the folder holds each row once;
     # --resume DIR alone: the trace and the settings that must match are the checkpoint's
     ckpt = json.loads((tmp_path / "r" / "checkpoint.json").read_text())
-    p = _run(["--resume", str(tmp_path / "r"), "--target", url, "--speedup", "10",
-              "--admin-port", "0", "--quiet"])
+    p = _run(["--resume", str(tmp_path / "r"), "--target", url, "--speedup", "10", "--admin-port", "0", "--quiet"])
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err[-2000:]
-    assert f"resuming {tmp_path / 'r'} at loop {ckpt['loop']}, row {ckpt['next_row']} (its checkpoint): " \
-           f"{sent} rows already recorded are skipped" in err
+    assert (
+        f"resuming {tmp_path / 'r'} at loop {ckpt['loop']}, row {ckpt['next_row']} (its checkpoint): "
+        f"{sent} rows already recorded are skipped" in err
+    )
     from replayer.record.recorder import read_results, result_files
+
     rows = read_results(str(tmp_path / "r")).to_pylist()
-    assert sorted(r["row"] for r in rows) == list(range(n))       # no row twice
+    assert sorted(r["row"] for r in rows) == list(range(n))  # no row twice
     assert sum(r["outcome"] == "not_started" for r in rows) == 0
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["scheduled"] == s["sent"] == n and s["not_started"] == 0 and s["stopped_early"] is False
@@ -85,8 +105,22 @@ def test_second_signal_cancels_at_once(tmp_path, mooncake_slice, sim_process):
     trace = mooncake_slice(30)
     url, _ = sim_process("--itl-base-ms", "50")
     port = free_port()
-    p = _run([str(trace), "--target", url, "--speedup", "5", "--results", str(tmp_path / "r"),
-              "--admin-port", str(port), "--drain-timeout", "120", "--quiet"])
+    p = _run(
+        [
+            str(trace),
+            "--target",
+            url,
+            "--speedup",
+            "5",
+            "--results",
+            str(tmp_path / "r"),
+            "--admin-port",
+            str(port),
+            "--drain-timeout",
+            "120",
+            "--quiet",
+        ]
+    )
     wait_http(f"http://127.0.0.1:{port}/readyz", 30)
     time.sleep(2.0)
     p.send_signal(signal.SIGTERM)
@@ -95,7 +129,7 @@ def test_second_signal_cancels_at_once(tmp_path, mooncake_slice, sim_process):
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 128 + signal.SIGTERM, err[-2000:]
-    assert time.monotonic() - t < 15                       # did not wait out the 120 s drain
+    assert time.monotonic() - t < 15  # did not wait out the 120 s drain
     rows = pq.read_table(tmp_path / "r" / "requests.parquet").to_pylist()
     assert any(r["outcome"] == "cancelled" for r in rows)
 
@@ -107,8 +141,26 @@ def test_loops_and_shards_cover_the_trace(tmp_path, mooncake_slice, sim_process)
     got = []
     for k in range(2):
         res = tmp_path / f"s{k}"
-        p = _run([str(trace), "--target", url, "--speedup", "40", "--results", str(res), "--admin-port", "0",
-                  "--loop", "2", "--shard", f"{k}/2", "--quiet", "--start-delay", "0.3"])
+        p = _run(
+            [
+                str(trace),
+                "--target",
+                url,
+                "--speedup",
+                "40",
+                "--results",
+                str(res),
+                "--admin-port",
+                "0",
+                "--loop",
+                "2",
+                "--shard",
+                f"{k}/2",
+                "--quiet",
+                "--start-delay",
+                "0.3",
+            ]
+        )
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err[-2000:]
         got += [(r["loop"], r["row"], r["outcome"]) for r in pq.read_table(res / "requests.parquet").to_pylist()]
@@ -118,8 +170,10 @@ def test_loops_and_shards_cover_the_trace(tmp_path, mooncake_slice, sim_process)
 
 def test_bad_trace_refused_before_sending(tmp_path, sim_process):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"timestamp": 0, "input_length": 20, "output_length": 8, "hash_ids": [1, 2]}\n'
-                   '{"timestamp": 5, "input_length": -3, "output_length": 8, "hash_ids": [3]}\n')
+    bad.write_text(
+        '{"timestamp": 0, "input_length": 20, "output_length": 8, "hash_ids": [1, 2]}\n'
+        '{"timestamp": 5, "input_length": -3, "output_length": 8, "hash_ids": [3]}\n'
+    )
     url, received = sim_process()
     p = _run([str(bad), "--target", url, "--results", str(tmp_path / "r"), "--admin-port", "0"])
     out, err = p.communicate(timeout=60)
@@ -137,15 +191,37 @@ def test_bad_flags_listed_at_once(tmp_path):
 
 def test_target_down_fails_clearly(tmp_path, mooncake_slice):
     trace = mooncake_slice(5)
-    p = _run([str(trace), "--target", f"http://127.0.0.1:{free_port()}", "--ready-timeout", "2.5",
-              "--results", str(tmp_path / "r"), "--admin-port", "0"])
+    p = _run(
+        [
+            str(trace),
+            "--target",
+            f"http://127.0.0.1:{free_port()}",
+            "--ready-timeout",
+            "2.5",
+            "--results",
+            str(tmp_path / "r"),
+            "--admin-port",
+            "0",
+        ]
+    )
     out, err = p.communicate(timeout=60)
     assert p.returncode == 2 and "not ready after 2 s (cannot connect: ConnectionRefusedError" in err
     assert "waiting for the target: GET http://127.0.0.1" in err  # said while it waited
     assert "ssl:default" not in err and "Traceback" not in err
     assert not (tmp_path / "r").exists()  # nothing was sent: the folder it made is gone again
-    p = _run([str(trace), "--target", f"http://127.0.0.1:{free_port()}", "--ready-timeout", "0.5",
-              "--admin-port", "0", "--quiet"], cwd=tmp_path)  # the default folder: ./results stays clean
+    p = _run(
+        [
+            str(trace),
+            "--target",
+            f"http://127.0.0.1:{free_port()}",
+            "--ready-timeout",
+            "0.5",
+            "--admin-port",
+            "0",
+            "--quiet",
+        ],
+        cwd=tmp_path,
+    )  # the default folder: ./results stays clean
     assert p.communicate(timeout=60) and p.returncode == 2 and not (tmp_path / "results").exists()
 
 
@@ -153,14 +229,16 @@ def test_start_up_problems_are_errors_not_tracebacks(tmp_path, mooncake_slice, s
     trace = mooncake_slice(5)
     url, _ = sim_process()
     with socket.create_server(("127.0.0.1", 0)) as taken:  # another replayer on the admin port
-        p = _run([str(trace), "--target", url, "--results", str(tmp_path / "r"),
-                  "--admin-port", str(taken.getsockname()[1])])
+        p = _run(
+            [str(trace), "--target", url, "--results", str(tmp_path / "r"), "--admin-port", str(taken.getsockname()[1])]
+        )
         out, err = p.communicate(timeout=60)
     assert p.returncode == 2 and "--admin-port" in err and "Traceback" not in err, err[-2000:]
     assert not (tmp_path / "r").exists()
     # a URL with an API path the server does not have: the 404 says what --target should be
-    p = _run([str(trace), "--target", url + "/api", "--ready-timeout", "1", "--admin-port", "0", "--quiet"],
-             cwd=tmp_path)
+    p = _run(
+        [str(trace), "--target", url + "/api", "--ready-timeout", "1", "--admin-port", "0", "--quiet"], cwd=tmp_path
+    )
     out, err = p.communicate(timeout=60)
     assert p.returncode == 2 and "(HTTP 404 (no /v1/models there: --target is the server's base URL" in err, err
     (tmp_path / "afile").write_text("x")
@@ -174,9 +252,21 @@ def test_sigkill_then_resume_records_every_row_once(tmp_path, mooncake_slice, si
     n = sum(1 for _ in open(trace))
     url, _ = sim_process("--itl-base-ms", "5")
     res = tmp_path / "r"
-    common = ["--target", url, "--speedup", "10", "--admin-port", "0", "--quiet", "--flush-interval", "0.3",
-              "--scrape-interval", "0.1"]  # target-metric samples: a part every 12 scrapes (1.2 s)
+    common = [
+        "--target",
+        url,
+        "--speedup",
+        "10",
+        "--admin-port",
+        "0",
+        "--quiet",
+        "--flush-interval",
+        "0.3",
+        "--scrape-interval",
+        "0.1",
+    ]  # target-metric samples: a part every 12 scrapes (1.2 s)
     p = _run([str(trace), "--results", str(res), *common])
+
     def prompt_tokens_checkpointed() -> float:  # the target's prompt tokens in the last checkpoint
         try:
             totals = json.loads((res / "checkpoint.json").read_text())["target_metrics"]["series_totals"]
@@ -187,18 +277,26 @@ def test_sigkill_then_resume_records_every_row_once(tmp_path, mooncake_slice, si
     # killed once parts are on disk and a checkpoint carries some of the target's counts (waiting
     # on these, not on a time: start-up alone took tens of seconds beside CPU hogs)
     deadline = time.monotonic() + 120
-    while not (list(res.glob("parts/part-*.parquet")) and list(res.glob("parts/target_metrics-*.parquet"))
-               and prompt_tokens_checkpointed() > 0) and time.monotonic() < deadline and p.poll() is None:
+    while (
+        not (
+            list(res.glob("parts/part-*.parquet"))
+            and list(res.glob("parts/target_metrics-*.parquet"))
+            and prompt_tokens_checkpointed() > 0
+        )
+        and time.monotonic() < deadline
+        and p.poll() is None
+    ):
         time.sleep(0.05)
     assert p.poll() is None, "the run ended before any part reached the disk"
     time.sleep(0.5)
     p.kill()
     p.communicate(timeout=30)
-    from replayer.record.recorder import read_results
     from replayer.observe.target_samples import read_samples
+    from replayer.record.recorder import read_results
+
     before = read_results(str(res)).to_pylist()
-    assert 0 < len(before) < n                      # parts already on disk survived the SIGKILL
-    samples_before = read_samples(str(res)).to_pylist()   # and so did the target's metric samples
+    assert 0 < len(before) < n  # parts already on disk survived the SIGKILL
+    samples_before = read_samples(str(res)).to_pylist()  # and so did the target's metric samples
     assert samples_before and not (res / "target_metrics.parquet").exists()
     killed = json.loads((res / "checkpoint.json").read_text())["target_metrics"]
     # the checkpoint carries the totals of the scrapes made so far (how many depends on the
@@ -212,7 +310,7 @@ def test_sigkill_then_resume_records_every_row_once(tmp_path, mooncake_slice, si
     assert all(r["outcome"] == "success" for r in rows)
     # one samples file: the killed run's parts first, then the resumed run's; its totals carried on
     samples = pq.read_table(res / "target_metrics.parquet").to_pylist()
-    assert samples[:len(samples_before)] == samples_before and len(samples) > len(samples_before)
+    assert samples[: len(samples_before)] == samples_before and len(samples) > len(samples_before)
     assert not list(res.glob("parts/target_metrics-*.parquet"))
     tm = json.loads((res / "summary.json").read_text())["target_metrics"]
     assert tm["scrapes"] > killed["scrapes"]
@@ -226,9 +324,27 @@ def test_ctrl_c_drains_against_the_embedded_simulator_and_a_kill_leaves_no_serve
     # flight fails as a disconnect. A SIGKILLed replayer's simulator exits by itself.
     trace = mooncake_slice(400)
     res = tmp_path / "r"
-    p = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace), "--speedup", "20", "--results",
-                          str(res), "--admin-port", "0", "--drain-timeout", "30"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace),
+            "--speedup",
+            "20",
+            "--results",
+            str(res),
+            "--admin-port",
+            "0",
+            "--drain-timeout",
+            "30",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while not list(res.glob("parts/part-*.parquet")) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -239,9 +355,26 @@ def test_ctrl_c_drains_against_the_embedded_simulator_and_a_kill_leaves_no_serve
     assert rows and not [r for r in rows if r["error_kind"] == "disconnect"]
     assert sum(r["outcome"] == "success" for r in rows) > 0
 
-    p = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace), "--speedup", "20", "--results",
-                          str(tmp_path / "k"), "--admin-port", "0", "--log-level", "info"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace),
+            "--speedup",
+            "20",
+            "--results",
+            str(tmp_path / "k"),
+            "--admin-port",
+            "0",
+            "--log-level",
+            "info",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = None
     for line in p.stderr:
         if "starting the embedded simulator at" in line:
@@ -268,16 +401,16 @@ def test_self_watch_reports_each_loop_stall_once_and_apart_from_lateness(caplog)
 
     from prometheus_client import CollectorRegistry
 
+    from replayer.observe.metrics import ReplayerMetrics
     from replayer.run.runstate import RunState
     from replayer.run.runstate import watch_self as _watch_self
-    from replayer.observe.metrics import ReplayerMetrics
 
     async def main():
         state, metrics = RunState(), ReplayerMetrics(CollectorRegistry())
         task = asyncio.ensure_future(_watch_self(state, metrics, every_s=0.05))
         metrics.on_event_loop_lag(0.080)  # one 80 ms stall; the sends stayed on time
-        await asyncio.sleep(0.22)         # four intervals
-        state.watch_max_lag_ms = 120.0    # then requests went out late
+        await asyncio.sleep(0.22)  # four intervals
+        state.watch_max_lag_ms = 120.0  # then requests went out late
         await asyncio.sleep(0.05)
         task.cancel()
 
@@ -297,12 +430,13 @@ def test_resume_refuses_settings_that_change_the_prompts(tmp_path, mooncake_slic
     p = _run([str(trace), "--results", str(res), "--speedup", "50", *common])
     assert p.communicate(timeout=120) and p.returncode == 0
     before = (res / "requests.parquet").read_bytes()
-    p = _run(["--resume", str(res), str(trace), "--speedup", "50", "--seed", "7", "--vocab-range", "2000:40000",
-              *common])
+    p = _run(
+        ["--resume", str(res), str(trace), "--speedup", "50", "--seed", "7", "--vocab-range", "2000:40000", *common]
+    )
     out, err = p.communicate(timeout=120)
     assert p.returncode == 2, err[-2000:]
     assert "--seed 0 there, 7 now" in err and "--vocab-range" in err and "2000:40000" in err
-    assert (res / "requests.parquet").read_bytes() == before   # nothing sent, nothing rewritten
+    assert (res / "requests.parquet").read_bytes() == before  # nothing sent, nothing rewritten
     p = _run(["--resume", str(res), str(trace), "--speedup", "80", *common])  # another speed-up is fine
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err[-2000:]
@@ -328,8 +462,18 @@ def test_a_resumed_folder_has_the_target_metrics_of_every_run(tmp_path, mooncake
     trace = mooncake_slice(40)
     url, _ = sim_process()
     res = tmp_path / "r"
-    common = [str(trace), "--target", url, "--speedup", "10", "--admin-port", "0", "--quiet",
-              "--scrape-interval", "0.5"]
+    common = [
+        str(trace),
+        "--target",
+        url,
+        "--speedup",
+        "10",
+        "--admin-port",
+        "0",
+        "--quiet",
+        "--scrape-interval",
+        "0.5",
+    ]
     p = _run([*common, "--results", str(res), "--duration", "1.5"])
     assert p.communicate(timeout=120) and p.returncode == 0
     first = json.loads((res / "summary.json").read_text())["target_metrics"]
@@ -345,7 +489,7 @@ def test_a_resumed_folder_has_the_target_metrics_of_every_run(tmp_path, mooncake
     assert tm["deltas"]["prompt_tokens"] == served["vllm:prompt_tokens_total"]
     assert tm["scrapes"] > first["scrapes"]
     samples = pq.read_table(res / "target_metrics.parquet").to_pylist()
-    assert samples[:len(first_samples)] == first_samples and len(samples) > len(first_samples)  # appended
+    assert samples[: len(first_samples)] == first_samples and len(samples) > len(first_samples)  # appended
 
 
 def test_a_start_time_long_past_starts_now_instead_of_a_burst(tmp_path, mooncake_slice, sim_process):
@@ -382,8 +526,23 @@ def test_status_says_waiting_until_the_start_time(tmp_path, mooncake_slice, sim_
     url, _ = sim_process("--itl-base-ms", "2")
     port = free_port()
     start = time.time() + 12  # start-up alone took over 4 s on a 2-core machine at load average 10
-    p = _run([str(trace), "--target", url, "--speedup", "10", "--results", str(tmp_path / "r"), "--admin-port",
-              str(port), "--start-at", repr(start), "--drain-timeout", "1"])
+    p = _run(
+        [
+            str(trace),
+            "--target",
+            url,
+            "--speedup",
+            "10",
+            "--results",
+            str(tmp_path / "r"),
+            "--admin-port",
+            str(port),
+            "--start-at",
+            repr(start),
+            "--drain-timeout",
+            "1",
+        ]
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/readyz", 30)
         states = []
@@ -404,8 +563,20 @@ def test_max_error_ratio_fails_a_run_whose_requests_failed(tmp_path, mooncake_sl
     with --max-error-ratio, saying why."""
     trace = mooncake_slice(20)
     url, _ = sim_process()
-    base = [str(trace), "--target", url, "--endpoint", "/v1/nope", "--max-requests", "4", "--speedup", "50",
-            "--admin-port", "0", "--quiet"]
+    base = [
+        str(trace),
+        "--target",
+        url,
+        "--endpoint",
+        "/v1/nope",
+        "--max-requests",
+        "4",
+        "--speedup",
+        "50",
+        "--admin-port",
+        "0",
+        "--quiet",
+    ]
     p = _run([*base, "--results", str(tmp_path / "a")])
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err[-2000:]
@@ -428,8 +599,8 @@ def test_error_ratio_problem():
 
 def test_count_scheduled_counts_what_will_be_sent(mooncake_slice):
     """Pure: the count behind /status ``scheduled`` and the progress line's ``sent N/M``."""
-    from replayer.run.runinputs import count_scheduled
     from replayer.plan.schedule import iter_schedule
+    from replayer.run.runinputs import count_scheduled
     from replayer.trace import open_trace
 
     trace = mooncake_slice(60)
@@ -440,8 +611,11 @@ def test_count_scheduled_counts_what_will_be_sent(mooncake_slice):
     batches = lambda: src.batches(50)  # noqa: E731 - several batches
     assert count_scheduled(iter_schedule(batches), speedup=10) == n
     # --duration 2 at speed-up 10: the rows of the first 20 trace seconds
-    assert count_scheduled(iter_schedule(batches), speedup=10, duration_ns=2_000_000_000) == \
-        sum(t < 20_000 for t in offsets_ms) < n
+    assert (
+        count_scheduled(iter_schedule(batches), speedup=10, duration_ns=2_000_000_000)
+        == sum(t < 20_000 for t in offsets_ms)
+        < n
+    )
     assert sum(count_scheduled(iter_schedule(batches, shard=i, shards=3), speedup=1) for i in range(3)) == n
     assert count_scheduled(iter_schedule(batches, loops=2, max_requests=n + 5), speedup=1) == n + 5
     assert count_scheduled(iter_schedule(batches, loops=None), speedup=10, duration_ns=10**10) > n  # ends
@@ -454,8 +628,22 @@ def test_status_counts_the_requests_a_duration_will_send(tmp_path, mooncake_slic
     trace = mooncake_slice(60)
     url, _ = sim_process()
     port = free_port()
-    p = _run([str(trace), "--target", url, "--speedup", "10", "--duration", "2", "--results", str(tmp_path / "r"),
-              "--admin-port", str(port), "--quiet"])
+    p = _run(
+        [
+            str(trace),
+            "--target",
+            url,
+            "--speedup",
+            "10",
+            "--duration",
+            "2",
+            "--results",
+            str(tmp_path / "r"),
+            "--admin-port",
+            str(port),
+            "--quiet",
+        ]
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/readyz", 60)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as r:

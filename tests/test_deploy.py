@@ -10,7 +10,6 @@ import sys
 
 import pytest
 import yaml
-
 from conftest import ROOT
 
 DEPLOY = ROOT / "deploy"
@@ -25,8 +24,13 @@ def test_alert_rules_check_and_unit_tests():
         out = subprocess.run([PROMTOOL, *args], cwd=d, capture_output=True, text=True)
         assert out.returncode == 0, out.stdout + out.stderr
     alerts = {r["alert"] for g in yaml.safe_load((d / "alerts.yml").read_text())["groups"] for r in g["rules"]}
-    assert alerts == {"ReplayerDown", "ReplayerFallingBehind", "ReplayerHighErrorRatio", "ReplayerUsageMismatch",
-                      "ReplayerSLOAttainmentLow"}
+    assert alerts == {
+        "ReplayerDown",
+        "ReplayerFallingBehind",
+        "ReplayerHighErrorRatio",
+        "ReplayerUsageMismatch",
+        "ReplayerSLOAttainmentLow",
+    }
 
 
 @needs_promtool
@@ -34,24 +38,45 @@ def test_prometheus_config_is_valid(tmp_path):
     cfg = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     cfg["rule_files"] = [str(DEPLOY / "prometheus" / "alerts.yml")]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-    out = subprocess.run([PROMTOOL, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True)
+    out = subprocess.run(
+        [PROMTOOL, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_dashboard_json_is_generated_and_complete():
-    out = subprocess.run([sys.executable, str(DEPLOY / "grafana" / "dashboard.py"), "--check"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(DEPLOY / "grafana" / "dashboard.py"), "--check"], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     dash = json.loads((DEPLOY / "grafana" / "dashboards" / "replayer.json").read_text())
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p.get("targets", []))
-    for needle in ("replayer_requests_due_total", "replayer_requests_sent_total", "replayer_dispatch_lag_seconds_bucket",
-                   "replayer_ttft_seconds_bucket", "replayer_itl_seconds_bucket", "replayer_tpot_seconds_bucket",
-                   "replayer_e2e_latency_seconds_bucket", "replayer_requests_in_flight", "error_kind",
-                   "replayer_server_completion_tokens_total", "replayer_usage_mismatches_total", "replayer_trace_rows_done",
-                   "replayer_loop", "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                   "vllm:prefix_cache_hits_total", "replayer_expected_prefix_cache_hit_tokens_total",
-                   "histogram_quantile(0.9,", "histogram_quantile(0.99,", "replayer_slo_requests_total",
-                   "replayer_ttft_from_due_seconds_bucket", "replayer_e2e_latency_from_due_seconds_bucket",
-                   "replayer_client_overhead_seconds_bucket"):
+    for needle in (
+        "replayer_requests_due_total",
+        "replayer_requests_sent_total",
+        "replayer_dispatch_lag_seconds_bucket",
+        "replayer_ttft_seconds_bucket",
+        "replayer_itl_seconds_bucket",
+        "replayer_tpot_seconds_bucket",
+        "replayer_e2e_latency_seconds_bucket",
+        "replayer_requests_in_flight",
+        "error_kind",
+        "replayer_server_completion_tokens_total",
+        "replayer_usage_mismatches_total",
+        "replayer_trace_rows_done",
+        "replayer_loop",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_hits_total",
+        "replayer_expected_prefix_cache_hit_tokens_total",
+        "histogram_quantile(0.9,",
+        "histogram_quantile(0.99,",
+        "replayer_slo_requests_total",
+        "replayer_ttft_from_due_seconds_bucket",
+        "replayer_e2e_latency_from_due_seconds_bucket",
+        "replayer_client_overhead_seconds_bucket",
+    ):
         assert needle in exprs, needle
     assert "$__" not in exprs  # fixed windows only: every query runs as-is against the API
     ids = [p["id"] for p in dash["panels"]]
@@ -129,8 +154,11 @@ def test_k8s_ports_and_probes_line_up():
     assert docs["ServiceMonitor"]["spec"]["endpoints"][0]["port"] == "metrics"
     assert docs["PodMonitor"]["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     labels = docs["Deployment"]["spec"]["template"]["metadata"]["labels"]
-    for sel in (docs["Service"]["spec"]["selector"], docs["ServiceMonitor"]["spec"]["selector"]["matchLabels"],
-                docs["PodMonitor"]["spec"]["selector"]["matchLabels"]):
+    for sel in (
+        docs["Service"]["spec"]["selector"],
+        docs["ServiceMonitor"]["spec"]["selector"]["matchLabels"],
+        docs["PodMonitor"]["spec"]["selector"]["matchLabels"],
+    ):
         assert sel.items() <= labels.items()
     assert "0.0.0.0" in c["args"]
     assert docs["Deployment"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 30
@@ -150,8 +178,11 @@ def test_soak_setups_are_soaks_that_continue_after_a_restart(tmp_path):
     for argv in ([_k8s_expand(a, cm) for a in k8s], [trace if a.startswith("traces/") else a for a in compose]):
         results = argv[argv.index("--results") + 1]
         argv[argv.index("--results") + 1] = str(tmp_path / results.strip("/"))
-        values = lambda: {k: v for k, v in vars(build_parser().parse_args(argv)).items()  # noqa: E731, B023
-                          if k in RunConfig.model_fields}
+        values = lambda: {  # noqa: E731
+            k: v
+            for k, v in vars(build_parser().parse_args(argv)).items()  # noqa: E731, B023
+            if k in RunConfig.model_fields
+        }
         cfg = load_config(values())
         assert cfg.loops is None and cfg.resume_existing and cfg.resume is None and cfg.roll_interval_s
         (tmp_path / results.strip("/")).mkdir(parents=True)
@@ -215,7 +246,12 @@ def test_k8s_indexed_job_lines_up():
     c = pod["containers"][0]
     n = int(_env(c)["SHARDS"])
     assert spec["completionMode"] == "Indexed"
-    assert spec["completions"] == spec["parallelism"] == n == int(_env(merge["spec"]["template"]["spec"]["containers"][0])["SHARDS"])
+    assert (
+        spec["completions"]
+        == spec["parallelism"]
+        == n
+        == int(_env(merge["spec"]["template"]["spec"]["containers"][0])["SHARDS"])
+    )
     assert pod["restartPolicy"] == "Never"  # required by backoffLimitPerIndex
     assert pod["terminationGracePeriodSeconds"] > 30  # > --drain-timeout
     # the shared start time: one ConfigMap key, in both Jobs
@@ -244,9 +280,13 @@ def test_k8s_indexed_job_lines_up():
     for j in (job, merge):
         t = j["spec"]["template"]["spec"]
         assert t["volumes"] == [{"name": "results", "persistentVolumeClaim": {"claimName": "replayer-results"}}]
-        assert t["containers"][0]["volumeMounts"] == [{"name": "results", "mountPath": "/results",
-                                                       "subPathExpr": "run-$(START_AT)"}]
-    assert "envFrom" in c and c["envFrom"][0]["configMapRef"]["name"] == docs[("ConfigMap", "replayer-shards")]["metadata"]["name"]
+        assert t["containers"][0]["volumeMounts"] == [
+            {"name": "results", "mountPath": "/results", "subPathExpr": "run-$(START_AT)"}
+        ]
+    assert (
+        "envFrom" in c
+        and c["envFrom"][0]["configMapRef"]["name"] == docs[("ConfigMap", "replayer-shards")]["metadata"]["name"]
+    )
 
 
 def _k8s_expand(text: str, env: dict) -> str:
@@ -254,8 +294,11 @@ def _k8s_expand(text: str, env: dict) -> str:
     anything else stays as written."""
     import re
 
-    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
-                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+        lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)),
+        text,
+    )
 
 
 def _run_script(c, env: dict, results, tmp_path, timeout=30):
@@ -266,11 +309,13 @@ def _run_script(c, env: dict, results, tmp_path, timeout=30):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     stub = bin_dir / "replayer"
-    stub.write_text(textwrap.dedent(f"""\
+    stub.write_text(
+        textwrap.dedent(f"""\
         #!{sys.executable}
         import json, sys
         print(json.dumps(sys.argv[1:]))
-        """))
+        """)
+    )
     stub.chmod(0o755)
     py = bin_dir / "python"
     if not py.exists():
@@ -333,8 +378,13 @@ CAPTURE = DEPLOY / "k8s" / "capture"
 
 
 def _capture_docs():
-    return [d for p in sorted(CAPTURE.glob("*.yaml")) if p.name != "kustomization.yaml"
-            for d in yaml.safe_load_all(p.read_text()) if d]
+    return [
+        d
+        for p in sorted(CAPTURE.glob("*.yaml"))
+        if p.name != "kustomization.yaml"
+        for d in yaml.safe_load_all(p.read_text())
+        if d
+    ]
 
 
 def test_k8s_capture_sidecar_validates_and_lines_up():

@@ -7,17 +7,17 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from batches import TimeBatch
 
+from replayer.build.payload import PreparedRequest
 from replayer.core.clock import Clock
+from replayer.core.result import RequestResult
+from replayer.plan.planner import NEVER, Planner
+from replayer.plan.schedule import ScheduleBatch, Timeline, iter_schedule
+from replayer.plan.sessions import SessionGate
 from replayer.send.dispatcher import Dispatcher
 from replayer.send.feed import Feed
-from replayer.build.payload import PreparedRequest
-from replayer.plan.planner import NEVER, Planner
-from replayer.core.result import RequestResult
-from replayer.plan.schedule import ScheduleBatch, Timeline, iter_schedule
 from replayer.send.sender import SendCancelled, lag_origin, result_for
-from replayer.plan.sessions import SessionGate
-from batches import TimeBatch
 
 MS = 1_000_000
 
@@ -56,7 +56,7 @@ class FakeSender:
         self.clock, self.ahead_ns = clock, ahead_ns
         self.refuse, self.crash, self.block = set(refuse), crash, set(block)
         self.takes_ms = takes_ms or {}
-        self.handed: list[tuple[int, int]] = []   # (row, time handed over)
+        self.handed: list[tuple[int, int]] = []  # (row, time handed over)
         self.expected: list[int] = []
 
     def send(self, req: PreparedRequest, due_ns: int):
@@ -94,31 +94,62 @@ class FakeSender:
 def _prepare(timeline: Timeline):
     def prepare(sb: ScheduleBatch, j: int) -> PreparedRequest:
         t = int(sb.trace_ns[j])
-        return PreparedRequest(index=sb.first_index + j, row=int(sb.rows[j]), due_ns=timeline.due(t), body=b"{}",
-                               input_length=1, output_length=1, prompt_len=1, max_tokens=1, trace_ns=t)
+        return PreparedRequest(
+            index=sb.first_index + j,
+            row=int(sb.rows[j]),
+            due_ns=timeline.due(t),
+            body=b"{}",
+            input_length=1,
+            output_length=1,
+            prompt_len=1,
+            max_tokens=1,
+            trace_ns=t,
+        )
+
     return prepare
 
 
-def _run(ts_ms: list[int], sender_kw: dict | None = None, *, speedup: float = 1.0, stop_at_ms: int | None = None,
-         prepare=None, gate: SessionGate | None = None, clock: VirtualClock | None = None, **plan_kw):
+def _run(
+    ts_ms: list[int],
+    sender_kw: dict | None = None,
+    *,
+    speedup: float = 1.0,
+    stop_at_ms: int | None = None,
+    prepare=None,
+    gate: SessionGate | None = None,
+    clock: VirtualClock | None = None,
+    **plan_kw,
+):
     """Replay ``ts_ms`` in virtual time; (results by row, dispatcher, sender, error raised by run)."""
     clock = clock or VirtualClock()
     timeline = Timeline(speedup)
     sender = FakeSender(clock, **(sender_kw or {}))
     results: list[RequestResult] = []
-    feed = Feed(iter_schedule(lambda: [TimeBatch(ts_ms)]), prepare or _prepare(timeline),
-                lambda sb, j: RequestResult(row=int(sb.rows[j]), due_ns=timeline.due(int(sb.trace_ns[j]))))
-    d = Dispatcher(feed, Planner(timeline, gate=gate, ahead_ns=sender.ahead_ns, **plan_kw), sender, results.append,
-                   t0_ns=0, clock=clock, drain_timeout_s=0.05)
+    feed = Feed(
+        iter_schedule(lambda: [TimeBatch(ts_ms)]),
+        prepare or _prepare(timeline),
+        lambda sb, j: RequestResult(row=int(sb.rows[j]), due_ns=timeline.due(int(sb.trace_ns[j]))),
+    )
+    d = Dispatcher(
+        feed,
+        Planner(timeline, gate=gate, ahead_ns=sender.ahead_ns, **plan_kw),
+        sender,
+        results.append,
+        t0_ns=0,
+        clock=clock,
+        drain_timeout_s=0.05,
+    )
     error: BaseException | None = None
 
     async def main():
         nonlocal error
         if stop_at_ms is not None:
+
             async def stopper():
                 while clock.now_ns() < stop_at_ms * MS:
                     await asyncio.sleep(0)
                 d.stop()
+
             watcher = asyncio.ensure_future(stopper())
         try:
             await asyncio.wait_for(d.run(), 30)
@@ -146,7 +177,7 @@ def test_requests_are_handed_over_ahead_and_a_refused_one_goes_at_its_due_time()
     ts = [100, 200, 300]
     res, d, sender, error = _run(ts, {"ahead_ns": 50 * MS, "refuse": {1}})
     assert error is None and d.sent == 3
-    assert sender.handed == [(0, 50 * MS), (2, 250 * MS)]   # refused row 1 was retried, never taken
+    assert sender.handed == [(0, 50 * MS), (2, 250 * MS)]  # refused row 1 was retried, never taken
     assert d.fired_by_loop == 1 and res[1].sent_ns == 200 * MS
     assert [res[i].dispatch_lag_ms for i in range(3)] == [0.0, 0.0, 0.0]
 
@@ -162,7 +193,7 @@ def test_a_stop_drains_cancels_what_is_left_and_accounts_for_every_row():
     ts = list(range(0, 100, 10))
     res, d, _, error = _run(ts, {"block": {2}}, stop_at_ms=45)
     assert error is None and d.stopping
-    assert len(res) == len(ts) == d.sent + d.not_started       # every scheduled row, once
+    assert len(res) == len(ts) == d.sent + d.not_started  # every scheduled row, once
     assert res[2].outcome == "cancelled" and d.cancelled == 1  # in flight past the drain timeout
     assert {res[i].outcome for i in (0, 1, 3, 4)} == {"success"}
     assert all(res[i].outcome == "not_started" for i in range(5, 10))
@@ -175,7 +206,7 @@ def test_a_crashed_send_stops_the_run_loudly_and_every_row_is_still_accounted():
     assert [type(e) for e in error.exceptions] == [RuntimeError]
     assert len(res) == len(ts) == d.sent + d.not_started
     assert (res[3].outcome, res[3].error_kind) == ("failed", "client") and "a bug" in res[3].error
-    assert res[2].outcome == "cancelled"                       # its sibling in flight was cancelled
+    assert res[2].outcome == "cancelled"  # its sibling in flight was cancelled
     assert d.in_flight == 0
 
 
@@ -202,7 +233,7 @@ def test_a_session_turn_held_by_its_predecessor_goes_at_its_release():
 
     def prepare(sb, j):
         req = base(sb, j)
-        req.key = req.dep = "s"   # one session: each turn waits for the one before
+        req.key = req.dep = "s"  # one session: each turn waits for the one before
         return req
 
     # (two turns: the fake clock jumps to any later due time while a response is in flight)
@@ -210,7 +241,12 @@ def test_a_session_turn_held_by_its_predecessor_goes_at_its_release():
     assert error is None and d.sent == 2 and d.finished
     assert (res[0].sent_ns, res[0].session_wait_ms) == (0, 0.0)
     # turn 1 was due at 10 ms, its predecessor ended at 30 ms: sent then, the hold apart
-    assert (res[1].due_ns, res[1].sent_ns, res[1].session_wait_ms, res[1].dispatch_lag_ms) == (10 * MS, 30 * MS, 20.0, 0.0)
+    assert (res[1].due_ns, res[1].sent_ns, res[1].session_wait_ms, res[1].dispatch_lag_ms) == (
+        10 * MS,
+        30 * MS,
+        20.0,
+        0.0,
+    )
 
 
 @pytest.mark.parametrize("rows", [1, 300])
@@ -220,8 +256,9 @@ def test_a_run_cancelled_from_outside_records_in_flight_and_unsent_rows(rows):
     timeline = Timeline(1.0)
     sender = FakeSender(clock, block={0})
     results: list[RequestResult] = []
-    feed = Feed(iter_schedule(lambda: [TimeBatch(ts)]), _prepare(timeline),
-                lambda sb, j: RequestResult(row=int(sb.rows[j])))
+    feed = Feed(
+        iter_schedule(lambda: [TimeBatch(ts)]), _prepare(timeline), lambda sb, j: RequestResult(row=int(sb.rows[j]))
+    )
     d = Dispatcher(feed, Planner(timeline), sender, results.append, t0_ns=0, clock=clock)
 
     async def main():
@@ -242,18 +279,21 @@ def test_a_pause_holds_every_request_and_a_resume_shifts_the_rest_by_the_pause()
     timeline = Timeline(1.0)
     sender = FakeSender(clock)
     results: list[RequestResult] = []
-    feed = Feed(iter_schedule(lambda: [TimeBatch([0, 100, 200])]), _prepare(timeline),
-                lambda sb, j: RequestResult(row=int(sb.rows[j])))
+    feed = Feed(
+        iter_schedule(lambda: [TimeBatch([0, 100, 200])]),
+        _prepare(timeline),
+        lambda sb, j: RequestResult(row=int(sb.rows[j])),
+    )
     d = Dispatcher(feed, Planner(timeline), sender, results.append, t0_ns=0, clock=clock)
 
     async def operator():
         while clock.now_ns() < 100 * MS:  # paused as the clock reaches row 1's due time, before it fires
             await asyncio.sleep(0)
         d.pause()
-        for _ in range(100):              # nothing goes while paused, however long
+        for _ in range(100):  # nothing goes while paused, however long
             await asyncio.sleep(0)
         assert d.sent == 1
-        clock.advance_to(1_000 * MS)      # 900 ms later
+        clock.advance_to(1_000 * MS)  # 900 ms later
         d.resume()
 
     async def main():

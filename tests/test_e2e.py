@@ -9,9 +9,8 @@ import urllib.request
 
 import orjson
 import pyarrow.parquet as pq
-from prometheus_client.parser import text_string_to_metric_families
-
 from conftest import free_port, wait_http
+from prometheus_client.parser import text_string_to_metric_families
 
 from replayer.trace import read_trace
 
@@ -35,9 +34,28 @@ def test_two_minutes_of_mooncake_token_exact(tmp_path, mooncake_slice, sim_proce
     url, received = sim_process()
     admin_port = free_port()
     results = tmp_path / "res"
-    proc = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace_path), "--target", url,
-                             "--speedup", "20", "--results", str(results), "--admin-port", str(admin_port),
-                             "--start-delay", "1.0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace_path),
+            "--target",
+            url,
+            "--speedup",
+            "20",
+            "--results",
+            str(results),
+            "--admin-port",
+            str(admin_port),
+            "--start-delay",
+            "1.0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     scrapes = []
 
     def scrape_loop():
@@ -73,8 +91,12 @@ def test_two_minutes_of_mooncake_token_exact(tmp_path, mooncake_slice, sim_proce
     summary = json.loads((results / "summary.json").read_text())
     assert summary["completed"] == n and summary["failed"] == 0
     # a finished folder: the rolled files, no parts left (nor their folder)
-    assert sorted(x.name for x in results.iterdir()) == ["checkpoint.json", "requests.parquet", "summary.json",
-                                                          "target_metrics.parquet"]
+    assert sorted(x.name for x in results.iterdir()) == [
+        "checkpoint.json",
+        "requests.parquet",
+        "summary.json",
+        "target_metrics.parquet",
+    ]
     assert summary["prompt_token_mismatches"] == 0 and summary["scheduled"] == n
 
     # what the server received: exact lengths, shared prefixes exactly where hash ids are shared
@@ -104,7 +126,7 @@ def test_two_minutes_of_mooncake_token_exact(tmp_path, mooncake_slice, sim_proce
             assert a[: k * 512] == b[: k * 512]
             checked_shared += 1
             if k < len(hi) and k < len(hj) and min(len(a), len(b)) > k * 512:
-                assert a[k * 512: (k + 1) * 512] != b[k * 512: (k + 1) * 512]
+                assert a[k * 512 : (k + 1) * 512] != b[k * 512 : (k + 1) * 512]
                 checked_diff += 1
             break  # one earlier partner per row keeps this O(n^2) loop short
     assert checked_shared > 50 and checked_diff > 50

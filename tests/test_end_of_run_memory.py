@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from conftest import free_port, wait_http
+
 from replayer.core.result import SCHEMA
 
 #: address-space limit of the resumed run (RLIMIT_AS: every mapping counts, so ~2.1 GB of it is
@@ -35,14 +35,27 @@ def _earlier_loops(like: str, path: str) -> None:
             itl = np.round(rng.lognormal(3, 0.3, n * ITL_PER_ROW), 2).astype(np.float32)
             cols = {name: pa.nulls(n, SCHEMA.field(name).type) for name in SCHEMA.names}
             ms = pa.array(rng.lognormal(5, 0.5, n))
-            cols.update(loop=pa.array(1000 + (start + np.arange(n)) // 100_000), row=pa.array((start + np.arange(n)) % 100_000),
-                        due_ns=pa.array(np.arange(n) * 1_000_000), sent_ns=pa.array(np.arange(n) * 1_000_000),
-                        end_ns=pa.array(np.arange(n) * 1_000_000 + 9_000_000), outcome=pa.array(["success"] * n),
-                        error_kind=pa.array(["none"] * n), endpoint=pa.array(["/v1/completions"] * n), prompt_tokens=pa.array(np.full(n, 100)),
-                        completion_tokens=pa.array(np.full(n, ITL_PER_ROW + 1)), input_length=pa.array(np.full(n, 100)),
-                        output_length=pa.array(np.full(n, ITL_PER_ROW + 1)), ttft_ms=ms, e2e_ms=ms, tpot_ms=ms,
-                        dispatch_lag_ms=ms,
-                        itl_ms=pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * ITL_PER_ROW), pa.array(itl)))
+            cols.update(
+                loop=pa.array(1000 + (start + np.arange(n)) // 100_000),
+                row=pa.array((start + np.arange(n)) % 100_000),
+                due_ns=pa.array(np.arange(n) * 1_000_000),
+                sent_ns=pa.array(np.arange(n) * 1_000_000),
+                end_ns=pa.array(np.arange(n) * 1_000_000 + 9_000_000),
+                outcome=pa.array(["success"] * n),
+                error_kind=pa.array(["none"] * n),
+                endpoint=pa.array(["/v1/completions"] * n),
+                prompt_tokens=pa.array(np.full(n, 100)),
+                completion_tokens=pa.array(np.full(n, ITL_PER_ROW + 1)),
+                input_length=pa.array(np.full(n, 100)),
+                output_length=pa.array(np.full(n, ITL_PER_ROW + 1)),
+                ttft_ms=ms,
+                e2e_ms=ms,
+                tpot_ms=ms,
+                dispatch_lag_ms=ms,
+                itl_ms=pa.ListArray.from_arrays(
+                    pa.array(np.arange(n + 1, dtype=np.int32) * ITL_PER_ROW), pa.array(itl)
+                ),
+            )
             w.write_table(pa.table([cols[name].cast(SCHEMA.field(name).type) for name in SCHEMA.names], schema=schema))
 
 
@@ -51,8 +64,13 @@ def _limit() -> None:
 
 
 def _run(args, **kw):
-    return subprocess.Popen([sys.executable, "-m", "replayer", "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "replayer", "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def test_sigterm_under_a_memory_limit_still_writes_the_summary(tmp_path, mooncake_slice, sim_process):
@@ -60,8 +78,24 @@ def test_sigterm_under_a_memory_limit_still_writes_the_summary(tmp_path, mooncak
     url, _ = sim_process("--itl-base-ms", "40")  # ~300 tokens x 40 ms: still running at SIGTERM
     res = tmp_path / "r"
     port = free_port()
-    p = _run([str(trace), "--target", url, "--speedup", "10", "--loop", "forever", "--results", str(res),
-              "--admin-port", str(port), "--drain-timeout", "1", "--quiet"])
+    p = _run(
+        [
+            str(trace),
+            "--target",
+            url,
+            "--speedup",
+            "10",
+            "--loop",
+            "forever",
+            "--results",
+            str(res),
+            "--admin-port",
+            str(port),
+            "--drain-timeout",
+            "1",
+            "--quiet",
+        ]
+    )
     wait_http(f"http://127.0.0.1:{port}/readyz", 60)
     time.sleep(2)
     p.send_signal(signal.SIGTERM)
@@ -71,8 +105,25 @@ def test_sigterm_under_a_memory_limit_still_writes_the_summary(tmp_path, mooncak
     # the folder of a long soak: earlier loops' results, rolled as the recorder rolls them
     _earlier_loops(str(res / "requests.parquet"), str(res / "requests-00000.parquet"))
     port = free_port()
-    p = _run(["--resume", str(res), str(trace), "--target", url, "--speedup", "10", "--loop", "forever",
-              "--admin-port", str(port), "--drain-timeout", "1", "--quiet"], preexec_fn=_limit)
+    p = _run(
+        [
+            "--resume",
+            str(res),
+            str(trace),
+            "--target",
+            url,
+            "--speedup",
+            "10",
+            "--loop",
+            "forever",
+            "--admin-port",
+            str(port),
+            "--drain-timeout",
+            "1",
+            "--quiet",
+        ],
+        preexec_fn=_limit,
+    )
     wait_http(f"http://127.0.0.1:{port}/readyz", 60)
     time.sleep(2)
     p.send_signal(signal.SIGTERM)

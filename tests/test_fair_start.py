@@ -32,9 +32,30 @@ def test_a_slow_pool_opening_is_not_charged_as_dispatch_lag(tmp_path, mooncake_s
     trace = mooncake_slice(5)
     url, _ = sim_process("--itl-base-ms", "1")
     res = tmp_path / "r"
-    p = subprocess.run([sys.executable, "-c", SLOW_POOL, "1.5", "run", str(trace), "--target", url,
-                        "--speedup", "10", "--warm-connections", "64", "--results", str(res),
-                        "--admin-port", "0", "--quiet"], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            SLOW_POOL,
+            "1.5",
+            "run",
+            str(trace),
+            "--target",
+            url,
+            "--speedup",
+            "10",
+            "--warm-connections",
+            "64",
+            "--results",
+            str(res),
+            "--admin-port",
+            "0",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     warm_ms = 1e3 * float(next(ln.split()[1] for ln in p.stderr.splitlines() if ln.startswith("WARM-UP-S")))
     assert warm_ms >= 1500
@@ -55,18 +76,29 @@ def test_the_first_lead_window_is_built_before_the_anchor(tmp_path):
 
     import numpy as np
 
-    from replayer.build.payload import PayloadBuilder
     from replayer.build.loopprompts import Prompts
+    from replayer.build.payload import PayloadBuilder
     from replayer.build.prepare import RequestFactory
     from replayer.plan.schedule import ScheduleBatch, Timeline
     from replayer.trace import read_trace
 
     p = tmp_path / "t.jsonl"
-    p.write_text("".join(json.dumps({"timestamp": 100 * k, "input_length": 600 + k, "output_length": 3,
-                                     "hash_ids": [k % 3, 10 + k]}) + "\n" for k in range(10)))
+    p.write_text(
+        "".join(
+            json.dumps({"timestamp": 100 * k, "input_length": 600 + k, "output_length": 3, "hash_ids": [k % 3, 10 + k]})
+            + "\n"
+            for k in range(10)
+        )
+    )
     t = read_trace(p)
-    sb = ScheduleBatch(loop=0, batch=t, idx=np.arange(10), trace_ns=np.arange(10, dtype=np.int64) * 100_000_000,
-                       rows=np.arange(10), first_index=0)
+    sb = ScheduleBatch(
+        loop=0,
+        batch=t,
+        idx=np.arange(10),
+        trace_ns=np.arange(10, dtype=np.int64) * 100_000_000,
+        rows=np.arange(10),
+        first_index=0,
+    )
 
     def factory(speedup: float) -> RequestFactory:
         return RequestFactory(Prompts(512, seed=4), PayloadBuilder("m"), Timeline(speedup), run_id="r")
@@ -78,6 +110,7 @@ def test_the_first_lead_window_is_built_before_the_anchor(tmp_path):
     assert all(reqs[j] is built[j] for j in range(5)) and ahead._prebuilt is None
     fresh = factory(2.0)
     plain = [fresh.prepare(sb, j) for j in range(10)]
-    assert [(r.body, r.due_ns, r.expected_hits, r.x_request_id) for r in reqs] == \
-        [(r.body, r.due_ns, r.expected_hits, r.x_request_id) for r in plain]
+    assert [(r.body, r.due_ns, r.expected_hits, r.x_request_id) for r in reqs] == [
+        (r.body, r.due_ns, r.expected_hits, r.x_request_id) for r in plain
+    ]
     assert factory(1.0).prebuild(None, lead_ns=10**9) == 0

@@ -8,14 +8,19 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replayer.core.hashing import GAMMA, MASK64, mix64, mix64_array, mix64_inplace, mix64_steps
 from replayer.build.prefix_cache import chain_keys, chain_keys_py
+from replayer.core.hashing import GAMMA, MASK64, mix64, mix64_array, mix64_inplace, mix64_steps
 from replayer.sim import prompt_block_hashes
 from replayer.trace.agentic import salt_ids
 from replayer.trace.tools import _prefix_chain
 
-PINNED = {0: 0x0, 1: 0x5692161D100B05E5, MASK64: 0xB4D055FCF2CBBD7B, GAMMA: 0xE220A8397B1DCDAF,
-          123456789: 0xF21C87D4233FFD60}
+PINNED = {
+    0: 0x0,
+    1: 0x5692161D100B05E5,
+    MASK64: 0xB4D055FCF2CBBD7B,
+    GAMMA: 0xE220A8397B1DCDAF,
+    123456789: 0xF21C87D4233FFD60,
+}
 
 
 def test_mix64_pinned_values():
@@ -52,12 +57,24 @@ def test_every_form_equals_the_scalar(xs, key):
 def test_callers_pinned():
     """Outputs of the callers, as computed before they shared this module."""
     assert prompt_block_hashes(np.arange(1000, 1032, dtype=np.int64), 16) == [
-        16047637026499238492, 16558214777434454508]
+        16047637026499238492,
+        16558214777434454508,
+    ]
     assert chain_keys_py([1, 2, 3]) == [10451216379200822465, 13608149317741381227, 15020427595393229491]
     assert chain_keys(np.array([0, 3]), np.array([1, 2, 3])).tolist() == chain_keys_py([1, 2, 3])
     assert _prefix_chain(np.array([0, 3, 5]), np.array([1, 2, 3, 1, 9])).tolist() == [
-        4922461756044938104, 8261106594766421335, 5966783535737962542, 4922461756044938104,
-        17531770685786046823]
-    ids = np.array([0, 1, -1, 2**62, 123456789, -2**63], dtype=np.int64)
-    assert salt_ids(ids, 99).tolist() == [1593456917116945961, 243321680435763400, 4543380895191925280,
-                                          2514866482844361359, 1392260634254724408, 3733480549510740953]
+        4922461756044938104,
+        8261106594766421335,
+        5966783535737962542,
+        4922461756044938104,
+        17531770685786046823,
+    ]
+    ids = np.array([0, 1, -1, 2**62, 123456789, -(2**63)], dtype=np.int64)
+    assert salt_ids(ids, 99).tolist() == [
+        1593456917116945961,
+        243321680435763400,
+        4543380895191925280,
+        2514866482844361359,
+        1392260634254724408,
+        3733480549510740953,
+    ]

@@ -14,10 +14,12 @@ from prometheus_client import CollectorRegistry
 from replayer.plan.schedule import IdleGapCap, iter_schedule
 from replayer.trace import read_trace
 
-B34 = [{"timestamp": 0, "input_length": 16, "output_length": 2, "hash_ids": [0]},
-       {"timestamp": 1000, "input_length": 16, "output_length": 2, "hash_ids": [1]},
-       {"timestamp": 1201000, "input_length": 16, "output_length": 2, "hash_ids": [2]},
-       {"timestamp": 1202000, "input_length": 16, "output_length": 2, "hash_ids": [3]}]
+B34 = [
+    {"timestamp": 0, "input_length": 16, "output_length": 2, "hash_ids": [0]},
+    {"timestamp": 1000, "input_length": 16, "output_length": 2, "hash_ids": [1]},
+    {"timestamp": 1201000, "input_length": 16, "output_length": 2, "hash_ids": [2]},
+    {"timestamp": 1202000, "input_length": 16, "output_length": 2, "hash_ids": [3]},
+]
 
 
 @pytest.fixture
@@ -63,14 +65,24 @@ def test_matrix_speedup_cap_loop(b34, speedup, cap_s, loops):
 
 def test_run_with_cap_records_due_times_summary_and_trace_position(b34, tmp_path):
     from replayer.config.model import load_config
-    from replayer.run.daemon import run_replay
     from replayer.record.recorder import read_results
+    from replayer.run.daemon import run_replay
 
     # speed-up 1000, cap 0.06 s: B34's shape 100x faster (offsets 0, 1, 1201, 1202 ms replayed)
     res = tmp_path / "res"
-    cfg = load_config({"trace": str(b34), "block_size": 16, "speedup": 1000, "idle_gap_cap_s": 0.06,
-                       "results": str(res), "admin_port": 0, "quiet": True, "warm_connections": 2,
-                       "scrape_target_metrics": False})
+    cfg = load_config(
+        {
+            "trace": str(b34),
+            "block_size": 16,
+            "speedup": 1000,
+            "idle_gap_cap_s": 0.06,
+            "results": str(res),
+            "admin_port": 0,
+            "quiet": True,
+            "warm_connections": 2,
+            "scrape_target_metrics": False,
+        }
+    )
     registry = CollectorRegistry()
     summary = asyncio.run(asyncio.wait_for(run_replay(cfg, registry=registry), 120))
     rows = sorted(read_results(str(res)).to_pylist(), key=lambda r: r["row"])

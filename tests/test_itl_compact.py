@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from replayer.record.recorder import read_results, result_files
 from replayer.core.result import RequestResult, compact_itl, itl_samples, to_table
 from replayer.core.stats import RELATIVE_ACCURACY, Stat
+from replayer.record.recorder import read_results, result_files
 from replayer.results.summary import summarize_files
 
 ITL_FIELDS = ("mean_itl_ms", "median_itl_ms", "p90_itl_ms", "p99_itl_ms", "max_itl_ms")
@@ -41,8 +41,8 @@ def test_compact_form_keeps_every_gap_counted_and_each_within_the_error():
     start = 0
     vstart = 0
     for n, m in zip(lens, new_lens):  # per request: the same gaps, each within the error of its value
-        exact = np.sort(itl[start:start + n].astype(np.float64))
-        approx = np.sort(np.repeat(values[vstart:vstart + m], counts[vstart:vstart + m]).astype(np.float64))
+        exact = np.sort(itl[start : start + n].astype(np.float64))
+        approx = np.sort(np.repeat(values[vstart : vstart + m], counts[vstart : vstart + m]).astype(np.float64))
         assert exact.size == approx.size
         assert np.all(np.abs(approx - exact) <= (RELATIVE_ACCURACY + 1e-6) * exact + 1e-12)
         start += n
@@ -51,8 +51,10 @@ def test_compact_form_keeps_every_gap_counted_and_each_within_the_error():
 
 def test_a_table_in_either_form_gives_the_same_itl_statistics_within_the_error():
     rng = np.random.default_rng(3)
-    results = [RequestResult(row=i, outcome="success", itl_ms=rng.lognormal(2.5, 0.4, rng.integers(0, 200)).tolist())
-               for i in range(500)]
+    results = [
+        RequestResult(row=i, outcome="success", itl_ms=rng.lognormal(2.5, 0.4, rng.integers(0, 200)).tolist())
+        for i in range(500)
+    ]
     exact, compact = to_table(results), to_table(results, itl_format="sketch")
     assert compact.column("itl_counts").null_count == 0 and exact.column("itl_counts").null_count == len(results)
     a, b = Stat(), Stat()
@@ -85,12 +87,14 @@ def test_summary_of_the_same_run_in_compact_form_is_within_the_sketch_error(exac
     for f in result_files(str(res)):  # the same results, their ITL lists written in the compact form
         t = pq.read_table(f)
         lists = t.column("itl_ms").combine_chunks()
-        values, counts, lens = compact_itl(lists.values.to_numpy(zero_copy_only=False),
-                                           pc_lengths(lists))
+        values, counts, lens = compact_itl(lists.values.to_numpy(zero_copy_only=False), pc_lengths(lists))
         offsets = pa.array(np.concatenate(([0], np.cumsum(lens))).astype(np.int32))
-        t = t.set_column(t.schema.get_field_index("itl_ms"), "itl_ms", pa.ListArray.from_arrays(offsets, pa.array(values)))
-        t = t.set_column(t.schema.get_field_index("itl_counts"), "itl_counts",
-                         pa.ListArray.from_arrays(offsets, pa.array(counts)))
+        t = t.set_column(
+            t.schema.get_field_index("itl_ms"), "itl_ms", pa.ListArray.from_arrays(offsets, pa.array(values))
+        )
+        t = t.set_column(
+            t.schema.get_field_index("itl_counts"), "itl_counts", pa.ListArray.from_arrays(offsets, pa.array(counts))
+        )
         pq.write_table(t, compact / f.rsplit("/", 1)[1])
         assert len(t.column("itl_ms").combine_chunks().values) < len(lists.values)
     a, b = summarize_files(result_files(str(res))), summarize_files(result_files(str(compact)))

@@ -16,13 +16,13 @@ import aiohttp
 import orjson
 import pyarrow.parquet as pq
 import pytest
-
 from faultserver import DONE, Plan, ThreadedFaultServer, choice, usage_event
+
 from replayer.config.model import load_config
-from replayer.observe.metrics import ReplayerMetrics
-from replayer.record.recorder import read_results
 from replayer.core.result import RequestResult
 from replayer.http.servertimings import TimedStreamAccumulator, record
+from replayer.observe.metrics import ReplayerMetrics
+from replayer.record.recorder import read_results
 from replayer.sim import SimConfig, SimServer
 
 TRACE = "traces/mooncake_conversation_10min.parquet"
@@ -30,12 +30,35 @@ TRACE = "traces/mooncake_conversation_10min.parquet"
 
 def _run(tmp_path, *args, name="res"):
     res = tmp_path / name
-    p = subprocess.run([sys.executable, "-m", "replayer", "run", TRACE, "--results", str(res), "--admin-port", "0",
-                        "--quiet", "--speedup", "50", "--max-requests", "12", "--no-scrape-target-metrics", *args],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            TRACE,
+            "--results",
+            str(res),
+            "--admin-port",
+            "0",
+            "--quiet",
+            "--speedup",
+            "50",
+            "--max-requests",
+            "12",
+            "--no-scrape-target-metrics",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
-    rows = sorted(read_results(str(res)).to_pylist(), key=lambda r: r["row"]) if (res / "requests.parquet").exists() \
+    rows = (
+        sorted(read_results(str(res)).to_pylist(), key=lambda r: r["row"])
+        if (res / "requests.parquet").exists()
         else None
+    )
     return rows, json.loads((res / "summary.json").read_text()), res
 
 
@@ -84,9 +107,30 @@ def test_a_resumed_run_keeps_its_run_id(tmp_path):
 
     res, port = tmp_path / "res", free_port()
     with ThreadedFaultServer(_echo_plan) as srv:
-        p = subprocess.Popen([sys.executable, "-m", "replayer", "run", TRACE, "--target", srv.url, "--results", str(res),
-                              "--admin-port", str(port), "--quiet", "--speedup", "2", "--max-requests", "12",
-                              "--no-scrape-target-metrics"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "replayer",
+                "run",
+                TRACE,
+                "--target",
+                srv.url,
+                "--results",
+                str(res),
+                "--admin-port",
+                str(port),
+                "--quiet",
+                "--speedup",
+                "2",
+                "--max-requests",
+                "12",
+                "--no-scrape-target-metrics",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             wait_http(f"http://127.0.0.1:{port}/healthz", 60)
             while len(srv.server.received) < 2:  # a few requests out, the rest still to come
@@ -99,9 +143,27 @@ def test_a_resumed_run_keeps_its_run_id(tmp_path):
                 p.kill()
         first = json.loads((res / "summary.json").read_text())["run_id"]
         assert first and 0 < len(srv.server.received) < 12
-        r = subprocess.run([sys.executable, "-m", "replayer", "run", "--resume", str(res), "--target", srv.url,
-                            "--admin-port", "0", "--quiet", "--speedup", "50", "--no-scrape-target-metrics"],
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "replayer",
+                "run",
+                "--resume",
+                str(res),
+                "--target",
+                srv.url,
+                "--admin-port",
+                "0",
+                "--quiet",
+                "--speedup",
+                "50",
+                "--no-scrape-target-metrics",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         ids = [_rid(x) for x in srv.server.received]
     rows = read_results(str(res)).to_pylist()
@@ -128,8 +190,12 @@ def test_server_timings_from_the_embedded_simulator(tmp_path):
         # the client's TTFT holds the server's queue and TTFT: the rest is network and front ends
         assert r["client_overhead_ms"] == pytest.approx(r["ttft_ms"] - queue - ttft)
         assert 0 <= r["client_overhead_ms"] < r["ttft_ms"]
-    for k in ("server_queue_time_ms", "server_time_to_first_token_ms", "server_generation_time_ms",
-              "client_overhead_ms"):
+    for k in (
+        "server_queue_time_ms",
+        "server_time_to_first_token_ms",
+        "server_generation_time_ms",
+        "client_overhead_ms",
+    ):
         assert summary[f"{k}_count"] == 12
         assert summary[f"mean_{k}"] is not None and summary[f"p99_{k}"] >= summary[f"median_{k}"]
 
@@ -142,18 +208,39 @@ def test_server_timings_are_null_when_off_or_not_reported(tmp_path):
         rows, summary, _ = _run(tmp_path, "--target", srv.url, "--server-timings", name="unreported")
         assert all(r.json["include_metrics"] is True for r in srv.server.received)
     assert all(r["outcome"] == "success" for r in rows)
-    assert all(r[k] is None for r in rows for k in ("server_queue_time_ms", "server_time_to_first_token_ms",
-                                                     "server_generation_time_ms", "client_overhead_ms"))
+    assert all(
+        r[k] is None
+        for r in rows
+        for k in (
+            "server_queue_time_ms",
+            "server_time_to_first_token_ms",
+            "server_generation_time_ms",
+            "client_overhead_ms",
+        )
+    )
     assert "mean_client_overhead_ms" not in summary
 
 
 def test_the_parser_keeps_known_numbers_and_ignores_the_rest():
     acc = TimedStreamAccumulator()
     acc.on_event(orjson.dumps({"choices": [{"index": 0, "text": "a", "finish_reason": None}]}), 1_000_000)
-    acc.on_event(orjson.dumps({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1},
-                               "metrics": {"time_to_first_token_ms": 4.5, "queue_time_ms": "soon",
-                                           "generation_time_ms": None, "mean_itl_ms": None, "future_ms": 1,
-                                           "output_token_metrics": {"content": {}}}}), 2_000_000)
+    acc.on_event(
+        orjson.dumps(
+            {
+                "choices": [],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+                "metrics": {
+                    "time_to_first_token_ms": 4.5,
+                    "queue_time_ms": "soon",
+                    "generation_time_ms": None,
+                    "mean_itl_ms": None,
+                    "future_ms": 1,
+                    "output_token_metrics": {"content": {}},
+                },
+            }
+        ),
+        2_000_000,
+    )
     acc.finish()
     res = RequestResult(row=0, ttft_ms=10.0)
     record(res, acc)
@@ -189,9 +276,15 @@ def test_simulator_reports_timings_like_vllm_and_echoes_the_request_id():
         sim = SimServer(SimConfig(max_num_seqs=1, ttft_base_ms=30.0))
         url = await sim.start()
         try:
-            body = {"prompt": list(range(1000, 1100)), "max_tokens": 5, "stream": True,
-                    "stream_options": {"include_usage": True}, "include_metrics": True}
+            body = {
+                "prompt": list(range(1000, 1100)),
+                "max_tokens": 5,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "include_metrics": True,
+            }
             async with aiohttp.ClientSession() as s:
+
                 async def one(rid):
                     async with s.post(url + "/v1/completions", json=body, headers={"X-Request-Id": rid}) as r:
                         return r.headers.get("X-Request-Id"), await _sse_objects(r)

@@ -14,20 +14,20 @@ import socket
 
 import numpy as np
 import pytest
+from batches import TimeBatch
 
-from replayer.http.client import Client
-from replayer.core.clock import Anchor, now_ns
-from replayer.send.dispatcher import Dispatcher
-from replayer.send.feed import Feed
-from replayer.plan.planner import Planner
-from replayer.send.sender import LauncherSender
-from replayer.http.launcher import Launcher
 from replayer.build.payload import PayloadBuilder, PreparedRequest
 from replayer.build.prompts import PromptBuilder
+from replayer.core.clock import Anchor, now_ns
 from replayer.core.result import RequestResult
+from replayer.http.client import Client
+from replayer.http.launcher import Launcher
+from replayer.plan.planner import Planner
 from replayer.plan.schedule import Timeline, iter_schedule
+from replayer.send.dispatcher import Dispatcher
+from replayer.send.feed import Feed
+from replayer.send.sender import LauncherSender
 from replayer.sim import SimConfig, SimServer
-from batches import TimeBatch
 
 PROMPTS = PromptBuilder(seed=0, block_size=16)
 
@@ -99,6 +99,7 @@ def _reports():
     def on_report(token: int, sent: int, written: int, err: int) -> None:
         got[token] = (sent, written, err)
         event.set()
+
     return got, event, on_report
 
 
@@ -114,8 +115,10 @@ def test_writes_go_out_at_their_due_times_in_time_order_and_never_early():
         async with _rig(6) as (launcher, socks, sinks, got, _):
             t0 = now_ns() + 50_000_000
             ats = [t0 + k * 5_000_000 for k in (5, 0, 3, 1, 4, 2)]  # submitted out of order
-            tokens = [launcher.submit(at, s.fileno(), b"HEAD%d|" % i, b"x" * 1000)
-                      for i, (at, s) in enumerate(zip(ats, socks))]
+            tokens = [
+                launcher.submit(at, s.fileno(), b"HEAD%d|" % i, b"x" * 1000)
+                for i, (at, s) in enumerate(zip(ats, socks))
+            ]
             for s in socks:
                 s.close()  # the child holds its own copies: the writes still go out
             await _until(lambda: len(got) == 6 and all(len(k.data) == 1006 for k in sinks))
@@ -248,17 +251,32 @@ def test_the_child_exits_when_its_parent_goes_away():
     assert asyncio.run(main()) == 0
 
 
-def _replay_through_the_launcher(ts: list[int], *, warm: int, expect: bool = True, start_s: float = 0.2,
-                                 launch_ahead_ms: int = 50, connect_ahead_ms: int = 100):
+def _replay_through_the_launcher(
+    ts: list[int],
+    *,
+    warm: int,
+    expect: bool = True,
+    start_s: float = 0.2,
+    launch_ahead_ms: int = 50,
+    connect_ahead_ms: int = 100,
+):
     """Replay ``ts`` (ms) against the simulator with the launcher; (results, launched count)."""
     payload = PayloadBuilder("m")
     timeline = Timeline(1.0)
 
     def prepare(sb, j):
         i = int(sb.rows[j])
-        return PreparedRequest(index=j, row=i, due_ns=timeline.due(int(sb.trace_ns[j])),
-                               body=payload.body(PROMPTS.prompt_json([i], 16), 4), input_length=16,
-                               output_length=4, prompt_len=16, max_tokens=4, trace_ns=int(sb.trace_ns[j]))
+        return PreparedRequest(
+            index=j,
+            row=i,
+            due_ns=timeline.due(int(sb.trace_ns[j])),
+            body=payload.body(PROMPTS.prompt_json([i], 16), 4),
+            input_length=16,
+            output_length=4,
+            prompt_len=16,
+            max_tokens=4,
+            trace_ns=int(sb.trace_ns[j]),
+        )
 
     async def main():
         sim = SimServer(SimConfig(ttft_base_ms=2, itl_base_ms=1))
@@ -274,11 +292,22 @@ def _replay_through_the_launcher(ts: list[int], *, warm: int, expect: bool = Tru
                 c.t0_ns = anchor.t0_ns
                 results: list[RequestResult] = []
                 sender = LauncherSender(c, ahead_ns=launch_ahead_ms * 1_000_000)
-                planner = Planner(timeline, ahead_ns=sender.ahead_ns,
-                                  connect_ahead_ns=connect_ahead_ms * 1_000_000 if expect else None)
-                d = Dispatcher(Feed(iter_schedule(lambda: [TimeBatch(ts)]), prepare,
-                                    lambda sb, j: RequestResult(row=int(sb.rows[j]))),
-                               planner, sender, results.append, t0_ns=anchor.t0_ns)
+                planner = Planner(
+                    timeline,
+                    ahead_ns=sender.ahead_ns,
+                    connect_ahead_ns=connect_ahead_ms * 1_000_000 if expect else None,
+                )
+                d = Dispatcher(
+                    Feed(
+                        iter_schedule(lambda: [TimeBatch(ts)]),
+                        prepare,
+                        lambda sb, j: RequestResult(row=int(sb.rows[j])),
+                    ),
+                    planner,
+                    sender,
+                    results.append,
+                    t0_ns=anchor.t0_ns,
+                )
                 await asyncio.wait_for(d.run(), 20)
                 return results, launcher.launched
         finally:
@@ -296,7 +325,7 @@ def test_a_replay_through_the_launcher_sends_every_request_on_its_due_time():
     # 1 s out still lost 2 of 10 beside four other busy processes, hence 3 s)
     results, launched = _replay_through_the_launcher(ts, warm=len(ts), start_s=3.0)
     assert len(results) == len(ts) and all(r.outcome == "success" for r in results)
-    assert launched == len(ts)                          # every write went through the launcher
+    assert launched == len(ts)  # every write went through the launcher
     assert all(r.sent_ns >= r.due_ns for r in results)  # never early
     assert all(r.completion_tokens == 4 and r.ttft_ms > 0 for r in results)
 
@@ -313,13 +342,14 @@ def test_a_reserved_request_whose_connection_closed_before_its_write_goes_out_on
                 c.use_launcher(launcher)
                 await c.warm_up(1)
                 body = PayloadBuilder("m").body(PROMPTS.prompt_json([1], 16), 2)
-                req = PreparedRequest(index=0, row=0, due_ns=0, body=body, input_length=16, output_length=2,
-                                      prompt_len=16, max_tokens=2)
+                req = PreparedRequest(
+                    index=0, row=0, due_ns=0, body=body, input_length=16, output_length=2, prompt_len=16, max_tokens=2
+                )
                 res = req.new_result(0)
                 reserved = c.reserve(req, res)
                 assert reserved is not None
                 c.launch(now_ns() + 30_000_000, req, res, reserved)
-                reserved[0]._abort()                     # the socket goes away before the write
+                reserved[0].abort()  # the socket goes away before the write
                 res = await asyncio.wait_for(c.send(req, res, reserved), 5)
                 await asyncio.sleep(0.05)
                 return res, launcher.launched, launcher.pending(), len(sim.records)

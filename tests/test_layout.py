@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_readme_layout_names_every_module():
     readme = (ROOT / "README.md").read_text()
     start = readme.index("## Layout")
-    layout = readme[start:readme.index("\n## ", start + 1)]
+    layout = readme[start : readme.index("\n## ", start + 1)]
     pkg = ROOT / "replayer"
     modules = sorted(str(p.relative_to(pkg).with_suffix("")) for p in pkg.rglob("*.py"))
     assert len(modules) > 40

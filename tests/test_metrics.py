@@ -7,15 +7,13 @@ import subprocess
 
 import numpy as np
 import pytest
+from conftest import ROOT
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT
-
-from replayer.observe.metrics import (EventLoopLagMonitor, ReplayerMetrics, metric_names,
-                              quantile_from_buckets)
 from replayer.build.payload import PreparedRequest
 from replayer.core.result import RequestResult
+from replayer.observe.metrics import EventLoopLagMonitor, ReplayerMetrics, metric_names, quantile_from_buckets
 
 
 def _metrics(clock=None):
@@ -64,13 +62,42 @@ def _feed(m: ReplayerMetrics) -> None:
     m.set_trace(rows=3, duration_s=30.0, speedup=10.0)
     m.on_scheduled(3)
     for i in range(3):
-        m.on_sent(PreparedRequest(index=i, row=i, due_ns=i * 1_000_000_000, body=b"", input_length=100,
-                                  output_length=10, prompt_len=100, max_tokens=10, trace_ns=i * 10**10))
-    ok = RequestResult(row=0, input_length=100, output_length=10, sent_ns=1, outcome="success",
-                       prompt_tokens=101, completion_tokens=10, ttft_ms=50.0, e2e_ms=140.0, tpot_ms=10.0,
-                       dispatch_lag_ms=-0.2, itl_ms=[10.0] * 9)
-    bad = RequestResult(row=1, input_length=100, output_length=10, sent_ns=2, outcome="failed",
-                        error_kind="timeout", dispatch_lag_ms=3.0)
+        m.on_sent(
+            PreparedRequest(
+                index=i,
+                row=i,
+                due_ns=i * 1_000_000_000,
+                body=b"",
+                input_length=100,
+                output_length=10,
+                prompt_len=100,
+                max_tokens=10,
+                trace_ns=i * 10**10,
+            )
+        )
+    ok = RequestResult(
+        row=0,
+        input_length=100,
+        output_length=10,
+        sent_ns=1,
+        outcome="success",
+        prompt_tokens=101,
+        completion_tokens=10,
+        ttft_ms=50.0,
+        e2e_ms=140.0,
+        tpot_ms=10.0,
+        dispatch_lag_ms=-0.2,
+        itl_ms=[10.0] * 9,
+    )
+    bad = RequestResult(
+        row=1,
+        input_length=100,
+        output_length=10,
+        sent_ns=2,
+        outcome="failed",
+        error_kind="timeout",
+        dispatch_lag_ms=3.0,
+    )
     m.on_dispatched(ok)  # lag observed when each went out
     m.on_dispatched(bad)
     m.on_result(ok)
@@ -93,12 +120,36 @@ def test_counters_and_progress():
     assert v["replayer_trace_time_seconds"] == pytest.approx(20.0)  # due 2 s * speedup 10
     assert v["replayer_trace_duration_seconds"] == 30
     # the first request of loop 1 moves the loop on by itself
-    m.on_sent(PreparedRequest(index=3, row=0, due_ns=4 * 10**9, body=b"", input_length=1, output_length=1,
-                              prompt_len=1, max_tokens=1, loop=1, trace_ns=40 * 10**9))
+    m.on_sent(
+        PreparedRequest(
+            index=3,
+            row=0,
+            due_ns=4 * 10**9,
+            body=b"",
+            input_length=1,
+            output_length=1,
+            prompt_len=1,
+            max_tokens=1,
+            loop=1,
+            trace_ns=40 * 10**9,
+        )
+    )
     v = _values(r)
     assert v["replayer_loop"] == 1 and v["replayer_trace_rows_done"] == 0 and v["replayer_trace_time_seconds"] == 0
-    m.on_sent(PreparedRequest(index=4, row=1, due_ns=5 * 10**9, body=b"", input_length=1, output_length=1,
-                              prompt_len=1, max_tokens=1, loop=1, trace_ns=50 * 10**9))
+    m.on_sent(
+        PreparedRequest(
+            index=4,
+            row=1,
+            due_ns=5 * 10**9,
+            body=b"",
+            input_length=1,
+            output_length=1,
+            prompt_len=1,
+            max_tokens=1,
+            loop=1,
+            trace_ns=50 * 10**9,
+        )
+    )
     assert _values(r)["replayer_trace_time_seconds"] == pytest.approx(10.0)
     snap = m.snapshot()
     assert snap["ttft_p50_s"] == pytest.approx(0.05, rel=0.3)
@@ -144,8 +195,9 @@ def test_each_request_built_is_counted_from_the_request_itself():
     r, m = _metrics()
 
     def req(n_in: int, hits: int | None) -> PreparedRequest:
-        p = PreparedRequest(index=0, row=0, due_ns=0, body=b"", input_length=n_in, output_length=1,
-                            prompt_len=n_in, max_tokens=1)
+        p = PreparedRequest(
+            index=0, row=0, due_ns=0, body=b"", input_length=n_in, output_length=1, prompt_len=n_in, max_tokens=1
+        )
         p.expected_hits = hits
         return p
 
@@ -198,8 +250,17 @@ def test_batched_updates_read_exactly_at_every_collect():
     lag = Histogram("ref_lag", "x", buckets=LAG_BUCKETS, registry=ref)
     rng = np.random.default_rng(3)
     for i in range(300):
-        req = PreparedRequest(index=i, row=i, due_ns=i * 1000, body=b"", input_length=16, output_length=1,
-                              prompt_len=16, max_tokens=1, trace_ns=i * 1000)
+        req = PreparedRequest(
+            index=i,
+            row=i,
+            due_ns=i * 1000,
+            body=b"",
+            input_length=16,
+            output_length=1,
+            prompt_len=16,
+            max_tokens=1,
+            trace_ns=i * 1000,
+        )
         m.on_sent(req)
         res = req.new_result(0)
         res.outcome, res.prompt_tokens, res.completion_tokens = "success", 16, 1
@@ -212,7 +273,7 @@ def test_batched_updates_read_exactly_at_every_collect():
             assert _values(r)["replayer_requests_in_flight"] == 1
         m.on_result(res)
     v, w = _values(r), _values(ref)
-    assert v["replayer_requests_sent_total"] == 300 == v['replayer_requests_total{error_kind=none,outcome=success}']
+    assert v["replayer_requests_sent_total"] == 300 == v["replayer_requests_total{error_kind=none,outcome=success}"]
     assert v["replayer_prompt_tokens_sent_total"] == 4800 and v["replayer_requests_in_flight"] == 0
     for mine, theirs in (("replayer_ttft_seconds", "ref_ttft"), ("replayer_dispatch_lag_seconds", "ref_lag")):
         got = {k.replace(mine, ""): x for k, x in v.items() if k.startswith(mine + "_")}

@@ -45,8 +45,13 @@ def test_mix_times_sessions_and_tenants():
     assert sorted(int(t.timestamp_ns[i]) // 10**6 for i in b) == [1000, 1000, 1750, 2250, 2600, 2900, 4000]
     assert {t.session_id[i] for i in a} == {"a/trace_0001", "a/trace_0002", "a/trace_0001::sa:a1"}
     assert {t.session_id[i] for i in b} == {"b/trace_0001", "b/trace_0002", "b/trace_0001::sa:a1"}
-    assert {t.parent_request_id[i] for i in b} == {None, "b/trace_0001#0", "b/trace_0001#1",
-                                                   "b/trace_0002#0", "b/trace_0001::sa:a1#0"}
+    assert {t.parent_request_id[i] for i in b} == {
+        None,
+        "b/trace_0001#0",
+        "b/trace_0001#1",
+        "b/trace_0002#0",
+        "b/trace_0001::sa:a1#0",
+    }
     assert list(t.timestamp_ns) == sorted(t.timestamp_ns)
 
 
@@ -64,13 +69,22 @@ def test_two_tenant_run_against_the_simulator(tmp_path):
     its rows, metrics and summary section; the expected prefix-cache hits (the model) and the
     simulator's prefix-cache counter agree, and both count only sharing inside a session."""
     from replayer.config.model import load_config
-    from replayer.run.daemon import run_replay
     from replayer.record.recorder import read_results
+    from replayer.run.daemon import run_replay
 
     res = tmp_path / "res"
-    cfg = load_config({"trace": WEKA, "mix": [f"{WEKA},tenant=a", {"trace": WEKA, "tenant": "b", "offset_s": 1}],
-                       "results": str(res), "admin_port": 0, "quiet": True, "speedup": 4,
-                       "warm_connections": 4, "scrape_interval_s": 0.2})
+    cfg = load_config(
+        {
+            "trace": WEKA,
+            "mix": [f"{WEKA},tenant=a", {"trace": WEKA, "tenant": "b", "offset_s": 1}],
+            "results": str(res),
+            "admin_port": 0,
+            "quiet": True,
+            "speedup": 4,
+            "warm_connections": 4,
+            "scrape_interval_s": 0.2,
+        }
+    )
     registry = CollectorRegistry()
     summary = asyncio.run(asyncio.wait_for(run_replay(cfg, registry=registry), 120))
     rows = read_results(str(res)).to_pylist()
@@ -88,8 +102,7 @@ def test_two_tenant_run_against_the_simulator(tmp_path):
         assert tenants[name]["requests"] == 7 and tenants[name]["success"] == 7
         assert tenants[name]["expected_prefix_hit_tokens"] == 784
         assert tenants[name]["median_ttft_ms"] is not None
-        assert registry.get_sample_value("replayer_tenant_requests_total",
-                                         {"tenant": name, "outcome": "success"}) == 7
+        assert registry.get_sample_value("replayer_tenant_requests_total", {"tenant": name, "outcome": "success"}) == 7
 
 
 def test_a_resume_with_another_mix_is_refused(tmp_path):
@@ -97,8 +110,14 @@ def test_a_resume_with_another_mix_is_refused(tmp_path):
     from replayer.run.daemon import StartupError, run_replay
 
     res = tmp_path / "res"
-    base = {"results": str(res), "admin_port": 0, "quiet": True, "speedup": 8, "warm_connections": 2,
-            "scrape_target_metrics": False}
+    base = {
+        "results": str(res),
+        "admin_port": 0,
+        "quiet": True,
+        "speedup": 8,
+        "warm_connections": 2,
+        "scrape_target_metrics": False,
+    }
     cfg = load_config({"mix": [f"{WEKA},tenant=a", f"{WEKA},tenant=b"], **base})
     asyncio.run(asyncio.wait_for(run_replay(cfg, registry=CollectorRegistry()), 120))
     again = load_config({"mix": [f"{WEKA},tenant=a", f"{WEKA},tenant=c"], **base, "resume": str(res)})
@@ -108,15 +127,24 @@ def test_a_resume_with_another_mix_is_refused(tmp_path):
 
 def test_shards_of_a_mix_merge_into_per_tenant_sections(tmp_path):
     from replayer.config.model import load_config
-    from replayer.run.daemon import run_replay
     from replayer.results.merge import merge_results
+    from replayer.run.daemon import run_replay
 
     dirs = []
     for shard in ("0/2", "1/2"):
         d = tmp_path / shard.replace("/", "-")
-        cfg = load_config({"mix": [f"{WEKA},tenant=a", f"{WEKA},tenant=b"], "shard": shard, "results": str(d),
-                           "admin_port": 0, "quiet": True, "speedup": 8, "warm_connections": 2,
-                           "scrape_target_metrics": False})
+        cfg = load_config(
+            {
+                "mix": [f"{WEKA},tenant=a", f"{WEKA},tenant=b"],
+                "shard": shard,
+                "results": str(d),
+                "admin_port": 0,
+                "quiet": True,
+                "speedup": 8,
+                "warm_connections": 2,
+                "scrape_target_metrics": False,
+            }
+        )
         asyncio.run(asyncio.wait_for(run_replay(cfg, registry=CollectorRegistry()), 120))
         dirs.append(str(d))
     s = merge_results(dirs, str(tmp_path / "merged"), quiet=True)
@@ -128,12 +156,21 @@ def test_sessions_stay_gated_when_another_trace_of_the_mix_chains_requests(tmp_p
     """The Weka sample's subagent gives the mix request/parent ids; the Copilot sample's rows have
     none and still wait for their session's previous call (by session id)."""
     from replayer.config.model import load_config
-    from replayer.run.daemon import run_replay
     from replayer.record.recorder import read_results
+    from replayer.run.daemon import run_replay
 
     res = tmp_path / "res"
-    cfg = load_config({"mix": [WEKA, str(DATA / "copilot_sample.jsonl")], "results": str(res), "admin_port": 0,
-                       "quiet": True, "speedup": 40, "warm_connections": 2, "scrape_target_metrics": False})
+    cfg = load_config(
+        {
+            "mix": [WEKA, str(DATA / "copilot_sample.jsonl")],
+            "results": str(res),
+            "admin_port": 0,
+            "quiet": True,
+            "speedup": 40,
+            "warm_connections": 2,
+            "scrape_target_metrics": False,
+        }
+    )
     asyncio.run(asyncio.wait_for(run_replay(cfg, registry=CollectorRegistry()), 120))
     rows = read_results(str(res), columns=["tenant", "turn", "session_wait_ms", "sent_ns"]).to_pylist()
     later = [r for r in rows if r["tenant"] == "copilot_sample" and r["turn"] > 0]

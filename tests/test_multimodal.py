@@ -13,6 +13,7 @@ import numpy as np
 import orjson
 import pytest
 from PIL import Image
+from test_text_mode import word_tokenizer
 
 from replayer.build.image_tokens import parse_rule, qwen2_vl_tokens
 from replayer.build.images import ImageParts, image_bytes, image_pixels
@@ -21,12 +22,12 @@ from replayer.http.chunks import StreamAccumulator
 from replayer.results.summary import summarize
 from replayer.trace import TraceError, read_trace, write_parquet
 
-from test_text_mode import word_tokenizer
-
 DATA = Path(__file__).parent / "data"
 
-_CHILD = ("import hashlib, sys; from replayer.build.images import image_bytes; "
-          "print(hashlib.sha256(image_bytes(7, sys.argv[1], 333, 250, sys.argv[2])).hexdigest())")
+_CHILD = (
+    "import hashlib, sys; from replayer.build.images import image_bytes; "
+    "print(hashlib.sha256(image_bytes(7, sys.argv[1], 333, 250, sys.argv[2])).hexdigest())"
+)
 
 
 def _child_digest(image_id: str, fmt: str) -> str:
@@ -38,15 +39,15 @@ def _child_digest(image_id: str, fmt: str) -> str:
 @pytest.mark.parametrize("fmt", ["png", "jpeg"])
 def test_same_id_same_bytes_in_two_processes_and_other_ids_differ(fmt):
     here = hashlib.sha256(image_bytes(7, "img_00001", 333, 250, fmt)).hexdigest()
-    assert _child_digest("img_00001", fmt) == here          # another interpreter, same bytes
-    assert _child_digest("img_00002", fmt) != here          # another id, another image
+    assert _child_digest("img_00001", fmt) == here  # another interpreter, same bytes
+    assert _child_digest("img_00002", fmt) != here  # another id, another image
     assert hashlib.sha256(image_bytes(8, "img_00001", 333, 250, fmt)).hexdigest() != here  # another seed
 
 
 def test_images_have_structure_and_decode_to_their_size():
     px = image_pixels(0, "a", 320, 200)
     assert px.shape == (200, 320, 3) and px.dtype == np.uint8
-    assert px.std() > 30                                      # not a flat colour
+    assert px.std() > 30  # not a flat colour
     assert len(np.unique(px.reshape(-1, 3), axis=0)) > 1000  # nor a handful of colours
     assert not np.array_equal(px, image_pixels(0, "b", 320, 200))
     with Image.open(io.BytesIO(image_bytes(0, "a", 320, 200, "png"))) as im:
@@ -70,7 +71,7 @@ def test_image_cache_is_bounded_and_counts_hits():
 def test_image_token_rules():
     assert qwen2_vl_tokens(1024, 1024) == 37 * 37
     assert qwen2_vl_tokens(448, 336) == 16 * 12
-    assert qwen2_vl_tokens(10, 10) == 4                       # raised to min_pixels (56x56)
+    assert qwen2_vl_tokens(10, 10) == 4  # raised to min_pixels (56x56)
     assert qwen2_vl_tokens(8192, 8192) * 28 * 28 <= 12_845_056  # capped at max_pixels
     assert parse_rule("llava")(1024, 768) == 576
     assert parse_rule("fixed:7")(1, 1) == 7
@@ -89,9 +90,11 @@ def test_azure_lmm_2025_sample_reads():
 
 def test_azure_lmm_bad_num_images_names_file_row_and_field(tmp_path):
     bad = tmp_path / "lmm.csv"
-    bad.write_text("TIMESTAMP,NumImages,ContextTokens,GeneratedTokens\n"
-                   "2024-10-15 00:00:00.0418690,-1,1510,47\n"
-                   "2024-10-15 00:00:00.2211760,999,734,212\n")
+    bad.write_text(
+        "TIMESTAMP,NumImages,ContextTokens,GeneratedTokens\n"
+        "2024-10-15 00:00:00.0418690,-1,1510,47\n"
+        "2024-10-15 00:00:00.2211760,999,734,212\n"
+    )
     with pytest.raises(TraceError) as e:
         read_trace(bad)
     text = str(e.value)
@@ -109,17 +112,50 @@ def test_servegen_sample_reads():
 
 
 def test_image_column_rules(tmp_path):
-    rows = [{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1],
-             "image_ids": ["a", "b"], "image_sizes": ["64x64"]},                        # one size short
-            {"timestamp": 1, "input_length": 4, "output_length": 1, "hash_ids": [2],
-             "image_ids": ["a"], "num_images": 2},                                      # counts disagree
-            {"timestamp": 2, "input_length": 4, "output_length": 1, "hash_ids": [3],
-             "image_ids": ["a"], "image_sizes": ["9000x10"]},                           # out of bounds
-            {"timestamp": 3, "input_length": 4, "output_length": 1, "hash_ids": [4],
-             "image_ids": ["a"], "image_sizes": ["big"]},
-            {"timestamp": 4, "input_length": 4, "output_length": 1, "hash_ids": [5], "image_ids": "a"},
-            {"timestamp": 5, "input_length": 4, "output_length": 1, "hash_ids": [6],
-             "image_ids": [7, "b"], "image_sizes": [[32, 16], "16X8"], "image_tokens": 5}]
+    rows = [
+        {
+            "timestamp": 0,
+            "input_length": 4,
+            "output_length": 1,
+            "hash_ids": [1],
+            "image_ids": ["a", "b"],
+            "image_sizes": ["64x64"],
+        },  # one size short
+        {
+            "timestamp": 1,
+            "input_length": 4,
+            "output_length": 1,
+            "hash_ids": [2],
+            "image_ids": ["a"],
+            "num_images": 2,
+        },  # counts disagree
+        {
+            "timestamp": 2,
+            "input_length": 4,
+            "output_length": 1,
+            "hash_ids": [3],
+            "image_ids": ["a"],
+            "image_sizes": ["9000x10"],
+        },  # out of bounds
+        {
+            "timestamp": 3,
+            "input_length": 4,
+            "output_length": 1,
+            "hash_ids": [4],
+            "image_ids": ["a"],
+            "image_sizes": ["big"],
+        },
+        {"timestamp": 4, "input_length": 4, "output_length": 1, "hash_ids": [5], "image_ids": "a"},
+        {
+            "timestamp": 5,
+            "input_length": 4,
+            "output_length": 1,
+            "hash_ids": [6],
+            "image_ids": [7, "b"],
+            "image_sizes": [[32, 16], "16X8"],
+            "image_tokens": 5,
+        },
+    ]
     p = tmp_path / "t.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(TraceError) as e:
@@ -142,10 +178,14 @@ def test_image_column_rules(tmp_path):
 
 # -- B35: the server counts the tokens -------------------------------------------------------
 
-U1 = (b'data: {"choices":[],"usage":{"prompt_tokens":542,"completion_tokens":3,"total_tokens":545,'
-      b'"prompt_tokens_details":{"cached_tokens":0,"image_tokens":512}}}\n\n')
-U2 = (b'data: {"choices":[],"usage":{"prompt_tokens":542,"completion_tokens":3,"total_tokens":545,'
-      b'"prompt_tokens_details":null}}\n\n')
+U1 = (
+    b'data: {"choices":[],"usage":{"prompt_tokens":542,"completion_tokens":3,"total_tokens":545,'
+    b'"prompt_tokens_details":{"cached_tokens":0,"image_tokens":512}}}\n\n'
+)
+U2 = (
+    b'data: {"choices":[],"usage":{"prompt_tokens":542,"completion_tokens":3,"total_tokens":545,'
+    b'"prompt_tokens_details":null}}\n\n'
+)
 
 
 def _accumulate(usage_event: bytes | None) -> StreamAccumulator:
@@ -159,8 +199,18 @@ def _accumulate(usage_event: bytes | None) -> StreamAccumulator:
 
 
 def _b35_result(acc: StreamAccumulator, expected: int | None) -> RequestResult:
-    r = RequestResult(row=0, input_length=30, output_length=3, outcome="success", sent_ns=0, end_ns=10**6,
-                      images=2, image_bytes=1000, expected_image_tokens=expected, endpoint="/v1/chat/completions")
+    r = RequestResult(
+        row=0,
+        input_length=30,
+        output_length=3,
+        outcome="success",
+        sent_ns=0,
+        end_ns=10**6,
+        images=2,
+        image_bytes=1000,
+        expected_image_tokens=expected,
+        endpoint="/v1/chat/completions",
+    )
     r.prompt_tokens, r.completion_tokens, r.image_tokens = acc.prompt_tokens, acc.completion_tokens, acc.image_tokens
     if acc.image_tokens is not None and acc.prompt_tokens is not None:
         r.text_tokens = acc.prompt_tokens - acc.image_tokens
@@ -171,7 +221,7 @@ def _b35_result(acc: StreamAccumulator, expected: int | None) -> RequestResult:
 def test_b35_usage_with_and_without_details():
     u1, u2, u3 = _accumulate(U1), _accumulate(U2), _accumulate(None)
     assert (u1.prompt_tokens, u1.image_tokens) == (542, 512)
-    assert (u2.prompt_tokens, u2.image_tokens) == (542, None)   # unknown, not 0 and not 542
+    assert (u2.prompt_tokens, u2.image_tokens) == (542, None)  # unknown, not 0 and not 542
     assert (u3.prompt_tokens, u3.image_tokens) == (None, None)
     # vLLM 0.32 reports the placeholder tokens per modality instead
     vllm = _accumulate(U1.replace(b'"image_tokens":512', b'"multimodal_tokens":{"image":512}'))
@@ -182,8 +232,8 @@ def test_b35_usage_with_and_without_details():
     s1 = summarize(to_table([_b35_result(u1, 2)]))
     assert s1["total_input_tokens"] == 542 and s1["image_tokens_server"] == 512
     assert s1["text_tokens_server"] == 30 and s1["image_tokens_expected"] == 2
-    assert s1["image_token_mismatches"] == 1               # 512 != 2: counted, never replaced
-    assert s1["prompt_token_mismatches"] == 0               # text 30 == input_length 30
+    assert s1["image_token_mismatches"] == 1  # 512 != 2: counted, never replaced
+    assert s1["prompt_token_mismatches"] == 0  # text 30 == input_length 30
     s2 = summarize(to_table([_b35_result(u2, 2)]))
     assert s2["total_input_tokens"] == 542
     assert s2["image_tokens_server"] is None and s2["text_tokens_server"] is None
@@ -207,14 +257,38 @@ def _image_trace(path: Path, n: int = 8) -> list[list[str]]:
         for i in range(n):
             row_ids = [f"img{i % 3}"] if i % 2 else [f"img{i % 3}", "shared"]
             ids.append(row_ids)
-            f.write(json.dumps({"timestamp": i * 50, "input_length": 40, "output_length": 3, "hash_ids": [i],
-                                "image_ids": row_ids, "image_sizes": SIZES[:len(row_ids)]}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "timestamp": i * 50,
+                        "input_length": 40,
+                        "output_length": 3,
+                        "hash_ids": [i],
+                        "image_ids": row_ids,
+                        "image_sizes": SIZES[: len(row_ids)],
+                    }
+                )
+                + "\n"
+            )
     return ids
 
 
 def _run(trace, tok, res, *extra, target=None):
-    args = [sys.executable, "-m", "replayer", "run", str(trace), "--speedup", "4", "--results", str(res),
-            "--admin-port", "0", "--quiet", *extra]
+    args = [
+        sys.executable,
+        "-m",
+        "replayer",
+        "run",
+        str(trace),
+        "--speedup",
+        "4",
+        "--results",
+        str(res),
+        "--admin-port",
+        "0",
+        "--quiet",
+        *extra,
+    ]
     if target:
         args += ["--target", target]
     return subprocess.run(args, capture_output=True, text=True, timeout=180)
@@ -248,6 +322,7 @@ def test_chat_images_against_the_simulator_rule_counts_agree(tmp_path, sim_proce
     hits = float(next(x.split()[-1] for x in metrics.splitlines() if x.startswith("vllm:mm_cache_hits_total")))
     assert queries == s["images_sent"] and hits == s["expected_image_cache_hits"]
     import pyarrow.parquet as pq
+
     t = pq.read_table(tmp_path / "r" / "requests.parquet").sort_by("row").to_pylist()
     assert [r["image_tokens"] for r in t] == per_row == [r["expected_image_tokens"] for r in t]
     assert [r["text_tokens"] for r in t] == [40] * 8 and all(r["image_bytes"] > 0 for r in t)
@@ -261,10 +336,10 @@ def test_every_image_token_mismatch_is_counted(tmp_path, sim_process):
     p = _run(trace, tok, tmp_path / "r", *CHAT, "--tokenizer", tok, target=url)
     assert p.returncode == 0, p.stderr[-2000:]
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
-    assert s["image_token_mismatches"] == 8                 # every request, none replaced
+    assert s["image_token_mismatches"] == 8  # every request, none replaced
     assert s["image_tokens_server"] == 576 * s["images_sent"] != s["image_tokens_expected"]
-    assert s["prompt_token_mismatches"] == 0                # the text is still exact
-    url2, _ = sim_process("--no-prompt-tokens-details")    # vLLM without --enable-prompt-tokens-details
+    assert s["prompt_token_mismatches"] == 0  # the text is still exact
+    url2, _ = sim_process("--no-prompt-tokens-details")  # vLLM without --enable-prompt-tokens-details
     p = _run(trace, tok, tmp_path / "r2", *CHAT, "--tokenizer", tok, target=url2)
     assert p.returncode == 0, p.stderr[-2000:]
     s = json.loads((tmp_path / "r2" / "summary.json").read_text())
@@ -286,8 +361,19 @@ def test_images_to_a_token_id_endpoint_are_refused_before_the_run(tmp_path, sim_
 def test_azure_lmm_counts_replay_each_image_new(tmp_path, sim_process):
     tok = word_tokenizer(tmp_path / "tokenizer.json")
     url, received = sim_process()
-    p = _run(DATA / "azure_lmm_2025_sample.csv", tok, tmp_path / "r", *CHAT, "--tokenizer", tok,
-             "--image-size", "224x224", "--speedup", "50", target=url)
+    p = _run(
+        DATA / "azure_lmm_2025_sample.csv",
+        tok,
+        tmp_path / "r",
+        *CHAT,
+        "--tokenizer",
+        tok,
+        "--image-size",
+        "224x224",
+        "--speedup",
+        "50",
+        target=url,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["completed"] == 5 and s["image_requests"] == 4 and s["images_sent"] == 7
@@ -295,8 +381,13 @@ def test_azure_lmm_counts_replay_each_image_new(tmp_path, sim_process):
     assert s["expected_image_cache_hits"] == 0 and s["image_token_mismatches"] == 0
     contents = [orjson.loads(line)["prompt"][0]["content"] for line in received.read_text().splitlines()]
     assert sum(isinstance(c, str) for c in contents) == 1  # the row with NumImages 0: plain text
-    urls = [c["image_url"]["url"] for content in contents if isinstance(content, list)
-            for c in content if c["type"] == "image_url"]
+    urls = [
+        c["image_url"]["url"]
+        for content in contents
+        if isinstance(content, list)
+        for c in content
+        if c["type"] == "image_url"
+    ]
     assert len(urls) == 7 == len(set(urls))  # a count only: every image a new one
 
 
@@ -307,11 +398,26 @@ def test_prefetch_builds_upcoming_rows_images_into_the_cache(tmp_path):
     from replayer.plan.schedule import ScheduleBatch
 
     p = tmp_path / "t.jsonl"
-    p.write_text("".join(json.dumps({"timestamp": k, "input_length": 4, "output_length": 1, "hash_ids": [k],
-                                     "image_ids": [f"i{k}"], "image_sizes": ["96x64"]}) + "\n" for k in range(6)))
+    p.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "timestamp": k,
+                    "input_length": 4,
+                    "output_length": 1,
+                    "hash_ids": [k],
+                    "image_ids": [f"i{k}"],
+                    "image_sizes": ["96x64"],
+                }
+            )
+            + "\n"
+            for k in range(6)
+        )
+    )
     t = read_trace(p)
-    sb = ScheduleBatch(loop=0, batch=t, idx=np.arange(6), trace_ns=np.zeros(6, np.int64), rows=np.arange(6),
-                       first_index=0)
+    sb = ScheduleBatch(
+        loop=0, batch=t, idx=np.arange(6), trace_ns=np.zeros(6, np.int64), rows=np.arange(6), first_index=0
+    )
     parts = ImageParts("png")
     pre = ImagePrefetch(parts, "512x512", lookahead_rows=3)
     parts.part(5, "i0", 96, 64)  # row 0, prepared now
@@ -319,7 +425,7 @@ def test_prefetch_builds_upcoming_rows_images_into_the_cache(tmp_path):
     deadline = time.monotonic() + 60  # a bound for a slow machine, not a timing assertion
     while pre.built < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert pre.built == 3                                  # rows 1..3: at most 3 rows ahead
+    assert pre.built == 3  # rows 1..3: at most 3 rows ahead
     time.sleep(0.2)
     assert pre.built == 3 and ("i4" not in {k[1] for k in parts._cache})
     before = parts.built

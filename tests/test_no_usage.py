@@ -21,8 +21,8 @@ from replayer.config.model import load_config
 from replayer.run.daemon import run_replay
 
 ROWS = 6
-OUTPUT = 8          # tokens per request
-PER_EVENT = 4       # tokens per text event (as a server batching writes, or MTP, sends them)
+OUTPUT = 8  # tokens per request
+PER_EVENT = 4  # tokens per text event (as a server batching writes, or MTP, sends them)
 GAP_S = 0.013 * PER_EVENT  # 13 ms per token
 
 
@@ -46,10 +46,17 @@ def _server(with_usage):
             k = min(PER_EVENT, n - sent)
             sent += k
             fin = "length" if sent == n else None
-            ev = {"id": "c", "object": "text_completion", "choices": [{"index": 0, "text": "ab" * k, "finish_reason": fin}]}
+            ev = {
+                "id": "c",
+                "object": "text_completion",
+                "choices": [{"index": 0, "text": "ab" * k, "finish_reason": fin}],
+            }
             if with_usage(i):
-                ev["usage"] = {"prompt_tokens": len(body["prompt"]), "completion_tokens": sent,
-                               "total_tokens": len(body["prompt"]) + sent}
+                ev["usage"] = {
+                    "prompt_tokens": len(body["prompt"]),
+                    "completion_tokens": sent,
+                    "total_tokens": len(body["prompt"]) + sent,
+                }
             await resp.write(b"data: " + orjson.dumps(ev) + b"\n\n")
             if sent < n:
                 await asyncio.sleep(GAP_S)
@@ -68,8 +75,12 @@ def _server(with_usage):
 
 def _replay(tmp_path, with_usage) -> tuple[dict, list[dict], dict[str, float]]:
     trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(json.dumps({"timestamp": 20 * i, "input_length": 16, "output_length": OUTPUT,
-                                         "hash_ids": [i]}) + "\n" for i in range(ROWS)))
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": 20 * i, "input_length": 16, "output_length": OUTPUT, "hash_ids": [i]}) + "\n"
+            for i in range(ROWS)
+        )
+    )
     reg = CollectorRegistry()
 
     async def main():
@@ -79,17 +90,30 @@ def _replay(tmp_path, with_usage) -> tuple[dict, list[dict], dict[str, float]]:
         await site.start()
         port = runner.addresses[0][1]
         try:
-            cfg = load_config({"trace": str(trace), "target": f"http://127.0.0.1:{port}", "model": "m",
-                               "results": str(tmp_path / "r"), "admin_port": 0, "quiet": True,
-                               "scrape_target_metrics": False, "warm_connections": 2})
+            cfg = load_config(
+                {
+                    "trace": str(trace),
+                    "target": f"http://127.0.0.1:{port}",
+                    "model": "m",
+                    "results": str(tmp_path / "r"),
+                    "admin_port": 0,
+                    "quiet": True,
+                    "scrape_target_metrics": False,
+                    "warm_connections": 2,
+                }
+            )
             return await asyncio.wait_for(run_replay(cfg, registry=reg), 120)
         finally:
             await runner.cleanup()
 
     summary = asyncio.run(main())
     rows = pq.read_table(tmp_path / "r" / "requests.parquet").to_pylist()
-    samples = {s.name: s.value for fam in text_string_to_metric_families(generate_latest(reg).decode())
-               for s in fam.samples if not s.labels or s.name.endswith("_count")}
+    samples = {
+        s.name: s.value
+        for fam in text_string_to_metric_families(generate_latest(reg).decode())
+        for s in fam.samples
+        if not s.labels or s.name.endswith("_count")
+    }
     return summary, rows, samples
 
 
@@ -104,7 +128,7 @@ def test_a_stream_without_usage_has_no_token_numbers_only_a_flagged_estimate(tmp
         assert r["completion_tokens"] is None and r["prompt_tokens"] is None
         assert r["tpot_ms"] is None and r["itl_ms"] == []
         assert r["ttft_ms"] is not None and r["e2e_ms"] > r["ttft_ms"]  # times are still measured
-        assert r["output_tokens_estimate"] == OUTPUT // PER_EVENT     # text events: an estimate, apart
+        assert r["output_tokens_estimate"] == OUTPUT // PER_EVENT  # text events: an estimate, apart
     for r in known:
         assert r["completion_tokens"] == OUTPUT and r["prompt_tokens"] == 16 and r["output_tokens_estimate"] is None
         # a gap ending in a 4-token event: 4 samples of gap/4 (the first event's tokens have no gap)

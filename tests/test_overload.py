@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
-
-from replayer.core.clock import now_ns
-from replayer.send.dispatcher import Dispatcher
-from replayer.send.feed import Feed
-from replayer.plan.planner import Planner
-from replayer.build.payload import PreparedRequest
-from replayer.core.result import RequestResult
-from replayer.plan.schedule import Timeline, iter_schedule
 from batches import TimeBatch
 from senders import CallSender
+
+from replayer.build.payload import PreparedRequest
+from replayer.core.clock import now_ns
+from replayer.core.result import RequestResult
+from replayer.plan.planner import Planner
+from replayer.plan.schedule import Timeline, iter_schedule
+from replayer.send.dispatcher import Dispatcher
+from replayer.send.feed import Feed
 
 
 def _behind_on_a_saturated_loop(n: int) -> tuple[list[int], Dispatcher]:
@@ -26,8 +26,17 @@ def _behind_on_a_saturated_loop(n: int) -> tuple[list[int], Dispatcher]:
 
     def prepare(sb, j):
         t = int(sb.trace_ns[j])
-        return PreparedRequest(index=j, row=j, due_ns=timeline.due(t), body=b"{}", input_length=16,
-                               output_length=1, prompt_len=16, max_tokens=1, trace_ns=t)
+        return PreparedRequest(
+            index=j,
+            row=j,
+            due_ns=timeline.due(t),
+            body=b"{}",
+            input_length=16,
+            output_length=1,
+            prompt_len=16,
+            max_tokens=1,
+            trace_ns=t,
+        )
 
     async def send(req, res):
         sends.append(turns[0])
@@ -46,9 +55,17 @@ def _behind_on_a_saturated_loop(n: int) -> tuple[list[int], Dispatcher]:
                 loop.call_soon(hog)
 
         loop.call_soon(hog)
-        d = Dispatcher(Feed(iter_schedule(lambda: [TimeBatch(list(range(n)))]), prepare,
-                            lambda sb, j: RequestResult(row=int(sb.rows[j]))),
-                       Planner(timeline), CallSender(send), lambda r: None, t0_ns=now_ns() - 1_000_000_000)
+        d = Dispatcher(
+            Feed(
+                iter_schedule(lambda: [TimeBatch(list(range(n)))]),
+                prepare,
+                lambda sb, j: RequestResult(row=int(sb.rows[j])),
+            ),
+            Planner(timeline),
+            CallSender(send),
+            lambda r: None,
+            t0_ns=now_ns() - 1_000_000_000,
+        )
         try:
             await asyncio.wait_for(d.run(), 120)
         finally:
@@ -66,7 +83,7 @@ def test_overdue_requests_go_out_together_not_one_per_turn_of_a_busy_loop():
     # one request per turn before (~n turns of the hog between the first and the last send);
     # prepared together they fire in a few turns (2 ms of preparation a go, tiny bodies here)
     assert sends[-1] - sends[0] < n / 4, (sends[0], sends[-1])
-    assert d.prepared_late == n   # every body was built after its due time: preparation was behind
+    assert d.prepared_late == n  # every body was built after its due time: preparation was behind
 
 
 def test_preparation_runs_through_the_lead_window_when_a_hand_over_is_due_every_millisecond():
@@ -80,8 +97,17 @@ def test_preparation_runs_through_the_lead_window_when_a_hand_over_is_due_every_
     def prepare(sb, j):
         t = int(sb.trace_ns[j])
         lead_ms.append((timeline.due(t) - (now_ns() - t0[0])) / 1e6)
-        return PreparedRequest(index=j, row=j, due_ns=timeline.due(t), body=b"{}", input_length=16,
-                               output_length=1, prompt_len=16, max_tokens=1, trace_ns=t)
+        return PreparedRequest(
+            index=j,
+            row=j,
+            due_ns=timeline.due(t),
+            body=b"{}",
+            input_length=16,
+            output_length=1,
+            prompt_len=16,
+            max_tokens=1,
+            trace_ns=t,
+        )
 
     launched = []
 
@@ -91,9 +117,17 @@ def test_preparation_runs_through_the_lead_window_when_a_hand_over_is_due_every_
     async def main():
         t0[0] = now_ns() + 100_000_000
         sender = CallSender(send, ahead_ns=50_000_000, hand_over=lambda req, res, at: launched.append(at) or object())
-        d = Dispatcher(Feed(iter_schedule(lambda: [TimeBatch(list(range(2000)))]), prepare,
-                            lambda sb, j: RequestResult(row=int(sb.rows[j]))),
-                       Planner(timeline, ahead_ns=sender.ahead_ns), sender, lambda r: None, t0_ns=t0[0])
+        d = Dispatcher(
+            Feed(
+                iter_schedule(lambda: [TimeBatch(list(range(2000)))]),
+                prepare,
+                lambda sb, j: RequestResult(row=int(sb.rows[j])),
+            ),
+            Planner(timeline, ahead_ns=sender.ahead_ns),
+            sender,
+            lambda r: None,
+            t0_ns=t0[0],
+        )
         await asyncio.wait_for(d.run(), 120)
         return d
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from replayer.core.clock import SPIN_NS
 from replayer.build.payload import PreparedRequest
+from replayer.core.clock import SPIN_NS
 from replayer.plan.planner import END, LATER, NEVER, PREPARE, RETRY_HAND_OVER_NS, Planner, Wake
 from replayer.plan.schedule import Timeline
 from replayer.plan.sessions import SessionGate
@@ -16,8 +16,19 @@ MS = 1_000_000
 
 def _req(i: int, trace_ms: int, *, key=None, dep=None) -> PreparedRequest:
     t = trace_ms * MS
-    return PreparedRequest(index=i, row=i, due_ns=t, body=b"{}", input_length=1, output_length=1, prompt_len=1,
-                           max_tokens=1, trace_ns=t, key=key, dep=dep)
+    return PreparedRequest(
+        index=i,
+        row=i,
+        due_ns=t,
+        body=b"{}",
+        input_length=1,
+        output_length=1,
+        prompt_len=1,
+        max_tokens=1,
+        trace_ns=t,
+        key=key,
+        dep=dep,
+    )
 
 
 def _planner(trace_ms: list[int], **kw) -> Planner:
@@ -34,7 +45,15 @@ def _rows(fires) -> list[tuple[int, int]]:
 def test_requests_fire_at_their_due_time_never_before():
     plan = _planner([10, 10, 20, 35])
     table = [  # (now ms, rows fired with their due time in ms)
-        (0, []), (9, []), (10, [(0, 10), (1, 10)]), (10, []), (19, []), (25, [(2, 20)]), (35, [(3, 35)]), (99, [])]
+        (0, []),
+        (9, []),
+        (10, [(0, 10), (1, 10)]),
+        (10, []),
+        (19, []),
+        (25, [(2, 20)]),
+        (35, [(3, 35)]),
+        (99, []),
+    ]
     assert [(now, _rows(plan.due(now * MS))) for now, _ in table] == table
 
 
@@ -51,11 +70,14 @@ def test_the_wake_time_is_the_next_due_time_or_the_lead_window_of_the_next_item(
     assert plan.finished
 
 
-@pytest.mark.parametrize("now_ms, catching_up, expected", [
-    (0, False, PREPARE),     # due at 400 ms, within the 500 ms lead window
-    (0, True, LATER),        # behind schedule: only what is overdue is prepared now
-    (400, True, PREPARE),
-])
+@pytest.mark.parametrize(
+    "now_ms, catching_up, expected",
+    [
+        (0, False, PREPARE),  # due at 400 ms, within the 500 ms lead window
+        (0, True, LATER),  # behind schedule: only what is overdue is prepared now
+        (400, True, PREPARE),
+    ],
+)
 def test_preparation_runs_through_the_lead_window(now_ms, catching_up, expected):
     plan = Planner(Timeline(1.0), lead_ns=500 * MS)
     assert plan.next_item(400 * MS, now_ms * MS, catching_up) == expected
@@ -64,8 +86,8 @@ def test_preparation_runs_through_the_lead_window(now_ms, catching_up, expected)
 
 def test_duration_ends_the_schedule_and_speedup_scales_due_times():
     plan = Planner(Timeline(2.0), duration_ns=100 * MS)
-    assert plan.next_item(150 * MS, 0) == PREPARE      # due at 75 ms
-    assert plan.next_item(200 * MS, 0) == END          # due at 100 ms: not before --duration
+    assert plan.next_item(150 * MS, 0) == PREPARE  # due at 75 ms
+    assert plan.next_item(200 * MS, 0) == END  # due at 100 ms: not before --duration
     assert plan.exhausted
 
 
@@ -73,7 +95,7 @@ def test_a_resumed_run_rebases_on_its_first_item():
     plan = Planner(Timeline(1.0), rebase_first=True)
     assert plan.next_item(7_000 * MS, 0) == PREPARE
     plan.add(_req(0, 7_000), 7_000 * MS, 0)
-    assert _rows(plan.due(0)) == [(0, 0)]              # due at the anchor, not 7 s later
+    assert _rows(plan.due(0)) == [(0, 0)]  # due at the anchor, not 7 s later
 
 
 def test_preparation_stops_for_the_head_only_within_the_spin_window():
@@ -93,13 +115,13 @@ def test_requests_are_handed_over_ahead_and_a_refused_one_is_retried_until_due()
     plan.taken()
     h = plan.hand_over(51 * MS)
     assert h.req.row == 1
-    plan.not_taken(51 * MS)                            # no idle connection for it now
-    assert plan.hand_over(52 * MS) is None             # retried 2 ms later, not before
+    plan.not_taken(51 * MS)  # no idle connection for it now
+    assert plan.hand_over(52 * MS) is None  # retried 2 ms later, not before
     assert plan.wake(52 * MS, None) == Wake(51 * MS + RETRY_HAND_OVER_NS, precise=False)
     assert plan.hand_over(51 * MS + RETRY_HAND_OVER_NS).req.row == 1
     plan.not_taken(99 * MS)
     assert plan.wake(99 * MS, None) == Wake(100 * MS, precise=True)  # its retry is past its due time
-    assert _rows(plan.due(100 * MS)) == [(1, 100)]     # then it fires at its due time
+    assert _rows(plan.due(100 * MS)) == [(1, 100)]  # then it fires at its due time
     assert plan.fired_late == 1
     assert plan.hand_over(200 * MS) is None and plan.hand_over(250 * MS).req.row == 2
 
@@ -109,7 +131,7 @@ def test_nothing_fires_or_is_handed_over_while_paused():
     plan = _planner([10, 20], timeline=tl, ahead_ns=5 * MS)
     tl.pause(5 * MS)
     assert plan.due(1_000 * MS) == [] and plan.hand_over(1_000 * MS) is None
-    tl.resume(1_000 * MS)                              # trace position 5 ms: the rest shifts by 995 ms
+    tl.resume(1_000 * MS)  # trace position 5 ms: the rest shifts by 995 ms
     assert plan.due(1_004 * MS) == [] and plan.hand_over(1_000 * MS).due_ns == 1_005 * MS
 
 
@@ -119,13 +141,13 @@ def test_a_session_turn_waits_for_its_predecessor_and_its_wait_is_recorded():
     first, second = _req(0, 0, key="s", dep="s"), _req(1, 10, key="s", dep="s")
     plan.add(first, 0, 0)
     plan.add(second, 10 * MS, 0)
-    assert plan.hand_over(0) is None                   # session turns are never handed over
+    assert plan.hand_over(0) is None  # session turns are never handed over
     assert _rows(plan.due(0)) == [(0, 0)]
-    assert plan.due(10 * MS) == []                     # held: its predecessor is in flight
+    assert plan.due(10 * MS) == []  # held: its predecessor is in flight
     plan.exhausted = True
-    assert not plan.finished                           # a turn waits in the gate: woken by a change
+    assert not plan.finished  # a turn waits in the gate: woken by a change
     assert plan.wake(10 * MS, None) == Wake(NEVER)
-    fired = plan.ended(first, 30 * MS)                 # released when the first ends, 20 ms late
+    fired = plan.ended(first, 30 * MS)  # released when the first ends, 20 ms late
     assert _rows(fired) == [(1, 10)] and second.release_ns == 30 * MS
     assert plan.finished and plan.fired_late == 0
 
@@ -142,10 +164,10 @@ def test_a_turn_released_while_stopping_is_kept_as_not_started():
 
 def test_demand_counts_requests_within_the_connect_horizon_at_most_every_millisecond():
     plan = _planner([10, 50, 120, 500], connect_ahead_ns=100 * MS)
-    assert plan.demand(0) == 2                         # due at 10 and 50 ms
-    assert plan.demand(MS // 2) is None                # counted again only 1 ms later
+    assert plan.demand(0) == 2  # due at 10 and 50 ms
+    assert plan.demand(MS // 2) is None  # counted again only 1 ms later
     assert plan.demand(30 * MS) == 3
-    assert _planner([10]).demand(0) is None            # no counting without a horizon
+    assert _planner([10]).demand(0) is None  # no counting without a horizon
     # the wait ends early to count a request entering the horizon
     assert _planner([500], connect_ahead_ns=100 * MS).wake(0, None) == Wake(400 * MS, precise=True)
 

@@ -29,13 +29,13 @@ def test_chain_keys_vectorised_equal_python():
 
 def test_hand_built_infinite_cache():
     m = PrefixCacheModel(block_size=512, kv_block_size=16)
-    assert m.observe([0, 1], 1000) == 0                 # cold
-    assert m.observe([0, 1], 1000) == 992              # capped at 999, whole 16-blocks: 992
-    assert m.observe([0, 1, 2], 1536) == 992           # block (0,1) was only sent as 488 tokens
-    assert m.observe([0, 5], 600) == 512               # chain breaks at the 2nd id
-    assert m.observe([5], 100) == 0                    # same id at another position: other chain
+    assert m.observe([0, 1], 1000) == 0  # cold
+    assert m.observe([0, 1], 1000) == 992  # capped at 999, whole 16-blocks: 992
+    assert m.observe([0, 1, 2], 1536) == 992  # block (0,1) was only sent as 488 tokens
+    assert m.observe([0, 5], 600) == 512  # chain breaks at the 2nd id
+    assert m.observe([5], 100) == 0  # same id at another position: other chain
     assert m.observe([0, 1, 2], 1536) == 1535 // 16 * 16  # everything seen: capped at input-1
-    assert m.observe([0], 300) == 288                  # a partial block of a cached full block
+    assert m.observe([0], 300) == 288  # a partial block of a cached full block
     assert m.query_tokens == 1000 * 2 + 1536 * 2 + 600 + 100 + 300
     assert m.hit_tokens == 992 + 992 + 512 + 1520 + 288
 
@@ -44,14 +44,14 @@ def test_partial_block_supplies_only_sent_tokens():
     # B15 shape: row 1 sends block 11 only partly (188 tokens); row 2 has it whole.
     m = PrefixCacheModel(block_size=512, kv_block_size=16)
     assert m.observe([10, 11], 700) == 0
-    assert m.observe([10, 11], 1024) == 688            # 512 + 188 = 700 -> 688 (whole KV blocks)
-    assert m.observe([10, 11, 12], 1100) == 1024       # now block 11 was sent whole
+    assert m.observe([10, 11], 1024) == 688  # 512 + 188 = 700 -> 688 (whole KV blocks)
+    assert m.observe([10, 11, 12], 1100) == 1024  # now block 11 was sent whole
 
 
 def test_kv_block_rounding_and_last_token_flag():
     m = PrefixCacheModel(block_size=512, kv_block_size=128)
     m.observe([1], 512)
-    assert m.observe([1], 512) == 384                  # 511 -> 384 (vLLM CPU, 128-token blocks)
+    assert m.observe([1], 512) == 384  # 511 -> 384 (vLLM CPU, 128-token blocks)
     m2 = PrefixCacheModel(block_size=512, kv_block_size=128, last_token_recomputed=False)
     m2.observe([1], 512)
     assert m2.observe([1], 512) == 512
@@ -59,19 +59,19 @@ def test_kv_block_rounding_and_last_token_flag():
 
 def test_lru_eviction():
     m = PrefixCacheModel(block_size=512, kv_block_size=16, capacity_tokens=2 * 512)  # 2 blocks
-    m.observe([1], 512)                                 # cache: (1)
-    m.observe([2], 512)                                 # cache: (1), (2)
-    assert m.observe([1], 512) == 496                   # hit; (1) becomes most recent
-    m.observe([3], 512)                                 # evicts (2), the least recently used
+    m.observe([1], 512)  # cache: (1)
+    m.observe([2], 512)  # cache: (1), (2)
+    assert m.observe([1], 512) == 496  # hit; (1) becomes most recent
+    m.observe([3], 512)  # evicts (2), the least recently used
     assert len(m) == 2
-    assert m.observe([2], 512) == 0                     # (2) was evicted; now cached again, evicts (1)
+    assert m.observe([2], 512) == 0  # (2) was evicted; now cached again, evicts (1)
     assert m.observe([3], 512) == 496
     assert m.observe([1], 512) == 0
     # a chain whose first block was evicted does not hit on a surviving later block
     m = PrefixCacheModel(block_size=512, kv_block_size=16, capacity_tokens=3 * 512)
-    m.observe([1, 2], 1024)                             # (1), (1,2)
-    m.observe([7], 512)                                 # (1), (1,2), (7)
-    m.observe([8], 512)                                 # evicts (1)
+    m.observe([1, 2], 1024)  # (1), (1,2)
+    m.observe([7], 512)  # (1), (1,2), (7)
+    m.observe([8], 512)  # evicts (1)
     assert m.observe([1, 2], 1024) == 0
     m0 = PrefixCacheModel(capacity_tokens=0)
     m0.observe([1], 512)
@@ -109,8 +109,10 @@ def test_mooncake_10min_plausible_hit_ratio():
     lru = expected_hits(trace, kv_block_size=16, capacity_tokens=1_000_000)
     r_lru = lru.sum() / il.sum()
     blocks = int(trace.hash_offsets[-1])
-    print(f"\nMooncake 10 min: {len(trace)} rows, {blocks} blocks, infinite-cache hit ratio "
-          f"{ratio:.3f}, LRU 1M tokens {r_lru:.3f}, {dt * 1e6 / len(trace):.1f} us/row")
+    print(
+        f"\nMooncake 10 min: {len(trace)} rows, {blocks} blocks, infinite-cache hit ratio "
+        f"{ratio:.3f}, LRU 1M tokens {r_lru:.3f}, {dt * 1e6 / len(trace):.1f} us/row"
+    )
     assert 0.2 < ratio < 0.95  # conversation trace: heavy prefix reuse, but not everything
     assert (lru <= hits).all() and r_lru <= ratio
 
@@ -125,8 +127,8 @@ def test_model_agrees_with_simulator_cache():
 
     from replayer.build.payload import PayloadBuilder
     from replayer.build.prompts import PromptBuilder
-    from replayer.sim import SimConfig, SimServer
     from replayer.observe.target_metrics import TargetScraper
+    from replayer.sim import SimConfig, SimServer
 
     n = 40
     trace = read_trace(SLICE_10MIN).head(n)
@@ -135,8 +137,11 @@ def test_model_agrees_with_simulator_cache():
     payload = PayloadBuilder("sim-model", stream=False)
 
     async def main():
-        sim = SimServer(SimConfig(ttft_base_ms=0.0, prefill_us_per_token=0.0, itl_base_ms=0.0,
-                                  itl_per_running_us=0.0, kv_block_size=16))
+        sim = SimServer(
+            SimConfig(
+                ttft_base_ms=0.0, prefill_us_per_token=0.0, itl_base_ms=0.0, itl_per_running_us=0.0, kv_block_size=16
+            )
+        )
         url = await sim.start()
         try:
             async with aiohttp.ClientSession() as s:
@@ -145,8 +150,9 @@ def test_model_agrees_with_simulator_cache():
                 got = []
                 for i in range(n):
                     body = payload.body(prompts.prompt_json(trace.hash_ids(i), int(trace.input_length[i])), 1)
-                    async with s.post(url + "/v1/completions", data=body,
-                                      headers={"Content-Type": "application/json"}) as r:
+                    async with s.post(
+                        url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+                    ) as r:
                         assert r.status == 200, await r.text()
                         await r.read()
                     before = sc.deltas().get("prefix_cache_hits", 0)
@@ -164,10 +170,10 @@ def test_model_agrees_with_simulator_cache():
 def test_shards_expect_the_hits_of_one_process():
     # shards replay one trace against one server: each shard's model also sees the rows the other
     # shards send (in trace order), so per row it expects what a single process would
-    from replayer.config.model import load_config
-    from replayer.build.payload import PayloadBuilder
     from replayer.build.loopprompts import Prompts
+    from replayer.build.payload import PayloadBuilder
     from replayer.build.prepare import RequestFactory
+    from replayer.config.model import load_config
     from replayer.plan.schedule import Timeline, iter_schedule
     from replayer.trace import open_trace
 
@@ -179,8 +185,7 @@ def test_shards_expect_the_hits_of_one_process():
         source = open_trace(trace)
         factory = RequestFactory(Prompts(source.block_size), PayloadBuilder("m"), Timeline(1.0))
         out = {}
-        for sb in iter_schedule(lambda: source.batches(batch_rows), shard=i, shards=n, max_requests=600,
-                                skip=skip):
+        for sb in iter_schedule(lambda: source.batches(batch_rows), shard=i, shards=n, max_requests=600, skip=skip):
             for j in range(len(sb.idx)):
                 req = factory.prepare(sb, j)
                 out[req.row] = req.expected_hits
@@ -201,8 +206,8 @@ def test_shards_expect_the_hits_of_one_process():
 
 def test_run_config_defaults_are_the_models():
     # RunConfig keeps them as literals (config imports no numpy); they must be the model's
-    from replayer.config.model import RunConfig
     from replayer.build.prefix_cache import DEFAULT_CAPACITY_TOKENS, DEFAULT_KV_BLOCK_SIZE
+    from replayer.config.model import RunConfig
 
     fields = RunConfig.model_fields
     assert fields["kv_block_size"].default == DEFAULT_KV_BLOCK_SIZE
@@ -218,8 +223,8 @@ def test_trace_inspect_and_a_replay_expect_the_same_hits(tmp_path, capsys):
     import sys
 
     from replayer.cli import main as cli_main
-    from replayer.trace.tools import scale_trace
     from replayer.trace import write_parquet
+    from replayer.trace.tools import scale_trace
 
     fast = tmp_path / "slice_fast.parquet"
     write_parquet(scale_trace(read_trace(SLICE_10MIN), time_factor=0.01, output_factor=1e-9), fast, time_unit="ns")
@@ -228,8 +233,25 @@ def test_trace_inspect_and_a_replay_expect_the_same_hits(tmp_path, capsys):
     assert cli_main(["trace", "inspect", str(fast), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["expected_prefix_hit_tokens"] == inspected["expected_prefix_hit_tokens"]
     results = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "replayer", "run", str(fast), "--speedup", "1", "--results", str(results),
-                        "--admin-port", "0", "--quiet"], capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(fast),
+            "--speedup",
+            "1",
+            "--results",
+            str(results),
+            "--admin-port",
+            "0",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((results / "summary.json").read_text())
     assert summary["sent"] == 1750 and summary["completed"] == 1750
@@ -240,8 +262,8 @@ def test_request_factory_defaults_are_run_config_defaults():
     # RequestFactory takes its settings one by one (not the config): its defaults must be the run's
     import inspect
 
-    from replayer.config.model import RunConfig
     from replayer.build.prepare import RequestFactory
+    from replayer.config.model import RunConfig
 
     params = inspect.signature(RequestFactory).parameters
     for name in ("image_size", "image_format", "image_token_rule", "image_cache_mb", "session_header", "endpoint"):

@@ -12,7 +12,6 @@ import urllib.parse
 import urllib.request
 
 import pytest
-
 from conftest import ROOT, free_port, wait_http
 
 sys.path.insert(0, str(ROOT / "deploy" / "grafana"))
@@ -20,9 +19,10 @@ import dashboard  # noqa: E402
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
-pytestmark = pytest.mark.skipif(PROMETHEUS is None or PROMTOOL is None,
-                                reason="needs the `prometheus` binary and promtool "
-                                       "(apt-get install prometheus; .ci/run installs it)")
+pytestmark = pytest.mark.skipif(
+    PROMETHEUS is None or PROMTOOL is None,
+    reason="needs the `prometheus` binary and promtool (apt-get install prometheus; .ci/run installs it)",
+)
 
 
 def _get_json(url: str) -> dict:
@@ -43,14 +43,25 @@ def prometheus(tmp_path):
 
     def start(scrape_targets: dict[str, str]) -> str:
         port = free_port()
-        cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-               "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [hostport]}]}
-                                  for job, hostport in scrape_targets.items()]}
+        cfg = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": [hostport]}]}
+                for job, hostport in scrape_targets.items()
+            ],
+        }
         (tmp_path / "prometheus.yml").write_text(json.dumps(cfg))  # JSON is YAML
-        p = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-                              f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "w"))
+        p = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp_path / "prometheus.log", "w"),
+        )
         procs.append(p)
         base = f"http://127.0.0.1:{port}"
         wait_http(base + "/-/ready", 30)
@@ -69,9 +80,26 @@ def prometheus(tmp_path):
 def fast_sim():
     """The simulator with short latencies (the replay's drain takes seconds, not tens)."""
     port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--port", str(port), "--ttft-base-ms", "5",
-                          "--prefill-us-per-token", "1", "--itl-base-ms", "1", "--itl-per-running-us", "5"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "sim",
+            "--port",
+            str(port),
+            "--ttft-base-ms",
+            "5",
+            "--prefill-us-per-token",
+            "1",
+            "--itl-base-ms",
+            "1",
+            "--itl-per-running-us",
+            "5",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(url + "/health")
@@ -100,11 +128,34 @@ def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_sli
         assert time.monotonic() < deadline, "Prometheus never scraped the simulator"
         time.sleep(0.25)
     t_prom = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace_path), str(tenant_b), "--target", sim_url,
-                             "--speedup", "20", "--admin-port", str(admin_port), "--results", str(tmp_path / "res"),
-                             "--start-delay", "1", "--quiet", "--goodput", "ttft:60000", "e2el:600000",
-                             "--server-timings"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace_path),
+            str(tenant_b),
+            "--target",
+            sim_url,
+            "--speedup",
+            "20",
+            "--admin-port",
+            str(admin_port),
+            "--results",
+            str(tmp_path / "res"),
+            "--start-delay",
+            "1",
+            "--quiet",
+            "--goodput",
+            "ttft:60000",
+            "e2el:600000",
+            "--server-timings",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     scrape = None
     try:
         wait_http(f"http://127.0.0.1:{admin_port}/healthz", 30)
@@ -147,16 +198,28 @@ def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_sli
         hits = [v for e, vs in values.items() if fragment in e for v in vs]
         assert hits and any(math.isfinite(v) and v > 0 for v in hits), (fragment, hits)
 
-    for fragment in ("replayer_requests_scheduled_total", "replayer_requests_sent_total",
-                     'replayer_requests_total{outcome="success"}', "replayer_ttft_seconds_bucket",
-                     "replayer_itl_seconds_bucket", "replayer_e2e_latency_seconds_bucket",
-                     "replayer_server_completion_tokens_total", "vllm:prefix_cache_hits_total",
-                     "process_cpu_seconds_total", 'replayer_slo_requests_total{slo="all",result="met"}',
-                     "replayer_ttft_from_due_seconds_bucket", "replayer_e2e_latency_from_due_seconds_bucket"):
+    for fragment in (
+        "replayer_requests_scheduled_total",
+        "replayer_requests_sent_total",
+        'replayer_requests_total{outcome="success"}',
+        "replayer_ttft_seconds_bucket",
+        "replayer_itl_seconds_bucket",
+        "replayer_e2e_latency_seconds_bucket",
+        "replayer_server_completion_tokens_total",
+        "vllm:prefix_cache_hits_total",
+        "process_cpu_seconds_total",
+        'replayer_slo_requests_total{slo="all",result="met"}',
+        "replayer_ttft_from_due_seconds_bucket",
+        "replayer_e2e_latency_from_due_seconds_bucket",
+    ):
         finite_positive(fragment)
     # series the daemon feeds through set_trace/track_due/ExpectedPrefixCache/EventLoopLagMonitor
     wired = _query(prom, 'replayer_trace_rows{job="replayer"}', at)["data"]["result"]
     if wired and float(wired[0]["value"][1]) > 0:
-        for fragment in ("replayer_requests_due_total", "replayer_trace_rows_done",
-                         "replayer_expected_prefix_cache_query_tokens_total", "replayer_event_loop_lag_seconds"):
+        for fragment in (
+            "replayer_requests_due_total",
+            "replayer_trace_rows_done",
+            "replayer_expected_prefix_cache_query_tokens_total",
+            "replayer_event_loop_lag_seconds",
+        ):
             finite_positive(fragment)

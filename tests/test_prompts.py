@@ -53,7 +53,7 @@ def test_no_vllm_extensions_switch():
 
 def test_b15_partial_tail_is_prefix_of_full_block():
     p = PromptBuilder()
-    r1 = orjson.loads(p.prompt_json([10, 11], 700))       # 11 first seen as a partial block
+    r1 = orjson.loads(p.prompt_json([10, 11], 700))  # 11 first seen as a partial block
     r2 = orjson.loads(p.prompt_json([10, 11], 1024))
     assert len(r1) == 700 and len(r2) == 1024
     assert r2[:700] == r1
@@ -75,8 +75,14 @@ def test_impossible_lengths_refused(ids, n):
 
 
 @settings(max_examples=60, deadline=None)
-@given(shared=st.integers(0, 4), a_extra=st.integers(1, 3), b_extra=st.integers(1, 3),
-       tail_a=st.integers(1, 512), tail_b=st.integers(1, 512), seed=st.integers(0, 2**64 - 1))
+@given(
+    shared=st.integers(0, 4),
+    a_extra=st.integers(1, 3),
+    b_extra=st.integers(1, 3),
+    tail_a=st.integers(1, 512),
+    tail_b=st.integers(1, 512),
+    seed=st.integers(0, 2**64 - 1),
+)
 def test_shared_prefix_exact(shared, a_extra, b_extra, tail_a, tail_b, seed):
     p = PromptBuilder(seed=seed, cache_bytes=4096)  # tiny cache: exercises eviction too
     a = list(range(shared)) + [1000 + i for i in range(a_extra)]
@@ -99,10 +105,16 @@ def test_vocabulary_range_respected():
 
 
 def test_same_bodies_in_another_process():
-    code = ("from replayer.build.prompts import PromptBuilder;import sys;"
-            "sys.stdout.buffer.write(PromptBuilder(seed=3).prompt_json([5,6,7],1300))")
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, check=True,
-                           env={"PYTHONHASHSEED": str(s), "PATH": ""}).stdout for s in (1, 2)}
+    code = (
+        "from replayer.build.prompts import PromptBuilder;import sys;"
+        "sys.stdout.buffer.write(PromptBuilder(seed=3).prompt_json([5,6,7],1300))"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, check=True, env={"PYTHONHASHSEED": str(s), "PATH": ""}
+        ).stdout
+        for s in (1, 2)
+    }
     assert len(outs) == 1
     assert outs.pop() == PromptBuilder(seed=3).prompt_json([5, 6, 7], 1300)
 
@@ -112,14 +124,24 @@ def test_request_bodies_byte_identical_across_processes():
     from pathlib import Path
 
     trace = Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation_10min.parquet"
-    code = ("import hashlib,sys;from replayer.trace import read_trace;from replayer.build.prompts import PromptBuilder;"
-            "from replayer.build.payload import PayloadBuilder;t=read_trace(sys.argv[1]);p=PromptBuilder(seed=42);"
-            "b=PayloadBuilder('m');h=hashlib.sha256()\n"
-            "for i in range(200): h.update(b.body(p.prompt_json(t.hash_ids(i),int(t.input_length[i])),"
-            "int(t.output_length[i])))\n"
-            "print(h.hexdigest())")
-    outs = {subprocess.run([sys.executable, "-c", code, str(trace)], capture_output=True, check=True, text=True,
-                           env={"PYTHONHASHSEED": str(s), "PATH": ""}).stdout for s in (1, 2)}
+    code = (
+        "import hashlib,sys;from replayer.trace import read_trace;from replayer.build.prompts import PromptBuilder;"
+        "from replayer.build.payload import PayloadBuilder;t=read_trace(sys.argv[1]);p=PromptBuilder(seed=42);"
+        "b=PayloadBuilder('m');h=hashlib.sha256()\n"
+        "for i in range(200): h.update(b.body(p.prompt_json(t.hash_ids(i),int(t.input_length[i])),"
+        "int(t.output_length[i])))\n"
+        "print(h.hexdigest())"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code, str(trace)],
+            capture_output=True,
+            check=True,
+            text=True,
+            env={"PYTHONHASHSEED": str(s), "PATH": ""},
+        ).stdout
+        for s in (1, 2)
+    }
     assert len(outs) == 1 and len(outs.pop().strip()) == 64
 
 
@@ -149,10 +171,12 @@ def test_tail_made_alone_is_the_full_blocks_start(tail):
         got = orjson.loads(p.prompt_json([h], tail))
         assert got == reference_block(5, h, vocab, 128)[:tail]
         assert orjson.loads(p.prompt_json([h], 128)) == reference_block(5, h, vocab, 128)
-        assert orjson.loads(p.prompt_json([h, 9], 140)) == (reference_block(5, h, vocab, 128)
-                                                            + reference_block(5, 9, vocab, 128)[:12])
+        assert orjson.loads(p.prompt_json([h, 9], 140)) == (
+            reference_block(5, h, vocab, 128) + reference_block(5, 9, vocab, 128)[:12]
+        )
     q = PromptBuilder(seed=5, block_size=128, vocab=vocab)
     q.prompt_json([3], tail)
-    assert orjson.loads(q.prompt_json([3], min(tail + 5, 128))) == reference_block(5, 3, vocab, 128)[:tail + 5]
-    assert orjson.loads(q.prompt_json([4, 3], 128 + tail)) == (reference_block(5, 4, vocab, 128)
-                                                              + reference_block(5, 3, vocab, 128)[:tail])
+    assert orjson.loads(q.prompt_json([3], min(tail + 5, 128))) == reference_block(5, 3, vocab, 128)[: tail + 5]
+    assert orjson.loads(q.prompt_json([4, 3], 128 + tail)) == (
+        reference_block(5, 4, vocab, 128) + reference_block(5, 3, vocab, 128)[:tail]
+    )

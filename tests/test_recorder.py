@@ -4,19 +4,29 @@ import dataclasses
 
 import numpy as np
 
-from replayer.record.recorder import Recorder, read_results
 from replayer.core.result import SCHEMA, RequestResult, Rows, batches_to_table
+from replayer.record.recorder import Recorder, read_results
 
 
 def _result(i: int, rng) -> RequestResult:
     ok = i % 7 != 3
     return RequestResult(
-        row=i, loop=i % 2, input_length=100 + i, output_length=5, due_ns=i * 1_000, sent_ns=i * 1_000 + 7,
-        outcome="success" if ok else "failed", error_kind="none" if ok else "http_status",
-        http_status=200 if ok else 503, error=None if ok else f"HTTP 503 row {i}",
-        prompt_tokens=100 + i if ok else None, completion_tokens=5 if ok else None,
-        ttft_ms=float(rng.random()) if ok else None, session_id=f"s{i % 3}" if i % 2 else None,
-        itl_ms=[float(x) for x in rng.random(int(rng.integers(0, 40)))] if ok else [])
+        row=i,
+        loop=i % 2,
+        input_length=100 + i,
+        output_length=5,
+        due_ns=i * 1_000,
+        sent_ns=i * 1_000 + 7,
+        outcome="success" if ok else "failed",
+        error_kind="none" if ok else "http_status",
+        http_status=200 if ok else 503,
+        error=None if ok else f"HTTP 503 row {i}",
+        prompt_tokens=100 + i if ok else None,
+        completion_tokens=5 if ok else None,
+        ttft_ms=float(rng.random()) if ok else None,
+        session_id=f"s{i % 3}" if i % 2 else None,
+        itl_ms=[float(x) for x in rng.random(int(rng.integers(0, 40)))] if ok else [],
+    )
 
 
 def _as_rows(results: list[RequestResult]) -> list[dict]:

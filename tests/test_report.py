@@ -9,7 +9,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from conftest import SLICE_10MIN
 
 from replayer.cli import main as cli_main
@@ -21,10 +20,32 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def results(tmp_path_factory):
     """A real run: 200 requests of the committed slice against the embedded simulator."""
     d = tmp_path_factory.mktemp("run") / "res"
-    out = subprocess.run([sys.executable, "-m", "replayer", "run", str(SLICE_10MIN), "--max-requests", "200",
-                          "--speedup", "20", "--results", str(d), "--admin-port", "0", "--quiet",
-                          "--scrape-interval", "1", "--goodput", "ttft:60000", "e2el:600000"],
-                         capture_output=True, text=True, timeout=180)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(SLICE_10MIN),
+            "--max-requests",
+            "200",
+            "--speedup",
+            "20",
+            "--results",
+            str(d),
+            "--admin-port",
+            "0",
+            "--quiet",
+            "--scrape-interval",
+            "1",
+            "--goodput",
+            "ttft:60000",
+            "e2el:600000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return d
 
@@ -34,9 +55,9 @@ def test_report_figures_show_the_runs_data(results):
     of a real run on the embedded simulator, whose /metrics were scraped every second."""
     import numpy as np
 
+    from replayer.observe.target_samples import read_samples
     from replayer.results.report import figure_specs
     from replayer.results.reportdata import axis_origin_wall_s, load_results
-    from replayer.observe.target_samples import read_samples
 
     df, summary, _ = load_results(str(results))
     target = read_samples(str(results)).to_pandas()
@@ -52,8 +73,14 @@ def test_report_figures_show_the_runs_data(results):
     assert len(lat["series"][0]["x"]) == summary["completed"]
     assert np.nanmedian(lat["series"][0]["y"]) * 1e3 == pytest.approx(summary["median_ttft_ms"], rel=0.01)
     cdf = specs["Latency CDFs"]
-    assert [se["name"] for se in cdf["series"]] == ["TTFT", "E2E", "TPOT", "ITL (token-weighted)",
-                                                    "TTFT from the due time", "E2E from the due time"]
+    assert [se["name"] for se in cdf["series"]] == [
+        "TTFT",
+        "E2E",
+        "TPOT",
+        "ITL (token-weighted)",
+        "TTFT from the due time",
+        "E2E from the due time",
+    ]
     assert all(se["y"][-1] == 1.0 for se in cdf["series"])
     for se, key in zip(cdf["series"][4:], ("max_ttft_from_due_ms", "max_e2el_from_due_ms")):
         assert se["x"][-1] * 1e3 == pytest.approx(summary[key])
@@ -79,23 +106,57 @@ def test_report_figures_show_the_runs_data(results):
 def test_summary_table_is_flat_with_one_number_format():
     from replayer.results.report import _summary_table, summary_rows
 
-    rows = summary_rows({"completed": 7072928, "x_ms": 4413632.0, "p99_ttft_ms": 12.34567, "ratio": 0.0123456,
-                         "p99_itl_ms": None, "errors_by_kind": {}, "speedup_changes": [{"t_s": 1.5, "speedup": 20.0}],
-                         "target_metrics": {"deltas": {"prompt_tokens": 4413632.0}, "scrapes": 12,
-                                            "series_totals": [["vllm:prompt_tokens_total", {}, 1.0]]}})
-    assert rows == [("completed", "7,072,928"), ("x_ms", "4,413,632"), ("p99_ttft_ms", "12.346"),
-                    ("ratio", "0.01235"), ("p99_itl_ms", "n/a"), ("errors_by_kind", "-"),
-                    ("speedup_changes", "t_s=1.500 speedup=20"),
-                    ("target_metrics.deltas.prompt_tokens", "4,413,632"), ("target_metrics.scrapes", "12")]
+    rows = summary_rows(
+        {
+            "completed": 7072928,
+            "x_ms": 4413632.0,
+            "p99_ttft_ms": 12.34567,
+            "ratio": 0.0123456,
+            "p99_itl_ms": None,
+            "errors_by_kind": {},
+            "speedup_changes": [{"t_s": 1.5, "speedup": 20.0}],
+            "target_metrics": {
+                "deltas": {"prompt_tokens": 4413632.0},
+                "scrapes": 12,
+                "series_totals": [["vllm:prompt_tokens_total", {}, 1.0]],
+            },
+        }
+    )
+    assert rows == [
+        ("completed", "7,072,928"),
+        ("x_ms", "4,413,632"),
+        ("p99_ttft_ms", "12.346"),
+        ("ratio", "0.01235"),
+        ("p99_itl_ms", "n/a"),
+        ("errors_by_kind", "-"),
+        ("speedup_changes", "t_s=1.500 speedup=20"),
+        ("target_metrics.deltas.prompt_tokens", "4,413,632"),
+        ("target_metrics.scrapes", "12"),
+    ]
     assert "{" not in _summary_table({"target_metrics": {"deltas": {"a": 1.0}}})
 
 
 def _dump_dom(html_path) -> str:
     with tempfile.TemporaryDirectory() as profile:
-        out = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
-                              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                              "--no-first-run", f"--user-data-dir={profile}", "--virtual-time-budget=10000",
-                              "--dump-dom", f"file://{html_path}"], capture_output=True, text=True, timeout=90)
+        out = subprocess.run(
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                f"--user-data-dir={profile}",
+                "--virtual-time-budget=10000",
+                "--dump-dom",
+                f"file://{html_path}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
 
@@ -105,8 +166,14 @@ def test_report_cli_writes_self_contained_html(results, tmp_path, capsys):
     assert cli_main(["report", str(target_run), "-o", str(tmp_path / "r.html")]) == 0
     text = (tmp_path / "r.html").read_text()
     assert "<script src=" not in text and "cdn." not in text.split("</script>")[0][:200]  # plotly.js inline
-    for title in ("Arrivals: due vs sent vs completed", "Latency over time", "Latency CDFs", "Token throughput",
-                  "Dispatch lag", "Target server metrics: requests"):
+    for title in (
+        "Arrivals: due vs sent vs completed",
+        "Latency over time",
+        "Latency CDFs",
+        "Token throughput",
+        "Dispatch lag",
+        "Target server metrics: requests",
+    ):
         assert title in text, title
     assert "mean_ttft_ms" in text and "target_metrics.deltas.prompt_tokens" in text  # the summary table
     # the verdict first: before the plots (and kept when a killed run's summary is recomputed)
@@ -119,7 +186,9 @@ def test_report_cli_writes_self_contained_html(results, tmp_path, capsys):
     assert "<h2>Verdict</h2>" in render_html(str(killed))
     plain = Path(shutil.copytree(results, tmp_path / "plain"))
     s = json.loads((plain / "summary.json").read_text())
-    (plain / "summary.json").write_text(json.dumps({k: v for k, v in s.items() if "slo" not in k and "goodput" not in k}))
+    (plain / "summary.json").write_text(
+        json.dumps({k: v for k, v in s.items() if "slo" not in k and "goodput" not in k})
+    )
     assert "<h2>Verdict</h2>" not in render_html(str(plain))  # no bounds: no verdict
     capsys.readouterr()
     assert cli_main(["report", str(tmp_path / "nothing")]) == 2
@@ -140,13 +209,14 @@ def test_report_cli_writes_self_contained_html(results, tmp_path, capsys):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium; .ci/run installs it)")
 def test_report_plots_draw_in_headless_chromium(results, tmp_path):
+    from replayer.observe.target_samples import read_samples
     from replayer.results.report import figure_specs, write_report
     from replayer.results.reportdata import axis_origin_wall_s, load_results
-    from replayer.observe.target_samples import read_samples
 
     path = write_report(str(results), str(tmp_path / "report.html"))
-    specs = figure_specs(load_results(str(results))[0], read_samples(str(results)).to_pandas(),
-                         axis_origin_wall_s(str(results)))
+    specs = figure_specs(
+        load_results(str(results))[0], read_samples(str(results)).to_pandas(), axis_origin_wall_s(str(results))
+    )
     dom = _dump_dom(path)
     figs = re.findall(r'<div id="fig\d+" class="plotly-graph-div js-plotly-plot"', dom)
     assert len(figs) == len(specs) >= 7, len(figs)  # plotly turned every div into a plot
@@ -161,8 +231,7 @@ def test_compare_text_and_json(results, tmp_path, capsys):
     b = tmp_path / "b"
     b.mkdir()
     s = json.loads((results / "summary.json").read_text())
-    s2 = dict(s, p99_ttft_ms=(s["p99_ttft_ms"] or 1.0) * 2, failed=s["failed"] + 3,
-              errors_by_kind={"timeout": 3})
+    s2 = dict(s, p99_ttft_ms=(s["p99_ttft_ms"] or 1.0) * 2, failed=s["failed"] + 3, errors_by_kind={"timeout": 3})
     (b / "summary.json").write_text(json.dumps(s2))
     capsys.readouterr()
     assert cli_main(["compare", str(results), str(b)]) == 0
@@ -196,8 +265,9 @@ def test_compare_text_and_json(results, tmp_path, capsys):
     rows = {r["key"]: r for r in got["rows"]}
     assert rows["completed"]["a"] == rows["completed"]["b"] == s["completed"]
     # its setup comes from the results file's metadata (same trace, speed-up, ...): only the cut
-    assert got["setup_differences"] == ["B was cut short (by a kill (no summary.json)): its numbers cover "
-                                        "part of its run"]
+    assert got["setup_differences"] == [
+        "B was cut short (by a kill (no summary.json)): its numbers cover part of its run"
+    ]
     # two runs on the embedded simulator (a free port each) are not told apart by their target
     (b / "summary.json").write_text(json.dumps(dict(s, target="http://127.0.0.1:1")))
     assert cli_main(["compare", str(results), str(b), "--json"]) == 0

@@ -15,8 +15,8 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from replayer.record.recorder import Recorder, read_results, result_files
 from replayer.core.result import RequestResult
+from replayer.record.recorder import Recorder, read_results, result_files
 from replayer.results.summary import summarize_files
 
 #: a recorder in a child process that dies (os._exit: no clean-up at all) at one roll step
@@ -46,8 +46,9 @@ sys.exit(main(sys.argv[2:]))
 
 
 def _replayer(*args: str, die_at: str = "", timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", CLI_DYING_AT, die_at, *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", CLI_DYING_AT, die_at, *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _rows(folder) -> list[int]:
@@ -62,8 +63,12 @@ ROLL_STEPS = ("written", "renamed", "removed 1", "removed 2")
 def test_a_kill_at_any_step_of_a_roll_shows_each_row_once_and_a_new_writer_completes_it(tmp_path, roll, step):
     folder = tmp_path / "r"
     n, roll_rows = (3, 3) if roll == "mid-run" else (4, 0)  # mid-run: parts 0-2 roll into requests-00000
-    p = subprocess.run([sys.executable, "-c", RECORD_AND_DIE, str(folder), step, str(roll_rows), str(n)],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", RECORD_AND_DIE, str(folder), step, str(roll_rows), str(n)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 137, p.stderr[-2000:]
     assert _rows(folder) == list(range(n))  # every row written before the kill, each once
     assert summarize_files(result_files(str(folder)))["completed"] == n
@@ -78,15 +83,24 @@ def test_a_kill_at_any_step_of_a_roll_shows_each_row_once_and_a_new_writer_compl
         assert not list(folder.glob("parts/part-*.parquet"))
 
 
-def test_run_killed_while_removing_its_parts_then_resumed_counts_each_row_once(tmp_path, mooncake_slice,
-                                                                              sim_process):
+def test_run_killed_while_removing_its_parts_then_resumed_counts_each_row_once(tmp_path, mooncake_slice, sim_process):
     # the audit's case: --flush-rows 1, killed just after requests.parquet appeared
     trace = mooncake_slice(30)
     n = sum(1 for _ in open(trace))
     url, _ = sim_process("--itl-base-ms", "1")
     res = tmp_path / "r"
-    common = ["--target", url, "--speedup", "30", "--admin-port", "0", "--quiet", "--flush-rows", "1",
-              "--no-scrape-target-metrics"]
+    common = [
+        "--target",
+        url,
+        "--speedup",
+        "30",
+        "--admin-port",
+        "0",
+        "--quiet",
+        "--flush-rows",
+        "1",
+        "--no-scrape-target-metrics",
+    ]
     p = _replayer("run", str(trace), "--results", str(res), *common, die_at="removed 1")
     assert p.returncode == 137, p.stderr[-2000:]
     assert (res / "requests.parquet").exists() and len(list(res.glob("parts/part-*.parquet"))) == n - 1
@@ -104,9 +118,23 @@ def _killed_run_with_a_damaged_part(tmp_path, mooncake_slice, url):
     trace = mooncake_slice(30)
     n = sum(1 for _ in open(trace))
     res = tmp_path / "r"
-    p = _replayer("run", str(trace), "--results", str(res), "--target", url, "--speedup", "30",
-                  "--admin-port", "0", "--quiet", "--flush-rows", "5", "--no-scrape-target-metrics",
-                  die_at="written")
+    p = _replayer(
+        "run",
+        str(trace),
+        "--results",
+        str(res),
+        "--target",
+        url,
+        "--speedup",
+        "30",
+        "--admin-port",
+        "0",
+        "--quiet",
+        "--flush-rows",
+        "5",
+        "--no-scrape-target-metrics",
+        die_at="written",
+    )
     assert p.returncode == 137, p.stderr[-2000:]
     parts = sorted(res.glob("parts/part-*.parquet"))
     assert len(parts) >= 3 and not list(res.glob("requests*.parquet"))
@@ -142,8 +170,22 @@ def test_a_damaged_part_is_named_and_every_other_file_is_read(tmp_path, mooncake
     assert merged["completed"] == len(kept) and any(str(bad) in w for w in merged["merge_warnings"])
 
     # --resume sends the rows only the damaged part held; the readable files then hold each row once
-    p = _replayer("run", "--resume", str(res), str(trace), "--target", url, "--speedup", "30", "--admin-port", "0",
-                  "--quiet", "--flush-rows", "5", "--no-scrape-target-metrics")
+    p = _replayer(
+        "run",
+        "--resume",
+        str(res),
+        str(trace),
+        "--target",
+        url,
+        "--speedup",
+        "30",
+        "--admin-port",
+        "0",
+        "--quiet",
+        "--flush-rows",
+        "5",
+        "--no-scrape-target-metrics",
+    )
     assert p.returncode == 0 and str(bad) in p.stderr, p.stderr[-2000:]
     assert _rows(res) == list(range(n))
     summary = json.loads((res / "summary.json").read_text())
@@ -160,11 +202,13 @@ def test_an_interrupted_json_write_leaves_the_old_file_whole(tmp_path):
         write_json(str(path), {"completed": 2, "bad": object()})
     assert json.loads(path.read_text()) == {"completed": 1}
     # a process dying half-way through the write (no clean-up at all)
-    code = ("import os, sys; from replayer.record.recorder import atomic_file\n"
-            "with atomic_file(sys.argv[1]) as f:\n"
-            "    f.write(b'{\"completed\": ')\n"
-            "    f.flush()\n"
-            "    os._exit(137)\n")
+    code = (
+        "import os, sys; from replayer.record.recorder import atomic_file\n"
+        "with atomic_file(sys.argv[1]) as f:\n"
+        "    f.write(b'{\"completed\": ')\n"
+        "    f.flush()\n"
+        "    os._exit(137)\n"
+    )
     p = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 137, p.stderr
     assert json.loads(path.read_text()) == {"completed": 1}
@@ -176,8 +220,20 @@ def test_merge_and_run_replace_summary_json_whole(tmp_path, mooncake_slice, sim_
     url, _ = sim_process("--itl-base-ms", "1")
     trace = mooncake_slice(10)
     res = tmp_path / "r"
-    p = _replayer("run", str(trace), "--results", str(res), "--target", url, "--speedup", "30",
-                  "--admin-port", "0", "--quiet", "--no-scrape-target-metrics")
+    p = _replayer(
+        "run",
+        str(trace),
+        "--results",
+        str(res),
+        "--target",
+        url,
+        "--speedup",
+        "30",
+        "--admin-port",
+        "0",
+        "--quiet",
+        "--no-scrape-target-metrics",
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     first = json.loads((res / "summary.json").read_text())
     out = tmp_path / "merged"
@@ -198,12 +254,31 @@ def test_merge_and_run_replace_summary_json_whole(tmp_path, mooncake_slice, sim_
         merge.merge_results([str(res)], str(out), quiet=True)
     assert json.loads((out / "summary.json").read_text()) == merged
     # the same for the run's own summary.json (a resumed run rewrites it)
-    code = ("import sys; import replayer.run.runsummary as d; real = d.summarize_files\n"
-            "d.summarize_files = lambda files, **kw: {**real(files, **kw), 'zz': object()}\n"
-            "from replayer.cli import main; sys.exit(main(sys.argv[1:]))\n")
-    p = subprocess.run([sys.executable, "-c", code, "run", "--resume", str(res), str(trace), "--target", url,
-                        "--admin-port", "0", "--quiet", "--no-scrape-target-metrics"],
-                       capture_output=True, text=True, timeout=180)
+    code = (
+        "import sys; import replayer.run.runsummary as d; real = d.summarize_files\n"
+        "d.summarize_files = lambda files, **kw: {**real(files, **kw), 'zz': object()}\n"
+        "from replayer.cli import main; sys.exit(main(sys.argv[1:]))\n"
+    )
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "run",
+            "--resume",
+            str(res),
+            str(trace),
+            "--target",
+            url,
+            "--admin-port",
+            "0",
+            "--quiet",
+            "--no-scrape-target-metrics",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert p.returncode != 0 and "TypeError" in p.stderr, p.stderr[-2000:]
     assert json.loads((res / "summary.json").read_text()) == first
 
@@ -211,8 +286,17 @@ def test_merge_and_run_replace_summary_json_whole(tmp_path, mooncake_slice, sim_
 def test_a_target_metrics_roll_cut_before_removing_its_parts_shows_each_sample_once(tmp_path, monkeypatch):
     import replayer.observe.target_samples as tm
 
-    rows = [{"time_s": float(i), "t_ns": i, "metric": "vllm:prompt_tokens_total", "labels": "{}",
-             "kind": "counter", "value": float(i)} for i in range(6)]
+    rows = [
+        {
+            "time_s": float(i),
+            "t_ns": i,
+            "metric": "vllm:prompt_tokens_total",
+            "labels": "{}",
+            "kind": "counter",
+            "value": float(i),
+        }
+        for i in range(6)
+    ]
     files = tm.SampleFiles(str(tmp_path))
     files.write_part(rows[:2])
     files.write_part(rows[2:4])
@@ -241,11 +325,33 @@ def test_more_shards_than_rows_every_shard_merges_into_each_row_once(tmp_path, m
     dirs = [tmp_path / f"s{i}" for i in range(13)]
     errs: dict[int, str] = {}
     for first in range(0, 13, 4):  # 4 processes at a time on a 2-core machine
-        procs = {i: subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace), "--target", url,
-                                      "--speedup", "50", "--shard", f"{i}/13", "--results", str(dirs[i]),
-                                      "--admin-port", "0", "--quiet", "--no-scrape-target-metrics"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for i in range(first, min(first + 4, 13))}
+        procs = {
+            i: subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "replayer",
+                    "run",
+                    str(trace),
+                    "--target",
+                    url,
+                    "--speedup",
+                    "50",
+                    "--shard",
+                    f"{i}/13",
+                    "--results",
+                    str(dirs[i]),
+                    "--admin-port",
+                    "0",
+                    "--quiet",
+                    "--no-scrape-target-metrics",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(first, min(first + 4, 13))
+        }
         for i, p in procs.items():
             _, errs[i] = p.communicate(timeout=180)
             assert p.returncode == 0, errs[i][-2000:]
@@ -268,17 +374,41 @@ def test_out_of_file_descriptors_no_result_is_lost(tmp_path, sim_process):
     # more requests in flight than the process may open files: connects fail (recorded, with the
     # limit named) and writing a part fails too; the results stay in memory until it works again
     trace = tmp_path / "burst.jsonl"
-    trace.write_text("".join(json.dumps({"timestamp": i * 2.5, "input_length": 8, "output_length": 2, "hash_ids": [i]})
-                             + "\n" for i in range(800)))
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": i * 2.5, "input_length": 8, "output_length": 2, "hash_ids": [i]}) + "\n"
+            for i in range(800)
+        )
+    )
     url, _ = sim_process("--ttft-base-ms", "1000", "--itl-base-ms", "1", "--prefill-us-per-token", "0")
     res = tmp_path / "res"
 
     def limit():  # soft = hard: the run cannot raise it
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
-    p = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace), "--target", url, "--results", str(res),
-                        "--admin-port", "0", "--quiet", "--flush-interval", "0.5", "--no-scrape-target-metrics"],
-                       capture_output=True, text=True, timeout=240, preexec_fn=limit)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace),
+            "--target",
+            url,
+            "--results",
+            str(res),
+            "--admin-port",
+            "0",
+            "--quiet",
+            "--flush-interval",
+            "0.5",
+            "--no-scrape-target-metrics",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        preexec_fn=limit,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "open-file limit, ulimit -n 256" in p.stderr
     assert "cannot write results" in p.stderr and "works again" in p.stderr  # the write failed, then caught up

@@ -14,19 +14,32 @@ import time
 import urllib.request
 
 import pytest
+from conftest import free_port
 
 import replayer.record.retention as retention
 from replayer.config.model import ConfigError, load_config
-from replayer.record.recorder import Recorder, read_results, result_files, rolled_files
 from replayer.core.result import RequestResult
 from replayer.core.stats import RELATIVE_ACCURACY
+from replayer.record.recorder import Recorder, read_results, result_files, rolled_files
 from replayer.results.summary import summarize_files
 
-from conftest import free_port
-
-COUNTS = ("scheduled", "sent", "completed", "failed", "cancelled", "not_started", "total_input_tokens",
-          "total_output_tokens", "ttft_ms_count", "itl_ms_count", "tpot_ms_count", "e2el_ms_count",
-          "usage_missing", "prompt_token_mismatches", "completion_token_mismatches")
+COUNTS = (
+    "scheduled",
+    "sent",
+    "completed",
+    "failed",
+    "cancelled",
+    "not_started",
+    "total_input_tokens",
+    "total_output_tokens",
+    "ttft_ms_count",
+    "itl_ms_count",
+    "tpot_ms_count",
+    "e2el_ms_count",
+    "usage_missing",
+    "prompt_token_mismatches",
+    "completion_token_mismatches",
+)
 STATS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 
 
@@ -70,7 +83,7 @@ def test_removed_files_keep_the_summary_report_and_compare_whole(rolled_run, tmp
     assert gone == files[:1]
     assert "retention: removed" in caplog.text and files[0] in caplog.text
     gone += retention.apply(str(res), max_bytes=size // 3)
-    assert 2 <= len(gone) < len(files) and rolled_files(str(res)) == files[len(gone):]
+    assert 2 <= len(gone) < len(files) and rolled_files(str(res)) == files[len(gone) :]
     # within the bound, or down to the newest rolled file (never removed)
     assert retention.folder_bytes(str(res)) <= size // 3 or len(gone) == len(files) - 1
     after = summarize_files(result_files(str(res)))
@@ -143,16 +156,54 @@ def test_age_bound_removes_files_whose_newest_result_is_older(rolled_run):
 
 def test_status_and_metrics_report_the_results_folder(tmp_path, sim_process):
     trace = tmp_path / "short.parquet"  # short outputs: results end in the order they were sent
-    p = _run("trace", "synth", "-o", str(trace), "--rows", "1500", "--rate", "100", "--input-dist", "const:8",
-             "--output-dist", "const:2", "--seed", "1")
+    p = _run(
+        "trace",
+        "synth",
+        "-o",
+        str(trace),
+        "--rows",
+        "1500",
+        "--rate",
+        "100",
+        "--input-dist",
+        "const:8",
+        "--output-dist",
+        "const:2",
+        "--seed",
+        "1",
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     url, _ = sim_process("--itl-base-ms", "1", "--ttft-base-ms", "1")
     port = free_port()
     res = tmp_path / "r"
-    p = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace), "--results", str(res), "--target", url,
-                          "--speedup", "1", "--admin-port", str(port), "--quiet", "--no-scrape-target-metrics",
-                          "--flush-interval", "0.2", "--roll-interval", "2", "--retain-size", "60KB"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace),
+            "--results",
+            str(res),
+            "--target",
+            url,
+            "--speedup",
+            "1",
+            "--admin-port",
+            str(port),
+            "--quiet",
+            "--no-scrape-target-metrics",
+            "--flush-interval",
+            "0.2",
+            "--roll-interval",
+            "2",
+            "--retain-size",
+            "60KB",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         status, seen = None, []
         deadline = time.monotonic() + 120
@@ -230,7 +281,9 @@ def test_the_digest_keeps_the_highest_part_number_not_every_part_name(tmp_path):
     assert "parts" not in digest and digest["parts_max"] == 3  # parts 0-3 were in the two files
     legacy = tmp_path / "legacy"
     (legacy / "parts").mkdir(parents=True)
-    (legacy / retention.REMOVED).write_text(json.dumps({"files": [], "parts": ["part-00000041.parquet", "part-00000007.parquet"]}))
+    (legacy / retention.REMOVED).write_text(
+        json.dumps({"files": [], "parts": ["part-00000041.parquet", "part-00000007.parquet"]})
+    )
     assert retention.read_removed(str(legacy)).parts_max == 41
     rec = Recorder(str(legacy), flush_rows=10**6)
     rec.add(RequestResult(row=0, outcome="success", sent_ns=0, end_ns=1))
@@ -252,8 +305,11 @@ def test_the_folder_stays_within_the_size_bound_between_flushes_and_during_rolls
         return real_apply(results_dir, **kw)
 
     monkeypatch.setattr(recorder_mod.retention, "apply", measured_apply)
-    monkeypatch.setattr(recorder_mod, "_roll_step",  # mid-roll: the rolled file written, its parts not yet removed
-                        lambda step: peaks.append(retention.folder_bytes(str(tmp_path))) if step == "written" else None)
+    monkeypatch.setattr(
+        recorder_mod,
+        "_roll_step",  # mid-roll: the rolled file written, its parts not yet removed
+        lambda step: peaks.append(retention.folder_bytes(str(tmp_path))) if step == "written" else None,
+    )
     bound = 250_000
     rec = Recorder(str(tmp_path), flush_rows=10**9, roll_rows=400, retain_bytes=bound)
     for i in range(8000):

@@ -12,25 +12,28 @@ import socket
 import time
 
 import pytest
+from faultserver import DONE, FaultServer, Plan, choice, run_delay_ns, usage_event
 from prometheus_client import CollectorRegistry
+from test_client_faults import at, prepared, result_for
 
-from replayer.http.client import Client
-from replayer.http.measure import retry_after_s
 from replayer.core.clock import now_ns
 from replayer.core.errors import ErrorKind, Outcome
+from replayer.core.result import SCHEMA, RequestResult, to_table
+from replayer.http.client import Client
+from replayer.http.measure import retry_after_s
 from replayer.observe.logs import ErrorBurstLog, JsonFormatter, setup_logging
 from replayer.observe.metrics import ReplayerMetrics
-from replayer.core.result import SCHEMA, RequestResult, to_table
-
-from faultserver import DONE, FaultServer, Plan, choice, run_delay_ns, usage_event
-from test_client_faults import at, prepared, result_for
 
 OK = Plan([(20, choice("a")), (25, choice("b", "length")), (26, usage_event(16, 2)), (27, DONE)])
 
 
 def error(status: int, headers: dict | None = None) -> Plan:
-    return Plan(status=status, content_type="application/json", headers=headers or {},
-                body=json.dumps({"error": {"message": f"status {status}"}}).encode())
+    return Plan(
+        status=status,
+        content_type="application/json",
+        headers=headers or {},
+        body=json.dumps({"error": {"message": f"status {status}"}}).encode(),
+    )
 
 
 def run(plans, **client_kw) -> tuple[RequestResult, FaultServer]:
@@ -74,7 +77,7 @@ def test_503_three_times_with_two_retries_fails_with_backoff_doubling():
     assert r.retries == 2 and r.http_status == 503 and "status 503" in r.error
     assert len(srv.received) == 3
     g = gaps_ms(srv)
-    assert g[0] >= 45 and g[1] >= 95 and g[1] > g[0], g   # 0.05 s, then 0.1 s
+    assert g[0] >= 45 and g[1] >= 95 and g[1] > g[0], g  # 0.05 s, then 0.1 s
 
 
 def test_retry_after_seconds_is_honoured():
@@ -88,7 +91,7 @@ def test_retry_after_parsing_and_cap():
     assert retry_after_s(None) == -1.0
     assert retry_after_s(b" 2 ") == 2.0
     assert retry_after_s(b"0") == 0.0
-    assert retry_after_s(b"3600") == 60.0                       # capped
+    assert retry_after_s(b"3600") == 60.0  # capped
     assert retry_after_s(b"Wed, 21 Oct 2015 07:28:00 GMT") == -1.0  # a date: the backoff applies
     assert retry_after_s(b"-5") == -1.0 and retry_after_s(b"nan") == -1.0
 
@@ -110,14 +113,14 @@ def test_no_retry_on_4xx_other_than_429(status):
 
 
 def test_retry_max_zero_never_retries():
-    r, srv = run([error(503), OK])                               # the default policy
+    r, srv = run([error(503), OK])  # the default policy
     assert r.outcome == "failed" and r.http_status == 503 and r.retries == 0 and len(srv.received) == 1
     r, srv = run([error(429), OK], retry_max=0, retry_backoff_s=0.0)
     assert r.retries == 0 and len(srv.received) == 1
 
 
 def test_disconnect_before_headers_is_retried():
-    before_headers = Plan(body=b"", close_at_ms=0)               # RST before any response byte
+    before_headers = Plan(body=b"", close_at_ms=0)  # RST before any response byte
     r, srv = run([before_headers, OK], retry_max=2, retry_backoff_s=0.01)
     assert r.outcome == "success" and r.retries == 1 and len(srv.received) == 2, (r.error_kind, r.error)
 
@@ -125,7 +128,7 @@ def test_disconnect_before_headers_is_retried():
 def test_connect_refused_is_retried_then_recorded():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]                                # closed again: nothing listens
+        port = s.getsockname()[1]  # closed again: nothing listens
 
     async def main():
         req = prepared(0)
@@ -137,7 +140,7 @@ def test_connect_refused_is_retried_then_recorded():
 
     r, took_ms = asyncio.run(main())
     assert r.outcome == "failed" and r.error_kind == ErrorKind.CONNECT.value and r.retries == 2
-    assert r.http_status is None and took_ms >= 55                # 0.02 + 0.04 s of backoff
+    assert r.http_status is None and took_ms >= 55  # 0.02 + 0.04 s of backoff
 
 
 def test_cancel_while_waiting_to_retry_is_recorded_and_propagates():
@@ -174,6 +177,7 @@ def test_retries_column_and_metric():
 
 
 # ---- logs -----------------------------------------------------------------------------------
+
 
 def test_json_formatter_one_object_per_line_with_extras_and_redaction():
     stream = io.StringIO()
@@ -243,14 +247,14 @@ def test_error_burst_log_is_one_start_line_then_one_line_per_window():
     async def main():
         b = ErrorBurstLog(lg, window_s=0.3)
         start = time.perf_counter()
-        for i in range(40):                       # 40 failures over ~0.4 s: 2 windows
+        for i in range(40):  # 40 failures over ~0.4 s: 2 windows
             b.observe(failed("http_status", i, 503))
             if i % 10 == 0:
                 b.observe(failed("connect", i))
             b.observe(RequestResult(row=i, outcome="success"))
             await asyncio.sleep(0.01)
-        feed_s = time.perf_counter() - start      # longer on a loaded machine: more windows
-        await asyncio.sleep(0.8)                  # the windows end; then one with none ends the burst
+        feed_s = time.perf_counter() - start  # longer on a loaded machine: more windows
+        await asyncio.sleep(0.8)  # the windows end; then one with none ends the burst
         b.observe(failed("http_status", 99, 500))  # a new burst
         b.observe(failed("http_status", 100, 500))
         b.close()
@@ -261,11 +265,14 @@ def test_error_burst_log_is_one_start_line_then_one_line_per_window():
     http = [r for r in records if r.error_kind == "http_status"]
     assert http[0].getMessage().startswith("requests started failing with http_status (HTTP 503): err 0")
     summaries = [r for r in http if "in the last" in r.getMessage()]
-    assert sum(r.failed for r in summaries) == 39 + 1       # all but the start lines, incl. close()
+    assert sum(r.failed for r in summaries) == 39 + 1  # all but the start lines, incl. close()
     assert all(r.getMessage().count("\n") == 0 for r in records)
     # the first burst's last window (however the feed fell into windows) names its last error
-    first_burst = [m for m in msgs[:msgs.index(next(m for m in msgs if "no longer failing with http_status" in m))]
-                   if "failed with http_status in the last" in m]
+    first_burst = [
+        m
+        for m in msgs[: msgs.index(next(m for m in msgs if "no longer failing with http_status" in m))]
+        if "failed with http_status in the last" in m
+    ]
     assert "requests failed with http_status in the last 0.3 s; last error: err 39 (HTTP 503)" in first_burst[-1]
     assert any("no longer failing with http_status" in m for m in msgs)
     assert sum("started failing with http_status" in m for m in msgs) == 2

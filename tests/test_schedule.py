@@ -18,7 +18,7 @@ def test_speedup_divides_offsets():
 def test_cuts():
     ts = np.arange(10, dtype=np.int64) * 1_000_000_000
     assert len(build_schedule(ts, max_requests=3)) == 3
-    s = build_schedule(ts, speedup=2, duration_s=2.0)   # due 0, .5, 1, 1.5 s
+    s = build_schedule(ts, speedup=2, duration_s=2.0)  # due 0, .5, 1, 1.5 s
     assert s.due_ns.tolist() == [0, 500_000_000, 1_000_000_000, 1_500_000_000]
     assert len(build_schedule(ts, duration_s=100, max_requests=4)) == 4
 

@@ -23,7 +23,7 @@ def batches_of(ts, size, sessions=None):
     ts = np.asarray(ts, dtype=np.int64)
     out = []
     for a in range(0, ts.size, size):
-        out.append(Batch(ts[a:a + size], a, None if sessions is None else sessions[a:a + size]))
+        out.append(Batch(ts[a : a + size], a, None if sessions is None else sessions[a : a + size]))
     return lambda: iter(out)
 
 
@@ -55,8 +55,7 @@ def test_max_requests_cuts_the_whole_schedule_before_shards_and_resume():
     for shards in (2, 3):  # N shards together send the same first 13, once
         got = []
         for k in range(shards):
-            rows, _, loops = flat(iter_schedule(batches_of(ts, 3), loops=2, max_requests=13,
-                                                shard=k, shards=shards))
+            rows, _, loops = flat(iter_schedule(batches_of(ts, 3), loops=2, max_requests=13, shard=k, shards=shards))
             got += list(zip(loops, rows))
         assert sorted(got) == sorted([(0, r) for r in range(10)] + [(1, r) for r in range(3)])
     # a resumed run of a finished one: every row of the first 13 is recorded, nothing is left
@@ -74,18 +73,17 @@ def test_resume_skips_rows_in_first_loop_only():
 
 
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(1, 300), shards=st.integers(1, 7), size=st.integers(1, 64),
-       with_sessions=st.booleans())
+@given(n=st.integers(1, 300), shards=st.integers(1, 7), size=st.integers(1, 64), with_sessions=st.booleans())
 def test_shards_partition_every_row_once(n, shards, size, with_sessions):
     ts = np.sort(np.random.default_rng(n).integers(0, 10**9, n))
     sessions = [f"s{i % 13}" if i % 3 else None for i in range(n)] if with_sessions else None
     seen = []
     for k in range(shards):
         rows, tns, _ = flat(iter_schedule(batches_of(ts, size, sessions), shard=k, shards=shards))
-        assert tns == ts[rows].tolist()          # each row keeps its own time
+        assert tns == ts[rows].tolist()  # each row keeps its own time
         seen += rows
     assert sorted(seen) == list(range(n))
-    if with_sessions and shards > 1:              # a session lives in exactly one shard
+    if with_sessions and shards > 1:  # a session lives in exactly one shard
         owner = {}
         for k in range(shards):
             for sb in iter_schedule(batches_of(ts, size, sessions), shard=k, shards=shards):
@@ -102,10 +100,10 @@ def test_shard_mask_balanced_without_sessions():
 def test_timeline_speed_change_reanchors_without_burst():
     tl = Timeline(10.0)
     assert tl.due(10_000) == 1_000
-    tl.set_speedup(20.0, now_ns=500)          # trace position at wall 500 is 5000
+    tl.set_speedup(20.0, now_ns=500)  # trace position at wall 500 is 5000
     assert tl.trace_at(500) == 5_000
-    assert tl.due(5_000) == 500 and tl.due(7_000) == 600   # no jump back, no burst
+    assert tl.due(5_000) == 500 and tl.due(7_000) == 600  # no jump back, no burst
     tl.pause(600)
     assert tl.paused and tl.due(7_000) > 10**15 and tl.trace_at(10_000) == 7_000
-    tl.resume(2_000)                          # continue from trace 7000 at wall 2000
+    tl.resume(2_000)  # continue from trace 7000 at wall 2000
     assert tl.due(7_000) == 2_000 and tl.due(9_000) == 2_100

@@ -6,38 +6,37 @@ import asyncio
 import logging
 import time
 
+from batches import TimeBatch
 from prometheus_client import CollectorRegistry
+from senders import CallSender
 
 import replayer.observe.selfwatch as selfwatch
+from replayer.build.payload import PreparedRequest
 from replayer.core.clock import now_ns
+from replayer.core.result import RequestResult
+from replayer.observe.metrics import EventLoopLagMonitor, ReplayerMetrics
+from replayer.observe.selfwatch import Reading, saturated
+from replayer.plan.planner import Planner
+from replayer.plan.schedule import Timeline, iter_schedule
 from replayer.run.runstate import RunState
 from replayer.run.runstate import watch_self as _watch_self
 from replayer.send.dispatcher import Dispatcher
 from replayer.send.feed import Feed
-from replayer.plan.planner import Planner
-from replayer.observe.metrics import EventLoopLagMonitor, ReplayerMetrics
-from replayer.build.payload import PreparedRequest
-from replayer.core.result import RequestResult
-from replayer.plan.schedule import Timeline, iter_schedule
-from replayer.observe.selfwatch import Reading, saturated
-from batches import TimeBatch
-from senders import CallSender
 
 
 def test_each_saturated_part_is_named_with_its_numbers():
     idle = Reading(wall_s=10.0, cpu_s=1.0, sent=100)
     assert saturated(idle, Reading(wall_s=11.0, cpu_s=1.2, sent=200), loop_lag_ms=3) == []
-    busy = Reading(wall_s=11.0, cpu_s=1.97, sent=300, prepared_late=40, fired_by_loop=25, gc_s=0.1,
-                   launcher_late_ms=80)
+    busy = Reading(wall_s=11.0, cpu_s=1.97, sent=300, prepared_late=40, fired_by_loop=25, gc_s=0.1, launcher_late_ms=80)
     parts = saturated(idle, busy, loop_lag_ms=120)
     assert parts == [
         "CPU (97% of a core)",
         "event loop (stalled up to 120 ms: stream reads and callbacks)",
         "request preparation (40 of 200 requests sent had their body built after their due time)",
-        "hand-over to the launcher process (25 of 200 requests written by the event loop at or after their "
-        "due time)",
+        "hand-over to the launcher process (25 of 200 requests written by the event loop at or after their due time)",
         "launcher process (wrote up to 80 ms past a due time)",
-        "garbage collection (100 ms in 1.0 s)"]
+        "garbage collection (100 ms in 1.0 s)",
+    ]
 
 
 def test_a_replayer_starved_of_its_loop_says_so_while_behind_and_names_the_parts():
@@ -52,8 +51,17 @@ def test_a_replayer_starved_of_its_loop_says_so_while_behind_and_names_the_parts
 
     def prepare(sb, j):
         t = int(sb.trace_ns[j])
-        return PreparedRequest(index=j, row=j, due_ns=timeline.due(t), body=b"{}", input_length=16,
-                               output_length=1, prompt_len=16, max_tokens=1, trace_ns=t)
+        return PreparedRequest(
+            index=j,
+            row=j,
+            due_ns=timeline.due(t),
+            body=b"{}",
+            input_length=16,
+            output_length=1,
+            prompt_len=16,
+            max_tokens=1,
+            trace_ns=t,
+        )
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -70,9 +78,17 @@ def test_a_replayer_starved_of_its_loop_says_so_while_behind_and_names_the_parts
             if not done.is_set():
                 loop.call_soon(hog)
 
-        d = Dispatcher(Feed(iter_schedule(lambda: [TimeBatch([5 * i for i in range(n)])]), prepare,
-                            lambda sb, j: RequestResult(row=int(sb.rows[j]))),
-                       Planner(timeline), CallSender(send), lambda r: None, t0_ns=t0)
+        d = Dispatcher(
+            Feed(
+                iter_schedule(lambda: [TimeBatch([5 * i for i in range(n)])]),
+                prepare,
+                lambda sb, j: RequestResult(row=int(sb.rows[j])),
+            ),
+            Planner(timeline),
+            CallSender(send),
+            lambda r: None,
+            t0_ns=t0,
+        )
 
         class Said(logging.Handler):
             def emit(self, record):
@@ -80,9 +96,12 @@ def test_a_replayer_starved_of_its_loop_says_so_while_behind_and_names_the_parts
 
         handler = Said(logging.INFO)
         logging.getLogger("replayer").addHandler(handler)
-        tasks = [asyncio.ensure_future(EventLoopLagMonitor(metrics, interval_s=0.01).run()),
-                 asyncio.ensure_future(_watch_self(state, metrics, every_s=0.2, probe=lambda: selfwatch.read(d),
-                                                   repeat_s=3600))]
+        tasks = [
+            asyncio.ensure_future(EventLoopLagMonitor(metrics, interval_s=0.01).run()),
+            asyncio.ensure_future(
+                _watch_self(state, metrics, every_s=0.2, probe=lambda: selfwatch.read(d), repeat_s=3600)
+            ),
+        ]
         loop.call_soon(hog)
         try:
             await asyncio.wait_for(d.run(), 120)
@@ -99,7 +118,7 @@ def test_a_replayer_starved_of_its_loop_says_so_while_behind_and_names_the_parts
     behind = [(m, sent) for m, sent in said if "behind schedule" in m]
     assert behind, said
     first, sent_then = behind[0]
-    assert sent_then < n                                   # while the run was still going
+    assert sent_then < n  # while the run was still going
     assert "saturated: " in first and "event loop (stalled up to" in first
     assert "request preparation (" in first and "built after their due time" in first
     parts = [m.split("saturated: ")[1].split("; its own")[0] for m, _ in behind]

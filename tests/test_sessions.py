@@ -36,10 +36,10 @@ def test_a_turn_due_after_its_predecessor_ended_goes_at_the_later_of_due_and_end
     t1, t2, t3 = _req("s", "s"), _req("s", "s", think_ns=1000), _req("s", "s", think_ns=10)
     g.started(t1)
     g.finished(t1, 500)
-    assert g.admit(t2, 600) == 1500          # think time pushes it past its trace time
+    assert g.admit(t2, 600) == 1500  # think time pushes it past its trace time
     g.started(t2)
     g.finished(t2, 2000)
-    assert g.admit(t3, 3000) == 3000         # trace time is later: it goes on time
+    assert g.admit(t3, 3000) == 3000  # trace time is later: it goes on time
     assert g.held == 1
 
 
@@ -67,7 +67,7 @@ def test_children_of_one_parent_are_released_together_and_grandchildren_wait_for
     assert g.admit(c1, 1) is None and g.admit(c2, 2) is None
     out = g.finished(p, 10)
     assert sorted(r.name for r, _ in out) == ["c1", "c2"]
-    assert g.admit(gc, 11) is None            # c1 is in flight now
+    assert g.admit(gc, 11) is None  # c1 is in flight now
     assert g.finished(c2, 20) == []
     assert g.finished(c1, 30) == [(gc, 30)]
 
@@ -78,7 +78,7 @@ def test_ended_keys_are_bounded_and_take_waiting_empties_the_queues():
         r = _req(k, k)
         g.started(r)
         g.finished(r, 100)
-    assert g.admit(_req("a", "a", think_ns=50), 120) == 120   # 'a' evicted: goes at its trace time
+    assert g.admit(_req("a", "a", think_ns=50), 120) == 120  # 'a' evicted: goes at its trace time
     assert g.admit(_req("c", "c", think_ns=50), 120) == 150
     x, y = _req("x", "x"), _req("x", "x")
     g.started(x)
@@ -117,9 +117,26 @@ def _session_trace(path, sessions=6, turns=4, gap_ms=20, extra=None):
 
 def _replay(tmp_path, trace, url, *args):
     res = tmp_path / "res"
-    p = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace), "--target", url, "--results",
-                        str(res), "--admin-port", "0", "--quiet", *args], capture_output=True, text=True,
-                       timeout=180)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace),
+            "--target",
+            url,
+            "--results",
+            str(res),
+            "--admin-port",
+            "0",
+            "--quiet",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     rows = pq.read_table(res / "requests.parquet").to_pylist()
     return rows, json.loads((res / "summary.json").read_text())
@@ -141,8 +158,8 @@ def test_every_turn_goes_after_its_predecessor_ended(tmp_path, sim_process):
     for turns in _by_session(rows).values():
         assert turns[0]["session_wait_ms"] == 0.0
         for prev, cur in zip(turns, turns[1:]):
-            assert cur["sent_ns"] >= prev["end_ns"]                       # never before it ended
-            assert cur["session_wait_ms"] > 100                          # held back ~one turn
+            assert cur["sent_ns"] >= prev["end_ns"]  # never before it ended
+            assert cur["session_wait_ms"] > 100  # held back ~one turn
             # released at the predecessor's end: the replayer itself was not late
             release_ns = cur["due_ns"] + cur["session_wait_ms"] * 1e6
             assert release_ns >= prev["end_ns"] - 1e6
@@ -161,8 +178,9 @@ def test_session_policy_off_replays_trace_times_and_turns_overlap(tmp_path, sim_
     trace, n = _session_trace(tmp_path / "t.parquet")
     rows, _ = _replay(tmp_path, trace, url, "--session-policy", "off")
     assert all(r["session_wait_ms"] is None for r in rows)
-    overlapping = sum(cur["sent_ns"] < prev["end_ns"] for turns in _by_session(rows).values()
-                      for prev, cur in zip(turns, turns[1:]))
+    overlapping = sum(
+        cur["sent_ns"] < prev["end_ns"] for turns in _by_session(rows).values() for prev, cur in zip(turns, turns[1:])
+    )
     assert overlapping == n - 6
 
 
@@ -171,17 +189,20 @@ def test_a_child_held_for_its_parent_already_blocks_its_own_children():
     p, c, gc = _req("p", None), _req("c", "p"), _req("g", "c")
     g.started(p)
     assert g.admit(c, 1) is None
-    assert g.admit(gc, 2) is None             # c has not even been sent yet
+    assert g.admit(gc, 2) is None  # c has not even been sent yet
     assert g.finished(p, 10) == [(c, 10)]
     assert g.finished(c, 20) == [(gc, 20)]
 
 
-def test_the_sessionized_mooncake_trace_replays_every_turn_after_its_predecessor(tmp_path, mooncake_slice,
-                                                                                 sim_process):
+def test_the_sessionized_mooncake_trace_replays_every_turn_after_its_predecessor(tmp_path, mooncake_slice, sim_process):
     src = mooncake_slice(90)
     trace = tmp_path / "sessions.parquet"
-    p = subprocess.run([sys.executable, "-m", "replayer", "trace", "sessionize", str(src), "-o", str(trace)],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "replayer", "trace", "sessionize", str(src), "-o", str(trace)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     url, _ = sim_process()
     rows, summary = _replay(tmp_path, trace, url, "--speedup", "10")

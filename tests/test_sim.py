@@ -21,13 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the package may not be installed in the venv
     sys.path.insert(0, str(ROOT))
 
-from replayer.sim import SimConfig, SimServer, prompt_block_hashes  # noqa: E402
-
 from conftest import free_port  # noqa: E402
 from faultserver import run_delay_ns  # noqa: E402
 
-FAST = dict(ttft_base_ms=1.0, prefill_us_per_token=0.0, itl_base_ms=1.0,
-            itl_per_running_us=0.0)
+from replayer.sim import SimConfig, SimServer, prompt_block_hashes  # noqa: E402
+
+FAST = dict(ttft_base_ms=1.0, prefill_us_per_token=0.0, itl_base_ms=1.0, itl_per_running_us=0.0)
 
 
 def run(coro, timeout: float = 60.0):
@@ -50,7 +49,7 @@ def parse_sse(raw: bytes) -> list:
     out = []
     for ev in raw.split(b"\n\n")[:-1]:
         assert ev.startswith(b"data: "), ev
-        data = ev[len(b"data: "):]
+        data = ev[len(b"data: ") :]
         out.append("[DONE]" if data == b"[DONE]" else orjson.loads(data))
     return out
 
@@ -79,9 +78,9 @@ async def completions(c, url, **body):
 def test_stream_token_ids_exact_sequence():
     async def body(sim, url, c):
         prompt = list(range(1, 101))
-        st, ct, raw = await completions(c, url, prompt=prompt, max_tokens=7, stream=True,
-                                        model="whatever",
-                                        stream_options={"include_usage": True})
+        st, ct, raw = await completions(
+            c, url, prompt=prompt, max_tokens=7, stream=True, model="whatever", stream_options={"include_usage": True}
+        )
         assert st == 200 and ct.startswith("text/event-stream")
         ev = parse_sse(raw)
         assert len(ev) == 7 + 2 and ev[-1] == "[DONE]"
@@ -96,15 +95,15 @@ def test_stream_token_ids_exact_sequence():
             assert ch["finish_reason"] == ("length" if i == 6 else None)
         u = ev[7]
         assert u["choices"] == [] and u["object"] == "text_completion"
-        assert u["usage"] == {"prompt_tokens": 100, "completion_tokens": 7,
-                              "total_tokens": 107}
+        assert u["usage"] == {"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107}
         # Without include_usage: tokens then [DONE], nothing else.
         st, _, raw = await completions(c, url, prompt=prompt, max_tokens=3, stream=True)
         ev = parse_sse(raw)
         assert len(ev) == 4 and ev[-1] == "[DONE]" and all(e["choices"] for e in ev[:3])
         # max_tokens=1: a single chunk that is also the last one.
-        st, _, raw = await completions(c, url, prompt=prompt, max_tokens=1, stream=True,
-                                       stream_options={"include_usage": True})
+        st, _, raw = await completions(
+            c, url, prompt=prompt, max_tokens=1, stream=True, stream_options={"include_usage": True}
+        )
         ev = parse_sse(raw)
         assert [e["choices"][0]["finish_reason"] for e in ev[:1]] == ["length"]
         assert ev[1]["usage"]["completion_tokens"] == 1 and ev[2] == "[DONE]"
@@ -134,13 +133,17 @@ def test_non_stream_text_prompt_and_continuous_usage():
         assert st == 400
         # Continuous usage: every token chunk carries the running totals.
         st, _, raw = await completions(
-            c, url, prompt=list(range(10)), max_tokens=6, stream=True,
-            stream_options={"include_usage": True, "continuous_usage_stats": True})
+            c,
+            url,
+            prompt=list(range(10)),
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+        )
         ev = parse_sse(raw)
         assert len(ev) == 8
         for i, e in enumerate(ev[:6], start=1):
-            assert e["usage"] == {"prompt_tokens": 10, "completion_tokens": i,
-                                  "total_tokens": 10 + i}
+            assert e["usage"] == {"prompt_tokens": 10, "completion_tokens": i, "total_tokens": 10 + i}
         assert ev[6]["choices"] == [] and ev[6]["usage"]["completion_tokens"] == 6
         # Default max_tokens is 16.
         st, _, raw = await completions(c, url, prompt=[1, 2])
@@ -157,8 +160,7 @@ def test_prefix_cache_hits_and_ttft():
 
     async def ttft(c, url, prompt):
         t0 = time.perf_counter()
-        async with c.post(url + "/v1/completions",
-                          json={"prompt": prompt, "max_tokens": 2, "stream": True}) as r:
+        async with c.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2, "stream": True}) as r:
             await r.content.readuntil(b"\n\n")
             t = time.perf_counter() - t0
             await r.read()
@@ -176,9 +178,9 @@ def test_prefix_cache_hits_and_ttft():
         assert 0 < m1["vllm:kv_cache_usage_perc"] <= 1
         # Fully cached repeat: vLLM still recomputes the last block -> hits = 4096 - 16.
         p = rng.integers(0, 32000, 4096).tolist()
-        t1 = await ttft(c, url, p)   # uncached: 4096 * 100 us = 410 ms
+        t1 = await ttft(c, url, p)  # uncached: 4096 * 100 us = 410 ms
         m2 = await metrics(c, url)
-        t2 = await ttft(c, url, p)   # cached: 16 * 100 us
+        t2 = await ttft(c, url, p)  # cached: 16 * 100 us
         m3 = await metrics(c, url)
         assert m3["vllm:prefix_cache_hits_total"] - m2["vllm:prefix_cache_hits_total"] == 4080
         assert t1 > 0.4 and t2 < t1 - 0.25, (t1, t2)
@@ -230,8 +232,7 @@ def test_errors_like_vllm():
     async def body(sim, url, c):
         # Out-of-vocabulary id, streaming: 200, an error event, [DONE].
         for bad in (32000, -1):
-            st, ct, raw = await completions(c, url, prompt=[1, bad, 2], max_tokens=3,
-                                            stream=True)
+            st, ct, raw = await completions(c, url, prompt=[1, bad, 2], max_tokens=3, stream=True)
             assert st == 200 and ct.startswith("text/event-stream")
             ev = parse_sse(raw)
             assert len(ev) == 2 and ev[1] == "[DONE]"
@@ -244,8 +245,7 @@ def test_errors_like_vllm():
         assert orjson.loads(raw)["error"]["type"] == "BadRequestError"
         # Prompt longer than max_model_len: 400 JSON even when streaming.
         for stream in (False, True):
-            st, ct, raw = await completions(c, url, prompt=list(range(200)), max_tokens=1,
-                                            stream=stream)
+            st, ct, raw = await completions(c, url, prompt=list(range(200)), max_tokens=1, stream=stream)
             assert st == 400 and ct.startswith("application/json")
             e = orjson.loads(raw)["error"]
             assert e["code"] == 400 and e["type"] == "BadRequestError"
@@ -253,9 +253,15 @@ def test_errors_like_vllm():
         # Bad bodies.
         async with c.post(url + "/v1/completions", data=b"{not json") as r:
             assert r.status == 400 and "error" in await r.json()
-        for bad_body in ({"max_tokens": 3}, {"prompt": []}, {"prompt": 5},
-                         {"prompt": [1, "x"]}, {"prompt": [1], "max_tokens": 0},
-                         {"prompt": [1], "max_tokens": "3"}, [1, 2]):
+        for bad_body in (
+            {"max_tokens": 3},
+            {"prompt": []},
+            {"prompt": 5},
+            {"prompt": [1, "x"]},
+            {"prompt": [1], "max_tokens": 0},
+            {"prompt": [1], "max_tokens": "3"},
+            [1, 2],
+        ):
             async with c.post(url + "/v1/completions", json=bad_body) as r:
                 assert r.status == 400, bad_body
                 assert (await r.json())["error"]["code"] == 400
@@ -291,13 +297,17 @@ def test_models_health_and_isolated_registries():
 
 
 def test_running_waiting_gauges_with_max_num_seqs():
-    cfg = SimConfig(max_num_seqs=2, ttft_base_ms=1, prefill_us_per_token=0,
-                    itl_base_ms=20, itl_per_running_us=0)
+    cfg = SimConfig(max_num_seqs=2, ttft_base_ms=1, prefill_us_per_token=0, itl_base_ms=20, itl_per_running_us=0)
 
     async def body(sim, url, c):
-        reqs = [asyncio.create_task(completions(
-            c, url, prompt=[1, 2, 3], max_tokens=25, stream=True,
-            stream_options={"include_usage": True})) for _ in range(5)]
+        reqs = [
+            asyncio.create_task(
+                completions(
+                    c, url, prompt=[1, 2, 3], max_tokens=25, stream=True, stream_options={"include_usage": True}
+                )
+            )
+            for _ in range(5)
+        ]
         for _ in range(100):  # until all 5 arrived (each runs ~0.5 s, so no one finished)
             await asyncio.sleep(0.02)
             m = await metrics(c, url)
@@ -317,13 +327,11 @@ def test_running_waiting_gauges_with_max_num_seqs():
 
 
 def test_decode_steps_follow_absolute_deadlines():
-    cfg = SimConfig(ttft_base_ms=5, prefill_us_per_token=0, itl_base_ms=10,
-                    itl_per_running_us=0)
+    cfg = SimConfig(ttft_base_ms=5, prefill_us_per_token=0, itl_base_ms=10, itl_per_running_us=0)
 
     async def body(sim, url, c):
         times, off, off0 = [], [], run_delay_ns() / 1e9
-        async with c.post(url + "/v1/completions",
-                          json={"prompt": [1], "max_tokens": 41, "stream": True}) as r:
+        async with c.post(url + "/v1/completions", json={"prompt": [1], "max_tokens": 41, "stream": True}) as r:
             buf = b""
             async for chunk in r.content.iter_any():
                 buf += chunk
@@ -342,8 +350,7 @@ def test_decode_steps_follow_absolute_deadlines():
 
 
 async def _disconnect_then_ok(sim, url, c):
-    async with c.post(url + "/v1/completions",
-                      json={"prompt": [1, 2], "max_tokens": 10_000, "stream": True}) as r:
+    async with c.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 10_000, "stream": True}) as r:
         await r.content.readuntil(b"\n\n")
         await r.content.readuntil(b"\n\n")
         r.close()  # drop the connection mid-stream
@@ -353,8 +360,9 @@ async def _disconnect_then_ok(sim, url, c):
             break
     assert sim.num_requests_running == 0
     assert not sim._decoding and not sim._joining
-    st, _, raw = await completions(c, url, prompt=[1, 2], max_tokens=3, stream=True,
-                                   stream_options={"include_usage": True})
+    st, _, raw = await completions(
+        c, url, prompt=[1, 2], max_tokens=3, stream=True, stream_options={"include_usage": True}
+    )
     assert st == 200 and parse_sse(raw)[-2]["usage"]["completion_tokens"] == 3
     m = await metrics(c, url)
     assert m["vllm:request_success_total"] == 1
@@ -388,8 +396,9 @@ def test_stop_with_requests_in_flight():
         sim = SimServer(SimConfig(max_num_seqs=1, **FAST))
         url = await sim.start()
         async with aiohttp.ClientSession() as c:
-            tasks = [asyncio.create_task(completions(c, url, prompt=[1], max_tokens=100_000,
-                                                     stream=True)) for _ in range(3)]
+            tasks = [
+                asyncio.create_task(completions(c, url, prompt=[1], max_tokens=100_000, stream=True)) for _ in range(3)
+            ]
             await asyncio.sleep(0.2)
             t0 = time.perf_counter()
             await sim.stop()
@@ -409,9 +418,10 @@ def test_light_load_200_streams():
 
     async def one(c, url, p):
         t0 = time.perf_counter()
-        async with c.post(url + "/v1/completions", json={
-                "prompt": p, "max_tokens": out, "stream": True,
-                "stream_options": {"include_usage": True}}) as r:
+        async with c.post(
+            url + "/v1/completions",
+            json={"prompt": p, "max_tokens": out, "stream": True, "stream_options": {"include_usage": True}},
+        ) as r:
             assert r.status == 200
             ev = parse_sse(await r.read())
         took.append(time.perf_counter() - t0)
@@ -423,8 +433,7 @@ def test_light_load_200_streams():
         t0 = time.perf_counter()
         usages = await asyncio.gather(*(one(c, url, p) for p in prompts))
         dt = time.perf_counter() - t0
-        assert all(u == {"prompt_tokens": plen, "completion_tokens": out,
-                         "total_tokens": plen + out} for u in usages)
+        assert all(u == {"prompt_tokens": plen, "completion_tokens": out, "total_tokens": plen + out} for u in usages)
         m = await metrics(c, url)
         assert m["vllm:generation_tokens_total"] == n * out
         assert m["vllm:request_success_total"] == n
@@ -443,11 +452,26 @@ def test_main_cli_records_requests(tmp_path):
     rec = tmp_path / "rec.jsonl"
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from replayer.sim import main; sys.exit(main())",
-         "--port", str(port), "--model", "cli-model", "--ttft-base-ms", "1",
-         "--itl-base-ms", "1", "--record-requests", str(rec)],
-        env=env, stderr=subprocess.PIPE)
+        [
+            sys.executable,
+            "-c",
+            "import sys; from replayer.sim import main; sys.exit(main())",
+            "--port",
+            str(port),
+            "--model",
+            "cli-model",
+            "--ttft-base-ms",
+            "1",
+            "--itl-base-ms",
+            "1",
+            "--record-requests",
+            str(rec),
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+    )
     try:
+
         async def body():
             url = f"http://127.0.0.1:{port}"
             async with aiohttp.ClientSession() as c:
@@ -458,8 +482,7 @@ def test_main_cli_records_requests(tmp_path):
                                 break
                     except aiohttp.ClientError:
                         await asyncio.sleep(0.05)
-                st, _, raw = await completions(c, url, prompt=[4, 5, 6], max_tokens=2,
-                                               model="cli-model")
+                st, _, raw = await completions(c, url, prompt=[4, 5, 6], max_tokens=2, model="cli-model")
                 assert st == 200
                 async with c.get(url + "/v1/models") as r:
                     assert (await r.json())["data"][0]["id"] == "cli-model"
@@ -477,16 +500,33 @@ def test_main_cli_records_requests(tmp_path):
     r = orjson.loads(line)
     assert r["prompt"] == [4, 5, 6] and r["prompt_tokens"] == 3 and r["max_tokens"] == 2
     assert r["stream"] is False and r["model"] == "cli-model" and r["endpoint"] == "/v1/completions"
-    assert set(r) == {"arrival_ns", "endpoint", "prompt", "prompt_tokens", "max_tokens",
-                      "min_tokens", "ignore_eos", "stream", "model", "include_usage"}
+    assert set(r) == {
+        "arrival_ns",
+        "endpoint",
+        "prompt",
+        "prompt_tokens",
+        "max_tokens",
+        "min_tokens",
+        "ignore_eos",
+        "stream",
+        "model",
+        "include_usage",
+    }
 
 
 def test_record_requests_in_memory():
     async def body(sim, url, c):
         for i in range(3):
-            await completions(c, url, prompt=[i, 1], max_tokens=1, min_tokens=1,
-                              ignore_eos=True, stream=True,
-                              stream_options={"include_usage": True})
+            await completions(
+                c,
+                url,
+                prompt=[i, 1],
+                max_tokens=1,
+                min_tokens=1,
+                ignore_eos=True,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
         assert len(sim.records) == 2 and sim.records_dropped == 1
         r = sim.records[1]
         assert r.prompt == [1, 1] and r.prompt_tokens == 2 and r.min_tokens == 1
@@ -499,8 +539,7 @@ def test_record_requests_in_memory():
 def test_headers_before_first_token_and_http10():
     async def body(sim, url, c):
         t0 = time.perf_counter()
-        async with c.post(url + "/v1/completions",
-                          json={"prompt": [1, 2], "max_tokens": 2, "stream": True}) as r:
+        async with c.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2, "stream": True}) as r:
             t_headers = time.perf_counter() - t0
             assert r.status == 200 and r.headers["Transfer-Encoding"] == "chunked"
             await r.content.readuntil(b"\n\n")
@@ -511,8 +550,10 @@ def test_headers_before_first_token_and_http10():
         port = int(url.rsplit(":", 1)[1])
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         payload = orjson.dumps({"prompt": [1, 2], "max_tokens": 4, "stream": True})
-        writer.write(b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%b" % (len(payload), payload))
+        writer.write(
+            b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%b" % (len(payload), payload)
+        )
         raw = await reader.read()  # HTTP/1.0: the server closes at the end
         writer.close()
         head, _, sse = raw.partition(b"\r\n\r\n")
@@ -527,10 +568,16 @@ def test_multi_token_chunks_with_and_without_continuous_usage():
     """``tokens_per_chunk``: one chunk per decode step carrying K tokens; with continuous usage
     the running completion_tokens rises by K per chunk (vLLM's shape), the last chunk holds
     the rest."""
+
     async def body(sim, url, c):
         st, _, raw = await completions(
-            c, url, prompt=list(range(10)), max_tokens=8, stream=True,
-            stream_options={"include_usage": True, "continuous_usage_stats": True})
+            c,
+            url,
+            prompt=list(range(10)),
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+        )
         ev = parse_sse(raw)
         chunks = [e for e in ev[:-1] if e["choices"]]
         assert [e["usage"]["completion_tokens"] for e in chunks] == [1, 4, 7, 8]
@@ -538,8 +585,9 @@ def test_multi_token_chunks_with_and_without_continuous_usage():
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
         assert ev[-2]["choices"] == [] and ev[-2]["usage"]["completion_tokens"] == 8 and ev[-1] == "[DONE]"
         # without continuous usage: the same chunks, usage only at the end
-        st, _, raw = await completions(c, url, prompt=list(range(10)), max_tokens=8, stream=True,
-                                       stream_options={"include_usage": True})
+        st, _, raw = await completions(
+            c, url, prompt=list(range(10)), max_tokens=8, stream=True, stream_options={"include_usage": True}
+        )
         ev = parse_sse(raw)
         assert [e["choices"][0]["text"].count("tok") for e in ev if e != "[DONE]" and e["choices"]] == [1, 3, 3, 1]
         assert all("usage" not in e for e in ev[:4]) and ev[4]["usage"]["completion_tokens"] == 8

@@ -13,25 +13,34 @@ import statistics
 import orjson
 import pytest
 
-from replayer.http.client import Client
-from replayer.core.clock import now_ns
 from replayer.build.payload import PayloadBuilder, PreparedRequest
+from replayer.core.clock import now_ns
 from replayer.core.result import RequestResult
+from replayer.http.client import Client
 from replayer.sim import SimConfig, SimServer
 
-N = 10   # output tokens: 1 (first) + 3 + 3 + 3
+N = 10  # output tokens: 1 (first) + 3 + 3 + 3
 K = 3
 
 
 def _send(vllm_extensions: bool) -> tuple[RequestResult, list[dict]]:
     async def main():
-        sim = SimServer(SimConfig(tokens_per_chunk=K, ttft_base_ms=5.0, prefill_us_per_token=0.0,
-                                  itl_base_ms=30.0, itl_per_running_us=0.0, record_requests=True))
+        sim = SimServer(
+            SimConfig(
+                tokens_per_chunk=K,
+                ttft_base_ms=5.0,
+                prefill_us_per_token=0.0,
+                itl_base_ms=30.0,
+                itl_per_running_us=0.0,
+                record_requests=True,
+            )
+        )
         url = await sim.start()
         try:
             body = PayloadBuilder("m", vllm_extensions=vllm_extensions).body(orjson.dumps(list(range(1000, 1016))), N)
-            req = PreparedRequest(index=0, row=0, due_ns=0, body=body, input_length=16, output_length=N,
-                                  prompt_len=16, max_tokens=N)
+            req = PreparedRequest(
+                index=0, row=0, due_ns=0, body=body, input_length=16, output_length=N, prompt_len=16, max_tokens=N
+            )
             res = RequestResult(row=0, input_length=16, output_length=N, prompt_len_sent=16, max_tokens=N)
             async with Client(url, t0_ns=now_ns()) as c:
                 return await c.send(req, res), orjson.loads(body)

@@ -18,11 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from replayer.sim import SimConfig, _parser  # noqa: E402
-from replayer.sim.pooling import text_score  # noqa: E402
-
 from faultserver import run_delay_ns  # noqa: E402
 from test_sim import FAST, run, with_sim  # noqa: E402  (the same harness as the sim tests)
+
+from replayer.sim import SimConfig, _parser  # noqa: E402
+from replayer.sim.pooling import text_score  # noqa: E402
 
 
 def parse_sse(raw: bytes) -> list:
@@ -30,7 +30,7 @@ def parse_sse(raw: bytes) -> list:
     out = []
     for ev in raw.split(b"\n\n")[:-1]:
         assert ev.startswith(b"data: "), ev
-        data = ev[len(b"data: "):]
+        data = ev[len(b"data: ") :]
         out.append("[DONE]" if data == b"[DONE]" else orjson.loads(data))
     return out
 
@@ -77,26 +77,42 @@ LENGTH = "vllm:request_success_total", "length"
 
 
 MESSAGES = [
-    {"role": "system", "content": "you are a helpful bot"},                       # 5 words
-    {"role": "user", "content": [{"type": "text", "text": "hello there"},         # 2
-                                 {"type": "text", "text": " how  are\nyou "}]},   # 3
-    {"role": "assistant", "content": None},                                       # 0
+    {"role": "system", "content": "you are a helpful bot"},  # 5 words
+    {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "hello there"},  # 2
+            {"type": "text", "text": " how  are\nyou "},
+        ],
+    },  # 3
+    {"role": "assistant", "content": None},  # 0
 ]
 
 
 def test_chat_stream_event_sequence():
     async def body(sim, url, c):
-        st, ct, raw = await post(c, url, "/v1/chat/completions", {
-            "model": "chat-m", "messages": MESSAGES, "max_completion_tokens": 4,
-            "max_tokens": 99, "stream": True, "stream_options": {"include_usage": True}})
+        st, ct, raw = await post(
+            c,
+            url,
+            "/v1/chat/completions",
+            {
+                "model": "chat-m",
+                "messages": MESSAGES,
+                "max_completion_tokens": 4,
+                "max_tokens": 99,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        )
         assert st == 200 and ct.startswith("text/event-stream")
         ev = parse_sse(raw)
         assert len(ev) == 1 + 4 + 1 + 1 and ev[-1] == "[DONE]"
         role, toks, usage = ev[0], ev[1:5], ev[5]
         assert role["id"].startswith("chatcmpl-") and len(role["id"]) == 9 + 32
         assert role["object"] == "chat.completion.chunk" and role["model"] == "chat-m"
-        assert role["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                    "logprobs": None, "finish_reason": None}]
+        assert role["choices"] == [
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        ]
         assert "usage" not in role
         for i, t in enumerate(toks):
             assert t["id"] == role["id"] and t["object"] == "chat.completion.chunk"
@@ -106,8 +122,7 @@ def test_chat_stream_event_sequence():
             assert ("stop_reason" in ch) == (i == 3)
             assert "usage" not in t
         assert usage["choices"] == [] and usage["id"] == role["id"]
-        assert usage["usage"] == {"prompt_tokens": 10, "completion_tokens": 4,
-                                  "total_tokens": 14}
+        assert usage["usage"] == {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14}
         m = await metrics(c, url)
         assert m[PROMPT] == 10 and m[GEN] == 4 and m[LENGTH] == 1 and m[STOP] == 0
         (rec,) = sim.records
@@ -115,18 +130,29 @@ def test_chat_stream_event_sequence():
         assert rec.prompt_tokens == 10 and rec.max_tokens == 4 and rec.stream
 
         # Continuous usage: every chunk, the role chunk with 0 completion tokens.
-        st, _, raw = await post(c, url, "/v1/chat/completions", {
-            "messages": MESSAGES[:1], "max_tokens": 3, "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+        st, _, raw = await post(
+            c,
+            url,
+            "/v1/chat/completions",
+            {
+                "messages": MESSAGES[:1],
+                "max_tokens": 3,
+                "stream": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            },
+        )
         ev = parse_sse(raw)
         assert [e["usage"]["completion_tokens"] for e in ev[:-1]] == [0, 1, 2, 3, 3]
         assert all(e["usage"]["prompt_tokens"] == 5 for e in ev[:-1])
         assert ev[-2]["choices"] == [] and ev[0]["model"] == "sim-model"
 
         # max_tokens=1 and no usage: role, one final token chunk, [DONE].
-        st, _, raw = await post(c, url, "/v1/chat/completions", {
-            "messages": [{"role": "user", "content": "a b"}], "max_tokens": 1,
-            "stream": True})
+        st, _, raw = await post(
+            c,
+            url,
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "a b"}], "max_tokens": 1, "stream": True},
+        )
         ev = parse_sse(raw)
         assert len(ev) == 3 and ev[0]["choices"][0]["delta"]["role"] == "assistant"
         assert ev[1]["choices"][0]["finish_reason"] == "length" and ev[2] == "[DONE]"
@@ -144,8 +170,7 @@ def test_chat_non_stream_prefix_cache_and_errors():
         assert ch["message"]["role"] == "assistant"
         assert ch["message"]["content"] == " tok" * 3
         assert ch["finish_reason"] == "length" and ch["index"] == 0
-        assert d["usage"] == {"prompt_tokens": 40, "completion_tokens": 3,
-                              "total_tokens": 43}
+        assert d["usage"] == {"prompt_tokens": 40, "completion_tokens": 3, "total_tokens": 43}
         await ok(c, url, "/v1/chat/completions", req)
         m = await metrics(c, url)
         # 40 words = 2 full 16-token blocks; the second request hits both.
@@ -153,16 +178,22 @@ def test_chat_non_stream_prefix_cache_and_errors():
         assert m[PROMPT] == 80 and m[GEN] == 6
 
         chat = "/v1/chat/completions"
-        for b in ({}, {"messages": []}, {"messages": "hi"}, {"messages": [{"content": "x"}]},
-                  {"messages": [{"role": "user", "content": 5}]},
-                  {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-                  {"messages": [{"role": "user", "content": "  "}]},
-                  {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
-                  {"messages": [{"role": "user", "content": "x"}],
-                   "max_completion_tokens": "2"}, [1]):
+        for b in (
+            {},
+            {"messages": []},
+            {"messages": "hi"},
+            {"messages": [{"content": "x"}]},
+            {"messages": [{"role": "user", "content": 5}]},
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            {"messages": [{"role": "user", "content": "  "}]},
+            {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
+            {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": "2"},
+            [1],
+        ):
             await bad(c, url, chat, b)
-        msg = await bad(c, url, chat, {"messages": [{"role": "user", "content": words}],
-                                       "max_tokens": 30, "stream": True})
+        msg = await bad(
+            c, url, chat, {"messages": [{"role": "user", "content": words}], "max_tokens": 30, "stream": True}
+        )
         assert "maximum context length is 64" in msg and "70 tokens" in msg
 
     run(with_sim(SimConfig(max_model_len=64, **FAST), body))
@@ -170,6 +201,7 @@ def test_chat_non_stream_prefix_cache_and_errors():
 
 def test_reset_prefix_cache_empties_the_cache():
     """``POST /reset_prefix_cache`` (vLLM's endpoint): a prompt sent again after it hits nothing."""
+
     async def body(sim, url, c):
         req = {"prompt": list(range(1000, 1040)), "max_tokens": 1}  # 2 full 16-token blocks
         hits = ("vllm:prefix_cache_hits_total", None)
@@ -211,8 +243,7 @@ def test_embeddings_inputs_usage_and_formats():
         d4 = await ok(c, url, "/v1/embeddings", {"input": [[1, 2], [3, 4, 5], [31999]]})
         assert len(d4["data"]) == 3 and d4["usage"]["total_tokens"] == 6
         # base64 = little-endian float32 of the same vector; dimensions cut + renormalise.
-        d5 = await ok(c, url, "/v1/embeddings", {"input": "one two three",
-                                                 "encoding_format": "base64"})
+        d5 = await ok(c, url, "/v1/embeddings", {"input": "one two three", "encoding_format": "base64"})
         v = np.frombuffer(base64.b64decode(d5["data"][0]["embedding"]), dtype="<f4")
         assert v.tolist() == e["embedding"]
         d6 = await ok(c, url, "/v1/embeddings", {"input": "one two three", "dimensions": 4})
@@ -232,10 +263,21 @@ def test_embeddings_inputs_usage_and_formats():
         emb = "/v1/embeddings"
         assert "out of vocabulary" in await bad(c, url, emb, {"input": [1, 32000]})
         assert "-1" in await bad(c, url, emb, {"input": [[1], [-1, 2]]})
-        for b in ({}, {"input": []}, {"input": 3}, {"input": [1, "a"]}, {"input": [[1], "a"]},
-                  {"input": [1.5]}, {"input": [True]}, {"input": ""}, {"input": [[]]},
-                  {"input": "a", "encoding_format": "int8"}, {"input": "a", "dimensions": 0},
-                  {"input": "a", "dimensions": 17}, {"input": list(range(65))}):
+        for b in (
+            {},
+            {"input": []},
+            {"input": 3},
+            {"input": [1, "a"]},
+            {"input": [[1], "a"]},
+            {"input": [1.5]},
+            {"input": [True]},
+            {"input": ""},
+            {"input": [[]]},
+            {"input": "a", "encoding_format": "int8"},
+            {"input": "a", "dimensions": 0},
+            {"input": "a", "dimensions": 17},
+            {"input": list(range(65))},
+        ):
             await bad(c, url, emb, b)
         async with c.post(url + emb, data=b"{nope") as r:
             assert r.status == 400
@@ -279,23 +321,25 @@ def test_pooling_latency_and_max_num_seqs():
 # ---------------------------------------------------------------------------------------
 # Score and rerank
 
-Q = "what is the capital"                                   # q = 4
+Q = "what is the capital"  # q = 4
 DOCS = ["paris is the capital of france", "berlin", "a b c"]  # d = 6, 1, 3
 
 
-@pytest.mark.parametrize("mode,inflate,want_tokens,want_usage", [
-    ("per_document", 0, 3 * 4 + 10, 3 * 4 + 10),
-    ("once", 0, 4 + 10, 4 + 10),
-    ("per_document", 5, 22, 22 + 15),
-    ("once", 7, 14, 14 + 21),
-])
+@pytest.mark.parametrize(
+    "mode,inflate,want_tokens,want_usage",
+    [
+        ("per_document", 0, 3 * 4 + 10, 3 * 4 + 10),
+        ("once", 0, 4 + 10, 4 + 10),
+        ("per_document", 5, 22, 22 + 15),
+        ("once", 7, 14, 14 + 21),
+    ],
+)
 def test_score_and_rerank_usage_modes(mode, inflate, want_tokens, want_usage):
     async def body(sim, url, c):
         m0 = await metrics(c, url)
         d = await ok(c, url, "/v1/score", {"model": "s", "text_1": Q, "text_2": DOCS})
         assert d["id"].startswith("score-") and d["object"] == "list" and d["model"] == "s"
-        assert d["usage"] == {"prompt_tokens": want_usage, "total_tokens": want_usage,
-                              "completion_tokens": 0}
+        assert d["usage"] == {"prompt_tokens": want_usage, "total_tokens": want_usage, "completion_tokens": 0}
         assert [x["index"] for x in d["data"]] == [0, 1, 2]
         assert all(x["object"] == "score" and 0 < x["score"] < 1 for x in d["data"])
         assert [x["score"] for x in d["data"]] == [text_score(Q, t) for t in DOCS]
@@ -311,8 +355,7 @@ def test_score_and_rerank_usage_modes(mode, inflate, want_tokens, want_usage):
         if inflate:
             assert want_usage > 3 * 4 + 10 and want_usage > 4 + 10
 
-    run(with_sim(SimConfig(score_usage=mode, score_usage_inflate_tokens=inflate, **FAST),
-                 body))
+    run(with_sim(SimConfig(score_usage=mode, score_usage_inflate_tokens=inflate, **FAST), body))
 
 
 def test_score_pairing_rules_and_errors():
@@ -323,8 +366,7 @@ def test_score_pairing_rules_and_errors():
         assert d["data"][0]["score"] == text_score("a b", "c")
         # N:N pairwise (list of one text_1 is 1:N).
         d = await ok(c, url, "/v1/score", {"text_1": ["a", "b c"], "text_2": ["d e f", "g"]})
-        assert [x["score"] for x in d["data"]] == [text_score("a", "d e f"),
-                                                    text_score("b c", "g")]
+        assert [x["score"] for x in d["data"]] == [text_score("a", "d e f"), text_score("b c", "g")]
         assert d["usage"]["prompt_tokens"] == (1 + 3) + (2 + 1)
         d = await ok(c, url, "/v1/score", {"text_1": ["q"], "text_2": ["x", "y", "z w"]})
         assert len(d["data"]) == 3 and d["usage"]["prompt_tokens"] == 3 * 1 + 4
@@ -333,14 +375,18 @@ def test_score_pairing_rules_and_errors():
         assert len(d["data"]) == 2 and d["usage"]["prompt_tokens"] == 4
         assert sim.records[-1].prompt == {"text_1": "q", "text_2": ["x", "y"]}
         sc = "/v1/score"
-        assert "1:1, 1:N or N:N" in await bad(c, url, sc, {"text_1": ["a", "b"],
-                                                           "text_2": ["c"]})
-        assert "1:1, 1:N or N:N" in await bad(c, url, sc, {"text_1": ["a", "b"],
-                                                           "text_2": ["c", "d", "e"]})
-        for b in ({"text_2": "x"}, {"text_1": "x"}, {"text_1": [], "text_2": "x"},
-                  {"text_1": "x", "text_2": []}, {"text_1": 1, "text_2": "x"},
-                  {"text_1": "x", "text_2": ["a", 2]}, "x",
-                  {"text_1": "a b c d e", "text_2": "f g h i j k"}):  # 11 > max_model_len
+        assert "1:1, 1:N or N:N" in await bad(c, url, sc, {"text_1": ["a", "b"], "text_2": ["c"]})
+        assert "1:1, 1:N or N:N" in await bad(c, url, sc, {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]})
+        for b in (
+            {"text_2": "x"},
+            {"text_1": "x"},
+            {"text_1": [], "text_2": "x"},
+            {"text_1": "x", "text_2": []},
+            {"text_1": 1, "text_2": "x"},
+            {"text_1": "x", "text_2": ["a", 2]},
+            "x",
+            {"text_1": "a b c d e", "text_2": "f g h i j k"},
+        ):  # 11 > max_model_len
             await bad(c, url, sc, b)
 
     run(with_sim(SimConfig(max_model_len=10, record_requests=True, **FAST), body))
@@ -360,30 +406,32 @@ def test_rerank_order_top_n_and_paths():
             assert x["relevance_score"] == text_score("things", docs[x["index"]])
         assert full["usage"] == {"total_tokens": 8 * 1 + 8 * 5}
         for path in ("/rerank", "/v2/rerank"):
-            r = await ok(c, url, path, {"query": "things", "top_n": 3,
-                                        "documents": [{"text": t} for t in docs]})
+            r = await ok(c, url, path, {"query": "things", "top_n": 3, "documents": [{"text": t} for t in docs]})
             assert r["results"] == res[:3]
             assert r["usage"] == full["usage"]  # usage covers every document
         r = await ok(c, url, "/v1/rerank", {"query": "things", "documents": docs, "top_n": 0})
         assert r["results"] == res
         rr = "/v1/rerank"
-        for b in ({"documents": ["a"]}, {"query": "q"}, {"query": "q", "documents": []},
-                  {"query": 1, "documents": ["a"]}, {"query": "q", "documents": [{"x": 1}]},
-                  {"query": "q", "documents": ["a"], "top_n": "2"}):
+        for b in (
+            {"documents": ["a"]},
+            {"query": "q"},
+            {"query": "q", "documents": []},
+            {"query": 1, "documents": ["a"]},
+            {"query": "q", "documents": [{"x": 1}]},
+            {"query": "q", "documents": ["a"], "top_n": "2"},
+        ):
             await bad(c, url, rr, b)
 
     run(with_sim(SimConfig(**FAST), body))
 
 
 def test_cli_flags():
-    a = _parser().parse_args(["--score-usage", "once", "--inflate-score-usage", "3",
-                              "--embedding-dim", "8"])
+    a = _parser().parse_args(["--score-usage", "once", "--inflate-score-usage", "3", "--embedding-dim", "8"])
     assert (a.score_usage, a.inflate_score_usage, a.embedding_dim) == ("once", 3, 8)
     d = _parser().parse_args([])
     assert (d.score_usage, d.inflate_score_usage, d.embedding_dim) == ("per_document", 0, 16)
     with pytest.raises(SystemExit):
         _parser().parse_args(["--score-usage", "twice"])
-    for bad_cfg in (dict(embedding_dim=0), dict(score_usage="x"),
-                    dict(score_usage_inflate_tokens=-1)):
+    for bad_cfg in (dict(embedding_dim=0), dict(score_usage="x"), dict(score_usage_inflate_tokens=-1)):
         with pytest.raises(ValueError):
             SimConfig(**bad_cfg)

@@ -13,13 +13,15 @@ import time
 import urllib.request
 
 import pyarrow.parquet as pq
-
 from conftest import free_port, wait_http
 
 
 def _sim(port: int, *args: str) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--host", "127.0.0.1", "--port", str(port),
-                          *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "replayer", "sim", "--host", "127.0.0.1", "--port", str(port), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_http(f"http://127.0.0.1:{port}/health", 20)
     return p
 
@@ -28,10 +30,17 @@ def _sim_on_cue(port: int, *args: str) -> subprocess.Popen:
     """``replayer sim`` (the same CLI entry) in a process that imports everything now and starts
     serving when a line arrives on its stdin: a restart ~0.2 s after the cue instead of the 2-6 s
     a cold Python start takes on a busy 2-core machine."""
-    code = ("import sys; from replayer.cli import main; sys.stdin.readline(); "
-            f"sys.exit(main(['sim', '--host', '127.0.0.1', '--port', '{port}', *{list(args)!r}]))")
-    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, text=True)
+    code = (
+        "import sys; from replayer.cli import main; sys.stdin.readline(); "
+        f"sys.exit(main(['sim', '--host', '127.0.0.1', '--port', '{port}', *{list(args)!r}]))"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
 
 
 def _stop(p: subprocess.Popen) -> None:
@@ -45,8 +54,13 @@ def _stop(p: subprocess.Popen) -> None:
 
 
 def _run(args: list[str], env=None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "replayer", "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "replayer", "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def _json_lines(err: str) -> list[dict]:
@@ -65,10 +79,36 @@ def _restart_run(tmp_path, mooncake_slice, extra: list[str]):
     url = f"http://127.0.0.1:{port}"
     sims = [_sim(port, "--itl-base-ms", "2"), _sim_on_cue(port, "--itl-base-ms", "2")]
     res = tmp_path / "r"
-    p = _run([str(trace), "--target", url, "--speedup", "15", "--results", str(res), "--admin-port", str(admin),
-              "--quiet", "--start-delay", "0.3", "--warm-connections", "16", "--connect-timeout", "2",
-              "--scrape-interval", "0.5", "--flush-interval", "0.5", "--log-format", "json",
-              "--drain-timeout", "20", *extra], env={k: v for k, v in os.environ.items() if "REPLAYER_" not in k})
+    p = _run(
+        [
+            str(trace),
+            "--target",
+            url,
+            "--speedup",
+            "15",
+            "--results",
+            str(res),
+            "--admin-port",
+            str(admin),
+            "--quiet",
+            "--start-delay",
+            "0.3",
+            "--warm-connections",
+            "16",
+            "--connect-timeout",
+            "2",
+            "--scrape-interval",
+            "0.5",
+            "--flush-interval",
+            "0.5",
+            "--log-format",
+            "json",
+            "--drain-timeout",
+            "20",
+            *extra,
+        ],
+        env={k: v for k, v in os.environ.items() if "REPLAYER_" not in k},
+    )
     try:
         wait_http(f"http://127.0.0.1:{admin}/readyz", 30)
         time.sleep(1.3)
@@ -98,27 +138,27 @@ def _restart_run(tmp_path, mooncake_slice, extra: list[str]):
 
 def test_target_restart_mid_run_is_recorded_and_the_replay_continues(tmp_path, mooncake_slice):
     rows, n, t0, kill_wall, back_wall, err = _restart_run(tmp_path, mooncake_slice, [])
-    assert sorted(r["row"] for r in rows) == list(range(n))        # every row exactly once
+    assert sorted(r["row"] for r in rows) == list(range(n))  # every row exactly once
     sent = [r for r in rows if r["outcome"] != "not_started"]
-    assert {r["outcome"] for r in sent} <= {"success", "failed"}   # drained: nothing cancelled
+    assert {r["outcome"] for r in sent} <= {"success", "failed"}  # drained: nothing cancelled
     failed = [r for r in sent if r["outcome"] == "failed"]
     assert failed, "the outage must show"
     # (a request written on a reused connection just as the target died gets no response byte:
     # stale_connection, as a keep-alive race would)
     outage = {"connect", "disconnect", "stale_connection"}
     assert {r["error_kind"] for r in failed} <= outage, {r["error_kind"] for r in failed}
-    assert any(r["error_kind"] == "connect" for r in failed)       # sent while nothing listened
+    assert any(r["error_kind"] == "connect" for r in failed)  # sent while nothing listened
     due_wall = lambda r: t0 + r["due_ns"] / 1e9  # noqa: E731
     end_wall = lambda r: t0 + r["end_ns"] / 1e9  # noqa: E731
     # failures belong to the outage: they ended after the kill (in flight then, or sent while the
     # target was down) and were due before the new sim answered
     assert all(kill_wall - 0.2 < end_wall(r) and due_wall(r) < back_wall + 0.3 for r in failed)
     assert all(r["outcome"] == "success" for r in sent if end_wall(r) < kill_wall - 0.2)
-    assert any(end_wall(r) < kill_wall for r in sent)               # the target worked before
+    assert any(end_wall(r) < kill_wall for r in sent)  # the target worked before
     # ... and again after the restart: the replay continued
     after = [r for r in sent if due_wall(r) > back_wall + 0.3]
     assert len(after) >= 10 and all(r["outcome"] == "success" for r in after)
-    assert all(r["retries"] == 0 for r in rows)                     # retries are off by default
+    assert all(r["retries"] == 0 for r in rows)  # retries are off by default
     logs = _json_lines(err)
     assert all({"ts", "level", "logger", "msg"} <= set(o) for o in logs)
     starts = [o for o in logs if o["msg"].startswith("requests started failing with")]
@@ -128,7 +168,8 @@ def test_target_restart_mid_run_is_recorded_and_the_replay_continues(tmp_path, m
 
 def test_target_restart_with_retries_recovers_requests_that_could_not_connect(tmp_path, mooncake_slice):
     rows, n, t0, kill_wall, back_wall, err = _restart_run(
-        tmp_path, mooncake_slice, ["--retry-max", "8", "--retry-backoff", "0.1"])
+        tmp_path, mooncake_slice, ["--retry-max", "8", "--retry-backoff", "0.1"]
+    )
     assert sorted(r["row"] for r in rows) == list(range(n))
     retried = [r for r in rows if r["retries"] > 0]
     assert retried and all(r["outcome"] == "success" for r in retried if r["error_kind"] != "disconnect")
@@ -152,12 +193,31 @@ def test_failing_target_never_leaks_the_api_key(tmp_path, mooncake_slice):
     secret = "sk-soak-secret-987654321"
     trace = mooncake_slice(30)
     port, admin = free_port(), free_port()
-    sim = _sim(port, "--max-model-len", "64")                     # every request: HTTP 400
+    sim = _sim(port, "--max-model-len", "64")  # every request: HTTP 400
     env = dict(os.environ, REPLAYER_API_KEY=secret)
     res = tmp_path / "r"
-    p = _run([str(trace), "--target", f"http://127.0.0.1:{port}", "--speedup", "10", "--results", str(res),
-              "--admin-port", str(admin), "--start-delay", "0.3", "--log-format", "json",
-              "--warm-connections", "4", "--scrape-interval", "0.5"], env=env)
+    p = _run(
+        [
+            str(trace),
+            "--target",
+            f"http://127.0.0.1:{port}",
+            "--speedup",
+            "10",
+            "--results",
+            str(res),
+            "--admin-port",
+            str(admin),
+            "--start-delay",
+            "0.3",
+            "--log-format",
+            "json",
+            "--warm-connections",
+            "4",
+            "--scrape-interval",
+            "0.5",
+        ],
+        env=env,
+    )
     statuses = []
     try:
         wait_http(f"http://127.0.0.1:{admin}/readyz", 30)
@@ -184,4 +244,4 @@ def test_failing_target_never_leaks_the_api_key(tmp_path, mooncake_slice):
     logs = _json_lines(err)
     burst = [o for o in logs if o.get("error_kind") == "http_status"]
     assert burst and burst[0]["msg"].startswith("requests started failing with http_status (HTTP 400)")
-    assert len(burst) <= 3 < len(rows)                              # never one line per request
+    assert len(burst) <= 3 < len(rows)  # never one line per request

@@ -23,6 +23,7 @@ MS = 1_000_000
 # ----------------------------------------------------------------------------------------------
 # helpers
 
+
 def decode_all(chunks: list[bytes]) -> tuple[list[SSEEvent], bool]:
     dec = SSEDecoder()
     out: list[SSEEvent] = []
@@ -34,8 +35,8 @@ def decode_all(chunks: list[bytes]) -> tuple[list[SSEEvent], bool]:
 def splits_of(b: bytes):
     """Yield chunkings of b: one read, 1-byte reads, 3-byte reads, every 2-way split."""
     yield "one", [b]
-    yield "1-byte", [b[i:i + 1] for i in range(len(b))]
-    yield "3-byte", [b[i:i + 3] for i in range(0, len(b), 3)]
+    yield "1-byte", [b[i : i + 1] for i in range(len(b))]
+    yield "3-byte", [b[i : i + 3] for i in range(0, len(b), 3)]
     for p in range(len(b) + 1):
         yield f"split@{p}", [b[:p], b[p:]]
 
@@ -118,75 +119,128 @@ def metrics(acc: StreamAccumulator) -> dict:
 # ----------------------------------------------------------------------------------------------
 # transcripts from shared/cases/client-faults.md
 
-B02 = [(50, b'data:'),
-       (51, b' {"choices":[{"index":0,"text":" a'),
-       (52, b' b","finish_reason":null}]}\n\ndata: {"choices":[{"index":0,"text":"c","finish_reason":"length"}]}\n'),
-       (53, b'\ndata: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":3,"total_tokens":7}}\n\nda'),
-       (54, b'ta: [DONE]\n\n')]
-B04 = [(120, b'data: {"choices":[{"index":0,"text":"x","finish_reason":null}]}\n\n'),
-       (150, b'data: {"choices":[{"index":0,"text":"y","finish_reason":null}]}\n\n'),
-       (180, b'data: {"choices":[{"index":0,"text":"z","finish_reason":"length"}]}\n\n'),
-       (900, b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}\n\n'),
-       (901, b'data: [DONE]\n\n')]
-B05_R1 = [(100, b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'),
-          (120, b'data: {"choices":[{"index":0,"text":"b","finish_reason":"length"}]}\n\n'),
-          (121, b'data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}\n\n'),
-          (122, b'data: [DONE]\n\n')]
-B05_R2 = [(30, b'data: {"choices":[{"index":0,"text":"","finish_reason":null}]}\n\n'),
-          (2000, b'data: {"choices":[{"index":0,"text":"","finish_reason":"stop"}]}\n\n'),
-          (2001, b'data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}\n\n'),
-          (2002, b'data: [DONE]\n\n')]
-B06_A = [(40, b'data: {"error":{"message":"engine failure","type":"InternalServerError","code":500}}\n\n'),
-         (41, b'data: [DONE]\n\n')]
-B06_B = [(60, b'data: {"choices":[{"index":0,"text":"ok","finish_reason":null}]}\n\n'),
-         (90, b'data: {"error":{"message":"engine failure","type":"InternalServerError","code":500}}\n\n'),
-         (91, b'data: [DONE]\n\n')]
-B08_A = [(75, b'data: {"choices":[{"index":0,"text":"OK","finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}\n\n'),
-         (76, b'data: [DONE]\n\n')]
-B08_B = [(75, b'data: {"choices":[{"index":0,"text":"OK","finish_reason":"stop"}]}\n\n'),
-         (300, b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}\n\n'),
-         (301, b'data: [DONE]\n\n')]
-B09 = [(80, b'data:{"choices":[{"index":0,"text":"Hi","finish_reason":null}]}\r\n\r\n'),
-       (95, b'data:{"choices":[{"index":0,"text":"!","finish_reason":"length"}]}\r\n\r\n'),
-       (96, b'data:{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}\r\n\r\n'),
-       (97, b'data:[DONE]\r\n\r\n')]
-B11_A = [(50, b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'),
-         (70, b'data: {"choices":[{"index":0,"text":"","finish_reason":"stop"}]}\n\n'),
-         (71, b'data: {"choices":[],"usage":{"prompt_tokens":26,"completion_tokens":2,"total_tokens":28}}\n\n'),
-         (72, b'data: [DONE]\n\n')]
-B11_B = [(50, b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'),
-         (70, b'data: {"choices":[{"index":0,"text":"","finish_reason":"stop"}],"usage":{"prompt_tokens":26,"completion_tokens":2,"total_tokens":28}}\n\n'),
-         (71, b'data: {"choices":[],"usage":null}\n\n'),
-         (72, b'data: [DONE]\n\n')]
-B13_S = [(35, b'data: {"error":"Request failed during generation: out of memory"}\n\n'),
-         (36, b'data: [DONE]\n\n')]
+B02 = [
+    (50, b"data:"),
+    (51, b' {"choices":[{"index":0,"text":" a'),
+    (52, b' b","finish_reason":null}]}\n\ndata: {"choices":[{"index":0,"text":"c","finish_reason":"length"}]}\n'),
+    (53, b'\ndata: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":3,"total_tokens":7}}\n\nda'),
+    (54, b"ta: [DONE]\n\n"),
+]
+B04 = [
+    (120, b'data: {"choices":[{"index":0,"text":"x","finish_reason":null}]}\n\n'),
+    (150, b'data: {"choices":[{"index":0,"text":"y","finish_reason":null}]}\n\n'),
+    (180, b'data: {"choices":[{"index":0,"text":"z","finish_reason":"length"}]}\n\n'),
+    (900, b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}\n\n'),
+    (901, b"data: [DONE]\n\n"),
+]
+B05_R1 = [
+    (100, b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'),
+    (120, b'data: {"choices":[{"index":0,"text":"b","finish_reason":"length"}]}\n\n'),
+    (121, b'data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}\n\n'),
+    (122, b"data: [DONE]\n\n"),
+]
+B05_R2 = [
+    (30, b'data: {"choices":[{"index":0,"text":"","finish_reason":null}]}\n\n'),
+    (2000, b'data: {"choices":[{"index":0,"text":"","finish_reason":"stop"}]}\n\n'),
+    (2001, b'data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}\n\n'),
+    (2002, b"data: [DONE]\n\n"),
+]
+B06_A = [
+    (40, b'data: {"error":{"message":"engine failure","type":"InternalServerError","code":500}}\n\n'),
+    (41, b"data: [DONE]\n\n"),
+]
+B06_B = [
+    (60, b'data: {"choices":[{"index":0,"text":"ok","finish_reason":null}]}\n\n'),
+    (90, b'data: {"error":{"message":"engine failure","type":"InternalServerError","code":500}}\n\n'),
+    (91, b"data: [DONE]\n\n"),
+]
+B08_A = [
+    (
+        75,
+        b'data: {"choices":[{"index":0,"text":"OK","finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}\n\n',
+    ),
+    (76, b"data: [DONE]\n\n"),
+]
+B08_B = [
+    (75, b'data: {"choices":[{"index":0,"text":"OK","finish_reason":"stop"}]}\n\n'),
+    (300, b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}\n\n'),
+    (301, b"data: [DONE]\n\n"),
+]
+B09 = [
+    (80, b'data:{"choices":[{"index":0,"text":"Hi","finish_reason":null}]}\r\n\r\n'),
+    (95, b'data:{"choices":[{"index":0,"text":"!","finish_reason":"length"}]}\r\n\r\n'),
+    (96, b'data:{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}\r\n\r\n'),
+    (97, b"data:[DONE]\r\n\r\n"),
+]
+B11_A = [
+    (50, b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'),
+    (70, b'data: {"choices":[{"index":0,"text":"","finish_reason":"stop"}]}\n\n'),
+    (71, b'data: {"choices":[],"usage":{"prompt_tokens":26,"completion_tokens":2,"total_tokens":28}}\n\n'),
+    (72, b"data: [DONE]\n\n"),
+]
+B11_B = [
+    (50, b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'),
+    (
+        70,
+        b'data: {"choices":[{"index":0,"text":"","finish_reason":"stop"}],"usage":{"prompt_tokens":26,"completion_tokens":2,"total_tokens":28}}\n\n',
+    ),
+    (71, b'data: {"choices":[],"usage":null}\n\n'),
+    (72, b"data: [DONE]\n\n"),
+]
+B13_S = [(35, b'data: {"error":"Request failed during generation: out of memory"}\n\n'), (36, b"data: [DONE]\n\n")]
 B13_U = b'{"error":{"message":"model overloaded","type":"server_error","code":503}}'
-B25 = [(60, b'data: {"choices":[{"index":0,"text":"x","finish_reason":"length"}]}\n\n'),
-       (61, b'data: {"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":1,"total_tokens":101}}\n\n'),
-       (62, b'data: [DONE]\n\n')]
+B25 = [
+    (60, b'data: {"choices":[{"index":0,"text":"x","finish_reason":"length"}]}\n\n'),
+    (61, b'data: {"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":1,"total_tokens":101}}\n\n'),
+    (62, b"data: [DONE]\n\n"),
+]
 
 # A chat stream with a role-only first chunk, reasoning tokens, a keep-alive comment and event/id/retry
-CHAT = [(10, b': keep-alive\n\nretry: 3000\nid: 1\nevent: message\ndata: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'),
-        (40, b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"think"},"finish_reason":null}]}\n\n'),
-        (55, b'data: {"choices":[{"index":0,"delta":{"content":"Hel"},"finish_reason":null}]}\n\n: ping\n\n'),
-        (70, b'data: {"choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"stop"}]}\n\n'),
-        (71, b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10}}\n\n'),
-        (72, b'data: [DONE]\n\n')]
+CHAT = [
+    (
+        10,
+        b': keep-alive\n\nretry: 3000\nid: 1\nevent: message\ndata: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n',
+    ),
+    (40, b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"think"},"finish_reason":null}]}\n\n'),
+    (55, b'data: {"choices":[{"index":0,"delta":{"content":"Hel"},"finish_reason":null}]}\n\n: ping\n\n'),
+    (70, b'data: {"choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"stop"}]}\n\n'),
+    (71, b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10}}\n\n'),
+    (72, b"data: [DONE]\n\n"),
+]
 
 # Continuous usage (vLLM continuous_usage_stats): multi-token chunks, a zero-token chunk,
 # and an empty-text stop token that still carries one token.
-CONT = [(100, b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\n'),
-        (130, b'data: {"choices":[{"index":0,"text":"bc","finish_reason":null}],"usage":{"prompt_tokens":3,"completion_tokens":3,"total_tokens":6}}\n\n'),
-        (150, b'data: {"choices":[{"index":0,"text":"","finish_reason":null}],"usage":{"prompt_tokens":3,"completion_tokens":3,"total_tokens":6}}\n\n'),
-        (190, b'data: {"choices":[{"index":0,"text":"defg","finish_reason":null}],"usage":{"prompt_tokens":3,"completion_tokens":7,"total_tokens":10}}\n\n'),
-        (200, b'data: {"choices":[{"index":0,"text":"","finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":8,"total_tokens":11}}\n\n'),
-        (201, b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":8,"total_tokens":11}}\n\n'),
-        (202, b'data: [DONE]\n\n')]
+CONT = [
+    (
+        100,
+        b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\n',
+    ),
+    (
+        130,
+        b'data: {"choices":[{"index":0,"text":"bc","finish_reason":null}],"usage":{"prompt_tokens":3,"completion_tokens":3,"total_tokens":6}}\n\n',
+    ),
+    (
+        150,
+        b'data: {"choices":[{"index":0,"text":"","finish_reason":null}],"usage":{"prompt_tokens":3,"completion_tokens":3,"total_tokens":6}}\n\n',
+    ),
+    (
+        190,
+        b'data: {"choices":[{"index":0,"text":"defg","finish_reason":null}],"usage":{"prompt_tokens":3,"completion_tokens":7,"total_tokens":10}}\n\n',
+    ),
+    (
+        200,
+        b'data: {"choices":[{"index":0,"text":"","finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":8,"total_tokens":11}}\n\n',
+    ),
+    (201, b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":8,"total_tokens":11}}\n\n'),
+    (202, b"data: [DONE]\n\n"),
+]
 
 CR_ONLY = b'data: {"choices":[{"text":"a"}]}\r\r: c\rdata:x\rdata:y\r\rdata: [DONE]\r\r'
-MIXED = (b'\xef\xbb\xbf: hello\n\nevent: update\nid: 7\nretry: 15\ndata: first\ndata:second\n\n'
-         b'data\n\nid\x00x: ignored\ndata:  two spaces\r\n\r\nretry: 1a\nunknown: z\ndata: \xc3\xa9\xe6\x97\xa5\xf0\x9f\x98\x80\n\n'
-         b'event: lonely\n\nid: \x00\ndata: after-nul-id\n\ndata: tail-without-blank\n')
+MIXED = (
+    b"\xef\xbb\xbf: hello\n\nevent: update\nid: 7\nretry: 15\ndata: first\ndata:second\n\n"
+    b"data\n\nid\x00x: ignored\ndata:  two spaces\r\n\r\nretry: 1a\nunknown: z\ndata: \xc3\xa9\xe6\x97\xa5\xf0\x9f\x98\x80\n\n"
+    b"event: lonely\n\nid: \x00\ndata: after-nul-id\n\ndata: tail-without-blank\n"
+)
 
 RECORDED = {
     "B02": b"".join(b for _, b in B02),
@@ -201,6 +255,7 @@ RECORDED = {
 
 # ----------------------------------------------------------------------------------------------
 # decoder
+
 
 @pytest.mark.parametrize("name", sorted(RECORDED))
 def test_decoder_every_split_gives_same_events(name):
@@ -217,7 +272,8 @@ def test_decoder_b02_events():
         '{"choices":[{"index":0,"text":" a b","finish_reason":null}]}',
         '{"choices":[{"index":0,"text":"c","finish_reason":"length"}]}',
         '{"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":3,"total_tokens":7}}',
-        "[DONE]"]
+        "[DONE]",
+    ]
     assert pending is False
 
 
@@ -231,12 +287,12 @@ def test_decoder_mixed_fields():
     events, pending = decode_all([MIXED])
     assert events == [
         SSEEvent("first\nsecond", "update", "7", 15),
-        SSEEvent("", "", "7", None),                  # "data" with no colon: one empty data line
-        SSEEvent(" two spaces", "", "7", None),       # only one space removed; id with NUL ignored
-        SSEEvent("é日😀", "", "7", None),              # retry "1a" ignored, unknown field ignored
-        SSEEvent("after-nul-id", "", "7", None),      # the event-only block is not dispatched
+        SSEEvent("", "", "7", None),  # "data" with no colon: one empty data line
+        SSEEvent(" two spaces", "", "7", None),  # only one space removed; id with NUL ignored
+        SSEEvent("é日😀", "", "7", None),  # retry "1a" ignored, unknown field ignored
+        SSEEvent("after-nul-id", "", "7", None),  # the event-only block is not dispatched
     ]
-    assert pending is True                            # "tail-without-blank" never dispatched
+    assert pending is True  # "tail-without-blank" never dispatched
 
 
 def test_decoder_line_ends():
@@ -252,8 +308,8 @@ def test_decoder_cr_lf_split_across_reads_is_one_line_end():
     assert dec.feed(b"\ndata: b\r\n\r") == [SSEEvent("a\nb")]
     assert dec.feed(b"\n") == []
     assert dec.feed(b"data: c\r") == []
-    assert dec.feed(b"\r") == [SSEEvent("c")]          # dispatched at the CR, not later
-    assert dec.feed(b"\n\n") == []                      # LF skipped, then a harmless blank line
+    assert dec.feed(b"\r") == [SSEEvent("c")]  # dispatched at the CR, not later
+    assert dec.feed(b"\n\n") == []  # LF skipped, then a harmless blank line
     assert dec.close() is False
 
 
@@ -266,7 +322,11 @@ def test_decoder_cr_then_empty_feed_then_lf():
 
 def test_decoder_data_with_and_without_space():
     assert decode_all([b"data:x\n\ndata: x\n\ndata:  x\n\ndata:\n\n"])[0] == [
-        SSEEvent("x"), SSEEvent("x"), SSEEvent(" x"), SSEEvent("")]
+        SSEEvent("x"),
+        SSEEvent("x"),
+        SSEEvent(" x"),
+        SSEEvent(""),
+    ]
 
 
 def test_decoder_comments_and_meta_only_blocks_not_dispatched():
@@ -284,7 +344,7 @@ def test_decoder_missing_final_blank_line():
     assert dec.close() is True
     dec = SSEDecoder()
     assert dec.feed(b"data: x\n\nda") == [SSEEvent("x")]
-    assert dec.close() is True                      # partial line
+    assert dec.close() is True  # partial line
     dec = SSEDecoder()
     dec.feed(b"data: x\n\n")
     assert dec.close() is False
@@ -316,10 +376,10 @@ def test_decoder_300kib_event():
     expected = ([SSEEvent(body.decode()), SSEEvent("[DONE]")], False)
     t0 = time.perf_counter()
     assert decode_all([s]) == expected
-    assert decode_all([s[i:i + 4096] for i in range(0, len(s), 4096)]) == expected
-    assert decode_all([s[i:i + 3] for i in range(0, len(s), 3)]) == expected
+    assert decode_all([s[i : i + 4096] for i in range(0, len(s), 4096)]) == expected
+    assert decode_all([s[i : i + 3] for i in range(0, len(s), 3)]) == expected
     crlf = s.replace(b"\n", b"\r\n")
-    assert decode_all([crlf[i:i + 3] for i in range(0, len(crlf), 3)]) == expected
+    assert decode_all([crlf[i : i + 3] for i in range(0, len(crlf), 3)]) == expected
     assert time.perf_counter() - t0 < 10  # linear, not quadratic, in the number of reads
 
 
@@ -331,6 +391,7 @@ def test_decoder_accepts_bytearray_and_memoryview():
 
 # ----------------------------------------------------------------------------------------------
 # accumulator: the cases' exact values
+
 
 def test_b02_split_reads():
     m = metrics(run(B02))
@@ -355,7 +416,7 @@ def test_b05_unmeasured_ttft():
     assert r1["success"] and r1["ttft"] == 100 and r1["e2e"] == 120 and r1["tpot"] == 20.0
     assert r1["itl"] == [20.0] and r1["N"] == 2
     for r in (r2, r3):
-        assert r["success"]                    # a success, but with no measurable first token
+        assert r["success"]  # a success, but with no measurable first token
         assert r["ttft"] is None and r["tpot"] is None and r["itl"] == []
         assert r["e2e"] == 2000 and r["N"] == 2 and r["prompt"] == 9
     rs = [r1, r2, r3]
@@ -371,8 +432,8 @@ def test_b06_in_band_error_fails(tr, n_chunks):
     acc = run(tr)
     assert acc.success is False and acc.error_kind is ErrorKind.STREAM_ERROR
     assert acc.error == "engine failure"
-    assert acc.completion_tokens is None and acc.usage_seen is False   # never max_tokens
-    assert acc.n_chunks == n_chunks                                      # B's partial output
+    assert acc.completion_tokens is None and acc.usage_seen is False  # never max_tokens
+    assert acc.n_chunks == n_chunks  # B's partial output
 
 
 @pytest.mark.parametrize("tr", [B08_A, B08_B], ids=["A", "B"])
@@ -436,7 +497,7 @@ def test_continuous_usage_multi_token_chunks():
 def test_chat_role_chunk_and_reasoning_tokens():
     m = metrics(run(CHAT))
     assert m["success"] and m["n_chunks"] == 4
-    assert m["ttft"] == 40            # reasoning_content counts; the role-only chunk does not
+    assert m["ttft"] == 40  # reasoning_content counts; the role-only chunk does not
     assert m["e2e"] == 70 and m["N"] == 3 and m["tpot"] == 15.0
     assert m["itl"] == [15.0, 15.0] and m["text"] == "Hello"
 
@@ -445,10 +506,21 @@ def test_continuous_usage_role_chunk_with_zero_usage_is_not_a_token():
     def u(n: int) -> str:
         return ',"usage":{"prompt_tokens":2,"completion_tokens":%d,"total_tokens":%d}' % (n, n + 2)
 
-    tr = [(5, ('data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]%s}\n\n' % u(0)).encode()),
-          (20, ('data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]%s}\n\n' % u(1)).encode()),
-          (30, ('data: {"choices":[{"index":0,"delta":{"content":"b"},"finish_reason":"length"}]%s}\n\n' % u(2)).encode()),
-          (31, b"data: [DONE]\n\n")]
+    tr = [
+        (
+            5,
+            (
+                'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]%s}\n\n'
+                % u(0)
+            ).encode(),
+        ),
+        (20, ('data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]%s}\n\n' % u(1)).encode()),
+        (
+            30,
+            ('data: {"choices":[{"index":0,"delta":{"content":"b"},"finish_reason":"length"}]%s}\n\n' % u(2)).encode(),
+        ),
+        (31, b"data: [DONE]\n\n"),
+    ]
     m = metrics(run(tr))
     assert m["success"] and m["ttft"] == 20 and m["e2e"] == 30 and m["itl"] == [10.0] and m["tpot"] == 10.0
 
@@ -457,11 +529,13 @@ def test_continuous_usage_when_role_chunk_has_no_usage():
     def u(n: int) -> str:
         return ',"usage":{"prompt_tokens":2,"completion_tokens":%d,"total_tokens":%d}' % (n, n + 2)
 
-    tr = [(5, b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'),
-          (20, ('data: {"choices":[{"index":0,"delta":{"content":"ab"},"finish_reason":null}]%s}\n\n' % u(1)).encode()),
-          (30, ('data: {"choices":[{"index":0,"delta":{"content":"cd"},"finish_reason":null}]%s}\n\n' % u(3)).encode()),
-          (40, ('data: {"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]%s}\n\n' % u(4)).encode()),
-          (41, b"data: [DONE]\n\n")]
+    tr = [
+        (5, b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'),
+        (20, ('data: {"choices":[{"index":0,"delta":{"content":"ab"},"finish_reason":null}]%s}\n\n' % u(1)).encode()),
+        (30, ('data: {"choices":[{"index":0,"delta":{"content":"cd"},"finish_reason":null}]%s}\n\n' % u(3)).encode()),
+        (40, ('data: {"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]%s}\n\n' % u(4)).encode()),
+        (41, b"data: [DONE]\n\n"),
+    ]
     m = metrics(run(tr))
     assert m["success"] and m["N"] == 4 and m["ttft"] == 20 and m["e2e"] == 40
     assert m["itl"] == [5.0, 5.0, 10.0] and m["tpot"] == 20 / 3
@@ -470,17 +544,21 @@ def test_continuous_usage_when_role_chunk_has_no_usage():
 # ----------------------------------------------------------------------------------------------
 # accumulator: failure kinds, error shapes, usage rules
 
+
 def events_to_transcript(*datas: str, start: int = 10, step: int = 10):
     return [(start + i * step, b"data: " + d.encode() + b"\n\n") for i, d in enumerate(datas)]
 
 
-@pytest.mark.parametrize("data,msg", [
-    ('{"error":{"message":"m1","type":"x"}}', "m1"),
-    ('{"error":"plain text"}', "plain text"),
-    ('{"object":"error","message":"old vllm","type":"BadRequestError","param":null,"code":400}', "old vllm"),
-    ('{"error":{"error":{"message":"deep"}}}', "deep"),
-    ('{"error":{"code":500}}', '{"code":500}'),
-])
+@pytest.mark.parametrize(
+    "data,msg",
+    [
+        ('{"error":{"message":"m1","type":"x"}}', "m1"),
+        ('{"error":"plain text"}', "plain text"),
+        ('{"object":"error","message":"old vllm","type":"BadRequestError","param":null,"code":400}', "old vllm"),
+        ('{"error":{"error":{"message":"deep"}}}', "deep"),
+        ('{"error":{"code":500}}', '{"code":500}'),
+    ],
+)
 def test_error_shapes(data, msg):
     acc = run(events_to_transcript('{"choices":[{"text":"a"}]}', data, "[DONE]"))
     assert not acc.success and acc.error_kind is ErrorKind.STREAM_ERROR and acc.error == msg
@@ -488,9 +566,13 @@ def test_error_shapes(data, msg):
 
 def test_error_after_finish_and_usage_still_fails_and_is_truncated():
     long = "e" * 2000
-    acc = run(events_to_transcript(
-        '{"choices":[{"text":"a","finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}',
-        orjson.dumps({"error": {"message": long}}).decode(), "[DONE]"))
+    acc = run(
+        events_to_transcript(
+            '{"choices":[{"text":"a","finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}',
+            orjson.dumps({"error": {"message": long}}).decode(),
+            "[DONE]",
+        )
+    )
     assert not acc.success and acc.error_kind is ErrorKind.STREAM_ERROR
     assert acc.error == "e" * 500
 
@@ -501,10 +583,15 @@ def test_error_in_same_event_as_choices():
 
 
 def test_usage_null_never_erases_and_last_usage_wins():
-    acc = run(events_to_transcript(
-        '{"choices":[{"text":"a"}],"usage":{"prompt_tokens":4,"completion_tokens":1}}',
-        '{"choices":[{"text":"b","finish_reason":"length"}],"usage":{"prompt_tokens":4,"completion_tokens":2}}',
-        '{"choices":[],"usage":null}', '{"choices":[]}', "[DONE]"))
+    acc = run(
+        events_to_transcript(
+            '{"choices":[{"text":"a"}],"usage":{"prompt_tokens":4,"completion_tokens":1}}',
+            '{"choices":[{"text":"b","finish_reason":"length"}],"usage":{"prompt_tokens":4,"completion_tokens":2}}',
+            '{"choices":[],"usage":null}',
+            '{"choices":[]}',
+            "[DONE]",
+        )
+    )
     assert acc.success and acc.prompt_tokens == 4 and acc.completion_tokens == 2
 
 
@@ -517,7 +604,7 @@ def test_invalid_json_is_protocol():
 def test_stream_without_end_is_incomplete():
     acc = run(events_to_transcript('{"choices":[{"text":"a"}]}', '{"choices":[{"text":"b"}]}'))
     assert not acc.success and acc.error_kind is ErrorKind.INCOMPLETE
-    assert acc.first_token_ns == 10 * MS and acc.last_token_ns == 20 * MS   # kept as partial
+    assert acc.first_token_ns == 10 * MS and acc.last_token_ns == 20 * MS  # kept as partial
     empty = run([])
     assert not empty.success and empty.error_kind is ErrorKind.INCOMPLETE
 
@@ -528,14 +615,25 @@ def test_done_only_stream_is_protocol():
 
 
 def test_zero_token_success_is_still_success():
-    acc = run(events_to_transcript('{"choices":[{"text":"","finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":0}}', "[DONE]"))
+    acc = run(
+        events_to_transcript(
+            '{"choices":[{"text":"","finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":0}}',
+            "[DONE]",
+        )
+    )
     assert acc.success and acc.completion_tokens == 0 and acc.first_token_ns is None
     assert acc.last_token_ns == 10 * MS and acc.tpot_ms() is None
 
 
 def test_no_usage_leaves_n_tpot_and_itl_unknown_and_the_event_count_an_estimate():
-    acc = run(events_to_transcript('{"choices":[{"text":"a"}]}', '{"choices":[{"text":"b"}]}',
-                                   '{"choices":[{"text":"c","finish_reason":"length"}]}', "[DONE]"))
+    acc = run(
+        events_to_transcript(
+            '{"choices":[{"text":"a"}]}',
+            '{"choices":[{"text":"b"}]}',
+            '{"choices":[{"text":"c","finish_reason":"length"}]}',
+            "[DONE]",
+        )
+    )
     assert acc.success and not acc.usage_seen and acc.completion_tokens is None
     assert acc.output_tokens is None and acc.tpot_ms() is None and acc.itl_ms() == []
     assert acc.output_tokens_estimate == 3
@@ -549,8 +647,11 @@ def test_keepalive_empty_data_ignored():
 
 def test_non_stream_bodies():
     acc = StreamAccumulator(keep_text=True)
-    acc.on_body(b'{"choices":[{"index":0,"message":{"role":"assistant","content":"hi there"},"finish_reason":"stop"}],'
-                b'"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}', 250 * MS)
+    acc.on_body(
+        b'{"choices":[{"index":0,"message":{"role":"assistant","content":"hi there"},"finish_reason":"stop"}],'
+        b'"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}',
+        250 * MS,
+    )
     acc.finish()
     assert acc.success and acc.prompt_tokens == 5 and acc.completion_tokens == 2 and acc.text == "hi there"
     assert acc.first_token_ns == acc.last_token_ns == 250 * MS
@@ -586,9 +687,11 @@ def test_measurements_readable_before_finish():
 
 
 def test_trailing_stop_token_in_same_read_as_last_text():
-    tr = [(10, b'data: {"choices":[{"text":"a"}]}\n\n'),
-          (20, b'data: {"choices":[{"text":"b"}]}\n\ndata: {"choices":[{"text":"","finish_reason":"stop"}]}\n\n'),
-          (21, b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":3}}\n\ndata: [DONE]\n\n')]
+    tr = [
+        (10, b'data: {"choices":[{"text":"a"}]}\n\n'),
+        (20, b'data: {"choices":[{"text":"b"}]}\n\ndata: {"choices":[{"text":"","finish_reason":"stop"}]}\n\n'),
+        (21, b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":3}}\n\ndata: [DONE]\n\n'),
+    ]
     acc = run(tr)
     assert acc.success and acc.tpot_ms() == 5.0 and acc.itl_ms() == [10.0, 0.0]
     assert sum(acc.itl_ms()) == (acc.last_token_ns - acc.first_token_ns) / MS
@@ -605,13 +708,19 @@ _line = st.one_of(
     st.builds(lambda v: "retry: " + v, st.from_regex(r"[0-9]{1,4}", fullmatch=True) | _value_text),
     st.builds(lambda v: ":" + v, _value_text),
     st.builds(lambda v: v, _value_text),
-    st.just(""), st.just(""), st.just("data"),
+    st.just(""),
+    st.just(""),
+    st.just("data"),
 )
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(lines=st.lists(st.tuples(_line, st.sampled_from(["\n", "\r", "\r\n"])), max_size=25),
-       bom=st.booleans(), tail=_value_text, cuts=st.lists(st.integers(0, 2000), max_size=12))
+@given(
+    lines=st.lists(st.tuples(_line, st.sampled_from(["\n", "\r", "\r\n"])), max_size=25),
+    bom=st.booleans(),
+    tail=_value_text,
+    cuts=st.lists(st.integers(0, 2000), max_size=12),
+)
 def test_decoder_matches_reference_at_any_split(lines, bom, tail, cuts):
     s = ("\ufeff" if bom else "") + "".join(text + e for text, e in lines) + tail
     b = s.encode()
@@ -619,7 +728,7 @@ def test_decoder_matches_reference_at_any_split(lines, bom, tail, cuts):
     pos = sorted({c % (len(b) + 1) for c in cuts})
     chunks = [b[i:j] for i, j in zip([0] + pos, pos + [len(b)])]
     assert decode_all(chunks) == expected
-    assert decode_all([b[i:i + 1] for i in range(len(b))]) == expected
+    assert decode_all([b[i : i + 1] for i in range(len(b))]) == expected
 
 
 def _event_json(kind: int, text: str, total: int | None, finish: str | None) -> str:
@@ -671,8 +780,8 @@ def _streams(draw):
 @given(tr=_streams(), sub=st.integers(1, 7))
 def test_accumulator_independent_of_read_splits(tr, sub):
     base = metrics(run(tr))
-    by_sub = metrics(run(tr, splitter=lambda b: [b[i:i + sub] for i in range(0, len(b), sub)]))
-    by_byte = metrics(run(tr, splitter=lambda b: [b[i:i + 1] for i in range(len(b))]))
+    by_sub = metrics(run(tr, splitter=lambda b: [b[i : i + sub] for i in range(0, len(b), sub)]))
+    by_byte = metrics(run(tr, splitter=lambda b: [b[i : i + 1] for i in range(len(b))]))
     assert base == by_sub == by_byte
     # invariants of the definitions
     if base["ttft"] is not None:
@@ -685,8 +794,11 @@ def test_accumulator_independent_of_read_splits(tr, sub):
 
 
 @settings(max_examples=200, deadline=None)
-@given(ks=st.lists(st.integers(0, 4), min_size=1, max_size=30),
-       gaps=st.lists(st.integers(0, 80), min_size=32, max_size=32), stop_token=st.booleans())
+@given(
+    ks=st.lists(st.integers(0, 4), min_size=1, max_size=30),
+    gaps=st.lists(st.integers(0, 80), min_size=32, max_size=32),
+    stop_token=st.booleans(),
+)
 def test_continuous_usage_itl_invariants(ks, gaps, stop_token):
     """With running-total usage and a first chunk of one token: mean(ITL) == TPOT and
     sum(ITL) == E2E - TTFT, whatever the multi- and zero-token chunks in between."""
@@ -716,13 +828,19 @@ def test_continuous_usage_itl_invariants(ks, gaps, stop_token):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from([b"data: ", b"data:", b"{}", b'{"a":1}', b"\n", b"\r", b"x", b" ", b":c",
-                                 b"event: e", "é".encode()]), max_size=8))
+@given(
+    st.lists(
+        st.sampled_from(
+            [b"data: ", b"data:", b"{}", b'{"a":1}', b"\n", b"\r", b"x", b" ", b":c", b"event: e", "é".encode()]
+        ),
+        max_size=8,
+    )
+)
 def test_simple_event_fast_path_agrees_with_feed(parts):
     """``simple_event`` returns data only for reads ``feed`` decodes to exactly that one event."""
     chunk = b"".join(parts) + b"\n\n"
     a, b = SSEDecoder(), SSEDecoder()
-    a.feed(b"data: warm\n\n")   # past the stream start (BOM check)
+    a.feed(b"data: warm\n\n")  # past the stream start (BOM check)
     b.feed(b"data: warm\n\n")
     fast = a.simple_event(chunk)
     if fast is not None:
@@ -734,12 +852,19 @@ def test_simple_event_fast_path_agrees_with_feed(parts):
 # ----------------------------------------------------------------------------------------------
 # B26 (client-faults-2.md): UTF-8 split across reads; invalid bytes counted, never fatal
 
-B26_A = [(50, b'data: {"choices":[{"index":0,"text":"\xe4\xb8'),
-         (52, b'\xad","finish_reason":null}]}\n\n'),
-         (90, b'data: {"choices":[{"index":0,"text":"\xe6'),
-         (91, b'\x96\x87","finish_reason":"length"}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":2,"total_tokens":6}}\n\ndata: [DONE]\n\n')]
-B26_B = [(10, b'data: {"choices":[{"index":0,"text":"\\u4e'),
-         (11, b'2d","finish_reason":"length"}]}\n\ndata: [DONE]\n\n')]
+B26_A = [
+    (50, b'data: {"choices":[{"index":0,"text":"\xe4\xb8'),
+    (52, b'\xad","finish_reason":null}]}\n\n'),
+    (90, b'data: {"choices":[{"index":0,"text":"\xe6'),
+    (
+        91,
+        b'\x96\x87","finish_reason":"length"}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":2,"total_tokens":6}}\n\ndata: [DONE]\n\n',
+    ),
+]
+B26_B = [
+    (10, b'data: {"choices":[{"index":0,"text":"\\u4e'),
+    (11, b'2d","finish_reason":"length"}]}\n\ndata: [DONE]\n\n'),
+]
 B26_C = [(10, b'data: {"choices":[{"index":0,"text":"a\xffb","finish_reason":"length"}]}\n\ndata: [DONE]\n\n')]
 
 
@@ -749,7 +874,7 @@ def run_counting(transcript, splitter=None, *, simple: bool = False):
     dec = SSEDecoder()
     acc = StreamAccumulator(keep_text=True)
     for ms, b in transcript:
-        for piece in (splitter(b) if splitter else [b]):
+        for piece in splitter(b) if splitter else [b]:
             data = dec.simple_event(piece) if simple else None
             if data is not None:
                 acc.on_event(data, ms * MS)
@@ -762,7 +887,7 @@ def run_counting(transcript, splitter=None, *, simple: bool = False):
 
 
 def _reads(n):
-    return None if n is None else (lambda b: [b[i:i + n] for i in range(0, len(b), n)])
+    return None if n is None else (lambda b: [b[i : i + n] for i in range(0, len(b), n)])
 
 
 @pytest.mark.parametrize("n", [1, 2, None], ids=["1-byte-reads", "2-byte-reads", "one-read-per-write"])
@@ -816,6 +941,12 @@ def test_b26_a_replacement_character_sent_by_the_server_is_not_an_error():
 
 def test_usage_only_at_the_end_with_multi_token_events_leaves_itl_unknown():
     # 2 text events, usage says 8 tokens: which event carried how many is not known -> no ITL
-    acc = run(events_to_transcript('{"choices":[{"text":"abcd"}]}', '{"choices":[{"text":"efgh","finish_reason":"length"}]}',
-                                   '{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":8}}', "[DONE]"))
+    acc = run(
+        events_to_transcript(
+            '{"choices":[{"text":"abcd"}]}',
+            '{"choices":[{"text":"efgh","finish_reason":"length"}]}',
+            '{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":8}}',
+            "[DONE]",
+        )
+    )
     assert acc.success and acc.output_tokens == 8 and acc.tpot_ms() == 10 / 7 and acc.itl_ms() == []

@@ -60,8 +60,10 @@ def test_b32_nearest_rank_and_shards_merged_from_values_not_percentiles(mode, tm
     # case B through the summary: two shards' results files, merged
     files = []
     for name, e2e in (("x", [10, 10, 10, 10, 1000]), ("y", [20, 20, 20, 20, 20])):
-        rs = [RequestResult(row=i, due_ns=0, sent_ns=0, end_ns=int(v * 1e6), outcome="success", e2e_ms=float(v))
-              for i, v in enumerate(e2e)]
+        rs = [
+            RequestResult(row=i, due_ns=0, sent_ns=0, end_ns=int(v * 1e6), outcome="success", e2e_ms=float(v))
+            for i, v in enumerate(e2e)
+        ]
         files.append(str(tmp_path / f"{name}.parquet"))
         pq.write_table(to_table(rs), files[-1])
     s = summarize_files(files)
@@ -115,8 +117,10 @@ def test_sketch_buckets_numpy_batches_as_the_library_would(mode):
 
 
 def test_summary_percentiles_are_nearest_rank_and_empty_is_none():
-    rs = [RequestResult(row=i, due_ns=0, sent_ns=0, end_ns=1, outcome="success", ttft_ms=float(v), e2e_ms=50.0)
-          for i, v in enumerate((10, 20))] + [RequestResult(row=2, outcome="failed", error_kind="connect")]
+    rs = [
+        RequestResult(row=i, due_ns=0, sent_ns=0, end_ns=1, outcome="success", ttft_ms=float(v), e2e_ms=50.0)
+        for i, v in enumerate((10, 20))
+    ] + [RequestResult(row=2, outcome="failed", error_kind="connect")]
     s = summarize(to_table(rs))
     assert s["median_ttft_ms"] == 10 and s["p99_ttft_ms"] == 20 and s["mean_ttft_ms"] == 15
     assert s["tpot_ms_count"] == 0 and s["median_tpot_ms"] is None and s["std_tpot_ms"] is None

@@ -15,12 +15,25 @@ def _results(n: int, seed: int) -> list[RequestResult]:
         ok = rng.random() > 0.05
         sent = i * 1_000_000
         ttft = float(rng.lognormal(3, 0.5))
-        out.append(RequestResult(row=i, input_length=100, output_length=4, due_ns=sent, sent_ns=sent,
-                                 end_ns=sent + 50_000_000, outcome="success" if ok else "failed",
-                                 error_kind="none" if ok else "http_status", prompt_tokens=100 if ok else None,
-                                 completion_tokens=4 if ok else None, ttft_ms=ttft if ok else None,
-                                 e2e_ms=ttft + 30 if ok else None, tpot_ms=10.0 if ok else None,
-                                 dispatch_lag_ms=float(rng.random()), itl_ms=[10.0, 10.0, 10.0] if ok else []))
+        out.append(
+            RequestResult(
+                row=i,
+                input_length=100,
+                output_length=4,
+                due_ns=sent,
+                sent_ns=sent,
+                end_ns=sent + 50_000_000,
+                outcome="success" if ok else "failed",
+                error_kind="none" if ok else "http_status",
+                prompt_tokens=100 if ok else None,
+                completion_tokens=4 if ok else None,
+                ttft_ms=ttft if ok else None,
+                e2e_ms=ttft + 30 if ok else None,
+                tpot_ms=10.0 if ok else None,
+                dispatch_lag_ms=float(rng.random()),
+                itl_ms=[10.0, 10.0, 10.0] if ok else [],
+            )
+        )
     return out
 
 
@@ -53,8 +66,15 @@ def test_folded_summary_keeps_counts_exact_and_statistics_within_the_sketch_erro
             else:
                 assert s[key] == v, key  # every count, token total and error kind
         assert s["median_itl_ms"] == whole["median_itl_ms"] == 10.0
-    assert s["percentiles_sketched"] == ["ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "ttft_from_due_ms", "e2el_from_due_ms",
-                                         "dispatch_lag_ms"]
+    assert s["percentiles_sketched"] == [
+        "ttft_ms",
+        "tpot_ms",
+        "itl_ms",
+        "e2el_ms",
+        "ttft_from_due_ms",
+        "e2el_from_due_ms",
+        "dispatch_lag_ms",
+    ]
     assert whole["percentiles_sketched"] == []
 
 
@@ -65,9 +85,14 @@ def test_printed_summary_says_a_stop_and_the_prefix_cache():
     plain = format_summary(s)
     assert "Stopped early" not in plain and "Prefix cache" not in plain
     assert "Scheduled requests" in plain and "2,000" in plain  # thousands separated
-    s.update(stopped_early=True, stop_signal="SIGTERM", expected_prefix_hit_tokens=1_234_560,
-             server_prefix_cache_hit_tokens=1_000_448.0)
+    s.update(
+        stopped_early=True,
+        stop_signal="SIGTERM",
+        expected_prefix_hit_tokens=1_234_560,
+        server_prefix_cache_hit_tokens=1_000_448.0,
+    )
     lines = format_summary(s).splitlines()
     assert lines[1].startswith("Stopped early") and lines[1].endswith("by SIGTERM")
     assert next(x for x in lines if x.startswith("Expected from hash ids / server-reported")).endswith(
-        "1,234,560 / 1,000,448")
+        "1,234,560 / 1,000,448"
+    )

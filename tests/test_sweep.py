@@ -14,19 +14,24 @@ import re
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_report import CHROMIUM, _dump_dom
 
 from replayer.cli import main as cli_main
 from replayer.run.sweep import SweepError, judge_point, parse_speedups
-
-from test_report import CHROMIUM, _dump_dom
 
 
 def write_trace(path, n: int, gap_ms: int, output_length: int, hash_ids, start_ms: int = 0) -> str:
     """``n`` requests ``gap_ms`` apart from ``start_ms``, 16-token blocks; ``hash_ids(i)`` gives
     row i's ids."""
     ids = [hash_ids(i) for i in range(n)]
-    t = pa.table({"timestamp": [start_ms + i * gap_ms for i in range(n)], "input_length": [16 * len(h) for h in ids],
-                  "output_length": [output_length] * n, "hash_ids": ids})
+    t = pa.table(
+        {
+            "timestamp": [start_ms + i * gap_ms for i in range(n)],
+            "input_length": [16 * len(h) for h in ids],
+            "output_length": [output_length] * n,
+            "hash_ids": ids,
+        }
+    )
     pq.write_table(t.replace_schema_metadata({"replayer.block_size": "16", "replayer.time_unit": "ms"}), path)
     return str(path)
 
@@ -35,19 +40,43 @@ def sweep(capsys, trace: str, url: str | None, results, *flags: str) -> tuple[in
     """Run ``replayer sweep`` in-process (``url`` None: on the embedded simulator): (exit code,
     sweep.json, progress lines)."""
     capsys.readouterr()
-    code = cli_main(["sweep", trace, *(["--target", url] if url else []), "--results", str(results),
-                     "--admin-port", "0", "--max-dispatch-lag", "2000", *flags])
+    code = cli_main(
+        [
+            "sweep",
+            trace,
+            *(["--target", url] if url else []),
+            "--results",
+            str(results),
+            "--admin-port",
+            "0",
+            "--max-dispatch-lag",
+            "2000",
+            *flags,
+        ]
+    )
     out = capsys.readouterr().out.splitlines()
     return code, json.loads((results / "sweep.json").read_text()), out
 
 
 def test_sweep_finds_the_knee_of_the_simulators_capacity(sim_process, tmp_path, capsys):
-    url, _ = sim_process("--max-num-seqs", "2", "--itl-base-ms", "20", "--ttft-base-ms", "20",
-                         "--prefill-us-per-token", "0")
+    url, _ = sim_process(
+        "--max-num-seqs", "2", "--itl-base-ms", "20", "--ttft-base-ms", "20", "--prefill-us-per-token", "0"
+    )
     trace = write_trace(tmp_path / "t.parquet", 24, 400, 14, lambda i: [2 * i, 2 * i + 1])
     res = tmp_path / "sweep"
-    code, s, out = sweep(capsys, trace, url, res, "--speedups", "1,2,4,8,16",
-                         "--goodput", "ttft:500", "e2el:5000", "--scrape-interval", "1")
+    code, s, out = sweep(
+        capsys,
+        trace,
+        url,
+        res,
+        "--speedups",
+        "1,2,4,8,16",
+        "--goodput",
+        "ttft:500",
+        "e2el:5000",
+        "--scrape-interval",
+        "1",
+    )
     assert code == 0
     # the stop rule: the first point below 90% ends the sweep (8x and 16x never ran)
     assert [p["speedup"] for p in s["points"]] == [1.0, 2.0, 4.0]
@@ -70,11 +99,26 @@ def test_sweep_finds_the_knee_of_the_simulators_capacity(sim_process, tmp_path, 
     for p in s["points"]:
         point_summary = json.loads((res / p["results"] / "summary.json").read_text())
         assert point_summary["speedup"] == p["speedup"] and point_summary["completed"] == 24
-        for key in ("request_goodput", "slo_attainment", "slo_attainment_ttft", "median_ttft_ms", "p99_ttft_ms",
-                    "median_tpot_ms", "p99_tpot_ms", "median_e2el_ms", "p99_e2el_ms", "dispatch_lag_p99_ms"):
+        for key in (
+            "request_goodput",
+            "slo_attainment",
+            "slo_attainment_ttft",
+            "median_ttft_ms",
+            "p99_ttft_ms",
+            "median_tpot_ms",
+            "p99_tpot_ms",
+            "median_e2el_ms",
+            "p99_e2el_ms",
+            "dispatch_lag_p99_ms",
+        ):
             assert p[key] == point_summary[key], key
-    assert sorted(x.name for x in res.iterdir()) == ["01-speedup-1", "02-speedup-2", "03-speedup-4",
-                                                       "sweep.html", "sweep.json"]
+    assert sorted(x.name for x in res.iterdir()) == [
+        "01-speedup-1",
+        "02-speedup-2",
+        "03-speedup-4",
+        "sweep.html",
+        "sweep.json",
+    ]
     # progress: one line per point, then the outcome
     lines = [line for line in out if line.startswith("sweep point ")]
     assert len(lines) == 3 and lines[2].startswith("sweep point 3/5: speed-up 4x, offered 10.00 req/s: attainment ")
@@ -85,8 +129,13 @@ def test_sweep_finds_the_knee_of_the_simulators_capacity(sim_process, tmp_path, 
 
     specs = sweep_figure_specs(s)
     assert [sp["title"] for sp in specs] == [
-        "Goodput and throughput vs offered load", "SLO attainment vs offered load", "TTFT vs offered load",
-        "TPOT vs offered load", "E2E vs offered load", "Dispatch lag vs offered load (the replayer's own delay)"]
+        "Goodput and throughput vs offered load",
+        "SLO attainment vs offered load",
+        "TTFT vs offered load",
+        "TPOT vs offered load",
+        "E2E vs offered load",
+        "Dispatch lag vs offered load (the replayer's own delay)",
+    ]
     att = specs[1]["series"]
     assert [se["name"] for se in att] == ["every bound", "ttft <= 500 ms", "e2el <= 5000 ms", "--min-attainment 0.9"]
     assert list(att[0]["x"]) == [p["offered_rps"] for p in s["points"]]
@@ -112,11 +161,29 @@ def test_points_do_not_share_the_prefix_cache(sim_process, tmp_path, capsys, mod
     requests are far enough apart (200 ms at 1x) to reach the server in order, and the first
     comes after the run's first scrape of the server's counters (2 s into the trace)."""
     url = None if mode == "reset" else sim_process("--ttft-base-ms", "1", "--itl-base-ms", "1")[0]
-    trace = write_trace(tmp_path / "t.parquet", 12, 200, 2,
-                        lambda i: [i // 2 * 10, i // 2 * 10 + 1, *([1000 + i] * (i % 2))], start_ms=2000)
-    code, s, _ = sweep(capsys, trace, url, tmp_path / "sweep", "--speedups", "1,2", "--goodput", "e2el:10000",
-                       "--prefix-cache", mode, "--scrape-interval", "1",
-                       *(["--run-id", "sw"] if mode == "salt" else []))
+    trace = write_trace(
+        tmp_path / "t.parquet",
+        12,
+        200,
+        2,
+        lambda i: [i // 2 * 10, i // 2 * 10 + 1, *([1000 + i] * (i % 2))],
+        start_ms=2000,
+    )
+    code, s, _ = sweep(
+        capsys,
+        trace,
+        url,
+        tmp_path / "sweep",
+        "--speedups",
+        "1,2",
+        "--goodput",
+        "e2el:10000",
+        "--prefix-cache",
+        mode,
+        "--scrape-interval",
+        "1",
+        *(["--run-id", "sw"] if mode == "salt" else []),
+    )
     assert code == 0 and [p["status"] for p in s["points"]] == ["held", "held"]
     one, two = s["points"]
     assert one["expected_prefix_hit_tokens"] == two["expected_prefix_hit_tokens"] == 6 * 32
@@ -136,11 +203,13 @@ def test_points_do_not_share_the_prefix_cache(sim_process, tmp_path, capsys, mod
 
 def test_sweep_refuses_bad_settings(tmp_path, capsys):
     trace = write_trace(tmp_path / "t.parquet", 2, 100, 2, lambda i: [i])
-    for flags, why in ((["--speedups", "1,2"], "--goodput is needed"),
-                       (["--speedups", "1,2", "--goodput", "ttft:1", "--speedup", "3"], "--speedup: not for a sweep"),
-                       (["--speedups", "2,1", "--goodput", "ttft:1"], "larger than the one before"),
-                       (["--speedups", "1,x", "--goodput", "ttft:1"], "must be numbers"),
-                       (["--speedups", "1", "--goodput", "ttft:1", "--min-attainment", "2"], "between 0 and 1")):
+    for flags, why in (
+        (["--speedups", "1,2"], "--goodput is needed"),
+        (["--speedups", "1,2", "--goodput", "ttft:1", "--speedup", "3"], "--speedup: not for a sweep"),
+        (["--speedups", "2,1", "--goodput", "ttft:1"], "larger than the one before"),
+        (["--speedups", "1,x", "--goodput", "ttft:1"], "must be numbers"),
+        (["--speedups", "1", "--goodput", "ttft:1", "--min-attainment", "2"], "between 0 and 1"),
+    ):
         capsys.readouterr()
         assert cli_main(["sweep", trace, "--results", str(tmp_path / "r"), *flags]) == 2, flags
         assert why in capsys.readouterr().err, flags

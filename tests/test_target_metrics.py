@@ -12,8 +12,14 @@ import pytest
 
 from replayer.observe.target_metrics import TargetScraper
 from replayer.observe.target_samples import SampleFiles, read_samples, sample_files, save_samples
-from replayer.observe.target_series import (COUNTERS, GAUGES, check_invariants, parse_series, parse_vllm_metrics,
-                                    series_deltas)
+from replayer.observe.target_series import (
+    COUNTERS,
+    GAUGES,
+    check_invariants,
+    parse_series,
+    parse_vllm_metrics,
+    series_deltas,
+)
 
 B03 = """\
 # HELP vllm:spec_decode_num_drafts_total Drafts.
@@ -34,21 +40,31 @@ vllm:spec_decode_num_accepted_tokens_created{engine="0",model_name="m"} 1.7e+09
 
 B03_BEFORE = B03.replace(" 40.0", " 10.0").replace(" 120.0", " 30.0").replace(" 42.0", " 12.0")
 
-B19_HEAD = ["# TYPE vllm:spec_decode_num_drafts_total counter",
-            "# TYPE vllm:spec_decode_num_draft_tokens_total counter",
-            "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
-            "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter"]
+B19_HEAD = [
+    "# TYPE vllm:spec_decode_num_drafts_total counter",
+    "# TYPE vllm:spec_decode_num_draft_tokens_total counter",
+    "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
+    "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter",
+]
 B19_LINES = [
-    ['vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10',
-     'vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 20'],
-    ['vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 20',
-     'vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="m"} 40'],
-    ['vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 13',
-     'vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="m"} 27'],
-    ['vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 8',
-     'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="0"} 18',
-     'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 5',
-     'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="1"} 9'],
+    [
+        'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10',
+        'vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 20',
+    ],
+    [
+        'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 20',
+        'vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="m"} 40',
+    ],
+    [
+        'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 13',
+        'vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="m"} 27',
+    ],
+    [
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 8',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="0"} 18',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 5',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="1"} 9',
+    ],
 ]
 
 
@@ -77,8 +93,11 @@ def test_b03_before_after():
     sc.observe(B03_BEFORE)
     sc.observe(B03)
     d = sc.deltas()
-    assert (d["spec_decode_num_drafts"], d["spec_decode_num_draft_tokens"],
-            d["spec_decode_num_accepted_tokens"]) == (30, 90, 30)
+    assert (d["spec_decode_num_drafts"], d["spec_decode_num_draft_tokens"], d["spec_decode_num_accepted_tokens"]) == (
+        30,
+        90,
+        30,
+    )
     assert round(d["spec_decode_acceptance_rate"], 4) == 0.3333
     assert d["spec_decode_mean_acceptance_length"] == pytest.approx(2.00, abs=1e-12)
     assert sc.resets == 0
@@ -105,8 +124,10 @@ def test_b19_invariant_violation_reported():
 def test_b20_reset_of_one_engine_not_hidden_by_the_other():
     # engine 0 restarts (100 -> 20); engine 1 grows (50 -> 200). The sum grows 150 -> 220, so
     # aggregate-then-subtract would report 70; the true increase is 20 + 150 = 170.
-    t1 = ("# TYPE vllm:prompt_tokens_total counter\n"
-          'vllm:prompt_tokens_total{engine="0"} 100\nvllm:prompt_tokens_total{engine="1"} 50\n')
+    t1 = (
+        "# TYPE vllm:prompt_tokens_total counter\n"
+        'vllm:prompt_tokens_total{engine="0"} 100\nvllm:prompt_tokens_total{engine="1"} 50\n'
+    )
     t2 = t1.replace("} 100", "} 20").replace("} 50", "} 200")
     sc = TargetScraper("http://unused/metrics")
     sc.observe(t1)
@@ -120,12 +141,16 @@ def test_b20_reset_of_one_engine_not_hidden_by_the_other():
 
 
 def test_a_restart_is_one_reset_however_many_series_go_back():
-    t1 = ("# TYPE vllm:prompt_tokens_total counter\n"
-          'vllm:prompt_tokens_total{engine="0"} 100\nvllm:prompt_tokens_total{engine="1"} 50\n'
-          "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total 70\n")
-    restarted = ("# TYPE vllm:prompt_tokens_total counter\n"
-                 'vllm:prompt_tokens_total{engine="0"} 3\nvllm:prompt_tokens_total{engine="1"} 4\n'
-                 "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total 5\n")
+    t1 = (
+        "# TYPE vllm:prompt_tokens_total counter\n"
+        'vllm:prompt_tokens_total{engine="0"} 100\nvllm:prompt_tokens_total{engine="1"} 50\n'
+        "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total 70\n"
+    )
+    restarted = (
+        "# TYPE vllm:prompt_tokens_total counter\n"
+        'vllm:prompt_tokens_total{engine="0"} 3\nvllm:prompt_tokens_total{engine="1"} 4\n'
+        "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total 5\n"
+    )
     sc = TargetScraper("http://unused/metrics")
     again = restarted.replace("} 3", "} 1").replace("} 4", "} 1").replace("total 5", "total 1")
     for text in (t1, restarted, restarted.replace("total 5", "total 9"), again):  # restarts twice
@@ -136,9 +161,11 @@ def test_a_restart_is_one_reset_however_many_series_go_back():
 
 def test_reset_detected_by_created_even_without_decrease():
     def text(value: float, created: float) -> str:
-        return ("# TYPE vllm:generation_tokens counter\n"
-                f'vllm:generation_tokens_total{{engine="0"}} {value}\n'
-                f'vllm:generation_tokens_created{{engine="0"}} {created}\n')
+        return (
+            "# TYPE vllm:generation_tokens counter\n"
+            f'vllm:generation_tokens_total{{engine="0"}} {value}\n'
+            f'vllm:generation_tokens_created{{engine="0"}} {created}\n'
+        )
 
     before, cb = parse_series(text(100, 1.7e9))
     after, ca = parse_series(text(150, 1.7e9 + 60))  # restarted, then counted past the old value
@@ -149,19 +176,23 @@ def test_reset_detected_by_created_even_without_decrease():
 
 def test_b23_family_name_without_total():
     # With a "# TYPE X counter" header the parser names the family X (no _total); the sample keeps it.
-    text = ('# HELP vllm:prefix_cache_queries Queries.\n# TYPE vllm:prefix_cache_queries counter\n'
-            'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0\n'
-            'vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9\n'
-            '# TYPE vllm:prefix_cache_hits counter\n'
-            'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 250.0\n')
+    text = (
+        "# HELP vllm:prefix_cache_queries Queries.\n# TYPE vllm:prefix_cache_queries counter\n"
+        'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0\n'
+        'vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9\n'
+        "# TYPE vllm:prefix_cache_hits counter\n"
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 250.0\n'
+    )
     v = parse_vllm_metrics(text)
     assert v["prefix_cache_queries"] == 1000 and v["prefix_cache_hits"] == 250
     assert v["prefix_cache_hit_rate"] == 0.25
 
 
 def test_old_names_used_only_when_new_absent():
-    old = ('# TYPE vllm:gpu_prefix_cache_queries counter\nvllm:gpu_prefix_cache_queries_total{engine="0"} 80\n'
-           '# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{engine="0"} 0.5\n')
+    old = (
+        '# TYPE vllm:gpu_prefix_cache_queries counter\nvllm:gpu_prefix_cache_queries_total{engine="0"} 80\n'
+        '# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{engine="0"} 0.5\n'
+    )
     assert parse_vllm_metrics(old)["prefix_cache_queries"] == 80
     assert parse_vllm_metrics(old)["kv_cache_usage_perc"] == 0.5
     both = old + '# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total{engine="0"} 80\n'
@@ -169,16 +200,18 @@ def test_old_names_used_only_when_new_absent():
 
 
 def test_gauges_sum_counts_mean_fractions():
-    text = ('# TYPE vllm:num_requests_running gauge\n'
-            'vllm:num_requests_running{engine="0"} 3\nvllm:num_requests_running{engine="1"} 4\n'
-            '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine="0"} 1\n'
-            '# TYPE vllm:kv_cache_usage_perc gauge\n'
-            'vllm:kv_cache_usage_perc{engine="0"} 0.2\nvllm:kv_cache_usage_perc{engine="1"} 0.4\n'
-            '# TYPE vllm:time_to_first_token_seconds histogram\n'
-            'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1"} 3\n'
-            'vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf"} 4\n'
-            'vllm:time_to_first_token_seconds_sum{engine="0"} 0.8\n'
-            'vllm:time_to_first_token_seconds_count{engine="0"} 4\n')
+    text = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0"} 3\nvllm:num_requests_running{engine="1"} 4\n'
+        '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine="0"} 1\n'
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        'vllm:kv_cache_usage_perc{engine="0"} 0.2\nvllm:kv_cache_usage_perc{engine="1"} 0.4\n'
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1"} 3\n'
+        'vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf"} 4\n'
+        'vllm:time_to_first_token_seconds_sum{engine="0"} 0.8\n'
+        'vllm:time_to_first_token_seconds_count{engine="0"} 4\n'
+    )
     v = parse_vllm_metrics(text)
     assert v["num_requests_running"] == 7 and v["num_requests_waiting"] == 1
     assert v["kv_cache_usage_perc"] == pytest.approx(0.3)
@@ -214,8 +247,10 @@ def test_sample_parts_roll_into_one_file_after_an_earlier_run(tmp_path):
 
     save_samples(scrape(0), str(tmp_path / "target_metrics.parquet"))  # an earlier run's file
     (tmp_path / "parts").mkdir()
-    pq.write_table(pq.read_table(tmp_path / "target_metrics.parquet").slice(0, 0),  # a stray .tmp
-                   tmp_path / "parts" / "target_metrics-x.parquet.tmp")
+    pq.write_table(
+        pq.read_table(tmp_path / "target_metrics.parquet").slice(0, 0),  # a stray .tmp
+        tmp_path / "parts" / "target_metrics-x.parquet.tmp",
+    )
     files = SampleFiles(str(tmp_path))
     first, second = files.write_part(scrape(1)), files.write_part(scrape(2))
     assert files.write_part([]) is None
@@ -245,12 +280,17 @@ def test_sample_parts_roll_during_the_run_and_the_file_stays_within_retention(tm
     files = SampleFiles(str(tmp_path), keep_since=lambda: since[0], roll_parts=3)
     for i in range(7):  # a soak: parts roll into one file every 3 parts, not one file per part at the end
         files.write_part(scrape(i))
-    assert sample_files(str(tmp_path)) == [str(tmp_path / "target_metrics.parquet"),
-                                           str(tmp_path / "parts" / "target_metrics-00000006.parquet")]
+    assert sample_files(str(tmp_path)) == [
+        str(tmp_path / "target_metrics.parquet"),
+        str(tmp_path / "parts" / "target_metrics-00000006.parquet"),
+    ]
     assert read_samples(str(tmp_path)).column("t_ns").to_pylist() == [i for i in range(7) for _ in range(10)]
     listed = json.loads(pq.read_schema(tmp_path / "target_metrics.parquet").metadata[ROLLED_PARTS])
-    assert listed == ["target_metrics-00000003.parquet", "target_metrics-00000004.parquet",
-                      "target_metrics-00000005.parquet"]  # only the parts that roll merged: the list stays short
+    assert listed == [
+        "target_metrics-00000003.parquet",
+        "target_metrics-00000004.parquet",
+        "target_metrics-00000005.parquet",
+    ]  # only the parts that roll merged: the list stays short
     assert SampleFiles(str(tmp_path)).write_part(scrape(7)).endswith("target_metrics-00000007.parquet")
 
     # retention removed results up to Unix second 4: samples before it go at the next roll
@@ -259,7 +299,9 @@ def test_sample_parts_roll_during_the_run_and_the_file_stays_within_retention(tm
     since[0] = samples_kept_since(str(tmp_path), 4.0)
     assert since[0] == 4.0
     assert files.roll(scrape(8)) == 50
-    assert read_samples(str(tmp_path)).column("time_s").to_pylist() == [float(i) for i in range(4, 9) for _ in range(10)]
+    assert read_samples(str(tmp_path)).column("time_s").to_pylist() == [
+        float(i) for i in range(4, 9) for _ in range(10)
+    ]
     assert sample_files(str(tmp_path)) == [str(tmp_path / "target_metrics.parquet")]
 
 
@@ -267,8 +309,11 @@ def test_live_scrape_of_embedded_sim():
     from replayer.sim import SimConfig, SimServer
 
     async def main():
-        sim = SimServer(SimConfig(ttft_base_ms=1.0, prefill_us_per_token=0.0, itl_base_ms=1.0,
-                                  itl_per_running_us=0.0, kv_block_size=16))
+        sim = SimServer(
+            SimConfig(
+                ttft_base_ms=1.0, prefill_us_per_token=0.0, itl_base_ms=1.0, itl_per_running_us=0.0, kv_block_size=16
+            )
+        )
         url = await sim.start()
         try:
             async with aiohttp.ClientSession() as s:
@@ -319,8 +364,10 @@ def test_missing_target_metrics_logged_once_by_name_and_listed_never_zero(caplog
     """Issue 17: a metric the target does not report is logged by name at the first scrape (once,
     however many scrapes follow), listed in ``missing`` and left out of the deltas (never 0); one
     that turns up later leaves the list."""
-    t1 = ("# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total 10\n"
-          "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n")
+    t1 = (
+        "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total 10\n"
+        "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n"
+    )
     t2 = t1.replace("total 10", "total 30")
     t3 = t2 + "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total 5\n"
     sc = TargetScraper("http://unused/metrics")
@@ -340,8 +387,10 @@ def test_missing_target_metrics_logged_once_by_name_and_listed_never_zero(caplog
 
 
 def test_a_counter_reset_is_logged_when_the_scrape_sees_it(caplog):
-    t1 = ("# TYPE vllm:prompt_tokens_total counter\n"
-          'vllm:prompt_tokens_total{engine="0"} 100\nvllm:prompt_tokens_total{engine="1"} 50\n')
+    t1 = (
+        "# TYPE vllm:prompt_tokens_total counter\n"
+        'vllm:prompt_tokens_total{engine="0"} 100\nvllm:prompt_tokens_total{engine="1"} 50\n'
+    )
     sc = TargetScraper("http://unused/metrics")
     with caplog.at_level("WARNING", logger="replayer.observe.target_metrics"):
         sc.observe(t1)
@@ -363,25 +412,47 @@ def test_a_replay_lists_the_targets_missing_metrics_in_its_summary(tmp_path, cap
     from replayer.sim import SimConfig, SimServer
 
     trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(json.dumps({"timestamp": 30 * i, "input_length": 16, "output_length": 4,
-                                         "hash_ids": [i]}) + "\n" for i in range(5)))
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": 30 * i, "input_length": 16, "output_length": 4, "hash_ids": [i]}) + "\n"
+            for i in range(5)
+        )
+    )
 
     async def main():
         sim = SimServer(SimConfig(ttft_base_ms=1.0, prefill_us_per_token=0.0, itl_base_ms=1.0, itl_per_running_us=0.0))
         url = await sim.start()
         try:
-            cfg = load_config({"trace": str(trace), "target": url, "results": str(tmp_path / "r"), "admin_port": 0,
-                               "quiet": True, "scrape_interval_s": 0.05, "warm_connections": 2})
+            cfg = load_config(
+                {
+                    "trace": str(trace),
+                    "target": url,
+                    "results": str(tmp_path / "r"),
+                    "admin_port": 0,
+                    "quiet": True,
+                    "scrape_interval_s": 0.05,
+                    "warm_connections": 2,
+                }
+            )
             return await asyncio.wait_for(run_replay(cfg), 120)
         finally:
             await sim.stop()
 
     with caplog.at_level("WARNING", logger="replayer.observe.target_metrics"):
         s = asyncio.run(main())
-    expected = ["num_preemptions", "server_e2e_seconds_count", "server_e2e_seconds_sum", "server_queue_seconds_count",
-                "server_queue_seconds_sum", "server_ttft_seconds_count", "server_ttft_seconds_sum",
-                "spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens_per_pos",
-                "spec_decode_num_draft_tokens", "spec_decode_num_drafts"]
+    expected = [
+        "num_preemptions",
+        "server_e2e_seconds_count",
+        "server_e2e_seconds_sum",
+        "server_queue_seconds_count",
+        "server_queue_seconds_sum",
+        "server_ttft_seconds_count",
+        "server_ttft_seconds_sum",
+        "spec_decode_num_accepted_tokens",
+        "spec_decode_num_accepted_tokens_per_pos",
+        "spec_decode_num_draft_tokens",
+        "spec_decode_num_drafts",
+    ]
     assert s["completed"] == 5 and s["target_metrics"]["scrapes"] >= 1
     assert s["target_metrics"]["missing"] == expected
     assert not set(expected) & set(s["target_metrics"]["deltas"])  # left out, never 0
@@ -392,8 +463,17 @@ def test_a_replay_lists_the_targets_missing_metrics_in_its_summary(tmp_path, cap
 def test_a_sample_part_that_cannot_be_written_is_kept_for_the_next(tmp_path, monkeypatch):
     import replayer.observe.target_samples as ts
 
-    rows = [{"time_s": float(i), "t_ns": i, "metric": "vllm:prompt_tokens_total", "labels": "{}",
-             "kind": "counter", "value": float(i)} for i in range(6)]
+    rows = [
+        {
+            "time_s": float(i),
+            "t_ns": i,
+            "metric": "vllm:prompt_tokens_total",
+            "labels": "{}",
+            "kind": "counter",
+            "value": float(i),
+        }
+        for i in range(6)
+    ]
     files = SampleFiles(str(tmp_path))
     files.write_part(rows[:2])
     real = ts.save_samples

@@ -9,21 +9,21 @@ import json
 
 import numpy as np
 import pytest
-from prometheus_client import CollectorRegistry
-
-from replayer.send.routing import TargetRoute, target_index
-from replayer.plan.schedule import iter_schedule
-
 from conftest import free_port
 from faultserver import ABORT, DONE, Plan, ThreadedFaultServer, choice, usage_event
+from prometheus_client import CollectorRegistry
+
+from replayer.plan.schedule import iter_schedule
+from replayer.send.routing import TargetRoute, target_index
 
 # case B29: two targets A and B, the target chosen on a session's first turn (round robin)
-B29 = [{"timestamp": 0, "session_id": "s1", "turn": 1, "input_length": 64, "output_length": 4, "hash_ids": [1]},
-       {"timestamp": 1000, "session_id": "s1", "turn": 2, "input_length": 128, "output_length": 4, "hash_ids": [1, 2]},
-       {"timestamp": 1200, "session_id": "s2", "turn": 1, "input_length": 64, "output_length": 4, "hash_ids": [3]},
-       {"timestamp": 2000, "session_id": "s1", "turn": 3, "input_length": 192, "output_length": 4,
-        "hash_ids": [1, 2, 4]},
-       {"timestamp": 2500, "session_id": "s2", "turn": 2, "input_length": 128, "output_length": 4, "hash_ids": [3, 5]}]
+B29 = [
+    {"timestamp": 0, "session_id": "s1", "turn": 1, "input_length": 64, "output_length": 4, "hash_ids": [1]},
+    {"timestamp": 1000, "session_id": "s1", "turn": 2, "input_length": 128, "output_length": 4, "hash_ids": [1, 2]},
+    {"timestamp": 1200, "session_id": "s2", "turn": 1, "input_length": 64, "output_length": 4, "hash_ids": [3]},
+    {"timestamp": 2000, "session_id": "s1", "turn": 3, "input_length": 192, "output_length": 4, "hash_ids": [1, 2, 4]},
+    {"timestamp": 2500, "session_id": "s2", "turn": 2, "input_length": 128, "output_length": 4, "hash_ids": [3, 5]},
+]
 
 
 def _answer(after_ms: float, prompt: int) -> Plan:
@@ -50,8 +50,9 @@ def _run(cfg_values: dict, registry: CollectorRegistry | None = None) -> dict:
     from replayer.config.model import load_config
     from replayer.run.daemon import run_replay
 
-    cfg = load_config({"admin_port": 0, "quiet": True, "warm_connections": 2, "scrape_target_metrics": False,
-                       **cfg_values})
+    cfg = load_config(
+        {"admin_port": 0, "quiet": True, "warm_connections": 2, "scrape_target_metrics": False, **cfg_values}
+    )
     return asyncio.run(asyncio.wait_for(run_replay(cfg, registry=registry or CollectorRegistry()), 120))
 
 
@@ -65,15 +66,28 @@ def test_b29_sessions_keep_their_first_turns_target(tmp_path, capsys):
     trace = _write(tmp_path, B29)
     registry = CollectorRegistry()
     with ThreadedFaultServer(_plan_a) as a, ThreadedFaultServer(_plan_b) as b:
-        summary = _run({"trace": trace, "time_unit": "ms", "block_size": 64, "target": [a.url, b.url],
-                        "results": str(tmp_path / "res")}, registry)
+        summary = _run(
+            {
+                "trace": trace,
+                "time_unit": "ms",
+                "block_size": 64,
+                "target": [a.url, b.url],
+                "results": str(tmp_path / "res"),
+            },
+            registry,
+        )
         got_a = sorted(len(r.json["prompt"]) for r in _completions(a))
         got_b = sorted(len(r.json["prompt"]) for r in _completions(b))
     assert got_a == [64, 128, 192]  # s1's three turns
-    assert got_b == [64, 128]       # s2's two turns
+    assert got_b == [64, 128]  # s2's two turns
     rows = {(r["session_id"], r["turn"]): r for r in read_results(str(tmp_path / "res")).to_pylist()}
     assert {k: r["target"] for k, r in rows.items()} == {
-        ("s1", 1): a.url, ("s1", 2): a.url, ("s1", 3): a.url, ("s2", 1): b.url, ("s2", 2): b.url}
+        ("s1", 1): a.url,
+        ("s1", 2): a.url,
+        ("s1", 3): a.url,
+        ("s2", 1): b.url,
+        ("s2", 2): b.url,
+    }
     assert all(r["outcome"] == "success" for r in rows.values())
     assert summary["target_switches"] == 0
     printed = capsys.readouterr().out
@@ -82,8 +96,13 @@ def test_b29_sessions_keep_their_first_turns_target(tmp_path, capsys):
     assert summary["targets"][a.url]["requests"] == 3 and summary["targets"][b.url]["requests"] == 2
     ms = 1_000_000
     # planned send times: 0, 1000, 1200, 2000, 2500 ms
-    assert [rows[k]["due_ns"] // ms for k in (("s1", 1), ("s1", 2), ("s2", 1), ("s1", 3), ("s2", 2))] == \
-        [0, 1000, 1200, 2000, 2500]
+    assert [rows[k]["due_ns"] // ms for k in (("s1", 1), ("s1", 2), ("s2", 1), ("s1", 3), ("s2", 2))] == [
+        0,
+        1000,
+        1200,
+        2000,
+        2500,
+    ]
     t1, t2, t3 = rows[("s1", 1)], rows[("s1", 2)], rows[("s1", 3)]
     # s1 turn 2 waits for turn 1 (answered after 1500 ms): sent when it ends, held ~500 ms,
     # the hold recorded apart from dispatch lag (send - due = session wait + lag)
@@ -96,8 +115,10 @@ def test_b29_sessions_keep_their_first_turns_target(tmp_path, capsys):
     if t2["end_ns"] <= t3["due_ns"]:
         assert t3["session_wait_ms"] == 0
     # the per-target series: a target label, the closed set of the --target URLs
-    ok = {t: registry.get_sample_value("replayer_target_requests_total", {"target": t, "outcome": "success"})
-          for t in (a.url, b.url)}
+    ok = {
+        t: registry.get_sample_value("replayer_target_requests_total", {"target": t, "outcome": "success"})
+        for t in (a.url, b.url)
+    }
     assert ok == {a.url: 3.0, b.url: 2.0}
     assert registry.get_sample_value("replayer_target_ttft_seconds_count", {"target": a.url}) == 3.0
 
@@ -108,8 +129,10 @@ def test_one_target_has_no_target_column_values_or_series(tmp_path):
     trace = _write(tmp_path, B29[:2])
     registry = CollectorRegistry()
     with ThreadedFaultServer(_plan_b) as b:
-        summary = _run({"trace": trace, "time_unit": "ms", "block_size": 64, "target": b.url,
-                        "results": str(tmp_path / "res")}, registry)
+        summary = _run(
+            {"trace": trace, "time_unit": "ms", "block_size": 64, "target": b.url, "results": str(tmp_path / "res")},
+            registry,
+        )
     assert summary["target"] == b.url and "targets" not in summary and "target_switches" not in summary
     assert read_results(str(tmp_path / "res")).column("target").to_pylist() == [None, None]
     assert not [m for m in registry.collect() if m.name.startswith("replayer_target_")]
@@ -123,19 +146,45 @@ def test_a_target_down_fails_its_own_requests_the_other_goes_on(tmp_path):
     # target 0 (a server that resets every completion: down), session 1 and row 5 to the simulator
     rows = []
     for k in range(3):
-        rows.append({"timestamp": 10 * k, "session_id": f"c{k}", "turn": 0, "input_length": 16, "output_length": 2,
-                     "hash_ids": [10 * k]})
+        rows.append(
+            {
+                "timestamp": 10 * k,
+                "session_id": f"c{k}",
+                "turn": 0,
+                "input_length": 16,
+                "output_length": 2,
+                "hash_ids": [10 * k],
+            }
+        )
     for k in range(3):
-        rows.append({"timestamp": 100 + 10 * k, "session_id": f"c{k}", "turn": 1, "input_length": 32,
-                     "output_length": 2, "hash_ids": [10 * k, 10 * k + 1]})
-    rows += [{"timestamp": 200, "input_length": 16, "output_length": 2, "hash_ids": [90]},   # row 6
-             {"timestamp": 210, "input_length": 16, "output_length": 2, "hash_ids": [91]}]   # row 7
+        rows.append(
+            {
+                "timestamp": 100 + 10 * k,
+                "session_id": f"c{k}",
+                "turn": 1,
+                "input_length": 32,
+                "output_length": 2,
+                "hash_ids": [10 * k, 10 * k + 1],
+            }
+        )
+    rows += [
+        {"timestamp": 200, "input_length": 16, "output_length": 2, "hash_ids": [90]},  # row 6
+        {"timestamp": 210, "input_length": 16, "output_length": 2, "hash_ids": [91]},
+    ]  # row 7
     trace = _write(tmp_path, rows)
     proc, sim_url = spawn_sim()
     try:
         with ThreadedFaultServer(Plan([(0, ABORT)])) as down:
-            summary = _run({"trace": trace, "time_unit": "ms", "block_size": 16, "target": [down.url, sim_url],
-                            "results": str(tmp_path / "res"), "read_timeout_s": 20})
+            summary = _run(
+                {
+                    "trace": trace,
+                    "time_unit": "ms",
+                    "block_size": 16,
+                    "target": [down.url, sim_url],
+                    "results": str(tmp_path / "res"),
+                    "read_timeout_s": 20,
+                }
+            )
     finally:
         stop_sim(proc)
     got = read_results(str(tmp_path / "res")).to_pylist()
@@ -143,8 +192,12 @@ def test_a_target_down_fails_its_own_requests_the_other_goes_on(tmp_path):
     by_target: dict[str, list] = {down.url: [], sim_url: []}
     for r in got:
         by_target[r["target"]].append(r)
-    assert sorted((r["session_id"], r["turn"]) for r in by_target[down.url] if r["session_id"]) == \
-        [("c0", 0), ("c0", 1), ("c2", 0), ("c2", 1)]
+    assert sorted((r["session_id"], r["turn"]) for r in by_target[down.url] if r["session_id"]) == [
+        ("c0", 0),
+        ("c0", 1),
+        ("c2", 0),
+        ("c2", 1),
+    ]
     assert sorted(r["row"] for r in by_target[down.url] if not r["session_id"]) == [6]
     assert all(r["outcome"] == "failed" and r["error_kind"] and r["error"] for r in by_target[down.url])
     assert all(r["outcome"] == "success" for r in by_target[sim_url]) and len(by_target[sim_url]) == 3
@@ -163,8 +216,16 @@ def test_not_ready_target_is_named_and_nothing_is_sent(tmp_path):
     dead = f"http://127.0.0.1:{free_port()}"
     with ThreadedFaultServer(_plan_b) as b:
         with pytest.raises(StartupError, match=rf"1 of 2 targets not ready: target {dead} not ready"):
-            _run({"trace": trace, "time_unit": "ms", "block_size": 64, "target": [b.url, dead],
-                  "ready_timeout_s": 0.5, "results": str(tmp_path / "res")})
+            _run(
+                {
+                    "trace": trace,
+                    "time_unit": "ms",
+                    "block_size": 64,
+                    "target": [b.url, dead],
+                    "ready_timeout_s": 0.5,
+                    "results": str(tmp_path / "res"),
+                }
+            )
         assert _completions(b) == []
 
 
@@ -173,15 +234,16 @@ def test_target_list_from_flags_and_config(tmp_path):
     from replayer.config.model import ConfigError, load_config
 
     trace = _write(tmp_path, B29)
-    args = build_parser().parse_args(["run", trace, "--target", "http://a:1/v1", "--target", "http://b:2",
-                                      "--target-policy", "session-hash"])
+    args = build_parser().parse_args(
+        ["run", trace, "--target", "http://a:1/v1", "--target", "http://b:2", "--target-policy", "session-hash"]
+    )
     from replayer.config.model import RunConfig
 
     cfg = load_config({k: v for k, v in vars(args).items() if k in RunConfig.model_fields})
     assert cfg.target == ["http://a:1", "http://b:2"] and cfg.target_policy == "session-hash"
     flags = _flags_for(cfg, set())
     i = flags.index("--target")
-    assert flags[i:i + 4] == ["--target", "http://a:1", "--target", "http://b:2"]  # the flag repeated
+    assert flags[i : i + 4] == ["--target", "http://a:1", "--target", "http://b:2"]  # the flag repeated
     again = build_parser().parse_args(["run", *flags])  # (what --workers and sweep pass on)
     assert again.target == cfg.target and again.trace == trace
     (tmp_path / "c.yaml").write_text("target:\n  - http://a:1\n  - http://b:2/\ntarget_policy: session-order\n")
@@ -194,15 +256,18 @@ def test_target_list_from_flags_and_config(tmp_path):
         load_config({"trace": trace, "target_policy": "random"})
 
 
-@pytest.mark.parametrize("policy,n,row,session,number,want", [
-    ("session-order", 2, 7, None, None, 1),     # no session: by row
-    ("session-order", 3, 7, None, None, 1),
-    ("session-order", 2, 0, "s1", 0, 0),        # B29: s1 is session 0 -> A
-    ("session-order", 2, 2, "s2", 1, 1),        # s2 is session 1 -> B
-    ("session-order", 2, 3, "s1", 0, 0),        # later turns: the session's number, not the row
-    ("session-order", 3, 9, "x", 5, 2),
-    ("session-order", 1, 9, "x", 5, 0),
-])
+@pytest.mark.parametrize(
+    "policy,n,row,session,number,want",
+    [
+        ("session-order", 2, 7, None, None, 1),  # no session: by row
+        ("session-order", 3, 7, None, None, 1),
+        ("session-order", 2, 0, "s1", 0, 0),  # B29: s1 is session 0 -> A
+        ("session-order", 2, 2, "s2", 1, 1),  # s2 is session 1 -> B
+        ("session-order", 2, 3, "s1", 0, 0),  # later turns: the session's number, not the row
+        ("session-order", 3, 9, "x", 5, 2),
+        ("session-order", 1, 9, "x", 5, 0),
+    ],
+)
 def test_target_index_table(policy, n, row, session, number, want):
     assert target_index(policy, n, row, session, number) == want
 
@@ -235,7 +300,8 @@ def _batches(rows: list[dict], size: int):
 
     def open_batches():
         for lo in range(0, n, size):
-            yield _Batch(ts[lo:lo + size], sess[lo:lo + size], lo)
+            yield _Batch(ts[lo : lo + size], sess[lo : lo + size], lo)
+
     return open_batches
 
 
@@ -278,17 +344,59 @@ def test_workers_keep_each_session_on_its_target(tmp_path):
     # B29 and six more sessions, two turns each, so both workers hold sessions
     rows = list(B29)
     for k in range(6):
-        rows.append({"timestamp": 3000 + 10 * k, "session_id": f"x{k}", "turn": 1, "input_length": 64,
-                     "output_length": 4, "hash_ids": [100 + k]})
-        rows.append({"timestamp": 3500 + 10 * k, "session_id": f"x{k}", "turn": 2, "input_length": 128,
-                     "output_length": 4, "hash_ids": [100 + k, 200 + k]})
+        rows.append(
+            {
+                "timestamp": 3000 + 10 * k,
+                "session_id": f"x{k}",
+                "turn": 1,
+                "input_length": 64,
+                "output_length": 4,
+                "hash_ids": [100 + k],
+            }
+        )
+        rows.append(
+            {
+                "timestamp": 3500 + 10 * k,
+                "session_id": f"x{k}",
+                "turn": 2,
+                "input_length": 128,
+                "output_length": 4,
+                "hash_ids": [100 + k, 200 + k],
+            }
+        )
     trace = _write(tmp_path, rows)
     results = tmp_path / "res"
     with ThreadedFaultServer(_plan_b) as a, ThreadedFaultServer(_plan_b) as b:
-        out = subprocess.run([sys.executable, "-m", "replayer", "run", trace, "--time-unit", "ms", "--block-size",
-                              "64", "--workers", "2", "--target", a.url, "--target", b.url, "--results",
-                              str(results), "--admin-port", "0", "--quiet", "--no-scrape-target-metrics",
-                              "--warm-connections", "2"], capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "replayer",
+                "run",
+                trace,
+                "--time-unit",
+                "ms",
+                "--block-size",
+                "64",
+                "--workers",
+                "2",
+                "--target",
+                a.url,
+                "--target",
+                b.url,
+                "--results",
+                str(results),
+                "--admin-port",
+                "0",
+                "--quiet",
+                "--no-scrape-target-metrics",
+                "--warm-connections",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert out.returncode == 0, out.stderr[-3000:]
     s = json.loads((results / "summary.json").read_text())
     assert s["completed"] == len(rows) and s["target_switches"] == 0
@@ -308,15 +416,25 @@ def test_workers_keep_each_session_on_its_target(tmp_path):
 def test_each_targets_metrics_scraped_and_labelled(tmp_path):
     """Two embedded simulators: each one's /metrics is scraped, its samples carry its URL as the
     label replayer_target, and its prefix-cache and token deltas are in its own section."""
-    from replayer.run.simproc import spawn_sim, stop_sim
     from replayer.observe.target_samples import read_samples
+    from replayer.run.simproc import spawn_sim, stop_sim
 
     trace = _write(tmp_path, B29)
     procs = [spawn_sim(), spawn_sim()]
     urls = [u for _, u in procs]
     try:
-        summary = _run({"trace": trace, "time_unit": "ms", "block_size": 64, "target": urls, "speedup": 4,
-                        "scrape_target_metrics": True, "scrape_interval_s": 0.5, "results": str(tmp_path / "res")})
+        summary = _run(
+            {
+                "trace": trace,
+                "time_unit": "ms",
+                "block_size": 64,
+                "target": urls,
+                "speedup": 4,
+                "scrape_target_metrics": True,
+                "scrape_interval_s": 0.5,
+                "results": str(tmp_path / "res"),
+            }
+        )
     finally:
         for p, _ in procs:
             stop_sim(p)
@@ -346,18 +464,21 @@ def test_target_switches_count_turns_that_moved():
 
     from replayer.results.targets import target_sections, target_switches
 
-    t = pa.table({"session_id": ["s", "s", "s", "u", "u", None, None, "s"],
-                  "loop": [0, 0, 0, 0, 0, 0, 0, 1],
-                  "row": [0, 2, 5, 1, 3, 4, 6, 0],
-                  "target": ["A", "B", "A", "B", "B", "A", "B", None],  # (s's loop-1 turn: not sent)
-                  "outcome": ["success", "success", "failed", "success", "success", "success", "success",
-                              "not_started"],
-                  "error_kind": [None, None, "connect", None, None, None, None, None],
-                  "prompt_tokens": [10, 10, None, 10, 10, 10, 10, None],
-                  "completion_tokens": [1, 1, None, 1, 1, 1, 1, None],
-                  "ttft_ms": [5.0, 7.0, None, 9.0, 11.0, 13.0, 15.0, None],
-                  "e2e_ms": [6.0, 8.0, None, 10.0, 12.0, 14.0, 16.0, None],
-                  "dispatch_lag_ms": [0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, None]})
+    t = pa.table(
+        {
+            "session_id": ["s", "s", "s", "u", "u", None, None, "s"],
+            "loop": [0, 0, 0, 0, 0, 0, 0, 1],
+            "row": [0, 2, 5, 1, 3, 4, 6, 0],
+            "target": ["A", "B", "A", "B", "B", "A", "B", None],  # (s's loop-1 turn: not sent)
+            "outcome": ["success", "success", "failed", "success", "success", "success", "success", "not_started"],
+            "error_kind": [None, None, "connect", None, None, None, None, None],
+            "prompt_tokens": [10, 10, None, 10, 10, 10, 10, None],
+            "completion_tokens": [1, 1, None, 1, 1, 1, 1, None],
+            "ttft_ms": [5.0, 7.0, None, 9.0, 11.0, 13.0, 15.0, None],
+            "e2e_ms": [6.0, 8.0, None, 10.0, 12.0, 14.0, 16.0, None],
+            "dispatch_lag_ms": [0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, None],
+        }
+    )
     assert target_switches(t) == 2  # s: A -> B -> A; u stays on B; rows without a session do not count
     sec = target_sections(t)
     assert sorted(sec) == ["A", "B"]

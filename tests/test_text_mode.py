@@ -6,11 +6,11 @@ import sys
 
 import orjson
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from replayer.config.model import ConfigError, load_config
 from replayer.build.payload import PayloadBuilder
 from replayer.build.prompts import PromptBuilder, TextPromptBuilder, vocab_from_tokenizer
+from replayer.config.model import ConfigError, load_config
 
 
 def word_tokenizer(path, n=3000):
@@ -28,7 +28,7 @@ def word_tokenizer(path, n=3000):
 def test_text_prompt_blocks_and_prefixes(tmp_path):
     tpath = word_tokenizer(tmp_path / "tokenizer.json")
     vocab = vocab_from_tokenizer(tpath)
-    assert 0 not in vocab and 1 not in vocab           # special ids never used
+    assert 0 not in vocab and 1 not in vocab  # special ids never used
     b = PromptBuilder(vocab=vocab)
     t = TextPromptBuilder(b, tpath)
     a = t.prompt_text([1, 2], 700)
@@ -55,9 +55,31 @@ def test_text_mode_replay_reports_no_drift_with_an_exact_tokenizer(tmp_path, moo
     trace = mooncake_slice(10)
     url, received = sim_process()
     res = tmp_path / "r"
-    p = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace), "--target", url, "--speedup", "20",
-                        "--prompt-mode", "text", "--tokenizer", tpath, "--results", str(res),
-                        "--admin-port", "0", "--quiet"], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace),
+            "--target",
+            url,
+            "--speedup",
+            "20",
+            "--prompt-mode",
+            "text",
+            "--tokenizer",
+            tpath,
+            "--results",
+            str(res),
+            "--admin-port",
+            "0",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     s = json.loads((res / "summary.json").read_text())
     assert s["failed"] == 0 and s["completed"] > 0
@@ -70,8 +92,13 @@ def _text_trace(tmp_path, n=6):
     from replayer.trace import read_trace
 
     p = tmp_path / "t.jsonl"
-    p.write_text("".join(json.dumps({"timestamp": k, "input_length": 700 + k, "output_length": 3,
-                                     "hash_ids": [k % 2, 100 + k]}) + "\n" for k in range(n)))
+    p.write_text(
+        "".join(
+            json.dumps({"timestamp": k, "input_length": 700 + k, "output_length": 3, "hash_ids": [k % 2, 100 + k]})
+            + "\n"
+            for k in range(n)
+        )
+    )
     return read_trace(p)
 
 
@@ -80,8 +107,9 @@ def _batch(t, n):
 
     from replayer.plan.schedule import ScheduleBatch
 
-    return ScheduleBatch(loop=0, batch=t, idx=np.arange(n), trace_ns=np.zeros(n, np.int64), rows=np.arange(n),
-                         first_index=0)
+    return ScheduleBatch(
+        loop=0, batch=t, idx=np.arange(n), trace_ns=np.zeros(n, np.int64), rows=np.arange(n), first_index=0
+    )
 
 
 def _wait(cond):
@@ -107,12 +135,12 @@ def test_text_prefetch_decodes_upcoming_rows_in_a_child_to_the_same_text(tmp_pat
     pre = TextPrefetch(tpath, 512, vocab, wants, lookahead_rows=3)
     pre.at(sb, 0, 3)
     _wait(lambda: pre.decoded >= 2)
-    assert pre.decoded == 2                                 # items 1 and 3: at most 3 ahead, 2 skipped
+    assert pre.decoded == 2  # items 1 and 3: at most 3 ahead, 2 skipped
     assert pre.take(sb, 0) is None
     got = pre.take(sb, 1)
     assert got == text.prompt_text(t.hash_ids(1), 701) and len(got.split()) == 701
     assert pre.take(sb, 1) is None and pre.take(sb, 2) is None  # taken once; 2 never decoded
-    pre.at(sb, 4, 3)                                        # item 3 prepared without it: dropped
+    pre.at(sb, 4, 3)  # item 3 prepared without it: dropped
     _wait(lambda: pre.decoded >= 3)
     assert pre.take(sb, 5) == text.prompt_text(t.hash_ids(5), 705)
     assert pre.taken == 2 and not pre._texts
@@ -126,9 +154,13 @@ def test_prepared_text_bodies_are_the_same_with_the_prefetch(tmp_path):
     tpath = word_tokenizer(tmp_path / "tokenizer.json")
     t = _text_trace(tmp_path, 8)
     sb = _batch(t, 8)
-    factory = RequestFactory(Prompts(512, seed=9, tokenizer=tpath), PayloadBuilder("m", chat=True),
-                             Timeline(1.0), endpoint="/v1/chat/completions")
-    first = factory.prepare(sb, 0)                          # starts the prefetch (decoded here)
+    factory = RequestFactory(
+        Prompts(512, seed=9, tokenizer=tpath),
+        PayloadBuilder("m", chat=True),
+        Timeline(1.0),
+        endpoint="/v1/chat/completions",
+    )
+    first = factory.prepare(sb, 0)  # starts the prefetch (decoded here)
     pre = factory._text_prefetch
     _wait(lambda: pre.decoded >= 7)
     bodies = [first.body] + [factory.prepare(sb, j).body for j in range(1, 8)]
@@ -150,16 +182,34 @@ def test_warm_up_makes_the_first_rows_texts_and_images_before_the_run(tmp_path):
 
     tpath = word_tokenizer(tmp_path / "tokenizer.json")
     p = tmp_path / "mm.jsonl"
-    p.write_text("".join(json.dumps({"timestamp": k, "input_length": 700 + k, "output_length": 3,
-                                     "hash_ids": [k % 2, 100 + k], "num_images": 1}) + "\n" for k in range(8)))
+    p.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "timestamp": k,
+                    "input_length": 700 + k,
+                    "output_length": 3,
+                    "hash_ids": [k % 2, 100 + k],
+                    "num_images": 1,
+                }
+            )
+            + "\n"
+            for k in range(8)
+        )
+    )
     t = read_trace(p)
     sb = _batch(t, 8)
-    factory = RequestFactory(Prompts(512, seed=9, tokenizer=tpath), PayloadBuilder("m", chat=True),
-                             Timeline(1.0), endpoint="/v1/chat/completions", image_size="64x64")
+    factory = RequestFactory(
+        Prompts(512, seed=9, tokenizer=tpath),
+        PayloadBuilder("m", chat=True),
+        Timeline(1.0),
+        endpoint="/v1/chat/completions",
+        image_size="64x64",
+    )
     assert factory.warm_up(sb, n=8) == (8, 8)
     assert factory._image_src.built == 8
     bodies = [factory.prepare(sb, j).body for j in range(8)]
-    assert factory._text_prefetch.taken == 8              # no text decoded in preparation
+    assert factory._text_prefetch.taken == 8  # no text decoded in preparation
     assert factory._image_src.hits == 8 and factory._image_src.built == 8  # no image built in it
     inline = Prompts(512, seed=9, tokenizer=tpath).text_for_loop(0)
     for j, body in enumerate(bodies):

@@ -10,23 +10,22 @@ counts, kinds and tokens exactly."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 import json
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import pyarrow.parquet as pq
 import pytest
-from faultserver import DONE, FaultServer, Plan, ProcessFaultServer, choice, usage_event
-from test_client_faults import PROMPTS, by_prompt_head, play, prepared, result_for, send_all
-from test_client_faults import SANITY_MS, TOL_MS as TOL_FAULTS_MS, served
-from faultserver import run_delay_ns
+from faultserver import DONE, FaultServer, Plan, ProcessFaultServer, choice, run_delay_ns, usage_event
+from test_client_faults import PROMPTS, SANITY_MS, by_prompt_head, play, prepared, result_for, send_all, served
+from test_client_faults import TOL_MS as TOL_FAULTS_MS
 
-from replayer.http.client import Client
 from replayer.core.clock import now_ns
 from replayer.core.errors import ErrorKind
 from replayer.core.result import to_table
+from replayer.http.client import Client
 from replayer.results.summary import summarize
 
 TOL_MS = 60.0  # generous: a loaded machine; every B27 boundary is >= 50 ms from the next event
@@ -37,13 +36,15 @@ last = b'data: {"choices":[{"index":0,"text":"t","finish_reason":"length"}]}\n\n
 R1 = [(100 * i, tok) for i in range(1, 30)] + [
     (3000, last),
     (3001, b'data: {"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":30,"total_tokens":38}}\n\n'),
-    (3002, b'data: [DONE]\n\n')]
+    (3002, b"data: [DONE]\n\n"),
+]
 HOLD_MS = 20_000  # R2's connection stays open this long, silent (the client gives up first)
 R2 = [(50, tok), (HOLD_MS, b"")]  # then nothing more; the connection stays open
 R3 = [(40 * i, tok) for i in range(1, 5)] + [
     (200, last),
     (201, b'data: {"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":5,"total_tokens":13}}\n\n'),
-    (202, b'data: [DONE]\n\n')]
+    (202, b"data: [DONE]\n\n"),
+]
 
 
 class _ByHead:
@@ -256,8 +257,9 @@ def test_a_reused_connection_closed_before_any_byte_is_its_own_kind_and_retried_
 
     async def main():
         async with FaultServer(plans) as srv:
-            return await asyncio.wait_for(_one_after_another(srv.url, 2, retry_max=retry_max,
-                                                             retry_backoff_s=0.01), 30), srv
+            return await asyncio.wait_for(
+                _one_after_another(srv.url, 2, retry_max=retry_max, retry_backoff_s=0.01), 30
+            ), srv
 
     (a, b), srv = asyncio.run(main())
     assert a.outcome == "success"
@@ -275,18 +277,21 @@ def test_a_new_connection_closed_before_any_byte_stays_a_disconnect():
 
 
 def test_every_failure_has_a_kind_and_a_non_empty_message():
-    plans = by_prompt_head({
-        0: Plan(R2),                                      # idle timeout
-        1: Plan(status=500, body=b"", content_type="application/json"),       # HTTP error, empty body
-        2: Plan([(10, choice("a"))], close_at_ms=20),                         # disconnect mid-stream
-        3: Plan([(10, b"data: not json\n\n"), (11, DONE)]),                  # protocol
-        4: Plan([(10, choice("a"))]),                                         # incomplete
-        5: Plan([(10, b'data: {"error": {}}\n\n'), (11, DONE)]),             # stream error without a message
-    })
+    plans = by_prompt_head(
+        {
+            0: Plan(R2),  # idle timeout
+            1: Plan(status=500, body=b"", content_type="application/json"),  # HTTP error, empty body
+            2: Plan([(10, choice("a"))], close_at_ms=20),  # disconnect mid-stream
+            3: Plan([(10, b"data: not json\n\n"), (11, DONE)]),  # protocol
+            4: Plan([(10, choice("a"))]),  # incomplete
+            5: Plan([(10, b'data: {"error": {}}\n\n'), (11, DONE)]),  # stream error without a message
+        }
+    )
     res, _ = play(plans, [prepared(i) for i in range(6)], read_timeout_s=0.3)
     assert [r.outcome for r in res] == ["failed"] * 6
-    assert all(r.error_kind != "none" and r.error and r.error.strip() for r in res), \
-        [(r.error_kind, r.error) for r in res]
+    assert all(r.error_kind != "none" and r.error and r.error.strip() for r in res), [
+        (r.error_kind, r.error) for r in res
+    ]
 
 
 def test_request_timeout_flag_reaches_the_client(tmp_path, sim_process):
@@ -297,9 +302,27 @@ def test_request_timeout_flag_reaches_the_client(tmp_path, sim_process):
     trace = tmp_path / "t.jsonl"
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
     res = tmp_path / "res"
-    p = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace), "--target", url, "--results", str(res),
-                        "--admin-port", "0", "--quiet", "--request-timeout", "0.4"],
-                       capture_output=True, text=True, timeout=180)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace),
+            "--target",
+            url,
+            "--results",
+            str(res),
+            "--admin-port",
+            "0",
+            "--quiet",
+            "--request-timeout",
+            "0.4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((res / "summary.json").read_text())
     assert summary["errors_by_kind"] == {"total_timeout": 3} and summary["total_output_tokens"] == 0
@@ -310,16 +333,37 @@ def test_request_timeout_flag_reaches_the_client(tmp_path, sim_process):
 def test_b27_a_whole_run_ends_with_the_long_stream_and_writes_its_results(tmp_path):
     # the case end to end through `replayer run`: three rows at t = 0 whose prompts start with the
     # blocks of ids 1, 2, 3 (the server plays R1, R2, R3 by the prompt's first token id)
-    rows = [{"timestamp": 0, "input_length": 16, "output_length": 30 if k == 1 else 5, "hash_ids": [k]}
-            for k in (1, 2, 3)]
+    rows = [
+        {"timestamp": 0, "input_length": 16, "output_length": 30 if k == 1 else 5, "hash_ids": [k]} for k in (1, 2, 3)
+    ]
     trace = tmp_path / "b27.jsonl"
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
     res = tmp_path / "res"
     with ProcessFaultServer(_ByHead({1: Plan(R1), 2: Plan(R2), 3: Plan(R3)})) as srv:
-        p = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace), "--target", srv.url,
-                            "--results", str(res), "--admin-port", "0", "--quiet", "--block-size", "16",
-                            "--read-timeout", "0.5", "--no-scrape-target-metrics"],
-                           capture_output=True, text=True, timeout=180)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "replayer",
+                "run",
+                str(trace),
+                "--target",
+                srv.url,
+                "--results",
+                str(res),
+                "--admin-port",
+                "0",
+                "--quiet",
+                "--block-size",
+                "16",
+                "--read-timeout",
+                "0.5",
+                "--no-scrape-target-metrics",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
     assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads((res / "summary.json").read_text())
     assert (s["completed"], s["failed"], s["errors_by_kind"]) == (2, 1, {"idle_timeout": 1})

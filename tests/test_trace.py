@@ -140,8 +140,11 @@ def test_the_slices_the_tests_write_are_the_shared_traces_lines_byte_for_byte(mo
     """conftest's mooncake_slice writes from the committed slice: the same bytes as the lines of
     ../shared's trace that it stood for."""
     for seconds in (20, 600):
-        lines = [line for line in MOONCAKE.read_bytes().splitlines(keepends=True)
-                 if orjson.loads(line)["timestamp"] < seconds * 1000]
+        lines = [
+            line
+            for line in MOONCAKE.read_bytes().splitlines(keepends=True)
+            if orjson.loads(line)["timestamp"] < seconds * 1000
+        ]
         assert mooncake_slice(seconds, f"s{seconds}.jsonl").read_bytes() == b"".join(lines)
 
 
@@ -156,11 +159,14 @@ def test_committed_slice_present_and_readable():
 
 
 def test_b15_partial_and_full_block_rows_valid_short_row_rejected(tmp_path):
-    p = write_jsonl(tmp_path / "b15.jsonl", [
-        row(0, 700, 8, [10, 11]),
-        row(10, 1024, 8, [10, 11]),
-        row(20, 20, 8, [12, 13]),
-    ])
+    p = write_jsonl(
+        tmp_path / "b15.jsonl",
+        [
+            row(0, 700, 8, [10, 11]),
+            row(10, 1024, 8, [10, 11]),
+            row(20, 20, 8, [12, 13]),
+        ],
+    )
     with pytest.raises(TraceError) as ei:
         read_trace(p)
     msg = str(ei.value)
@@ -176,13 +182,23 @@ def test_b15_partial_and_full_block_rows_valid_short_row_rejected(tmp_path):
     assert rows_of(t) == [(0, 700, 8, [10, 11]), (10_000_000, 1024, 8, [10, 11])]
 
 
-@pytest.mark.parametrize("il,n_ids,valid", [
-    (512, 1, True), (1024, 2, True), (1536, 3, True),   # exact multiples
-    (513, 2, True), (1025, 3, True), (1, 1, True),      # one past a multiple
-    (512, 2, False), (513, 1, False),                   # exact multiple / one past, wrong count
-    (20, 2, False), (100, 5, False), (2000, 1, False),  # well short / far too many / too few
-    (5000, 0, False),
-])
+@pytest.mark.parametrize(
+    "il,n_ids,valid",
+    [
+        (512, 1, True),
+        (1024, 2, True),
+        (1536, 3, True),  # exact multiples
+        (513, 2, True),
+        (1025, 3, True),
+        (1, 1, True),  # one past a multiple
+        (512, 2, False),
+        (513, 1, False),  # exact multiple / one past, wrong count
+        (20, 2, False),
+        (100, 5, False),
+        (2000, 1, False),  # well short / far too many / too few
+        (5000, 0, False),
+    ],
+)
 def test_b15_block_count_boundaries(tmp_path, il, n_ids, valid):
     p = write_jsonl(tmp_path / "t.jsonl", [row(0, 600, 1, [0, 1]), row(5, il, 4, ids(n_ids, 100))])
     if valid:
@@ -294,33 +310,36 @@ def test_shuffled_input_sorted_stably(tmp_path):
 # B25 and the other validation errors: each names file, row and field
 
 
-@pytest.mark.parametrize("bad,field,contains", [
-    (row(0, 100, 0, [1]), "output_length", "output_length 0 is not allowed"),
-    (row(0, 0, 5, []), "input_length", "input_length 0"),
-    (row(0, -3, 5, []), "input_length", "-3"),
-    (row(0, 100, -1, [1]), "output_length", "-1"),
-    (row(0, "100", 5, [1]), "input_length", "got string"),
-    (row(0, 100.5, 5, [1]), "input_length", "non-integer"),
-    (row(0, 100, None, [1]), "output_length", "null"),
-    (row(0, 100, True, [1]), "output_length", "boolean"),
-    (row(-1, 100, 5, [1]), "timestamp", "negative timestamp"),
-    (row(None, 100, 5, [1]), "timestamp", "null"),
-    ({"input_length": 100, "output_length": 5, "hash_ids": [1]}, "timestamp", "missing"),
-    ({"timestamp": 0, "output_length": 5, "hash_ids": [1]}, "input_length", "missing"),
-    ({"timestamp": 0, "input_length": 100, "hash_ids": [1]}, "output_length", "missing"),
-    ({"timestamp": 0, "input_length": 100, "output_length": 5}, "hash_ids", "missing"),
-    (row(0, 100, 5, "1"), "hash_ids", "expected a list"),
-    (row(0, 100, 5, 7), "hash_ids", "expected a list"),
-    (row(0, 100, 5, [-4]), "hash_ids", "negative hash id -4"),
-    (row(0, 100, 5, [""]), "hash_ids", "empty string"),
-    (row(0, 100, 5, [None]), "hash_ids", "null"),
-    (row(0, 100, 5, [1.5]), "hash_ids", "non-integer"),
-    (row(0, 100, 5, [2 ** 64]), "hash_ids", "int64"),
-    (row(0, 100, 5, [1], extra_body="[1]"), "extra_body", "JSON object"),
-    (row(0, 100, 5, [1], model=3), "model", "expected a string"),
-    ('{"timestamp": 0, "input_length": 1', "json", "invalid JSON"),
-    ("[1, 2]", "json", "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "bad,field,contains",
+    [
+        (row(0, 100, 0, [1]), "output_length", "output_length 0 is not allowed"),
+        (row(0, 0, 5, []), "input_length", "input_length 0"),
+        (row(0, -3, 5, []), "input_length", "-3"),
+        (row(0, 100, -1, [1]), "output_length", "-1"),
+        (row(0, "100", 5, [1]), "input_length", "got string"),
+        (row(0, 100.5, 5, [1]), "input_length", "non-integer"),
+        (row(0, 100, None, [1]), "output_length", "null"),
+        (row(0, 100, True, [1]), "output_length", "boolean"),
+        (row(-1, 100, 5, [1]), "timestamp", "negative timestamp"),
+        (row(None, 100, 5, [1]), "timestamp", "null"),
+        ({"input_length": 100, "output_length": 5, "hash_ids": [1]}, "timestamp", "missing"),
+        ({"timestamp": 0, "output_length": 5, "hash_ids": [1]}, "input_length", "missing"),
+        ({"timestamp": 0, "input_length": 100, "hash_ids": [1]}, "output_length", "missing"),
+        ({"timestamp": 0, "input_length": 100, "output_length": 5}, "hash_ids", "missing"),
+        (row(0, 100, 5, "1"), "hash_ids", "expected a list"),
+        (row(0, 100, 5, 7), "hash_ids", "expected a list"),
+        (row(0, 100, 5, [-4]), "hash_ids", "negative hash id -4"),
+        (row(0, 100, 5, [""]), "hash_ids", "empty string"),
+        (row(0, 100, 5, [None]), "hash_ids", "null"),
+        (row(0, 100, 5, [1.5]), "hash_ids", "non-integer"),
+        (row(0, 100, 5, [2**64]), "hash_ids", "int64"),
+        (row(0, 100, 5, [1], extra_body="[1]"), "extra_body", "JSON object"),
+        (row(0, 100, 5, [1], model=3), "model", "expected a string"),
+        ('{"timestamp": 0, "input_length": 1', "json", "invalid JSON"),
+        ("[1, 2]", "json", "expected a JSON object"),
+    ],
+)
 def test_validation_errors_name_file_row_field(tmp_path, bad, field, contains):
     p = write_jsonl(tmp_path / "t.jsonl", [row(0, 10, 1, [0]), bad, row(5, 10, 1, [0])])
     with pytest.raises(TraceError) as ei:
@@ -340,13 +359,16 @@ def test_b25_output_length_zero_rejected_one_accepted(tmp_path):
 
 
 def test_all_problems_listed_at_once(tmp_path):
-    p = write_jsonl(tmp_path / "t.jsonl", [
-        row(0, 100, 0, [1]),            # row 1 output_length
-        row(-5, 100, 5, [1]),           # row 2 timestamp
-        "not json",                     # row 3 json
-        row(0, 20, 5, [1, 2]),          # row 4 hash_ids count
-        row(0, "x", 5, [1]),            # row 5 input_length
-    ])
+    p = write_jsonl(
+        tmp_path / "t.jsonl",
+        [
+            row(0, 100, 0, [1]),  # row 1 output_length
+            row(-5, 100, 5, [1]),  # row 2 timestamp
+            "not json",  # row 3 json
+            row(0, 20, 5, [1, 2]),  # row 4 hash_ids count
+            row(0, "x", 5, [1]),  # row 5 input_length
+        ],
+    )
     with pytest.raises(TraceError) as ei:
         read_trace(p)
     got = [(pr.row, pr.field) for pr in problems_of(ei)]
@@ -384,9 +406,14 @@ def test_empty_file(tmp_path, name):
     if name.endswith(".jsonl"):
         p.write_text("\n\n")
     else:
-        tbl = pa.table({"timestamp": pa.array([], pa.int64()), "input_length": pa.array([], pa.int64()),
-                        "output_length": pa.array([], pa.int64()),
-                        "hash_ids": pa.array([], pa.list_(pa.int64()))})
+        tbl = pa.table(
+            {
+                "timestamp": pa.array([], pa.int64()),
+                "input_length": pa.array([], pa.int64()),
+                "output_length": pa.array([], pa.int64()),
+                "hash_ids": pa.array([], pa.list_(pa.int64())),
+            }
+        )
         pq.write_table(tbl, p)
     with pytest.raises(TraceError) as ei:
         read_trace(p)
@@ -433,17 +460,30 @@ def test_parquet_missing_column_and_wrong_types(tmp_path):
     assert f"{p}: output_length: missing required column" in str(ei.value)
 
     q = tmp_path / "w.parquet"
-    pq.write_table(pa.table({
-        "timestamp": pa.array([0, None, 2], pa.int64()),
-        "input_length": ["10", "x", "10"],
-        "output_length": pa.array([1.0, float("nan"), 0.0]),
-        "hash_ids": pa.array([[0], [-1], None], pa.list_(pa.int64())),
-    }), q)
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": pa.array([0, None, 2], pa.int64()),
+                "input_length": ["10", "x", "10"],
+                "output_length": pa.array([1.0, float("nan"), 0.0]),
+                "hash_ids": pa.array([[0], [-1], None], pa.list_(pa.int64())),
+            }
+        ),
+        q,
+    )
     with pytest.raises(TraceError) as ei:
         read_trace(q)
     got = {(pr.row, pr.field) for pr in problems_of(ei)}
-    assert got == {(1, "input_length"), (2, "timestamp"), (2, "input_length"), (2, "output_length"),
-                   (2, "hash_ids"), (3, "input_length"), (3, "output_length"), (3, "hash_ids")}
+    assert got == {
+        (1, "input_length"),
+        (2, "timestamp"),
+        (2, "input_length"),
+        (2, "output_length"),
+        (2, "hash_ids"),
+        (3, "input_length"),
+        (3, "output_length"),
+        (3, "hash_ids"),
+    }
     assert has_problem(ei, 2, "output_length", "NaN")
     assert has_problem(ei, 1, "input_length", "got string")
     assert has_problem(ei, 3, "output_length", "output_length 0 is not allowed")
@@ -453,9 +493,15 @@ def test_parquet_from_foreign_writer_defaults(tmp_path):
     """A plain pandas-written Parquet (no replayer metadata): ms, block 512, int32 and float columns ok."""
     import pandas as pd
 
-    df = pd.DataFrame({"timestamp": np.array([10, 20], dtype=np.int32),
-                       "input_length": [600.0, 10.0], "output_length": [3, 4],
-                       "hash_ids": [[5, 6], [7]], "session_id": ["a", None]})
+    df = pd.DataFrame(
+        {
+            "timestamp": np.array([10, 20], dtype=np.int32),
+            "input_length": [600.0, 10.0],
+            "output_length": [3, 4],
+            "hash_ids": [[5, 6], [7]],
+            "session_id": ["a", None],
+        }
+    )
     p = tmp_path / "pd.parquet"
     df.to_parquet(p)
     t = read_trace(p)
@@ -466,8 +512,9 @@ def test_parquet_from_foreign_writer_defaults(tmp_path):
 
 
 def test_parquet_time_unit_metadata(tmp_path):
-    tbl = pa.table({"timestamp": [5, 7], "input_length": [1, 1], "output_length": [1, 1],
-                    "hash_ids": [[0], [1]]}).replace_schema_metadata({"replayer.time_unit": "s"})
+    tbl = pa.table(
+        {"timestamp": [5, 7], "input_length": [1, 1], "output_length": [1, 1], "hash_ids": [[0], [1]]}
+    ).replace_schema_metadata({"replayer.time_unit": "s"})
     p = tmp_path / "s.parquet"
     pq.write_table(tbl, p)
     assert read_trace(p).timestamp_ns.tolist() == [0, 2_000_000_000]
@@ -487,8 +534,9 @@ def test_write_parquet_refuses_unrepresentable_times(tmp_path):
 
 
 def test_convert_first_seconds(tmp_path):
-    p = write_jsonl(tmp_path / "t.jsonl", [row(1000, 1, 1, [0]), row(1999, 1, 1, [1]), row(2000, 1, 1, [2]),
-                                           row(1500, 1, 1, [3])])
+    p = write_jsonl(
+        tmp_path / "t.jsonl", [row(1000, 1, 1, [0]), row(1999, 1, 1, [1]), row(2000, 1, 1, [2]), row(1500, 1, 1, [3])]
+    )
     out = tmp_path / "o.parquet"
     with pytest.warns(TraceOrderWarning):
         t = convert(p, out, first_seconds=1.0, source="unit test", license="CC0")
@@ -516,8 +564,8 @@ def valid_rows(draw):
     for _ in range(n):
         il = draw(st.integers(1, 3000))
         k = -(-il // bs)
-        hids = draw(st.lists(st.integers(0, 2 ** 63 - 1), min_size=k, max_size=k))
-        out.append(row(draw(st.integers(0, 10 ** 9)), il, draw(st.integers(1, 5000)), hids))
+        hids = draw(st.lists(st.integers(0, 2**63 - 1), min_size=k, max_size=k))
+        out.append(row(draw(st.integers(0, 10**9)), il, draw(st.integers(1, 5000)), hids))
     return bs, out
 
 
@@ -537,7 +585,9 @@ def test_property_round_trip(tmp_path, data):
     assert rows_of(back) == rows_of(t)
     ts = [r["timestamp"] for r in rows]
     order = sorted(range(len(rows)), key=lambda i: ts[i])  # Python's sort is stable
-    expect = [((ts[i] - min(ts)) * 1_000_000, rows[i]["input_length"], rows[i]["output_length"], rows[i]["hash_ids"])
-              for i in order]
+    expect = [
+        ((ts[i] - min(ts)) * 1_000_000, rows[i]["input_length"], rows[i]["output_length"], rows[i]["hash_ids"])
+        for i in order
+    ]
     assert rows_of(t) == expect
     assert t.source_row.tolist() == [i + 1 for i in order]

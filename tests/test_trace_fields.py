@@ -46,8 +46,11 @@ class RecordingServer:
         if request.path.endswith("/completions"):
             n = body["max_tokens"]
             usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
-            choice = ({"index": 0, "delta": {"content": "x"}, "finish_reason": "length"}
-                      if "chat" in request.path else {"index": 0, "text": "x", "finish_reason": "length"})
+            choice = (
+                {"index": 0, "delta": {"content": "x"}, "finish_reason": "length"}
+                if "chat" in request.path
+                else {"index": 0, "text": "x", "finish_reason": "length"}
+            )
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             for ev in ({"choices": [choice]}, {"choices": [], "usage": usage}):
@@ -96,23 +99,47 @@ def _hash(n: int, base: int) -> list[int]:
 #: (row, the body fields it must produce). Rows carry distinct output lengths (max_tokens) so
 #: generation bodies can be told apart; pooling endpoints appear once each.
 ROWS = [
-    ({"endpoint": "completions", "output_length": 11, "model": "m-a", "priority": 5,
-      "extra_body": {"temperature": 0.25, "ignore_eos": False, "model": "loses-to-column", "priority": 9}},
-     {"model": "m-a", "priority": 5, "temperature": 0.25, "ignore_eos": False}),
-    ({"endpoint": "completions", "output_length": 12},
-     {"model": "run-model", "ignore_eos": True}),
-    ({"endpoint": "completions", "output_length": 13, "extra_body": {"model": "from-extra", "top_k": 3,
-                                                                     "nested": {"a": [1, 2]}}},
-     {"model": "from-extra", "top_k": 3, "nested": {"a": [1, 2]}}),
-    ({"endpoint": "chat", "output_length": 14, "priority": -2, "extra_body": {"seed": 7}},
-     {"model": "run-model", "priority": -2, "seed": 7}),
-    ({"endpoint": "embeddings", "model": "emb-m", "priority": 1, "extra_body": {"truncate_prompt_tokens": 10},
-      "document_lengths": [10, 10]},
-     {"model": "emb-m", "priority": 1, "truncate_prompt_tokens": 10}),
-    ({"endpoint": "score", "model": "score-m", "priority": 0, "query_length": 5, "document_lengths": [15]},
-     {"model": "score-m", "priority": 0}),
-    ({"endpoint": "rerank", "extra_body": {"top_n": 1}, "query_length": 4, "document_lengths": [8, 8]},
-     {"model": "run-model", "top_n": 1}),
+    (
+        {
+            "endpoint": "completions",
+            "output_length": 11,
+            "model": "m-a",
+            "priority": 5,
+            "extra_body": {"temperature": 0.25, "ignore_eos": False, "model": "loses-to-column", "priority": 9},
+        },
+        {"model": "m-a", "priority": 5, "temperature": 0.25, "ignore_eos": False},
+    ),
+    ({"endpoint": "completions", "output_length": 12}, {"model": "run-model", "ignore_eos": True}),
+    (
+        {
+            "endpoint": "completions",
+            "output_length": 13,
+            "extra_body": {"model": "from-extra", "top_k": 3, "nested": {"a": [1, 2]}},
+        },
+        {"model": "from-extra", "top_k": 3, "nested": {"a": [1, 2]}},
+    ),
+    (
+        {"endpoint": "chat", "output_length": 14, "priority": -2, "extra_body": {"seed": 7}},
+        {"model": "run-model", "priority": -2, "seed": 7},
+    ),
+    (
+        {
+            "endpoint": "embeddings",
+            "model": "emb-m",
+            "priority": 1,
+            "extra_body": {"truncate_prompt_tokens": 10},
+            "document_lengths": [10, 10],
+        },
+        {"model": "emb-m", "priority": 1, "truncate_prompt_tokens": 10},
+    ),
+    (
+        {"endpoint": "score", "model": "score-m", "priority": 0, "query_length": 5, "document_lengths": [15]},
+        {"model": "score-m", "priority": 0},
+    ),
+    (
+        {"endpoint": "rerank", "extra_body": {"top_n": 1}, "query_length": 4, "document_lengths": [8, 8]},
+        {"model": "run-model", "top_n": 1},
+    ),
 ]
 
 
@@ -135,8 +162,12 @@ def _write(path, fmt: str) -> str:
             w = csv.writer(f)
             w.writerow(names)
             for r in rows:
-                w.writerow(["" if r.get(k) is None else json.dumps(r[k]) if isinstance(r[k], (list, dict))
-                            else r[k] for k in names])
+                w.writerow(
+                    [
+                        "" if r.get(k) is None else json.dumps(r[k]) if isinstance(r[k], (list, dict)) else r[k]
+                        for k in names
+                    ]
+                )
     else:  # extra_body as a string column holding JSON objects
         cols = {k: [json.dumps(r[k]) if k == "extra_body" and k in r else r.get(k) for r in rows] for k in names}
         table = pa.table(cols).replace_schema_metadata({"replayer.block_size": str(BS)})
@@ -145,10 +176,28 @@ def _write(path, fmt: str) -> str:
 
 
 def _run(tmp_path, trace: str, url: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "replayer", "run", trace, "--target", url,
-                           "--results", str(tmp_path / "res"), "--admin-port", "0", "--quiet",
-                           "--block-size", str(BS), *args],
-                          capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            trace,
+            "--target",
+            url,
+            "--results",
+            str(tmp_path / "res"),
+            "--admin-port",
+            "0",
+            "--quiet",
+            "--block-size",
+            str(BS),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl", "csv"])
@@ -165,8 +214,9 @@ def test_each_rows_model_priority_and_extra_body_reach_the_server(tmp_path, fmt)
     for path, body in srv.bodies:
         by_key[(path, body.get("max_tokens"))] = body
     for (row, want), row_full in zip(ROWS, _rows()):
-        path = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}.get(row["endpoint"],
-                                                                                   f"/v1/{row['endpoint']}")
+        path = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}.get(
+            row["endpoint"], f"/v1/{row['endpoint']}"
+        )
         body = by_key[(path, row["output_length"] if "output_length" in row else None)]
         for key, value in want.items():
             assert body[key] == value, (row, key, body)
@@ -189,9 +239,14 @@ def test_each_rows_model_priority_and_extra_body_reach_the_server(tmp_path, fmt)
 
 def test_bad_values_are_refused_naming_file_row_and_field_before_anything_is_sent(tmp_path):
     base = {"timestamp": 0, "input_length": 20, "output_length": 2, "hash_ids": _hash(20, 1)}
-    rows = [dict(base, extra_body=[1, 2]), dict(base, priority="high"), dict(base, priority=1.5),
-            dict(base, extra_body={"stream": False, "max_tokens": 3}), dict(base, extra_body="{not json"),
-            dict(base, model=7)]
+    rows = [
+        dict(base, extra_body=[1, 2]),
+        dict(base, priority="high"),
+        dict(base, priority=1.5),
+        dict(base, extra_body={"stream": False, "max_tokens": 3}),
+        dict(base, extra_body="{not json"),
+        dict(base, model=7),
+    ]
     trace = tmp_path / "bad.jsonl"
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with RecordingServer() as srv:
@@ -209,8 +264,15 @@ def test_bad_values_are_refused_naming_file_row_and_field_before_anything_is_sen
 
 def test_a_priority_column_of_floats_with_nulls_reads_as_integers(tmp_path):
     # pandas writes an integer column with missing values as float64 with NaN
-    table = pa.table({"timestamp": [0, 1, 2], "input_length": [5, 5, 5], "output_length": [1, 1, 1],
-                      "hash_ids": [[1], [2], [3]], "priority": pa.array([3.0, float("nan"), -1.0])})
+    table = pa.table(
+        {
+            "timestamp": [0, 1, 2],
+            "input_length": [5, 5, 5],
+            "output_length": [1, 1, 1],
+            "hash_ids": [[1], [2], [3]],
+            "priority": pa.array([3.0, float("nan"), -1.0]),
+        }
+    )
     pq.write_table(table, tmp_path / "p.parquet")
     t = read_trace(str(tmp_path / "p.parquet"))
     assert t.priority == [3, None, -1]
@@ -221,11 +283,16 @@ def test_for_row_precedence_reserved_keys_and_reuse():
     assert b.for_row(None, None, None) is b
     r = b.for_row("m", 4, '{"model": "x", "priority": 1, "temperature": 0}')
     assert r is b.for_row("m", 4, '{"model": "x", "priority": 1, "temperature": 0}')  # one per distinct row
-    assert orjson.loads(r.body(b"[1,2]", 3)) == {"model": "m", "stream": True, "priority": 4, "temperature": 0,
-                                                  "stream_options": {"include_usage": True},
-                                                  "max_tokens": 3, "prompt": [1, 2]}
-    assert orjson.loads(r.embeddings_body([b"[1]"])) == {"model": "m", "priority": 4, "temperature": 0,
-                                                         "input": [[1]]}
+    assert orjson.loads(r.body(b"[1,2]", 3)) == {
+        "model": "m",
+        "stream": True,
+        "priority": 4,
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 3,
+        "prompt": [1, 2],
+    }
+    assert orjson.loads(r.embeddings_body([b"[1]"])) == {"model": "m", "priority": 4, "temperature": 0, "input": [[1]]}
     assert orjson.loads(b.body(b"[1]", 2))["model"] == "run"  # the run's builder is unchanged
     for key in sorted(EXTRA_BODY_RESERVED):
         with pytest.raises(ValueError, match=key):
@@ -237,10 +304,18 @@ def test_for_row_precedence_reserved_keys_and_reuse():
 def test_a_parquet_struct_extra_body_sends_only_each_rows_own_keys(tmp_path):
     # pyarrow makes a struct column of dicts: every row gets every key, the missing ones null;
     # a null must not override what the replayer builds (ignore_eos) or reach the server as a key
-    table = pa.table({"timestamp": [0, 5], "input_length": [10, 10], "output_length": [2, 2],
-                      "hash_ids": [[1], [2]],
-                      "extra_body": [{"temperature": 0.5, "opts": {"a": 1}}, {"ignore_eos": False, "opts": {"b": 2}}]})
+    table = pa.table(
+        {
+            "timestamp": [0, 5],
+            "input_length": [10, 10],
+            "output_length": [2, 2],
+            "hash_ids": [[1], [2]],
+            "extra_body": [{"temperature": 0.5, "opts": {"a": 1}}, {"ignore_eos": False, "opts": {"b": 2}}],
+        }
+    )
     pq.write_table(table, tmp_path / "s.parquet")
     t = read_trace(str(tmp_path / "s.parquet"))
-    assert [json.loads(x) for x in t.extra_body] == [{"temperature": 0.5, "opts": {"a": 1}},
-                                                     {"ignore_eos": False, "opts": {"b": 2}}]
+    assert [json.loads(x) for x in t.extra_body] == [
+        {"temperature": 0.5, "opts": {"a": 1}},
+        {"ignore_eos": False, "opts": {"b": 2}},
+    ]

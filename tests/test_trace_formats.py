@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from replayer.trace import (
-    SYNTH_ID_BASE,
     HASH_ID_KEY,
+    SYNTH_ID_BASE,
     TraceError,
     TraceOrderWarning,
     hash_id_from_string,
@@ -39,8 +39,10 @@ needs_mooncake = pytest.mark.skipif(not MOONCAKE.exists(), reason="shared Moonca
 
 
 def rows_of(t) -> list[tuple]:
-    return [(int(t.timestamp_ns[i]), int(t.input_length[i]), int(t.output_length[i]), t.hash_ids(i).tolist())
-            for i in range(len(t))]
+    return [
+        (int(t.timestamp_ns[i]), int(t.input_length[i]), int(t.output_length[i]), t.hash_ids(i).tolist())
+        for i in range(len(t))
+    ]
 
 
 def problems(ei) -> set[tuple]:
@@ -74,19 +76,23 @@ def test_azure_csv_real_file():
 
 def test_azure_like_csv_unsorted_and_bad_rows(tmp_path):
     p = tmp_path / "az.csv"
-    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                 "2023-11-16 18:15:50.0000000,100,10\n"
-                 "2023-11-16 18:15:48.5000000,200,20\n"
-                 "2023-11-16 18:15:52.0000000,300,30\n")
+    p.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:50.0000000,100,10\n"
+        "2023-11-16 18:15:48.5000000,200,20\n"
+        "2023-11-16 18:15:52.0000000,300,30\n"
+    )
     with pytest.warns(TraceOrderWarning, match="1 rows out of"):
         t = read_trace(p)
     assert rows_of(t)[0][:3] == (0, 200, 20) and rows_of(t)[1][:3] == (1_500_000_000, 100, 10)
     assert t.source_row.tolist() == [3, 2, 4]  # CSV rows are line numbers (header = 1)
     q = tmp_path / "bad.csv"
-    q.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                 "2023-11-16 18:15:50.0000000,100,10\n"
-                 "yesterday,100,0\n"
-                 "2023-11-16 18:15:52.0000000,,5\n")
+    q.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:50.0000000,100,10\n"
+        "yesterday,100,0\n"
+        "2023-11-16 18:15:52.0000000,,5\n"
+    )
     with pytest.raises(TraceError) as ei:
         read_trace(q)
     assert problems(ei) == {(str(q), 3, "timestamp"), (str(q), 3, "output_length"), (str(q), 4, "input_length")}
@@ -107,10 +113,16 @@ def test_parse_mapping():
 
 def test_generic_jsonl_mapping_seconds(tmp_path):
     p = tmp_path / "g.jsonl"
-    p.write_text("\n".join(json.dumps(r) for r in [
-        {"t": 1.5, "in": 600, "out": 3, "blocks": [1, 2], "sid": 7},
-        {"t": 0.25, "in": 10, "out": 4, "blocks": [1]},
-    ]) + "\n")
+    p.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"t": 1.5, "in": 600, "out": 3, "blocks": [1, 2], "sid": 7},
+                {"t": 0.25, "in": 10, "out": 4, "blocks": [1]},
+            ]
+        )
+        + "\n"
+    )
     m = "timestamp=t,input_length=in,output_length=out,hash_ids=blocks,session_id=sid"
     with pytest.warns(TraceOrderWarning):
         t = read_trace(p, mapping=m, time_unit="s")
@@ -124,16 +136,12 @@ def test_generic_jsonl_mapping_seconds(tmp_path):
 
 def test_generic_csv_mapping_units_and_errors(tmp_path):
     p = tmp_path / "g.csv"
-    p.write_text("when,prompt,gen,ids\n"
-                 "1000,600,3,\"[5, 6]\"\n"
-                 "1500,10,4,\"[\"\"0123456789abcdef\"\", \"\"x\"\"]\"\n")
+    p.write_text('when,prompt,gen,ids\n1000,600,3,"[5, 6]"\n1500,10,4,"[""0123456789abcdef"", ""x""]"\n')
     m = "timestamp=when,input_length=prompt,output_length=gen,hash_ids=ids"
     with pytest.raises(TraceError) as ei:  # second row: 2 ids for 10 tokens
         read_trace(p, mapping=m, time_unit="us")
     assert problems(ei) == {(str(p), 3, "hash_ids")}
-    p.write_text("when,prompt,gen,ids\n"
-                 "1000,600,3,\"[5, 6]\"\n"
-                 "1500,10,4,\"[\"\"0123456789abcdef\"\"]\"\n")
+    p.write_text('when,prompt,gen,ids\n1000,600,3,"[5, 6]"\n1500,10,4,"[""0123456789abcdef""]"\n')
     t = read_trace(p, mapping=m, time_unit="us")
     assert rows_of(t) == [(0, 600, 3, [5, 6]), (500_000, 10, 4, [0x0123456789ABCDEF])]
     with pytest.raises(TraceError) as ei:
@@ -156,14 +164,27 @@ def test_string_hash_ids_map_to_64_bits(tmp_path):
     want = int.from_bytes(hashlib.blake2b(b"block-a", digest_size=8, key=HASH_ID_KEY).digest(), "big")
     assert hash_id_from_string("block-a") == want
     code = "from replayer.trace import hash_id_from_string as h; print(h('block-a'), h('sys/0'))"
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={**os.environ, "PYTHONHASHSEED": s}).stdout for s in ("1", "2")}
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": s},
+        ).stdout
+        for s in ("1", "2")
+    }
     assert outs == {f"{want} {hash_id_from_string('sys/0')}\n"}
     # two ids differing only above bit 32 stay different (the Dynamo u32 cut)
     a, b = "0000000100000001", "0000000200000001"
     p = tmp_path / "s.jsonl"
-    p.write_text("\n".join(json.dumps({"timestamp": i, "input_length": 600, "output_length": 1, "hash_ids": h})
-                           for i, h in enumerate([[a, "ffffffffffffffff"], [b, "block-a"], ["block-a", 3]])) + "\n")
+    p.write_text(
+        "\n".join(
+            json.dumps({"timestamp": i, "input_length": 600, "output_length": 1, "hash_ids": h})
+            for i, h in enumerate([[a, "ffffffffffffffff"], [b, "block-a"], ["block-a", 3]])
+        )
+        + "\n"
+    )
     t = read_trace(p)
     ids = [[int(x) & (2**64 - 1) for x in t.hash_ids(i)] for i in range(3)]
     assert ids == [[2**32 + 1, 2**64 - 1], [2**33 + 1, want], [want, 3]]
@@ -210,8 +231,12 @@ def test_span_known_before_reading_rows(tmp_path):
         assert open_trace(src).span_ns() == whole == 597 * 10**9
         assert open_trace(src).span_ns(100) is None  # a prefix would need its rows read
     jl = tmp_path / "t.jsonl"  # loaded whole: from its timestamps, also for a prefix
-    jl.write_text("".join(json.dumps({"timestamp": ts, "input_length": 10, "output_length": 5,
-                                      "hash_ids": [i]}) + "\n" for i, ts in enumerate([40, 40, 90, 1040])))
+    jl.write_text(
+        "".join(
+            json.dumps({"timestamp": ts, "input_length": 10, "output_length": 5, "hash_ids": [i]}) + "\n"
+            for i, ts in enumerate([40, 40, 90, 1040])
+        )
+    )
     s = open_trace(str(jl), fmt="mooncake")
     assert s.span_ns() == 1_000 * 10**6 and s.span_ns(3) == 50 * 10**6
 
@@ -255,8 +280,10 @@ def test_open_trace_jsonl_batches_equal_read_trace():
 def test_b17_unsorted_jsonl_stream_keeps_pairs(tmp_path):
     p = tmp_path / "b17.jsonl"
     rows = [(5000, 100, 10, [1]), (2000, 200, 20, [2]), (8000, 300, 30, [3]), (2000, 400, 40, [4])]
-    p.write_text("\n".join(json.dumps(dict(zip(("timestamp", "input_length", "output_length", "hash_ids"), r)))
-                           for r in rows) + "\n")
+    p.write_text(
+        "\n".join(json.dumps(dict(zip(("timestamp", "input_length", "output_length", "hash_ids"), r))) for r in rows)
+        + "\n"
+    )
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         got = [r for b in open_trace(p).batches(3) for r in rows_of(b)]
@@ -269,8 +296,18 @@ def test_b17_unsorted_jsonl_stream_keeps_pairs(tmp_path):
 
 def test_unsorted_within_one_row_group_sorted_there(tmp_path):
     p = tmp_path / "u.parquet"
-    pq.write_table(pa.table({"timestamp": [10, 5, 20, 30], "input_length": [1, 2, 3, 4], "output_length": [1, 1, 1, 1],
-                             "hash_ids": [[0], [1], [2], [3]]}), p, row_group_size=2)
+    pq.write_table(
+        pa.table(
+            {
+                "timestamp": [10, 5, 20, 30],
+                "input_length": [1, 2, 3, 4],
+                "output_length": [1, 1, 1, 1],
+                "hash_ids": [[0], [1], [2], [3]],
+            }
+        ),
+        p,
+        row_group_size=2,
+    )
     with pytest.warns(TraceOrderWarning):
         got = [r for b in open_trace(p).batches(2) for r in rows_of(b)]
     assert [(r[0] // 1_000_000, r[1]) for r in got] == [(0, 2), (5, 1), (15, 3), (25, 4)]

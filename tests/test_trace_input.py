@@ -26,11 +26,13 @@ def _row(ts, ids=(1,), n=10, **kw):
 def test_fractional_millisecond_mooncake_timestamps_are_kept_to_the_nanosecond(tmp_path):
     """Slicers and scaled traces write `55.4`: each row used to be refused ("expected an integer")."""
     p = tmp_path / "sliced.jsonl"
-    p.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n'
-                 '{"timestamp": 55.4, "input_length": 10, "output_length": 2, "hash_ids": [2]}\n'
-                 '{"timestamp": 100.000001, "input_length": 10, "output_length": 2, "hash_ids": [3]}\n'
-                 '{"timestamp": 100.0000015, "input_length": 10, "output_length": 2, "hash_ids": [4]}\n'
-                 '{"timestamp": 1e2, "input_length": 10, "output_length": 2, "hash_ids": [5]}\n')
+    p.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n'
+        '{"timestamp": 55.4, "input_length": 10, "output_length": 2, "hash_ids": [2]}\n'
+        '{"timestamp": 100.000001, "input_length": 10, "output_length": 2, "hash_ids": [3]}\n'
+        '{"timestamp": 100.0000015, "input_length": 10, "output_length": 2, "hash_ids": [4]}\n'
+        '{"timestamp": 1e2, "input_length": 10, "output_length": 2, "hash_ids": [5]}\n'
+    )
     with pytest.warns(UserWarning, match="1 rows out of timestamp order"):
         t = read_trace(p)
     assert t.metadata["format"] == "mooncake"
@@ -43,9 +45,11 @@ def test_fractional_timestamps_beyond_a_doubles_digits_are_read_as_written(tmp_p
     """Epoch milliseconds with microseconds have 19 digits, more than a double holds: the offsets
     are still exact (the text is read as a decimal number)."""
     p = tmp_path / "epoch.jsonl"
-    p.write_text('{"timestamp": 1700000000000.123456, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n'
-                 '{"timestamp": 1700000000055.4, "input_length": 10, "output_length": 2, "hash_ids": [2]}\n'
-                 '{"timestamp": 1700000000100, "input_length": 10, "output_length": 2, "hash_ids": [3]}\n')
+    p.write_text(
+        '{"timestamp": 1700000000000.123456, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n'
+        '{"timestamp": 1700000000055.4, "input_length": 10, "output_length": 2, "hash_ids": [2]}\n'
+        '{"timestamp": 1700000000100, "input_length": 10, "output_length": 2, "hash_ids": [3]}\n'
+    )
     assert read_trace(p).timestamp_ns.tolist() == [0, 55_276_544, 99_876_544]
     arr = tmp_path / "epoch.json"  # the same rows as one JSON array
     arr.write_text("[" + ",".join(line for line in p.read_text().splitlines()) + "]")
@@ -67,11 +71,18 @@ def test_decimal_string_hash_ids_are_the_integers_and_give_byte_identical_prompt
     """How JavaScript producers write 64-bit ints: "4294967303" is the id 4294967303 (it was
     hashed as a name, so the prompts and the prefix sharing with integer ids differed)."""
     big = 2**64 - 5  # above 2**63: stored as its bit pattern, same as the integer
-    ints = _jsonl(tmp_path / "ints.jsonl", [_row(0, [4294967303, 7], n=600), _row(1, [4294967303, big], n=1000),
-                                             _row(2, [9007199254740993], n=3)])
-    strs = _jsonl(tmp_path / "strs.jsonl", [_row(0, ["4294967303", "7"], n=600),
-                                             _row(1, ["4294967303", str(big)], n=1000),
-                                             _row(2, ["9007199254740993"], n=3)])
+    ints = _jsonl(
+        tmp_path / "ints.jsonl",
+        [_row(0, [4294967303, 7], n=600), _row(1, [4294967303, big], n=1000), _row(2, [9007199254740993], n=3)],
+    )
+    strs = _jsonl(
+        tmp_path / "strs.jsonl",
+        [
+            _row(0, ["4294967303", "7"], n=600),
+            _row(1, ["4294967303", str(big)], n=1000),
+            _row(2, ["9007199254740993"], n=3),
+        ],
+    )
     a, b = read_trace(ints), read_trace(strs)
     builder = PromptBuilder(seed=3)
     for i in range(len(a)):
@@ -109,9 +120,25 @@ def test_an_unsorted_trace_is_logged_as_one_line_not_a_python_warning(tmp_path, 
     import sys
 
     p = _jsonl(tmp_path / "unsorted.jsonl", [_row(5, [1]), _row(0, [2])])
-    proc = subprocess.run([sys.executable, "-m", "replayer", "run", str(p), "--quiet", "--admin-port", "0",
-                           "--results", str(tmp_path / "r"), "--log-format", log_format],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(p),
+            "--quiet",
+            "--admin-port",
+            "0",
+            "--results",
+            str(tmp_path / "r"),
+            "--log-format",
+            log_format,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if "out of timestamp order" in ln]
     assert len(lines) == 1, proc.stderr
@@ -120,8 +147,10 @@ def test_an_unsorted_trace_is_logged_as_one_line_not_a_python_warning(tmp_path, 
     if log_format == "json":
         rec = json.loads(lines[0])
         assert rec["level"] == "warning" and rec["logger"] == "replayer.trace"
-        assert rec["msg"] == f"{p}: 1 rows out of timestamp order; rows were stable-sorted by timestamp " \
-                             "(whole rows move together)"
+        assert (
+            rec["msg"] == f"{p}: 1 rows out of timestamp order; rows were stable-sorted by timestamp "
+            "(whole rows move together)"
+        )
     else:
         assert " WARNING replayer.trace: " in lines[0]
 
@@ -141,8 +170,9 @@ def test_an_azure_csv_without_generated_tokens_says_so(tmp_path):
     p = tmp_path / "azure.csv"
     p.write_text("TIMESTAMP,ContextTokens,Foo\n2023-11-16 18:15:46.6805900,100,5\n")
     q = _one_problem(p)
-    assert q.row == 0 and q.message.startswith("Azure CSV is missing GeneratedTokens (columns present: "
-                                               "TIMESTAMP, ContextTokens, Foo)")
+    assert q.row == 0 and q.message.startswith(
+        "Azure CSV is missing GeneratedTokens (columns present: TIMESTAMP, ContextTokens, Foo)"
+    )
     p.write_text("ContextTokens,GeneratedTokens\n100,5\n")
     assert _one_problem(p).message.startswith("Azure CSV is missing TIMESTAMP (")
     p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,100,5\n")
@@ -154,12 +184,14 @@ def test_a_key_missing_from_every_row_is_one_problem(tmp_path, capsys):
     from replayer.cli import main
 
     p = tmp_path / "no_output.jsonl"
-    p.write_text("".join(json.dumps({"timestamp": i, "input_length": 10, "hash_ids": [i]}) + "\n"
-                         for i in range(12_000)))
+    p.write_text(
+        "".join(json.dumps({"timestamp": i, "input_length": 10, "hash_ids": [i]}) + "\n" for i in range(12_000))
+    )
     q = _one_problem(p)
     assert (q.row, q.field) == (0, "output_length")
-    assert q.message == ("missing from every row: no row has the key 'output_length' "
-                         "(keys of row 1: timestamp, input_length, hash_ids)")
+    assert q.message == (
+        "missing from every row: no row has the key 'output_length' (keys of row 1: timestamp, input_length, hash_ids)"
+    )
     q = _one_problem(p, mapping="output_length=gen")
     assert "no row has the key 'gen' (--map output_length=gen)" in q.message
     assert main(["trace", "inspect", str(p)]) == 2
@@ -194,8 +226,9 @@ def test_a_parquet_or_compressed_file_named_as_text_is_named_for_what_it_is(tmp_
     src = Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation_10min.parquet"
     p = tmp_path / "trace.jsonl"
     shutil.copy(src, p)
-    assert _one_problem(p).message == ("not a text file but a Parquet file: name it .parquet "
-                                       "(or give --format parquet)")
+    assert _one_problem(p).message == (
+        "not a text file but a Parquet file: name it .parquet (or give --format parquet)"
+    )
     assert len(read_trace(p, fmt="parquet")) == 1750
     p.write_bytes(gzip.compress(json.dumps(_row(0)).encode() + b"\n"))
     assert _one_problem(p).message.startswith("not a text file but gzip-compressed data")
@@ -207,8 +240,8 @@ def test_a_parquet_or_compressed_file_named_as_text_is_named_for_what_it_is(tmp_
 def test_a_seeded_sample_keys_any_session_id_as_a_name(tmp_path):
     """Session ids are names, not hash ids: "-5" (an error as a hash id) and "12" sample like any id."""
     from replayer.build.prompts import mix64
-    from replayer.trace.values import hash_name
     from replayer.trace.tools import slice_trace
+    from replayer.trace.values import hash_name
 
     ids = ["-5", "12", "", "chat-1", "0000000000000010"]
     p = _jsonl(tmp_path / "s.jsonl", [_row(i, [i], session_id=s) for i, s in enumerate(ids * 40)])

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replayer.cli import main as cli_main
-from replayer.trace.synth import SynthSpec, synth, write_synth
+from replayer.results.traceinspect import format_inspect, inspect_trace
 from replayer.trace import (
     ENDPOINTS,
     Trace,
@@ -30,7 +30,7 @@ from replayer.trace import (
     trace_table,
     write_parquet,
 )
-from replayer.results.traceinspect import format_inspect, inspect_trace
+from replayer.trace.synth import SynthSpec, synth, write_synth
 from replayer.trace.tools import sessionize_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,8 +42,13 @@ from test_trace import write_jsonl  # noqa: E402
 
 
 def row(ts, il=10, ol=5, hids=None, **extra):
-    return {"timestamp": ts, "input_length": il, "output_length": ol,
-            "hash_ids": hids if hids is not None else [ts + 1000], **extra}
+    return {
+        "timestamp": ts,
+        "input_length": il,
+        "output_length": ol,
+        "hash_ids": hids if hids is not None else [ts + 1000],
+        **extra,
+    }
 
 
 def write_pq(path: Path, cols: dict, *, block_size: int = 512, row_group_size: int | None = None) -> Path:
@@ -53,9 +58,12 @@ def write_pq(path: Path, cols: dict, *, block_size: int = 512, row_group_size: i
 
 
 def base_cols(n: int) -> dict:
-    return {"timestamp": pa.array(range(n), pa.int64()), "input_length": pa.array([10] * n, pa.int64()),
-            "output_length": pa.array([5] * n, pa.int64()),
-            "hash_ids": pa.array([[1000 + i] for i in range(n)], pa.list_(pa.int64()))}
+    return {
+        "timestamp": pa.array(range(n), pa.int64()),
+        "input_length": pa.array([10] * n, pa.int64()),
+        "output_length": pa.array([5] * n, pa.int64()),
+        "hash_ids": pa.array([[1000 + i] for i in range(n)], pa.list_(pa.int64())),
+    }
 
 
 def problems(exc) -> list[tuple]:
@@ -71,9 +79,16 @@ def think_list(t: Trace) -> list:
 
 
 def columns(t: Trace) -> dict:
-    return {"session_id": t.session_id, "request_id": t.request_id, "turn": t.turn,
-            "parent_request_id": t.parent_request_id, "think_time_s": think_list(t), "endpoint": t.endpoint,
-            "query_length": t.query_length, "document_lengths": t.document_lengths}
+    return {
+        "session_id": t.session_id,
+        "request_id": t.request_id,
+        "turn": t.turn,
+        "parent_request_id": t.parent_request_id,
+        "think_time_s": think_list(t),
+        "endpoint": t.endpoint,
+        "query_length": t.query_length,
+        "document_lengths": t.document_lengths,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -91,8 +106,14 @@ GOOD = [
 GOOD_EXPECT = {
     "turn": [0, 1, None, None, None, None],
     "think_time_s": [0.0, 2.5, None, None, None, None],
-    "endpoint": ["/v1/chat/completions", "/v1/chat/completions", "/v1/score", "/v1/rerank", "/v1/embeddings",
-                 "/v1/completions"],
+    "endpoint": [
+        "/v1/chat/completions",
+        "/v1/chat/completions",
+        "/v1/score",
+        "/v1/rerank",
+        "/v1/embeddings",
+        "/v1/completions",
+    ],
     "query_length": [None, None, 4, 2, None, None],
     "document_lengths": [None, None, [3, 3], [8], [5, 7], None],
     "parent_request_id": None,
@@ -152,9 +173,11 @@ def test_generic_csv_with_mapping(tmp_path):
         '1,10,5,"[2]",c1,1,,score,4,"[3, 3]",r2,r1\n'
         '2,10,5,"[3]",,,1,embeddings,,"[10]",r3,-1\n'
     )
-    m = ("timestamp=ts,input_length=il,output_length=ol,hash_ids=blocks,session_id=conv,turn=k,"
-         "think_time_s=think,endpoint=api,query_length=q,document_lengths=docs,request_id=rid,"
-         "parent_request_id=parent")
+    m = (
+        "timestamp=ts,input_length=il,output_length=ol,hash_ids=blocks,session_id=conv,turn=k,"
+        "think_time_s=think,endpoint=api,query_length=q,document_lengths=docs,request_id=rid,"
+        "parent_request_id=parent"
+    )
     t = read_trace(p, mapping=m)
     assert t.turn == [0, 1, None]
     assert think_list(t) == [0.5, None, 1.0]
@@ -179,8 +202,14 @@ def test_csv_bad_cells_named(tmp_path):
 
 def test_parse_mapping_accepts_new_keys():
     m = parse_mapping("turn=t,parent_request_id=p,think_time_s=w,endpoint=e,query_length=q,document_lengths=d")
-    assert m == {"turn": "t", "parent_request_id": "p", "think_time_s": "w", "endpoint": "e",
-                 "query_length": "q", "document_lengths": "d"}
+    assert m == {
+        "turn": "t",
+        "parent_request_id": "p",
+        "think_time_s": "w",
+        "endpoint": "e",
+        "query_length": "q",
+        "document_lengths": "d",
+    }
     with pytest.raises(ValueError, match="document_lengths"):
         parse_mapping("bogus=x")  # the error lists the fields, new ones included
 
@@ -193,8 +222,13 @@ def test_endpoint_short_names_normalise(tmp_path):
             r.update(query_length=2, document_lengths=[8])
     t = read_trace(write_jsonl(tmp_path / "t.jsonl", rows))
     assert t.endpoint == list(ENDPOINTS.values()) * 2
-    assert ENDPOINTS == {"completions": "/v1/completions", "chat": "/v1/chat/completions",
-                         "embeddings": "/v1/embeddings", "score": "/v1/score", "rerank": "/v1/rerank"}
+    assert ENDPOINTS == {
+        "completions": "/v1/completions",
+        "chat": "/v1/chat/completions",
+        "embeddings": "/v1/embeddings",
+        "score": "/v1/score",
+        "rerank": "/v1/rerank",
+    }
 
 
 def test_think_time_nan_handling(tmp_path):
@@ -244,9 +278,15 @@ def test_value_rules_name_file_row_field(tmp_path):
     assert has(e, f, 3, "turn", "expected an integer, got string")
     assert has(e, f, 4, "think_time_s", "-1.0 is not allowed")
     assert has(e, f, 5, "think_time_s", "expected a number (seconds), got string")
-    assert has(e, f, 6, "endpoint", "unknown endpoint '/v1/responses': expected one of /v1/completions, "
-                                    "/v1/chat/completions, /v1/embeddings, /v1/score, /v1/rerank or the short "
-                                    "names completions, chat, embeddings, score, rerank")
+    assert has(
+        e,
+        f,
+        6,
+        "endpoint",
+        "unknown endpoint '/v1/responses': expected one of /v1/completions, "
+        "/v1/chat/completions, /v1/embeddings, /v1/score, /v1/rerank or the short "
+        "names completions, chat, embeddings, score, rerank",
+    )
     assert has(e, f, 7, "endpoint", "unknown endpoint 3")
     assert has(e, f, 8, "query_length", "query_length 0 is not allowed: must be >= 1")
     assert has(e, f, 9, "document_lengths", "empty list")
@@ -259,21 +299,26 @@ def test_value_rules_name_file_row_field(tmp_path):
 
 def test_document_rules(tmp_path):
     rows = [
-        row(0, 10, query_length=4),                                         # query without documents
-        row(1, 10, query_length=4, document_lengths=[3, 4]),                # 4 + 7 != 10
-        row(2, 10, document_lengths=[3, 4]),                                # 0 + 7 != 10
-        row(3, 10, endpoint="score"),                                       # score needs both
-        row(4, 10, endpoint="/v1/rerank", document_lengths=[10]),           # rerank needs query_length
-        row(5, 10, endpoint="rerank", query_length=10),                     # ... and document_lengths
-        row(6, 10, endpoint="embeddings", document_lengths=[4, 6]),         # fine: a batch of inputs
+        row(0, 10, query_length=4),  # query without documents
+        row(1, 10, query_length=4, document_lengths=[3, 4]),  # 4 + 7 != 10
+        row(2, 10, document_lengths=[3, 4]),  # 0 + 7 != 10
+        row(3, 10, endpoint="score"),  # score needs both
+        row(4, 10, endpoint="/v1/rerank", document_lengths=[10]),  # rerank needs query_length
+        row(5, 10, endpoint="rerank", query_length=10),  # ... and document_lengths
+        row(6, 10, endpoint="embeddings", document_lengths=[4, 6]),  # fine: a batch of inputs
         row(7, 10, endpoint="score", query_length=1, document_lengths=[9]),  # fine
     ]
     with pytest.raises(TraceError) as e:
         read_trace(write_jsonl(tmp_path / "d.jsonl", rows))
     f = "d.jsonl"
     assert has(e, f, 1, "document_lengths", "missing: required when query_length is set")
-    assert has(e, f, 2, "document_lengths",
-               "query_length 4 + sum(document_lengths) 7 = 11 != input_length 10: they must be equal")
+    assert has(
+        e,
+        f,
+        2,
+        "document_lengths",
+        "query_length 4 + sum(document_lengths) 7 = 11 != input_length 10: they must be equal",
+    )
     assert has(e, f, 3, "document_lengths", "query_length 0 + sum(document_lengths) 7 = 7 != input_length 10")
     assert has(e, f, 4, "query_length", "missing: endpoint /v1/score needs query_length and document_lengths")
     assert has(e, f, 4, "document_lengths", "missing: endpoint /v1/score needs")
@@ -290,30 +335,41 @@ def test_document_rules_in_parquet_name_data_rows(tmp_path):
     cols["document_lengths"] = pa.array([[6], None, [10]], pa.list_(pa.int64()))
     with pytest.raises(TraceError) as e:
         read_trace(write_pq(tmp_path / "d.parquet", cols))
-    assert problems(e) == [("d.parquet", 3, "query_length",
-                            "missing: endpoint /v1/rerank needs query_length and document_lengths")]
+    assert problems(e) == [
+        ("d.parquet", 3, "query_length", "missing: endpoint /v1/rerank needs query_length and document_lengths")
+    ]
 
 
 def test_turn_order_within_session(tmp_path):
     rows = [
         row(0, session_id="a", turn=0),
         row(10, session_id="a", turn=2),
-        row(5, session_id="a", turn=1),   # sorted before line 2: fine
+        row(5, session_id="a", turn=1),  # sorted before line 2: fine
         row(20, session_id="a", turn=2),  # repeats turn 2: error
         row(30, session_id="b", turn=0),  # other session: independent
-        row(40, turn=0),                  # no session: not checked
+        row(40, turn=0),  # no session: not checked
         row(50, session_id="a", turn=1),  # goes back: error
-        row(60, session_id="a"),          # no turn: not checked
+        row(60, session_id="a"),  # no turn: not checked
     ]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TraceOrderWarning)
         with pytest.raises(TraceError) as e:
             read_trace(write_jsonl(tmp_path / "o.jsonl", rows))
     assert problems(e) == [
-        ("o.jsonl", 4, "turn", "turn 2 of session 'a' does not follow turn 2 (row 2): turns of a session "
-                               "must strictly increase in time order"),
-        ("o.jsonl", 7, "turn", "turn 1 of session 'a' does not follow turn 2 (row 4): turns of a session "
-                               "must strictly increase in time order"),
+        (
+            "o.jsonl",
+            4,
+            "turn",
+            "turn 2 of session 'a' does not follow turn 2 (row 2): turns of a session "
+            "must strictly increase in time order",
+        ),
+        (
+            "o.jsonl",
+            7,
+            "turn",
+            "turn 1 of session 'a' does not follow turn 2 (row 4): turns of a session "
+            "must strictly increase in time order",
+        ),
     ]
 
 
@@ -324,8 +380,15 @@ def test_turn_order_checked_across_streaming_batches(tmp_path):
     p = write_pq(tmp_path / "o.parquet", cols, row_group_size=2)
     with pytest.raises(TraceError) as e:
         open_trace(p).validate()
-    assert problems(e) == [("o.parquet", 5, "turn", "turn 1 of session 'a' does not follow turn 1 (row 3): "
-                                                     "turns of a session must strictly increase in time order")]
+    assert problems(e) == [
+        (
+            "o.parquet",
+            5,
+            "turn",
+            "turn 1 of session 'a' does not follow turn 1 (row 3): "
+            "turns of a session must strictly increase in time order",
+        )
+    ]
     with pytest.raises(TraceError, match="row 5: turn"):
         read_trace(p)
     # batches() (lazy validation) checks turn order only within a batch: rows 3 and 5 are apart here
@@ -337,9 +400,11 @@ def test_turn_order_checked_across_streaming_batches(tmp_path):
 
 def test_turn_not_checked_for_chain_rows(tmp_path):
     # a chain may branch: two answers to turn 0 are both turn 1
-    rows = [row(0, request_id="q", session_id="s", turn=0),
-            row(1, request_id="a1", parent_request_id="q", session_id="s", turn=1),
-            row(2, request_id="a2", parent_request_id="q", session_id="s", turn=1)]
+    rows = [
+        row(0, request_id="q", session_id="s", turn=0),
+        row(1, request_id="a1", parent_request_id="q", session_id="s", turn=1),
+        row(2, request_id="a2", parent_request_id="q", session_id="s", turn=1),
+    ]
     t = read_trace(write_jsonl(tmp_path / "b.jsonl", rows))
     assert t.turn == [0, 1, 1]
 
@@ -375,7 +440,7 @@ def test_parent_chains_follow_time_order_not_file_order(tmp_path):
         row(0, request_id="a"),
         row(20, request_id="x", parent_request_id="y"),  # y comes later: x's root is y itself
         row(30, request_id="y", parent_request_id="w"),  # ... and y's root is w (w is not in the trace)
-        row(40, request_id="z", parent_request_id=-1),   # -1: no parent (Alibaba traces)
+        row(40, request_id="z", parent_request_id=-1),  # -1: no parent (Alibaba traces)
     ]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TraceOrderWarning)
@@ -393,8 +458,10 @@ def test_hash_ids_synthetic_flag_kept(tmp_path):
     p = write_jsonl(tmp_path / "g.jsonl", [{"ts": i, "il": 700, "ol": 3} for i in range(5)])
     t = read_trace(p, mapping="timestamp=ts,input_length=il,output_length=ol,hash_ids=")
     assert t.hash_ids_synthetic and t.head(2).hash_ids_synthetic
-    assert all(b.hash_ids_synthetic for b in open_trace(p, mapping="timestamp=ts,input_length=il,"
-                                                                  "output_length=ol,hash_ids=").batches(2))
+    assert all(
+        b.hash_ids_synthetic
+        for b in open_trace(p, mapping="timestamp=ts,input_length=il,output_length=ol,hash_ids=").batches(2)
+    )
     out = tmp_path / "g.parquet"
     write_parquet(t, out)
     assert pq.read_schema(out).metadata[b"replayer.hash_ids"] == b"synthesised"
@@ -438,8 +505,13 @@ def session_rows(draw):
     out = []
     for i in range(n):
         il = draw(st.integers(2, 3000))
-        r = row(draw(st.integers(0, 50)), il, draw(st.integers(1, 50)), list(range(i * 10, i * 10 + -(-il // 512))),
-                request_id=f"r{i}")
+        r = row(
+            draw(st.integers(0, 50)),
+            il,
+            draw(st.integers(1, 50)),
+            list(range(i * 10, i * 10 + -(-il // 512))),
+            request_id=f"r{i}",
+        )
         ep = draw(st.sampled_from([None, *names]))
         if ep is not None:
             r["endpoint"] = ep
@@ -484,7 +556,8 @@ def test_property_round_trip_session_columns(tmp_path, rows):
     assert (None if t.session_id is None else [x for b in streamed for x in b]) == t.session_id
     order = sorted(range(len(rows)), key=lambda k: rows[k]["timestamp"])
     assert t.endpoint is None or t.endpoint == [
-        None if "endpoint" not in rows[k] else ENDPOINTS.get(rows[k]["endpoint"], rows[k]["endpoint"]) for k in order]
+        None if "endpoint" not in rows[k] else ENDPOINTS.get(rows[k]["endpoint"], rows[k]["endpoint"]) for k in order
+    ]
     assert t.document_lengths is None or t.document_lengths == [rows[k].get("document_lengths") for k in order]
 
 
@@ -496,8 +569,13 @@ def test_inspect_reports_sessions_endpoints_documents(tmp_path):
     p = write_jsonl(tmp_path / "t.jsonl", GOOD)
     s = inspect_trace(p, max_rows=2)
     assert s["sessions"] == 1 and s["multi_turn_sessions"] == 1 and s["max_turns"] == 2
-    assert s["endpoints"] == {"/v1/chat/completions": 2, "/v1/completions": 1, "/v1/embeddings": 1,
-                              "/v1/rerank": 1, "/v1/score": 1}
+    assert s["endpoints"] == {
+        "/v1/chat/completions": 2,
+        "/v1/completions": 1,
+        "/v1/embeddings": 1,
+        "/v1/rerank": 1,
+        "/v1/score": 1,
+    }
     assert s["rows_with_documents"] == 3 and s["documents"] == 5
     text = format_inspect(s)
     assert "sessions         1  (1 multi-turn, max 2 turns; 2 rows)" in text
@@ -514,15 +592,15 @@ def test_inspect_reports_sessions_endpoints_documents(tmp_path):
 
 def sessionize_rows() -> list[dict]:
     ids = [
-        [1, 2, 3],              # 0: new s0
-        [1, 2, 3, 4, 5],        # 1: follows 0 (full prefix [1, 2])            -> s0 turn 1
-        [1, 2, 9],              # 2: 0 matches but is no longer s0's latest   -> s1
-        [7, 8],                 # 3: new                                      -> s2
-        [1, 2, 3, 4, 5, 6],     # 4: 1 ([1..4]) and 2 ([1, 2]) match; 2 is more recent -> s1 turn 1
+        [1, 2, 3],  # 0: new s0
+        [1, 2, 3, 4, 5],  # 1: follows 0 (full prefix [1, 2])            -> s0 turn 1
+        [1, 2, 9],  # 2: 0 matches but is no longer s0's latest   -> s1
+        [7, 8],  # 3: new                                      -> s2
+        [1, 2, 3, 4, 5, 6],  # 4: 1 ([1..4]) and 2 ([1, 2]) match; 2 is more recent -> s1 turn 1
         [1, 2, 3, 4, 5, 6, 7],  # 5: follows 4                                -> s1 turn 2
-        [7, 9],                 # 6: follows 3 (full prefix [7])             -> s2 turn 1
-        [5],                    # 7: no full blocks to share                  -> s3
-        [1, 2, 3, 4, 10],       # 8: 1 is still s0's latest, [1..4] matches  -> s0 turn 2
+        [7, 9],  # 6: follows 3 (full prefix [7])             -> s2 turn 1
+        [5],  # 7: no full blocks to share                  -> s3
+        [1, 2, 3, 4, 10],  # 8: 1 is still s0's latest, [1..4] matches  -> s0 turn 2
     ]
     return [row(ts * 100, 4 * len(h) - 1, 1, h) for ts, h in enumerate(ids)]
 

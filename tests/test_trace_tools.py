@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from replayer.cli import main as cli_main
-from replayer.trace.synth import SynthSpec, synth, write_synth
-from replayer.trace import read_trace, write_parquet
 from replayer.results.traceinspect import inspect_trace
+from replayer.trace import read_trace, write_parquet
+from replayer.trace.synth import SynthSpec, synth, write_synth
 from replayer.trace.tools import scale_trace, slice_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,14 +47,14 @@ def test_inspect_committed_slice_matches_pandas():
         sizes = [min(512, L - 512 * j) for j in range(len(ids))]
         matched = 0
         for j, n in enumerate(sizes):
-            before = sent.get(tuple(ids[:j + 1]), 0)
+            before = sent.get(tuple(ids[: j + 1]), 0)
             matched += min(before, n)
             if before < n:
                 break
         h = min(matched, L - 1)
         hits += h - h % 16
         for j, n in enumerate(sizes):
-            key = tuple(ids[:j + 1])
+            key = tuple(ids[: j + 1])
             sent[key] = max(sent.get(key, 0), n)
     assert s["expected_prefix_hit_tokens"] == hits
     assert s["expected_prefix_query_tokens"] == df.input_length.sum()
@@ -70,8 +70,9 @@ def test_inspect_committed_slice_matches_pandas():
 
 
 def _sessions_trace(tmp_path) -> Path:
-    t = synth(SynthSpec(rows=600, rate_per_s=20, turns=3, sessions=5, system_prompts=2,
-                        system_prompt_tokens=1100, seed=5))
+    t = synth(
+        SynthSpec(rows=600, rate_per_s=20, turns=3, sessions=5, system_prompts=2, system_prompt_tokens=1100, seed=5)
+    )
     p = tmp_path / "sess.parquet"
     write_parquet(t, p, time_unit="ns")
     return p
@@ -135,9 +136,13 @@ def test_synth_rate_seed_and_validity(tmp_path, arrival, cv):
     gaps = np.diff(t.timestamp_ns) / 1e9
     assert np.std(gaps) / np.mean(gaps) == pytest.approx(cv, rel=0.1)
     again = synth(spec)
-    assert again.timestamp_ns.tolist() == t.timestamp_ns.tolist() and again.hash_values.tolist() == t.hash_values.tolist()
-    assert synth(SynthSpec(rows=20_000, rate_per_s=50.0, arrival=arrival, cv=cv, seed=12)).timestamp_ns.tolist() \
+    assert (
+        again.timestamp_ns.tolist() == t.timestamp_ns.tolist() and again.hash_values.tolist() == t.hash_values.tolist()
+    )
+    assert (
+        synth(SynthSpec(rows=20_000, rate_per_s=50.0, arrival=arrival, cv=cv, seed=12)).timestamp_ns.tolist()
         != t.timestamp_ns.tolist()
+    )
     p = tmp_path / "s.parquet"
     assert write_synth(spec, p) == 20_000  # same chunking as synth(): same rows
     back = read_trace(p)  # passes validation (ceil(len / 512) ids, sorted)
@@ -147,8 +152,17 @@ def test_synth_rate_seed_and_validity(tmp_path, arrival, cv):
 
 
 def test_synth_prefix_sharing_and_multi_turn_growth():
-    spec = SynthSpec(rows=240, rate_per_s=10, turns=4, sessions=6, system_prompts=3, system_prompt_tokens=1536,
-                     input_dist="const:300", output_dist="const:100", seed=2)
+    spec = SynthSpec(
+        rows=240,
+        rate_per_s=10,
+        turns=4,
+        sessions=6,
+        system_prompts=3,
+        system_prompt_tokens=1536,
+        input_dist="const:300",
+        output_dist="const:100",
+        seed=2,
+    )
     t = synth(spec)
     assert t.input_length[:6].tolist() == [1836] * 6  # turn 0: system prompt + 300 user tokens
     assert t.input_length[6:12].tolist() == [1836 + 400] * 6  # turn 1 resends the history
@@ -165,8 +179,27 @@ def test_synth_prefix_sharing_and_multi_turn_growth():
 
 def test_cli_trace_subcommands(tmp_path, capsys):
     out = tmp_path / "s.parquet"
-    assert cli_main(["trace", "synth", "-o", str(out), "--rows", "300", "--rate", "5", "--turns", "2",
-                     "--sessions", "3", "--seed", "1"]) == 0
+    assert (
+        cli_main(
+            [
+                "trace",
+                "synth",
+                "-o",
+                str(out),
+                "--rows",
+                "300",
+                "--rate",
+                "5",
+                "--turns",
+                "2",
+                "--sessions",
+                "3",
+                "--seed",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert cli_main(["trace", "slice", str(out), "-o", str(tmp_path / "a.parquet"), "--sample", "0.5"]) == 0
     assert cli_main(["trace", "scale", str(out), "-o", str(tmp_path / "b.parquet"), "--input-factor", "1.5"]) == 0
     capsys.readouterr()
@@ -186,9 +219,18 @@ def test_inspect_into_a_closed_pipe_is_quiet():
     import subprocess
     import sys
 
-    p = subprocess.Popen([sys.executable, "-m", "replayer", "trace", "inspect",
-                          str(Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation_10min.parquet")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "trace",
+            "inspect",
+            str(Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation_10min.parquet"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     p.stdout.close()
     err = p.stderr.read().decode()
     assert p.wait(60) == 0 and err == ""
@@ -200,16 +242,26 @@ def test_arguments_that_would_be_ignored_are_errors(tmp_path, capsys):
         (["slice", src, "-o", str(tmp_path / "x.csv"), "--head", "5"], "give a .parquet path"),
         (["slice", src, "-o", str(tmp_path / "x.parquet"), "--seed", "5"], "--seed only applies to --sample"),
         (["slice", src, "-o", str(tmp_path / "x.parquet"), "--start", "200", "--end", "100"], "must be before --end"),
-        (["synth", "-o", str(tmp_path / "x.parquet"), "--rows", "10", "--rate", "1", "--cv", "2"],
-         "--cv only applies to --arrival gamma"),
-        (["synth", "-o", str(tmp_path / "x.parquet"), "--rows", "10", "--rate", "1", "--input-dist", "const:0"],
-         "--input-dist: bad distribution 'const:0': N must be >= 1"),  # was turned into 1 without a word
-        (["synth", "-o", str(tmp_path / "x.parquet"), "--rows", "10", "--rate", "1", "--output-dist", "exp:0"],
-         "--output-dist: bad distribution 'exp:0': MEAN must be > 0"),
-        (["synth", "-o", str(tmp_path / "x.parquet"), "--rows", "10", "--rate", "inf"],
-         "--rate must be a finite number > 0"),  # named the field rate_per_s
-        (["scale", src, "-o", str(tmp_path / "x.parquet"), "--time-factor", "0"],
-         "argument --time-factor: must be a positive number"),  # named the function's time_factor
+        (
+            ["synth", "-o", str(tmp_path / "x.parquet"), "--rows", "10", "--rate", "1", "--cv", "2"],
+            "--cv only applies to --arrival gamma",
+        ),
+        (
+            ["synth", "-o", str(tmp_path / "x.parquet"), "--rows", "10", "--rate", "1", "--input-dist", "const:0"],
+            "--input-dist: bad distribution 'const:0': N must be >= 1",
+        ),  # was turned into 1 without a word
+        (
+            ["synth", "-o", str(tmp_path / "x.parquet"), "--rows", "10", "--rate", "1", "--output-dist", "exp:0"],
+            "--output-dist: bad distribution 'exp:0': MEAN must be > 0",
+        ),
+        (
+            ["synth", "-o", str(tmp_path / "x.parquet"), "--rows", "10", "--rate", "inf"],
+            "--rate must be a finite number > 0",
+        ),  # named the field rate_per_s
+        (
+            ["scale", src, "-o", str(tmp_path / "x.parquet"), "--time-factor", "0"],
+            "argument --time-factor: must be a positive number",
+        ),  # named the function's time_factor
     ]
     for argv, msg in cases:
         capsys.readouterr()
@@ -220,5 +272,22 @@ def test_arguments_that_would_be_ignored_are_errors(tmp_path, capsys):
         assert rc == 2, argv
         assert msg in capsys.readouterr().err, argv
         assert not list(tmp_path.iterdir()), argv  # nothing written
-    assert cli_main(["trace", "synth", "-o", str(tmp_path / "g.parquet"), "--rows", "10", "--rate", "1",
-                     "--arrival", "gamma", "--cv", "2"]) == 0
+    assert (
+        cli_main(
+            [
+                "trace",
+                "synth",
+                "-o",
+                str(tmp_path / "g.parquet"),
+                "--rows",
+                "10",
+                "--rate",
+                "1",
+                "--arrival",
+                "gamma",
+                "--cv",
+                "2",
+            ]
+        )
+        == 0
+    )

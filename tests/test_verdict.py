@@ -12,12 +12,21 @@ from replayer.results.verdict import MET, MISSED, NOT_JUDGED, UNKNOWN
 
 
 def test_parse_goodput_takes_vllm_bench_serve_pairs():
-    assert verdict.parse_goodput(["e2el:30000", "ttft:2000", "tpot:50"]) == {"ttft": 2000.0, "tpot": 50.0,
-                                                                             "e2el": 30000.0}
+    assert verdict.parse_goodput(["e2el:30000", "ttft:2000", "tpot:50"]) == {
+        "ttft": 2000.0,
+        "tpot": 50.0,
+        "e2el": 30000.0,
+    }
     assert verdict.parse_goodput("tpot:12.5 ttft:0") == {"ttft": 0.0, "tpot": 12.5}
     assert verdict.parse_goodput(None) == {}
-    for bad, says in (("ttft=2000", "KEY:VALUE"), ("itl:5", "unknown key 'itl'"), ("ttft:fast", "not a number"),
-                      ("ttft:-1", ">= 0"), ("ttft:nan", ">= 0"), ("traces/x.parquet", "before --goodput")):
+    for bad, says in (
+        ("ttft=2000", "KEY:VALUE"),
+        ("itl:5", "unknown key 'itl'"),
+        ("ttft:fast", "not a number"),
+        ("ttft:-1", ">= 0"),
+        ("ttft:nan", ">= 0"),
+        ("traces/x.parquet", "before --goodput"),
+    ):
         with pytest.raises(ValueError, match=says):
             verdict.parse_goodput([bad])
     with pytest.raises(ValueError, match="twice"):
@@ -49,7 +58,7 @@ def test_flags_reproduce_goodput_for_workers(tmp_path):
     trace.write_text("")
     flags = _flags_for(load_config({"trace": str(trace), "goodput": ["tpot:50", "ttft:2000"]}), {"trace"})
     i = flags.index("--goodput")
-    assert flags[i + 1:i + 3] == ["ttft:2000", "tpot:50"]
+    assert flags[i + 1 : i + 3] == ["ttft:2000", "tpot:50"]
 
 
 SLOS = {"ttft": 100.0, "tpot": 10.0, "e2el": 1000.0}
@@ -59,12 +68,12 @@ CASES = [
     (("success", 150, 5, 500, 20), (MISSED, MET, MET, MISSED)),
     (("success", 50, 15, 500, 20), (MET, MISSED, MET, MISSED)),
     (("success", 50, 5, 1500, 20), (MET, MET, MISSED, MISSED)),
-    (("success", 100, 10, 1000, 20), (MET, MET, MET, MET)),            # on the bound: met (value <= bound)
-    (("success", 50, None, 500, None), (MET, UNKNOWN, MET, UNKNOWN)),   # no usage: TPOT unknown
+    (("success", 100, 10, 1000, 20), (MET, MET, MET, MET)),  # on the bound: met (value <= bound)
+    (("success", 50, None, 500, None), (MET, UNKNOWN, MET, UNKNOWN)),  # no usage: TPOT unknown
     (("success", 150, None, 500, None), (MISSED, UNKNOWN, MET, MISSED)),  # a miss outweighs an unknown
     (("success", None, None, None, None), (UNKNOWN, UNKNOWN, UNKNOWN, UNKNOWN)),
-    (("success", 50, None, 60, 1), (MET, MET, MET, MET)),               # 1 token: no TPOT, met (as vLLM)
-    (("failed", 10, 1, 20, 20), (MISSED, MISSED, MISSED, MISSED)),      # a failure never meets an SLO
+    (("success", 50, None, 60, 1), (MET, MET, MET, MET)),  # 1 token: no TPOT, met (as vLLM)
+    (("failed", 10, 1, 20, 20), (MISSED, MISSED, MISSED, MISSED)),  # a failure never meets an SLO
     (("failed", None, None, None, None), (MISSED, MISSED, MISSED, MISSED)),
     (("cancelled", 10, 1, 20, 20), (NOT_JUDGED,) * 4),
     (("not_started", None, None, None, None), (NOT_JUDGED,) * 4),
@@ -100,16 +109,32 @@ def test_fold_and_finish_say_attainment_over_judged_requests():
 
 def _result(i: int, outcome: str, ttft, e2e, tokens=20, **kw) -> RequestResult:
     ok = outcome == "success"
-    return RequestResult(row=i, input_length=10, output_length=20, due_ns=i * 10**9, sent_ns=i * 10**9,
-                         end_ns=i * 10**9 + 10**9, outcome=outcome, error_kind="none" if ok else "http_status",
-                         prompt_tokens=10 if ok else None, completion_tokens=tokens if ok else None,
-                         ttft_ms=ttft, e2e_ms=e2e, tpot_ms=(e2e - ttft) / (tokens - 1) if ok and tokens else None,
-                         dispatch_lag_ms=0.0, **kw)
+    return RequestResult(
+        row=i,
+        input_length=10,
+        output_length=20,
+        due_ns=i * 10**9,
+        sent_ns=i * 10**9,
+        end_ns=i * 10**9 + 10**9,
+        outcome=outcome,
+        error_kind="none" if ok else "http_status",
+        prompt_tokens=10 if ok else None,
+        completion_tokens=tokens if ok else None,
+        ttft_ms=ttft,
+        e2e_ms=e2e,
+        tpot_ms=(e2e - ttft) / (tokens - 1) if ok and tokens else None,
+        dispatch_lag_ms=0.0,
+        **kw,
+    )
 
 
 def test_summary_has_the_verdict_only_when_bounds_are_set():
-    rs = [_result(0, "success", 50.0, 240.0), _result(1, "success", 500.0, 690.0),
-          _result(2, "failed", None, None), _result(3, "success", 60.0, 250.0, tokens=None)]
+    rs = [
+        _result(0, "success", 50.0, 240.0),
+        _result(1, "success", 500.0, 690.0),
+        _result(2, "failed", None, None),
+        _result(3, "success", 60.0, 250.0, tokens=None),
+    ]
     t = to_table(rs)
     plain = summarize(t)
     assert "slo_attainment" not in plain and "request_goodput" not in plain
@@ -125,8 +150,9 @@ def test_summary_has_the_verdict_only_when_bounds_are_set():
 
 def test_from_due_adds_the_time_from_due_to_send_and_leaves_a_session_hold_apart():
     # due 0; held 300 ms behind its predecessor (released at 300 ms); sent at 350 ms: 50 ms late
-    v = verdict.from_due_ms([100.0, 100.0, None, 100.0], [350e6, 350e6, 350e6, None], [0, 0, 0, 0],
-                            [300.0, None, 300.0, None])
+    v = verdict.from_due_ms(
+        [100.0, 100.0, None, 100.0], [350e6, 350e6, 350e6, None], [0, 0, 0, 0], [300.0, None, 300.0, None]
+    )
     assert v[0] == pytest.approx(150.0) and v[1] == pytest.approx(450.0)
     assert np.isnan(v[2]) and np.isnan(v[3])  # unknown stays unknown
 
@@ -191,8 +217,10 @@ def test_a_folded_summary_keeps_the_verdict_exact(tmp_path, monkeypatch):
     rng = np.random.default_rng(3)
     files, every = [], []
     for k in range(3):
-        rs = [_result(k * 2000 + i, "success" if rng.random() > 0.1 else "failed",
-                      float(rng.uniform(10, 200)), 400.0) for i in range(2000)]
+        rs = [
+            _result(k * 2000 + i, "success" if rng.random() > 0.1 else "failed", float(rng.uniform(10, 200)), 400.0)
+            for i in range(2000)
+        ]
         for r in rs:
             if r.outcome != "success":
                 r.ttft_ms = r.e2e_ms = r.tpot_ms = None
@@ -203,8 +231,15 @@ def test_a_folded_summary_keeps_the_verdict_exact(tmp_path, monkeypatch):
     whole = summarize(to_table(every), slos)
     s = summarize_files(files, slos=slos)
     assert "ttft_ms" in s["percentiles_sketched"]
-    for key in ("slo_met", "slo_missed", "slo_unknown", "slo_requests", "goodput_output_tokens",
-                "slo_attainment", "slo_attainment_ttft"):
+    for key in (
+        "slo_met",
+        "slo_missed",
+        "slo_unknown",
+        "slo_requests",
+        "goodput_output_tokens",
+        "slo_attainment",
+        "slo_attainment_ttft",
+    ):
         assert s[key] == whole[key], key
     assert s["request_goodput"] == pytest.approx(whole["slo_met"] / s["duration"])
     assert not [k for k in summarize_files(files, slos={}) if "slo" in k or "goodput" in k]

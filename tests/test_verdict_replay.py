@@ -10,13 +10,12 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from faultserver import DONE, Plan, ThreadedFaultServer, choice, usage_event
 from prometheus_client import CollectorRegistry
 
 from replayer.config.model import load_config
-from replayer.run.daemon import run_replay
 from replayer.record.recorder import read_results
-
-from faultserver import DONE, Plan, ThreadedFaultServer, choice, usage_event
+from replayer.run.daemon import run_replay
 
 
 def stream(times_ms: list[float], usage: bool = True) -> Plan:
@@ -42,36 +41,51 @@ def write_trace(path, rows: list[dict]) -> str:
 
 
 def replay(tmp_path, trace: str, url: str, **settings) -> tuple[list[dict], dict, CollectorRegistry]:
-    cfg = load_config({"trace": trace, "target": url, "results": str(tmp_path / "res"), "admin_port": 0,
-                       "quiet": True, "scrape_target_metrics": False, "warm_connections": 4, **settings})
+    cfg = load_config(
+        {
+            "trace": trace,
+            "target": url,
+            "results": str(tmp_path / "res"),
+            "admin_port": 0,
+            "quiet": True,
+            "scrape_target_metrics": False,
+            "warm_connections": 4,
+            **settings,
+        }
+    )
     registry = CollectorRegistry()
     summary = asyncio.run(asyncio.wait_for(run_replay(cfg, registry=registry), 120))
     rows = sorted(read_results(str(tmp_path / "res")).to_pylist(), key=lambda r: r["row"])
-    assert json.loads((tmp_path / "res" / "summary.json").read_text()).get("slo_attainment") == \
-        summary.get("slo_attainment")
+    assert json.loads((tmp_path / "res" / "summary.json").read_text()).get("slo_attainment") == summary.get(
+        "slo_attainment"
+    )
     return rows, summary, registry
 
 
 # bounds: ttft 1000 ms, tpot 400 ms, e2el 4000 ms; the case of a request is its output_length
 CASES = {
-    101: ("met", stream([0, 50, 100])),                          # ttft ~0, tpot ~50, e2e ~100
-    102: ("ttft missed", stream([2000, 2050, 2100])),           # ttft ~2000 > 1000
-    103: ("tpot missed", stream([0, 1200])),                    # tpot ~1200 > 400 (N = 2)
+    101: ("met", stream([0, 50, 100])),  # ttft ~0, tpot ~50, e2e ~100
+    102: ("ttft missed", stream([2000, 2050, 2100])),  # ttft ~2000 > 1000
+    103: ("tpot missed", stream([0, 1200])),  # tpot ~1200 > 400 (N = 2)
     104: ("e2el missed", stream([100 * i for i in range(51)])),  # e2e ~5000 > 4000, tpot ~100
-    105: ("tpot unknown", stream([0], usage=False)),            # no usage, one event: N unknown, no TPOT
+    105: ("tpot unknown", stream([0], usage=False)),  # no usage, one event: N unknown, no TPOT
     106: ("failed", FAILED),
-    107: ("one token", stream([0])),                            # N = 1: no TPOT, met (as vLLM)
+    107: ("one token", stream([0])),  # N = 1: no TPOT, met (as vLLM)
 }
 # expected per bound (ttft, tpot, e2el) and slo_met
-WANT = {101: ("met", "met", "met", True), 102: ("missed", "met", "met", False),
-        103: ("met", "missed", "met", False), 104: ("met", "met", "missed", False),
-        105: ("met", "unknown", "met", None), 106: ("missed", "missed", "missed", False),
-        107: ("met", "met", "met", True)}
+WANT = {
+    101: ("met", "met", "met", True),
+    102: ("missed", "met", "met", False),
+    103: ("met", "missed", "met", False),
+    104: ("met", "met", "missed", False),
+    105: ("met", "unknown", "met", None),
+    106: ("missed", "missed", "missed", False),
+    107: ("met", "met", "met", True),
+}
 
 
 def test_slo_verdicts_on_scripted_streams(tmp_path):
-    trace = write_trace(tmp_path / "t.parquet", [{"timestamp": i * 5, "output_length": k}
-                                                 for i, k in enumerate(CASES)])
+    trace = write_trace(tmp_path / "t.parquet", [{"timestamp": i * 5, "output_length": k} for i, k in enumerate(CASES)])
     with ThreadedFaultServer(lambda body: CASES[body["max_tokens"]][1]) as srv:
         rows, s, registry = replay(tmp_path, trace, srv.url, goodput=["ttft:1000", "tpot:400", "e2el:4000"])
     got = {r["output_length"]: r["slo_met"] for r in rows}
@@ -104,9 +118,11 @@ def test_latency_from_due_with_a_known_hold_back_and_a_known_lag(tmp_path):
     # A (session s) streams for ~1200 ms; B, its next turn, is due 100 ms after A: held ~1100 ms.
     # C fails once with 500 and is retried after a 600 ms backoff: 600 ms from its due time to
     # its (last) send that its TTFT from the send does not show.
-    rows_in = [{"timestamp": 0, "output_length": 201, "session_id": "s"},
-               {"timestamp": 100, "output_length": 202, "session_id": "s"},
-               {"timestamp": 0, "output_length": 203, "session_id": "c"}]
+    rows_in = [
+        {"timestamp": 0, "output_length": 201, "session_id": "s"},
+        {"timestamp": 100, "output_length": 202, "session_id": "s"},
+        {"timestamp": 0, "output_length": 203, "session_id": "c"},
+    ]
     tried = []
 
     def plan(body):
@@ -140,4 +156,5 @@ def test_latency_from_due_with_a_known_hold_back_and_a_known_lag(tmp_path):
     assert s["mean_e2el_from_due_ms"] == pytest.approx(sum(r["e2el_from_due_ms"] for r in rows) / 3)
     assert registry.get_sample_value("replayer_ttft_from_due_seconds_count") == 3
     assert registry.get_sample_value("replayer_e2e_latency_from_due_seconds_sum") == pytest.approx(
-        sum(r["e2el_from_due_ms"] for r in rows) / 1e3)
+        sum(r["e2el_from_due_ms"] for r in rows) / 1e3
+    )

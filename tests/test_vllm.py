@@ -12,12 +12,12 @@ import urllib.request
 
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import SHARED
 
 URL = os.environ.get("REPLAYER_VLLM_URL", "http://127.0.0.1:8000")
-TOKENIZER = os.environ.get("REPLAYER_VLLM_TOKENIZER",
-                           os.path.join(os.environ.get("VLLM_WORKDIR", ".vllm-cpu"), "tiny-llama"))
+TOKENIZER = os.environ.get(
+    "REPLAYER_VLLM_TOKENIZER", os.path.join(os.environ.get("VLLM_WORKDIR", ".vllm-cpu"), "tiny-llama")
+)
 
 
 def _vllm_up() -> bool:
@@ -28,9 +28,13 @@ def _vllm_up() -> bool:
         return False
 
 
-pytestmark = [pytest.mark.vllm,
-              pytest.mark.skipif(not (os.environ.get("REPLAYER_VLLM") == "1" or _vllm_up()),
-                                 reason="no real vLLM (set REPLAYER_VLLM=1 or start one on 127.0.0.1:8000)")]
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        not (os.environ.get("REPLAYER_VLLM") == "1" or _vllm_up()),
+        reason="no real vLLM (set REPLAYER_VLLM=1 or start one on 127.0.0.1:8000)",
+    ),
+]
 
 
 def _short_rows(tmp_path, n: int, gap_ms: int):
@@ -54,8 +58,25 @@ def test_main_job_command_against_real_vllm(tmp_path):
     """The README's run command with --target: token-exact prompts and outputs on a real engine."""
     trace = _short_rows(tmp_path, 12, gap_ms=1000)
     res = tmp_path / "res"
-    args = [sys.executable, "-m", "replayer", "run", str(trace), "--target", URL, "--model", "tiny-llama",
-            "--speedup", "10", "--results", str(res), "--admin-port", "0", "--vocab-range", "3:32000"]
+    args = [
+        sys.executable,
+        "-m",
+        "replayer",
+        "run",
+        str(trace),
+        "--target",
+        URL,
+        "--model",
+        "tiny-llama",
+        "--speedup",
+        "10",
+        "--results",
+        str(res),
+        "--admin-port",
+        "0",
+        "--vocab-range",
+        "3:32000",
+    ]
     if os.path.isdir(TOKENIZER):
         args += ["--tokenizer", TOKENIZER]
     p = subprocess.run(args, capture_output=True, text=True, timeout=900)
@@ -66,8 +87,9 @@ def test_main_job_command_against_real_vllm(tmp_path):
     for r in pq.read_table(res / "requests.parquet").to_pylist():
         assert r["prompt_tokens"] == r["input_length"] and r["completion_tokens"] == r["output_length"]
         assert r["ttft_ms"] > 0 and r["tpot_ms"] > 0
-    print(json.dumps({k: s[k] for k in ("duration", "completed", "mean_ttft_ms", "mean_tpot_ms",
-                                        "dispatch_lag_p99_ms")}))
+    print(
+        json.dumps({k: s[k] for k in ("duration", "completed", "mean_ttft_ms", "mean_tpot_ms", "dispatch_lag_p99_ms")})
+    )
 
 
 def _non_overlapping_rows(tmp_path, n: int, gap_ms: int = 3000):
@@ -99,10 +121,32 @@ def test_prefix_cache_hits_match_the_trace_on_real_vllm(tmp_path):
     equal the hits the trace implies, to vLLM's 128-token CPU KV block."""
     trace = _non_overlapping_rows(tmp_path, 10)
     res = tmp_path / "res"
-    p = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace), "--target", URL, "--model", "tiny-llama",
-                        "--results", str(res), "--admin-port", "0", "--kv-block-size", "128",
-                        "--scrape-interval", "1", "--seed", str(SEED)],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace),
+            "--target",
+            URL,
+            "--model",
+            "tiny-llama",
+            "--results",
+            str(res),
+            "--admin-port",
+            "0",
+            "--kv-block-size",
+            "128",
+            "--scrape-interval",
+            "1",
+            "--seed",
+            str(SEED),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads((res / "summary.json").read_text())
     rows = pq.read_table(res / "requests.parquet").to_pylist()
@@ -110,8 +154,15 @@ def test_prefix_cache_hits_match_the_trace_on_real_vllm(tmp_path):
     assert all(r["prompt_tokens"] == r["input_length"] for r in rows)
     expected = s["expected_prefix_hit_tokens"]
     actual = s["server_prefix_cache_hit_tokens"]
-    print(json.dumps({"expected_hits": expected, "server_hits": actual,
-                      "queries": s["target_metrics"]["deltas"].get("prefix_cache_queries")}))
+    print(
+        json.dumps(
+            {
+                "expected_hits": expected,
+                "server_hits": actual,
+                "queries": s["target_metrics"]["deltas"].get("prefix_cache_queries"),
+            }
+        )
+    )
     assert expected > 0
     assert actual == expected
 
@@ -124,14 +175,44 @@ def test_chat_sessions_against_real_vllm(tmp_path):
         pytest.skip(f"no tokenizer at {TOKENIZER}")
     src = _short_rows(tmp_path, 40, gap_ms=200)
     trace = tmp_path / "sessions.parquet"
-    p = subprocess.run([sys.executable, "-m", "replayer", "trace", "sessionize", str(src), "-o", str(trace)],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "replayer", "trace", "sessionize", str(src), "-o", str(trace)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     res = tmp_path / "res"
-    p = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace), "--target", URL, "--model", "tiny-llama",
-                        "--endpoint", "/v1/chat/completions", "--prompt-mode", "text", "--tokenizer", TOKENIZER,
-                        "--max-requests", "12", "--speedup", "2", "--results", str(res), "--admin-port", "0"],
-                       capture_output=True, text=True, timeout=900)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace),
+            "--target",
+            URL,
+            "--model",
+            "tiny-llama",
+            "--endpoint",
+            "/v1/chat/completions",
+            "--prompt-mode",
+            "text",
+            "--tokenizer",
+            TOKENIZER,
+            "--max-requests",
+            "12",
+            "--speedup",
+            "2",
+            "--results",
+            str(res),
+            "--admin-port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads((res / "summary.json").read_text())
     rows = sorted(pq.read_table(res / "requests.parquet").to_pylist(), key=lambda r: r["row"])
@@ -147,8 +228,16 @@ def test_chat_sessions_against_real_vllm(tmp_path):
         for prev, cur in zip(turns, turns[1:]):
             assert cur["sent_ns"] >= prev["end_ns"]
     assert s["prompt_token_drift_total"] is not None
-    print(json.dumps({"sessions": s["sessions"], "drift_total": s["prompt_token_drift_total"],
-                      "drift_max_abs": s["prompt_token_drift_max_abs"], "mean_ttft_ms": s["mean_ttft_ms"]}))
+    print(
+        json.dumps(
+            {
+                "sessions": s["sessions"],
+                "drift_total": s["prompt_token_drift_total"],
+                "drift_max_abs": s["prompt_token_drift_max_abs"],
+                "mean_ttft_ms": s["mean_ttft_ms"],
+            }
+        )
+    )
 
 
 POOLING_URL = os.environ.get("REPLAYER_VLLM_POOLING_URL", "http://127.0.0.1:8001")
@@ -162,8 +251,11 @@ def _pooling_up() -> bool:
         return False
 
 
-@pytest.mark.skipif(not _pooling_up(), reason="no vLLM pooling runner at $REPLAYER_VLLM_POOLING_URL "
-                    "(vllm_cpu_target.sh start --runner pooling with VLLM_PORT=8001)")
+@pytest.mark.skipif(
+    not _pooling_up(),
+    reason="no vLLM pooling runner at $REPLAYER_VLLM_POOLING_URL "
+    "(vllm_cpu_target.sh start --runner pooling with VLLM_PORT=8001)",
+)
 def test_embeddings_batches_against_real_vllm_pooling_runner(tmp_path):
     """Issue 8: token-id embedding batches (split by document_lengths) on vLLM's pooling runner;
     the server's usage equals the token ids sent, so every response is audited ok."""
@@ -173,17 +265,45 @@ def test_embeddings_batches_against_real_vllm_pooling_runner(tmp_path):
     for i in range(6):
         docs = [40 + i, 30, 50 - i]
         n = sum(docs)
-        rows.append({"timestamp": 200 * i, "input_length": n, "output_length": 1,
-                     "hash_ids": list(range(100 * i, 100 * i + -(-n // 16))), "endpoint": "embeddings",
-                     "document_lengths": docs})
+        rows.append(
+            {
+                "timestamp": 200 * i,
+                "input_length": n,
+                "output_length": 1,
+                "hash_ids": list(range(100 * i, 100 * i + -(-n // 16))),
+                "endpoint": "embeddings",
+                "document_lengths": docs,
+            }
+        )
     table = pa.table({k: [r[k] for r in rows] for k in rows[0]})
     table = table.replace_schema_metadata({"replayer.block_size": "16", "replayer.time_unit": "ms"})
     trace = tmp_path / "emb.parquet"
     pq.write_table(table, trace)
     res = tmp_path / "res"
-    p = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace), "--target", POOLING_URL,
-                        "--model", "tiny-llama", "--results", str(res), "--admin-port", "0",
-                        "--vocab-range", "3:32000", "--block-size", "16"], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace),
+            "--target",
+            POOLING_URL,
+            "--model",
+            "tiny-llama",
+            "--results",
+            str(res),
+            "--admin-port",
+            "0",
+            "--vocab-range",
+            "3:32000",
+            "--block-size",
+            "16",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads((res / "summary.json").read_text())
     got = pq.read_table(res / "requests.parquet").to_pylist()
@@ -195,8 +315,12 @@ def test_embeddings_batches_against_real_vllm_pooling_runner(tmp_path):
 
 
 VLM_URL = os.environ.get("REPLAYER_VLLM_VLM_URL", "http://127.0.0.1:8002")
-VLM_MODEL = os.environ.get("REPLAYER_VLLM_VLM_MODEL", os.path.join(
-    os.environ.get("VLM_DIR", os.path.join(os.environ.get("VLLM_WORKDIR", ".vllm-cpu"), "vlm")), "tiny-qwen2-vl"))
+VLM_MODEL = os.environ.get(
+    "REPLAYER_VLLM_VLM_MODEL",
+    os.path.join(
+        os.environ.get("VLM_DIR", os.path.join(os.environ.get("VLLM_WORKDIR", ".vllm-cpu"), "vlm")), "tiny-qwen2-vl"
+    ),
+)
 
 
 def _vlm_up() -> bool:
@@ -207,8 +331,10 @@ def _vlm_up() -> bool:
         return False
 
 
-@pytest.mark.skipif(not _vlm_up(), reason="no multimodal vLLM at $REPLAYER_VLLM_VLM_URL "
-                    "(tests/vlm_target/vlm_target.sh install, then start)")
+@pytest.mark.skipif(
+    not _vlm_up(),
+    reason="no multimodal vLLM at $REPLAYER_VLLM_VLM_URL (tests/vlm_target/vlm_target.sh install, then start)",
+)
 def test_images_against_real_vllm_qwen2_vl(tmp_path):
     """Issue 22: chat requests with images on a real vLLM serving a tiny random-weight Qwen2-VL.
     The server's prompt tokens include the image tokens, which it reports per request
@@ -221,13 +347,48 @@ def test_images_against_real_vllm_qwen2_vl(tmp_path):
     trace = tmp_path / "mm.jsonl"
     with open(trace, "w") as f:
         for k, (h, ids) in enumerate(rows):
-            f.write(json.dumps({"timestamp": 1500 * k, "input_length": 200, "output_length": 8, "hash_ids": [h],
-                                "image_ids": ids, "image_sizes": [sizes[i] for i in ids]}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "timestamp": 1500 * k,
+                        "input_length": 200,
+                        "output_length": 8,
+                        "hash_ids": [h],
+                        "image_ids": ids,
+                        "image_sizes": [sizes[i] for i in ids],
+                    }
+                )
+                + "\n"
+            )
     res = tmp_path / "res"
-    p = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace), "--target", VLM_URL,
-                        "--model", "tiny-qwen2-vl", "--endpoint", "/v1/chat/completions", "--prompt-mode", "text",
-                        "--tokenizer", VLM_MODEL, "--image-token-rule", "qwen2-vl", "--results", str(res),
-                        "--admin-port", "0"], capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace),
+            "--target",
+            VLM_URL,
+            "--model",
+            "tiny-qwen2-vl",
+            "--endpoint",
+            "/v1/chat/completions",
+            "--prompt-mode",
+            "text",
+            "--tokenizer",
+            VLM_MODEL,
+            "--image-token-rule",
+            "qwen2-vl",
+            "--results",
+            str(res),
+            "--admin-port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads((res / "summary.json").read_text())
     per_row = [sum(qwen2_vl_tokens(*map(int, sizes[i].split("x"))) for i in ids) for _, ids in rows]
@@ -241,9 +402,22 @@ def test_images_against_real_vllm_qwen2_vl(tmp_path):
         # the text re-tokenized (drift) plus the chat template: near input_length, never the images'
         assert 150 <= r["text_tokens"] <= 260 and r["prompt_tokens"] == r["text_tokens"] + want
         assert r["completion_tokens"] == 8
-    assert s["expected_image_cache_hits"] == 4                # a twice again, b twice again
-    assert s["server_image_cache_hits"] >= 1                  # vLLM's multimodal cache saw the reuse
-    assert s["server_prefix_cache_hit_tokens"] > 0            # row 2 repeats row 0, image included
-    print(json.dumps({k: s.get(k) for k in ("image_tokens_server", "image_tokens_expected", "server_image_cache_hits",
-                                            "expected_image_cache_hits", "server_prefix_cache_hit_tokens",
-                                            "prompt_token_drift_total", "mean_ttft_ms")}))
+    assert s["expected_image_cache_hits"] == 4  # a twice again, b twice again
+    assert s["server_image_cache_hits"] >= 1  # vLLM's multimodal cache saw the reuse
+    assert s["server_prefix_cache_hit_tokens"] > 0  # row 2 repeats row 0, image included
+    print(
+        json.dumps(
+            {
+                k: s.get(k)
+                for k in (
+                    "image_tokens_server",
+                    "image_tokens_expected",
+                    "server_image_cache_hits",
+                    "expected_image_cache_hits",
+                    "server_prefix_cache_hit_tokens",
+                    "prompt_token_drift_total",
+                    "mean_ttft_ms",
+                )
+            }
+        )
+    )

@@ -15,27 +15,52 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import free_port
 
-from replayer.record.recorder import read_results, result_files
 from replayer.core.result import RequestResult, to_table
-from replayer.trace import read_trace
+from replayer.record.recorder import read_results, result_files
 from replayer.results.merge import merge_results
 from replayer.run.workers import _exit_code, _progress, _without_flag, progress_line
+from replayer.trace import read_trace
 
 SPEEDUP = 20
 SHARDS = 3
 # shorter decode steps than the default: the slice completes in a few seconds
 SIM_ARGS = ("--itl-base-ms", "2", "--itl-per-running-us", "0")
-COUNT_FIELDS = ("scheduled", "sent", "completed", "failed", "total_input_tokens", "total_output_tokens",
-                "prompt_token_mismatches")
+COUNT_FIELDS = (
+    "scheduled",
+    "sent",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "prompt_token_mismatches",
+)
 
 
 def _run(trace, url, results, *extra):
-    return subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace), "--target", url,
-                             "--speedup", str(SPEEDUP), "--results", str(results), "--admin-port", "0",
-                             "--quiet", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace),
+            "--target",
+            url,
+            "--speedup",
+            str(SPEEDUP),
+            "--results",
+            str(results),
+            "--admin-port",
+            "0",
+            "--quiet",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _finish(procs, timeout=120):
@@ -82,8 +107,10 @@ def test_shards_on_one_machine_add_up_to_a_single_run(tmp_path, mooncake_slice, 
     # average 11)
     start_at = time.time() + 30.0
     dirs = [tmp_path / f"shard-{i}" for i in range(SHARDS)]
-    procs = [_run(trace_path, url_sharded, d, "--shard", f"{i}/{SHARDS}", "--start-at", repr(start_at))
-             for i, d in enumerate(dirs)]
+    procs = [
+        _run(trace_path, url_sharded, d, "--shard", f"{i}/{SHARDS}", "--start-at", repr(start_at))
+        for i, d in enumerate(dirs)
+    ]
     single = tmp_path / "single"
     procs.append(_run(trace_path, url_single, single))
     _finish(procs)
@@ -132,13 +159,21 @@ def test_shards_on_one_machine_add_up_to_a_single_run(tmp_path, mooncake_slice, 
     for row in range(n):
         a, b = received[row], received_single[row]
         assert a["prompt"] == b["prompt"], f"row {row}: prompt differs"
-        assert (a["max_tokens"], a["min_tokens"], a["ignore_eos"]) == (b["max_tokens"], b["min_tokens"], b["ignore_eos"])
+        assert (a["max_tokens"], a["min_tokens"], a["ignore_eos"]) == (
+            b["max_tokens"],
+            b["min_tokens"],
+            b["ignore_eos"],
+        )
         assert len(a["prompt"]) == trace.input_length[row]
 
     # `replayer merge` of the shards == the single run, in counts and tokens
     merged = tmp_path / "merged"
-    out = subprocess.run([sys.executable, "-m", "replayer", "merge", *map(str, dirs), "-o", str(merged)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "replayer", "merge", *map(str, dirs), "-o", str(merged)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert "Successful requests" in out.stdout
     m = json.loads((merged / "summary.json").read_text())
@@ -155,8 +190,9 @@ def test_shards_on_one_machine_add_up_to_a_single_run(tmp_path, mooncake_slice, 
     assert (m["target"], m["speedup"], m["trace"], m["model"]) == (url_sharded, SPEEDUP, s1["trace"], s1["model"])
     assert m["target_metrics"]["scrapes"] > 0 and m["server_prefix_cache_hit_tokens"] > 0
     # a merged folder holds only summary.json: its report reads the shards' results
-    out = subprocess.run([sys.executable, "-m", "replayer", "report", str(merged)], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "replayer", "report", str(merged)], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0 and (merged / "report.html").stat().st_size > 10_000, out.stderr
 
     # merge notices a missing shard, a folder given twice, and a shard cut short by a stop (a
@@ -169,15 +205,20 @@ def test_shards_on_one_machine_add_up_to_a_single_run(tmp_path, mooncake_slice, 
     stopped = json.loads((dirs[2] / "summary.json").read_text())
     (dirs[2] / "summary.json").write_text(json.dumps({**stopped, "stopped_early": True, "stop_signal": "SIGTERM"}))
     for args in ([str(dirs[0]), str(dirs[0])], [str(dirs[0]), str(dirs[1])], list(map(str, dirs))):
-        out = subprocess.run([sys.executable, "-m", "replayer", "merge", *args, "-o", str(tmp_path / "m2")],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "replayer", "merge", *args, "-o", str(tmp_path / "m2")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 1 and "not one whole run" in out.stderr, out.stderr
         assert (tmp_path / "m2" / "summary.json").exists()
     assert f"{dirs[2]}: stopped early (SIGTERM)" in out.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
-    out = subprocess.run([sys.executable, "-m", "replayer", "merge", str(empty)], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "replayer", "merge", str(empty)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 1 and "no results" in out.stderr
 
 
@@ -185,10 +226,30 @@ def test_workers_end_to_end(tmp_path, mooncake_slice):
     trace_path = mooncake_slice(20)
     n = len(read_trace(str(trace_path)))
     results = tmp_path / "res"
-    out = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace_path), "--workers", "2",
-                          "--speedup", str(SPEEDUP), "--results", str(results), "--admin-port", "0", "--quiet",
-                          "--goodput", "ttft:60000", "e2el:600000"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace_path),
+            "--workers",
+            "2",
+            "--speedup",
+            str(SPEEDUP),
+            "--results",
+            str(results),
+            "--admin-port",
+            "0",
+            "--quiet",
+            "--goodput",
+            "ttft:60000",
+            "e2el:600000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     s = json.loads((results / "summary.json").read_text())
     assert s["completed"] == s["scheduled"] == n and s["failed"] == 0
@@ -209,8 +270,10 @@ def test_workers_end_to_end(tmp_path, mooncake_slice):
     assert setup_differences(plain, s) == []
     # the workers scraped the one target: the merged summary keeps that view (not a sum)
     assert s["target_metrics"]["scrapes"] > 0 and "server_prefix_cache_hit_tokens" in s
-    rows = read_results(str(results / "worker-0")).column("row").to_pylist() + \
-        read_results(str(results / "worker-1")).column("row").to_pylist()
+    rows = (
+        read_results(str(results / "worker-0")).column("row").to_pylist()
+        + read_results(str(results / "worker-1")).column("row").to_pylist()
+    )
     assert sorted(rows) == list(range(n))
 
 
@@ -235,9 +298,28 @@ def test_workers_terminal_ctrl_c_drains_once(tmp_path, mooncake_slice):
     trace_path = mooncake_slice(20)
     results = tmp_path / "res"
     port = _free_port_pair()  # worker i serves its admin port on port + i
-    parent = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace_path), "--workers", "2",
-                               "--speedup", "5", "--results", str(results), "--admin-port", str(port), "--quiet"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace_path),
+            "--workers",
+            "2",
+            "--speedup",
+            "5",
+            "--results",
+            str(results),
+            "--admin-port",
+            str(port),
+            "--quiet",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _wait_until_both_sent(parent, port)  # mid-dispatch (the schedule lasts 4 s)
         os.killpg(parent.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
@@ -261,17 +343,36 @@ def test_workers_stop_when_their_parent_is_killed(tmp_path, mooncake_slice):
     trace_path = mooncake_slice(60)
     results = tmp_path / "res"
     port = _free_port_pair()
-    parent = subprocess.Popen([sys.executable, "-m", "replayer", "run", str(trace_path), "--workers", "2",
-                               "--speedup", "5", "--results", str(results), "--admin-port", str(port), "--quiet",
-                               "--drain-timeout", "20"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace_path),
+            "--workers",
+            "2",
+            "--speedup",
+            "5",
+            "--results",
+            str(results),
+            "--admin-port",
+            str(port),
+            "--quiet",
+            "--drain-timeout",
+            "20",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         _wait_until_both_sent(parent, port)
         parent.kill()
         parent.wait(10)
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not all((results / f"worker-{i}" / "summary.json").exists()
-                                                        for i in range(2)):
+        while time.monotonic() < deadline and not all(
+            (results / f"worker-{i}" / "summary.json").exists() for i in range(2)
+        ):
             time.sleep(0.1)
     finally:
         if parent.poll() is None:
@@ -292,7 +393,8 @@ def _wait_until_both_sent(parent: subprocess.Popen, port: int, timeout_s: float 
     deadline = time.monotonic() + timeout_s
     while True:
         assert time.monotonic() < deadline and parent.poll() is None, "workers did not start sending: " + (
-            "" if parent.poll() is None or parent.stderr is None else parent.communicate()[1][-2000:])
+            "" if parent.poll() is None or parent.stderr is None else parent.communicate()[1][-2000:]
+        )
         try:
             if all(_status(port + i)["sent"] > 0 for i in range(2)):
                 return
@@ -313,11 +415,26 @@ def test_merge_puts_shards_on_one_time_axis(tmp_path):
     for i, wall in enumerate((1000.0, 1010.0)):
         d = tmp_path / f"shard-{i}"
         d.mkdir()
-        t = to_table([RequestResult(row=i, due_ns=0, sent_ns=0, end_ns=1_000_000_000, outcome="success",
-                                    prompt_tokens=5, completion_tokens=3, input_length=5, output_length=3,
-                                    e2e_ms=1000.0 + 1000 * i)])
-        meta = {b"replayer.t0_wall_s": repr(wall).encode(),
-                b"replayer.config": json.dumps({"shard": f"{i}/2", "goodput": ["e2el:1500"]}).encode()}
+        t = to_table(
+            [
+                RequestResult(
+                    row=i,
+                    due_ns=0,
+                    sent_ns=0,
+                    end_ns=1_000_000_000,
+                    outcome="success",
+                    prompt_tokens=5,
+                    completion_tokens=3,
+                    input_length=5,
+                    output_length=3,
+                    e2e_ms=1000.0 + 1000 * i,
+                )
+            ]
+        )
+        meta = {
+            b"replayer.t0_wall_s": repr(wall).encode(),
+            b"replayer.config": json.dumps({"shard": f"{i}/2", "goodput": ["e2el:1500"]}).encode(),
+        }
         pq.write_table(t.replace_schema_metadata(meta), d / "requests.parquet")
         (d / "summary.json").write_text(json.dumps({"stopped_early": False}))  # each ran to its end
         dirs.append(str(d))
@@ -336,12 +453,25 @@ def test_merge_puts_shards_on_one_time_axis(tmp_path):
 def test_merge_of_a_resumed_folder_is_not_a_late_shard(tmp_path):
     """Shard 1's folder holds its first run and a resume 500 s later: no 'anchored apart'
     warning (its first run started with shard 0's), and the 500 s gap is not replay time."""
+
     def write(d, name, wall, row, shard):
         d.mkdir(exist_ok=True)
-        t = to_table([RequestResult(row=row, due_ns=0, sent_ns=0, end_ns=2_000_000_000, outcome="success",
-                                    prompt_tokens=5, completion_tokens=3, input_length=5, output_length=3)])
-        meta = {b"replayer.t0_wall_s": repr(wall).encode(),
-                b"replayer.config": json.dumps({"shard": shard}).encode()}
+        t = to_table(
+            [
+                RequestResult(
+                    row=row,
+                    due_ns=0,
+                    sent_ns=0,
+                    end_ns=2_000_000_000,
+                    outcome="success",
+                    prompt_tokens=5,
+                    completion_tokens=3,
+                    input_length=5,
+                    output_length=3,
+                )
+            ]
+        )
+        meta = {b"replayer.t0_wall_s": repr(wall).encode(), b"replayer.config": json.dumps({"shard": shard}).encode()}
         pq.write_table(t.replace_schema_metadata(meta), d / name)
         (d / "summary.json").write_text(json.dumps({"stopped_early": False}))  # each ran to its end
 
@@ -365,8 +495,10 @@ def test_workers_progress_lines_sum_the_workers_status(caplog):
     import http.server
     import threading
 
-    answers = [{"sent": 7, "scheduled": 10, "in_flight": 2, "completed": 4, "failed": 1, "dispatch_lag_max_s": 0.0004},
-               {"sent": 5, "scheduled": 5, "in_flight": 0, "completed": 5, "failed": 0, "dispatch_lag_max_s": 0.00125}]
+    answers = [
+        {"sent": 7, "scheduled": 10, "in_flight": 2, "completed": 4, "failed": 1, "dispatch_lag_max_s": 0.0004},
+        {"sent": 5, "scheduled": 5, "in_flight": 0, "completed": 5, "failed": 0, "dispatch_lag_max_s": 0.00125},
+    ]
     servers = []
     for a in answers:
         body = json.dumps(a).encode()
@@ -407,7 +539,7 @@ def test_merge_wait_returns_when_every_run_has_ended_by_itself(tmp_path):
 
     from replayer.results.merge import unfinished, wait_finished
 
-    a, b = tmp_path / "a", tmp_path / "b"   # b does not exist yet (its pod not started)
+    a, b = tmp_path / "a", tmp_path / "b"  # b does not exist yet (its pod not started)
     a.mkdir()
     (a / "summary.json").write_text(json.dumps({"stopped_early": True, "stop_signal": "SIGTERM"}))
     assert "stopped early (SIGTERM)" in unfinished(str(a)) and "no summary.json" in unfinished(str(b))
@@ -426,11 +558,30 @@ def test_merge_wait_returns_when_every_run_has_ended_by_itself(tmp_path):
 
 def test_workers_with_a_bad_trace_exit_2_and_leave_nothing(tmp_path):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
-                   '{"timestamp": 5, "input_length": -3, "output_length": 5, "hash_ids": [1]}\n')
+    bad.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
+        '{"timestamp": 5, "input_length": -3, "output_length": 5, "hash_ids": [1]}\n'
+    )
     results = tmp_path / "res"
-    out = subprocess.run([sys.executable, "-m", "replayer", "run", str(bad), "--workers", "2", "--admin-port", "0",
-                          "--results", str(results), "--quiet"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(bad),
+            "--workers",
+            "2",
+            "--admin-port",
+            "0",
+            "--results",
+            str(results),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr
     assert "row 2: input_length" in out.stderr and "the 2 workers could not start" in out.stderr
     assert "merge failed" not in out.stderr and not results.exists()
@@ -443,14 +594,37 @@ def test_merge_keeps_the_target_metrics_of_the_folder_that_saw_most_of_the_run(t
     for i, (first, last, done) in enumerate(((100.0, 120.0, 198), (100.0, 125.0, 200))):
         d = tmp_path / f"shard-{i}"
         d.mkdir()
-        t = to_table([RequestResult(row=i, due_ns=0, sent_ns=0, end_ns=1_000_000_000, outcome="success",
-                                    prompt_tokens=5, completion_tokens=3, input_length=5, output_length=3)])
+        t = to_table(
+            [
+                RequestResult(
+                    row=i,
+                    due_ns=0,
+                    sent_ns=0,
+                    end_ns=1_000_000_000,
+                    outcome="success",
+                    prompt_tokens=5,
+                    completion_tokens=3,
+                    input_length=5,
+                    output_length=3,
+                )
+            ]
+        )
         meta = {b"replayer.t0_wall_s": b"1000.0", b"replayer.config": json.dumps({"shard": f"{i}/2"}).encode()}
         pq.write_table(t.replace_schema_metadata(meta), d / "requests.parquet")
-        (d / "summary.json").write_text(json.dumps({
-            "stopped_early": False, "target": "http://vllm:8000",
-            "target_metrics": {"scrapes": 5, "first_scrape_s": first, "last_scrape_s": last,
-                               "deltas": {"request_success": done}}}))
+        (d / "summary.json").write_text(
+            json.dumps(
+                {
+                    "stopped_early": False,
+                    "target": "http://vllm:8000",
+                    "target_metrics": {
+                        "scrapes": 5,
+                        "first_scrape_s": first,
+                        "last_scrape_s": last,
+                        "deltas": {"request_success": done},
+                    },
+                }
+            )
+        )
         dirs.append(str(d))
     s = merge_results(dirs, quiet=True)
     assert s["target_metrics"]["deltas"]["request_success"] == 200 and s["target"] == "http://vllm:8000"
@@ -461,10 +635,33 @@ def test_workers_max_error_ratio_and_quiet_print_the_merged_outcome(tmp_path, mo
     summary; --quiet still prints the outcome, once (the merged summary, not each worker's)."""
     trace_path = mooncake_slice(20)
     results = tmp_path / "res"
-    out = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace_path), "--workers", "2",
-                          "--endpoint", "/v1/nope", "--max-requests", "6", "--max-error-ratio", "0.5",
-                          "--speedup", str(SPEEDUP), "--results", str(results), "--admin-port", "0", "--quiet"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace_path),
+            "--workers",
+            "2",
+            "--endpoint",
+            "/v1/nope",
+            "--max-requests",
+            "6",
+            "--max-error-ratio",
+            "0.5",
+            "--speedup",
+            str(SPEEDUP),
+            "--results",
+            str(results),
+            "--admin-port",
+            "0",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 3, out.stderr[-3000:]
     assert "6 of 6 requests failed (100.0%; http_status 6), more than --max-error-ratio 0.5: exit 3" in out.stderr
     assert out.stdout.count("Replay result") == 1 and f"merged 2 of 2 workers: {results}/summary.json" in out.stdout

@@ -12,13 +12,12 @@ import sys
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from faultserver import FaultServer, Plan
 from test_text_mode import word_tokenizer
 
-from replayer.http.client import Client
-from replayer.core.clock import now_ns
 from replayer.build.payload import EMBEDDINGS, RERANK, PayloadBuilder, PreparedRequest
+from replayer.core.clock import now_ns
+from replayer.http.client import Client
 
 BS = 16  # tokens per hash id in these traces
 
@@ -37,9 +36,28 @@ def _hash(n_tokens: int, base: int) -> list[int]:
 
 def _run(tmp_path, trace, url, *args, ok=True):
     res = tmp_path / "res"
-    p = subprocess.run([sys.executable, "-m", "replayer", "run", str(trace), "--target", url, "--results", str(res),
-                        "--admin-port", "0", "--quiet", "--block-size", str(BS), *args],
-                       capture_output=True, text=True, timeout=180)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace),
+            "--target",
+            url,
+            "--results",
+            str(res),
+            "--admin-port",
+            "0",
+            "--quiet",
+            "--block-size",
+            str(BS),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     if not ok:
         return p
     assert p.returncode == 0, p.stderr[-3000:]
@@ -53,8 +71,18 @@ def _received(rec):
 
 def _rerank_rows(n=6, q=8, docs=(5, 7, 3)):
     total = q + sum(docs)
-    return [{"timestamp": 10 * i, "input_length": total, "output_length": 1, "hash_ids": _hash(total, 100 * i),
-             "endpoint": "rerank", "query_length": q, "document_lengths": list(docs)} for i in range(n)]
+    return [
+        {
+            "timestamp": 10 * i,
+            "input_length": total,
+            "output_length": 1,
+            "hash_ids": _hash(total, 100 * i),
+            "endpoint": "rerank",
+            "query_length": q,
+            "document_lengths": list(docs),
+        }
+        for i in range(n)
+    ]
 
 
 def test_a_mixed_endpoint_trace_sends_each_row_to_its_api_with_exact_usage(tmp_path, sim_process):
@@ -63,20 +91,42 @@ def test_a_mixed_endpoint_trace_sends_each_row_to_its_api_with_exact_usage(tmp_p
     rows = [
         {"timestamp": 0, "input_length": 40, "output_length": 5, "endpoint": "completions"},
         {"timestamp": 5, "input_length": 40, "output_length": 6, "endpoint": "/v1/chat/completions"},
-        {"timestamp": 10, "input_length": 30, "output_length": 1, "endpoint": "embeddings",
-         "document_lengths": [10, 12, 8]},
-        {"timestamp": 15, "input_length": 20, "output_length": 1, "endpoint": "score",
-         "query_length": 6, "document_lengths": [9, 5]},
-        {"timestamp": 20, "input_length": 20, "output_length": 1, "endpoint": "rerank",
-         "query_length": 4, "document_lengths": [6, 6, 4]},
+        {
+            "timestamp": 10,
+            "input_length": 30,
+            "output_length": 1,
+            "endpoint": "embeddings",
+            "document_lengths": [10, 12, 8],
+        },
+        {
+            "timestamp": 15,
+            "input_length": 20,
+            "output_length": 1,
+            "endpoint": "score",
+            "query_length": 6,
+            "document_lengths": [9, 5],
+        },
+        {
+            "timestamp": 20,
+            "input_length": 20,
+            "output_length": 1,
+            "endpoint": "rerank",
+            "query_length": 4,
+            "document_lengths": [6, 6, 4],
+        },
     ]
     for i, r in enumerate(rows):
         r["hash_ids"] = _hash(r["input_length"], 1000 * i)
     trace = _write(tmp_path / "mixed.parquet", rows)
     got, summary = _run(tmp_path, trace, url, "--tokenizer", tok)
     assert [r["outcome"] for r in got] == ["success"] * 5, [r["error"] for r in got]
-    assert [r["endpoint"] for r in got] == ["/v1/completions", "/v1/chat/completions", "/v1/embeddings",
-                                            "/v1/score", "/v1/rerank"]
+    assert [r["endpoint"] for r in got] == [
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/embeddings",
+        "/v1/score",
+        "/v1/rerank",
+    ]
     comp, chat, emb, score, rerank = got
     assert comp["prompt_tokens"] == 40 and comp["completion_tokens"] == 5 and comp["ttft_ms"] > 0
     assert chat["prompt_tokens"] == 40 and chat["completion_tokens"] == 6 and chat["n_chunks"] >= 6
@@ -88,7 +138,7 @@ def test_a_mixed_endpoint_trace_sends_each_row_to_its_api_with_exact_usage(tmp_p
     assert (rerank["expected_prompt_tokens_once"], rerank["expected_prompt_tokens_per_document"]) == (20, 28)
     assert rerank["prompt_tokens"] == 28 and rerank["usage_audit"] == "ok"
     seen = {r["endpoint"]: r for r in _received(rec)}
-    assert isinstance(seen["/v1/completions"]["prompt"], list)           # token ids
+    assert isinstance(seen["/v1/completions"]["prompt"], list)  # token ids
     msgs = seen["/v1/chat/completions"]["prompt"]
     assert msgs[0]["role"] == "user" and len(msgs[0]["content"].split()) == 40
     assert [len(x) for x in seen["/v1/embeddings"]["prompt"]] == [10, 12, 8]  # token-id batch
@@ -131,9 +181,11 @@ def test_text_only_endpoints_without_a_tokenizer_are_refused_before_anything_is_
 
 
 def test_a_pooling_response_without_usage_is_a_recorded_error(tmp_path):
-    bodies = [b'{"object":"list","data":[{"index":0,"embedding":[0.1]}]}',
-              b'{"object":"list","data":[],"usage":{"total_tokens":"many"}}',
-              b'{"object":"list","data":[],"usage":{"prompt_tokens":12,"total_tokens":12}}']
+    bodies = [
+        b'{"object":"list","data":[{"index":0,"embedding":[0.1]}]}',
+        b'{"object":"list","data":[],"usage":{"total_tokens":"many"}}',
+        b'{"object":"list","data":[],"usage":{"prompt_tokens":12,"total_tokens":12}}',
+    ]
     plans = [Plan(body=b, content_type="application/json") for b in bodies]
     body = PayloadBuilder("m").embeddings_body([b"[1,2,3]", b"[4,5,6,7,8,9,10,11,12]"])
 
@@ -142,9 +194,19 @@ def test_a_pooling_response_without_usage_is_a_recorded_error(tmp_path):
             async with Client(srv.url, t0_ns=now_ns()) as c:
                 out = []
                 for i in range(3):
-                    req = PreparedRequest(index=i, row=i, due_ns=0, body=body, input_length=12, output_length=1,
-                                          prompt_len=12, max_tokens=0, path=EMBEDDINGS, endpoint=EMBEDDINGS,
-                                          n_documents=2)
+                    req = PreparedRequest(
+                        index=i,
+                        row=i,
+                        due_ns=0,
+                        body=body,
+                        input_length=12,
+                        output_length=1,
+                        prompt_len=12,
+                        max_tokens=0,
+                        path=EMBEDDINGS,
+                        endpoint=EMBEDDINGS,
+                        n_documents=2,
+                    )
                     out.append(await c.send(req, req.new_result(0)))
                 return out, None
 
@@ -170,11 +232,23 @@ def test_think_time_and_parent_chains(tmp_path, sim_process):
     rows = []
     # session a: 3 turns 10 ms apart in the trace, 300 ms think time before turns 2 and 3
     for t in range(3):
-        rows.append({"timestamp": 10 * t, "input_length": 16, "output_length": 4, "hash_ids": [t],
-                     "session_id": "a", "turn": t, "think_time_s": 0.3 if t else None,
-                     "request_id": f"a{t}", "parent_request_id": None})
-    trace = _write(tmp_path / "think.parquet", [{k: v for k, v in r.items() if k not in ("request_id", "parent_request_id")}
-                                                 for r in rows])
+        rows.append(
+            {
+                "timestamp": 10 * t,
+                "input_length": 16,
+                "output_length": 4,
+                "hash_ids": [t],
+                "session_id": "a",
+                "turn": t,
+                "think_time_s": 0.3 if t else None,
+                "request_id": f"a{t}",
+                "parent_request_id": None,
+            }
+        )
+    trace = _write(
+        tmp_path / "think.parquet",
+        [{k: v for k, v in r.items() if k not in ("request_id", "parent_request_id")} for r in rows],
+    )
     got, s = _run(tmp_path / "think", trace, url)
     for prev, cur in zip(got, got[1:]):
         # released at the predecessor's end + the think time, counted once: the release comes
@@ -188,13 +262,33 @@ def test_think_time_and_parent_chains(tmp_path, sim_process):
         assert cur["turn"] == prev["turn"] + 1 and cur["dispatch_lag_ms"] >= 0
         assert abs(release_ns + cur["dispatch_lag_ms"] * 1e6 - cur["sent_ns"]) <= 1e3
     # parent chains: two children of one slow parent go together after it; a grandchild after its parent
-    chain = [{"timestamp": 0, "input_length": 16, "output_length": 30, "hash_ids": [1], "request_id": "p"},
-             {"timestamp": 5, "input_length": 16, "output_length": 2, "hash_ids": [2], "request_id": "c1",
-              "parent_request_id": "p"},
-             {"timestamp": 6, "input_length": 16, "output_length": 2, "hash_ids": [3], "request_id": "c2",
-              "parent_request_id": "p"},
-             {"timestamp": 7, "input_length": 16, "output_length": 2, "hash_ids": [4], "request_id": "g",
-              "parent_request_id": "c1"}]
+    chain = [
+        {"timestamp": 0, "input_length": 16, "output_length": 30, "hash_ids": [1], "request_id": "p"},
+        {
+            "timestamp": 5,
+            "input_length": 16,
+            "output_length": 2,
+            "hash_ids": [2],
+            "request_id": "c1",
+            "parent_request_id": "p",
+        },
+        {
+            "timestamp": 6,
+            "input_length": 16,
+            "output_length": 2,
+            "hash_ids": [3],
+            "request_id": "c2",
+            "parent_request_id": "p",
+        },
+        {
+            "timestamp": 7,
+            "input_length": 16,
+            "output_length": 2,
+            "hash_ids": [4],
+            "request_id": "g",
+            "parent_request_id": "c1",
+        },
+    ]
     trace = _write(tmp_path / "chain.parquet", chain)
     got, s = _run(tmp_path / "chain", trace, url)
     p, c1, c2, g = got
@@ -203,7 +297,7 @@ def test_think_time_and_parent_chains(tmp_path, sim_process):
     # released together, by the parent's end (the same release time, whenever each was sent)
     assert abs((c1["due_ns"] + c1["session_wait_ms"] * 1e6) - (c2["due_ns"] + c2["session_wait_ms"] * 1e6)) <= 1e3
     assert g["sent_ns"] >= c1["end_ns"]
-    assert {r["session_id"] for r in got} == {"p"}              # the chain's root names the session
+    assert {r["session_id"] for r in got} == {"p"}  # the chain's root names the session
 
 
 def test_sessions_without_hash_ids_grow_their_prompt_from_the_previous_turn(tmp_path, sim_process):
@@ -213,10 +307,33 @@ def test_sessions_without_hash_ids_grow_their_prompt_from_the_previous_turn(tmp_
         for t, (n_in, n_out) in enumerate([(20, 7), (40, 5), (60, 3)]):
             f.write(json.dumps({"ts": 1000 * t, "n_in": n_in, "n_out": n_out, "sid": "x"}) + "\n")
     res = tmp_path / "res"
-    p = subprocess.run([sys.executable, "-m", "replayer", "run", str(src), "--format", "jsonl", "--map",
-                        "timestamp=ts,input_length=n_in,output_length=n_out,session_id=sid,hash_ids=",
-                        "--time-unit", "ms", "--target", url, "--results", str(res), "--admin-port", "0",
-                        "--quiet", "--speedup", "10"], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(src),
+            "--format",
+            "jsonl",
+            "--map",
+            "timestamp=ts,input_length=n_in,output_length=n_out,session_id=sid,hash_ids=",
+            "--time-unit",
+            "ms",
+            "--target",
+            url,
+            "--results",
+            str(res),
+            "--admin-port",
+            "0",
+            "--quiet",
+            "--speedup",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     prompts = [r["prompt"] for r in _received(rec)]
     assert [len(x) for x in prompts] == [20, 40, 60]

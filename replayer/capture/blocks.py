@@ -83,7 +83,7 @@ class BlockHasher:
         for start in range(0, n, bs):
             end = min(start + bs, n)
             h = hashlib.blake2b(prev, key=self._key, digest_size=_DIGEST)
-            h.update(raw[w * start:w * end])
+            h.update(raw[w * start : w * end])
             if end - start < bs:  # a partial block: its length and a marker, so it is its own id
                 h.update(b"partial" + (end - start).to_bytes(4, "little"))
             prev = h.digest()

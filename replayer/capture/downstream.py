@@ -70,9 +70,14 @@ class ClientConnection:
     when its response has been written. The exchange in progress sets ``on_lost`` (the client
     went away) and ``on_pause`` / ``on_resume`` (backpressure)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
-                 handler: Callable[["ClientConnection", Request], None], on_close: Callable[["ClientConnection"], None],
-                 reading: set[int] | None = None) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sock: socket.socket,
+        handler: Callable[["ClientConnection", Request], None],
+        on_close: Callable[["ClientConnection"], None],
+        reading: set[int] | None = None,
+    ) -> None:
         self.loop = loop
         self.sock = sock
         self.fd = sock.fileno()
@@ -145,8 +150,10 @@ class ClientConnection:
         self._stop_reading()
         self.queue.clear()
         if not self.busy:
-            self.write(b"HTTP/1.1 %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-                       % (status, len(msg), msg))
+            self.write(
+                b"HTTP/1.1 %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                % (status, len(msg), msg)
+            )
             self.close()
         else:
             self.close_when_written = True

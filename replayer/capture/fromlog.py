@@ -29,9 +29,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from replayer.trace.model import CAPTURE_META, MAX_PROBLEMS
 from replayer.capture.blocks import BlockHasher, content_hash
 from replayer.capture.rows import CAPTURED, GENERATION, SCHEMA, fit_hash_ids, request_facts
+from replayer.trace.model import CAPTURE_META, MAX_PROBLEMS
 
 _UNITS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 
@@ -72,8 +72,16 @@ def _tokenize_remote(url: str, body: dict) -> list[int] | None:
     return tokens if type(tokens) is list and tokens and all(type(t) is int for t in tokens) else None
 
 
-def rows_from_log(path: str, *, block_size: int = 512, key: bytes, tokenizer=None, tokenize_url: str | None = None,
-                  time_unit: str = "s", endpoint: str = "/v1/chat/completions") -> tuple[list[dict], dict[str, int]]:
+def rows_from_log(  # noqa: C901, PLR0912, PLR0915
+    path: str,
+    *,
+    block_size: int = 512,
+    key: bytes,
+    tokenizer=None,
+    tokenize_url: str | None = None,
+    time_unit: str = "s",
+    endpoint: str = "/v1/chat/completions",
+) -> tuple[list[dict], dict[str, int]]:
     """The capture rows of a log (in file order) and counts (``rows``, ``tokenize_failures``).
     Raises LogError listing every bad line (at most ``MAX_PROBLEMS``), OSError when unreadable."""
     hasher = BlockHasher(key, block_size)
@@ -131,16 +139,26 @@ def rows_from_log(path: str, *, block_size: int = 512, key: bytes, tokenizer=Non
             ol = usage.get("completion_tokens") if type(usage.get("completion_tokens")) is int else None
             if ep not in GENERATION:
                 ol = 1 if status < 400 else 0
-            row = {"timestamp": ts, "input_length": il, "output_length": ol, "hash_ids": None,
-                   "request_id": None if obj.get("request_id") is None else str(obj["request_id"]),
-                   "session_id": None if facts.session_id is None else str(facts.session_id), "endpoint": ep,
-                   "model": facts.model, "max_tokens": facts.max_tokens, "status": status,
-                   "outcome": "ok" if status < 400 else "http_error",
-                   "input_length_source": "usage" if il is not None else None,
-                   "output_length_source": ("usage" if ep in GENERATION else "pooling") if ol is not None else None,
-                   "tokenized_by": None, "hashed_tokens": None,
-                   "image_count": len(facts.images) if ep == "/v1/chat/completions" else None,
-                   "image_hashes": facts.images or None, "duration_ms": None}
+            row = {
+                "timestamp": ts,
+                "input_length": il,
+                "output_length": ol,
+                "hash_ids": None,
+                "request_id": None if obj.get("request_id") is None else str(obj["request_id"]),
+                "session_id": None if facts.session_id is None else str(facts.session_id),
+                "endpoint": ep,
+                "model": facts.model,
+                "max_tokens": facts.max_tokens,
+                "status": status,
+                "outcome": "ok" if status < 400 else "http_error",
+                "input_length_source": "usage" if il is not None else None,
+                "output_length_source": ("usage" if ep in GENERATION else "pooling") if ol is not None else None,
+                "tokenized_by": None,
+                "hashed_tokens": None,
+                "image_count": len(facts.images) if ep == "/v1/chat/completions" else None,
+                "image_hashes": facts.images or None,
+                "duration_ms": None,
+            }
             tokens, by = None, "none"
             if facts.token_ids is not None:
                 tokens, by = facts.token_ids, "request"
@@ -160,8 +178,9 @@ def rows_from_log(path: str, *, block_size: int = 512, key: bytes, tokenizer=Non
                 if row["input_length"] is None:
                     row.update(input_length=len(tokens), input_length_source="tokens")
                 if row["input_length"] >= 1:
-                    row["hash_ids"] = fit_hash_ids(hasher.hash_ids(tokens), row["input_length"], block_size,
-                                                   hasher.fresh_id)
+                    row["hash_ids"] = fit_hash_ids(
+                        hasher.hash_ids(tokens), row["input_length"], block_size, hasher.fresh_id
+                    )
             rows.append(row)
     if n_problems:
         raise LogError(problems, n_problems - len(problems))
@@ -183,8 +202,12 @@ def write_rows(rows: list[dict], out: str, *, block_size: int, source: str) -> N
     """Rows sorted by timestamp into one Parquet file with the capture metadata."""
     from replayer.record.recorder import atomic_file
 
-    meta = {CAPTURE_META: "1", "replayer.block_size": str(block_size), "replayer.time_unit": "ns",
-            "replayer.source": source}
+    meta = {
+        CAPTURE_META: "1",
+        "replayer.block_size": str(block_size),
+        "replayer.time_unit": "ns",
+        "replayer.source": source,
+    }
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
     table = table.take(pc.sort_indices(table, sort_keys=[("timestamp", "ascending")]))
     table = table.replace_schema_metadata({k.encode(): v.encode() for k, v in meta.items()})
@@ -206,8 +229,15 @@ def main_from_log(args) -> int:
             raise StartError(f"-o {args.output}: the output must be a .parquet file")
         tokenizer = _load_tokenizer(args.tokenizer) if args.tokenizer else None
         key = load_key(args.hash_key_file)
-        rows, counts = rows_from_log(args.log, block_size=args.block_size, key=key, tokenizer=tokenizer,
-                                     tokenize_url=args.tokenize_url, time_unit=args.time_unit, endpoint=args.endpoint)
+        rows, counts = rows_from_log(
+            args.log,
+            block_size=args.block_size,
+            key=key,
+            tokenizer=tokenizer,
+            tokenize_url=args.tokenize_url,
+            time_unit=args.time_unit,
+            endpoint=args.endpoint,
+        )
     except (StartError, HashKeyError, LogError) as e:
         print(f"replayer trace from-log: {e}", file=sys.stderr)
         return 2
@@ -217,6 +247,8 @@ def main_from_log(args) -> int:
     if not rows:
         print(f"replayer trace from-log: {args.log}: no requests", file=sys.stderr)
         return 2
-    write_rows(rows, args.output, block_size=args.block_size, source=f"replayer trace from-log {os.path.basename(args.log)}")
+    write_rows(
+        rows, args.output, block_size=args.block_size, source=f"replayer trace from-log {os.path.basename(args.log)}"
+    )
     print(json.dumps({"output": args.output, **counts}))
     return 0

@@ -54,6 +54,7 @@ class ForwardDelay(Collector):
                 delay_ns = 0
             counts[search(bounds, delay_ns)] += 1
             sums[direction] += delay_ns
+
         return observe
 
     def buckets(self, direction: str) -> list[tuple[float, int]]:
@@ -65,14 +66,18 @@ class ForwardDelay(Collector):
         return out
 
     def collect(self):
-        h = HistogramMetricFamily("replayer_capture_forward_delay_seconds", "Time bytes of captured "
-                                  "requests stayed in the proxy, from their arrival (kernel receive stamp) to "
-                                  "their write to the next hop, by direction: request = last byte to the "
-                                  "upstream, response = each read of the response to the client",
-                                  labels=["direction"])
+        h = HistogramMetricFamily(
+            "replayer_capture_forward_delay_seconds",
+            "Time bytes of captured "
+            "requests stayed in the proxy, from their arrival (kernel receive stamp) to "
+            "their write to the next hop, by direction: request = last byte to the "
+            "upstream, response = each read of the response to the client",
+            labels=["direction"],
+        )
         for d in DIRECTIONS:
-            h.add_metric([d], [(str(b) if b != float("inf") else "+Inf", n) for b, n in self.buckets(d)],
-                         self._sum_ns[d] / 1e9)
+            h.add_metric(
+                [d], [(str(b) if b != float("inf") else "+Inf", n) for b, n in self.buckets(d)], self._sum_ns[d] / 1e9
+            )
         yield h
 
 
@@ -82,31 +87,53 @@ class CaptureMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry = registry if registry is not None else CollectorRegistry()
         ProcessCollector(registry=registry)
-        self.requests = Counter("replayer_capture_requests", "Captured requests by API path, HTTP status "
-                                "class the client got and outcome", ["endpoint", "status", "outcome"],
-                                registry=registry)
+        self.requests = Counter(
+            "replayer_capture_requests",
+            "Captured requests by API path, HTTP status class the client got and outcome",
+            ["endpoint", "status", "outcome"],
+            registry=registry,
+        )
         for e in CAPTURED:  # every series exists from the start (a rate() needs its zero)
             self.requests.labels(e, "2xx", "ok")
-        self.passed_through = Counter("replayer_capture_passthrough_requests", "Requests to other paths, "
-                                      "passed through without a row", registry=registry)
-        self.rows_written = Counter("replayer_capture_rows_written", "Trace rows handed to the writer "
-                                    "(on disk within one flush interval)", registry=registry)
-        self.bytes = Counter("replayer_capture_bytes", "Bytes proxied (bodies), by direction: request = "
-                             "client to upstream, response = upstream to client", ["direction"], registry=registry)
+        self.passed_through = Counter(
+            "replayer_capture_passthrough_requests",
+            "Requests to other paths, passed through without a row",
+            registry=registry,
+        )
+        self.rows_written = Counter(
+            "replayer_capture_rows_written",
+            "Trace rows handed to the writer (on disk within one flush interval)",
+            registry=registry,
+        )
+        self.bytes = Counter(
+            "replayer_capture_bytes",
+            "Bytes proxied (bodies), by direction: request = client to upstream, response = upstream to client",
+            ["direction"],
+            registry=registry,
+        )
         for d in ("request", "response"):
             self.bytes.labels(d)
-        self.in_flight = Gauge("replayer_capture_requests_in_flight", "Requests being proxied now",
-                               registry=registry)
-        self.backlog = Gauge("replayer_capture_tokenize_backlog", "Finished requests waiting for "
-                             "tokenization and hashing", registry=registry)
-        self.tokenize_failures = Counter("replayer_capture_tokenize_failures", "Rows written without hash "
-                                         "ids, by reason", ["reason"], registry=registry)
+        self.in_flight = Gauge("replayer_capture_requests_in_flight", "Requests being proxied now", registry=registry)
+        self.backlog = Gauge(
+            "replayer_capture_tokenize_backlog",
+            "Finished requests waiting for tokenization and hashing",
+            registry=registry,
+        )
+        self.tokenize_failures = Counter(
+            "replayer_capture_tokenize_failures",
+            "Rows written without hash ids, by reason",
+            ["reason"],
+            registry=registry,
+        )
         for r in TOKENIZE_FAILURES:
             self.tokenize_failures.labels(r)
         self.forward_delay = ForwardDelay()
         registry.register(self.forward_delay)
-        self.distinct_blocks = Gauge("replayer_capture_distinct_blocks", "Distinct prompt blocks seen "
-                                     "(entries of the in-memory digest table)", registry=registry)
+        self.distinct_blocks = Gauge(
+            "replayer_capture_distinct_blocks",
+            "Distinct prompt blocks seen (entries of the in-memory digest table)",
+            registry=registry,
+        )
 
     def request_done(self, endpoint: str, status: int | None, outcome: str) -> None:
         assert outcome in OUTCOMES, outcome

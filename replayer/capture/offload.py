@@ -57,7 +57,7 @@ class Frames:
             (n,) = FRAME.unpack_from(buf, pos)
             if len(buf) - pos - FRAME.size < n:
                 break
-            out.append(pickle.loads(memoryview(buf)[pos + FRAME.size:pos + FRAME.size + n]))
+            out.append(pickle.loads(memoryview(buf)[pos + FRAME.size : pos + FRAME.size + n]))
             pos += FRAME.size + n
         if pos:
             del buf[:pos]
@@ -80,8 +80,11 @@ class OffloadWorker(asyncio.Protocol):
     async def start(self, key: bytes, block_size: int) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "replayer.capture.offload", str(child.fileno())],
-                                         pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "replayer.capture.offload", str(child.fileno())],
+                pass_fds=(child.fileno(),),
+                stdin=subprocess.DEVNULL,
+            )
         finally:
             child.close()
         loop = asyncio.get_running_loop()
@@ -142,8 +145,9 @@ def _image_hash(data) -> str:
     return content_hash(_key, data)
 
 
-def facts_and_digests(hasher: BlockHasher | None, image_hash, endpoint: str, body: bytes,
-                      session: str | None) -> tuple[RequestFacts, list[bytes] | None, int]:
+def facts_and_digests(
+    hasher: BlockHasher | None, image_hash, endpoint: str, body: bytes, session: str | None
+) -> tuple[RequestFacts, list[bytes] | None, int]:
     """The body's facts (without its token ids) and, for a token-id prompt, its block digests and
     token count. ``hasher`` / ``image_hash`` None: the worker process's own."""
     hasher = hasher or _hasher

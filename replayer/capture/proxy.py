@@ -41,8 +41,20 @@ from replayer.capture.usage import UsageTracker
 
 log = logging.getLogger(__name__)
 
-HOP_BY_HOP = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
-                        "te", "trailer", "trailers", "transfer-encoding", "upgrade"))
+HOP_BY_HOP = frozenset(
+    (
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    )
+)
 #: set again by each hop
 _PER_HOP = frozenset(("host", "content-length"))
 _SKIP_AUTO = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
@@ -55,8 +67,9 @@ def forward_headers(headers: list[tuple[str, str]], extra_drop: frozenset = froz
     return [(k, v) for k, v in headers if k.lower() not in drop]
 
 
-def response_head(status: int, reason: bytes, headers: list[tuple[str, str]], framing: str | None,
-                  keep_alive: bool, http10: bool) -> bytes:
+def response_head(
+    status: int, reason: bytes, headers: list[tuple[str, str]], framing: str | None, keep_alive: bool, http10: bool
+) -> bytes:
     """The client's response head: status line, ``headers``, the framing header (``framing``:
     ``Transfer-Encoding: chunked`` / ``Content-Length: N`` / None) and ``Connection`` when needed."""
     lines = [b"HTTP/1.1 %d %s\r\n" % (status, reason or b"-")]
@@ -76,9 +89,18 @@ class CaptureProxy:
     ``listen()`` serves; ``stop_accepting`` and ``wait_idle`` support the drain on SIGTERM;
     ``close()`` tokenizes what is queued and closes every connection."""
 
-    def __init__(self, upstream: str, tokenization_factory, metrics: CaptureMetrics, *, t0_ns: int,
-                 session_header: str = "X-Session-Id", connect_timeout_s: float = 10.0,
-                 poll_interval_s: float = 0.0, stamp_responses: bool = False) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        tokenization_factory,
+        metrics: CaptureMetrics,
+        *,
+        t0_ns: int,
+        session_header: str = "X-Session-Id",
+        connect_timeout_s: float = 10.0,
+        poll_interval_s: float = 0.0,
+        stamp_responses: bool = False,
+    ) -> None:
         self.upstream = upstream.rstrip("/")
         self.metrics = metrics
         self.t0_ns = t0_ns
@@ -94,8 +116,11 @@ class CaptureProxy:
         self._idle.set()
         self._tasks: set[asyncio.Task] = set()
         self.listener = Listener(self._handle)
-        self.poller: Poller | None = Poller(poll_interval_s, lambda: self.in_flight >= POLL_MIN_IN_FLIGHT,
-                                            self.listener.reading) if poll_interval_s > 0 else None
+        self.poller: Poller | None = (
+            Poller(poll_interval_s, lambda: self.in_flight >= POLL_MIN_IN_FLIGHT, self.listener.reading)
+            if poll_interval_s > 0
+            else None
+        )
         self._bytes_request = metrics.bytes.labels("request")
         self._bytes_response = metrics.bytes.labels("response")
         self._request_held = metrics.forward_delay.observer("request")
@@ -106,15 +131,22 @@ class CaptureProxy:
 
         u = urlsplit(self.upstream)
         https = u.scheme == "https"
-        self.pool = UpstreamPool(u.hostname, u.port or (443 if https else 80),
-                                 ssl=_ssl.create_default_context() if https else None,
-                                 connect_timeout_s=self.connect_timeout_s,
-                                 observe_forward=self.metrics.forward_delay.observer("response"),
-                                 stamped=self.stamp_responses)
+        self.pool = UpstreamPool(
+            u.hostname,
+            u.port or (443 if https else 80),
+            ssl=_ssl.create_default_context() if https else None,
+            connect_timeout_s=self.connect_timeout_s,
+            observe_forward=self.metrics.forward_delay.observer("response"),
+            stamped=self.stamp_responses,
+        )
         self._host = u.netloc
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=None)
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
-                                             timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
+            timeout=timeout,
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
         self.tokenization = self._tokenization_factory(self.session)
         self.tokenization.start()
 
@@ -198,12 +230,20 @@ class CaptureProxy:
         else:
             framing, chunked, keep = "Transfer-Encoding: chunked", True, req.keep_alive
         ex.keep = keep
-        conn.write(response_head(ex.status, ex.reason, forward_headers(ex.headers, _PER_HOP), framing, keep,
-                                 req.http10))
+        conn.write(
+            response_head(ex.status, ex.reason, forward_headers(ex.headers, _PER_HOP), framing, keep, req.http10)
+        )
         ex.start_relay(conn, chunked)
 
-    async def _serve(self, conn: ClientConnection, req: Request, body: bytes, endpoint: str | None,
-                     acc: UsageTracker | None, pre: tuple | None) -> None:
+    async def _serve(
+        self,
+        conn: ClientConnection,
+        req: Request,
+        body: bytes,
+        endpoint: str | None,
+        acc: UsageTracker | None,
+        pre: tuple | None,
+    ) -> None:
         keep = False
         try:
             if endpoint is None:
@@ -224,8 +264,9 @@ class CaptureProxy:
                 self._idle.set()
             self._release(conn, req, keep)
 
-    async def _capture(self, conn: ClientConnection, req: Request, body: bytes, endpoint: str, acc: UsageTracker,
-                       pre: tuple | None) -> bool:
+    async def _capture(
+        self, conn: ClientConnection, req: Request, body: bytes, endpoint: str, acc: UsageTracker, pre: tuple | None
+    ) -> bool:
         """Forward first; the body is read for its facts only after the answer, in the
         tokenization queue (parsing a long token-id prompt here would delay every other request)."""
         status, outcome, keep = await self._relay(conn, req, body, acc, pre)
@@ -251,11 +292,23 @@ class CaptureProxy:
         else:  # pooling endpoints generate nothing; the schema's minimum
             ol, ol_src = (1, "pooling") if outcome == "ok" else (0, None)
         return {
-            "timestamp": req.arrival_ns - self.t0_ns, "input_length": il, "output_length": ol, "hash_ids": None,
-            "request_id": req.header("X-Request-Id"), "session_id": None, "endpoint": endpoint,
-            "model": None, "max_tokens": None, "status": status, "outcome": outcome,
-            "input_length_source": "usage" if il is not None else None, "output_length_source": ol_src,
-            "tokenized_by": None, "hashed_tokens": None, "image_count": None, "image_hashes": None,
+            "timestamp": req.arrival_ns - self.t0_ns,
+            "input_length": il,
+            "output_length": ol,
+            "hash_ids": None,
+            "request_id": req.header("X-Request-Id"),
+            "session_id": None,
+            "endpoint": endpoint,
+            "model": None,
+            "max_tokens": None,
+            "status": status,
+            "outcome": outcome,
+            "input_length_source": "usage" if il is not None else None,
+            "output_length_source": ol_src,
+            "tokenized_by": None,
+            "hashed_tokens": None,
+            "image_count": None,
+            "image_hashes": None,
             "duration_ms": (end - req.arrival_ns) / 1e6,
         }
 
@@ -263,16 +316,30 @@ class CaptureProxy:
         msg = f"upstream {self.upstream} unreachable: {type(e).__name__}: {e}"
         log.warning("capture: %s", msg)
         body = orjson.dumps({"error": {"message": msg, "type": "BadGateway", "code": 502}})
-        conn.write(response_head(502, b"Bad Gateway", [("Content-Type", "application/json; charset=utf-8")],
-                                 f"Content-Length: {len(body)}", req.keep_alive, req.http10) + body)
+        conn.write(
+            response_head(
+                502,
+                b"Bad Gateway",
+                [("Content-Type", "application/json; charset=utf-8")],
+                f"Content-Length: {len(body)}",
+                req.keep_alive,
+                req.http10,
+            )
+            + body
+        )
 
     def _upstream_head(self, req: Request, body_len: int) -> bytes:
-        return b"".join([b"%s %s HTTP/1.1\r\nHost: %s\r\n" % (req.method.encode(), req.url, self._host.encode()),
-                         *(f"{k}: {v}\r\n".encode("latin-1", "replace") for k, v in forward_headers(req.headers, _PER_HOP)),
-                         b"Content-Length: %d\r\n\r\n" % body_len])
+        return b"".join(
+            [
+                b"%s %s HTTP/1.1\r\nHost: %s\r\n" % (req.method.encode(), req.url, self._host.encode()),
+                *(f"{k}: {v}\r\n".encode("latin-1", "replace") for k, v in forward_headers(req.headers, _PER_HOP)),
+                b"Content-Length: %d\r\n\r\n" % body_len,
+            ]
+        )
 
-    async def _relay(self, conn: ClientConnection, req: Request, body: bytes, acc: UsageTracker,
-                     pre: tuple | None) -> tuple[int | None, str, bool]:
+    async def _relay(
+        self, conn: ClientConnection, req: Request, body: bytes, acc: UsageTracker, pre: tuple | None
+    ) -> tuple[int | None, str, bool]:
         """A captured request over the fast path (``relay``): the response body goes to the
         client from the upstream connection's ``data_received``. ``pre``: (connection, reused,
         exchange) when ``_handle`` sent it already. Returns (status the client got, outcome, keep
@@ -324,9 +391,14 @@ class CaptureProxy:
         assert self.session is not None
         started = False
         try:
-            async with self.session.request(req.method, self.upstream + req.url.decode("latin-1"), data=body,
-                                            headers=CIMultiDict(forward_headers(req.headers, _PER_HOP)),
-                                            allow_redirects=False, skip_auto_headers=_SKIP_AUTO) as up:
+            async with self.session.request(
+                req.method,
+                self.upstream + req.url.decode("latin-1"),
+                data=body,
+                headers=CIMultiDict(forward_headers(req.headers, _PER_HOP)),
+                allow_redirects=False,
+                skip_auto_headers=_SKIP_AUTO,
+            ) as up:
                 hdrs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in up.raw_headers]
                 no_body = req.method == "HEAD" or up.status < 200 or up.status in (204, 304)
                 fwd = forward_headers(hdrs, frozenset(("host",)) if no_body else _PER_HOP)
@@ -338,8 +410,11 @@ class CaptureProxy:
                     framing, chunked, keep = None, False, False
                 else:
                     framing, chunked, keep = "Transfer-Encoding: chunked", True, req.keep_alive
-                conn.write(response_head(up.status, (up.reason or "").encode("latin-1", "replace"), fwd, framing,
-                                         keep, req.http10))
+                conn.write(
+                    response_head(
+                        up.status, (up.reason or "").encode("latin-1", "replace"), fwd, framing, keep, req.http10
+                    )
+                )
                 started = True
                 if no_body:
                     return keep

@@ -41,9 +41,29 @@ class Exchange:
     then the body relayed to ``client`` (a ``ClientConnection``, set once the client's head is written;
     pieces that come earlier wait in ``pending``), ``done`` when the message ends."""
 
-    __slots__ = ("head", "done", "client", "pending", "chunked", "acc", "sse", "buf", "bytes_out",
-                 "client_gone", "status", "reason", "headers", "got_bytes", "conn", "until_close", "on_head", "on_end", "keep", "ended",
-                 "writes")
+    __slots__ = (
+        "head",
+        "done",
+        "client",
+        "pending",
+        "chunked",
+        "acc",
+        "sse",
+        "buf",
+        "bytes_out",
+        "client_gone",
+        "status",
+        "reason",
+        "headers",
+        "got_bytes",
+        "conn",
+        "until_close",
+        "on_head",
+        "on_end",
+        "keep",
+        "ended",
+        "writes",
+    )
 
     def __init__(self, acc) -> None:
         self.conn: UpstreamConnection | None = None
@@ -207,8 +227,12 @@ class UpstreamConnection(asyncio.Protocol):
             return
         ex.status = self.parser.get_status_code()
         names = {k.lower() for k, _ in ex.headers}
-        ex.until_close = ("content-length" not in names and "transfer-encoding" not in names
-                          and ex.status >= 200 and ex.status not in (204, 304))
+        ex.until_close = (
+            "content-length" not in names
+            and "transfer-encoding" not in names
+            and ex.status >= 200
+            and ex.status not in (204, 304)
+        )
         if ex.acc is not None:
             ctype = next((v for k, v in ex.headers if k.lower() == "content-type"), "")
             if "text/event-stream" in ctype:
@@ -265,8 +289,15 @@ class UpstreamPool:
     stamped, for ``observe_forward``), else on uvloop's transport (cheaper by ~3-4 us of CPU per
     read). TLS always uses asyncio's transport."""
 
-    def __init__(self, host: str, port: int, ssl=None, connect_timeout_s: float = 10.0,
-                 observe_forward=None, stamped: bool = False) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        ssl=None,
+        connect_timeout_s: float = 10.0,
+        observe_forward=None,
+        stamped: bool = False,
+    ) -> None:
         self.host, self.port, self.ssl = host, port, ssl
         self.connect_timeout_s = connect_timeout_s
         self.stamped = stamped and ssl is None
@@ -295,8 +326,9 @@ class UpstreamPool:
         if self.stamped:
             proto = await asyncio.wait_for(open_stamped(self.host, self.port, factory), self.connect_timeout_s)
         else:
-            _, proto = await asyncio.wait_for(loop.create_connection(factory, self.host, self.port, ssl=self.ssl),
-                                              self.connect_timeout_s)
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(factory, self.host, self.port, ssl=self.ssl), self.connect_timeout_s
+            )
         return proto, False  # type: ignore[return-value]
 
     def release(self, c: UpstreamConnection) -> None:

@@ -27,27 +27,29 @@ GENERATION = ("/v1/completions", "/v1/chat/completions")
 #: outcome of the exchange, as the client saw it (a closed set: also a metric label)
 OUTCOMES = ("ok", "http_error", "upstream_unreachable", "upstream_broken", "client_disconnected")
 
-SCHEMA = pa.schema([
-    ("timestamp", pa.int64()),          # ns since the capture started (one monotonic clock)
-    ("input_length", pa.int64()),       # null: unknown (no usage and nothing tokenized)
-    ("output_length", pa.int64()),      # tokens generated (0 when none came back); null: unknown
-    ("hash_ids", pa.list_(pa.int64())),  # null: the prompt could not be tokenized
-    ("request_id", pa.string()),        # the client's X-Request-Id, when it sent one
-    ("session_id", pa.string()),
-    ("endpoint", pa.string()),
-    ("model", pa.string()),
-    ("max_tokens", pa.int64()),         # as requested (max_completion_tokens for chat when given)
-    ("status", pa.int32()),             # HTTP status the client got (502: upstream unreachable)
-    ("outcome", pa.string()),           # OUTCOMES
-    ("input_length_source", pa.string()),   # "usage" (the server's) | "tokens" (counted here)
-    ("output_length_source", pa.string()),  # "usage" | "chunks" (streamed chunks counted: an estimate)
-    ("tokenized_by", pa.string()),      # "request" | "upstream" | "tokenizer" | "failed" | "dropped"
-    ("hashed_tokens", pa.int64()),      # tokens that were hashed (differs from input_length when the
-    #                                     tokenization did not match the server's count)
-    ("image_count", pa.int32()),        # chat: images in the messages
-    ("image_hashes", pa.list_(pa.string())),  # chat: a keyed content hash per image
-    ("duration_ms", pa.float64()),      # arrival to the response's last byte
-])
+SCHEMA = pa.schema(
+    [
+        ("timestamp", pa.int64()),  # ns since the capture started (one monotonic clock)
+        ("input_length", pa.int64()),  # null: unknown (no usage and nothing tokenized)
+        ("output_length", pa.int64()),  # tokens generated (0 when none came back); null: unknown
+        ("hash_ids", pa.list_(pa.int64())),  # null: the prompt could not be tokenized
+        ("request_id", pa.string()),  # the client's X-Request-Id, when it sent one
+        ("session_id", pa.string()),
+        ("endpoint", pa.string()),
+        ("model", pa.string()),
+        ("max_tokens", pa.int64()),  # as requested (max_completion_tokens for chat when given)
+        ("status", pa.int32()),  # HTTP status the client got (502: upstream unreachable)
+        ("outcome", pa.string()),  # OUTCOMES
+        ("input_length_source", pa.string()),  # "usage" (the server's) | "tokens" (counted here)
+        ("output_length_source", pa.string()),  # "usage" | "chunks" (streamed chunks counted: an estimate)
+        ("tokenized_by", pa.string()),  # "request" | "upstream" | "tokenizer" | "failed" | "dropped"
+        ("hashed_tokens", pa.int64()),  # tokens that were hashed (differs from input_length when the
+        #                                     tokenization did not match the server's count)
+        ("image_count", pa.int32()),  # chat: images in the messages
+        ("image_hashes", pa.list_(pa.string())),  # chat: a keyed content hash per image
+        ("duration_ms", pa.float64()),  # arrival to the response's last byte
+    ]
+)
 
 
 @dataclass(slots=True)
@@ -58,11 +60,11 @@ class RequestFacts:
     model: str | None = None
     max_tokens: int | None = None
     session_id: str | None = None
-    token_ids: array | None = None       # the prompt as token ids, when the request sent ids
-    tokenize_body: dict | None = None    # body for the upstream's /tokenize (text prompts, chat)
-    text: str | None = None              # text for a local tokenizer (completions, embeddings)
+    token_ids: array | None = None  # the prompt as token ids, when the request sent ids
+    tokenize_body: dict | None = None  # body for the upstream's /tokenize (text prompts, chat)
+    text: str | None = None  # text for a local tokenizer (completions, embeddings)
     images: list[str] = field(default_factory=list)  # image identities (keyed hashes), chat only
-    parsed: bool = False                 # the body was a JSON object
+    parsed: bool = False  # the body was a JSON object
 
 
 def _int(v) -> int | None:

@@ -33,12 +33,23 @@ log = logging.getLogger(__name__)
 
 WORKERS = 4  # rows being finished at once (tokenize calls to the upstream)
 
+
 class Tokenization:
     """The queue and its workers. ``submit`` from the event loop; ``drain`` at the end."""
 
-    def __init__(self, hasher: BlockHasher, emit, metrics: CaptureMetrics, *, maxsize: int = 4096,
-                 session: aiohttp.ClientSession | None = None, tokenize_url: str | None = None,
-                 tokenizer=None, image_hash=None, offload: OffloadWorker | None = None) -> None:
+    def __init__(
+        self,
+        hasher: BlockHasher,
+        emit,
+        metrics: CaptureMetrics,
+        *,
+        maxsize: int = 4096,
+        session: aiohttp.ClientSession | None = None,
+        tokenize_url: str | None = None,
+        tokenizer=None,
+        image_hash=None,
+        offload: OffloadWorker | None = None,
+    ) -> None:
         self.hasher = hasher
         self.emit = emit  # row -> None (the writer's add)
         self.metrics = metrics
@@ -115,7 +126,9 @@ class Tokenization:
                 self.queue.task_done()
                 self.metrics.backlog.set(self.queue.qsize())
 
-    async def _tokens(self, facts: RequestFacts, auth: str | None) -> tuple[tuple[list[bytes], int] | None, str, str | None]:
+    async def _tokens(
+        self, facts: RequestFacts, auth: str | None
+    ) -> tuple[tuple[list[bytes], int] | None, str, str | None]:
         """((block digests, token count), where the tokens came from, failure reason)."""
         chat = facts.endpoint == "/v1/chat/completions"
         local = self.tokenizer is not None and facts.text is not None

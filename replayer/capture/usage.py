@@ -34,8 +34,7 @@ class UsageTracker:
         self._done = False
 
     def on_sse_piece(self, b: bytes) -> None:
-        self.chunks += (b.count(b'"text":"') - b.count(b'"text":""') + b.count(b'"content":"')
-                        - b.count(b'"content":""'))
+        self.chunks += b.count(b'"text":"') - b.count(b'"text":""') + b.count(b'"content":"') - b.count(b'"content":""')
         if b'"error"' in b:
             self.error = True
         self._tail.append(b)

@@ -23,9 +23,9 @@ import time
 
 import pyarrow as pa
 
+from replayer.capture.rows import SCHEMA
 from replayer.record.rolling import PARTS, RollingWriter
 from replayer.trace.model import CAPTURE_META as CAPTURE_KEY
-from replayer.capture.rows import SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -36,18 +36,32 @@ class CaptureWriter:
     ``add`` is called on the event loop; the Arrow conversion and the file writes happen on the
     rolling writer's thread, so the loop that forwards streams never waits for a disk."""
 
-    def __init__(self, out: str, metadata: dict[str, str], *, flush_rows: int = 1000,
-                 flush_interval_s: float = 2.0, roll_rows: int | None = None,
-                 roll_interval_s: float | None = None) -> None:
+    def __init__(
+        self,
+        out: str,
+        metadata: dict[str, str],
+        *,
+        flush_rows: int = 1000,
+        flush_interval_s: float = 2.0,
+        roll_rows: int | None = None,
+        roll_interval_s: float | None = None,
+    ) -> None:
         self.dir = out
         self.flush_rows = flush_rows
         self.flush_interval_s = flush_interval_s
         schema = SCHEMA.with_metadata({k.encode(): v.encode() for k, v in {CAPTURE_KEY: "1", **metadata}.items()})
         parts = glob.glob(os.path.join(out, PARTS, "part-*.parquet"))
-        self._w = RollingWriter(out, schema, rolled_path=self._rolled_path, empty_final=lambda: not self._rolled(),
-                                first_part=1 + max((int(os.path.basename(p)[5:13]) for p in parts), default=-1),
-                                roll_rows=roll_rows, roll_interval_s=roll_interval_s, sort_final_by="timestamp",
-                                thread_name="capture-writer")
+        self._w = RollingWriter(
+            out,
+            schema,
+            rolled_path=self._rolled_path,
+            empty_final=lambda: not self._rolled(),
+            first_part=1 + max((int(os.path.basename(p)[5:13]) for p in parts), default=-1),
+            roll_rows=roll_rows,
+            roll_interval_s=roll_interval_s,
+            sort_final_by="timestamp",
+            thread_name="capture-writer",
+        )
         self._buf: list[dict] = []
         self._last_flush = time.monotonic()
 
@@ -73,8 +87,9 @@ class CaptureWriter:
             self.flush()
 
     def _write(self, rows: list[dict]) -> None:
-        if not self._w.write_or_keep(pa.Table.from_pylist(rows, schema=self._w.schema) if rows else None,
-                                     "captured rows"):
+        if not self._w.write_or_keep(
+            pa.Table.from_pylist(rows, schema=self._w.schema) if rows else None, "captured rows"
+        ):
             return
         try:
             self._w.roll_if_due()

@@ -23,8 +23,6 @@ POSITIONAL = ("trace",)
 REPEATED = ("target",)
 
 
-
-
 class _Traces(argparse.Action):
     """The trace argument(s): one is ``trace``; several are ``trace`` (the first) and ``mix``."""
 
@@ -52,17 +50,35 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
         if name in POSITIONAL:  # `run A B ...`: several traces are a mix (one tenant each)
             p.add_argument(name, nargs="*", default=argparse.SUPPRESS, action=_Traces, help=help_text)
         elif name in REPEATED:
-            p.add_argument(flag_name(name), dest=name, action="append", default=argparse.SUPPRESS,
-                           metavar=name.upper(), help=help_text)
+            p.add_argument(
+                flag_name(name),
+                dest=name,
+                action="append",
+                default=argparse.SUPPRESS,
+                metavar=name.upper(),
+                help=help_text,
+            )
         elif typing.get_origin(typ) is list:  # KEY:VALUE pairs (--goodput, as vllm bench serve takes it)
-            p.add_argument(flag_name(name), dest=name, nargs="+", default=argparse.SUPPRESS,
-                           metavar=name.upper(), help=help_text)
+            p.add_argument(
+                flag_name(name), dest=name, nargs="+", default=argparse.SUPPRESS, metavar=name.upper(), help=help_text
+            )
         elif typ is bool:
-            p.add_argument(flag_name(name), dest=name, action=argparse.BooleanOptionalAction,
-                           default=argparse.SUPPRESS, help=help_text)
+            p.add_argument(
+                flag_name(name),
+                dest=name,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
         else:
-            p.add_argument(flag_name(name), dest=name, type=typ, default=argparse.SUPPRESS,
-                           metavar=name.removesuffix("_s").upper(), help=help_text)
+            p.add_argument(
+                flag_name(name),
+                dest=name,
+                type=typ,
+                default=argparse.SUPPRESS,
+                metavar=name.removesuffix("_s").upper(),
+                help=help_text,
+            )
 
 
 def read_config_file(path: str) -> dict:
@@ -111,19 +127,29 @@ def _flags_for(cfg: RunConfig, skip: set[str]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="replayer", allow_abbrev=False, description="Replay LLM serving traces "
-                                "against OpenAI-compatible servers, open-loop and token-exact.")
+    p = argparse.ArgumentParser(
+        prog="replayer",
+        allow_abbrev=False,
+        description="Replay LLM serving traces against OpenAI-compatible servers, open-loop and token-exact.",
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="replay a trace (against the embedded simulator if no --target)",
-                         usage="%(prog)s [options] [trace ...]",
-                         description="Replay a trace. Settings come from --config FILE (YAML; keys are "
-                         "the setting names: the flag without '--', dashes as underscores, and '_s' "
-                         "appended for settings in seconds, e.g. read_timeout_s) and are overridden by flags.")
-    run.add_argument("--config", dest="config_file", default=None, metavar="FILE",
-                     help="YAML file of settings (see configs/); flags override it")
+    run = sub.add_parser(
+        "run",
+        help="replay a trace (against the embedded simulator if no --target)",
+        usage="%(prog)s [options] [trace ...]",
+        description="Replay a trace. Settings come from --config FILE (YAML; keys are "
+        "the setting names: the flag without '--', dashes as underscores, and '_s' "
+        "appended for settings in seconds, e.g. read_timeout_s) and are overridden by flags.",
+    )
+    run.add_argument(
+        "--config",
+        dest="config_file",
+        default=None,
+        metavar="FILE",
+        help="YAML file of settings (see configs/); flags override it",
+    )
     add_config_flags(run)
-    sub.add_parser("sim", help="run the simulated OpenAI-compatible server (see `replayer sim --help`)",
-                   add_help=False)
+    sub.add_parser("sim", help="run the simulated OpenAI-compatible server (see `replayer sim --help`)", add_help=False)
     from replayer.cli.trace import add_trace_parser
 
     add_trace_parser(sub)
@@ -132,37 +158,68 @@ def build_parser() -> argparse.ArgumentParser:
     add_record_parser(sub)
     mg = sub.add_parser("merge", help="merge the results folders of shards or workers into one summary")
     mg.add_argument("dirs", nargs="+", help="results folders")
-    mg.add_argument("-o", "--output", default=None,
-                    help="folder for the merged summary.json [default: none: print it only]")
-    mg.add_argument("--wait", type=float, default=None, metavar="S",
-                    help="first wait up to S seconds for every folder's run to end by itself (a "
-                         "summary.json that was not cut short by a stop), e.g. in a Kubernetes merge Job")
+    mg.add_argument(
+        "-o", "--output", default=None, help="folder for the merged summary.json [default: none: print it only]"
+    )
+    mg.add_argument(
+        "--wait",
+        type=float,
+        default=None,
+        metavar="S",
+        help="first wait up to S seconds for every folder's run to end by itself (a "
+        "summary.json that was not cut short by a stop), e.g. in a Kubernetes merge Job",
+    )
     rp = sub.add_parser("report", help="write a self-contained HTML report (plots) of a results folder")
     rp.add_argument("results", help="results folder (holds requests.parquet)")
     rp.add_argument("-o", "--output", default=None, help="output .html [default: RESULTS/report.html]")
-    sw = sub.add_parser("sweep", help="replay a trace at growing speed-ups until the SLO attainment drops; "
-                        "finds the highest load that held", usage="%(prog)s --speedups LIST --goodput KEY:VALUE... "
-                        "[run options] [trace]",
-                        description="Replay a trace (or a window: --max-requests, --duration) at each speed-up "
-                        "of --speedups in turn, one results folder per point under --results, and stop after "
-                        "the first point whose SLO attainment (--goodput) is below --min-attainment. Writes "
-                        "sweep.json and sweep.html there. Every option of `replayer run` applies to each point, "
-                        "except --speedup, --seed (salted per point with --prefix-cache salt) and --resume.")
-    sw.add_argument("--config", dest="config_file", default=None, metavar="FILE",
-                    help="YAML file of run settings (see configs/); flags override it")
-    sw.add_argument("--speedups", required=True, metavar="LIST",
-                    help="speed-ups to replay at, in increasing order, e.g. 1,2,4,8,16 (at most 32)")
-    sw.add_argument("--min-attainment", type=float, default=0.9, metavar="F",
-                    help="a point holds when at least this fraction of its judged requests met every "
-                         "--goodput bound [default: 0.9]")
-    sw.add_argument("--prefix-cache", choices=("salt", "reset", "warm"), default="salt",
-                    help="keep points from sharing prefix-cache hits: salt = fresh prompt prefixes per point; "
-                         "reset = the same prompts, POST /reset_prefix_cache to the target before each point "
-                         "(vLLM in dev mode, the simulator); warm = neither [default: salt]")
-    sw.add_argument("--max-dispatch-lag", type=float, default=None, metavar="MS",
-                    help="a point whose dispatch lag p99 is above this is marked replayer_behind (the replayer, "
-                         "not the server, fell behind) and ends the sweep [default: the lag past which a run "
-                         "warns that the replayer itself is the bottleneck, daemon.BEHIND_MS]")
+    sw = sub.add_parser(
+        "sweep",
+        help="replay a trace at growing speed-ups until the SLO attainment drops; finds the highest load that held",
+        usage="%(prog)s --speedups LIST --goodput KEY:VALUE... [run options] [trace]",
+        description="Replay a trace (or a window: --max-requests, --duration) at each speed-up "
+        "of --speedups in turn, one results folder per point under --results, and stop after "
+        "the first point whose SLO attainment (--goodput) is below --min-attainment. Writes "
+        "sweep.json and sweep.html there. Every option of `replayer run` applies to each point, "
+        "except --speedup, --seed (salted per point with --prefix-cache salt) and --resume.",
+    )
+    sw.add_argument(
+        "--config",
+        dest="config_file",
+        default=None,
+        metavar="FILE",
+        help="YAML file of run settings (see configs/); flags override it",
+    )
+    sw.add_argument(
+        "--speedups",
+        required=True,
+        metavar="LIST",
+        help="speed-ups to replay at, in increasing order, e.g. 1,2,4,8,16 (at most 32)",
+    )
+    sw.add_argument(
+        "--min-attainment",
+        type=float,
+        default=0.9,
+        metavar="F",
+        help="a point holds when at least this fraction of its judged requests met every "
+        "--goodput bound [default: 0.9]",
+    )
+    sw.add_argument(
+        "--prefix-cache",
+        choices=("salt", "reset", "warm"),
+        default="salt",
+        help="keep points from sharing prefix-cache hits: salt = fresh prompt prefixes per point; "
+        "reset = the same prompts, POST /reset_prefix_cache to the target before each point "
+        "(vLLM in dev mode, the simulator); warm = neither [default: salt]",
+    )
+    sw.add_argument(
+        "--max-dispatch-lag",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="a point whose dispatch lag p99 is above this is marked replayer_behind (the replayer, "
+        "not the server, fell behind) and ends the sweep [default: the lag past which a run "
+        "warns that the replayer itself is the bottleneck, daemon.BEHIND_MS]",
+    )
     add_config_flags(sw)
     cp = sub.add_parser("compare", help="compare two runs' summary.json side by side")
     cp.add_argument("a", help="results folder or summary.json of run A")
@@ -175,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _subcommands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     """``p``'s subcommands: name -> parser."""
-    return {name: c for a in p._actions if isinstance(a, argparse._SubParsersAction) for name, c in a.choices.items()}
+    return {name: c for a in p._actions if isinstance(a, argparse._SubParsersAction) for name, c in a.choices.items()}  # noqa: SLF001
 
 
 def _finish_parsers(p: argparse.ArgumentParser) -> None:
@@ -211,7 +268,7 @@ def _closest_flag(arg: str, flags: list[str]) -> str | None:
 
 def _unrecognized(p: argparse.ArgumentParser, extra: list[str]) -> None:
     """Exit 2 with ``p``'s usage, naming the unknown arguments and the closest flags of ``p``."""
-    flags = [o for a in p._actions for o in a.option_strings if a.help != argparse.SUPPRESS]
+    flags = [o for a in p._actions for o in a.option_strings if a.help != argparse.SUPPRESS]  # noqa: SLF001
     hints = [c for c in (_closest_flag(arg, flags) for arg in extra if arg.startswith("-")) if c]
     msg = "unrecognized arguments: " + " ".join(extra)
     if hints:
@@ -219,7 +276,7 @@ def _unrecognized(p: argparse.ArgumentParser, extra: list[str]) -> None:
     p.error(msg)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "sim":
         from replayer.sim import main as sim_main
@@ -231,8 +288,11 @@ def main(argv: list[str] | None = None) -> int:
         import difflib
 
         close = difflib.get_close_matches(argv[0], commands, n=1)
-        parser.error(f"unknown command {argv[0]!r}" + (f"; did you mean {close[0]!r}?" if close else "")
-                     + f" (commands: {', '.join(commands)})")
+        parser.error(
+            f"unknown command {argv[0]!r}"
+            + (f"; did you mean {close[0]!r}?" if close else "")
+            + f" (commands: {', '.join(commands)})"
+        )
     args, extra = parser.parse_known_args(argv)
     if extra:
         _unrecognized(getattr(args, "_leaf", parser), extra)
@@ -257,14 +317,22 @@ def main(argv: list[str] | None = None) -> int:
         given = [flag_name(k) for k in ("speedup", "resume", "resume_existing") if k in flags]
         try:
             if given:
-                raise SweepError(f"{', '.join(given)}: not for a sweep (it sets the speed-up of each point "
-                                 "from --speedups and starts a new run per point)")
+                raise SweepError(
+                    f"{', '.join(given)}: not for a sweep (it sets the speed-up of each point "
+                    "from --speedups and starts a new run per point)"
+                )
             if not 0 <= args.min_attainment <= 1:
                 raise SweepError(f"--min-attainment {args.min_attainment:g}: must be between 0 and 1")
             speedups = parse_speedups(args.speedups)
             lag = {} if args.max_dispatch_lag is None else {"max_dispatch_lag_ms": args.max_dispatch_lag}
-            _, code = run_sweep(cfg, _flags_for(cfg, PER_POINT), speedups=speedups,
-                                min_attainment=args.min_attainment, prefix_cache=args.prefix_cache, **lag)
+            _, code = run_sweep(
+                cfg,
+                _flags_for(cfg, PER_POINT),
+                speedups=speedups,
+                min_attainment=args.min_attainment,
+                prefix_cache=args.prefix_cache,
+                **lag,
+            )
         except SweepError as e:
             print(f"replayer sweep: {e}", file=sys.stderr)
             return 2
@@ -273,8 +341,17 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.workers > 1:
             from replayer.run.workers import run_workers
 
-            skip = {"workers", "shard", "results", "start_at", "admin_port", "target", "quiet", "config_file",
-                    "max_error_ratio"}  # (checked on the merged summary)
+            skip = {
+                "workers",
+                "shard",
+                "results",
+                "start_at",
+                "admin_port",
+                "target",
+                "quiet",
+                "config_file",
+                "max_error_ratio",
+            }  # (checked on the merged summary)
             passthrough = _flags_for(cfg, skip)
             return run_workers(cfg, passthrough)
         sim = None

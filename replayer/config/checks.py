@@ -8,7 +8,6 @@ from pydantic import BaseModel, ValidationInfo, field_validator
 
 from replayer.config.load import RUN_ID
 
-
 #: settings that take one word of a closed set (None, where a setting allows it, is not checked)
 CHOICES: dict[str, tuple[str, ...]] = {
     "image_format": ("png", "jpeg"),

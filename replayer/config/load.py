@@ -39,8 +39,23 @@ class ConfigError(ValueError):
 
 #: settings a resumed run must share with the run it continues: they decide which rows exist
 #: and what each prompt is (a resume with another seed would mix two prompt sets in one folder)
-SAME_ON_RESUME = ("seed", "shard", "block_size", "vocab_range", "tokenizer", "prompt_mode", "loop_salt",
-                  "loop", "max_requests", "endpoint", "format", "map", "time_unit", "mix", "hash_id_scope")
+SAME_ON_RESUME = (
+    "seed",
+    "shard",
+    "block_size",
+    "vocab_range",
+    "tokenizer",
+    "prompt_mode",
+    "loop_salt",
+    "loop",
+    "max_requests",
+    "endpoint",
+    "format",
+    "map",
+    "time_unit",
+    "mix",
+    "hash_id_scope",
+)
 
 
 def recorded_settings(results_dir: str, *, workers: bool = False) -> dict:
@@ -69,7 +84,9 @@ def flag_name(field: str) -> str:
     return "--" + field.removesuffix("_s").replace("_", "-")
 
 
-def load_config(values: dict, *, config_file: str | None = None, from_file: AbstractSet[str] = frozenset()) -> "RunConfig":
+def load_config(
+    values: dict, *, config_file: str | None = None, from_file: AbstractSet[str] = frozenset()
+) -> "RunConfig":
     """Validate ``values`` into a RunConfig, or raise ConfigError listing every problem, each
     naming the setting (and its flag, or ``config_file`` for the names in ``from_file``: the
     values that came from it) and the value given."""

@@ -12,11 +12,26 @@ import os
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from replayer.config.checks import FieldChecks
-from replayer.config.load import (RUN_ID, SAME_ON_RESUME, ConfigError, flag_name, load_config, new_run_id,
-                         recorded_settings)
+from replayer.config.load import (
+    RUN_ID,
+    SAME_ON_RESUME,
+    ConfigError,
+    flag_name,
+    load_config,
+    new_run_id,
+    recorded_settings,
+)
 
-__all__ = ["RUN_ID", "SAME_ON_RESUME", "ConfigError", "RunConfig", "flag_name", "load_config", "new_run_id",
-           "recorded_settings"]
+__all__ = [
+    "RUN_ID",
+    "SAME_ON_RESUME",
+    "ConfigError",
+    "RunConfig",
+    "flag_name",
+    "load_config",
+    "new_run_id",
+    "recorded_settings",
+]
 
 
 class RunConfig(FieldChecks):
@@ -24,55 +39,100 @@ class RunConfig(FieldChecks):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    trace: str = Field(description="trace: canonical Parquet (file, folder or glob), Mooncake JSONL, "
-                       "Azure CSV, or generic JSONL/CSV with --map")
-    format: str = Field("auto", description="trace format: auto, parquet, mooncake, azure, jsonl, csv, weka, copilot, tracelab, servegen")
+    trace: str = Field(
+        description="trace: canonical Parquet (file, folder or glob), Mooncake JSONL, "
+        "Azure CSV, or generic JSONL/CSV with --map"
+    )
+    format: str = Field(
+        "auto",
+        description="trace format: auto, parquet, mooncake, azure, jsonl, csv, weka, copilot, tracelab, servegen",
+    )
     map: str | None = Field(None, description="column mapping for generic traces, e.g. timestamp=ts,input_length=n_in")
     time_unit: str | None = Field(None, description="timestamp unit of generic traces: s, ms, us, ns or datetime")
-    validate_trace: str = Field("full", description="full: check every row before sending; lazy: check each "
-                                "batch as it is read (fast start on huge traces)")
-    mix: list[str] | None = Field(None, description="replay several traces on one clock, one tenant each: "
-                                  "PATH[,tenant=NAME][,offset_s=S][,rate=R][,hash_id_scope=local|global] per "
-                                  "trace (`replayer run A B` = a mix of A and B); tenant is a results column and "
-                                  "a metric label")
-    hash_id_scope: str | None = Field(None, description="local: the traces' hash ids mean something only inside "
-                                      "their trace (salted per trace in a mix); global: ids are shared; none = "
-                                      "what each trace declares (global when it declares nothing)")
-    idle_gap_cap_s: float | None = Field(None, gt=0, description="a gap between consecutive requests longer than "
-                                         "this in replay time (after --speedup) shrinks to it; the summary "
-                                         "reports gaps capped and time skipped")
-    session_header: str | None = Field(None, description="send each request's session id in this header, for "
-                                       "routers: a header name, or a preset: dynamo (X-Dynamo-Session-ID), "
-                                       "aibrix (x-aibrix-session-key with routing-strategy: session-affinity)")
-    target: list[str] | None = Field(None, description="base URL of the server (a trailing /v1 is dropped); "
-                                     "repeat it for several targets (a session keeps the target of its first "
-                                     "turn: --target-policy); none = start the embedded simulator")
-    target_policy: str = Field("session-order", description="with several --target: session-order (sessions "
-                               "numbered by first appearance in the trace, round robin) or session-hash (a "
-                               "hash of the session id); rows without a session go by row number")
+    validate_trace: str = Field(
+        "full",
+        description="full: check every row before sending; lazy: check each "
+        "batch as it is read (fast start on huge traces)",
+    )
+    mix: list[str] | None = Field(
+        None,
+        description="replay several traces on one clock, one tenant each: "
+        "PATH[,tenant=NAME][,offset_s=S][,rate=R][,hash_id_scope=local|global] per "
+        "trace (`replayer run A B` = a mix of A and B); tenant is a results column and "
+        "a metric label",
+    )
+    hash_id_scope: str | None = Field(
+        None,
+        description="local: the traces' hash ids mean something only inside "
+        "their trace (salted per trace in a mix); global: ids are shared; none = "
+        "what each trace declares (global when it declares nothing)",
+    )
+    idle_gap_cap_s: float | None = Field(
+        None,
+        gt=0,
+        description="a gap between consecutive requests longer than "
+        "this in replay time (after --speedup) shrinks to it; the summary "
+        "reports gaps capped and time skipped",
+    )
+    session_header: str | None = Field(
+        None,
+        description="send each request's session id in this header, for "
+        "routers: a header name, or a preset: dynamo (X-Dynamo-Session-ID), "
+        "aibrix (x-aibrix-session-key with routing-strategy: session-affinity)",
+    )
+    target: list[str] | None = Field(
+        None,
+        description="base URL of the server (a trailing /v1 is dropped); "
+        "repeat it for several targets (a session keeps the target of its first "
+        "turn: --target-policy); none = start the embedded simulator",
+    )
+    target_policy: str = Field(
+        "session-order",
+        description="with several --target: session-order (sessions "
+        "numbered by first appearance in the trace, round robin) or session-hash (a "
+        "hash of the session id); rows without a session go by row number",
+    )
     model: str | None = Field(None, description="request 'model' field; none = the first of GET /v1/models")
-    endpoint: str = Field("/v1/completions", description="API path requests are sent to (a trace's "
-                          "endpoint column overrides it per row)")
-    session_policy: str = Field("wait", description="multi-turn sessions: wait (a turn goes at its trace "
-                                "time or at its predecessor's end plus think time, whichever is later), "
-                                "wait-no-think (ignore think time) or off (trace times only)")
-    goodput: list[str] | None = Field(None, description="SLO bounds in ms as KEY:VALUE pairs, keys ttft, "
-                                      "tpot, e2el (vllm bench serve's --goodput), e.g. --goodput ttft:2000 "
-                                      "tpot:50: a request meets the SLO when it succeeded and every bound holds; "
-                                      "the summary reports request_goodput and slo_attainment")
-    usage_slack_tokens: int = Field(0, ge=0, description="pooling usage audit: tokens per input the server "
-                                    "may add (special tokens) before a response is flagged as inflated")
+    endpoint: str = Field(
+        "/v1/completions", description="API path requests are sent to (a trace's endpoint column overrides it per row)"
+    )
+    session_policy: str = Field(
+        "wait",
+        description="multi-turn sessions: wait (a turn goes at its trace "
+        "time or at its predecessor's end plus think time, whichever is later), "
+        "wait-no-think (ignore think time) or off (trace times only)",
+    )
+    goodput: list[str] | None = Field(
+        None,
+        description="SLO bounds in ms as KEY:VALUE pairs, keys ttft, "
+        "tpot, e2el (vllm bench serve's --goodput), e.g. --goodput ttft:2000 "
+        "tpot:50: a request meets the SLO when it succeeded and every bound holds; "
+        "the summary reports request_goodput and slo_attainment",
+    )
+    usage_slack_tokens: int = Field(
+        0,
+        ge=0,
+        description="pooling usage audit: tokens per input the server "
+        "may add (special tokens) before a response is flagged as inflated",
+    )
     speedup: float = Field(1.0, gt=0, description="replay this many times faster than the trace")
-    max_requests: int | None = Field(None, ge=1, description="replay only the schedule's first N requests (shards "
-                                       "and resumed runs together)")
+    max_requests: int | None = Field(
+        None, ge=1, description="replay only the schedule's first N requests (shards and resumed runs together)"
+    )
     loop: str = Field("1", description="passes over the trace: a number, or 'forever'")
     loop_gap_s: float = Field(0.0, ge=0, description="trace time between the end of one loop and the next")
-    loop_salt: bool = Field(False, description="fresh prefixes in every loop (salted prompt seed) "
-                            "instead of the same prefixes (warm server cache)")
+    loop_salt: bool = Field(
+        False,
+        description="fresh prefixes in every loop (salted prompt seed) "
+        "instead of the same prefixes (warm server cache)",
+    )
     shard: str = Field("0/1", description="I/N: send only shard I of N (0-based; sessions stay whole)")
     workers: int = Field(1, ge=1, le=64, description="processes on this host, one shard each (merged summary)")
-    start_at: float | None = Field(None, description="anchor the schedule at this Unix time (aligns shards; "
-                                   "one more than 1 s past is not kept: the run starts now, out of step)")
+    start_at: float | None = Field(
+        None,
+        description="anchor the schedule at this Unix time (aligns shards; "
+        "one more than 1 s past is not kept: the run starts now, out of step)",
+    )
     duration_s: float | None = Field(None, gt=0, description="stop scheduling after this many seconds of replay")
     results: str | None = Field(None, description="results folder; none = ./results/<timestamp>")
     admin_host: str = Field("127.0.0.1", description="admin/metrics server address")
@@ -81,83 +141,154 @@ class RunConfig(FieldChecks):
     block_size: int | None = Field(None, ge=1, description="tokens per hash id; none = from the trace (512)")
     vocab_range: str = Field("1000:30000", description="token ids LO:HI (HI exclusive) used for prompts")
     tokenizer: str | None = Field(None, description="local tokenizer.json or folder: use its non-special ids")
-    prompt_mode: str = Field("tokens", description="tokens: prompt as token ids (exact); text: blocks "
-                             "decoded with --tokenizer (the server re-tokenizes; drift is reported)")
-    image_size: str = Field("512x512", description="multimodal traces: WxH of every image whose row has no "
-                            "image_sizes")
+    prompt_mode: str = Field(
+        "tokens",
+        description="tokens: prompt as token ids (exact); text: blocks "
+        "decoded with --tokenizer (the server re-tokenizes; drift is reported)",
+    )
+    image_size: str = Field("512x512", description="multimodal traces: WxH of every image whose row has no image_sizes")
     image_format: str = Field("png", description="synthetic images as png (lossless) or jpeg")
-    image_token_rule: str = Field("qwen2-vl", description="expected image tokens per image when the trace has "
-                                  "no image_tokens: qwen2-vl (28-pixel patches merged 2x2, its min/max pixels), "
-                                  "llava (576), fixed:N, or none; a server count that differs is counted "
-                                  "(image_token_mismatches)")
+    image_token_rule: str = Field(
+        "qwen2-vl",
+        description="expected image tokens per image when the trace has "
+        "no image_tokens: qwen2-vl (28-pixel patches merged 2x2, its min/max pixels), "
+        "llava (576), fixed:N, or none; a server count that differs is counted "
+        "(image_token_mismatches)",
+    )
     image_cache_mb: int = Field(256, ge=1, description="memory bound of the cache of built images (base64 parts)")
     vllm_extensions: bool = Field(True, description="send ignore_eos and min_tokens (vLLM/SGLang)")
-    control_token_env: str = Field("REPLAYER_CONTROL_TOKEN", description="environment variable holding "
-                                   "the bearer token for the admin control endpoints (unset = open)")
+    control_token_env: str = Field(
+        "REPLAYER_CONTROL_TOKEN",
+        description="environment variable holding the bearer token for the admin control endpoints (unset = open)",
+    )
     control_token_file: str | None = Field(None, description="file holding the control token (overrides the variable)")
     api_key_env: str = Field("REPLAYER_API_KEY", description="environment variable holding the API key")
     api_key_file: str | None = Field(None, description="file holding the API key (overrides the variable)")
-    warm_connections: int = Field(128, ge=0, le=4096, description="keep-alive connections opened before "
-                                  "the first request, so the first burst pays no TCP handshakes")
-    retry_max: int = Field(0, ge=0, le=10, description="retries of a request answered 429 or 5xx before "
-                           "any output (0 = never; retries are counted)")
+    warm_connections: int = Field(
+        128,
+        ge=0,
+        le=4096,
+        description="keep-alive connections opened before the first request, so the first burst pays no TCP handshakes",
+    )
+    retry_max: int = Field(
+        0,
+        ge=0,
+        le=10,
+        description="retries of a request answered 429 or 5xx before any output (0 = never; retries are counted)",
+    )
     retry_backoff_s: float = Field(0.5, ge=0, description="wait before the first retry, doubled each time")
     connect_timeout_s: float = Field(30.0, gt=0, description="TCP connect timeout")
-    read_timeout_s: float = Field(600.0, ge=0, description="idle timeout: fail a request silent this long "
-                                  "after its send or between two reads (first_byte_timeout, idle_timeout; 0 = none)")
-    request_timeout_s: float | None = Field(None, gt=0, description="total timeout: fail a request "
-                                            "whose response is not complete this long after its send "
-                                            "(total_timeout; none = no total timeout)")
+    read_timeout_s: float = Field(
+        600.0,
+        ge=0,
+        description="idle timeout: fail a request silent this long "
+        "after its send or between two reads (first_byte_timeout, idle_timeout; 0 = none)",
+    )
+    request_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="total timeout: fail a request "
+        "whose response is not complete this long after its send "
+        "(total_timeout; none = no total timeout)",
+    )
     ready_timeout_s: float = Field(60.0, ge=0, description="wait this long for the target to answer at start")
     drain_timeout_s: float = Field(30.0, ge=0, description="on stop, wait this long for in-flight requests")
-    launcher: bool = Field(True, description="write each request from a launcher process at its due time "
-                           "(plain HTTP; the event loop keeps reading the streams)")
-    delayed_ack: bool = Field(False, description="let the kernel delay this client's TCP ACKs during a "
-                              "response stream (TCP_QUICKACK off; Linux, elsewhere a no-op with a warning): half the ACKs, ~3.5 us less CPU per "
-                              "SSE event; only for servers that set TCP_NODELAY (vLLM, SGLang, uvicorn and "
-                              "aiohttp servers do): with Nagle on, each token would wait up to 40 ms")
-    lead_s: float = Field(3.0, gt=0, le=60, description="build request bodies this far ahead of their due time "
-                          "(the first window before the run starts)")
+    launcher: bool = Field(
+        True,
+        description="write each request from a launcher process at its due time "
+        "(plain HTTP; the event loop keeps reading the streams)",
+    )
+    delayed_ack: bool = Field(
+        False,
+        description="let the kernel delay this client's TCP ACKs during a "
+        "response stream (TCP_QUICKACK off; Linux, elsewhere a no-op with a warning): half the ACKs, ~3.5 us less CPU per "
+        "SSE event; only for servers that set TCP_NODELAY (vLLM, SGLang, uvicorn and "
+        "aiohttp servers do): with Nagle on, each token would wait up to 40 ms",
+    )
+    lead_s: float = Field(
+        3.0,
+        gt=0,
+        le=60,
+        description="build request bodies this far ahead of their due time (the first window before the run starts)",
+    )
     start_delay_s: float = Field(0.1, ge=0, description="anchor the schedule this long after start-up")
     flush_rows: int = Field(2000, ge=1, description="write a results row group every N results")
     flush_interval_s: float = Field(2.0, gt=0, description="or every this many seconds")
     roll_rows: int | None = Field(None, ge=1, description="start a new results file every N results (soak)")
     roll_interval_s: float | None = Field(None, gt=0, description="start a new results file this often (soak)")
-    retain_size: str | None = Field(None, description="retention: while the results folder holds more than "
-                                    "this (e.g. 2GB, 500MB, 1.5GiB; K/M/G/T = 1000^n, Ki/Mi/Gi/Ti = 1024^n bytes), "
-                                    "remove its oldest rolled results file (needs --roll-interval or --roll-rows; "
-                                    "the counts and statistics of removed files stay in removed.json)")
-    retain_age_s: float | None = Field(None, gt=0, description="retention: remove a rolled results file once its "
-                                       "newest result is older than this (needs --roll-interval or --roll-rows)")
-    itl_format: str = Field("exact", description="per-request ITL in the results: exact (every gap) or sketch "
-                            "(compact, for long runs: each request's gaps rounded to buckets 0.5 percent wide, one "
-                            "value and one count per bucket; ITL statistics within 0.5 percent)")
-    resume: str | None = Field(None, description="continue the run recorded in this results folder "
-                               "(its trace and settings unless given again: then they must agree), "
-                               "skipping every row already recorded")
-    resume_existing: bool = Field(False, description="with --results DIR: continue the run recorded "
-                                  "there when DIR holds its checkpoint (as --resume DIR), else start a "
-                                  "new one in DIR (for containers that restart)")
-    scrape_target_metrics: bool = Field(True, description="scrape the target's /metrics during the run "
-                                        "(saved to target_metrics.parquet, deltas in the summary)")
+    retain_size: str | None = Field(
+        None,
+        description="retention: while the results folder holds more than "
+        "this (e.g. 2GB, 500MB, 1.5GiB; K/M/G/T = 1000^n, Ki/Mi/Gi/Ti = 1024^n bytes), "
+        "remove its oldest rolled results file (needs --roll-interval or --roll-rows; "
+        "the counts and statistics of removed files stay in removed.json)",
+    )
+    retain_age_s: float | None = Field(
+        None,
+        gt=0,
+        description="retention: remove a rolled results file once its "
+        "newest result is older than this (needs --roll-interval or --roll-rows)",
+    )
+    itl_format: str = Field(
+        "exact",
+        description="per-request ITL in the results: exact (every gap) or sketch "
+        "(compact, for long runs: each request's gaps rounded to buckets 0.5 percent wide, one "
+        "value and one count per bucket; ITL statistics within 0.5 percent)",
+    )
+    resume: str | None = Field(
+        None,
+        description="continue the run recorded in this results folder "
+        "(its trace and settings unless given again: then they must agree), "
+        "skipping every row already recorded",
+    )
+    resume_existing: bool = Field(
+        False,
+        description="with --results DIR: continue the run recorded "
+        "there when DIR holds its checkpoint (as --resume DIR), else start a "
+        "new one in DIR (for containers that restart)",
+    )
+    scrape_target_metrics: bool = Field(
+        True,
+        description="scrape the target's /metrics during the run "
+        "(saved to target_metrics.parquet, deltas in the summary)",
+    )
     scrape_interval_s: float = Field(5.0, gt=0, description="target /metrics scrape interval")
-    kv_block_size: int = Field(16, ge=1, description="the server's KV block in tokens, for the expected "
-                               "prefix-cache hits (vLLM GPU 16, vLLM CPU 128)")
-    expected_cache_tokens: int | None = Field(64_000_000, ge=1, description="LRU capacity in tokens of "
-                                              "the expected prefix-cache model (bounds its memory on long "
-                                              "runs; larger than any server's KV cache; none = infinite)")
-    max_error_ratio: float | None = Field(None, ge=0, le=1, description="exit 3 when more than this "
-                                          "fraction of the requests that ended failed (failed / (completed "
-                                          "+ failed)), e.g. 0.01 for CI; none = exit 0 however many failed")
-    run_id: str | None = Field(None, description="the run's id: every request carries the header X-Request-Id: "
-                               "RUN_ID-LOOP-ROW (recorded as x_request_id), to join the results with the "
-                               "server's logs; none = a new random id (a resumed run keeps its run's)")
-    server_timings: bool = Field(False, description="ask the server for its per-request timings (vLLM "
-                                 "--enable-per-request-metrics: the 'metrics' object; the request field "
-                                 "include_metrics is sent) and record them (server_*_ms, client_overhead_ms)")
+    kv_block_size: int = Field(
+        16,
+        ge=1,
+        description="the server's KV block in tokens, for the expected prefix-cache hits (vLLM GPU 16, vLLM CPU 128)",
+    )
+    expected_cache_tokens: int | None = Field(
+        64_000_000,
+        ge=1,
+        description="LRU capacity in tokens of "
+        "the expected prefix-cache model (bounds its memory on long "
+        "runs; larger than any server's KV cache; none = infinite)",
+    )
+    max_error_ratio: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="exit 3 when more than this "
+        "fraction of the requests that ended failed (failed / (completed "
+        "+ failed)), e.g. 0.01 for CI; none = exit 0 however many failed",
+    )
+    run_id: str | None = Field(
+        None,
+        description="the run's id: every request carries the header X-Request-Id: "
+        "RUN_ID-LOOP-ROW (recorded as x_request_id), to join the results with the "
+        "server's logs; none = a new random id (a resumed run keeps its run's)",
+    )
+    server_timings: bool = Field(
+        False,
+        description="ask the server for its per-request timings (vLLM "
+        "--enable-per-request-metrics: the 'metrics' object; the request field "
+        "include_metrics is sent) and record them (server_*_ms, client_overhead_ms)",
+    )
     strict: bool = Field(False, description="treat out-of-order timestamps in the trace as an error")
-    quiet: bool = Field(False, description="no live view or progress lines (the final summary and "
-                        "results line are still printed)")
+    quiet: bool = Field(
+        False, description="no live view or progress lines (the final summary and results line are still printed)"
+    )
     log_format: str = Field("text", description="log lines as text or json (one object per line)")
     log_level: str = Field("info", description="debug, info, warning or error")
 
@@ -255,31 +386,48 @@ class RunConfig(FieldChecks):
     @model_validator(mode="before")
     @classmethod
     def _resume_existing(cls, values: object) -> object:
-        if isinstance(values, dict) and values.get("resume_existing") and values.get("results") \
-                and not values.get("resume") and os.path.exists(os.path.join(values["results"], "checkpoint.json")):
+        if (
+            isinstance(values, dict)
+            and values.get("resume_existing")
+            and values.get("results")
+            and not values.get("resume")
+            and os.path.exists(os.path.join(values["results"], "checkpoint.json"))
+        ):
             values = {**values, "resume": values["results"]}
         if isinstance(values, dict) and values.get("resume"):  # the run's own trace and settings,
-            values = {**recorded_settings(values["resume"], workers=int(values.get("workers") or 1) > 1),
-                      **values}  # unless given again (then the daemon checks they agree)
+            values = {
+                **recorded_settings(values["resume"], workers=int(values.get("workers") or 1) > 1),
+                **values,
+            }  # unless given again (then the daemon checks they agree)
         return values
 
     @model_validator(mode="after")
     def _modes(self) -> "RunConfig":
         problems = []
         if "chat/completions" in self.endpoint and self.prompt_mode != "text":
-            problems.append("endpoint: token-id prompts cannot go to a chat endpoint; use /v1/completions, "
-                            "or --prompt-mode text --tokenizer PATH")
+            problems.append(
+                "endpoint: token-id prompts cannot go to a chat endpoint; use /v1/completions, "
+                "or --prompt-mode text --tokenizer PATH"
+            )
         elif self.endpoint.endswith(("/score", "/rerank")) and not self.tokenizer:
-            problems.append("endpoint: score and rerank take text: they need --tokenizer PATH (the "
-                            "documents are token blocks decoded with it)")
+            problems.append(
+                "endpoint: score and rerank take text: they need --tokenizer PATH (the "
+                "documents are token blocks decoded with it)"
+            )
         if self.prompt_mode == "text" and not self.tokenizer:
             problems.append("prompt_mode: text mode needs --tokenizer PATH (a local tokenizer.json or folder)")
-        if (self.retain_size is not None or self.retain_age_s is not None) and not (self.roll_rows or self.roll_interval_s):
-            problems.append("retain_size/retain_age: retention removes rolled results files: give --roll-interval "
-                            "or --roll-rows too (without them results are rolled only at the end)")
+        if (self.retain_size is not None or self.retain_age_s is not None) and not (
+            self.roll_rows or self.roll_interval_s
+        ):
+            problems.append(
+                "retain_size/retain_age: retention removes rolled results files: give --roll-interval "
+                "or --roll-rows too (without them results are rolled only at the end)"
+            )
         if self.workers > 1 and self.shard != "0/1":
-            problems.append("workers: --workers N splits the trace into its own N shards; it cannot be "
-                            "combined with --shard (use one or the other)")
+            problems.append(
+                "workers: --workers N splits the trace into its own N shards; it cannot be "
+                "combined with --shard (use one or the other)"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self

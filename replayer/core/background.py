@@ -61,11 +61,21 @@ class BackgroundTasks:
         if exc is None:
             return
         if task in self._optional:
-            log.error("background task %r failed: %s: %s; the run goes on without it", name, type(exc).__name__,
-                      exc, exc_info=(type(exc), exc, exc.__traceback__))
+            log.error(
+                "background task %r failed: %s: %s; the run goes on without it",
+                name,
+                type(exc).__name__,
+                exc,
+                exc_info=(type(exc), exc, exc.__traceback__),
+            )
             return
-        log.error("background task %r failed: %s: %s; stopping the run", name, type(exc).__name__, exc,
-                  exc_info=(type(exc), exc, exc.__traceback__))
+        log.error(
+            "background task %r failed: %s: %s; stopping the run",
+            name,
+            type(exc).__name__,
+            exc,
+            exc_info=(type(exc), exc, exc.__traceback__),
+        )
         self.failures.append({"task": name, "error": f"{type(exc).__name__}: {exc}"})
         if self._on_failure is not None:
             self._on_failure(name, exc)

@@ -31,8 +31,7 @@ class Anchor:
     late_s: float = 0.0  # how long ago the requested start time had passed (then not kept)
 
     @classmethod
-    def at(cls, delay_s: float = 0.0, start_wall_s: float | None = None,
-           max_late_s: float = MAX_LATE_S) -> "Anchor":
+    def at(cls, delay_s: float = 0.0, start_wall_s: float | None = None, max_late_s: float = MAX_LATE_S) -> "Anchor":
         """An anchor ``delay_s`` from now, or at wall-clock time ``start_wall_s`` when given
         (aligns processes on different machines). A start time up to ``max_late_s`` past is
         kept (the requests already due go at once, their lag recorded); one further past is not:

@@ -14,9 +14,9 @@ import enum
 class Outcome(str, enum.Enum):
     """How a scheduled request ended (a closed set: safe as a Prometheus label)."""
 
-    SUCCESS = "success"        # stream ended properly and carried no error
-    FAILED = "failed"          # the target or the transport failed; see ErrorKind
-    CANCELLED = "cancelled"    # in flight when the replay was stopped and the drain ran out
+    SUCCESS = "success"  # stream ended properly and carried no error
+    FAILED = "failed"  # the target or the transport failed; see ErrorKind
+    CANCELLED = "cancelled"  # in flight when the replay was stopped and the drain ran out
     NOT_STARTED = "not_started"  # scheduled but never sent (replay stopped before its due time)
 
 
@@ -24,18 +24,17 @@ class ErrorKind(str, enum.Enum):
     """Why a request failed (closed set; the free-text message goes to results only)."""
 
     NONE = "none"
-    CONNECT = "connect"            # could not connect (refused, DNS, TLS)
-    CONNECT_TIMEOUT = "connect_timeout"        # no connection within --connect-timeout
+    CONNECT = "connect"  # could not connect (refused, DNS, TLS)
+    CONNECT_TIMEOUT = "connect_timeout"  # no connection within --connect-timeout
     FIRST_BYTE_TIMEOUT = "first_byte_timeout"  # no response byte within --read-timeout of the send
     IDLE_TIMEOUT = "idle_timeout"  # a response went silent for --read-timeout (between two reads)
     TOTAL_TIMEOUT = "total_timeout"  # response not complete --request-timeout after the send
-    HTTP_STATUS = "http_status"    # HTTP 4xx/5xx; the body is recorded
+    HTTP_STATUS = "http_status"  # HTTP 4xx/5xx; the body is recorded
     STREAM_ERROR = "stream_error"  # an error object inside the response (200 or not)
-    PROTOCOL = "protocol"          # malformed SSE or JSON, no choices and no usage
-    DISCONNECT = "disconnect"      # the server closed the connection mid-response (or a new one before any byte)
+    PROTOCOL = "protocol"  # malformed SSE or JSON, no choices and no usage
+    DISCONNECT = "disconnect"  # the server closed the connection mid-response (or a new one before any byte)
     STALE_CONNECTION = "stale_connection"  # a reused keep-alive connection closed before any response byte
-    INCOMPLETE = "incomplete"      # stream ended with no finish_reason, [DONE] or usage
-    USAGE = "usage"                # a pooling response without a usable usage object
-    CANCELLED = "cancelled"        # cancelled by shutdown
-    CLIENT = "client"              # any other client-side exception (a bug worth reporting)
-
+    INCOMPLETE = "incomplete"  # stream ended with no finish_reason, [DONE] or usage
+    USAGE = "usage"  # a pooling response without a usable usage object
+    CANCELLED = "cancelled"  # cancelled by shutdown
+    CLIENT = "client"  # any other client-side exception (a bug worth reporting)

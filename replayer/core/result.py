@@ -32,48 +32,48 @@ class RequestResult:
     ``completion_tokens`` (an estimate, never added to the server-reported totals).
     """
 
-    row: int                       # row index in the (sorted) trace, 0-based
+    row: int  # row index in the (sorted) trace, 0-based
     loop: int = 0
     shard: int = 0
     request_id: str | None = None
-    input_length: int = 0          # from the trace
-    output_length: int = 0         # from the trace
-    prompt_len_sent: int = 0       # token ids actually sent (== input_length unless text mode)
-    max_tokens: int = 0            # as sent
+    input_length: int = 0  # from the trace
+    output_length: int = 0  # from the trace
+    prompt_len_sent: int = 0  # token ids actually sent (== input_length unless text mode)
+    max_tokens: int = 0  # as sent
     due_ns: int = 0
-    sent_ns: int | None = None     # just before the request was written (or, when no connection
+    sent_ns: int | None = None  # just before the request was written (or, when no connection
     #                                could be opened, when that attempt began: it was issued)
     first_token_ns: int | None = None
     last_token_ns: int | None = None
-    end_ns: int | None = None      # stream closed / response done
-    outcome: str = "not_started"   # replayer.core.errors.Outcome value
-    error_kind: str = "none"       # replayer.core.errors.ErrorKind value
+    end_ns: int | None = None  # stream closed / response done
+    outcome: str = "not_started"  # replayer.core.errors.Outcome value
+    error_kind: str = "none"  # replayer.core.errors.ErrorKind value
     http_status: int | None = None
-    error: str | None = None       # message (server's error text or exception), truncated
+    error: str | None = None  # message (server's error text or exception), truncated
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
-    usage_source: str = "none"     # "server" (usage object seen) or "none"
-    n_chunks: int = 0              # choice events received
+    usage_source: str = "none"  # "server" (usage object seen) or "none"
+    n_chunks: int = 0  # choice events received
     output_tokens_estimate: int | None = None  # no usage: events with text (an estimate, see above)
-    invalid_utf8: int = 0          # invalid UTF-8 sequences in the response, decoded as U+FFFD
+    invalid_utf8: int = 0  # invalid UTF-8 sequences in the response, decoded as U+FFFD
     finish_reason: str | None = None
     ttft_ms: float | None = None
     e2e_ms: float | None = None
     tpot_ms: float | None = None
     dispatch_lag_ms: float | None = None  # sent - due (positive = late)
-    connect_ms: float | None = None       # waiting for a connection (0 when a pooled one was free)
+    connect_ms: float | None = None  # waiting for a connection (0 when a pooled one was free)
     expected_prefix_hit_tokens: int | None = None  # prompt tokens the trace implies are cached (prefix_cache)
-    retries: int = 0               # times re-sent after a retryable failure (client retry policy); the
-                                   # other fields describe the last attempt, dispatch_lag_ms the first send
+    retries: int = 0  # times re-sent after a retryable failure (client retry policy); the
+    # other fields describe the last attempt, dispatch_lag_ms the first send
     endpoint: str = "/v1/completions"  # the API the request went to (replayer.build.payload endpoint kinds)
     session_id: str | None = None  # from the trace (multi-turn sessions)
     turn: int | None = None
     session_wait_ms: float | None = None  # held back for the previous turn (or parent) to end: release - due
     #                                       (the server's slowness, not ours; dispatch_lag_ms is from release)
     n_documents: int | None = None  # pooling: inputs (embeddings) or documents (score, rerank)
-    expected_prompt_tokens_once: int | None = None          # score/rerank: query once + documents
+    expected_prompt_tokens_once: int | None = None  # score/rerank: query once + documents
     expected_prompt_tokens_per_document: int | None = None  # score/rerank: query per document + documents
-    usage_audit: str = "n/a"       # pooling usage: ok, inflated (server reported more than both
+    usage_audit: str = "n/a"  # pooling usage: ok, inflated (server reported more than both
     #                                expectations), missing; n/a for generation (see prompt_tokens)
     partial_output_tokens: int | None = None  # failed or cancelled after it was sent: output tokens that
     #                                arrived (the server's running usage when usage_source is "server", else one
@@ -82,7 +82,7 @@ class RequestResult:
     # release; the hold is session_wait_ms) and, with --goodput bounds, whether the SLO was met
     ttft_from_due_ms: float | None = None
     e2el_from_due_ms: float | None = None
-    slo_met: bool | None = None    # None: no bounds, a bound's value unknown, or not judged
+    slo_met: bool | None = None  # None: no bounds, a bound's value unknown, or not judged
     x_request_id: str | None = None  # the X-Request-Id header sent: <run_id>-<loop>-<row> (join key with the
     #                                  server's logs; vLLM takes it as its request id)
     # --server-timings: the server's own per-request timings (vLLM's `metrics` object; None when off or not
@@ -92,8 +92,8 @@ class RequestResult:
     server_generation_time_ms: float | None = None
     client_overhead_ms: float | None = None  # ttft_ms - (server queue + server TTFT): network, the server's
     #                                          HTTP/tokenizer front end and this client (never below 0 in theory)
-    tenant: str | None = None      # the trace of a mix this row came from (replayer.trace.mix); None unmixed
-    target: str | None = None      # with several --target: the URL it went to (replayer.send.routing); None with one
+    tenant: str | None = None  # the trace of a mix this row came from (replayer.trace.mix); None unmixed
+    target: str | None = None  # with several --target: the URL it went to (replayer.send.routing); None with one
     # multimodal rows: images sent and their encoded bytes; image tokens expected (the trace's
     # image_tokens or --image-token-rule) and as the server reported them
     # (usage.prompt_tokens_details.image_tokens); text_tokens = prompt_tokens - image_tokens when both are known
@@ -107,25 +107,62 @@ class RequestResult:
 
 
 _TYPES: dict[str, pa.DataType] = {
-    "row": pa.int64(), "loop": pa.int32(), "shard": pa.int32(), "request_id": pa.string(),
-    "input_length": pa.int64(), "output_length": pa.int64(), "prompt_len_sent": pa.int64(),
-    "max_tokens": pa.int64(), "due_ns": pa.int64(), "sent_ns": pa.int64(),
-    "first_token_ns": pa.int64(), "last_token_ns": pa.int64(), "end_ns": pa.int64(),
-    "outcome": pa.string(), "error_kind": pa.string(), "http_status": pa.int32(),
-    "error": pa.string(), "prompt_tokens": pa.int64(), "completion_tokens": pa.int64(),
-    "usage_source": pa.string(), "n_chunks": pa.int32(), "output_tokens_estimate": pa.int64(), "invalid_utf8": pa.int32(), "finish_reason": pa.string(),
-    "ttft_ms": pa.float64(), "e2e_ms": pa.float64(), "tpot_ms": pa.float64(),
-    "dispatch_lag_ms": pa.float64(), "connect_ms": pa.float64(), "expected_prefix_hit_tokens": pa.int64(),
-    "retries": pa.int32(), "endpoint": pa.string(), "session_id": pa.string(), "turn": pa.int64(),
-    "session_wait_ms": pa.float64(), "n_documents": pa.int32(), "expected_prompt_tokens_once": pa.int64(),
-    "expected_prompt_tokens_per_document": pa.int64(), "usage_audit": pa.string(),
+    "row": pa.int64(),
+    "loop": pa.int32(),
+    "shard": pa.int32(),
+    "request_id": pa.string(),
+    "input_length": pa.int64(),
+    "output_length": pa.int64(),
+    "prompt_len_sent": pa.int64(),
+    "max_tokens": pa.int64(),
+    "due_ns": pa.int64(),
+    "sent_ns": pa.int64(),
+    "first_token_ns": pa.int64(),
+    "last_token_ns": pa.int64(),
+    "end_ns": pa.int64(),
+    "outcome": pa.string(),
+    "error_kind": pa.string(),
+    "http_status": pa.int32(),
+    "error": pa.string(),
+    "prompt_tokens": pa.int64(),
+    "completion_tokens": pa.int64(),
+    "usage_source": pa.string(),
+    "n_chunks": pa.int32(),
+    "output_tokens_estimate": pa.int64(),
+    "invalid_utf8": pa.int32(),
+    "finish_reason": pa.string(),
+    "ttft_ms": pa.float64(),
+    "e2e_ms": pa.float64(),
+    "tpot_ms": pa.float64(),
+    "dispatch_lag_ms": pa.float64(),
+    "connect_ms": pa.float64(),
+    "expected_prefix_hit_tokens": pa.int64(),
+    "retries": pa.int32(),
+    "endpoint": pa.string(),
+    "session_id": pa.string(),
+    "turn": pa.int64(),
+    "session_wait_ms": pa.float64(),
+    "n_documents": pa.int32(),
+    "expected_prompt_tokens_once": pa.int64(),
+    "expected_prompt_tokens_per_document": pa.int64(),
+    "usage_audit": pa.string(),
     "partial_output_tokens": pa.int64(),
-    "ttft_from_due_ms": pa.float64(), "e2el_from_due_ms": pa.float64(), "slo_met": pa.bool_(),
-    "x_request_id": pa.string(), "server_queue_time_ms": pa.float64(),
-    "server_time_to_first_token_ms": pa.float64(), "server_generation_time_ms": pa.float64(),
-    "client_overhead_ms": pa.float64(), "tenant": pa.string(), "target": pa.string(),
-    "images": pa.int32(), "image_bytes": pa.int64(), "expected_image_tokens": pa.int64(), "image_tokens": pa.int64(),
-    "text_tokens": pa.int64(), "expected_image_cache_hits": pa.int32(),
+    "ttft_from_due_ms": pa.float64(),
+    "e2el_from_due_ms": pa.float64(),
+    "slo_met": pa.bool_(),
+    "x_request_id": pa.string(),
+    "server_queue_time_ms": pa.float64(),
+    "server_time_to_first_token_ms": pa.float64(),
+    "server_generation_time_ms": pa.float64(),
+    "client_overhead_ms": pa.float64(),
+    "tenant": pa.string(),
+    "target": pa.string(),
+    "images": pa.int32(),
+    "image_bytes": pa.int64(),
+    "expected_image_tokens": pa.int64(),
+    "image_tokens": pa.int64(),
+    "text_tokens": pa.int64(),
+    "expected_image_cache_hits": pa.int32(),
     "itl_ms": pa.list_(pa.float32()),
     "itl_counts": pa.list_(pa.int32()),
 }
@@ -189,8 +226,11 @@ class Rows:
         np.cumsum(lens, out=offsets[1:])
         offsets_arr = pa.array(offsets)
         arrays.append(pa.ListArray.from_arrays(offsets_arr, pa.array(itl)))
-        arrays.append(pa.ListArray.from_arrays(offsets_arr, pa.array(counts)) if counts is not None
-                      else pa.nulls(len(rows), pa.list_(pa.int32())))
+        arrays.append(
+            pa.ListArray.from_arrays(offsets_arr, pa.array(counts))
+            if counts is not None
+            else pa.nulls(len(rows), pa.list_(pa.int32()))
+        )
         self._batches.append(pa.RecordBatch.from_arrays(arrays, schema=_SCALARS_THEN_ITL))
         self._reset()
 
@@ -260,7 +300,8 @@ def itl_samples(t: pa.Table | pa.RecordBatch, mask: np.ndarray | None = None) ->
         return np.repeat(values, pc.list_flatten(counts).to_numpy(zero_copy_only=False))
     # rows of both forms in one table (results files of runs with different --itl-format)
     lens = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
-    weights = [np.ones(n, np.int64) if c is None else np.asarray(c, np.int64)
-               for n, c in zip(lens, counts.to_pylist())]
+    weights = [np.ones(n, np.int64) if c is None else np.asarray(c, np.int64) for n, c in zip(lens, counts.to_pylist())]
     return np.repeat(values, np.concatenate(weights) if weights else np.zeros(0, np.int64))
+
+
 _fields = operator.attrgetter(*_SCALARS)

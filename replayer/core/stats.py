@@ -36,8 +36,10 @@ RELATIVE_ACCURACY = 0.005
 #: percentiles are exact (from the values) while a statistic holds at most this many values
 EXACT_LIMIT = 250_000
 #: the summary's statement of the definition (``percentile_method``)
-PERCENTILE_METHOD = (f"nearest rank: the ceil(p/100*n)-th smallest value; exact up to {EXACT_LIMIT:,} values "
-                     f"of a statistic, beyond that from a DDSketch within {RELATIVE_ACCURACY:.1%} relative error")
+PERCENTILE_METHOD = (
+    f"nearest rank: the ceil(p/100*n)-th smallest value; exact up to {EXACT_LIMIT:,} values "
+    f"of a statistic, beyond that from a DDSketch within {RELATIVE_ACCURACY:.1%} relative error"
+)
 
 
 def latency_fields(name: str, values: np.ndarray) -> dict[str, float | None]:
@@ -45,8 +47,11 @@ def latency_fields(name: str, values: np.ndarray) -> dict[str, float | None]:
     unknown, left out; None when none is known): a summary section's figures for one latency."""
     st = Stat()
     st.add(values)
-    return {f"mean_{name}_ms": st.mean if st.count else None, f"median_{name}_ms": st.percentile(50),
-            f"p99_{name}_ms": st.percentile(99)}
+    return {
+        f"mean_{name}_ms": st.mean if st.count else None,
+        f"median_{name}_ms": st.percentile(50),
+        f"p99_{name}_ms": st.percentile(99),
+    }
 
 
 class Stat:
@@ -95,7 +100,9 @@ class Stat:
         self._combine(other.count, other.total, other.min, other.max, other.mean, other.m2)
         self.sketch.merge(other.sketch)
         if self._values is not None:
-            self._values = self._values + other._values if other._values is not None and self.count <= EXACT_LIMIT else None
+            self._values = (
+                self._values + other._values if other._values is not None and self.count <= EXACT_LIMIT else None  # noqa: SLF001
+            )
 
     def _combine(self, n: int, total: float, lo: float, hi: float, mean: float, m2: float) -> None:
         """Chan et al.'s parallel update of (count, mean, m2) with a batch's own."""
@@ -184,14 +191,22 @@ def stat_to_json(s: Stat) -> dict[str, Any]:
     max, mean and m2, and the sketch's occupied buckets (``{"key": count}`` per sign, and the
     zeros). The exact values are not kept: percentiles of a ``Stat`` read back come from its
     sketch (within ``RELATIVE_ACCURACY``), the other statistics stay exact."""
+
     def store(st: Any) -> dict[str, float]:
         return {str(st.offset + i): c for i, c in enumerate(st.bins) if c}
 
     sk = s.sketch
-    return {"count": s.count, "total": s.total, "min": s.min if s.count else None,
-            "max": s.max if s.count else None, "mean": s.mean, "m2": s.m2,
-            "positive": store(sk._store), "negative": store(sk._negative_store),  # noqa: SLF001
-            "zeros": sk._zero_count}  # noqa: SLF001
+    return {
+        "count": s.count,
+        "total": s.total,
+        "min": s.min if s.count else None,
+        "max": s.max if s.count else None,
+        "mean": s.mean,
+        "m2": s.m2,
+        "positive": store(sk._store),  # noqa: SLF001
+        "negative": store(sk._negative_store),  # noqa: SLF001
+        "zeros": sk._zero_count,  # noqa: SLF001
+    }  # noqa: SLF001
 
 
 def stat_from_json(d: dict[str, Any]) -> Stat:

@@ -70,9 +70,14 @@ def derive(ts: Timestamps) -> Latencies:
             e2e = (last - sent) / 1e6
     n = ts.output_tokens if ts.streamed else None
     since = since_due_ms(sent, ts.due_ns, ts.session_wait_ms)
-    return Latencies(ttft, e2e, tpot_ms(first, last, n), itl_ms(ts.token_ns, ts.token_counts, n),
-                     None if since is None or ttft is None else ttft + since,
-                     None if since is None or e2e is None else e2e + since)
+    return Latencies(
+        ttft,
+        e2e,
+        tpot_ms(first, last, n),
+        itl_ms(ts.token_ns, ts.token_counts, n),
+        None if since is None or ttft is None else ttft + since,
+        None if since is None or e2e is None else e2e + since,
+    )
 
 
 def since_due_ms(sent_ns: int | None, due_ns: int, session_wait_ms: float | None) -> float | None:

@@ -17,8 +17,8 @@ scoring — else ``ok``. A response without a usable usage object is a failed re
 
 from __future__ import annotations
 
-from replayer.core.errors import ErrorKind, Outcome
 from replayer.build.payload import EMBEDDINGS, POOLING
+from replayer.core.errors import ErrorKind, Outcome
 from replayer.core.result import RequestResult
 
 

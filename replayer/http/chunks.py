@@ -42,8 +42,8 @@ from typing import Any
 import orjson
 
 from replayer.core.errors import ErrorKind
-from replayer.http.sse import FFFD, lossy_utf8
 from replayer.core.timestamps import itl_ms, tpot_ms
+from replayer.http.sse import FFFD, lossy_utf8
 
 __all__ = ["StreamAccumulator", "ERROR_TEXT_LIMIT"]
 
@@ -107,10 +107,34 @@ class StreamAccumulator:
     carries tokens even with empty text; one whose count did not rise carries none).
     """
 
-    __slots__ = ("success", "error_kind", "error", "prompt_tokens", "image_tokens", "completion_tokens",
-                 "total_tokens", "usage_seen", "n_chunks", "finish_reason", "done_seen", "_times", "_flags",
-                 "_totals", "_stream_err", "_proto_err", "_body", "_other", "_texts", "_dirty",
-                 "_first", "_last", "_tok_t", "_tok_k", "_n_out", "invalid_utf8")
+    __slots__ = (
+        "success",
+        "error_kind",
+        "error",
+        "prompt_tokens",
+        "image_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "usage_seen",
+        "n_chunks",
+        "finish_reason",
+        "done_seen",
+        "_times",
+        "_flags",
+        "_totals",
+        "_stream_err",
+        "_proto_err",
+        "_body",
+        "_other",
+        "_texts",
+        "_dirty",
+        "_first",
+        "_last",
+        "_tok_t",
+        "_tok_k",
+        "_n_out",
+        "invalid_utf8",
+    )
 
     def __init__(self, keep_text: bool = False) -> None:
         self.success = False
@@ -132,7 +156,7 @@ class StreamAccumulator:
         self._stream_err = False
         self._proto_err = False
         self._body = False
-        self._other: object = None          # first JSON object with no choices/usage/error
+        self._other: object = None  # first JSON object with no choices/usage/error
         self._texts: list[str] | None = [] if keep_text else None
         self._dirty = True
         self._first: int | None = None
@@ -199,7 +223,7 @@ class StreamAccumulator:
             self.invalid_utf8 += text.count("\ufffd") - data.count(FFFD)
             return text
 
-    def _take(self, obj: dict[str, Any], t: int) -> None:
+    def _take(self, obj: dict[str, Any], t: int) -> None:  # noqa: C901, PLR0912, PLR0915
         get = obj.get
         # Each field is read independently (B08): error, usage and choices may share one event.
         if get("error") is not None:
@@ -416,8 +440,9 @@ class StreamAccumulator:
                 if isinstance(other, dict) and any(k in other for k in ("detail", "message", "msg")):
                     self.error = _error_message(other)[:ERROR_TEXT_LIMIT]
                 elif other is not None:
-                    self.error = ("response has neither choices nor usage: "
-                                  + orjson.dumps(other).decode())[:ERROR_TEXT_LIMIT]
+                    self.error = ("response has neither choices nor usage: " + orjson.dumps(other).decode())[
+                        :ERROR_TEXT_LIMIT
+                    ]
                 else:
                     self.error = "response has neither choices nor usage"
         else:

@@ -51,18 +51,18 @@ import ssl
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from replayer.http.audit import audit_pooling
-from replayer.http.pool import IDLE_EXPIRY_S, Pool
-from replayer.http.connection import _ERROR_BODY_LIMIT, _Connection, _Exchange, _Failure, fd_limit_hint
+from replayer.build.payload import POOLING, PreparedRequest
 from replayer.core.clock import now_ns
 from replayer.core.errors import ErrorKind, Outcome
+from replayer.core.result import RequestResult
+from replayer.http.audit import audit_pooling
+from replayer.http.chunks import ERROR_TEXT_LIMIT, StreamAccumulator
+from replayer.http.connection import _ERROR_BODY_LIMIT, _Connection, _Exchange, _Failure, fd_limit_hint
 from replayer.http.launcher import Launcher
 from replayer.http.measure import fail, measure, partial, retry_after_s
-from replayer.build.payload import POOLING, PreparedRequest
-from replayer.core.result import RequestResult
+from replayer.http.pool import IDLE_EXPIRY_S, Pool
 from replayer.http.servertimings import TimedStreamAccumulator
 from replayer.http.servertimings import record as record_server_timings
-from replayer.http.chunks import ERROR_TEXT_LIMIT, StreamAccumulator
 
 _UNSENT = -2.0  # _attempt: the launcher never wrote the reserved request (its connection closed first)
 
@@ -94,17 +94,33 @@ class Client(Pool):
     Use as an async context manager, or call ``start``/``close``.
     """
 
-    def __init__(self, base_url: str, *, t0_ns: int = 0, endpoint: str = "/v1/completions",
-                 api_key: str | None = None, connect_timeout_s: float = 30.0,
-                 read_timeout_s: float | None = 600.0, request_timeout_s: float | None = None, retry_max: int = 0,
-                 retry_backoff_s: float = 0.5, usage_slack_tokens: int = 0, delayed_ack: bool = False,
-                 server_timings: bool = False, idle_expiry_s: float = IDLE_EXPIRY_S) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        t0_ns: int = 0,
+        endpoint: str = "/v1/completions",
+        api_key: str | None = None,
+        connect_timeout_s: float = 30.0,
+        read_timeout_s: float | None = 600.0,
+        request_timeout_s: float | None = None,
+        retry_max: int = 0,
+        retry_backoff_s: float = 0.5,
+        usage_slack_tokens: int = 0,
+        delayed_ack: bool = False,
+        server_timings: bool = False,
+        idle_expiry_s: float = IDLE_EXPIRY_S,
+    ) -> None:
         u = urlsplit(base_url.rstrip("/") + endpoint)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"target must be an http(s) URL, got {base_url!r}")
-        super().__init__(u.hostname, u.port or (443 if u.scheme == "https" else 80),
-                         ssl.create_default_context() if u.scheme == "https" else None, connect_timeout_s,
-                         idle_expiry_s=idle_expiry_s)
+        super().__init__(
+            u.hostname,
+            u.port or (443 if u.scheme == "https" else 80),
+            ssl.create_default_context() if u.scheme == "https" else None,
+            connect_timeout_s,
+            idle_expiry_s=idle_expiry_s,
+        )
         self.url = base_url.rstrip("/") + endpoint
         self.t0_ns = t0_ns
         self._host_header = u.netloc.rsplit("@", 1)[-1]
@@ -129,8 +145,10 @@ class Client(Pool):
         self._launches: dict[int, tuple] = {}  # launcher token -> (req, res, conn, ex, request head)
 
     def _request_head(self, path: str) -> bytes:
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self._host_header}\r\nUser-Agent: replayer\r\n"
-                "Content-Type: application/json\r\nAccept: text/event-stream, application/json\r\n")
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self._host_header}\r\nUser-Agent: replayer\r\n"
+            "Content-Type: application/json\r\nAccept: text/event-stream, application/json\r\n"
+        )
         if self._api_key:
             head += f"Authorization: Bearer {self._api_key}\r\n"
         return head.encode("latin-1")
@@ -172,8 +190,7 @@ class Client(Pool):
         if conn.fd < 0:  # TLS: only the transport can write
             self._idle.append(conn)
             return None
-        ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns,
-                       self._acc())
+        ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns, self._acc())
         conn.ex = ex  # the connection is ours from now on
         res.connect_ms = 0.0
         return conn, ex, self._head_of(req)
@@ -203,7 +220,7 @@ class Client(Pool):
         if err:
             what = "the launcher process exited" if err == errno.ECHILD else os.strerror(err)
             if conn.ex is ex:
-                conn._finish_error(ErrorKind.DISCONNECT, f"write failed: {what}")
+                conn.finish_error(ErrorKind.DISCONNECT, f"write failed: {what}")
         else:
             if sent > ex.last_ns:
                 ex.last_ns = sent
@@ -213,15 +230,15 @@ class Client(Pool):
             self._stamp_sent(res, sent, at_ns - self.t0_ns)
             if written < len(head) + len(req.body):
                 if ex.done.done():  # answered before its body went out: the stream is out of step
-                    conn._abort()
+                    conn.abort()
                 elif not conn.closed and conn.transport is not None:
                     if written < len(head):
                         conn.transport.writelines((memoryview(head)[written:], req.body))
                     else:
-                        conn.transport.write(memoryview(req.body)[written - len(head):])
+                        conn.transport.write(memoryview(req.body)[written - len(head) :])
         _reported(ex)
 
-    def _cancel_launch(self, conn: _Connection) -> None:
+    def cancel_launch(self, conn: _Connection) -> None:
         """``conn`` is closing: drop its write queued in the launcher, if any (the exchange
         fails through the connection)."""
         token = conn.launch
@@ -252,10 +269,10 @@ class Client(Pool):
             if self.on_dispatched is not None:
                 self.on_dispatched(res)
 
-    def _write(self, req: PreparedRequest, res: RequestResult, conn: _Connection, t_start: int,
-               lag_from_ns: int) -> _Exchange:
-        ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns,
-                       self._acc())
+    def _write(
+        self, req: PreparedRequest, res: RequestResult, conn: _Connection, t_start: int, lag_from_ns: int
+    ) -> _Exchange:
+        ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns, self._acc())
         request = self._request_bytes(req)
         sent = now_ns()
         if ex.total_ns is not None:
@@ -265,8 +282,9 @@ class Client(Pool):
         self._stamp_sent(res, sent, lag_from_ns)
         return ex
 
-    async def send(self, req: PreparedRequest, res: RequestResult, reserved: tuple | None = None, *,
-                   lag_from_ns: int | None = None) -> RequestResult:
+    async def send(
+        self, req: PreparedRequest, res: RequestResult, reserved: tuple | None = None, *, lag_from_ns: int | None = None
+    ) -> RequestResult:
         """Send ``req`` (with ``reserved`` from ``reserve``: the launcher process writes it; this
         only waits), stream its response and fill ``res`` (returned). Request failures are
         recorded in ``res``; ``asyncio.CancelledError`` marks ``res`` cancelled and propagates.
@@ -280,13 +298,12 @@ class Client(Pool):
         if retry_after is None or not self.retry_max:
             return res
         while retry_after is not None and res.retries < self.retry_max:
-            delay = retry_after if retry_after >= 0 else self.retry_backoff_s * (2 ** res.retries)
+            delay = retry_after if retry_after >= 0 else self.retry_backoff_s * (2**res.retries)
             try:
                 await asyncio.sleep(delay)
             except asyncio.CancelledError:
                 res.end_ns = now_ns() - self.t0_ns
-                fail(res, ErrorKind.CANCELLED, "cancelled at shutdown (waiting to retry)",
-                      outcome=Outcome.CANCELLED)
+                fail(res, ErrorKind.CANCELLED, "cancelled at shutdown (waiting to retry)", outcome=Outcome.CANCELLED)
                 raise
             res.retries += 1
             res.outcome, res.error_kind, res.error = Outcome.NOT_STARTED.value, ErrorKind.NONE.value, None
@@ -294,8 +311,9 @@ class Client(Pool):
             retry_after = await self._attempt(req, res, origin)
         return res
 
-    async def _attempt(self, req: PreparedRequest, res: RequestResult, lag_from_ns: int,
-                       reserved: tuple | None = None) -> float | None:
+    async def _attempt(  # noqa: C901, PLR0912, PLR0915
+        self, req: PreparedRequest, res: RequestResult, lag_from_ns: int, reserved: tuple | None = None
+    ) -> float | None:
         """One exchange of ``req``, filling ``res``. Returns None when the outcome is final
         (success, or a failure that must not be retried), else the delay the server asked for
         (``Retry-After`` seconds, capped) or -1.0 (none: use the backoff); ``_UNSENT`` when the
@@ -314,11 +332,16 @@ class Client(Pool):
                 try:
                     conn = await self._acquire()
                 except asyncio.TimeoutError:
-                    raise _Failure(ErrorKind.CONNECT_TIMEOUT, f"connect timeout: no connection to {self._host}:"
-                                   f"{self._port} within {self._connect_timeout:g} s (--connect-timeout)") from None
+                    raise _Failure(
+                        ErrorKind.CONNECT_TIMEOUT,
+                        f"connect timeout: no connection to {self._host}:"
+                        f"{self._port} within {self._connect_timeout:g} s (--connect-timeout)",
+                    ) from None
                 except OSError as e:
-                    raise _Failure(ErrorKind.CONNECT, f"cannot connect to {self._host}:{self._port}: "
-                                                      f"{type(e).__name__}: {e}{fd_limit_hint(e)}") from None
+                    raise _Failure(
+                        ErrorKind.CONNECT,
+                        f"cannot connect to {self._host}:{self._port}: {type(e).__name__}: {e}{fd_limit_hint(e)}",
+                    ) from None
                 ex = self._write(req, res, conn, t_start, lag_from_ns)
             await ex.done
             if res.sent_ns is None and reserved is not None and conn.launch:
@@ -334,8 +357,11 @@ class Client(Pool):
             acc.finish()
             if ex.status != 200:
                 text = b"".join(ex.body)[:_ERROR_BODY_LIMIT]
-                fail(res, ErrorKind.HTTP_STATUS, acc.error or text.decode("utf-8", "replace")[:ERROR_TEXT_LIMIT]
-                      or f"HTTP {ex.status}")
+                fail(
+                    res,
+                    ErrorKind.HTTP_STATUS,
+                    acc.error or text.decode("utf-8", "replace")[:ERROR_TEXT_LIMIT] or f"HTTP {ex.status}",
+                )
                 if ex.status == 429 or ex.status >= 500:
                     retry = retry_after_s(ex.retry_after)
             else:  # (a pooling response is one JSON body: its E2E is its arrival)
@@ -346,8 +372,11 @@ class Client(Pool):
                 if acc.success:
                     res.outcome = Outcome.SUCCESS.value
                     if pooled:
-                        audit_pooling(res, acc.prompt_tokens if acc.prompt_tokens is not None
-                                      else acc.total_tokens, self.usage_slack_tokens)
+                        audit_pooling(
+                            res,
+                            acc.prompt_tokens if acc.prompt_tokens is not None else acc.total_tokens,
+                            self.usage_slack_tokens,
+                        )
                 elif req.endpoint in POOLING and acc.body_without_usage:
                     audit_pooling(res, None)
                 else:
@@ -365,8 +394,10 @@ class Client(Pool):
                     measure(res, ex.acc, res.sent_ns + t0, t0, ex.dec)
                     partial(res, ex.acc)
                 if kind is ErrorKind.DISCONNECT and not ex.t_ns and conn is not None and conn.served:
-                    kind, message = ErrorKind.STALE_CONNECTION, ("reused keep-alive connection closed before "
-                                                                  f"any response byte ({message})")
+                    kind, message = (
+                        ErrorKind.STALE_CONNECTION,
+                        (f"reused keep-alive connection closed before any response byte ({message})"),
+                    )
             fail(res, kind, message[:ERROR_TEXT_LIMIT])
             if ex is None:  # the connection could not be opened (refused, connect timeout)
                 retry = -1.0 if kind in (ErrorKind.CONNECT, ErrorKind.CONNECT_TIMEOUT) else None
@@ -378,7 +409,7 @@ class Client(Pool):
         except asyncio.CancelledError:
             res.end_ns = now_ns() - t0
             if conn is not None:
-                conn._abort()
+                conn.abort()
             if ex is not None and res.sent_ns is not None:
                 res.http_status = ex.status or None
                 measure(res, ex.acc, res.sent_ns + t0, t0, ex.dec)
@@ -388,7 +419,7 @@ class Client(Pool):
         except Exception as exc:  # noqa: BLE001 - a bug here must not stop the replay
             res.end_ns = now_ns() - t0
             if conn is not None:
-                conn._abort()
+                conn.abort()
             fail(res, ErrorKind.CLIENT, f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT])
         finally:
             if conn is not None:

@@ -48,8 +48,10 @@ def fd_limit_hint(e: OSError) -> str:
     if e.errno != errno.EMFILE:
         return ""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return (f" (the replayer's open-file limit, ulimit -n {soft}, is reached: each request in flight holds a "
-            "connection; raise the hard limit, or use --workers / a lower --speedup)")
+    return (
+        f" (the replayer's open-file limit, ulimit -n {soft}, is reached: each request in flight holds a "
+        "connection; raise the hard limit, or use --workers / a lower --speedup)"
+    )
 
 
 class _Failure(Exception):
@@ -63,12 +65,35 @@ class _Failure(Exception):
 class _Exchange:
     """One request/response on a connection: parses and measures the response as it arrives."""
 
-    __slots__ = ("acc", "dec", "status", "sse", "body", "body_len", "done", "last_ns", "t_ns",
-                 "content_type", "has_length", "chunked", "headers_done", "read_timeout_ns", "timer",
-                 "retry_after", "sent", "total_ns", "deadline_ns")
+    __slots__ = (
+        "acc",
+        "dec",
+        "status",
+        "sse",
+        "body",
+        "body_len",
+        "done",
+        "last_ns",
+        "t_ns",
+        "content_type",
+        "has_length",
+        "chunked",
+        "headers_done",
+        "read_timeout_ns",
+        "timer",
+        "retry_after",
+        "sent",
+        "total_ns",
+        "deadline_ns",
+    )
 
-    def __init__(self, done: asyncio.Future, read_timeout_ns: int | None, total_ns: int | None = None,
-                 acc: StreamAccumulator | None = None) -> None:
+    def __init__(
+        self,
+        done: asyncio.Future,
+        read_timeout_ns: int | None,
+        total_ns: int | None = None,
+        acc: StreamAccumulator | None = None,
+    ) -> None:
         self.acc = StreamAccumulator() if acc is None else acc
         self.dec: SSEDecoder | None = None
         self.status = 0
@@ -119,15 +144,15 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         ex = self.ex
         if ex is None:  # bytes with no request outstanding: the connection is unusable
-            self._abort()
+            self.abort()
             return
         ex.t_ns = ex.last_ns = now_ns()  # one timestamp per read, for every event it completes
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._finish_error(ErrorKind.PROTOCOL, "unexpected protocol upgrade")
+            self.finish_error(ErrorKind.PROTOCOL, "unexpected protocol upgrade")
         except httptools.HttpParserError as e:
-            self._finish_error(ErrorKind.PROTOCOL, f"invalid HTTP response: {e}")
+            self.finish_error(ErrorKind.PROTOCOL, f"invalid HTTP response: {e}")
 
     def eof_received(self) -> None:
         self._closing()
@@ -141,8 +166,7 @@ class _Connection(asyncio.Protocol):
             self.on_message_complete()  # a body delimited by the connection closing
             return
         what = "after the response headers" if ex.headers_done else "before the response headers"
-        self._finish_error(ErrorKind.DISCONNECT, f"server closed the connection {what}"
-                           + (f": {exc}" if exc else ""))
+        self.finish_error(ErrorKind.DISCONNECT, f"server closed the connection {what}" + (f": {exc}" if exc else ""))
 
     # -- httptools callbacks ----------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -208,17 +232,17 @@ class _Connection(asyncio.Protocol):
             ex.done.set_result(None)
 
     # -- helpers ----------------------------------------------------------------------------
-    def _finish_error(self, kind: ErrorKind, message: str) -> None:
+    def finish_error(self, kind: ErrorKind, message: str) -> None:
         ex = self.ex
         self.ex = None
-        self._abort()
+        self.abort()
         if ex is not None:
             if ex.timer is not None:
                 ex.timer.cancel()
             if not ex.done.done():
                 ex.done.set_exception(_Failure(kind, message))
 
-    def _abort(self) -> None:
+    def abort(self) -> None:
         self._closing()
         if self.transport is not None:
             self.transport.abort()
@@ -227,7 +251,7 @@ class _Connection(asyncio.Protocol):
         """The connection is going away: no new exchange on it, and its write queued in the
         launcher (if any) is cancelled."""
         self.closed = True
-        self.pool._cancel_launch(self)
+        self.pool.cancel_launch(self)
 
     def check_stall(self) -> None:
         """The lazy timeout timer: fail the exchange whose total deadline passed (TOTAL_TIMEOUT) or
@@ -243,19 +267,28 @@ class _Connection(asyncio.Protocol):
         now = now_ns()
         wake = ex.deadline_ns
         if wake is not None and now >= wake:
-            self._finish_error(ErrorKind.TOTAL_TIMEOUT, f"total timeout: the response was not complete "
-                               f"{(ex.total_ns or 0) / 1e9:g} s after the request was sent (--request-timeout)")
+            self.finish_error(
+                ErrorKind.TOTAL_TIMEOUT,
+                f"total timeout: the response was not complete "
+                f"{(ex.total_ns or 0) / 1e9:g} s after the request was sent (--request-timeout)",
+            )
             return
         rt = ex.read_timeout_ns
         if rt is not None:
             idle = now - ex.last_ns
             if idle >= rt:
                 if ex.t_ns:
-                    self._finish_error(ErrorKind.IDLE_TIMEOUT, f"idle timeout: no data for {idle / 1e9:.3g} s "
-                                       f"after {ex.acc.n_chunks} response events (--read-timeout {rt / 1e9:g} s)")
+                    self.finish_error(
+                        ErrorKind.IDLE_TIMEOUT,
+                        f"idle timeout: no data for {idle / 1e9:.3g} s "
+                        f"after {ex.acc.n_chunks} response events (--read-timeout {rt / 1e9:g} s)",
+                    )
                 else:
-                    self._finish_error(ErrorKind.FIRST_BYTE_TIMEOUT, f"first-byte timeout: no response byte "
-                                       f"{idle / 1e9:.3g} s after the request (--read-timeout {rt / 1e9:g} s)")
+                    self.finish_error(
+                        ErrorKind.FIRST_BYTE_TIMEOUT,
+                        f"first-byte timeout: no response byte "
+                        f"{idle / 1e9:.3g} s after the request (--read-timeout {rt / 1e9:g} s)",
+                    )
                 return
             wake = ex.last_ns + rt if wake is None else min(wake, ex.last_ns + rt)
         if wake is not None:

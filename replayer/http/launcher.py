@@ -110,8 +110,19 @@ class Launcher:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "replayer.http.launchproc", str(child.fileno()), str(ring_fd), str(ring.size),
-                 str(self._spin_ns), self._policy], pass_fds=(child.fileno(), ring_fd), stdin=subprocess.DEVNULL)
+                [
+                    sys.executable,
+                    "-m",
+                    "replayer.http.launchproc",
+                    str(child.fileno()),
+                    str(ring_fd),
+                    str(ring.size),
+                    str(self._spin_ns),
+                    self._policy,
+                ],
+                pass_fds=(child.fileno(), ring_fd),
+                stdin=subprocess.DEVNULL,
+            )
         except BaseException:
             parent.close()
             ring.close()
@@ -333,7 +344,7 @@ class _Ring:
                 return -1
         mid = start + len(head)
         view[start:mid] = head
-        view[mid:start + n] = body
+        view[mid : start + n] = body
         self._head = start + n
         region = [token, start, start + n, False]
         taken.append(region)

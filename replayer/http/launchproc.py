@@ -105,7 +105,7 @@ class _Child:
         sock, hdr = self.sock, self.hdr
         while True:
             try:
-                n, anc, _, _ = sock.recvmsg_into([hdr[self.got:]], self.anc, socket.MSG_DONTWAIT)
+                n, anc, _, _ = sock.recvmsg_into([hdr[self.got :]], self.anc, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return True
             if not n:
@@ -113,7 +113,7 @@ class _Child:
             for level, kind, cdata in anc:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     fds = array.array("i")
-                    fds.frombytes(cdata[:len(cdata) - len(cdata) % fds.itemsize])
+                    fds.frombytes(cdata[: len(cdata) - len(cdata) % fds.itemsize])
                     self.fds.extend(fds)
             self.got += n
             if self.got < FRAME.size:
@@ -142,7 +142,7 @@ class _Child:
         written (``BlockingIOError``/``OSError`` propagate)."""
         fd, src, _, _, offset = item
         if src < 0:
-            return os.write(fd, self.ring[offset + start:offset + end])
+            return os.write(fd, self.ring[offset + start : offset + end])
         return os.sendfile(fd, src, start, end - start)
 
     def fire(self) -> None:

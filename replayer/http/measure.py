@@ -8,11 +8,11 @@ a failure, and the server's ``Retry-After``. Called once per attempt, never per 
 
 from __future__ import annotations
 
-from replayer.http.chunks import StreamAccumulator
 from replayer.core.errors import ErrorKind, Outcome
 from replayer.core.result import RequestResult
-from replayer.http.sse import SSEDecoder
 from replayer.core.timestamps import Timestamps, derive
+from replayer.http.chunks import StreamAccumulator
+from replayer.http.sse import SSEDecoder
 
 __all__ = ["RETRY_AFTER_MAX_S", "fail", "measure", "partial", "retry_after_s"]
 
@@ -50,8 +50,14 @@ def partial(res: RequestResult, acc: StreamAccumulator) -> None:
     res.completion_tokens = None
 
 
-def measure(res: RequestResult, acc: StreamAccumulator, sent: int, t0: int,
-             dec: SSEDecoder | None = None, body_ns: int | None = None) -> None:
+def measure(
+    res: RequestResult,
+    acc: StreamAccumulator,
+    sent: int,
+    t0: int,
+    dec: SSEDecoder | None = None,
+    body_ns: int | None = None,
+) -> None:
     """Copy the accumulator's measurements (and the decoder's invalid-UTF-8 count) into ``res``
     (times as offsets from ``t0``), and the latencies ``timestamps.derive`` computes from the
     moments observed (``sent``, ``body_ns``: ``now_ns`` times; ``body_ns`` a whole JSON body's
@@ -72,9 +78,19 @@ def measure(res: RequestResult, acc: StreamAccumulator, sent: int, t0: int,
     if last is not None:
         res.last_token_ns = last - t0
     token_ns, token_counts = acc.token_times()
-    lat = derive(Timestamps(due_ns=res.due_ns + t0, sent_ns=sent, first_token_ns=first, last_token_ns=last,
-                            body_ns=body_ns or None, token_ns=token_ns, token_counts=token_counts,
-                            output_tokens=acc.output_tokens, streamed=not acc.whole_body,
-                            session_wait_ms=res.session_wait_ms))
+    lat = derive(
+        Timestamps(
+            due_ns=res.due_ns + t0,
+            sent_ns=sent,
+            first_token_ns=first,
+            last_token_ns=last,
+            body_ns=body_ns or None,
+            token_ns=token_ns,
+            token_counts=token_counts,
+            output_tokens=acc.output_tokens,
+            streamed=not acc.whole_body,
+            session_wait_ms=res.session_wait_ms,
+        )
+    )
     res.ttft_ms, res.e2e_ms, res.tpot_ms, res.itl_ms = lat.ttft_ms, lat.e2e_ms, lat.tpot_ms, lat.itl_ms
     res.ttft_from_due_ms, res.e2el_from_due_ms = lat.ttft_from_due_ms, lat.e2el_from_due_ms

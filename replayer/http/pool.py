@@ -26,13 +26,20 @@ class Pool:
     """Idle keep-alive connections to ``host:port`` (TLS with ``ssl_context``), each opened within
     ``connect_timeout_s``; one beyond the ``spare_target`` spares is closed once unused for
     ``idle_expiry_s`` (a burst's connections are not kept for the rest of a soak). ``delayed_ack``: what each connection does with quick ACKs (see
-    ``replayer.http.client.Client``); ``_cancel_launch``: called by a connection that closes (the
+    ``replayer.http.client.Client``); ``cancel_launch``: called by a connection that closes (the
     client drops its write queued in the launcher process)."""
 
     delayed_ack = False
 
-    def __init__(self, host: str, port: int, ssl_context: ssl.SSLContext | None, connect_timeout_s: float, *,
-                 idle_expiry_s: float = IDLE_EXPIRY_S) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None,
+        connect_timeout_s: float,
+        *,
+        idle_expiry_s: float = IDLE_EXPIRY_S,
+    ) -> None:
         self._host = host
         self._port = port
         self._ssl = ssl_context
@@ -45,13 +52,13 @@ class Pool:
         self._spares_paused_until = 0  # no background connects before this (one failed)
         self.spare_target = 8  # idle connections kept ready in the background (0 = none)
 
-    def _cancel_launch(self, conn: _Connection) -> None:
+    def cancel_launch(self, conn: _Connection) -> None:
         """``conn`` is closing: nothing queued elsewhere to drop here (the client overrides it)."""
 
     async def close(self) -> None:
         """Close every connection (in-flight exchanges fail as DISCONNECT)."""
         for c in list(self._all):
-            c._abort()
+            c.abort()
         self._all.clear()
         self._idle.clear()
 
@@ -74,7 +81,8 @@ class Pool:
         loop = asyncio.get_running_loop()
         _, conn = await asyncio.wait_for(
             loop.create_connection(lambda: _Connection(self), self._host, self._port, ssl=self._ssl),
-            self._connect_timeout)
+            self._connect_timeout,
+        )
         self._all.add(conn)
         return conn
 
@@ -126,7 +134,7 @@ class Pool:
 
     def _release(self, c: _Connection) -> None:
         if c.closed or not c.keep_alive or c.ex is not None:
-            c._abort()
+            c.abort()
             self._all.discard(c)
         else:
             c.idle_since_ns = now = now_ns()
@@ -146,5 +154,5 @@ class Pool:
                 return
             idle.popleft()
             if not c.closed and c.ex is None:  # (one with an exchange is not idle: only dropped)
-                c._abort()
+                c.abort()
             self._all.discard(c)

@@ -77,8 +77,18 @@ class SSEDecoder:
     those).
     """
 
-    __slots__ = ("_rest", "_data", "_event", "_retry", "_pend", "_skip_lf", "_head",
-                 "last_event_id", "retry", "invalid_utf8")
+    __slots__ = (
+        "_rest",
+        "_data",
+        "_event",
+        "_retry",
+        "_pend",
+        "_skip_lf",
+        "_head",
+        "last_event_id",
+        "retry",
+        "invalid_utf8",
+    )
 
     def __init__(self) -> None:
         self.last_event_id: str | None = None
@@ -87,15 +97,15 @@ class SSEDecoder:
         self._reset()
 
     def _reset(self) -> None:
-        self._rest: list[bytes] = []      # pieces of the current partial line (no line end in them)
-        self._data: list[str] = []        # data lines of the event being built
-        self._event = ""                  # event type of the event being built
-        self._retry: int | None = None    # retry field of the event being built
-        self._pend = False                # the event being built has a data/event/retry field
-        self._skip_lf = False             # previous read ended with CR: drop one LF at the next
-        self._head: bytes | None = b""    # bytes seen while a leading BOM is still possible
+        self._rest: list[bytes] = []  # pieces of the current partial line (no line end in them)
+        self._data: list[str] = []  # data lines of the event being built
+        self._event = ""  # event type of the event being built
+        self._retry: int | None = None  # retry field of the event being built
+        self._pend = False  # the event being built has a data/event/retry field
+        self._skip_lf = False  # previous read ended with CR: drop one LF at the next
+        self._head: bytes | None = b""  # bytes seen while a leading BOM is still possible
 
-    def feed(self, chunk: bytes) -> list[SSEEvent]:
+    def feed(self, chunk: bytes) -> list[SSEEvent]:  # noqa: C901, PLR0912
         """Consume one read's bytes; return the events completed by it (possibly empty), in order."""
         if not chunk:
             return []
@@ -175,9 +185,16 @@ class SSEDecoder:
         """Fast path for the most common read: exactly one ``data: P\\n\\n`` event (LF line
         ends, one data line, nothing pending, stream start already seen). Returns P as bytes —
         the data ``feed`` would return for it — or None when the read needs ``feed``."""
-        if (self._head is None and not self._rest and not self._pend and not self._skip_lf
-                and chunk[:6] == b"data: " and chunk[-2:] == b"\n\n" and chunk.count(10) == 2
-                and 13 not in chunk):
+        if (
+            self._head is None
+            and not self._rest
+            and not self._pend
+            and not self._skip_lf
+            and chunk[:6] == b"data: "
+            and chunk[-2:] == b"\n\n"
+            and chunk.count(10) == 2
+            and 13 not in chunk
+        ):
             return chunk[6:-2]
         return None
 

@@ -37,9 +37,15 @@ class AdminServer:
     ``control()`` returns the Controller once the replay runs (None before: control answers 503);
     ``token``: bearer token required by the control endpoints (None = open)."""
 
-    def __init__(self, registry: CollectorRegistry, *, status: Callable[[], dict],
-                 ready: Callable[[], bool], control: Callable[[], Controller | None] = lambda: None,
-                 token: str | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        status: Callable[[], dict],
+        ready: Callable[[], bool],
+        control: Callable[[], Controller | None] = lambda: None,
+        token: str | None = None,
+    ) -> None:
         self.registry = registry
         self._status = status
         self._ready = ready
@@ -48,10 +54,18 @@ class AdminServer:
         self._runner: web.AppRunner | None = None
         self.url: str | None = None
         app = web.Application()
-        app.add_routes([web.get("/metrics", self._metrics), web.get("/healthz", self._healthz),
-                        web.get("/readyz", self._readyz), web.get("/status", self._status_h),
-                        web.post("/pause", self._pause), web.post("/resume", self._resume),
-                        web.post("/speedup", self._speedup), web.post("/stop", self._stop)])
+        app.add_routes(
+            [
+                web.get("/metrics", self._metrics),
+                web.get("/healthz", self._healthz),
+                web.get("/readyz", self._readyz),
+                web.get("/status", self._status_h),
+                web.post("/pause", self._pause),
+                web.post("/resume", self._resume),
+                web.post("/speedup", self._speedup),
+                web.post("/stop", self._stop),
+            ]
+        )
         self.app = app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -61,7 +75,7 @@ class AdminServer:
         site = web.TCPSite(self._runner, host, port)
         await site.start()
         # (two processes starting on one port at once: uvloop's server may hold no socket then)
-        socks = [x for x in (getattr(site._server, "sockets", None) or []) if x is not None]
+        socks = [x for x in (getattr(site._server, "sockets", None) or []) if x is not None]  # noqa: SLF001
         if not socks:
             await self.stop()
             raise OSError(errno.EADDRINUSE, f"cannot listen on {host}:{port}")
@@ -94,13 +108,17 @@ class AdminServer:
         if self._token is not None:
             got = request.headers.get("Authorization", "")
             if not got:
-                raise web.HTTPUnauthorized(text="control needs a token: send Authorization: Bearer TOKEN "
-                                                "(the replayer's --control-token-file or $REPLAYER_CONTROL_TOKEN)\n",
-                                           headers={"WWW-Authenticate": "Bearer"})
+                raise web.HTTPUnauthorized(
+                    text="control needs a token: send Authorization: Bearer TOKEN "
+                    "(the replayer's --control-token-file or $REPLAYER_CONTROL_TOKEN)\n",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
             if not hmac.compare_digest(got.encode(), f"Bearer {self._token}".encode()):
                 log.warning("control request %s %s refused: wrong bearer token", request.method, request.path)
-                raise web.HTTPUnauthorized(text="wrong bearer token (not the one the replayer was given)\n",
-                                           headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+                raise web.HTTPUnauthorized(
+                    text="wrong bearer token (not the one the replayer was given)\n",
+                    headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+                )
         ctl = self._control()
         if ctl is None:
             raise web.HTTPServiceUnavailable(text="replay not running\n")

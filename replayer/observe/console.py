@@ -45,9 +45,17 @@ def _dur(s: float | None) -> str:
 class LiveConsole:
     """Redraws a small panel every ``refresh_s`` from ``status()`` while ``run()`` is awaited."""
 
-    def __init__(self, status: Callable[[], dict], *, quiet: bool = False, refresh_s: float = 0.5,
-                 file: IO[str] | None = None, rate_window_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic, force_terminal: bool | None = None) -> None:
+    def __init__(
+        self,
+        status: Callable[[], dict],
+        *,
+        quiet: bool = False,
+        refresh_s: float = 0.5,
+        file: IO[str] | None = None,
+        rate_window_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        force_terminal: bool | None = None,
+    ) -> None:
         self._status = status
         self.refresh_s = refresh_s
         self._file = file if file is not None else sys.stderr
@@ -87,23 +95,36 @@ class LiveConsole:
     def render(self, st: dict):
         frac, eta = self.progress(st)
         tok_s, req_s = self.rates(st)
-        head = Text.assemble(("replayer ", "bold"), (str(st.get("state", "")), "cyan"),
-                             f"  loop {st.get('loop', 0)}  elapsed {_dur(self._clock() - self._t0)}  ETA {_dur(eta)}")
+        head = Text.assemble(
+            ("replayer ", "bold"),
+            (str(st.get("state", "")), "cyan"),
+            f"  loop {st.get('loop', 0)}  elapsed {_dur(self._clock() - self._t0)}  ETA {_dur(eta)}",
+        )
         bar = Table.grid(padding=(0, 1))
-        bar.add_row(ProgressBar(total=1.0, completed=frac or 0.0, width=40),
-                    Text(f"{(frac or 0) * 100:5.1f}%  trace {_dur(st.get('trace_time_s'))} / "
-                         f"{_dur(st.get('trace_duration_s') or None)}  rows {st.get('trace_rows_done', '-')}/"
-                         f"{st.get('trace_rows') or st.get('scheduled', '-')}"))
+        bar.add_row(
+            ProgressBar(total=1.0, completed=frac or 0.0, width=40),
+            Text(
+                f"{(frac or 0) * 100:5.1f}%  trace {_dur(st.get('trace_time_s'))} / "
+                f"{_dur(st.get('trace_duration_s') or None)}  rows {st.get('trace_rows_done', '-')}/"
+                f"{st.get('trace_rows') or st.get('scheduled', '-')}"
+            ),
+        )
         t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-        for col in ("sent", "completed", "failed", "in flight", "req/s", "tokens/s",
-                    "lag p99", "TTFT p50", "TTFT p99"):
+        for col in ("sent", "completed", "failed", "in flight", "req/s", "tokens/s", "lag p99", "TTFT p50", "TTFT p99"):
             t.add_column(col, justify="right")
         failed = int(st.get("failed") or 0)
         scheduled = f"{st['scheduled']:,}" if st.get("scheduled") else "?"  # (0: not known yet)
-        t.add_row(f"{st.get('sent', 0):,}/{scheduled}", f"{st.get('completed', 0):,}",
-                  Text(f"{failed:,}", style="red" if failed else ""), f"{st.get('in_flight', 0):,}",
-                  "-" if req_s is None else f"{req_s:,.1f}", "-" if tok_s is None else f"{tok_s:,.0f}",
-                  _ms(st.get("dispatch_lag_p99_s")), _ms(st.get("ttft_p50_s")), _ms(st.get("ttft_p99_s")))
+        t.add_row(
+            f"{st.get('sent', 0):,}/{scheduled}",
+            f"{st.get('completed', 0):,}",
+            Text(f"{failed:,}", style="red" if failed else ""),
+            f"{st.get('in_flight', 0):,}",
+            "-" if req_s is None else f"{req_s:,.1f}",
+            "-" if tok_s is None else f"{tok_s:,.0f}",
+            _ms(st.get("dispatch_lag_p99_s")),
+            _ms(st.get("ttft_p50_s")),
+            _ms(st.get("ttft_p99_s")),
+        )
         return Group(head, bar, t)
 
     # -- async shell -----------------------------------------------------------------------
@@ -113,8 +134,9 @@ class LiveConsole:
         if not self.enabled:
             return
         console = Console(file=self._file, force_terminal=True)
-        with Live(console=console, auto_refresh=False, transient=False, redirect_stdout=False,
-                  redirect_stderr=False) as live:
+        with Live(
+            console=console, auto_refresh=False, transient=False, redirect_stdout=False, redirect_stderr=False
+        ) as live:
             try:
                 while True:
                     try:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from replayer.core.errors import Outcome
-from replayer.observe.metricparts import log_buckets
 from replayer.core.result import RequestResult
+from replayer.observe.metricparts import log_buckets
 
 _LATENCY = log_buckets(0.001, 600.0)
 
@@ -24,19 +24,42 @@ class GroupMetrics:
     """The series of one label (module docstring). ``label`` is also the ``RequestResult`` field
     read; ``what`` names the label's values in the requests counter's help text."""
 
-    def __init__(self, registry: CollectorRegistry, label: str, values: list[str], what: str, *,
-                 session_wait: bool = False) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, label: str, values: list[str], what: str, *, session_wait: bool = False
+    ) -> None:
         self.label = label
         self.values = frozenset(values)
-        self.requests = Counter(f"replayer_{label}_requests_total", f"Requests that ended, by {what} and outcome",
-                                [label, "outcome"], registry=registry)
-        self.ttft = Histogram(f"replayer_{label}_ttft_seconds", f"Time to first token by {label}", [label],
-                              buckets=_LATENCY, registry=registry)
-        self.e2e = Histogram(f"replayer_{label}_e2e_latency_seconds", f"End-to-end latency by {label}", [label],
-                             buckets=_LATENCY, registry=registry)
-        self.wait = Histogram(f"replayer_{label}_session_wait_seconds", "Time a session turn was held for its "
-                              f"predecessor, by {label}", [label], buckets=_LATENCY,
-                              registry=registry) if session_wait else None
+        self.requests = Counter(
+            f"replayer_{label}_requests_total",
+            f"Requests that ended, by {what} and outcome",
+            [label, "outcome"],
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            f"replayer_{label}_ttft_seconds",
+            f"Time to first token by {label}",
+            [label],
+            buckets=_LATENCY,
+            registry=registry,
+        )
+        self.e2e = Histogram(
+            f"replayer_{label}_e2e_latency_seconds",
+            f"End-to-end latency by {label}",
+            [label],
+            buckets=_LATENCY,
+            registry=registry,
+        )
+        self.wait = (
+            Histogram(
+                f"replayer_{label}_session_wait_seconds",
+                f"Time a session turn was held for its predecessor, by {label}",
+                [label],
+                buckets=_LATENCY,
+                registry=registry,
+            )
+            if session_wait
+            else None
+        )
         for v in values:
             for o in Outcome:
                 self.requests.labels(v, o.value)

@@ -60,8 +60,9 @@ class JsonFormatter(RedactingFormatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, object] = {
-            "ts": datetime.fromtimestamp(record.created, tz=timezone.utc).isoformat(timespec="milliseconds")
-                  .replace("+00:00", "Z"),
+            "ts": datetime.fromtimestamp(record.created, tz=timezone.utc)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -78,8 +79,14 @@ class JsonFormatter(RedactingFormatter):
         return _redact(json.dumps(out, default=str, ensure_ascii=False), self.secrets)
 
 
-def setup_logging(fmt: str = "text", level: str = "info", *, secrets: Iterable[str | None] = (),
-                  stream=None, fields: dict[str, str] | None = None) -> logging.Handler:
+def setup_logging(
+    fmt: str = "text",
+    level: str = "info",
+    *,
+    secrets: Iterable[str | None] = (),
+    stream=None,
+    fields: dict[str, str] | None = None,
+) -> logging.Handler:
     """Route every log record to one handler on ``stream`` (default stderr) with the ``fmt``
     formatter (``text`` or ``json``) at ``level``; replaces handlers already on the root logger.
     ``fields``: added to every record (e.g. ``{"shard": "1/4"}``, so the lines of N shards on one
@@ -99,8 +106,7 @@ def setup_logging(fmt: str = "text", level: str = "info", *, secrets: Iterable[s
             return True
 
         handler.addFilter(add_fields)
-    handler.setFormatter(JsonFormatter(secrets=secrets) if fmt == "json"
-                         else RedactingFormatter(text, secrets=secrets))
+    handler.setFormatter(JsonFormatter(secrets=secrets) if fmt == "json" else RedactingFormatter(text, secrets=secrets))
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
@@ -110,8 +116,14 @@ def setup_logging(fmt: str = "text", level: str = "info", *, secrets: Iterable[s
     return handler
 
 
-def log_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                file: object = None, line: str | None = None) -> None:
+def log_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: object = None,
+    line: str | None = None,
+) -> None:
     """``warnings.showwarning`` that logs a warning as one WARNING line: the replayer's own
     (``TraceOrderWarning``) by their message alone on their package's logger (``replayer.trace``),
     with no source line; any other as ``Category: message (file:line)`` on ``py.warnings``."""
@@ -160,8 +172,15 @@ class ErrorBurstLog:
         b = self._bursts.get(kind)
         if b is None:
             b = self._bursts[kind] = _Burst()
-            self._emit(logging.WARNING, "requests started failing with %s%s: %s", kind,
-                       _status(res.http_status), _short(res.error), kind=kind, failed=1)
+            self._emit(
+                logging.WARNING,
+                "requests started failing with %s%s: %s",
+                kind,
+                _status(res.http_status),
+                _short(res.error),
+                kind=kind,
+                failed=1,
+            )
             b.timer = asyncio.get_running_loop().call_later(self.window_s, self._window_end, kind)
             return
         b.count += 1
@@ -178,12 +197,27 @@ class ErrorBurstLog:
             b.timer = asyncio.get_running_loop().call_later(self.window_s, self._window_end, kind)
         else:
             del self._bursts[kind]
-            self._emit(logging.INFO, "requests no longer failing with %s (none in the last %g s)", kind,
-                       self.window_s, kind=kind, failed=0)
+            self._emit(
+                logging.INFO,
+                "requests no longer failing with %s (none in the last %g s)",
+                kind,
+                self.window_s,
+                kind=kind,
+                failed=0,
+            )
 
     def _summary(self, kind: str, b: _Burst) -> None:
-        self._emit(logging.WARNING, "%d requests failed with %s in the last %g s; last error: %s%s", b.count,
-                   kind, self.window_s, _short(b.last_error), _status(b.last_status), kind=kind, failed=b.count)
+        self._emit(
+            logging.WARNING,
+            "%d requests failed with %s in the last %g s; last error: %s%s",
+            b.count,
+            kind,
+            self.window_s,
+            _short(b.last_error),
+            _status(b.last_status),
+            kind=kind,
+            failed=b.count,
+        )
 
     def close(self) -> None:
         """Log the failures of every open window (no start/stop lines) and cancel the timers."""

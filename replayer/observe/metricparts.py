@@ -81,8 +81,7 @@ class BulkHistogram(Collector):
     ``searchsorted`` instead of one locked ``observe`` per token. Exposed as a normal histogram.
     """
 
-    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...],
-                 registry: CollectorRegistry) -> None:
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], registry: CollectorRegistry) -> None:
         self.name, self.documentation = name, documentation
         self._bounds = np.asarray(buckets, dtype=np.float64)
         self._counts = np.zeros(len(buckets) + 1, dtype=np.int64)  # last = +Inf
@@ -128,8 +127,7 @@ class _DueCounter(Collector):
         self._base = 0
         registry.register(self)
 
-    def track(self, due_ns: np.ndarray | None = None, t0_ns: int = 0, already_due: int = 0,
-              count_due=None) -> None:
+    def track(self, due_ns: np.ndarray | None = None, t0_ns: int = 0, already_due: int = 0, count_due=None) -> None:
         self._due_ns = np.zeros(0, dtype=np.int64) if due_ns is None else np.asarray(due_ns, dtype=np.int64)
         self._t0_ns, self._base, self._count_due = int(t0_ns), int(already_due), count_due
 
@@ -161,11 +159,17 @@ class _ResultsDisk(Collector):
     def collect(self):
         size, oldest = self.source()
         if size is not None:
-            yield GaugeMetricFamily("replayer_results_bytes", "Bytes of every file in the results folder "
-                                    "(bounded by --retain-size).", value=size)
+            yield GaugeMetricFamily(
+                "replayer_results_bytes",
+                "Bytes of every file in the results folder (bounded by --retain-size).",
+                value=size,
+            )
         if oldest is not None:
-            yield GaugeMetricFamily("replayer_results_oldest_timestamp_seconds", "Unix time of the first "
-                                    "request sent in the oldest results file kept (retention moves it on).", value=oldest)
+            yield GaugeMetricFamily(
+                "replayer_results_oldest_timestamp_seconds",
+                "Unix time of the first request sent in the oldest results file kept (retention moves it on).",
+                value=oldest,
+            )
 
     def describe(self):
         return []
@@ -196,7 +200,7 @@ class _PendingHistogram:
 
     def __init__(self, h: Histogram) -> None:
         self.h = h
-        self.bounds = list(h._upper_bounds)  # ends with +Inf
+        self.bounds = list(h._upper_bounds)  # ends with +Inf  # noqa: SLF001
         self.counts = [0] * len(self.bounds)
         self.total = 0.0
         self.n = 0
@@ -210,11 +214,11 @@ class _PendingHistogram:
     def flush(self) -> None:
         if not self.n:
             return
-        buckets = self.h._buckets
+        buckets = self.h._buckets  # noqa: SLF001
         counts = self.counts
         for i, c in enumerate(counts):
             if c:
                 buckets[i].inc(c)
                 counts[i] = 0
-        self.h._sum.set(self.total)
+        self.h._sum.set(self.total)  # noqa: SLF001
         self.n = 0

@@ -17,21 +17,33 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 
 from replayer import __version__
+from replayer.build.payload import POOLING, PreparedRequest
 from replayer.core.clock import now_ns
 from replayer.core.errors import ErrorKind, Outcome
-from replayer.observe.looplag import EventLoopLagMonitor
-from replayer.observe.metricparts import (LAG_BUCKETS, LATENCY_BUCKETS, LOOP_LAG_BUCKETS, TOKEN_LATENCY_BUCKETS, BulkHistogram,
-                          _DueCounter, _Flush, _hist_state, _PendingHistogram, _ResultsDisk, log_buckets,
-                          quantile_from_buckets)
-from replayer.build.payload import POOLING, PreparedRequest
 from replayer.core.result import RequestResult
-
+from replayer.observe.looplag import EventLoopLagMonitor
+from replayer.observe.metricparts import (
+    LAG_BUCKETS,
+    LATENCY_BUCKETS,
+    LOOP_LAG_BUCKETS,
+    TOKEN_LATENCY_BUCKETS,
+    BulkHistogram,
+    _DueCounter,
+    _Flush,
+    _hist_state,
+    _PendingHistogram,
+    _ResultsDisk,
+    log_buckets,
+    quantile_from_buckets,
+)
 
 #: the (outcome, error_kind) pairs that occur: success/none, not_started/none,
 #: cancelled/cancelled, failed/every other kind
-_REQUEST_LABELS = ([(Outcome.SUCCESS, ErrorKind.NONE), (Outcome.NOT_STARTED, ErrorKind.NONE),
-                    (Outcome.CANCELLED, ErrorKind.CANCELLED)]
-                   + [(Outcome.FAILED, k) for k in ErrorKind if k not in (ErrorKind.NONE, ErrorKind.CANCELLED)])
+_REQUEST_LABELS = [
+    (Outcome.SUCCESS, ErrorKind.NONE),
+    (Outcome.NOT_STARTED, ErrorKind.NONE),
+    (Outcome.CANCELLED, ErrorKind.CANCELLED),
+] + [(Outcome.FAILED, k) for k in ErrorKind if k not in (ErrorKind.NONE, ErrorKind.CANCELLED)]
 #: closed label set of replayer_usage_mismatches_total
 USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "missing")
 
@@ -57,8 +69,14 @@ class ReplayerMetrics:
     #: most seconds between flushes while results arrive
     FLUSH_S = 0.5
 
-    def __init__(self, registry: CollectorRegistry, *, config_info: dict[str, str] | None = None,
-                 process_collector: bool = True, clock=now_ns) -> None:
+    def __init__(  # noqa: PLR0915
+        self,
+        registry: CollectorRegistry,
+        *,
+        config_info: dict[str, str] | None = None,
+        process_collector: bool = True,
+        clock=now_ns,
+    ) -> None:
         r = registry
         self.registry = registry
         self._lock = threading.RLock()
@@ -71,110 +89,200 @@ class ReplayerMetrics:
         self.due = _DueCounter(r, clock)
         self.results_disk = _ResultsDisk(r)
         self.sent = Counter("replayer_requests_sent", "Requests sent to the target.", registry=r)
-        self.requests = Counter("replayer_requests", "Requests finished, by outcome and error kind.",
-                                ["outcome", "error_kind"], registry=r)
-        self.retries = Counter("replayer_request_retries", "Re-sends of requests after a retryable failure "
-                               "(HTTP 429/5xx or a connection failure before any response byte).", registry=r)
+        self.requests = Counter(
+            "replayer_requests", "Requests finished, by outcome and error kind.", ["outcome", "error_kind"], registry=r
+        )
+        self.retries = Counter(
+            "replayer_request_retries",
+            "Re-sends of requests after a retryable failure "
+            "(HTTP 429/5xx or a connection failure before any response byte).",
+            registry=r,
+        )
         self.in_flight = Gauge("replayer_requests_in_flight", "Requests sent and not yet finished.", registry=r)
-        self.ttft = Histogram("replayer_ttft_seconds", "Time to first token of successful requests.",
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("replayer_e2e_latency_seconds",
-                             "Send to last token of successful requests.", buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft_from_due = Histogram("replayer_ttft_from_due_seconds",
-                                       "Time to first token of successful requests from their due time "
-                                       "(a held session turn's release): TTFT plus the time to the send.",
-                                       buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e_from_due = Histogram("replayer_e2e_latency_from_due_seconds",
-                                      "Due time (a held session turn's release) to last token of successful "
-                                      "requests: E2E latency plus the time to the send.",
-                                      buckets=LATENCY_BUCKETS, registry=r)
-        self.slo_requests = Counter("replayer_slo_requests", "Requests judged against the --goodput bounds, by "
-                                    "bound (ttft, tpot, e2el; all = every bound) and result (met, missed, unknown); "
-                                    "failed requests are missed. Only the bounds set are exported.",
-                                    ["slo", "result"], registry=r)
-        self.tpot = Histogram("replayer_tpot_seconds", "Time per output token after the first.",
-                              buckets=TOKEN_LATENCY_BUCKETS, registry=r)
-        self.itl = BulkHistogram("replayer_itl_seconds", "Inter-token latency (token-weighted).",
-                                 TOKEN_LATENCY_BUCKETS, r)
+        self.ttft = Histogram(
+            "replayer_ttft_seconds", "Time to first token of successful requests.", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.e2e = Histogram(
+            "replayer_e2e_latency_seconds",
+            "Send to last token of successful requests.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft_from_due = Histogram(
+            "replayer_ttft_from_due_seconds",
+            "Time to first token of successful requests from their due time "
+            "(a held session turn's release): TTFT plus the time to the send.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e_from_due = Histogram(
+            "replayer_e2e_latency_from_due_seconds",
+            "Due time (a held session turn's release) to last token of successful "
+            "requests: E2E latency plus the time to the send.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.slo_requests = Counter(
+            "replayer_slo_requests",
+            "Requests judged against the --goodput bounds, by "
+            "bound (ttft, tpot, e2el; all = every bound) and result (met, missed, unknown); "
+            "failed requests are missed. Only the bounds set are exported.",
+            ["slo", "result"],
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "replayer_tpot_seconds", "Time per output token after the first.", buckets=TOKEN_LATENCY_BUCKETS, registry=r
+        )
+        self.itl = BulkHistogram(
+            "replayer_itl_seconds", "Inter-token latency (token-weighted).", TOKEN_LATENCY_BUCKETS, r
+        )
         self.client_overhead = Histogram(
             "replayer_client_overhead_seconds",
             "Client TTFT minus the server's own queue time and TTFT (--server-timings; successful requests "
             "whose server reported both): network, the server's front end and this client.",
-            buckets=TOKEN_LATENCY_BUCKETS, registry=r)
-        self.lag = Histogram("replayer_dispatch_lag_seconds",
-                             "Actual send time minus due time (negative = early).", buckets=LAG_BUCKETS, registry=r)
-        self.session_wait = Histogram("replayer_session_wait_seconds",
-                                      "Time a turn was held back for its predecessor (or parent) to end "
-                                      "(the server's slowness; not in dispatch lag).",
-                                      buckets=LATENCY_BUCKETS, registry=r)
-        self.pooling_audit = Counter("replayer_pooling_usage_audits",
-                                     "Pooling responses (embeddings, score, rerank) by usage audit result: ok, "
-                                     "inflated (more prompt tokens than both expectations), missing.",
-                                     ["endpoint", "result"], registry=r)
+            buckets=TOKEN_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.lag = Histogram(
+            "replayer_dispatch_lag_seconds",
+            "Actual send time minus due time (negative = early).",
+            buckets=LAG_BUCKETS,
+            registry=r,
+        )
+        self.session_wait = Histogram(
+            "replayer_session_wait_seconds",
+            "Time a turn was held back for its predecessor (or parent) to end "
+            "(the server's slowness; not in dispatch lag).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.pooling_audit = Counter(
+            "replayer_pooling_usage_audits",
+            "Pooling responses (embeddings, score, rerank) by usage audit result: ok, "
+            "inflated (more prompt tokens than both expectations), missing.",
+            ["endpoint", "result"],
+            registry=r,
+        )
         self.prompt_tokens_sent = Counter("replayer_prompt_tokens_sent", "Prompt token ids sent.", registry=r)
-        self.server_prompt_tokens = Counter("replayer_server_prompt_tokens",
-                                            "Prompt tokens reported by the server's usage.", registry=r)
-        self.server_completion_tokens = Counter("replayer_server_completion_tokens",
-                                                "Completion tokens reported by the server's usage.", registry=r)
-        self.usage_mismatch = Counter("replayer_usage_mismatches",
-                                      "Successful requests whose server usage differs from the trace.",
-                                      ["field"], registry=r)
+        self.server_prompt_tokens = Counter(
+            "replayer_server_prompt_tokens", "Prompt tokens reported by the server's usage.", registry=r
+        )
+        self.server_completion_tokens = Counter(
+            "replayer_server_completion_tokens", "Completion tokens reported by the server's usage.", registry=r
+        )
+        self.usage_mismatch = Counter(
+            "replayer_usage_mismatches",
+            "Successful requests whose server usage differs from the trace.",
+            ["field"],
+            registry=r,
+        )
         self.images_sent = Counter("replayer_images_sent", "Images sent (multimodal rows).", registry=r)
-        self.image_bytes_sent = Counter("replayer_image_bytes_sent", "Encoded bytes of the images sent "
-                                        "(before base64).", registry=r)
-        self.image_tokens = Counter("replayer_image_tokens", "Image tokens of requests that ended: server = "
-                                    "usage.prompt_tokens_details.image_tokens (when reported), expected = the "
-                                    "trace's image_tokens or --image-token-rule.", ["source"], registry=r)
+        self.image_bytes_sent = Counter(
+            "replayer_image_bytes_sent", "Encoded bytes of the images sent (before base64).", registry=r
+        )
+        self.image_tokens = Counter(
+            "replayer_image_tokens",
+            "Image tokens of requests that ended: server = "
+            "usage.prompt_tokens_details.image_tokens (when reported), expected = the "
+            "trace's image_tokens or --image-token-rule.",
+            ["source"],
+            registry=r,
+        )
         self.image_token_mismatches = Counter(
             "replayer_image_token_mismatches",
-            "Successful requests whose server-reported image tokens differ from the expected count.", registry=r)
+            "Successful requests whose server-reported image tokens differ from the expected count.",
+            registry=r,
+        )
         self.prefix_hit_tokens = Counter(
             "replayer_expected_prefix_cache_hit_tokens",
-            "Prompt tokens the trace's hash ids say a prefix cache could serve (expected hits).", registry=r)
+            "Prompt tokens the trace's hash ids say a prefix cache could serve (expected hits).",
+            registry=r,
+        )
         self.prefix_query_tokens = Counter(
             "replayer_expected_prefix_cache_query_tokens",
-            "Prompt tokens looked up in the expected prefix cache.", registry=r)
+            "Prompt tokens looked up in the expected prefix cache.",
+            registry=r,
+        )
         self.trace_rows = Gauge("replayer_trace_rows", "Rows on the schedule per loop of the trace.", registry=r)
-        self.trace_rows_done = Gauge("replayer_trace_rows_done",
-                                     "Rows of the current loop whose request finished (any outcome).", registry=r)
-        self.speedup = Gauge("replayer_speedup", "Trace seconds replayed per wall-clock second now "
-                             "(follows POST /speedup; replayer_config_info keeps the value at start).",
-                             registry=r)
-        self.trace_duration = Gauge("replayer_trace_duration_seconds",
-                                    "Trace time spanned by one loop's schedule (seconds of trace time; 0 when "
-                                    "not known before the replay reads it).", registry=r)
-        self.trace_time = Gauge("replayer_trace_time_seconds",
-                                "Trace time reached: trace offset of the last request sent.", registry=r)
+        self.trace_rows_done = Gauge(
+            "replayer_trace_rows_done", "Rows of the current loop whose request finished (any outcome).", registry=r
+        )
+        self.speedup = Gauge(
+            "replayer_speedup",
+            "Trace seconds replayed per wall-clock second now "
+            "(follows POST /speedup; replayer_config_info keeps the value at start).",
+            registry=r,
+        )
+        self.trace_duration = Gauge(
+            "replayer_trace_duration_seconds",
+            "Trace time spanned by one loop's schedule (seconds of trace time; 0 when "
+            "not known before the replay reads it).",
+            registry=r,
+        )
+        self.trace_time = Gauge(
+            "replayer_trace_time_seconds", "Trace time reached: trace offset of the last request sent.", registry=r
+        )
         self.loop = Gauge("replayer_loop", "Current loop over the trace (0 = first pass).", registry=r)
-        self.loop_lag = Histogram("replayer_event_loop_lag_seconds",
-                                  "Overshoot of the replayer's own event-loop sleeps.",
-                                  buckets=LOOP_LAG_BUCKETS, registry=r)
-        self.loop_lag_max = Gauge("replayer_event_loop_lag_max_seconds",
-                                  "Largest event-loop sleep overshoot of the last window (about 10 s).",
-                                  registry=r)
+        self.loop_lag = Histogram(
+            "replayer_event_loop_lag_seconds",
+            "Overshoot of the replayer's own event-loop sleeps.",
+            buckets=LOOP_LAG_BUCKETS,
+            registry=r,
+        )
+        self.loop_lag_max = Gauge(
+            "replayer_event_loop_lag_max_seconds",
+            "Largest event-loop sleep overshoot of the last window (about 10 s).",
+            registry=r,
+        )
         if process_collector:
             ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes...
         # labelled children created once (every closed-set combination is exported from the start)
         # and looked up by key per request: labels() costs several microseconds each call
-        self._requests = {(o.value, k.value): self.requests.labels(o.value, k.value)
-                          for o, k in _REQUEST_LABELS}
+        self._requests = {(o.value, k.value): self.requests.labels(o.value, k.value) for o, k in _REQUEST_LABELS}
         self._mismatch = {f: self.usage_mismatch.labels(f) for f in USAGE_FIELDS}
         self._image_tokens_server = self.image_tokens.labels("server")
         self._image_tokens_expected = self.image_tokens.labels("expected")
-        self._audit = {(e, a): self.pooling_audit.labels(e, a) for e in sorted(POOLING)
-                       for a in ("ok", "inflated", "missing")}
+        self._audit = {
+            (e, a): self.pooling_audit.labels(e, a) for e in sorted(POOLING) for a in ("ok", "inflated", "missing")
+        }
         self._slo: dict[tuple[str, int], Counter] = {}
         self._speedup = 1.0
         self.loop_lag_recent_s = 0.0  # largest event-loop lag since its reader last reset it
         self._loop_no = 0
         self._loop_start_ns = 0
         # batched per-request updates (see the class docstring)
-        self._h_lag, self._h_ttft, self._h_e2e, self._h_ttft_due, self._h_e2e_due, self._h_tpot, \
-            self._h_wait, self._h_overhead = (
-                _PendingHistogram(h) for h in (self.lag, self.ttft, self.e2e, self.ttft_from_due, self.e2e_from_due,
-                                               self.tpot, self.session_wait, self.client_overhead))
-        self._hists = (self._h_lag, self._h_ttft, self._h_e2e, self._h_ttft_due, self._h_e2e_due,
-                       self._h_tpot, self._h_wait, self._h_overhead)
+        (
+            self._h_lag,
+            self._h_ttft,
+            self._h_e2e,
+            self._h_ttft_due,
+            self._h_e2e_due,
+            self._h_tpot,
+            self._h_wait,
+            self._h_overhead,
+        ) = (
+            _PendingHistogram(h)
+            for h in (
+                self.lag,
+                self.ttft,
+                self.e2e,
+                self.ttft_from_due,
+                self.e2e_from_due,
+                self.tpot,
+                self.session_wait,
+                self.client_overhead,
+            )
+        )
+        self._hists = (
+            self._h_lag,
+            self._h_ttft,
+            self._h_e2e,
+            self._h_ttft_due,
+            self._h_e2e_due,
+            self._h_tpot,
+            self._h_wait,
+            self._h_overhead,
+        )
         self._incs: dict[object, float] = {}  # Counter/Gauge (or labelled child) -> amount to add
         self._trace_time_s: float | None = None  # Gauge value to set
         self._next_flush_s = time.monotonic() + self.FLUSH_S
@@ -209,8 +317,9 @@ class ReplayerMetrics:
         thread: a plain attribute read) as ``replayer_speedup``."""
         self.speedup.set_function(lambda: float(current()))
 
-    def track_due(self, due_ns: np.ndarray | None = None, t0_ns: int = 0, already_due: int = 0, *,
-                  count_due=None) -> None:
+    def track_due(
+        self, due_ns: np.ndarray | None = None, t0_ns: int = 0, already_due: int = 0, *, count_due=None
+    ) -> None:
         """Export ``replayer_requests_due_total`` either from a schedule's ``due_ns`` (offsets
         from the monotonic anchor ``t0_ns``; ``already_due`` = requests of earlier loops) or from
         ``count_due()``, a callable returning how many requests are due by now (called at scrape
@@ -242,8 +351,12 @@ class ReplayerMetrics:
         every result from the start (a rate over a missing series is no rate); no bounds, no series."""
         from replayer.results.verdict import RESULT_LABELS
 
-        self._slo = {(name, code): self.slo_requests.labels(name, label)
-                     for name in (*slos, "all") if slos for code, label in RESULT_LABELS.items()}
+        self._slo = {
+            (name, code): self.slo_requests.labels(name, label)
+            for name in (*slos, "all")
+            if slos
+            for code, label in RESULT_LABELS.items()
+        }
 
     def on_slo(self, codes: dict[str, int]) -> None:
         """One request's verdict codes (``replayer.results.verdict.judge_one``); not-judged ones are not counted."""
@@ -308,8 +421,7 @@ class ReplayerMetrics:
         with self._lock:
             incs = self._incs
             get = incs.get
-            c = self._requests.get((res.outcome, res.error_kind)) or self.requests.labels(res.outcome,
-                                                                                          res.error_kind)
+            c = self._requests.get((res.outcome, res.error_kind)) or self.requests.labels(res.outcome, res.error_kind)
             incs[c] = get(c, 0) + 1
             if res.retries:
                 c = self.retries
@@ -322,7 +434,7 @@ class ReplayerMetrics:
             if time.monotonic() >= self._next_flush_s:
                 self.flush()
 
-    def _issued(self, res: RequestResult, incs: dict, get) -> None:
+    def _issued(self, res: RequestResult, incs: dict, get) -> None:  # noqa: C901, PLR0912
         c = self.in_flight
         incs[c] = get(c, 0) - 1
         if res.session_wait_ms is not None:
@@ -371,13 +483,20 @@ class ReplayerMetrics:
             incs[c] = get(c, 0) + 1
 
     def _images(self, res: RequestResult, incs: dict, get) -> None:
-        for c, n in ((self.images_sent, res.images), (self.image_bytes_sent, res.image_bytes),
-                     (self._image_tokens_server, res.image_tokens),
-                     (self._image_tokens_expected, res.expected_image_tokens)):
+        for c, n in (
+            (self.images_sent, res.images),
+            (self.image_bytes_sent, res.image_bytes),
+            (self._image_tokens_server, res.image_tokens),
+            (self._image_tokens_expected, res.expected_image_tokens),
+        ):
             if n is not None:
                 incs[c] = get(c, 0) + n
-        if (res.outcome == "success" and res.image_tokens is not None and res.expected_image_tokens is not None
-                and res.image_tokens != res.expected_image_tokens):
+        if (
+            res.outcome == "success"
+            and res.image_tokens is not None
+            and res.expected_image_tokens is not None
+            and res.image_tokens != res.expected_image_tokens
+        ):
             c = self.image_token_mismatches
             incs[c] = get(c, 0) + 1
 
@@ -388,20 +507,24 @@ class ReplayerMetrics:
         samples are read: cheap enough for a 2 Hz console."""
         self.flush()
         out: dict[str, float | int | None] = {}
-        for name, h, qs in (("ttft", self.ttft, (0.5, 0.99)), ("dispatch_lag", self.lag, (0.5, 0.99)),
-                            ("e2e", self.e2e, (0.5, 0.99)), ("itl", self.itl, (0.5, 0.99))):
+        for name, h, qs in (
+            ("ttft", self.ttft, (0.5, 0.99)),
+            ("dispatch_lag", self.lag, (0.5, 0.99)),
+            ("e2e", self.e2e, (0.5, 0.99)),
+            ("itl", self.itl, (0.5, 0.99)),
+        ):
             bounds, cum = _hist_state(h)
             for q in qs:
                 out[f"{name}_p{int(q * 100)}_s"] = quantile_from_buckets(q, bounds, cum)
         out["due"] = self.due.value()
-        out["prompt_tokens_total"] = int(self.server_prompt_tokens._value.get())
-        out["completion_tokens_total"] = int(self.server_completion_tokens._value.get())
-        out["trace_rows"] = int(self.trace_rows._value.get())
-        out["trace_rows_done"] = int(self.trace_rows_done._value.get())
-        out["trace_time_s"] = self.trace_time._value.get()
-        out["trace_duration_s"] = self.trace_duration._value.get()
+        out["prompt_tokens_total"] = int(self.server_prompt_tokens._value.get())  # noqa: SLF001
+        out["completion_tokens_total"] = int(self.server_completion_tokens._value.get())  # noqa: SLF001
+        out["trace_rows"] = int(self.trace_rows._value.get())  # noqa: SLF001
+        out["trace_rows_done"] = int(self.trace_rows_done._value.get())  # noqa: SLF001
+        out["trace_time_s"] = self.trace_time._value.get()  # noqa: SLF001
+        out["trace_duration_s"] = self.trace_duration._value.get()  # noqa: SLF001
         out["loop"] = self._loop_no
-        out["event_loop_lag_max_s"] = self.loop_lag_max._value.get()
+        out["event_loop_lag_max_s"] = self.loop_lag_max._value.get()  # noqa: SLF001
         return out
 
 
@@ -418,6 +541,15 @@ def metric_names(registry: CollectorRegistry) -> list[str]:
     return sorted(set(names))
 
 
-__all__ = ["BulkHistogram", "EventLoopLagMonitor", "ReplayerMetrics",
-           "LATENCY_BUCKETS", "TOKEN_LATENCY_BUCKETS", "LAG_BUCKETS", "LOOP_LAG_BUCKETS",
-           "log_buckets", "metric_names", "quantile_from_buckets"]
+__all__ = [
+    "BulkHistogram",
+    "EventLoopLagMonitor",
+    "ReplayerMetrics",
+    "LATENCY_BUCKETS",
+    "TOKEN_LATENCY_BUCKETS",
+    "LAG_BUCKETS",
+    "LOOP_LAG_BUCKETS",
+    "log_buckets",
+    "metric_names",
+    "quantile_from_buckets",
+]

@@ -25,12 +25,12 @@ GC_BUSY = 0.05
 class Reading:
     """The replayer's own counters at one moment (cumulative, except ``launcher_late_ms``)."""
 
-    wall_s: float = 0.0         # time.monotonic()
-    cpu_s: float = 0.0          # process CPU time, every thread
-    sent: int = 0               # requests sent
-    prepared_late: int = 0      # requests whose body was built after their due time
-    fired_by_loop: int = 0      # requests the loop wrote although a launcher process runs
-    gc_s: float = 0.0           # time spent in paced garbage collections
+    wall_s: float = 0.0  # time.monotonic()
+    cpu_s: float = 0.0  # process CPU time, every thread
+    sent: int = 0  # requests sent
+    prepared_late: int = 0  # requests whose body was built after their due time
+    fired_by_loop: int = 0  # requests the loop wrote although a launcher process runs
+    gc_s: float = 0.0  # time spent in paced garbage collections
     launcher_late_ms: float = 0.0  # the launcher's latest write past its due time since the last reading
 
 
@@ -39,12 +39,15 @@ def read(dispatcher=None, launcher=None, gc_pacer=None) -> Reading:
     late_ms = 0.0
     if launcher is not None:
         late_ms = launcher.take_late_max_ns() / 1e6
-    return Reading(wall_s=time.monotonic(), cpu_s=time.process_time(),
-                   sent=dispatcher.sent if dispatcher is not None else 0,
-                   prepared_late=dispatcher.prepared_late if dispatcher is not None else 0,
-                   fired_by_loop=dispatcher.fired_by_loop if dispatcher is not None else 0,
-                   gc_s=gc_pacer.spent_ns / 1e9 if gc_pacer is not None else 0.0,
-                   launcher_late_ms=late_ms)
+    return Reading(
+        wall_s=time.monotonic(),
+        cpu_s=time.process_time(),
+        sent=dispatcher.sent if dispatcher is not None else 0,
+        prepared_late=dispatcher.prepared_late if dispatcher is not None else 0,
+        fired_by_loop=dispatcher.fired_by_loop if dispatcher is not None else 0,
+        gc_s=gc_pacer.spent_ns / 1e9 if gc_pacer is not None else 0.0,
+        launcher_late_ms=late_ms,
+    )
 
 
 def saturated(prev: Reading, cur: Reading, loop_lag_ms: float) -> list[str]:
@@ -63,8 +66,10 @@ def saturated(prev: Reading, cur: Reading, loop_lag_ms: float) -> list[str]:
         out.append(f"request preparation ({late} of {sent} requests sent had their body built after their due time)")
     by_loop = cur.fired_by_loop - prev.fired_by_loop
     if by_loop > 0:
-        out.append(f"hand-over to the launcher process ({by_loop} of {sent} requests written by the event loop "
-                   "at or after their due time)")
+        out.append(
+            f"hand-over to the launcher process ({by_loop} of {sent} requests written by the event loop "
+            "at or after their due time)"
+        )
     if cur.launcher_late_ms > BEHIND_MS:
         out.append(f"launcher process (wrote up to {cur.launcher_late_ms:.0f} ms past a due time)")
     gc = cur.gc_s - prev.gc_s

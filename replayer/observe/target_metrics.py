@@ -19,7 +19,16 @@ from collections.abc import Callable, Mapping
 
 import aiohttp
 
-from replayer.observe.target_series import CANON, COUNTERS, GAUGES, SeriesKey, aggregate, is_reset, parse_series, series_deltas
+from replayer.observe.target_series import (
+    CANON,
+    COUNTERS,
+    GAUGES,
+    SeriesKey,
+    aggregate,
+    is_reset,
+    parse_series,
+    series_deltas,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +52,17 @@ class TargetScraper:
     scrape has had so far, logged at the first one (None before it).
     """
 
-    def __init__(self, metrics_url: str, *, session: aiohttp.ClientSession | None = None,
-                 interval_s: float = 5.0, timeout_s: float = 10.0, t0_ns: int = 0,
-                 wall: Callable[[], float] = time.time, mono: Callable[[], int] = time.perf_counter_ns) -> None:
+    def __init__(
+        self,
+        metrics_url: str,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        interval_s: float = 5.0,
+        timeout_s: float = 10.0,
+        t0_ns: int = 0,
+        wall: Callable[[], float] = time.time,
+        mono: Callable[[], int] = time.perf_counter_ns,
+    ) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         self.url = metrics_url
@@ -63,7 +80,7 @@ class TargetScraper:
         self.last_time_s: float | None = None
         self.errors = 0
         self.last_error: str | None = None
-        self.resets = 0         # scrape intervals in which counters went back (a restart: once)
+        self.resets = 0  # scrape intervals in which counters went back (a restart: once)
         self.series_resets = 0  # counter series that went back, over all of them
         self.missing: list[str] | None = None
         self._prev: dict[SeriesKey, float] | None = None
@@ -77,8 +94,17 @@ class TargetScraper:
         values, created = parse_series(text)
         time_s = self._wall() if time_s is None else time_s
         t_ns = self._mono() - self.t0_ns if t_ns is None else t_ns
-        rows = [{"time_s": time_s, "t_ns": t_ns, "metric": name, "labels": json.dumps(dict(labels), sort_keys=True),
-                 "kind": CANON[name][1], "value": v} for (name, labels), v in values.items()]
+        rows = [
+            {
+                "time_s": time_s,
+                "t_ns": t_ns,
+                "metric": name,
+                "labels": json.dumps(dict(labels), sort_keys=True),
+                "kind": CANON[name][1],
+                "value": v,
+            }
+            for (name, labels), v in values.items()
+        ]
         with self._samples_lock:  # (take_samples runs on the loop thread, this in a worker)
             self.samples.extend(rows)
         if self._prev is not None:
@@ -97,9 +123,13 @@ class TargetScraper:
             self.series_resets += n
             self.resets += n > 0
             if n:
-                log.warning("target counters went back between two scrapes of %s (a server restart?): %d series "
-                            "reset (%s); their increase is taken from their new values", self.url, n,
-                            ", ".join(sorted(set(reset))))
+                log.warning(
+                    "target counters went back between two scrapes of %s (a server restart?): %d series "
+                    "reset (%s); their increase is taken from their new values",
+                    self.url,
+                    n,
+                    ", ".join(sorted(set(reset))),
+                )
         self._prev, self._prev_created = values, created
         self._note_missing(values)
         self.latest = aggregate(values)
@@ -115,8 +145,11 @@ class TargetScraper:
         if self.missing is None:
             self.missing = sorted((set(COUNTERS) | set(GAUGES)) - present)
             if self.missing:
-                log.warning("target metrics missing from %s (left out of the summary, never 0): %s",
-                            self.url, ", ".join(self.missing))
+                log.warning(
+                    "target metrics missing from %s (left out of the summary, never 0): %s",
+                    self.url,
+                    ", ".join(self.missing),
+                )
         elif self.missing:
             self.missing = [m for m in self.missing if m not in present]
 
@@ -125,8 +158,9 @@ class TargetScraper:
         (``add_totals`` takes them back: a resumed run's deltas then cover every run)."""
         return [[name, dict(labels), v] for (name, labels), v in self._run.items()]
 
-    def add_totals(self, totals: list, *, scrapes: int = 0, errors: int = 0, resets: int = 0,
-                   series_resets: int = 0) -> None:
+    def add_totals(
+        self, totals: list, *, scrapes: int = 0, errors: int = 0, resets: int = 0, series_resets: int = 0
+    ) -> None:
         """Start from an earlier run's ``series_totals`` and counts (``--resume``)."""
         for name, labels, v in totals:
             self._run[(name, tuple(sorted(labels.items())))] += float(v)

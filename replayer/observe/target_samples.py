@@ -25,8 +25,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SAMPLES_FILE", "SAMPLES_FLUSH_SCRAPES", "SAMPLES_ROLL_PARTS", "save_samples", "SampleFiles",
-           "sample_files", "read_samples", "flush_samples"]
+__all__ = [
+    "SAMPLES_FILE",
+    "SAMPLES_FLUSH_SCRAPES",
+    "SAMPLES_ROLL_PARTS",
+    "save_samples",
+    "SampleFiles",
+    "sample_files",
+    "read_samples",
+    "flush_samples",
+]
 
 SAMPLES_FILE = "target_metrics.parquet"
 SAMPLES_FLUSH_SCRAPES = 12  # samples reach a part file every this many scrape intervals (a SIGKILL loses at most that)
@@ -37,8 +45,16 @@ _PARTS = "parts"  # the results folder's parts folder (``replayer.record.recorde
 def _sample_schema():
     import pyarrow as pa
 
-    return pa.schema([("time_s", pa.float64()), ("t_ns", pa.int64()), ("metric", pa.string()),
-                      ("labels", pa.string()), ("kind", pa.string()), ("value", pa.float64())])
+    return pa.schema(
+        [
+            ("time_s", pa.float64()),
+            ("t_ns", pa.int64()),
+            ("metric", pa.string()),
+            ("labels", pa.string()),
+            ("kind", pa.string()),
+            ("value", pa.float64()),
+        ]
+    )
 
 
 def save_samples(rows: list[dict], path: str) -> None:
@@ -113,8 +129,13 @@ class SampleFiles:
     (``retention.samples_kept_since``), so the samples cover what the results cover and stay
     inside the retention bound. Blocking: call from a worker thread, one call at a time."""
 
-    def __init__(self, results_dir: str, *, keep_since: Callable[[], float | None] | None = None,
-                 roll_parts: int = SAMPLES_ROLL_PARTS) -> None:
+    def __init__(
+        self,
+        results_dir: str,
+        *,
+        keep_since: Callable[[], float | None] | None = None,
+        roll_parts: int = SAMPLES_ROLL_PARTS,
+    ) -> None:
         self.dir = results_dir
         self.keep_since = keep_since
         self.roll_parts = roll_parts
@@ -167,8 +188,9 @@ class SampleFiles:
         since = self.keep_since() if self.keep_since is not None else None
         schema, n = _sample_schema(), 0
         with atomic_file(dst) as out:
-            with pq.ParquetWriter(out, schema.with_metadata({ROLLED_PARTS: json.dumps(rolled).encode()}),
-                                  compression="zstd") as w:
+            with pq.ParquetWriter(
+                out, schema.with_metadata({ROLLED_PARTS: json.dumps(rolled).encode()}), compression="zstd"
+            ) as w:
                 for table in self._sources(files, rows):
                     if since is not None:
                         table = table.filter(pc.greater_equal(table.column("time_s"), since))
@@ -217,8 +239,12 @@ async def flush_samples(scraper: TargetScraper | TargetScrapers, samples: Sample
             raise
         except (OSError, pa.ArrowException) as e:
             if not failing:
-                log.error("cannot write target-metric samples in %s: %s; they are kept in memory and written "
-                          "when it works again", samples.dir, e)
+                log.error(
+                    "cannot write target-metric samples in %s: %s; they are kept in memory and written "
+                    "when it works again",
+                    samples.dir,
+                    e,
+                )
             failing = True
             continue
         if failing:

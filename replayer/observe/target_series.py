@@ -46,8 +46,18 @@ from collections.abc import Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["COUNTERS", "GAUGES", "CANON", "SeriesKey", "parse_series", "aggregate", "parse_vllm_metrics",
-           "series_deltas", "is_reset", "check_invariants"]
+__all__ = [
+    "COUNTERS",
+    "GAUGES",
+    "CANON",
+    "SeriesKey",
+    "parse_series",
+    "aggregate",
+    "parse_vllm_metrics",
+    "series_deltas",
+    "is_reset",
+    "check_invariants",
+]
 
 #: canonical name -> accepted sample names, in order of preference (the first one present wins)
 COUNTERS: dict[str, tuple[str, ...]] = {
@@ -163,19 +173,26 @@ def _ratio(out: dict[str, float], key: str, num: float | None, den: float | None
 
 def _derived(v: Mapping[str, float]) -> dict[str, float]:
     out: dict[str, float] = {}
-    acc, drafts, dtok = (v.get("spec_decode_num_accepted_tokens"), v.get("spec_decode_num_drafts"),
-                         v.get("spec_decode_num_draft_tokens"))
+    acc, drafts, dtok = (
+        v.get("spec_decode_num_accepted_tokens"),
+        v.get("spec_decode_num_drafts"),
+        v.get("spec_decode_num_draft_tokens"),
+    )
     _ratio(out, "spec_decode_acceptance_rate", acc, dtok)
     _ratio(out, "spec_decode_mean_acceptance_length", acc, drafts, plus=1.0)
     prefix = "spec_decode_num_accepted_tokens_per_pos{"
     for k, val in v.items():
         if k.startswith(prefix):
-            _ratio(out, "spec_decode_acceptance_rate_per_pos{" + k[len(prefix):], val, drafts)
+            _ratio(out, "spec_decode_acceptance_rate_per_pos{" + k[len(prefix) :], val, drafts)
     _ratio(out, "prefix_cache_hit_rate", v.get("prefix_cache_hits"), v.get("prefix_cache_queries"))
     _ratio(out, "mm_cache_hit_rate", v.get("mm_cache_hits"), v.get("mm_cache_queries"))
     for what in ("ttft", "e2e", "queue"):
-        _ratio(out, f"server_mean_{what}_seconds", v.get(f"server_{what}_seconds_sum"),
-               v.get(f"server_{what}_seconds_count"))
+        _ratio(
+            out,
+            f"server_mean_{what}_seconds",
+            v.get(f"server_{what}_seconds_sum"),
+            v.get(f"server_{what}_seconds_count"),
+        )
     return out
 
 
@@ -189,9 +206,12 @@ def _is_counter(key: SeriesKey) -> bool:
     return CANON[key[0]][1] == "counter"
 
 
-def series_deltas(before: Mapping[SeriesKey, float], after: Mapping[SeriesKey, float],
-                  created_before: Mapping[SeriesKey, float] | None = None,
-                  created_after: Mapping[SeriesKey, float] | None = None) -> dict[SeriesKey, float]:
+def series_deltas(
+    before: Mapping[SeriesKey, float],
+    after: Mapping[SeriesKey, float],
+    created_before: Mapping[SeriesKey, float] | None = None,
+    created_after: Mapping[SeriesKey, float] | None = None,
+) -> dict[SeriesKey, float]:
     """Per-series counter increase from ``before`` to ``after`` (gauges are skipped).
 
     A series that decreased, or whose ``_created`` time changed, was reset: its increase is its

@@ -23,8 +23,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from replayer.core.clock import SPIN_NS
 from replayer.build.payload import PreparedRequest
+from replayer.core.clock import SPIN_NS
 from replayer.plan.schedule import Timeline
 from replayer.plan.sessions import SessionGate
 
@@ -67,9 +67,17 @@ class Planner:
     within this horizon for the sender to open connections ahead (None: no counting).
     """
 
-    def __init__(self, timeline: Timeline, *, gate: SessionGate | None = None, lead_ns: int = 500_000_000,
-                 duration_ns: int | None = None, rebase_first: bool = False, ahead_ns: int = 0,
-                 connect_ahead_ns: int | None = None) -> None:
+    def __init__(
+        self,
+        timeline: Timeline,
+        *,
+        gate: SessionGate | None = None,
+        lead_ns: int = 500_000_000,
+        duration_ns: int | None = None,
+        rebase_first: bool = False,
+        ahead_ns: int = 0,
+        connect_ahead_ns: int | None = None,
+    ) -> None:
         self.timeline = timeline
         self.gate = gate
         self.lead_ns = lead_ns
@@ -86,7 +94,7 @@ class Planner:
         self._retry_ns = 0
         self.exhausted = False  # the schedule has no more item to prepare (its end, or duration_ns)
         self.prepared_late = 0  # requests whose body was built after their due time (preparation behind)
-        self.fired_late = 0     # requests meant to be handed over ahead that fired at their due time
+        self.fired_late = 0  # requests meant to be handed over ahead that fired at their due time
 
     # -- what fires now ---------------------------------------------------------------------
     def due(self, now_ns: int) -> list[Fire]:
@@ -266,8 +274,12 @@ class Planner:
     @property
     def finished(self) -> bool:
         """The whole schedule was prepared and fired: nothing pending, delayed or waiting."""
-        return (self.exhausted and not self.pending and not self._delayed
-                and not (self.gate is not None and self.gate.waiting))
+        return (
+            self.exhausted
+            and not self.pending
+            and not self._delayed
+            and not (self.gate is not None and self.gate.waiting)
+        )
 
     # -- accounting ------------------------------------------------------------------------------
     def overdue(self, now_ns: int) -> int:

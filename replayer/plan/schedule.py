@@ -83,12 +83,20 @@ def shard_mask(batch: object, shard: int, shards: int) -> np.ndarray:
     return mine
 
 
-def iter_schedule(open_batches: Callable[[], Iterable[Any]], *, loops: int | None = 1,
-                  loop_gap_ns: int = 0, shard: int = 0, shards: int = 1,
-                  max_requests: int | None = None, start_loop: int = 0,
-                  skip_rows: int = 0,
-                  skip: Callable[[int, np.ndarray], np.ndarray] | None = None,
-                  gap_cap: "IdleGapCap | None" = None, route: Any = None) -> Iterator[ScheduleBatch]:
+def iter_schedule(
+    open_batches: Callable[[], Iterable[Any]],
+    *,
+    loops: int | None = 1,
+    loop_gap_ns: int = 0,
+    shard: int = 0,
+    shards: int = 1,
+    max_requests: int | None = None,
+    start_loop: int = 0,
+    skip_rows: int = 0,
+    skip: Callable[[int, np.ndarray], np.ndarray] | None = None,
+    gap_cap: "IdleGapCap | None" = None,
+    route: Any = None,
+) -> Iterator[ScheduleBatch]:
     """Yield the schedule batch by batch.
 
     ``open_batches()`` returns a fresh iterator of trace batches (each a ``Trace`` whose
@@ -125,7 +133,7 @@ def iter_schedule(open_batches: Callable[[], Iterable[Any]], *, loops: int | Non
             rows = getattr(batch, "row_offset", 0) + np.arange(ts.size, dtype=np.int64)
             mask = shard_mask(batch, shard, shards)
             if max_requests is not None and gindex + ts.size > max_requests:
-                mask[max(0, max_requests - gindex):] = False
+                mask[max(0, max_requests - gindex) :] = False
             gindex += int(ts.size)
             if loop == start_loop and skip_rows:
                 mask &= rows >= skip_rows
@@ -136,10 +144,16 @@ def iter_schedule(open_batches: Callable[[], Iterable[Any]], *, loops: int | Non
             at = gap_cap.apply(pos, rows, loop) if gap_cap is not None else pos
             targets = route.apply(batch, rows) if route is not None else None
             if idx.size:
-                yield ScheduleBatch(loop=loop, batch=batch, idx=idx, trace_ns=at[idx],
-                                    rows=rows[idx], first_index=index,
-                                    trace_pos_ns=pos[idx] if gap_cap is not None else None,
-                                    targets=targets[idx] if targets is not None else None)
+                yield ScheduleBatch(
+                    loop=loop,
+                    batch=batch,
+                    idx=idx,
+                    trace_ns=at[idx],
+                    rows=rows[idx],
+                    first_index=index,
+                    trace_pos_ns=pos[idx] if gap_cap is not None else None,
+                    targets=targets[idx] if targets is not None else None,
+                )
                 index += int(idx.size)
         if not any_rows:
             return
@@ -177,16 +191,27 @@ class IdleGapCap:
         skipped = self.skipped_ns + np.cumsum(excess)
         out: np.ndarray = ts - skipped
         for i in np.flatnonzero(excess)[: max(0, self.MAP_LIMIT - len(self.map))]:
-            self.map.append({"loop": int(loop), "row": int(rows[i]) if rows is not None else None,
-                             "trace_s": int(ts[i]) / 1e9, "replay_s": int(out[i]) / 1e9 / self.speedup})
+            self.map.append(
+                {
+                    "loop": int(loop),
+                    "row": int(rows[i]) if rows is not None else None,
+                    "trace_s": int(ts[i]) / 1e9,
+                    "replay_s": int(out[i]) / 1e9 / self.speedup,
+                }
+            )
         self.gaps += int(np.count_nonzero(excess))
         self.skipped_ns = int(skipped[-1])
         self.prev_ns = int(ts[-1])
         return out
 
     def report(self) -> dict[str, Any]:
-        return {"cap_s": self.cap_s, "gaps_capped": self.gaps, "time_skipped_s": self.skipped_ns / 1e9 / self.speedup,
-                "trace_time_skipped_s": self.skipped_ns / 1e9, "map": self.map}
+        return {
+            "cap_s": self.cap_s,
+            "gaps_capped": self.gaps,
+            "time_skipped_s": self.skipped_ns / 1e9 / self.speedup,
+            "trace_time_skipped_s": self.skipped_ns / 1e9,
+            "map": self.map,
+        }
 
 
 class Timeline:
@@ -246,8 +271,9 @@ class Schedule:
         return int(self.rows.size)
 
 
-def build_schedule(timestamp_ns: np.ndarray, *, speedup: float = 1.0, max_requests: int | None = None,
-                   duration_s: float | None = None) -> Schedule:
+def build_schedule(
+    timestamp_ns: np.ndarray, *, speedup: float = 1.0, max_requests: int | None = None, duration_s: float | None = None
+) -> Schedule:
     """Flat schedule of one in-memory trace (offsets ``timestamp_ns``, sorted): due =
     offset / ``speedup``, cut to ``max_requests`` and to rows due before ``duration_s``.
     Raises ValueError for a non-positive speedup or unsorted input."""

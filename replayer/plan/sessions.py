@@ -32,9 +32,9 @@ class _Key:
     __slots__ = ("busy", "end_ns", "waiters")
 
     def __init__(self) -> None:
-        self.busy = 0            # requests holding this key: scheduled to fire, or in flight
+        self.busy = 0  # requests holding this key: scheduled to fire, or in flight
         self.end_ns: int | None = None  # when the last of them ended (ns after the anchor)
-        self.waiters: deque = deque()   # requests due but waiting for this key to be free
+        self.waiters: deque = deque()  # requests due but waiting for this key to be free
 
 
 class SessionGate:
@@ -44,8 +44,9 @@ class SessionGate:
     Requests are ``replayer.build.payload.PreparedRequest``; times are ns after the run anchor.
     """
 
-    def __init__(self, policy: str = "wait", *, scale: Callable[[int], int] = lambda ns: ns,
-                 max_ended: int = 1_000_000) -> None:
+    def __init__(
+        self, policy: str = "wait", *, scale: Callable[[int], int] = lambda ns: ns, max_ended: int = 1_000_000
+    ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"session policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         self.policy = policy
@@ -53,8 +54,8 @@ class SessionGate:
         self._live: dict[object, _Key] = {}
         self._ended: OrderedDict[object, int] = OrderedDict()
         self._max_ended = max_ended
-        self.waiting = 0   # requests held in waiter queues now
-        self.held = 0      # requests ever held back (waited or delayed)
+        self.waiting = 0  # requests held in waiter queues now
+        self.held = 0  # requests ever held back (waited or delayed)
 
     def _think(self, req) -> int:
         return self._scale(req.think_ns) if self.policy == "wait" and req.think_ns > 0 else 0

@@ -49,8 +49,20 @@ from replayer.record.rolling import atomic_write_table as _atomic_write_table
 log = logging.getLogger(__name__)
 
 READ_BUFFER_BYTES = 1 << 20  # results files are read through a buffered stream of this size
-__all__ = ["PARTS", "ROLLED_PARTS", "ROLL_GROUP_ROWS", "Recorder", "atomic_file", "write_json", "read_results",
-           "result_files", "rolled_files", "open_file", "read_file", "report_damaged"]
+__all__ = [
+    "PARTS",
+    "ROLLED_PARTS",
+    "ROLL_GROUP_ROWS",
+    "Recorder",
+    "atomic_file",
+    "write_json",
+    "read_results",
+    "result_files",
+    "rolled_files",
+    "open_file",
+    "read_file",
+    "report_damaged",
+]
 
 
 def _roll_step(step: str) -> None:
@@ -67,11 +79,20 @@ class Recorder:
     Not thread-safe: call ``add``/``flush`` from the event loop thread only.
     """
 
-    def __init__(self, results_dir: str, *, flush_rows: int = 2000, flush_interval_s: float = 2.0,
-                 roll_rows: int | None = None, roll_interval_s: float | None = None,
-                 metadata: dict[str, str] | None = None,
-                 checkpoint: Callable[[], dict] | None = None, itl_format: str = "exact",
-                 retain_bytes: int | None = None, retain_age_s: float | None = None) -> None:
+    def __init__(
+        self,
+        results_dir: str,
+        *,
+        flush_rows: int = 2000,
+        flush_interval_s: float = 2.0,
+        roll_rows: int | None = None,
+        roll_interval_s: float | None = None,
+        metadata: dict[str, str] | None = None,
+        checkpoint: Callable[[], dict] | None = None,
+        itl_format: str = "exact",
+        retain_bytes: int | None = None,
+        retain_age_s: float | None = None,
+    ) -> None:
         self.dir = results_dir
         self.parts_dir = os.path.join(results_dir, PARTS)
         os.makedirs(self.parts_dir, exist_ok=True)
@@ -84,11 +105,19 @@ class Recorder:
         retention.remove_leftovers(results_dir)
         remove_rolled_parts(results_dir)
         schema = SCHEMA.with_metadata({k.encode(): v.encode() for k, v in (metadata or {}).items()})
-        self._w = RollingWriter(results_dir, schema, rolled_path=self._rolled_path,
-                                empty_final=lambda: not result_files(self.dir), first_part=_next_part_seq(results_dir),
-                                roll_rows=roll_rows, roll_interval_s=roll_interval_s, group_rows=ROLL_GROUP_ROWS,
-                                thread_name="recorder", on_step=lambda s: _roll_step(s),
-                                after_roll=lambda: release_memory())
+        self._w = RollingWriter(
+            results_dir,
+            schema,
+            rolled_path=self._rolled_path,
+            empty_final=lambda: not result_files(self.dir),
+            first_part=_next_part_seq(results_dir),
+            roll_rows=roll_rows,
+            roll_interval_s=roll_interval_s,
+            group_rows=ROLL_GROUP_ROWS,
+            thread_name="recorder",
+            on_step=lambda s: _roll_step(s),
+            after_roll=lambda: release_memory(),
+        )
         self.results_bytes: int | None = None  # the folder's size and its oldest result (Unix s),
         self.oldest_timestamp_s: float | None = None  # as of the last flush (``/status``, metrics)
         self._oldest_cache: dict[str, float | None] = {}
@@ -144,15 +173,20 @@ class Recorder:
         """Apply the retention bounds (``retention.apply``), then note the folder's size and
         oldest result (caller holds the lock). A failure is logged; the run goes on."""
         try:
-            if retention.apply(self.dir, max_bytes=self.retain_bytes, max_age_s=self.retain_age_s,
-                               headroom=self._headroom() if self.retain_bytes is not None else 0):
+            if retention.apply(
+                self.dir,
+                max_bytes=self.retain_bytes,
+                max_age_s=self.retain_age_s,
+                headroom=self._headroom() if self.retain_bytes is not None else 0,
+            ):
                 release_memory()  # (each removed file was read whole to fold it)
         except (OSError, ValueError, pa.ArrowException) as e:
             log.error("retention in %s failed: %s (nothing is removed until it works)", self.dir, e)
         self.results_bytes = retention.folder_bytes(self.dir)
         files = rolled_files(self.dir)[:1] or _part_files(self.dir)[:1]
-        self._oldest_cache = {f: self._oldest_cache[f] if f in self._oldest_cache else retention.oldest_start_s(f)
-                              for f in files}
+        self._oldest_cache = {
+            f: self._oldest_cache[f] if f in self._oldest_cache else retention.oldest_start_s(f) for f in files
+        }
         self.oldest_timestamp_s = self._oldest_cache[files[0]] if files else None
 
     def _headroom(self) -> int:
@@ -247,8 +281,10 @@ def earlier_run(results_dir: str, *, resume: str | None = None) -> str | None:
     run resumes its top folder, not a worker's)."""
     files = result_files(results_dir)
     if files or os.path.exists(os.path.join(results_dir, "checkpoint.json")):
-        return (f"holds an earlier run's results ({len(files)} results file(s)); --resume {resume or results_dir} "
-                "continues that run, another --results starts a new one")
+        return (
+            f"holds an earlier run's results ({len(files)} results file(s)); --resume {resume or results_dir} "
+            "continues that run, another --results starts a new one"
+        )
     return None
 
 
@@ -317,8 +353,12 @@ def report_damaged(path: str, err: Exception) -> None:
         size = f"{os.path.getsize(path)} bytes"
     except OSError:
         size = "size unknown"
-    log.warning("%s: damaged results file (%s, %s): its results are left out; every other file is read",
-                path, str(err).splitlines()[0] if str(err) else type(err).__name__, size)
+    log.warning(
+        "%s: damaged results file (%s, %s): its results are left out; every other file is read",
+        path,
+        str(err).splitlines()[0] if str(err) else type(err).__name__,
+        size,
+    )
 
 
 def open_file(path: str) -> pq.ParquetFile | None:

@@ -38,8 +38,18 @@ log = logging.getLogger(__name__)
 #: the digest of the results files retention removed, in the results folder
 REMOVED = "removed.json"
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-          "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "KI": 2**10,
+    "MI": 2**20,
+    "GI": 2**30,
+    "TI": 2**40,
+}
 
 
 def parse_size(text: str | int) -> int:
@@ -69,14 +79,23 @@ def folder_bytes(results_dir: str) -> int:
 # -- the digest ----------------------------------------------------------------------------------
 def fold_to_json(fold) -> dict:
     """A ``summary.SummaryFold`` as JSON (its statistics as ``stats.stat_to_json``)."""
-    return {"n": fold.n, "stats": {k: stat_to_json(s) for k, s in fold.stats.items()},
-            "errors": fold.errors, "endpoints": fold.endpoints, "audit": fold.audit,
-            "sessions": sorted(fold.sessions), "verdict": fold.verdict, "slos": fold.slos,
-            "partial_known": fold.partial_known, "estimate_known": fold.estimate_known,
-            "sent_min": fold.sent_min if math.isfinite(fold.sent_min) else None,
-            "end_max": fold.end_max if math.isfinite(fold.end_max) else None,
-            "drift_max_abs": fold.drift_max_abs, "pooled": fold.pooled,
-            "images": {"n": fold.images.n, "seen": fold.images.seen}}
+    return {
+        "n": fold.n,
+        "stats": {k: stat_to_json(s) for k, s in fold.stats.items()},
+        "errors": fold.errors,
+        "endpoints": fold.endpoints,
+        "audit": fold.audit,
+        "sessions": sorted(fold.sessions),
+        "verdict": fold.verdict,
+        "slos": fold.slos,
+        "partial_known": fold.partial_known,
+        "estimate_known": fold.estimate_known,
+        "sent_min": fold.sent_min if math.isfinite(fold.sent_min) else None,
+        "end_max": fold.end_max if math.isfinite(fold.end_max) else None,
+        "drift_max_abs": fold.drift_max_abs,
+        "pooled": fold.pooled,
+        "images": {"n": fold.images.n, "seen": fold.images.seen},
+    }
 
 
 def fold_from_json(d: dict):
@@ -171,9 +190,16 @@ class Removed:
         self.newest_end_s: float | None = d.get("newest_end_s")
 
     def to_json(self) -> dict:
-        return {"files": self.files, "rows": self.rows, "bytes": self.bytes, "fold": self.fold_json,
-                "spans": self.spans, "recorded": self.recorded, "parts_max": self.parts_max,
-                "newest_end_s": self.newest_end_s}
+        return {
+            "files": self.files,
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "fold": self.fold_json,
+            "spans": self.spans,
+            "recorded": self.recorded,
+            "parts_max": self.parts_max,
+            "newest_end_s": self.newest_end_s,
+        }
 
     def fold(self):
         """The removed results' ``SummaryFold`` (None when nothing was removed)."""
@@ -181,8 +207,10 @@ class Removed:
 
     def recorded_rows(self) -> dict[int, np.ndarray]:
         """loop -> the rows the removed files recorded as sent (any outcome but not started)."""
-        return {int(lp): np.concatenate([np.arange(a, b + 1) for a, b in rs]) if rs else np.zeros(0, np.int64)
-                for lp, rs in self.recorded.items()}
+        return {
+            int(lp): np.concatenate([np.arange(a, b + 1) for a, b in rs]) if rs else np.zeros(0, np.int64)
+            for lp, rs in self.recorded.items()
+        }
 
 
 def read_removed(results_dir: str) -> Removed | None:
@@ -290,8 +318,14 @@ def remove(results_dir: str, path: str, why: str) -> None:
     removed.bytes += size
     write_json(os.path.join(results_dir, REMOVED), removed.to_json(), indent=None)
     os.remove(path)
-    log.info("retention: removed %s (%d results, %d bytes): %s; its counts and statistics are kept in %s",
-             path, rows, size, why, REMOVED)
+    log.info(
+        "retention: removed %s (%d results, %d bytes): %s; its counts and statistics are kept in %s",
+        path,
+        rows,
+        size,
+        why,
+        REMOVED,
+    )
 
 
 def remove_leftovers(results_dir: str) -> int:
@@ -308,8 +342,15 @@ def remove_leftovers(results_dir: str) -> int:
     return n
 
 
-def apply(results_dir: str, *, max_bytes: int | None = None, max_age_s: float | None = None,
-          now: float | None = None, newest_end=newest_end_s, headroom: int = 0) -> list[str]:
+def apply(
+    results_dir: str,
+    *,
+    max_bytes: int | None = None,
+    max_age_s: float | None = None,
+    now: float | None = None,
+    newest_end=newest_end_s,
+    headroom: int = 0,
+) -> list[str]:
     """Remove the oldest rolled files of ``results_dir`` while the folder holds more than
     ``max_bytes`` less ``headroom`` (the bytes the writer will add before the next call: the
     folder stays within ``max_bytes`` between calls too) or the oldest rolled file's newest
@@ -326,8 +367,10 @@ def apply(results_dir: str, *, max_bytes: int | None = None, max_age_s: float | 
     for f in rolled_files(results_dir)[:-1]:  # (the newest stays: a folder always has a results file)
         why = None
         if max_bytes is not None and size + headroom > max_bytes:
-            why = (f"the results folder holds {size} bytes, and {size + headroom} with room for the next flush "
-                   f"and roll: more than --retain-size {max_bytes}")
+            why = (
+                f"the results folder holds {size} bytes, and {size + headroom} with room for the next flush "
+                f"and roll: more than --retain-size {max_bytes}"
+            )
         elif max_age_s is not None:
             end = newest_end(f)
             if end is not None and now - end > max_age_s:

@@ -119,11 +119,22 @@ class RollingWriter:
     (e.g. to give memory back). Jobs (``submit``) run one at a time on the writer thread with
     ``lock`` held and call ``write_part`` / ``roll_if_due``."""
 
-    def __init__(self, folder: str, schema: pa.Schema, *, rolled_path: Callable[[bool], str],
-                 empty_final: Callable[[], bool], first_part: int = 0, roll_rows: int | None = None,
-                 roll_interval_s: float | None = None, sort_final_by: str | None = None,
-                 group_rows: int = ROLL_GROUP_ROWS, thread_name: str = "rolling-writer",
-                 on_step: Callable[[str], None] = _no_step, after_roll: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        folder: str,
+        schema: pa.Schema,
+        *,
+        rolled_path: Callable[[bool], str],
+        empty_final: Callable[[], bool],
+        first_part: int = 0,
+        roll_rows: int | None = None,
+        roll_interval_s: float | None = None,
+        sort_final_by: str | None = None,
+        group_rows: int = ROLL_GROUP_ROWS,
+        thread_name: str = "rolling-writer",
+        on_step: Callable[[str], None] = _no_step,
+        after_roll: Callable[[], None] | None = None,
+    ) -> None:
         self.dir = folder
         self.parts_dir = os.path.join(folder, PARTS)
         os.makedirs(self.parts_dir, exist_ok=True)
@@ -188,8 +199,13 @@ class RollingWriter:
         except (OSError, pa.ArrowException) as e:
             self.write_errors += 1
             if not self.unwritten_rows:
-                log.error("cannot write %s in %s: %s; they are kept in memory and written when it works again "
-                          "(%d so far)", what, self.dir, e, rows)
+                log.error(
+                    "cannot write %s in %s: %s; they are kept in memory and written when it works again (%d so far)",
+                    what,
+                    self.dir,
+                    e,
+                    rows,
+                )
             elif self.write_errors % 100 == 0:
                 log.error("still cannot write %s in %s: %s (%d kept in memory)", what, self.dir, e, rows)
             self.unwritten_rows = rows
@@ -203,7 +219,8 @@ class RollingWriter:
     def roll_if_due(self) -> None:
         """Roll when ``roll_rows`` rows or ``roll_interval_s`` seconds have gathered (lock held)."""
         if (self.roll_rows is not None and self._part_rows >= self.roll_rows) or (
-                self.roll_interval_s is not None and time.monotonic() - self._last_roll >= self.roll_interval_s):
+            self.roll_interval_s is not None and time.monotonic() - self._last_roll >= self.roll_interval_s
+        ):
             self.roll(final=False)
 
     def roll(self, *, final: bool) -> None:
@@ -220,8 +237,10 @@ class RollingWriter:
                     tables = [pq.read_table(p) for p in self._parts]
                     if tables:
                         table = pa.concat_tables(tables)
-                        w.write_table(table.take(pc.sort_indices(table, sort_keys=[(self._sort_final_by, "ascending")])),
-                                      row_group_size=self._group_rows)
+                        w.write_table(
+                            table.take(pc.sort_indices(table, sort_keys=[(self._sort_final_by, "ascending")])),
+                            row_group_size=self._group_rows,
+                        )
                 else:  # part by part, in row groups of ~group_rows: bounded memory however many parts
                     group: list[pa.Table] = []
                     rows = 0
@@ -244,8 +263,9 @@ class RollingWriter:
         if self._after_roll is not None:
             self._after_roll()
 
-    def close(self, then: Callable[[], None] | None = None, *, what: str = "rows",
-              retry_s: float = CLOSE_RETRY_S) -> None:
+    def close(
+        self, then: Callable[[], None] | None = None, *, what: str = "rows", retry_s: float = CLOSE_RETRY_S
+    ) -> None:
         """Wait for the submitted jobs; write what a failed write kept, trying again each second
         for ``retry_s`` (what is still unwritten then is logged as lost, as ``what``); roll the
         parts into the last file, run ``then`` (lock held), remove the empty parts folder.

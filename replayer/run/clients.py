@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from replayer.http.client import Client
-from replayer.core.clock import now_ns
 from replayer.config.model import RunConfig
+from replayer.core.clock import now_ns
+from replayer.http.client import Client
 from replayer.http.launcher import Launcher
 from replayer.send.routing import share_launcher
 
@@ -20,16 +20,27 @@ log = logging.getLogger("replayer")
 __all__ = ["open_clients"]
 
 
-async def open_clients(cfg: RunConfig, targets: list[str], api_key: str | None,
-                       launcher: Launcher | None) -> dict[str, Client]:
+async def open_clients(
+    cfg: RunConfig, targets: list[str], api_key: str | None, launcher: Launcher | None
+) -> dict[str, Client]:
     """One started client per target URL (``--warm-connections`` shared out between them, opened
     now); on a failure every client is closed and the launcher stopped before it is raised."""
-    clients = {url: Client(url, endpoint=cfg.endpoint, api_key=api_key,
-                           connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.read_timeout_s or None,
-                           request_timeout_s=cfg.request_timeout_s,
-                           retry_max=cfg.retry_max, retry_backoff_s=cfg.retry_backoff_s,
-                           usage_slack_tokens=cfg.usage_slack_tokens, delayed_ack=cfg.delayed_ack,
-                           server_timings=cfg.server_timings) for url in targets}  # one pool per target
+    clients = {
+        url: Client(
+            url,
+            endpoint=cfg.endpoint,
+            api_key=api_key,
+            connect_timeout_s=cfg.connect_timeout_s,
+            read_timeout_s=cfg.read_timeout_s or None,
+            request_timeout_s=cfg.request_timeout_s,
+            retry_max=cfg.retry_max,
+            retry_backoff_s=cfg.retry_backoff_s,
+            usage_slack_tokens=cfg.usage_slack_tokens,
+            delayed_ack=cfg.delayed_ack,
+            server_timings=cfg.server_timings,
+        )
+        for url in targets
+    }  # one pool per target
     if cfg.delayed_ack:
         if next(iter(clients.values())).delayed_ack:
             log.info("--delayed-ack: quick ACKs off per response (the target must set TCP_NODELAY)")
@@ -57,5 +68,8 @@ async def _open_pool(client: Client, n: int) -> None:
         return
     t = now_ns()
     opened = await client.warm_up(n)
-    log.info("opened %d keep-alive connections ahead of the first request in %.3f s (before the "
-             "schedule's anchor)", opened, (now_ns() - t) / 1e9)
+    log.info(
+        "opened %d keep-alive connections ahead of the first request in %.3f s (before the schedule's anchor)",
+        opened,
+        (now_ns() - t) / 1e9,
+    )

@@ -22,60 +22,72 @@ import sys
 import aiohttp
 from prometheus_client import CollectorRegistry
 
-from replayer import __version__
+import replayer.observe.selfwatch as selfwatch
 import replayer.record.retention as retention
 import replayer.results.verdict as verdict
-from replayer.observe.admin import AdminServer
-from replayer.core.background import EXIT_TASK_FAILED, BackgroundTasks
-from replayer.http.client import Client
-from replayer.run.clients import open_clients
-from replayer.core.clock import Anchor, now_ns
-from replayer.http.connection import raise_open_file_limit
+from replayer import __version__
+from replayer.build.loopprompts import Prompts
+from replayer.build.payload import PayloadBuilder, PreparedRequest
+from replayer.build.prepare import RequestFactory
 from replayer.config.model import RunConfig, new_run_id
-from replayer.send.dispatcher import Dispatcher
-from replayer.send.feed import Feed
-from replayer.run.gcpacer import GcPacer
+from replayer.core.background import EXIT_TASK_FAILED, BackgroundTasks
+from replayer.core.clock import Anchor, now_ns
+from replayer.core.result import RequestResult
+from replayer.http.client import Client
+from replayer.http.connection import raise_open_file_limit
 from replayer.http.launcher import launcher_ready, start_launcher
-from replayer.observe.logs import setup_logging
+from replayer.http.servertimings import REQUEST_FIELD as SERVER_TIMINGS_FIELD
+from replayer.observe.admin import AdminServer
 from replayer.observe.console import LiveConsole
+from replayer.observe.logs import setup_logging
 from replayer.observe.metrics import EventLoopLagMonitor, ReplayerMetrics
 from replayer.observe.target_metrics import TargetScraper
 from replayer.observe.target_samples import SAMPLES_FLUSH_SCRAPES, SampleFiles, flush_samples
-from replayer.build.payload import PayloadBuilder, PreparedRequest
-from replayer.http.servertimings import REQUEST_FIELD as SERVER_TIMINGS_FIELD
-from replayer.build.loopprompts import Prompts
-from replayer.build.prepare import RequestFactory
-from replayer.run.readiness import StartupError, wait_ready_all
+from replayer.plan.planner import Planner
+from replayer.plan.schedule import IdleGapCap, Timeline, iter_schedule
+from replayer.plan.sessions import SessionGate
 from replayer.record.recorder import Recorder
 from replayer.record.recorder import warm_up as recorder_warm_up
+from replayer.results.targets import TargetMetrics, TargetScrapers
+from replayer.results.tenants import TenantMetrics
+from replayer.run.clients import open_clients
+from replayer.run.gcpacer import GcPacer
+from replayer.run.readiness import StartupError, wait_ready_all
 from replayer.run.resume import Checkpoint, carry_target_totals, resume_plan
 from replayer.run.runinputs import COUNT_LIMIT, count_scheduled, open_batches_factory, results_dir_for
 from replayer.run.runstate import Accounting, RunControl, RunState, StatusView, hms, progress, watch_self
 from replayer.run.runsummary import EXIT_ERROR_RATIO, error_ratio_problem, final_summary, print_summary
-from replayer.core.result import RequestResult
-import replayer.observe.selfwatch as selfwatch
+from replayer.run.simproc import PARENT_PID_ENV, spawn_sim, stop_sim
+from replayer.run.workers import stop_with_parent
+from replayer.send.dispatcher import Dispatcher
+from replayer.send.feed import Feed
 from replayer.send.routing import RoutingSender, TargetRoute
 from replayer.send.sender import LauncherSender, LoopSender, Sender
-from replayer.plan.planner import Planner
-from replayer.run.simproc import PARENT_PID_ENV, spawn_sim, stop_sim
-from replayer.plan.schedule import IdleGapCap, Timeline, iter_schedule
-from replayer.plan.sessions import SessionGate
-from replayer.results.targets import TargetMetrics, TargetScrapers
-from replayer.results.tenants import TenantMetrics
 from replayer.trace import TraceError
-from replayer.run.workers import stop_with_parent
 
 log = logging.getLogger("replayer")
 
-__all__ = ["EXIT_ERROR_RATIO", "STOP_SIGNALS", "RunState", "StartupError", "error_ratio_problem", "main_run",
-           "run_replay"]
+__all__ = [
+    "EXIT_ERROR_RATIO",
+    "STOP_SIGNALS",
+    "RunState",
+    "StartupError",
+    "error_ratio_problem",
+    "main_run",
+    "run_replay",
+]
 
 #: the requests due within this horizon are counted for the client to open connections ahead
 CONNECT_AHEAD_NS = 100_000_000
 
 
-async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = None,
-                     state: RunState | None = None, sim: tuple | None = None) -> dict:
+async def run_replay(
+    cfg: RunConfig,
+    *,
+    registry: CollectorRegistry | None = None,
+    state: RunState | None = None,
+    sim: tuple | None = None,
+) -> dict:
     """Run one replay as configured; returns the summary dict (also in RESULTS/summary.json).
 
     Raises StartupError (nothing sent) for an unreachable target; trace.TraceError for a bad trace.
@@ -99,25 +111,44 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
         # warm the results writer in a thread while the trace loads and the target comes up
         warming = asyncio.get_running_loop().run_in_executor(None, recorder_warm_up)
         open_batches, block_size, n_rows, span_s = open_batches_factory(cfg)
-        prompts = Prompts(cfg.block_size or block_size, seed=cfg.seed, loop_salt=cfg.loop_salt,
-                          vocab_range=cfg.vocab_bounds, tokenizer=cfg.tokenizer, kv_block_size=cfg.kv_block_size,
-                          cache_tokens=cfg.expected_cache_tokens)
+        prompts = Prompts(
+            cfg.block_size or block_size,
+            seed=cfg.seed,
+            loop_salt=cfg.loop_salt,
+            vocab_range=cfg.vocab_bounds,
+            tokenizer=cfg.tokenizer,
+            kv_block_size=cfg.kv_block_size,
+            cache_tokens=cfg.expected_cache_tokens,
+        )
         results_dir, created = results_dir_for(cfg)
         state.results = results_dir
-        metrics = ReplayerMetrics(registry, config_info={
-            "speedup": str(cfg.speedup), "trace": os.path.basename(cfg.trace), "endpoint": cfg.endpoint,
-            "shard": cfg.shard, "loop": cfg.loop})
+        metrics = ReplayerMetrics(
+            registry,
+            config_info={
+                "speedup": str(cfg.speedup),
+                "trace": os.path.basename(cfg.trace),
+                "endpoint": cfg.endpoint,
+                "shard": cfg.shard,
+                "loop": cfg.loop,
+            },
+        )
         rows = min(n_rows, cfg.max_requests) if n_rows and cfg.max_requests else n_rows
         metrics.set_trace(rows=rows or 0, duration_s=span_s or 0.0, speedup=cfg.speedup)
         view = StatusView(state, metrics)  # the dispatcher joins it once built (_replay)
-        admin = AdminServer(registry, status=view,
-                            ready=lambda: state.state == "running",  # draining too (derived in runstate.status)
-                            control=lambda: view.control, token=cfg.control_token())
+        admin = AdminServer(
+            registry,
+            status=view,
+            ready=lambda: state.state == "running",  # draining too (derived in runstate.status)
+            control=lambda: view.control,
+            token=cfg.control_token(),
+        )
         try:
             admin_url = await admin.start(cfg.admin_host, cfg.admin_port)
         except OSError as e:  # (the port in use: another replayer, or two `make run`s)
-            raise StartupError(f"--admin-port {cfg.admin_port} on {cfg.admin_host}: {e.strerror or e} "
-                               "(--admin-port 0 takes a free port)") from None
+            raise StartupError(
+                f"--admin-port {cfg.admin_port} on {cfg.admin_host}: {e.strerror or e} "
+                "(--admin-port 0 takes a free port)"
+            ) from None
         log.info("admin server on %s (/metrics, /status)", admin_url)
         api_key = cfg.api_key()
         state.target = ", ".join(targets)
@@ -127,13 +158,19 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
             raise StartupError(f"target {targets[0]} lists no model: pass --model")
         for url, models in zip(targets[1:], listed[1:], strict=True):
             if models and model not in models:
-                log.warning("target %s does not list the model %s (it lists %s)", url, model, ", ".join(map(str, models)))
-        payload = PayloadBuilder(model, vllm_extensions=cfg.vllm_extensions,
-                                 chat="chat/completions" in cfg.endpoint,
-                                 extra={SERVER_TIMINGS_FIELD: True} if cfg.server_timings else None)
+                log.warning(
+                    "target %s does not list the model %s (it lists %s)", url, model, ", ".join(map(str, models))
+                )
+        payload = PayloadBuilder(
+            model,
+            vllm_extensions=cfg.vllm_extensions,
+            chat="chat/completions" in cfg.endpoint,
+            extra={SERVER_TIMINGS_FIELD: True} if cfg.server_timings else None,
+        )
         await warming
-        summary = await _replay(cfg, open_batches, n_rows, prompts, payload, targets, api_key, metrics,
-                                state, results_dir, model, view)
+        summary = await _replay(
+            cfg, open_batches, n_rows, prompts, payload, targets, api_key, metrics, state, results_dir, model, view
+        )
     except (StartupError, TraceError):
         # nothing was sent: a folder this run made holds nothing (an empty parts/ at most)
         if created and not any(files for _, _, files in os.walk(results_dir)):
@@ -152,16 +189,37 @@ async def run_replay(cfg: RunConfig, *, registry: CollectorRegistry | None = Non
     return summary
 
 
-async def _replay(cfg, open_batches, n_rows, prompts, payload, targets: list[str], api_key, metrics, state,
-                  results_dir, model, view: StatusView) -> dict:
+async def _replay(  # noqa: C901, PLR0912, PLR0915
+    cfg,
+    open_batches,
+    n_rows,
+    prompts,
+    payload,
+    targets: list[str],
+    api_key,
+    metrics,
+    state,
+    results_dir,
+    model,
+    view: StatusView,
+) -> dict:
     loop = asyncio.get_running_loop()
     shard, shards = cfg.shard_index
     start_loop, skip = resume_plan(results_dir, cfg) if cfg.resume else (0, None)
 
     def schedule(gap_cap: IdleGapCap | None = None, route: TargetRoute | None = None):
-        return iter_schedule(open_batches, loops=cfg.loops, loop_gap_ns=int(cfg.loop_gap_s * 1e9),
-                             shard=shard, shards=shards, max_requests=cfg.max_requests,
-                             start_loop=start_loop, skip=skip, gap_cap=gap_cap, route=route)
+        return iter_schedule(
+            open_batches,
+            loops=cfg.loops,
+            loop_gap_ns=int(cfg.loop_gap_s * 1e9),
+            shard=shard,
+            shards=shards,
+            max_requests=cfg.max_requests,
+            start_loop=start_loop,
+            skip=skip,
+            gap_cap=gap_cap,
+            route=route,
+        )
 
     def new_gap_cap() -> IdleGapCap | None:  # one per pass over the schedule (it keeps state)
         return IdleGapCap(cfg.idle_gap_cap_s, cfg.speedup) if cfg.idle_gap_cap_s else None
@@ -172,9 +230,15 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, targets: list[str
     duration_ns = int(cfg.duration_s * 1e9) if cfg.duration_s else None
     if duration_ns or (cfg.loops is not None and n_rows is not None and n_rows * cfg.loops <= COUNT_LIMIT):
         # what will be sent (shard, --duration, resume skips...), for /status and the progress line
-        state.scheduled = await loop.run_in_executor(None, lambda: count_scheduled(
-            schedule(new_gap_cap()), speedup=cfg.speedup, duration_ns=duration_ns,
-            rebase=bool(cfg.resume))) or 0
+        state.scheduled = (
+            await loop.run_in_executor(
+                None,
+                lambda: count_scheduled(
+                    schedule(new_gap_cap()), speedup=cfg.speedup, duration_ns=duration_ns, rebase=bool(cfg.resume)
+                ),
+            )
+            or 0
+        )
     # GC at moments of the dispatcher's choosing (replayer.run.gcpacer): never when a burst is due.
     gc_pacer = GcPacer()
     gc_pacer.start()
@@ -189,25 +253,41 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, targets: list[str
     timeline = Timeline(cfg.speedup)
     # X-Request-Id: <run_id>-<loop>-<row>; a resumed run keeps its run's id (config.recorded_settings)
     run_id = cfg.run_id or new_run_id()
-    factory = RequestFactory(prompts, payload, timeline, endpoint=cfg.endpoint, text_mode=cfg.prompt_mode == "text",
-                             sessions=cfg.session_policy != "off", shard=shard, run_id=run_id,
-                             session_header=cfg.session_header, image_size=cfg.image_size,
-                             image_format=cfg.image_format, image_token_rule=cfg.image_token_rule,
-                             image_cache_mb=cfg.image_cache_mb)
+    factory = RequestFactory(
+        prompts,
+        payload,
+        timeline,
+        endpoint=cfg.endpoint,
+        text_mode=cfg.prompt_mode == "text",
+        sessions=cfg.session_policy != "off",
+        shard=shard,
+        run_id=run_id,
+        session_header=cfg.session_header,
+        image_size=cfg.image_size,
+        image_format=cfg.image_format,
+        image_token_rule=cfg.image_token_rule,
+        image_cache_mb=cfg.image_cache_mb,
+    )
     # the first requests' images and prompt texts made (their child processes started) before the
     # pool opens (a server may close idle keep-alive connections) and before the anchor: start-up,
     # not lateness of the first requests due
     t_warm = now_ns()
     warmed = await loop.run_in_executor(None, factory.warm_up, first)
     if any(warmed):
-        log.info("made the images of %d rows and decoded %d prompt texts ahead of the first requests in %.2f s "
-                 "(before the schedule's anchor)", warmed[0], warmed[1], (now_ns() - t_warm) / 1e9)
+        log.info(
+            "made the images of %d rows and decoded %d prompt texts ahead of the first requests in %.2f s "
+            "(before the schedule's anchor)",
+            warmed[0],
+            warmed[1],
+            (now_ns() - t_warm) / 1e9,
+        )
     # the first lead window's requests built now, not at the start, behind their due times
     t_warm = now_ns()
     lead_ns = int(cfg.lead_s * 1e9) if not duration_ns else min(int(cfg.lead_s * 1e9), duration_ns - 1)
     prebuilt = await loop.run_in_executor(None, factory.prebuild, first, lead_ns)
-    log.debug("built the first %d requests in %.3f s (before the schedule's anchor)", prebuilt,
-              (now_ns() - t_warm) / 1e9)
+    log.debug(
+        "built the first %d requests in %.3f s (before the schedule's anchor)", prebuilt, (now_ns() - t_warm) / 1e9
+    )
     clients = await open_clients(cfg, targets, api_key, launcher)  # one pool per target, opened ahead
     client = clients[target]
     # anchored only now: the time the pool took to open (seconds against a server with a small
@@ -218,26 +298,46 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, targets: list[str
     if anchor.late_s and cfg.resume:
         log.info("resuming now: the run's --start-at %s passed %.0f s ago", hms(cfg.start_at), anchor.late_s)
     elif anchor.late_s:
-        log.warning("--start-at %s passed %.1f s ago: starting now, %.1f s out of step with runs that kept it "
-                    "(the requests overdue are not sent in one burst)", hms(cfg.start_at), anchor.late_s,
-                    anchor.late_s)
+        log.warning(
+            "--start-at %s passed %.1f s ago: starting now, %.1f s out of step with runs that kept it "
+            "(the requests overdue are not sent in one burst)",
+            hms(cfg.start_at),
+            anchor.late_s,
+            anchor.late_s,
+        )
 
     gate = SessionGate(cfg.session_policy, scale=lambda ns: round(ns / timeline.speedup))
 
-    meta = {"replayer.version": __version__, "replayer.t0_wall_s": repr(anchor.wall_s),
-            "replayer.trace": os.path.abspath(cfg.trace), "replayer.target": ",".join(targets), "replayer.model": model,
-            "replayer.config": cfg.model_dump_json(), "replayer.run_id": run_id}
+    meta = {
+        "replayer.version": __version__,
+        "replayer.t0_wall_s": repr(anchor.wall_s),
+        "replayer.trace": os.path.abspath(cfg.trace),
+        "replayer.target": ",".join(targets),
+        "replayer.model": model,
+        "replayer.config": cfg.model_dump_json(),
+        "replayer.run_id": run_id,
+    }
     scraper: TargetScraper | TargetScrapers | None = None
     if cfg.scrape_target_metrics:
-        one = {url: TargetScraper(url.rstrip("/") + "/metrics", interval_s=cfg.scrape_interval_s, t0_ns=anchor.t0_ns)
-               for url in targets}
+        one = {
+            url: TargetScraper(url.rstrip("/") + "/metrics", interval_s=cfg.scrape_interval_s, t0_ns=anchor.t0_ns)
+            for url in targets
+        }
         scraper = one[target] if len(one) == 1 else TargetScrapers(one)
     checkpoint = Checkpoint(cfg, run_id, start_loop, scraper if isinstance(scraper, TargetScraper) else None)
 
-    recorder = Recorder(results_dir, flush_rows=cfg.flush_rows, flush_interval_s=cfg.flush_interval_s,
-                        roll_rows=cfg.roll_rows, roll_interval_s=cfg.roll_interval_s, metadata=meta,
-                        checkpoint=checkpoint, itl_format=cfg.itl_format, retain_bytes=cfg.retain_bytes,
-                        retain_age_s=cfg.retain_age_s)
+    recorder = Recorder(
+        results_dir,
+        flush_rows=cfg.flush_rows,
+        flush_interval_s=cfg.flush_interval_s,
+        roll_rows=cfg.roll_rows,
+        roll_interval_s=cfg.roll_interval_s,
+        metadata=meta,
+        checkpoint=checkpoint,
+        itl_format=cfg.itl_format,
+        retain_bytes=cfg.retain_bytes,
+        retain_age_s=cfg.retain_age_s,
+    )
     state.recorder = recorder
     metrics.results_disk.source = lambda: (recorder.results_bytes, recorder.oldest_timestamp_s)
     acct = Accounting(state, metrics)
@@ -273,13 +373,29 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, targets: list[str
         c.on_dispatched = acct.on_dispatched  # dispatch lag accounted as each request goes out
         return LauncherSender(c, shard=shard) if launcher is not None else LoopSender(c, shard=shard)
 
-    sender: Sender = sender_for(client) if len(clients) == 1 else \
-        RoutingSender({url: sender_for(c) for url, c in clients.items()})
-    planner = Planner(timeline, gate=gate, lead_ns=int(cfg.lead_s * 1e9), duration_ns=duration_ns,
-                      rebase_first=bool(cfg.resume), ahead_ns=sender.ahead_ns, connect_ahead_ns=CONNECT_AHEAD_NS)
-    dispatcher = Dispatcher(Feed(batches, prepare if len(clients) == 1 else prepare_routed, factory.unsent), planner,
-                            sender, sink, t0_ns=anchor.t0_ns,
-                            observer=acct, on_idle=gc_pacer.idle, drain_timeout_s=cfg.drain_timeout_s, shard=shard)
+    sender: Sender = (
+        sender_for(client) if len(clients) == 1 else RoutingSender({url: sender_for(c) for url, c in clients.items()})
+    )
+    planner = Planner(
+        timeline,
+        gate=gate,
+        lead_ns=int(cfg.lead_s * 1e9),
+        duration_ns=duration_ns,
+        rebase_first=bool(cfg.resume),
+        ahead_ns=sender.ahead_ns,
+        connect_ahead_ns=CONNECT_AHEAD_NS,
+    )
+    dispatcher = Dispatcher(
+        Feed(batches, prepare if len(clients) == 1 else prepare_routed, factory.unsent),
+        planner,
+        sender,
+        sink,
+        t0_ns=anchor.t0_ns,
+        observer=acct,
+        on_idle=gc_pacer.idle,
+        drain_timeout_s=cfg.drain_timeout_s,
+        shard=shard,
+    )
 
     def timing_changed() -> None:  # under --duration, a pause or a speed-up changes what will be sent
         if duration_ns is not None:
@@ -312,24 +428,36 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, targets: list[str
         background.start("console", console.run(), essential=False)
     elif not cfg.quiet:
         background.start("progress", progress(state, dispatcher, anchor), essential=False)
-    background.start("self-watch", watch_self(state, metrics,
-                                              probe=lambda: selfwatch.read(dispatcher, launcher, gc_pacer)))
+    background.start(
+        "self-watch", watch_self(state, metrics, probe=lambda: selfwatch.read(dispatcher, launcher, gc_pacer))
+    )
     parent = os.environ.get(PARENT_PID_ENV)
     if parent and parent.isdigit():  # a --workers worker: stop with its parent
         background.start("parent watch", stop_with_parent(int(parent), on_signal))
     samples = None
     if scraper is not None:
-        samples = SampleFiles(results_dir, keep_since=lambda: retention.samples_kept_since(
-            results_dir, recorder.oldest_timestamp_s))
+        samples = SampleFiles(
+            results_dir, keep_since=lambda: retention.samples_kept_since(results_dir, recorder.oldest_timestamp_s)
+        )
         if cfg.resume and isinstance(scraper, TargetScraper):  # the summary covers the whole folder:
             carry_target_totals(results_dir, scraper)  # start from the earlier runs' totals
         background.start("target scrape", scraper.run())
         every_s = max(cfg.flush_interval_s, SAMPLES_FLUSH_SCRAPES * cfg.scrape_interval_s)
         background.start("target samples flush", flush_samples(scraper, samples, every_s))
-    log.info("replaying %s (%s rows%s, passes %s, shard %s) against %s (model %s) at speedup %g; results in %s",
-             cfg.trace, n_rows, "" if not cfg.max_requests else f", the first {cfg.max_requests} sent"
-             + (f" over all {shards} shards" if shards > 1 else ""), cfg.loop,
-             cfg.shard, ", ".join(targets), model, cfg.speedup, results_dir)
+    log.info(
+        "replaying %s (%s rows%s, passes %s, shard %s) against %s (model %s) at speedup %g; results in %s",
+        cfg.trace,
+        n_rows,
+        ""
+        if not cfg.max_requests
+        else f", the first {cfg.max_requests} sent" + (f" over all {shards} shards" if shards > 1 else ""),
+        cfg.loop,
+        cfg.shard,
+        ", ".join(targets),
+        model,
+        cfg.speedup,
+        results_dir,
+    )
     try:
         state.state = "running"
         await dispatcher.run()
@@ -355,12 +483,24 @@ async def _replay(cfg, open_batches, n_rows, prompts, payload, targets: list[str
             loop.remove_signal_handler(sig)
     state.state = "done"
     if recorder.rows_added == 0 and not cfg.resume:
-        log.warning("no row of the trace %s: nothing was sent; an empty results file keeps the folder "
-                    "mergeable", f"falls in shard {cfg.shard}" if shards > 1 else "was scheduled")
-    summary = await final_summary(cfg, results_dir, target=target if len(targets) == 1 else targets, model=model, run_id=run_id, scraper=scraper,
-                                  samples=samples, speedup_changes=control.speedup_changes,
-                                  stopped_early=dispatcher.stopping, stop_signal=signals[0] if signals else None,
-                                  gap_cap=gap_cap, task_failures=background.failures)
+        log.warning(
+            "no row of the trace %s: nothing was sent; an empty results file keeps the folder mergeable",
+            f"falls in shard {cfg.shard}" if shards > 1 else "was scheduled",
+        )
+    summary = await final_summary(
+        cfg,
+        results_dir,
+        target=target if len(targets) == 1 else targets,
+        model=model,
+        run_id=run_id,
+        scraper=scraper,
+        samples=samples,
+        speedup_changes=control.speedup_changes,
+        stopped_early=dispatcher.stopping,
+        stop_signal=signals[0] if signals else None,
+        gap_cap=gap_cap,
+        task_failures=background.failures,
+    )
     print_summary(summary, results_dir)
     return summary
 
@@ -385,8 +525,12 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     # GIL in pure-Python stretches; a short switch interval gives it back to the loop quickly.
     sys.setswitchinterval(0.0005)
     # text or one JSON object per line (--log-format); the API key and control token are redacted
-    setup_logging(cfg.log_format, cfg.log_level, secrets=(cfg.api_key(), cfg.control_token()),
-                  fields={"shard": cfg.shard} if cfg.shard_index[1] > 1 else None)
+    setup_logging(
+        cfg.log_format,
+        cfg.log_level,
+        secrets=(cfg.api_key(), cfg.control_token()),
+        fields={"shard": cfg.shard} if cfg.shard_index[1] > 1 else None,
+    )
     try:
         summary = uvloop.run(run_replay(cfg, sim=sim))
     except (StartupError, TraceError) as e:
@@ -397,8 +541,11 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
         return 128 + signal.Signals[sig].value
     failed = summary.get("task_failures") if isinstance(summary, dict) else None
     if failed:
-        print(f"replayer: a background task failed ({failed[0]['task']}: {failed[0]['error']}): the run stopped "
-              f"early, its results are on disk: exit {EXIT_TASK_FAILED}", file=sys.stderr)
+        print(
+            f"replayer: a background task failed ({failed[0]['task']}: {failed[0]['error']}): the run stopped "
+            f"early, its results are on disk: exit {EXIT_TASK_FAILED}",
+            file=sys.stderr,
+        )
         return EXIT_TASK_FAILED
     problem = error_ratio_problem(summary, cfg.max_error_ratio)
     if problem:

@@ -17,8 +17,14 @@ import time
 class GcPacer:
     """``start()`` freezes and disables; ``idle(slack_ns)`` may collect; ``stop()`` restores."""
 
-    def __init__(self, *, min_slack_ns: int = 20_000_000, interval_s: float = 1.0,
-                 max_interval_s: float = 5.0, full_every: int = 30) -> None:
+    def __init__(
+        self,
+        *,
+        min_slack_ns: int = 20_000_000,
+        interval_s: float = 1.0,
+        max_interval_s: float = 5.0,
+        full_every: int = 30,
+    ) -> None:
         self.min_slack_ns = min_slack_ns
         self.interval_s = interval_s
         self.max_interval_s = max_interval_s
@@ -52,7 +58,7 @@ class GcPacer:
             if since < self.max_interval_s:
                 return
             if self._since_full < 2 * self.full_every:  # a full one may wait for room a while,
-                gen = 1                                   # not for ever (cyclic garbage grows)
+                gen = 1  # not for ever (cyclic garbage grows)
         t = time.perf_counter_ns()
         gc.collect(gen)
         self._cost_ns[gen] = took = time.perf_counter_ns() - t

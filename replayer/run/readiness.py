@@ -16,7 +16,6 @@ class StartupError(RuntimeError):
     """The replay could not start (target unreachable, bad trace...); nothing was sent."""
 
 
-
 async def wait_ready(base_url: str, timeout_s: float, api_key: str | None) -> list[str | None]:
     """Poll ``GET /v1/models`` until it answers 200 (returns the model ids) or ``timeout_s``
     passes (raises StartupError naming the URL and the last error)."""
@@ -35,8 +34,11 @@ async def wait_ready(base_url: str, timeout_s: float, api_key: str | None) -> li
                         if said is not None:
                             log.info("target %s ready after %.1f s", base_url, time.monotonic() - start)
                         return [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
-                    last = f"HTTP {r.status}" + (" (no /v1/models there: --target is the server's base URL, "
-                                                  "e.g. http://host:8000)" if r.status == 404 else "")
+                    last = f"HTTP {r.status}" + (
+                        " (no /v1/models there: --target is the server's base URL, e.g. http://host:8000)"
+                        if r.status == 404
+                        else ""
+                    )
             except aiohttp.ClientConnectorError as e:  # (its text names aiohttp's "ssl:default")
                 os_err = e.os_error
                 last = f"cannot connect: {type(os_err).__name__}" + (f" ({os_err.strerror})" if os_err.strerror else "")
@@ -44,14 +46,20 @@ async def wait_ready(base_url: str, timeout_s: float, api_key: str | None) -> li
                 last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             now = time.monotonic()
             if now >= deadline:
-                raise StartupError(f"target {base_url} not ready after {timeout_s:.0f} s ({last}; "
-                                   "--ready-timeout sets how long to wait)")
+                raise StartupError(
+                    f"target {base_url} not ready after {timeout_s:.0f} s ({last}; "
+                    "--ready-timeout sets how long to wait)"
+                )
             if said is None and now - start >= 1.0 or said is not None and now - said >= 10.0:
                 said = now
-                log.info("waiting for the target: GET %s: %s (%.0f s of --ready-timeout %.0f s left)",
-                         url, last, deadline - now, timeout_s)
+                log.info(
+                    "waiting for the target: GET %s: %s (%.0f s of --ready-timeout %.0f s left)",
+                    url,
+                    last,
+                    deadline - now,
+                    timeout_s,
+                )
             await asyncio.sleep(0.05)
-
 
 
 async def wait_ready_all(base_urls: list[str], timeout_s: float, api_key: str | None) -> list[list[str | None]]:

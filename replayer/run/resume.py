@@ -17,11 +17,11 @@ import numpy as np
 import pyarrow.compute as pc
 
 from replayer.config.model import SAME_ON_RESUME, RunConfig, flag_name
-from replayer.send.dispatcher import Position
-from replayer.run.readiness import StartupError
+from replayer.observe.target_metrics import TargetScraper
 from replayer.record.recorder import drop_not_started, read_results
 from replayer.record.retention import read_removed
-from replayer.observe.target_metrics import TargetScraper
+from replayer.run.readiness import StartupError
+from replayer.send.dispatcher import Position
 
 log = logging.getLogger("replayer")
 
@@ -43,14 +43,19 @@ def resume_plan(results_dir: str, cfg: RunConfig | None = None):
     if cfg is not None:
         recorded = {**ckpt.get("settings", {}), **{k: ckpt[k] for k in ("shard", "seed") if k in ckpt}}
         now = resume_settings(cfg)
-        diff = [f"{flag_name(k)} {recorded[k]!r} there, {now[k]!r} now" for k in SAME_ON_RESUME
-                if k in recorded and recorded[k] != now[k]]
-        if "trace" in ckpt and os.path.realpath(ckpt["trace"]) != os.path.realpath(cfg.trace) \
-                and os.path.basename(ckpt["trace"]) != os.path.basename(cfg.trace):
+        diff = [
+            f"{flag_name(k)} {recorded[k]!r} there, {now[k]!r} now"
+            for k in SAME_ON_RESUME
+            if k in recorded and recorded[k] != now[k]
+        ]
+        if (
+            "trace" in ckpt
+            and os.path.realpath(ckpt["trace"]) != os.path.realpath(cfg.trace)
+            and os.path.basename(ckpt["trace"]) != os.path.basename(cfg.trace)
+        ):
             diff.insert(0, f"trace {ckpt['trace']} there, {os.path.abspath(cfg.trace)} now")
         if diff:
-            raise StartupError(f"--resume {results_dir}: settings differ from the run it continues: "
-                               + "; ".join(diff))
+            raise StartupError(f"--resume {results_dir}: settings differ from the run it continues: " + "; ".join(diff))
     table = read_results(results_dir, columns=["loop", "row", "outcome"])
     done: dict[int, np.ndarray] = {}
     if table.num_rows:
@@ -71,16 +76,27 @@ def resume_plan(results_dir: str, cfg: RunConfig | None = None):
         d = done.get(loop)
         return np.isin(rows, d) if d is not None else np.zeros(rows.size, dtype=bool)
 
-    log.info("resuming %s at loop %d, row %d (its checkpoint): %d rows already recorded are skipped "
-             "(%d not-started records replaced)", results_dir, int(ckpt.get("loop", 0)),
-             int(ckpt.get("next_row", 0)), sum(v.size for v in done.values()), dropped)
+    log.info(
+        "resuming %s at loop %d, row %d (its checkpoint): %d rows already recorded are skipped "
+        "(%d not-started records replaced)",
+        results_dir,
+        int(ckpt.get("loop", 0)),
+        int(ckpt.get("next_row", 0)),
+        sum(v.size for v in done.values()),
+        dropped,
+    )
     return start_loop, skip
 
 
 def scraper_totals(scraper: TargetScraper) -> dict:
     """What a resumed run carries on (summary.json's and checkpoint.json's ``target_metrics``)."""
-    return {"scrapes": scraper.scrapes, "scrape_errors": scraper.errors, "counter_resets": scraper.resets,
-            "counter_series_resets": scraper.series_resets, "series_totals": scraper.series_totals()}
+    return {
+        "scrapes": scraper.scrapes,
+        "scrape_errors": scraper.errors,
+        "counter_resets": scraper.resets,
+        "counter_series_resets": scraper.series_resets,
+        "series_totals": scraper.series_totals(),
+    }
 
 
 def carry_target_totals(results_dir: str, scraper: TargetScraper) -> None:
@@ -98,9 +114,13 @@ def carry_target_totals(results_dir: str, scraper: TargetScraper) -> None:
             break
     if not tm:
         return
-    scraper.add_totals(tm.get("series_totals") or [], scrapes=tm.get("scrapes", 0),
-                       errors=tm.get("scrape_errors", 0), resets=tm.get("counter_resets", 0),
-                       series_resets=tm.get("counter_series_resets", 0))
+    scraper.add_totals(
+        tm.get("series_totals") or [],
+        scrapes=tm.get("scrapes", 0),
+        errors=tm.get("scrape_errors", 0),
+        resets=tm.get("counter_resets", 0),
+        series_resets=tm.get("counter_series_resets", 0),
+    )
 
 
 def resume_settings(cfg: RunConfig) -> dict:
@@ -122,10 +142,17 @@ class Checkpoint:
 
     def __call__(self) -> dict[str, Any]:
         cfg, pos = self.cfg, self.position
-        ckpt = {"trace": os.path.abspath(cfg.trace), "shard": cfg.shard, "seed": cfg.seed,
-                "settings": resume_settings(cfg), "run_id": self.run_id,
-                "loop": pos.loop if pos else self.start_loop, "next_row": pos.row if pos else 0,
-                "next_index": pos.index if pos else 0, "wall_time": time.time()}
+        ckpt = {
+            "trace": os.path.abspath(cfg.trace),
+            "shard": cfg.shard,
+            "seed": cfg.seed,
+            "settings": resume_settings(cfg),
+            "run_id": self.run_id,
+            "loop": pos.loop if pos else self.start_loop,
+            "next_row": pos.row if pos else 0,
+            "next_index": pos.index if pos else 0,
+            "wall_time": time.time(),
+        }
         if self.scraper is not None:  # a run killed before its summary still hands its totals on
             ckpt["target_metrics"] = scraper_totals(self.scraper)
         return ckpt

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from replayer.config.model import RunConfig
 from replayer.build.imagerows import ImageEndpointError, check_image_endpoints, may_have_images
 from replayer.build.payload import TEXT_ONLY
-from replayer.run.readiness import StartupError
+from replayer.config.model import RunConfig
 from replayer.record.recorder import earlier_run, new_results_dir
+from replayer.run.readiness import StartupError
 from replayer.trace import open_mix, open_trace, parse_mapping
 
 
@@ -53,8 +53,9 @@ BATCH_ROWS = 65_536
 COUNT_LIMIT = 250_000
 
 
-def count_scheduled(schedule, *, speedup: float, duration_ns: int | None = None, rebase: bool = False,
-                    limit: int = COUNT_LIMIT) -> int | None:
+def count_scheduled(
+    schedule, *, speedup: float, duration_ns: int | None = None, rebase: bool = False, limit: int = COUNT_LIMIT
+) -> int | None:
     """How many requests a schedule (``iter_schedule``'s batches: shard, loops, ``--max-requests``
     and resume skips applied) will send: all of them, or under ``duration_ns`` those due before it
     (due = (trace_ns - trace0) / speedup, trace0 = 0, or the first entry's with ``rebase``, as the
@@ -84,11 +85,14 @@ def open_batches_factory(cfg: RunConfig):
     without reading the rows: ``TraceSource.span_ns``). With ``validate_trace=full`` every row
     is checked before anything is sent (a TraceError lists every problem); with ``lazy`` each
     batch is checked as it is read."""
-    opts: dict[str, Any] = dict(fmt=cfg.format, block_size=cfg.block_size, strict=cfg.strict, mapping=cfg.map,
-                time_unit=cfg.time_unit)
+    opts: dict[str, Any] = dict(
+        fmt=cfg.format, block_size=cfg.block_size, strict=cfg.strict, mapping=cfg.map, time_unit=cfg.time_unit
+    )
     if cfg.mix:  # several traces (tenants) on one clock: replayer.trace.mix
-        source = open_mix([dataclasses.replace(e, hash_id_scope=e.hash_id_scope or cfg.hash_id_scope)
-                           for e in cfg.mix_entries], **opts)
+        source = open_mix(
+            [dataclasses.replace(e, hash_id_scope=e.hash_id_scope or cfg.hash_id_scope) for e in cfg.mix_entries],
+            **opts,
+        )
     else:
         source = open_trace(cfg.trace, **opts)
     if cfg.validate_trace == "full":
@@ -128,5 +132,7 @@ def check_endpoints(batches, trace: str) -> None:
             return
         bad = {e for e in col if e in TEXT_ONLY}
         if bad:
-            raise StartupError(f"{trace}: rows for {', '.join(sorted(bad))} need text prompts: pass "
-                               "--tokenizer PATH (token-id prompts cannot go to these endpoints)")
+            raise StartupError(
+                f"{trace}: rows for {', '.join(sorted(bad))} need text prompts: pass "
+                "--tokenizer PATH (token-id prompts cannot go to these endpoints)"
+            )

@@ -11,14 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import replayer.observe.selfwatch as selfwatch
+from replayer.build.payload import PreparedRequest
 from replayer.core.clock import Anchor, now_ns
-from replayer.send.dispatcher import Dispatcher, Observer
+from replayer.core.result import RequestResult
 from replayer.observe.logs import ErrorBurstLog
 from replayer.observe.metrics import ReplayerMetrics
-from replayer.build.payload import PreparedRequest
-from replayer.record.recorder import Recorder
-from replayer.core.result import RequestResult
 from replayer.observe.selfwatch import BEHIND_MS
+from replayer.record.recorder import Recorder
+from replayer.send.dispatcher import Dispatcher, Observer
 
 log = logging.getLogger("replayer")
 
@@ -146,18 +146,27 @@ def status(state: RunState, d: Dispatcher | None) -> dict:
         st = "paused"
     elif st == "running" and d is not None and d.now_rel() < 0:  # before --start-at (or the start delay)
         st = "waiting"
-    return {"state": st, "target": state.target, "results": state.results,
-            "scheduled": state.scheduled, "sent": state.sent, "completed": state.completed,
-            "failed": state.failed, "cancelled": state.cancelled, "not_started": state.not_started,
-            "in_flight": d.in_flight if d else 0,
-            "position": {"index": pos.index, "loop": pos.loop, "row": pos.row} if pos else None,
-            "speedup": d.timeline.speedup if d else None, "paused": d.timeline.paused if d else False,
-            "dispatch_lag_max_s": round(state.max_lag_ms / 1e3, 6),  # (seconds, as every /status time)
-            # the results folder's size and its oldest result kept (Unix s), as of the last flush
-            "results_bytes": rec.results_bytes if rec else None,
-            "results_oldest_timestamp_s": rec.oldest_timestamp_s if rec else None,
-            # results a failed write keeps in memory until writing works again (0: all on disk)
-            "results_unwritten": rec.unwritten_rows if rec else None}
+    return {
+        "state": st,
+        "target": state.target,
+        "results": state.results,
+        "scheduled": state.scheduled,
+        "sent": state.sent,
+        "completed": state.completed,
+        "failed": state.failed,
+        "cancelled": state.cancelled,
+        "not_started": state.not_started,
+        "in_flight": d.in_flight if d else 0,
+        "position": {"index": pos.index, "loop": pos.loop, "row": pos.row} if pos else None,
+        "speedup": d.timeline.speedup if d else None,
+        "paused": d.timeline.paused if d else False,
+        "dispatch_lag_max_s": round(state.max_lag_ms / 1e3, 6),  # (seconds, as every /status time)
+        # the results folder's size and its oldest result kept (Unix s), as of the last flush
+        "results_bytes": rec.results_bytes if rec else None,
+        "results_oldest_timestamp_s": rec.oldest_timestamp_s if rec else None,
+        # results a failed write keeps in memory until writing works again (0: all on disk)
+        "results_unwritten": rec.unwritten_rows if rec else None,
+    }
 
 
 def hms(wall_s: float) -> str:
@@ -174,14 +183,27 @@ async def progress(state: RunState, dispatcher: Dispatcher, anchor: Anchor, ever
         if t < 0:
             log.info("waiting to start: %.0f s to go (at %s)", -t, hms(anchor.wall_s))
             continue
-        log.info("t=%.0fs sent %d/%s in-flight %d ok %d failed %d max lag %.1f ms (last %.0fs)",
-                 t, state.sent, state.scheduled or "?", dispatcher.in_flight, state.completed, state.failed,
-                 state.window_max_lag_ms, every_s)
+        log.info(
+            "t=%.0fs sent %d/%s in-flight %d ok %d failed %d max lag %.1f ms (last %.0fs)",
+            t,
+            state.sent,
+            state.scheduled or "?",
+            dispatcher.in_flight,
+            state.completed,
+            state.failed,
+            state.window_max_lag_ms,
+            every_s,
+        )
         state.window_max_lag_ms = 0.0
 
 
-async def watch_self(state: RunState, metrics: ReplayerMetrics, every_s: float = 1.0,
-                      probe: Callable[[], selfwatch.Reading] = selfwatch.Reading, repeat_s: float = 10.0) -> None:
+async def watch_self(
+    state: RunState,
+    metrics: ReplayerMetrics,
+    every_s: float = 1.0,
+    probe: Callable[[], selfwatch.Reading] = selfwatch.Reading,
+    repeat_s: float = 10.0,
+) -> None:
     """Say loudly when the replayer, not the server, is the bottleneck: late sends and a busy
     event loop are the client's problem and would otherwise be reported as server latency.
     Checked every ``every_s`` (the first warning comes within about that much of falling behind);
@@ -204,16 +226,25 @@ async def watch_self(state: RunState, metrics: ReplayerMetrics, every_s: float =
             names = [p.split(" (")[0] for p in parts]
             if names != said or time.monotonic() - said_at >= repeat_s:
                 said, said_at = names, time.monotonic()
-                log.warning("the replayer is behind schedule: max dispatch lag %.0f ms, event-loop lag %.0f ms "
-                            "in the last %g s; saturated: %s; its own resources are the bottleneck (measured "
-                            "latencies include client delay): use --workers, shards or a lower --speedup",
-                            lag, loop_lag, every_s, "; ".join(parts) or "nothing measured (another process "
-                            "takes the CPU?)")
+                log.warning(
+                    "the replayer is behind schedule: max dispatch lag %.0f ms, event-loop lag %.0f ms "
+                    "in the last %g s; saturated: %s; its own resources are the bottleneck (measured "
+                    "latencies include client delay): use --workers, shards or a lower --speedup",
+                    lag,
+                    loop_lag,
+                    every_s,
+                    "; ".join(parts) or "nothing measured (another process takes the CPU?)",
+                )
             warned = True
         elif loop_lag > BEHIND_MS:  # sends on time (the launcher process), but reads waited
-            log.warning("the replayer's event loop stalled for up to %.0f ms in the last %g s (requests still "
-                        "went out on time, max dispatch lag %.1f ms): TTFT and ITL of tokens read then include "
-                        "up to that much client delay", loop_lag, every_s, lag)
+            log.warning(
+                "the replayer's event loop stalled for up to %.0f ms in the last %g s (requests still "
+                "went out on time, max dispatch lag %.1f ms): TTFT and ITL of tokens read then include "
+                "up to that much client delay",
+                loop_lag,
+                every_s,
+                lag,
+            )
         elif warned:
             log.info("the replayer is back on schedule (max dispatch lag %.1f ms)", lag)
             warned, said = False, None

@@ -10,36 +10,52 @@ import os
 from typing import Any
 
 from replayer.config.model import RunConfig
-from replayer.record.recorder import result_files, write_json
-from replayer.run.resume import scraper_totals
-from replayer.plan.schedule import IdleGapCap
-from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV
-from replayer.results.summary import format_summary, summarize_files
 from replayer.observe.target_metrics import TargetScraper
 from replayer.observe.target_samples import SampleFiles
+from replayer.plan.schedule import IdleGapCap
+from replayer.record.recorder import result_files, write_json
+from replayer.results.summary import format_summary, summarize_files
 from replayer.results.targets import TargetScrapers, format_targets, read_targets
 from replayer.results.tenants import format_tenants, read_tenant_sections
+from replayer.run.resume import scraper_totals
+from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV
 
 
-async def final_summary(cfg: RunConfig, results_dir: str, *, target: str | list[str], model: str, run_id: str,
-                        scraper: TargetScraper | TargetScrapers | None, samples: SampleFiles | None,
-                        speedup_changes: list[dict], stopped_early: bool, stop_signal: str | None,
-                        gap_cap: IdleGapCap | None, task_failures: list[dict[str, str]] | None = None
-                        ) -> dict[str, Any]:
+async def final_summary(
+    cfg: RunConfig,
+    results_dir: str,
+    *,
+    target: str | list[str],
+    model: str,
+    run_id: str,
+    scraper: TargetScraper | TargetScrapers | None,
+    samples: SampleFiles | None,
+    speedup_changes: list[dict],
+    stopped_early: bool,
+    stop_signal: str | None,
+    gap_cap: IdleGapCap | None,
+    task_failures: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
     """Summarize the results folder (off the loop), add the run's own parts and write
     ``summary.json``; returns it. ``task_failures``: the background tasks that crashed
     (``replayer.core.background``), in the summary only when there were some."""
     loop = asyncio.get_running_loop()
-    summary = await loop.run_in_executor(None, functools.partial(summarize_files, result_files(results_dir),
-                                                                 slos=cfg.goodput_slos))
+    summary = await loop.run_in_executor(
+        None, functools.partial(summarize_files, result_files(results_dir), slos=cfg.goodput_slos)
+    )
     if samples is not None and scraper is not None:  # (also the parts a killed earlier run left)
         await loop.run_in_executor(None, samples.roll, scraper.take_samples())
     if isinstance(scraper, TargetScrapers):  # several targets: each one's deltas in its section
         pass
     elif scraper is not None and scraper.scrapes:
-        summary["target_metrics"] = {"deltas": scraper.deltas(), "latest": scraper.latest,
-                                     "first_scrape_s": scraper.first_time_s, "last_scrape_s": scraper.last_time_s,
-                                     "missing": scraper.missing, **scraper_totals(scraper)}
+        summary["target_metrics"] = {
+            "deltas": scraper.deltas(),
+            "latest": scraper.latest,
+            "first_scrape_s": scraper.first_time_s,
+            "last_scrape_s": scraper.last_time_s,
+            "missing": scraper.missing,
+            **scraper_totals(scraper),
+        }
         hits = summary["target_metrics"]["deltas"].get("prefix_cache_hits")
         if hits is not None:
             summary["server_prefix_cache_hit_tokens"] = hits
@@ -48,10 +64,22 @@ async def final_summary(cfg: RunConfig, results_dir: str, *, target: str | list[
             summary["server_image_cache_hits"] = int(mm_hits) if float(mm_hits).is_integer() else mm_hits
     elif scraper is not None:
         summary["target_metrics"] = {"scrapes": 0, "scrape_errors": scraper.errors, "last_error": scraper.last_error}
-    summary.update({"target": target, "target_embedded": _target_embedded(cfg), "model": model,
-                    "trace": cfg.trace, "speedup": cfg.speedup, "speedup_changes": speedup_changes,
-                    "shard": cfg.shard, "loop": cfg.loop, "results": results_dir, "run_id": run_id,
-                    "stopped_early": stopped_early, "stop_signal": stop_signal})
+    summary.update(
+        {
+            "target": target,
+            "target_embedded": _target_embedded(cfg),
+            "model": model,
+            "trace": cfg.trace,
+            "speedup": cfg.speedup,
+            "speedup_changes": speedup_changes,
+            "shard": cfg.shard,
+            "loop": cfg.loop,
+            "results": results_dir,
+            "run_id": run_id,
+            "stopped_early": stopped_early,
+            "stop_signal": stop_signal,
+        }
+    )
     if task_failures:
         summary["task_failures"] = list(task_failures)
     if gap_cap is not None:  # --idle-gap-cap: gaps capped, time skipped, the trace -> replay map
@@ -85,8 +113,11 @@ def print_summary(summary: dict[str, Any], results_dir: str) -> None:
         print(format_targets(summary["targets"], summary.get("target_switches", 0)), flush=True)
     if summary.get("idle_gap_cap"):
         g = summary["idle_gap_cap"]
-        print(f"Idle gaps over {g['cap_s']:g} s (replay time) capped: {g['gaps_capped']}, "
-              f"{g['time_skipped_s']:,.3f} s skipped", flush=True)
+        print(
+            f"Idle gaps over {g['cap_s']:g} s (replay time) capped: {g['gaps_capped']}, "
+            f"{g['time_skipped_s']:,.3f} s skipped",
+            flush=True,
+        )
     files = [os.path.relpath(f, results_dir) for f in result_files(results_dir)]
     listed = ", ".join(files) if len(files) <= 3 else f"{len(files)} results files"
     print(f"results: {results_dir}/ ({listed}, summary.json)", flush=True)
@@ -109,5 +140,7 @@ def error_ratio_problem(summary: dict, max_error_ratio: float | None) -> str | N
     if max_error_ratio is None or not ended or failed / ended <= max_error_ratio:
         return None
     kinds = ", ".join(f"{k} {n}" for k, n in sorted((summary.get("errors_by_kind") or {}).items()))
-    return (f"{failed} of {ended} requests failed ({failed / ended:.1%}{'; ' + kinds if kinds else ''}), "
-            f"more than --max-error-ratio {max_error_ratio:g}: exit {EXIT_ERROR_RATIO}")
+    return (
+        f"{failed} of {ended} requests failed ({failed / ended:.1%}{'; ' + kinds if kinds else ''}), "
+        f"more than --max-error-ratio {max_error_ratio:g}: exit {EXIT_ERROR_RATIO}"
+    )

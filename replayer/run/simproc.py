@@ -21,6 +21,7 @@ PARENT_PID_ENV = "REPLAYER_PARENT_PID"
 #: (``summary.json``'s ``target_embedded``), not as a server of the user's
 EMBEDDED_TARGET_ENV = "REPLAYER_EMBEDDED_TARGET"
 
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as s:
@@ -38,9 +39,23 @@ def spawn_sim(extra_args: list[str] | None = None) -> tuple[subprocess.Popen, st
     the simulator died at once and every request in flight failed as a disconnect. It exits by
     itself when this process is gone (``--parent-pid``), so a SIGKILL leaves no server behind."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--host", "127.0.0.1", "--port", str(port),
-                             "--parent-pid", str(os.getpid()), *(extra_args or [])],
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "sim",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--parent-pid",
+            str(os.getpid()),
+            *(extra_args or []),
+        ],
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     return proc, f"http://127.0.0.1:{port}"
 
 

@@ -41,12 +41,12 @@ import urllib.request
 
 import pyarrow.compute as pc
 
+from replayer.build.prompts import salted_seed
 from replayer.config.model import RunConfig
 from replayer.observe.selfwatch import BEHIND_MS
-from replayer.build.prompts import salted_seed
 from replayer.record.recorder import new_results_dir, read_file, write_json
-from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, spawn_sim, stop_sim
 from replayer.results.summary import read_summary
+from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, spawn_sim, stop_sim
 
 #: a sweep runs at most this many points (every load loop is bounded)
 MAX_POINTS = 32
@@ -54,11 +54,31 @@ PREFIX_MODES = ("salt", "reset", "warm")
 #: run settings the sweep sets per point (the rest pass through to every point's run)
 PER_POINT = {"speedup", "results", "seed", "target", "resume", "resume_existing", "run_id"}
 #: summary.json keys copied into each point of sweep.json (vllm bench serve's names)
-POINT_KEYS = ("run_id", "scheduled", "sent", "completed", "failed", "duration", "request_throughput", "request_goodput",
-              "output_token_goodput", "slo_attainment", "slo_met", "slo_missed", "slo_unknown",
-              "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_e2el_ms", "p99_e2el_ms",
-              "dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "expected_prefix_hit_tokens",
-              "server_prefix_cache_hit_tokens")
+POINT_KEYS = (
+    "run_id",
+    "scheduled",
+    "sent",
+    "completed",
+    "failed",
+    "duration",
+    "request_throughput",
+    "request_goodput",
+    "output_token_goodput",
+    "slo_attainment",
+    "slo_met",
+    "slo_missed",
+    "slo_unknown",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "median_e2el_ms",
+    "p99_e2el_ms",
+    "dispatch_lag_p50_ms",
+    "dispatch_lag_p99_ms",
+    "expected_prefix_hit_tokens",
+    "server_prefix_cache_hit_tokens",
+)
 
 
 class SweepError(RuntimeError):
@@ -87,8 +107,10 @@ def judge_point(summary: dict | None, min_attainment: float, max_lag_ms: float =
         return "error", "the run wrote no summary.json: see its run.log"
     lag = summary.get("dispatch_lag_p99_ms")
     if lag is not None and lag > max_lag_ms:
-        return "replayer_behind", (f"the replayer fell behind (dispatch lag p99 {lag:.0f} ms > {max_lag_ms:g} ms): "
-                                   "its latencies include client delay; use --workers")
+        return "replayer_behind", (
+            f"the replayer fell behind (dispatch lag p99 {lag:.0f} ms > {max_lag_ms:g} ms): "
+            "its latencies include client delay; use --workers"
+        )
     if summary.get("stopped_early"):
         return "stopped", f"the run was stopped ({summary.get('stop_signal') or '/stop'})"
     att = summary.get("slo_attainment")
@@ -129,13 +151,16 @@ def reset_prefix_cache(target: str, api_key: str | None, timeout_s: float) -> No
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, data=b"", headers=headers, method="POST"),
-                                        timeout=30) as r:
+            with urllib.request.urlopen(
+                urllib.request.Request(url, data=b"", headers=headers, method="POST"), timeout=30
+            ) as r:
                 r.read()
                 return
         except urllib.error.HTTPError as e:
-            raise SweepError(f"--prefix-cache reset: POST {url} answered HTTP {e.code} (vLLM serves it with "
-                             "VLLM_SERVER_DEV_MODE=1); --prefix-cache salt needs nothing of the server") from None
+            raise SweepError(
+                f"--prefix-cache reset: POST {url} answered HTTP {e.code} (vLLM serves it with "
+                "VLLM_SERVER_DEV_MODE=1); --prefix-cache salt needs nothing of the server"
+            ) from None
         except OSError as e:
             if time.monotonic() >= deadline:
                 raise SweepError(f"--prefix-cache reset: POST {url}: {e}") from None
@@ -156,31 +181,49 @@ def point_line(i: int, total: int, p: dict) -> str:
         return f"sweep point {i}/{total}: speed-up {p['speedup']:g}x: error ({p['why']})"
     att = p.get("slo_attainment")
     judged = (p.get("slo_met") or 0) + (p.get("slo_missed") or 0)
-    return (f"sweep point {i}/{total}: speed-up {p['speedup']:g}x, offered {rate(p.get('offered_rps'))} req/s: "
-            f"attainment {'n/a' if att is None else f'{att:.1%}'} ({p.get('slo_met') or 0} of {judged}), "
-            f"goodput {rate(p.get('request_goodput'))} req/s, "
-            f"TTFT p50/p99 {ms('median_ttft_ms')}/{ms('p99_ttft_ms')} ms, "
-            f"TPOT p50/p99 {ms('median_tpot_ms')}/{ms('p99_tpot_ms')} ms, E2E p50/p99 "
-            f"{ms('median_e2el_ms')}/{ms('p99_e2el_ms')} ms, dispatch lag p99 {ms('dispatch_lag_p99_ms')} ms: "
-            f"{p['status']}" + ("" if p["status"] == "held" else f" ({p['why']})"))
+    return (
+        f"sweep point {i}/{total}: speed-up {p['speedup']:g}x, offered {rate(p.get('offered_rps'))} req/s: "
+        f"attainment {'n/a' if att is None else f'{att:.1%}'} ({p.get('slo_met') or 0} of {judged}), "
+        f"goodput {rate(p.get('request_goodput'))} req/s, "
+        f"TTFT p50/p99 {ms('median_ttft_ms')}/{ms('p99_ttft_ms')} ms, "
+        f"TPOT p50/p99 {ms('median_tpot_ms')}/{ms('p99_tpot_ms')} ms, E2E p50/p99 "
+        f"{ms('median_e2el_ms')}/{ms('p99_e2el_ms')} ms, dispatch lag p99 {ms('dispatch_lag_p99_ms')} ms: "
+        f"{p['status']}" + ("" if p["status"] == "held" else f" ({p['why']})")
+    )
 
 
-def point_record(index: int, speedup: float, folder: str, seed: int, exit_code: int, min_attainment: float,
-                 max_lag_ms: float) -> dict:
+def point_record(
+    index: int, speedup: float, folder: str, seed: int, exit_code: int, min_attainment: float, max_lag_ms: float
+) -> dict:
     """One point of ``sweep.json``, from its run's folder: its settings, offered load, the
     ``POINT_KEYS`` and ``slo_attainment_<bound>`` of its ``summary.json``, and its judgement
     (``judge_point``: ``status``, ``why``, ``replayer_behind``)."""
     summary = read_summary(folder) or None
     status, why = judge_point(summary, min_attainment, max_lag_ms)
-    return {"index": index, "speedup": speedup, "results": os.path.basename(folder), "seed": seed,
-            "exit_code": exit_code, "offered_rps": offered_rps(folder) if summary else None,
-            **{key: (summary or {}).get(key) for key in POINT_KEYS},
-            **{key: v for key, v in (summary or {}).items() if key.startswith("slo_attainment_")},
-            "status": status, "why": why, "replayer_behind": status == "replayer_behind"}
+    return {
+        "index": index,
+        "speedup": speedup,
+        "results": os.path.basename(folder),
+        "seed": seed,
+        "exit_code": exit_code,
+        "offered_rps": offered_rps(folder) if summary else None,
+        **{key: (summary or {}).get(key) for key in POINT_KEYS},
+        **{key: v for key, v in (summary or {}).items() if key.startswith("slo_attainment_")},
+        "status": status,
+        "why": why,
+        "replayer_behind": status == "replayer_behind",
+    }
 
 
-def run_sweep(cfg: RunConfig, run_flags: list[str], *, speedups: list[float], min_attainment: float = 0.9,
-              prefix_cache: str = "salt", max_dispatch_lag_ms: float = BEHIND_MS) -> tuple[dict, int]:
+def run_sweep(  # noqa: C901, PLR0912, PLR0915
+    cfg: RunConfig,
+    run_flags: list[str],
+    *,
+    speedups: list[float],
+    min_attainment: float = 0.9,
+    prefix_cache: str = "salt",
+    max_dispatch_lag_ms: float = BEHIND_MS,
+) -> tuple[dict, int]:
     """Run the sweep (see the module docstring); returns (sweep.json's dict, exit code: 0 when it
     ran to its end or its stop rule, 2 when a point could not start or a reset failed, 128 + the
     signal's number when SIGTERM/SIGINT/SIGHUP stopped it). ``run_flags``: every run setting
@@ -188,8 +231,10 @@ def run_sweep(cfg: RunConfig, run_flags: list[str], *, speedups: list[float], mi
     if prefix_cache not in PREFIX_MODES:
         raise SweepError(f"--prefix-cache {prefix_cache!r}: must be one of {', '.join(PREFIX_MODES)}")
     if not cfg.goodput:
-        raise SweepError("--goodput is needed: each point is judged by its SLO attainment "
-                         "(e.g. --goodput ttft:2000 tpot:50 e2el:30000)")
+        raise SweepError(
+            "--goodput is needed: each point is judged by its SLO attainment "
+            "(e.g. --goodput ttft:2000 tpot:50 e2el:30000)"
+        )
     if cfg.run_id and len(cfg.run_id) > 61:
         raise SweepError(f"--run-id {cfg.run_id!r}: at most 61 characters in a sweep (each point adds -NN)")
     results = cfg.results or new_results_dir()
@@ -208,13 +253,25 @@ def run_sweep(cfg: RunConfig, run_flags: list[str], *, speedups: list[float], mi
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     sim = None
     targets = cfg.targets
-    sweep = {"trace": cfg.trace, "target": targets[0] if len(targets) == 1 else (targets or None),
-             "target_embedded": not targets, "speedups": speedups,
-             "min_attainment": min_attainment, "goodput_slos_ms": cfg.goodput_slos, "prefix_cache": prefix_cache,
-             "seed": cfg.seed, "max_requests": cfg.max_requests, "duration_s": cfg.duration_s,
-             "max_dispatch_lag_p99_ms": max_dispatch_lag_ms, "started_wall_s": time.time(), "points": [],
-             "highest_held_speedup": None, "highest_held_offered_rps": None, "highest_held_request_goodput": None,
-             "stop_reason": None}
+    sweep = {
+        "trace": cfg.trace,
+        "target": targets[0] if len(targets) == 1 else (targets or None),
+        "target_embedded": not targets,
+        "speedups": speedups,
+        "min_attainment": min_attainment,
+        "goodput_slos_ms": cfg.goodput_slos,
+        "prefix_cache": prefix_cache,
+        "seed": cfg.seed,
+        "max_requests": cfg.max_requests,
+        "duration_s": cfg.duration_s,
+        "max_dispatch_lag_p99_ms": max_dispatch_lag_ms,
+        "started_wall_s": time.time(),
+        "points": [],
+        "highest_held_speedup": None,
+        "highest_held_offered_rps": None,
+        "highest_held_request_goodput": None,
+        "stop_reason": None,
+    }
     code = 0
     try:
         if not targets:
@@ -230,14 +287,35 @@ def run_sweep(cfg: RunConfig, run_flags: list[str], *, speedups: list[float], mi
             if prefix_cache == "reset":
                 for target in targets:
                     reset_prefix_cache(target, cfg.api_key(), cfg.ready_timeout_s if cfg.target else 30.0)
-            args = [sys.executable, "-m", "replayer", "run", *run_flags, "--speedup", repr(speedup),
-                    "--results", folder, "--seed", str(seed), *(a for t in targets for a in ("--target", t)),
-                    *(["--run-id", f"{cfg.run_id}-{k + 1:02d}"] if cfg.run_id else [])]
-            env = {**os.environ, PARENT_PID_ENV: str(os.getpid()),  # stops with us; prints nothing
-                   **({EMBEDDED_TARGET_ENV: targets[0]} if sim is not None else {})}
+            args = [
+                sys.executable,
+                "-m",
+                "replayer",
+                "run",
+                *run_flags,
+                "--speedup",
+                repr(speedup),
+                "--results",
+                folder,
+                "--seed",
+                str(seed),
+                *(a for t in targets for a in ("--target", t)),
+                *(["--run-id", f"{cfg.run_id}-{k + 1:02d}"] if cfg.run_id else []),
+            ]
+            env = {
+                **os.environ,
+                PARENT_PID_ENV: str(os.getpid()),  # stops with us; prints nothing
+                **({EMBEDDED_TARGET_ENV: targets[0]} if sim is not None else {}),
+            }
             with open(os.path.join(folder, "run.log"), "ab") as log:
-                p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                     env=env, start_new_session=True)
+                p = subprocess.Popen(
+                    args,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
                 child[:] = [p]
                 rc = p.wait()
             point = point_record(k + 1, speedup, folder, seed, rc, min_attainment, max_dispatch_lag_ms)
@@ -246,8 +324,11 @@ def run_sweep(cfg: RunConfig, run_flags: list[str], *, speedups: list[float], mi
             if not cfg.quiet:
                 print(point_line(k + 1, len(speedups), point), flush=True)
             if status == "held":
-                sweep.update(highest_held_speedup=speedup, highest_held_offered_rps=point["offered_rps"],
-                             highest_held_request_goodput=point["request_goodput"])
+                sweep.update(
+                    highest_held_speedup=speedup,
+                    highest_held_offered_rps=point["offered_rps"],
+                    highest_held_request_goodput=point["request_goodput"],
+                )
             else:
                 sweep["stop_reason"] = f"{why} at speed-up {speedup:g}x"
             write_json(os.path.join(results, "sweep.json"), sweep)
@@ -274,9 +355,18 @@ def run_sweep(cfg: RunConfig, run_flags: list[str], *, speedups: list[float], mi
 
     page = write_sweep_report(sweep, os.path.join(results, "sweep.html"))
     held = sweep["highest_held_speedup"]
-    print("sweep: " + (f"the highest speed-up that held: {held:g}x ({sweep['highest_held_offered_rps'] or 0:.2f} req/s "
-                       f"offered, goodput {sweep['highest_held_request_goodput'] or 0:.2f} req/s)" if held is not None
-                       else "no speed-up held") + f"; {sweep['stop_reason']}", flush=True)
-    print(f"results: {results}/ (sweep.json, {os.path.basename(page)}, {len(sweep['points'])} point folders)",
-          flush=True)
+    print(
+        "sweep: "
+        + (
+            f"the highest speed-up that held: {held:g}x ({sweep['highest_held_offered_rps'] or 0:.2f} req/s "
+            f"offered, goodput {sweep['highest_held_request_goodput'] or 0:.2f} req/s)"
+            if held is not None
+            else "no speed-up held"
+        )
+        + f"; {sweep['stop_reason']}",
+        flush=True,
+    )
+    print(
+        f"results: {results}/ (sweep.json, {os.path.basename(page)}, {len(sweep['points'])} point folders)", flush=True
+    )
     return sweep, code

@@ -28,8 +28,8 @@ import urllib.request
 from collections.abc import Callable
 
 from replayer.config.model import RunConfig, new_run_id
-from replayer.results.merge import merge_results
 from replayer.record.recorder import earlier_run, new_results_dir, result_files
+from replayer.results.merge import merge_results
 from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, free_port
 
 log = logging.getLogger(__name__)
@@ -97,9 +97,11 @@ def progress_line(statuses: list[dict | None], t_s: float, running: int) -> str:
     total = lambda k: sum(int(s.get(k) or 0) for s in live)  # noqa: E731
     known = len(live) == len(statuses) and all(s.get("scheduled") for s in live)
     lag = max((float(s.get("dispatch_lag_max_s") or 0.0) * 1e3 for s in live), default=0.0)
-    return (f"t={t_s:.0f}s sent {total('sent')}/{total('scheduled') if known else '?'} "
-            f"in-flight {total('in_flight')} ok {total('completed')} failed {total('failed')} "
-            f"max lag {lag:.1f} ms ({running} of {len(statuses)} workers running)")
+    return (
+        f"t={t_s:.0f}s sent {total('sent')}/{total('scheduled') if known else '?'} "
+        f"in-flight {total('in_flight')} ok {total('completed')} failed {total('failed')} "
+        f"max lag {lag:.1f} ms ({running} of {len(statuses)} workers running)"
+    )
 
 
 def _progress(procs: list[subprocess.Popen], ports: list[int], start_at: float, every_s: float = 5.0) -> None:
@@ -125,7 +127,7 @@ def worker_shares(cfg: RunConfig) -> list[str]:
     return ["--retain-size", str(max(1, cfg.retain_bytes // cfg.workers))]
 
 
-def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
+def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:  # noqa: C901, PLR0912, PLR0915
     """Run ``cfg.workers`` shard processes of the same replay; returns the worst exit code
     (a worker killed by a signal counts as 128 + signal; 1 if no results could be merged).
 
@@ -138,7 +140,7 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     n = cfg.workers
     flags = _without_flag(list(argv_flags), "--resume")
     if cfg.run_id is None and not cfg.resume:  # one run id for all workers' X-Request-Id headers
-        flags += ["--run-id", new_run_id()]      # (a resumed worker keeps its checkpoint's)
+        flags += ["--run-id", new_run_id()]  # (a resumed worker keeps its checkpoint's)
     if cfg.admin_port and cfg.admin_port + n - 1 > 65535:
         print(f"replayer run: --admin-port {cfg.admin_port} + {n} workers exceeds 65535", file=sys.stderr)
         return 2
@@ -166,8 +168,22 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
         targets = cfg.targets
         if not targets:
             port = free_port()
-            sim = subprocess.Popen([sys.executable, "-m", "replayer", "sim", "--host", "127.0.0.1", "--port", str(port),
-                                    "--parent-pid", str(os.getpid())], stdin=subprocess.DEVNULL, start_new_session=True)
+            sim = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "replayer",
+                    "sim",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--parent-pid",
+                    str(os.getpid()),
+                ],
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             targets = [f"http://127.0.0.1:{port}"]
             if not _wait_health(targets[0] + "/health", sim, 30.0):
                 print(f"replayer run: the embedded simulator did not start at {targets[0]}", file=sys.stderr)
@@ -179,18 +195,51 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
         ports = _distinct_free_ports(n) if cfg.admin_port == 0 else [cfg.admin_port + i for i in range(n)]
         for i, port in enumerate(ports):
             wdir = os.path.join(results, f"worker-{i}")
-            args = [sys.executable, "-m", "replayer", "run", *flags, *worker_shares(cfg), "--workers", "1",
-                    "--shard", f"{i}/{n}", "--start-at", repr(start_at), "--results", wdir,
-                    "--admin-port", str(port), *(a for t in targets for a in ("--target", t)), "--quiet"]
+            args = [
+                sys.executable,
+                "-m",
+                "replayer",
+                "run",
+                *flags,
+                *worker_shares(cfg),
+                "--workers",
+                "1",
+                "--shard",
+                f"{i}/{n}",
+                "--start-at",
+                repr(start_at),
+                "--results",
+                wdir,
+                "--admin-port",
+                str(port),
+                *(a for t in targets for a in ("--target", t)),
+                "--quiet",
+            ]
             if cfg.resume and os.path.exists(os.path.join(wdir, "checkpoint.json")):
                 args += ["--resume", wdir]
-            procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True,
-                                          env={**os.environ, PARENT_PID_ENV: str(os.getpid()),
-                                               **({EMBEDDED_TARGET_ENV: targets[0]} if sim is not None else {})}))
+            procs.append(
+                subprocess.Popen(
+                    args,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    env={
+                        **os.environ,
+                        PARENT_PID_ENV: str(os.getpid()),
+                        **({EMBEDDED_TARGET_ENV: targets[0]} if sim is not None else {}),
+                    },
+                )
+            )
         if not cfg.quiet:
-            log.info("%d workers (shards 0/%d..%d/%d) start at %s; results in %s; their /status on 127.0.0.1:%s",
-                     n, n, n - 1, n, time.strftime("%H:%M:%S", time.localtime(start_at)), results,
-                     ",".join(map(str, ports)))
+            log.info(
+                "%d workers (shards 0/%d..%d/%d) start at %s; results in %s; their /status on 127.0.0.1:%s",
+                n,
+                n,
+                n - 1,
+                n,
+                time.strftime("%H:%M:%S", time.localtime(start_at)),
+                results,
+                ",".join(map(str, ports)),
+            )
             _progress(procs, ports, start_at)
         codes = [_exit_code(p.wait()) for p in procs]
     finally:

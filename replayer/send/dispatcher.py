@@ -29,13 +29,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from replayer.build.payload import PreparedRequest
 from replayer.core.clock import MONOTONIC, SPIN_NS, Clock
 from replayer.core.errors import ErrorKind, Outcome
-from replayer.send.feed import BatchFeeder, Feed
-from replayer.build.payload import PreparedRequest
-from replayer.plan.planner import PREPARE, Fire, Planner
 from replayer.core.result import RequestResult
+from replayer.plan.planner import PREPARE, Fire, Planner
 from replayer.plan.schedule import ScheduleBatch, Timeline
+from replayer.send.feed import BatchFeeder, Feed
 from replayer.send.sender import SendCancelled, Sender, Sending
 
 log = logging.getLogger(__name__)
@@ -56,9 +56,9 @@ class Observer:
 class Position:
     """Where the replay is: the next request to send (for status and resume checkpoints)."""
 
-    index: int = 0   # schedule position
+    index: int = 0  # schedule position
     loop: int = 0
-    row: int = 0     # global trace row
+    row: int = 0  # global trace row
     trace_ns: int = 0
 
 
@@ -71,10 +71,20 @@ class Dispatcher:
     in the results of requests never sent.
     """
 
-    def __init__(self, feed: Feed, planner: Planner, sender: Sender, sink: Callable[[RequestResult], None], *,
-                 t0_ns: int, observer: Observer | None = None, clock: Clock = MONOTONIC,
-                 on_idle: Callable[[int], None] | None = None, drain_timeout_s: float = 30.0,
-                 shard: int = 0) -> None:
+    def __init__(
+        self,
+        feed: Feed,
+        planner: Planner,
+        sender: Sender,
+        sink: Callable[[RequestResult], None],
+        *,
+        t0_ns: int,
+        observer: Observer | None = None,
+        clock: Clock = MONOTONIC,
+        on_idle: Callable[[int], None] | None = None,
+        drain_timeout_s: float = 30.0,
+        shard: int = 0,
+    ) -> None:
         self._feeder = BatchFeeder(feed.batches)
         self._prepare = feed.prepare
         self._unsent = feed.unsent
@@ -88,7 +98,7 @@ class Dispatcher:
         self.drain_timeout_s = drain_timeout_s
         self.shard = shard
         self._stopping = asyncio.Event()
-        self._changed = asyncio.Event()   # timeline changed (pause/resume/speed-up), a turn released, or stop
+        self._changed = asyncio.Event()  # timeline changed (pause/resume/speed-up), a turn released, or stop
         self._idle = asyncio.Event()
         self._idle.set()
         self._tg: asyncio.TaskGroup | None = None
@@ -174,7 +184,7 @@ class Dispatcher:
             self._record_unsent()
             self._feeder.close()
 
-    async def _issue(self) -> None:
+    async def _issue(self) -> None:  # noqa: C901, PLR0912, PLR0915
         plan, clock, sender = self._plan, self._clock, self._sender
         stopping = self._stopping
         while not stopping.is_set():

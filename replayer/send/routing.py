@@ -132,7 +132,6 @@ class RoutingSender:
             s.expect(n)
 
 
-
 def share_launcher(clients: list, launcher) -> None:
     """Let every client write through one launcher process (``Client.use_launcher``): its reports
     go to each client, and each takes only the writes it queued (unknown tokens are ignored)."""

@@ -30,10 +30,10 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from replayer.http.client import Client
-from replayer.core.errors import ErrorKind, Outcome
 from replayer.build.payload import PreparedRequest
+from replayer.core.errors import ErrorKind, Outcome
 from replayer.core.result import RequestResult
+from replayer.http.client import Client
 
 #: a request outside sessions is handed to the launcher process this long before its due time
 LAUNCH_AHEAD_NS = 50_000_000
@@ -93,8 +93,9 @@ class LoopSender:
     def expect(self, n: int) -> None:
         self.client.expect(n)
 
-    async def _send(self, req: PreparedRequest, res: RequestResult, origin: int,
-                    reserved: tuple[object, ...] | None) -> RequestResult:
+    async def _send(
+        self, req: PreparedRequest, res: RequestResult, origin: int, reserved: tuple[object, ...] | None
+    ) -> RequestResult:
         try:
             await self.client.send(req, res, reserved, lag_from_ns=origin)
         except asyncio.CancelledError:

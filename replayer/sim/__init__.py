@@ -166,5 +166,4 @@ from replayer.sim.cli import _parser, main, run_sim  # noqa: F401 - _parser: tes
 from replayer.sim.config import ReceivedRequest, SimConfig
 from replayer.sim.server import SimServer
 
-__all__ = ["SimConfig", "SimServer", "ReceivedRequest", "prompt_block_hashes", "main",
-           "run_sim"]
+__all__ = ["SimConfig", "SimServer", "ReceivedRequest", "prompt_block_hashes", "main", "run_sim"]

@@ -13,13 +13,13 @@ from replayer.sim.config import ReceivedRequest, SimConfig
 from replayer.sim.pooling import SCORE_USAGE_MODES
 from replayer.sim.server import SimServer
 
-
 # ---------------------------------------------------------------------------------------
 # Standalone server
 
 
-async def _serve(config: SimConfig, host: str, port: int, record_file: str | None,
-                 parent_pid: int | None = None) -> None:
+async def _serve(
+    config: SimConfig, host: str, port: int, record_file: str | None, parent_pid: int | None = None
+) -> None:
     fh = open(record_file, "ab") if record_file else None  # noqa: SIM115 - closed below
     written = 0
 
@@ -34,8 +34,7 @@ async def _serve(config: SimConfig, host: str, port: int, record_file: str | Non
     server = SimServer(config, on_request=on_request if fh else None)
     try:
         url = await server.start(host, port)
-        print(f"replayer sim: model {config.model!r} serving at {url}", file=sys.stderr,
-              flush=True)
+        print(f"replayer sim: model {config.model!r} serving at {url}", file=sys.stderr, flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -52,18 +51,24 @@ async def _serve(config: SimConfig, host: str, port: int, record_file: str | Non
             fh.close()
 
 
-def run_sim(config: SimConfig, host: str = "127.0.0.1", port: int = 8000,
-            record_file: str | None = None, parent_pid: int | None = None) -> None:
+def run_sim(
+    config: SimConfig,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    record_file: str | None = None,
+    parent_pid: int | None = None,
+) -> None:
     """Serve until SIGINT/SIGTERM (blocking, uvloop). ``record_file``: append JSON lines.
     ``parent_pid``: also stop once that process has ended (checked twice a second)."""
     try:
         import uvloop
+
         uvloop.run(_serve(config, host, port, record_file, parent_pid))
     except ImportError:  # pragma: no cover - uvloop is a dependency
         asyncio.run(_serve(config, host, port, record_file, parent_pid))
 
 
-PARENT_IDLE_S = 2.0     # after the parent is gone: exit once no request came for this long
+PARENT_IDLE_S = 2.0  # after the parent is gone: exit once no request came for this long
 PARENT_GRACE_S = 300.0  # ... or after this long at the most
 
 
@@ -88,56 +93,104 @@ async def _exit_with(pid: int, stop: asyncio.Event, server: SimServer) -> None:
 def _parser() -> argparse.ArgumentParser:
     d = SimConfig()
     p = argparse.ArgumentParser(
-        prog="replayer sim", formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False,
-        description="Simulated vLLM OpenAI-compatible server (see replayer/sim/__init__.py).")
+        prog="replayer sim",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,
+        description="Simulated vLLM OpenAI-compatible server (see replayer/sim/__init__.py).",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model", default=d.model, help="served model name")
-    p.add_argument("--kv-block-size", type=int, default=d.kv_block_size,
-                   help="prefix-cache block size, tokens")
-    p.add_argument("--prefix-cache-tokens", type=int, default=d.prefix_cache_tokens,
-                   help="prefix-cache capacity, tokens (0 disables)")
+    p.add_argument("--kv-block-size", type=int, default=d.kv_block_size, help="prefix-cache block size, tokens")
+    p.add_argument(
+        "--prefix-cache-tokens",
+        type=int,
+        default=d.prefix_cache_tokens,
+        help="prefix-cache capacity, tokens (0 disables)",
+    )
     p.add_argument("--ttft-base-ms", type=float, default=d.ttft_base_ms)
-    p.add_argument("--prefill-us-per-token", type=float, default=d.prefill_us_per_token,
-                   help="microseconds per uncached prompt token")
+    p.add_argument(
+        "--prefill-us-per-token",
+        type=float,
+        default=d.prefill_us_per_token,
+        help="microseconds per uncached prompt token",
+    )
     p.add_argument("--itl-base-ms", type=float, default=d.itl_base_ms)
     p.add_argument("--itl-per-running-us", type=float, default=d.itl_per_running_us)
-    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
-                   help="max running requests (0 = unlimited)")
+    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="max running requests (0 = unlimited)")
     p.add_argument("--vocab-size", type=int, default=d.vocab_size)
     p.add_argument("--max-model-len", type=int, default=d.max_model_len)
-    p.add_argument("--record-requests", metavar="FILE", default=None,
-                   help="append one JSON line per received request (prompt included)")
-    p.add_argument("--record-limit", type=int, default=d.record_limit,
-                   help="max requests written to --record-requests FILE")
-    p.add_argument("--embedding-dim", type=int, default=d.embedding_dim,
-                   help="length of /v1/embeddings vectors")
-    p.add_argument("--score-usage", choices=SCORE_USAGE_MODES, default=d.score_usage,
-                   help="score/rerank prompt tokens: per_document (cross-encoder, query "
-                   "counted per document) or once (query counted once)")
-    p.add_argument("--parent-pid", type=int, metavar="PID", default=None,
-                   help="stop when this process (the parent: replayer run's embedded simulator) has ended and no request came for 2 s")
-    p.add_argument("--inflate-score-usage", type=int, metavar="N",
-                   default=d.score_usage_inflate_tokens,
-                   help="add N tokens per document to score/rerank usage (imitates an old "
-                   "vLLM usage bug; /metrics stays honest)")
-    p.add_argument("--tokens-per-chunk", type=int, metavar="K", default=d.tokens_per_chunk,
-                   help="tokens per decode step and streamed chunk after the first token (as "
-                   "speculative decoding or MTP delivers them)")
-    p.add_argument("--enable-per-request-metrics", action="store_true",
-                   help="as vLLM's flag: every completions/chat response carries its timings in a "
-                   "'metrics' object (streams: on the final usage chunk); without it, only requests "
-                   "with \"include_metrics\": true get them")
-    p.add_argument("--image-token-rule", default=d.image_token_rule,
-                   help="tokens of each decoded image: qwen2-vl, llava (576), fixed:N or none (0); the "
-                   "default is replayer run's default expectation")
-    p.add_argument("--encoder-cache-images", type=int, default=d.encoder_cache_images,
-                   help="images the encoder cache holds (LRU keyed by image content; 0 = no cache)")
-    p.add_argument("--image-encode-us-per-token", type=float, default=d.image_encode_us_per_token,
-                   help="simulated encoder time per image token, skipped when the image hits the encoder cache")
-    p.add_argument("--no-prompt-tokens-details", dest="prompt_tokens_details", action="store_false",
-                   help="leave usage.prompt_tokens_details (image_tokens) out, as vLLM does without "
-                   "--enable-prompt-tokens-details")
+    p.add_argument(
+        "--record-requests",
+        metavar="FILE",
+        default=None,
+        help="append one JSON line per received request (prompt included)",
+    )
+    p.add_argument(
+        "--record-limit", type=int, default=d.record_limit, help="max requests written to --record-requests FILE"
+    )
+    p.add_argument("--embedding-dim", type=int, default=d.embedding_dim, help="length of /v1/embeddings vectors")
+    p.add_argument(
+        "--score-usage",
+        choices=SCORE_USAGE_MODES,
+        default=d.score_usage,
+        help="score/rerank prompt tokens: per_document (cross-encoder, query "
+        "counted per document) or once (query counted once)",
+    )
+    p.add_argument(
+        "--parent-pid",
+        type=int,
+        metavar="PID",
+        default=None,
+        help="stop when this process (the parent: replayer run's embedded simulator) has ended and no request came for 2 s",
+    )
+    p.add_argument(
+        "--inflate-score-usage",
+        type=int,
+        metavar="N",
+        default=d.score_usage_inflate_tokens,
+        help="add N tokens per document to score/rerank usage (imitates an old vLLM usage bug; /metrics stays honest)",
+    )
+    p.add_argument(
+        "--tokens-per-chunk",
+        type=int,
+        metavar="K",
+        default=d.tokens_per_chunk,
+        help="tokens per decode step and streamed chunk after the first token (as "
+        "speculative decoding or MTP delivers them)",
+    )
+    p.add_argument(
+        "--enable-per-request-metrics",
+        action="store_true",
+        help="as vLLM's flag: every completions/chat response carries its timings in a "
+        "'metrics' object (streams: on the final usage chunk); without it, only requests "
+        'with "include_metrics": true get them',
+    )
+    p.add_argument(
+        "--image-token-rule",
+        default=d.image_token_rule,
+        help="tokens of each decoded image: qwen2-vl, llava (576), fixed:N or none (0); the "
+        "default is replayer run's default expectation",
+    )
+    p.add_argument(
+        "--encoder-cache-images",
+        type=int,
+        default=d.encoder_cache_images,
+        help="images the encoder cache holds (LRU keyed by image content; 0 = no cache)",
+    )
+    p.add_argument(
+        "--image-encode-us-per-token",
+        type=float,
+        default=d.image_encode_us_per_token,
+        help="simulated encoder time per image token, skipped when the image hits the encoder cache",
+    )
+    p.add_argument(
+        "--no-prompt-tokens-details",
+        dest="prompt_tokens_details",
+        action="store_false",
+        help="leave usage.prompt_tokens_details (image_tokens) out, as vLLM does without "
+        "--enable-prompt-tokens-details",
+    )
     return p
 
 
@@ -146,17 +199,28 @@ def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     try:
         cfg = SimConfig(
-            model=a.model, kv_block_size=a.kv_block_size,
-            prefix_cache_tokens=a.prefix_cache_tokens, ttft_base_ms=a.ttft_base_ms,
-            prefill_us_per_token=a.prefill_us_per_token, itl_base_ms=a.itl_base_ms,
-            itl_per_running_us=a.itl_per_running_us, max_num_seqs=a.max_num_seqs,
-            vocab_size=a.vocab_size, max_model_len=a.max_model_len,
-            record_requests=False, record_limit=a.record_limit,
-            embedding_dim=a.embedding_dim, score_usage=a.score_usage,
-            score_usage_inflate_tokens=a.inflate_score_usage, tokens_per_chunk=a.tokens_per_chunk,
-            per_request_metrics=a.enable_per_request_metrics, image_token_rule=a.image_token_rule,
-            encoder_cache_images=a.encoder_cache_images, image_encode_us_per_token=a.image_encode_us_per_token,
-            prompt_tokens_details=a.prompt_tokens_details)
+            model=a.model,
+            kv_block_size=a.kv_block_size,
+            prefix_cache_tokens=a.prefix_cache_tokens,
+            ttft_base_ms=a.ttft_base_ms,
+            prefill_us_per_token=a.prefill_us_per_token,
+            itl_base_ms=a.itl_base_ms,
+            itl_per_running_us=a.itl_per_running_us,
+            max_num_seqs=a.max_num_seqs,
+            vocab_size=a.vocab_size,
+            max_model_len=a.max_model_len,
+            record_requests=False,
+            record_limit=a.record_limit,
+            embedding_dim=a.embedding_dim,
+            score_usage=a.score_usage,
+            score_usage_inflate_tokens=a.inflate_score_usage,
+            tokens_per_chunk=a.tokens_per_chunk,
+            per_request_metrics=a.enable_per_request_metrics,
+            image_token_rule=a.image_token_rule,
+            encoder_cache_images=a.encoder_cache_images,
+            image_encode_us_per_token=a.image_encode_us_per_token,
+            prompt_tokens_details=a.prompt_tokens_details,
+        )
     except ValueError as e:
         print(f"replayer sim: {e}", file=sys.stderr)
         return 2

@@ -33,7 +33,7 @@ class SimConfig:
     tokens_per_chunk: int = 1
     per_request_metrics: bool = False  # vLLM --enable-per-request-metrics: every response has `metrics`
     image_token_rule: str = "qwen2-vl"  # tokens per decoded image (replayer.build.image_tokens)
-    encoder_cache_images: int = 1024    # images the encoder cache holds (LRU by content; 0 = none)
+    encoder_cache_images: int = 1024  # images the encoder cache holds (LRU by content; 0 = none)
     image_encode_us_per_token: float = 20.0  # encoder time per image token, skipped on an encoder-cache hit
     prompt_tokens_details: bool = True  # image requests' usage has prompt_tokens_details (image_tokens)
 
@@ -42,12 +42,10 @@ class SimConfig:
             raise ValueError("kv_block_size, embedding_dim and tokens_per_chunk must be >= 1")
         if self.score_usage not in SCORE_USAGE_MODES:
             raise ValueError(f"score_usage must be one of {SCORE_USAGE_MODES}")
-        for name in ("prefix_cache_tokens", "max_num_seqs", "record_limit",
-                     "score_usage_inflate_tokens"):
+        for name in ("prefix_cache_tokens", "max_num_seqs", "record_limit", "score_usage_inflate_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
-        for name in ("ttft_base_ms", "prefill_us_per_token", "itl_base_ms",
-                     "itl_per_running_us"):
+        for name in ("ttft_base_ms", "prefill_us_per_token", "itl_base_ms", "itl_per_running_us"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.encoder_cache_images < 0 or self.image_encode_us_per_token < 0:

@@ -33,20 +33,34 @@ _DONE = b"data: [DONE]\n\n"
 class _Req:
     """A request in prefill/decode; mutated only on the event loop."""
 
-    __slots__ = ("max_tokens", "prompt_tokens", "generated", "transport", "chunk",
-                 "chunked", "continuous", "base", "done", "t_first", "aborted", "chat", "last", "timing",
-                 "details")
+    __slots__ = (
+        "max_tokens",
+        "prompt_tokens",
+        "generated",
+        "transport",
+        "chunk",
+        "chunked",
+        "continuous",
+        "base",
+        "done",
+        "t_first",
+        "aborted",
+        "chat",
+        "last",
+        "timing",
+        "details",
+    )
 
     def __init__(self, max_tokens: int, prompt_tokens: int, chat: bool) -> None:
-        self.chat = chat           # chat.completion(.chunk) format instead of text_completion
+        self.chat = chat  # chat.completion(.chunk) format instead of text_completion
         self.max_tokens = max_tokens
         self.prompt_tokens = prompt_tokens
         self.generated = 0
-        self.last = 1              # tokens of the last step (the next chunk's token count)
+        self.last = 1  # tokens of the last step (the next chunk's token count)
         self.transport: asyncio.Transport | None = None  # set for streams after token 1
-        self.chunk = b""           # framed bytes of a non-final token event
+        self.chunk = b""  # framed bytes of a non-final token event
         self.chunked = True
-        self.continuous = False    # per-chunk usage
+        self.continuous = False  # per-chunk usage
         self.base: dict[str, Any] = {}
         self.done: asyncio.Future[bool] | None = None
         self.t_first = 0.0
@@ -193,27 +207,30 @@ class _Engine:
         text = _TOKEN_TEXT * k
         if r.chat:
             # vLLM dumps chat chunks with exclude_unset: stop_reason only on the last one.
-            ch: dict[str, Any] = {"index": 0, "delta": {"content": text},
-                                  "logprobs": None, "finish_reason": finish}
+            ch: dict[str, Any] = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
             if finish is not None:
                 ch["stop_reason"] = None
             obj["choices"] = [ch]
         else:
-            obj["choices"] = [{"index": 0, "text": text, "logprobs": None,
-                               "finish_reason": finish, "stop_reason": None}]
+            obj["choices"] = [
+                {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+            ]
         if n_done is not None:
-            obj["usage"] = {"prompt_tokens": r.prompt_tokens, "completion_tokens": n_done,
-                            "total_tokens": r.prompt_tokens + n_done}
+            obj["usage"] = {
+                "prompt_tokens": r.prompt_tokens,
+                "completion_tokens": n_done,
+                "total_tokens": r.prompt_tokens + n_done,
+            }
         return b"data: " + orjson.dumps(obj) + b"\n\n"
 
     def _role_event(self, r: _Req) -> bytes:
         """vLLM's first chat chunk (sent with the first token, as vLLM does)."""
         obj = dict(r.base)
-        obj["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                           "logprobs": None, "finish_reason": None}]
+        obj["choices"] = [
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        ]
         if r.continuous:
-            obj["usage"] = {"prompt_tokens": r.prompt_tokens, "completion_tokens": 0,
-                            "total_tokens": r.prompt_tokens}
+            obj["usage"] = {"prompt_tokens": r.prompt_tokens, "completion_tokens": 0, "total_tokens": r.prompt_tokens}
         return b"data: " + orjson.dumps(obj) + b"\n\n"
 
     def _usage_chunk(self, r: _Req) -> bytes:
@@ -224,9 +241,11 @@ class _Engine:
         if include_usage:
             obj = dict(r.base)
             obj["choices"] = []
-            obj["usage"] = {"prompt_tokens": r.prompt_tokens,
-                            "completion_tokens": r.max_tokens,
-                            "total_tokens": r.prompt_tokens + r.max_tokens}
+            obj["usage"] = {
+                "prompt_tokens": r.prompt_tokens,
+                "completion_tokens": r.max_tokens,
+                "total_tokens": r.prompt_tokens + r.max_tokens,
+            }
             if r.details is not None:
                 obj["usage"]["prompt_tokens_details"] = r.details
             if r.timing is not None:  # vLLM: on the final usage chunk only
@@ -243,7 +262,10 @@ def timing_metrics(r: _Req) -> dict[str, float | None]:
     last = time.perf_counter()
     n = r.max_tokens
     gen_s = last - first
-    return {"time_to_first_token_ms": (first - scheduled) * 1e3, "generation_time_ms": gen_s * 1e3,
-            "queue_time_ms": (scheduled - queued) * 1e3,
-            "mean_itl_ms": gen_s / (n - 1) * 1e3 if n > 1 else None,
-            "tokens_per_second": n / (last - scheduled) if last > scheduled else None}
+    return {
+        "time_to_first_token_ms": (first - scheduled) * 1e3,
+        "generation_time_ms": gen_s * 1e3,
+        "queue_time_ms": (scheduled - queued) * 1e3,
+        "mean_itl_ms": gen_s / (n - 1) * 1e3 if n > 1 else None,
+        "tokens_per_second": n / (last - scheduled) if last > scheduled else None,
+    }

@@ -92,4 +92,4 @@ class SimImages:
     def token_ids(img: DecodedImage) -> np.ndarray:
         """Stand-in token ids of the image's placeholder tokens, from its content (so the prefix
         cache sees the same image as the same tokens, and different images as different ones)."""
-        return (np.int64(img.content_hash) + np.arange(img.tokens, dtype=np.int64))
+        return np.int64(img.content_hash) + np.arange(img.tokens, dtype=np.int64)

@@ -26,8 +26,8 @@ class _Metrics:
         self.generation_tokens = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
-        self.success = 0          # finished_reason="length" (every generation request)
-        self.success_stop = 0     # finished_reason="stop" (pooling requests)
+        self.success = 0  # finished_reason="length" (every generation request)
+        self.success_stop = 0  # finished_reason="stop" (pooling requests)
 
     def collect(self):  # prometheus_client Collector protocol
         s = self._server
@@ -44,30 +44,36 @@ class _Metrics:
             m.add_metric(values, value)
             return m
 
-        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
-                      self.prompt_tokens)
-        yield counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                      self.generation_tokens)
-        yield counter("vllm:prefix_cache_queries",
-                      "Prefix cache queries, in terms of number of queried tokens.",
-                      self.prefix_queries)
-        yield counter("vllm:prefix_cache_hits",
-                      "Prefix cache hits, in terms of number of cached tokens.",
-                      self.prefix_hits)
-        yield counter("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of "
-                      "queried items.", s._images.queries)
-        yield counter("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached "
-                      "items.", s._images.hits)
-        m = CounterMetricFamily("vllm:request_success", "Count of successfully processed "
-                                "requests.", labels=labels + ["finished_reason"],
-                                created=self.created)
+        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens)
+        yield counter("vllm:generation_tokens", "Number of generation tokens processed.", self.generation_tokens)
+        yield counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            self.prefix_queries,
+        )
+        yield counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", self.prefix_hits
+        )
+        yield counter(
+            "vllm:mm_cache_queries",
+            "Multi-modal cache queries, in terms of number of queried items.",
+            s.images.queries,
+        )
+        yield counter(
+            "vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.", s.images.hits
+        )
+        m = CounterMetricFamily(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels=labels + ["finished_reason"],
+            created=self.created,
+        )
         # vLLM's label order (stop, length); pooling requests finish with "stop".
         m.add_metric(values + ["stop"], self.success_stop, created=self.created)
         m.add_metric(values + ["length"], self.success, created=self.created)
         yield m
-        yield gauge("vllm:num_requests_running", "Number of requests in model execution "
-                    "batches.", s.num_requests_running)
-        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be "
-                    "processed.", s.num_requests_waiting)
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent "
-                    "usage.", s._cache.usage())
+        yield gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", s.num_requests_running
+        )
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.num_requests_waiting)
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.prefix_cache.usage())

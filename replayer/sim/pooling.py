@@ -49,8 +49,16 @@ import numpy as np
 if TYPE_CHECKING:
     from replayer.sim.config import SimConfig
 
-__all__ = ["PoolingError", "PoolingJob", "EmbeddingsJob", "ScoreJob", "RerankJob",
-           "SCORE_USAGE_MODES", "text_score", "embedding_vector"]
+__all__ = [
+    "PoolingError",
+    "PoolingJob",
+    "EmbeddingsJob",
+    "ScoreJob",
+    "RerankJob",
+    "SCORE_USAGE_MODES",
+    "text_score",
+    "embedding_vector",
+]
 
 SCORE_USAGE_MODES = ("per_document", "once")
 
@@ -90,7 +98,8 @@ def _check_len(n: int, max_model_len: int, what: str) -> None:
         raise PoolingError(
             f"This model's maximum context length is {max_model_len} tokens. However, you "
             f"requested {n} tokens in the input for {what}. Please reduce the length of the "
-            "input.")
+            "input."
+        )
 
 
 def _model(body: dict[str, Any]) -> str | None:
@@ -118,8 +127,7 @@ class PoolingJob:
 
     __slots__ = ("prompt", "model", "tokens", "usage_tokens")
 
-    def __init__(self, prompt: Any, model: str | None, tokens: int,
-                 usage_tokens: int) -> None:
+    def __init__(self, prompt: Any, model: str | None, tokens: int, usage_tokens: int) -> None:
         self.prompt = prompt
         self.model = model
         self.tokens = tokens
@@ -164,7 +172,7 @@ class EmbeddingsJob(PoolingJob):
     __slots__ = ("inputs", "dim", "full_dim", "base64")
 
     @classmethod
-    def parse(cls, body: Any, cfg: SimConfig) -> EmbeddingsJob:
+    def parse(cls, body: Any, cfg: SimConfig) -> EmbeddingsJob:  # noqa: PLR0912
         body = _require_dict(body)
         raw = body.get("input")
         if isinstance(raw, str):
@@ -177,8 +185,10 @@ class EmbeddingsJob(PoolingJob):
             elif all(isinstance(x, list) and all(type(t) is int for t in x) for x in raw):
                 inputs = list(raw)
             else:
-                raise PoolingError("input must be a string, a list of strings, a list of "
-                                   "token ids (ints) or a list of lists of token ids")
+                raise PoolingError(
+                    "input must be a string, a list of strings, a list of "
+                    "token ids (ints) or a list of lists of token ids"
+                )
         else:
             raise PoolingError("Field required: input (a non-empty string or list)")
         fmt = body.get("encoding_format") or "float"
@@ -190,8 +200,7 @@ class EmbeddingsJob(PoolingJob):
         elif type(dim) is not int or dim < 1:
             raise PoolingError(f"dimensions must be an integer >= 1, got {dim!r}")
         elif dim > cfg.embedding_dim:
-            raise PoolingError(f"dimensions={dim} is larger than the model's embedding size "
-                               f"{cfg.embedding_dim}")
+            raise PoolingError(f"dimensions={dim} is larger than the model's embedding size {cfg.embedding_dim}")
         total = 0
         for item in inputs:
             if isinstance(item, str):
@@ -215,13 +224,18 @@ class EmbeddingsJob(PoolingJob):
         for i, item in enumerate(self.inputs):
             v = embedding_vector(item, self.full_dim)
             if self.dim < self.full_dim:  # Matryoshka: keep a prefix, re-normalise
-                v = v[:self.dim]
+                v = v[: self.dim]
                 v = (v / max(float(np.linalg.norm(v)), 1e-12)).astype(np.float32)
-            emb: Any = (base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
-                        if self.base64 else v.tolist())
+            emb: Any = base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") if self.base64 else v.tolist()
             data.append({"index": i, "object": "embedding", "embedding": emb})
-        return {"id": _new_id("embd"), "object": "list", "created": int(time.time()),
-                "model": model, "data": data, "usage": self._usage()}
+        return {
+            "id": _new_id("embd"),
+            "object": "list",
+            "created": int(time.time()),
+            "model": model,
+            "data": data,
+            "usage": self._usage(),
+        }
 
 
 # ---------------------------------------------------------------------------------------
@@ -240,8 +254,9 @@ def _texts(value: Any, name: str) -> list[str]:
     raise PoolingError(f"{name} must be a string or a list of strings")
 
 
-def _pair_tokens(queries: list[str], docs: list[str], pairs: list[tuple[int, int]],
-                 cfg: SimConfig, what: str) -> tuple[int, int]:
+def _pair_tokens(
+    queries: list[str], docs: list[str], pairs: list[tuple[int, int]], cfg: SimConfig, what: str
+) -> tuple[int, int]:
     """(tokens processed, tokens reported) for scoring ``pairs`` of (query, doc) indices."""
     qw = [_words(t) for t in queries]
     dw = [_words(t) for t in docs]
@@ -286,21 +301,32 @@ class ScoreJob(PoolingJob):
         elif len(t1) == len(t2):
             pairs = [(i, i) for i in range(len(t1))]
         else:
-            raise PoolingError("Input lengths must be either 1:1, 1:N or N:N; got "
-                               f"{len(t1)} text_1 and {len(t2)} text_2")
+            raise PoolingError(
+                f"Input lengths must be either 1:1, 1:N or N:N; got {len(t1)} text_1 and {len(t2)} text_2"
+            )
         tokens, usage = _pair_tokens(t1, t2, pairs, cfg, "scoring")
-        job = cls({"text_1": body.get("text_1", body.get("queries")),
-                   "text_2": body.get("text_2", body.get("documents"))},
-                  _model(body), tokens, usage)
+        job = cls(
+            {"text_1": body.get("text_1", body.get("queries")), "text_2": body.get("text_2", body.get("documents"))},
+            _model(body),
+            tokens,
+            usage,
+        )
         job.queries, job.docs, job.pairs = t1, t2, pairs
         return job
 
     def response(self, model: str) -> dict[str, Any]:
-        data = [{"index": i, "object": "score",
-                 "score": text_score(self.queries[qi], self.docs[di])}
-                for i, (qi, di) in enumerate(self.pairs)]
-        return {"id": _new_id("score"), "object": "list", "created": int(time.time()),
-                "model": model, "data": data, "usage": self._usage()}
+        data = [
+            {"index": i, "object": "score", "score": text_score(self.queries[qi], self.docs[di])}
+            for i, (qi, di) in enumerate(self.pairs)
+        ]
+        return {
+            "id": _new_id("score"),
+            "object": "list",
+            "created": int(time.time()),
+            "model": model,
+            "data": data,
+            "usage": self._usage(),
+        }
 
 
 class RerankJob(PoolingJob):
@@ -338,8 +364,7 @@ class RerankJob(PoolingJob):
         top_n = body.get("top_n")
         if top_n is not None and type(top_n) is not int:
             raise PoolingError(f"top_n must be an integer, got {top_n!r}")
-        tokens, usage = _pair_tokens([query], docs, [(0, j) for j in range(len(docs))],
-                                     cfg, "reranking")
+        tokens, usage = _pair_tokens([query], docs, [(0, j) for j in range(len(docs))], cfg, "reranking")
         job = cls({"query": query, "documents": raw}, _model(body), tokens, usage)
         job.query, job.docs = query, docs
         job.top_n = top_n if top_n and top_n > 0 else len(docs)
@@ -347,8 +372,11 @@ class RerankJob(PoolingJob):
 
     def response(self, model: str) -> dict[str, Any]:
         scores = [text_score(self.query, d) for d in self.docs]
-        order = sorted(range(len(scores)), key=lambda i: -scores[i])[:self.top_n]
-        results = [{"index": i, "document": {"text": self.docs[i]},
-                    "relevance_score": scores[i]} for i in order]
-        return {"id": _new_id("rerank"), "model": model,
-                "usage": {"total_tokens": self.usage_tokens}, "results": results}
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])[: self.top_n]
+        results = [{"index": i, "document": {"text": self.docs[i]}, "relevance_score": scores[i]} for i in order]
+        return {
+            "id": _new_id("rerank"),
+            "model": model,
+            "usage": {"total_tokens": self.usage_tokens},
+            "results": results,
+        }

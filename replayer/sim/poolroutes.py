@@ -36,14 +36,13 @@ class _PoolingRoutes:
         async def _admit(self) -> None: ...
         def _release(self) -> None: ...
 
-    def _pooling_route(self, job_cls: type[PoolingJob]
-                       ) -> Callable[[web.Request], Any]:
+    def _pooling_route(self, job_cls: type[PoolingJob]) -> Callable[[web.Request], Any]:
         async def handler(request: web.Request) -> web.Response:
             return await self._pooling(request, job_cls)
+
         return handler
 
-    async def _pooling(self, request: web.Request, job_cls: type[PoolingJob]
-                       ) -> web.Response:
+    async def _pooling(self, request: web.Request, job_cls: type[PoolingJob]) -> web.Response:
         """Embeddings/score/rerank (replayer.sim.pooling): parse, take a slot, wait the prefill time
         of ``job.tokens`` (no prefix cache, no decode), count it, answer."""
         arrival_ns = time.perf_counter_ns()
@@ -55,18 +54,27 @@ class _PoolingRoutes:
             return _error_response(str(e))
         cfg = self.config
         if cfg.record_requests or self._on_request is not None:
-            self._record(ReceivedRequest(
-                arrival_ns=arrival_ns, endpoint=request.path, prompt=job.prompt,
-                prompt_tokens=job.tokens, max_tokens=None, min_tokens=None, ignore_eos=None,
-                stream=False, model=job.model, include_usage=False))
+            self._record(
+                ReceivedRequest(
+                    arrival_ns=arrival_ns,
+                    endpoint=request.path,
+                    prompt=job.prompt,
+                    prompt_tokens=job.tokens,
+                    max_tokens=None,
+                    min_tokens=None,
+                    ignore_eos=None,
+                    stream=False,
+                    model=job.model,
+                    include_usage=False,
+                )
+            )
         task = asyncio.current_task()
         assert task is not None
         self._handlers.add(task)
         try:
             await self._admit()
             try:
-                await asyncio.sleep((cfg.ttft_base_ms + cfg.prefill_us_per_token
-                                     * job.tokens / 1000.0) / 1000.0)
+                await asyncio.sleep((cfg.ttft_base_ms + cfg.prefill_us_per_token * job.tokens / 1000.0) / 1000.0)
                 self._metrics.prompt_tokens += job.tokens
                 self._metrics.success_stop += 1
             finally:

@@ -23,14 +23,12 @@ class _BadRequest(Exception):
 
 def _error_body(message: str, code: int = 400) -> dict[str, Any]:
     """vLLM's error body."""
-    return {"error": {"message": message, "type": "BadRequestError", "param": None,
-                      "code": code}}
+    return {"error": {"message": message, "type": "BadRequestError", "param": None, "code": code}}
 
 
 def _error_response(message: str) -> web.Response:
     """An HTTP 400 with vLLM's error body."""
-    return web.Response(status=400, body=orjson.dumps(_error_body(message)),
-                        content_type="application/json")
+    return web.Response(status=400, body=orjson.dumps(_error_body(message)), content_type="application/json")
 
 
 class _Parsing:
@@ -51,8 +49,7 @@ class _Parsing:
         prompt = body["prompt"]
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
             if len(prompt) != 1:
-                raise _BadRequest("The sim supports one prompt per request; got a batch "
-                                  f"of {len(prompt)}")
+                raise _BadRequest(f"The sim supports one prompt per request; got a batch of {len(prompt)}")
             prompt = prompt[0]
         if isinstance(prompt, str):
             words = prompt.split()
@@ -64,8 +61,9 @@ class _Parsing:
                 # but the replayer only sends ints, so we skip a per-item type check.
                 ids = np.fromiter(prompt, dtype=np.int64, count=len(prompt))
             except (TypeError, ValueError, OverflowError):
-                raise _BadRequest("prompt must be a string, a list of token ids (ints), or a "
-                                  "list with one of those") from None
+                raise _BadRequest(
+                    "prompt must be a string, a list of token ids (ints), or a list with one of those"
+                ) from None
             text = False
         else:
             raise _BadRequest("prompt must be a string or a list of token ids")
@@ -97,14 +95,17 @@ class _Parsing:
                     if isinstance(part, dict) and part.get("type") == "image_url":
                         url = part.get("image_url")
                         try:
-                            images.append(self._images.decode(url.get("url") if isinstance(url, dict) else url))
+                            images.append(self.images.decode(url.get("url") if isinstance(url, dict) else url))
                         except ImageError as e:
                             raise _BadRequest(str(e)) from None
                         continue
-                    if not (isinstance(part, dict) and part.get("type") == "text"
-                            and isinstance(part.get("text"), str)):
-                        raise _BadRequest('the sim supports only {"type": "text", "text": ...} and '
-                                          '{"type": "image_url", ...} content parts')
+                    if not (
+                        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+                    ):
+                        raise _BadRequest(
+                            'the sim supports only {"type": "text", "text": ...} and '
+                            '{"type": "image_url", ...} content parts'
+                        )
                     words += part["text"].split()
             elif c is not None:
                 raise _BadRequest("message content must be a string, a list of parts or null")
@@ -112,15 +113,14 @@ class _Parsing:
             raise _BadRequest("Prompt cannot be empty")
         ids = np.fromiter((hash(w) for w in words), dtype=np.int64, count=len(words))
         if images:  # the images' placeholder tokens follow the text (as the replayer sends them)
-            ids = np.concatenate([ids, *(self._images.token_ids(im) for im in images)])
+            ids = np.concatenate([ids, *(self.images.token_ids(im) for im in images)])
         mt = body.get("max_completion_tokens")  # vLLM: preferred over max_tokens
         o = self._opts(body, body.get("max_tokens") if mt is None else mt, True, True)
         o["images"] = images
         return msgs, ids, len(ids), o
 
     @staticmethod
-    def _opts(body: dict[str, Any], max_tokens: Any, text: bool, chat: bool
-              ) -> dict[str, Any]:
+    def _opts(body: dict[str, Any], max_tokens: Any, text: bool, chat: bool) -> dict[str, Any]:
         """Generation options shared by completions and chat. Raises _BadRequest."""
         if max_tokens is None:
             max_tokens = 16
@@ -133,8 +133,7 @@ class _Parsing:
             "max_tokens": max_tokens,
             "stream": bool(body.get("stream", False)),
             "include_usage": bool(so.get("include_usage", False)),
-            "continuous": bool(so.get("include_usage", False))
-            and bool(so.get("continuous_usage_stats", False)),
+            "continuous": bool(so.get("include_usage", False)) and bool(so.get("continuous_usage_stats", False)),
             "model": body.get("model"),
             "min_tokens": body.get("min_tokens"),
             "ignore_eos": body.get("ignore_eos"),

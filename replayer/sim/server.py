@@ -21,8 +21,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from replayer.sim.cache import _PrefixCache, prompt_block_hashes
 from replayer.sim.config import ReceivedRequest, SimConfig
-from replayer.sim.images import SimImages
 from replayer.sim.engine import _DONE, _TOKEN_TEXT, _Engine, _frame, _Req, timing_metrics
+from replayer.sim.images import SimImages
 from replayer.sim.metrics import _Metrics
 from replayer.sim.pooling import EmbeddingsJob, RerankJob, ScoreJob
 from replayer.sim.poolroutes import _PoolingRoutes
@@ -46,20 +46,21 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
     ``ReceivedRequest`` (used by ``replayer sim --record-requests``).
     """
 
-    def __init__(self, config: SimConfig | None = None, *,
-                 on_request: Callable[[ReceivedRequest], None] | None = None) -> None:
+    def __init__(
+        self, config: SimConfig | None = None, *, on_request: Callable[[ReceivedRequest], None] | None = None
+    ) -> None:
         self.config = config or SimConfig()
         self.records: list[ReceivedRequest] = []
         self.records_dropped = 0
         self._on_request = on_request
-        self._cache = _PrefixCache(self.config.prefix_cache_tokens // self.config.kv_block_size)
-        self._images = SimImages(self.config.image_token_rule, self.config.encoder_cache_images)
+        self.prefix_cache = _PrefixCache(self.config.prefix_cache_tokens // self.config.kv_block_size)
+        self.images = SimImages(self.config.image_token_rule, self.config.encoder_cache_images)
         self._metrics = _Metrics(self)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self._metrics)
-        self._running = 0                                   # admitted: prefill + decode
+        self._running = 0  # admitted: prefill + decode
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._joining: list[_Req] = []                      # got token 1, not yet stepping
+        self._joining: list[_Req] = []  # got token 1, not yet stepping
         self._decoding: list[_Req] = []
         self._wake: asyncio.Event | None = None
         self._engine: asyncio.Task[None] | None = None
@@ -108,8 +109,7 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         """Serve on host:port (0 = a free port); return the base URL ``http://host:port``."""
         if self._runner is not None:
             raise RuntimeError("SimServer already started")
-        runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True,
-                               shutdown_timeout=2.0)
+        runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True, shutdown_timeout=2.0)
         await runner.setup()
         site = web.TCPSite(runner, host, port, backlog=4096)
         try:
@@ -157,7 +157,7 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
     async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
         """Empty the prefix cache, as vLLM's ``POST /reset_prefix_cache`` does (200, empty body):
         requests sent after it hit only what they themselves cache. The metrics' counters stay."""
-        self._cache.reset()
+        self.prefix_cache.reset()
         return web.Response(status=200)
 
     async def _tokenize(self, request: web.Request) -> web.Response:
@@ -168,21 +168,34 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         try:
             body = orjson.loads(await request.read())
             _, ids, n, _ = (self._parse_chat if isinstance(body, dict) and "messages" in body else self._parse)(
-                {**body, "max_tokens": None} if isinstance(body, dict) else body)
+                {**body, "max_tokens": None} if isinstance(body, dict) else body
+            )
         except orjson.JSONDecodeError:
             return _error_response("Request body is not valid JSON")
         except _BadRequest as e:
             return _error_response(str(e))
         tokens = (ids & 0x7FFFFFFF).tolist()
-        return web.json_response({"count": n, "max_model_len": self.config.max_model_len, "tokens": tokens,
-                                  "token_strs": None})
+        return web.json_response(
+            {"count": n, "max_model_len": self.config.max_model_len, "tokens": tokens, "token_strs": None}
+        )
 
     async def _models(self, request: web.Request) -> web.Response:
         c = self.config
-        body = {"object": "list", "data": [{
-            "id": c.model, "object": "model", "created": int(self._metrics.created),
-            "owned_by": "vllm", "root": c.model, "parent": None,
-            "max_model_len": c.max_model_len, "permission": []}]}
+        body = {
+            "object": "list",
+            "data": [
+                {
+                    "id": c.model,
+                    "object": "model",
+                    "created": int(self._metrics.created),
+                    "owned_by": "vllm",
+                    "root": c.model,
+                    "parent": None,
+                    "max_model_len": c.max_model_len,
+                    "permission": [],
+                }
+            ],
+        }
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
     async def _metrics_handler(self, request: web.Request) -> web.Response:
@@ -208,9 +221,9 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generation(request, "/v1/chat/completions", self._parse_chat)
 
-    async def _generation(self, request: web.Request, endpoint: str,
-                          parse: Callable[[Any], tuple[Any, np.ndarray, int, dict[str, Any]]]
-                          ) -> web.StreamResponse:
+    async def _generation(
+        self, request: web.Request, endpoint: str, parse: Callable[[Any], tuple[Any, np.ndarray, int, dict[str, Any]]]
+    ) -> web.StreamResponse:
         arrival_ns = time.perf_counter_ns()
         try:
             body = orjson.loads(await request.read())
@@ -222,18 +235,28 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
             return _error_response(str(e))
         cfg = self.config
         if self.config.record_requests or self._on_request is not None:
-            self._record(ReceivedRequest(
-                arrival_ns=arrival_ns, endpoint=endpoint, prompt=prompt,
-                prompt_tokens=n_prompt, max_tokens=o["max_tokens"],
-                min_tokens=o["min_tokens"], ignore_eos=o["ignore_eos"], stream=o["stream"],
-                model=o["model"], include_usage=o["include_usage"]))
+            self._record(
+                ReceivedRequest(
+                    arrival_ns=arrival_ns,
+                    endpoint=endpoint,
+                    prompt=prompt,
+                    prompt_tokens=n_prompt,
+                    max_tokens=o["max_tokens"],
+                    min_tokens=o["min_tokens"],
+                    ignore_eos=o["ignore_eos"],
+                    stream=o["stream"],
+                    model=o["model"],
+                    include_usage=o["include_usage"],
+                )
+            )
         max_tokens = o["max_tokens"]
         if n_prompt + max_tokens > cfg.max_model_len:
             return _error_response(
                 f"This model's maximum context length is {cfg.max_model_len} tokens. However,"
                 f" you requested {n_prompt + max_tokens} tokens ({n_prompt} in the messages, "
                 f"{max_tokens} in the completion). Please reduce the length of the messages "
-                "or completion.")
+                "or completion."
+            )
         stream = o["stream"]
         if not o["text"]:
             lo, hi = int(ids.min()), int(ids.max())
@@ -244,8 +267,7 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
                     return _error_response(msg)
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
                 await resp.prepare(request)
-                await resp.write_eof(b"data: " + orjson.dumps(_error_body(msg)) + b"\n\n"
-                                     + _DONE)
+                await resp.write_eof(b"data: " + orjson.dumps(_error_body(msg)) + b"\n\n" + _DONE)
                 return resp
         model = o["model"] if isinstance(o["model"], str) and o["model"] else cfg.model
         task = asyncio.current_task()
@@ -256,8 +278,9 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         finally:
             self._handlers.discard(task)
 
-    async def _generate(self, request: web.Request, ids: np.ndarray, n_prompt: int,
-                        o: dict[str, Any], model: str) -> web.StreamResponse:
+    async def _generate(  # noqa: C901, PLR0912, PLR0915
+        self, request: web.Request, ids: np.ndarray, n_prompt: int, o: dict[str, Any], model: str
+    ) -> web.StreamResponse:
         cfg = self.config
         loop = asyncio.get_running_loop()
         r = _Req(o["max_tokens"], n_prompt, o["chat"])
@@ -265,12 +288,14 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         echo = {"X-Request-Id": rid} if "X-Request-Id" in request.headers else {}
         if r.chat:
-            r.base = {"id": f"chatcmpl-{rid}",
-                      "object": "chat.completion.chunk" if o["stream"] else "chat.completion",
-                      "created": int(time.time()), "model": model}
+            r.base = {
+                "id": f"chatcmpl-{rid}",
+                "object": "chat.completion.chunk" if o["stream"] else "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+            }
         else:
-            r.base = {"id": f"cmpl-{rid}", "object": "text_completion",
-                      "created": int(time.time()), "model": model}
+            r.base = {"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()), "model": model}
         resp: web.StreamResponse | None = None
         if o["stream"]:
             # Like vLLM (uvicorn), the 200 + headers go out as soon as the request is
@@ -288,8 +313,9 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
             if o["metrics"] or cfg.per_request_metrics:
                 r.timing = [queued, time.perf_counter(), 0.0]
             bs = cfg.kv_block_size
-            hit_blocks = (self._cache.lookup_and_insert(prompt_block_hashes(ids, bs))
-                          if self._cache.capacity else 0)
+            hit_blocks = (
+                self.prefix_cache.lookup_and_insert(prompt_block_hashes(ids, bs)) if self.prefix_cache.capacity else 0
+            )
             # vLLM always recomputes at least the last prompt token.
             hits = min(hit_blocks, (n_prompt - 1) // bs) * bs
             m = self._metrics
@@ -299,11 +325,11 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
             images = o.get("images")
             if images:  # encoder: images missing from the encoder cache are encoded (a hit skips it)
                 encode_us = cfg.image_encode_us_per_token * sum(
-                    im.tokens for im in images if not self._images.lookup(im))
+                    im.tokens for im in images if not self.images.lookup(im)
+                )
                 if cfg.prompt_tokens_details:
                     r.details = {"cached_tokens": hits, "image_tokens": sum(im.tokens for im in images)}
-            ttft_s = (cfg.ttft_base_ms + (cfg.prefill_us_per_token
-                      * (n_prompt - hits) + encode_us) / 1000.0) / 1000.0
+            ttft_s = (cfg.ttft_base_ms + (cfg.prefill_us_per_token * (n_prompt - hits) + encode_us) / 1000.0) / 1000.0
             await asyncio.sleep(max(0.0, t_admit + ttft_s - loop.time()))
             if r.timing is not None:
                 r.timing[2] = time.perf_counter()
@@ -337,22 +363,48 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
                 self._join(r, loop.time())
                 await r.done
             m.success += 1
-            usage = {"prompt_tokens": n_prompt, "completion_tokens": r.max_tokens,
-                     "total_tokens": n_prompt + r.max_tokens}
+            usage = {
+                "prompt_tokens": n_prompt,
+                "completion_tokens": r.max_tokens,
+                "total_tokens": n_prompt + r.max_tokens,
+            }
             if r.details is not None:
                 usage["prompt_tokens_details"] = r.details
             if r.chat:
-                body = {**r.base, "choices": [{
-                    "index": 0, "message": {"role": "assistant", "reasoning_content": None,
-                                            "content": _TOKEN_TEXT * r.max_tokens,
-                                            "tool_calls": []},
-                    "logprobs": None, "finish_reason": "length", "stop_reason": None}],
-                    "usage": usage, "prompt_logprobs": None}
+                body = {
+                    **r.base,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {
+                                "role": "assistant",
+                                "reasoning_content": None,
+                                "content": _TOKEN_TEXT * r.max_tokens,
+                                "tool_calls": [],
+                            },
+                            "logprobs": None,
+                            "finish_reason": "length",
+                            "stop_reason": None,
+                        }
+                    ],
+                    "usage": usage,
+                    "prompt_logprobs": None,
+                }
             else:
-                body = {**r.base, "choices": [{
-                    "index": 0, "text": _TOKEN_TEXT * r.max_tokens, "logprobs": None,
-                    "finish_reason": "length", "stop_reason": None, "prompt_logprobs": None}],
-                    "usage": usage}
+                body = {
+                    **r.base,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "text": _TOKEN_TEXT * r.max_tokens,
+                            "logprobs": None,
+                            "finish_reason": "length",
+                            "stop_reason": None,
+                            "prompt_logprobs": None,
+                        }
+                    ],
+                    "usage": usage,
+                }
             if r.timing is not None:
                 body["metrics"] = timing_metrics(r)
             return web.Response(body=orjson.dumps(body), content_type="application/json", headers=echo)

@@ -95,8 +95,9 @@ class AgentSession:
 
 def scope_key(name: str) -> int:
     """A stable 64-bit key of a scope name (a session id, a trace's tenant): keyed BLAKE2b."""
-    return int.from_bytes(hashlib.blake2b(name.encode("utf-8"), digest_size=8,
-                                          key=b"replayer.scope.v1").digest(), "big")
+    return int.from_bytes(
+        hashlib.blake2b(name.encode("utf-8"), digest_size=8, key=b"replayer.scope.v1").digest(), "big"
+    )
 
 
 def salt_ids(ids: np.ndarray, key: int) -> np.ndarray:
@@ -201,8 +202,9 @@ def sniff(path: str) -> str | None:
 # -- value helpers for the readers ---------------------------------------------------------------
 
 
-def get_int(obj: dict, key: str, rec: int, where: str, probs: _Problems, minimum: int = 0,
-            required: bool = True) -> int | None:
+def get_int(
+    obj: dict, key: str, rec: int, where: str, probs: _Problems, minimum: int = 0, required: bool = True
+) -> int | None:
     """``obj[key]`` as an int >= ``minimum`` (a whole float is accepted), or None with a problem."""
     name = f"{where}.{key}" if where else key
     if key not in obj or obj[key] is None:
@@ -257,8 +259,9 @@ def _at(where: str, name: str) -> str:
 # -- the one mapping to canonical rows -------------------------------------------------------
 
 
-def sessions_to_raw(sessions: list[AgentSession], fmt: str, block_size: int, probs: _Problems,
-                    notes: list[str] | None = None) -> _Raw | None:
+def sessions_to_raw(  # noqa: PLR0912
+    sessions: list[AgentSession], fmt: str, block_size: int, probs: _Problems, notes: list[str] | None = None
+) -> _Raw | None:
     """Canonical raw rows of ``sessions`` (module docstring); None when there is no call.
 
     Problems found here (a reused prefix longer than the call's prompt, hash ids that do not
@@ -278,17 +281,23 @@ def sessions_to_raw(sessions: list[AgentSession], fmt: str, block_size: int, pro
             if c.hash_ids is not None:
                 ids = np.asarray(c.hash_ids, dtype=np.int64)
                 if ids.size != n_blocks:
-                    probs.add(c.record, _at(c.where, "hash_ids"),
-                              f"expected {n_blocks} hash ids (ceil(input_length {c.input_length} / block_size {B})), "
-                              f"got {ids.size}")
+                    probs.add(
+                        c.record,
+                        _at(c.where, "hash_ids"),
+                        f"expected {n_blocks} hash ids (ceil(input_length {c.input_length} / block_size {B})), "
+                        f"got {ids.size}",
+                    )
                     continue
                 if s.local_ids:
                     ids = salt_ids(ids, key)
             else:
                 r = c.reused_tokens or 0
                 if r > c.input_length:
-                    probs.add(c.record, _at(c.where, "reused"), f"reused prefix {r} tokens is longer than the prompt "
-                                                                f"({c.input_length} tokens)")
+                    probs.add(
+                        c.record,
+                        _at(c.where, "reused"),
+                        f"reused prefix {r} tokens is longer than the prompt ({c.input_length} tokens)",
+                    )
                     continue
                 k_blocks = min(r // B, prev_len // B)
                 if r // B > prev_len // B:
@@ -299,8 +308,20 @@ def sessions_to_raw(sessions: list[AgentSession], fmt: str, block_size: int, pro
                 parent = f"{s.session_id}#{k - 1}"
             else:
                 parent = f"{s.spawned_by[0]}#{s.spawned_by[1]}" if s.spawned_by is not None else None
-            out.append((c.time_ns, c.record, c.input_length, c.output_length, ids, s.session_id, k,
-                        np.nan if c.wait_s is None else c.wait_s, c.model, parent))
+            out.append(
+                (
+                    c.time_ns,
+                    c.record,
+                    c.input_length,
+                    c.output_length,
+                    ids,
+                    s.session_id,
+                    k,
+                    np.nan if c.wait_s is None else c.wait_s,
+                    c.model,
+                    parent,
+                )
+            )
             prev_ids, prev_len = ids, c.input_length
     if cut and notes is not None:
         notes.append(f"{cut} calls reused more tokens than the previous call's full blocks: cut to them")
@@ -316,14 +337,25 @@ def sessions_to_raw(sessions: list[AgentSession], fmt: str, block_size: int, pro
     meta = {"format": fmt, "time_unit": "ns", "block_size": str(B), "hash_id_scope": "local"}
     if notes:
         meta["notes"] = "; ".join(notes)
-    optional: dict[str, Any] = {"session_id": sid, "turn": turn,
-                                "think_time_s": np.asarray(think, dtype=np.float64)}
+    optional: dict[str, Any] = {"session_id": sid, "turn": turn, "think_time_s": np.asarray(think, dtype=np.float64)}
     if any(m is not None for m in model):
         optional["model"] = model
     if spawns:  # a spawned session waits on a call of another: gate by request (session, call) ids
         optional["request_id"] = [f"{a}#{k}" for a, k in zip(sid, turn)]
         optional["parent_request_id"] = parents
-    return _Raw(np.asarray(rows, dtype=np.int64), np.asarray(ts, dtype=np.int64), ones,
-                np.asarray(il, dtype=np.int64), ones.copy(), np.asarray(ol, dtype=np.int64), ones.copy(),
-                np.asarray(hlen, dtype=np.int64),
-                np.concatenate(hvals) if hvals else np.empty(0, np.int64), ones.copy(), optional, 1, B, meta)
+    return _Raw(
+        np.asarray(rows, dtype=np.int64),
+        np.asarray(ts, dtype=np.int64),
+        ones,
+        np.asarray(il, dtype=np.int64),
+        ones.copy(),
+        np.asarray(ol, dtype=np.int64),
+        ones.copy(),
+        np.asarray(hlen, dtype=np.int64),
+        np.concatenate(hvals) if hvals else np.empty(0, np.int64),
+        ones.copy(),
+        optional,
+        1,
+        B,
+        meta,
+    )

@@ -15,13 +15,19 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replayer.trace.images import check_image_rows
 from replayer.trace.model import _OPTIONAL, _REQUIRED, TIME_UNITS, _Problems
+from replayer.trace.optional import _check_requests, _optional_column
 from replayer.trace.options import _Opts, _src, _synth_hash
 from replayer.trace.timestamps import _timestamps
-from replayer.trace.images import check_image_rows
-from replayer.trace.optional import _check_requests, _optional_column
-from replayer.trace.values import _hash_from_lists, _hash_ids_from_strings, _hash_slow, _ints_checked, _ints_from_list, _ints_slow
-
+from replayer.trace.values import (
+    _hash_from_lists,
+    _hash_ids_from_strings,
+    _hash_slow,
+    _ints_checked,
+    _ints_from_list,
+    _ints_slow,
+)
 
 # --------------------------------------------------------------------------------------------
 # Format readers -> raw columns in file order
@@ -53,7 +59,9 @@ class _Raw:
         return self.shard_files[int(np.searchsorted(self.shard_start, i, side="right")) - 1]
 
 
-def _column_ints(col: pa.ChunkedArray, rows: np.ndarray, field_: str, probs: _Problems) -> tuple[np.ndarray, np.ndarray]:
+def _column_ints(
+    col: pa.ChunkedArray, rows: np.ndarray, field_: str, probs: _Problems
+) -> tuple[np.ndarray, np.ndarray]:
     t = col.type
     if pa.types.is_integer(t) and col.null_count == 0:
         return _ints_checked(col.to_numpy(), rows, field_, probs)
@@ -104,13 +112,29 @@ def _num(v: Any) -> Any:
     return v
 
 
-def _raw_from_table(table: pa.Table, probs: _Problems, meta: dict[str, str], block_size: int, opts: _Opts,
-                    rows: np.ndarray, synth_start: int = 0) -> _Raw | None:
+def _raw_from_table(
+    table: pa.Table,
+    probs: _Problems,
+    meta: dict[str, str],
+    block_size: int,
+    opts: _Opts,
+    rows: np.ndarray,
+    synth_start: int = 0,
+) -> _Raw | None:
     """Validate the columns of ``table`` (Parquet or CSV) -> raw columns; ``rows`` numbers the rows."""
     text: dict[str, list] = {}
     if opts.fmt in ("csv", "azure"):  # a bad cell makes the whole CSV column text: re-read the numbers
-        for name in ("timestamp", "input_length", "output_length", "priority", "turn", "query_length",
-                     "think_time_s", "num_images", "image_tokens"):
+        for name in (
+            "timestamp",
+            "input_length",
+            "output_length",
+            "priority",
+            "turn",
+            "query_length",
+            "think_time_s",
+            "num_images",
+            "image_tokens",
+        ):
             k = _src(opts, name)
             if k in table.column_names and (name != "timestamp" or meta["time_unit"] != "datetime"):
                 col = table.column(k)
@@ -123,22 +147,30 @@ def _raw_from_table(table: pa.Table, probs: _Problems, meta: dict[str, str], blo
         if k and k not in names:
             missing.append(c)
             mapped = f" (mapped from {k!r})" if k != c else ""
-            probs.add(0, c, f"missing required column{mapped} (columns present: "
-                            f"{', '.join(table.column_names) or 'none'})")
+            probs.add(
+                0, c, f"missing required column{mapped} (columns present: {', '.join(table.column_names) or 'none'})"
+            )
     if missing:
         return None
     if table.num_rows == 0:
         probs.add(0, "file", "no rows (empty trace)")
         return None
     unit = meta["time_unit"]
-    ts, ts_ok, ns = _timestamps(text.get("timestamp") or table.column(_src(opts, "timestamp")), rows, unit,
-                                opts.allow_float_time, probs)
+    ts, ts_ok, ns = _timestamps(
+        text.get("timestamp") or table.column(_src(opts, "timestamp")), rows, unit, opts.allow_float_time, probs
+    )
     if unit != "datetime" and ns != TIME_UNITS[unit]:
         meta["time_unit"] = next(u for u, v in TIME_UNITS.items() if v == ns)
-    il, il_ok = (_ints_from_list(text["input_length"], rows, "input_length", probs) if "input_length" in text
-                 else _column_ints(table.column(_src(opts, "input_length")), rows, "input_length", probs))
-    ol, ol_ok = (_ints_from_list(text["output_length"], rows, "output_length", probs) if "output_length" in text
-                 else _column_ints(table.column(_src(opts, "output_length")), rows, "output_length", probs))
+    il, il_ok = (
+        _ints_from_list(text["input_length"], rows, "input_length", probs)
+        if "input_length" in text
+        else _column_ints(table.column(_src(opts, "input_length")), rows, "input_length", probs)
+    )
+    ol, ol_ok = (
+        _ints_from_list(text["output_length"], rows, "output_length", probs)
+        if "output_length" in text
+        else _column_ints(table.column(_src(opts, "output_length")), rows, "output_length", probs)
+    )
     if _src(opts, "hash_ids"):
         hl, hv, hok = _column_hash(table.column(_src(opts, "hash_ids")), rows, probs)
     else:
@@ -162,5 +194,8 @@ def _check_hash_counts(raw: _Raw, probs: _Problems) -> None:
     wrong = both & (expected != raw.hash_len)
     for i in np.flatnonzero(wrong):
         e, a, L = int(expected[i]), int(raw.hash_len[i]), int(raw.il[i])
-        probs.add(raw.rows[i], "hash_ids",
-                  f"expected {e} hash id{'s' if e != 1 else ''} (ceil(input_length {L} / block_size {bs})), got {a}")
+        probs.add(
+            raw.rows[i],
+            "hash_ids",
+            f"expected {e} hash id{'s' if e != 1 else ''} (ceil(input_length {L} / block_size {bs})), got {a}",
+        )

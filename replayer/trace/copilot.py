@@ -22,7 +22,15 @@ sent as 1 (counted in the metadata note).
 
 from __future__ import annotations
 
-from replayer.trace.agentic import AgentCall, AgentSession, get_float, get_int, parse_time_ns, read_records, sessions_to_raw
+from replayer.trace.agentic import (
+    AgentCall,
+    AgentSession,
+    get_float,
+    get_int,
+    parse_time_ns,
+    read_records,
+    sessions_to_raw,
+)
 from replayer.trace.columns import _Raw
 from replayer.trace.model import _Problems
 from replayer.trace.options import _Opts
@@ -30,7 +38,7 @@ from replayer.trace.options import _Opts
 COPILOT_BLOCK_SIZE = 64
 
 
-def _read_copilot(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
+def _read_copilot(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:  # noqa: C901, PLR0912, PLR0915
     sessions: list[AgentSession] = []
     raised = 0
     for rec, obj in read_records(path, probs):
@@ -99,8 +107,11 @@ def _read_copilot(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
                 if completion == 0:
                     raised += 1
                 model = c.get("model") if isinstance(c.get("model"), str) else None
-                s.calls.append(AgentCall(rec, cw, start, prompt, max(1, completion), reused_tokens=cached,
-                                         wait_s=wait, model=model))
+                s.calls.append(
+                    AgentCall(
+                        rec, cw, start, prompt, max(1, completion), reused_tokens=cached, wait_s=wait, model=model
+                    )
+                )
                 prev_end = start + round(dur * 1e6)
                 prev_msg = c.get("message_id")
         sessions.append(s)

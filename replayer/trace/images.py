@@ -31,8 +31,11 @@ def parse_size(v: Any) -> tuple[tuple[int, int] | None, str | None]:
         if not m:
             return None, f"image size {v[:40]!r} is not WxH (e.g. 1024x768)"
         w, h = int(m.group(1)), int(m.group(2))
-    elif isinstance(v, (list, tuple, np.ndarray)) and len(v) == 2 and all(
-            isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in v):
+    elif (
+        isinstance(v, (list, tuple, np.ndarray))
+        and len(v) == 2
+        and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in v)
+    ):
         w, h = int(v[0]), int(v[1])
     else:
         return None, f"image size {str(v)[:40]!r} is not WxH (e.g. 1024x768) nor a [W, H] pair"
@@ -64,8 +67,11 @@ def image_value(name: str, v: Any) -> tuple[Any, str | None]:
     if name in ("num_images", "image_tokens"):
         if isinstance(v, float) and v != v:
             return None, None
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or (
-                isinstance(v, (float, np.floating)) and not float(v).is_integer()):
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float, np.integer, np.floating))
+            or (isinstance(v, (float, np.floating)) and not float(v).is_integer())
+        ):
             return None, f"expected a whole number, got {v!r}"[:120]
         iv = int(v)
         if iv < 0:

@@ -15,11 +15,11 @@ import numpy as np
 import orjson
 
 from replayer.trace.columns import _Raw
+from replayer.trace.images import check_image_rows
 from replayer.trace.model import _OPTIONAL, _REQUIRED, DEFAULT_BLOCK_SIZE, DEFAULT_TIME_UNIT, _Problems
+from replayer.trace.optional import _check_requests, _optional_column
 from replayer.trace.options import _Opts, _src, _synth_hash
 from replayer.trace.timestamps import _timestamps
-from replayer.trace.images import check_image_rows
-from replayer.trace.optional import _check_requests, _optional_column
 from replayer.trace.values import _MISSING, _hash_from_lists, _ints_from_list, _type_name
 
 
@@ -47,14 +47,15 @@ def _read_servegen(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
     raw = _read_jsonl(path, probs, o2, defaults={"timestamp": 0, "output_length": SERVEGEN_OUTPUT_LENGTH})
     if raw is not None:
         raw.metadata["format"] = "servegen"
-        raw.metadata["source"] = (f"ServeGen content-hash trace (alibaba/ServeGen data/offline; rows without "
-                                  f"output_length given {SERVEGEN_OUTPUT_LENGTH}, without timestamp 0): "
-                                  + path.rsplit("/", 1)[-1])
+        raw.metadata["source"] = (
+            f"ServeGen content-hash trace (alibaba/ServeGen data/offline; rows without "
+            f"output_length given {SERVEGEN_OUTPUT_LENGTH}, without timestamp 0): " + path.rsplit("/", 1)[-1]
+        )
         raw.metadata["license"] = "Apache-2.0"
     return raw
 
 
-def _read_jsonl(path: str, probs: _Problems, opts: _Opts, defaults: dict | None = None) -> _Raw | None:
+def _read_jsonl(path: str, probs: _Problems, opts: _Opts, defaults: dict | None = None) -> _Raw | None:  # noqa: C901, PLR0912, PLR0915
     """Mooncake / generic JSONL (or a JSON array): rows are physical line numbers (array: index+1).
     ``defaults``: values of keys a row does not have."""
     try:
@@ -115,8 +116,12 @@ def _read_jsonl(path: str, probs: _Problems, opts: _Opts, defaults: dict | None 
     absent = [(name, k) for name in _REQUIRED if (k := _src(opts, name)) and not any(k in o for o in objs)]
     for name, k in absent:  # one problem about the key, not one per row
         mapped = f" (--map {name}={k})" if k != name else ""
-        probs.add(0, name, f"missing from every row: no row has the key {k!r}{mapped} (keys of row {rows[0]}: "
-                           f"{', '.join(map(str, objs[0])) or 'none'})")
+        probs.add(
+            0,
+            name,
+            f"missing from every row: no row has the key {k!r}{mapped} (keys of row {rows[0]}: "
+            f"{', '.join(map(str, objs[0])) or 'none'})",
+        )
     if absent:
         return None
     rows_a = np.array(rows, dtype=np.int64)
@@ -142,5 +147,4 @@ def _read_jsonl(path: str, probs: _Problems, opts: _Opts, defaults: dict | None 
     meta = {"format": opts.fmt, "time_unit": unit, "block_size": str(bs)}
     if not _src(opts, "hash_ids"):
         meta["hash_ids"] = "synthesised"
-    return _Raw(rows_a, ts, ts_ok, *cols["input_length"], *cols["output_length"], hl, hv, hok,
-                optional, ns, bs, meta)
+    return _Raw(rows_a, ts, ts_ok, *cols["input_length"], *cols["output_length"], hl, hv, hok, optional, ns, bs, meta)

@@ -63,8 +63,10 @@ def parse_entry(spec: str | dict) -> MixEntry:
         raise ValueError(f"mix entry {spec!r}: no trace path")
     unknown = set(items) - {"tenant", "offset_s", "rate", "hash_id_scope"}
     if unknown:
-        raise ValueError(f"mix entry {spec!r}: unknown key(s) {', '.join(sorted(unknown))} "
-                         "(keys: tenant, offset_s, rate, hash_id_scope)")
+        raise ValueError(
+            f"mix entry {spec!r}: unknown key(s) {', '.join(sorted(unknown))} "
+            "(keys: tenant, offset_s, rate, hash_id_scope)"
+        )
     tenant = str(items.get("tenant") or os.path.basename(str(path)).split(".")[0])
     try:
         offset = float(items.get("offset_s", 0.0))
@@ -104,11 +106,24 @@ def mix_traces(entries: list[MixEntry], **read_options) -> Trace:
     probs = []
     bs = {t.block_size for t in traces}
     if len(bs) > 1:
-        probs.append(TraceProblem(entries[0].trace, 0, "block_size", "mixed traces need one block size: " + ", ".join(
-            f"{e.tenant} {t.block_size}" for e, t in zip(entries, traces))))
+        probs.append(
+            TraceProblem(
+                entries[0].trace,
+                0,
+                "block_size",
+                "mixed traces need one block size: "
+                + ", ".join(f"{e.tenant} {t.block_size}" for e, t in zip(entries, traces)),
+            )
+        )
     if len({t.hash_ids_synthetic for t in traces}) > 1:
-        probs.append(TraceProblem(entries[0].trace, 0, "hash_ids", "cannot mix traces with synthesised hash ids "
-                                                                   "(no prefix information) and traces with hash ids"))
+        probs.append(
+            TraceProblem(
+                entries[0].trace,
+                0,
+                "hash_ids",
+                "cannot mix traces with synthesised hash ids (no prefix information) and traces with hash ids",
+            )
+        )
     if probs:
         raise TraceError(probs)
     parts_ts, parts_vals, parts_len, parts_src = [], [], [], []
@@ -143,23 +158,37 @@ def mix_traces(entries: list[MixEntry], **read_options) -> Trace:
     lens = np.concatenate(parts_len)[order]
     starts = np.concatenate([[0], np.cumsum(np.concatenate(parts_len))[:-1]]).astype(np.int64)[order]
     flat = np.concatenate(parts_vals)
-    gather = np.repeat(starts, lens) + (np.arange(int(lens.sum()), dtype=np.int64)
-                                        - np.repeat(np.concatenate([[0], np.cumsum(lens)[:-1]]), lens))
+    gather = np.repeat(starts, lens) + (
+        np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
+    )
     offsets = np.zeros(len(order) + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
     cols["tenant"] = tenant_col
     have["tenant"] = True
     opt = {name: ([col[i] for i in order] if have[name] else None) for name, col in cols.items()}
     opt["think_time_s"] = _readonly(np.concatenate(think)[order]) if have["think_time_s"] else None
-    meta = {"format": "mix", "time_unit": "ns", "block_size": str(traces[0].block_size),
-            "hash_id_scope": "global", "tenants": ",".join(tenants),
-            "source": "mix of " + "; ".join(format_entry(e) for e in entries)}
-    return Trace(path=entries[0].trace, timestamp_ns=_readonly(ts[order] - int(ts.min())),
-                 input_length=_readonly(np.concatenate([t.input_length for t in traces])[order]),
-                 output_length=_readonly(np.concatenate([t.output_length for t in traces])[order]),
-                 hash_offsets=_readonly(offsets), hash_values=_readonly(flat[gather]),
-                 block_size=traces[0].block_size, source_row=_readonly(np.concatenate(parts_src)[order]),
-                 rows_out_of_order=0, metadata=meta, hash_ids_synthetic=traces[0].hash_ids_synthetic, **opt)
+    meta = {
+        "format": "mix",
+        "time_unit": "ns",
+        "block_size": str(traces[0].block_size),
+        "hash_id_scope": "global",
+        "tenants": ",".join(tenants),
+        "source": "mix of " + "; ".join(format_entry(e) for e in entries),
+    }
+    return Trace(
+        path=entries[0].trace,
+        timestamp_ns=_readonly(ts[order] - int(ts.min())),
+        input_length=_readonly(np.concatenate([t.input_length for t in traces])[order]),
+        output_length=_readonly(np.concatenate([t.output_length for t in traces])[order]),
+        hash_offsets=_readonly(offsets),
+        hash_values=_readonly(flat[gather]),
+        block_size=traces[0].block_size,
+        source_row=_readonly(np.concatenate(parts_src)[order]),
+        rows_out_of_order=0,
+        metadata=meta,
+        hash_ids_synthetic=traces[0].hash_ids_synthetic,
+        **opt,
+    )
 
 
 def open_mix(entries: list[MixEntry], **read_options):

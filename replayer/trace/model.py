@@ -55,31 +55,48 @@ _QUERY_ENDPOINTS = ("/v1/score", "/v1/rerank")
 #: Request body keys an ``extra_body`` may not set: the replayer sets them per request from the
 #: row (the prompt of each endpoint, the output length) or needs them to measure (streaming with
 #: usage). Every other top-level key is merged over the built body (``replayer.build.payload``).
-EXTRA_BODY_RESERVED = frozenset(("prompt", "messages", "input", "text_1", "text_2", "query", "documents",
-                                 "max_tokens", "max_completion_tokens", "min_tokens", "stream",
-                                 "stream_options"))
+EXTRA_BODY_RESERVED = frozenset(
+    (
+        "prompt",
+        "messages",
+        "input",
+        "text_1",
+        "text_2",
+        "query",
+        "documents",
+        "max_tokens",
+        "max_completion_tokens",
+        "min_tokens",
+        "stream",
+        "stream_options",
+    )
+)
 
 _INT64_MAX = int(np.iinfo(np.int64).max)
 _REQUIRED = ("timestamp", "input_length", "output_length", "hash_ids")
 #: Optional per-row columns -> the Arrow type ``write_parquet`` gives them. On a Trace each is a list
 #: (None for a missing value) except ``think_time_s``, a float64 array (NaN for a missing value).
 _OPTIONAL_TYPES: dict[str, pa.DataType] = {
-    "request_id": pa.string(), "session_id": pa.string(), "model": pa.string(), "priority": pa.int64(),
-    "extra_body": pa.string(), "turn": pa.int64(), "parent_request_id": pa.string(),
-    "think_time_s": pa.float64(), "endpoint": pa.string(), "query_length": pa.int64(),
-    "document_lengths": pa.list_(pa.int64()), "tenant": pa.string(),
-    "image_ids": pa.list_(pa.string()), "image_sizes": pa.list_(pa.string()), "num_images": pa.int64(),
+    "request_id": pa.string(),
+    "session_id": pa.string(),
+    "model": pa.string(),
+    "priority": pa.int64(),
+    "extra_body": pa.string(),
+    "turn": pa.int64(),
+    "parent_request_id": pa.string(),
+    "think_time_s": pa.float64(),
+    "endpoint": pa.string(),
+    "query_length": pa.int64(),
+    "document_lengths": pa.list_(pa.int64()),
+    "tenant": pa.string(),
+    "image_ids": pa.list_(pa.string()),
+    "image_sizes": pa.list_(pa.string()),
+    "num_images": pa.int64(),
     "image_tokens": pa.int64(),
 }
 _OPTIONAL = tuple(_OPTIONAL_TYPES)
-_FIELD_ORDER = {
-    name: i
-    for i, name in enumerate(
-        ("file", "format", "metadata", "json", *_REQUIRED, *_OPTIONAL)
-    )
-}
-_MIN = {"timestamp": 0, "input_length": 1, "output_length": 1, "turn": 0, "query_length": 1,
-        "document_lengths": 1}
+_FIELD_ORDER = {name: i for i, name in enumerate(("file", "format", "metadata", "json", *_REQUIRED, *_OPTIONAL))}
+_MIN = {"timestamp": 0, "input_length": 1, "output_length": 1, "turn": 0, "query_length": 1, "document_lengths": 1}
 
 
 # --------------------------------------------------------------------------------------------

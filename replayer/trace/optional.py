@@ -16,8 +16,16 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from replayer.trace.model import _ENDPOINT_PATH, _INT64_MAX, _MIN, _QUERY_ENDPOINTS, ENDPOINTS, EXTRA_BODY_RESERVED, _Problems
 from replayer.trace.images import IMAGE_COLUMNS, image_value
+from replayer.trace.model import (
+    _ENDPOINT_PATH,
+    _INT64_MAX,
+    _MIN,
+    _QUERY_ENDPOINTS,
+    ENDPOINTS,
+    EXTRA_BODY_RESERVED,
+    _Problems,
+)
 from replayer.trace.values import _MISSING, _coerce_int, _short, _type_name
 
 
@@ -60,8 +68,11 @@ def _think_times(values: list | pa.ChunkedArray, rows: np.ndarray, probs: _Probl
             out = np.array(values.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
             bad = ~np.isnan(out) & ~((out >= 0) & np.isfinite(out))
             for k in np.flatnonzero(bad):
-                probs.add(rows[k], "think_time_s", f"think_time_s {float(out[k])!r} is not allowed: "
-                                                   "must be a finite number >= 0 (seconds)")
+                probs.add(
+                    rows[k],
+                    "think_time_s",
+                    f"think_time_s {float(out[k])!r} is not allowed: must be a finite number >= 0 (seconds)",
+                )
             out[bad] = np.nan
             return out
         values = values.to_pylist()
@@ -74,15 +85,17 @@ def _think_times(values: list | pa.ChunkedArray, rows: np.ndarray, probs: _Probl
             continue
         fv = float(v)
         if not math.isfinite(fv) or fv < 0:
-            probs.add(rows[i], "think_time_s", f"think_time_s {fv!r} is not allowed: must be a finite number "
-                                               ">= 0 (seconds)")
+            probs.add(
+                rows[i], "think_time_s", f"think_time_s {fv!r} is not allowed: must be a finite number >= 0 (seconds)"
+            )
             continue
         out[i] = fv
     return out
 
 
-def _optional_column(name: str, values: list | pa.ChunkedArray, rows: np.ndarray,
-                     probs: _Problems) -> list | np.ndarray:
+def _optional_column(
+    name: str, values: list | pa.ChunkedArray, rows: np.ndarray, probs: _Problems
+) -> list | np.ndarray:
     """Check one optional column -> list in file order (None = not set), or a float64 array for ``think_time_s``."""
     if name == "think_time_s":
         return _think_times(values, rows, probs)
@@ -101,7 +114,7 @@ def _without_nulls(v: Any) -> Any:
     return v
 
 
-def _optional_from_list(name: str, values: list, rows: np.ndarray, probs: _Problems) -> list:
+def _optional_from_list(name: str, values: list, rows: np.ndarray, probs: _Problems) -> list:  # noqa: C901, PLR0912, PLR0915
     out: list = []
     if name in IMAGE_COLUMNS:
         for i, v in enumerate(values):
@@ -135,9 +148,13 @@ def _optional_from_list(name: str, values: list, rows: np.ndarray, probs: _Probl
         elif name == "endpoint":
             path = _ENDPOINT_PATH.get(v) if isinstance(v, str) else None
             if path is None:
-                probs.add(rows[i], name, f"unknown endpoint {_short(v)}: expected one of "
-                                         f"{', '.join(ENDPOINTS.values())} or the short names "
-                                         f"{', '.join(ENDPOINTS)}")
+                probs.add(
+                    rows[i],
+                    name,
+                    f"unknown endpoint {_short(v)}: expected one of "
+                    f"{', '.join(ENDPOINTS.values())} or the short names "
+                    f"{', '.join(ENDPOINTS)}",
+                )
             out.append(path)
         elif name == "document_lengths":
             lst, err = _document_lengths(v)
@@ -177,16 +194,21 @@ def _optional_from_list(name: str, values: list, rows: np.ndarray, probs: _Probl
                 continue
             reserved = EXTRA_BODY_RESERVED.intersection(parsed)
             if reserved:
-                probs.add(rows[i], name, f"sets {', '.join(map(repr, sorted(reserved)))}, which the replayer "
-                                         "sets per request (prompt, output length, streaming): not allowed")
+                probs.add(
+                    rows[i],
+                    name,
+                    f"sets {', '.join(map(repr, sorted(reserved)))}, which the replayer "
+                    "sets per request (prompt, output length, streaming): not allowed",
+                )
                 out.append(None)
             else:
                 out.append(v if isinstance(v, str) else orjson.dumps(v).decode())
     return out
 
 
-def _check_requests(rows: np.ndarray, il: np.ndarray, il_ok: np.ndarray, optional: dict[str, Any],
-                    probs: _Problems) -> None:
+def _check_requests(
+    rows: np.ndarray, il: np.ndarray, il_ok: np.ndarray, optional: dict[str, Any], probs: _Problems
+) -> None:
     """Row rules of ``query_length`` / ``document_lengths`` / ``endpoint`` (values that parsed)."""
     q, d, e = (optional.get(k) for k in ("query_length", "document_lengths", "endpoint"))
     if q is None and d is None and e is None:
@@ -208,6 +230,9 @@ def _check_requests(rows: np.ndarray, il: np.ndarray, il_ok: np.ndarray, optiona
         if di is not None and not q_bad and il_ok[i]:
             docs = sum(di)
             if (qi or 0) + docs != int(il[i]):
-                probs.add(r, "document_lengths",
-                          f"query_length {qi or 0} + sum(document_lengths) {docs} = {(qi or 0) + docs} "
-                          f"!= input_length {int(il[i])}: they must be equal")
+                probs.add(
+                    r,
+                    "document_lengths",
+                    f"query_length {qi or 0} + sum(document_lengths) {docs} = {(qi or 0) + docs} "
+                    f"!= input_length {int(il[i])}: they must be equal",
+                )

@@ -10,14 +10,18 @@ import numpy as np
 
 from replayer.trace.model import _OPTIONAL, _REQUIRED, SYNTH_ID_BASE
 
-
 # --------------------------------------------------------------------------------------------
 # Reading options and column mapping
 
 
 _ALL_FIELDS = (*_REQUIRED, *_OPTIONAL)
-_AZURE_MAP = {"timestamp": "TIMESTAMP", "input_length": "ContextTokens", "output_length": "GeneratedTokens",
-              "hash_ids": "", "num_images": "NumImages"}
+_AZURE_MAP = {
+    "timestamp": "TIMESTAMP",
+    "input_length": "ContextTokens",
+    "output_length": "GeneratedTokens",
+    "hash_ids": "",
+    "num_images": "NumImages",
+}
 
 
 def parse_mapping(text: str | dict[str, str] | None) -> dict[str, str]:
@@ -32,8 +36,11 @@ def parse_mapping(text: str | dict[str, str] | None) -> dict[str, str]:
     """
     if text is None:
         return {}
-    items = text.items() if isinstance(text, dict) else (
-        part.split("=", 1) if "=" in part else (part, None) for part in text.split(",") if part.strip())
+    items = (
+        text.items()
+        if isinstance(text, dict)
+        else (part.split("=", 1) if "=" in part else (part, None) for part in text.split(",") if part.strip())
+    )
     out: dict[str, str] = {}
     for k, v in items:
         k = k.strip()

@@ -18,7 +18,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from replayer.trace.columns import _check_hash_counts, _Raw, _raw_from_table
-from replayer.trace.model import _OPTIONAL, CAPTURE_META, DEFAULT_BLOCK_SIZE, ROLLED_PARTS_META, DEFAULT_TIME_UNIT, META_PREFIX, SCHEMA_VERSION, TIME_UNITS, _Problems
+from replayer.trace.model import (
+    _OPTIONAL,
+    CAPTURE_META,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_TIME_UNIT,
+    META_PREFIX,
+    ROLLED_PARTS_META,
+    SCHEMA_VERSION,
+    TIME_UNITS,
+    _Problems,
+)
 from replayer.trace.options import _Opts
 
 
@@ -27,7 +37,7 @@ def _parquet_meta(schema_meta: dict | None, probs: _Problems, opts: _Opts) -> tu
     for k, v in (schema_meta or {}).items():
         ks = k.decode("utf-8", "replace")
         if ks.startswith(META_PREFIX):
-            meta[ks[len(META_PREFIX):]] = v.decode("utf-8", "replace")
+            meta[ks[len(META_PREFIX) :]] = v.decode("utf-8", "replace")
     ver = meta.get("schema_version", SCHEMA_VERSION)
     if ver != SCHEMA_VERSION:
         probs.add(0, "metadata", f"replayer.schema_version {ver!r} is not supported (expected {SCHEMA_VERSION!r})")
@@ -57,8 +67,11 @@ def trace_paths(path: str) -> list[str]:
     """Files of a Parquet source: the file itself, a folder's ``*.parquet``/``*.pq`` files, or a
     glob's matches, sorted by name (shards are read in that order as one trace). [] if none."""
     if os.path.isdir(path):
-        files = sorted(os.path.join(path, n) for n in os.listdir(path)
-                       if n.endswith((".parquet", ".pq")) and not n.startswith((".", "_")))
+        files = sorted(
+            os.path.join(path, n)
+            for n in os.listdir(path)
+            if n.endswith((".parquet", ".pq")) and not n.startswith((".", "_"))
+        )
         return files + _unrolled_parts(path, files)
     if any(c in path for c in "*?[") and not os.path.exists(path):
         return sorted(p for p in _glob.glob(path) if os.path.isfile(p))
@@ -98,9 +111,10 @@ def replayable_rows(table: pa.Table, first_row: int = 1) -> tuple[pa.Table, np.n
     names = table.column_names
     if not {"input_length", "output_length", "hash_ids"} <= set(names):
         return table, rows
-    ok = pc.and_(pc.and_(pc.greater_equal(table.column("input_length"), 1),
-                         pc.greater_equal(table.column("output_length"), 1)),
-                 pc.is_valid(table.column("hash_ids")))
+    ok = pc.and_(
+        pc.and_(pc.greater_equal(table.column("input_length"), 1), pc.greater_equal(table.column("output_length"), 1)),
+        pc.is_valid(table.column("hash_ids")),
+    )
     keep = np.flatnonzero(pc.fill_null(ok, False).to_numpy(zero_copy_only=False))
     if len(keep) == table.num_rows:
         return table, rows
@@ -119,11 +133,24 @@ def _concat_raw(raws: list[_Raw], files: list[str]) -> _Raw:
             optional[name] = [v for r in raws for v in r.optional.get(name, [None] * len(r.rows))]
     r0 = raws[0]
     start = np.cumsum([0] + [len(r.rows) for r in raws[:-1]]).astype(np.int64)
-    return _Raw(cat([r.rows for r in raws]), cat([r.ts for r in raws]), cat([r.ts_ok for r in raws]),
-                cat([r.il for r in raws]), cat([r.il_ok for r in raws]), cat([r.ol for r in raws]),
-                cat([r.ol_ok for r in raws]), cat([r.hash_len for r in raws]), cat([r.hash_vals for r in raws]),
-                cat([r.hash_ok for r in raws]), optional, r0.ns_per_unit, r0.block_size, r0.metadata,
-                shard_files=files, shard_start=start)
+    return _Raw(
+        cat([r.rows for r in raws]),
+        cat([r.ts for r in raws]),
+        cat([r.ts_ok for r in raws]),
+        cat([r.il for r in raws]),
+        cat([r.il_ok for r in raws]),
+        cat([r.ol for r in raws]),
+        cat([r.ol_ok for r in raws]),
+        cat([r.hash_len for r in raws]),
+        cat([r.hash_vals for r in raws]),
+        cat([r.hash_ok for r in raws]),
+        optional,
+        r0.ns_per_unit,
+        r0.block_size,
+        r0.metadata,
+        shard_files=files,
+        shard_start=start,
+    )
 
 
 def _read_parquet(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:

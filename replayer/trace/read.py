@@ -15,23 +15,33 @@ import numpy as np
 
 from replayer.trace.agentic import AGENTIC_FORMATS, sniff
 from replayer.trace.columns import _check_hash_counts, _Raw
+from replayer.trace.copilot import _read_copilot
 from replayer.trace.csv import AZURE_COLUMNS, _read_csv, _sniff_csv_header
 from replayer.trace.jsonl import _read_jsonl, _read_servegen
-from replayer.trace.model import (_INT64_MAX, _OPTIONAL, FORMATS, READ_TIME_UNITS, Trace, TraceError, TraceOrderWarning,
-                    TraceProblem, _Problems, _readonly)
+from replayer.trace.model import (
+    _INT64_MAX,
+    _OPTIONAL,
+    FORMATS,
+    READ_TIME_UNITS,
+    Trace,
+    TraceError,
+    TraceOrderWarning,
+    TraceProblem,
+    _Problems,
+    _readonly,
+)
 from replayer.trace.options import _AZURE_MAP, _Opts, parse_mapping
 from replayer.trace.parquet import _read_parquet, is_capture_folder
-from replayer.trace.copilot import _read_copilot
 from replayer.trace.tracelab import _read_tracelab
 from replayer.trace.weka import _read_weka
-
 
 # --------------------------------------------------------------------------------------------
 # Public API
 
 
-def _resolve(path: str, fmt: str, block_size: int | None, strict: bool, mapping, time_unit: str | None,
-             probs: _Problems) -> _Opts | None:
+def _resolve(
+    path: str, fmt: str, block_size: int | None, strict: bool, mapping, time_unit: str | None, probs: _Problems
+) -> _Opts | None:
     if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
     if time_unit is not None and time_unit not in READ_TIME_UNITS:
@@ -43,7 +53,11 @@ def _resolve(path: str, fmt: str, block_size: int | None, strict: bool, mapping,
         agentic = sniff(path) if ext in (".jsonl", ".json") and not (mapping or time_unit) else None
         if agentic:
             kind = agentic
-        elif os.path.isdir(path) or ext in (".parquet", ".pq") or (any(c in path for c in "*?[") and not os.path.exists(path)):
+        elif (
+            os.path.isdir(path)
+            or ext in (".parquet", ".pq")
+            or (any(c in path for c in "*?[") and not os.path.exists(path))
+        ):
             kind = "parquet"
         elif ext in (".jsonl", ".json"):
             kind = "jsonl" if (mapping or time_unit) else ("servegen" if _is_servegen(path) else "mooncake")
@@ -51,10 +65,14 @@ def _resolve(path: str, fmt: str, block_size: int | None, strict: bool, mapping,
             head = set(_sniff_csv_header(path))
             kind = "azure" if (not mapping and len(head.intersection(AZURE_COLUMNS)) >= 2) else "csv"
         else:
-            probs.add(0, "format", f"unknown trace format for extension {ext or '(none)'!r}: expected "
-                                   ".parquet/.pq or a folder/glob of them (canonical), .jsonl/.json "
-                                   "(Mooncake or generic JSONL) or .csv (Azure or generic CSV); "
-                                   "or name the format explicitly")
+            probs.add(
+                0,
+                "format",
+                f"unknown trace format for extension {ext or '(none)'!r}: expected "
+                ".parquet/.pq or a folder/glob of them (canonical), .jsonl/.json "
+                "(Mooncake or generic JSONL) or .csv (Azure or generic CSV); "
+                "or name the format explicitly",
+            )
             return None
     elif fmt not in FORMATS:
         probs.add(0, "format", f"unknown trace format {fmt!r}: expected 'auto' or one of {', '.join(FORMATS)}")
@@ -99,15 +117,20 @@ def _check_turns(raw: _Raw, order: np.ndarray | None, probs: _Problems, state: _
         return
     parent = raw.optional.get("parent_request_id")
     last = state.last_turn
-    for i in (order.tolist() if order is not None else range(len(sess))):
+    for i in order.tolist() if order is not None else range(len(sess)):
         s, t = sess[i], turns[i]
         if s is None or t is None or (parent is not None and parent[i] is not None):
             continue
         row = int(raw.rows[i])
         prev = last.get(s)
         if prev is not None and t <= prev[0]:
-            probs.add(row, "turn", f"turn {t} of session {s!r} does not follow turn {prev[0]} (row {prev[1]}): "
-                                   "turns of a session must strictly increase in time order", file=raw.file_of(i))
+            probs.add(
+                row,
+                "turn",
+                f"turn {t} of session {s!r} does not follow turn {prev[0]} (row {prev[1]}): "
+                "turns of a session must strictly increase in time order",
+                file=raw.file_of(i),
+            )
         last[s] = (t, row)
 
 
@@ -130,9 +153,18 @@ def _derive_sessions(session: list | None, request_id: list | None, parent: list
     return out
 
 
-def _finish(raw: _Raw, probs: _Problems, path: str, strict: bool, *, origin: int | None = None,
-            not_before: int | None = None, row_offset: int = 0, stacklevel: int = 3,
-            sessions: _Sessions | None = None) -> Trace:
+def _finish(
+    raw: _Raw,
+    probs: _Problems,
+    path: str,
+    strict: bool,
+    *,
+    origin: int | None = None,
+    not_before: int | None = None,
+    row_offset: int = 0,
+    stacklevel: int = 3,
+    sessions: _Sessions | None = None,
+) -> Trace:
     """Checks that need whole rows, then sort and build the Trace.
 
     ``origin`` (raw units): time 0 (default: the smallest timestamp). ``not_before`` (raw units):
@@ -151,25 +183,35 @@ def _finish(raw: _Raw, probs: _Problems, path: str, strict: bool, *, origin: int
         tmin = int(ts.min()) if origin is None else int(origin)
         if not_before is not None and int(ts.min()) < not_before:
             i = int(np.flatnonzero(ts < not_before)[0])
-            probs.add(raw.rows[i], "timestamp",
-                      f"timestamp {int(ts[i])} goes back in time: an earlier row group reached {not_before}; "
-                      "this Parquet source is not sorted - run `replayer trace convert` (which sorts) first",
-                      file=raw.file_of(i))
+            probs.add(
+                raw.rows[i],
+                "timestamp",
+                f"timestamp {int(ts[i])} goes back in time: an earlier row group reached {not_before}; "
+                "this Parquet source is not sorted - run `replayer trace convert` (which sorts) first",
+                file=raw.file_of(i),
+            )
         span_limit = _INT64_MAX // ns
         too_far = (ts - tmin) > span_limit
         for i in np.flatnonzero(too_far):
-            probs.add(raw.rows[i], "timestamp", f"timestamp {int(ts[i])} is too far from the first "
-                                                 f"({tmin}) to fit in int64 nanoseconds", file=raw.file_of(i))
+            probs.add(
+                raw.rows[i],
+                "timestamp",
+                f"timestamp {int(ts[i])} is too far from the first ({tmin}) to fit in int64 nanoseconds",
+                file=raw.file_of(i),
+            )
         if ts.shape[0] > 1:
             prev_max = np.maximum.accumulate(ts)[:-1]
             late = ts[1:] < prev_max
             rows_out = int(late.sum())
             if rows_out and strict:
                 first = int(np.flatnonzero(late)[0]) + 1
-                probs.add(raw.rows[first], "timestamp",
-                          f"{rows_out} rows out of timestamp order (first here: {int(ts[first])} after "
-                          f"{int(prev_max[first - 1])}); strict mode requires sorted timestamps",
-                          file=raw.file_of(first))
+                probs.add(
+                    raw.rows[first],
+                    "timestamp",
+                    f"{rows_out} rows out of timestamp order (first here: {int(ts[first])} after "
+                    f"{int(prev_max[first - 1])}); strict mode requires sorted timestamps",
+                    file=raw.file_of(first),
+                )
         order = np.argsort(ts, kind="stable") if rows_out else None
         _check_turns(raw, order, probs, sessions)
     probs.raise_if_any()
@@ -180,8 +222,12 @@ def _finish(raw: _Raw, probs: _Problems, path: str, strict: bool, *, origin: int
     np.cumsum(raw.hash_len, out=hash_offsets[1:])
     hash_values = raw.hash_vals
     if rows_out:
-        warnings.warn(f"{path}: {rows_out} rows out of timestamp order; rows were stable-sorted by "
-                      "timestamp (whole rows move together)", TraceOrderWarning, stacklevel=stacklevel)
+        warnings.warn(
+            f"{path}: {rows_out} rows out of timestamp order; rows were stable-sorted by "
+            "timestamp (whole rows move together)",
+            TraceOrderWarning,
+            stacklevel=stacklevel,
+        )
         new_len = raw.hash_len[order]
         new_off = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(new_len, out=new_off[1:])
@@ -202,8 +248,9 @@ def _finish(raw: _Raw, probs: _Problems, path: str, strict: bool, *, origin: int
     if think is not None:
         think = _readonly(np.ascontiguousarray(think[order] if order is not None else think, dtype=np.float64))
     if opt["parent_request_id"] is not None:
-        opt["session_id"] = _derive_sessions(opt["session_id"], opt["request_id"], opt["parent_request_id"],
-                                             sessions.roots)
+        opt["session_id"] = _derive_sessions(
+            opt["session_id"], opt["request_id"], opt["parent_request_id"], sessions.roots
+        )
     return Trace(
         path=path,
         timestamp_ns=take(offsets_ns),
@@ -223,12 +270,14 @@ def _finish(raw: _Raw, probs: _Problems, path: str, strict: bool, *, origin: int
 
 
 #: Leading bytes of files that are not text -> what they are.
-_MAGIC = {b"PAR1": "a Parquet file: name it .parquet (or give --format parquet)",
-          b"\x1f\x8b": "gzip-compressed data: decompress it first (gunzip)",
-          b"\x28\xb5\x2f\xfd": "zstd-compressed data: decompress it first (unzstd)",
-          b"PK\x03\x04": "a zip archive: extract the trace first",
-          b"\xff\xfe": "UTF-16 text: convert it to UTF-8 (iconv -f UTF-16 -t UTF-8)",
-          b"\xfe\xff": "UTF-16 text: convert it to UTF-8 (iconv -f UTF-16 -t UTF-8)"}
+_MAGIC = {
+    b"PAR1": "a Parquet file: name it .parquet (or give --format parquet)",
+    b"\x1f\x8b": "gzip-compressed data: decompress it first (gunzip)",
+    b"\x28\xb5\x2f\xfd": "zstd-compressed data: decompress it first (unzstd)",
+    b"PK\x03\x04": "a zip archive: extract the trace first",
+    b"\xff\xfe": "UTF-16 text: convert it to UTF-8 (iconv -f UTF-16 -t UTF-8)",
+    b"\xfe\xff": "UTF-16 text: convert it to UTF-8 (iconv -f UTF-16 -t UTF-8)",
+}
 
 
 def _not_text(path: str, fmt: str) -> str | None:
@@ -257,14 +306,28 @@ def _not_text(path: str, fmt: str) -> str | None:
     return None
 
 
-_READERS = {"parquet": _read_parquet, "mooncake": _read_jsonl, "jsonl": _read_jsonl, "csv": _read_csv,
-            "azure": _read_csv, "weka": _read_weka, "copilot": _read_copilot, "tracelab": _read_tracelab,
-            "servegen": _read_servegen}
+_READERS = {
+    "parquet": _read_parquet,
+    "mooncake": _read_jsonl,
+    "jsonl": _read_jsonl,
+    "csv": _read_csv,
+    "azure": _read_csv,
+    "weka": _read_weka,
+    "copilot": _read_copilot,
+    "tracelab": _read_tracelab,
+    "servegen": _read_servegen,
+}
 
 
-def read_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | None = None,
-               strict: bool = False, mapping: str | dict[str, str] | None = None,
-               time_unit: str | None = None) -> Trace:
+def read_trace(
+    path: str | os.PathLike,
+    *,
+    fmt: str = "auto",
+    block_size: int | None = None,
+    strict: bool = False,
+    mapping: str | dict[str, str] | None = None,
+    time_unit: str | None = None,
+) -> Trace:
     """Read and validate a whole trace; return its rows stable-sorted by timestamp.
 
     ``path``: a file, or (Parquet) a folder of ``*.parquet`` shards or a glob; shards are read in
@@ -316,8 +379,7 @@ def read_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | 
     if opts.fmt != "parquet" and not os.path.exists(path):
         probs.add(0, "file", "no such file")
         raise TraceError(probs.items)
-    why = (_not_text(path, opts.fmt) if opts.fmt not in ("parquet", *AGENTIC_FORMATS) and os.path.isfile(path)
-           else None)
+    why = _not_text(path, opts.fmt) if opts.fmt not in ("parquet", *AGENTIC_FORMATS) and os.path.isfile(path) else None
     if why:
         raise TraceError([TraceProblem(path, 0, "file", why)])
     raw = _READERS[opts.fmt](path, probs, opts)

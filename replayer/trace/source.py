@@ -12,11 +12,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replayer.trace.columns import _raw_from_table
-from replayer.trace.model import MAX_PROBLEMS, TIME_UNITS, Trace, TraceError, TraceProblem, _cut_optional, _Problems, _readonly
+from replayer.trace.model import (
+    MAX_PROBLEMS,
+    TIME_UNITS,
+    Trace,
+    TraceError,
+    TraceProblem,
+    _cut_optional,
+    _Problems,
+    _readonly,
+)
 from replayer.trace.options import _Opts, _src
 from replayer.trace.parquet import _parquet_meta, is_capture_folder, replayable_rows, trace_paths
 from replayer.trace.read import _finish, _resolve, _Sessions, read_trace
-
 
 # --------------------------------------------------------------------------------------------
 # Streaming
@@ -91,12 +99,21 @@ class _LoadedSource(TraceSource):
 def slice_rows(t: Trace, a: int, b: int) -> Trace:
     """Rows ``a:b`` of ``t`` as a Trace sharing its arrays (``row_offset`` advanced by ``a``)."""
     ha, hb = int(t.hash_offsets[a]), int(t.hash_offsets[b])
-    return Trace(path=t.path, timestamp_ns=t.timestamp_ns[a:b], input_length=t.input_length[a:b],
-                 output_length=t.output_length[a:b], hash_offsets=_readonly(t.hash_offsets[a:b + 1] - ha),
-                 hash_values=t.hash_values[ha:hb], block_size=t.block_size, source_row=t.source_row[a:b],
-                 rows_out_of_order=t.rows_out_of_order if a == 0 else 0, metadata=t.metadata,
-                 row_offset=t.row_offset + a, hash_ids_synthetic=t.hash_ids_synthetic,
-                 **_cut_optional(t, slice(a, b)))
+    return Trace(
+        path=t.path,
+        timestamp_ns=t.timestamp_ns[a:b],
+        input_length=t.input_length[a:b],
+        output_length=t.output_length[a:b],
+        hash_offsets=_readonly(t.hash_offsets[a : b + 1] - ha),
+        hash_values=t.hash_values[ha:hb],
+        block_size=t.block_size,
+        source_row=t.source_row[a:b],
+        rows_out_of_order=t.rows_out_of_order if a == 0 else 0,
+        metadata=t.metadata,
+        row_offset=t.row_offset + a,
+        hash_ids_synthetic=t.hash_ids_synthetic,
+        **_cut_optional(t, slice(a, b)),
+    )
 
 
 class _ParquetSource(TraceSource):
@@ -155,7 +172,7 @@ class _ParquetSource(TraceSource):
                 hi = st.max if hi is None else max(hi, st.max)
         return None if lo is None else (hi - lo) * ns
 
-    def _iter(self, max_rows: int, problems: list | None):
+    def _iter(self, max_rows: int, problems: list | None):  # noqa: C901, PLR0912
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         origin = None
@@ -197,8 +214,17 @@ class _ParquetSource(TraceSource):
                         synth += int(raw.hash_len.sum())
                     if problems is None:  # batches(): turn order within the batch (no per-session memory)
                         sessions.last_turn.clear()
-                    batch = _finish(raw, bp, self.path, self.opts.strict, origin=origin,
-                                    not_before=prev_max, row_offset=offset, stacklevel=4, sessions=sessions)
+                    batch = _finish(
+                        raw,
+                        bp,
+                        self.path,
+                        self.opts.strict,
+                        origin=origin,
+                        not_before=prev_max,
+                        row_offset=offset,
+                        stacklevel=4,
+                        sessions=sessions,
+                    )
                 except TraceError as e:
                     if problems is None:
                         raise
@@ -215,9 +241,15 @@ class _ParquetSource(TraceSource):
                     yield batch
 
 
-def open_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | None = None,
-               strict: bool = False, mapping: str | dict[str, str] | None = None,
-               time_unit: str | None = None) -> TraceSource:
+def open_trace(
+    path: str | os.PathLike,
+    *,
+    fmt: str = "auto",
+    block_size: int | None = None,
+    strict: bool = False,
+    mapping: str | dict[str, str] | None = None,
+    time_unit: str | None = None,
+) -> TraceSource:
     """Open a trace for streaming; options as :func:`read_trace`.
 
     Parquet (file, folder or glob) is streamed batch by batch (memory bounded by ``max_rows``);
@@ -233,8 +265,9 @@ def open_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | 
     if opts is None:
         raise TraceError(probs.items)
     if opts.fmt == "parquet" and is_capture_folder(path):  # rows in completion order: read whole, sorted
-        return _LoadedSource(read_trace(path, fmt=opts.fmt, block_size=block_size, strict=strict,
-                                        mapping=mapping, time_unit=time_unit))
+        return _LoadedSource(
+            read_trace(path, fmt=opts.fmt, block_size=block_size, strict=strict, mapping=mapping, time_unit=time_unit)
+        )
     if opts.fmt == "parquet":
         files = trace_paths(path)
         if not files:
@@ -242,5 +275,6 @@ def open_trace(path: str | os.PathLike, *, fmt: str = "auto", block_size: int | 
         if len(files) == 1 and not os.path.exists(files[0]):
             raise TraceError([TraceProblem(path, 0, "file", "no such file")])
         return _ParquetSource(path, files, opts)
-    return _LoadedSource(read_trace(path, fmt=opts.fmt, block_size=block_size, strict=strict,
-                                    mapping=mapping, time_unit=time_unit))
+    return _LoadedSource(
+        read_trace(path, fmt=opts.fmt, block_size=block_size, strict=strict, mapping=mapping, time_unit=time_unit)
+    )

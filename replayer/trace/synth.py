@@ -46,8 +46,9 @@ def parse_dist(text: str):
         raise ValueError(f"bad distribution {text!r}: numbers expected after the name") from None
     need = {"const": 1, "uniform": 2, "lognormal": 2, "normal": 2, "exp": 1}
     if kind not in need or len(a) != need[kind]:
-        raise ValueError(f"bad distribution {text!r}: expected const:N, uniform:LO:HI, lognormal:MEAN:CV, "
-                         "normal:MEAN:SD or exp:MEAN")
+        raise ValueError(
+            f"bad distribution {text!r}: expected const:N, uniform:LO:HI, lognormal:MEAN:CV, normal:MEAN:SD or exp:MEAN"
+        )
     if any(not math.isfinite(x) or x < 0 for x in a):
         raise ValueError(f"bad distribution {text!r}: parameters must be finite and >= 0")
 
@@ -100,6 +101,7 @@ class SynthSpec:
     def check(self, names: dict[str, str] | None = None) -> None:
         """Raises ValueError listing every bad field; ``names`` maps field names to what the
         caller calls them (the CLI's flags)."""
+
         def n(field_name: str) -> str:
             return (names or {}).get(field_name, field_name)
 
@@ -114,7 +116,11 @@ class SynthSpec:
             problems.append(f"{n('cv')} must be a finite number > 0, got {self.cv}")
         if self.turns < 1 or self.sessions < 1:
             problems.append(f"{n('turns')} and {n('sessions')} must be >= 1")
-        if self.system_prompts < 0 or self.system_prompt_tokens < 0 or (self.system_prompts == 0) != (self.system_prompt_tokens == 0):
+        if (
+            self.system_prompts < 0
+            or self.system_prompt_tokens < 0
+            or (self.system_prompts == 0) != (self.system_prompt_tokens == 0)
+        ):
             problems.append(f"{n('system_prompts')} and {n('system_prompt_tokens')} must both be 0 or both be >= 1")
         if self.block_size < 1:
             problems.append(f"{n('block_size')} must be >= 1, got {self.block_size}")
@@ -136,7 +142,7 @@ def _gaps(spec: SynthSpec, rng: np.random.Generator, n: int) -> np.ndarray:
     return rng.gamma(k, 1.0 / (spec.rate_per_s * k), n)
 
 
-def synth_batches(spec: SynthSpec, *, chunk_rows: int = ROW_GROUP_SIZE) -> Iterator[Trace]:
+def synth_batches(spec: SynthSpec, *, chunk_rows: int = ROW_GROUP_SIZE) -> Iterator[Trace]:  # noqa: PLR0915
     """Generate ``spec.rows`` rows as consecutive Trace batches (each about ``chunk_rows`` rows,
     a whole number of session groups); times are offsets from the first row. ValueError for a bad spec."""
     spec.check()
@@ -169,7 +175,9 @@ def synth_batches(spec: SynthSpec, *, chunk_rows: int = ROW_GROUP_SIZE) -> Itera
         # shape (g, T, C): row k of group gi is turn k // C of session k % C
         u3, o3 = u.reshape(g, T, C), o.reshape(g, T, C)
         hist = np.cumsum(u3 + o3, axis=1) - (u3 + o3)
-        prompt = rng.integers(0, spec.system_prompts, (g, 1, C)) if spec.system_prompts else np.zeros((g, 1, C), np.int64)
+        prompt = (
+            rng.integers(0, spec.system_prompts, (g, 1, C)) if spec.system_prompts else np.zeros((g, 1, C), np.int64)
+        )
         L = S + hist + u3
         if spec.max_input_tokens is not None:
             L = np.minimum(L, spec.max_input_tokens)
@@ -200,11 +208,21 @@ def synth_batches(spec: SynthSpec, *, chunk_rows: int = ROW_GROUP_SIZE) -> Itera
             sid = [f"s{session_base + k}" for k in sess_local.tolist()]
             turn = ((np.arange(n) % group) // C).tolist()  # row k of a group is turn k // C
         session_base += g * C
-        yield Trace(path="synthetic", timestamp_ns=ts, input_length=L, output_length=o.reshape(-1)[:n].astype(np.int64),
-                    hash_offsets=offs, hash_values=ids.astype(np.int64), block_size=bs,
-                    source_row=np.arange(done + 1, done + n + 1, dtype=np.int64), rows_out_of_order=0,
-                    session_id=sid, turn=turn, metadata={"format": "synthetic", "block_size": str(bs)},
-                    row_offset=done)
+        yield Trace(
+            path="synthetic",
+            timestamp_ns=ts,
+            input_length=L,
+            output_length=o.reshape(-1)[:n].astype(np.int64),
+            hash_offsets=offs,
+            hash_values=ids.astype(np.int64),
+            block_size=bs,
+            source_row=np.arange(done + 1, done + n + 1, dtype=np.int64),
+            rows_out_of_order=0,
+            session_id=sid,
+            turn=turn,
+            metadata={"format": "synthetic", "block_size": str(bs)},
+            row_offset=done,
+        )
         done += n
 
 
@@ -215,12 +233,20 @@ def _concat(batches: list[Trace]) -> Trace:
     sess = None if batches[0].session_id is None else [s for b in batches for s in b.session_id]
     turn = None if batches[0].turn is None else [x for b in batches for x in b.turn]
     b0 = batches[0]
-    return Trace(path=b0.path, timestamp_ns=np.concatenate([b.timestamp_ns for b in batches]),
-                 input_length=np.concatenate([b.input_length for b in batches]),
-                 output_length=np.concatenate([b.output_length for b in batches]), hash_offsets=hash_offsets,
-                 hash_values=np.concatenate([b.hash_values for b in batches]), block_size=b0.block_size,
-                 source_row=np.concatenate([b.source_row for b in batches]), rows_out_of_order=0,
-                 session_id=sess, turn=turn, metadata=dict(b0.metadata))
+    return Trace(
+        path=b0.path,
+        timestamp_ns=np.concatenate([b.timestamp_ns for b in batches]),
+        input_length=np.concatenate([b.input_length for b in batches]),
+        output_length=np.concatenate([b.output_length for b in batches]),
+        hash_offsets=hash_offsets,
+        hash_values=np.concatenate([b.hash_values for b in batches]),
+        block_size=b0.block_size,
+        source_row=np.concatenate([b.source_row for b in batches]),
+        rows_out_of_order=0,
+        session_id=sess,
+        turn=turn,
+        metadata=dict(b0.metadata),
+    )
 
 
 def synth(spec: SynthSpec) -> Trace:
@@ -229,10 +255,12 @@ def synth(spec: SynthSpec) -> Trace:
 
 
 def describe(spec: SynthSpec) -> str:
-    return (f"synthetic: {spec.rows} rows, {spec.arrival} arrivals at {spec.rate_per_s:g}/s (cv {spec.cv:g}), "
-            f"input {spec.lengths_from or spec.input_dist}, output {spec.lengths_from or spec.output_dist}, "
-            f"{spec.system_prompts} system prompts x {spec.system_prompt_tokens} tokens, "
-            f"{spec.sessions} sessions x {spec.turns} turns, seed {spec.seed}")
+    return (
+        f"synthetic: {spec.rows} rows, {spec.arrival} arrivals at {spec.rate_per_s:g}/s (cv {spec.cv:g}), "
+        f"input {spec.lengths_from or spec.input_dist}, output {spec.lengths_from or spec.output_dist}, "
+        f"{spec.system_prompts} system prompts x {spec.system_prompt_tokens} tokens, "
+        f"{spec.sessions} sessions x {spec.turns} turns, seed {spec.seed}"
+    )
 
 
 def write_synth(spec: SynthSpec, path: str | os.PathLike, *, row_group_rows: int = ROW_GROUP_SIZE) -> int:

@@ -12,7 +12,6 @@ import pyarrow as pa
 from replayer.trace.model import _INT64_MAX, TIME_UNITS, _Problems
 from replayer.trace.values import _MISSING, _coerce_int, _ints_checked, _ints_from_list, _ints_slow, _short, _type_name
 
-
 # --------------------------------------------------------------------------------------------
 # Timestamps: integers in a unit, floats (generic formats), or date-time strings
 
@@ -47,8 +46,9 @@ def _datetimes_slow(values: list, rows: np.ndarray, probs: _Problems) -> tuple[n
     return out, ok
 
 
-def _timestamps(values: list | pa.ChunkedArray, rows: np.ndarray, unit: str, allow_float: bool,
-                probs: _Problems) -> tuple[np.ndarray, np.ndarray, int]:
+def _timestamps(  # noqa: PLR0912
+    values: list | pa.ChunkedArray, rows: np.ndarray, unit: str, allow_float: bool, probs: _Problems
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Timestamps of one source -> (int64 values, ok mask, ns per value unit)."""
     col = values if isinstance(values, pa.ChunkedArray) else None
     if unit == "datetime":
@@ -96,8 +96,17 @@ def _timestamps(values: list | pa.ChunkedArray, rows: np.ndarray, unit: str, all
     ok = np.isfinite(f) & (f >= 0) & (f * ns <= _INT64_MAX)
     for i in np.flatnonzero(~ok):
         v = float(f[i])
-        probs.add(rows[i], "timestamp", "expected a number, got NaN" if math.isnan(v) else
-                  (f"negative timestamp {v!r}: must be >= 0" if v < 0 else f"timestamp {v!r} {unit} does not fit in int64 ns"))
+        probs.add(
+            rows[i],
+            "timestamp",
+            "expected a number, got NaN"
+            if math.isnan(v)
+            else (
+                f"negative timestamp {v!r}: must be >= 0"
+                if v < 0
+                else f"timestamp {v!r} {unit} does not fit in int64 ns"
+            ),
+        )
     return np.where(ok, np.round(np.where(ok, f, 0) * ns), 0).astype(np.int64), ok, 1
 
 

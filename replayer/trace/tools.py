@@ -37,11 +37,20 @@ def take_rows(t: Trace, idx: np.ndarray, *, rebase: bool = True) -> Trace:
     ts = t.timestamp_ns[idx]
     if rebase and ts.size:
         ts = ts - ts.min()
-    return Trace(path=t.path, timestamp_ns=ts, input_length=t.input_length[idx],
-                 output_length=t.output_length[idx], hash_offsets=new_off,
-                 hash_values=np.asarray(t.hash_values, dtype=np.int64)[gather], block_size=t.block_size,
-                 source_row=t.source_row[idx], rows_out_of_order=0, metadata=dict(t.metadata),
-                 hash_ids_synthetic=t.hash_ids_synthetic, **_cut_optional(t, idx))
+    return Trace(
+        path=t.path,
+        timestamp_ns=ts,
+        input_length=t.input_length[idx],
+        output_length=t.output_length[idx],
+        hash_offsets=new_off,
+        hash_values=np.asarray(t.hash_values, dtype=np.int64)[gather],
+        block_size=t.block_size,
+        source_row=t.source_row[idx],
+        rows_out_of_order=0,
+        metadata=dict(t.metadata),
+        hash_ids_synthetic=t.hash_ids_synthetic,
+        **_cut_optional(t, idx),
+    )
 
 
 def _unit_hash(seed: int, key: int) -> float:
@@ -49,8 +58,16 @@ def _unit_hash(seed: int, key: int) -> float:
     return mix64(mix64(seed) ^ (key & (2**64 - 1))) / 2.0**64
 
 
-def slice_trace(t: Trace, *, start_s: float | None = None, end_s: float | None = None, head: int | None = None,
-                fraction: float | None = None, seed: int = 0, whole_sessions: bool = True) -> Trace:
+def slice_trace(  # noqa: C901, PLR0912
+    t: Trace,
+    *,
+    start_s: float | None = None,
+    end_s: float | None = None,
+    head: int | None = None,
+    fraction: float | None = None,
+    seed: int = 0,
+    whole_sessions: bool = True,
+) -> Trace:
     """Keep a part of ``t``; all given criteria apply together; the result starts at time 0.
 
     * ``start_s``/``end_s``: rows with ``start_s <= offset < end_s`` (seconds from the first row).
@@ -124,7 +141,7 @@ def _prefix_chain(offs: np.ndarray, vals: np.ndarray) -> np.ndarray:
     at = by_pos[: ends[0]]
     prefix[at] = mix64_array(mixed[at])
     for p in range(1, ends.size):
-        at = by_pos[ends[p - 1]: ends[p]]
+        at = by_pos[ends[p - 1] : ends[p]]
         prefix[at] = mix64_array(prefix[at - 1] ^ mixed[at])
     return prefix
 
@@ -150,8 +167,7 @@ def _rehash_scaled(t: Trace, factor: float, new_len: np.ndarray) -> tuple[np.nda
     return new_off, (ids >> _U(1)).astype(np.int64)  # < 2**63: plain non-negative int64
 
 
-def scale_trace(t: Trace, *, time_factor: float = 1.0, input_factor: float = 1.0,
-                output_factor: float = 1.0) -> Trace:
+def scale_trace(t: Trace, *, time_factor: float = 1.0, input_factor: float = 1.0, output_factor: float = 1.0) -> Trace:
     """Scale times and lengths; returns a new Trace.
 
     * ``timestamp_ns`` -> ``round(offset * time_factor)`` (2.0 = twice as long, half the rate).
@@ -172,13 +188,17 @@ def scale_trace(t: Trace, *, time_factor: float = 1.0, input_factor: float = 1.0
     for name, f in (("time_factor", time_factor), ("input_factor", input_factor), ("output_factor", output_factor)):
         if not (isinstance(f, (int, float)) and math.isfinite(f) and f > 0):
             raise ValueError(f"{name} must be a positive number, got {f!r}")
-    ts = np.round(t.timestamp_ns.astype(np.float64) * time_factor).astype(np.int64) if time_factor != 1 \
+    ts = (
+        np.round(t.timestamp_ns.astype(np.float64) * time_factor).astype(np.int64)
+        if time_factor != 1
         else np.array(t.timestamp_ns)
+    )
     ol = np.maximum(1, np.round(t.output_length * output_factor)).astype(np.int64)
     parts: dict[str, Any] = {}
     if input_factor != 1:
         il = np.maximum(1, np.round(t.input_length * input_factor)).astype(np.int64)
         if t.document_lengths is not None:
+
             def sc(x: int) -> int:
                 return max(1, round(x * input_factor))
 
@@ -196,12 +216,23 @@ def scale_trace(t: Trace, *, time_factor: float = 1.0, input_factor: float = 1.0
         offs, vals = np.asarray(t.hash_offsets) - t.hash_offsets[0], np.array(t.hash_values)
     meta = dict(t.metadata)
     meta["source"] = (meta.get("source") or os.path.basename(t.path)) + (
-        f" (scaled: time x{time_factor:g}, input x{input_factor:g}, output x{output_factor:g})")
+        f" (scaled: time x{time_factor:g}, input x{input_factor:g}, output x{output_factor:g})"
+    )
     # Rehashed synthesised ids stay free of prefix information: hash_ids_synthetic is kept.
     if t.think_time_s is not None and time_factor != 1:
         parts["think_time_s"] = np.asarray(t.think_time_s, dtype=np.float64) * time_factor
-    return dataclasses.replace(t, timestamp_ns=ts, input_length=il, output_length=ol, hash_offsets=offs,
-                               hash_values=vals, rows_out_of_order=0, metadata=meta, row_offset=0, **parts)
+    return dataclasses.replace(
+        t,
+        timestamp_ns=ts,
+        input_length=il,
+        output_length=ol,
+        hash_offsets=offs,
+        hash_values=vals,
+        rows_out_of_order=0,
+        metadata=meta,
+        row_offset=0,
+        **parts,
+    )
 
 
 def sessionize_trace(t: Trace, *, min_shared_blocks: int = 1) -> tuple[Trace, dict[str, int]]:
@@ -243,7 +274,7 @@ def sessionize_trace(t: Trace, *, min_shared_blocks: int = 1) -> tuple[Trace, di
         a, b = offs_l[i], offs_l[i + 1]
         best = None
         if b - a >= k:
-            for key in keys[a + k - 1: b].tolist():  # prefixes of k .. len(row) ids
+            for key in keys[a + k - 1 : b].tolist():  # prefixes of k .. len(row) ids
                 lst = by_key.get(key)
                 while lst and latest[lst[-1][1]] != lst[-1][0]:
                     lst.pop()
@@ -252,7 +283,7 @@ def sessionize_trace(t: Trace, *, min_shared_blocks: int = 1) -> tuple[Trace, di
         if best is not None:
             p, s = best
             f = offs_l[p + 1] - offs_l[p] - 1
-            if not np.array_equal(vals[offs_l[p]: offs_l[p] + f], vals[a: a + f]):
+            if not np.array_equal(vals[offs_l[p] : offs_l[p] + f], vals[a : a + f]):
                 best = None  # 64-bit collision
         if best is None:
             s = len(latest)
@@ -266,10 +297,13 @@ def sessionize_trace(t: Trace, *, min_shared_blocks: int = 1) -> tuple[Trace, di
         if f >= k:
             by_key.setdefault(int(keys[a + f - 1]), []).append((i, s))
     counts = np.bincount(sess, minlength=len(latest)) if n else np.zeros(0, dtype=np.int64)
-    summary = {"rows": n, "sessions": len(latest), "multi_turn_sessions": int((counts > 1).sum()),
-               "max_turns": int(counts.max()) if counts.size else 0}
+    summary = {
+        "rows": n,
+        "sessions": len(latest),
+        "multi_turn_sessions": int((counts > 1).sum()),
+        "max_turns": int(counts.max()) if counts.size else 0,
+    }
     meta = dict(t.metadata)
-    meta["source"] = (meta.get("source") or os.path.basename(t.path)) + \
-        f" (sessionized: min {k} shared blocks)"
+    meta["source"] = (meta.get("source") or os.path.basename(t.path)) + f" (sessionized: min {k} shared blocks)"
     out = dataclasses.replace(t, session_id=[f"s{x}" for x in sess.tolist()], turn=turn.tolist(), metadata=meta)
     return out, summary

@@ -43,8 +43,11 @@ def _read_tracelab(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
         new = get_int(obj, "newly_append_tokens", rec, "", probs, minimum=0)
         out = get_int(obj, "output_tokens", rec, "", probs, minimum=0)
         if None not in (total, prefix, new) and prefix + new != total:
-            probs.add(rec, "input_tokens_total", f"prefix_tokens {prefix} + newly_append_tokens {new} = "
-                                                 f"{prefix + new} != input_tokens_total {total}")
+            probs.add(
+                rec,
+                "input_tokens_total",
+                f"prefix_tokens {prefix} + newly_append_tokens {new} = {prefix + new} != input_tokens_total {total}",
+            )
             continue
         events = obj.get("timing_events")
         if not isinstance(events, list) or not events:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from replayer.trace.model import (_HEX, _INT64_MAX, _MIN, _U64, HASH_ID_KEY, _Problems)
+from replayer.trace.model import _HEX, _INT64_MAX, _MIN, _U64, HASH_ID_KEY, _Problems
 
 # --------------------------------------------------------------------------------------------
 # Value checks (slow paths are only taken for the values that need them)
@@ -45,8 +45,7 @@ def _range_message(field_: str, value: int) -> str:
     if field_ == "timestamp":
         return f"negative timestamp {value}: must be >= 0"
     if field_ == "output_length" and value == 0:
-        return ("output_length 0 is not allowed: must be >= 1 "
-                "(OpenAI-compatible servers refuse max_tokens 0)")
+        return "output_length 0 is not allowed: must be >= 1 (OpenAI-compatible servers refuse max_tokens 0)"
     if field_ == "hash_ids":
         return f"negative hash id {value}: must be >= 0"
     return f"{field_} {value} is not allowed: must be >= {_MIN.get(field_, 0)}"
@@ -259,7 +258,11 @@ def _hash_from_lists(lists: list, rows: np.ndarray, probs: _Problems) -> tuple[n
                     vals = None
             elif types == {str}:
                 vals = _hash_ids_from_strings(flat)
-        if (vals is not None and vals.ndim == 1 and vals.dtype.kind in "iu"
-                and (vals.size == 0 or vals.dtype.kind == "u" or vals.min() >= 0)):
+        if (
+            vals is not None
+            and vals.ndim == 1
+            and vals.dtype.kind in "iu"
+            and (vals.size == 0 or vals.dtype.kind == "u" or vals.min() >= 0)
+        ):
             return lengths, vals.astype(np.int64, copy=False), np.ones(n, dtype=bool)
     return _hash_slow(lists, rows, probs)

@@ -59,17 +59,20 @@ class _Record:
                     continue
                 ts = [x.get("t") for x in inner if isinstance(x, dict) and isinstance(x.get("t"), (int, float))]
                 base = 0.0 if all(x >= t for x in ts) else t  # absolute, else relative to the marker
-                child = AgentSession(f"{session.session_id}::sa:{agent if agent is not None else j}",
-                                     local_ids=self.local, scope=self.scope,
-                                     spawned_by=(session.session_id, len(session.calls) - 1)
-                                     if session.calls else None)
+                child = AgentSession(
+                    f"{session.session_id}::sa:{agent if agent is not None else j}",
+                    local_ids=self.local,
+                    scope=self.scope,
+                    spawned_by=(session.session_id, len(session.calls) - 1) if session.calls else None,
+                )
                 self.walk(inner, f"{w}.requests", child, base_s + base)
                 continue
             n_in = get_int(r, "in", rec, w, probs, minimum=1)
             n_out = get_int(r, "out", rec, w, probs, minimum=0)
             ids = r.get("hash_ids")
-            ok_ids = isinstance(ids, list) and all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
-                                                   for h in ids)
+            ok_ids = isinstance(ids, list) and all(
+                isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in ids
+            )
             if not ok_ids:
                 probs.add(rec, f"{w}.hash_ids", "missing" if ids is None else "expected a list of integers >= 0")
             think = get_float(r, "think_time", rec, w, probs, required=False)
@@ -78,8 +81,11 @@ class _Record:
                 continue
             if n_out == 0:
                 self.raised += 1
-            session.calls.append(AgentCall(rec, w, round((base_s + t) * 1e9), n_in, max(1, n_out), hash_ids=ids,
-                                           wait_s=think, model=model))
+            session.calls.append(
+                AgentCall(
+                    rec, w, round((base_s + t) * 1e9), n_in, max(1, n_out), hash_ids=ids, wait_s=think, model=model
+                )
+            )
 
 
 def _read_weka(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:

@@ -11,13 +11,26 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from replayer.trace.model import (_OPTIONAL_TYPES, DEFAULT_TIME_UNIT, META_PREFIX, ROW_GROUP_SIZE, SCHEMA_VERSION, TIME_UNITS,
-                    Trace)
+from replayer.trace.model import (
+    _OPTIONAL_TYPES,
+    DEFAULT_TIME_UNIT,
+    META_PREFIX,
+    ROW_GROUP_SIZE,
+    SCHEMA_VERSION,
+    TIME_UNITS,
+    Trace,
+)
 from replayer.trace.read import read_trace
 
 
-def trace_table(trace: Trace, *, time_unit: str = "ms", source: str = "", license: str = "",  # noqa: A002
-                extra_metadata: dict[str, str] | None = None) -> pa.Table:
+def trace_table(
+    trace: Trace,
+    *,
+    time_unit: str = "ms",
+    source: str = "",
+    license: str = "",  # noqa: A002
+    extra_metadata: dict[str, str] | None = None,
+) -> pa.Table:
     """``trace`` as a canonical Arrow table with ``replayer.*`` schema metadata (see :func:`write_parquet`).
 
     Timestamps become integer offsets in ``time_unit`` (s/ms/us/ns); ``ValueError`` if an offset is
@@ -33,8 +46,10 @@ def trace_table(trace: Trace, *, time_unit: str = "ms", source: str = "", licens
     rem = ts % ns
     if rem.any():
         i = int(np.flatnonzero(rem)[0])
-        raise ValueError(f"timestamp offset {int(ts[i])} ns (row {i + 1}) is not a whole number of "
-                         f"{time_unit}; choose a finer time_unit")
+        raise ValueError(
+            f"timestamp offset {int(ts[i])} ns (row {i + 1}) is not a whole number of "
+            f"{time_unit}; choose a finer time_unit"
+        )
     offsets = np.asarray(trace.hash_offsets, dtype=np.int64)
     offsets = offsets - offsets[0]
     hv = np.asarray(trace.hash_values, dtype=np.int64)
@@ -76,8 +91,9 @@ def trace_table(trace: Trace, *, time_unit: str = "ms", source: str = "", licens
     return pa.table(cols).replace_schema_metadata({META_PREFIX + k: v for k, v in meta.items()})
 
 
-def write_parquet(trace: Trace, path: str | os.PathLike, *, time_unit: str = "ms", source: str = "",
-                  license: str = "") -> None:  # noqa: A002 - the metadata key is "license"
+def write_parquet(
+    trace: Trace, path: str | os.PathLike, *, time_unit: str = "ms", source: str = "", license: str = ""
+) -> None:  # noqa: A002 - the metadata key is "license"
     """Write ``trace`` as canonical Parquet (schema in ``traces/README.md``; table as :func:`trace_table`).
 
     Row groups of 65,536 rows, zstd compression. The file is written to a temporary name and
@@ -103,10 +119,19 @@ def coarsest_unit(timestamp_ns: np.ndarray) -> str:
     return "ns"
 
 
-def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str = "auto", block_size: int | None = None,
-            source: str | None = None, license: str = "", first_seconds: float | None = None,  # noqa: A002
-            strict: bool = False, mapping: str | dict[str, str] | None = None,
-            time_unit: str | None = None) -> Trace:
+def convert(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    fmt: str = "auto",
+    block_size: int | None = None,
+    source: str | None = None,
+    license: str = "",
+    first_seconds: float | None = None,  # noqa: A002
+    strict: bool = False,
+    mapping: str | dict[str, str] | None = None,
+    time_unit: str | None = None,
+) -> Trace:
     """Read and validate ``src``, optionally keep rows with offset < ``first_seconds``, write ``dst``.
 
     Reads any format :func:`read_trace` reads (``fmt``, ``mapping``, ``time_unit`` as there).
@@ -118,8 +143,11 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str = "auto"
     """
     src = os.fspath(src)
     if first_seconds is not None and not (
-            isinstance(first_seconds, (int, float)) and not isinstance(first_seconds, bool)
-            and math.isfinite(first_seconds) and first_seconds > 0):
+        isinstance(first_seconds, (int, float))
+        and not isinstance(first_seconds, bool)
+        and math.isfinite(first_seconds)
+        and first_seconds > 0
+    ):
         raise ValueError(f"first_seconds must be a positive number, got {first_seconds!r}")
     trace = read_trace(src, fmt=fmt, block_size=block_size, strict=strict, mapping=mapping, time_unit=time_unit)
     if first_seconds is not None:
@@ -135,6 +163,11 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str = "auto"
         unit = coarsest_unit(trace.timestamp_ns)
     write_parquet(trace, dst, time_unit=unit, source=source, license=license)
     meta = dict(trace.metadata)
-    meta.update(source=source, license=license or meta.get("license", ""), time_unit=unit,
-                schema_version=SCHEMA_VERSION, block_size=str(trace.block_size))
+    meta.update(
+        source=source,
+        license=license or meta.get("license", ""),
+        time_unit=unit,
+        schema_version=SCHEMA_VERSION,
+        block_size=str(trace.block_size),
+    )
     return dataclasses.replace(trace, path=os.fspath(dst), metadata=meta)

@@ -18,8 +18,16 @@ import sys
 
 from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLImageProcessor, Qwen2VLProcessor
 
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-           "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
+SPECIAL = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
 MAX_PIXELS = 1280 * 28 * 28
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -28,7 +36,8 @@ CHAT_TEMPLATE = (
     "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
     "<|vision_start|><|image_pad|><|vision_end|>"
     "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
-    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def main(base: str, out: str) -> None:
@@ -38,10 +47,12 @@ def main(base: str, out: str) -> None:
     tok.eos_token = "<|im_end|>"
     tok.pad_token = "<|endoftext|>"
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL}
-    image_processor = Qwen2VLImageProcessor(min_pixels=3136, max_pixels=MAX_PIXELS, patch_size=14,
-                                            temporal_patch_size=2, merge_size=2)
+    image_processor = Qwen2VLImageProcessor(
+        min_pixels=3136, max_pixels=MAX_PIXELS, patch_size=14, temporal_patch_size=2, merge_size=2
+    )
     try:
         from transformers import Qwen2VLVideoProcessor
+
         video = Qwen2VLVideoProcessor()
     except Exception:  # a transformers without torchvision has no video processor
         video = None
@@ -52,17 +63,37 @@ def main(base: str, out: str) -> None:
     tok.save_pretrained(out)
     vocab = -(-len(tok) // 64) * 64
     cfg = Qwen2VLConfig(
-        text_config={"vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                     "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 32768,
-                     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
-                                         "mrope_section": [4, 6, 6]},
-                     "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"],
-                     "pad_token_id": ids["<|endoftext|>"], "torch_dtype": "float32"},
-        vision_config={"depth": 1, "embed_dim": 64, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2,
-                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True, torch_dtype="float32")
+        text_config={
+            "vocab_size": vocab,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "max_position_embeddings": 32768,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 6, 6]},
+            "bos_token_id": ids["<|endoftext|>"],
+            "eos_token_id": ids["<|im_end|>"],
+            "pad_token_id": ids["<|endoftext|>"],
+            "torch_dtype": "float32",
+        },
+        vision_config={
+            "depth": 1,
+            "embed_dim": 64,
+            "hidden_size": 64,
+            "num_heads": 2,
+            "mlp_ratio": 2,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+        torch_dtype="float32",
+    )
     cfg.architectures = ["Qwen2VLForConditionalGeneration"]  # no weights saved: vLLM reads the class here
     cfg.save_pretrained(out)
     with open(os.path.join(out, "READY"), "w") as f:
