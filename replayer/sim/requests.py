@@ -3,7 +3,7 @@ sent, its ids, its prompt token count and the generation options, or a vLLM-like
 ``_error_response``).
 
 A mixin of :class:`replayer.sim.server.SimServer` (``_Parsing``; chat images are decoded with its
-``_images``), kept apart from the routes and the generation path.
+``images``), kept apart from the routes and the generation path.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def _error_response(message: str) -> web.Response:
 class _Parsing:
     """Completions and chat bodies -> (prompt as sent, ids, prompt_tokens, opts)."""
 
-    _images: SimImages
+    images: SimImages
 
     def _parse(self, body: Any) -> tuple[Any, np.ndarray | None, int, dict[str, Any]]:
         """Validate a completions body -> (prompt as sent, ids or None, prompt_tokens, opts).
