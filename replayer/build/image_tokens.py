@@ -26,8 +26,14 @@ LLAVA_TOKENS = 576
 RULES = ("qwen2-vl", "llava", "fixed:N", "none")
 
 
-def qwen2_vl_tokens(width: int, height: int, *, factor: int = QWEN2_VL_FACTOR,
-                    min_pixels: int = QWEN2_VL_MIN_PIXELS, max_pixels: int = QWEN2_VL_MAX_PIXELS) -> int:
+def qwen2_vl_tokens(
+    width: int,
+    height: int,
+    *,
+    factor: int = QWEN2_VL_FACTOR,
+    min_pixels: int = QWEN2_VL_MIN_PIXELS,
+    max_pixels: int = QWEN2_VL_MAX_PIXELS,
+) -> int:
     """Image tokens of a ``width`` x ``height`` image in Qwen2-VL (its ``smart_resize``, then one
     token per 28x28 area)."""
     h_bar = max(factor, round(height / factor) * factor)

@@ -39,12 +39,12 @@ class ImagePrefetch:
         self.default_size = default_size
         self.lookahead = lookahead_rows
         self._cond = threading.Condition()
-        self._sb = None   # the schedule batch being prepared
-        self._pos = 0     # the item of it being prepared
-        self._seed = 0    # its images' seed
+        self._sb = None  # the schedule batch being prepared
+        self._pos = 0  # the item of it being prepared
+        self._seed = 0  # its images' seed
         self._thread: threading.Thread | None = None
         self._pool: ProcessPoolExecutor | None = None
-        self.built = 0    # images this thread built
+        self.built = 0  # images this thread built
 
     def at(self, sb, j: int, seed: int) -> None:
         with self._cond:

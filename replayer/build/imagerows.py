@@ -83,5 +83,6 @@ def check_image_endpoints(batches, trace: str, endpoint: str) -> int:
             f"{trace}: {bad} rows carry images (image_ids / num_images; first: row {first[0]}) but would go to "
             f"{first[1]}, which takes token ids and no images. Images are sent as image content parts of a chat "
             "message beside the text of the row's blocks: pass --endpoint /v1/chat/completions --prompt-mode text "
-            "--tokenizer PATH (a local tokenizer of the target's model); the server counts the image tokens (usage)")
+            "--tokenizer PATH (a local tokenizer of the target's model); the server counts the image tokens (usage)"
+        )
     return rows

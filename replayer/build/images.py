@@ -49,8 +49,9 @@ def image_pixels(seed: int, image_id: str, width: int, height: int) -> np.ndarra
     a, b = (1 + (int(x) & 7) for x in tiles[-8:-6])  # ramp slopes 1..8, from the extra last word
     colors = tiles[:n].reshape(gh, gw, 3)
     mosaic = np.repeat(colors[:, np.arange(width) // TILE], TILE, axis=0)[:height]
-    ramp = (np.arange(height, dtype=np.uint8)[:, None] * np.uint8(b)
-            + np.arange(width, dtype=np.uint8)[None, :] * np.uint8(a))  # uint8: wraps mod 256
+    ramp = np.arange(height, dtype=np.uint8)[:, None] * np.uint8(b) + np.arange(width, dtype=np.uint8)[
+        None, :
+    ] * np.uint8(a)  # uint8: wraps mod 256
     mosaic += ramp[:, :, None]
     return mosaic
 
@@ -74,8 +75,14 @@ def encode_png(pixels: np.ndarray) -> bytes:
     raw[:, 0] = 1  # filter type Sub
     raw[:, 1:4] = flat[:, :3]
     np.subtract(flat[:, 3:], flat[:, :-3], out=raw[:, 4:])  # uint8: wraps mod 256, as PNG's Sub
-    return b"".join((b"\x89PNG\r\n\x1a\n", _png_chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)),
-                     _png_chunk(b"IDAT", zlib.compress(raw, 1)), _png_chunk(b"IEND", b"")))
+    return b"".join(
+        (
+            b"\x89PNG\r\n\x1a\n",
+            _png_chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)),
+            _png_chunk(b"IDAT", zlib.compress(raw, 1)),
+            _png_chunk(b"IEND", b""),
+        )
+    )
 
 
 def encode_image(pixels: np.ndarray, fmt: str) -> bytes:
@@ -98,8 +105,15 @@ def image_bytes(seed: int, image_id: str, width: int, height: int, fmt: str = "p
 
 def content_part(data: bytes, fmt: str) -> bytes:
     """The chat content part (JSON text) carrying ``data`` as a base64 data URL."""
-    return b"".join((b'{"type":"image_url","image_url":{"url":"data:image/', fmt.encode(), b";base64,",
-                     base64.b64encode(data), b'"}}'))
+    return b"".join(
+        (
+            b'{"type":"image_url","image_url":{"url":"data:image/',
+            fmt.encode(),
+            b";base64,",
+            base64.b64encode(data),
+            b'"}}',
+        )
+    )
 
 
 def build_part(key: tuple, fmt: str) -> tuple[bytes, int]:
@@ -163,8 +177,14 @@ class ImageParts:
             return fut.result()
         return self._build(key, fut)
 
-    def build_ahead(self, seed: int, image_id: str, width: int, height: int,
-                    build: Callable[[tuple, str], tuple[bytes, int]] | None = None) -> bool:
+    def build_ahead(
+        self,
+        seed: int,
+        image_id: str,
+        width: int,
+        height: int,
+        build: Callable[[tuple, str], tuple[bytes, int]] | None = None,
+    ) -> bool:
         """Build the image into the cache unless it is there or being built (False then).
         ``build(key, fmt)`` -> (part, size) builds it elsewhere (``imageprefetch``: in a process
         of its own); default :func:`build_part`, here."""

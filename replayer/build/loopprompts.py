@@ -8,8 +8,14 @@ blocks). ``replayer.build.prepare`` builds each request's prompt with them.
 from __future__ import annotations
 
 from replayer.build.prefix_cache import DEFAULT_CAPACITY_TOKENS, DEFAULT_KV_BLOCK_SIZE, PrefixCacheModel
-from replayer.build.prompts import (DEFAULT_VOCAB_RANGE, PromptBuilder, TextPromptBuilder, salted_seed, vocab_from_range,
-                      vocab_from_tokenizer)
+from replayer.build.prompts import (
+    DEFAULT_VOCAB_RANGE,
+    PromptBuilder,
+    TextPromptBuilder,
+    salted_seed,
+    vocab_from_range,
+    vocab_from_tokenizer,
+)
 
 __all__ = ["Prompts"]
 
@@ -22,10 +28,17 @@ class Prompts:
     (``--vocab-range``); ``kv_block_size`` and ``cache_tokens`` configure the expected
     prefix-cache model (``--kv-block-size``, ``--expected-cache-tokens``)."""
 
-    def __init__(self, block_size: int, *, seed: int = 0, loop_salt: bool = False,
-                 vocab_range: tuple[int, int] = DEFAULT_VOCAB_RANGE, tokenizer: str | None = None,
-                 kv_block_size: int = DEFAULT_KV_BLOCK_SIZE,
-                 cache_tokens: int | None = DEFAULT_CAPACITY_TOKENS) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        *,
+        seed: int = 0,
+        loop_salt: bool = False,
+        vocab_range: tuple[int, int] = DEFAULT_VOCAB_RANGE,
+        tokenizer: str | None = None,
+        kv_block_size: int = DEFAULT_KV_BLOCK_SIZE,
+        cache_tokens: int | None = DEFAULT_CAPACITY_TOKENS,
+    ) -> None:
         self.vocab = vocab_from_tokenizer(tokenizer) if tokenizer else vocab_from_range(*vocab_range)
         self.seed = seed
         self.salt = loop_salt
@@ -43,8 +56,9 @@ class Prompts:
         key = loop if self.salt else 0
         m = self._cache_by_loop.get(key)
         if m is None:
-            m = PrefixCacheModel(block_size=self.block_size, kv_block_size=self.kv_block_size,
-                                 capacity_tokens=self.cache_tokens)
+            m = PrefixCacheModel(
+                block_size=self.block_size, kv_block_size=self.kv_block_size, capacity_tokens=self.cache_tokens
+            )
             self._cache_by_loop = {key: m}
         return m
 

@@ -40,8 +40,13 @@ from replayer.core.result import RequestResult
 from replayer.trace.model import EXTRA_BODY_RESERVED
 
 #: Endpoint paths by kind (the ``endpoint`` trace column accepts either).
-COMPLETIONS, CHAT, EMBEDDINGS, SCORE, RERANK = ("/v1/completions", "/v1/chat/completions",
-                                                "/v1/embeddings", "/v1/score", "/v1/rerank")
+COMPLETIONS, CHAT, EMBEDDINGS, SCORE, RERANK = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/embeddings",
+    "/v1/score",
+    "/v1/rerank",
+)
 POOLING = frozenset((EMBEDDINGS, SCORE, RERANK))
 #: Endpoints whose prompts must be text (need ``--tokenizer``): token ids are refused there.
 TEXT_ONLY = frozenset((CHAT, SCORE, RERANK))
@@ -67,19 +72,19 @@ class PreparedRequest:
     should report with the query counted once / per document (score, rerank).
     """
 
-    index: int           # position in the schedule (0-based)
-    row: int             # row index in the trace
-    due_ns: int          # offset from the run anchor t0_ns
+    index: int  # position in the schedule (0-based)
+    row: int  # row index in the trace
+    due_ns: int  # offset from the run anchor t0_ns
     body: bytes
     input_length: int
     output_length: int
-    prompt_len: int      # token ids in the body's prompt (all inputs together)
+    prompt_len: int  # token ids in the body's prompt (all inputs together)
     max_tokens: int
     loop: int = 0
-    trace_ns: int = 0    # trace-time offset (loop offset included); due_ns is derived from it
+    trace_ns: int = 0  # trace-time offset (loop offset included); due_ns is derived from it
     expected_hits: int | None = None  # expected prefix-cache hit tokens (replayer.build.prefix_cache)
-    path: str | None = None           # endpoint path; None = the client's default
-    endpoint: str = COMPLETIONS       # known endpoint kind (results, metrics)
+    path: str | None = None  # endpoint path; None = the client's default
+    endpoint: str = COMPLETIONS  # known endpoint kind (results, metrics)
     session_id: str | None = None
     turn: int | None = None
     dep: object = None
@@ -89,31 +94,43 @@ class PreparedRequest:
     n_documents: int | None = None
     expected_once: int | None = None
     expected_per_doc: int | None = None
-    x_request_id: str | None = None   # the X-Request-Id header's value (RequestFactory.request_id)
-    headers: bytes = b""              # extra header lines of the HTTP head ("Name: value\r\n"...),
+    x_request_id: str | None = None  # the X-Request-Id header's value (RequestFactory.request_id)
+    headers: bytes = b""  # extra header lines of the HTTP head ("Name: value\r\n"...),
     #                                   built in the lead window like the body
-    tenant: str | None = None         # the trace of a mix (replayer.trace.mix)
-    target: str | None = None         # the target URL it goes to with several targets (replayer.send.routing)
-    trace_pos_ns: int | None = None   # the row's own trace offset when --idle-gap-cap moved trace_ns
-    images: int = 0                   # images in the body (multimodal rows; replayer.build.images)
-    image_bytes: int = 0              # their encoded size (before base64)
+    tenant: str | None = None  # the trace of a mix (replayer.trace.mix)
+    target: str | None = None  # the target URL it goes to with several targets (replayer.send.routing)
+    trace_pos_ns: int | None = None  # the row's own trace offset when --idle-gap-cap moved trace_ns
+    images: int = 0  # images in the body (multimodal rows; replayer.build.images)
+    image_bytes: int = 0  # their encoded size (before base64)
     expected_image_tokens: int | None = None  # the trace's image_tokens, else the --image-token-rule's
     expected_image_cache_hits: int = 0  # its images sent before in the run (an encoder cache could hit them)
 
     def new_result(self, shard: int, due_ns: int | None = None) -> RequestResult:
         """The result record this request starts with (outcome ``not_started``)."""
-        return RequestResult(row=self.row, loop=self.loop, shard=shard, input_length=self.input_length,
-                             output_length=self.output_length, prompt_len_sent=self.prompt_len,
-                             max_tokens=self.max_tokens, due_ns=self.due_ns if due_ns is None else due_ns,
-                             expected_prefix_hit_tokens=self.expected_hits, endpoint=self.endpoint,
-                             session_id=self.session_id, turn=self.turn, n_documents=self.n_documents,
-                             expected_prompt_tokens_once=self.expected_once,
-                             expected_prompt_tokens_per_document=self.expected_per_doc,
-                             x_request_id=self.x_request_id, tenant=self.tenant, target=self.target,
-                             images=self.images,
-                             image_bytes=self.image_bytes,
-                             expected_image_tokens=self.expected_image_tokens,
-                             expected_image_cache_hits=self.expected_image_cache_hits)
+        return RequestResult(
+            row=self.row,
+            loop=self.loop,
+            shard=shard,
+            input_length=self.input_length,
+            output_length=self.output_length,
+            prompt_len_sent=self.prompt_len,
+            max_tokens=self.max_tokens,
+            due_ns=self.due_ns if due_ns is None else due_ns,
+            expected_prefix_hit_tokens=self.expected_hits,
+            endpoint=self.endpoint,
+            session_id=self.session_id,
+            turn=self.turn,
+            n_documents=self.n_documents,
+            expected_prompt_tokens_once=self.expected_once,
+            expected_prompt_tokens_per_document=self.expected_per_doc,
+            x_request_id=self.x_request_id,
+            tenant=self.tenant,
+            target=self.target,
+            images=self.images,
+            image_bytes=self.image_bytes,
+            expected_image_tokens=self.expected_image_tokens,
+            expected_image_cache_hits=self.expected_image_cache_hits,
+        )
 
 
 class PayloadBuilder:
@@ -130,12 +147,20 @@ class PayloadBuilder:
     #: Distinct rows' builders kept by ``for_row`` (cleared when full).
     ROW_BUILDERS = 1024
 
-    def __init__(self, model: str, *, stream: bool = True, vllm_extensions: bool = True,
-                 extra: dict | None = None, chat: bool = False) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        stream: bool = True,
+        vllm_extensions: bool = True,
+        extra: dict | None = None,
+        chat: bool = False,
+    ) -> None:
         head: dict = {"model": model, "stream": stream}
         if stream:
-            head["stream_options"] = ({"include_usage": True, "continuous_usage_stats": True}
-                                      if vllm_extensions else {"include_usage": True})
+            head["stream_options"] = (
+                {"include_usage": True, "continuous_usage_stats": True} if vllm_extensions else {"include_usage": True}
+            )
         if vllm_extensions:
             head["ignore_eos"] = True
         _check_reserved(extra or {}, "extra body field")
@@ -168,10 +193,10 @@ class PayloadBuilder:
                 over["priority"] = priority
             gen, pool = self._fields
             b = copy.copy(self)
-            b._rows = {}
+            b._rows = {}  # noqa: SLF001
             b._fields = ({**gen, **over}, {**pool, **over})
-            b._head = orjson.dumps(b._fields[0])[:-1] + b","
-            b._pool_head = orjson.dumps(b._fields[1])[:-1] + b","
+            b._head = orjson.dumps(b._fields[0])[:-1] + b","  # noqa: SLF001
+            b._pool_head = orjson.dumps(b._fields[1])[:-1] + b","  # noqa: SLF001
             if len(self._rows) >= self.ROW_BUILDERS:
                 self._rows.clear()
             self._rows[key] = b
@@ -219,5 +244,7 @@ class PayloadBuilder:
 def _check_reserved(fields: dict, what: str) -> None:
     bad = EXTRA_BODY_RESERVED.intersection(fields)
     if bad:
-        raise ValueError(f"{what} {', '.join(map(repr, sorted(bad)))}: set by the replayer per request "
-                         "(prompt, output length, streaming); it cannot be overridden")
+        raise ValueError(
+            f"{what} {', '.join(map(repr, sorted(bad)))}: set by the replayer per request "
+            "(prompt, output length, streaming); it cannot be overridden"
+        )

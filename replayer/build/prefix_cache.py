@@ -50,12 +50,18 @@ from typing import Any
 
 import numpy as np
 
+from replayer.build.payload import CHAT, COMPLETIONS, POOLING
 from replayer.core.hashing import GAMMA, mix64, mix64_array
 from replayer.core.hashing import MASK64 as _MASK
-from replayer.build.payload import CHAT, COMPLETIONS, POOLING
 
-__all__ = ["PrefixCacheModel", "chain_keys", "expected_hits", "modelled", "DEFAULT_KV_BLOCK_SIZE",
-           "DEFAULT_CAPACITY_TOKENS"]
+__all__ = [
+    "PrefixCacheModel",
+    "chain_keys",
+    "expected_hits",
+    "modelled",
+    "DEFAULT_KV_BLOCK_SIZE",
+    "DEFAULT_CAPACITY_TOKENS",
+]
 
 #: vLLM's KV-cache block on GPU (``--kv-block-size``; ``RunConfig`` holds the same defaults as
 #: literals, to keep ``replayer.config.model`` free of numpy: tests/test_prefix_cache.py checks they agree).
@@ -71,6 +77,7 @@ def modelled(kind: str, session: object, hash_ids_synthetic: bool) -> bool:
     if kind in POOLING:
         return False
     return not (session is not None and hash_ids_synthetic and kind in (COMPLETIONS, CHAT))
+
 
 _G = np.uint64(GAMMA)
 
@@ -97,11 +104,11 @@ def chain_keys(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
     base = int(offsets[0])
     starts = offsets[:-1] - base
     lens = np.diff(offsets)
-    vals = np.asarray(values[base:int(offsets[-1])]).astype(np.int64, copy=False).view(np.uint64)
+    vals = np.asarray(values[base : int(offsets[-1])]).astype(np.int64, copy=False).view(np.uint64)
     out = np.empty(vals.size, dtype=np.uint64)
     if vals.size == 0:
         return out
-    order = np.argsort(-lens, kind="stable")      # longest first: rows with len > j are a prefix
+    order = np.argsort(-lens, kind="stable")  # longest first: rows with len > j are a prefix
     s_starts = starts[order]
     s_lens = lens[order]
     neg = -s_lens  # ascending
@@ -125,12 +132,25 @@ class PrefixCacheModel:
     ``query_tokens`` (sum of input_length) and ``hit_tokens``. Raises ValueError for bad sizes.
     """
 
-    __slots__ = ("block_size", "kv_block_size", "capacity_blocks", "last_token_recomputed",
-                 "query_tokens", "hit_tokens", "rows", "_cache")
+    __slots__ = (
+        "block_size",
+        "kv_block_size",
+        "capacity_blocks",
+        "last_token_recomputed",
+        "query_tokens",
+        "hit_tokens",
+        "rows",
+        "_cache",
+    )
 
-    def __init__(self, block_size: int = 512, kv_block_size: int = DEFAULT_KV_BLOCK_SIZE,
-                 capacity_tokens: int | None = None,
-                 *, last_token_recomputed: bool = True) -> None:
+    def __init__(
+        self,
+        block_size: int = 512,
+        kv_block_size: int = DEFAULT_KV_BLOCK_SIZE,
+        capacity_tokens: int | None = None,
+        *,
+        last_token_recomputed: bool = True,
+    ) -> None:
         if block_size < 1 or kv_block_size < 1:
             raise ValueError(f"block_size and kv_block_size must be >= 1, got {block_size}, {kv_block_size}")
         if capacity_tokens is not None and capacity_tokens < 0:
@@ -239,10 +259,16 @@ class PrefixCacheModel:
         return self.hit_tokens / self.query_tokens if self.query_tokens else None
 
 
-def expected_hits(trace: object | Iterable[object], *, block_size: int | None = None,
-                  kv_block_size: int = DEFAULT_KV_BLOCK_SIZE,
-                  capacity_tokens: int | None = None, last_token_recomputed: bool = True,
-                  model: PrefixCacheModel | None = None, chunk_rows: int = 65_536) -> np.ndarray:
+def expected_hits(
+    trace: object | Iterable[object],
+    *,
+    block_size: int | None = None,
+    kv_block_size: int = DEFAULT_KV_BLOCK_SIZE,
+    capacity_tokens: int | None = None,
+    last_token_recomputed: bool = True,
+    model: PrefixCacheModel | None = None,
+    chunk_rows: int = 65_536,
+) -> np.ndarray:
     """Expected hit tokens of every row, in order: int64[n_rows].
 
     ``trace``: a ``replayer.trace.Trace`` or an iterable of trace batches (objects with
@@ -263,8 +289,13 @@ def expected_hits(trace: object | Iterable[object], *, block_size: int | None = 
         observe = model.observe_keys
         for a in range(0, n, chunk_rows):
             z = min(n, a + chunk_rows)
-            keys = chain_keys(offs[a:z + 1], vals).tolist()
-            rel = (offs[a:z + 1] - offs[a]).tolist()
-            out.append(np.fromiter((observe(keys[rel[i]:rel[i + 1]], x) for i, x in enumerate(il[a:z].tolist())),
-                                   dtype=np.int64, count=z - a))
+            keys = chain_keys(offs[a : z + 1], vals).tolist()
+            rel = (offs[a : z + 1] - offs[a]).tolist()
+            out.append(
+                np.fromiter(
+                    (observe(keys[rel[i] : rel[i + 1]], x) for i, x in enumerate(il[a:z].tolist())),
+                    dtype=np.int64,
+                    count=z - a,
+                )
+            )
     return np.concatenate(out) if out else np.empty(0, dtype=np.int64)

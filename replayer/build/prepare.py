@@ -34,19 +34,28 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
-from replayer.core.hashing import mix64
 from replayer.build.image_tokens import parse_rule
 from replayer.build.imageprefetch import ImagePrefetch
 from replayer.build.imagerows import image_count, row_images
 from replayer.build.images import ImageParts
 from replayer.build.loopprompts import Prompts
-from replayer.build.payload import CHAT, COMPLETIONS, EMBEDDINGS, POOLING, SCORE, PayloadBuilder, PreparedRequest, endpoint_kind
+from replayer.build.payload import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    POOLING,
+    SCORE,
+    PayloadBuilder,
+    PreparedRequest,
+    endpoint_kind,
+)
 from replayer.build.prefix_cache import modelled
 from replayer.build.prompts import TextPromptBuilder
-from replayer.core.result import RequestResult
-from replayer.plan.schedule import ScheduleBatch, Timeline, column_value
 from replayer.build.sessionkeys import session_header_lines, session_header_value, session_keys
 from replayer.build.textprefetch import TextPrefetch
+from replayer.core.hashing import mix64
+from replayer.core.result import RequestResult
+from replayer.plan.schedule import ScheduleBatch, Timeline, column_value
 
 ANSWER_SALT = 0xA5A5_0A5A_5A5A_A5A5
 log = logging.getLogger(__name__)
@@ -62,15 +71,24 @@ HISTORY_TOKENS = 32_000_000  # bound of the prefix-growth histories (int32 ids: 
 class _History:
     """A session's conversation so far (prefix growth without hash ids)."""
 
-    ids: np.ndarray                # the previous turn's prompt (int32)
-    answer_seed: int               # block id of the previous answer's stand-in
-    output_length: int             # the previous answer's length
+    ids: np.ndarray  # the previous turn's prompt (int32)
+    answer_seed: int  # block id of the previous answer's stand-in
+    output_length: int  # the previous answer's length
     messages: list[dict] = field(default_factory=list)  # chat: the previous turn's messages
 
 
 #: optional per-row columns ``prepare`` reads (as ``column_value`` would, looked up once per batch)
-_ROW_COLUMNS = ("endpoint", "session_id", "turn", "model", "priority", "extra_body", "tenant", "image_ids",
-                "num_images")
+_ROW_COLUMNS = (
+    "endpoint",
+    "session_id",
+    "turn",
+    "model",
+    "priority",
+    "extra_body",
+    "tenant",
+    "image_ids",
+    "num_images",
+)
 
 
 def _grows(batch: object, kind: str, session: object) -> bool:
@@ -95,10 +113,23 @@ class RequestFactory:
     (``x_request_id``); None sends no such header. Nothing here touches metrics: the run's
     observer counts each request it is handed (``PreparedRequest.expected_hits`` included)."""
 
-    def __init__(self, prompts: Prompts, payload: PayloadBuilder, timeline: Timeline, *,
-                 endpoint: str = COMPLETIONS, text_mode: bool = False, sessions: bool = False, shard: int = 0,
-                 run_id: str | None = None, session_header: str | None = None, image_size: str = "512x512",
-                 image_format: str = "png", image_token_rule: str = "qwen2-vl", image_cache_mb: int = 256) -> None:
+    def __init__(
+        self,
+        prompts: Prompts,
+        payload: PayloadBuilder,
+        timeline: Timeline,
+        *,
+        endpoint: str = COMPLETIONS,
+        text_mode: bool = False,
+        sessions: bool = False,
+        shard: int = 0,
+        run_id: str | None = None,
+        session_header: str | None = None,
+        image_size: str = "512x512",
+        image_format: str = "png",
+        image_token_rule: str = "qwen2-vl",
+        image_cache_mb: int = 256,
+    ) -> None:
         self.run_id = run_id
         self.prompts = prompts
         self.payload = payload
@@ -163,10 +194,23 @@ class RequestFactory:
         session = None if c_session is None else c_session[i]
         turn = None if c_turn is None else c_turn[i]
         trace_ns = int(sb.trace_ns[j])
-        req = PreparedRequest(index=sb.first_index + j, row=int(sb.rows[j]), due_ns=self.timeline.due(trace_ns),
-                              body=b"", input_length=n_in, output_length=n_out, prompt_len=n_in,
-                              max_tokens=n_out, loop=sb.loop, trace_ns=trace_ns, path=path, endpoint=kind,
-                              session_id=session, turn=turn, tenant=None if c_tenant is None else c_tenant[i])
+        req = PreparedRequest(
+            index=sb.first_index + j,
+            row=int(sb.rows[j]),
+            due_ns=self.timeline.due(trace_ns),
+            body=b"",
+            input_length=n_in,
+            output_length=n_out,
+            prompt_len=n_in,
+            max_tokens=n_out,
+            loop=sb.loop,
+            trace_ns=trace_ns,
+            path=path,
+            endpoint=kind,
+            session_id=session,
+            turn=turn,
+            tenant=None if c_tenant is None else c_tenant[i],
+        )
         if sb.trace_pos_ns is not None:
             req.trace_pos_ns = int(sb.trace_pos_ns[j])
         if self.run_id is not None:
@@ -176,9 +220,11 @@ class RequestFactory:
             req.headers += self.session_header % session_header_value(session, sb.loop)
         if self.sessions:
             session_keys(req, t, i, sb.loop, session)
-        payload = self.payload.for_row(None if c_model is None else c_model[i],
-                                       None if c_priority is None else c_priority[i],
-                                       None if c_extra is None else c_extra[i])
+        payload = self.payload.for_row(
+            None if c_model is None else c_model[i],
+            None if c_priority is None else c_priority[i],
+            None if c_extra is None else c_extra[i],
+        )
         if kind in POOLING:
             self._pooling(req, payload, t, i, hash_ids, kind, sb.loop)
         elif _grows(t, kind, session):
@@ -188,8 +234,10 @@ class RequestFactory:
             n_img = len(ids) if ids is not None else (c_nimg[i] if c_nimg is not None else None) or 0
             if n_img:
                 if kind != CHAT:
-                    raise ValueError(f"row {req.row}: images need the chat API (--endpoint /v1/chat/completions "
-                                     f"--tokenizer PATH); {kind} takes no images")
+                    raise ValueError(
+                        f"row {req.row}: images need the chat API (--endpoint /v1/chat/completions "
+                        f"--tokenizer PATH); {kind} takes no images"
+                    )
                 text = self._prompt_text(sb, j, hash_ids, n_in)
                 req.body = payload.image_body(text, self._image_parts(req, sb, j, t, i), n_out)
             elif kind == CHAT or self.text_mode:
@@ -228,13 +276,19 @@ class RequestFactory:
         t = sb.batch
         i = int(sb.idx[j])
         path = column_value(t, "endpoint", i)
-        return RequestResult(row=int(sb.rows[j]), loop=sb.loop, shard=self.shard,
-                             due_ns=self.timeline.due(int(sb.trace_ns[j])),
-                             input_length=int(t.input_length[i]), output_length=int(t.output_length[i]),
-                             endpoint=endpoint_kind(path) if path else self.default_endpoint,
-                             session_id=column_value(t, "session_id", i), turn=column_value(t, "turn", i),
-                             tenant=column_value(t, "tenant", i),
-                             x_request_id=None if self.run_id is None else self.request_id(sb.loop, int(sb.rows[j])))
+        return RequestResult(
+            row=int(sb.rows[j]),
+            loop=sb.loop,
+            shard=self.shard,
+            due_ns=self.timeline.due(int(sb.trace_ns[j])),
+            input_length=int(t.input_length[i]),
+            output_length=int(t.output_length[i]),
+            endpoint=endpoint_kind(path) if path else self.default_endpoint,
+            session_id=column_value(t, "session_id", i),
+            turn=column_value(t, "turn", i),
+            tenant=column_value(t, "tenant", i),
+            x_request_id=None if self.run_id is None else self.request_id(sb.loop, int(sb.rows[j])),
+        )
 
     def request_id(self, loop: int, row: int) -> str:
         """The ``X-Request-Id`` of trace row ``row`` in pass ``loop``: unique in the run (a retry
@@ -261,8 +315,9 @@ class RequestFactory:
         n = len(images)
         req.images, req.image_bytes, req.expected_image_cache_hits = n, nbytes, again
         trace_tokens = column_value(t, "image_tokens", i)
-        req.expected_image_tokens = trace_tokens if trace_tokens is not None else (
-            expected if self._image_rule is not None else None)
+        req.expected_image_tokens = (
+            trace_tokens if trace_tokens is not None else (expected if self._image_rule is not None else None)
+        )
         return parts
 
     def _images(self) -> ImagePrefetch:
@@ -327,8 +382,9 @@ class RequestFactory:
             raise ValueError("this row needs text (chat, score or rerank endpoint): pass --tokenizer PATH")
         return self.prompts.text_for_loop(loop)
 
-    def _pooling(self, req: PreparedRequest, payload: PayloadBuilder, t: object, i: int, hash_ids, kind: str,
-                 loop: int) -> None:
+    def _pooling(
+        self, req: PreparedRequest, payload: PayloadBuilder, t: object, i: int, hash_ids, kind: str, loop: int
+    ) -> None:
         n_in = req.input_length
         ids = self.prompts.for_loop(loop).prompt_ids(hash_ids, n_in)
         docs = column_value(t, "document_lengths", i)
@@ -337,8 +393,7 @@ class RequestFactory:
         if kind == EMBEDDINGS:
             cuts = np.cumsum(docs)[:-1] if docs else []
             parts = np.split(ids, cuts) if docs else [ids]
-            req.body = payload.embeddings_body([orjson.dumps(p, option=orjson.OPT_SERIALIZE_NUMPY)
-                                                     for p in parts])
+            req.body = payload.embeddings_body([orjson.dumps(p, option=orjson.OPT_SERIALIZE_NUMPY) for p in parts])
             req.n_documents = len(parts)
             return
         if not docs:
@@ -353,8 +408,9 @@ class RequestFactory:
         req.expected_once = q + int(sum(docs))
         req.expected_per_doc = len(docs) * q + int(sum(docs))
 
-    def _grown(self, req: PreparedRequest, payload: PayloadBuilder, hash_ids, skey: object, kind: str,
-               loop: int) -> None:
+    def _grown(
+        self, req: PreparedRequest, payload: PayloadBuilder, hash_ids, skey: object, kind: str, loop: int
+    ) -> None:
         """Prefix growth without hash ids (module docstring)."""
         builder = self.prompts.for_loop(loop)
         n_in = req.input_length
@@ -365,8 +421,9 @@ class RequestFactory:
         answer = np.empty(0, np.int32)
         if h is not None:
             blocks = -(-h.output_length // builder.block_size)
-            answer = np.concatenate([builder.block_ids(mix64(h.answer_seed + b)) for b in range(blocks)]
-                                    )[: h.output_length].astype(np.int32)
+            answer = np.concatenate([builder.block_ids(mix64(h.answer_seed + b)) for b in range(blocks)])[
+                : h.output_length
+            ].astype(np.int32)
             history = np.concatenate((h.ids, answer))
             new = own[: max(0, n_in - history.size)]
             ids = np.concatenate((history, new))[:n_in]
@@ -386,8 +443,9 @@ class RequestFactory:
             else:
                 req.body = payload.body(orjson.dumps(ids, option=orjson.OPT_SERIALIZE_NUMPY), req.output_length)
         first = int(hash_ids[0]) if len(hash_ids) else req.row
-        self._histories[skey] = _History(ids=ids, answer_seed=mix64(first ^ ANSWER_SALT),
-                                         output_length=req.output_length, messages=messages)
+        self._histories[skey] = _History(
+            ids=ids, answer_seed=mix64(first ^ ANSWER_SALT), output_length=req.output_length, messages=messages
+        )
         self._history_tokens += ids.size
         while self._history_tokens > HISTORY_TOKENS and self._histories:
             _, old = self._histories.popitem(last=False)

@@ -84,15 +84,16 @@ class PromptBuilder:
     (~108 MB), and a miss costs only ~7.5 us: more memory would buy milliseconds of CPU.
     """
 
-    def __init__(self, *, seed: int = 0, block_size: int = 512, vocab: np.ndarray | None = None,
-                 cache_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self, *, seed: int = 0, block_size: int = 512, vocab: np.ndarray | None = None, cache_bytes: int = 64 << 20
+    ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.seed = seed
         self.block_size = block_size
         self.vocab = vocab if vocab is not None else vocab_from_range(*DEFAULT_VOCAB_RANGE)
         self._seed_mix = mix64(seed)
-        self._steps = (np.arange(1, block_size + 1, dtype=np.uint64) * np.uint64(GAMMA))
+        self._steps = np.arange(1, block_size + 1, dtype=np.uint64) * np.uint64(GAMMA)
         self.width = len(str(int(self.vocab.max())))
         self._stride = self.width + 1  # bytes per serialised id, comma included
         # one fixed-width JSON text per vocabulary entry, as a 1-D array of (width+1)-byte items
@@ -164,7 +165,7 @@ class PromptBuilder:
             # one gather for every missing block, then one bytes object cut per block (a gather
             # per block costs ~2x as much)
             whole = np.take(self._table, self._block_index(missing)).tobytes()
-            made = {h: whole[k * size:(k + 1) * size] for k, h in enumerate(missing)}
+            made = {h: whole[k * size : (k + 1) * size] for k, h in enumerate(missing)}
             cache.update(made)
             while len(cache) > self._cache_cap:
                 cache.popitem(last=False)
@@ -217,7 +218,7 @@ class PromptBuilder:
             v, w, tb = self.vocab.size, self._stride, self._table_bytes
             key = mix64(self._seed_mix ^ (hash_id & _MASK))
             starts = [z % v * w for z in mix64_steps(key, n)]
-            out = b"".join([tb[i:i + w] for i in starts])
+            out = b"".join([tb[i : i + w] for i in starts])
         else:
             keys = np.array([hash_id & _MASK], dtype=np.uint64)
             keys ^= np.uint64(self._seed_mix)
@@ -235,8 +236,10 @@ class PromptBuilder:
     def _check(self, hash_ids: Sequence[int], input_length: int) -> None:
         n = len(hash_ids)
         if input_length < 1 or n * self.block_size < input_length or (n - 1) * self.block_size >= input_length:
-            raise ValueError(f"{n} hash ids of {self.block_size} tokens cannot make exactly "
-                             f"{input_length} tokens (need ceil({input_length}/{self.block_size}) ids)")
+            raise ValueError(
+                f"{n} hash ids of {self.block_size} tokens cannot make exactly "
+                f"{input_length} tokens (need ceil({input_length}/{self.block_size}) ids)"
+            )
 
 
 class TextPromptBuilder:

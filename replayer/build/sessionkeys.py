@@ -20,8 +20,10 @@ __all__ = ["SESSION_HEADER_PRESETS", "session_header_lines", "session_header_val
 #: (docs "Identify Agent Sessions"): ``X-Dynamo-Session-ID``; AIBrix (gateway
 #: ``HeaderSessionKey``): ``x-aibrix-session-key``, read only with the ``session-affinity``
 #: routing strategy, so the preset also sends ``routing-strategy: session-affinity``.
-SESSION_HEADER_PRESETS = {"dynamo": ("X-Dynamo-Session-ID",),
-                          "aibrix": ("x-aibrix-session-key", "routing-strategy: session-affinity")}
+SESSION_HEADER_PRESETS = {
+    "dynamo": ("X-Dynamo-Session-ID",),
+    "aibrix": ("x-aibrix-session-key", "routing-strategy: session-affinity"),
+}
 
 
 def session_header_lines(setting: str | None) -> bytes | None:

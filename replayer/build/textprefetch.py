@@ -40,7 +40,7 @@ Wants = Callable[[Any, int], "tuple[np.ndarray, int] | None"]
 
 # -- in the child ----------------------------------------------------------------------------
 _setup: tuple[str, int, np.ndarray] | None = None  # (tokenizer, block size, vocabulary)
-_builders: dict[int, Any] = {}                      # prompt seed -> TextPromptBuilder
+_builders: dict[int, Any] = {}  # prompt seed -> TextPromptBuilder
 
 
 def _init(tokenizer: str, block_size: int, vocab: np.ndarray) -> None:
@@ -60,8 +60,9 @@ def decode_prompts(seed: int, rows: list[tuple[np.ndarray, int]]) -> list[str | 
         if len(_builders) >= 2:  # --loop-salt: a seed per loop; the last ones are the live ones
             _builders.pop(next(iter(_builders)))
         tokenizer, block_size, vocab = _setup
-        tb = _builders[seed] = TextPromptBuilder(PromptBuilder(seed=seed, block_size=block_size, vocab=vocab),
-                                                 tokenizer)
+        tb = _builders[seed] = TextPromptBuilder(
+            PromptBuilder(seed=seed, block_size=block_size, vocab=vocab), tokenizer
+        )
     out: list[str | Exception] = []
     for hash_ids, input_length in rows:
         try:
@@ -77,15 +78,16 @@ class TextPrefetch:
     ``seed``); ``take(sb, j)``: item ``j``'s text if decoded ahead, else None (also while the child
     is still on it). ``decoded``: texts the child made; ``taken``: texts preparation used."""
 
-    def __init__(self, tokenizer: str, block_size: int, vocab: np.ndarray, wants: Wants,
-                 lookahead_rows: int = LOOKAHEAD_ROWS) -> None:
+    def __init__(
+        self, tokenizer: str, block_size: int, vocab: np.ndarray, wants: Wants, lookahead_rows: int = LOOKAHEAD_ROWS
+    ) -> None:
         self.tokenizer, self.block_size, self.vocab = tokenizer, block_size, vocab
         self.wants = wants
         self.lookahead = lookahead_rows
         self._cond = threading.Condition()
         self._sb: Any = None
-        self._serial = 0   # bumped when preparation moves to another schedule batch
-        self._pos = 0      # the item of it being prepared
+        self._serial = 0  # bumped when preparation moves to another schedule batch
+        self._pos = 0  # the item of it being prepared
         self._seed = 0
         self._texts: OrderedDict[int, Future] = OrderedDict()  # item -> its text (this batch's)
         self._thread: threading.Thread | None = None
@@ -114,7 +116,7 @@ class TextPrefetch:
                 texts.popitem(last=False)
             fut = texts.pop(j, None)
         if fut is None or not fut.done():  # not there yet: decoding it now beats waiting for a child
-            return None                    # that shares the cores (the loop would block meanwhile)
+            return None  # that shares the cores (the loop would block meanwhile)
         try:
             text: str = fut.result()
         except Exception:  # decoded again in preparation, where a real problem shows
@@ -137,7 +139,7 @@ class TextPrefetch:
                 return ready
             time.sleep(0.005)
 
-    def _run(self) -> None:
+    def _run(self) -> None:  # noqa: C901, PLR0912
         serial, k = -1, 0
         while True:
             with self._cond:
@@ -198,8 +200,12 @@ class TextPrefetch:
 
     def _decode(self, seed: int, rows: list[tuple[np.ndarray, int]]) -> list[str | Exception]:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_init,
-                                             initargs=(self.tokenizer, self.block_size, self.vocab))
+            self._pool = ProcessPoolExecutor(
+                1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init,
+                initargs=(self.tokenizer, self.block_size, self.vocab),
+            )
         rows = [(np.array(h), n) for h, n in rows]
         texts: list[str | Exception] = self._pool.submit(decode_prompts, seed, rows).result()
         return texts

@@ -16,19 +16,27 @@ import pyarrow.parquet as pq
 from replayer.results.reportdata import report_files
 
 COMPARE_FIELDS: tuple[tuple[str, str, str], ...] = (
-    ("scheduled", "scheduled", ""), ("sent", "sent", ""), ("completed", "completed", "higher"),
-    ("failed", "failed", "lower"), ("duration", "duration (s)", ""),
+    ("scheduled", "scheduled", ""),
+    ("sent", "sent", ""),
+    ("completed", "completed", "higher"),
+    ("failed", "failed", "lower"),
+    ("duration", "duration (s)", ""),
     ("request_throughput", "request throughput (req/s)", "higher"),
     ("output_throughput", "output throughput (tok/s)", "higher"),
     ("total_token_throughput", "total token throughput (tok/s)", "higher"),
-    ("median_ttft_ms", "TTFT median (ms)", "lower"), ("p90_ttft_ms", "TTFT p90 (ms)", "lower"),
+    ("median_ttft_ms", "TTFT median (ms)", "lower"),
+    ("p90_ttft_ms", "TTFT p90 (ms)", "lower"),
     ("p99_ttft_ms", "TTFT p99 (ms)", "lower"),
-    ("median_tpot_ms", "TPOT median (ms)", "lower"), ("p99_tpot_ms", "TPOT p99 (ms)", "lower"),
-    ("median_itl_ms", "ITL median (ms)", "lower"), ("p99_itl_ms", "ITL p99 (ms)", "lower"),
-    ("median_e2el_ms", "E2E median (ms)", "lower"), ("p99_e2el_ms", "E2E p99 (ms)", "lower"),
+    ("median_tpot_ms", "TPOT median (ms)", "lower"),
+    ("p99_tpot_ms", "TPOT p99 (ms)", "lower"),
+    ("median_itl_ms", "ITL median (ms)", "lower"),
+    ("p99_itl_ms", "ITL p99 (ms)", "lower"),
+    ("median_e2el_ms", "E2E median (ms)", "lower"),
+    ("p99_e2el_ms", "E2E p99 (ms)", "lower"),
     ("p99_ttft_from_due_ms", "TTFT from due p99 (ms)", "lower"),
     ("p99_e2el_from_due_ms", "E2E from due p99 (ms)", "lower"),
-    ("slo_attainment", "SLO attainment", "higher"), ("request_goodput", "request goodput (req/s)", "higher"),
+    ("slo_attainment", "SLO attainment", "higher"),
+    ("request_goodput", "request goodput (req/s)", "higher"),
     ("output_token_goodput", "output token goodput (tok/s)", "higher"),
     ("dispatch_lag_p50_ms", "dispatch lag p50 (ms)", "lower"),
     ("dispatch_lag_p99_ms", "dispatch lag p99 (ms)", "lower"),
@@ -51,8 +59,12 @@ def _load_summary(path: str) -> dict:
                 raise ValueError(f"{folder}: no summary.json and no results files")
             from replayer.results.summary import summarize_files
 
-            return {**summarize_files(files), **_setup_of(files[0]), "stopped_early": True,
-                    "stop_signal": "a kill (no summary.json)"}
+            return {
+                **summarize_files(files),
+                **_setup_of(files[0]),
+                "stopped_early": True,
+                "stop_signal": "a kill (no summary.json)",
+            }
     try:
         with open(path, encoding="utf-8") as f:
             s = json.load(f)
@@ -82,9 +94,17 @@ def compare(a: dict, b: dict) -> list[dict]:
         rows.append({"key": key, "label": label, "a": va, "b": vb, "diff": diff, "pct": pct, "better": better})
     for kind in sorted(set(a.get("errors_by_kind") or {}) | set(b.get("errors_by_kind") or {})):
         va, vb = (a.get("errors_by_kind") or {}).get(kind, 0), (b.get("errors_by_kind") or {}).get(kind, 0)
-        rows.append({"key": f"errors_by_kind.{kind}", "label": f"errors: {kind}", "a": va, "b": vb,
-                     "diff": vb - va, "pct": 100.0 * (vb - va) / va if va else None,
-                     "better": "" if va == vb else ("b" if vb < va else "a")})
+        rows.append(
+            {
+                "key": f"errors_by_kind.{kind}",
+                "label": f"errors: {kind}",
+                "a": va,
+                "b": vb,
+                "diff": vb - va,
+                "pct": 100.0 * (vb - va) / va if va else None,
+                "better": "" if va == vb else ("b" if vb < va else "a"),
+            }
+        )
     return rows
 
 
@@ -107,8 +127,15 @@ def _setup_of(results_file: str) -> dict:
 
 
 #: summary fields that make two runs different experiments when they differ
-SETUP_FIELDS = (("trace", "trace"), ("scheduled", "requests scheduled"), ("speedup", "speed-up"),
-                ("loop", "passes"), ("shard", "shard"), ("target", "target"), ("model", "model"))
+SETUP_FIELDS = (
+    ("trace", "trace"),
+    ("scheduled", "requests scheduled"),
+    ("speedup", "speed-up"),
+    ("loop", "passes"),
+    ("shard", "shard"),
+    ("target", "target"),
+    ("model", "model"),
+)
 
 
 def setup_differences(a: dict, b: dict) -> list[str]:
@@ -124,7 +151,9 @@ def setup_differences(a: dict, b: dict) -> list[str]:
             out.append(f"{label}: {va} in A, {vb} in B")
     for name, s in (("A", a), ("B", b)):
         if s.get("stopped_early"):
-            out.append(f"{name} was cut short (by {s.get('stop_signal') or 'a stop'}): its numbers cover part of its run")
+            out.append(
+                f"{name} was cut short (by {s.get('stop_signal') or 'a stop'}): its numbers cover part of its run"
+            )
     return out
 
 
@@ -137,14 +166,23 @@ def format_compare(rows: list[dict], name_a: str = "A", name_b: str = "B") -> st
         return f"{v:,}" if isinstance(v, int) else str(v)
 
     head = ("metric", name_a, name_b, "B - A", "change", "better")
-    table = [head] + [(r["label"], fmt(r["a"]), fmt(r["b"]),
-                       "" if r["diff"] is None else (("+" if r["diff"] > 0 else "") + fmt(r["diff"])),
-                       "" if r["pct"] is None else f"{r['pct']:+.1f}%",
-                       {"a": name_a, "b": name_b}.get(r["better"], "")) for r in rows]
+    table = [head] + [
+        (
+            r["label"],
+            fmt(r["a"]),
+            fmt(r["b"]),
+            "" if r["diff"] is None else (("+" if r["diff"] > 0 else "") + fmt(r["diff"])),
+            "" if r["pct"] is None else f"{r['pct']:+.1f}%",
+            {"a": name_a, "b": name_b}.get(r["better"], ""),
+        )
+        for r in rows
+    ]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
     lines = []
     for n, row in enumerate(table):
-        lines.append("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        lines.append(
+            "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        )
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)

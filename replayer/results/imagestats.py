@@ -14,11 +14,20 @@ import numpy as np
 import pyarrow as pa
 
 #: results columns this part reads
-COLUMNS = ("images", "image_bytes", "expected_image_tokens", "image_tokens", "text_tokens",
-           "expected_image_cache_hits")
-_COUNTS = ("image_requests", "images_sent", "image_bytes_sent", "image_tokens_server", "image_tokens_reported",
-           "image_tokens_expected", "image_tokens_expected_known", "image_token_mismatches",
-           "text_tokens_server", "image_requests_completed", "expected_image_cache_hits")
+COLUMNS = ("images", "image_bytes", "expected_image_tokens", "image_tokens", "text_tokens", "expected_image_cache_hits")
+_COUNTS = (
+    "image_requests",
+    "images_sent",
+    "image_bytes_sent",
+    "image_tokens_server",
+    "image_tokens_reported",
+    "image_tokens_expected",
+    "image_tokens_expected_known",
+    "image_token_mismatches",
+    "text_tokens_server",
+    "image_requests_completed",
+    "expected_image_cache_hits",
+)
 
 
 def _f64(col) -> np.ndarray:

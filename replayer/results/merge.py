@@ -25,7 +25,6 @@ import pyarrow.compute as pc
 from replayer.record.recorder import open_file, report_damaged, result_files, write_json
 from replayer.results.summary import BATCH_ROWS, fold_files, format_summary, read_summary, run_spans, set_duration
 
-
 log = logging.getLogger(__name__)
 
 #: result columns holding ns offsets from the run's anchor (rebased when merging)
@@ -81,7 +80,9 @@ def iter_on_one_axis(files: list[str], columns: list[str], batch_rows: int = BAT
         if pf is None:
             continue
         try:
-            for batch in pf.iter_batches(batch_size=batch_rows, columns=[c for c in columns if c in pf.schema_arrow.names]):
+            for batch in pf.iter_batches(
+                batch_size=batch_rows, columns=[c for c in columns if c in pf.schema_arrow.names]
+            ):
                 yield _rebase(batch, shift)
         except (OSError, pa.ArrowException) as e:
             report_damaged(f, e)
@@ -112,8 +113,10 @@ def _rebase(batch: pa.RecordBatch, shift_ns: int) -> pa.RecordBatch:
     """``batch`` with ``shift_ns`` added to each of its time columns (nulls stay null)."""
     if not shift_ns:
         return batch
-    arrays = [pc.add(col, pa.scalar(shift_ns, pa.int64())) if name in TIME_COLUMNS else col
-              for name, col in zip(batch.schema.names, batch.columns)]
+    arrays = [
+        pc.add(col, pa.scalar(shift_ns, pa.int64())) if name in TIME_COLUMNS else col
+        for name, col in zip(batch.schema.names, batch.columns)
+    ]
     return pa.RecordBatch.from_arrays(arrays, schema=batch.schema)
 
 
@@ -153,17 +156,21 @@ def _sent_rows(files: list[str]) -> np.ndarray:
             continue
         try:
             for b in pf.iter_batches(batch_size=65_536, columns=["loop", "row", "outcome"]):
-                sent = pc.fill_null(pc.not_equal(b.column("outcome"), "not_started"), True).to_numpy(zero_copy_only=False)
-                k = (b.column("loop").to_numpy(zero_copy_only=False).astype(np.int64) << 40) + \
-                    b.column("row").to_numpy(zero_copy_only=False).astype(np.int64)
+                sent = pc.fill_null(pc.not_equal(b.column("outcome"), "not_started"), True).to_numpy(
+                    zero_copy_only=False
+                )
+                k = (b.column("loop").to_numpy(zero_copy_only=False).astype(np.int64) << 40) + b.column("row").to_numpy(
+                    zero_copy_only=False
+                ).astype(np.int64)
                 keys.append(np.unique(k[sent]))
         except (OSError, pa.ArrowException) as e:  # damaged part-way: reported, and so in the warnings
             report_damaged(f, e)
     return np.unique(np.concatenate(keys)) if keys else np.zeros(0, dtype=np.int64)
 
 
-def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = False,
-                  one_target: bool = False) -> dict:
+def merge_results(  # noqa: C901, PLR0912, PLR0915
+    dirs: list[str], out_dir: str | None = None, *, quiet: bool = False, one_target: bool = False
+) -> dict:
     """One summary over several results folders (shards or workers). Writes
     ``out_dir/summary.json`` when ``out_dir`` is given. Raises FileNotFoundError for a folder
     with no results.
@@ -200,16 +207,22 @@ def merge_results(dirs: list[str], out_dir: str | None = None, *, quiet: bool = 
     # the summary: every file folded batch by batch into one (sketches and counts merge)
     fold, damaged = fold_files([f for files in per_dir for f, _, _ in files], slos)
     warnings = _shard_warnings(shards_by_dir, list(dirs))
-    warnings += [f"{f}: damaged results file, its results are left out" for d in dirs for f in _files(d)
-                 if open_file(f) is None or f in damaged]
+    warnings += [
+        f"{f}: damaged results file, its results are left out"
+        for d in dirs
+        for f in _files(d)
+        if open_file(f) is None or f in damaged
+    ]
     real = [os.path.realpath(d) for d in dirs]
     for d in sorted({d for d, r in zip(dirs, real) if real.count(r) > 1}):
         warnings.insert(0, f"{d} is given more than once: its rows are counted that many times")
     if duplicates:
         warnings.append(f"{duplicates} trace rows were sent by more than one folder (overlapping shards?)")
     if starts and max(starts) - min(starts) > ANCHOR_SPREAD_WARN_S:
-        warnings.append(f"the runs were anchored {max(starts) - min(starts):.3f} s apart: a shard started after "
-                        "the shared --start-at (or none was given), so the shards did not replay in step")
+        warnings.append(
+            f"the runs were anchored {max(starts) - min(starts):.3f} s apart: a shard started after "
+            "the shared --start-at (or none was given), so the shards did not replay in step"
+        )
     for d, o in zip(dirs, own):
         why = _unfinished(o)
         if why:
@@ -300,8 +313,11 @@ def wait_finished(dirs: list[str], timeout_s: float, *, poll_s: float = 5.0, say
             return list(left)
         if time.monotonic() - said >= say_every_s:
             said = time.monotonic()
-            print("replayer merge: waiting for " + "; ".join(f"{d}: {why}" for d, why in left.items()),
-                  file=sys.stderr, flush=True)
+            print(
+                "replayer merge: waiting for " + "; ".join(f"{d}: {why}" for d, why in left.items()),
+                file=sys.stderr,
+                flush=True,
+            )
         time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
 
 
@@ -314,8 +330,10 @@ def main_merge(dirs: list[str], output: str | None, wait_s: float | None = None)
     if wait_s:
         left = wait_finished(dirs, wait_s)
         if left:
-            print(f"replayer merge: gave up waiting after {wait_s:g} s for {', '.join(left)}; merging what is there",
-                  file=sys.stderr)
+            print(
+                f"replayer merge: gave up waiting after {wait_s:g} s for {', '.join(left)}; merging what is there",
+                file=sys.stderr,
+            )
     try:
         s = merge_results(dirs, output)
     except FileNotFoundError as e:
@@ -325,7 +343,9 @@ def main_merge(dirs: list[str], output: str | None, wait_s: float | None = None)
         print(f"merged summary: {os.path.join(output, 'summary.json')}", flush=True)
     if s["merge_warnings"]:
         n = len(s["merge_warnings"])
-        print(f"replayer merge: not one whole run ({n} warning{'s' * (n != 1)} above, also in "
-              "merge_warnings): exit 1", file=sys.stderr)
+        print(
+            f"replayer merge: not one whole run ({n} warning{'s' * (n != 1)} above, also in merge_warnings): exit 1",
+            file=sys.stderr,
+        )
         return 1
     return 0

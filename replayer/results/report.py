@@ -33,8 +33,7 @@ import pandas as pd
 from replayer.results.reportdata import MAX_POINTS, ReportData, axis_origin_wall_s, load_results, report_files
 
 
-def figure_specs(data: ReportData, target: pd.DataFrame | None = None,
-                 t0_wall_s: float | None = None) -> list[dict]:
+def figure_specs(data: ReportData, target: pd.DataFrame | None = None, t0_wall_s: float | None = None) -> list[dict]:
     """The data behind every figure of the report, as plain dicts (pure; tested without a
     browser): ``{"title", "x_title", "y_title", "x_type", "y_type", "series": [{"name", "mode",
     "line_shape", "x", "y"}]}`` with ``x``/``y`` NumPy arrays (``*_type``: "linear" or "log";
@@ -45,8 +44,16 @@ def figure_specs(data: ReportData, target: pd.DataFrame | None = None,
     specs: list[dict] = []
 
     def spec(title, x_title, y_title, series, x_type="linear", y_type="linear") -> None:
-        specs.append({"title": title, "x_title": x_title, "y_title": y_title, "x_type": x_type,
-                      "y_type": y_type, "series": series})
+        specs.append(
+            {
+                "title": title,
+                "x_title": x_title,
+                "y_title": y_title,
+                "x_type": x_type,
+                "y_type": y_type,
+                "series": series,
+            }
+        )
 
     def line(name, x, y, shape="linear") -> dict:
         return {"name": name, "mode": "lines", "line_shape": shape, "x": np.asarray(x), "y": np.asarray(y)}
@@ -54,31 +61,65 @@ def figure_specs(data: ReportData, target: pd.DataFrame | None = None,
     def dots(name, x, y) -> dict:
         return {"name": name, "mode": "markers", "line_shape": None, "x": np.asarray(x), "y": np.asarray(y)}
 
-    spec("Arrivals: due vs sent vs completed", "time since start (s)", "requests/s",
-         [line(name, x, data.per_bin[key] / bin_s, shape="hv")
-          for name, key in (("due (schedule)", "due"), ("sent", "sent"), ("completed", "completed"))])
+    spec(
+        "Arrivals: due vs sent vs completed",
+        "time since start (s)",
+        "requests/s",
+        [
+            line(name, x, data.per_bin[key] / bin_s, shape="hv")
+            for name, key in (("due (schedule)", "due"), ("sent", "sent"), ("completed", "completed"))
+        ],
+    )
 
     d = data.ok_sample.frame()
-    spec("Latency over time (successful requests)", "send time (s)", "seconds",
-         [dots(name, d["sent_s"] if len(d) else [], d[col] / 1e3 if len(d) else [])
-          for col, name in (("ttft_ms", "TTFT"), ("e2e_ms", "E2E"))], y_type="log")
+    spec(
+        "Latency over time (successful requests)",
+        "send time (s)",
+        "seconds",
+        [
+            dots(name, d["sent_s"] if len(d) else [], d[col] / 1e3 if len(d) else [])
+            for col, name in (("ttft_ms", "TTFT"), ("e2e_ms", "E2E"))
+        ],
+        y_type="log",
+    )
 
     cdfs = {**data.latency, **(data.from_due if data.has_from_due else {})}
-    spec("Latency CDFs", "seconds", "fraction of samples",
-         [line(name, *stat.cdf(MAX_POINTS)) for name, stat in cdfs.items()], x_type="log")
+    spec(
+        "Latency CDFs",
+        "seconds",
+        "fraction of samples",
+        [line(name, *stat.cdf(MAX_POINTS)) for name, stat in cdfs.items()],
+        x_type="log",
+    )
 
-    spec("Token throughput", "completion time (s)", "tokens/s",
-         [line(name, x, data.per_bin[key] / bin_s, shape="hv")
-          for name, key in (("completion tokens/s (server usage)", "completion_tokens"),
-                            ("prompt tokens/s (server usage)", "prompt_tokens"))])
+    spec(
+        "Token throughput",
+        "completion time (s)",
+        "tokens/s",
+        [
+            line(name, x, data.per_bin[key] / bin_s, shape="hv")
+            for name, key in (
+                ("completion tokens/s (server usage)", "completion_tokens"),
+                ("prompt tokens/s (server usage)", "prompt_tokens"),
+            )
+        ],
+    )
 
     d = data.sent_sample.frame()
-    spec("Dispatch lag", "due time (s)", "sent - due (ms)",
-         [dots("lag", d["due_s"] if len(d) else [], d["dispatch_lag_ms"] if len(d) else [])])
+    spec(
+        "Dispatch lag",
+        "due time (s)",
+        "sent - due (ms)",
+        [dots("lag", d["due_s"] if len(d) else [], d["dispatch_lag_ms"] if len(d) else [])],
+    )
 
     if data.failed_by_kind:
-        spec("Unsuccessful requests by kind", "due time (s)", f"requests per {bin_s:g} s",
-             [line(kind, x, data.failed_by_kind[kind], shape="hv") for kind in sorted(data.failed_by_kind)])
+        spec(
+            "Unsuccessful requests by kind",
+            "due time (s)",
+            f"requests per {bin_s:g} s",
+            [line(kind, x, data.failed_by_kind[kind], shape="hv") for kind in sorted(data.failed_by_kind)],
+        )
 
     if target is not None and len(target):
         specs.extend(target_specs(target, t0_wall_s))
@@ -119,12 +160,22 @@ def target_specs(t: pd.DataFrame, t0_wall_s: float | None = None) -> list[dict]:
             name = name.removesuffix("_total")
         unit = _target_unit(str(metric), str(kind))
         by_unit.setdefault(unit, []).append({"name": name, "mode": "lines", "line_shape": "linear", "x": x, "y": y})
-    return [{"title": f"Target server metrics: {unit}", "x_title": "time since start (s)", "y_title": unit,
-             "x_type": "linear", "y_type": "linear", "series": series} for unit, series in by_unit.items()]
+    return [
+        {
+            "title": f"Target server metrics: {unit}",
+            "x_title": "time since start (s)",
+            "y_title": unit,
+            "x_type": "linear",
+            "y_type": "linear",
+            "series": series,
+        }
+        for unit, series in by_unit.items()
+    ]
 
 
-def figures(data: ReportData, target: pd.DataFrame | None = None,
-            t0_wall_s: float | None = None) -> list[tuple[str, object]]:
+def figures(
+    data: ReportData, target: pd.DataFrame | None = None, t0_wall_s: float | None = None
+) -> list[tuple[str, object]]:
     """The report's plotly figures as (title, figure), drawn from ``figure_specs``."""
     return draw(figure_specs(data, target, t0_wall_s))
 
@@ -138,10 +189,13 @@ def draw(specs: list[dict]) -> list[tuple[str, object]]:
     for sp in specs:
         f = go.Figure()
         for se in sp["series"]:
-            kw = {"marker": {"size": 4, "opacity": 0.6}} if se["mode"] == "markers" else {"line_shape": se["line_shape"]}
+            kw = (
+                {"marker": {"size": 4, "opacity": 0.6}} if se["mode"] == "markers" else {"line_shape": se["line_shape"]}
+            )
             f.add_trace(go.Scatter(x=se["x"], y=se["y"], mode=se["mode"], name=se["name"], **kw))
-        f.update_layout(xaxis_title=sp["x_title"], yaxis_title=sp["y_title"], xaxis_type=sp["x_type"],
-                        yaxis_type=sp["y_type"])
+        f.update_layout(
+            xaxis_title=sp["x_title"], yaxis_title=sp["y_title"], xaxis_type=sp["x_type"], yaxis_type=sp["y_type"]
+        )
         out.append((sp["title"], f))
     return out
 
@@ -173,16 +227,27 @@ def summary_rows(summary: dict, prefix: str = "") -> list[tuple[str, str]]:
         elif v is None:
             rows.append((name, "n/a"))
         elif isinstance(v, (list, tuple)):
-            rows.append((name, ", ".join(_number(x) if not isinstance(x, dict) else
-                                         " ".join(f"{a}={_number(b)}" for a, b in x.items()) for x in v) or "-"))
+            rows.append(
+                (
+                    name,
+                    ", ".join(
+                        _number(x) if not isinstance(x, dict) else " ".join(f"{a}={_number(b)}" for a, b in x.items())
+                        for x in v
+                    )
+                    or "-",
+                )
+            )
         else:
             rows.append((name, _number(v)))
     return rows
 
 
 def _summary_table(summary: dict) -> str:
-    return "<table class='summary'>" + "".join(
-        f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in summary_rows(summary)) + "</table>"
+    return (
+        "<table class='summary'>"
+        + "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in summary_rows(summary))
+        + "</table>"
+    )
 
 
 def _verdict_section(summary: dict) -> str:
@@ -193,9 +258,11 @@ def _verdict_section(summary: dict) -> str:
     if not rows:
         return ""
     cells = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
-    return ("<section class='verdict'><h2>Verdict</h2><p>A request meets the SLO when it succeeded and every "
-            "bound holds; failed requests count as missed, unknown ones are left out.</p>"
-            f"<table class='summary'>{cells}</table></section>")
+    return (
+        "<section class='verdict'><h2>Verdict</h2><p>A request meets the SLO when it succeeded and every "
+        "bound holds; failed requests count as missed, unknown ones are left out.</p>"
+        f"<table class='summary'>{cells}</table></section>"
+    )
 
 
 def _page(title: str, heading: str, intro: str, figs: list[tuple[str, object]], tail: str = "") -> str:
@@ -206,16 +273,19 @@ def _page(title: str, heading: str, intro: str, figs: list[tuple[str, object]], 
 
     parts = []
     for i, (fig_title, fig) in enumerate(figs):
-        fig.update_layout(title=fig_title, height=420, margin={"l": 60, "r": 20, "t": 50, "b": 50},
-                          template="plotly_white")
-        parts.append(f"<section class='plot'>{pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=f'fig{i}')}</section>")
+        fig.update_layout(
+            title=fig_title, height=420, margin={"l": 60, "r": 20, "t": 50, "b": 50}, template="plotly_white"
+        )
+        parts.append(
+            f"<section class='plot'>{pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=f'fig{i}')}</section>"
+        )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <script type="text/javascript">{get_plotlyjs()}</script>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}} table.summary{{border-collapse:collapse;font-size:13px}}
 table.summary td,table.summary th{{border-bottom:1px solid #ddd;padding:2px 10px}} section.plot{{margin:1.5em 0}}</style></head>
 <body><h1>{html.escape(heading)}</h1>{intro}
-{''.join(parts)}
+{"".join(parts)}
 {tail}
 </body></html>
 """
@@ -230,11 +300,17 @@ def render_html(results_dir: str) -> str:
     target = samples.to_pandas() if samples is not None else None
     info = {k: meta.get(f"replayer.{k}") for k in ("version", "trace", "target", "model")}
     head = " · ".join(f"{k}: {html.escape(str(v))}" for k, v in info.items() if v)
-    intro = (f"<p>{head}</p><p>{len(data):,} requests; results folder {html.escape(os.path.abspath(results_dir))}</p>\n"
-             + _verdict_section(summary))
-    return _page(f"replayer report: {os.path.basename(os.path.abspath(results_dir))}", "replayer report", intro,
-                 figures(data, target, axis_origin_wall_s(results_dir)),
-                 f"<h2>Summary</h2>{_summary_table(summary)}")
+    intro = (
+        f"<p>{head}</p><p>{len(data):,} requests; results folder {html.escape(os.path.abspath(results_dir))}</p>\n"
+        + _verdict_section(summary)
+    )
+    return _page(
+        f"replayer report: {os.path.basename(os.path.abspath(results_dir))}",
+        "replayer report",
+        intro,
+        figures(data, target, axis_origin_wall_s(results_dir)),
+        f"<h2>Summary</h2>{_summary_table(summary)}",
+    )
 
 
 def write_report(results_dir: str, output: str | None = None) -> str:

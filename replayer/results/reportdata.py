@@ -22,11 +22,23 @@ from replayer.core.result import itl_samples
 MAX_POINTS = 5_000
 
 #: the results columns the report reads, batch by batch (ITL lists only a batch at a time)
-REPORT_COLUMNS = ["due_ns", "sent_ns", "end_ns", "outcome", "error_kind", "ttft_ms", "e2e_ms", "tpot_ms",
-                  "dispatch_lag_ms", "completion_tokens", "prompt_tokens", "ttft_from_due_ms", "e2el_from_due_ms",
-                  "itl_ms", "itl_counts"]
-
-
+REPORT_COLUMNS = [
+    "due_ns",
+    "sent_ns",
+    "end_ns",
+    "outcome",
+    "error_kind",
+    "ttft_ms",
+    "e2e_ms",
+    "tpot_ms",
+    "dispatch_lag_ms",
+    "completion_tokens",
+    "prompt_tokens",
+    "ttft_from_due_ms",
+    "e2el_from_due_ms",
+    "itl_ms",
+    "itl_counts",
+]
 
 
 def report_files(results_dir: str) -> list[str]:
@@ -139,8 +151,9 @@ class ReportData:
             self.ok_sample.add({"sent_s": sent[ok], "ttft_ms": ttft, "e2e_ms": e2e})
         was_sent = ~np.isnan(sent)
         if was_sent.any():
-            self.sent_sample.add({"sent_s": sent[was_sent], "due_s": due[was_sent],
-                                  "dispatch_lag_ms": f("dispatch_lag_ms")[was_sent]})
+            self.sent_sample.add(
+                {"sent_s": sent[was_sent], "due_s": due[was_sent], "dispatch_lag_ms": f("dispatch_lag_ms")[was_sent]}
+            )
 
     def __len__(self) -> int:
         return self.rows
@@ -157,8 +170,11 @@ def load_results(results_dir: str) -> tuple["ReportData", dict, dict]:
     files = report_files(results_dir)
     if not files:
         raise FileNotFoundError(f"no results files (requests*.parquet) in {results_dir}")
-    meta = {k.decode(): v.decode() for k, v in (pq.read_schema(files[0]).metadata or {}).items()
-            if not k.startswith(b"ARROW")}
+    meta = {
+        k.decode(): v.decode()
+        for k, v in (pq.read_schema(files[0]).metadata or {}).items()
+        if not k.startswith(b"ARROW")
+    }
     data = ReportData(files)
     summary = read_summary(results_dir) or summarize_files(files)
     return data, summary, meta

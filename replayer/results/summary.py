@@ -24,36 +24,87 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import replayer.results.verdict as verdict
-from replayer.results.imagestats import COLUMNS as IMAGE_COLUMNS
-from replayer.results.imagestats import ImageFold
 from replayer.core.result import itl_samples
+from replayer.core.stats import PERCENTILE_METHOD, Stat
 from replayer.record.runspans import removed_of as _removed_of
 from replayer.record.runspans import run_durations, run_spans
-from replayer.core.stats import PERCENTILE_METHOD, Stat
+from replayer.results.imagestats import COLUMNS as IMAGE_COLUMNS
+from replayer.results.imagestats import ImageFold
 from replayer.results.summarytext import format_summary
 
 PERCENTILES = (50, 90, 99)
 POOLING = ("/v1/embeddings", "/v1/score", "/v1/rerank")
 #: the results columns the summary reads (a results file is read with only these)
-COLUMNS = ("outcome", "error_kind", "endpoint", "due_ns", "sent_ns", "end_ns", "prompt_tokens", "completion_tokens",
-           "input_length", "output_length", "ttft_ms", "tpot_ms", "e2e_ms", "dispatch_lag_ms",
-           "expected_prefix_hit_tokens", "usage_audit", "session_id", "session_wait_ms", "partial_output_tokens",
-           "output_tokens_estimate", "invalid_utf8", "server_queue_time_ms", "server_time_to_first_token_ms",
-           "server_generation_time_ms", "client_overhead_ms", *IMAGE_COLUMNS, "itl_ms", "itl_counts")
+COLUMNS = (
+    "outcome",
+    "error_kind",
+    "endpoint",
+    "due_ns",
+    "sent_ns",
+    "end_ns",
+    "prompt_tokens",
+    "completion_tokens",
+    "input_length",
+    "output_length",
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "dispatch_lag_ms",
+    "expected_prefix_hit_tokens",
+    "usage_audit",
+    "session_id",
+    "session_wait_ms",
+    "partial_output_tokens",
+    "output_tokens_estimate",
+    "invalid_utf8",
+    "server_queue_time_ms",
+    "server_time_to_first_token_ms",
+    "server_generation_time_ms",
+    "client_overhead_ms",
+    *IMAGE_COLUMNS,
+    "itl_ms",
+    "itl_counts",
+)
 #: rows per batch read from a results file: ~1.4M ITL samples at Mooncake's ~350 tokens per
 #: request, ~11 MB a float64 copy (the end-of-run summary of a 250k-row folder peaked at 274 MB
 #: with 4,096, 346 MB with 8,192)
 BATCH_ROWS = 4_096
 #: the count fields of the summary (each a sum over requests)
-_COUNTS = ("scheduled", "sent", "completed", "failed", "cancelled", "not_started", "total_input_tokens",
-           "total_output_tokens", "usage_missing", "prompt_token_mismatches", "prompt_token_drift_total",
-           "completion_token_mismatches", "ttft_unmeasured", "zero_token_successes", "expected_prefix_hit_tokens",
-           "expected_prefix_known", "usage_inflated", "session_turns", "turns_held", "partial_output_tokens",
-           "input_tokens_known", "input_tokens_values", "output_tokens_known", "output_tokens_values",
-           "output_tokens_estimate", "invalid_utf8")
+_COUNTS = (
+    "scheduled",
+    "sent",
+    "completed",
+    "failed",
+    "cancelled",
+    "not_started",
+    "total_input_tokens",
+    "total_output_tokens",
+    "usage_missing",
+    "prompt_token_mismatches",
+    "prompt_token_drift_total",
+    "completion_token_mismatches",
+    "ttft_unmeasured",
+    "zero_token_successes",
+    "expected_prefix_hit_tokens",
+    "expected_prefix_known",
+    "usage_inflated",
+    "session_turns",
+    "turns_held",
+    "partial_output_tokens",
+    "input_tokens_known",
+    "input_tokens_values",
+    "output_tokens_known",
+    "output_tokens_values",
+    "output_tokens_estimate",
+    "invalid_utf8",
+)
 #: the server's own timings (``--server-timings``), summarized when any request reported them
-SERVER_TIMINGS = ("server_queue_time_ms", "server_time_to_first_token_ms", "server_generation_time_ms",
-                  "client_overhead_ms")
+SERVER_TIMINGS = (
+    "server_queue_time_ms",
+    "server_time_to_first_token_ms",
+    "server_generation_time_ms",
+    "client_overhead_ms",
+)
 
 
 def _add(a, b):
@@ -108,7 +159,7 @@ class SummaryFold:
     def stat(self, key: str) -> Stat:
         return self.stats.setdefault(key, Stat())
 
-    def add(self, t: pa.Table | pa.RecordBatch) -> None:
+    def add(self, t: pa.Table | pa.RecordBatch) -> None:  # noqa: C901, PLR0915
         """Fold a batch of results (schema ``result.SCHEMA``, any subset of ``COLUMNS``)."""
         names = t.schema.names
         n = self.n
@@ -116,8 +167,11 @@ class SummaryFold:
         ok_all = _is(outcome, "success")
         failed = _is(outcome, "failed")
         ep = t.column("endpoint") if "endpoint" in names else None
-        ok = ok_all & ~pc.fill_null(pc.is_in(ep, pa.array(POOLING)), False).to_numpy(zero_copy_only=False) \
-            if ep is not None else ok_all
+        ok = (
+            ok_all & ~pc.fill_null(pc.is_in(ep, pa.array(POOLING)), False).to_numpy(zero_copy_only=False)
+            if ep is not None
+            else ok_all
+        )
         sent_ns, end_ns = _f64(t.column("sent_ns")), _f64(t.column("end_ns"))
         was_sent = ~np.isnan(sent_ns)
         if was_sent.any():
@@ -165,8 +219,14 @@ class SummaryFold:
             n["partial_output_tokens"] += _nansum(_f64(t.column("partial_output_tokens")))
         if self.slos:
             completion_all = _f64(t.column("completion_tokens"))
-            codes = verdict.judge(np.asarray(outcome.to_pylist(), dtype=object), _f64(t.column("ttft_ms")),
-                                  _f64(t.column("tpot_ms")), e2e, completion_all, self.slos)
+            codes = verdict.judge(
+                np.asarray(outcome.to_pylist(), dtype=object),
+                _f64(t.column("ttft_ms")),
+                _f64(t.column("tpot_ms")),
+                e2e,
+                completion_all,
+                self.slos,
+            )
             self.verdict = _add(self.verdict, verdict.fold(codes, completion_all))
         self.stat("dispatch_lag_ms").add(_f64(t.column("dispatch_lag_ms"))[was_sent])
         self.images.add(t, was_sent, ok)
@@ -258,8 +318,12 @@ class SummaryFold:
         duration = (self.end_max - self.sent_min) / 1e9 if n["sent"] and self.end_max > -math.inf else 0.0
         s: dict = {k: n[k] for k in ("scheduled", "sent", "completed", "failed", "cancelled", "not_started")}
         s["duration"] = duration
-        s["total_input_tokens"] = n["total_input_tokens"] if n["input_tokens_known"] or not n["input_tokens_values"] else None
-        s["total_output_tokens"] = n["total_output_tokens"] if n["output_tokens_known"] or not n["output_tokens_values"] else None
+        s["total_input_tokens"] = (
+            n["total_input_tokens"] if n["input_tokens_known"] or not n["input_tokens_values"] else None
+        )
+        s["total_output_tokens"] = (
+            n["total_output_tokens"] if n["output_tokens_known"] or not n["output_tokens_values"] else None
+        )
         set_duration(s, duration)
         s.update(self.stat("ttft_ms").summary("ttft_ms", PERCENTILES))
         if any(c in self.stats for c in SERVER_TIMINGS):
@@ -272,7 +336,9 @@ class SummaryFold:
         s["dispatch_lag_max_ms"] = lag.max if lag.count else None
         s["usage_missing"] = n["usage_missing"]
         if self.estimate_known:
-            s["output_tokens_estimate"] = n["output_tokens_estimate"] if n["output_tokens_values"] > n["output_tokens_known"] else None
+            s["output_tokens_estimate"] = (
+                n["output_tokens_estimate"] if n["output_tokens_values"] > n["output_tokens_known"] else None
+            )
             s["invalid_utf8"] = n["invalid_utf8"]
         for k in ("prompt_token_mismatches", "prompt_token_drift_total"):
             s[k] = n[k]
@@ -287,21 +353,35 @@ class SummaryFold:
             s["partial_output_tokens"] = n["partial_output_tokens"]
         s.update(self.images.result())
         if self.endpoints and sorted(self.endpoints) != ["/v1/completions"]:
-            s["endpoints"] = {k: {**self.endpoints[k], "e2el_ms": self._pct(f"e2el_ms {k}")} for k in sorted(self.endpoints)}
+            s["endpoints"] = {
+                k: {**self.endpoints[k], "e2el_ms": self._pct(f"e2el_ms {k}")} for k in sorted(self.endpoints)
+            }
         if self.pooled:
-            s["usage_audit"] = {k: self.audit.get(k, {"ok": 0, "inflated": 0, "missing": 0})
-                                for k in sorted(self.endpoints) if k in POOLING}
+            s["usage_audit"] = {
+                k: self.audit.get(k, {"ok": 0, "inflated": 0, "missing": 0})
+                for k in sorted(self.endpoints)
+                if k in POOLING
+            }
             s["usage_inflated"] = n["usage_inflated"]
         if n["session_turns"]:
-            s["sessions"] = {"sessions": len(self.sessions), "turns": n["session_turns"],
-                             "turns_held": n["turns_held"], "session_wait_ms": self._pct("session_wait_ms")}
+            s["sessions"] = {
+                "sessions": len(self.sessions),
+                "turns": n["session_turns"],
+                "turns_held": n["turns_held"],
+                "session_wait_ms": self._pct("session_wait_ms"),
+            }
         if self.slos:
-            s.update(verdict.finish(self.verdict or verdict.fold({"all": np.zeros(0, np.int8)}, np.zeros(0)),
-                                    self.slos, duration))
+            s.update(
+                verdict.finish(
+                    self.verdict or verdict.fold({"all": np.zeros(0, np.int8)}, np.zeros(0)), self.slos, duration
+                )
+            )
         s["percentile_method"] = PERCENTILE_METHOD
         shown = ["ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "ttft_from_due_ms", "e2el_from_due_ms", "dispatch_lag_ms"]
         shown += [f"e2el_ms {k}" for k in s.get("endpoints", ())] + ["session_wait_ms"] * ("sessions" in s)
-        s["percentiles_sketched"] = [k.replace(" ", "@") for k in shown if self.stat(k).count and not self.stat(k).exact]
+        s["percentiles_sketched"] = [
+            k.replace(" ", "@") for k in shown if self.stat(k).count and not self.stat(k).exact
+        ]
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in s.items()}
 
     def _pct(self, key: str) -> dict[str, float | None]:
@@ -393,8 +473,11 @@ def set_duration(s: dict, duration: float) -> None:
     where a token total is unknown)."""
     s["duration"] = duration
     tin, tout = s["total_input_tokens"], s["total_output_tokens"]
-    for key, num in (("request_throughput", s["completed"]), ("output_throughput", tout),
-                     ("total_token_throughput", None if tin is None or tout is None else tin + tout)):
+    for key, num in (
+        ("request_throughput", s["completed"]),
+        ("output_throughput", tout),
+        ("total_token_throughput", None if tin is None or tout is None else tin + tout),
+    ):
         s[key] = num / duration if duration > 0 and num is not None else None
     if s.get("goodput_slos_ms"):  # (the counts may have been summed: ratios and rates anew)
         s.update(verdict.finish(s, s["goodput_slos_ms"], duration))
@@ -427,5 +510,19 @@ def read_summary(results_dir: str) -> dict:
     return s if isinstance(s, dict) else {}
 
 
-__all__ = ["BATCH_ROWS", "COLUMNS", "PERCENTILES", "SummaryFold", "fold_file", "fold_files", "format_summary",
-           "goodput_of", "read_summary", "run_durations", "run_spans", "set_duration", "summarize", "summarize_files"]
+__all__ = [
+    "BATCH_ROWS",
+    "COLUMNS",
+    "PERCENTILES",
+    "SummaryFold",
+    "fold_file",
+    "fold_files",
+    "format_summary",
+    "goodput_of",
+    "read_summary",
+    "run_durations",
+    "run_spans",
+    "set_duration",
+    "summarize",
+    "summarize_files",
+]

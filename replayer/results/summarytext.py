@@ -8,7 +8,7 @@ from collections.abc import Callable
 import replayer.results.verdict as verdict
 
 
-def format_summary(s: dict) -> str:
+def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
     """A fixed-width text table of the main summary fields (``n/a`` for None)."""
 
     def fmt(v: object) -> str:
@@ -27,8 +27,10 @@ def format_summary(s: dict) -> str:
     if verdict_rows:
         rows += ["Verdict (--goodput; failed = missed)", *verdict_rows, "Requests"]
     rows += [
-        ("Scheduled requests", s["scheduled"]), ("Sent requests", s["sent"]),
-        ("Successful requests", s["completed"]), ("Failed requests", s["failed"]),
+        ("Scheduled requests", s["scheduled"]),
+        ("Sent requests", s["sent"]),
+        ("Successful requests", s["completed"]),
+        ("Failed requests", s["failed"]),
         ("Cancelled / not started", f"{s['cancelled']:,} / {s['not_started']:,}"),
         ("Duration (s)", s["duration"]),
         ("Total input tokens (server)", s["total_input_tokens"]),
@@ -39,22 +41,34 @@ def format_summary(s: dict) -> str:
         ("Completion-token mismatches", s["completion_token_mismatches"]),
         ("Usage missing / TTFT unmeasured", f"{s['usage_missing']:,} / {s['ttft_unmeasured']:,}"),
         "Dispatch lag (sent - due)",
-        ("p50 / p99 / max (ms)", " / ".join(fmt(s[k]) for k in
-                                             ("dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "dispatch_lag_max_ms"))),
+        (
+            "p50 / p99 / max (ms)",
+            " / ".join(fmt(s[k]) for k in ("dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "dispatch_lag_max_ms")),
+        ),
     ]
-    for name, label in (("ttft_ms", "Time to first token"), ("tpot_ms", "Time per output token (excl. 1st)"),
-                        ("itl_ms", "Inter-token latency"), ("e2el_ms", "End-to-end latency")):
+    for name, label in (
+        ("ttft_ms", "Time to first token"),
+        ("tpot_ms", "Time per output token (excl. 1st)"),
+        ("itl_ms", "Inter-token latency"),
+        ("e2el_ms", "End-to-end latency"),
+    ):
         rows.append(label)
         rows.append(("mean / median / p99 (ms)", " / ".join(fmt(s[f"{k}_{name}"]) for k in ("mean", "median", "p99"))))
         if name in ("ttft_ms", "e2el_ms") and f"mean_{name[:-3]}_from_due_ms" in s:
-            rows.append(("  from the due time (ms)", " / ".join(fmt(s[f"{k}_{name[:-3]}_from_due_ms"])
-                                                              for k in ("mean", "median", "p99"))))
+            rows.append(
+                (
+                    "  from the due time (ms)",
+                    " / ".join(fmt(s[f"{k}_{name[:-3]}_from_due_ms"]) for k in ("mean", "median", "p99")),
+                )
+            )
     if "client_overhead_ms_count" in s:
         rows.append("Server timings (--server-timings; mean / median / p99, ms)")
-        for name, label in (("server_queue_time_ms", "Server queue time"),
-                            ("server_time_to_first_token_ms", "Server TTFT (from scheduling)"),
-                            ("server_generation_time_ms", "Server generation time"),
-                            ("client_overhead_ms", "Client overhead (TTFT - queue - server TTFT)")):
+        for name, label in (
+            ("server_queue_time_ms", "Server queue time"),
+            ("server_time_to_first_token_ms", "Server TTFT (from scheduling)"),
+            ("server_generation_time_ms", "Server generation time"),
+            ("client_overhead_ms", "Client overhead (TTFT - queue - server TTFT)"),
+        ):
             rows.append((label, " / ".join(fmt(s[f"{k}_{name}"]) for k in ("mean", "median", "p99"))))
     expected, server = s.get("expected_prefix_hit_tokens"), s.get("server_prefix_cache_hit_tokens")
     if isinstance(server, float) and server.is_integer():  # (a counter's delta: a float in Prometheus)
@@ -66,12 +80,21 @@ def format_summary(s: dict) -> str:
         rows.append("Images (server counts the tokens)")
         rows.append(("Image requests / images sent", f"{s['image_requests']:,} / {s['images_sent']:,}"))
         rows.append(("Image bytes sent", s["image_bytes_sent"]))
-        rows.append(("Image tokens server / expected", f"{fmt(s['image_tokens_server'])} / "
-                                                       f"{fmt(s['image_tokens_expected'])}"))
-        rows.append(("Image-token mismatches / not reported", f"{s['image_token_mismatches']:,} / "
-                                                              f"{s['image_tokens_unknown']:,}"))
-        rows.append(("Image cache hits expected / server", f"{s['expected_image_cache_hits']:,} / "
-                                                           f"{fmt(s.get('server_image_cache_hits'))}"))
+        rows.append(
+            ("Image tokens server / expected", f"{fmt(s['image_tokens_server'])} / {fmt(s['image_tokens_expected'])}")
+        )
+        rows.append(
+            (
+                "Image-token mismatches / not reported",
+                f"{s['image_token_mismatches']:,} / {s['image_tokens_unknown']:,}",
+            )
+        )
+        rows.append(
+            (
+                "Image cache hits expected / server",
+                f"{s['expected_image_cache_hits']:,} / {fmt(s.get('server_image_cache_hits'))}",
+            )
+        )
     if s.get("sessions"):
         ss = s["sessions"]
         rows.append("Sessions (turn waits for its predecessor)")
@@ -83,8 +106,9 @@ def format_summary(s: dict) -> str:
         rows.extend((k, f"{v['completed']} / {v['failed']}") for k, v in s["endpoints"].items())
     if s.get("usage_audit"):
         rows.append("Pooling usage audit (ok / inflated / missing)")
-        rows.extend((k, " / ".join(str(v[a]) for a in ("ok", "inflated", "missing")))
-                    for k, v in s["usage_audit"].items())
+        rows.extend(
+            (k, " / ".join(str(v[a]) for a in ("ok", "inflated", "missing"))) for k, v in s["usage_audit"].items()
+        )
     if s.get("errors_by_kind"):
         rows.append("Errors by kind")
         rows.extend((k, v) for k, v in s["errors_by_kind"].items())
@@ -107,7 +131,9 @@ def format_groups(title: str, sections: dict, tail: Callable[[dict], str]) -> st
     p99 and E2E p50 (``stats.latency_fields``' names), then ``tail(section)``."""
     lines = [title]
     for name, s in sections.items():
-        lines.append(f"  {name}: {s.get('requests', 0)} requests ({s.get('success', 0)} ok, {s.get('failed', 0)} failed), "
-                     f"TTFT p50 {fmt_ms(s.get('median_ttft_ms'))} / p99 {fmt_ms(s.get('p99_ttft_ms'))} ms, "
-                     f"E2E p50 {fmt_ms(s.get('median_e2e_ms'))}{tail(s)}")
+        lines.append(
+            f"  {name}: {s.get('requests', 0)} requests ({s.get('success', 0)} ok, {s.get('failed', 0)} failed), "
+            f"TTFT p50 {fmt_ms(s.get('median_ttft_ms'))} / p99 {fmt_ms(s.get('p99_ttft_ms'))} ms, "
+            f"E2E p50 {fmt_ms(s.get('median_e2e_ms'))}{tail(s)}"
+        )
     return "\n".join(lines)

@@ -28,49 +28,100 @@ def sweep_figure_specs(sweep: dict) -> list[dict]:
         return np.array([np.nan if p.get(key) is None else p[key] for p in pts], dtype=np.float64)
 
     def series(name: str, y, mode: str = "lines+markers", xs=None) -> dict:
-        return {"name": name, "mode": mode, "line_shape": "linear", "x": x if xs is None else np.asarray(xs),
-                "y": np.asarray(y, dtype=np.float64)}
+        return {
+            "name": name,
+            "mode": mode,
+            "line_shape": "linear",
+            "x": x if xs is None else np.asarray(xs),
+            "y": np.asarray(y, dtype=np.float64),
+        }
 
     def spec(title, y_title, ss, y_type="linear") -> dict:
-        return {"title": title, "x_title": "offered load (requests/s)", "y_title": y_title, "x_type": "log",
-                "y_type": y_type, "series": ss}
+        return {
+            "title": title,
+            "x_title": "offered load (requests/s)",
+            "y_title": y_title,
+            "x_type": "log",
+            "y_type": y_type,
+            "series": ss,
+        }
 
     ends = [x.min(), x.max()] if x.size else []
     bounds = list(sweep.get("goodput_slos_ms") or {})
     return [
-        spec("Goodput and throughput vs offered load", "requests/s",
-             [series("request goodput (met every bound)", col("request_goodput")),
-              series("request throughput (completed)", col("request_throughput")),
-              series("offered", x, mode="lines")]),
-        spec("SLO attainment vs offered load", "fraction of judged requests",
-             [series("every bound", col("slo_attainment")),
-              *(series(f"{b} <= {sweep['goodput_slos_ms'][b]:g} ms", col(f"slo_attainment_{b}")) for b in bounds),
-              series(f"--min-attainment {sweep.get('min_attainment', 0.9):g}",
-                     [sweep.get("min_attainment", 0.9)] * len(ends), mode="lines", xs=ends)]),
-        *(spec(f"{label} vs offered load", "ms",
-               [series(f"{label} p50", col(f"median_{key}")), series(f"{label} p99", col(f"p99_{key}"))],
-               y_type="log") for label, key in _SWEEP_LATENCIES),
-        spec("Dispatch lag vs offered load (the replayer's own delay)", "ms",
-             [series("dispatch lag p50", col("dispatch_lag_p50_ms")),
-              series("dispatch lag p99", col("dispatch_lag_p99_ms")),
-              series("replayer behind above", [sweep.get("max_dispatch_lag_p99_ms", 50.0)] * len(ends),
-                     mode="lines", xs=ends)]),
+        spec(
+            "Goodput and throughput vs offered load",
+            "requests/s",
+            [
+                series("request goodput (met every bound)", col("request_goodput")),
+                series("request throughput (completed)", col("request_throughput")),
+                series("offered", x, mode="lines"),
+            ],
+        ),
+        spec(
+            "SLO attainment vs offered load",
+            "fraction of judged requests",
+            [
+                series("every bound", col("slo_attainment")),
+                *(series(f"{b} <= {sweep['goodput_slos_ms'][b]:g} ms", col(f"slo_attainment_{b}")) for b in bounds),
+                series(
+                    f"--min-attainment {sweep.get('min_attainment', 0.9):g}",
+                    [sweep.get("min_attainment", 0.9)] * len(ends),
+                    mode="lines",
+                    xs=ends,
+                ),
+            ],
+        ),
+        *(
+            spec(
+                f"{label} vs offered load",
+                "ms",
+                [series(f"{label} p50", col(f"median_{key}")), series(f"{label} p99", col(f"p99_{key}"))],
+                y_type="log",
+            )
+            for label, key in _SWEEP_LATENCIES
+        ),
+        spec(
+            "Dispatch lag vs offered load (the replayer's own delay)",
+            "ms",
+            [
+                series("dispatch lag p50", col("dispatch_lag_p50_ms")),
+                series("dispatch lag p99", col("dispatch_lag_p99_ms")),
+                series(
+                    "replayer behind above",
+                    [sweep.get("max_dispatch_lag_p99_ms", 50.0)] * len(ends),
+                    mode="lines",
+                    xs=ends,
+                ),
+            ],
+        ),
     ]
 
 
 def _points_table(sweep: dict) -> str:
-    cols = (("index", "point"), ("speedup", "speed-up"), ("offered_rps", "offered req/s"),
-            ("slo_attainment", "attainment"), ("request_goodput", "goodput req/s"), ("p99_ttft_ms", "TTFT p99 ms"),
-            ("p99_tpot_ms", "TPOT p99 ms"), ("p99_e2el_ms", "E2E p99 ms"), ("dispatch_lag_p99_ms", "lag p99 ms"),
-            ("status", "status"), ("results", "results folder"))
+    cols = (
+        ("index", "point"),
+        ("speedup", "speed-up"),
+        ("offered_rps", "offered req/s"),
+        ("slo_attainment", "attainment"),
+        ("request_goodput", "goodput req/s"),
+        ("p99_ttft_ms", "TTFT p99 ms"),
+        ("p99_tpot_ms", "TPOT p99 ms"),
+        ("p99_e2el_ms", "E2E p99 ms"),
+        ("dispatch_lag_p99_ms", "lag p99 ms"),
+        ("status", "status"),
+        ("results", "results folder"),
+    )
     head = "".join(f"<th>{html.escape(label)}</th>" for _, label in cols)
 
     def cell(p: dict, k: str) -> str:
         v = p.get(k)
         return "n/a" if v is None else f"{v:.1%}" if k == "slo_attainment" else _number(v)
 
-    rows = "".join("<tr>" + "".join(f"<td>{html.escape(cell(p, k))}</td>" for k, _ in cols) + "</tr>"
-                   for p in sweep.get("points", []))
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(cell(p, k))}</td>" for k, _ in cols) + "</tr>"
+        for p in sweep.get("points", [])
+    )
     return f"<table class='summary'><tr>{head}</tr>{rows}</table>"
 
 
@@ -79,20 +130,28 @@ def render_sweep_html(sweep: dict) -> str:
     the verdict (the highest speed-up that held, why the sweep stopped), the points, the plots."""
     held = sweep.get("highest_held_speedup")
     slos = " ".join(f"{k}&lt;={v:g} ms" for k, v in (sweep.get("goodput_slos_ms") or {}).items())
-    verdict = (f"the highest speed-up that held: <b>{held:g}x</b> "
-               f"({_number(sweep.get('highest_held_offered_rps') or 0)} "
-               f"requests/s offered, goodput {_number(sweep.get('highest_held_request_goodput') or 0)} requests/s)"
-               if held is not None else "<b>no speed-up held</b>")
+    verdict = (
+        f"the highest speed-up that held: <b>{held:g}x</b> "
+        f"({_number(sweep.get('highest_held_offered_rps') or 0)} "
+        f"requests/s offered, goodput {_number(sweep.get('highest_held_request_goodput') or 0)} requests/s)"
+        if held is not None
+        else "<b>no speed-up held</b>"
+    )
     behind = [p for p in sweep.get("points", []) if p.get("replayer_behind")]
     at = ", ".join(f"{p['speedup']:g}x" for p in behind)
-    note = (f"<p>The replayer itself fell behind at {at}: those points "
-            "measure the client, not the server.</p>" if behind else "")
-    intro = (f"<p>trace: {html.escape(str(sweep.get('trace')))} · target: {html.escape(str(sweep.get('target')))} · "
-             f"SLO: {slos} · a point holds when at least {sweep.get('min_attainment', 0.9):.0%} of its judged "
-             "requests "
-             f"met every bound · prefix cache between points: {html.escape(str(sweep.get('prefix_cache')))}</p>"
-             f"<h2>Verdict</h2><p>{verdict}; stopped: {html.escape(str(sweep.get('stop_reason')))}</p>{note}"
-             f"<h2>Points</h2>{_points_table(sweep)}")
+    note = (
+        f"<p>The replayer itself fell behind at {at}: those points measure the client, not the server.</p>"
+        if behind
+        else ""
+    )
+    intro = (
+        f"<p>trace: {html.escape(str(sweep.get('trace')))} · target: {html.escape(str(sweep.get('target')))} · "
+        f"SLO: {slos} · a point holds when at least {sweep.get('min_attainment', 0.9):.0%} of its judged "
+        "requests "
+        f"met every bound · prefix cache between points: {html.escape(str(sweep.get('prefix_cache')))}</p>"
+        f"<h2>Verdict</h2><p>{verdict}; stopped: {html.escape(str(sweep.get('stop_reason')))}</p>{note}"
+        f"<h2>Points</h2>{_points_table(sweep)}"
+    )
     return _page("replayer sweep", "replayer sweep", intro, draw(sweep_figure_specs(sweep)))
 
 

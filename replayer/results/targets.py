@@ -29,14 +29,23 @@ import pyarrow.parquet as pq
 from prometheus_client import CollectorRegistry
 
 from replayer.core.errors import Outcome
-from replayer.observe.groupmetrics import GroupMetrics
 from replayer.core.stats import latency_fields
-from replayer.results.summarytext import fmt_ms, format_groups
+from replayer.observe.groupmetrics import GroupMetrics
 from replayer.observe.target_metrics import TargetScraper
+from replayer.results.summarytext import fmt_ms, format_groups
 
 _STATS = ("ttft_ms", "e2e_ms", "dispatch_lag_ms")
-_COLUMNS = ("target", "outcome", "error_kind", "session_id", "loop", "row", "prompt_tokens", "completion_tokens",
-            *_STATS)
+_COLUMNS = (
+    "target",
+    "outcome",
+    "error_kind",
+    "session_id",
+    "loop",
+    "row",
+    "prompt_tokens",
+    "completion_tokens",
+    *_STATS,
+)
 
 
 class TargetMetrics(GroupMetrics):
@@ -82,8 +91,12 @@ def target_sections(table: pa.Table) -> dict:
         ok = t.filter(pc.equal(t.column("outcome"), Outcome.SUCCESS.value))
         for col in _STATS:
             src = t if col == "dispatch_lag_ms" else ok  # latencies of successful requests, as the run's
-            sec.update(latency_fields(col.removesuffix("_ms"),
-                                      np.asarray(src.column(col).to_numpy(zero_copy_only=False), dtype=np.float64)))
+            sec.update(
+                latency_fields(
+                    col.removesuffix("_ms"),
+                    np.asarray(src.column(col).to_numpy(zero_copy_only=False), dtype=np.float64),
+                )
+            )
         out[name] = sec
     return out
 
@@ -114,8 +127,11 @@ def read_targets(*results_dirs: str) -> tuple[dict, int]:
 
 def format_targets(sections: dict, switches: int) -> str:
     """One line per target for the printed summary."""
-    return format_groups(f"Targets (switches inside sessions: {switches})", sections,
-                         lambda s: f" / p99 {fmt_ms(s.get('p99_e2e_ms'))} ms")
+    return format_groups(
+        f"Targets (switches inside sessions: {switches})",
+        sections,
+        lambda s: f" / p99 {fmt_ms(s.get('p99_e2e_ms'))} ms",
+    )
 
 
 class TargetScrapers:
@@ -145,7 +161,16 @@ class TargetScrapers:
         """Per target: its metric deltas over the run as the one-target summary has them."""
         out: dict[str, dict] = {}
         for url, s in self.scrapers.items():
-            out[url] = ({"deltas": s.deltas(), "latest": s.latest, "missing": s.missing, "scrapes": s.scrapes,
-                         "scrape_errors": s.errors, "counter_resets": s.resets} if s.scrapes else
-                        {"scrapes": 0, "scrape_errors": s.errors, "last_error": s.last_error})
+            out[url] = (
+                {
+                    "deltas": s.deltas(),
+                    "latest": s.latest,
+                    "missing": s.missing,
+                    "scrapes": s.scrapes,
+                    "scrape_errors": s.errors,
+                    "counter_resets": s.resets,
+                }
+                if s.scrapes
+                else {"scrapes": 0, "scrape_errors": s.errors, "last_error": s.last_error}
+            )
         return out

@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry
 
 from replayer.core.errors import Outcome
-from replayer.observe.groupmetrics import GroupMetrics
 from replayer.core.stats import latency_fields
+from replayer.observe.groupmetrics import GroupMetrics
 from replayer.results.summarytext import fmt_ms, format_groups
 
 _STATS = ("ttft_ms", "tpot_ms", "e2e_ms", "dispatch_lag_ms", "session_wait_ms")
@@ -43,16 +43,22 @@ def tenant_sections(table) -> dict:
         t = table.filter(pc.equal(table.column("tenant"), name))
         outcome = t.column("outcome").to_pylist()
         sec: dict = {"requests": t.num_rows, **{o.value: outcome.count(o.value) for o in Outcome}}
-        for col, key in (("prompt_tokens", "total_input_tokens"), ("completion_tokens", "total_output_tokens"),
-                         ("expected_prefix_hit_tokens", "expected_prefix_hit_tokens")):
+        for col, key in (
+            ("prompt_tokens", "total_input_tokens"),
+            ("completion_tokens", "total_output_tokens"),
+            ("expected_prefix_hit_tokens", "expected_prefix_hit_tokens"),
+        ):
             if col in t.column_names:
                 v = pc.sum(t.column(col)).as_py()
                 sec[key] = int(v) if v is not None else None
         for col in _STATS:
             if col not in t.column_names:
                 continue
-            sec.update(latency_fields(col.removesuffix("_ms"),
-                                      np.asarray(t.column(col).to_numpy(zero_copy_only=False), dtype=np.float64)))
+            sec.update(
+                latency_fields(
+                    col.removesuffix("_ms"), np.asarray(t.column(col).to_numpy(zero_copy_only=False), dtype=np.float64)
+                )
+            )
         out[name] = sec
     return out
 
@@ -70,4 +76,6 @@ def read_tenant_sections(*results_dirs: str) -> dict:
 
 def format_tenants(sections: dict) -> str:
     """One line per tenant for the printed summary."""
-    return format_groups("Tenants", sections, lambda s: f" ms, session wait p99 {fmt_ms(s.get('p99_session_wait_ms'))} ms")
+    return format_groups(
+        "Tenants", sections, lambda s: f" ms, session wait p99 {fmt_ms(s.get('p99_session_wait_ms'))} ms"
+    )

@@ -19,14 +19,26 @@ from typing import Any
 import numpy as np
 
 from replayer.build.payload import COMPLETIONS, endpoint_kind
-from replayer.build.prefix_cache import DEFAULT_CAPACITY_TOKENS, DEFAULT_KV_BLOCK_SIZE, PrefixCacheModel, expected_hits, modelled
+from replayer.build.prefix_cache import (
+    DEFAULT_CAPACITY_TOKENS,
+    DEFAULT_KV_BLOCK_SIZE,
+    PrefixCacheModel,
+    expected_hits,
+    modelled,
+)
 from replayer.trace import Trace, TraceSource, open_trace
 
 __all__ = ["inspect_trace", "inspect_source", "format_inspect", "GRIDS_NS"]
 
 #: Candidate timestamp grids, coarsest first: (label, ns).
-GRIDS_NS = (("1 s", 1_000_000_000), ("100 ms", 100_000_000), ("10 ms", 10_000_000), ("1 ms", 1_000_000),
-            ("100 us", 100_000), ("1 us", 1_000))
+GRIDS_NS = (
+    ("1 s", 1_000_000_000),
+    ("100 ms", 100_000_000),
+    ("10 ms", 10_000_000),
+    ("1 ms", 1_000_000),
+    ("100 us", 100_000),
+    ("1 us", 1_000),
+)
 PERCENTILES = (50, 90, 95, 99)
 
 
@@ -84,8 +96,11 @@ class _Hist:
             return {}
         vals = np.arange(self.counts.size)
         cum = np.cumsum(self.counts)
-        out: dict[str, Any] = {"min": int(np.flatnonzero(self.counts)[0]), "max": int(np.flatnonzero(self.counts)[-1]),
-                               "mean": float((vals * self.counts).sum() / n)}
+        out: dict[str, Any] = {
+            "min": int(np.flatnonzero(self.counts)[0]),
+            "max": int(np.flatnonzero(self.counts)[-1]),
+            "mean": float((vals * self.counts).sum() / n),
+        }
         for q in PERCENTILES:  # numpy method="inverted_cdf": smallest v with F(v) >= q
             out[f"p{q}"] = int(np.searchsorted(cum, math.ceil(q / 100 * n - 1e-9)))
         return out
@@ -115,8 +130,13 @@ def _expected_hits(model: PrefixCacheModel, t: Trace) -> int:
     return hits
 
 
-def inspect_source(source: TraceSource, *, cache_tokens: int | None = DEFAULT_CAPACITY_TOKENS,
-                   kv_block_size: int = DEFAULT_KV_BLOCK_SIZE, max_rows: int = 65_536) -> dict[str, Any]:
+def inspect_source(
+    source: TraceSource,
+    *,
+    cache_tokens: int | None = DEFAULT_CAPACITY_TOKENS,
+    kv_block_size: int = DEFAULT_KV_BLOCK_SIZE,
+    max_rows: int = 65_536,
+) -> dict[str, Any]:
     """Statistics of a whole trace, streamed batch by batch (see :func:`inspect_trace` for the keys)."""
     bs = source.block_size
     rows = 0
@@ -151,7 +171,7 @@ def inspect_source(source: TraceSource, *, cache_tokens: int | None = DEFAULT_CA
         tok_in += int(il.sum())
         tok_out += int(ol.sum())
         offs = np.asarray(t.hash_offsets, dtype=np.int64)
-        flat = np.asarray(t.hash_values[int(offs[0]):int(offs[-1])], dtype=np.int64)
+        flat = np.asarray(t.hash_values[int(offs[0]) : int(offs[-1])], dtype=np.int64)
         if flat.size:
             uniq = np.unique(flat)
             seen.add_new(uniq[~seen.contains(uniq)])
@@ -207,9 +227,14 @@ def inspect_source(source: TraceSource, *, cache_tokens: int | None = DEFAULT_CA
     return out
 
 
-def inspect_trace(path: str | os.PathLike, *, cache_tokens: int | None = DEFAULT_CAPACITY_TOKENS,
-                  kv_block_size: int = DEFAULT_KV_BLOCK_SIZE, max_rows: int = 65_536,
-                  **open_opts: Any) -> dict[str, Any]:
+def inspect_trace(
+    path: str | os.PathLike,
+    *,
+    cache_tokens: int | None = DEFAULT_CAPACITY_TOKENS,
+    kv_block_size: int = DEFAULT_KV_BLOCK_SIZE,
+    max_rows: int = 65_536,
+    **open_opts: Any,
+) -> dict[str, Any]:
     """Open ``path`` (:func:`replayer.trace.open_trace` options) and return its statistics.
 
     Keys: ``rows``; ``span_s`` (last arrival offset, s); ``mean_rate_per_s`` / ``_per_min``
@@ -227,8 +252,9 @@ def inspect_trace(path: str | os.PathLike, *, cache_tokens: int | None = DEFAULT
     ``rows_with_documents`` / ``documents`` (rows with ``document_lengths``, documents in them; None
     without the column). Raises TraceError for a bad trace.
     """
-    return inspect_source(open_trace(path, **open_opts), cache_tokens=cache_tokens, kv_block_size=kv_block_size,
-                          max_rows=max_rows)
+    return inspect_source(
+        open_trace(path, **open_opts), cache_tokens=cache_tokens, kv_block_size=kv_block_size, max_rows=max_rows
+    )
 
 
 def format_inspect(s: dict[str, Any]) -> str:
@@ -240,8 +266,10 @@ def format_inspect(s: dict[str, Any]) -> str:
     def lens(d):
         if not d:
             return "-"
-        return (f"min {d['min']:,}  p50 {d['p50']:,}  p90 {d['p90']:,}  p95 {d['p95']:,}  p99 {d['p99']:,}  "
-                f"max {d['max']:,}  mean {d['mean']:,.1f}")
+        return (
+            f"min {d['min']:,}  p50 {d['p50']:,}  p90 {d['p90']:,}  p95 {d['p95']:,}  p99 {d['p99']:,}  "
+            f"max {d['max']:,}  mean {d['mean']:,.1f}"
+        )
 
     cache = "infinite size" if s["cache_tokens"] is None else f"{s['cache_tokens']:,} tokens"
     lines = [
@@ -261,8 +289,10 @@ def format_inspect(s: dict[str, Any]) -> str:
     if s["sessions"] is None:
         lines.append("sessions         -")
     else:
-        lines.append(f"sessions         {s['sessions']:,}  ({s.get('multi_turn_sessions') or 0:,} multi-turn, "
-                     f"max {s.get('max_turns') or 0:,} turns; {s['rows_with_session']:,} rows)")
+        lines.append(
+            f"sessions         {s['sessions']:,}  ({s.get('multi_turn_sessions') or 0:,} multi-turn, "
+            f"max {s.get('max_turns') or 0:,} turns; {s['rows_with_session']:,} rows)"
+        )
     if s.get("endpoints") is not None:
         lines.append("endpoints        " + "  ".join(f"{k} {v:,}" for k, v in s["endpoints"].items()))
     if s.get("rows_with_documents") is not None:

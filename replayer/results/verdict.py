@@ -52,8 +52,10 @@ def parse_goodput(pairs: Iterable[str] | str | None) -> dict[str, float]:
         key, sep, value = str(pair).partition(":")
         key = key.strip()
         if not sep:
-            raise ValueError(f"{pair!r} is not KEY:VALUE (e.g. ttft:2000 tpot:50 e2el:30000, milliseconds; "
-                             "a trace path goes before --goodput, or after '--')")
+            raise ValueError(
+                f"{pair!r} is not KEY:VALUE (e.g. ttft:2000 tpot:50 e2el:30000, milliseconds; "
+                "a trace path goes before --goodput, or after '--')"
+            )
         if key not in SLO_NAMES:
             raise ValueError(f"{pair!r}: unknown key {key!r}; keys are {', '.join(SLO_NAMES)}")
         try:
@@ -82,8 +84,9 @@ def _f(values: Any) -> np.ndarray:
     return out
 
 
-def judge(outcome: Any, ttft_ms: Any, tpot_ms: Any, e2el_ms: Any, completion_tokens: Any,
-          slos: dict[str, float]) -> dict[str, np.ndarray]:
+def judge(
+    outcome: Any, ttft_ms: Any, tpot_ms: Any, e2el_ms: Any, completion_tokens: Any, slos: dict[str, float]
+) -> dict[str, np.ndarray]:
     """Per-request verdict codes (``MET``, ``MISSED``, ``UNKNOWN``, ``NOT_JUDGED``; int8 arrays) for
     each bound in ``slos`` and for ``all`` of them. Arguments are per-request columns of one length:
     ``outcome`` strings (``replayer.core.errors.Outcome`` values), latencies in ms and server-reported
@@ -114,8 +117,14 @@ def judge(outcome: Any, ttft_ms: Any, tpot_ms: Any, e2el_ms: Any, completion_tok
     return out
 
 
-def judge_one(outcome: str, ttft_ms: float | None, tpot_ms: float | None, e2el_ms: float | None,
-              completion_tokens: int | None, slos: dict[str, float]) -> dict[str, int]:
+def judge_one(
+    outcome: str,
+    ttft_ms: float | None,
+    tpot_ms: float | None,
+    e2el_ms: float | None,
+    completion_tokens: int | None,
+    slos: dict[str, float],
+) -> dict[str, int]:
     """``judge`` of one request, in plain Python: the same rule, for the daemon's per-request path
     (~2 us where ``judge`` on one-element arrays takes ~300 us; a test holds the two equal)."""
     if outcome != "success":
@@ -163,12 +172,18 @@ def fold(codes: dict[str, np.ndarray], completion_tokens: Any) -> dict[str, Any]
     ``slo_missed``, ``slo_unknown`` (all bounds), ``slo_requests`` ({bound or "all": {met, missed,
     unknown}}) and ``goodput_output_tokens`` (server-reported completion tokens of the requests
     meeting every bound)."""
-    counts = {name: {label: int((c == code).sum()) for code, label in RESULT_LABELS.items()}
-              for name, c in codes.items()}
+    counts = {
+        name: {label: int((c == code).sum()) for code, label in RESULT_LABELS.items()} for name, c in codes.items()
+    }
     tokens = _f(completion_tokens)[codes["all"] == MET]
     a = counts["all"]
-    return {"slo_met": a["met"], "slo_missed": a["missed"], "slo_unknown": a["unknown"],
-            "slo_requests": counts, "goodput_output_tokens": int(np.nansum(tokens))}
+    return {
+        "slo_met": a["met"],
+        "slo_missed": a["missed"],
+        "slo_unknown": a["unknown"],
+        "slo_requests": counts,
+        "goodput_output_tokens": int(np.nansum(tokens)),
+    }
 
 
 #: ``fold``'s keys: sums over requests, merged by adding (``summary._add``)
@@ -186,10 +201,12 @@ def finish(counts: dict[str, Any], slos: dict[str, float], duration_s: float) ->
     ``slo_attainment_<bound>`` (met / (met + missed), 0..1; None when nothing was judged), and the
     counts themselves. Rates are None when ``duration_s`` is not > 0."""
     per = counts["slo_requests"]
-    out = {"goodput_slos_ms": dict(slos),
-           "request_goodput": counts["slo_met"] / duration_s if duration_s > 0 else None,
-           "output_token_goodput": counts["goodput_output_tokens"] / duration_s if duration_s > 0 else None,
-           "slo_attainment": _ratio(counts["slo_met"], counts["slo_missed"])}
+    out = {
+        "goodput_slos_ms": dict(slos),
+        "request_goodput": counts["slo_met"] / duration_s if duration_s > 0 else None,
+        "output_token_goodput": counts["goodput_output_tokens"] / duration_s if duration_s > 0 else None,
+        "slo_attainment": _ratio(counts["slo_met"], counts["slo_missed"]),
+    }
     for name in slos:
         c = per.get(name, {})
         out[f"slo_attainment_{name}"] = _ratio(c.get("met", 0), c.get("missed", 0))
@@ -229,10 +246,14 @@ def verdict_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         met, missed = counts.get("met", 0), counts.get("missed", 0)
         return f"{_pct(summary.get(key))} ({met:,} met of {met + missed:,} judged)"
 
-    rows = [("SLO bounds (ms)", " ".join(f"{k}<={v:g}" for k, v in slos.items())),
-            ("SLO attainment (every bound)", attained("slo_attainment", per.get("all", {})))]
+    rows = [
+        ("SLO bounds (ms)", " ".join(f"{k}<={v:g}" for k, v in slos.items())),
+        ("SLO attainment (every bound)", attained("slo_attainment", per.get("all", {}))),
+    ]
     rows += [(f"  {name} attainment", attained(f"slo_attainment_{name}", per.get(name, {}))) for name in slos]
-    rows += [("Unknown (left out of attainment)", f"{summary.get('slo_unknown', 0):,}"),
-             ("Request goodput (req/s)", _num(summary.get("request_goodput"))),
-             ("Output token goodput (tok/s)", _num(summary.get("output_token_goodput")))]
+    rows += [
+        ("Unknown (left out of attainment)", f"{summary.get('slo_unknown', 0):,}"),
+        ("Request goodput (req/s)", _num(summary.get("request_goodput"))),
+        ("Output token goodput (tok/s)", _num(summary.get("output_token_goodput"))),
+    ]
     return rows
