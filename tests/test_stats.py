@@ -61,7 +61,15 @@ def test_b32_nearest_rank_and_shards_merged_from_values_not_percentiles(mode, tm
     files = []
     for name, e2e in (("x", [10, 10, 10, 10, 1000]), ("y", [20, 20, 20, 20, 20])):
         rs = [
-            RequestResult(row=i, due_ns=0, sent_ns=0, end_ns=int(v * 1e6), outcome="success", e2e_ms=float(v))
+            RequestResult(
+                row=i,
+                due_ns=0,
+                sent_ns=0,
+                end_ns=int(v * 1e6),
+                outcome="success",
+                e2e_ms=float(v),
+                e2el_from_due_ms=float(v),
+            )
             for i, v in enumerate(e2e)
         ]
         files.append(str(tmp_path / f"{name}.parquet"))

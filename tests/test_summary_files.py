@@ -29,6 +29,8 @@ def _results(n: int, seed: int) -> list[RequestResult]:
                 completion_tokens=4 if ok else None,
                 ttft_ms=ttft if ok else None,
                 e2e_ms=ttft + 30 if ok else None,
+                ttft_from_due_ms=ttft if ok else None,  # sent at due: derive's from-due values
+                e2el_from_due_ms=ttft + 30 if ok else None,
                 tpot_ms=10.0 if ok else None,
                 dispatch_lag_ms=float(rng.random()),
                 itl_ms=[10.0, 10.0, 10.0] if ok else [],

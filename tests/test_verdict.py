@@ -7,6 +7,7 @@ import pytest
 import replayer.results.verdict as verdict
 from replayer.config.model import ConfigError, load_config
 from replayer.core.result import RequestResult, to_table
+from replayer.core.timestamps import Timestamps, derive
 from replayer.results.summary import set_duration, summarize
 from replayer.results.verdict import MET, MISSED, NOT_JUDGED, UNKNOWN
 
@@ -124,7 +125,7 @@ def _result(i: int, outcome: str, ttft, e2e, tokens=20, **kw) -> RequestResult:
         e2e_ms=e2e,
         tpot_ms=(e2e - ttft) / (tokens - 1) if ok and tokens else None,
         dispatch_lag_ms=0.0,
-        **kw,
+        **{"ttft_from_due_ms": ttft, "e2el_from_due_ms": e2e, **kw},  # sent at due: derive's values
     )
 
 
@@ -149,12 +150,38 @@ def test_summary_has_the_verdict_only_when_bounds_are_set():
 
 
 def test_from_due_adds_the_time_from_due_to_send_and_leaves_a_session_hold_apart():
-    # due 0; held 300 ms behind its predecessor (released at 300 ms); sent at 350 ms: 50 ms late
-    v = verdict.from_due_ms(
-        [100.0, 100.0, None, 100.0], [350e6, 350e6, 350e6, None], [0, 0, 0, 0], [300.0, None, 300.0, None]
-    )
-    assert v[0] == pytest.approx(150.0) and v[1] == pytest.approx(450.0)
-    assert np.isnan(v[2]) and np.isnan(v[3])  # unknown stays unknown
+    # due 0; held 300 ms behind its predecessor (released at 300 ms); sent at 350 ms: 50 ms late;
+    # the first token 100 ms after the send. derive() is the one place from-due is computed.
+    def first_token_at(sent_ns, wait_ms):
+        return derive(
+            Timestamps(
+                due_ns=0,
+                sent_ns=sent_ns,
+                first_token_ns=None if sent_ns is None else sent_ns + 100_000_000,
+                last_token_ns=None if sent_ns is None else sent_ns + 100_000_000,
+                session_wait_ms=wait_ms,
+            )
+        )
+
+    assert first_token_at(350_000_000, 300.0).ttft_from_due_ms == pytest.approx(150.0)
+    assert first_token_at(350_000_000, None).ttft_from_due_ms == pytest.approx(450.0)
+    assert first_token_at(None, None).ttft_from_due_ms is None  # unknown stays unknown
+    no_token = derive(Timestamps(due_ns=0, sent_ns=350_000_000, session_wait_ms=300.0))
+    assert no_token.ttft_from_due_ms is None and no_token.e2el_from_due_ms is None
+
+
+def test_the_summary_reads_the_recorded_from_due_latency_and_computes_none_of_its_own():
+    # one computation (derive, as the request is measured): a recorded value the columns due_ns /
+    # sent_ns would not give is what the summary reports, so no second computation exists
+    rs = [_result(i, "success", 40.0, 400.0) for i in range(3)]
+    for i, r in enumerate(rs):
+        r.due_ns, r.sent_ns = 0, 10_000_000  # 10 ms late by the columns
+        r.ttft_from_due_ms, r.e2el_from_due_ms = 1000.0 + i, 2000.0 + i  # what derive recorded
+    s = summarize(to_table(rs))
+    assert s["median_ttft_from_due_ms"] == pytest.approx(1001.0)
+    assert s["median_e2el_from_due_ms"] == pytest.approx(2001.0)
+    unknown = summarize(to_table([_result(9, "success", 40.0, 400.0, ttft_from_due_ms=None, e2el_from_due_ms=None)]))
+    assert unknown["median_ttft_from_due_ms"] is None and unknown["ttft_from_due_ms_count"] == 0
 
 
 def test_the_per_request_judge_agrees_with_the_columnar_one():
@@ -175,16 +202,15 @@ def test_the_per_request_judge_agrees_with_the_columnar_one():
         assert tuple(verdict.judge_one(*case, SLOS).values()) == want, case
 
 
-def test_apply_fills_a_result_as_the_columns_would():
+def test_judge_result_sets_slo_met_and_leaves_the_measured_latencies_alone():
     r = _result(0, "success", 40.0, 400.0, session_wait_ms=300.0)
-    r.due_ns, r.sent_ns = 1_000_000_000, 1_350_000_000  # due 1 s, released 1.3 s, sent 1.35 s
-    codes = verdict.apply(r, {"ttft": 100.0, "e2el": 100.0})
+    r.ttft_from_due_ms = 90.0  # derive's, as the client measured it
+    codes = verdict.judge_result(r, {"ttft": 100.0, "e2el": 100.0})
     assert codes == {"ttft": MET, "e2el": MISSED, "all": MISSED} and r.slo_met is False
-    assert r.ttft_from_due_ms == pytest.approx(90.0) and r.e2el_from_due_ms == pytest.approx(450.0)
-    assert r.ttft_from_due_ms == pytest.approx(verdict.from_due_ms([40.0], [r.sent_ns], [r.due_ns], [300.0])[0])
+    assert (r.ttft_from_due_ms, r.e2el_from_due_ms) == (90.0, 400.0)
     unsent = RequestResult(row=1)
-    assert verdict.apply(unsent, {}) is None and unsent.ttft_from_due_ms is None and unsent.slo_met is None
-    assert verdict.apply(unsent, SLOS)["all"] == NOT_JUDGED and unsent.slo_met is None
+    assert verdict.judge_result(unsent, {}) is None and unsent.slo_met is None
+    assert verdict.judge_result(unsent, SLOS)["all"] == NOT_JUDGED and unsent.slo_met is None
 
 
 def test_printed_summary_shows_the_verdict_first_when_bounds_are_set():

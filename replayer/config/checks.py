@@ -44,7 +44,7 @@ class FieldChecks(BaseModel):
     @field_validator("goodput", mode="before", check_fields=False)
     @classmethod
     def _goodput(cls, v: object) -> object:
-        from replayer.results.verdict import format_goodput, parse_goodput
+        from replayer.core.slo import format_goodput, parse_goodput
 
         if v is None:
             return None

@@ -1,7 +1,8 @@
 """Loading the run configuration: the errors that list every problem, the CLI flag of a setting,
 the run id, and the settings a resumed run takes from its checkpoint.
 
-``replayer.config.model`` holds ``RunConfig`` (the settings and their checks) and re-exports these.
+``replayer.config.model`` holds ``RunConfig`` (the settings and their checks) and ``load_config``,
+and re-exports these.
 """
 
 from __future__ import annotations
@@ -10,14 +11,6 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING
-
-from pydantic import ValidationError
-
-if TYPE_CHECKING:
-    from replayer.config.model import RunConfig
-
 
 #: what ``run_id`` may hold: it goes into every request's ``X-Request-Id`` header
 RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -82,28 +75,3 @@ def recorded_settings(results_dir: str, *, workers: bool = False) -> dict:
 def flag_name(field: str) -> str:
     """The CLI flag of a RunConfig field: ``read_timeout_s`` -> ``--read-timeout``."""
     return "--" + field.removesuffix("_s").replace("_", "-")
-
-
-def load_config(
-    values: dict, *, config_file: str | None = None, from_file: AbstractSet[str] = frozenset()
-) -> "RunConfig":
-    """Validate ``values`` into a RunConfig, or raise ConfigError listing every problem, each
-    naming the setting (and its flag, or ``config_file`` for the names in ``from_file``: the
-    values that came from it) and the value given."""
-    from replayer.config.model import RunConfig
-
-    try:
-        return RunConfig(**values)
-    except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            name = ".".join(str(x) for x in err["loc"])
-            msg = err["msg"].removeprefix("Value error, ")
-            src = f" in {config_file}" if config_file and name in from_file else ""
-            if name in RunConfig.model_fields and name != "trace":
-                where = f"{name} ({flag_name(name)}{src})"
-            else:
-                where = f"{name or 'config'}{src}"
-            got = f" (got {err['input']!r})" if err.get("type") != "missing" and name else ""
-            problems.append(f"{where}: {msg}{got}")
-        raise ConfigError(problems) from None

@@ -8,8 +8,9 @@ validation).
 from __future__ import annotations
 
 import os
+from collections.abc import Set as AbstractSet
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from replayer.config.checks import FieldChecks
 from replayer.config.load import (
@@ -17,7 +18,6 @@ from replayer.config.load import (
     SAME_ON_RESUME,
     ConfigError,
     flag_name,
-    load_config,
     new_run_id,
     recorded_settings,
 )
@@ -294,8 +294,8 @@ class RunConfig(FieldChecks):
 
     @property
     def goodput_slos(self) -> dict[str, float]:
-        """The ``--goodput`` bounds in ms ({} if none): ``replayer.results.verdict.parse_goodput``."""
-        from replayer.results.verdict import parse_goodput
+        """The ``--goodput`` bounds in ms ({} if none): ``replayer.core.slo.parse_goodput``."""
+        from replayer.core.slo import parse_goodput
 
         return parse_goodput(self.goodput)
 
@@ -457,3 +457,26 @@ class RunConfig(FieldChecks):
             with open(self.api_key_file, encoding="utf-8") as f:
                 return f.read().strip() or None
         return os.environ.get(self.api_key_env) or None
+
+
+def load_config(
+    values: dict, *, config_file: str | None = None, from_file: AbstractSet[str] = frozenset()
+) -> RunConfig:
+    """Validate ``values`` into a RunConfig, or raise ConfigError listing every problem, each
+    naming the setting (and its flag, or ``config_file`` for the names in ``from_file``: the
+    values that came from it) and the value given."""
+    try:
+        return RunConfig(**values)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            name = ".".join(str(x) for x in err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            src = f" in {config_file}" if config_file and name in from_file else ""
+            if name in RunConfig.model_fields and name != "trace":
+                where = f"{name} ({flag_name(name)}{src})"
+            else:
+                where = f"{name or 'config'}{src}"
+            got = f" (got {err['input']!r})" if err.get("type") != "missing" and name else ""
+            problems.append(f"{where}: {msg}{got}")
+        raise ConfigError(problems) from None

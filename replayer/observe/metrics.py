@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 
 from replayer import __version__
-from replayer.build.payload import POOLING, PreparedRequest
+from replayer.core import usage
 from replayer.core.clock import now_ns
+from replayer.core.endpoints import POOLING
 from replayer.core.errors import ErrorKind, Outcome
+from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
-from replayer.observe.looplag import EventLoopLagMonitor
 from replayer.observe.metricparts import (
     LAG_BUCKETS,
     LATENCY_BUCKETS,
@@ -283,7 +285,7 @@ class ReplayerMetrics:
             self._h_wait,
             self._h_overhead,
         )
-        self._incs: dict[object, float] = {}  # Counter/Gauge (or labelled child) -> amount to add
+        self._incs: dict[Any, float] = {}  # Counter/Gauge (or labelled child) -> amount to add
         self._trace_time_s: float | None = None  # Gauge value to set
         self._next_flush_s = time.monotonic() + self.FLUSH_S
 
@@ -349,7 +351,7 @@ class ReplayerMetrics:
     def set_slos(self, slos: dict[str, float]) -> None:
         """Export ``replayer_slo_requests_total`` for the ``--goodput`` bounds ``slos`` (and ``all``),
         every result from the start (a rate over a missing series is no rate); no bounds, no series."""
-        from replayer.results.verdict import RESULT_LABELS
+        from replayer.core.slo import RESULT_LABELS
 
         self._slo = {
             (name, code): self.slo_requests.labels(name, label)
@@ -359,7 +361,7 @@ class ReplayerMetrics:
         }
 
     def on_slo(self, codes: dict[str, int]) -> None:
-        """One request's verdict codes (``replayer.results.verdict.judge_one``); not-judged ones are not counted."""
+        """One request's verdict codes (``replayer.core.slo.judge_one``); not-judged ones are not counted."""
         for key in codes.items():
             child = self._slo.get(key)
             if child is not None:
@@ -393,6 +395,7 @@ class ReplayerMetrics:
                     incs[c] = get(c, 0) + hits
 
     def on_sent(self, req: PreparedRequest) -> None:
+        c: Any  # each Counter or Gauge (or labelled child) in turn
         with self._lock:
             incs = self._incs
             get = incs.get
@@ -402,7 +405,7 @@ class ReplayerMetrics:
             incs[c] = get(c, 0) + 1
             c = self.prompt_tokens_sent
             incs[c] = get(c, 0) + req.prompt_len
-            trace_ns = getattr(req, "trace_pos_ns", None) or getattr(req, "trace_ns", 0)  # the trace's own time
+            trace_ns: int = req.trace_pos_ns or req.trace_ns  # the trace's own time
             if req.loop > self._loop_no:  # the first request of a new loop: follow it
                 self.set_loop(req.loop, start_trace_ns=trace_ns)
             if req.loop == self._loop_no:
@@ -418,6 +421,7 @@ class ReplayerMetrics:
             self._h_lag.add(res.dispatch_lag_ms / 1e3)  # type: ignore[operator]
 
     def on_result(self, res: RequestResult) -> None:
+        c: Any
         with self._lock:
             incs = self._incs
             get = incs.get
@@ -435,6 +439,7 @@ class ReplayerMetrics:
                 self.flush()
 
     def _issued(self, res: RequestResult, incs: dict, get) -> None:  # noqa: C901, PLR0912
+        c: Any
         c = self.in_flight
         incs[c] = get(c, 0) - 1
         if res.session_wait_ms is not None:
@@ -469,18 +474,23 @@ class ReplayerMetrics:
             self.itl.observe_many(np.asarray(res.itl_ms) / 1e3)
         if res.endpoint in POOLING:
             return  # audited against its own expectations (replayer.http.audit)
+        found = usage.of_request(
+            res.prompt_tokens,
+            res.completion_tokens,
+            res.input_length,
+            res.output_length,
+            images=res.images,
+            text_tokens=res.text_tokens,
+        )
         mismatch = self._mismatch
-        # an image request's prompt holds its image tokens: its text is audited when the server split them
-        prompt = res.prompt_tokens if not res.images else res.text_tokens
-        if res.prompt_tokens is None:
-            c = mismatch["missing"]
-            incs[c] = get(c, 0) + 1
-        elif prompt is not None and prompt != res.input_length:
-            c = mismatch["prompt_tokens"]
-            incs[c] = get(c, 0) + 1
-        if res.completion_tokens is not None and res.completion_tokens != res.output_length:
-            c = mismatch["completion_tokens"]
-            incs[c] = get(c, 0) + 1
+        for field, hit in (
+            ("missing", found.missing),
+            ("prompt_tokens", found.prompt),
+            ("completion_tokens", found.completion),
+        ):
+            if hit:
+                c = mismatch[field]
+                incs[c] = get(c, 0) + 1
 
     def _images(self, res: RequestResult, incs: dict, get) -> None:
         for c, n in (
@@ -543,7 +553,6 @@ def metric_names(registry: CollectorRegistry) -> list[str]:
 
 __all__ = [
     "BulkHistogram",
-    "EventLoopLagMonitor",
     "ReplayerMetrics",
     "LATENCY_BUCKETS",
     "TOKEN_LATENCY_BUCKETS",

@@ -24,12 +24,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import replayer.results.verdict as verdict
+from replayer.core import usage
 from replayer.core.result import itl_samples
-from replayer.core.stats import PERCENTILE_METHOD, Stat
-from replayer.record.runspans import removed_of as _removed_of
-from replayer.record.runspans import run_durations, run_spans
-from replayer.results.imagestats import COLUMNS as IMAGE_COLUMNS
-from replayer.results.imagestats import ImageFold
+from replayer.core.stats import PERCENTILE_METHOD, Stat, stat_from_json, stat_to_json
+from replayer.record.runspans import removed_of as _removed_of, run_durations, run_spans
+from replayer.results.imagestats import COLUMNS as IMAGE_COLUMNS, ImageFold
 from replayer.results.summarytext import format_summary
 
 PERCENTILES = (50, 90, 99)
@@ -49,6 +48,8 @@ COLUMNS = (
     "ttft_ms",
     "tpot_ms",
     "e2e_ms",
+    "ttft_from_due_ms",
+    "e2el_from_due_ms",
     "dispatch_lag_ms",
     "expected_prefix_hit_tokens",
     "usage_audit",
@@ -208,12 +209,9 @@ class SummaryFold:
         self.stat("itl_ms").add(itl_samples(t, ok))  # (either ITL form: result.compact_itl)
         e2e = _f64(t.column("e2e_ms"))
         self.stat("e2el_ms").add(e2e[ok_all])
-        if "due_ns" in names:  # the same from the due time (coordinated-omission-free; a held turn's from its release)
-            wait = _f64(t.column("session_wait_ms")) if "session_wait_ms" in names else np.full(t.num_rows, np.nan)
-            due_to_send = (sent_ns, _f64(t.column("due_ns")), wait)
-            ttft_all = _f64(t.column("ttft_ms"))
-            self.stat("ttft_from_due_ms").add(verdict.from_due_ms(ttft_all, *due_to_send)[ok])
-            self.stat("e2el_from_due_ms").add(verdict.from_due_ms(e2e, *due_to_send)[ok_all])
+        if "ttft_from_due_ms" in names:  # the same from the due time, as derive() recorded it
+            self.stat("ttft_from_due_ms").add(_f64(t.column("ttft_from_due_ms"))[ok])
+            self.stat("e2el_from_due_ms").add(_f64(t.column("e2el_from_due_ms"))[ok_all])
         if "partial_output_tokens" in names:  # output of failed/cancelled requests: in no total
             self.partial_known = True
             n["partial_output_tokens"] += _nansum(_f64(t.column("partial_output_tokens")))
@@ -230,23 +228,25 @@ class SummaryFold:
             self.verdict = _add(self.verdict, verdict.fold(codes, completion_all))
         self.stat("dispatch_lag_ms").add(_f64(t.column("dispatch_lag_ms"))[was_sent])
         self.images.add(t, was_sent, ok)
-        # usage audit: the server's numbers against the trace's (an image request's prompt also holds
-        # its image tokens: its text tokens are audited, where the server reported the split)
-        has_usage = ~np.isnan(prompt)
-        n["usage_missing"] += int((~has_usage | np.isnan(completion)).sum())
-        if "images" in names:
-            mm = np.nan_to_num(_f64(t.column("images"))[ok]) > 0
-            if mm.any():
-                prompt = np.where(mm, _f64(t.column("text_tokens"))[ok], prompt)
-        has_usage &= ~np.isnan(prompt)
-        n["prompt_token_mismatches"] += int((prompt[has_usage] != input_length[has_usage]).sum())
-        drift = prompt[has_usage] - input_length[has_usage]  # server count - trace (text mode drifts)
+        # usage audit: the server's numbers against the trace's (replayer.core.usage)
+        mm = "images" in names
+        audit = usage.of_columns(
+            prompt,
+            completion,
+            input_length,
+            output_length,
+            images=_f64(t.column("images"))[ok] if mm else None,
+            text_tokens=_f64(t.column("text_tokens"))[ok] if mm else None,
+        )
+        n["usage_missing"] += int(audit.missing.sum())
+        n["prompt_token_mismatches"] += int(audit.prompt.sum())
+        drift = audit.drift  # server count - trace (text mode drifts)
         n["prompt_token_drift_total"] += int(drift.sum())
         self.stat("prompt_token_drift").add(drift)
         if drift.size:
             self.drift_max_abs = max(self.drift_max_abs or 0, int(np.abs(drift).max()))
+        n["completion_token_mismatches"] += int(audit.completion.sum())
         has_c = ~np.isnan(completion)
-        n["completion_token_mismatches"] += int((completion[has_c] != output_length[has_c]).sum())
         n["ttft_unmeasured"] += int(np.isnan(ttft).sum())
         n["zero_token_successes"] += int((completion[has_c] == 0).sum())
         exp = _f64(t.column("expected_prefix_hit_tokens"))[was_sent]
@@ -407,7 +407,7 @@ def summarize(table: pa.Table, slos: dict[str, float] | None = None) -> dict:
 def fold_file(path: str, slos: dict[str, float] | None = None) -> SummaryFold | None:
     """A results file folded batch by batch (``BATCH_ROWS`` rows, only the ``COLUMNS`` it has),
     or None when it is damaged (reported by name; none of its rows count)."""
-    from replayer.record.recorder import open_file, report_damaged
+    from replayer.record.folder import open_file, report_damaged
 
     pf = open_file(path)
     if pf is None:
@@ -429,7 +429,7 @@ def fold_files(files: list[str], slos: dict[str, float] | None = None) -> tuple[
     readable file was given, from its metadata: ``goodput_of``). The results retention removed
     from the folders of ``files`` are merged from their digest (``retention``: counts exact,
     percentiles from the sketch)."""
-    from replayer.record.recorder import open_file
+    from replayer.record.folder import open_file
 
     if slos is None:
         slos = next((goodput_of(pf) for f in files if (pf := open_file(f)) is not None), {})
@@ -441,10 +441,77 @@ def fold_files(files: list[str], slos: dict[str, float] | None = None) -> tuple[
         else:
             total.merge(fold)
     for removed in _removed_of(files):  # results files retention removed: their digest
-        fold = removed.fold()
-        if fold is not None:
-            total.merge(fold)
+        if removed.fold_json:
+            total.merge(fold_from_json(removed.fold_json))
     return total, damaged
+
+
+# -- the fold as JSON (retention keeps a removed file's fold in removed.json) --
+def fold_to_json(fold) -> dict:
+    """A ``summary.SummaryFold`` as JSON (its statistics as ``stats.stat_to_json``)."""
+    return {
+        "n": fold.n,
+        "stats": {k: stat_to_json(s) for k, s in fold.stats.items()},
+        "errors": fold.errors,
+        "endpoints": fold.endpoints,
+        "audit": fold.audit,
+        "sessions": sorted(fold.sessions),
+        "verdict": fold.verdict,
+        "slos": fold.slos,
+        "partial_known": fold.partial_known,
+        "estimate_known": fold.estimate_known,
+        "sent_min": fold.sent_min if math.isfinite(fold.sent_min) else None,
+        "end_max": fold.end_max if math.isfinite(fold.end_max) else None,
+        "drift_max_abs": fold.drift_max_abs,
+        "pooled": fold.pooled,
+        "images": {"n": fold.images.n, "seen": fold.images.seen},
+    }
+
+
+def fold_from_json(d: dict):
+    """The ``summary.SummaryFold`` that ``fold_to_json`` wrote."""
+    fold = SummaryFold(d.get("slos") or {})
+    for k, v in d.get("n", {}).items():
+        fold.n[k] = fold.n.get(k, 0) + v
+    fold.stats = {k: stat_from_json(v) for k, v in d.get("stats", {}).items()}
+    fold.errors = dict(d.get("errors", {}))
+    fold.endpoints = {k: dict(v) for k, v in d.get("endpoints", {}).items()}
+    fold.audit = {k: dict(v) for k, v in d.get("audit", {}).items()}
+    fold.sessions = set(d.get("sessions", []))
+    fold.verdict = _verdict_from_json(d.get("verdict") or {})
+    fold.partial_known, fold.estimate_known = bool(d.get("partial_known")), bool(d.get("estimate_known"))
+    fold.sent_min = d["sent_min"] if d.get("sent_min") is not None else math.inf
+    fold.end_max = d["end_max"] if d.get("end_max") is not None else -math.inf
+    fold.drift_max_abs = d.get("drift_max_abs")
+    fold.pooled = bool(d.get("pooled"))
+    images = d.get("images") or {}
+    for k, v in images.get("n", {}).items():
+        fold.images.n[k] = fold.images.n.get(k, 0) + v
+    fold.images.seen = bool(images.get("seen"))
+    return fold
+
+
+def jsonable(v):
+    """numpy values and arrays (the verdict's counts) as JSON values."""
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if isinstance(v, np.ndarray):
+        return {"__array__": v.tolist()}
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def _verdict_from_json(v):
+    if isinstance(v, dict):
+        if set(v) == {"__array__"}:
+            return np.asarray(v["__array__"])
+        return {k: _verdict_from_json(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_verdict_from_json(x) for x in v]
+    return v
 
 
 def summarize_files(files: list[str], *, slos: dict[str, float] | None = None) -> dict:

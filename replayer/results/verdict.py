@@ -1,5 +1,6 @@
 """The verdict: SLO bounds (``--goodput``), each request judged against them, goodput and
-attainment, and latency from the due time. Pure functions over per-request columns (numpy
+attainment, folded over whole columns (the per-request rule and the bounds themselves are
+``replayer.core.slo``'s). Pure functions over per-request columns (numpy
 arrays), so the daemon (one request at a time), the summary and a streaming fold share them.
 
 Bounds follow ``vllm bench serve --goodput``: ``KEY:VALUE`` pairs, keys ``ttft``, ``tpot``,
@@ -23,56 +24,23 @@ unknown ones left out (``slo_unknown`` counts them). Goodput divides by the run'
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from replayer.core.timestamps import since_due_ms
-
-#: the bounds ``--goodput`` takes (vllm bench serve's keys), in this order everywhere
-SLO_NAMES = ("ttft", "tpot", "e2el")
-#: per-request verdict codes (int8 arrays)
-MET, MISSED, UNKNOWN, NOT_JUDGED = 1, 0, -1, -2
-#: verdict code -> ``result`` label of ``replayer_slo_requests_total`` (not-judged requests are not counted)
-RESULT_LABELS = {MET: "met", MISSED: "missed", UNKNOWN: "unknown"}
-
-
-def parse_goodput(pairs: Iterable[str] | str | None) -> dict[str, float]:
-    """``["ttft:2000", "tpot:50"]`` (or one string of space-separated pairs) -> ``{"ttft": 2000.0,
-    "tpot": 50.0}`` in milliseconds, ordered as ``SLO_NAMES``; ``{}`` for None. Raises ValueError
-    naming the bad pair (format ``KEY:VALUE``, key one of ``SLO_NAMES``, value a number >= 0, each
-    key once)."""
-    if pairs is None:
-        return {}
-    if isinstance(pairs, str):
-        pairs = pairs.split()
-    out: dict[str, float] = {}
-    for pair in pairs:
-        key, sep, value = str(pair).partition(":")
-        key = key.strip()
-        if not sep:
-            raise ValueError(
-                f"{pair!r} is not KEY:VALUE (e.g. ttft:2000 tpot:50 e2el:30000, milliseconds; "
-                "a trace path goes before --goodput, or after '--')"
-            )
-        if key not in SLO_NAMES:
-            raise ValueError(f"{pair!r}: unknown key {key!r}; keys are {', '.join(SLO_NAMES)}")
-        try:
-            ms = float(value)
-        except ValueError:
-            raise ValueError(f"{pair!r}: {value!r} is not a number of milliseconds") from None
-        if not ms >= 0 or ms == float("inf"):
-            raise ValueError(f"{pair!r}: the bound must be a finite number of milliseconds >= 0")
-        if key in out:
-            raise ValueError(f"{pair!r}: {key} is given twice")
-        out[key] = ms
-    return {k: out[k] for k in SLO_NAMES if k in out}
-
-
-def format_goodput(slos: dict[str, float]) -> list[str]:
-    """The ``--goodput`` pairs of ``slos`` (inverse of ``parse_goodput``)."""
-    return [f"{k}:{v:g}" for k, v in slos.items()]
+# the per-request rule and the bounds, re-exported: the verdict's names in one place
+from replayer.core.slo import (
+    MET as MET,
+    MISSED as MISSED,
+    NOT_JUDGED as NOT_JUDGED,
+    RESULT_LABELS as RESULT_LABELS,
+    SLO_NAMES as SLO_NAMES,
+    UNKNOWN as UNKNOWN,
+    format_goodput as format_goodput,
+    judge_one as judge_one,
+    judge_result as judge_result,
+    parse_goodput as parse_goodput,
+)
 
 
 def _f(values: Any) -> np.ndarray:
@@ -115,50 +83,6 @@ def judge(
     code[judged & any_missed] = MISSED
     out["all"] = code
     return out
-
-
-def judge_one(
-    outcome: str,
-    ttft_ms: float | None,
-    tpot_ms: float | None,
-    e2el_ms: float | None,
-    completion_tokens: int | None,
-    slos: dict[str, float],
-) -> dict[str, int]:
-    """``judge`` of one request, in plain Python: the same rule, for the daemon's per-request path
-    (~2 us where ``judge`` on one-element arrays takes ~300 us; a test holds the two equal)."""
-    if outcome != "success":
-        code = MISSED if outcome == "failed" else NOT_JUDGED
-        return {**{name: code for name in slos}, "all": code}
-    if completion_tokens is not None and completion_tokens <= 1:
-        tpot_ms = 0.0
-    values = {"ttft": ttft_ms, "tpot": tpot_ms, "e2el": e2el_ms}
-    out = {}
-    for name, bound in slos.items():
-        v = values[name]
-        out[name] = UNKNOWN if v is None or v != v else MET if v <= bound else MISSED
-    codes = out.values()
-    out["all"] = MISSED if MISSED in codes else UNKNOWN if UNKNOWN in codes else MET
-    return out
-
-
-def apply(res: Any, slos: dict[str, float]) -> dict[str, int] | None:
-    """Fill a ``RequestResult``'s derived verdict fields: ``ttft_from_due_ms`` and
-    ``e2el_from_due_ms`` (``from_due_ms``; None where unknown), and, with bounds, ``slo_met``
-    (True, False, or None when unknown or not judged). Returns ``judge_one``'s codes (None
-    without bounds)."""
-    since_due = since_due_ms(res.sent_ns, res.due_ns, res.session_wait_ms)
-    if since_due is not None:
-        if res.ttft_ms is not None:
-            res.ttft_from_due_ms = res.ttft_ms + since_due
-        if res.e2e_ms is not None:
-            res.e2el_from_due_ms = res.e2e_ms + since_due
-    if not slos:
-        return None
-    codes = judge_one(res.outcome, res.ttft_ms, res.tpot_ms, res.e2e_ms, res.completion_tokens, slos)
-    c = codes["all"]
-    res.slo_met = True if c == MET else False if c == MISSED else None
-    return codes
 
 
 def slo_met(codes: np.ndarray) -> list[bool | None]:
@@ -211,18 +135,6 @@ def finish(counts: dict[str, Any], slos: dict[str, float], duration_s: float) ->
         c = per.get(name, {})
         out[f"slo_attainment_{name}"] = _ratio(c.get("met", 0), c.get("missed", 0))
     out.update({k: counts[k] for k in ADDITIVE})
-    return out
-
-
-def from_due_ms(value_ms: Any, sent_ns: Any, due_ns: Any, session_wait_ms: Any) -> np.ndarray:
-    """Latency from the due time (coordinated-omission-free, wrk2's corrected view): ``value_ms``
-    (TTFT or E2E, measured from the send) plus the time from the due time to the send, in ms.
-    For a session turn held back behind its predecessor, "due" is its release (due +
-    ``session_wait_ms``): the hold is the server's earlier slowness, reported apart. ``sent_ns``
-    is the (last) attempt's send, so a retried request's earlier attempts count too. NaN where
-    ``value_ms`` or ``sent_ns`` is unknown."""
-    wait = _f(session_wait_ms)
-    out: np.ndarray = _f(value_ms) + (_f(sent_ns) - _f(due_ns)) / 1e6 - np.where(np.isnan(wait), 0.0, wait)
     return out
 
 

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from replayer.core import endpoints
+
 SCHEMA_VERSION = "1"
 DEFAULT_BLOCK_SIZE = 512
 DEFAULT_TIME_UNIT = "ms"
@@ -41,17 +43,11 @@ _HEX = frozenset("0123456789abcdefABCDEF")
 ROW_GROUP_SIZE = 65_536
 
 #: Request endpoints a row may name (``endpoint`` column): short name -> API path. Either form is
-#: accepted; rows store the path.
-ENDPOINTS: dict[str, str] = {
-    "completions": "/v1/completions",
-    "chat": "/v1/chat/completions",
-    "embeddings": "/v1/embeddings",
-    "score": "/v1/score",
-    "rerank": "/v1/rerank",
-}
+#: accepted; rows store the path (the one table: ``replayer.core.endpoints``).
+ENDPOINTS: dict[str, str] = endpoints.NAMES
 _ENDPOINT_PATH = {**ENDPOINTS, **{v: v for v in ENDPOINTS.values()}}
 #: Endpoints whose rows must give ``query_length`` and ``document_lengths``.
-_QUERY_ENDPOINTS = ("/v1/score", "/v1/rerank")
+_QUERY_ENDPOINTS = tuple(e.path for e in endpoints.TABLE if e.query)
 #: Request body keys an ``extra_body`` may not set: the replayer sets them per request from the
 #: row (the prompt of each endpoint, the output length) or needs them to measure (streaming with
 #: usage). Every other top-level key is merged over the built body (``replayer.build.payload``).
