@@ -95,7 +95,7 @@ def test_close_sees_a_task_that_fails_as_it_is_cancelled():
 
 _CHILD = """
 import sys
-import replayer.observe.metrics as m
+import replayer.observe.looplag as m
 
 async def broken(self):
     raise RuntimeError("lag monitor broke")

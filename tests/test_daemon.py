@@ -14,6 +14,8 @@ import pyarrow.parquet as pq
 from conftest import free_port, wait_http
 from prometheus_client.parser import text_string_to_metric_families
 
+import replayer.record.folder as folder
+
 
 def _run(args, **kw):
     return subprocess.Popen(
@@ -84,7 +86,7 @@ def test_sigterm_drains_then_accounts_for_every_row(tmp_path, mooncake_slice, si
         f"resuming {tmp_path / 'r'} at loop {ckpt['loop']}, row {ckpt['next_row']} (its checkpoint): "
         f"{sent} rows already recorded are skipped" in err
     )
-    from replayer.record.recorder import read_results, result_files
+    from replayer.record.folder import read_results, result_files
 
     rows = read_results(str(tmp_path / "r")).to_pylist()
     assert sorted(r["row"] for r in rows) == list(range(n))  # no row twice
@@ -292,7 +294,7 @@ def test_sigkill_then_resume_records_every_row_once(tmp_path, mooncake_slice, si
     p.kill()
     p.communicate(timeout=30)
     from replayer.observe.target_samples import read_samples
-    from replayer.record.recorder import read_results
+    from replayer.record.folder import read_results
 
     before = read_results(str(res)).to_pylist()
     assert 0 < len(before) < n  # parts already on disk survived the SIGKILL
@@ -402,8 +404,7 @@ def test_self_watch_reports_each_loop_stall_once_and_apart_from_lateness(caplog)
     from prometheus_client import CollectorRegistry
 
     from replayer.observe.metrics import ReplayerMetrics
-    from replayer.run.runstate import RunState
-    from replayer.run.runstate import watch_self as _watch_self
+    from replayer.run.runstate import RunState, watch_self as _watch_self
 
     async def main():
         state, metrics = RunState(), ReplayerMetrics(CollectorRegistry())
@@ -450,10 +451,9 @@ def test_resume_refuses_settings_that_change_the_prompts(tmp_path, mooncake_slic
 
 
 def test_runs_started_in_the_same_second_get_their_own_results_folders(tmp_path, monkeypatch):
-    import replayer.record.recorder as recorder
 
-    monkeypatch.setattr(recorder.time, "strftime", lambda fmt: "20261201-120000")
-    made = [recorder.new_results_dir(str(tmp_path / "results")) for _ in range(3)]
+    monkeypatch.setattr(folder.time, "strftime", lambda fmt: "20261201-120000")
+    made = [folder.new_results_dir(str(tmp_path / "results")) for _ in range(3)]
     assert [os.path.basename(m) for m in made] == ["20261201-120000", "20261201-120000-2", "20261201-120000-3"]
     assert all(os.path.isdir(m) and not os.listdir(m) for m in made)
 

@@ -11,9 +11,10 @@ from conftest import ROOT
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from replayer.build.payload import PreparedRequest
+from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
-from replayer.observe.metrics import EventLoopLagMonitor, ReplayerMetrics, metric_names, quantile_from_buckets
+from replayer.observe.looplag import EventLoopLagMonitor
+from replayer.observe.metrics import ReplayerMetrics, metric_names, quantile_from_buckets
 
 
 def _metrics(clock=None):

@@ -20,8 +20,10 @@ import replayer.record.retention as retention
 from replayer.config.model import ConfigError, load_config
 from replayer.core.result import RequestResult
 from replayer.core.stats import RELATIVE_ACCURACY
-from replayer.record.recorder import Recorder, read_results, result_files, rolled_files
-from replayer.results.summary import summarize_files
+from replayer.record.folder import read_results, result_files, rolled_files
+from replayer.record.recorder import Recorder
+from replayer.results.removed import digest_file
+from replayer.results.summary import fold_to_json, summarize_files
 
 COUNTS = (
     "scheduled",
@@ -79,10 +81,10 @@ def test_removed_files_keep_the_summary_report_and_compare_whole(rolled_run, tmp
     files = rolled_files(str(res))
     size = retention.folder_bytes(str(res))
     with caplog.at_level(logging.INFO, logger="replayer.record.retention"):
-        gone = retention.apply(str(res), max_bytes=size - 1)  # just over: the oldest file goes
+        gone = retention.apply(str(res), digest=digest_file, max_bytes=size - 1)  # just over: the oldest file goes
     assert gone == files[:1]
     assert "retention: removed" in caplog.text and files[0] in caplog.text
-    gone += retention.apply(str(res), max_bytes=size // 3)
+    gone += retention.apply(str(res), digest=digest_file, max_bytes=size // 3)
     assert 2 <= len(gone) < len(files) and rolled_files(str(res)) == files[len(gone) :]
     # within the bound, or down to the newest rolled file (never removed)
     assert retention.folder_bytes(str(res)) <= size // 3 or len(gone) == len(files) - 1
@@ -105,7 +107,7 @@ def test_a_removal_cut_short_shows_no_result_twice_and_the_next_writer_completes
     oldest = rolled_files(str(res))[0]
     keep = tmp_path / "copy.parquet"
     shutil.copy(oldest, keep)
-    retention.remove(str(res), oldest, "test")
+    retention.remove(str(res), oldest, "test", digest_file)
     shutil.copy(keep, oldest)  # as if killed after removed.json was renamed, before the deletion
     assert oldest not in result_files(str(res))
     assert summarize_files(result_files(str(res)))["completed"] == before["completed"]
@@ -117,7 +119,7 @@ def test_a_removal_cut_short_shows_no_result_twice_and_the_next_writer_completes
 def test_resume_after_removal_sends_no_removed_row_again(rolled_run):
     res, trace, common = rolled_run
     before = json.loads((res / "summary.json").read_text())
-    retention.apply(str(res), max_bytes=retention.folder_bytes(str(res)) // 2)
+    retention.apply(str(res), digest=digest_file, max_bytes=retention.folder_bytes(str(res)) // 2)
     assert (res / retention.REMOVED).exists()
     p = _run("run", "--resume", str(res), str(trace), "--roll-rows", "15", *common)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -134,7 +136,7 @@ def test_rolled_file_numbers_are_not_reused_after_a_removal(tmp_path):
         rec.flush().result()
     names = [f.rsplit("/", 1)[1] for f in rolled_files(folder)]
     assert names == ["requests-00000.parquet", "requests-00001.parquet", "requests-00002.parquet"]
-    retention.remove(folder, rolled_files(folder)[0], "test")
+    retention.remove(folder, rolled_files(folder)[0], "test", digest_file)
     rec.close()
     assert [f.rsplit("/", 1)[1] for f in rolled_files(folder)] == names[1:]  # (nothing left to roll)
     rec = Recorder(folder, flush_rows=1)
@@ -150,7 +152,9 @@ def test_age_bound_removes_files_whose_newest_result_is_older(rolled_run):
     ends = [retention.newest_end_s(f) for f in files]
     assert all(e is not None for e in ends) and ends == sorted(ends)
     now = ends[1] + 10.0
-    gone = retention.apply(str(res), max_age_s=10.0 - 1e-3, now=now)  # the first two are older than 10 s
+    gone = retention.apply(
+        str(res), digest=digest_file, max_age_s=10.0 - 1e-3, now=now
+    )  # the first two are older than 10 s
     assert gone == files[:2]
 
 
@@ -262,7 +266,7 @@ def test_the_digest_keeps_every_part_of_the_summary_state():
     """A field added to ``SummaryFold`` must be added to the digest too (else a removal loses it)."""
     from replayer.results.summary import SummaryFold
 
-    assert set(retention.fold_to_json(SummaryFold())) == set(vars(SummaryFold()))
+    assert set(fold_to_json(SummaryFold())) == set(vars(SummaryFold()))
 
 
 def test_the_digest_keeps_the_highest_part_number_not_every_part_name(tmp_path):
@@ -275,7 +279,7 @@ def test_the_digest_keeps_the_highest_part_number_not_every_part_name(tmp_path):
         rec.add(RequestResult(row=i, outcome="success", sent_ns=i, end_ns=i + 1))
         rec.flush().result()
     for f in rolled_files(str(folder))[:2]:
-        retention.remove(str(folder), f, "test")
+        retention.remove(str(folder), f, "test", digest_file)
     rec.close()
     digest = json.loads((folder / retention.REMOVED).read_text())
     assert "parts" not in digest and digest["parts_max"] == 3  # parts 0-3 were in the two files
@@ -311,7 +315,7 @@ def test_the_folder_stays_within_the_size_bound_between_flushes_and_during_rolls
         lambda step: peaks.append(retention.folder_bytes(str(tmp_path))) if step == "written" else None,
     )
     bound = 250_000
-    rec = Recorder(str(tmp_path), flush_rows=10**9, roll_rows=400, retain_bytes=bound)
+    rec = Recorder(str(tmp_path), flush_rows=10**9, roll_rows=400, retain_bytes=bound, digest=digest_file)
     for i in range(8000):
         rec.add(RequestResult(row=i, outcome="success", itl_ms=[float(i % 7 + j) for j in range(40)]))
         if i % 100 == 99:

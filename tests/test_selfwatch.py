@@ -11,15 +11,15 @@ from prometheus_client import CollectorRegistry
 from senders import CallSender
 
 import replayer.observe.selfwatch as selfwatch
-from replayer.build.payload import PreparedRequest
 from replayer.core.clock import now_ns
+from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
-from replayer.observe.metrics import EventLoopLagMonitor, ReplayerMetrics
+from replayer.observe.looplag import EventLoopLagMonitor
+from replayer.observe.metrics import ReplayerMetrics
 from replayer.observe.selfwatch import Reading, saturated
 from replayer.plan.planner import Planner
 from replayer.plan.schedule import Timeline, iter_schedule
-from replayer.run.runstate import RunState
-from replayer.run.runstate import watch_self as _watch_self
+from replayer.run.runstate import RunState, watch_self as _watch_self
 from replayer.send.dispatcher import Dispatcher
 from replayer.send.feed import Feed
 

@@ -2,7 +2,7 @@
 ``Protocol`` with llhttp (``httptools``) parsing the response, one exchange (request/response)
 at a time, the response decoded and measured inside ``data_received`` (one timestamp per read,
 for every event it completes), and one lazy timer per exchange for the read and total timeouts.
-Failures end the exchange's future with ``_Failure`` (a kind and a message); the client turns
+Failures end the exchange's future with ``Failure`` (a kind and a message); the client turns
 them into result values."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import asyncio
 import errno
 import resource
 import socket
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httptools
 
@@ -19,9 +19,6 @@ from replayer.core.clock import now_ns
 from replayer.core.errors import ErrorKind
 from replayer.http.chunks import StreamAccumulator
 from replayer.http.sse import SSEDecoder
-
-if TYPE_CHECKING:
-    from replayer.http.pool import Pool
 
 #: the most bytes of an error response body kept (its message)
 ERROR_BODY_LIMIT = 64 * 1024
@@ -54,7 +51,7 @@ def fd_limit_hint(e: OSError) -> str:
     )
 
 
-class _Failure(Exception):
+class Failure(Exception):
     """A transport-level failure of one exchange (kind + message)."""
 
     def __init__(self, kind: ErrorKind, message: str) -> None:
@@ -62,7 +59,7 @@ class _Failure(Exception):
         self.kind = kind
 
 
-class _Exchange:
+class Exchange:
     """One request/response on a connection: parses and measures the response as it arrives."""
 
     __slots__ = (
@@ -89,7 +86,7 @@ class _Exchange:
 
     def __init__(
         self,
-        done: asyncio.Future,
+        done: asyncio.Future[None],
         read_timeout_ns: int | None,
         total_ns: int | None = None,
         acc: StreamAccumulator | None = None,
@@ -112,20 +109,28 @@ class _Exchange:
         self.deadline_ns: int | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.retry_after: bytes | None = None
-        self.sent: asyncio.Future | None = None  # set when awaited for the launcher's report
+        self.sent: asyncio.Future[None] | None = None  # set when awaited for the launcher's report
 
 
-class _Connection(asyncio.Protocol):
+class Owner(Protocol):
+    """What a connection needs of the pool that opened it (``replayer.http.pool.Pool``)."""
+
+    delayed_ack: bool
+
+    def cancel_launch(self, conn: Connection) -> None: ...
+
+
+class Connection(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection; at most one exchange at a time."""
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Owner) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.fd = -1  # the socket, for writes from the launcher process (plain HTTP)
         self.sock = None  # the transport's socket, where Client.delayed_ack needs it
         self.launch = 0  # token of this connection's write queued in the launcher (0 = none)
         self.parser = httptools.HttpResponseParser(self)
-        self.ex: _Exchange | None = None
+        self.ex: Exchange | None = None
         self.closed = False
         self.keep_alive = True
         self.served = 0  # responses completed on this connection (> 0: a reused keep-alive connection)
@@ -240,7 +245,7 @@ class _Connection(asyncio.Protocol):
             if ex.timer is not None:
                 ex.timer.cancel()
             if not ex.done.done():
-                ex.done.set_exception(_Failure(kind, message))
+                ex.done.set_exception(Failure(kind, message))
 
     def abort(self) -> None:
         self._closing()
@@ -294,7 +299,7 @@ class _Connection(asyncio.Protocol):
         if wake is not None:
             ex.timer = asyncio.get_running_loop().call_later((wake - now) / 1e9, self.check_stall)
 
-    def start(self, request: bytes, ex: _Exchange) -> None:
+    def start(self, request: bytes, ex: Exchange) -> None:
         self.ex = ex
         self.check_stall()
         self.transport.write(request)  # type: ignore[union-attr]

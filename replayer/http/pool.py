@@ -16,7 +16,7 @@ import ssl
 from collections import deque
 
 from replayer.core.clock import now_ns
-from replayer.http.connection import _Connection
+from replayer.http.connection import Connection
 
 SPARE_BACKOFF_NS = 500_000_000  # no connections opened ahead for this long after one failed
 IDLE_EXPIRY_S = 60.0  # an idle keep-alive connection beyond the spares is closed after this long unused
@@ -45,14 +45,14 @@ class Pool:
         self._ssl = ssl_context
         self._connect_timeout = connect_timeout_s
         # the idle pool, a LIFO stack: the newest on the right, spares and the longest idle on the left
-        self._idle: deque[_Connection] = deque()
+        self._idle: deque[Connection] = deque()
         self._idle_expiry_ns = int(idle_expiry_s * 1e9)
-        self._all: set[_Connection] = set()
+        self._all: set[Connection] = set()
         self._spares_opening = 0
         self._spares_paused_until = 0  # no background connects before this (one failed)
         self.spare_target = 8  # idle connections kept ready in the background (0 = none)
 
-    def cancel_launch(self, conn: _Connection) -> None:
+    def cancel_launch(self, conn: Connection) -> None:
         """``conn`` is closing: nothing queued elsewhere to drop here (the client overrides it)."""
 
     async def close(self) -> None:
@@ -70,23 +70,23 @@ class Pool:
         """Open up to ``n`` idle keep-alive connections ahead of the replay (so the first burst
         does not pay for TCP handshakes at its due time). Returns how many opened."""
         conns = await asyncio.gather(*(self._connect() for _ in range(n)), return_exceptions=True)
-        ok = [c for c in conns if isinstance(c, _Connection)]
+        ok = [c for c in conns if isinstance(c, Connection)]
         t = now_ns()
         for c in ok:
             c.idle_since_ns = t
         self._idle.extend(ok)
         return len(ok)
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
         _, conn = await asyncio.wait_for(
-            loop.create_connection(lambda: _Connection(self), self._host, self._port, ssl=self._ssl),
+            loop.create_connection(lambda: Connection(self), self._host, self._port, ssl=self._ssl),
             self._connect_timeout,
         )
         self._all.add(conn)
         return conn
 
-    def _idle_connection(self) -> _Connection | None:
+    def _idle_connection(self) -> Connection | None:
         idle = self._idle
         if len(idle) + self._spares_opening < self.spare_target and now_ns() >= self._spares_paused_until:
             self._open_spare()
@@ -97,7 +97,7 @@ class Pool:
             self._all.discard(c)
         return None
 
-    async def _acquire(self) -> _Connection:
+    async def _acquire(self) -> Connection:
         return self._idle_connection() or await self._connect()
 
     def _open_spare(self) -> None:
@@ -106,7 +106,7 @@ class Pool:
         pool's top-up to ``spare_target`` and ``expect``) for ``SPARE_BACKOFF_NS``."""
         self._spares_opening += 1
 
-        def done(t: asyncio.Task[_Connection]) -> None:
+        def done(t: asyncio.Task[Connection]) -> None:
             self._spares_opening -= 1
             if t.cancelled():
                 return
@@ -132,7 +132,7 @@ class Pool:
         for _ in range(min(n - len(self._idle) - self._spares_opening, 32)):
             self._open_spare()
 
-    def _release(self, c: _Connection) -> None:
+    def _release(self, c: Connection) -> None:
         if c.closed or not c.keep_alive or c.ex is not None:
             c.abort()
             self._all.discard(c)

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from replayer.observe.metrics import ReplayerMetrics
+
+class LagSink(Protocol):
+    """What the monitor writes to (``replayer.observe.metrics.ReplayerMetrics``)."""
+
+    loop_lag_max: Any  # a Gauge
+
+    def on_event_loop_lag(self, lag_s: float) -> None: ...
 
 
 class EventLoopLagMonitor:
@@ -20,7 +25,7 @@ class EventLoopLagMonitor:
     overshoot seen since start.
     """
 
-    def __init__(self, metrics: "ReplayerMetrics", *, interval_s: float = 0.05, window_s: float = 10.0) -> None:
+    def __init__(self, metrics: LagSink, *, interval_s: float = 0.05, window_s: float = 10.0) -> None:
         if interval_s <= 0 or window_s <= 0:
             raise ValueError("interval_s and window_s must be > 0")
         self.metrics = metrics

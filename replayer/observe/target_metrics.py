@@ -32,7 +32,7 @@ from replayer.observe.target_series import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TargetScraper"]
+__all__ = ["TargetScraper", "TargetScrapers"]
 
 
 class TargetScraper:
@@ -218,3 +218,45 @@ class TargetScraper:
         finally:
             if own:
                 await session.close()
+
+
+class TargetScrapers:
+    """One ``TargetScraper`` per target (each target's ``/metrics``), run together; their sample
+    rows carry the target as the label ``replayer_target`` (in ``labels``), so one
+    ``target_metrics.parquet`` holds every target's series apart."""
+
+    def __init__(self, scrapers: dict[str, TargetScraper]) -> None:
+        self.scrapers = scrapers
+
+    async def run(self) -> None:
+        await asyncio.gather(*(s.run() for s in self.scrapers.values()))
+
+    async def scrape_once(self, session) -> None:
+        await asyncio.gather(*(s.scrape_once(session) for s in self.scrapers.values()))
+
+    def take_samples(self) -> list[dict]:
+        rows = []
+        for url, s in self.scrapers.items():
+            for r in s.take_samples():
+                labels = json.loads(r["labels"])
+                labels["replayer_target"] = url
+                rows.append({**r, "labels": json.dumps(labels, sort_keys=True)})
+        return rows
+
+    def sections(self) -> dict[str, dict]:
+        """Per target: its metric deltas over the run as the one-target summary has them."""
+        out: dict[str, dict] = {}
+        for url, s in self.scrapers.items():
+            out[url] = (
+                {
+                    "deltas": s.deltas(),
+                    "latest": s.latest,
+                    "missing": s.missing,
+                    "scrapes": s.scrapes,
+                    "scrape_errors": s.errors,
+                    "counter_resets": s.resets,
+                }
+                if s.scrapes
+                else {"scrapes": 0, "scrape_errors": s.errors, "last_error": s.last_error}
+            )
+        return out

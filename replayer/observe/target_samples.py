@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 if TYPE_CHECKING:
-    from replayer.observe.target_metrics import TargetScraper
-    from replayer.results.targets import TargetScrapers
+    from replayer.observe.target_metrics import TargetScraper, TargetScrapers
 
 log = logging.getLogger(__name__)
 

@@ -31,24 +31,30 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import glob
-import json
 import logging
 import os
-import time
 from collections.abc import Callable
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import replayer.record.retention as retention
 from replayer.core.result import SCHEMA, RequestResult, Rows, batches_to_table, to_table
+from replayer.record.folder import (  # the folder's readers, re-exported here (their old home)
+    next_part_seq,
+    open_file as open_file,
+    part_files,
+    read_file as read_file,
+    read_results as read_results,
+    remove_rolled_parts,
+    report_damaged as report_damaged,
+    result_files as result_files,
+    rolled_files as rolled_files,
+)
 from replayer.record.rolling import PARTS, ROLL_GROUP_ROWS, ROLLED_PARTS, RollingWriter, atomic_file, write_json
-from replayer.record.rolling import atomic_write_table as _atomic_write_table
 
 log = logging.getLogger(__name__)
 
-READ_BUFFER_BYTES = 1 << 20  # results files are read through a buffered stream of this size
 __all__ = [
     "PARTS",
     "ROLLED_PARTS",
@@ -76,6 +82,8 @@ class Recorder:
 
     ``metadata``: file-level key/values (run anchor, config) stored in every file.
     ``checkpoint``: called on the loop thread at each flush; its dict goes to checkpoint.json.
+    ``retain_bytes`` / ``retain_age_s``: retention's bounds (``retention.apply``); ``digest``: what
+    retention keeps of each file it removes (``retention.Digest``), needed with a bound.
     Not thread-safe: call ``add``/``flush`` from the event loop thread only.
     """
 
@@ -92,6 +100,7 @@ class Recorder:
         itl_format: str = "exact",
         retain_bytes: int | None = None,
         retain_age_s: float | None = None,
+        digest: retention.Digest | None = None,
     ) -> None:
         self.dir = results_dir
         self.parts_dir = os.path.join(results_dir, PARTS)
@@ -100,8 +109,11 @@ class Recorder:
         self.flush_interval_s = flush_interval_s
         self._checkpoint = checkpoint
         self._buf = Rows(itl_format=itl_format)  # converted to Arrow on the loop, in small batches (see Rows)
+        if (retain_bytes is not None or retain_age_s is not None) and digest is None:
+            raise ValueError("a retention bound needs the digest of the files it removes (digest=)")
         self.retain_bytes = retain_bytes
         self.retain_age_s = retain_age_s
+        self._digest = digest
         retention.remove_leftovers(results_dir)
         remove_rolled_parts(results_dir)
         schema = SCHEMA.with_metadata({k.encode(): v.encode() for k, v in (metadata or {}).items()})
@@ -110,7 +122,7 @@ class Recorder:
             schema,
             rolled_path=self._rolled_path,
             empty_final=lambda: not result_files(self.dir),
-            first_part=_next_part_seq(results_dir),
+            first_part=next_part_seq(results_dir),
             roll_rows=roll_rows,
             roll_interval_s=roll_interval_s,
             group_rows=ROLL_GROUP_ROWS,
@@ -173,8 +185,9 @@ class Recorder:
         """Apply the retention bounds (``retention.apply``), then note the folder's size and
         oldest result (caller holds the lock). A failure is logged; the run goes on."""
         try:
-            if retention.apply(
+            if self._digest is not None and retention.apply(  # (no digest: no bound either)
                 self.dir,
+                digest=self._digest,
                 max_bytes=self.retain_bytes,
                 max_age_s=self.retain_age_s,
                 headroom=self._headroom() if self.retain_bytes is not None else 0,
@@ -183,7 +196,7 @@ class Recorder:
         except (OSError, ValueError, pa.ArrowException) as e:
             log.error("retention in %s failed: %s (nothing is removed until it works)", self.dir, e)
         self.results_bytes = retention.folder_bytes(self.dir)
-        files = rolled_files(self.dir)[:1] or _part_files(self.dir)[:1]
+        files = rolled_files(self.dir)[:1] or part_files(self.dir)[:1]
         self._oldest_cache = {
             f: self._oldest_cache[f] if f in self._oldest_cache else retention.oldest_start_s(f) for f in files
         }
@@ -255,172 +268,3 @@ def warm_up() -> None:
     import io
 
     pq.write_table(to_table([RequestResult(row=0, itl_ms=[1.0])]), io.BytesIO(), compression="zstd")
-
-
-def new_results_dir(base: str = "results") -> str:
-    """Create and return a new ``base/<YYYYmmdd-HHMMSS>`` folder; ``-2``, ``-3``... when one of
-    that second exists already (two runs started together, e.g. shards on one host). The
-    creation itself is the claim (``os.mkdir`` fails if another process made it first).
-    Raises OSError when it cannot be created."""
-    os.makedirs(base, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for k in range(1, 1000):
-        path = os.path.join(base, stamp if k == 1 else f"{stamp}-{k}")
-        try:
-            os.mkdir(path)
-            return path
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"{base}/{stamp}-*: 999 folders of this second exist")
-
-
-def earlier_run(results_dir: str, *, resume: str | None = None) -> str | None:
-    """Why a new run must not write into ``results_dir`` (it holds an earlier run's results or
-    checkpoint: the two would be summarized as one), or None. ``--resume`` continues a run there
-    on purpose: the message names ``--resume RESUME`` (default ``results_dir``; a ``--workers``
-    run resumes its top folder, not a worker's)."""
-    files = result_files(results_dir)
-    if files or os.path.exists(os.path.join(results_dir, "checkpoint.json")):
-        return (
-            f"holds an earlier run's results ({len(files)} results file(s)); --resume {resume or results_dir} "
-            "continues that run, another --results starts a new one"
-        )
-    return None
-
-
-def result_files(results_dir: str) -> list[str]:
-    """Every results file of a results folder: rolled files, oldest first, then parts not yet
-    rolled (a part that a readable rolled file lists is left out: a roll was cut short before
-    removing it; so is a rolled file that retention's ``removed.json`` names: a removal cut
-    short before deleting it, its results are in the digest)."""
-    rolled = rolled_files(results_dir)
-    covered = _rolled_parts(rolled)
-    return rolled + [p for p in _part_files(results_dir) if os.path.basename(p) not in covered]
-
-
-def rolled_files(results_dir: str) -> list[str]:
-    """The rolled results files of a folder, oldest first (``requests.parquet``, the file of a run
-    that ended without rolling, before the numbered ones a resumed run rolls), without those
-    ``removed.json`` names (see ``result_files``)."""
-    removed = retention.read_removed(results_dir)
-    gone = set(removed.files) if removed else set()
-    files = [f for f in glob.glob(os.path.join(results_dir, "requests*.parquet")) if os.path.basename(f) not in gone]
-    return sorted(files, key=lambda f: (os.path.basename(f) != "requests.parquet", os.path.basename(f)))
-
-
-def _part_files(results_dir: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(results_dir, PARTS, "part-*.parquet")))
-
-
-def _rolled_parts(rolled: list[str]) -> set[str]:
-    """Names of the parts the readable files of ``rolled`` hold (their ``ROLLED_PARTS``)."""
-    covered: set[str] = set()
-    for f in rolled:
-        pf = open_file(f)
-        names = (pf.schema_arrow.metadata or {}).get(ROLLED_PARTS) if pf is not None else None
-        if names:
-            covered.update(json.loads(names))
-    return covered
-
-
-def _next_part_seq(results_dir: str) -> int:
-    """The next part number of a folder: above every part in ``parts/`` and every part a rolled
-    file lists (a rolled file's list must never name a later run's part)."""
-    removed = retention.read_removed(results_dir)
-    names = [os.path.basename(p) for p in _part_files(results_dir)] + list(_rolled_parts(rolled_files(results_dir)))
-    seqs = [retention.part_seq(n) for n in names] + [removed.parts_max if removed else -1]
-    return 1 + max(seqs)
-
-
-def remove_rolled_parts(results_dir: str) -> int:
-    """Remove the parts a rolled file already holds (left by a roll cut short); returns how many."""
-    covered = _rolled_parts(rolled_files(results_dir))
-    gone = [p for p in _part_files(results_dir) if os.path.basename(p) in covered]
-    for p in gone:
-        os.remove(p)
-    return len(gone)
-
-
-_reported: set[str] = set()
-
-
-def report_damaged(path: str, err: Exception) -> None:
-    """Report a damaged results file once per process, by name, with what is lost."""
-    if path in _reported:
-        return
-    _reported.add(path)
-    try:
-        size = f"{os.path.getsize(path)} bytes"
-    except OSError:
-        size = "size unknown"
-    log.warning(
-        "%s: damaged results file (%s, %s): its results are left out; every other file is read",
-        path,
-        str(err).splitlines()[0] if str(err) else type(err).__name__,
-        size,
-    )
-
-
-def open_file(path: str) -> pq.ParquetFile | None:
-    """The Parquet file at ``path``, or None when it cannot be opened (cut short, not Parquet:
-    reported once by name, see ``report_damaged``). Read through a 1 MiB buffered stream, page by
-    page: unbuffered, pyarrow reads a whole column chunk at once (a rolled file's 50k-row group of
-    ITL lists is ~70 MB), and a summary of a 250k-row folder peaked at 364 MB instead of 210 MB
-    just reading its batches."""
-    try:
-        return pq.ParquetFile(path, buffer_size=READ_BUFFER_BYTES, pre_buffer=False)
-    except (OSError, pa.ArrowException) as e:
-        report_damaged(path, e)
-        return None
-
-
-def read_file(path: str, columns: list[str] | None = None) -> pa.Table | None:
-    """One results file as a table (its metadata kept), or None when it is damaged (reported)."""
-    pf = open_file(path)
-    if pf is None:
-        return None
-    try:
-        return pf.read(columns=columns)
-    except (OSError, pa.ArrowException) as e:
-        report_damaged(path, e)
-        return None
-
-
-def drop_not_started(results_dir: str) -> int:
-    """Remove the ``not_started`` records (rows a stopped run never sent) from the results files
-    of ``results_dir``: a resumed run sends those rows and records them anew, and the folder must
-    hold each row once. Each file holding such records is rewritten through a temporary file and
-    a rename (removed if nothing else is in it). Parts a rolled file already holds go first (a
-    removed rolled file must not bring them back). Damaged files are left as they are. Returns
-    the number of records removed."""
-    remove_rolled_parts(results_dir)
-    removed = 0
-    for f in result_files(results_dir):
-        outcome = read_file(f, columns=["outcome"])
-        if outcome is None:
-            continue
-        n = pc.sum(pc.equal(outcome.column("outcome"), "not_started")).as_py() or 0
-        if not n:
-            continue
-        table = read_file(f)
-        if table is None:
-            continue
-        kept = table.filter(pc.invert(pc.equal(table.column("outcome"), "not_started")))
-        if kept.num_rows:
-            _atomic_write_table(kept, f, buffered=False)
-        else:
-            os.remove(f)
-        removed += n
-    return removed
-
-
-def read_results(path: str, columns: list[str] | None = None) -> pa.Table:
-    """All results of a results folder (or one file) as one Arrow table (schema ``SCHEMA``, or
-    only ``columns`` of it: reading a long soak's results whole takes a lot of memory). A
-    damaged file is reported by name and left out."""
-    files = [path] if os.path.isfile(path) else result_files(path)
-    tables = [t.replace_schema_metadata(None) for t in (read_file(f, columns) for f in files) if t is not None]
-    if not tables:
-        empty = SCHEMA.empty_table()
-        return empty.select(columns) if columns else empty
-    return pa.concat_tables(tables, promote_options="default")  # (files written before itl_counts existed)

@@ -24,19 +24,35 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import time
+from collections.abc import Callable
 
 import numpy as np
 
-from replayer.core.stats import stat_from_json, stat_to_json
+from replayer.record.folder import (  # re-exported: the removed files' digest is read there
+    REMOVED as REMOVED,
+    ROLLED_PARTS,
+    Removed as Removed,
+    open_file,
+    part_seq as part_seq,
+    read_removed as read_removed,
+    results_dir_of as results_dir_of,
+    rolled_files,
+    samples_kept_since as samples_kept_since,
+)
+from replayer.record.rolling import write_json
+from replayer.record.runspans import run_spans
+
+#: What retention keeps of a results file it removes: ``digest(path, fold_json)`` folds the file's
+#: results into ``fold_json`` (the digest so far, None for the first) and returns the new digest
+#: (JSON), or None when the file holds no results to keep (damaged). The summary's fold is the
+#: results stage's (``replayer.results.removed.digest_file``); the run passes it in.
+Digest = Callable[[str, "dict | None"], "dict | None"]
 
 log = logging.getLogger(__name__)
 
-#: the digest of the results files retention removed, in the results folder
-REMOVED = "removed.json"
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {
     "": 1,
@@ -77,75 +93,6 @@ def folder_bytes(results_dir: str) -> int:
 
 
 # -- the digest ----------------------------------------------------------------------------------
-def fold_to_json(fold) -> dict:
-    """A ``summary.SummaryFold`` as JSON (its statistics as ``stats.stat_to_json``)."""
-    return {
-        "n": fold.n,
-        "stats": {k: stat_to_json(s) for k, s in fold.stats.items()},
-        "errors": fold.errors,
-        "endpoints": fold.endpoints,
-        "audit": fold.audit,
-        "sessions": sorted(fold.sessions),
-        "verdict": fold.verdict,
-        "slos": fold.slos,
-        "partial_known": fold.partial_known,
-        "estimate_known": fold.estimate_known,
-        "sent_min": fold.sent_min if math.isfinite(fold.sent_min) else None,
-        "end_max": fold.end_max if math.isfinite(fold.end_max) else None,
-        "drift_max_abs": fold.drift_max_abs,
-        "pooled": fold.pooled,
-        "images": {"n": fold.images.n, "seen": fold.images.seen},
-    }
-
-
-def fold_from_json(d: dict):
-    """The ``summary.SummaryFold`` that ``fold_to_json`` wrote."""
-    from replayer.results.summary import SummaryFold
-
-    fold = SummaryFold(d.get("slos") or {})
-    for k, v in d.get("n", {}).items():
-        fold.n[k] = fold.n.get(k, 0) + v
-    fold.stats = {k: stat_from_json(v) for k, v in d.get("stats", {}).items()}
-    fold.errors = dict(d.get("errors", {}))
-    fold.endpoints = {k: dict(v) for k, v in d.get("endpoints", {}).items()}
-    fold.audit = {k: dict(v) for k, v in d.get("audit", {}).items()}
-    fold.sessions = set(d.get("sessions", []))
-    fold.verdict = _verdict_from_json(d.get("verdict") or {})
-    fold.partial_known, fold.estimate_known = bool(d.get("partial_known")), bool(d.get("estimate_known"))
-    fold.sent_min = d["sent_min"] if d.get("sent_min") is not None else math.inf
-    fold.end_max = d["end_max"] if d.get("end_max") is not None else -math.inf
-    fold.drift_max_abs = d.get("drift_max_abs")
-    fold.pooled = bool(d.get("pooled"))
-    images = d.get("images") or {}
-    for k, v in images.get("n", {}).items():
-        fold.images.n[k] = fold.images.n.get(k, 0) + v
-    fold.images.seen = bool(images.get("seen"))
-    return fold
-
-
-def _jsonable(v):
-    """numpy values and arrays (the verdict's counts) as JSON values."""
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, np.ndarray):
-        return {"__array__": v.tolist()}
-    if isinstance(v, np.generic):
-        return v.item()
-    return v
-
-
-def _verdict_from_json(v):
-    if isinstance(v, dict):
-        if set(v) == {"__array__"}:
-            return np.asarray(v["__array__"])
-        return {k: _verdict_from_json(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_verdict_from_json(x) for x in v]
-    return v
-
-
 def _ranges(rows: np.ndarray) -> list[list[int]]:
     """Sorted unique ``rows`` as inclusive ``[first, last]`` runs of consecutive numbers."""
     if not rows.size:
@@ -167,86 +114,11 @@ def _merge_ranges(a: list[list[int]], b: list[list[int]]) -> list[list[int]]:
     return out
 
 
-def part_seq(name: str) -> int:
-    """The number of a part file's name (``part-NNNNNNNN.parquet``), -1 for another name."""
-    digits = name[5:13]
-    return int(digits) if name.startswith("part-") and digits.isdigit() else -1
-
-
-class Removed:
-    """The digest of the results files removed from a folder (``removed.json``)."""
-
-    def __init__(self, d: dict | None = None) -> None:
-        d = d or {}
-        self.files: list[str] = list(d.get("files", []))
-        self.rows = int(d.get("rows", 0))
-        self.bytes = int(d.get("bytes", 0))
-        self.fold_json: dict | None = d.get("fold")
-        self.spans: dict[str, list[int]] = dict(d.get("spans", {}))  # run anchor -> [first sent, last end] ns
-        self.recorded: dict[str, list[list[int]]] = dict(d.get("recorded", {}))  # loop -> row ranges sent
-        # the highest part number the removed files held (part numbers are never reused); folders
-        # written before kept every part's name ("parts"), one more per flush for the whole run
-        self.parts_max: int = max([int(d.get("parts_max", -1))] + [part_seq(n) for n in d.get("parts", [])])
-        self.newest_end_s: float | None = d.get("newest_end_s")
-
-    def to_json(self) -> dict:
-        return {
-            "files": self.files,
-            "rows": self.rows,
-            "bytes": self.bytes,
-            "fold": self.fold_json,
-            "spans": self.spans,
-            "recorded": self.recorded,
-            "parts_max": self.parts_max,
-            "newest_end_s": self.newest_end_s,
-        }
-
-    def fold(self):
-        """The removed results' ``SummaryFold`` (None when nothing was removed)."""
-        return fold_from_json(self.fold_json) if self.fold_json else None
-
-    def recorded_rows(self) -> dict[int, np.ndarray]:
-        """loop -> the rows the removed files recorded as sent (any outcome but not started)."""
-        return {
-            int(lp): np.concatenate([np.arange(a, b + 1) for a, b in rs]) if rs else np.zeros(0, np.int64)
-            for lp, rs in self.recorded.items()
-        }
-
-
-def read_removed(results_dir: str) -> Removed | None:
-    """The folder's ``removed.json`` (None when retention removed nothing there, or when it
-    cannot be read: reported by name)."""
-    path = os.path.join(results_dir, REMOVED)
-    try:
-        with open(path, encoding="utf-8") as f:
-            return Removed(json.load(f))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        log.warning("%s: cannot read the digest of removed results files (%s): their results are left out", path, e)
-        return None
-
-
-def samples_kept_since(results_dir: str, oldest_s: float | None) -> float | None:
-    """Where the target-metric samples kept start (``target_samples.SampleFiles.keep_since``):
-    ``oldest_s`` (the oldest result kept) once retention has removed results, else None (all kept)."""
-    return oldest_s if os.path.exists(os.path.join(results_dir, REMOVED)) else None
-
-
-def results_dir_of(path: str) -> str:
-    """The results folder a results file is in (a part's folder is ``parts/`` inside it)."""
-    d = os.path.dirname(os.path.abspath(path))
-    return os.path.dirname(d) if os.path.basename(d) == "parts" else d
-
-
 # -- removal -------------------------------------------------------------------------------------
 def _file_info(path: str) -> tuple[int, float | None, dict, dict[str, list[list[int]]], list[str]]:
     """(rows, newest end as Unix s or None, run spans, recorded row ranges per loop, parts it
     holds) of a rolled file."""
     import pyarrow.compute as pc
-
-    from replayer.record.recorder import ROLLED_PARTS, open_file
-    from replayer.results.summary import run_spans
 
     pf = open_file(path)
     if pf is None:
@@ -268,9 +140,6 @@ def _file_info(path: str) -> tuple[int, float | None, dict, dict[str, list[list[
 def newest_end_s(path: str) -> float | None:
     """The Unix time of the last result of a results file (its run anchor plus its largest
     ``end_ns``), None when unknown."""
-    from replayer.record.recorder import open_file
-    from replayer.results.summary import run_spans
-
     pf = open_file(path)
     wall = (pf.schema_arrow.metadata or {}).get(b"replayer.t0_wall_s") if pf is not None else None
     spans = run_spans([path], removed=False) if wall is not None else {}
@@ -279,30 +148,21 @@ def newest_end_s(path: str) -> float | None:
 
 def oldest_start_s(path: str) -> float | None:
     """The Unix time of the first request sent in a results file, None when unknown."""
-    from replayer.record.recorder import open_file
-    from replayer.results.summary import run_spans
-
     pf = open_file(path)
     wall = (pf.schema_arrow.metadata or {}).get(b"replayer.t0_wall_s") if pf is not None else None
     spans = run_spans([path], removed=False) if wall is not None else {}
     return float(wall) + min(a for a, _ in spans.values()) / 1e9 if spans and wall is not None else None
 
 
-def remove(results_dir: str, path: str, why: str) -> None:
-    """Fold the rolled file ``path`` into the folder's ``removed.json``, then delete it (logged)."""
-    from replayer.record.recorder import write_json
-    from replayer.results.summary import fold_file
-
-    fold = fold_file(path)
-    size = os.path.getsize(path)
+def remove(results_dir: str, path: str, why: str, digest: Digest) -> None:
+    """Fold the rolled file ``path`` into the folder's ``removed.json`` (``digest``), then delete
+    it (logged)."""
     removed = read_removed(results_dir) or Removed()
-    if fold is not None:  # (a damaged file has no results to keep: it was left out of every summary)
+    fold_json = digest(path, removed.fold_json)
+    size = os.path.getsize(path)
+    if fold_json is not None:  # (a damaged file has no results to keep: it was left out of every summary)
         rows, newest, spans, recorded, parts = _file_info(path)
-        old = removed.fold()
-        if old is not None:
-            old.merge(fold)
-            fold = old
-        removed.fold_json = _jsonable(fold_to_json(fold))
+        removed.fold_json = fold_json
         removed.rows += rows
         for run, (lo, hi) in spans.items():
             a, b = removed.spans.get(run, (lo, hi))
@@ -345,6 +205,7 @@ def remove_leftovers(results_dir: str) -> int:
 def apply(
     results_dir: str,
     *,
+    digest: Digest,
     max_bytes: int | None = None,
     max_age_s: float | None = None,
     now: float | None = None,
@@ -357,8 +218,6 @@ def apply(
     result is older than ``max_age_s`` (``now``: Unix s). Parts (results not yet rolled) and the newest rolled file are never removed (every
     reader finds the folder's ``removed.json`` through a results file in it). Returns the files
     removed."""
-    from replayer.record.recorder import rolled_files
-
     if max_bytes is None and max_age_s is None:
         return []
     now = time.time() if now is None else now
@@ -381,7 +240,7 @@ def apply(
             fsize = os.path.getsize(f)
         except OSError:
             continue
-        remove(results_dir, f, why)
+        remove(results_dir, f, why, digest)
         size -= fsize
         gone.append(f)
     return gone

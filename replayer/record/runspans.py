@@ -8,11 +8,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from replayer.record.folder import open_file, read_removed, results_dir_of
+
 
 def removed_of(files: list[str]) -> list:
     """The ``retention.Removed`` digests of the results folders ``files`` are in."""
-    from replayer.record.retention import read_removed, results_dir_of
-
     dirs = sorted({results_dir_of(f) for f in files})
     return [r for r in (read_removed(d) for d in dirs) if r is not None]
 
@@ -27,8 +27,6 @@ def run_spans(files: list[str], *, removed: bool = True) -> dict[bytes, tuple[in
     file's metadata (``replayer.t0_wall_s``, b"" if none): a resumed run's times are offsets
     from its own anchor. From the Parquet column statistics where present. ``removed``: also the
     spans of the files retention removed from the folders of ``files`` (``removed.json``)."""
-    from replayer.record.recorder import open_file
-
     spans: dict[bytes, tuple[int, int]] = {}
     for digest in removed_of(files) if removed else ():  # (the runs' spans in files retention removed)
         for run, (lo, hi) in digest.spans.items():

@@ -19,9 +19,6 @@ the target as the label ``replayer_target``; each target's deltas go in its summ
 
 from __future__ import annotations
 
-import asyncio
-import json
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,7 +28,6 @@ from prometheus_client import CollectorRegistry
 from replayer.core.errors import Outcome
 from replayer.core.stats import latency_fields
 from replayer.observe.groupmetrics import GroupMetrics
-from replayer.observe.target_metrics import TargetScraper
 from replayer.results.summarytext import fmt_ms, format_groups
 
 _STATS = ("ttft_ms", "e2e_ms", "dispatch_lag_ms")
@@ -105,7 +101,7 @@ def read_targets(*results_dirs: str) -> tuple[dict, int]:
     """(``target_sections``, ``target_switches``) of results folders together (shards, workers;
     ``recorder.result_files``, the needed columns only; a file written before the ``target``
     column existed has no target)."""
-    from replayer.record.recorder import read_file, result_files
+    from replayer.record.folder import read_file, result_files
 
     tables = []
     for d in results_dirs:
@@ -132,45 +128,3 @@ def format_targets(sections: dict, switches: int) -> str:
         sections,
         lambda s: f" / p99 {fmt_ms(s.get('p99_e2e_ms'))} ms",
     )
-
-
-class TargetScrapers:
-    """One ``TargetScraper`` per target (each target's ``/metrics``), run together; their sample
-    rows carry the target as the label ``replayer_target`` (in ``labels``), so one
-    ``target_metrics.parquet`` holds every target's series apart."""
-
-    def __init__(self, scrapers: dict[str, TargetScraper]) -> None:
-        self.scrapers = scrapers
-
-    async def run(self) -> None:
-        await asyncio.gather(*(s.run() for s in self.scrapers.values()))
-
-    async def scrape_once(self, session) -> None:
-        await asyncio.gather(*(s.scrape_once(session) for s in self.scrapers.values()))
-
-    def take_samples(self) -> list[dict]:
-        rows = []
-        for url, s in self.scrapers.items():
-            for r in s.take_samples():
-                labels = json.loads(r["labels"])
-                labels["replayer_target"] = url
-                rows.append({**r, "labels": json.dumps(labels, sort_keys=True)})
-        return rows
-
-    def sections(self) -> dict[str, dict]:
-        """Per target: its metric deltas over the run as the one-target summary has them."""
-        out: dict[str, dict] = {}
-        for url, s in self.scrapers.items():
-            out[url] = (
-                {
-                    "deltas": s.deltas(),
-                    "latest": s.latest,
-                    "missing": s.missing,
-                    "scrapes": s.scrapes,
-                    "scrape_errors": s.errors,
-                    "counter_resets": s.resets,
-                }
-                if s.scrapes
-                else {"scrapes": 0, "scrape_errors": s.errors, "last_error": s.last_error}
-            )
-        return out

@@ -9,8 +9,7 @@ import signal
 import sys
 
 from replayer.core.background import BackgroundTasks
-from replayer.sim.config import ReceivedRequest, SimConfig
-from replayer.sim.pooling import SCORE_USAGE_MODES
+from replayer.sim.config import SCORE_USAGE_MODES, ReceivedRequest, SimConfig
 from replayer.sim.server import SimServer
 
 # ---------------------------------------------------------------------------------------

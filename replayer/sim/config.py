@@ -8,7 +8,8 @@ from typing import Any
 
 import orjson
 
-from replayer.sim.pooling import SCORE_USAGE_MODES
+#: how ``/v1/score`` and ``/v1/rerank`` count a query in ``usage.prompt_tokens`` (``--score-usage``)
+SCORE_USAGE_MODES = ("per_document", "once")
 
 
 @dataclass(frozen=True)

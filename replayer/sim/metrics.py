@@ -4,12 +4,23 @@ turned into metric families only when ``/metrics`` is scraped (``_Metrics``)."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-if TYPE_CHECKING:
-    from replayer.sim.server import SimServer
+
+class _Served(Protocol):
+    """What the metrics read of the server (``replayer.sim.server.SimServer``)."""
+
+    config: Any
+    images: Any
+    prefix_cache: Any
+
+    @property
+    def num_requests_running(self) -> int: ...
+
+    @property
+    def num_requests_waiting(self) -> int: ...
 
 
 # ---------------------------------------------------------------------------------------
@@ -19,7 +30,7 @@ if TYPE_CHECKING:
 class _Metrics:
     """Plain counters on the hot path; exported by ``collect`` when scraped."""
 
-    def __init__(self, server: "SimServer") -> None:
+    def __init__(self, server: _Served) -> None:
         self._server = server
         self.created = time.time()
         self.prompt_tokens = 0

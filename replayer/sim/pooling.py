@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from replayer.sim.config import SCORE_USAGE_MODES as SCORE_USAGE_MODES
+
 if TYPE_CHECKING:
     from replayer.sim.config import SimConfig
 
@@ -59,8 +61,6 @@ __all__ = [
     "text_score",
     "embedding_vector",
 ]
-
-SCORE_USAGE_MODES = ("per_document", "once")
 
 
 class PoolingError(ValueError):
@@ -170,6 +170,10 @@ class EmbeddingsJob(PoolingJob):
     """
 
     __slots__ = ("inputs", "dim", "full_dim", "base64")
+    inputs: list[str | list[int]]
+    dim: int
+    full_dim: int
+    base64: bool  # the response's encoding_format is "base64"
 
     @classmethod
     def parse(cls, body: Any, cfg: SimConfig) -> EmbeddingsJob:  # noqa: PLR0912
@@ -290,6 +294,9 @@ class ScoreJob(PoolingJob):
     """
 
     __slots__ = ("queries", "docs", "pairs")
+    queries: list[str]
+    docs: list[str]
+    pairs: list[tuple[int, int]]
 
     @classmethod
     def parse(cls, body: Any, cfg: SimConfig) -> ScoreJob:
@@ -344,6 +351,9 @@ class RerankJob(PoolingJob):
     """
 
     __slots__ = ("query", "docs", "top_n")
+    query: str
+    docs: list[str]
+    top_n: int
 
     @classmethod
     def parse(cls, body: Any, cfg: SimConfig) -> RerankJob:

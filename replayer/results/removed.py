@@ -1,0 +1,26 @@
+"""What is kept of the results files retention removes: their summary fold as JSON, in the
+folder's ``removed.json`` (``replayer.record.retention.Removed.fold_json``), so every summary
+still counts them. ``digest_file`` is the ``retention.Digest`` the run gives the recorder."""
+
+from __future__ import annotations
+
+from replayer.record.folder import Removed
+from replayer.results.summary import SummaryFold, fold_file, fold_from_json, fold_to_json, jsonable
+
+
+def digest_file(path: str, fold_json: dict | None) -> dict | None:
+    """``retention.Digest``: the results of ``path`` folded into ``fold_json`` (None: none yet), as
+    JSON; None when ``path`` holds no readable results."""
+    fold = fold_file(path)
+    if fold is None:
+        return None
+    if fold_json is not None:
+        old = fold_from_json(fold_json)
+        old.merge(fold)
+        fold = old
+    return jsonable(fold_to_json(fold))
+
+
+def removed_fold(removed: Removed | None) -> SummaryFold | None:
+    """The summary fold of the files ``removed`` names (None when none was removed)."""
+    return fold_from_json(removed.fold_json) if removed is not None and removed.fold_json else None
