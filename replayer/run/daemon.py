@@ -12,6 +12,7 @@ cancels in-flight requests at once. Results already measured are flushed in ever
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -24,15 +25,14 @@ from prometheus_client import CollectorRegistry
 
 import replayer.observe.selfwatch as selfwatch
 import replayer.record.retention as retention
-import replayer.results.verdict as verdict
 from replayer import __version__
 from replayer.build.loopprompts import Prompts
-from replayer.build.payload import PayloadBuilder, PreparedRequest
+from replayer.build.payload import PayloadBuilder
 from replayer.build.prepare import RequestFactory
 from replayer.config.model import RunConfig, new_run_id
 from replayer.core.background import EXIT_TASK_FAILED, BackgroundTasks
 from replayer.core.clock import Anchor, now_ns
-from replayer.core.result import RequestResult
+from replayer.core.request import PreparedRequest
 from replayer.http.client import Client
 from replayer.http.connection import raise_open_file_limit
 from replayer.http.launcher import launcher_ready, start_launcher
@@ -40,18 +40,21 @@ from replayer.http.servertimings import REQUEST_FIELD as SERVER_TIMINGS_FIELD
 from replayer.observe.admin import AdminServer
 from replayer.observe.console import LiveConsole
 from replayer.observe.logs import setup_logging
-from replayer.observe.metrics import EventLoopLagMonitor, ReplayerMetrics
-from replayer.observe.target_metrics import TargetScraper
+from replayer.observe.looplag import EventLoopLagMonitor
+from replayer.observe.metrics import ReplayerMetrics
+from replayer.observe.target_metrics import TargetScraper, TargetScrapers
 from replayer.observe.target_samples import SAMPLES_FLUSH_SCRAPES, SampleFiles, flush_samples
 from replayer.plan.planner import Planner
 from replayer.plan.schedule import IdleGapCap, Timeline, iter_schedule
 from replayer.plan.sessions import SessionGate
-from replayer.record.recorder import Recorder
-from replayer.record.recorder import warm_up as recorder_warm_up
-from replayer.results.targets import TargetMetrics, TargetScrapers
+from replayer.record.recorder import Recorder, warm_up as recorder_warm_up
+from replayer.results.removed import digest_file
+from replayer.results.targets import TargetMetrics
 from replayer.results.tenants import TenantMetrics
 from replayer.run.clients import open_clients
+from replayer.run.fanout import result_fanout
 from replayer.run.gcpacer import GcPacer
+from replayer.run.lifecycle import start_up
 from replayer.run.readiness import StartupError, wait_ready_all
 from replayer.run.resume import Checkpoint, carry_target_totals, resume_plan
 from replayer.run.runinputs import COUNT_LIMIT, count_scheduled, open_batches_factory, results_dir_for
@@ -225,7 +228,6 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
         return IdleGapCap(cfg.idle_gap_cap_s, cfg.speedup) if cfg.idle_gap_cap_s else None
 
     gap_cap = new_gap_cap()
-    target = targets[0]  # several: each request's target is chosen by replayer.send.routing
     batches = schedule(gap_cap, TargetRoute(cfg.target_policy, len(targets)) if len(targets) > 1 else None)
     duration_ns = int(cfg.duration_s * 1e9) if cfg.duration_s else None
     if duration_ns or (cfg.loops is not None and n_rows is not None and n_rows * cfg.loops <= COUNT_LIMIT):
@@ -239,17 +241,6 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
             )
             or 0
         )
-    # GC at moments of the dispatcher's choosing (replayer.run.gcpacer): never when a burst is due.
-    gc_pacer = GcPacer()
-    gc_pacer.start()
-    # the launcher process boots (~50 ms) while the first trace batch is read
-    launcher = start_launcher() if cfg.launcher and all(t.startswith("http://") for t in targets) else None
-    # read the first trace batch before anchoring, so the first requests are not late by its read
-    first = await loop.run_in_executor(None, next, batches, None)
-    if first is not None:
-        batches = itertools.chain((first,), batches)
-    if launcher is not None:
-        launcher = await launcher_ready(launcher)
     timeline = Timeline(cfg.speedup)
     # X-Request-Id: <run_id>-<loop>-<row>; a resumed run keeps its run's id (config.recorded_settings)
     run_id = cfg.run_id or new_run_id()
@@ -268,33 +259,132 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
         image_token_rule=cfg.image_token_rule,
         image_cache_mb=cfg.image_cache_mb,
     )
-    # the first requests' images and prompt texts made (their child processes started) before the
-    # pool opens (a server may close idle keep-alive connections) and before the anchor: start-up,
-    # not lateness of the first requests due
-    t_warm = now_ns()
-    warmed = await loop.run_in_executor(None, factory.warm_up, first)
-    if any(warmed):
-        log.info(
-            "made the images of %d rows and decoded %d prompt texts ahead of the first requests in %.2f s "
-            "(before the schedule's anchor)",
-            warmed[0],
-            warmed[1],
-            (now_ns() - t_warm) / 1e9,
-        )
-    # the first lead window's requests built now, not at the start, behind their due times
-    t_warm = now_ns()
     lead_ns = int(cfg.lead_s * 1e9) if not duration_ns else min(int(cfg.lead_s * 1e9), duration_ns - 1)
-    prebuilt = await loop.run_in_executor(None, factory.prebuild, first, lead_ns)
-    log.debug(
-        "built the first %d requests in %.3f s (before the schedule's anchor)", prebuilt, (now_ns() - t_warm) / 1e9
-    )
-    clients = await open_clients(cfg, targets, api_key, launcher)  # one pool per target, opened ahead
+    # each part registers its own close as it is built; they run in reverse (replayer.run.lifecycle)
+    stack = contextlib.AsyncExitStack()
+    await stack.__aenter__()
+    try:
+        # the stop signals' handlers (installed once the dispatcher exists) outlive the results flush
+        stack.callback(_remove_signal_handlers, loop)
+        # GC at moments of the dispatcher's choosing (replayer.run.gcpacer): never when a burst is due.
+        gc_pacer = GcPacer()
+        gc_pacer.start()
+        stack.callback(gc_pacer.stop)
+        # the results flush comes after every part registered below is closed (the pools' sockets
+        # among them: a process at its open-file limit writes its results once they are gone)
+        flush = _ResultsFlush(state)
+        stack.push_async_callback(flush.run)
+        # the launcher process boots (~50 ms) while the first trace batch is read
+        launcher = start_launcher() if cfg.launcher and all(t.startswith("http://") for t in targets) else None
+        if launcher is not None:
+            stack.callback(launcher.stop)
+        first = None
+        clients: dict[str, Client] = {}
+        anchor: Anchor | None = None
+
+        async def first_batch() -> None:
+            nonlocal batches, first, launcher
+            first = await loop.run_in_executor(None, next, batches, None)
+            if first is not None:
+                batches = itertools.chain((first,), batches)
+            if launcher is not None:
+                launcher = await launcher_ready(launcher)
+
+        async def warm_up() -> None:
+            t_warm = now_ns()
+            warmed = await loop.run_in_executor(None, factory.warm_up, first)
+            if any(warmed):
+                log.info(
+                    "made the images of %d rows and decoded %d prompt texts ahead of the first requests in %.2f s "
+                    "(before the schedule's anchor)",
+                    warmed[0],
+                    warmed[1],
+                    (now_ns() - t_warm) / 1e9,
+                )
+
+        async def prebuild() -> None:
+            t_warm = now_ns()
+            prebuilt = await loop.run_in_executor(None, factory.prebuild, first, lead_ns)
+            log.debug(
+                "built the first %d requests in %.3f s (before the schedule's anchor)",
+                prebuilt,
+                (now_ns() - t_warm) / 1e9,
+            )
+
+        async def pool() -> None:
+            nonlocal clients
+            clients = await open_clients(cfg, targets, api_key, launcher)  # one pool per target, opened ahead
+            stack.push_async_callback(_close_clients, clients)
+
+        async def take_anchor() -> None:
+            nonlocal anchor
+            # anchored only now: the time the pool took to open (seconds against a server with a small
+            # listen backlog) is start-up, not lateness charged to every request
+            anchor = Anchor.at(cfg.start_delay_s, start_wall_s=cfg.start_at)
+            for c in clients.values():
+                c.t0_ns = anchor.t0_ns
+
+        await start_up(
+            {"first batch": first_batch, "warm-up": warm_up, "prebuild": prebuild, "pool": pool, "anchor": take_anchor}
+        )
+        assert anchor is not None
+        return await _run(
+            cfg,
+            stack,
+            flush,
+            loop,
+            batches,
+            factory,
+            timeline,
+            clients,
+            anchor,
+            launcher,
+            gc_pacer,
+            gap_cap,
+            duration_ns,
+            run_id,
+            start_loop,
+            n_rows,
+            targets,
+            metrics,
+            state,
+            results_dir,
+            model,
+            view,
+        )
+    finally:
+        await stack.aclose()
+
+
+async def _run(  # noqa: C901, PLR0912, PLR0915
+    cfg,
+    stack: contextlib.AsyncExitStack,
+    flush: _ResultsFlush,
+    loop,
+    batches,
+    factory,
+    timeline,
+    clients,
+    anchor,
+    launcher,
+    gc_pacer,
+    gap_cap,
+    duration_ns,
+    run_id,
+    start_loop,
+    n_rows,
+    targets,
+    metrics,
+    state,
+    results_dir,
+    model,
+    view: StatusView,
+) -> dict:
+    """From the anchor to the summary: the recorder, the fan-out, the send path and the tasks
+    beside it, each close registered on ``stack`` (closed by the caller after this returns)."""
+    shard, shards = cfg.shard_index
+    target = targets[0]  # several: each request's target is chosen by replayer.send.routing
     client = clients[target]
-    # anchored only now: the time the pool took to open (seconds against a server with a small
-    # listen backlog) is start-up, not lateness charged to every request
-    anchor = Anchor.at(cfg.start_delay_s, start_wall_s=cfg.start_at)
-    for c in clients.values():
-        c.t0_ns = anchor.t0_ns
     if anchor.late_s and cfg.resume:
         log.info("resuming now: the run's --start-at %s passed %.0f s ago", hms(cfg.start_at), anchor.late_s)
     elif anchor.late_s:
@@ -337,24 +427,21 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
         itl_format=cfg.itl_format,
         retain_bytes=cfg.retain_bytes,
         retain_age_s=cfg.retain_age_s,
+        digest=digest_file,
     )
+    flush.recorder = recorder
     state.recorder = recorder
     metrics.results_disk.source = lambda: (recorder.results_bytes, recorder.oldest_timestamp_s)
     acct = Accounting(state, metrics)
+    stack.callback(acct.bursts.close)  # the last window of each error burst
     slos = cfg.goodput_slos
     metrics.set_slos(slos)
     tenant_metrics = TenantMetrics(metrics.registry, [e.tenant for e in cfg.mix_entries]) if cfg.mix else None
     target_metrics = TargetMetrics(metrics.registry, targets) if len(targets) > 1 else None
 
-    def sink(res: RequestResult) -> None:  # the verdict (from-due latencies, SLO) before it is recorded
-        codes = verdict.apply(res, slos)
-        if codes is not None:
-            metrics.on_slo(codes)
-        if tenant_metrics is not None:
-            tenant_metrics.on_result(res)
-        if target_metrics is not None:
-            target_metrics.on_result(res)
-        recorder.add(res)
+    sink = result_fanout(
+        slos=slos, metrics=metrics, live=acct, recorder=recorder, tenants=tenant_metrics, targets=target_metrics
+    )
 
     def prepare(sb, j: int) -> PreparedRequest:  # each request built is counted (scheduled, expected hits)
         req = build(sb, j)
@@ -421,6 +508,7 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
         loop.add_signal_handler(sig, on_signal, sig.name)
     # owned: a task that crashes is logged and stops the run (drain, flush), never lost silently
     background = BackgroundTasks(on_failure=lambda name, exc: dispatcher.stop())
+    stack.push_async_callback(_stop_tasks, background, scraper)
     background.start("results flush", recorder.run_periodic_flush())
     background.start("event-loop lag", EventLoopLagMonitor(metrics).run())
     console = LiveConsole(view, quiet=cfg.quiet)
@@ -462,25 +550,7 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
         state.state = "running"
         await dispatcher.run()
     finally:
-        if launcher is not None:
-            launcher.stop()
-        await background.close()
-        if scraper is not None:  # the final values, after the drain
-            async with aiohttp.ClientSession() as s:
-                await scraper.scrape_once(s)
-        for c in clients.values():
-            await c.close()
-        gc_pacer.stop()
-        acct.bursts.close()  # the last window of each error burst
-        state.state = "flushing"
-        # shielded and time-boxed: measured results reach the disk even if we are cancelled
-        closing = loop.run_in_executor(None, recorder.close)
-        try:
-            await asyncio.wait_for(asyncio.shield(closing), 60)
-        except TimeoutError:
-            log.error("results flush did not finish in 60 s")
-        for sig in STOP_SIGNALS:
-            loop.remove_signal_handler(sig)
+        await stack.aclose()  # (each part's close, in reverse: tasks, bursts, results flush, pools, ...)
     state.state = "done"
     if recorder.rows_added == 0 and not cfg.resume:
         log.warning(
@@ -503,6 +573,43 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
     )
     print_summary(summary, results_dir)
     return summary
+
+
+def _remove_signal_handlers(loop: asyncio.AbstractEventLoop) -> None:
+    for sig in STOP_SIGNALS:
+        loop.remove_signal_handler(sig)
+
+
+async def _close_clients(clients: dict[str, Client]) -> None:
+    for c in clients.values():
+        await c.close()
+
+
+async def _stop_tasks(background: BackgroundTasks, scraper: TargetScraper | TargetScrapers | None) -> None:
+    """The tasks beside the send path stopped, then the target's final values (after the drain)."""
+    await background.close()
+    if scraper is not None:
+        async with aiohttp.ClientSession() as s:
+            await scraper.scrape_once(s)
+
+
+class _ResultsFlush:
+    """The results flush, its place on the stack taken before the recorder is built."""
+
+    def __init__(self, state: RunState) -> None:
+        self.state = state
+        self.recorder: Recorder | None = None
+
+    async def run(self) -> None:
+        """Shielded and time-boxed: measured results reach the disk even if the run is cancelled."""
+        if self.recorder is None:
+            return
+        self.state.state = "flushing"
+        closing = asyncio.get_running_loop().run_in_executor(None, self.recorder.close)
+        try:
+            await asyncio.wait_for(asyncio.shield(closing), 60)
+        except TimeoutError:
+            log.error("results flush did not finish in 60 s")
 
 
 #: signals that stop a run (drain, flush, exit 128 + the signal's number); SIGHUP: the terminal

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import replayer.observe.selfwatch as selfwatch
-from replayer.build.payload import PreparedRequest
 from replayer.core.clock import Anchor, now_ns
+from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.observe.logs import ErrorBurstLog
 from replayer.observe.metrics import ReplayerMetrics
@@ -44,7 +44,8 @@ class RunState:
 
 
 class Accounting(Observer):
-    """The dispatcher's and the client's hooks: live counters, metrics, error bursts."""
+    """The dispatcher's and the client's hooks (live counters, dispatch metrics), and the result
+    fan-out's ``live state`` step (``on_result``: the counters of ``/status``, error bursts)."""
 
     def __init__(self, state: RunState, metrics: ReplayerMetrics) -> None:
         self.s = state
@@ -67,7 +68,6 @@ class Accounting(Observer):
             s.cancelled += 1
         else:
             s.not_started += 1
-        self.m.on_result(res)
 
     def on_dispatched(self, res: RequestResult) -> None:
         s, lag = self.s, res.dispatch_lag_ms

@@ -29,9 +29,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from replayer.build.payload import PreparedRequest
 from replayer.core.clock import MONOTONIC, SPIN_NS, Clock
 from replayer.core.errors import ErrorKind, Outcome
+from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.plan.planner import PREPARE, Fire, Planner
 from replayer.plan.schedule import ScheduleBatch, Timeline
@@ -46,10 +46,10 @@ CATCH_UP_NS = 2_000_000
 
 
 class Observer:
-    """Hooks for live accounting (metrics, status). All no-ops here."""
+    """Hooks for live accounting as requests go out (metrics, status). No-ops here. Results are
+    not observed here: each goes to the ``sink`` alone, the run's one fan-out."""
 
     def on_sent(self, req: PreparedRequest) -> None: ...
-    def on_result(self, res: RequestResult) -> None: ...
 
 
 @dataclass
@@ -330,7 +330,6 @@ class Dispatcher:
     def _deliver(self, res: RequestResult) -> None:
         try:
             self._sink(res)
-            self.obs.on_result(res)
         except Exception:  # a broken sink must not lose the replay
             log.exception("result sink failed for row %d", res.row)
 
