@@ -1,1 +1,16 @@
-"""TODO facade"""
+"""The run's settings: ``RunConfig`` (typed, frozen, every check), loading it from flags and a config
+file, and the errors that name each bad setting.
+
+The names below are this stage's facade (imported on first use); the modules are its own.
+"""
+
+from typing import TYPE_CHECKING
+
+from replayer.core.facade import facade
+
+if TYPE_CHECKING:
+    from replayer.config.load import ConfigError
+    from replayer.config.model import RunConfig, load_config
+
+__all__ = ["RunConfig", "load_config", "ConfigError"]
+__getattr__ = facade(__name__, {"RunConfig": ".model", "load_config": ".model", "ConfigError": ".load"})

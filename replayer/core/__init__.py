@@ -1,1 +1,56 @@
-"""TODO facade"""
+"""The pure core every stage shares: the one clock, hashing, error and outcome kinds, the table of
+endpoint kinds, the request and result records, timestamps and ``derive()``, the SLO rule, the
+usage rule and the statistics sketches. No I/O.
+
+The names below are this stage's facade (imported on first use); the modules are its own.
+"""
+
+from typing import TYPE_CHECKING
+
+from .facade import facade
+
+if TYPE_CHECKING:
+    from replayer.core.clock import Anchor, now_ns
+    from replayer.core.endpoints import Endpoint, endpoint_kind
+    from replayer.core.errors import ErrorKind, Outcome
+    from replayer.core.request import PreparedRequest
+    from replayer.core.result import RequestResult
+    from replayer.core.slo import judge_result, parse_goodput
+    from replayer.core.stats import Stat
+    from replayer.core.timestamps import Latencies, Timestamps, derive
+
+__all__ = [
+    "Anchor",
+    "now_ns",
+    "ErrorKind",
+    "Outcome",
+    "Endpoint",
+    "endpoint_kind",
+    "PreparedRequest",
+    "RequestResult",
+    "Timestamps",
+    "Latencies",
+    "derive",
+    "Stat",
+    "parse_goodput",
+    "judge_result",
+]
+__getattr__ = facade(
+    __name__,
+    {
+        "Anchor": ".clock",
+        "now_ns": ".clock",
+        "ErrorKind": ".errors",
+        "Outcome": ".errors",
+        "Endpoint": ".endpoints",
+        "endpoint_kind": ".endpoints",
+        "PreparedRequest": ".request",
+        "RequestResult": ".result",
+        "Timestamps": ".timestamps",
+        "Latencies": ".timestamps",
+        "derive": ".timestamps",
+        "Stat": ".stats",
+        "parse_goodput": ".slo",
+        "judge_result": ".slo",
+    },
+)

@@ -1,1 +1,26 @@
-"""TODO facade"""
+"""When each request is due: the schedule (due times from one anchor, the time scale, loops, the
+idle-gap cap), sessions and the pure planner. Never sleeps, never sends.
+
+The names below are this stage's facade (imported on first use); the modules are its own.
+"""
+
+from typing import TYPE_CHECKING
+
+from replayer.core.facade import facade
+
+if TYPE_CHECKING:
+    from replayer.plan.planner import Planner
+    from replayer.plan.schedule import IdleGapCap, Timeline, iter_schedule
+    from replayer.plan.sessions import SessionGate
+
+__all__ = ["Timeline", "iter_schedule", "IdleGapCap", "Planner", "SessionGate"]
+__getattr__ = facade(
+    __name__,
+    {
+        "Timeline": ".schedule",
+        "iter_schedule": ".schedule",
+        "IdleGapCap": ".schedule",
+        "Planner": ".planner",
+        "SessionGate": ".sessions",
+    },
+)
