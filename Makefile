@@ -30,11 +30,14 @@ TEST_WORKERS ?= 2
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
-# ruff (pyflakes, pycodestyle, bugbear; `ruff check` only, no reformatting) and mypy (strict on
-# the pure core, default checks elsewhere): settings in pyproject.toml.
+# The rules a machine keeps (settings in pyproject.toml): the formatter, ruff's checks (import
+# order, complexity and length limits, no reaching into private names), mypy (strict on core,
+# plan, http and send; no module ignored) and the pipeline's layer contract (import-linter).
 lint: $(VENV)/.installed
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 bench: $(VENV)/.installed
 	$(PY) bench/bench_hotpaths.py

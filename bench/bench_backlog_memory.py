@@ -25,9 +25,10 @@ import sys
 
 import psutil
 
-from replayer.build.payload import PayloadBuilder, PreparedRequest
+from replayer.build.payload import PayloadBuilder
 from replayer.build.prompts import PromptBuilder
 from replayer.core.clock import now_ns
+from replayer.core.request import PreparedRequest
 from replayer.http.client import Client
 from replayer.http.pool import IDLE_EXPIRY_S
 

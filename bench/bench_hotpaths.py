@@ -107,7 +107,7 @@ def bench_client_protocol() -> None:
     protocol (llhttp parse -> SSE fast path -> OpenAI chunk accounting), as uvloop would."""
     import asyncio
 
-    from replayer.http.client import Client, _Connection, _Exchange
+    from replayer.http.client import Client, Connection, Exchange
 
     class NullTransport:
         def write(self, b):
@@ -133,9 +133,9 @@ def bench_client_protocol() -> None:
         for _ in range(5):
             t = time.perf_counter()
             for _ in range(40):
-                conn = _Connection(c)
+                conn = Connection(c)
                 conn.connection_made(NullTransport())
-                ex = _Exchange(loop.create_future(), None)
+                ex = Exchange(loop.create_future(), None)
                 conn.start(b"x", ex)
                 conn.data_received(head)
                 for _ in range(500):

@@ -33,8 +33,8 @@ import uvloop
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from replayer.build.payload import PreparedRequest  # noqa: E402
 from replayer.core.clock import now_ns  # noqa: E402
+from replayer.core.request import PreparedRequest  # noqa: E402
 from replayer.core.result import RequestResult  # noqa: E402
 from replayer.http.client import Client  # noqa: E402
 

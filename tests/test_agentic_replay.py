@@ -50,7 +50,7 @@ def _plan(body) -> Plan:
 
 def test_tool_wait_from_the_predecessors_end_recorded_as_session_wait(tmp_path):
     from replayer.config.model import load_config
-    from replayer.record.recorder import read_results
+    from replayer.record.folder import read_results
     from replayer.run.daemon import run_replay
 
     trace = tmp_path / "copilot.jsonl"

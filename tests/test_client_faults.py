@@ -36,10 +36,11 @@ from faultserver import (
 )
 
 import replayer.http.client as client_mod
-from replayer.build.payload import PayloadBuilder, PreparedRequest
+from replayer.build.payload import PayloadBuilder
 from replayer.build.prompts import PromptBuilder
 from replayer.core.clock import Anchor, now_ns
 from replayer.core.errors import ErrorKind, Outcome
+from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult, to_table
 from replayer.http.chunks import StreamAccumulator
 from replayer.http.client import Client

@@ -9,9 +9,10 @@ import socket
 import pytest
 from faultserver import run_delay_ns
 
-from replayer.build.payload import PayloadBuilder, PreparedRequest
+from replayer.build.payload import PayloadBuilder
 from replayer.build.prompts import PromptBuilder
 from replayer.core.clock import now_ns
+from replayer.core.request import PreparedRequest
 from replayer.http.client import Client
 from replayer.sim import SimConfig, SimServer
 

@@ -9,8 +9,8 @@ import asyncio
 import pytest
 from batches import TimeBatch
 
-from replayer.build.payload import PreparedRequest
 from replayer.core.clock import Clock
+from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.plan.planner import NEVER, Planner
 from replayer.plan.schedule import ScheduleBatch, Timeline, iter_schedule

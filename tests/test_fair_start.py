@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from replayer.record.recorder import read_results
+from replayer.record.folder import read_results
 
 # The daemon as a process whose pool opens slowly, as against a target with a small listen backlog
 # (SYNs dropped and retried after 1 s): the real warm-up, then a pause of argv[1] seconds. It

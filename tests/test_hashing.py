@@ -5,8 +5,7 @@ prefix_cache, tracetools, the simulator's cache, trace.agentic): prompts, prefix
 the simulator's block keys must stay bit-identical."""
 
 import numpy as np
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from replayer.build.prefix_cache import chain_keys, chain_keys_py
 from replayer.core.hashing import GAMMA, MASK64, mix64, mix64_array, mix64_inplace, mix64_steps

@@ -15,7 +15,7 @@ import pytest
 
 from replayer.core.result import RequestResult, compact_itl, itl_samples, to_table
 from replayer.core.stats import RELATIVE_ACCURACY, Stat
-from replayer.record.recorder import read_results, result_files
+from replayer.record.folder import read_results, result_files
 from replayer.results.summary import summarize_files
 
 ITL_FIELDS = ("mean_itl_ms", "median_itl_ms", "p90_itl_ms", "p99_itl_ms", "max_itl_ms")

@@ -22,7 +22,7 @@ from replayer.config.model import load_config
 from replayer.core.result import RequestResult
 from replayer.http.servertimings import TimedStreamAccumulator, record
 from replayer.observe.metrics import ReplayerMetrics
-from replayer.record.recorder import read_results
+from replayer.record.folder import read_results
 from replayer.sim import SimConfig, SimServer
 
 TRACE = "traces/mooncake_conversation_10min.parquet"

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 from batches import TimeBatch
 
-from replayer.build.payload import PayloadBuilder, PreparedRequest
+from replayer.build.payload import PayloadBuilder
 from replayer.build.prompts import PromptBuilder
 from replayer.core.clock import Anchor, now_ns
+from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.http.client import Client
 from replayer.http.launcher import Launcher

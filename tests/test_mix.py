@@ -69,7 +69,7 @@ def test_two_tenant_run_against_the_simulator(tmp_path):
     its rows, metrics and summary section; the expected prefix-cache hits (the model) and the
     simulator's prefix-cache counter agree, and both count only sharing inside a session."""
     from replayer.config.model import load_config
-    from replayer.record.recorder import read_results
+    from replayer.record.folder import read_results
     from replayer.run.daemon import run_replay
 
     res = tmp_path / "res"
@@ -156,7 +156,7 @@ def test_sessions_stay_gated_when_another_trace_of_the_mix_chains_requests(tmp_p
     """The Weka sample's subagent gives the mix request/parent ids; the Copilot sample's rows have
     none and still wait for their session's previous call (by session id)."""
     from replayer.config.model import load_config
-    from replayer.record.recorder import read_results
+    from replayer.record.folder import read_results
     from replayer.run.daemon import run_replay
 
     res = tmp_path / "res"

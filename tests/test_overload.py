@@ -7,8 +7,8 @@ import asyncio
 from batches import TimeBatch
 from senders import CallSender
 
-from replayer.build.payload import PreparedRequest
 from replayer.core.clock import now_ns
+from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.plan.planner import Planner
 from replayer.plan.schedule import Timeline, iter_schedule

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from replayer.build.payload import PreparedRequest
 from replayer.core.clock import SPIN_NS
+from replayer.core.request import PreparedRequest
 from replayer.plan.planner import END, LATER, NEVER, PREPARE, RETRY_HAND_OVER_NS, Planner, Wake
 from replayer.plan.schedule import Timeline
 from replayer.plan.sessions import SessionGate

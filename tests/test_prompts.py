@@ -6,8 +6,7 @@ import sys
 import numpy as np
 import orjson
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from replayer.build.payload import PayloadBuilder
 from replayer.build.prompts import GAMMA, PromptBuilder, block_key, mix64, vocab_from_range

@@ -5,7 +5,8 @@ import dataclasses
 import numpy as np
 
 from replayer.core.result import SCHEMA, RequestResult, Rows, batches_to_table
-from replayer.record.recorder import Recorder, read_results
+from replayer.record.folder import read_results
+from replayer.record.recorder import Recorder
 
 
 def _result(i: int, rng) -> RequestResult:

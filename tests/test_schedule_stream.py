@@ -3,8 +3,7 @@
 from dataclasses import dataclass
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from replayer.plan.schedule import Timeline, iter_schedule, shard_mask
 

@@ -13,8 +13,9 @@ import statistics
 import orjson
 import pytest
 
-from replayer.build.payload import PayloadBuilder, PreparedRequest
+from replayer.build.payload import PayloadBuilder
 from replayer.core.clock import now_ns
+from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.http.client import Client
 from replayer.sim import SimConfig, SimServer

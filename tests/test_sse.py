@@ -10,8 +10,7 @@ import time
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from replayer.core.errors import ErrorKind
 from replayer.http.chunks import StreamAccumulator

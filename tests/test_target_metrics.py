@@ -267,8 +267,8 @@ def test_sample_parts_roll_into_one_file_after_an_earlier_run(tmp_path):
 
 
 def test_sample_parts_roll_during_the_run_and_the_file_stays_within_retention(tmp_path):
+    from replayer.record.folder import REMOVED, samples_kept_since
     from replayer.record.recorder import ROLLED_PARTS
-    from replayer.record.retention import REMOVED, samples_kept_since
 
     sc = TargetScraper("http://unused/metrics")
 

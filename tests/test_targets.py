@@ -61,7 +61,7 @@ def _completions(srv) -> list:
 
 
 def test_b29_sessions_keep_their_first_turns_target(tmp_path, capsys):
-    from replayer.record.recorder import read_results
+    from replayer.record.folder import read_results
 
     trace = _write(tmp_path, B29)
     registry = CollectorRegistry()
@@ -124,7 +124,7 @@ def test_b29_sessions_keep_their_first_turns_target(tmp_path, capsys):
 
 
 def test_one_target_has_no_target_column_values_or_series(tmp_path):
-    from replayer.record.recorder import read_results
+    from replayer.record.folder import read_results
 
     trace = _write(tmp_path, B29[:2])
     registry = CollectorRegistry()
@@ -139,7 +139,7 @@ def test_one_target_has_no_target_column_values_or_series(tmp_path):
 
 
 def test_a_target_down_fails_its_own_requests_the_other_goes_on(tmp_path):
-    from replayer.record.recorder import read_results
+    from replayer.record.folder import read_results
     from replayer.run.simproc import spawn_sim, stop_sim
 
     # 3 sessions of 2 turns and 2 rows without a session: sessions 0 and 2 and row 4 go to
@@ -339,7 +339,7 @@ def test_workers_keep_each_session_on_its_target(tmp_path):
     import subprocess
     import sys
 
-    from replayer.record.recorder import read_results
+    from replayer.record.folder import read_results
 
     # B29 and six more sessions, two turns each, so both workers hold sessions
     rows = list(B29)

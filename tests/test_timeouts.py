@@ -19,8 +19,17 @@ from dataclasses import dataclass
 import pyarrow.parquet as pq
 import pytest
 from faultserver import DONE, FaultServer, Plan, ProcessFaultServer, choice, run_delay_ns, usage_event
-from test_client_faults import PROMPTS, SANITY_MS, by_prompt_head, play, prepared, result_for, send_all, served
-from test_client_faults import TOL_MS as TOL_FAULTS_MS
+from test_client_faults import (
+    PROMPTS,
+    SANITY_MS,
+    TOL_MS as TOL_FAULTS_MS,
+    by_prompt_head,
+    play,
+    prepared,
+    result_for,
+    send_all,
+    served,
+)
 
 from replayer.core.clock import now_ns
 from replayer.core.errors import ErrorKind

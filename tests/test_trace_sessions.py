@@ -14,8 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from replayer.cli import main as cli_main
 from replayer.results.traceinspect import format_inspect, inspect_trace

@@ -14,7 +14,7 @@ from faultserver import DONE, Plan, ThreadedFaultServer, choice, usage_event
 from prometheus_client import CollectorRegistry
 
 from replayer.config.model import load_config
-from replayer.record.recorder import read_results
+from replayer.record.folder import read_results
 from replayer.run.daemon import run_replay
 
 

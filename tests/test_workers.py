@@ -18,7 +18,7 @@ import pytest
 from conftest import free_port
 
 from replayer.core.result import RequestResult, to_table
-from replayer.record.recorder import read_results, result_files
+from replayer.record.folder import read_results, result_files
 from replayer.results.merge import merge_results
 from replayer.run.workers import _exit_code, _progress, _without_flag, progress_line
 from replayer.trace import read_trace

@@ -18,9 +18,13 @@ import logging
 import multiprocessing
 import threading
 from concurrent.futures import ProcessPoolExecutor
+from typing import TYPE_CHECKING
 
 from replayer.build.imagerows import row_images
 from replayer.build.images import ImageParts, build_part
+
+if TYPE_CHECKING:
+    from replayer.plan.schedule import ScheduleBatch
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ class ImagePrefetch:
         self.default_size = default_size
         self.lookahead = lookahead_rows
         self._cond = threading.Condition()
-        self._sb = None  # the schedule batch being prepared
+        self._sb: ScheduleBatch | None = None  # the schedule batch being prepared
         self._pos = 0  # the item of it being prepared
         self._seed = 0  # its images' seed
         self._thread: threading.Thread | None = None
@@ -55,12 +59,14 @@ class ImagePrefetch:
                 self._thread.start()
 
     def _run(self) -> None:
-        sb, k = None, 0
+        sb: ScheduleBatch | None = None
+        k = 0
         while True:
             with self._cond:
                 while True:
                     if self._sb is not sb:  # preparation moved to another batch: follow it
                         sb, k = self._sb, self._pos + 1
+                    assert sb is not None  # at() set it before it started this thread
                     k = max(k, self._pos + 1)
                     seed = self._seed
                     if k < len(sb) and k <= self._pos + self.lookahead:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 
-from replayer.build.payload import CHAT, endpoint_kind
+from replayer.core.endpoints import CHAT, endpoint_kind
 from replayer.trace import parse_mapping
 
 #: Columns that give a row images.
@@ -79,6 +79,7 @@ def check_image_endpoints(batches, trace: str, endpoint: str) -> int:
                     bad += 1
                     first = first or (int(batch.source_row[i]), kind)
     if bad:
+        assert first is not None  # set with the first bad row
         raise ImageEndpointError(
             f"{trace}: {bad} rows carry images (image_ids / num_images; first: row {first[0]}) but would go to "
             f"{first[1]}, which takes token ids and no images. Images are sent as image content parts of a chat "

@@ -79,7 +79,7 @@ def encode_png(pixels: np.ndarray) -> bytes:
         (
             b"\x89PNG\r\n\x1a\n",
             _png_chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)),
-            _png_chunk(b"IDAT", zlib.compress(raw, 1)),
+            _png_chunk(b"IDAT", zlib.compress(raw.data, 1)),
             _png_chunk(b"IEND", b""),
         )
     )
@@ -116,7 +116,7 @@ def content_part(data: bytes, fmt: str) -> bytes:
     )
 
 
-def build_part(key: tuple, fmt: str) -> tuple[bytes, int]:
+def build_part(key: tuple[int, str, int, int], fmt: str) -> tuple[bytes, int]:
     """(content part, encoded size) of the image ``key`` = (seed, id, width, height)."""
     data = image_bytes(*key, fmt)
     return content_part(data, fmt), len(data)
@@ -170,7 +170,7 @@ class ImageParts:
                 return got
             fut = self._building.get(key)
             mine = fut is None
-            if mine:
+            if fut is None:
                 fut = self._building[key] = Future()
         if not mine:
             self.waits += 1

@@ -50,9 +50,8 @@ from typing import Any
 
 import numpy as np
 
-from replayer.build.payload import CHAT, COMPLETIONS, POOLING
-from replayer.core.hashing import GAMMA, mix64, mix64_array
-from replayer.core.hashing import MASK64 as _MASK
+from replayer.core.endpoints import CHAT, COMPLETIONS, POOLING
+from replayer.core.hashing import GAMMA, MASK64 as _MASK, mix64, mix64_array
 
 __all__ = [
     "PrefixCacheModel",

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, cast
 
 import numpy as np
 import orjson
@@ -39,23 +40,19 @@ from replayer.build.imageprefetch import ImagePrefetch
 from replayer.build.imagerows import image_count, row_images
 from replayer.build.images import ImageParts
 from replayer.build.loopprompts import Prompts
-from replayer.build.payload import (
-    CHAT,
-    COMPLETIONS,
-    EMBEDDINGS,
-    POOLING,
-    SCORE,
-    PayloadBuilder,
-    PreparedRequest,
-    endpoint_kind,
-)
+from replayer.build.payload import PayloadBuilder
 from replayer.build.prefix_cache import modelled
 from replayer.build.prompts import TextPromptBuilder
 from replayer.build.sessionkeys import session_header_lines, session_header_value, session_keys
 from replayer.build.textprefetch import TextPrefetch
+from replayer.core.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, POOLING, SCORE, endpoint_kind
 from replayer.core.hashing import mix64
+from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.plan.schedule import ScheduleBatch, Timeline, column_value
+
+if TYPE_CHECKING:
+    from replayer.trace import Trace
 
 ANSWER_SALT = 0xA5A5_0A5A_5A5A_A5A5
 log = logging.getLogger(__name__)
@@ -143,10 +140,10 @@ class RequestFactory:
         self.image_token_rule, self.image_cache_mb = image_token_rule, image_cache_mb
         self._histories: OrderedDict[object, _History] = OrderedDict()
         self._history_tokens = 0
-        self._seen: tuple[object, int, int] | None = None  # (batch, loop, next row to observe)
+        self._seen: tuple[Trace, int, int] | None = None  # (batch, loop, next row to observe)
         self._cols: tuple = (None,)  # (batch, *its _ROW_COLUMNS or None)
         self._image_src: ImageParts | None = None  # built on the first image
-        self._image_rule = None
+        self._image_rule: Callable[[int, int], int] | None = None
         self._prefetch: ImagePrefetch | None = None
         self._text_prefetch: TextPrefetch | None = None  # started by the first text row
         self._prebuilt: tuple[ScheduleBatch, dict[int, PreparedRequest]] | None = None  # (batch, item -> request)
@@ -181,7 +178,7 @@ class RequestFactory:
         return self._build(sb, j)
 
     def _build(self, sb: ScheduleBatch, j: int) -> PreparedRequest:
-        t = sb.batch
+        t = cast("Trace", sb.batch)  # (the plan types its batches as object)
         i = int(sb.idx[j])
         self._observe_unsent(t, sb.loop, i)
         n_in, n_out = int(t.input_length[i]), int(t.output_length[i])
@@ -244,7 +241,9 @@ class RequestFactory:
                 text = self._prompt_text(sb, j, hash_ids, n_in)
                 req.body = payload.text_body(text, n_out, chat=kind == CHAT)
             else:
-                req.body = payload.body(self.prompts.for_loop(sb.loop).prompt_json(hash_ids, n_in), n_out)
+                # (prompt_json takes Sequence[int]; the row's int64 array serves as one)
+                prompt = self.prompts.for_loop(sb.loop).prompt_json(hash_ids, n_in)  # type: ignore[arg-type]
+                req.body = payload.body(prompt, n_out)
             req.expected_hits = self.prompts.expected_cache(sb.loop).observe(hash_ids, n_in)
         return req
 
@@ -273,7 +272,7 @@ class RequestFactory:
             model.observe(t.hash_ids(k), int(t.input_length[k]))
 
     def unsent(self, sb: ScheduleBatch, j: int) -> RequestResult:
-        t = sb.batch
+        t = cast("Trace", sb.batch)
         i = int(sb.idx[j])
         path = column_value(t, "endpoint", i)
         return RequestResult(
@@ -305,9 +304,11 @@ class RequestFactory:
         prefetch.at(sb, j, seed)
         parts, nbytes, expected, again = [], 0, 0, 0
         images = row_images(t, i, req.row, self.image_size)
+        src = self._image_src
+        assert src is not None  # made by _images()
         for image_id, w, h in images:
-            part, size = self._image_src.part(seed, image_id, w, h)
-            again += self._image_src.seen(seed, image_id, w, h)
+            part, size = src.part(seed, image_id, w, h)
+            again += src.seen(seed, image_id, w, h)
             parts.append(part)
             nbytes += size
             if self._image_rule is not None:
@@ -332,6 +333,7 @@ class RequestFactory:
         """The text prefetch (made on the first text row)."""
         if self._text_prefetch is None:
             p = self.prompts
+            assert p.tokenizer is not None  # callers check it first (see _text)
             self._text_prefetch = TextPrefetch(p.tokenizer, p.block_size, p.vocab, self._text_item)
         return self._text_prefetch
 
@@ -362,14 +364,15 @@ class RequestFactory:
     def _prompt_text(self, sb: ScheduleBatch, j: int, hash_ids, n_in: int) -> str:
         """The prompt text of item ``j``: decoded ahead by ``textprefetch``'s child, else now."""
         text = self._text(sb.loop)
-        self._texts().at(sb, j, text.builder.seed)
-        got = self._text_prefetch.take(sb, j)
+        prefetch = self._texts()
+        prefetch.at(sb, j, text.builder.seed)
+        got = prefetch.take(sb, j)
         return got if got is not None else text.prompt_text(hash_ids, n_in)
 
     def _text_item(self, sb: ScheduleBatch, k: int):
         """(hash ids, input_length) of item ``k`` when ``prepare`` sends it as text decoded in one
         piece (chat, text mode; not pooling or prefix growth), else None. Run by the prefetch thread."""
-        t = sb.batch
+        t = cast("Trace", sb.batch)
         i = int(sb.idx[k])
         path = column_value(t, "endpoint", i)
         kind = endpoint_kind(path) if path else self.default_endpoint
@@ -391,7 +394,7 @@ class RequestFactory:
         q = column_value(t, "query_length", i) or 0
         req.max_tokens = 0
         if kind == EMBEDDINGS:
-            cuts = np.cumsum(docs)[:-1] if docs else []
+            cuts: np.ndarray | list[int] = np.cumsum(docs)[:-1] if docs else []
             parts = np.split(ids, cuts) if docs else [ids]
             req.body = payload.embeddings_body([orjson.dumps(p, option=orjson.OPT_SERIALIZE_NUMPY) for p in parts])
             req.n_documents = len(parts)

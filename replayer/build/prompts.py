@@ -30,10 +30,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from replayer.core.hashing import GAMMA, mix64, mix64_steps
-from replayer.core.hashing import MASK64 as _MASK
-from replayer.core.hashing import mix64_array as _mix
-from replayer.core.hashing import mix64_inplace as _mix_inplace
+from replayer.core.hashing import (
+    GAMMA,
+    MASK64 as _MASK,
+    mix64,
+    mix64_array as _mix,
+    mix64_inplace as _mix_inplace,
+    mix64_steps,
+)
 
 DEFAULT_VOCAB_RANGE = (1000, 30000)
 

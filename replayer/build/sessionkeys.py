@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from replayer.build.payload import PreparedRequest
+from replayer.core.request import PreparedRequest
 from replayer.plan.schedule import column_value
 
 __all__ = ["SESSION_HEADER_PRESETS", "session_header_lines", "session_header_value", "session_keys"]

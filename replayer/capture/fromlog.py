@@ -23,6 +23,7 @@ import json
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 
 import orjson
 import pyarrow as pa
@@ -159,7 +160,8 @@ def rows_from_log(  # noqa: C901, PLR0912, PLR0915
                 "image_hashes": facts.images or None,
                 "duration_ms": None,
             }
-            tokens, by = None, "none"
+            tokens: Sequence[int] | None = None
+            by = "none"
             if facts.token_ids is not None:
                 tokens, by = facts.token_ids, "request"
             elif facts.tokenize_body is not None and tokenize_url:

@@ -130,6 +130,8 @@ class CaptureProxy:
         from urllib.parse import urlsplit
 
         u = urlsplit(self.upstream)
+        if not u.hostname:
+            raise ValueError(f"upstream must be an http(s) URL with a host, got {self.upstream!r}")
         https = u.scheme == "https"
         self.pool = UpstreamPool(
             u.hostname,
@@ -281,6 +283,7 @@ class CaptureProxy:
     def _row(self, endpoint: str, acc: UsageTracker, req: Request, status: int | None, outcome: str, end: int) -> dict:
         """The row's measured part; the tokenization queue adds what comes from the body."""
         il = acc.prompt_tokens
+        ol_src: str | None
         if endpoint in GENERATION:
             ol, ol_src = acc.completion_tokens, "usage"
             if ol is None and outcome == "http_error":  # an error answer generated nothing

@@ -265,6 +265,8 @@ async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, imag
     stop = asyncio.Event()
     signals: list[str] = []
     await proxy.start()
+    tokenizing = proxy.tokenization
+    assert tokenizing is not None  # opened by start()
     try:
         bound = proxy.listen(host, port)
     except OSError as e:
@@ -277,7 +279,7 @@ async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, imag
             "state": "draining" if stop.is_set() else "capturing",
             "in_flight": proxy.in_flight,
             "rows_written": writer.rows_written,
-            "tokenize_backlog": proxy.tokenization.queue.qsize(),
+            "tokenize_backlog": tokenizing.queue.qsize(),
             "distinct_blocks": hasher.distinct_blocks,
             "reads_without_kernel_stamp": proxy.listener.unstamped,
         },

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from typing import Callable
 
 import httptools
 
@@ -83,9 +84,13 @@ class Exchange:
         self.headers: list[tuple[str, str]] = []
         self.got_bytes = False
         self.until_close = False  # the body ends when the upstream closes
-        self.on_head = None  # called in the read that completed the response head (writes the client's)
+        self.on_head: Callable[[], None] | None = (
+            None  # called in the read that completed the response head (writes the client's)
+        )
         self.keep = True  # the client's connection stays open after this response
-        self.on_end = None  # called when the client has the whole response (releases its connection)
+        self.on_end: Callable[[], None] | None = (
+            None  # called when the client has the whole response (releases its connection)
+        )
         self.ended = False
         self.writes = 0  # writes to the client (its response head included)
 
@@ -164,7 +169,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def __init__(self, pool: "UpstreamPool") -> None:
         self.pool = pool
-        self.transport = None
+        self.transport: asyncio.Transport | StampedTransport | None = None  # set in connection_made
         self.parser = httptools.HttpResponseParser(self)
         self.ex: Exchange | None = None
         self.closed = False
@@ -196,7 +201,9 @@ class UpstreamConnection(asyncio.Protocol):
             if ex.pending:
                 ex.flush()
             if self.stamped and ex.writes != writes:  # this read reached the client: how long it was held
-                self.pool.observe_forward(time.perf_counter_ns() - self.transport.stamp_ns)
+                t = self.transport
+                assert isinstance(t, StampedTransport)
+                self.pool.observe_forward(time.perf_counter_ns() - t.stamp_ns)
 
     def connection_lost(self, exc) -> None:
         self.closed = True
@@ -264,6 +271,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.ex = ex
         ex.conn = self
         self.reusable = False
+        assert self.transport is not None  # a connection from UpstreamPool.acquire is connected
         self.transport.write(head + body)  # one write: head and body leave together
 
     def _fail(self, msg: str) -> None:
@@ -309,6 +317,7 @@ class UpstreamPool:
         """An idle keep-alive connection, or None (it may turn out closed: retry once, anew)."""
         while self.idle:
             c = self.idle.pop()
+            assert c.transport is not None  # an idle connection has been connected
             if not c.closed and not c.transport.is_closing():
                 return c
         return None
@@ -333,6 +342,7 @@ class UpstreamPool:
 
     def release(self, c: UpstreamConnection) -> None:
         if c.reusable and not c.closed:
+            assert c.transport is not None  # reusable: a response came on it
             if not c.transport.is_reading():  # (paused for a slow client as its response ended)
                 c.transport.resume_reading()
             self.idle.append(c)
@@ -346,5 +356,6 @@ class UpstreamPool:
 
     def close(self) -> None:
         for c in self.idle:
+            assert c.transport is not None  # an idle connection has been connected
             c.transport.close()
         self.idle.clear()

@@ -141,9 +141,9 @@ def request_facts(endpoint: str, body: bytes, session_header: str | None, image_
     if ids is not None:
         facts.token_ids = ids
         return facts
-    texts = _texts(prompt)
-    if texts:
-        facts.text = "".join(texts)
+    prompt_texts = _texts(prompt)
+    if prompt_texts:
+        facts.text = "".join(prompt_texts)
         facts.tokenize_body = {"prompt": facts.text, **({"model": facts.model} if facts.model else {})}
     return facts
 

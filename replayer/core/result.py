@@ -198,7 +198,7 @@ class Rows:
         self._reset()
 
     def _reset(self) -> None:
-        self._rows: list[tuple] = []
+        self._rows: list[tuple[object, ...]] = []  # one tuple of the scalar fields per result
         self._itl = array.array("f")
         self._lens = array.array("i")
 
@@ -290,7 +290,7 @@ def itl_samples(t: pa.Table | pa.RecordBatch, mask: np.ndarray | None = None) ->
     times as its count (so a statistic of them counts every gap once; see ``compact_itl``)."""
     sel = pa.array(mask) if mask is not None else None
     lists = t.column("itl_ms") if sel is None else t.column("itl_ms").filter(sel)
-    values = pc.list_flatten(lists).to_numpy(zero_copy_only=False).astype(np.float64)
+    values: np.ndarray = pc.list_flatten(lists).to_numpy(zero_copy_only=False).astype(np.float64)
     if "itl_counts" not in t.schema.names:
         return values
     counts = t.column("itl_counts") if sel is None else t.column("itl_counts").filter(sel)

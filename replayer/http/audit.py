@@ -17,7 +17,7 @@ scoring — else ``ok``. A response without a usable usage object is a failed re
 
 from __future__ import annotations
 
-from replayer.build.payload import EMBEDDINGS, POOLING
+from replayer.core.endpoints import EMBEDDINGS, POOLING
 from replayer.core.errors import ErrorKind, Outcome
 from replayer.core.result import RequestResult
 

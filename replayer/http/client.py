@@ -51,20 +51,22 @@ import ssl
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from replayer.build.payload import POOLING, PreparedRequest
 from replayer.core.clock import now_ns
+from replayer.core.endpoints import POOLING
 from replayer.core.errors import ErrorKind, Outcome
+from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.http.audit import audit_pooling
 from replayer.http.chunks import ERROR_TEXT_LIMIT, StreamAccumulator
-from replayer.http.connection import _ERROR_BODY_LIMIT, _Connection, _Exchange, _Failure, fd_limit_hint
+from replayer.http.connection import _ERROR_BODY_LIMIT, Connection, Exchange, Failure, fd_limit_hint
 from replayer.http.launcher import Launcher
 from replayer.http.measure import fail, measure, partial, retry_after_s
 from replayer.http.pool import IDLE_EXPIRY_S, Pool
-from replayer.http.servertimings import TimedStreamAccumulator
-from replayer.http.servertimings import record as record_server_timings
+from replayer.http.servertimings import TimedStreamAccumulator, record as record_server_timings
 
 _UNSENT = -2.0  # _attempt: the launcher never wrote the reserved request (its connection closed first)
+#: what ``Client.reserve`` returns: the connection bound, its exchange and the request head
+Reserved = tuple[Connection, Exchange, bytes]
 
 
 class Client(Pool):
@@ -142,7 +144,8 @@ class Client(Pool):
         # failed at the due time), its dispatch lag set: live accounting at send time
         self.on_dispatched: Callable[[RequestResult], None] | None = None
         self._launcher: Launcher | None = None
-        self._launches: dict[int, tuple] = {}  # launcher token -> (req, res, conn, ex, request head)
+        # launcher token -> (req, res, conn, ex, request head, due time)
+        self._launches: dict[int, tuple[PreparedRequest, RequestResult, Connection, Exchange, bytes, int]] = {}
 
     def _request_head(self, path: str) -> bytes:
         head = (
@@ -177,7 +180,7 @@ class Client(Pool):
         launcher.attach(self.on_launched)
         self._launcher = launcher
 
-    def reserve(self, req: PreparedRequest, res: RequestResult) -> tuple | None:
+    def reserve(self, req: PreparedRequest, res: RequestResult) -> Reserved | None:
         """Bind ``req`` to an idle keep-alive connection and build its bytes, to be written at
         its due time by the launcher process (``launch``; ``replayer.http.launcher``). None when no
         launcher runs or no idle plain-HTTP connection is ready (then ``send`` writes it as
@@ -190,12 +193,12 @@ class Client(Pool):
         if conn.fd < 0:  # TLS: only the transport can write
             self._idle.append(conn)
             return None
-        ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns, self._acc())
+        ex = Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns, self._acc())
         conn.ex = ex  # the connection is ours from now on
         res.connect_ms = 0.0
         return conn, ex, self._head_of(req)
 
-    def launch(self, at_ns: int, req: PreparedRequest, res: RequestResult, reserved: tuple) -> None:
+    def launch(self, at_ns: int, req: PreparedRequest, res: RequestResult, reserved: Reserved) -> None:
         """Queue the reserved request's write in the launcher for ``at_ns`` (``now_ns`` clock).
         The launcher writes its head at that time (every request due then starts before any
         body goes; see ``replayer.http.launcher``); ``on_launched`` records it."""
@@ -238,7 +241,7 @@ class Client(Pool):
                         conn.transport.write(memoryview(req.body)[written - len(head) :])
         _reported(ex)
 
-    def cancel_launch(self, conn: _Connection) -> None:
+    def cancel_launch(self, conn: Connection) -> None:
         """``conn`` is closing: drop its write queued in the launcher, if any (the exchange
         fails through the connection)."""
         token = conn.launch
@@ -270,9 +273,9 @@ class Client(Pool):
                 self.on_dispatched(res)
 
     def _write(
-        self, req: PreparedRequest, res: RequestResult, conn: _Connection, t_start: int, lag_from_ns: int
-    ) -> _Exchange:
-        ex = _Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns, self._acc())
+        self, req: PreparedRequest, res: RequestResult, conn: Connection, t_start: int, lag_from_ns: int
+    ) -> Exchange:
+        ex = Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns, self._acc())
         request = self._request_bytes(req)
         sent = now_ns()
         if ex.total_ns is not None:
@@ -283,7 +286,12 @@ class Client(Pool):
         return ex
 
     async def send(
-        self, req: PreparedRequest, res: RequestResult, reserved: tuple | None = None, *, lag_from_ns: int | None = None
+        self,
+        req: PreparedRequest,
+        res: RequestResult,
+        reserved: Reserved | None = None,
+        *,
+        lag_from_ns: int | None = None,
     ) -> RequestResult:
         """Send ``req`` (with ``reserved`` from ``reserve``: the launcher process writes it; this
         only waits), stream its response and fill ``res`` (returned). Request failures are
@@ -292,6 +300,7 @@ class Client(Pool):
         ``lag_from_ns``: when the request was due (ns after the anchor; default ``req.due_ns``),
         the origin of its ``dispatch_lag_ms``."""
         origin = req.due_ns if lag_from_ns is None else lag_from_ns
+        # (callers hold the handle opaquely; it is always what ``reserve`` returned)
         retry_after = await self._attempt(req, res, origin, reserved)
         if retry_after == _UNSENT:  # nothing reached the server: no attempt yet, send it now
             retry_after = await self._attempt(req, res, origin)
@@ -312,7 +321,7 @@ class Client(Pool):
         return res
 
     async def _attempt(  # noqa: C901, PLR0912, PLR0915
-        self, req: PreparedRequest, res: RequestResult, lag_from_ns: int, reserved: tuple | None = None
+        self, req: PreparedRequest, res: RequestResult, lag_from_ns: int, reserved: Reserved | None = None
     ) -> float | None:
         """One exchange of ``req``, filling ``res``. Returns None when the outcome is final
         (success, or a failure that must not be retried), else the delay the server asked for
@@ -320,8 +329,8 @@ class Client(Pool):
         launcher never wrote the ``reserved`` request (``res`` untouched: send it again)."""
         retry: float | None = None
         t0 = self.t0_ns
-        ex: _Exchange | None = None
-        conn: _Connection | None = None
+        ex: Exchange | None = None
+        conn: Connection | None = None
         t_start = now_ns()
         try:
             if reserved is not None:
@@ -332,13 +341,13 @@ class Client(Pool):
                 try:
                     conn = await self._acquire()
                 except asyncio.TimeoutError:
-                    raise _Failure(
+                    raise Failure(
                         ErrorKind.CONNECT_TIMEOUT,
                         f"connect timeout: no connection to {self._host}:"
                         f"{self._port} within {self._connect_timeout:g} s (--connect-timeout)",
                     ) from None
                 except OSError as e:
-                    raise _Failure(
+                    raise Failure(
                         ErrorKind.CONNECT,
                         f"cannot connect to {self._host}:{self._port}: {type(e).__name__}: {e}{fd_limit_hint(e)}",
                     ) from None
@@ -349,7 +358,7 @@ class Client(Pool):
                 ex.sent = asyncio.get_running_loop().create_future()
                 await ex.sent
             if res.sent_ns is None:  # the exchange failed before it was written
-                raise _Failure(ErrorKind.DISCONNECT, "connection closed before the request was written")
+                raise Failure(ErrorKind.DISCONNECT, "connection closed before the request was written")
             sent = res.sent_ns + t0
             res.end_ns = now_ns() - t0
             res.http_status = ex.status
@@ -383,7 +392,7 @@ class Client(Pool):
                     fail(res, acc.error_kind, acc.error)
                 if res.outcome != Outcome.SUCCESS.value:
                     partial(res, acc)
-        except _Failure as f:
+        except Failure as f:
             if reserved is not None and res.sent_ns is None and ex is not None and not ex.t_ns:
                 return _UNSENT  # the reserved connection went away before the launcher wrote it
             res.end_ns = now_ns() - t0
@@ -427,7 +436,7 @@ class Client(Pool):
         return retry
 
 
-def _reported(ex: _Exchange) -> None:
+def _reported(ex: Exchange) -> None:
     """Wake an ``_attempt`` waiting for the launcher's report on ``ex`` (see ``Client.send``)."""
     if ex.sent is not None and not ex.sent.done():
         ex.sent.set_result(None)

@@ -91,7 +91,7 @@ class Launcher:
         self.lateness_ns = 0
         self._late_max_ns = 0  # the largest lateness since take_late_max_ns last read it
         self._sock: socket.socket | None = None
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_report: Report | None = None
         self._token = 0
@@ -302,8 +302,9 @@ class _Ring:
         self.size = size
         self._map: mmap.mmap | None = None
         self._view: memoryview | None = None
-        self._taken: deque[list] = deque()  # [token, start, end, released], in the order taken
-        self._by_token: dict[int, list] = {}
+        # [token, start, end, released (a bool)], in the order taken
+        self._taken: deque[list[int]] = deque()
+        self._by_token: dict[int, list[int]] = {}
         self._head = 0  # where the next region starts, if it fits
 
     def open(self) -> int:

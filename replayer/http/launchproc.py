@@ -39,6 +39,9 @@ REPORT = struct.Struct("<Qqqi4x")
 HELLO = 0  # token of the child's first report: its "bytes written" is the priority obtained
 PRIORITIES = ("default", "nice", "fifo")
 _MAX_FDS = 256  # descriptors one recvmsg takes
+# a request queued in the child: socket, memory file (-1: in the ring), head length, request
+# length, ring offset
+_Item = tuple[int, int, int, int, int]
 
 
 def _raise_priority(policy: str) -> int:
@@ -70,7 +73,7 @@ class _Child:
         self.heap: list[tuple[int, int]] = []
         # token -> (socket, memory file holding the request or -1 (ring), head length, request
         # length, offset in the ring)
-        self.live: dict[int, tuple[int, int, int, int, int]] = {}
+        self.live: dict[int, _Item] = {}
         self.fds: deque[int] = deque()  # descriptors received, not yet matched to their frame
         self.hdr = memoryview(bytearray(FRAME.size))  # the frame header being read
         self.got = 0  # bytes of it read so far
@@ -112,9 +115,9 @@ class _Child:
                 return False
             for level, kind, cdata in anc:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds = array.array("i")
-                    fds.frombytes(cdata[: len(cdata) - len(cdata) % fds.itemsize])
-                    self.fds.extend(fds)
+                    got = array.array("i")
+                    got.frombytes(cdata[: len(cdata) - len(cdata) % got.itemsize])
+                    self.fds.extend(got)
             self.got += n
             if self.got < FRAME.size:
                 continue
@@ -132,12 +135,12 @@ class _Child:
             else:
                 return False
 
-    def release(self, item: tuple) -> None:
+    def release(self, item: _Item) -> None:
         os.close(item[0])
         if item[1] >= 0:
             os.close(item[1])
 
-    def write(self, item: tuple, start: int, end: int) -> int:
+    def write(self, item: _Item, start: int, end: int) -> int:
         """Write bytes ``start:end`` of a request to its socket, without blocking: the count
         written (``BlockingIOError``/``OSError`` propagate)."""
         fd, src, _, _, offset = item
@@ -148,7 +151,7 @@ class _Child:
     def fire(self) -> None:
         """Write every request due by now: all heads first, then the bodies; then report."""
         heap, live = self.heap, self.live
-        started: list[tuple[int, int, tuple, int, int]] = []
+        started: list[tuple[int, int, _Item, int, int]] = []
         while heap and heap[0][0] <= now_ns():
             token = heapq.heappop(heap)[1]
             item = live.pop(token, None)

@@ -24,6 +24,8 @@ it. Unknown unless all three are known.
 
 from __future__ import annotations
 
+from typing import Any
+
 from replayer.core.result import RequestResult
 from replayer.http.chunks import StreamAccumulator
 
@@ -40,18 +42,18 @@ class TimedStreamAccumulator(StreamAccumulator):
 
     def __init__(self, keep_text: bool = False) -> None:
         super().__init__(keep_text)
-        self.server_metrics: dict | None = None
+        self.server_metrics: dict[str, Any] | None = None
 
-    def _take(self, obj: dict, t: int) -> None:
+    def _take(self, obj: dict[str, Any], t: int) -> None:
         super()._take(obj, t)
         m = obj.get("metrics")
         if type(m) is dict:
             self.server_metrics = m
 
 
-def _ms(m: dict, key: str) -> float | None:
+def _ms(m: dict[str, Any], key: str) -> float | None:
     v = m.get(key)
-    if type(v) in (int, float) and v == v and v >= 0:  # a number, not NaN, not negative
+    if (type(v) is int or type(v) is float) and v == v and v >= 0:  # a number, not NaN, not negative
         return float(v)
     return None
 

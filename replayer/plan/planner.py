@@ -23,8 +23,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from replayer.build.payload import PreparedRequest
 from replayer.core.clock import SPIN_NS
+from replayer.core.request import PreparedRequest
 from replayer.plan.schedule import Timeline
 from replayer.plan.sessions import SessionGate
 

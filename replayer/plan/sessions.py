@@ -24,6 +24,10 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from replayer.core.request import PreparedRequest
 
 POLICIES = ("wait", "wait-no-think", "off")
 
@@ -34,14 +38,14 @@ class _Key:
     def __init__(self) -> None:
         self.busy = 0  # requests holding this key: scheduled to fire, or in flight
         self.end_ns: int | None = None  # when the last of them ended (ns after the anchor)
-        self.waiters: deque = deque()  # requests due but waiting for this key to be free
+        self.waiters: deque[PreparedRequest] = deque()  # requests due but waiting for this key to be free
 
 
 class SessionGate:
     """Decides when a due request with a ``dep``/``key`` may go (see the module docstring).
 
     ``scale(trace_ns) -> ns``: trace time to replay time (divide by the current speed-up).
-    Requests are ``replayer.build.payload.PreparedRequest``; times are ns after the run anchor.
+    Requests are ``replayer.core.request.PreparedRequest``; times are ns after the run anchor.
     """
 
     def __init__(
@@ -57,10 +61,10 @@ class SessionGate:
         self.waiting = 0  # requests held in waiter queues now
         self.held = 0  # requests ever held back (waited or delayed)
 
-    def _think(self, req) -> int:
+    def _think(self, req: PreparedRequest) -> int:
         return self._scale(req.think_ns) if self.policy == "wait" and req.think_ns > 0 else 0
 
-    def admit(self, req, due_ns: int) -> int | None:
+    def admit(self, req: PreparedRequest, due_ns: int) -> int | None:
         """``req`` is due at ``due_ns``: returns when it may go (``>= due_ns``), or None when it
         must wait for its predecessor to end (it is queued here and returned by ``finished``).
         The caller then calls ``started(req)`` when it schedules the request."""
@@ -84,7 +88,7 @@ class SessionGate:
             return release
         return due_ns
 
-    def started(self, req) -> None:
+    def started(self, req: PreparedRequest) -> None:
         """``req`` is scheduled to fire (now or at its release time): its key is busy."""
         key = req.key
         if key is None or self.policy == "off":
@@ -97,7 +101,7 @@ class SessionGate:
                 k.end_ns = end
         k.busy += 1
 
-    def finished(self, req, end_ns: int) -> list[tuple[object, int]]:
+    def finished(self, req: PreparedRequest, end_ns: int) -> list[tuple[object, int]]:
         """``req`` ended at ``end_ns`` (any outcome). Returns the requests it releases as
         ``(request, release_ns)``, already ``started``: the caller fires each at ``release_ns``."""
         key = req.key
@@ -123,9 +127,9 @@ class SessionGate:
                 self._ended.popitem(last=False)
         return out
 
-    def take_waiting(self) -> list:
+    def take_waiting(self) -> list[PreparedRequest]:
         """Remove and return every request still waiting (at shutdown: they were never sent)."""
-        out: list = []
+        out: list[PreparedRequest] = []
         for k in self._live.values():
             out.extend(k.waiters)
             k.waiters.clear()

@@ -22,7 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replayer.record.recorder import open_file, report_damaged, result_files, write_json
+from replayer.record.folder import open_file, report_damaged, result_files
+from replayer.record.recorder import write_json
 from replayer.results.summary import BATCH_ROWS, fold_files, format_summary, read_summary, run_spans, set_duration
 
 log = logging.getLogger(__name__)

@@ -26,11 +26,15 @@ import html
 import math
 import os
 import sys
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from replayer.results.reportdata import MAX_POINTS, ReportData, axis_origin_wall_s, load_results, report_files
+
+#: a ``plotly.graph_objects.Figure`` (plotly ships no type hints)
+Figure = Any
 
 
 def figure_specs(data: ReportData, target: pd.DataFrame | None = None, t0_wall_s: float | None = None) -> list[dict]:
@@ -175,12 +179,12 @@ def target_specs(t: pd.DataFrame, t0_wall_s: float | None = None) -> list[dict]:
 
 def figures(
     data: ReportData, target: pd.DataFrame | None = None, t0_wall_s: float | None = None
-) -> list[tuple[str, object]]:
+) -> list[tuple[str, Figure]]:
     """The report's plotly figures as (title, figure), drawn from ``figure_specs``."""
     return draw(figure_specs(data, target, t0_wall_s))
 
 
-def draw(specs: list[dict]) -> list[tuple[str, object]]:
+def draw(specs: list[dict]) -> list[tuple[str, Figure]]:
     """Plotly figures as (title, figure) of figure specs (``figure_specs``' shape; ``mode`` may
     also be "lines+markers")."""
     import plotly.graph_objects as go
@@ -265,7 +269,7 @@ def _verdict_section(summary: dict) -> str:
     )
 
 
-def _page(title: str, heading: str, intro: str, figs: list[tuple[str, object]], tail: str = "") -> str:
+def _page(title: str, heading: str, intro: str, figs: list[tuple[str, Figure]], tail: str = "") -> str:
     """One self-contained HTML page (plotly.js inlined once): ``intro`` (HTML), the figures (div
     ids ``fig0``, ``fig1``...), then ``tail`` (HTML)."""
     import plotly.io as pio

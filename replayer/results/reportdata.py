@@ -47,7 +47,7 @@ def report_files(results_dir: str) -> list[str]:
     summary's ``merged_from``: each path as given to merge, else a folder of that name beside
     the merged one, as in a Kubernetes run's ``run-START_AT/``). A damaged file is reported by
     name and left out."""
-    from replayer.record.recorder import open_file, result_files
+    from replayer.record.folder import open_file, result_files
     from replayer.results.summary import read_summary
 
     files = result_files(results_dir)

@@ -68,7 +68,7 @@ def read_tenant_sections(*results_dirs: str) -> dict:
     the needed columns only)."""
     import pyarrow as pa
 
-    from replayer.record.recorder import read_results
+    from replayer.record.folder import read_results
 
     tables = [read_results(d, columns=list(_COLUMNS)) for d in results_dirs]
     return tenant_sections(pa.concat_tables(tables) if len(tables) > 1 else tables[0])

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from replayer.build.payload import COMPLETIONS, endpoint_kind
 from replayer.build.prefix_cache import (
     DEFAULT_CAPACITY_TOKENS,
     DEFAULT_KV_BLOCK_SIZE,
@@ -26,6 +25,7 @@ from replayer.build.prefix_cache import (
     expected_hits,
     modelled,
 )
+from replayer.core.endpoints import COMPLETIONS, endpoint_kind
 from replayer.trace import Trace, TraceSource, open_trace
 
 __all__ = ["inspect_trace", "inspect_source", "format_inspect", "GRIDS_NS"]

@@ -18,8 +18,7 @@ import pyarrow.compute as pc
 
 from replayer.config.model import SAME_ON_RESUME, RunConfig, flag_name
 from replayer.observe.target_metrics import TargetScraper
-from replayer.record.recorder import drop_not_started, read_results
-from replayer.record.retention import read_removed
+from replayer.record.folder import drop_not_started, read_removed, read_results
 from replayer.run.readiness import StartupError
 from replayer.send.dispatcher import Position
 

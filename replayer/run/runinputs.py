@@ -12,9 +12,9 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from replayer.build.imagerows import ImageEndpointError, check_image_endpoints, may_have_images
-from replayer.build.payload import TEXT_ONLY
 from replayer.config.model import RunConfig
-from replayer.record.recorder import earlier_run, new_results_dir
+from replayer.core.endpoints import TEXT_ONLY
+from replayer.record.folder import earlier_run, new_results_dir
 from replayer.run.readiness import StartupError
 from replayer.trace import open_mix, open_trace, parse_mapping
 

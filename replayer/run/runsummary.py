@@ -10,12 +10,13 @@ import os
 from typing import Any
 
 from replayer.config.model import RunConfig
-from replayer.observe.target_metrics import TargetScraper
+from replayer.observe.target_metrics import TargetScraper, TargetScrapers
 from replayer.observe.target_samples import SampleFiles
 from replayer.plan.schedule import IdleGapCap
-from replayer.record.recorder import result_files, write_json
+from replayer.record.folder import result_files
+from replayer.record.recorder import write_json
 from replayer.results.summary import format_summary, summarize_files
-from replayer.results.targets import TargetScrapers, format_targets, read_targets
+from replayer.results.targets import format_targets, read_targets
 from replayer.results.tenants import format_tenants, read_tenant_sections
 from replayer.run.resume import scraper_totals
 from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV

@@ -38,13 +38,15 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pyarrow.compute as pc
 
 from replayer.build.prompts import salted_seed
 from replayer.config.model import RunConfig
 from replayer.observe.selfwatch import BEHIND_MS
-from replayer.record.recorder import new_results_dir, read_file, write_json
+from replayer.record.folder import new_results_dir, read_file
+from replayer.record.recorder import write_json
 from replayer.results.summary import read_summary
 from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, spawn_sim, stop_sim
 
@@ -253,7 +255,7 @@ def run_sweep(  # noqa: C901, PLR0912, PLR0915
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     sim = None
     targets = cfg.targets
-    sweep = {
+    sweep: dict[str, Any] = {
         "trace": cfg.trace,
         "target": targets[0] if len(targets) == 1 else (targets or None),
         "target_embedded": not targets,

@@ -28,7 +28,7 @@ import urllib.request
 from collections.abc import Callable
 
 from replayer.config.model import RunConfig, new_run_id
-from replayer.record.recorder import earlier_run, new_results_dir, result_files
+from replayer.record.folder import earlier_run, new_results_dir, result_files
 from replayer.results.merge import merge_results
 from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, free_port
 

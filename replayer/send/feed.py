@@ -12,7 +12,7 @@ import concurrent.futures
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from replayer.build.payload import PreparedRequest
+from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.plan.schedule import ScheduleBatch
 

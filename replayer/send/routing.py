@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from replayer.build.payload import PreparedRequest
+    from replayer.core.request import PreparedRequest
+    from replayer.http.client import Client
+    from replayer.http.launcher import Launcher
     from replayer.send.sender import Sender, Sending
 
 POLICIES = ("session-order", "session-hash")
@@ -132,7 +134,7 @@ class RoutingSender:
             s.expect(n)
 
 
-def share_launcher(clients: list, launcher) -> None:
+def share_launcher(clients: list["Client"], launcher: "Launcher") -> None:
     """Let every client write through one launcher process (``Client.use_launcher``): its reports
     go to each client, and each takes only the writes it queued (unknown tokens are ignored)."""
     for c in clients:

@@ -30,10 +30,10 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from replayer.build.payload import PreparedRequest
 from replayer.core.errors import ErrorKind, Outcome
+from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
-from replayer.http.client import Client
+from replayer.http.client import Client, Reserved
 
 #: a request outside sessions is handed to the launcher process this long before its due time
 LAUNCH_AHEAD_NS = 50_000_000
@@ -94,7 +94,7 @@ class LoopSender:
         self.client.expect(n)
 
     async def _send(
-        self, req: PreparedRequest, res: RequestResult, origin: int, reserved: tuple[object, ...] | None
+        self, req: PreparedRequest, res: RequestResult, origin: int, reserved: Reserved | None
     ) -> RequestResult:
         try:
             await self.client.send(req, res, reserved, lag_from_ns=origin)

@@ -9,11 +9,16 @@ is set by ``SimServer.__init__``. ``_Req`` is one request in prefill/decode.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+if TYPE_CHECKING:
+    from replayer.sim.config import SimConfig
+    from replayer.sim.metrics import _Metrics
 
 # The package's logger name, as before the split into modules.
 log = logging.getLogger("replayer.sim")
@@ -80,6 +85,16 @@ def _engine_ended(task: asyncio.Task[None]) -> None:
 
 class _Engine:
     """Slots, decode loop and chunks of :class:`SimServer` (a mixin; see the module docstring)."""
+
+    if TYPE_CHECKING:  # the server's, set by SimServer.__init__
+        config: SimConfig
+        _metrics: _Metrics
+        _running: int
+        _waiters: collections.deque[asyncio.Future[None]]
+        _joining: list[_Req]
+        _decoding: list[_Req]
+        _wake: asyncio.Event | None
+        _engine: asyncio.Task[None] | None
 
     def _ensure_engine(self) -> None:
         if self._engine is None or self._engine.done():
@@ -173,6 +188,7 @@ class _Engine:
             tokens += n
             if r.generated >= r.max_tokens:
                 # The handler writes the final chunk(s) and closes the response.
+                assert r.done is not None  # set before the request joins
                 if not r.done.done():
                     r.done.set_result(True)
                 continue

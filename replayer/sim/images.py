@@ -62,9 +62,8 @@ class SimImages:
 
         try:
             raw = base64.b64decode(url.split(";base64,", 1)[1], validate=True)
-            with Image.open(io.BytesIO(raw)) as im:
-                im = im.convert("RGB")
-                pixels = np.asarray(im)
+            with Image.open(io.BytesIO(raw)) as src:
+                pixels = np.asarray(src.convert("RGB"))
         except (binascii.Error, UnidentifiedImageError, OSError, ValueError) as e:
             raise ImageError(f"image could not be decoded: {e}") from None
         h, w = pixels.shape[:2]

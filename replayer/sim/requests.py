@@ -36,8 +36,8 @@ class _Parsing:
 
     images: SimImages
 
-    def _parse(self, body: Any) -> tuple[Any, np.ndarray | None, int, dict[str, Any]]:
-        """Validate a completions body -> (prompt as sent, ids or None, prompt_tokens, opts).
+    def _parse(self, body: Any) -> tuple[Any, np.ndarray, int, dict[str, Any]]:
+        """Validate a completions body -> (prompt as sent, ids, prompt_tokens, opts).
 
         ``ids`` is an int64 array for token-id prompts, a hash-per-word array for text.
         Raises _BadRequest with a vLLM-like message.

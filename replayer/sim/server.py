@@ -363,7 +363,7 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
                 self._join(r, loop.time())
                 await r.done
             m.success += 1
-            usage = {
+            usage: dict[str, int | dict[str, int]] = {
                 "prompt_tokens": n_prompt,
                 "completion_tokens": r.max_tokens,
                 "total_tokens": n_prompt + r.max_tokens,

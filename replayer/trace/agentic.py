@@ -43,8 +43,7 @@ from typing import Any, Iterator
 import numpy as np
 import orjson
 
-from replayer.core.hashing import mix64 as _mix
-from replayer.core.hashing import mix64_array
+from replayer.core.hashing import mix64 as _mix, mix64_array
 from replayer.trace.columns import _Raw
 from replayer.trace.model import _Problems
 
@@ -304,6 +303,7 @@ def sessions_to_raw(  # noqa: PLR0912
                     cut += 1
                 shared = prev_ids[:k_blocks] if prev_ids is not None else np.empty(0, np.int64)
                 ids = np.concatenate((shared, fresh.take(n_blocks - k_blocks)))
+            parent: str | None
             if k > 0:
                 parent = f"{s.session_id}#{k - 1}"
             else:

@@ -56,6 +56,7 @@ class _Raw:
     def file_of(self, i: int) -> str | None:
         if self.shard_files is None:
             return None
+        assert self.shard_start is not None  # set with shard_files
         return self.shard_files[int(np.searchsorted(self.shard_start, i, side="right")) - 1]
 
 

@@ -96,7 +96,7 @@ def _read_copilot(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:  # n
                 if prompt is not None and cached is not None and cached > prompt:
                     probs.add(rec, f"{tw_}.cached", f"cached {cached} is more than prompt {prompt}")
                     continue
-                if None in (start, dur, prompt, completion, cached):
+                if start is None or dur is None or prompt is None or completion is None or cached is None:
                     continue
                 if ci == 0 and ti > 0 and prev_end is not None:
                     wait = max(0.0, (start - prev_end) / 1e9)  # user idle before a new turn

@@ -82,6 +82,7 @@ def image_value(name: str, v: Any) -> tuple[Any, str | None]:
     lst, err = _as_list(v)
     if err is not None:
         return None, err
+    assert lst is not None
     if name == "image_ids":
         out = []
         for j, x in enumerate(lst):
@@ -97,6 +98,7 @@ def image_value(name: str, v: Any) -> tuple[Any, str | None]:
         wh, err = parse_size(x)
         if err is not None:
             return None, f"image_sizes[{j}]: {err}"
+        assert wh is not None
         sizes.append(f"{wh[0]}x{wh[1]}")
     return sizes, None
 

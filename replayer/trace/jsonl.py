@@ -77,17 +77,17 @@ def _read_jsonl(path: str, probs: _Problems, opts: _Opts, defaults: dict | None 
         if not isinstance(arr, list):
             probs.add(0, "json", "expected a JSON array of objects")
             return None
-        for k, o in enumerate(arr, 1):
+        for idx, o in enumerate(arr, 1):
             if isinstance(o, dict):
                 objs.append(o)
-                rows.append(k)
+                rows.append(idx)
             else:
-                probs.add(k, "json", f"expected a JSON object, got {_type_name(o)}")
+                probs.add(idx, "json", f"expected a JSON object, got {_type_name(o)}")
         if any(_lossy(o.get(tkey)) for o in objs):
             exact = [o for o in json.loads(data, parse_float=Decimal) if isinstance(o, dict)]
-            for o, e in zip(objs, exact):
+            for o, exact_o in zip(objs, exact):
                 if type(o.get(tkey)) is float:
-                    o[tkey] = e[tkey]
+                    o[tkey] = exact_o[tkey]
     else:
         loads = orjson.loads
         for lineno, line in enumerate(data.split(b"\n"), 1):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 import numpy as np
 
@@ -165,7 +166,7 @@ def mix_traces(entries: list[MixEntry], **read_options) -> Trace:
     np.cumsum(lens, out=offsets[1:])
     cols["tenant"] = tenant_col
     have["tenant"] = True
-    opt = {name: ([col[i] for i in order] if have[name] else None) for name, col in cols.items()}
+    opt: dict[str, Any] = {name: ([col[i] for i in order] if have[name] else None) for name, col in cols.items()}
     opt["think_time_s"] = _readonly(np.concatenate(think)[order]) if have["think_time_s"] else None
     meta = {
         "format": "mix",

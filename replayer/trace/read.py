@@ -192,7 +192,7 @@ def _finish(
             )
         span_limit = _INT64_MAX // ns
         too_far = (ts - tmin) > span_limit
-        for i in np.flatnonzero(too_far):
+        for i in np.flatnonzero(too_far).tolist():
             probs.add(
                 raw.rows[i],
                 "timestamp",

@@ -124,6 +124,8 @@ class _ParquetSource(TraceSource):
     there (warning; an error with ``strict``), which equals the global sort.
     """
 
+    num_rows: int  # known: from the files' footers
+
     def __init__(self, path: str, files: list[str], opts: _Opts):
         self.path = path
         self.files = files
@@ -143,6 +145,7 @@ class _ParquetSource(TraceSource):
                 meta0, bs = _parquet_meta(md.schema_arrow.metadata, fp, opts)
                 probs.items.extend(fp.items)
         probs.raise_if_any()
+        assert meta0 is not None  # every file was read (else raise_if_any raised)
         self.num_rows = rows
         self.metadata = meta0
         self.block_size = bs
@@ -157,7 +160,8 @@ class _ParquetSource(TraceSource):
             return None
         ns = TIME_UNITS.get(self.metadata.get("time_unit", ""))
         name = _src(self.opts, "timestamp")
-        lo = hi = None
+        lo: int | None = None
+        hi: int | None = None
         for f in self.files:
             md = pq.ParquetFile(f).metadata
             names = [md.schema.column(i).name for i in range(md.num_columns)]
@@ -170,7 +174,9 @@ class _ParquetSource(TraceSource):
                     return None
                 lo = st.min if lo is None else min(lo, st.min)
                 hi = st.max if hi is None else max(hi, st.max)
-        return None if lo is None else (hi - lo) * ns
+        if lo is None or hi is None or ns is None:
+            return None
+        return (hi - lo) * ns
 
     def _iter(self, max_rows: int, problems: list | None):  # noqa: C901, PLR0912
         if max_rows < 1:
@@ -188,6 +194,7 @@ class _ParquetSource(TraceSource):
             if fp:
                 if problems is None:
                     fp.raise_if_any()
+                assert problems is not None  # (raise_if_any raised)
                 problems.extend(fp.items)
                 continue
             row = 1

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, cast
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -203,10 +203,12 @@ def synth_batches(spec: SynthSpec, *, chunk_rows: int = ROW_GROUP_SIZE) -> Itera
         times = t_now + np.cumsum(gaps)
         t_now = float(times[-1])
         ts = np.round(times * 1e9).astype(np.int64)
-        sid = turn = None
+        sid: list[str | None] | None = None
+        turn: list[int | None] | None = None
         if T > 1:
             sid = [f"s{session_base + k}" for k in sess_local.tolist()]
-            turn = ((np.arange(n) % group) // C).tolist()  # row k of a group is turn k // C
+            # row k of a group is turn k // C
+            turn = cast("list[int | None]", ((np.arange(n) % group) // C).tolist())
         session_base += g * C
         yield Trace(
             path="synthetic",
@@ -230,8 +232,9 @@ def _concat(batches: list[Trace]) -> Trace:
     offs = [np.asarray(b.hash_offsets) for b in batches]
     shift = np.cumsum([0] + [int(o[-1]) for o in offs[:-1]])
     hash_offsets = np.concatenate([offs[0][:1]] + [o[1:] + s for o, s in zip(offs, shift)])
-    sess = None if batches[0].session_id is None else [s for b in batches for s in b.session_id]
-    turn = None if batches[0].turn is None else [x for b in batches for x in b.turn]
+    # (every batch has them, or none: turns > 1)
+    sess = None if batches[0].session_id is None else [s for b in batches for s in b.session_id or ()]
+    turn = None if batches[0].turn is None else [x for b in batches for x in b.turn or ()]
     b0 = batches[0]
     return Trace(
         path=b0.path,
@@ -277,6 +280,7 @@ def write_synth(spec: SynthSpec, path: str | os.PathLike, *, row_group_rows: int
                 writer = pq.ParquetWriter(tmp, table.schema, compression="zstd")
             writer.write_table(table, row_group_size=max(row_group_rows, table.num_rows))
             rows += table.num_rows
+        assert writer is not None  # rows >= 1: one batch at least
         writer.close()
         writer = None
         os.replace(tmp, path)

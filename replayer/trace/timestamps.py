@@ -130,12 +130,15 @@ def _exact_ns(values: list, rows: np.ndarray, unit: str, ns: int, probs: _Proble
                 out[i] = int((d * ns).to_integral_value(ROUND_HALF_EVEN))
                 continue
         else:
-            iv, err = _coerce_int(v, "timestamp", 0)
-            if err is None and iv * ns > _INT64_MAX:
+            iv, int_err = _coerce_int(v, "timestamp", 0)
+            if int_err is not None:
+                err = int_err
+            else:
+                assert iv is not None
+                if iv * ns <= _INT64_MAX:
+                    out[i] = iv * ns
+                    continue
                 err = f"timestamp {iv} {unit} does not fit in int64 ns"
-            if err is None:
-                out[i] = iv * ns
-                continue
         ok[i] = False
         probs.add(rows[i], "timestamp", err)
     return out, ok

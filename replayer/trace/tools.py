@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -202,13 +202,14 @@ def scale_trace(t: Trace, *, time_factor: float = 1.0, input_factor: float = 1.0
             def sc(x: int) -> int:
                 return max(1, round(x * input_factor))
 
-            ql = list(t.query_length) if t.query_length is not None else [None] * len(t)
+            ql: list[int | None] = list(t.query_length) if t.query_length is not None else [None] * len(t)
             dl = list(t.document_lengths)
             for i, d in enumerate(dl):
                 if d is not None:
-                    dl[i] = [sc(x) for x in d]
-                    ql[i] = None if ql[i] is None else sc(ql[i])
-                    il[i] = (ql[i] or 0) + sum(dl[i])
+                    dl[i] = scaled = [sc(x) for x in d]
+                    q = ql[i]
+                    ql[i] = q = None if q is None else sc(q)
+                    il[i] = (q or 0) + sum(scaled)
             parts = {"document_lengths": dl, "query_length": ql if t.query_length is not None else None}
         offs, vals = _rehash_scaled(t, input_factor, il)
     else:
@@ -305,5 +306,6 @@ def sessionize_trace(t: Trace, *, min_shared_blocks: int = 1) -> tuple[Trace, di
     }
     meta = dict(t.metadata)
     meta["source"] = (meta.get("source") or os.path.basename(t.path)) + f" (sessionized: min {k} shared blocks)"
-    out = dataclasses.replace(t, session_id=[f"s{x}" for x in sess.tolist()], turn=turn.tolist(), metadata=meta)
+    turns = cast("list[int | None]", turn.tolist())
+    out = dataclasses.replace(t, session_id=[f"s{x}" for x in sess.tolist()], turn=turns, metadata=meta)
     return out, summary

@@ -42,7 +42,7 @@ def _read_tracelab(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
         prefix = get_int(obj, "prefix_tokens", rec, "", probs, minimum=0)
         new = get_int(obj, "newly_append_tokens", rec, "", probs, minimum=0)
         out = get_int(obj, "output_tokens", rec, "", probs, minimum=0)
-        if None not in (total, prefix, new) and prefix + new != total:
+        if total is not None and prefix is not None and new is not None and prefix + new != total:
             probs.add(
                 rec,
                 "input_tokens_total",
@@ -61,7 +61,7 @@ def _read_tracelab(path: str, probs: _Problems, opts: _Opts) -> _Raw | None:
             t = parse_time_ns(e.get("timestamp"), rec, f"timing_events[{k}].timestamp", probs)
             if t is not None:
                 times.append((t, str(e.get("event_type"))))
-        if None in (ri, total, prefix, new, out) or len(times) != len(events):
+        if ri is None or total is None or prefix is None or new is None or out is None or len(times) != len(events):
             continue
         inputs = [t for t, kind in times if kind in _INPUT_EVENTS]
         arrive = max(inputs) if inputs else min(t for t, _ in times)

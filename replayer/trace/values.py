@@ -166,6 +166,7 @@ def _ints_slow(values: list, rows: np.ndarray, field_: str, probs: _Problems) ->
     for i, v in enumerate(values):
         iv, err = _coerce_int(v, field_, minimum)
         if err is None:
+            assert iv is not None
             out[i] = iv
         else:
             ok[i] = False
@@ -223,11 +224,12 @@ def _hash_slow(lists: list, rows: np.ndarray, probs: _Problems) -> tuple[np.ndar
             ok[i] = False
             probs.add(rows[i], "hash_ids", f"expected a list of integers, got {_type_name(h)} {_short(h)}")
             continue
-        vals = []
+        vals: list[int] = []
         errors = []
         for j, v in enumerate(h):
             iv, err = _coerce_hash(v)
             if err is None:
+                assert iv is not None
                 vals.append(iv)
             else:
                 errors.append(f"hash_ids[{j}]: {err}")

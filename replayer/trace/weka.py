@@ -57,7 +57,7 @@ class _Record:
                     continue
                 if t is None:
                     continue
-                ts = [x.get("t") for x in inner if isinstance(x, dict) and isinstance(x.get("t"), (int, float))]
+                ts = [x["t"] for x in inner if isinstance(x, dict) and isinstance(x.get("t"), (int, float))]
                 base = 0.0 if all(x >= t for x in ts) else t  # absolute, else relative to the marker
                 child = AgentSession(
                     f"{session.session_id}::sa:{agent if agent is not None else j}",
