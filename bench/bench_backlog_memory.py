@@ -73,12 +73,12 @@ async def _burst(port: int, n: int, expiry_s: float) -> None:
         print(f"RSS right after it          {after:.1f} MB ({after - before:+.1f})")
         print(
             f"RSS after {expiry_s + 0.5:g} s and 3 more   {later:.1f} MB ({later - before:+.1f}); "
-            f"idle pool {len(c._idle)}, open {c.open_connections}"
+            f"idle pool {len(c.pool._idle)}, open {c.open_connections}"
         )
-        while len(c._idle) > c.spare_target:
-            x = c._idle.popleft()
+        while len(c.pool._idle) > c.pool.spare_target:
+            x = c.pool._idle.popleft()
             x._abort()
-            c._all.discard(x)
+            c.pool._all.discard(x)
         await asyncio.sleep(0.5)
         gc.collect()
         cut = _rss_mb()

@@ -107,7 +107,8 @@ def bench_client_protocol() -> None:
     protocol (llhttp parse -> SSE fast path -> OpenAI chunk accounting), as uvloop would."""
     import asyncio
 
-    from replayer.http.client import Client, Connection, Exchange
+    from replayer.http.client import Client
+    from replayer.http.connection import Connection, Exchange
 
     class NullTransport:
         def write(self, b):

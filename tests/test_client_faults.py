@@ -617,7 +617,7 @@ def _b24_run(warm: bool) -> None:
         f"{off_cpu_ms:.0f} ms from 1.95 s on"
     )
     # every request had its own connection; the client may also hold a few idle spare
-    # connections open (Client.spare_target) so later requests skip the TCP handshake
+    # connections open (Pool.spare_target) so later requests skip the TCP handshake
     assert peak == n and n <= srv.peak_connections <= n + 8
     # no request waited for a connection: the client sent every one before the server wrote any
     # token (a pool of 100 would send 200 of them only as the first responses end)
@@ -808,25 +808,25 @@ def test_mixed_faults_concurrently_each_recorded():
 def _connects_while(step, seconds: float = 0.3) -> tuple[int, int]:
     """Call ``step(client)`` every millisecond for ``seconds`` on a Client whose target port
     nobody listens on; (connect attempts made, background connects still opening at the end).
-    The attempts are counted around the real ``Client._connect``."""
+    The attempts are counted around the real ``Pool._connect``."""
 
     async def main() -> tuple[int, int]:
         c = Client(f"http://127.0.0.1:{_closed_port()}", t0_ns=now_ns(), connect_timeout_s=1.0)
         attempts = 0
-        connect = c._connect
+        connect = c.pool._connect
 
         async def counted():
             nonlocal attempts
             attempts += 1
             return await connect()
 
-        c._connect = counted
+        c.pool._connect = counted
         end = now_ns() + int(seconds * 1e9)
         while now_ns() < end:
             step(c)
             await asyncio.sleep(0.001)
         await asyncio.sleep(0.05)
-        return attempts, c._spares_opening
+        return attempts, c.pool._spares_opening
 
     return asyncio.run(main())
 
@@ -840,10 +840,10 @@ def test_connections_opened_ahead_pause_when_the_target_is_down():
 
 
 def test_spares_kept_ready_pause_when_the_target_is_down():
-    # every acquire tops the idle pool up to Client.spare_target in the background; against a
+    # every acquire tops the idle pool up to Pool.spare_target in the background; against a
     # port nobody listens on those connects fail at once and the same pause as expect's applies
     def acquire(c: Client) -> None:  # an acquire each millisecond finds no idle connection
-        assert c._idle_connection() is None
+        assert c.pool.idle_connection() is None
 
     attempts, _ = _connects_while(acquire)
     assert 1 <= attempts <= 16, attempts  # one round up to spare_target (8), then the pause

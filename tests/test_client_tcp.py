@@ -34,7 +34,7 @@ def test_delayed_ack_turns_quick_acks_off_for_the_response(delayed):
                 before = run_delay_ns()  # the loop thread's run-queue wait (sim, client: one loop)
                 task = asyncio.create_task(c.send(req, req.new_result(0)))
                 await asyncio.sleep(0.1)
-                (conn,) = [x for x in c._all if x.ex is not None]
+                (conn,) = [x for x in c.pool._all if x.ex is not None]
                 with socket.socket(fileno=os.dup(conn.transport.get_extra_info("socket").fileno())) as s:
                     quick = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK)
                 res = await task
@@ -67,18 +67,18 @@ def test_idle_connections_beyond_the_spares_are_closed_once_unused_for_the_expir
             async def backlog(c):
                 res = await asyncio.gather(*(c.send(req(i), req(i).new_result(0)) for i in range(40)))
                 assert all(r.outcome == "success" for r in res)
-                return len(c._idle)
+                return len(c.pool._idle)
 
             async with Client(url, t0_ns=now_ns()) as kept:  # the default expiry (60 s): nothing goes yet
                 assert await backlog(kept) >= 40
                 await kept.send(req(40), req(40).new_result(0))
-                assert len(kept._idle) >= 40 and kept.open_connections >= 40
+                assert len(kept.pool._idle) >= 40 and kept.open_connections >= 40
             async with Client(url, t0_ns=now_ns(), idle_expiry_s=0.05) as c:
                 assert await backlog(c) >= 40
                 await asyncio.sleep(0.1)  # every connection now idle longer than the expiry
                 res = await c.send(req(40), req(40).new_result(0))
                 assert res.outcome == "success"
-                assert len(c._idle) == c.spare_target == 8  # the spares stay, the just-used one among them
+                assert len(c.pool._idle) == c.pool.spare_target == 8  # the spares stay, the just-used one among them
                 assert c.open_connections == 8
                 res = await c.send(req(41), req(41).new_result(0))  # the pool still serves
                 assert res.outcome == "success" and res.completion_tokens == 2

@@ -235,7 +235,7 @@ def test_a_connection_not_accepted_in_time_is_a_connect_timeout():
 
             async def main():
                 async with Client(f"http://127.0.0.1:{port}", t0_ns=now_ns(), connect_timeout_s=0.3) as c:
-                    c.spare_target = 0
+                    c.pool.spare_target = 0
                     req = prepared(0)
                     return await asyncio.wait_for(c.send(req, result_for(req)), 30)
 
@@ -252,7 +252,7 @@ OK_STREAM = [(10, choice("a", "length")), (11, usage_event(3, 1)), (12, DONE)]
 
 async def _one_after_another(url: str, n: int, **client_kw):
     async with Client(url, t0_ns=now_ns(), **client_kw) as c:
-        c.spare_target = 0  # one connection, reused
+        c.pool.spare_target = 0  # one connection, reused
         out = []
         for i in range(n):
             req = prepared(i)

@@ -12,6 +12,15 @@ the usage tracker (``usage``: counted and the last few kept). Connections are ke
 response with neither a length nor chunks ends when the upstream closes; it goes to the client
 chunked.
 
+Why not the client's connection (``replayer.http.connection``), though both are one
+``asyncio.Protocol`` over llhttp: the two do opposite work on each read. The client's measures
+a response and keeps nothing of it: it stamps each event's arrival, decodes SSE into token
+counts and usage, and enforces read and total timeouts, with its writes done by the launcher
+process. The relay measures nothing of the response and keeps all of it: it writes the body's
+bytes to another socket unchanged, frames, chunk sizes and all, at the end of each read. A
+shared layer would put a branch on either hot path for what the other needs; the parser
+(``httptools``) is the part they share.
+
 With ``UpstreamPool(stamped=True)`` (``replayer record --stamp-responses``), plain-HTTP upstream
 connections run on ``stamps.StampedTransport``: each read carries the kernel's receive stamp, and
 the pool's ``observe_forward(ns)`` gets, for each read that reached the client, the time from

@@ -69,7 +69,7 @@ _UNSENT = -2.0  # _attempt: the launcher never wrote the reserved request (its c
 Reserved = tuple[Connection, Exchange, bytes]
 
 
-class Client(Pool):
+class Client:
     """Sends prepared requests to ``base_url + endpoint`` (``http://`` or ``https://``).
 
     ``t0_ns``: the run anchor; recorded times are offsets from it (may be set after ``warm_up``,
@@ -116,11 +116,13 @@ class Client(Pool):
         u = urlsplit(base_url.rstrip("/") + endpoint)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"target must be an http(s) URL, got {base_url!r}")
-        super().__init__(
+        #: the keep-alive connections (composition: the pool owns them, the client asks it)
+        self.pool = Pool(
             u.hostname,
             u.port or (443 if u.scheme == "https" else 80),
             ssl.create_default_context() if u.scheme == "https" else None,
             connect_timeout_s,
+            owner=self,
             idle_expiry_s=idle_expiry_s,
         )
         self.url = base_url.rstrip("/") + endpoint
@@ -167,6 +169,22 @@ class Client(Pool):
     async def start(self) -> None:
         """Nothing to set up beyond the constructor (kept for symmetry with ``close``)."""
 
+    async def close(self) -> None:
+        """Close every connection (in-flight exchanges fail as DISCONNECT)."""
+        await self.pool.close()
+
+    async def warm_up(self, n: int) -> int:
+        """Open up to ``n`` keep-alive connections ahead of the replay (``Pool.warm_up``)."""
+        return await self.pool.warm_up(n)
+
+    def expect(self, n: int) -> None:
+        """``n`` requests are due soon: connections opened ahead for them (``Pool.expect``)."""
+        self.pool.expect(n)
+
+    @property
+    def open_connections(self) -> int:
+        return self.pool.open_connections
+
     async def __aenter__(self) -> "Client":
         await self.start()
         return self
@@ -187,11 +205,11 @@ class Client(Pool):
         usual). Pass the returned handle to ``launch`` and then to ``send(req, res, reserved)``."""
         if self._launcher is None or not self._launcher.running:
             return None
-        conn = self._idle_connection()
+        conn = self.pool.idle_connection()
         if conn is None:
             return None
         if conn.fd < 0:  # TLS: only the transport can write
-            self._idle.append(conn)
+            self.pool.give_back(conn)
             return None
         ex = Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns, self._acc())
         conn.ex = ex  # the connection is ours from now on
@@ -339,17 +357,17 @@ class Client(Pool):
                     conn.check_stall()
             else:
                 try:
-                    conn = await self._acquire()
+                    conn = await self.pool.acquire()
                 except asyncio.TimeoutError:
                     raise Failure(
                         ErrorKind.CONNECT_TIMEOUT,
-                        f"connect timeout: no connection to {self._host}:"
-                        f"{self._port} within {self._connect_timeout:g} s (--connect-timeout)",
+                        f"connect timeout: no connection to {self.pool.host}:"
+                        f"{self.pool.port} within {self.pool.connect_timeout_s:g} s (--connect-timeout)",
                     ) from None
                 except OSError as e:
                     raise Failure(
                         ErrorKind.CONNECT,
-                        f"cannot connect to {self._host}:{self._port}: {type(e).__name__}: {e}{fd_limit_hint(e)}",
+                        f"cannot connect to {self.pool.host}:{self.pool.port}: {type(e).__name__}: {e}{fd_limit_hint(e)}",
                     ) from None
                 ex = self._write(req, res, conn, t_start, lag_from_ns)
             await ex.done
@@ -432,7 +450,7 @@ class Client(Pool):
             fail(res, ErrorKind.CLIENT, f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT])
         finally:
             if conn is not None:
-                self._release(conn)
+                self.pool.release(conn)
         return retry
 
 

@@ -16,7 +16,7 @@ import ssl
 from collections import deque
 
 from replayer.core.clock import now_ns
-from replayer.http.connection import Connection
+from replayer.http.connection import Connection, Owner
 
 SPARE_BACKOFF_NS = 500_000_000  # no connections opened ahead for this long after one failed
 IDLE_EXPIRY_S = 60.0  # an idle keep-alive connection beyond the spares is closed after this long unused
@@ -25,9 +25,10 @@ IDLE_EXPIRY_S = 60.0  # an idle keep-alive connection beyond the spares is close
 class Pool:
     """Idle keep-alive connections to ``host:port`` (TLS with ``ssl_context``), each opened within
     ``connect_timeout_s``; one beyond the ``spare_target`` spares is closed once unused for
-    ``idle_expiry_s`` (a burst's connections are not kept for the rest of a soak). ``delayed_ack``: what each connection does with quick ACKs (see
-    ``replayer.http.client.Client``); ``cancel_launch``: called by a connection that closes (the
-    client drops its write queued in the launcher process)."""
+    ``idle_expiry_s`` (a burst's connections are not kept for the rest of a soak). ``owner``: what
+    each connection asks about itself (``connection.Owner``: its quick-ACK policy, and the call
+    when it closes, for the client to drop its write queued in the launcher process); the pool
+    itself when None (no delayed ACKs, nothing queued)."""
 
     delayed_ack = False
 
@@ -38,12 +39,14 @@ class Pool:
         ssl_context: ssl.SSLContext | None,
         connect_timeout_s: float,
         *,
+        owner: Owner | None = None,
         idle_expiry_s: float = IDLE_EXPIRY_S,
     ) -> None:
-        self._host = host
-        self._port = port
+        self.host = host
+        self.port = port
         self._ssl = ssl_context
-        self._connect_timeout = connect_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self._owner: Owner = owner if owner is not None else self
         # the idle pool, a LIFO stack: the newest on the right, spares and the longest idle on the left
         self._idle: deque[Connection] = deque()
         self._idle_expiry_ns = int(idle_expiry_s * 1e9)
@@ -53,7 +56,7 @@ class Pool:
         self.spare_target = 8  # idle connections kept ready in the background (0 = none)
 
     def cancel_launch(self, conn: Connection) -> None:
-        """``conn`` is closing: nothing queued elsewhere to drop here (the client overrides it)."""
+        """``conn`` is closing: nothing queued elsewhere to drop (an owner of its own may have)."""
 
     async def close(self) -> None:
         """Close every connection (in-flight exchanges fail as DISCONNECT)."""
@@ -80,13 +83,14 @@ class Pool:
     async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
         _, conn = await asyncio.wait_for(
-            loop.create_connection(lambda: Connection(self), self._host, self._port, ssl=self._ssl),
-            self._connect_timeout,
+            loop.create_connection(lambda: Connection(self._owner), self.host, self.port, ssl=self._ssl),
+            self.connect_timeout_s,
         )
         self._all.add(conn)
         return conn
 
-    def _idle_connection(self) -> Connection | None:
+    def idle_connection(self) -> Connection | None:
+        """An idle keep-alive connection ready for an exchange (topping the spares up), or None."""
         idle = self._idle
         if len(idle) + self._spares_opening < self.spare_target and now_ns() >= self._spares_paused_until:
             self._open_spare()
@@ -97,8 +101,9 @@ class Pool:
             self._all.discard(c)
         return None
 
-    async def _acquire(self) -> Connection:
-        return self._idle_connection() or await self._connect()
+    async def acquire(self) -> Connection:
+        """An idle connection, else a new one (raises what the connect raises)."""
+        return self.idle_connection() or await self._connect()
 
     def _open_spare(self) -> None:
         """Open one connection in the background, so a request due later finds one ready instead
@@ -132,7 +137,13 @@ class Pool:
         for _ in range(min(n - len(self._idle) - self._spares_opening, 32)):
             self._open_spare()
 
-    def _release(self, c: Connection) -> None:
+    def give_back(self, c: Connection) -> None:
+        """Back to the idle pool, unused (its exchange never started)."""
+        c.idle_since_ns = now_ns()
+        self._idle.append(c)
+
+    def release(self, c: Connection) -> None:
+        """An exchange on ``c`` ended: kept alive and idle, or closed."""
         if c.closed or not c.keep_alive or c.ex is not None:
             c.abort()
             self._all.discard(c)
