@@ -9,12 +9,13 @@ The modules of the flat layout before (``replayer.recorder``, ``replayer.target_
 still import, with a DeprecationWarning naming their new home.
 """
 
-import importlib
-import importlib.abc
-import importlib.machinery
+from __future__ import annotations
+
 import sys
 import types
-import warnings
+
+# (nothing else at import time: the launcher's child process imports this package first, and
+# importlib.abc alone would load pathlib, tempfile and shutil into it)
 
 __version__ = "0.1.0"
 
@@ -48,24 +49,34 @@ _MOVED = dict(
     ).split()
 )
 #: names an old module was documented with that live elsewhere now
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+
 _MOVED_NAMES = {("target_metrics", "read_samples"): "replayer.results"}
 
 
-class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _MovedModules:
     """Imports ``replayer.OLD`` as a module that forwards every name to the new home (warning)."""
 
     def find_spec(
-        self, fullname: str, path: object = None, target: types.ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
+        self, fullname: str, path: Sequence[str] | None = None, target: types.ModuleType | None = None
+    ) -> ModuleSpec | None:
         pkg, _, old = fullname.rpartition(".")
         if pkg != __name__ or old not in _MOVED:
             return None
-        return importlib.machinery.ModuleSpec(fullname, self)
+        import importlib.machinery
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        return importlib.machinery.ModuleSpec(fullname, self)  # type: ignore[arg-type]  # (a Loader by its methods: importlib.abc is not imported)
+
+    def create_module(self, spec: ModuleSpec) -> None:
         return None
 
     def exec_module(self, module: types.ModuleType) -> None:
+        import importlib
+        import warnings
+
         old = module.__name__.rpartition(".")[2]
         new = f"{__name__}.{_MOVED[old]}"
         warnings.warn(

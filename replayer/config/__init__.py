@@ -4,9 +4,9 @@ file, and the errors that name each bad setting.
 The names below are this stage's facade (imported on first use); the modules are its own.
 """
 
-from typing import TYPE_CHECKING
-
 from replayer.core.facade import facade
+
+TYPE_CHECKING = False  # (no typing import: see replayer.core.facade)
 
 if TYPE_CHECKING:
     from replayer.config.load import ConfigError

@@ -5,9 +5,9 @@ usage rule and the statistics sketches. No I/O.
 The names below are this stage's facade (imported on first use); the modules are its own.
 """
 
-from typing import TYPE_CHECKING
-
 from .facade import facade
+
+TYPE_CHECKING = False  # (no typing import: see replayer.core.facade)
 
 if TYPE_CHECKING:
     from replayer.core.clock import Anchor, now_ns

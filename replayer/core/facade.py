@@ -6,9 +6,10 @@ child process and ``replayer sim`` start with only what they use."""
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Mapping
-from typing import Any
+TYPE_CHECKING = False  # (typing is not imported: facades are loaded by the launcher's child too)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
 
 
 def facade(package: str, exports: Mapping[str, str]) -> Callable[[str], Any]:
@@ -19,6 +20,8 @@ def facade(package: str, exports: Mapping[str, str]) -> Callable[[str], Any]:
         module = exports.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        import importlib
+
         return getattr(importlib.import_module(module, package), name)
 
     return __getattr__

@@ -14,9 +14,9 @@ summary's fold, the verdict, report, compare, merge, the sweep page) is the resu
 - ``SCHEMA``: the results files' Arrow schema (one row per request; docs/results.md).
 """
 
-from typing import TYPE_CHECKING
-
 from replayer.core.facade import facade
+
+TYPE_CHECKING = False  # (no typing import: see replayer.core.facade)
 
 if TYPE_CHECKING:
     from replayer.core.result import SCHEMA

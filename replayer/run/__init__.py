@@ -4,9 +4,9 @@ the lifecycle whose parts register their own close), resume, ``--workers`` and t
 The names below are this stage's facade (imported on first use); the modules are its own.
 """
 
-from typing import TYPE_CHECKING
-
 from replayer.core.facade import facade
+
+TYPE_CHECKING = False  # (no typing import: see replayer.core.facade)
 
 if TYPE_CHECKING:
     from replayer.run.daemon import main_run, run_replay

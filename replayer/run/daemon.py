@@ -261,9 +261,7 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
     )
     lead_ns = int(cfg.lead_s * 1e9) if not duration_ns else min(int(cfg.lead_s * 1e9), duration_ns - 1)
     # each part registers its own close as it is built; they run in reverse (replayer.run.lifecycle)
-    stack = contextlib.AsyncExitStack()
-    await stack.__aenter__()
-    try:
+    async with contextlib.AsyncExitStack() as stack:
         # the stop signals' handlers (installed once the dispatcher exists) outlive the results flush
         stack.callback(_remove_signal_handlers, loop)
         # GC at moments of the dispatcher's choosing (replayer.run.gcpacer): never when a burst is due.
@@ -352,8 +350,6 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
             model,
             view,
         )
-    finally:
-        await stack.aclose()
 
 
 async def _run(  # noqa: C901, PLR0912, PLR0915

@@ -4,9 +4,9 @@ loop, launcher, routed to several targets). The planner decides when; this packa
 The names below are this stage's facade (imported on first use); the modules are its own.
 """
 
-from typing import TYPE_CHECKING
-
 from replayer.core.facade import facade
+
+TYPE_CHECKING = False  # (no typing import: see replayer.core.facade)
 
 if TYPE_CHECKING:
     from replayer.send.dispatcher import Dispatcher
