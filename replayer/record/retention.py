@@ -7,13 +7,14 @@ result is older than the age bound, the oldest rolled file (``requests-NNNNN.par
 lowest number) is removed. Parts not yet rolled (the file being written) and the newest rolled
 file are never removed.
 
-Before a file goes, its results are folded (``summary.fold_file``: counts, token totals, error
-kinds, each latency's count/sum/min/max/variance and DDSketch) and merged into ``removed.json``,
-with the file's name, the run spans it covered (``summary.run_spans``: the run's duration) and
+Before a file goes, its results are folded by the ``Digest`` the run passes in (the results
+stage's ``removed.digest_file``: counts, token totals, error kinds, each latency's
+count/sum/min/max/variance and DDSketch) and merged into ``removed.json``, with the file's
+name, the run spans it covered (``runspans.run_spans``: the run's duration) and
 the (loop, row) pairs it recorded (as row ranges per loop: ``--resume`` skips them). The file
-is removed only after ``removed.json`` is renamed into place (``recorder.write_json``: a kill
+is removed only after ``removed.json`` is renamed into place (``rolling.write_json``: a kill
 leaves the old digest or the new one), and readers leave out every file that ``removed.json``
-names (``recorder.result_files``), so a kill between the two shows no result twice; the next
+names (``folder.result_files``), so a kill between the two shows no result twice; the next
 recorder in the folder removes such a file (``remove_leftovers``). The summary of a folder
 (``summary.fold_files``) merges ``removed.json``: counts equal those before the removal;
 percentiles of the removed results come from their sketches (within ``stats.RELATIVE_ACCURACY``);
@@ -216,8 +217,8 @@ def apply(
     ``max_bytes`` less ``headroom`` (the bytes the writer will add before the next call: the
     folder stays within ``max_bytes`` between calls too) or the oldest rolled file's newest
     result is older than ``max_age_s`` (``now``: Unix s). Parts (results not yet rolled) and the newest rolled file are never removed (every
-    reader finds the folder's ``removed.json`` through a results file in it). Returns the files
-    removed."""
+    reader finds the folder's ``removed.json`` through a results file in it). ``digest``: what is
+    kept of each file removed (``Digest``). Returns the files removed."""
     if max_bytes is None and max_age_s is None:
         return []
     now = time.time() if now is None else now

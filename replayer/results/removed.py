@@ -1,11 +1,10 @@
 """What is kept of the results files retention removes: their summary fold as JSON, in the
-folder's ``removed.json`` (``replayer.record.retention.Removed.fold_json``), so every summary
+folder's ``removed.json`` (``replayer.record.folder.Removed.fold_json``), so every summary
 still counts them. ``digest_file`` is the ``retention.Digest`` the run gives the recorder."""
 
 from __future__ import annotations
 
-from replayer.record.folder import Removed
-from replayer.results.summary import SummaryFold, fold_file, fold_from_json, fold_to_json, jsonable
+from replayer.results.summary import fold_file, fold_from_json, fold_to_json, jsonable
 
 
 def digest_file(path: str, fold_json: dict | None) -> dict | None:
@@ -19,8 +18,3 @@ def digest_file(path: str, fold_json: dict | None) -> dict | None:
         old.merge(fold)
         fold = old
     return jsonable(fold_to_json(fold))
-
-
-def removed_fold(removed: Removed | None) -> SummaryFold | None:
-    """The summary fold of the files ``removed`` names (None when none was removed)."""
-    return fold_from_json(removed.fold_json) if removed is not None and removed.fold_json else None
