@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Histogram
@@ -153,7 +153,8 @@ class _ResultsDisk(Collector):
     not known yet is left out, never 0."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.source = lambda: (None, None)  # () -> (bytes, oldest Unix s), set by the run
+        # () -> (bytes, oldest Unix s), set by the run
+        self.source: Callable[[], tuple[int | None, float | None]] = lambda: (None, None)
         registry.register(self)
 
     def collect(self):

@@ -19,6 +19,8 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import aiohttp
 from prometheus_client import CollectorRegistry
@@ -35,7 +37,7 @@ from replayer.core.clock import Anchor, now_ns
 from replayer.core.request import PreparedRequest
 from replayer.http.client import Client
 from replayer.http.connection import raise_open_file_limit
-from replayer.http.launcher import launcher_ready, start_launcher
+from replayer.http.launcher import Launcher, launcher_ready, start_launcher
 from replayer.http.servertimings import REQUEST_FIELD as SERVER_TIMINGS_FIELD
 from replayer.observe.admin import AdminServer
 from replayer.observe.console import LiveConsole
@@ -45,7 +47,7 @@ from replayer.observe.metrics import ReplayerMetrics
 from replayer.observe.target_metrics import TargetScraper, TargetScrapers
 from replayer.observe.target_samples import SAMPLES_FLUSH_SCRAPES, SampleFiles, flush_samples
 from replayer.plan.planner import Planner
-from replayer.plan.schedule import IdleGapCap, Timeline, iter_schedule
+from replayer.plan.schedule import IdleGapCap, ScheduleBatch, Timeline, iter_schedule
 from replayer.plan.sessions import SessionGate
 from replayer.record.recorder import Recorder, warm_up as recorder_warm_up
 from replayer.results.removed import digest_file
@@ -326,64 +328,56 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
             {"first batch": first_batch, "warm-up": warm_up, "prebuild": prebuild, "pool": pool, "anchor": take_anchor}
         )
         assert anchor is not None
-        return await _run(
-            cfg,
-            stack,
-            flush,
-            loop,
-            batches,
-            factory,
-            timeline,
-            clients,
-            anchor,
-            launcher,
-            gc_pacer,
-            gap_cap,
-            duration_ns,
-            run_id,
-            start_loop,
-            n_rows,
-            targets,
-            metrics,
-            state,
-            results_dir,
-            model,
-            view,
-        )
+        started = _Started(
+            stack, flush, loop, batches, factory, timeline, clients, anchor, launcher, gc_pacer, gap_cap,
+            duration_ns, run_id, start_loop,
+        )  # fmt: skip
+        return await _run(cfg, started, n_rows, targets, metrics, state, results_dir, model, view)
+
+
+@dataclass(frozen=True, slots=True)
+class _Started:
+    """What the start-up made ready for the rest of the run (``_run``)."""
+
+    stack: contextlib.AsyncExitStack  # each part's close, registered as it was built
+    flush: _ResultsFlush
+    loop: asyncio.AbstractEventLoop
+    batches: Iterator[ScheduleBatch]  # the schedule, its first batch read
+    factory: RequestFactory
+    timeline: Timeline
+    clients: dict[str, Client]  # one pool per target, open
+    anchor: Anchor
+    launcher: Launcher | None
+    gc_pacer: GcPacer
+    gap_cap: IdleGapCap | None
+    duration_ns: int | None
+    run_id: str
+    start_loop: int
 
 
 async def _run(  # noqa: C901, PLR0912, PLR0915
-    cfg,
-    stack: contextlib.AsyncExitStack,
-    flush: _ResultsFlush,
-    loop,
-    batches,
-    factory,
-    timeline,
-    clients,
-    anchor,
-    launcher,
-    gc_pacer,
-    gap_cap,
-    duration_ns,
-    run_id,
-    start_loop,
-    n_rows,
-    targets,
-    metrics,
-    state,
-    results_dir,
-    model,
+    cfg: RunConfig,
+    started: _Started,
+    n_rows: int | None,
+    targets: list[str],
+    metrics: ReplayerMetrics,
+    state: RunState,
+    results_dir: str,
+    model: str,
     view: StatusView,
 ) -> dict:
     """From the anchor to the summary: the recorder, the fan-out, the send path and the tasks
-    beside it, each close registered on ``stack`` (closed by the caller after this returns)."""
+    beside it, each close registered on ``started.stack`` (closed before the summary)."""
+    s = started
+    stack, flush, loop, batches, factory, timeline = s.stack, s.flush, s.loop, s.batches, s.factory, s.timeline
+    clients, anchor, launcher, gc_pacer, gap_cap = s.clients, s.anchor, s.launcher, s.gc_pacer, s.gap_cap
+    duration_ns, run_id, start_loop = s.duration_ns, s.run_id, s.start_loop
     shard, shards = cfg.shard_index
     target = targets[0]  # several: each request's target is chosen by replayer.send.routing
     client = clients[target]
-    if anchor.late_s and cfg.resume:
+    if anchor.late_s and cfg.start_at is not None and cfg.resume:
         log.info("resuming now: the run's --start-at %s passed %.0f s ago", hms(cfg.start_at), anchor.late_s)
-    elif anchor.late_s:
+    elif anchor.late_s and cfg.start_at is not None:
         log.warning(
             "--start-at %s passed %.1f s ago: starting now, %.1f s out of step with runs that kept it "
             "(the requests overdue are not sent in one burst)",
