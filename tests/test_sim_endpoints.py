@@ -21,7 +21,7 @@ if str(ROOT) not in sys.path:
 from faultserver import run_delay_ns  # noqa: E402
 from test_sim import FAST, run, with_sim  # noqa: E402  (the same harness as the sim tests)
 
-from replayer.sim import SimConfig, _parser  # noqa: E402
+from replayer.sim import SimConfig, parser as sim_parser  # noqa: E402
 from replayer.sim.pooling import text_score  # noqa: E402
 
 
@@ -426,12 +426,12 @@ def test_rerank_order_top_n_and_paths():
 
 
 def test_cli_flags():
-    a = _parser().parse_args(["--score-usage", "once", "--inflate-score-usage", "3", "--embedding-dim", "8"])
+    a = sim_parser().parse_args(["--score-usage", "once", "--inflate-score-usage", "3", "--embedding-dim", "8"])
     assert (a.score_usage, a.inflate_score_usage, a.embedding_dim) == ("once", 3, 8)
-    d = _parser().parse_args([])
+    d = sim_parser().parse_args([])
     assert (d.score_usage, d.inflate_score_usage, d.embedding_dim) == ("per_document", 0, 16)
     with pytest.raises(SystemExit):
-        _parser().parse_args(["--score-usage", "twice"])
+        sim_parser().parse_args(["--score-usage", "twice"])
     for bad_cfg in (dict(embedding_dim=0), dict(score_usage="x"), dict(score_usage_inflate_tokens=-1)):
         with pytest.raises(ValueError):
             SimConfig(**bad_cfg)

@@ -40,45 +40,102 @@ def _base_type(annotation: object) -> type:
     return annotation  # type: ignore[return-value]
 
 
+def flag_help(name: str) -> str:
+    """The help of setting ``name``: its description and its default (a setting whose default is
+    unset says what unset means in its description; one in seconds has the metavar SECONDS)."""
+    f = RunConfig.model_fields[name]
+    if f.is_required() or f.default is None:
+        default = ""
+    elif isinstance(f.default, bool):
+        default = f" [default: {'on' if f.default else 'off'}]"
+    else:
+        default = f" [default: {f.default}]"
+    return f"{f.description}{default}"
+
+
+class _ShortHelp(argparse.Action):
+    """``--help``: the settings of ``groups.SHORT`` only, and where the others are."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None) -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from replayer.config.groups import SHORT
+
+        hidden = [a for a in parser._actions if a.dest in RunConfig.model_fields and a.dest not in SHORT]  # noqa: SLF001
+        saved = [a.help for a in hidden]
+        for a in hidden:
+            a.help = argparse.SUPPRESS
+        text = parser.format_help()  # (argparse leaves out a heading with nothing left to show)
+        for a, h in zip(hidden, saved, strict=True):
+            a.help = h
+        print(f"{text}\n{len(hidden)} more settings: --help-all, or docs/reference/cli.md")
+        parser.exit()
+
+
+class _FullHelp(argparse.Action):
+    """``--help-all``: every setting, under its heading."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None) -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        parser.print_help()
+        parser.exit()
+
+
+def add_help_flags(p: argparse.ArgumentParser) -> None:
+    """``-h/--help`` (the common settings) and ``--help-all`` on a parser made with ``add_help=False``."""
+    p.add_argument("-h", "--help", action=_ShortHelp, help="show the common settings and exit")
+    p.add_argument("--help-all", action=_FullHelp, help="show every setting, under its heading, and exit")
+
+
 def add_config_flags(p: argparse.ArgumentParser) -> None:
-    """One flag per RunConfig field; unset flags stay absent so the config's defaults apply."""
-    for name, f in RunConfig.model_fields.items():
-        typ = _base_type(f.annotation)
-        unit = " (seconds)" if name.endswith("_s") else ""
-        default = "" if f.is_required() else f" [default: {f.default}]"
-        help_text = f"{f.description}{unit}{default}"
-        if name in POSITIONAL:  # `run A B ...`: several traces are a mix (one tenant each)
-            p.add_argument(name, nargs="*", default=argparse.SUPPRESS, action=_Traces, help=help_text)
-        elif name in REPEATED:
-            p.add_argument(
-                flag_name(name),
-                dest=name,
-                action="append",
-                default=argparse.SUPPRESS,
-                metavar=name.upper(),
-                help=help_text,
-            )
-        elif typing.get_origin(typ) is list:  # KEY:VALUE pairs (--goodput, as vllm bench serve takes it)
-            p.add_argument(
-                flag_name(name), dest=name, nargs="+", default=argparse.SUPPRESS, metavar=name.upper(), help=help_text
-            )
-        elif typ is bool:
-            p.add_argument(
-                flag_name(name),
-                dest=name,
-                action=argparse.BooleanOptionalAction,
-                default=argparse.SUPPRESS,
-                help=help_text,
-            )
-        else:
-            p.add_argument(
-                flag_name(name),
-                dest=name,
-                type=typ,
-                default=argparse.SUPPRESS,
-                metavar=name.removesuffix("_s").upper(),
-                help=help_text,
-            )
+    """One flag per RunConfig field, under its heading (``config.groups``); unset flags stay
+    absent so the config's defaults apply."""
+    from replayer.config.groups import GROUPS
+
+    for heading, names in GROUPS.items():
+        g = p.add_argument_group(heading)
+        for name in names:
+            _add_flag(g, name)
+
+
+def _add_flag(p: argparse._ArgumentGroup, name: str) -> None:
+    typ = _base_type(RunConfig.model_fields[name].annotation)
+    help_text = flag_help(name)
+    if name in POSITIONAL:  # `run A B ...`: several traces are a mix (one tenant each)
+        p.add_argument(name, nargs="*", default=argparse.SUPPRESS, action=_Traces, help=help_text)
+    elif name in REPEATED:
+        p.add_argument(
+            flag_name(name),
+            dest=name,
+            action="append",
+            default=argparse.SUPPRESS,
+            metavar=name.upper(),
+            help=help_text,
+        )
+    elif typing.get_origin(typ) is list:  # KEY:VALUE pairs (--goodput, as vllm bench serve takes it)
+        p.add_argument(
+            flag_name(name), dest=name, nargs="+", default=argparse.SUPPRESS, metavar=name.upper(), help=help_text
+        )
+    elif typ is bool:
+        p.add_argument(
+            flag_name(name),
+            dest=name,
+            action=argparse.BooleanOptionalAction,
+            default=argparse.SUPPRESS,
+            help=help_text,
+        )
+    else:
+        p.add_argument(
+            flag_name(name),
+            dest=name,
+            type=typ,
+            default=argparse.SUPPRESS,
+            metavar="SECONDS" if name.endswith("_s") else name.upper(),
+            help=help_text,
+        )
 
 
 def read_config_file(path: str) -> dict:
@@ -135,12 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser(
         "run",
+        add_help=False,
         help="replay a trace (against the embedded simulator if no --target)",
         usage="%(prog)s [options] [trace ...]",
         description="Replay a trace. Settings come from --config FILE (YAML; keys are "
         "the setting names: the flag without '--', dashes as underscores, and '_s' "
         "appended for settings in seconds, e.g. read_timeout_s) and are overridden by flags.",
     )
+    add_help_flags(run)
     run.add_argument(
         "--config",
         dest="config_file",
@@ -174,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("-o", "--output", default=None, help="output .html [default: RESULTS/report.html]")
     sw = sub.add_parser(
         "sweep",
+        add_help=False,
         help="replay a trace at growing speed-ups until the SLO attainment drops; finds the highest load that held",
         usage="%(prog)s --speedups LIST --goodput KEY:VALUE... [run options] [trace]",
         description="Replay a trace (or a window: --max-requests, --duration) at each speed-up "
@@ -182,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         "sweep.json and sweep.html there. Every option of `replayer run` applies to each point, "
         "except --speedup, --seed (salted per point with --prefix-cache salt) and --resume.",
     )
+    add_help_flags(sw)
     sw.add_argument(
         "--config",
         dest="config_file",
@@ -218,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="a point whose dispatch lag p99 is above this is marked replayer_behind (the replayer, "
         "not the server, fell behind) and ends the sweep [default: the lag past which a run "
-        "warns that the replayer itself is the bottleneck, daemon.BEHIND_MS]",
+        "warns that the replayer itself is the bottleneck: 50 ms]",
     )
     add_config_flags(sw)
     cp = sub.add_parser("compare", help="compare two runs' summary.json side by side")
@@ -230,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _subcommands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+def subcommands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     """``p``'s subcommands: name -> parser."""
     return {name: c for a in p._actions if isinstance(a, argparse._SubParsersAction) for name, c in a.choices.items()}  # noqa: SLF001
 
@@ -240,7 +301,7 @@ def _finish_parsers(p: argparse.ArgumentParser) -> None:
     one wins), so an unknown flag is reported with that subcommand's usage, not the top level's;
     and none accepts abbreviations (``--max-request`` is an unknown flag, not ``--max-requests``:
     an abbreviation that works today breaks when a flag with the same prefix is added)."""
-    for sp in _subcommands(p).values():
+    for sp in subcommands(p).values():
         sp.allow_abbrev = False
         sp.set_defaults(_leaf=sp)
         _finish_parsers(sp)
@@ -283,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
 
         return sim_main(argv[1:])
     parser = build_parser()
-    commands = list(_subcommands(parser))
+    commands = list(subcommands(parser))
     if argv and not argv[0].startswith("-") and argv[0] not in commands:
         import difflib
 

@@ -47,8 +47,14 @@ class RunConfig(FieldChecks):
         "auto",
         description="trace format: auto, parquet, mooncake, azure, jsonl, csv, weka, copilot, tracelab, servegen",
     )
-    map: str | None = Field(None, description="column mapping for generic traces, e.g. timestamp=ts,input_length=n_in")
-    time_unit: str | None = Field(None, description="timestamp unit of generic traces: s, ms, us, ns or datetime")
+    map: str | None = Field(
+        None,
+        description="column mapping for generic traces, e.g. timestamp=ts,input_length=n_in; unset = the canonical names",
+    )
+    time_unit: str | None = Field(
+        None,
+        description="timestamp unit of generic traces: s, ms, us, ns or datetime; unset = ms (Azure CSV: datetime)",
+    )
     validate_trace: str = Field(
         "full",
         description="full: check every row before sending; lazy: check each "
@@ -59,7 +65,7 @@ class RunConfig(FieldChecks):
         description="replay several traces on one clock, one tenant each: "
         "PATH[,tenant=NAME][,offset_s=S][,rate=R][,hash_id_scope=local|global] per "
         "trace (`replayer run A B` = a mix of A and B); tenant is a results column and "
-        "a metric label",
+        "a metric label; unset = one trace",
     )
     hash_id_scope: str | None = Field(
         None,
@@ -72,13 +78,13 @@ class RunConfig(FieldChecks):
         gt=0,
         description="a gap between consecutive requests longer than "
         "this in replay time (after --speedup) shrinks to it; the summary "
-        "reports gaps capped and time skipped",
+        "reports gaps capped and time skipped; unset = no cap",
     )
     session_header: str | None = Field(
         None,
         description="send each request's session id in this header, for "
         "routers: a header name, or a preset: dynamo (X-Dynamo-Session-ID), "
-        "aibrix (x-aibrix-session-key with routing-strategy: session-affinity)",
+        "aibrix (x-aibrix-session-key with routing-strategy: session-affinity); unset = no header",
     )
     target: list[str] | None = Field(
         None,
@@ -107,7 +113,7 @@ class RunConfig(FieldChecks):
         description="SLO bounds in ms as KEY:VALUE pairs, keys ttft, "
         "tpot, e2el (vllm bench serve's --goodput), e.g. --goodput ttft:2000 "
         "tpot:50: a request meets the SLO when it succeeded and every bound holds; "
-        "the summary reports request_goodput and slo_attainment",
+        "the summary reports request_goodput and slo_attainment; unset = no SLO",
     )
     usage_slack_tokens: int = Field(
         0,
@@ -117,7 +123,9 @@ class RunConfig(FieldChecks):
     )
     speedup: float = Field(1.0, gt=0, description="replay this many times faster than the trace")
     max_requests: int | None = Field(
-        None, ge=1, description="replay only the schedule's first N requests (shards and resumed runs together)"
+        None,
+        ge=1,
+        description="replay only the schedule's first N requests (shards and resumed runs together); unset = all",
     )
     loop: str = Field("1", description="passes over the trace: a number, or 'forever'")
     loop_gap_s: float = Field(0.0, ge=0, description="trace time between the end of one loop and the next")
@@ -131,16 +139,20 @@ class RunConfig(FieldChecks):
     start_at: float | None = Field(
         None,
         description="anchor the schedule at this Unix time (aligns shards; "
-        "one more than 1 s past is not kept: the run starts now, out of step)",
+        "one more than 1 s past is not kept: the run starts now, out of step); unset = now",
     )
-    duration_s: float | None = Field(None, gt=0, description="stop scheduling after this many seconds of replay")
+    duration_s: float | None = Field(
+        None, gt=0, description="stop scheduling after this many seconds of replay; unset = the whole schedule"
+    )
     results: str | None = Field(None, description="results folder; none = ./results/<timestamp>")
     admin_host: str = Field("127.0.0.1", description="admin/metrics server address")
     admin_port: int = Field(9400, ge=0, le=65535, description="admin/metrics port (0 = a free port)")
     seed: int = Field(0, ge=0, lt=2**64, description="prompt seed: same seed, same prompts")
     block_size: int | None = Field(None, ge=1, description="tokens per hash id; none = from the trace (512)")
     vocab_range: str = Field("1000:30000", description="token ids LO:HI (HI exclusive) used for prompts")
-    tokenizer: str | None = Field(None, description="local tokenizer.json or folder: use its non-special ids")
+    tokenizer: str | None = Field(
+        None, description="local tokenizer.json or folder: use its non-special ids; unset = ids from --vocab-range"
+    )
     prompt_mode: str = Field(
         "tokens",
         description="tokens: prompt as token ids (exact); text: blocks "
@@ -161,9 +173,13 @@ class RunConfig(FieldChecks):
         "REPLAYER_CONTROL_TOKEN",
         description="environment variable holding the bearer token for the admin control endpoints (unset = open)",
     )
-    control_token_file: str | None = Field(None, description="file holding the control token (overrides the variable)")
+    control_token_file: str | None = Field(
+        None, description="file holding the control token (overrides the variable); unset = the variable"
+    )
     api_key_env: str = Field("REPLAYER_API_KEY", description="environment variable holding the API key")
-    api_key_file: str | None = Field(None, description="file holding the API key (overrides the variable)")
+    api_key_file: str | None = Field(
+        None, description="file holding the API key (overrides the variable); unset = the variable"
+    )
     warm_connections: int = Field(
         128,
         ge=0,
@@ -214,20 +230,24 @@ class RunConfig(FieldChecks):
     start_delay_s: float = Field(0.1, ge=0, description="anchor the schedule this long after start-up")
     flush_rows: int = Field(2000, ge=1, description="write a results row group every N results")
     flush_interval_s: float = Field(2.0, gt=0, description="or every this many seconds")
-    roll_rows: int | None = Field(None, ge=1, description="start a new results file every N results (soak)")
-    roll_interval_s: float | None = Field(None, gt=0, description="start a new results file this often (soak)")
+    roll_rows: int | None = Field(
+        None, ge=1, description="start a new results file every N results (soak); unset = no roll by count"
+    )
+    roll_interval_s: float | None = Field(
+        None, gt=0, description="start a new results file this often (soak); unset = no roll by time"
+    )
     retain_size: str | None = Field(
         None,
         description="retention: while the results folder holds more than "
         "this (e.g. 2GB, 500MB, 1.5GiB; K/M/G/T = 1000^n, Ki/Mi/Gi/Ti = 1024^n bytes), "
         "remove its oldest rolled results file (needs --roll-interval or --roll-rows; "
-        "the counts and statistics of removed files stay in removed.json)",
+        "the counts and statistics of removed files stay in removed.json); unset = no size bound",
     )
     retain_age_s: float | None = Field(
         None,
         gt=0,
         description="retention: remove a rolled results file once its "
-        "newest result is older than this (needs --roll-interval or --roll-rows)",
+        "newest result is older than this (needs --roll-interval or --roll-rows); unset = no age bound",
     )
     itl_format: str = Field(
         "exact",
@@ -239,7 +259,7 @@ class RunConfig(FieldChecks):
         None,
         description="continue the run recorded in this results folder "
         "(its trace and settings unless given again: then they must agree), "
-        "skipping every row already recorded",
+        "skipping every row already recorded; unset = a new run",
     )
     resume_existing: bool = Field(
         False,

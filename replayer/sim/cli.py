@@ -89,16 +89,18 @@ async def _exit_with(pid: int, stop: asyncio.Event, server: SimServer) -> None:
     stop.set()
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     d = SimConfig()
     p = argparse.ArgumentParser(
         prog="replayer sim",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         allow_abbrev=False,
-        description="Simulated vLLM OpenAI-compatible server (see replayer/sim/__init__.py).",
+        description="Simulated vLLM OpenAI-compatible server: its timing model and limits are in docs/simulator.md.",
     )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument(
+        "--port", type=int, default=8000, help="port to listen on (0 = a free port; the URL is printed at start)"
+    )
     p.add_argument("--model", default=d.model, help="served model name")
     p.add_argument("--kv-block-size", type=int, default=d.kv_block_size, help="prefix-cache block size, tokens")
     p.add_argument(
@@ -107,18 +109,34 @@ def _parser() -> argparse.ArgumentParser:
         default=d.prefix_cache_tokens,
         help="prefix-cache capacity, tokens (0 disables)",
     )
-    p.add_argument("--ttft-base-ms", type=float, default=d.ttft_base_ms)
+    p.add_argument(
+        "--ttft-base-ms", type=float, default=d.ttft_base_ms, help="time to first token of an empty prompt, ms"
+    )
     p.add_argument(
         "--prefill-us-per-token",
         type=float,
         default=d.prefill_us_per_token,
         help="microseconds per uncached prompt token",
     )
-    p.add_argument("--itl-base-ms", type=float, default=d.itl_base_ms)
-    p.add_argument("--itl-per-running-us", type=float, default=d.itl_per_running_us)
+    p.add_argument(
+        "--itl-base-ms", type=float, default=d.itl_base_ms, help="gap between two tokens with one request running, ms"
+    )
+    p.add_argument(
+        "--itl-per-running-us",
+        type=float,
+        default=d.itl_per_running_us,
+        help="added to every token gap per running request, us (a batch decodes slower)",
+    )
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="max running requests (0 = unlimited)")
-    p.add_argument("--vocab-size", type=int, default=d.vocab_size)
-    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    p.add_argument(
+        "--vocab-size", type=int, default=d.vocab_size, help="a prompt token id outside [0, N) is an error, as in vLLM"
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=d.max_model_len,
+        help="longest prompt + output in tokens; a longer request is answered 400, as vLLM does",
+    )
     p.add_argument(
         "--record-requests",
         metavar="FILE",
@@ -195,7 +213,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``replayer sim``: parse flags, serve until SIGINT/SIGTERM, return 0."""
-    a = _parser().parse_args(argv)
+    a = parser().parse_args(argv)
     try:
         cfg = SimConfig(
             model=a.model,

@@ -1,0 +1,116 @@
+"""The headings ``replayer run --help`` and the CLI reference put the settings under.
+
+Every ``RunConfig`` field belongs to exactly one group (a test holds it). ``SHORT`` names the
+settings a first-time user needs; ``--help`` shows only those, ``--help-all`` and the reference
+page (``docs/reference/cli.md``) show every one.
+"""
+
+from __future__ import annotations
+
+GROUPS: dict[str, tuple[str, ...]] = {
+    "Trace": ("trace", "format", "map", "time_unit", "validate_trace", "strict", "mix", "hash_id_scope"),
+    "Target": (
+        "target",
+        "model",
+        "endpoint",
+        "api_key_env",
+        "api_key_file",
+        "vllm_extensions",
+        "run_id",
+        "server_timings",
+        "warm_connections",
+        "connect_timeout_s",
+        "read_timeout_s",
+        "request_timeout_s",
+        "ready_timeout_s",
+        "retry_max",
+        "retry_backoff_s",
+    ),
+    "Several targets": ("target_policy", "session_header"),
+    "Schedule": (
+        "speedup",
+        "max_requests",
+        "duration_s",
+        "loop",
+        "loop_gap_s",
+        "loop_salt",
+        "idle_gap_cap_s",
+        "session_policy",
+        "start_at",
+        "start_delay_s",
+        "drain_timeout_s",
+        "shard",
+        "workers",
+        "lead_s",
+        "launcher",
+        "delayed_ack",
+    ),
+    "Prompts": (
+        "seed",
+        "tokenizer",
+        "prompt_mode",
+        "block_size",
+        "vocab_range",
+        "image_size",
+        "image_format",
+        "image_token_rule",
+        "image_cache_mb",
+        "kv_block_size",
+        "expected_cache_tokens",
+        "usage_slack_tokens",
+    ),
+    "Verdict": ("goodput", "max_error_ratio"),
+    "Results": ("results", "resume", "resume_existing", "flush_rows", "flush_interval_s", "itl_format"),
+    "Soak": (
+        "roll_interval_s",
+        "roll_rows",
+        "retain_size",
+        "retain_age_s",
+        "control_token_env",
+        "control_token_file",
+    ),
+    "Observability": (
+        "admin_host",
+        "admin_port",
+        "scrape_target_metrics",
+        "scrape_interval_s",
+        "quiet",
+        "log_format",
+        "log_level",
+    ),
+}
+
+#: the settings ``--help`` shows (the rest: ``--help-all``)
+SHORT: frozenset[str] = frozenset(
+    {
+        "trace",
+        "format",
+        "map",
+        "target",
+        "model",
+        "endpoint",
+        "speedup",
+        "max_requests",
+        "duration_s",
+        "loop",
+        "workers",
+        "tokenizer",
+        "prompt_mode",
+        "goodput",
+        "max_error_ratio",
+        "results",
+        "resume",
+        "roll_interval_s",
+        "retain_size",
+        "admin_port",
+        "quiet",
+    }
+)
+
+
+def group_of(name: str) -> str:
+    """The heading setting ``name`` is listed under (KeyError for a setting in no group)."""
+    for heading, names in GROUPS.items():
+        if name in names:
+            return heading
+    raise KeyError(name)
