@@ -14,10 +14,10 @@ PIP_NOISE := 2>&1 | { grep -v "^WARNING: Location '.*' is ignored: it is neither
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip $(PIP_NOISE)
-	$(PY) -m pip install --quiet -e '.[test]' $(PIP_NOISE)
+	$(PY) -m pip install --quiet -e '.[test,docs]' $(PIP_NOISE)
 	touch $@
 
-.PHONY: install run test lint bench
+.PHONY: install run test lint docs bench
 install: $(VENV)/.installed
 
 # Replay the committed 10-minute Mooncake slice at 10x against the embedded simulator.
@@ -38,6 +38,11 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+
+# The documentation site (mkdocs.yml): --strict fails on a broken link, a page missing from the
+# navigation or a stale reference. `$(VENV)/bin/mkdocs serve` shows it while you write.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: $(VENV)/.installed
 	$(PY) bench/bench_hotpaths.py

@@ -1,6 +1,6 @@
 """A trace row's ``model``, ``priority`` and ``extra_body`` reach the request body (issue 17), in
 every trace format that carries them and for every endpoint, with the precedence of
-traces/README.md: the row's extra_body over the built body, the model and priority columns over
+docs/reference/trace-formats.md: the row's extra_body over the built body, the model and priority columns over
 both; reserved keys and bad values are refused before anything is sent."""
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ def test_decimal_string_hash_ids_are_the_integers_and_give_byte_identical_prompt
 
 
 def test_the_rule_for_every_other_string(tmp_path):
-    """traces/README.md "Hash ids": fixed-width hex (16 digits, a leading zero or a letter) is its
+    """docs/reference/trace-formats.md "Hash ids": fixed-width hex (16 digits, a leading zero or a letter) is its
     value; any other non-empty string is a name, hashed; an empty string, a negative decimal and a
     decimal >= 2**64 are errors naming file, row and field."""
     assert hash_id_from_string("00000000000000ff") == 255

@@ -22,7 +22,7 @@ Pooling (not streamed; vLLM's OpenAI-compatible server, docs "Pooling models"):
 * ``/v1/score``: ``{"model": M, "text_1": QUERY, "text_2": [DOC, ...]}`` (one query, N documents);
 * ``/v1/rerank``: ``{"model": M, "query": QUERY, "documents": [DOC, ...]}`` (Jina/Cohere style).
 
-A trace row's own fields (``for_row``; ``traces/README.md``): its ``extra_body`` object is merged
+A trace row's own fields (``for_row``; ``docs/reference/trace-formats.md``): its ``extra_body`` object is merged
 over the top-level fields of the body built above (a key given there replaces the built one),
 then its ``model`` replaces the run's and its ``priority`` is sent as ``priority`` (vLLM's
 scheduling priority), for every endpoint. The keys that carry the prompt, the output length and

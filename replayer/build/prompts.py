@@ -1,6 +1,6 @@
 """Hash-id prefix expansion: ``hash_ids`` + ``input_length`` -> the exact prompt token ids.
 
-Specification (reproducible by any tool; see traces/README.md, "Prompt expansion"):
+Specification (reproducible by any tool; see docs/explanations/prompts.md):
 
 * Vocabulary ``V``: a sorted array of allowed token ids — by default the range ``[lo, hi)`` of
   ``--vocab-range`` (default ``1000:30000``), or with ``--tokenizer`` every non-special id of that

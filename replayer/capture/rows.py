@@ -4,7 +4,7 @@
 what to tokenize, image identities) and keeps no prompt text beyond the request's own life: the
 text to tokenize is held in memory until the tokenization queue has turned it into hash ids,
 then dropped. ``SCHEMA`` is the capture's Parquet schema: the canonical trace columns
-(``traces/README.md``) plus the columns that say how each value was obtained.
+(``docs/reference/trace-formats.md``) plus the columns that say how each value was obtained.
 
 Rows whose lengths are unknown (the upstream was down and nothing could be tokenized) or that
 produced no output are kept with their status: the trace reader replays only rows with

@@ -47,7 +47,7 @@ def _type_name(annotation: object) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return text.replace("|", "\\|").replace("[", "\\[").replace("\n", " ")
 
 
 def _settings() -> list[str]:

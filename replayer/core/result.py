@@ -4,8 +4,7 @@ One ``RequestResult`` per scheduled trace row, whatever happened to it. Times ar
 nanoseconds on the one monotonic clock (``replayer.core.clock``), as offsets from the run's anchor
 ``t0_ns`` (the results file's metadata holds the anchor's wall-clock time). Durations derived
 from them are float milliseconds, the unit `vllm bench serve` reports. ``None`` means
-"not measured" and is never replaced by 0 (see docs/metrics.md for the definitions, which follow
-the conventions of ``shared/cases/client-faults.md``).
+"not measured" and is never replaced by 0 (docs/metrics.md has the definitions).
 """
 
 from __future__ import annotations

@@ -3,14 +3,14 @@
 A *trace* is a list of requests: when each one arrives, how many prompt tokens it has, how many
 tokens it must generate, and which prompt blocks (``hash_ids``) it shares with other requests.
 
-Formats (details in :func:`read_trace` and ``traces/README.md``): canonical Parquet (one file, a
+Formats (details in :func:`read_trace` and ``docs/reference/trace-formats.md``): canonical Parquet (one file, a
 folder or a glob of shards; streamed by :func:`open_trace`), Mooncake JSONL (FAST'25 release,
 kvcache-ai/Mooncake ``FAST25-release/traces``), the Azure LLM inference trace CSV (Azure Public
 Dataset AzureLLMInferenceTrace 2023; Splitwise, ISCA 2024) and generic JSONL / CSV / Parquet with
 a column mapping and a time unit. Hash ids are 64-bit integers or strings
 (:func:`hash_id_from_string`); sources without them get unique ids from :data:`SYNTH_ID_BASE`.
 
-Canonical Parquet (``traces/README.md`` documents it exactly): columns ``timestamp``,
+Canonical Parquet (``docs/reference/trace-formats.md`` documents it exactly): columns ``timestamp``,
 ``input_length``, ``output_length`` (int64), ``hash_ids`` (list<int64> or list<uint64>), optional
 ``request_id``, ``session_id``, ``model`` (string), ``priority`` (int64), ``extra_body`` (string
 holding a JSON object); optional session and endpoint columns ``turn`` (int64), ``parent_request_id``

@@ -189,7 +189,7 @@ class Trace:
       ``int | None``; ``extra_body``: ``str | None`` holding a JSON object) are lists in sorted
       order, or ``None`` when the source has no such column.
     * Session and endpoint columns (lists in sorted order, ``None`` when the source has no such
-      column; ``traces/README.md`` has the rules): ``turn`` ``int | None`` (>= 0, turn number in
+      column; ``docs/reference/trace-formats.md`` has the rules): ``turn`` ``int | None`` (>= 0, turn number in
       its session); ``parent_request_id`` ``str | None`` (request this one follows; rows with one
       and no ``session_id`` get ``session_id`` = the chain's root request id);
       ``think_time_s``: float64[n] array of seconds (>= 0, NaN = not set) or ``None``;

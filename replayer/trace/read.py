@@ -336,7 +336,7 @@ def read_trace(
     is given; ``.csv`` -> ``azure`` when the header has ``TIMESTAMP,ContextTokens,GeneratedTokens``,
     else ``csv``) or one of :data:`FORMATS`:
 
-    * ``parquet``: canonical Parquet (``traces/README.md``); time unit from ``replayer.time_unit``.
+    * ``parquet``: canonical Parquet (``docs/reference/trace-formats.md``); time unit from ``replayer.time_unit``.
     * ``mooncake``: Mooncake FAST'25 trace release JSONL (kvcache-ai/Mooncake
       ``FAST25-release/traces``): ms ``timestamp`` (fractions kept exactly, half-even to the ns),
       ``input_length``, ``output_length``, ``hash_ids`` (block 512).
@@ -366,7 +366,7 @@ def read_trace(
     ``input_length``; a ``/v1/score`` or ``/v1/rerank`` row without both. ValueError for a bad
     ``block_size``, ``time_unit`` or ``mapping``.
 
-    Session columns (rules in ``traces/README.md``): a row with ``parent_request_id`` and no
+    Session columns (rules in ``docs/reference/trace-formats.md``): a row with ``parent_request_id`` and no
     ``session_id`` gets ``session_id`` = the root request id of its chain (followed through earlier
     rows; a parent that is not in the trace is itself the root); in a trace with that column, a row
     with a ``request_id`` and neither gets its own ``request_id``, so a chain is one session.

@@ -94,7 +94,7 @@ def trace_table(
 def write_parquet(
     trace: Trace, path: str | os.PathLike, *, time_unit: str = "ms", source: str = "", license: str = ""
 ) -> None:  # noqa: A002 - the metadata key is "license"
-    """Write ``trace`` as canonical Parquet (schema in ``traces/README.md``; table as :func:`trace_table`).
+    """Write ``trace`` as canonical Parquet (schema in ``docs/reference/trace-formats.md``; table as :func:`trace_table`).
 
     Row groups of 65,536 rows, zstd compression. The file is written to a temporary name and
     renamed into place. ``ValueError`` if an offset is not a whole number of ``time_unit``.

@@ -1,0 +1,152 @@
+"""Every shell block the docs show is run, so the docs cannot drift from the product.
+
+A fenced block whose language is ``bash``, ``sh``, ``shell`` or ``console`` in README.md,
+CONTRIBUTING.md or a page under docs/ is a command a reader types. The blocks of one page run in
+order, as one bash script with ``set -euo pipefail``, in a scratch folder that has the repository's
+``traces/``, ``configs/`` and ``deploy/``, with this checkout's ``replayer`` first on PATH: a page
+reads as one session at a terminal. Processes a page starts in the background are stopped when it
+ends. Where the host allows it the page runs in a network namespace of its own (``unshare``), so
+the ports it shows (8000, 9090, 9400) are free whatever else runs.
+
+A block that cannot run here (against your own server, on Kubernetes, the test suite itself) has
+``<!-- skip: REASON -->`` on the line above it; the reason is required.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHELLS = {"bash", "sh", "shell", "console"}
+FENCE = re.compile(r"^(?P<indent>[ ]*)(?P<fence>```+|~~~+)\s*(?P<info>[^\n]*)$")
+SKIP = re.compile(r"^\s*<!--\s*skip:\s*(?P<reason>.*?)\s*-->\s*$")
+#: the most a page may take (its blocks together) on a busy host
+PAGE_TIMEOUT_S = 420
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str
+    line: int  # 1-based line of the opening fence
+    code: str
+    skip: str | None  # the reason, or None: the block runs
+
+
+def blocks_of(text: str, page: str) -> list[Block]:
+    """The shell blocks of a Markdown page, in order."""
+    lines = text.splitlines()
+    out: list[Block] = []
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, info, indent = m["fence"], m["info"].strip(), len(m["indent"])
+        lang = info.split()[0].lstrip("{.").rstrip("}") if info else ""
+        j = i + 1
+        while j < len(lines) and not lines[j].strip().startswith(fence[0] * len(fence)):
+            j += 1
+        if lang in SHELLS:
+            prev = next((lines[k] for k in range(i - 1, -1, -1) if lines[k].strip()), "")
+            skip = SKIP.match(prev)
+            code = "\n".join(x[indent:] for x in lines[i + 1 : j])
+            out.append(Block(page, i + 1, code, skip["reason"] if skip else None))
+        i = j + 1
+    return out
+
+
+def pages() -> list[Path]:
+    docs = sorted((ROOT / "docs").rglob("*.md"))
+    return [p for p in [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *docs] if p.exists()]
+
+
+def _shell_blocks() -> list[tuple[str, list[Block]]]:
+    found = []
+    for p in pages():
+        bs = blocks_of(p.read_text(encoding="utf-8"), str(p.relative_to(ROOT)))
+        if bs:
+            found.append((str(p.relative_to(ROOT)), bs))
+    return found
+
+
+PAGES = _shell_blocks()
+
+
+def test_the_block_finder():
+    text = (
+        "intro\n```bash\nreplayer version\n```\n\n<!-- skip: your server -->\n```bash\ncurl x\n```\n```text\nout\n```\n"
+    )
+    a, b = blocks_of(text, "p.md")
+    assert (a.code, a.skip, a.line) == ("replayer version", None, 2)
+    assert (b.code, b.skip) == ("curl x", "your server")
+    nested = "- step\n\n    ```bash\n    echo hi\n    ```\n"
+    assert [x.code for x in blocks_of(nested, "p.md")] == ["echo hi"]
+
+
+def test_every_skip_says_why():
+    for _, bs in PAGES:
+        for b in bs:
+            assert b.skip is None or b.skip.strip(), f"{b.page}:{b.line}: a skip needs its reason"
+
+
+def _netns_prefix() -> list[str]:
+    """``unshare`` into a fresh network namespace with loopback up, where the host allows it."""
+    if not shutil.which("unshare") or not shutil.which("ip"):
+        return []
+    probe = ["unshare", "--net", "--map-root-user", "sh", "-c", "ip link set lo up"]
+    if subprocess.run(probe, capture_output=True).returncode != 0:
+        return []
+    return ["unshare", "--net", "--map-root-user"]
+
+
+def _scratch(tmp: Path) -> Path:
+    for name in ("traces", "configs", "deploy"):
+        (tmp / name).symlink_to(ROOT / name)
+    return tmp
+
+
+PREAMBLE = """\
+set -euo pipefail
+ip link set lo up 2>/dev/null || true
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
+"""
+
+
+@pytest.mark.parametrize("page", [p for p, bs in PAGES if any(b.skip is None for b in bs)])
+def test_the_page_runs(page, tmp_path):
+    bs = dict(PAGES)[page]
+    script = PREAMBLE + "".join(f"\necho '>>> {b.page}:{b.line}'\n{b.code}\n" for b in bs if b.skip is None)
+    (tmp_path / "page.sh").write_text(script)
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["REPLAYER_REPO"] = str(ROOT)
+    env.pop("REPLAYER_API_KEY", None)
+    (tmp_path / "work").mkdir()
+    work = _scratch(tmp_path / "work")
+    cmd = [*_netns_prefix(), "bash", str(tmp_path / "page.sh")]
+    proc = subprocess.Popen(
+        cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=PAGE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{page}: its commands ran past {PAGE_TIMEOUT_S} s\n{out[-6000:]}")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    failed = out.rsplit(">>> ", 1)[-1].split("\n", 1)[0] if ">>> " in out else page
+    assert proc.returncode == 0, f"the block at {failed} failed (exit {proc.returncode})\n{out[-8000:]}"
