@@ -150,3 +150,30 @@ def test_the_page_runs(page, tmp_path):
             pass
     failed = out.rsplit(">>> ", 1)[-1].split("\n", 1)[0] if ">>> " in out else page
     assert proc.returncode == 0, f"the block at {failed} failed (exit {proc.returncode})\n{out[-8000:]}"
+
+
+LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
+
+
+@pytest.mark.parametrize("name", ["README.md", "CONTRIBUTING.md", "traces/README.md", "deploy/README.md"])
+def test_the_links_outside_the_site_resolve(name):
+    """The site's own links are checked by ``mkdocs build --strict``; these pages are read on the
+    forge, so their relative links must name files of the repository (and no ``../shared``)."""
+    page = ROOT / name
+    if not page.exists():
+        pytest.skip(f"{name} does not exist")
+    text = page.read_text(encoding="utf-8")
+    assert "../shared" not in text, name
+    broken = []
+    for m in LINK.finditer(text):
+        target = m["target"].split("#", 1)[0]
+        if not target or "://" in target or target.startswith("mailto:"):
+            continue
+        if not (page.parent / target).exists():
+            broken.append(target)
+    assert broken == [], f"{name}: links to missing files: {broken}"
+
+
+def test_no_user_page_needs_the_shared_folder():
+    for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        assert "../shared" not in p.read_text(encoding="utf-8"), p.relative_to(ROOT)
