@@ -158,12 +158,14 @@ LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
 @pytest.mark.parametrize("name", ["README.md", "CONTRIBUTING.md", "traces/README.md", "deploy/README.md"])
 def test_the_links_outside_the_site_resolve(name):
     """The site's own links are checked by ``mkdocs build --strict``; these pages are read on the
-    forge, so their relative links must name files of the repository (and no ``../shared``)."""
+    forge, so their relative links must name files of the repository (and, but for the
+    contributors' guide, no ``../shared``)."""
     page = ROOT / name
     if not page.exists():
         pytest.skip(f"{name} does not exist")
     text = page.read_text(encoding="utf-8")
-    assert "../shared" not in text, name
+    if name != "CONTRIBUTING.md":  # (contributors have the shared folder: benchmarks, real vLLM)
+        assert "../shared" not in text, name
     broken = []
     for m in LINK.finditer(text):
         target = m["target"].split("#", 1)[0]
