@@ -12,7 +12,8 @@
 #          against the harness server with no TTFT or ITL delay (issue 17's tiny requests).
 # TOOL=calib runs the reference client (calib_client.py) on the same slice instead of replayer;
 # TOOL=record runs replayer through `replayer record` (record_runner.sh: the proxy's CPU and RSS in
-# RUN/tool/proxy.json; bench/bench_capture.py interleaves it with direct runs).
+# RUN/tool/proxy.json; bench/bench_capture.py interleaves it with direct runs); TOOL=vllm-bench runs
+# `vllm bench serve --dataset-name timed_trace` (vllm_bench_runner.sh; needs vLLM installed).
 # REPLAYER_ARGS="--no-launcher ..." passes options to `replayer run`.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -50,6 +51,7 @@ if [[ $MODE == W1mm || $MODE == W1chat ]]; then  # the W1 timing as chat text (W
 fi
 if [[ $TOOL == calib ]]; then RUNNER=(--tool calib)
 elif [[ $TOOL == record ]]; then RUNNER=(--runner "$ROOT/bench/fidelity/record_runner.sh")
+elif [[ $TOOL == vllm-bench ]]; then RUNNER=(--runner "$ROOT/bench/fidelity/vllm_bench_runner.sh")
 else RUNNER=(--runner "$ROOT/bench/fidelity/replayer_runner.sh"); fi
 $P "$H/harness.py" "${RUNNER[@]}" ${PORT:+--port "$PORT"} --slice "$W/slice_$NAME" --out "$W/run_${NAME}_$TOOL" --work-dir "$W" --name "$TOOL" \
   ${SERVER_ARGS:+"--server-args=$SERVER_ARGS"} ${REPLAYER_ARGS:+"--tool-args=$REPLAYER_ARGS"}
