@@ -180,13 +180,13 @@ def add_trace_parser(sub) -> None:
     sy = trs.add_parser("synth", help="generate a synthetic trace (seeded)")
     _add_output(sy)
     sy.add_argument("--rows", type=int, required=True, help="requests to generate")
-    sy.add_argument("--rate", type=float, required=True, help="requests per second")
+    sy.add_argument("--rate", type=float, required=True, help="requests per second (inf: every row at time 0)")
     sy.add_argument(
         "--arrival",
         default="poisson",
-        choices=("poisson", "gamma"),
-        help="arrival process: poisson (exponential gaps) or gamma (gaps with coefficient of "
-        "variation --cv: > 1 burstier, < 1 more regular) [default: poisson]",
+        choices=("poisson", "gamma", "constant"),
+        help="arrival process: poisson (exponential gaps), gamma (gaps with coefficient of "
+        "variation --cv: > 1 burstier, < 1 more regular) or constant (exactly 1/--rate apart) [default: poisson]",
     )
     sy.add_argument("--cv", type=float, default=None, help="gamma: coefficient of variation of the gaps [default: 1]")
     sy.add_argument(
