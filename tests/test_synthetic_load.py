@@ -85,6 +85,24 @@ def test_rows_have_the_lengths_and_a_shared_prefix_in_hash_ids():
     assert len(set(ranged.input_length.tolist())) > 50
 
 
+def test_trace_synth_writes_the_same_rows_to_a_file(tmp_path):
+    """`trace synth` stays the way to write such a load to a file: with the matching flags
+    (cv = 1/sqrt(burstiness), one system prompt of --prefix-len tokens) it writes the same rows."""
+    from replayer.trace import read_trace
+
+    out = tmp_path / "s.parquet"
+    flags = ["--rows", "500", "--rate", "10", "--arrival", "gamma", "--cv", "0.5", "--seed", "2"]
+    lengths = ["--input-dist", "const:100", "--output-dist", "const:7", "--block-size", "16"]
+    prefix = ["--system-prompts", "1", "--system-prompt-tokens", "40"]
+    assert main(["trace", "synth", "-o", str(out), *flags, *lengths, *prefix]) == 0
+    written = read_trace(out)
+    load = {"request_rate": 10, "burstiness": 4, "num_prompts": 500, "input_len": 100, "output_len": 7}
+    cfg = load_config({**load, "prefix_len": 40, "seed": 2})
+    made = synth(cfg.synthetic_spec())
+    assert (written.timestamp_ns == made.timestamp_ns).all()
+    assert (written.hash_values == made.hash_values).all() and (written.input_length == made.input_length).all()
+
+
 def test_a_trace_and_a_request_rate_together_are_refused(tmp_path, capsys):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n')
