@@ -162,7 +162,10 @@ def add_trace_parser(sub) -> None:
         help="API path of lines without an endpoint [default: /v1/chat/completions]",
     )
     fl.add_argument(
-        "--tokenizer", default=None, metavar="PATH", help="local tokenizer.json (or a folder) for text prompts"
+        "--tokenizer",
+        default=None,
+        metavar="PATH",
+        help="local tokenizer.json (or a folder, or builtin:gpt2) for text prompts",
     )
     fl.add_argument(
         "--tokenize-url",

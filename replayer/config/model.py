@@ -194,7 +194,9 @@ class RunConfig(FieldChecks):
     )
     vocab_range: str = Field("1000:30000", description="token ids LO:HI (HI exclusive) used for prompts")
     tokenizer: str | None = Field(
-        None, description="local tokenizer.json or folder: use its non-special ids; unset = ids from --vocab-range"
+        None,
+        description="local tokenizer.json or folder (never downloaded), or builtin:gpt2 (shipped: "
+        "GPT-2's BPE, MIT): use its non-special ids; unset = ids from --vocab-range",
     )
     prompt_mode: str = Field(
         "tokens",
@@ -539,7 +541,7 @@ class RunConfig(FieldChecks):
         if "chat/completions" in self.endpoint and self.prompt_mode != "text":
             problems.append(
                 "endpoint: token-id prompts cannot go to a chat endpoint; use /v1/completions, "
-                "or --prompt-mode text --tokenizer PATH"
+                "or --prompt-mode text --tokenizer PATH (builtin:gpt2 ships with the replayer)"
             )
         elif self.endpoint.endswith(("/score", "/rerank")) and not self.tokenizer:
             problems.append(
@@ -547,7 +549,10 @@ class RunConfig(FieldChecks):
                 "documents are token blocks decoded with it)"
             )
         if self.prompt_mode == "text" and not self.tokenizer:
-            problems.append("prompt_mode: text mode needs --tokenizer PATH (a local tokenizer.json or folder)")
+            problems.append(
+                "prompt_mode: text mode needs --tokenizer PATH (a local tokenizer.json or folder, or "
+                "builtin:gpt2, shipped with the replayer)"
+            )
         if (self.retain_size is not None or self.retain_age_s is not None) and not (
             self.roll_rows or self.roll_interval_s
         ):
@@ -564,11 +569,21 @@ class RunConfig(FieldChecks):
             raise ValueError("; ".join(problems))
         return self
 
-    @field_validator("trace", "tokenizer", "api_key_file", "control_token_file", "resume")
+    @field_validator("trace", "api_key_file", "control_token_file", "resume")
     @classmethod
     def _exists(cls, v: str | None) -> str | None:
         if v is not None and not os.path.exists(v):
             raise ValueError(f"no such file or folder: {v}")
+        return v
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer(cls, v: str | None) -> str | None:
+        from replayer.core.tokenizerfiles import tokenizer_problem
+
+        problem = tokenizer_problem(v) if v is not None else None
+        if problem:
+            raise ValueError(problem)
         return v
 
     @property
