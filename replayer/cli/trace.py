@@ -183,7 +183,7 @@ def add_trace_parser(sub) -> None:
     sy = trs.add_parser("synth", help="generate a synthetic trace (seeded)")
     _add_output(sy)
     sy.add_argument("--rows", type=int, required=True, help="requests to generate")
-    sy.add_argument("--rate", type=float, required=True, help="requests per second (inf: every row at time 0)")
+    sy.add_argument("--rate", type=float, required=True, help="requests per second")
     sy.add_argument(
         "--arrival",
         default="poisson",
@@ -276,6 +276,8 @@ def _check_args(args) -> None:
             raise ValueError(f"--start {args.start:g} must be before --end {args.end:g}")
     if cmd == "synth" and args.cv is not None and args.arrival != "gamma":
         raise ValueError("--cv only applies to --arrival gamma")
+    if cmd == "synth" and not math.isfinite(args.rate):  # (a file of rows all at time 0: not a trace)
+        raise ValueError(f"--rate must be a finite number > 0, got {args.rate}")
 
 
 def _run(args, json, convert, read_trace, write_parquet, coarsest_unit) -> int:
