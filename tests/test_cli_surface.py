@@ -39,7 +39,7 @@ def test_unset_flags_leave_the_config_defaults():
     assert {k for k in vars(args) if k in RunConfig.model_fields} == {"trace"}
     cfg = load_config({"trace": str(ROOT / "traces" / "mooncake_conversation_10min.parquet")})
     for name, f in RunConfig.model_fields.items():
-        if not f.is_required():
+        if name != "trace":  # (given; none = a synthetic load)
             assert getattr(cfg, name) == f.default, name
 
 

@@ -38,6 +38,7 @@ from replayer.core.hashing import (
     mix64_inplace as _mix_inplace,
     mix64_steps,
 )
+from replayer.core.tokenizerfiles import tokenizer_file
 
 DEFAULT_VOCAB_RANGE = (1000, 30000)
 
@@ -62,13 +63,13 @@ def vocab_from_range(lo: int, hi: int) -> np.ndarray:
 
 
 def vocab_from_tokenizer(path: str) -> np.ndarray:
-    """Sorted non-special token ids of a local tokenizer (``tokenizer.json`` or a folder holding
-    one; never downloaded). Raises FileNotFoundError / ValueError with the path on failure."""
+    """Sorted non-special token ids of a local tokenizer (``tokenizer.json``, a folder holding
+    one, or a shipped ``builtin:NAME``: ``replayer.core.tokenizerfiles``; never downloaded). Raises FileNotFoundError / ValueError with the path on failure."""
     import os
 
     from tokenizers import Tokenizer
 
-    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    file = tokenizer_file(path)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"--tokenizer {path}: no tokenizer.json found")
     tok = Tokenizer.from_file(file)
@@ -263,7 +264,7 @@ class TextPromptBuilder:
 
         from tokenizers import Tokenizer
 
-        file = os.path.join(tokenizer_path, "tokenizer.json") if os.path.isdir(tokenizer_path) else tokenizer_path
+        file = tokenizer_file(tokenizer_path)
         if not os.path.isfile(file):
             raise FileNotFoundError(f"--tokenizer {tokenizer_path}: no tokenizer.json found")
         self.builder = builder

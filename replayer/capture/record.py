@@ -51,7 +51,8 @@ def add_record_parser(sub) -> None:
         "--tokenizer",
         default=None,
         metavar="PATH",
-        help="local tokenizer.json (or a folder holding one) for text prompts [default: the upstream's /tokenize]",
+        help="local tokenizer.json (or a folder holding one, or builtin:gpt2) for text prompts "
+        "[default: the upstream's /tokenize]",
     )
     p.add_argument(
         "--no-upstream-tokenize",
@@ -153,9 +154,10 @@ def _check_out(out: str) -> None:
 def _load_tokenizer(path: str):
     from tokenizers import Tokenizer
 
-    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    from replayer.core.tokenizerfiles import tokenizer_file
+
     try:
-        return Tokenizer.from_file(file)
+        return Tokenizer.from_file(tokenizer_file(path))
     except Exception as e:  # the library raises plain Exceptions for a missing or bad file
         raise StartError(f"--tokenizer {path}: cannot load: {e}") from None
 

@@ -12,7 +12,7 @@ import sys
 import types
 import typing
 
-from replayer.config.model import ConfigError, RunConfig, flag_name, load_config
+from replayer.config.model import SYNTHETIC_LOAD, ConfigError, RunConfig, flag_name, load_config
 
 # NumPy's OpenBLAS starts one spinning thread per core at import; the replayer does no linear
 # algebra, and on a small host those threads cost ~0.3 s of CPU per start (set before numpy loads).
@@ -163,14 +163,15 @@ def read_config_file(path: str) -> dict:
 
 
 def _flags_for(cfg: RunConfig, skip: set[str]) -> list[str]:
-    """Command-line flags reproducing every setting of ``cfg`` except ``skip``."""
+    """Command-line flags reproducing every setting of ``cfg`` except ``skip`` (a synthetic load's
+    settings only for one: with a trace they are refused)."""
     out: list[str] = []
     for name in RunConfig.model_fields:
-        if name in skip:
+        if name in skip or (name in SYNTHETIC_LOAD and cfg.request_rate is None):
             continue
         v = getattr(cfg, name)
         if name == "trace":
-            out.append(v)
+            out += [v] if v is not None else []
         elif isinstance(v, bool):
             out.append(flag_name(name) if v else "--no-" + flag_name(name)[2:])
         elif isinstance(v, list) and name in REPEATED:

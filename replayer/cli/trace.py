@@ -162,7 +162,10 @@ def add_trace_parser(sub) -> None:
         help="API path of lines without an endpoint [default: /v1/chat/completions]",
     )
     fl.add_argument(
-        "--tokenizer", default=None, metavar="PATH", help="local tokenizer.json (or a folder) for text prompts"
+        "--tokenizer",
+        default=None,
+        metavar="PATH",
+        help="local tokenizer.json (or a folder, or builtin:gpt2) for text prompts",
     )
     fl.add_argument(
         "--tokenize-url",
@@ -184,9 +187,9 @@ def add_trace_parser(sub) -> None:
     sy.add_argument(
         "--arrival",
         default="poisson",
-        choices=("poisson", "gamma"),
-        help="arrival process: poisson (exponential gaps) or gamma (gaps with coefficient of "
-        "variation --cv: > 1 burstier, < 1 more regular) [default: poisson]",
+        choices=("poisson", "gamma", "constant"),
+        help="arrival process: poisson (exponential gaps), gamma (gaps with coefficient of "
+        "variation --cv: > 1 burstier, < 1 more regular) or constant (exactly 1/--rate apart) [default: poisson]",
     )
     sy.add_argument("--cv", type=float, default=None, help="gamma: coefficient of variation of the gaps [default: 1]")
     sy.add_argument(
@@ -273,6 +276,8 @@ def _check_args(args) -> None:
             raise ValueError(f"--start {args.start:g} must be before --end {args.end:g}")
     if cmd == "synth" and args.cv is not None and args.arrival != "gamma":
         raise ValueError("--cv only applies to --arrival gamma")
+    if cmd == "synth" and not math.isfinite(args.rate):  # (a file of rows all at time 0: not a trace)
+        raise ValueError(f"--rate must be a finite number > 0, got {args.rate}")
 
 
 def _run(args, json, convert, read_trace, write_parquet, coarsest_unit) -> int:

@@ -9,6 +9,15 @@ from __future__ import annotations
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "Trace": ("trace", "format", "map", "time_unit", "validate_trace", "strict", "mix", "hash_id_scope"),
+    "Synthetic load (no trace)": (
+        "request_rate",
+        "burstiness",
+        "num_prompts",
+        "input_len",
+        "output_len",
+        "prefix_len",
+        "range_ratio",
+    ),
     "Target": (
         "target",
         "model",
@@ -86,6 +95,10 @@ SHORT: frozenset[str] = frozenset(
         "trace",
         "format",
         "map",
+        "request_rate",
+        "num_prompts",
+        "input_len",
+        "output_len",
         "target",
         "model",
         "endpoint",

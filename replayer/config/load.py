@@ -30,8 +30,15 @@ class ConfigError(ValueError):
         super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
+#: the settings of a synthetic load (``--request-rate``) beside the rate: its rows and arrivals
+SYNTHETIC_LOAD = ("burstiness", "num_prompts", "input_len", "output_len", "prefix_len", "range_ratio")
+#: of ``SAME_ON_RESUME``, those recorded for a synthetic load only (``kv_block_size`` is its hash
+#: ids' block size when no ``block_size`` is given; for a trace it only shapes the expected hits)
+SYNTHETIC_ONLY = (*SYNTHETIC_LOAD, "kv_block_size")
+
 #: settings a resumed run must share with the run it continues: they decide which rows exist
-#: and what each prompt is (a resume with another seed would mix two prompt sets in one folder)
+#: and what each prompt is (a resume with another seed would mix two prompt sets in one folder;
+#: a synthetic load is generated again from its recorded seed and settings)
 SAME_ON_RESUME = (
     "seed",
     "shard",
@@ -48,6 +55,8 @@ SAME_ON_RESUME = (
     "time_unit",
     "mix",
     "hash_id_scope",
+    "request_rate",
+    *SYNTHETIC_ONLY,
 )
 
 

@@ -16,6 +16,8 @@ from replayer.config.checks import FieldChecks
 from replayer.config.load import (
     RUN_ID,
     SAME_ON_RESUME,
+    SYNTHETIC_LOAD,
+    SYNTHETIC_ONLY,
     ConfigError,
     flag_name,
     new_run_id,
@@ -25,6 +27,8 @@ from replayer.config.load import (
 __all__ = [
     "RUN_ID",
     "SAME_ON_RESUME",
+    "SYNTHETIC_LOAD",
+    "SYNTHETIC_ONLY",
     "ConfigError",
     "RunConfig",
     "flag_name",
@@ -37,11 +41,46 @@ __all__ = [
 class RunConfig(FieldChecks):
     """Settings of ``replayer run``; every field has the CLI flag ``--field-name``."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # (an infinite --request-rate or --burstiness is written as "Infinity" in the results' config, not null)
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
 
-    trace: str = Field(
+    trace: str | None = Field(
+        None,
         description="trace: canonical Parquet (file, folder or glob), Mooncake JSONL, "
-        "Azure CSV, or generic JSONL/CSV with --map"
+        "Azure CSV, or generic JSONL/CSV with --map; none = a synthetic load (--request-rate)",
+    )
+    request_rate: float | None = Field(
+        None,
+        gt=0,
+        description="a synthetic load instead of a trace (vllm bench serve's flag): requests per "
+        "second, inf = all at once; its rows: --num-prompts, --input-len, --output-len, "
+        "--prefix-len, --range-ratio, arrivals by --burstiness, seeded by --seed; none = replay TRACE",
+    )
+    burstiness: float = Field(
+        1.0,
+        gt=0,
+        description="synthetic load: the gamma shape of the gaps between requests (vLLM's): 1 = "
+        "Poisson, < 1 burstier, > 1 more regular (coefficient of variation 1/sqrt(B)), inf = "
+        "exactly 1/--request-rate apart",
+    )
+    num_prompts: int = Field(1000, ge=1, description="synthetic load: requests in one pass")
+    input_len: int = Field(
+        1024, ge=1, description="synthetic load: prompt tokens of each request after the shared prefix"
+    )
+    output_len: int = Field(128, ge=1, description="synthetic load: output tokens of each request")
+    prefix_len: int = Field(
+        0,
+        ge=0,
+        description="synthetic load: leading prompt tokens shared by every request (vLLM's "
+        "--random-prefix-len; hash ids, so a prefix cache sees them): its whole blocks (--block-size, "
+        "default --kv-block-size) are shared, the tokens a server with that block size can hit",
+    )
+    range_ratio: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="synthetic load: each length drawn uniformly from [L*(1-r), L*(1+r)] "
+        "(vLLM's --random-range-ratio; 0 = exactly --input-len and --output-len)",
     )
     format: str = Field(
         "auto",
@@ -148,10 +187,16 @@ class RunConfig(FieldChecks):
     admin_host: str = Field("127.0.0.1", description="admin/metrics server address")
     admin_port: int = Field(9400, ge=0, le=65535, description="admin/metrics port (0 = a free port)")
     seed: int = Field(0, ge=0, lt=2**64, description="prompt seed: same seed, same prompts")
-    block_size: int | None = Field(None, ge=1, description="tokens per hash id; none = from the trace (512)")
+    block_size: int | None = Field(
+        None,
+        ge=1,
+        description="tokens per hash id; none = from the trace (512), for a synthetic load --kv-block-size",
+    )
     vocab_range: str = Field("1000:30000", description="token ids LO:HI (HI exclusive) used for prompts")
     tokenizer: str | None = Field(
-        None, description="local tokenizer.json or folder: use its non-special ids; unset = ids from --vocab-range"
+        None,
+        description="local tokenizer.json or folder (never downloaded), or builtin:gpt2 (shipped: "
+        "GPT-2's BPE, MIT): use its non-special ids; unset = ids from --vocab-range",
     )
     prompt_mode: str = Field(
         "tokens",
@@ -421,13 +466,82 @@ class RunConfig(FieldChecks):
             }  # unless given again (then the daemon checks they agree)
         return values
 
+    @property
+    def synthetic_block_size(self) -> int:
+        """Tokens per hash id of a synthetic load: ``block_size``, else ``kv_block_size`` (the
+        shared prefix is then whole server blocks)."""
+        return self.block_size or self.kv_block_size
+
+    def synthetic_spec(self):
+        """The synthetic load's ``replayer.trace.synth.SynthSpec`` (None when a trace is replayed)."""
+        if self.request_rate is None:
+            return None
+        from replayer.trace.synth import load_spec
+
+        return load_spec(
+            num_prompts=self.num_prompts,
+            request_rate=self.request_rate,
+            burstiness=self.burstiness,
+            input_len=self.input_len,
+            output_len=self.output_len,
+            prefix_len=self.prefix_len,
+            range_ratio=self.range_ratio,
+            block_size=self.synthetic_block_size,
+            seed=self.seed,
+        )
+
+    def synthetic_load(self) -> dict | None:
+        """What summary.json records of a synthetic load (None for a trace): its settings (an
+        infinite rate or burstiness as the string "inf"), the arrival process, the prefix tokens
+        shared and the seed its rows come from."""
+        spec = self.synthetic_spec()
+        if spec is None:
+            return None
+
+        def num(x: float) -> float | str:
+            return "inf" if x == float("inf") else x
+
+        bs = self.synthetic_block_size
+        return {
+            "request_rate": num(spec.rate_per_s),
+            "burstiness": num(self.burstiness),
+            "arrival": spec.arrival,
+            "num_prompts": self.num_prompts,
+            "input_len": self.input_len,
+            "output_len": self.output_len,
+            "range_ratio": self.range_ratio,
+            "prefix_len": self.prefix_len,
+            "prefix_shared_tokens": self.prefix_len // bs * bs,
+            "block_size": bs,
+            "seed": self.seed,
+        }
+
+    @property
+    def trace_label(self) -> str:
+        """The trace's path, or ``synthetic`` for a synthetic load (logs, metric labels)."""
+        return self.trace if self.trace is not None else "synthetic"
+
+    def _load_problems(self) -> list[str]:
+        """A trace or a synthetic load, not both, not neither; synthetic settings only with one."""
+        if self.request_rate is not None and self.trace is not None:
+            return [
+                "request_rate: --request-rate makes a synthetic load, and a TRACE is given too: give one "
+                "(a trace is replayed at its own times)"
+            ]
+        if self.request_rate is None and self.trace is None:
+            return ["trace: give a TRACE to replay, or --request-rate R for a synthetic load"]
+        given = [flag_name(k) for k in SYNTHETIC_LOAD if k in self.model_fields_set]
+        if self.request_rate is None and given:
+            return [f"{', '.join(given)}: only for a synthetic load: give --request-rate R (and no TRACE)"]
+        return []
+
     @model_validator(mode="after")
     def _modes(self) -> "RunConfig":
-        problems = []
+        problems = self._load_problems()
         if "chat/completions" in self.endpoint and self.prompt_mode != "text":
             problems.append(
                 "endpoint: token-id prompts cannot go to a chat endpoint; use /v1/completions, "
-                "or --prompt-mode text --tokenizer PATH"
+                "or --prompt-mode text --tokenizer PATH (builtin:gpt2 ships with the replayer)"
             )
         elif self.endpoint.endswith(("/score", "/rerank")) and not self.tokenizer:
             problems.append(
@@ -435,7 +549,10 @@ class RunConfig(FieldChecks):
                 "documents are token blocks decoded with it)"
             )
         if self.prompt_mode == "text" and not self.tokenizer:
-            problems.append("prompt_mode: text mode needs --tokenizer PATH (a local tokenizer.json or folder)")
+            problems.append(
+                "prompt_mode: text mode needs --tokenizer PATH (a local tokenizer.json or folder, or "
+                "builtin:gpt2, shipped with the replayer)"
+            )
         if (self.retain_size is not None or self.retain_age_s is not None) and not (
             self.roll_rows or self.roll_interval_s
         ):
@@ -452,11 +569,21 @@ class RunConfig(FieldChecks):
             raise ValueError("; ".join(problems))
         return self
 
-    @field_validator("trace", "tokenizer", "api_key_file", "control_token_file", "resume")
+    @field_validator("trace", "api_key_file", "control_token_file", "resume")
     @classmethod
     def _exists(cls, v: str | None) -> str | None:
         if v is not None and not os.path.exists(v):
             raise ValueError(f"no such file or folder: {v}")
+        return v
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer(cls, v: str | None) -> str | None:
+        from replayer.core.tokenizerfiles import tokenizer_problem
+
+        problem = tokenizer_problem(v) if v is not None else None
+        if problem:
+            raise ValueError(problem)
         return v
 
     @property

@@ -14,6 +14,7 @@ import sys
 import pyarrow.parquet as pq
 
 from replayer.results.reportdata import report_files
+from replayer.results.summarytext import synthetic_text
 
 COMPARE_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("scheduled", "scheduled", ""),
@@ -129,6 +130,7 @@ def _setup_of(results_file: str) -> dict:
 #: summary fields that make two runs different experiments when they differ
 SETUP_FIELDS = (
     ("trace", "trace"),
+    ("synthetic_load", "synthetic load"),
     ("scheduled", "requests scheduled"),
     ("speedup", "speed-up"),
     ("loop", "passes"),
@@ -148,6 +150,8 @@ def setup_differences(a: dict, b: dict) -> list[str]:
         if key == "target" and a.get("target_embedded") and b.get("target_embedded"):
             continue  # both the embedded simulator (on a free port each time)
         if key in a and key in b and va != vb:
+            if key == "synthetic_load":  # (None: a trace was replayed)
+                va, vb = (synthetic_text(v) if isinstance(v, dict) else "none" for v in (va, vb))
             out.append(f"{label}: {va} in A, {vb} in B")
     for name, s in (("A", a), ("B", b)):
         if s.get("stopped_early"):

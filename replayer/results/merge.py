@@ -33,7 +33,7 @@ TIME_COLUMNS = ("due_ns", "sent_ns", "first_token_ns", "last_token_ns", "end_ns"
 #: run anchors further apart than this are reported (one shared --start-at gives ~0)
 ANCHOR_SPREAD_WARN_S = 0.05
 #: summary fields the merged summary keeps when every folder has the same value
-MERGED_SETUP = ("trace", "target", "target_embedded", "model", "speedup", "loop")
+MERGED_SETUP = ("trace", "synthetic_load", "target", "target_embedded", "model", "speedup", "loop")
 
 
 def _files(path: str) -> list[str]:

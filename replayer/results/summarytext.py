@@ -8,6 +8,22 @@ from collections.abc import Callable
 import replayer.results.verdict as verdict
 
 
+def synthetic_text(load: dict) -> str:
+    """A synthetic load's settings (summary.json's ``synthetic_load``) in one line."""
+    rate = load["request_rate"]
+    arrivals = {"poisson": "Poisson", "gamma": f"gamma (burstiness {load['burstiness']})", "constant": "evenly spaced"}
+    when = "all at once" if rate == "inf" else f"{arrivals.get(load['arrival'], load['arrival'])} at {rate:g} req/s"
+    spread = f" +-{load['range_ratio']:.0%}" if load.get("range_ratio") else ""
+    n, shared = load.get("prefix_len") or 0, load.get("prefix_shared_tokens") or 0
+    prefix = f" after a {n:,}-token shared prefix" if n else ""
+    if shared != n:  # (whole blocks of it are shared)
+        prefix = f" after a {n:,}-token prefix ({shared:,} shared)"
+    return (
+        f"{load['num_prompts']:,} requests, {when}; {load['input_len']:,}{spread} prompt tokens{prefix}, "
+        f"{load['output_len']:,}{spread} output tokens; seed {load['seed']}"
+    )
+
+
 def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
     """A fixed-width text table of the main summary fields (``n/a`` for None)."""
 
@@ -21,6 +37,8 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
         return str(v)
 
     rows: list[tuple[str, object] | str] = ["Replay result"]
+    if s.get("synthetic_load"):
+        rows.append(("Synthetic load (no trace)", synthetic_text(s["synthetic_load"])))
     if s.get("stopped_early"):
         rows.append(("Stopped early (results partial)", f"by {s['stop_signal']}" if s.get("stop_signal") else "yes"))
     verdict_rows = verdict.verdict_rows(s)  # the verdict first, when there are bounds

@@ -51,6 +51,7 @@ from replayer.plan.schedule import IdleGapCap, ScheduleBatch, Timeline, iter_sch
 from replayer.plan.sessions import SessionGate
 from replayer.record.recorder import Recorder, warm_up as recorder_warm_up
 from replayer.results.removed import digest_file
+from replayer.results.summarytext import synthetic_text
 from replayer.results.targets import TargetMetrics
 from replayer.results.tenants import TenantMetrics
 from replayer.run.clients import open_clients
@@ -131,7 +132,7 @@ async def run_replay(
             registry,
             config_info={
                 "speedup": str(cfg.speedup),
-                "trace": os.path.basename(cfg.trace),
+                "trace": os.path.basename(cfg.trace_label),
                 "endpoint": cfg.endpoint,
                 "shard": cfg.shard,
                 "loop": cfg.loop,
@@ -391,7 +392,7 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
     meta = {
         "replayer.version": __version__,
         "replayer.t0_wall_s": repr(anchor.wall_s),
-        "replayer.trace": os.path.abspath(cfg.trace),
+        "replayer.trace": os.path.abspath(cfg.trace) if cfg.trace is not None else "synthetic",
         "replayer.target": ",".join(targets),
         "replayer.model": model,
         "replayer.config": cfg.model_dump_json(),
@@ -524,7 +525,7 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         background.start("target samples flush", flush_samples(scraper, samples, every_s))
     log.info(
         "replaying %s (%s rows%s, passes %s, shard %s) against %s (model %s) at speedup %g; results in %s",
-        cfg.trace,
+        _load_text(cfg),
         n_rows,
         ""
         if not cfg.max_requests
@@ -563,6 +564,14 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
     )
     print_summary(summary, results_dir)
     return summary
+
+
+def _load_text(cfg: RunConfig) -> str:
+    """What is replayed, for the start line: the trace, or the synthetic load's settings."""
+    load = cfg.synthetic_load()
+    if load is None:
+        return cfg.trace_label
+    return f"a synthetic load ({synthetic_text(load)})"
 
 
 def _remove_signal_handlers(loop: asyncio.AbstractEventLoop) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from replayer.config.model import SAME_ON_RESUME, RunConfig, flag_name
+from replayer.config.model import SAME_ON_RESUME, SYNTHETIC_ONLY, RunConfig, flag_name
 from replayer.observe.target_metrics import TargetScraper
 from replayer.record.folder import drop_not_started, read_removed, read_results
 from replayer.run.readiness import StartupError
@@ -43,16 +43,15 @@ def resume_plan(results_dir: str, cfg: RunConfig | None = None):
         recorded = {**ckpt.get("settings", {}), **{k: ckpt[k] for k in ("shard", "seed") if k in ckpt}}
         now = resume_settings(cfg)
         diff = [
-            f"{flag_name(k)} {recorded[k]!r} there, {now[k]!r} now"
+            f"{flag_name(k)} {recorded[k]!r} there, {now.get(k)!r} now"
             for k in SAME_ON_RESUME
-            if k in recorded and recorded[k] != now[k]
+            if k in recorded and recorded[k] != now.get(k)
         ]
-        if (
-            "trace" in ckpt
-            and os.path.realpath(ckpt["trace"]) != os.path.realpath(cfg.trace)
-            and os.path.basename(ckpt["trace"]) != os.path.basename(cfg.trace)
-        ):
-            diff.insert(0, f"trace {ckpt['trace']} there, {os.path.abspath(cfg.trace)} now")
+        if "trace" in ckpt and _other_trace(ckpt["trace"], cfg.trace):
+            there = ckpt["trace"] or "a synthetic load"
+            diff.insert(
+                0, f"trace {there} there, {os.path.abspath(cfg.trace) if cfg.trace else 'a synthetic load'} now"
+            )
         if diff:
             raise StartupError(f"--resume {results_dir}: settings differ from the run it continues: " + "; ".join(diff))
     table = read_results(results_dir, columns=["loop", "row", "outcome"])
@@ -85,6 +84,14 @@ def resume_plan(results_dir: str, cfg: RunConfig | None = None):
         dropped,
     )
     return start_loop, skip
+
+
+def _other_trace(there: str | None, now: str | None) -> bool:
+    """Whether the trace recorded (None: a synthetic load) is not the one given now (the same
+    file by its real path, or by its name when the folder moved)."""
+    if there is None or now is None:
+        return there is not now
+    return os.path.realpath(there) != os.path.realpath(now) and os.path.basename(there) != os.path.basename(now)
 
 
 def scraper_totals(scraper: TargetScraper) -> dict:
@@ -123,8 +130,10 @@ def carry_target_totals(results_dir: str, scraper: TargetScraper) -> None:
 
 
 def resume_settings(cfg: RunConfig) -> dict:
-    """The ``SAME_ON_RESUME`` settings as JSON values."""
-    return {k: json.loads(json.dumps(getattr(cfg, k), default=str)) for k in SAME_ON_RESUME}
+    """The ``SAME_ON_RESUME`` settings as JSON values (a trace's run leaves the synthetic load's
+    out: they do not apply to it, and ``--resume`` would take them as given)."""
+    keys = [k for k in SAME_ON_RESUME if cfg.request_rate is not None or k not in SYNTHETIC_ONLY]
+    return {k: json.loads(json.dumps(getattr(cfg, k), default=str)) for k in keys}
 
 
 class Checkpoint:
@@ -142,7 +151,7 @@ class Checkpoint:
     def __call__(self) -> dict[str, Any]:
         cfg, pos = self.cfg, self.position
         ckpt = {
-            "trace": os.path.abspath(cfg.trace),
+            "trace": os.path.abspath(cfg.trace) if cfg.trace is not None else None,
             "shard": cfg.shard,
             "seed": cfg.seed,
             "settings": resume_settings(cfg),

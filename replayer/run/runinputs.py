@@ -5,6 +5,7 @@ requests the schedule will send."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any
 
@@ -17,6 +18,9 @@ from replayer.core.endpoints import TEXT_ONLY
 from replayer.record.folder import earlier_run, new_results_dir
 from replayer.run.readiness import StartupError
 from replayer.trace import open_mix, open_trace, parse_mapping
+from replayer.trace.synth import SynthSource
+
+log = logging.getLogger("replayer")
 
 
 def results_dir_for(cfg: RunConfig) -> tuple[str, bool]:
@@ -84,10 +88,31 @@ def open_batches_factory(cfg: RunConfig):
     number of rows or None, trace seconds spanned by one loop's schedule or None when not known
     without reading the rows: ``TraceSource.span_ns``). With ``validate_trace=full`` every row
     is checked before anything is sent (a TraceError lists every problem); with ``lazy`` each
-    batch is checked as it is read."""
+    batch is checked as it is read. A synthetic load (``--request-rate``) is generated batch by
+    batch, the same rows on every pass (``replayer.trace.synth.SynthSource``)."""
     opts: dict[str, Any] = dict(
         fmt=cfg.format, block_size=cfg.block_size, strict=cfg.strict, mapping=cfg.map, time_unit=cfg.time_unit
     )
+    spec = cfg.synthetic_spec()
+    if spec is not None:
+        bs = cfg.synthetic_block_size
+        if cfg.prefix_len % bs:
+            log.warning(
+                "--prefix-len %d: its first %d tokens are shared (whole %d-token blocks, --block-size or "
+                "--kv-block-size: what a server with that block size can hit), the rest is each request's own",
+                cfg.prefix_len,
+                cfg.prefix_len // bs * bs,
+                bs,
+            )
+        synthetic = SynthSource(spec)
+        span_ns = synthetic.span_ns(cfg.max_requests)
+        return (
+            (lambda: synthetic.batches(BATCH_ROWS)),
+            synthetic.block_size,
+            synthetic.num_rows,
+            span_ns / 1e9 if span_ns is not None else None,
+        )
+    assert cfg.trace is not None  # (RunConfig: a trace or a synthetic load)
     if cfg.mix:  # several traces (tenants) on one clock: replayer.trace.mix
         source = open_mix(
             [dataclasses.replace(e, hash_id_scope=e.hash_id_scope or cfg.hash_id_scope) for e in cfg.mix_entries],

@@ -71,6 +71,7 @@ async def final_summary(
             "target_embedded": _target_embedded(cfg),
             "model": model,
             "trace": cfg.trace,
+            "synthetic_load": cfg.synthetic_load(),
             "speedup": cfg.speedup,
             "speedup_changes": speedup_changes,
             "shard": cfg.shard,

@@ -2,9 +2,11 @@
 
 Model (all draws from ``numpy.random.default_rng(seed)``, so the same spec gives the same rows):
 
-* **Arrivals**: one process over all requests at ``rate_per_s``: Poisson (exponential gaps) or
-  gamma gaps with coefficient of variation ``cv`` (shape ``1/cv**2``; cv 1 = Poisson, > 1 burstier).
-  The first request is at time 0; timestamps are integer nanoseconds, sorted.
+* **Arrivals**: one process over all requests at ``rate_per_s``: Poisson (exponential gaps),
+  gamma gaps with coefficient of variation ``cv`` (shape ``1/cv**2``, scale ``1/(rate * shape)``:
+  mean gap ``1/rate``; cv 1 = Poisson, > 1 burstier), or constant (row ``k`` at exactly
+  ``k/rate``). A rate of ``inf`` puts every row at time 0. The first request is at time 0;
+  timestamps are integer nanoseconds, sorted.
 * **Sessions**: rows come in groups of ``sessions`` concurrent conversations x ``turns`` turns;
   within a group the k-th arrival belongs to session ``k % sessions`` and is its turn
   ``k // sessions`` (conversations interleave, each turn after the previous one). Session ids are
@@ -31,9 +33,9 @@ from typing import Iterator, cast
 import numpy as np
 import pyarrow.parquet as pq
 
-from replayer.trace import ROW_GROUP_SIZE, Trace, read_trace, trace_table
+from replayer.trace import ROW_GROUP_SIZE, Trace, TraceSource, read_trace, slice_rows, trace_table
 
-__all__ = ["SynthSpec", "parse_dist", "synth_batches", "synth", "write_synth"]
+__all__ = ["SynthSource", "SynthSpec", "load_spec", "parse_dist", "synth_batches", "synth", "write_synth"]
 
 
 def parse_dist(text: str):
@@ -83,8 +85,8 @@ class SynthSpec:
     """What to generate (see the module docstring). Rates in requests/s, lengths in tokens."""
 
     rows: int
-    rate_per_s: float
-    arrival: str = "poisson"  # or "gamma"
+    rate_per_s: float  # inf: every row at time 0
+    arrival: str = "poisson"  # or "gamma", "constant"
     cv: float = 1.0
     input_dist: str = "lognormal:1024:1.0"
     output_dist: str = "lognormal:256:0.8"
@@ -108,10 +110,10 @@ class SynthSpec:
         problems = []
         if self.rows < 1:
             problems.append(f"{n('rows')} must be >= 1, got {self.rows}")
-        if not (self.rate_per_s > 0 and math.isfinite(self.rate_per_s)):
-            problems.append(f"{n('rate_per_s')} must be a finite number > 0, got {self.rate_per_s}")
-        if self.arrival not in ("poisson", "gamma"):
-            problems.append(f"{n('arrival')} must be poisson or gamma, got {self.arrival!r}")
+        if not self.rate_per_s > 0:  # (inf: every row at time 0)
+            problems.append(f"{n('rate_per_s')} must be a number > 0 or inf, got {self.rate_per_s}")
+        if self.arrival not in ARRIVALS:
+            problems.append(f"{n('arrival')} must be poisson, gamma or constant, got {self.arrival!r}")
         if not (self.cv > 0 and math.isfinite(self.cv)):
             problems.append(f"{n('cv')} must be a finite number > 0, got {self.cv}")
         if self.turns < 1 or self.sessions < 1:
@@ -135,11 +137,29 @@ class SynthSpec:
             raise ValueError("; ".join(problems))
 
 
+#: the arrival processes (see the module docstring)
+ARRIVALS = ("poisson", "gamma", "constant")
+
+
 def _gaps(spec: SynthSpec, rng: np.random.Generator, n: int) -> np.ndarray:
     if spec.arrival == "poisson":
         return rng.exponential(1.0 / spec.rate_per_s, n)
     k = 1.0 / (spec.cv * spec.cv)
     return rng.gamma(k, 1.0 / (spec.rate_per_s * k), n)
+
+
+def _arrivals(spec: SynthSpec, rng: np.random.Generator, start: int, n: int, t_now: float) -> tuple[np.ndarray, float]:
+    """Timestamps (ns) of rows ``start .. start+n-1`` and the time (s) of the last one; ``t_now``
+    is the previous batch's last time. Constant arrivals are computed from the row number, not
+    summed, so row ``k`` is at exactly ``round(k * 1e9 / rate)`` ns however many rows come before."""
+    if spec.arrival == "constant":
+        times = np.arange(start, start + n, dtype=np.float64) / spec.rate_per_s
+        return np.round(times * 1e9).astype(np.int64), float(times[-1])
+    gaps = _gaps(spec, rng, n)
+    if start == 0:
+        gaps[0] = 0.0
+    times = t_now + np.cumsum(gaps)
+    return np.round(times * 1e9).astype(np.int64), float(times[-1])
 
 
 def synth_batches(spec: SynthSpec, *, chunk_rows: int = ROW_GROUP_SIZE) -> Iterator[Trace]:  # noqa: PLR0915
@@ -160,7 +180,6 @@ def synth_batches(spec: SynthSpec, *, chunk_rows: int = ROW_GROUP_SIZE) -> Itera
     group = C * T
     groups_per_chunk = max(1, chunk_rows // group)
     t_now = 0.0
-    first = True
     done = 0
     session_base = 0
     while done < spec.rows:
@@ -196,13 +215,7 @@ def synth_batches(spec: SynthSpec, *, chunk_rows: int = ROW_GROUP_SIZE) -> Itera
         s_of = sess_local[row_of]
         p_of = prompt.reshape(-1)[s_of]
         ids = np.where(j < sys_blocks, p_of * sys_blocks + j, base[s_of] + j)
-        gaps = _gaps(spec, rng, n)
-        if first:
-            gaps[0] = 0.0
-            first = False
-        times = t_now + np.cumsum(gaps)
-        t_now = float(times[-1])
-        ts = np.round(times * 1e9).astype(np.int64)
+        ts, t_now = _arrivals(spec, rng, done, n, t_now)
         sid: list[str | None] | None = None
         turn: list[int | None] | None = None
         if T > 1:
@@ -290,3 +303,93 @@ def write_synth(spec: SynthSpec, path: str | os.PathLike, *, row_group_rows: int
         if os.path.exists(tmp):
             os.unlink(tmp)
     return rows
+
+
+def load_spec(
+    *,
+    num_prompts: int,
+    request_rate: float,
+    burstiness: float = 1.0,
+    input_len: int,
+    output_len: int,
+    prefix_len: int = 0,
+    range_ratio: float = 0.0,
+    block_size: int,
+    seed: int = 0,
+) -> SynthSpec:
+    """The spec of a load given as ``vllm bench serve`` gives it (``replayer run --request-rate``).
+
+    * Arrivals at ``request_rate`` requests/s (inf: all at once): gamma gaps of shape
+      ``burstiness`` and scale ``1/(request_rate * burstiness)`` (vLLM's), i.e. mean ``1/rate`` and
+      coefficient of variation ``1/sqrt(burstiness)``; burstiness 1 is Poisson (exponential gaps)
+      and an infinite burstiness is constant gaps of exactly ``1/rate``.
+    * Lengths: ``input_len`` tokens after the shared prefix and ``output_len`` tokens; with
+      ``range_ratio`` r, each drawn uniformly from ``[floor(L * (1 - r)), ceil(L * (1 + r))]``
+      (vLLM's random dataset).
+    * ``prefix_len`` leading tokens shared by every request (vLLM's ``--random-prefix-len``): one
+      system prompt whose whole ``block_size`` blocks carry the same hash ids in every row, so a
+      prefix cache sees them; a partial last block is the request's own (prompt length =
+      ``prefix_len + input_len``).
+    """
+    if math.isinf(burstiness):
+        arrival, cv = "constant", 1.0
+    elif burstiness == 1.0:
+        arrival, cv = "poisson", 1.0
+    else:
+        arrival, cv = "gamma", 1.0 / math.sqrt(burstiness)
+    return SynthSpec(
+        rows=num_prompts,
+        rate_per_s=request_rate,
+        arrival=arrival,
+        cv=cv,
+        input_dist=_length_dist(input_len, range_ratio),
+        output_dist=_length_dist(output_len, range_ratio),
+        system_prompts=1 if prefix_len else 0,
+        system_prompt_tokens=prefix_len,
+        block_size=block_size,
+        seed=seed,
+    )
+
+
+def _length_dist(length: int, range_ratio: float) -> str:
+    if not range_ratio:
+        return f"const:{length}"
+    return f"uniform:{max(1, math.floor(length * (1 - range_ratio)))}:{math.ceil(length * (1 + range_ratio))}"
+
+
+class SynthSource(TraceSource):
+    """A synthetic trace opened as a :class:`TraceSource`: the rows of ``spec``, generated again
+    on every pass (the same spec gives the same rows, so every pass, loop, shard and resumed
+    run sees one schedule) and never held whole. The rows are generated in batches of
+    ``ROW_GROUP_SIZE`` rows and cut to ``max_rows``, so they do not depend on the batch size
+    asked for, and equal what ``trace synth`` writes for the same spec."""
+
+    def __init__(self, spec: SynthSpec) -> None:
+        spec.check()
+        self.spec = spec
+        self.path = "synthetic"
+        self.num_rows = spec.rows
+        self.metadata = {"format": "synthetic", "block_size": str(spec.block_size)}
+        self.block_size = spec.block_size
+
+    def batches(self, max_rows: int = 65_536) -> Iterator[Trace]:
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        for b in synth_batches(self.spec):
+            for a in range(0, len(b), max_rows):
+                yield slice_rows(b, a, min(len(b), a + max_rows))
+
+    def span_ns(self, rows: int | None = None) -> int | None:
+        """Known without generating the rows for constant arrivals (and an infinite rate)."""
+        k = min(self.spec.rows, rows or self.spec.rows)
+        if math.isinf(self.spec.rate_per_s):
+            return 0
+        if self.spec.arrival == "constant":
+            return round((k - 1) * 1e9 / self.spec.rate_per_s)
+        return None
+
+    def validate(self) -> None:
+        """Nothing to check: the rows are valid by construction (the spec was checked)."""
+
+    def _iter(self, max_rows: int, problems: list | None) -> Iterator[Trace]:
+        return self.batches(max_rows)
