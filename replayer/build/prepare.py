@@ -49,6 +49,7 @@ from replayer.core.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, POOLING, SCOR
 from replayer.core.hashing import mix64
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
+from replayer.core.tracecontext import TraceContext
 from replayer.plan.schedule import ScheduleBatch, Timeline, column_value
 
 if TYPE_CHECKING:
@@ -107,7 +108,8 @@ class RequestFactory:
     ``--image-token-rule``, ``--image-cache-mb``).
     ``run_id``: each request gets the header ``X-Request-Id: <run_id>-<loop>-<row>``
     (``request_id``), built here in the lead window with the body, and the result records it
-    (``x_request_id``); None sends no such header. Nothing here touches metrics: the run's
+    (``x_request_id``); None sends no such header. ``trace_context`` (``--otlp-endpoint``): each
+    request's head also carries its W3C ``traceparent`` (``replayer.core.tracecontext``). Nothing here touches metrics: the run's
     observer counts each request it is handed (``PreparedRequest.expected_hits`` included)."""
 
     def __init__(
@@ -126,8 +128,10 @@ class RequestFactory:
         image_format: str = "png",
         image_token_rule: str = "qwen2-vl",
         image_cache_mb: int = 256,
+        trace_context: TraceContext | None = None,
     ) -> None:
         self.run_id = run_id
+        self.trace_context = trace_context
         self.prompts = prompts
         self.payload = payload
         self.timeline = timeline
@@ -215,6 +219,8 @@ class RequestFactory:
             req.headers = b"X-Request-Id: " + rid.encode("ascii") + b"\r\n"
         if self.session_header is not None and session is not None:
             req.headers += self.session_header % session_header_value(session, sb.loop)
+        if self.trace_context is not None:
+            req.headers += self.trace_context.header(sb.loop, req.row)
         if self.sessions:
             session_keys(req, t, i, sb.loop, session)
         payload = self.payload.for_row(

@@ -78,6 +78,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "control_token_env",
         "control_token_file",
     ),
+    "Tracing (OpenTelemetry)": ("otlp_endpoint", "trace_sample_ratio", "trace_state"),
     "Observability": (
         "admin_host",
         "admin_port",

@@ -350,6 +350,23 @@ class RunConfig(FieldChecks):
         "--enable-per-request-metrics: the 'metrics' object; the request field "
         "include_metrics is sent) and record them (server_*_ms, client_overhead_ms)",
     )
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OpenTelemetry: export a CLIENT span per request (and a run span) over OTLP/HTTP to "
+        "this collector URL (/v1/traces is added unless given) and send every request a W3C traceparent; "
+        "none = the OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT variable, else off",
+    )
+    trace_sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="OpenTelemetry head sampling: the fraction of requests traced, chosen by request "
+        "with --seed (the traceparent's sampled flag tells the server)",
+    )
+    trace_state: str | None = Field(
+        None,
+        description="OpenTelemetry: a W3C tracestate value sent with every request's traceparent; none = no tracestate",
+    )
     strict: bool = Field(False, description="treat out-of-order timestamps in the trace as an error")
     quiet: bool = Field(
         False, description="no live view or progress lines (the final summary and results line are still printed)"
@@ -424,6 +441,20 @@ class RunConfig(FieldChecks):
                 raise ValueError(f"target {u} is given twice")
             out.append(u)
         return out
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_endpoint(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError(f"{v!r} must be an http:// or https:// URL (OTLP/HTTP), e.g. http://127.0.0.1:4318")
+        return v
+
+    @field_validator("trace_state")
+    @classmethod
+    def _trace_state(cls, v: str | None) -> str | None:
+        if v is not None and (not v.isascii() or not v.isprintable() or len(v) > 512):
+            raise ValueError("must be printable ASCII of at most 512 characters (W3C tracestate), e.g. vendor=value")
+        return v
 
     @field_validator("target_policy")
     @classmethod
@@ -597,6 +628,19 @@ class RunConfig(FieldChecks):
             with open(self.control_token_file, encoding="utf-8") as f:
                 return f.read().strip() or None
         return os.environ.get(self.control_token_env) or None
+
+    def otlp_traces_url(self) -> str | None:
+        """Where spans go (None: tracing off): ``--otlp-endpoint`` or, as OpenTelemetry SDKs read
+        them, ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (the URL as given) or
+        ``OTEL_EXPORTER_OTLP_ENDPOINT`` (a base URL: ``/v1/traces`` added)."""
+        if self.otlp_endpoint:
+            base = self.otlp_endpoint.rstrip("/")
+            return base if base.endswith("/v1/traces") else base + "/v1/traces"
+        traces = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        if traces:
+            return traces
+        env_base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        return env_base.rstrip("/") + "/v1/traces" if env_base else None
 
     def api_key(self) -> str | None:
         """The API key from ``api_key_file`` or the ``api_key_env`` variable (never logged)."""

@@ -178,6 +178,14 @@ class ReplayerMetrics:
             ["field"],
             registry=r,
         )
+        self.otel_spans_exported = Counter(
+            "replayer_otel_spans_exported", "OpenTelemetry spans the collector accepted (--otlp-endpoint).", registry=r
+        )
+        self.otel_spans_dropped = Counter(
+            "replayer_otel_spans_dropped",
+            "OpenTelemetry spans dropped: the collector refused or did not answer, or the export queue was full.",
+            registry=r,
+        )
         self.images_sent = Counter("replayer_images_sent", "Images sent (multimodal rows).", registry=r)
         self.image_bytes_sent = Counter(
             "replayer_image_bytes_sent", "Encoded bytes of the images sent (before base64).", registry=r

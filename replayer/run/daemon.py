@@ -35,6 +35,7 @@ from replayer.config.model import RunConfig, new_run_id
 from replayer.core.background import EXIT_TASK_FAILED, BackgroundTasks
 from replayer.core.clock import Anchor, now_ns
 from replayer.core.request import PreparedRequest
+from replayer.core.tracecontext import TraceContext
 from replayer.http.client import Client
 from replayer.http.connection import raise_open_file_limit
 from replayer.http.launcher import Launcher, launcher_ready, start_launcher
@@ -44,6 +45,7 @@ from replayer.observe.console import LiveConsole
 from replayer.observe.logs import setup_logging
 from replayer.observe.looplag import EventLoopLagMonitor
 from replayer.observe.metrics import ReplayerMetrics
+from replayer.observe.otel import RequestSpans
 from replayer.observe.target_metrics import TargetScraper, TargetScrapers
 from replayer.observe.target_samples import SAMPLES_FLUSH_SCRAPES, SampleFiles, flush_samples
 from replayer.plan.planner import Planner
@@ -62,7 +64,13 @@ from replayer.run.readiness import StartupError, wait_ready_all
 from replayer.run.resume import Checkpoint, carry_target_totals, resume_plan
 from replayer.run.runinputs import COUNT_LIMIT, count_scheduled, open_batches_factory, results_dir_for
 from replayer.run.runstate import Accounting, RunControl, RunState, StatusView, hms, progress, watch_self
-from replayer.run.runsummary import EXIT_ERROR_RATIO, error_ratio_problem, final_summary, print_summary
+from replayer.run.runsummary import (
+    EXIT_ERROR_RATIO,
+    error_ratio_problem,
+    final_summary,
+    print_summary,
+    rewrite_summary,
+)
 from replayer.run.simproc import PARENT_PID_ENV, spawn_sim, stop_sim
 from replayer.run.workers import stop_with_parent
 from replayer.send.dispatcher import Dispatcher
@@ -126,6 +134,7 @@ async def run_replay(
             kv_block_size=cfg.kv_block_size,
             cache_tokens=cfg.expected_cache_tokens,
         )
+        _check_tracing(cfg)
         results_dir, created = results_dir_for(cfg)
         state.results = results_dir
         metrics = ReplayerMetrics(
@@ -247,6 +256,12 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
     timeline = Timeline(cfg.speedup)
     # X-Request-Id: <run_id>-<loop>-<row>; a resumed run keeps its run's id (config.recorded_settings)
     run_id = cfg.run_id or new_run_id()
+    otlp_url = cfg.otlp_traces_url()
+    trace_context = (
+        None
+        if otlp_url is None
+        else TraceContext(run_id, ratio=cfg.trace_sample_ratio, seed=cfg.seed, tracestate=cfg.trace_state)
+    )
     factory = RequestFactory(
         prompts,
         payload,
@@ -261,6 +276,7 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
         image_format=cfg.image_format,
         image_token_rule=cfg.image_token_rule,
         image_cache_mb=cfg.image_cache_mb,
+        trace_context=trace_context,
     )
     lead_ns = int(cfg.lead_s * 1e9) if not duration_ns else min(int(cfg.lead_s * 1e9), duration_ns - 1)
     # each part registers its own close as it is built; they run in reverse (replayer.run.lifecycle)
@@ -430,8 +446,15 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
     tenant_metrics = TenantMetrics(metrics.registry, [e.tenant for e in cfg.mix_entries]) if cfg.mix else None
     target_metrics = TargetMetrics(metrics.registry, targets) if len(targets) > 1 else None
 
+    spans = _request_spans(cfg, factory, anchor, target, model, metrics)
     sink = result_fanout(
-        slos=slos, metrics=metrics, live=acct, recorder=recorder, tenants=tenant_metrics, targets=target_metrics
+        slos=slos,
+        metrics=metrics,
+        live=acct,
+        recorder=recorder,
+        tenants=tenant_metrics,
+        targets=target_metrics,
+        spans=spans,
     )
 
     def prepare(sb, j: int) -> PreparedRequest:  # each request built is counted (scheduled, expected hits)
@@ -562,8 +585,61 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         gap_cap=gap_cap,
         task_failures=background.failures,
     )
+    if spans is not None:  # the run span (with the summary's numbers), the queue drained, time-boxed
+        try:
+            summary["otel"] = await loop.run_in_executor(None, spans.close, summary)
+        except Exception as e:  # (tracing never costs the run its exit code)
+            log.exception("OpenTelemetry: closing the span export failed")
+            summary["otel"] = {"error": f"{type(e).__name__}: {e}"}
+        await loop.run_in_executor(None, rewrite_summary, results_dir, summary)
     print_summary(summary, results_dir)
     return summary
+
+
+def _check_tracing(cfg: RunConfig) -> None:
+    """Tracing asked for without the OpenTelemetry SDK installed: a start-up error (nothing sent)."""
+    if cfg.otlp_traces_url() is None:
+        return
+    import importlib.util
+
+    for name in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"):
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            raise StartupError(
+                f"tracing (--otlp-endpoint {cfg.otlp_traces_url()}) needs the OpenTelemetry SDK and its OTLP/HTTP "
+                "exporter: pip install 'replayer[otel]'"
+            )
+
+
+def _request_spans(
+    cfg: RunConfig, factory: RequestFactory, anchor: Anchor, target: str, model: str, metrics: ReplayerMetrics
+) -> RequestSpans | None:
+    """With tracing on (``--otlp-endpoint`` or the OTEL_EXPORTER_OTLP_* variables): the exporter
+    of the run's spans, on the ids the request heads carry; None (nothing imported) otherwise."""
+    url, ids = cfg.otlp_traces_url(), factory.trace_context
+    if url is None or ids is None:
+        return None
+    spans = RequestSpans(
+        url,
+        ids,
+        wall0_ns=round(anchor.wall_s * 1e9),
+        shard=cfg.shard_index[0],
+        shard_text=cfg.shard,
+        model=model,
+        target=target,
+        dropped=metrics.otel_spans_dropped,
+        exported=metrics.otel_spans_exported,
+    )
+    log.info(
+        "OpenTelemetry: a span per request (sample ratio %g) to %s, trace id %s",
+        ids.ratio,
+        url,
+        ids.trace_id_hex,
+    )
+    return spans
 
 
 def _load_text(cfg: RunConfig) -> str:

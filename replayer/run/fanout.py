@@ -7,7 +7,8 @@ steps in this order, each once:
 2. ``metrics``: the run's Prometheus histograms and counters;
 3. ``tenants`` / ``targets``: the per-trace and per-target series of a mix or a routed fleet;
 4. ``live state``: the counters of ``/status``, the progress line and the error-burst log;
-5. ``recorder``: the results file (last: a result on disk has been counted everywhere).
+5. ``spans``: with ``--otlp-endpoint``, the request's OpenTelemetry span (``replayer.observe.otel``);
+6. ``recorder``: the results file (last: a result on disk has been counted everywhere).
 
 The latencies (from the send and from the due time) were derived once, as the client measured
 the request (``replayer.core.timestamps.derive``); no step computes them again.
@@ -62,9 +63,10 @@ def result_fanout(
     recorder: _Adds,
     tenants: _OnResult | None = None,
     targets: _OnResult | None = None,
+    spans: _OnResult | None = None,
 ) -> ResultFanout:
     """The run's fan-out (module docstring): ``verdict`` only with bounds, ``tenants`` with a mix,
-    ``targets`` with several targets."""
+    ``targets`` with several targets, ``spans`` with tracing on."""
     steps: list[Step] = []
     if slos:
 
@@ -80,5 +82,7 @@ def result_fanout(
     if targets is not None:
         steps.append(("targets", targets.on_result))
     steps.append(("live state", live.on_result))
+    if spans is not None:
+        steps.append(("spans", spans.on_result))
     steps.append(("recorder", recorder.add))
     return ResultFanout(steps)

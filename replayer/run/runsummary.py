@@ -103,6 +103,12 @@ async def final_summary(
     return summary
 
 
+def rewrite_summary(results_dir: str, summary: dict[str, Any]) -> None:
+    """``summary.json`` written again with sections added after ``final_summary`` (the ``otel``
+    section: the spans' fate is known once the run span, which carries the summary, is out)."""
+    write_json(os.path.join(results_dir, "summary.json"), summary)
+
+
 def print_summary(summary: dict[str, Any], results_dir: str) -> None:
     """The summary as printed at the end of a run (not by a ``--workers`` worker: its parent
     prints the merge)."""

@@ -177,6 +177,16 @@ def parser() -> argparse.ArgumentParser:
         "speculative decoding or MTP delivers them)",
     )
     p.add_argument(
+        "--otlp-endpoint",
+        "--otlp-traces-endpoint",
+        dest="otlp_endpoint",
+        default=None,
+        metavar="URL",
+        help="as vLLM's --otlp-traces-endpoint: export an llm_request SERVER span per request (vLLM's "
+        "attribute names, parented by the request's traceparent) over OTLP/HTTP to this collector "
+        "(/v1/traces added unless given)",
+    )
+    p.add_argument(
         "--enable-per-request-metrics",
         action="store_true",
         help="as vLLM's flag: every completions/chat response carries its timings in a "
@@ -233,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             score_usage_inflate_tokens=a.inflate_score_usage,
             tokens_per_chunk=a.tokens_per_chunk,
             per_request_metrics=a.enable_per_request_metrics,
+            otlp_endpoint=a.otlp_endpoint,
             image_token_rule=a.image_token_rule,
             encoder_cache_images=a.encoder_cache_images,
             image_encode_us_per_token=a.image_encode_us_per_token,

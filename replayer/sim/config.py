@@ -32,6 +32,7 @@ class SimConfig:
     score_usage: str = "per_document"
     score_usage_inflate_tokens: int = 0
     tokens_per_chunk: int = 1
+    otlp_endpoint: str | None = None  # vLLM --otlp-traces-endpoint: an llm_request span per request (sim/tracing)
     per_request_metrics: bool = False  # vLLM --enable-per-request-metrics: every response has `metrics`
     image_token_rule: str = "qwen2-vl"  # tokens per decoded image (replayer.build.image_tokens)
     encoder_cache_images: int = 1024  # images the encoder cache holds (LRU by content; 0 = none)

@@ -27,6 +27,7 @@ from replayer.sim.metrics import _Metrics
 from replayer.sim.pooling import EmbeddingsJob, RerankJob, ScoreJob
 from replayer.sim.poolroutes import _PoolingRoutes
 from replayer.sim.requests import _BadRequest, _error_body, _error_response, _Parsing
+from replayer.sim.tracing import SimSpans
 
 # The package's logger name, as before the split into modules.
 log = logging.getLogger("replayer.sim")
@@ -68,6 +69,8 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         self._app: web.Application | None = None
         self._runner: web.AppRunner | None = None
         self.url: str | None = None
+        # vLLM --otlp-traces-endpoint: an llm_request span per request (the SDK imported only then)
+        self.spans: SimSpans | None = None if self.config.otlp_endpoint is None else SimSpans(self.config.otlp_endpoint)
 
     # -- public ---------------------------------------------------------------------------
 
@@ -141,6 +144,9 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
             await asyncio.wait(list(self._handlers), timeout=2.0)
 
     async def _on_cleanup(self, _app: Any) -> None:
+        spans, self.spans = self.spans, None
+        if spans is not None:
+            await asyncio.get_running_loop().run_in_executor(None, spans.close)
         eng, self._engine = self._engine, None
         if eng is not None:
             eng.cancel()
@@ -274,12 +280,12 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         assert task is not None
         self._handlers.add(task)
         try:
-            return await self._generate(request, ids, n_prompt, o, model)
+            return await self._generate(request, ids, n_prompt, o, model, arrival_ns)
         finally:
             self._handlers.discard(task)
 
     async def _generate(  # noqa: C901, PLR0912, PLR0915
-        self, request: web.Request, ids: np.ndarray, n_prompt: int, o: dict[str, Any], model: str
+        self, request: web.Request, ids: np.ndarray, n_prompt: int, o: dict[str, Any], model: str, arrival_ns: int = 0
     ) -> web.StreamResponse:
         cfg = self.config
         loop = asyncio.get_running_loop()
@@ -307,9 +313,11 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
             except ConnectionError:
                 return resp
         queued = time.perf_counter()
+        scheduled = t_first = None  # (the span's times: sim/tracing)
         await self._admit()
         try:
             t_admit = loop.time()
+            scheduled = time.perf_counter()
             if o["metrics"] or cfg.per_request_metrics:
                 r.timing = [queued, time.perf_counter(), 0.0]
             bs = cfg.kv_block_size
@@ -331,8 +339,9 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
                     r.details = {"cached_tokens": hits, "image_tokens": sum(im.tokens for im in images)}
             ttft_s = (cfg.ttft_base_ms + (cfg.prefill_us_per_token * (n_prompt - hits) + encode_us) / 1000.0) / 1000.0
             await asyncio.sleep(max(0.0, t_admit + ttft_s - loop.time()))
+            t_first = time.perf_counter()
             if r.timing is not None:
-                r.timing[2] = time.perf_counter()
+                r.timing[2] = t_first
             m.prompt_tokens += n_prompt
             r.done = loop.create_future()
             r.generated = 1
@@ -414,3 +423,17 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         finally:
             r.aborted = True  # the engine drops it at its next step, if still listed
             self._release()
+            if self.spans is not None and scheduled is not None:
+                self.spans.emit(
+                    request.headers.get("traceparent"),
+                    request_id=rid,
+                    model=model,
+                    arrival_s=arrival_ns / 1e9,
+                    queued_s=queued,
+                    scheduled_s=scheduled,
+                    first_s=t_first,
+                    last_s=time.perf_counter(),
+                    prompt_tokens=n_prompt,
+                    completion_tokens=r.generated if t_first is not None else None,
+                    max_tokens=r.max_tokens,
+                )
