@@ -59,6 +59,7 @@ class Receiver:
     def __init__(self, mode: str = "ok") -> None:
         self.mode = mode
         self.spans: list[dict] = []
+        self.bodies: list[bytes] = []  # the accepted exports, as received
         self.exports = 0
         self.url = ""
         self._loop = asyncio.new_event_loop()
@@ -79,6 +80,7 @@ class Receiver:
             return web.Response(status=503)
         with self._lock:
             self.spans.extend(spans)
+            self.bodies.append(body)
         return web.Response(
             body=ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf"
         )
@@ -115,3 +117,16 @@ class Receiver:
             time.sleep(0.05)
         with self._lock:
             return list(self.spans)
+
+    def write_jsonl(self, path) -> None:
+        """The accepted exports as OTLP JSON lines (protobuf's JSON mapping: base64 ids, the form
+        of a file exporter that does not rewrite ids to hex)."""
+        from google.protobuf.json_format import MessageToJson
+
+        with self._lock:
+            bodies = list(self.bodies)
+        with open(path, "w", encoding="utf-8") as f:
+            for b in bodies:
+                req = ExportTraceServiceRequest()
+                req.ParseFromString(b)
+                f.write(MessageToJson(req, indent=None) + "\n")

@@ -232,6 +232,14 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="write a self-contained HTML report (plots) of a results folder")
     rp.add_argument("results", help="results folder (holds requests.parquet)")
     rp.add_argument("-o", "--output", default=None, help="output .html [default: RESULTS/report.html]")
+    rp.add_argument(
+        "--spans",
+        default=None,
+        metavar="FILE",
+        help="OpenTelemetry spans of the run (OTLP JSON lines, as the Collector's file exporter writes "
+        "them): each request's TTFT split into network and front end, queue, prefill, its E2E into decode, "
+        "joined with the server's llm_request spans (also written per request to OUTPUT's .spans.csv)",
+    )
     sw = sub.add_parser(
         "sweep",
         add_help=False,
@@ -431,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
     if args.command == "report":
         from replayer.results.report import main_report
 
-        return main_report(args.results, args.output)
+        return main_report(args.results, args.output, args.spans)
     if args.command == "compare":
         from replayer.results.compare import main_compare
 

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from replayer.results.reportdata import MAX_POINTS, ReportData, axis_origin_wall_s, load_results, report_files
+from replayer.results.spans import PARTS, SpansError, SpanSplit, read_spans, split_spans, split_text
 
 #: a ``plotly.graph_objects.Figure`` (plotly ships no type hints)
 Figure = Any
@@ -295,8 +296,60 @@ table.summary td,table.summary th{{border-bottom:1px solid #ddd;padding:2px 10px
 """
 
 
-def render_html(results_dir: str) -> str:
-    """The report of ``results_dir`` as one self-contained HTML string."""
+def span_specs(split: SpanSplit) -> list[dict]:
+    """Figure specs (as ``figure_specs``) of the spans' split: each TTFT part's mean per
+    send-time bin (the requests joined with their server span)."""
+    t = split.over_time()
+    if not len(t["x"]):
+        return []
+    x = np.asarray(t["x"], dtype=np.float64)
+    series = []
+    for part in PARTS[:4]:
+        y = np.asarray([np.nan if v is None else v for v in t[part]], dtype=np.float64)
+        series.append({"name": part.removesuffix("_s"), "mode": "lines+markers", "line_shape": "hv", "x": x, "y": y})
+    return [
+        {
+            "title": "Where the TTFT went (spans joined with the server's): mean per send-time bin",
+            "x_title": "send time (s since the first request)",
+            "y_title": "seconds",
+            "x_type": "linear",
+            "y_type": "linear",
+            "series": series,
+        }
+    ]
+
+
+def _spans_section(split: SpanSplit) -> str:
+    """The split's distributions and the requests without a server span, as HTML."""
+    dist = split.distributions()
+    head = "<tr><th>part</th><th>count</th><th>mean</th><th>p50</th><th>p90</th><th>p99</th><th>max</th></tr>"
+    cells = "".join(
+        f"<tr><td>{html.escape(part)}</td>"
+        + "".join(f"<td>{_number(d[k])}</td>" for k in ("count", "mean", "p50", "p90", "p99", "max"))
+        + "</tr>"
+        for part, d in dist.items()
+    )
+    missing = split.missing
+    listed = ", ".join(html.escape(str(m["x_request_id"] or m["row"])) for m in missing[:50])
+    more = f" (and {len(missing) - 50:,} more)" if len(missing) > 50 else ""
+    return (
+        "<section class='spans'><h2>Where the time went (OpenTelemetry spans)</h2>"
+        f"<p>{len(split.rows):,} requests traced; {len(split.rows) - len(missing):,} joined with their server span; "
+        f"{len(missing):,} without one{': ' + listed + more if missing else ''}.</p>"
+        "<p>TTFT = network and front end (client TTFT − server TTFT) + queue + the server's other steps + "
+        "prefill; decode and the E2E's network tail follow. Seconds.</p>"
+        f"<table class='summary'>{head}{cells}</table></section>"
+    )
+
+
+def write_split_csv(split: SpanSplit, path: str) -> None:
+    """The split per request as CSV (one row per traced request; empty cells: unknown)."""
+    pd.DataFrame(split.rows).to_csv(path, index=False)
+
+
+def render_html(results_dir: str, spans: SpanSplit | None = None) -> str:
+    """The report of ``results_dir`` as one self-contained HTML string (with ``spans``: the
+    join with the server's spans, ``replayer.results.spans``)."""
     from replayer.observe.target_samples import read_samples
 
     data, summary, meta = load_results(results_dir)
@@ -308,19 +361,26 @@ def render_html(results_dir: str) -> str:
         f"<p>{head}</p><p>{len(data):,} requests; results folder {html.escape(os.path.abspath(results_dir))}</p>\n"
         + _verdict_section(summary)
     )
+    figs = figures(data, target, axis_origin_wall_s(results_dir))
+    if spans is not None:
+        intro += _spans_section(spans)
+        figs = draw(span_specs(spans)) + figs
     return _page(
         f"replayer report: {os.path.basename(os.path.abspath(results_dir))}",
         "replayer report",
         intro,
-        figures(data, target, axis_origin_wall_s(results_dir)),
+        figs,
         f"<h2>Summary</h2>{_summary_table(summary)}",
     )
 
 
-def write_report(results_dir: str, output: str | None = None) -> str:
-    """Write the report (default ``RESULTS/report.html``); returns its path."""
+def write_report(results_dir: str, output: str | None = None, spans: SpanSplit | None = None) -> str:
+    """Write the report (default ``RESULTS/report.html``); returns its path. With ``spans``,
+    the split per request goes to the output's ``.spans.csv`` too."""
     output = output or os.path.join(results_dir, "report.html")
-    text = render_html(results_dir)
+    if spans is not None:
+        write_split_csv(spans, os.path.splitext(output)[0] + ".spans.csv")
+    text = render_html(results_dir, spans)
     with open(output, "w", encoding="utf-8") as f:
         f.write(text)
     return output
@@ -333,12 +393,20 @@ def write_report(results_dir: str, output: str | None = None) -> str:
 #: (summary key, label) of the latency figures of a sweep page: p50 and p99 of each
 
 
-def main_report(results: str, output: str | None) -> int:
+def main_report(results: str, output: str | None, spans_file: str | None = None) -> int:
     if not report_files(results):
         print(f"replayer report: error: no results files (requests*.parquet) in {results}", file=sys.stderr)
         return 2
+    split = None
+    if spans_file is not None:
+        try:
+            split = split_spans(read_spans(spans_file))
+        except (OSError, SpansError) as e:
+            print(f"replayer report: error: --spans: {e}", file=sys.stderr)
+            return 2
+        print(split_text(split))
     try:
-        path = write_report(results, output)
+        path = write_report(results, output, split)
     except OSError as e:
         print(f"replayer report: error: cannot write the report: {e}", file=sys.stderr)
         return 2
