@@ -418,3 +418,44 @@ def test_k8s_capture_sidecar_validates_and_lines_up():
     assert svc["selector"].items() <= kinds["Deployment"]["spec"]["template"]["metadata"]["labels"].items()
     claim = next(v for v in pod["volumes"] if v["name"] == "captures")["persistentVolumeClaim"]["claimName"]
     assert claim == kinds["PersistentVolumeClaim"]["metadata"]["name"]
+
+
+def test_otel_collector_config_receives_otlp_and_writes_the_file_report_reads():
+    """deploy/otel: OTLP/HTTP in on 4318 (replayer, vLLM), the file exporter's JSON lines out (what
+    ``replayer report --spans`` reads); forward.yaml adds a backend to the same pipeline."""
+    base = yaml.safe_load((DEPLOY / "otel" / "collector.yaml").read_text())
+    assert base["receivers"]["otlp"]["protocols"]["http"]["endpoint"].endswith(":4318")
+    assert base["exporters"]["file"]["format"] == "json"
+    pipe = base["service"]["pipelines"]["traces"]
+    for kind in ("receivers", "processors", "exporters"):
+        assert set(pipe[kind]) <= set(base[kind]), kind  # every component named is defined
+    fwd = yaml.safe_load((DEPLOY / "otel" / "forward.yaml").read_text())
+    merged_exporters = {**base["exporters"], **fwd["exporters"]}
+    assert set(fwd["service"]["pipelines"]["traces"]["exporters"]) == {"file", "otlp/backend"} <= set(merged_exporters)
+    assert "${env:OTLP_BACKEND_ENDPOINT}" in fwd["exporters"]["otlp/backend"]["endpoint"]
+
+
+def test_k8s_manifests_take_the_otlp_endpoint_from_the_environment(monkeypatch):
+    """The soak Deployment and the sharded Job read OTEL_EXPORTER_OTLP_ENDPOINT from their
+    ConfigMap (empty: tracing off), the variable replayer honours as OpenTelemetry SDKs do."""
+    from replayer.config.model import load_config
+
+    for folder, cm_name, workload in (
+        (DEPLOY / "k8s", "configmap.yaml", "deployment.yaml"),
+        (DEPLOY / "k8s" / "sharded", "configmap.yaml", "indexed-job.yaml"),
+    ):
+        cm = yaml.safe_load((folder / cm_name).read_text())
+        assert cm["data"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == ""
+        job = yaml.safe_load((folder / workload).read_text())
+        refs = [e["configMapRef"]["name"] for c in job["spec"]["template"]["spec"]["containers"] for e in c["envFrom"]]
+        assert cm["metadata"]["name"] in refs
+    cfg = load_config({"trace": __file__})
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    assert cfg.otlp_traces_url() is None
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")
+    assert cfg.otlp_traces_url() == "http://collector:4318/v1/traces"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c2:4318/custom")
+    assert cfg.otlp_traces_url() == "http://c2:4318/custom"
+    flag = load_config({"trace": __file__, "otlp_endpoint": "http://flag:4318"})
+    assert flag.otlp_traces_url() == "http://flag:4318/v1/traces"  # the flag wins
