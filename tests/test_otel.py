@@ -146,6 +146,9 @@ def test_every_request_one_client_span_equal_to_results_and_the_sims_span_its_ch
     assert registry.get_sample_value("replayer_otel_spans_dropped_total") == 0
     on_disk = json.loads((tmp_path / "res" / "summary.json").read_text())
     assert on_disk["otel"]["spans_exported"] == 13
+    from replayer.results.summarytext import format_summary
+
+    assert "Exported / dropped" in format_summary(on_disk) and "13 / 0" in format_summary(on_disk)
 
 
 def _one_token() -> Plan:

@@ -127,6 +127,10 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
         rows.extend(
             (k, " / ".join(str(v[a]) for a in ("ok", "inflated", "missing"))) for k, v in s["usage_audit"].items()
         )
+    otel = s.get("otel")
+    if isinstance(otel, dict) and "spans_exported" in otel:
+        rows.append("OpenTelemetry spans (--otlp-endpoint)")
+        rows.append(("Exported / dropped", f"{otel['spans_exported']:,} / {otel['spans_dropped']:,}"))
     if s.get("errors_by_kind"):
         rows.append("Errors by kind")
         rows.extend((k, v) for k, v in s["errors_by_kind"].items())
