@@ -56,13 +56,13 @@ def main(n: int = 20_000) -> None:
         spans = RequestSpans(
             rx.url + "/v1/traces",
             ids,
-            wall0_ns=time.time_ns(),
             shard=0,
             shard_text="0/1",
             model="m",
             target="http://127.0.0.1:8000",
             max_queue_size=n + 10,
         )
+        spans.start(time.time_ns())
         p0, t = time.process_time(), time.thread_time()
         for res in results:
             spans.on_result(res)

@@ -20,6 +20,7 @@ def test_the_start_up_order_keeps_the_slow_work_ahead_of_the_pool_and_the_anchor
     # the first lead window are made before the pool opens (a server closes idle keep-alive
     # connections), and the anchor comes last: none of it is charged to the first requests
     assert order.index("first batch") < order.index("warm-up") < order.index("prebuild")
+    assert order.index("tracing") < order.index("anchor")  # the SDK's import is start-up, not the first requests' lag
     assert order.index("prebuild") < order.index("pool") < order.index("anchor") == len(order) - 1
     assert all(why for _, why in START_UP)
 

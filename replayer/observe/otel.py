@@ -85,7 +85,6 @@ class RequestSpans:
     """The run's span exporter. ``url``: the OTLP/HTTP traces URL (``RunConfig.otlp_traces_url``;
     ``OTEL_EXPORTER_OTLP_HEADERS`` and ``OTEL_EXPORTER_OTLP_TIMEOUT`` apply as the SDK reads
     them); ``ids``: the run's trace context (the one the request heads were built with);
-    ``wall0_ns``: the anchor's wall-clock time (Unix ns) that result offset 0 maps to;
     ``target``: the single target's URL (a routed request's is its result's ``target``);
     ``dropped``/``exported``: counters (``inc(n)``) the counts also go to."""
 
@@ -94,7 +93,6 @@ class RequestSpans:
         url: str,
         ids: TraceContext,
         *,
-        wall0_ns: int,
         shard: int,
         shard_text: str,
         model: str,
@@ -119,7 +117,8 @@ class RequestSpans:
 
         # the SDK logs every failed export; the run logs the first one (below) and counts them all
         logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
-        self.url, self.ids, self.wall0_ns, self.shard, self.model = url, ids, wall0_ns, shard, model
+        self.url, self.ids, self.shard, self.model = url, ids, shard, model
+        self.wall0_ns = 0  # (set by ``start``, at the anchor)
         self.handed = self.exported = self.failed = 0
         self._lock = threading.Lock()
         self._closed = False
@@ -144,7 +143,12 @@ class RequestSpans:
         self._default_address = _address(target)
         self._addresses: dict[str, tuple[str, int]] = {}
         self._base = {"gen_ai.provider.name": "openai", "gen_ai.request.model": model, "replayer.run_id": ids.run_id}
-        self._started_ns = wall0_ns
+
+    def start(self, wall0_ns: int) -> None:
+        """At the schedule's anchor: ``wall0_ns`` is its wall-clock time (Unix ns), the time result
+        offset 0 maps to and the run span's start. (Built before the anchor: the SDK's import and
+        exporter thread are start-up, not the first requests' lag.)"""
+        self.wall0_ns = wall0_ns
 
     # -- per request ----------------------------------------------------------------------------
     def on_result(self, res: RequestResult) -> None:
@@ -277,7 +281,7 @@ class RequestSpans:
             context=None,
             kind=self._internal,
             attributes=attrs,
-            start_time=self._started_ns,
+            start_time=self.wall0_ns,
         )
         self.handed += 1
         run_span.end()

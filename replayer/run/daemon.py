@@ -328,6 +328,12 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
                 (now_ns() - t_warm) / 1e9,
             )
 
+        spans: RequestSpans | None = None
+
+        async def tracing() -> None:  # (the SDK's import: off the loop, before the anchor)
+            nonlocal spans
+            spans = await loop.run_in_executor(None, _request_spans, cfg, factory, targets[0], model, metrics)
+
         async def pool() -> None:
             nonlocal clients
             clients = await open_clients(cfg, targets, api_key, launcher)  # one pool per target, opened ahead
@@ -342,12 +348,19 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
                 c.t0_ns = anchor.t0_ns
 
         await start_up(
-            {"first batch": first_batch, "warm-up": warm_up, "prebuild": prebuild, "pool": pool, "anchor": take_anchor}
+            {
+                "first batch": first_batch,
+                "warm-up": warm_up,
+                "prebuild": prebuild,
+                "tracing": tracing,
+                "pool": pool,
+                "anchor": take_anchor,
+            }
         )
         assert anchor is not None
         started = _Started(
             stack, flush, loop, batches, factory, timeline, clients, anchor, launcher, gc_pacer, gap_cap,
-            duration_ns, run_id, start_loop,
+            duration_ns, run_id, start_loop, spans,
         )  # fmt: skip
         return await _run(cfg, started, n_rows, targets, metrics, state, results_dir, model, view)
 
@@ -370,6 +383,7 @@ class _Started:
     duration_ns: int | None
     run_id: str
     start_loop: int
+    spans: RequestSpans | None  # --otlp-endpoint: the span exporter, started at the anchor
 
 
 async def _run(  # noqa: C901, PLR0912, PLR0915
@@ -446,7 +460,9 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
     tenant_metrics = TenantMetrics(metrics.registry, [e.tenant for e in cfg.mix_entries]) if cfg.mix else None
     target_metrics = TargetMetrics(metrics.registry, targets) if len(targets) > 1 else None
 
-    spans = _request_spans(cfg, factory, anchor, target, model, metrics)
+    spans = s.spans
+    if spans is not None:
+        spans.start(round(anchor.wall_s * 1e9))
     sink = result_fanout(
         slos=slos,
         metrics=metrics,
@@ -615,7 +631,7 @@ def _check_tracing(cfg: RunConfig) -> None:
 
 
 def _request_spans(
-    cfg: RunConfig, factory: RequestFactory, anchor: Anchor, target: str, model: str, metrics: ReplayerMetrics
+    cfg: RunConfig, factory: RequestFactory, target: str, model: str, metrics: ReplayerMetrics
 ) -> RequestSpans | None:
     """With tracing on (``--otlp-endpoint`` or the OTEL_EXPORTER_OTLP_* variables): the exporter
     of the run's spans, on the ids the request heads carry; None (nothing imported) otherwise."""
@@ -625,7 +641,6 @@ def _request_spans(
     spans = RequestSpans(
         url,
         ids,
-        wall0_ns=round(anchor.wall_s * 1e9),
         shard=cfg.shard_index[0],
         shard_text=cfg.shard,
         model=model,

@@ -18,6 +18,11 @@ START_UP: tuple[tuple[str, str], ...] = (
     ("first batch", "the first trace batch is read before the anchor: the first requests are not late by its read"),
     ("warm-up", "the first requests' images and prompt texts are made (their child processes started)"),
     ("prebuild", "the first lead window's requests are built before they are due, not behind their due times"),
+    (
+        "tracing",
+        "with --otlp-endpoint, the OpenTelemetry SDK is imported and its exporter thread started (a tenth of a "
+        "second or more): not after the anchor, where the first requests would be late by it",
+    ),
     ("pool", "keep-alive connections open after the slow work: a server may close connections left idle"),
     ("anchor", "the schedule's time zero comes last: everything before it is start-up, not lateness"),
 )
