@@ -241,3 +241,23 @@ def test_trace_context_header_and_parse():
         assert parse_traceparent(bad) is None
     with pytest.raises(ValueError):
         TraceContext("r", ratio=1.5)
+
+
+def test_the_embedded_simulator_traces_to_the_same_collector(tmp_path):
+    """No --target: the simulator the run starts gets the run's endpoint, so each request's
+    llm_request span is the child of its CLIENT span without any setup."""
+    from replayer.config.model import load_config
+    from replayer.run.daemon import run_replay
+
+    trace = _trace(tmp_path, 5, out=2)
+    with Receiver() as rx:
+        cfg = load_config(
+            {"trace": str(trace), "block_size": 16, "otlp_endpoint": rx.url, "results": str(tmp_path / "res"),
+             "admin_port": 0, "quiet": True, "scrape_target_metrics": False, "run_id": "embedded"}
+        )  # fmt: skip
+        asyncio.run(asyncio.wait_for(run_replay(cfg, registry=CollectorRegistry()), 120))
+        spans = rx.wait_for(lambda s: sum(x["kind"] == SERVER for x in s) >= 5)
+    clients = {s["span_id"] for s in spans if s["kind"] == CLIENT}
+    servers = [s for s in spans if s["kind"] == SERVER]
+    assert len(clients) == 5 and len(servers) == 5
+    assert all(s["service"] == "replayer-sim" and s["parent_span_id"] in clients for s in servers)

@@ -11,6 +11,10 @@ import os
 import socket
 import subprocess
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from replayer.config.model import RunConfig
 
 #: set by ``--workers`` in each worker's environment: the parent's pid. The workers run in
 #: sessions of their own, so a worker stops by itself when that process is gone (the daemon's
@@ -27,6 +31,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def embedded_sim_args(cfg: RunConfig) -> list[str]:
+    """The embedded simulator's flags a run's settings imply: with tracing on, it exports its
+    ``llm_request`` spans to the same collector (the whole journey traced without a GPU)."""
+    url = cfg.otlp_traces_url()
+    return ["--otlp-endpoint", url] if url else []
 
 
 def spawn_sim(extra_args: list[str] | None = None) -> tuple[subprocess.Popen, str]:
