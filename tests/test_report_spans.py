@@ -39,14 +39,14 @@ def _span(span_id, parent, kind, start_ns, attrs, name="x"):
     }
 
 
-def _client(span_id, row, sent_ns, ttft_ms, e2e_ms):
+def _client(span_id, row, sent_ns, ttft_ms, e2e_ms, run="r"):
     return _span(
         span_id,
         "00000000000000aa",
         3,
         sent_ns,
         {"replayer.row": row, "replayer.loop": 0, "replayer.ttft_ms": ttft_ms, "replayer.e2e_ms": e2e_ms,
-         "replayer.x_request_id": f"r-0-{row}", "replayer.outcome": "success"},
+         "replayer.x_request_id": f"{run}-0-{row}", "replayer.outcome": "success", "replayer.run_id": run},
     )  # fmt: skip
 
 
@@ -148,3 +148,28 @@ def test_report_spans_end_to_end_from_a_real_replay(tmp_path, capsys):
     csv = (tmp_path / "report.spans.csv").read_text().splitlines()
     assert len(csv) == 11 and "network_front_end_s" in csv[0]
     assert "joined with their server span" in capsys.readouterr().out
+
+
+def test_compare_spans_splits_each_run_by_its_run_id(tmp_path, capsys):
+    """One collector file holding two runs: ``compare A B --spans FILE`` puts each run's split
+    side by side (each run's requests picked by the run id in its summary)."""
+    from replayer.results.compare import main_compare
+
+    f = tmp_path / "both.jsonl"
+    f.write_text(
+        _line([_client("1111111111111111", 0, T0, 250.0, 1250.0, run="runa"),
+               _client("2222222222222222", 0, T0, 500.0, 1500.0, run="runb"),
+               _client("6666666666666666", 1, T0, 500.0, 1500.0, run="runb")], "replayer") + "\n"
+        + _line([_server("3333333333333333", "1111111111111111", 0.125, 0.0625, 0.03125, 0.75, 1.0),
+                 _server("4444444444444444", "2222222222222222", 0.25, 0.125, 0.0625, 0.75, 1.25)], "vllm") + "\n"
+    )  # fmt: skip
+    for name, rid in (("a", "runa"), ("b", "runb")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({"completed": 1, "duration": 1.0, "run_id": rid}))
+    assert main_compare(str(tmp_path / "a"), str(tmp_path / "b"), True, [str(f)]) == 0
+    rows = {r["key"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    nfe = rows["spans.network_front_end_s.p50"]
+    assert (nfe["a"], nfe["b"]) == (125.0, 250.0) and nfe["better"] == "a"
+    assert (rows["spans.queue_s.p99"]["a"], rows["spans.queue_s.p99"]["b"]) == (62.5, 125.0)
+    assert (rows["spans.missing"]["a"], rows["spans.missing"]["b"]) == (0, 1)  # run B's row 1 has none
+    assert main_compare(str(tmp_path / "a"), str(tmp_path / "b"), False, [str(f)] * 3) == 2

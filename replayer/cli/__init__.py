@@ -295,6 +295,14 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("a", help="results folder or summary.json of run A")
     cp.add_argument("b", help="results folder or summary.json of run B")
     cp.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    cp.add_argument(
+        "--spans",
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="OpenTelemetry spans (OTLP JSON lines; one file holding both runs, or A's then B's): the "
+        "TTFT and E2E split (network and front end, queue, prefill, decode) p50/p99 of both runs",
+    )
     sub.add_parser("version", help="print the version")
     _finish_parsers(p)
     return p
@@ -443,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
     if args.command == "compare":
         from replayer.results.compare import main_compare
 
-        return main_compare(args.a, args.b, args.json)
+        return main_compare(args.a, args.b, args.json, args.spans)
     if args.command == "record":
         from replayer.capture.record import main_record
 

@@ -192,13 +192,29 @@ def format_compare(rows: list[dict], name_a: str = "A", name_b: str = "B") -> st
     return "\n".join(lines)
 
 
-def main_compare(a: str, b: str, as_json: bool) -> int:
+def _span_rows(sa: dict, sb: dict, files: list[str]) -> list[dict]:
+    """``--spans FILE [FILE_B]``: the two runs' splits (``replayer.results.spans``), each run's
+    requests picked by its run id (one file may hold both runs, as a collector writes them)."""
+    from replayer.results.spans import compare_rows, read_spans, split_spans
+
+    spans_a = read_spans(files[0])
+    spans_b = read_spans(files[1]) if len(files) > 1 else spans_a
+    return compare_rows(split_spans(spans_a, sa.get("run_id")), split_spans(spans_b, sb.get("run_id")))
+
+
+def main_compare(a: str, b: str, as_json: bool, spans: list[str] | None = None) -> int:
+    from replayer.results.spans import SpansError
+
     try:
         sa, sb = _load_summary(a), _load_summary(b)
-    except (OSError, ValueError) as e:
+        rows = compare(sa, sb)
+        if spans and len(spans) > 2:
+            raise ValueError("--spans takes one file (both runs) or two (A's, then B's)")
+        if spans:
+            rows += _span_rows(sa, sb, spans)
+    except (OSError, ValueError, SpansError) as e:
         print(f"replayer compare: error: {e}", file=sys.stderr)
         return 2
-    rows = compare(sa, sb)
     differ = setup_differences(sa, sb)
     if as_json:
         print(json.dumps({"a": a, "b": b, "setup_differences": differ, "rows": rows}, indent=2))

@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["PARTS", "SpanSplit", "SpansError", "read_spans", "split_spans", "split_text"]
+__all__ = ["PARTS", "SpanSplit", "SpansError", "compare_rows", "read_spans", "split_spans", "split_text"]
 
 CLIENT_KINDS = (3, "SPAN_KIND_CLIENT")
 SERVER_KINDS = (2, "SPAN_KIND_SERVER")
@@ -178,13 +178,20 @@ class SpanSplit:
         return out
 
 
-def split_spans(spans: list[Span]) -> SpanSplit:
-    """Join each CLIENT span (replayer's) with the SERVER span that is its child."""
+def split_spans(spans: list[Span], run_id: str | None = None) -> SpanSplit:
+    """Join each CLIENT span (replayer's) with the SERVER span that is its child; with
+    ``run_id``, only that run's requests (a collector's file holds every run it received)."""
     server_by_parent: dict[str, Span] = {}
     for s in spans:
         if s.kind in SERVER_KINDS and s.parent_span_id:
             server_by_parent.setdefault(s.parent_span_id, s)
-    clients = [s for s in spans if s.kind in CLIENT_KINDS and "replayer.row" in s.attributes]
+    clients = [
+        s
+        for s in spans
+        if s.kind in CLIENT_KINDS
+        and "replayer.row" in s.attributes
+        and (run_id is None or s.attributes.get("replayer.run_id") == run_id)
+    ]
     clients.sort(key=lambda s: s.start_ns)
     t0 = clients[0].start_ns if clients else None
     rows: list[dict[str, Any]] = []
@@ -242,3 +249,26 @@ def split_text(split: SpanSplit) -> str:
             f"{part:<22}{d['count']:>8,}" + "".join(f"{d[k] * 1e3:>12.3f}" for k in ("mean", "p50", "p90", "p99"))
         )
     return "\n".join(lines)
+
+
+def compare_rows(a: SpanSplit, b: SpanSplit) -> list[dict[str, Any]]:
+    """``replayer compare --spans``: the split's p50 and p99 (ms) of run A and run B, and the
+    requests without a server span, as ``replayer.results.compare``'s rows (lower is better)."""
+    da, db = a.distributions(), b.distributions()
+    rows: list[dict[str, Any]] = []
+
+    def row(key: str, label: str, va: float | int | None, vb: float | int | None) -> None:
+        diff = None if va is None or vb is None else vb - va
+        pct = 100.0 * diff / abs(va) if diff is not None and va else None
+        better = "" if not diff else ("b" if diff < 0 else "a")
+        rows.append({"key": key, "label": label, "a": va, "b": vb, "diff": diff, "pct": pct, "better": better})
+
+    for part in ("ttft_s", *PARTS):
+        if part not in da and part not in db:
+            continue
+        for q in ("p50", "p99"):
+            va = da[part][q] * 1e3 if part in da else None
+            vb = db[part][q] * 1e3 if part in db else None
+            row(f"spans.{part}.{q}", f"spans: {part.removesuffix('_s')} {q} (ms)", va, vb)
+    row("spans.missing", "spans: requests without a server span", len(a.missing), len(b.missing))
+    return rows
