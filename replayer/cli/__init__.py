@@ -138,9 +138,10 @@ def _add_flag(p: argparse._ArgumentGroup, name: str) -> None:
         )
 
 
-def read_config_file(path: str) -> dict:
-    """Settings from a YAML file whose keys are RunConfig field names (``configs/*.yaml``).
-    Raises ConfigError for unreadable files, non-mapping documents and unknown keys."""
+def read_config_file(path: str, extra: frozenset[str] = frozenset()) -> dict:
+    """Settings from a YAML file whose keys are RunConfig field names (``configs/*.yaml``), or
+    ``extra`` (a subcommand's own settings, e.g. ``replayer sweep``'s ``SWEEP_KEYS``). Raises
+    ConfigError for unreadable files, non-mapping documents and unknown keys."""
     import yaml
 
     try:
@@ -150,12 +151,13 @@ def read_config_file(path: str) -> dict:
         raise ConfigError([f"config: cannot read {path}: {e}"]) from None
     if not isinstance(data, dict):
         raise ConfigError([f"config: {path} must hold a mapping of setting: value"])
-    unknown = sorted(set(data) - set(RunConfig.model_fields))
+    known = [*RunConfig.model_fields, *sorted(extra)]
+    unknown = sorted(set(data) - set(known), key=str)
     if unknown:
         import difflib
 
         def hint(k: str) -> str:
-            close = difflib.get_close_matches(str(k), list(RunConfig.model_fields), n=1)
+            close = difflib.get_close_matches(str(k), known, n=1)
             return f" (did you mean {close[0]!r}?)" if close else ""
 
         raise ConfigError([f"config: {path}: unknown setting {k!r}{hint(k)}" for k in unknown])
@@ -249,18 +251,20 @@ def build_parser() -> argparse.ArgumentParser:
         dest="config_file",
         default=None,
         metavar="FILE",
-        help="YAML file of run settings (see configs/); flags override it",
+        help="YAML file of run settings (see configs/) and of the sweep's own (speedups, "
+        "min_attainment, prefix_cache, max_dispatch_lag); flags override it",
     )
     sw.add_argument(
         "--speedups",
-        required=True,
+        default=None,
         metavar="LIST",
-        help="speed-ups to replay at, in increasing order, e.g. 1,2,4,8,16 (at most 32)",
+        help="speed-ups to replay at, in increasing order, e.g. 1,2,4,8,16 (at most 32); "
+        "required here or as speedups: in the --config file",
     )
     sw.add_argument(
         "--min-attainment",
         type=float,
-        default=0.9,
+        default=None,
         metavar="F",
         help="a point holds when at least this fraction of its judged requests met every "
         "--goodput bound [default: 0.9]",
@@ -268,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument(
         "--prefix-cache",
         choices=("salt", "reset", "warm"),
-        default="salt",
+        default=None,
         help="keep points from sharing prefix-cache hits: salt = fresh prompt prefixes per point; "
         "reset = the same prompts, POST /reset_prefix_cache to the target before each point "
         "(vLLM in dev mode, the simulator); warm = neither [default: salt]",
@@ -363,10 +367,15 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
 
         print(__version__)
         return 0
+    sweep_file: dict = {}
     if args.command in ("run", "sweep"):
         flags = {k: v for k, v in vars(args).items() if k in RunConfig.model_fields}
         try:
-            values = read_config_file(args.config_file) if args.config_file else {}
+            own: frozenset[str] = frozenset()
+            if args.command == "sweep":
+                from replayer.run.sweep import SWEEP_KEYS as own
+            values = read_config_file(args.config_file, own) if args.config_file else {}
+            sweep_file = {k: values.pop(k) for k in own if k in values}
             from_file = set(values) - set(flags)
             values.update(flags)
             cfg = load_config(values, config_file=args.config_file, from_file=from_file)
@@ -374,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
             print(f"replayer {args.command}: {e}", file=sys.stderr)
             return 2
     if args.command == "sweep":
-        from replayer.run.sweep import PER_POINT, SweepError, parse_speedups, run_sweep
+        from replayer.run.sweep import PER_POINT, SWEEP_KEYS, SweepError, run_sweep, sweep_options
 
         given = [flag_name(k) for k in ("speedup", "resume", "resume_existing") if k in flags]
         try:
@@ -383,18 +392,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
                     f"{', '.join(given)}: not for a sweep (it sets the speed-up of each point "
                     "from --speedups and starts a new run per point)"
                 )
-            if not 0 <= args.min_attainment <= 1:
-                raise SweepError(f"--min-attainment {args.min_attainment:g}: must be between 0 and 1")
-            speedups = parse_speedups(args.speedups)
-            lag = {} if args.max_dispatch_lag is None else {"max_dispatch_lag_ms": args.max_dispatch_lag}
-            _, code = run_sweep(
-                cfg,
-                _flags_for(cfg, PER_POINT),
-                speedups=speedups,
-                min_attainment=args.min_attainment,
-                prefix_cache=args.prefix_cache,
-                **lag,
-            )
+            opts = sweep_options({k: getattr(args, k) for k in SWEEP_KEYS}, sweep_file)
+            _, code = run_sweep(cfg, _flags_for(cfg, PER_POINT), **opts)
         except SweepError as e:
             print(f"replayer sweep: {e}", file=sys.stderr)
             return 2
