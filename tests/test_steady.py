@@ -126,3 +126,15 @@ def test_judge_point_order():
 def test_no_window_without_two_due_times():
     assert steady_window([5], [6], ["success"], [True], [1.0]) is None
     assert steady_window([5, 5], [6, 6], ["success"] * 2, [True] * 2, [1.0] * 2) is None
+
+
+@pytest.mark.parametrize(("e2e_s", "too_short"), [(0.9, False), (1.1, True)])
+def test_a_window_shorter_than_the_median_e2e_is_too_short(e2e_s, too_short):
+    """31 requests 0.1 s apart: a 3 s span. With 0.9 s requests the warm-up and cool-down are
+    0.9 s each (more than a tenth of the span) and leave a 1.2 s window, longer than the E2E it
+    judges; with 1.1 s requests the window (0.8 s) is shorter than one request."""
+    due = [i * 0.1 for i in range(31)]
+    w = steady_window(*rows(due, [d + e2e_s for d in due]))
+    assert w["warmup_s"] == pytest.approx(e2e_s) and w["window_s"] == pytest.approx(3.0 - 2 * e2e_s)
+    assert w["too_short"] is too_short
+    assert (judge_point(WHOLE_OK, w, 0.9, 50.0)[0] == "window_too_short") is too_short

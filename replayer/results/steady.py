@@ -14,9 +14,9 @@ The rule (docs/sweep.md):
 - **The steady window** is what is left between them. Requests *due* in it are the ones judged
   (attainment, goodput); its **offered** rate counts the requests due in it, its **achieved** rate
   the requests that *completed* (ended with ``success``) in it, both per second of the window.
-- **Too short** when the window is shorter than its warm-up and cool-down together (less than
-  half of the span is steady): a load whose burst ends before its requests do says nothing
-  about the rate it was sent at.
+- **Too short** when the window is shorter than the latencies it judges (the median E2E): a
+  load whose burst ends before its requests do says nothing about the rate it was sent at. With
+  the transients above, a point needs an offered span of at least three median E2Es.
 - **Not sustained** when the achieved count is below ``MIN_ACHIEVED_FRACTION`` of the offered
   count, less one request (the granularity of counting): the server fell behind the offered
   load over the window (its queue grew), whatever the latencies said so far.
@@ -81,7 +81,7 @@ def steady_window(due_ns: Any, end_ns: Any, outcome: Any, slo_met: Any, e2e_ms: 
     n_done = int((ok & (end >= lo) & (end <= hi)).sum()) if window > 0 else 0
     judged = [m for m, w in zip(met_col, in_window.tolist()) if w and m is not None]
     n_met = sum(1 for m in judged if m)
-    too_short = window < 2 * transient
+    too_short = window <= 0 or window < (median_e2e_ms or 0.0) / 1e3
     return {
         "span_s": span,
         "warmup_s": transient,
@@ -129,9 +129,9 @@ def judge_point(summary: dict | None, window: dict | None, min_attainment: float
         why = (
             "fewer than 2 requests were due"
             if window is None
-            else f"the steady window ({max(window['window_s'], 0):.2f} s of a {window['span_s']:.2f} s offered span) "
-            f"is shorter than its warm-up and cool-down ({window['warmup_s']:.2f} s each, the median E2E "
-            f"{(window['median_e2el_ms'] or 0) / 1e3:.2f} s or 10% of the span)"
+            else f"the steady window ({max(window['window_s'], 0):.2f} s of a {window['span_s']:.2f} s offered span, "
+            f"after a warm-up and before a cool-down of {window['warmup_s']:.2f} s each) is shorter than the "
+            f"median E2E it would judge ({(window['median_e2el_ms'] or 0) / 1e3:.2f} s)"
         )
         return "window_too_short", f"{why}: the load was never steady; offer more requests (--max-requests, --duration)"
     att = window["slo_attainment"]

@@ -104,8 +104,10 @@ def _window(p: dict) -> str:
     w = p.get("steady_window")
     if not w:
         return "none"
-    bounds = f"{w['start_s']:.2f}-{w['end_s']:.2f} s of {w['span_s']:.2f} s"
-    return f"too short ({bounds})" if w["too_short"] else bounds
+    if w["too_short"]:
+        e2e = (w["median_e2el_ms"] or 0) / 1e3
+        return f"too short: {max(w['window_s'], 0):.2f} s of a {w['span_s']:.2f} s span, median E2E {e2e:.2f} s"
+    return f"{w['start_s']:.2f}-{w['end_s']:.2f} s of {w['span_s']:.2f} s"
 
 
 def _points_table(sweep: dict) -> str:
@@ -150,7 +152,7 @@ def _rule(sweep: dict) -> str:
         f"judged requests due in it met every bound and the server completed at least {achieved:.0%} of the "
         f"requests offered in it (achieved vs offered). The steady window leaves out a warm-up and a cool-down, "
         f"each {frac:.0%} of the offered span and at least the point's median E2E; a window shorter than the "
-        "two together is too short to judge (the load was a burst, not a rate)."
+        "median E2E is too short to judge (the load was a burst, not a rate)."
     )
 
 

@@ -14,8 +14,8 @@ run in order and the sweep stops after the first one that did not hold
   rate it was offered;
 - ``missed``: attainment below it (over the whole run, or over the window): the server did not
   keep up at this load;
-- ``window_too_short``: the load was a burst shorter than the latencies it would judge (less
-  than half of the offered span is steady); ``not_sustained``: the server completed less than
+- ``window_too_short``: the load was a burst: its steady window is shorter than the median
+  E2E it would judge; ``not_sustained``: the server completed less than
   90% of the offered rate over the window (its queue grew): both say the server never carried
   this load, whatever the latencies looked like;
 - ``replayer_behind``: the replayer itself fell behind (dispatch lag p99 above
@@ -197,6 +197,12 @@ def reset_prefix_cache(target: str, api_key: str | None, timeout_s: float) -> No
             time.sleep(0.2)
 
 
+def short_window(w: dict) -> str:
+    """Why a too-short window is: what is left of the span against the median E2E."""
+    e2e = (w["median_e2el_ms"] or 0) / 1e3
+    return f"{max(w['window_s'], 0):.2f} s left of a {w['span_s']:.2f} s offered span, median E2E {e2e:.2f} s"
+
+
 def window_text(w: dict | None) -> str:
     """A point's steady window in words: its bounds, offered and achieved rates, attainment and
     goodput (``replayer.results.steady.steady_window``'s dict; None: fewer than 2 requests)."""
@@ -206,9 +212,9 @@ def window_text(w: dict | None) -> str:
 
     if w is None:
         return "steady window: none (fewer than 2 requests)"
-    bounds = f"{w['start_s']:.2f}-{w['end_s']:.2f} s of {w['span_s']:.2f} s"
     if w["too_short"]:
-        return f"steady window: too short ({bounds})"
+        return f"steady window: too short ({short_window(w)})"
+    bounds = f"{w['start_s']:.2f}-{w['end_s']:.2f} s of {w['span_s']:.2f} s"
     att = w["slo_attainment"]
     return (
         f"steady window {bounds}: offered {rate(w['offered_rps'])}, achieved {rate(w['achieved_rps'])} req/s, "
