@@ -124,13 +124,15 @@ def test_sweep_finds_the_knee_of_the_simulators_capacity(sim_process, tmp_path, 
     assert len(lines) == 3 and lines[2].startswith("sweep point 3/5: speed-up 4x, offered 10.00 req/s; steady window")
     assert lines[0].endswith(": held") and ": missed (attainment " in lines[2]
     assert "the highest speed-up that held: 2x (5.00 req/s offered, " in out[-2]
-    # achieved vs offered over each held point's steady window (the first and last tenth left out:
-    # the requests take ~0.3 s, less than a tenth of the 4.6 s span at 2x)
+    # achieved vs offered over each held point's steady window (the first and last tenth left out,
+    # or a median E2E if longer: the requests take ~0.3 s, less than a tenth of the 4.6 s span at
+    # 2x on an idle machine); below capacity, the server completes what it is offered
     for p in s["points"][:2]:
         w = p["steady_window"]
-        assert w["start_s"] == pytest.approx(0.1 * w["span_s"]) and w["end_s"] == pytest.approx(0.9 * w["span_s"])
-        assert w["due"] == 18 and w["completed"] >= 17 and w["sustained"] and w["slo_attainment"] == 1.0
-        assert p["achieved_rps"] == w["achieved_rps"] == pytest.approx(w["offered_rps"], rel=0.1)
+        transient = max(0.1 * w["span_s"], w["median_e2el_ms"] / 1e3)
+        assert w["start_s"] == pytest.approx(transient) and w["end_s"] == pytest.approx(w["span_s"] - transient)
+        assert w["sustained"] and w["slo_attainment"] == 1.0 and w["judged"] == w["due"] >= 12
+        assert abs(w["completed"] - w["due"]) <= 2 and p["achieved_rps"] == w["achieved_rps"]
         assert f"achieved {w['achieved_rps']:.2f} req/s" in lines[p["index"] - 1]
     assert s["highest_held_achieved_rps"] == held["achieved_rps"]
     assert s["steady_rule"] == {
@@ -281,3 +283,50 @@ def test_sweep_settings_from_the_config_file(tmp_path, capsys):
     assert cli_main(["sweep", trace, "--config", str(cfg), "--results", str(tmp_path / "c")]) == 2
     assert "unknown setting 'speed_ups' (did you mean 'speedups'?)" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
+
+
+def test_the_page_shows_each_points_window_and_achieved_vs_offered():
+    """The sweep page (pure: from a scripted sweep.json): the rule, and per point its steady
+    window, offered and achieved rates, the window's attainment; a too-short window says so."""
+    from replayer.results.sweepreport import render_sweep_html, sweep_figure_specs
+
+    window = {
+        "span_s": 29.9,
+        "start_s": 2.99,
+        "end_s": 26.91,
+        "window_s": 23.92,
+        "warmup_s": 2.99,
+        "median_e2el_ms": 300.0,
+        "offered_rps": 10.03,
+        "achieved_rps": 9.87,
+        "slo_attainment": 0.995,
+        "request_goodput": 9.9,
+        "too_short": False,
+    }
+    burst = {**window, "span_s": 0.4, "window_s": -24.6, "median_e2el_ms": 12_500.0, "too_short": True}
+    burst.update(offered_rps=None, achieved_rps=None, slo_attainment=None, request_goodput=None)  # no window left
+    sweep = {
+        "goodput_slos_ms": {"e2el": 30000.0},
+        "min_attainment": 0.9,
+        "steady_rule": {"transient_fraction": 0.1, "min_achieved_fraction": 0.9},
+        "highest_held_speedup": 4.0,
+        "highest_held_offered_rps": 10.0,
+        "highest_held_achieved_rps": 9.87,
+        "highest_held_request_goodput": 9.5,
+        "points": [
+            {"index": 1, "speedup": 4.0, "offered_rps": 10.0, "achieved_rps": 9.87, "steady_window": window},
+            {"index": 2, "speedup": 256.0, "offered_rps": 750.0, "achieved_rps": None, "steady_window": burst},
+        ],
+    }
+    page = render_sweep_html(sweep)
+    for text in (
+        "<th>offered req/s (window)</th><th>achieved req/s (window)</th><th>attainment (window)</th>",
+        "<td>2.99-26.91 s of 29.90 s</td><td>10.030</td><td>9.870</td><td>99.5%</td>",
+        "<td>too short: 0.00 s of a 0.40 s span, median E2E 12.50 s</td><td>n/a</td><td>n/a</td><td>n/a</td>",
+        "9.870 achieved over its steady window",
+        "completed at least 90% of the requests offered in it",
+    ):
+        assert text in page, text
+    goodput = sweep_figure_specs(sweep)[0]["series"]
+    assert goodput[2]["name"] == "achieved over the steady window"
+    assert list(goodput[2]["y"][:1]) == [9.87] and list(goodput[3]["y"]) == [10.0, 750.0]

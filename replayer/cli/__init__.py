@@ -241,7 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
         usage="%(prog)s --speedups LIST --goodput KEY:VALUE... [run options] [trace]",
         description="Replay a trace (or a window: --max-requests, --duration) at each speed-up "
         "of --speedups in turn, one results folder per point under --results, and stop after "
-        "the first point whose SLO attainment (--goodput) is below --min-attainment. Writes "
+        "the first point that did not hold: over its steady window, SLO attainment (--goodput) "
+        "below --min-attainment, less than 90% of the offered rate achieved, or a window "
+        "shorter than the median E2E. Writes "
         "sweep.json and sweep.html there. Every option of `replayer run` applies to each point, "
         "except --speedup, --seed (salted per point with --prefix-cache salt) and --resume.",
     )
@@ -266,8 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="F",
-        help="a point holds when at least this fraction of its judged requests met every "
-        "--goodput bound [default: 0.9]",
+        help="a point holds when, over its steady window (a warm-up and a cool-down left out), at "
+        "least this fraction of its judged requests met every --goodput bound and the server "
+        "completed at least 0.9 of the requests offered in it [default: 0.9]",
     )
     sw.add_argument(
         "--prefix-cache",

@@ -165,7 +165,7 @@ def render_sweep_html(sweep: dict) -> str:
         f"the highest speed-up that held: <b>{held:g}x</b> "
         f"({_number(sweep.get('highest_held_offered_rps') or 0)} requests/s offered, "
         f"{_number(sweep.get('highest_held_achieved_rps') or 0)} achieved over its steady window, "
-        f"goodput {_number(sweep.get('highest_held_request_goodput') or 0)} requests/s)"
+        f"goodput {_number(sweep.get('highest_held_request_goodput') or 0)} requests/s over the whole run)"
         if held is not None
         else "<b>no speed-up held</b>"
     )

@@ -426,7 +426,7 @@ def run_sweep(  # noqa: C901, PLR0912, PLR0915
         + (
             f"the highest speed-up that held: {held:g}x ({sweep['highest_held_offered_rps'] or 0:.2f} req/s "
             f"offered, {sweep['highest_held_achieved_rps'] or 0:.2f} req/s achieved over its steady window, "
-            f"goodput {sweep['highest_held_request_goodput'] or 0:.2f} req/s)"
+            f"goodput {sweep['highest_held_request_goodput'] or 0:.2f} req/s over the whole run)"
             if held is not None
             else "no speed-up held"
         )
