@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import testhosts
+from testhosts import TestHosts
 
 from replayer.fleet.clocksync import Probe, best_offset
 from replayer.fleet.roster import Roster
@@ -116,37 +118,37 @@ needs_faketime = pytest.mark.skipif(shutil.which("faketime") is None, reason="ne
 
 
 class Fleet:
-    """A simulator, a coordinator and shards, each a process; what each printed in ``tmp``."""
+    """A simulator, a coordinator and shards, each a process; what each printed in ``tmp``. With
+    ``hosts`` (``tests.testhosts.TestHosts``) each runs on its own host: the simulator and the
+    coordinator on ``target``, shard i on ``s<i>``."""
 
-    def __init__(self, tmp: Path, sim_process) -> None:
+    def __init__(self, tmp: Path, target: str, arrivals: Path, hosts: TestHosts | None = None) -> None:
         self.tmp = tmp
-        self.target, self.arrivals = sim_process()
+        self.target, self.arrivals = target, arrivals
+        self.hosts = hosts
         self.procs: dict[str, subprocess.Popen] = {}
         self.coordinator: str | None = None
 
+    def _spawn(self, name: str, host: str, cmd: list[str]) -> None:
+        err = open(self.tmp / f"{name}.log", "ab")
+        if self.hosts is None:
+            self.procs[name] = subprocess.Popen(cmd, stderr=err)
+        else:
+            self.procs[name] = self.hosts.run(host, cmd, stderr=err)
+
     def start_coordinator(self, shards: int, *args: str) -> str:
-        err = self.tmp / "coordinator.log"
-        cmd = [sys.executable, "-m", "replayer", "coordinate", "--shards", str(shards), "--port", "0"]
-        self.procs["coordinator"] = subprocess.Popen(
-            [*cmd, "-o", str(self.tmp / "fleet"), *args], stderr=open(err, "wb")
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            for line in err.read_text(errors="replace").splitlines():
-                if "coordinator on " in line:
-                    self.coordinator = line.split("coordinator on ", 1)[1].split()[0]
-                    return self.coordinator
-            assert self.procs["coordinator"].poll() is None, err.read_text()
-            time.sleep(0.05)
-        raise TimeoutError("the coordinator did not say where it serves")
+        cmd = [sys.executable, "-m", "replayer", "coordinate", "--shards", str(shards), "-o", str(self.tmp / "fleet")]
+        cmd += ["--port", "0"] if self.hosts is None else ["--host", self.hosts.addr("target"), "--port", "9500"]
+        self._spawn("coordinator", "target", [*cmd, *args])
+        self.coordinator = _said(self.procs["coordinator"], self.tmp / "coordinator.log", "coordinator on ")
+        return self.coordinator
 
     def start_shard(self, i: int, n: int, *args: str, skew: str | None = None, name: str | None = None) -> None:
         cmd = [sys.executable, "-m", "replayer", "run", *LOAD, "--shard", f"{i}/{n}", "--target", self.target]
         cmd += ["--results", str(self.tmp / f"shard-{i}"), "--admin-port", "0", "--quiet", *args]
         if skew is not None:  # this host's wall clock off by `skew` (libfaketime, inherited by children)
             cmd = ["faketime", "-f", skew, *cmd]
-        name = name or f"shard-{i}"
-        self.procs[name] = subprocess.Popen(cmd, stderr=open(self.tmp / f"{name}.log", "ab"))
+        self._spawn(name or f"shard-{i}", f"s{i}", cmd)
 
     def wait(self, name: str, timeout: float = 180) -> int:
         return self.procs[name].wait(timeout)
@@ -155,21 +157,26 @@ class Fleet:
         return (self.tmp / f"{name}.log").read_text(errors="replace")
 
     def status(self) -> dict:
-        with urllib.request.urlopen(self.coordinator + "/status", timeout=5) as r:
-            return json.loads(r.read())
+        if self.hosts is None:
+            with urllib.request.urlopen(self.coordinator + "/status", timeout=5) as r:
+                return json.loads(r.read())
+        get = f"import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('{self.coordinator}/status').read().decode())"
+        p = self.hosts.run("target", [sys.executable, "-c", get], stdout=subprocess.PIPE)
+        return json.loads(p.communicate(timeout=30)[0])
 
     def fleet_json(self) -> dict:
         return json.loads((self.tmp / "fleet" / "fleet.json").read_text())
 
-    def arrival_minus_due_ms(self, shard: int, ids: set[str] | None = None) -> np.ndarray:
+    def arrival_minus_due_ms(self, shard: int | str, ids: set[str] | None = None) -> np.ndarray:
         """Per request the shard sent (of ``ids`` when given): its arrival at the server minus its
         due time, in ms (on one clock each; the constant between them is the same for every shard
-        in step)."""
+        in step). ``shard``: its index, or a results folder's name."""
         arrived = {}
         for line in self.arrivals.read_text().splitlines():
             a = json.loads(line)
             arrived[a["request_id"]] = a["arrival_ns"]
-        r = read_results(str(self.tmp / f"shard-{shard}"), columns=["x_request_id", "due_ns", "outcome"]).to_pandas()
+        folder = self.tmp / (f"shard-{shard}" if isinstance(shard, int) else shard)
+        r = read_results(str(folder), columns=["x_request_id", "due_ns", "outcome"]).to_pandas()
         r = r[r.x_request_id.isin(arrived.keys() if ids is None else arrived.keys() & ids)]
         out = np.array([arrived[x] for x in r.x_request_id], dtype=np.float64) - r.due_ns.to_numpy(np.float64)
         return out / 1e6
@@ -181,11 +188,48 @@ class Fleet:
                 p.wait(10)
 
 
+def _said(p: subprocess.Popen, log: Path, marker: str, timeout: float = 60) -> str:
+    """The URL a child printed after ``marker`` on its log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in log.read_text(errors="replace").splitlines():
+            if marker in line:
+                return line.split(marker, 1)[1].split()[0]
+        assert p.poll() is None, log.read_text(errors="replace")
+        time.sleep(0.05)
+    raise TimeoutError(f"no {marker!r} in {log}")
+
+
 @pytest.fixture
 def fleet(tmp_path, sim_process):
-    f = Fleet(tmp_path, sim_process)
+    f = Fleet(tmp_path, *sim_process())
     yield f
     f.close()
+
+
+@pytest.fixture
+def fleet_on_hosts(tmp_path):
+    """A fleet whose simulator, coordinator and shards each run on a host of their own."""
+    why = testhosts.available()
+    if why:
+        pytest.skip(why)
+    made: list[Fleet] = []
+
+    def make(shards: int) -> Fleet:
+        hosts = TestHosts(["target", *(f"s{i}" for i in range(shards))])
+        addr, rec = hosts.addr("target"), tmp_path / "arrivals.jsonl"
+        cmd = [sys.executable, "-m", "replayer", "sim", "--host", addr, "--port", "8000", "--record-requests", str(rec)]
+        f = Fleet(tmp_path, f"http://{addr}:8000", rec, hosts)
+        made.append(f)
+        f._spawn("sim", "target", cmd)
+        _said(f.procs["sim"], tmp_path / "sim.log", " serving at ")
+        return f
+
+    yield make
+    for f in made:
+        f.close()
+        assert f.hosts is not None
+        f.hosts.close()
 
 
 @needs_faketime
@@ -305,3 +349,68 @@ def test_a_coordinator_that_never_answers_is_a_clear_start_up_error(tmp_path, si
     assert p.returncode == 2, p.stderr
     assert "no start from the coordinator http://127.0.0.1:9 within 2 s" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+# -- the fleet across hosts (network namespaces) --------------------------------------------------
+
+
+def test_four_hosts_one_fleet_in_step(fleet_on_hosts):
+    """Four shards, each on its own host, and the simulator on a fifth: the server sees one
+    schedule. The same load replayed by one process (on one of the hosts) is the yardstick."""
+    f = fleet_on_hosts(4)
+    f.start_shard(0, 1, "--results", str(f.tmp / "one-process"), name="one")  # (the last --results wins)
+    assert f.wait("one") == 0, f.log("one")
+    f.start_coordinator(4)
+    for i in range(4):
+        f.start_shard(i, 4, "--coordinator", f.coordinator)
+    for i in range(4):
+        assert f.wait(f"shard-{i}") == 0, f.log(f"shard-{i}")
+    assert f.wait("coordinator", 60) == 0, f.log("coordinator")
+    one = f.arrival_minus_due_ms("one-process")
+    shards = [f.arrival_minus_due_ms(i) for i in range(4)]
+    meds = [float(np.median(d)) for d in shards]
+    assert sum(len(d) for d in shards) == len(one) == 240
+    assert max(meds) - min(meds) < 10, meds  # one schedule, whatever host sent it
+    fleet = np.concatenate(shards) - np.median(np.concatenate(shards))
+    err_one = np.percentile(np.abs(one - np.median(one)), 99)
+    err_fleet = np.percentile(np.abs(fleet), 99)
+    print(f"arrival error p99: one process {err_one:.2f} ms, fleet of 4 hosts {err_fleet:.2f} ms")
+    # four processes share this machine's cores with the server: their error is bounded by the
+    # one-process run's, with the coordinator's clock uncertainty and a loopback-free hop added
+    assert err_fleet <= err_one + 2 + 1e3 * max(m["clock"]["uncertainty_s"] for m in f.fleet_json()["members"]), (
+        err_one,
+        err_fleet,
+    )
+
+
+def test_a_host_cut_off_for_5_s_is_lost_then_back_and_nothing_counts_twice(fleet_on_hosts):
+    f = fleet_on_hosts(2)
+    load = ["--num-prompts", "800", "--connect-timeout", "2", "--read-timeout", "3"]  # 20 s
+    f.start_coordinator(2, "--lost-after", "2")
+    f.start_shard(0, 2, "--coordinator", f.coordinator, *load)
+    f.start_shard(1, 2, "--coordinator", f.coordinator, *load)
+    deadline = time.monotonic() + 120
+    while (st := f.status())["epoch_s"] is None or time.time() < st["epoch_s"] + 5:
+        assert time.monotonic() < deadline, "the fleet did not start"
+        time.sleep(0.2)
+    assert f.hosts is not None
+    f.hosts.link("s1", up=False)
+    lost_seen = False
+    cut = time.monotonic()
+    while time.monotonic() < cut + 5:
+        lost_seen = lost_seen or f.status()["members"][1]["state"] == "lost"
+        time.sleep(0.2)
+    f.hosts.link("s1", up=True)
+    for i in range(2):
+        assert f.wait(f"shard-{i}") == 0, f.log(f"shard-{i}")
+    assert f.wait("coordinator", 60) == 0, f.log("coordinator")
+    view = f.fleet_json()
+    assert lost_seen and view["members"][1]["lost_times"] >= 1, view["members"][1]
+    assert [m["state"] for m in view["members"]] == ["ended", "ended"]
+    r = read_results(str(f.tmp / "shard-1"), columns=["row", "outcome", "error_kind"]).to_pandas()
+    failed = r[r.outcome == "failed"]
+    assert len(failed) > 0  # its requests failed while it was cut off, each with a network kind
+    assert set(failed.error_kind) <= {"connect", "connect_timeout", "first_byte_timeout", "idle_timeout", "disconnect"}
+    merged = json.loads((f.tmp / "fleet" / "merged" / "summary.json").read_text())
+    assert merged["scheduled"] == 800 and merged["duplicate_rows"] == 0
+    assert view["totals"]["sent"] == merged["sent"]
