@@ -79,8 +79,9 @@ class FleetCollector(Collector):
 class Coordinator:
     """The server around a ``Roster``; ``done`` is set once the fleet has ended."""
 
-    def __init__(self, roster: Roster, *, tick_s: float = 0.5) -> None:
+    def __init__(self, roster: Roster, *, tick_s: float = 0.5, epoch_file: str | None = None) -> None:
         self.roster = roster
+        self.epoch_file = epoch_file  # where the start is kept (a restarted coordinator keeps it)
         self.tick_s = tick_s
         self.done = asyncio.Event()
         self._epoch_set = asyncio.Event()
@@ -125,6 +126,8 @@ class Coordinator:
         self._said = len(r.events)
         if r.epoch_s is not None and not self._epoch_set.is_set():
             self._epoch_set.set()
+            if self.epoch_file is not None:
+                _write_json(self.epoch_file, {"epoch_s": r.epoch_s, "missing_at_start": r.missing_at_start})
             log.info(
                 "every shard ready%s: the fleet starts at %s (in %.1f s)",
                 "" if not r.missing_at_start else " but " + ", ".join(map(str, r.missing_at_start)),
@@ -214,17 +217,40 @@ def _write_outputs(roster: Roster, output: str | None) -> int:
     elif folders:
         view["merged"] = None
         view["merge_note"] = "the shards' results folders are not readable here: merge them with `replayer merge`"
-    tmp = os.path.join(output, "fleet.json.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(view, f, indent=2)
-    os.replace(tmp, os.path.join(output, "fleet.json"))
+    _write_json(os.path.join(output, "fleet.json"), view)
     log.info("fleet summary: %s", os.path.join(output, "fleet.json"))
     return code
 
 
+def _write_json(path: str, obj: object) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+
+
+def _kept_epoch(path: str, roster: Roster) -> None:
+    """A coordinator restarted mid-run keeps the fleet's start (``OUTPUT/epoch.json``)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            kept = json.load(f)
+        roster.epoch_s = float(kept["epoch_s"])
+        roster.missing_at_start = list(kept.get("missing_at_start", []))
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("%s unreadable (%s): a new start will be set", path, e)
+        return
+    log.info("the fleet started at %s already (%s): its shards keep that schedule", roster.epoch_s, path)
+
+
 async def coordinate(roster: Roster, host: str, port: int, output: str | None) -> int:
     """Serve until the fleet has ended (or SIGTERM/SIGINT); then write the outputs."""
-    c = Coordinator(roster)
+    epoch_file = os.path.join(output, "epoch.json") if output else None
+    if epoch_file is not None:
+        _kept_epoch(epoch_file, roster)
+    c = Coordinator(roster, epoch_file=epoch_file)
     url = await c.start(host, port)
     log.info("coordinator on %s for %d shard(s) (/status, /metrics)", url, roster.shards)
     loop = asyncio.get_running_loop()
