@@ -231,6 +231,45 @@ def build_parser() -> argparse.ArgumentParser:
         help="first wait up to S seconds for every folder's run to end by itself (a "
         "summary.json that was not cut short by a stop), e.g. in a Kubernetes merge Job",
     )
+    co = sub.add_parser(
+        "coordinate",
+        help="one start and one clock for a fleet of shards (replayer run --shard I/N --coordinator URL)",
+        description="Serve the fleet's start barrier, clock and live view until every shard has ended; "
+        "then write OUTPUT/fleet.json and merge the shards' folders when readable here. Exit 0 when "
+        "every shard ended and the merge is one whole run, 1 otherwise.",
+    )
+    co.add_argument("--shards", type=int, required=True, metavar="N", help="how many shards make the fleet")
+    co.add_argument("--host", default="127.0.0.1", help="address to listen on [default: 127.0.0.1]")
+    co.add_argument("--port", type=int, default=9500, help="port to listen on (0 = a free port) [default: 9500]")
+    co.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="start without the shards not ready by then (named; they join in step later) [default: 120]",
+    )
+    co.add_argument(
+        "--start-margin",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="the start is set this far ahead once every shard is ready [default: 2]",
+    )
+    co.add_argument(
+        "--lost-after",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="a shard not heard from for this long is marked lost (and running again when heard) [default: 10]",
+    )
+    co.add_argument(
+        "--give-up-after",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="the fleet ends without a shard lost (or never come) for this long [default: 600]",
+    )
+    co.add_argument("-o", "--output", default=None, help="folder for fleet.json and merged/ [default: none: log only]")
     rp = sub.add_parser("report", help="write a self-contained HTML report (plots) of a results folder")
     rp.add_argument("results", help="results folder (holds requests.parquet)")
     rp.add_argument("-o", "--output", default=None, help="output .html [default: RESULTS/report.html]")
@@ -426,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
         from replayer.run.daemon import main_run
 
         return main_run(cfg, sim=sim)
+    if args.command == "coordinate":
+        return _coordinate(args)
     if args.command == "merge":
         from replayer.results.merge import main_merge
 
@@ -451,3 +492,32 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _coordinate(args: argparse.Namespace) -> int:
+    """``replayer coordinate``: serve the fleet until it has ended."""
+    import uvloop
+
+    from replayer.fleet.coordinator import coordinate
+    from replayer.fleet.roster import Roster
+    from replayer.observe.logs import setup_logging
+
+    if args.shards < 1:
+        print("replayer coordinate: --shards must be at least 1", file=sys.stderr)
+        return 2
+    setup_logging(fields={"fleet": "coordinator"})
+    import time
+
+    roster = Roster(
+        args.shards,
+        started_s=time.time(),
+        ready_timeout_s=args.ready_timeout,
+        margin_s=args.start_margin,
+        lost_after_s=args.lost_after,
+        give_up_s=args.give_up_after,
+    )
+    try:
+        return uvloop.run(coordinate(roster, args.host, args.port, args.output))
+    except OSError as e:  # the port in use
+        print(f"replayer coordinate: {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
+        return 2
