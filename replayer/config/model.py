@@ -151,7 +151,8 @@ class RunConfig(FieldChecks):
         None,
         description="SLO bounds in ms as KEY:VALUE pairs, keys ttft, "
         "tpot, e2el (vllm bench serve's --goodput), e.g. --goodput ttft:2000 "
-        "tpot:50: a request meets the SLO when it succeeded and every bound holds; "
+        "tpot:50 (or ttft:2000,tpot:50, or the flag repeated; in a config file a "
+        "mapping {ttft: 2000, tpot: 50}): a request meets the SLO when it succeeded and every bound holds; "
         "the summary reports request_goodput and slo_attainment; unset = no SLO",
     )
     usage_slack_tokens: int = Field(
