@@ -20,6 +20,16 @@ class Outcome(str, enum.Enum):
     NOT_STARTED = "not_started"  # scheduled but never sent (replay stopped before its due time)
 
 
+#: the summary's name of each outcome's count (the top level and every per-tenant or per-target
+#: section: ``completed`` is vllm bench serve's name for the successful requests)
+SUMMARY_COUNTS = {
+    Outcome.SUCCESS: "completed",
+    Outcome.FAILED: "failed",
+    Outcome.CANCELLED: "cancelled",
+    Outcome.NOT_STARTED: "not_started",
+}
+
+
 class ErrorKind(str, enum.Enum):
     """Why a request failed (closed set; the free-text message goes to results only)."""
 

@@ -150,7 +150,7 @@ def format_groups(title: str, sections: dict, tail: Callable[[dict], str]) -> st
     lines = [title]
     for name, s in sections.items():
         lines.append(
-            f"  {name}: {s.get('requests', 0)} requests ({s.get('success', 0)} ok, {s.get('failed', 0)} failed), "
+            f"  {name}: {s.get('requests', 0)} requests ({s.get('completed', 0)} ok, {s.get('failed', 0)} failed), "
             f"TTFT p50 {fmt_ms(s.get('median_ttft_ms'))} / p99 {fmt_ms(s.get('p99_ttft_ms'))} ms, "
             f"E2E p50 {fmt_ms(s.get('median_e2e_ms'))}{tail(s)}"
         )
