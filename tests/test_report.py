@@ -262,7 +262,10 @@ def test_compare_text_and_json(results, tmp_path, capsys):
     assert cli_main(["compare", str(results), str(b), "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["setup_differences"]) == 2
     assert cli_main(["compare", str(results), str(tmp_path / "gone")]) == 2  # it printed a raw "[Errno 2] ..."
-    assert capsys.readouterr().err == f"replayer compare: error: {tmp_path / 'gone'}: no such results folder or summary.json\n"
+    assert (
+        capsys.readouterr().err
+        == f"replayer compare: error: {tmp_path / 'gone'}: no such results folder or summary.json\n"
+    )
     killed = tmp_path / "killed"  # a SIGKILLed run leaves results files and no summary.json
     killed.mkdir()
     shutil.copy(results / "requests.parquet", killed / "requests.parquet")

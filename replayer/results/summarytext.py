@@ -135,8 +135,9 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
     for r in rows:
         if isinstance(r, str):
             lines.append(f"{'-' * 4} {r} ".ljust(width + 14, "-"))
-        else:
-            lines.append(f"{r[0]:<{width - 8}}{fmt(r[1]):>22}")
+        else:  # (a long label and a long value keep two spaces between them)
+            value = fmt(r[1])
+            lines.append(f"{r[0]}{' ' * max(2, width + 14 - len(r[0]) - len(value))}{value}")
     return "\n".join(lines)
 
 
