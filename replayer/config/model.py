@@ -541,6 +541,11 @@ class RunConfig(FieldChecks):
                 "request_rate: --request-rate makes a synthetic load, and a TRACE is given too: give one "
                 "(a trace is replayed at its own times)"
             ]
+        if self.request_rate is None and self.trace is None and self.resume:
+            return [
+                f"resume: {self.resume} holds no readable checkpoint.json (the trace and settings a resume "
+                "takes from it): is it a results folder? Give the TRACE too to start a run there"
+            ]
         if self.request_rate is None and self.trace is None:
             return ["trace: give a TRACE to replay, or --request-rate R for a synthetic load"]
         given = [flag_name(k) for k in SYNTHETIC_LOAD if k in self.model_fields_set]
