@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import types
 import typing
@@ -23,10 +24,70 @@ POSITIONAL = ("trace",)
 REPEATED = ("target",)
 
 
+#: a ``--goodput`` pair, or several joined by commas: ``ttft:2000``, ``ttft:2000,tpot:50`` (a
+#: lower-case key, no ``/`` after the colon: ``s3://...`` and ``dir/t.parquet`` are not pairs)
+_PAIRS = re.compile(r"[a-z0-9_]+:[^/,\s]*(,[a-z0-9_]+:[^/,\s]*)*,?")
+#: the flags that take ``KEY:VALUE`` pairs
+PAIR_FLAGS = ("--goodput",)
+
+
+def join_pairs(argv: list[str]) -> list[str]:
+    """``argv`` with the pairs after each ``--goodput`` (vllm bench serve's ``--goodput ttft:2000
+    tpot:50``) joined into one value, ``--goodput=ttft:2000,tpot:50``: the pairs end at the first
+    argument that is not one, so a trace path may follow them (argparse's ``nargs='+'`` would take
+    it as one more pair). Nothing after ``--`` changes; a ``--`` at the end is dropped."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":  # (one at the end separates nothing: argparse would call it unrecognized)
+            return out + argv[i:] if i + 1 < len(argv) else out
+        flag, eq, first = a.partition("=")
+        if flag in PAIR_FLAGS:
+            pairs = [first] if eq else []
+            while i + 1 < len(argv) and _PAIRS.fullmatch(argv[i + 1]):
+                pairs.append(argv[i + 1])
+                i += 1
+            out.append(f"{flag}={','.join(p.strip(',') for p in pairs)}" if pairs else a)
+        else:
+            out.append(a)
+        i += 1
+    return out
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that reads ``--goodput``'s pairs as ``join_pairs`` says."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        return super().parse_known_args(join_pairs(list(sys.argv[1:] if args is None else args)), namespace)
+
+
+class _Pairs(argparse.Action):
+    """``--goodput``'s pairs: each value one pair or several joined by commas; a repeated flag adds
+    to the pairs before it."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        pairs = [p for v in values for p in str(v).split(",") if p]
+        bad = [v for v in pairs if ":" not in v]
+        if bad:
+            parser.error(
+                f"{option_string}: {bad[0]!r} is not a KEY:VALUE pair; give the pairs as "
+                f"{option_string} ttft:2000 tpot:50, {option_string} ttft:2000,tpot:50 or the flag "
+                "once per pair"
+            )
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or []), *pairs])
+
+
 class _Traces(argparse.Action):
     """The trace argument(s): one is ``trace``; several are ``trace`` (the first) and ``mix``."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
+        flags = [v for v in values if v.startswith("--")]
+        if flags:  # (after a '--', argparse takes every argument as a trace)
+            parser.error(
+                f"{flags[0]!r} is read as a trace: everything after '--' is; put the flags before it "
+                "(--goodput needs no '--': --goodput ttft:2000 tpot:50 TRACE)"
+            )
         if values:
             namespace.trace = values[0]
             if len(values) > 1:
@@ -117,7 +178,13 @@ def _add_flag(p: argparse._ArgumentGroup, name: str) -> None:
         )
     elif typing.get_origin(typ) is list:  # KEY:VALUE pairs (--goodput, as vllm bench serve takes it)
         p.add_argument(
-            flag_name(name), dest=name, nargs="+", default=argparse.SUPPRESS, metavar=name.upper(), help=help_text
+            flag_name(name),
+            dest=name,
+            nargs="+",
+            action=_Pairs if flag_name(name) in PAIR_FLAGS else "store",
+            default=argparse.SUPPRESS,
+            metavar="KEY:VALUE" if flag_name(name) in PAIR_FLAGS else name.upper(),
+            help=help_text,
         )
     elif typ is bool:
         p.add_argument(
@@ -187,7 +254,7 @@ def _flags_for(cfg: RunConfig, skip: set[str]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="replayer",
         allow_abbrev=False,
         description="Replay LLM serving traces against OpenAI-compatible servers, open-loop and token-exact.",

@@ -7,6 +7,7 @@ validation).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Set as AbstractSet
 
@@ -36,6 +37,17 @@ __all__ = [
     "new_run_id",
     "recorded_settings",
 ]
+
+
+#: the names of a synthetic load's spec fields in a run (``SynthSpec.check``'s messages)
+_SYNTH_NAMES = {
+    "rows": "num_prompts (--num-prompts)",
+    "rate_per_s": "request_rate (--request-rate)",
+    "input_dist": "input_len (--input-len, --range-ratio)",
+    "output_dist": "output_len (--output-len, --range-ratio)",
+    "system_prompt_tokens": "prefix_len (--prefix-len)",
+    "block_size": "block_size (--block-size)",
+}
 
 
 class RunConfig(FieldChecks):
@@ -151,7 +163,8 @@ class RunConfig(FieldChecks):
         None,
         description="SLO bounds in ms as KEY:VALUE pairs, keys ttft, "
         "tpot, e2el (vllm bench serve's --goodput), e.g. --goodput ttft:2000 "
-        "tpot:50: a request meets the SLO when it succeeded and every bound holds; "
+        "tpot:50 (or ttft:2000,tpot:50, or the flag repeated; in a config file a "
+        "mapping {ttft: 2000, tpot: 50}): a request meets the SLO when it succeeded and every bound holds; "
         "the summary reports request_goodput and slo_attainment; unset = no SLO",
     )
     usage_slack_tokens: int = Field(
@@ -540,11 +553,30 @@ class RunConfig(FieldChecks):
                 "request_rate: --request-rate makes a synthetic load, and a TRACE is given too: give one "
                 "(a trace is replayed at its own times)"
             ]
+        if self.request_rate is None and self.trace is None and self.resume:
+            return [
+                f"resume: {self.resume} holds no readable checkpoint.json (the trace and settings a resume "
+                "takes from it): is it a results folder? Give the TRACE too to start a run there"
+            ]
         if self.request_rate is None and self.trace is None:
             return ["trace: give a TRACE to replay, or --request-rate R for a synthetic load"]
         given = [flag_name(k) for k in SYNTHETIC_LOAD if k in self.model_fields_set]
         if self.request_rate is None and given:
             return [f"{', '.join(given)}: only for a synthetic load: give --request-rate R (and no TRACE)"]
+        if self.request_rate is None:
+            return []
+        from replayer.trace.synth import MAX_CV, MIN_CV
+
+        b = self.burstiness
+        if not (math.isinf(b) or b == 1.0 or 1 / MAX_CV**2 <= b <= 1 / MIN_CV**2):
+            return [
+                f"burstiness: must be between {1 / MAX_CV**2:g} and {1 / MIN_CV**2:g}, or inf, got {b:g} "
+                "(gaps of coefficient of variation 1/sqrt(B): a larger B is constant gaps in effect, inf)"
+            ]
+        try:
+            self.synthetic_spec().check(names=_SYNTH_NAMES)
+        except ValueError as e:
+            return [str(e)]
         return []
 
     @model_validator(mode="after")

@@ -21,6 +21,16 @@ class Outcome(str, enum.Enum):
     MISSED_WHILE_DOWN = "missed_while_down"  # a fleet shard was down at its due time: not sent, never resent
 
 
+#: the summary's name of each outcome's count (the top level and every per-tenant or per-target
+#: section: ``completed`` is vllm bench serve's name for the successful requests)
+SUMMARY_COUNTS = {
+    Outcome.SUCCESS: "completed",
+    Outcome.FAILED: "failed",
+    Outcome.CANCELLED: "cancelled",
+    Outcome.NOT_STARTED: "not_started",
+}
+
+
 class ErrorKind(str, enum.Enum):
     """Why a request failed (closed set; the free-text message goes to results only)."""
 

@@ -112,6 +112,19 @@ class Exchange:
         self.sent: asyncio.Future[None] | None = None  # set when awaited for the launcher's report
 
 
+def _where(ex: Exchange) -> str:
+    """How far a response had come when the server closed the connection: before its headers,
+    after them with nothing more, or mid-stream after so many events (or body bytes)."""
+    if not ex.headers_done:
+        return "before the response headers"
+    n = ex.acc.n_chunks if ex.sse else ex.body_len
+    if not n:
+        return "after the response headers, before any " + ("event" if ex.sse else "byte of the body")
+    if ex.sse:
+        return f"mid-stream, after {n} event{'s' if n > 1 else ''}"
+    return f"mid-response, after {n} bytes of the body"
+
+
 class Owner(Protocol):
     """What a connection needs of the pool that opened it (``replayer.http.pool.Pool``)."""
 
@@ -170,8 +183,9 @@ class Connection(asyncio.Protocol):
         if ex.headers_done and not ex.has_length and not ex.chunked and exc is None:
             self.on_message_complete()  # a body delimited by the connection closing
             return
-        what = "after the response headers" if ex.headers_done else "before the response headers"
-        self.finish_error(ErrorKind.DISCONNECT, f"server closed the connection {what}" + (f": {exc}" if exc else ""))
+        self.finish_error(
+            ErrorKind.DISCONNECT, f"server closed the connection {_where(ex)}" + (f": {exc}" if exc else "")
+        )
 
     # -- httptools callbacks ----------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:

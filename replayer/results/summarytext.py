@@ -135,8 +135,9 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
     for r in rows:
         if isinstance(r, str):
             lines.append(f"{'-' * 4} {r} ".ljust(width + 14, "-"))
-        else:
-            lines.append(f"{r[0]:<{width - 8}}{fmt(r[1]):>22}")
+        else:  # (a long label and a long value keep two spaces between them)
+            value = fmt(r[1])
+            lines.append(f"{r[0]}{' ' * max(2, width + 14 - len(r[0]) - len(value))}{value}")
     return "\n".join(lines)
 
 
@@ -150,7 +151,7 @@ def format_groups(title: str, sections: dict, tail: Callable[[dict], str]) -> st
     lines = [title]
     for name, s in sections.items():
         lines.append(
-            f"  {name}: {s.get('requests', 0)} requests ({s.get('success', 0)} ok, {s.get('failed', 0)} failed), "
+            f"  {name}: {s.get('requests', 0)} requests ({s.get('completed', 0)} ok, {s.get('failed', 0)} failed), "
             f"TTFT p50 {fmt_ms(s.get('median_ttft_ms'))} / p99 {fmt_ms(s.get('p99_ttft_ms'))} ms, "
             f"E2E p50 {fmt_ms(s.get('median_e2e_ms'))}{tail(s)}"
         )

@@ -74,7 +74,13 @@ from replayer.run.runstate import (
     status,
     watch_self,
 )
-from replayer.run.runsummary import EXIT_ERROR_RATIO, error_ratio_problem, final_summary, print_summary
+from replayer.run.runsummary import (
+    EXIT_ERROR_RATIO,
+    error_ratio_problem,
+    final_summary,
+    nothing_scheduled_problem,
+    print_summary,
+)
 from replayer.run.simproc import PARENT_PID_ENV, spawn_sim, stop_sim
 from replayer.run.workers import stop_with_parent
 from replayer.send.dispatcher import Dispatcher
@@ -674,7 +680,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     """Run with uvloop. Exit code: 0 when the replay ended by itself (or by ``/stop``), 2 on a
-    startup/trace error, 3 when more requests failed than ``--max-error-ratio`` allows, 4 when a
+    startup/trace error or when no row of the trace was scheduled, 3 when more requests failed than ``--max-error-ratio`` allows, 4 when a
     background task crashed and stopped the run (``replayer.core.background``), 128 + the
     signal's number when SIGTERM (143), SIGINT (130) or SIGHUP (129: the terminal closed, or the
     ``--workers`` parent is gone) stopped it,
@@ -701,6 +707,11 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     sig = summary.get("stop_signal") if isinstance(summary, dict) else None
     if sig:
         return 128 + signal.Signals[sig].value
+    one = isinstance(summary, dict) and cfg.shard_index[1] == 1  # (a shard of several may be empty)
+    empty = nothing_scheduled_problem(summary) if one else None
+    if empty:
+        print(f"replayer: error: {empty}", file=sys.stderr)
+        return 2
     failed = summary.get("task_failures") if isinstance(summary, dict) else None
     if failed:
         print(

@@ -138,6 +138,18 @@ def _target_embedded(cfg: RunConfig) -> bool:
 EXIT_ERROR_RATIO = 3
 
 
+def nothing_scheduled_problem(summary: dict) -> str | None:
+    """Why a run that scheduled no request at all should exit 2 (a trace error): every row of the
+    trace was left out (a capture's failed requests, ``--max-requests``/``--duration`` windows);
+    None when something was scheduled or the run was stopped before it could be."""
+    if summary.get("scheduled") or summary.get("stopped_early") or summary.get("stop_signal"):
+        return None
+    return (
+        f"no row of the trace {summary.get('trace') or ''} could be scheduled (none replayable, or none in "
+        "the window asked for; `replayer trace inspect` counts them): nothing was sent: exit 2"
+    )
+
+
 def error_ratio_problem(summary: dict, max_error_ratio: float | None) -> str | None:
     """Why the run should exit ``EXIT_ERROR_RATIO``: failed / (completed + failed) is above
     ``max_error_ratio`` (None: no limit, or no request ended); else None."""
