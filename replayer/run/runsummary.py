@@ -84,6 +84,8 @@ async def final_summary(
     )
     if task_failures:
         summary["task_failures"] = list(task_failures)
+    if cfg.insecure and any(u.startswith("https://") for u in cfg.targets):
+        summary["tls_insecure"] = True  # --insecure: the target's certificate was not verified
     if gap_cap is not None:  # --idle-gap-cap: gaps capped, time skipped, the trace -> replay map
         summary["idle_gap_cap"] = gap_cap.report()
     if cfg.mix:  # per-tenant sections (replayer.results.tenants)
