@@ -149,6 +149,15 @@ def hosts(tmp_path):
         h.close()
 
 
+def _wait_requests(rec: Path, n: int, timeout: float = 60) -> None:
+    """Wait until the simulator recorded ``n`` requests (the replay is under way)."""
+    deadline = time.monotonic() + timeout
+    while not (rec.exists() and rec.read_bytes().count(b"\n") >= n):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"fewer than {n} requests reached the simulator")
+        time.sleep(0.1)
+
+
 def _rows(tmp: Path) -> list[dict]:
     return pq.read_table(tmp / "results" / "requests.parquet").to_pylist()
 
@@ -217,11 +226,12 @@ def test_a_load_balancer_closing_idle_connections_fails_no_request(hosts, tmp_pa
 
 @pytest.mark.timeout(240)
 def test_the_target_host_unreachable_for_a_while_then_back(hosts, tmp_path):
-    """The server host's link down for 4 s (packets dropped; the issue's 20 s scaled down) in the
-    middle of a 12 s replay: the requests due then fail as connect or read timeouts within the
+    """The server host's link down for 4 s (packets dropped; the issue's 20 s scaled down) from a
+    second into a 12 s replay: the requests due then fail as connect or read timeouts within the
     configured bounds (never a hang), nothing is lost from the results, and requests due after the
     link is back succeed."""
-    sim = hosts.sim("--ttft-base-ms", "5", "--itl-base-ms", "20")
+    rec = tmp_path / "received.jsonl"
+    sim = hosts.sim("--ttft-base-ms", "5", "--itl-base-ms", "20", "--record-requests", str(rec))
     url = hosts.relay(sim)  # (no delay: the simulator listens on the server host's loopback only)
     proc = subprocess.Popen(
         ["ip", "netns", "exec", hosts.client, sys.executable, "-m", "replayer", "run", "--admin-port", "0"]
@@ -233,7 +243,7 @@ def test_the_target_host_unreachable_for_a_while_then_back(hosts, tmp_path):
         text=True,
     )
     try:
-        time.sleep(4)  # (the replay has started: readiness and warm-up take a second or two)
+        _wait_requests(rec, 5)  # the replay is a second in
         hosts.link(False)
         time.sleep(4)
         hosts.link(True)
@@ -259,7 +269,8 @@ def test_the_target_restarted_mid_run(hosts, tmp_path):
     """The target killed in the middle of a 12 s replay and back on the same address 3 s later
     (the issue's 10 s scaled down): the requests due while it is down fail by kind (refused
     connects, cut streams), the ones due after it is back succeed, every request has its row."""
-    sim = hosts.sim("--host", SERVER_IP, "--ttft-base-ms", "5", "--itl-base-ms", "20")
+    rec = tmp_path / "received.jsonl"
+    sim = hosts.sim("--host", SERVER_IP, "--ttft-base-ms", "5", "--itl-base-ms", "20", "--record-requests", str(rec))
     port = sim.rsplit(":", 1)[1]
     first = hosts.procs[-1]
     proc = subprocess.Popen(
@@ -272,7 +283,7 @@ def test_the_target_restarted_mid_run(hosts, tmp_path):
         text=True,
     )
     try:
-        time.sleep(4)
+        _wait_requests(rec, 10)  # the replay is two seconds in
         first.kill()
         first.wait(10)
         time.sleep(3)
