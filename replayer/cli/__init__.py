@@ -400,6 +400,22 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("a", help="results folder or summary.json of run A")
     cp.add_argument("b", help="results folder or summary.json of run B")
     cp.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    tc = sub.add_parser(
+        "tls-certs",
+        help="write a throw-away CA and server and client certificates (PEM) for a TLS simulator and tests",
+        description="Write ca.pem, server.pem, server.key, client.pem and client.key into FOLDER: a new "
+        "private CA and certificates it signed, for `replayer sim --tls-cert` and `replayer run "
+        "--ca-bundle`. Throw-away material for tests and trials, never for production.",
+    )
+    tc.add_argument("folder", help="where to write the files (created)")
+    tc.add_argument(
+        "--name",
+        action="append",
+        default=None,
+        help="a DNS name or IP address the server certificate is for (repeat) [default: localhost, 127.0.0.1, ::1]",
+    )
+    tc.add_argument("--days", type=float, default=30.0, help="validity in days [default: 30]")
+    tc.add_argument("--expired", action="store_true", help="certificates that ended an hour ago (to see that error)")
     sub.add_parser("version", help="print the version")
     _finish_parsers(p)
     return p
@@ -532,33 +548,20 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
         from replayer.run.daemon import main_run
 
         return main_run(cfg, sim=sim)
-    if args.command == "coordinate":
-        return _coordinate(args)
-    if args.command == "merge":
-        from replayer.results.merge import main_merge
-
-        return main_merge(args.dirs, args.output, args.wait)
-    if args.command == "report":
-        from replayer.results.report import main_report
-
-        return main_report(args.results, args.output)
-    if args.command == "compare":
-        from replayer.results.compare import main_compare
-
-        return main_compare(args.a, args.b, args.json)
-    if args.command == "record":
-        from replayer.capture.record import main_record
-
-        return main_record(args)
-    if args.command == "trace":
-        from replayer.cli.trace import run_trace
-
-        return run_trace(args)
-    return 2
+    return _other_command(args)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _tls_certs(args: argparse.Namespace) -> int:
+    """``replayer tls-certs FOLDER``: write the throw-away CA and certificates, print their paths."""
+    from replayer.sim.certs import write_certs
+
+    try:
+        paths = write_certs(args.folder, args.name, days=args.days, expired=args.expired)
+    except (OSError, ValueError) as e:
+        print(f"replayer tls-certs: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(f"{role:<12} {path}" for role, path in paths.items()))
+    return 0
 
 
 def _coordinate(args: argparse.Namespace) -> int:
@@ -588,3 +591,36 @@ def _coordinate(args: argparse.Namespace) -> int:
     except OSError as e:  # the port in use
         print(f"replayer coordinate: {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
         return 2
+
+
+def _other_command(args: argparse.Namespace) -> int:  # noqa: PLR0911
+    """The commands that take their arguments alone (no run configuration)."""
+    if args.command == "coordinate":
+        return _coordinate(args)
+    if args.command == "merge":
+        from replayer.results.merge import main_merge
+
+        return main_merge(args.dirs, args.output, args.wait)
+    if args.command == "report":
+        from replayer.results.report import main_report
+
+        return main_report(args.results, args.output)
+    if args.command == "compare":
+        from replayer.results.compare import main_compare
+
+        return main_compare(args.a, args.b, args.json)
+    if args.command == "record":
+        from replayer.capture.record import main_record
+
+        return main_record(args)
+    if args.command == "trace":
+        from replayer.cli.trace import run_trace
+
+        return run_trace(args)
+    if args.command == "tls-certs":
+        return _tls_certs(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -24,6 +24,7 @@ from replayer.config.load import (
     new_run_id,
     recorded_settings,
 )
+from replayer.http.tls import TLSOptions
 
 __all__ = [
     "RUN_ID",
@@ -249,6 +250,24 @@ class RunConfig(FieldChecks):
     api_key_env: str = Field("REPLAYER_API_KEY", description="environment variable holding the API key")
     api_key_file: str | None = Field(
         None, description="file holding the API key (overrides the variable); unset = the variable"
+    )
+    ca_bundle: str | None = Field(
+        None, description="PEM file of the CA certificates to trust for an https:// target (none = the system's)"
+    )
+    client_cert: str | None = Field(
+        None,
+        description="PEM client certificate for mutual TLS (its key in it, or in --client-key); none = no client certificate",
+    )
+    client_key: str | None = Field(
+        None, description="PEM private key of --client-cert; none = in the --client-cert file"
+    )
+    tls_server_name: str | None = Field(
+        None,
+        description="name sent as SNI and checked against the certificate, when the target URL's host is "
+        "an IP address or a tunnel (none = the URL's host)",
+    )
+    insecure: bool = Field(
+        False, description="do not verify the target's TLS certificate (a warning at start and in the summary)"
     )
     warm_connections: int = Field(
         128,
@@ -614,11 +633,21 @@ class RunConfig(FieldChecks):
                 "coordinator: the fleet's coordinator sets the start; it cannot be combined with "
                 "--start-at or --workers (give each process its --shard I/N instead)"
             )
+        try:
+            if self.ca_bundle or self.client_cert or self.client_key:
+                self.tls.context()
+        except ValueError as e:  # (a file that is not PEM, a key that does not fit, a key alone)
+            problems.append(str(e))
         if problems:
             raise ValueError("; ".join(problems))
         return self
 
-    @field_validator("trace", "api_key_file", "control_token_file", "resume")
+    @property
+    def tls(self) -> TLSOptions:
+        """The TLS settings towards the targets (``replayer.http.tls``)."""
+        return TLSOptions(self.ca_bundle, self.client_cert, self.client_key, self.tls_server_name, self.insecure)
+
+    @field_validator("trace", "api_key_file", "control_token_file", "resume", "ca_bundle", "client_cert", "client_key")
     @classmethod
     def _exists(cls, v: str | None) -> str | None:
         if v is not None and not os.path.exists(v):

@@ -35,7 +35,8 @@ class ErrorKind(str, enum.Enum):
     """Why a request failed (closed set; the free-text message goes to results only)."""
 
     NONE = "none"
-    CONNECT = "connect"  # could not connect (refused, DNS, TLS)
+    CONNECT = "connect"  # could not connect (refused, DNS)
+    TLS_ERROR = "tls_error"  # TLS failed: unknown CA, name mismatch, expired, client certificate, handshake timeout
     CONNECT_TIMEOUT = "connect_timeout"  # no connection within --connect-timeout
     FIRST_BYTE_TIMEOUT = "first_byte_timeout"  # no response byte within --read-timeout of the send
     IDLE_TIMEOUT = "idle_timeout"  # a response went silent for --read-timeout (between two reads)

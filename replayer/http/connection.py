@@ -11,6 +11,7 @@ import asyncio
 import errno
 import resource
 import socket
+import ssl
 from typing import Protocol
 
 import httptools
@@ -19,6 +20,7 @@ from replayer.core.clock import now_ns
 from replayer.core.errors import ErrorKind
 from replayer.http.chunks import StreamAccumulator
 from replayer.http.sse import SSEDecoder
+from replayer.http.tls import explain
 
 #: the most bytes of an error response body kept (its message)
 ERROR_BODY_LIMIT = 64 * 1024
@@ -159,6 +161,12 @@ class Connection(asyncio.Protocol):
         if sock is not None and self.pool.delayed_ack:
             self.sock = sock
 
+    def secured(self, transport: asyncio.BaseTransport) -> None:
+        """TLS is up on this connection (``Pool``'s handshake): ``transport`` (the TLS one) carries
+        the exchanges from now on, and only it can write (no raw socket for the launcher)."""
+        self.transport = transport  # type: ignore[assignment]
+        self.fd = -1
+
     def data_received(self, data: bytes) -> None:
         ex = self.ex
         if ex is None:  # bytes with no request outstanding: the connection is unusable
@@ -182,6 +190,9 @@ class Connection(asyncio.Protocol):
             return
         if ex.headers_done and not ex.has_length and not ex.chunked and exc is None:
             self.on_message_complete()  # a body delimited by the connection closing
+            return
+        if isinstance(exc, ssl.SSLError):  # (TLS 1.3: a refused client certificate arrives after the handshake)
+            self.finish_error(ErrorKind.TLS_ERROR, f"TLS error {_where(ex)}: {explain(exc)}")
             return
         self.finish_error(
             ErrorKind.DISCONNECT, f"server closed the connection {_where(ex)}" + (f": {exc}" if exc else "")

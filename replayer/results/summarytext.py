@@ -39,6 +39,8 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
     rows: list[tuple[str, object] | str] = ["Replay result"]
     if s.get("synthetic_load"):
         rows.append(("Synthetic load (no trace)", synthetic_text(s["synthetic_load"])))
+    if s.get("tls_insecure"):
+        rows.append(("TLS certificate NOT verified", "--insecure"))
     if s.get("stopped_early"):
         rows.append(("Stopped early (results partial)", f"by {s['stop_signal']}" if s.get("stop_signal") else "yes"))
     verdict_rows = verdict.verdict_rows(s)  # the verdict first, when there are bounds

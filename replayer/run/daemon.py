@@ -176,7 +176,7 @@ async def run_replay(
         log.info("admin server on %s (/metrics, /status)", admin_url)
         api_key = cfg.api_key()
         state.target = ", ".join(targets)
-        listed = await wait_ready_all(targets, cfg.ready_timeout_s if cfg.target else 30.0, api_key)
+        listed = await wait_ready_all(targets, cfg.ready_timeout_s if cfg.target else 30.0, api_key, cfg.tls)
         model = cfg.model or (listed[0][0] if listed[0] else None)
         if model is None:
             raise StartupError(f"target {targets[0]} lists no model: pass --model")
@@ -430,7 +430,9 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
     scraper: TargetScraper | TargetScrapers | None = None
     if cfg.scrape_target_metrics:
         one = {
-            url: TargetScraper(url.rstrip("/") + "/metrics", interval_s=cfg.scrape_interval_s, t0_ns=anchor.t0_ns)
+            url: TargetScraper(
+                url.rstrip("/") + "/metrics", interval_s=cfg.scrape_interval_s, t0_ns=anchor.t0_ns, tls=cfg.tls
+            )
             for url in targets
         }
         scraper = one[target] if len(one) == 1 else TargetScrapers(one)

@@ -83,10 +83,7 @@ async def final_summary(
             "stop_signal": stop_signal,
         }
     )
-    if task_failures:
-        summary["task_failures"] = list(task_failures)
-    if fleet is not None:  # a fleet shard: its start, its clock against the coordinator's
-        summary["fleet"] = fleet
+    _add_run_notes(summary, cfg, task_failures, fleet)
     if gap_cap is not None:  # --idle-gap-cap: gaps capped, time skipped, the trace -> replay map
         summary["idle_gap_cap"] = gap_cap.report()
     if cfg.mix:  # per-tenant sections (replayer.results.tenants)
@@ -104,6 +101,19 @@ async def final_summary(
                 summary["server_prefix_cache_hit_tokens"] = sum(hits)
     write_json(os.path.join(results_dir, "summary.json"), summary)
     return summary
+
+
+def _add_run_notes(
+    summary: dict[str, Any], cfg: RunConfig, task_failures: list[dict[str, str]] | None, fleet: dict[str, Any] | None
+) -> None:
+    """The sections a run has only sometimes: crashed background tasks, a fleet shard's start and
+    clock, an unverified TLS target."""
+    if task_failures:
+        summary["task_failures"] = list(task_failures)
+    if fleet is not None:  # a fleet shard: its start, its clock against the coordinator's
+        summary["fleet"] = fleet
+    if cfg.insecure and any(u.startswith("https://") for u in cfg.targets):
+        summary["tls_insecure"] = True  # --insecure: the target's certificate was not verified
 
 
 def print_summary(summary: dict[str, Any], results_dir: str) -> None:
