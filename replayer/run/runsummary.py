@@ -84,6 +84,7 @@ async def final_summary(
     )
     if task_failures:
         summary["task_failures"] = list(task_failures)
+    _pace_sections(summary, cfg)
     if gap_cap is not None:  # --idle-gap-cap: gaps capped, time skipped, the trace -> replay map
         summary["idle_gap_cap"] = gap_cap.report()
     if cfg.mix:  # per-tenant sections (replayer.results.tenants)
@@ -101,6 +102,27 @@ async def final_summary(
                 summary["server_prefix_cache_hit_tokens"] = sum(hits)
     write_json(os.path.join(results_dir, "summary.json"), summary)
     return summary
+
+
+def _pace_sections(summary: dict[str, Any], cfg: RunConfig) -> None:
+    """The ``--max-concurrency`` cap and the warm-up's rule, beside what the results say of them
+    (``summary.SummaryFold``: the queue waits, the warm-up's counts)."""
+    if cfg.max_concurrency is not None:
+        summary["concurrency_cap"] = {"max_concurrency": cfg.max_concurrency, **summary.get("concurrency_cap", {})}
+    if cfg.warmup_requests or cfg.warmup_seconds_s:
+        summary["warmup"] = {**warmup_rule(cfg.warmup_requests, cfg.warmup_seconds_s), **summary.get("warmup", {})}
+
+
+def warmup_rule(requests: int, seconds: float) -> dict[str, Any]:
+    """The warm-up's settings and its boundary, as summary.json states them."""
+    return {
+        "warmup_requests": requests,
+        "warmup_seconds": seconds,
+        "boundary": "by each request's own send time: the first --warmup-requests requests sent (per process) "
+        "and those sent less than --warmup-seconds after the run's start are warm-up, left out of every "
+        "statistic, throughput and the verdict",
+        "requests": 0,
+    }
 
 
 def print_summary(summary: dict[str, Any], results_dir: str) -> None:
