@@ -133,3 +133,44 @@ def test_without_a_cap_every_request_goes_at_once_and_no_wait_is_recorded(tmp_pa
     assert seen["arrivals"] == ROWS and seen["most"] == ROWS  # the open loop: all in flight at once
     assert all(r["queue_wait_ms"] is None for r in rows)
     assert "concurrency_cap" not in summary
+
+
+def test_status_and_the_console_say_when_the_cap_is_the_bottleneck():
+    from batches import TimeBatch
+    from rich.console import Console
+    from test_dispatcher import FakeSender, VirtualClock, _prepare
+
+    from replayer.core.result import RequestResult
+    from replayer.observe.console import cap_line
+    from replayer.plan.planner import Planner
+    from replayer.plan.schedule import Timeline, iter_schedule
+    from replayer.run.runstate import RunState, status
+    from replayer.send.dispatcher import Dispatcher
+    from replayer.send.feed import Feed
+
+    clock, timeline = VirtualClock(), Timeline(1.0)
+    feed = Feed(iter_schedule(lambda: [TimeBatch([0, 0, 0])]), _prepare(timeline), lambda sb, j: RequestResult(row=0))
+    sender = FakeSender(clock, block={0, 1, 2})
+    d = Dispatcher(feed, Planner(timeline), sender, lambda r: None, t0_ns=0, clock=clock, max_concurrency=2)
+
+    def text(st: dict) -> str:
+        c = Console(width=200, record=True)
+        c.print(cap_line(st))
+        return c.export_text()
+
+    async def main():
+        task = asyncio.ensure_future(d.run())
+        while d.queued == 0:
+            await asyncio.sleep(0)
+        capped = status(RunState(state="running"), d)
+        d.cancel_in_flight()
+        await task
+        return capped
+
+    st = asyncio.run(main())
+    assert (st["max_concurrency"], st["in_flight"], st["queued"], st["concurrency_capped"]) == (2, 2, 1, True)
+    assert "the cap is the bottleneck" in text(st) and "1 due requests waiting" in text(st)
+    assert "bottleneck" not in text({**st, "queued": 0})
+    assert cap_line({"in_flight": 3}) is None  # no cap: no line
+    uncapped = Dispatcher(feed, Planner(timeline), sender, lambda r: None, t0_ns=0, clock=clock)
+    assert "max_concurrency" not in status(RunState(), uncapped)

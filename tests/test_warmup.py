@@ -16,6 +16,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from replayer.config.model import load_config
+from replayer.results.merge import merge_results
 from replayer.results.report import figure_specs, render_html
 from replayer.results.reportdata import ReportData, report_files
 from replayer.results.summary import summarize
@@ -131,6 +132,10 @@ def test_warmup_rows_are_flagged_and_left_out_of_every_statistic_and_the_verdict
         "E2E (warm-up)": COLD,
     }
     assert f"({COLD} of them warm-up" in render_html(str(tmp_path / "r"))
+    # merged (as --workers does): the same steady span, the same warm-up section
+    merged = merge_results([str(tmp_path / "r")], quiet=True)
+    assert merged["duration"] == pytest.approx(summary["duration"]) and merged["warmup"] == w
+    assert merged["slo_attainment"] == 1.0 and merged["completed"] == ROWS - COLD
 
 
 def test_warmup_seconds_is_decided_by_each_requests_own_send_time(tmp_path):

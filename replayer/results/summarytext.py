@@ -154,7 +154,7 @@ def _pace_rows(s: dict, fmt: Callable[[object], str]) -> list[tuple[str, object]
         w = cap.get("queue_wait_ms") or {}
         rows.append(("Queue wait p50 / p99 / max (ms)", " / ".join(fmt(w.get(k)) for k in ("p50", "p99", "max"))))
         if waited:
-            rows.append(("  the cap was the bottleneck", "latency from due incl. wait"))
+            rows.append(("The cap set the pace (from-due latency incl. wait)", "yes"))
     warm = s.get("warmup")
     if warm:
         rows.append("Warm-up (left out of every number above and below)")
