@@ -138,9 +138,10 @@ def _add_flag(p: argparse._ArgumentGroup, name: str) -> None:
         )
 
 
-def read_config_file(path: str) -> dict:
-    """Settings from a YAML file whose keys are RunConfig field names (``configs/*.yaml``).
-    Raises ConfigError for unreadable files, non-mapping documents and unknown keys."""
+def read_config_file(path: str, extra: frozenset[str] = frozenset()) -> dict:
+    """Settings from a YAML file whose keys are RunConfig field names (``configs/*.yaml``), or
+    ``extra`` (a subcommand's own settings, e.g. ``replayer sweep``'s ``SWEEP_KEYS``). Raises
+    ConfigError for unreadable files, non-mapping documents and unknown keys."""
     import yaml
 
     try:
@@ -150,12 +151,13 @@ def read_config_file(path: str) -> dict:
         raise ConfigError([f"config: cannot read {path}: {e}"]) from None
     if not isinstance(data, dict):
         raise ConfigError([f"config: {path} must hold a mapping of setting: value"])
-    unknown = sorted(set(data) - set(RunConfig.model_fields))
+    known = [*RunConfig.model_fields, *sorted(extra)]
+    unknown = sorted(set(data) - set(known), key=str)
     if unknown:
         import difflib
 
         def hint(k: str) -> str:
-            close = difflib.get_close_matches(str(k), list(RunConfig.model_fields), n=1)
+            close = difflib.get_close_matches(str(k), known, n=1)
             return f" (did you mean {close[0]!r}?)" if close else ""
 
         raise ConfigError([f"config: {path}: unknown setting {k!r}{hint(k)}" for k in unknown])
@@ -229,6 +231,45 @@ def build_parser() -> argparse.ArgumentParser:
         help="first wait up to S seconds for every folder's run to end by itself (a "
         "summary.json that was not cut short by a stop), e.g. in a Kubernetes merge Job",
     )
+    co = sub.add_parser(
+        "coordinate",
+        help="one start and one clock for a fleet of shards (replayer run --shard I/N --coordinator URL)",
+        description="Serve the fleet's start barrier, clock and live view until every shard has ended; "
+        "then write OUTPUT/fleet.json and merge the shards' folders when readable here. Exit 0 when "
+        "every shard ended and the merge is one whole run, 1 otherwise.",
+    )
+    co.add_argument("--shards", type=int, required=True, metavar="N", help="how many shards make the fleet")
+    co.add_argument("--host", default="127.0.0.1", help="address to listen on [default: 127.0.0.1]")
+    co.add_argument("--port", type=int, default=9500, help="port to listen on (0 = a free port) [default: 9500]")
+    co.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="start without the shards not ready by then (named; they join in step later) [default: 120]",
+    )
+    co.add_argument(
+        "--start-margin",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="the start is set this far ahead once every shard is ready [default: 2]",
+    )
+    co.add_argument(
+        "--lost-after",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="a shard not heard from for this long is marked lost (and running again when heard) [default: 10]",
+    )
+    co.add_argument(
+        "--give-up-after",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="the fleet ends without a shard lost (or never come) for this long [default: 600]",
+    )
+    co.add_argument("-o", "--output", default=None, help="folder for fleet.json and merged/ [default: none: log only]")
     rp = sub.add_parser("report", help="write a self-contained HTML report (plots) of a results folder")
     rp.add_argument("results", help="results folder (holds requests.parquet)")
     rp.add_argument("-o", "--output", default=None, help="output .html [default: RESULTS/report.html]")
@@ -239,7 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
         usage="%(prog)s --speedups LIST --goodput KEY:VALUE... [run options] [trace]",
         description="Replay a trace (or a window: --max-requests, --duration) at each speed-up "
         "of --speedups in turn, one results folder per point under --results, and stop after "
-        "the first point whose SLO attainment (--goodput) is below --min-attainment. Writes "
+        "the first point that did not hold: over its steady window, SLO attainment (--goodput) "
+        "below --min-attainment, less than 90% of the offered rate achieved, or a window "
+        "shorter than the median E2E. Writes "
         "sweep.json and sweep.html there. Every option of `replayer run` applies to each point, "
         "except --speedup, --seed (salted per point with --prefix-cache salt) and --resume.",
     )
@@ -249,26 +292,29 @@ def build_parser() -> argparse.ArgumentParser:
         dest="config_file",
         default=None,
         metavar="FILE",
-        help="YAML file of run settings (see configs/); flags override it",
+        help="YAML file of run settings (see configs/) and of the sweep's own (speedups, "
+        "min_attainment, prefix_cache, max_dispatch_lag); flags override it",
     )
     sw.add_argument(
         "--speedups",
-        required=True,
+        default=None,
         metavar="LIST",
-        help="speed-ups to replay at, in increasing order, e.g. 1,2,4,8,16 (at most 32)",
+        help="speed-ups to replay at, in increasing order, e.g. 1,2,4,8,16 (at most 32); "
+        "required here or as speedups: in the --config file",
     )
     sw.add_argument(
         "--min-attainment",
         type=float,
-        default=0.9,
+        default=None,
         metavar="F",
-        help="a point holds when at least this fraction of its judged requests met every "
-        "--goodput bound [default: 0.9]",
+        help="a point holds when, over its steady window (a warm-up and a cool-down left out), at "
+        "least this fraction of its judged requests met every --goodput bound and the server "
+        "completed at least 0.9 of the requests offered in it [default: 0.9]",
     )
     sw.add_argument(
         "--prefix-cache",
         choices=("salt", "reset", "warm"),
-        default="salt",
+        default=None,
         help="keep points from sharing prefix-cache hits: salt = fresh prompt prefixes per point; "
         "reset = the same prompts, POST /reset_prefix_cache to the target before each point "
         "(vLLM in dev mode, the simulator); warm = neither [default: salt]",
@@ -363,10 +409,15 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
 
         print(__version__)
         return 0
+    sweep_file: dict = {}
     if args.command in ("run", "sweep"):
         flags = {k: v for k, v in vars(args).items() if k in RunConfig.model_fields}
         try:
-            values = read_config_file(args.config_file) if args.config_file else {}
+            own: frozenset[str] = frozenset()
+            if args.command == "sweep":
+                from replayer.run.sweep import SWEEP_KEYS as own
+            values = read_config_file(args.config_file, own) if args.config_file else {}
+            sweep_file = {k: values.pop(k) for k in own if k in values}
             from_file = set(values) - set(flags)
             values.update(flags)
             cfg = load_config(values, config_file=args.config_file, from_file=from_file)
@@ -374,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
             print(f"replayer {args.command}: {e}", file=sys.stderr)
             return 2
     if args.command == "sweep":
-        from replayer.run.sweep import PER_POINT, SweepError, parse_speedups, run_sweep
+        from replayer.run.sweep import PER_POINT, SWEEP_KEYS, SweepError, run_sweep, sweep_options
 
         given = [flag_name(k) for k in ("speedup", "resume", "resume_existing") if k in flags]
         try:
@@ -383,18 +434,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
                     f"{', '.join(given)}: not for a sweep (it sets the speed-up of each point "
                     "from --speedups and starts a new run per point)"
                 )
-            if not 0 <= args.min_attainment <= 1:
-                raise SweepError(f"--min-attainment {args.min_attainment:g}: must be between 0 and 1")
-            speedups = parse_speedups(args.speedups)
-            lag = {} if args.max_dispatch_lag is None else {"max_dispatch_lag_ms": args.max_dispatch_lag}
-            _, code = run_sweep(
-                cfg,
-                _flags_for(cfg, PER_POINT),
-                speedups=speedups,
-                min_attainment=args.min_attainment,
-                prefix_cache=args.prefix_cache,
-                **lag,
-            )
+            opts = sweep_options({k: getattr(args, k) for k in SWEEP_KEYS}, sweep_file)
+            _, code = run_sweep(cfg, _flags_for(cfg, PER_POINT), **opts)
         except SweepError as e:
             print(f"replayer sweep: {e}", file=sys.stderr)
             return 2
@@ -424,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
         from replayer.run.daemon import main_run
 
         return main_run(cfg, sim=sim)
+    if args.command == "coordinate":
+        return _coordinate(args)
     if args.command == "merge":
         from replayer.results.merge import main_merge
 
@@ -449,3 +492,32 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _coordinate(args: argparse.Namespace) -> int:
+    """``replayer coordinate``: serve the fleet until it has ended."""
+    import uvloop
+
+    from replayer.fleet.coordinator import coordinate
+    from replayer.fleet.roster import Roster
+    from replayer.observe.logs import setup_logging
+
+    if args.shards < 1:
+        print("replayer coordinate: --shards must be at least 1", file=sys.stderr)
+        return 2
+    setup_logging(fields={"fleet": "coordinator"})
+    import time
+
+    roster = Roster(
+        args.shards,
+        started_s=time.time(),
+        ready_timeout_s=args.ready_timeout,
+        margin_s=args.start_margin,
+        lost_after_s=args.lost_after,
+        give_up_s=args.give_up_after,
+    )
+    try:
+        return uvloop.run(coordinate(roster, args.host, args.port, args.output))
+    except OSError as e:  # the port in use
+        print(f"replayer coordinate: {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
+        return 2

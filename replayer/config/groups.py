@@ -51,6 +51,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "drain_timeout_s",
         "shard",
         "workers",
+        "coordinator",
+        "rejoin_max_late_s",
         "lead_s",
         "launcher",
         "delayed_ack",

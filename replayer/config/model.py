@@ -199,6 +199,18 @@ class RunConfig(FieldChecks):
         description="anchor the schedule at this Unix time (aligns shards; "
         "one more than 1 s past is not kept: the run starts now, out of step); unset = now",
     )
+    coordinator: str | None = Field(
+        None,
+        description="URL of `replayer coordinate`: wait until every shard is ready, start together on "
+        "the coordinator's clock (this host's offset measured), report live; a restarted shard rejoins "
+        "in step (needs --shard I/N); unset = start on its own (--start-at or now)",
+    )
+    rejoin_max_late_s: float = Field(
+        1.0,
+        ge=0,
+        description="a shard (re)joining its fleet after the start sends rows at most this late; "
+        "rows due earlier are recorded missed_while_down, not sent",
+    )
     duration_s: float | None = Field(
         None, gt=0, description="stop scheduling after this many seconds of replay; unset = the whole schedule"
     )
@@ -583,6 +595,11 @@ class RunConfig(FieldChecks):
             problems.append(
                 "workers: --workers N splits the trace into its own N shards; it cannot be "
                 "combined with --shard (use one or the other)"
+            )
+        if self.coordinator is not None and (self.start_at is not None or self.workers > 1):
+            problems.append(
+                "coordinator: the fleet's coordinator sets the start; it cannot be combined with "
+                "--start-at or --workers (give each process its --shard I/N instead)"
             )
         if problems:
             raise ValueError("; ".join(problems))

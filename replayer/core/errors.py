@@ -18,6 +18,7 @@ class Outcome(str, enum.Enum):
     FAILED = "failed"  # the target or the transport failed; see ErrorKind
     CANCELLED = "cancelled"  # in flight when the replay was stopped and the drain ran out
     NOT_STARTED = "not_started"  # scheduled but never sent (replay stopped before its due time)
+    MISSED_WHILE_DOWN = "missed_while_down"  # a fleet shard was down at its due time: not sent, never resent
 
 
 class ErrorKind(str, enum.Enum):

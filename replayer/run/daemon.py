@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
+import math
 import os
 import shutil
 import signal
@@ -36,6 +38,7 @@ from replayer.core.background import EXIT_TASK_FAILED, BackgroundTasks
 from replayer.core.clock import Anchor, now_ns
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
+from replayer.fleet.member import FleetError, Heartbeat, join
 from replayer.http.client import Client
 from replayer.http.connection import raise_open_file_limit
 from replayer.http.launcher import Launcher, launcher_ready, start_launcher
@@ -69,6 +72,7 @@ from replayer.run.runstate import (
     StatusView,
     hms,
     progress,
+    status,
     warmup_marker,
     watch_self,
 )
@@ -240,6 +244,8 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
     def new_gap_cap() -> IdleGapCap | None:  # one per pass over the schedule (it keeps state)
         return IdleGapCap(cfg.idle_gap_cap_s, cfg.speedup) if cfg.idle_gap_cap_s else None
 
+    # a resumed run replays from its own start; a fleet shard keeps the fleet's schedule instead
+    rebase = bool(cfg.resume) and cfg.coordinator is None
     gap_cap = new_gap_cap()
     batches = schedule(gap_cap, TargetRoute(cfg.target_policy, len(targets)) if len(targets) > 1 else None)
     duration_ns = int(cfg.duration_s * 1e9) if cfg.duration_s else None
@@ -249,7 +255,7 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
             await loop.run_in_executor(
                 None,
                 lambda: count_scheduled(
-                    schedule(new_gap_cap()), speedup=cfg.speedup, duration_ns=duration_ns, rebase=bool(cfg.resume)
+                    schedule(new_gap_cap()), speedup=cfg.speedup, duration_ns=duration_ns, rebase=rebase
                 ),
             )
             or 0
@@ -333,7 +339,16 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
             nonlocal anchor
             # anchored only now: the time the pool took to open (seconds against a server with a small
             # listen backlog) is start-up, not lateness charged to every request
-            anchor = Anchor.at(cfg.start_delay_s, start_wall_s=cfg.start_at)
+            if cfg.coordinator is None:
+                anchor = Anchor.at(cfg.start_delay_s, start_wall_s=cfg.start_at)
+            else:  # the fleet's start, on this host's clock; its wall time the coordinator's (merges align)
+                try:
+                    joined = await join(cfg.coordinator, shard, results=results_dir, timeout_s=cfg.ready_timeout_s)
+                except FleetError as e:
+                    raise StartupError(str(e)) from None
+                here = Anchor.at(start_wall_s=joined.local_epoch_s, max_late_s=math.inf)
+                anchor = dataclasses.replace(here, wall_s=joined.epoch_s)
+                state.fleet = joined.as_dict()
             for c in clients.values():
                 c.t0_ns = anchor.t0_ns
 
@@ -475,10 +490,20 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         gate=gate,
         lead_ns=int(cfg.lead_s * 1e9),
         duration_ns=duration_ns,
-        rebase_first=bool(cfg.resume),
+        rebase_first=bool(cfg.resume) and cfg.coordinator is None,
         ahead_ns=sender.ahead_ns,
         connect_ahead_ns=CONNECT_AHEAD_NS,
     )
+    # a fleet shard (re)joining after the start: what was due while it was down is not sent
+    late_ns = now_ns() - anchor.t0_ns - int(cfg.rejoin_max_late_s * 1e9)
+    missed_before_ns = late_ns if cfg.coordinator is not None and late_ns > 0 else None
+    if missed_before_ns is not None:
+        log.warning(
+            "joining the fleet %.1f s after its start: rows due more than %g s ago are recorded "
+            "missed_while_down (not sent); the rest go at their due times",
+            (now_ns() - anchor.t0_ns) / 1e9,
+            cfg.rejoin_max_late_s,
+        )
     dispatcher = Dispatcher(
         Feed(batches, prepare if len(clients) == 1 else prepare_routed, factory.unsent),
         planner,
@@ -490,6 +515,7 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         drain_timeout_s=cfg.drain_timeout_s,
         shard=shard,
         max_concurrency=cfg.max_concurrency,
+        missed_before_ns=missed_before_ns,
     )
 
     def timing_changed() -> None:  # under --duration, a pause or a speed-up changes what will be sent
@@ -527,6 +553,24 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
     background.start(
         "self-watch", watch_self(state, metrics, probe=lambda: selfwatch.read(dispatcher, launcher, gc_pacer))
     )
+    heartbeat = None
+    if cfg.coordinator is not None and state.fleet is not None:  # the fleet sees this shard live
+
+        def counts() -> dict:
+            return {
+                "scheduled": state.scheduled,
+                "sent": state.sent,
+                "in_flight": dispatcher.in_flight,
+                "completed": state.completed,
+                "failed": state.failed,
+                "missed_while_down": state.missed_while_down,
+                "dispatch_lag_max_s": round(state.max_lag_ms / 1e3, 6),
+                "state": status(state, dispatcher)["state"],
+            }
+
+        heartbeat = Heartbeat(cfg.coordinator, shard, counts)
+        stack.push_async_callback(heartbeat.close)
+        background.start("fleet heartbeat", heartbeat.run(), essential=False)
     parent = os.environ.get(PARENT_PID_ENV)
     if parent and parent.isdigit():  # a --workers worker: stop with its parent
         background.start("parent watch", stop_with_parent(int(parent), on_signal))
@@ -578,7 +622,11 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         stop_signal=signals[0] if signals else None,
         gap_cap=gap_cap,
         task_failures=background.failures,
+        fleet=state.fleet,
     )
+    if heartbeat is not None:
+        await heartbeat.ended(summary)
+        await heartbeat.close()
     print_summary(summary, results_dir)
     return summary
 

@@ -36,6 +36,7 @@ async def final_summary(
     stop_signal: str | None,
     gap_cap: IdleGapCap | None,
     task_failures: list[dict[str, str]] | None = None,
+    fleet: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Summarize the results folder (off the loop), add the run's own parts and write
     ``summary.json``; returns it. ``task_failures``: the background tasks that crashed
@@ -85,6 +86,8 @@ async def final_summary(
     if task_failures:
         summary["task_failures"] = list(task_failures)
     _pace_sections(summary, cfg)
+    if fleet is not None:  # a fleet shard: its start, its clock against the coordinator's
+        summary["fleet"] = fleet
     if gap_cap is not None:  # --idle-gap-cap: gaps capped, time skipped, the trace -> replay map
         summary["idle_gap_cap"] = gap_cap.report()
     if cfg.mix:  # per-tenant sections (replayer.results.tenants)

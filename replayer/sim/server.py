@@ -247,6 +247,7 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
                     stream=o["stream"],
                     model=o["model"],
                     include_usage=o["include_usage"],
+                    request_id=request.headers.get("X-Request-Id"),
                 )
             )
         max_tokens = o["max_tokens"]
