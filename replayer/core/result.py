@@ -309,7 +309,7 @@ def itl_samples(t: pa.Table | pa.RecordBatch, mask: np.ndarray | None = None) ->
     return np.repeat(values, np.concatenate(weights) if weights else np.zeros(0, np.int64))
 
 
-def steady(t: pa.Table) -> pa.Table:
+def without_warmup(t: pa.Table) -> pa.Table:
     """The rows of ``t`` that are not warm-up (``warmup`` true: ``--warmup-requests``,
     ``--warmup-seconds``), the rows every statistic of a run is computed from; ``t`` itself when
     it has no warm-up row (or no ``warmup`` column: files written before it existed)."""

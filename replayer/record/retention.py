@@ -130,8 +130,8 @@ def _file_info(path: str) -> tuple[int, float | None, dict, dict[str, list[list[
     newest = None
     if wall is not None and spans:
         newest = float(wall) + max(v[1] for v in spans.values()) / 1e9
-    steady = run_spans([path], removed=False, steady=True)
-    spans = {k.decode() if isinstance(k, bytes) else k: list(v) for k, v in steady.items()}
+    no_warmup = run_spans([path], removed=False, skip_warmup=True)
+    spans = {k.decode() if isinstance(k, bytes) else k: list(v) for k, v in no_warmup.items()}
     t = pf.read(columns=["loop", "row", "outcome"])
     sent = t.filter(pc.not_equal(t.column("outcome"), "not_started"))
     loops, rows = sent.column("loop").to_numpy(), sent.column("row").to_numpy()

@@ -19,16 +19,16 @@ def removed_of(files: list[str]) -> list:
 
 def run_durations(files: list[str]) -> list[float]:
     """Seconds from the first request sent to the last one ended, per run that wrote ``files``,
-    warm-up requests left out (``run_spans(steady=True)``)."""
-    return [(b - a) / 1e9 for a, b in run_spans(files, steady=True).values()]
+    warm-up requests left out (``run_spans(skip_warmup=True)``)."""
+    return [(b - a) / 1e9 for a, b in run_spans(files, skip_warmup=True).values()]
 
 
-def run_spans(files: list[str], *, removed: bool = True, steady: bool = False) -> dict[bytes, tuple[int, int]]:
+def run_spans(files: list[str], *, removed: bool = True, skip_warmup: bool = False) -> dict[bytes, tuple[int, int]]:
     """(first sent_ns, last end_ns) per run that wrote ``files``, keyed by the run anchor in each
     file's metadata (``replayer.t0_wall_s``, b"" if none): a resumed run's times are offsets
     from its own anchor. From the Parquet column statistics where present. ``removed``: also the
     spans of the files retention removed from the folders of ``files`` (``removed.json``).
-    ``steady``: without the warm-up requests (``warmup`` true): the span the summary's
+    ``skip_warmup``: without the warm-up requests (``warmup`` true): the span the summary's
     throughputs divide by (a file holding warm-up rows is read for it)."""
     spans: dict[bytes, tuple[int, int]] = {}
     for digest in removed_of(files) if removed else ():  # (the runs' spans in files retention removed)
@@ -42,8 +42,8 @@ def run_spans(files: list[str], *, removed: bool = True, steady: bool = False) -
             continue
         run = (pf.schema_arrow.metadata or {}).get(b"replayer.t0_wall_s", b"")
         try:
-            if steady and _has_warmup(pf):
-                lo, hi = _steady_min_max(pf)
+            if skip_warmup and _has_warmup(pf):
+                lo, hi = _min_max_without_warmup(pf)
             else:
                 lo, hi = _min_max(pf, "sent_ns", min), _min_max(pf, "end_ns", max)
         except (OSError, pa.ArrowException):
@@ -80,7 +80,7 @@ def _has_warmup(pf: pq.ParquetFile) -> bool:
     return bool(_min_max(pf, "warmup", max))
 
 
-def _steady_min_max(pf: pq.ParquetFile) -> tuple[int | None, int | None]:
+def _min_max_without_warmup(pf: pq.ParquetFile) -> tuple[int | None, int | None]:
     """(first sent_ns, last end_ns) of the rows that are not warm-up, read from the columns."""
     t = pf.read(columns=["sent_ns", "end_ns", "warmup"])
     keep = pc.invert(pc.fill_null(t.column("warmup"), False))

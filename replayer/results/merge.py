@@ -194,7 +194,7 @@ def merge_results(  # noqa: C901, PLR0912, PLR0915
     keys, shards_by_dir = [], []
     spans: list[tuple[int, int]] = []  # each run's first send..last end, on the shared axis
     for d, files in zip(dirs, per_dir):
-        for anchor, (lo, hi) in run_spans(_files(d), steady=True).items():  # (warm-up rows left out)
+        for anchor, (lo, hi) in run_spans(_files(d), skip_warmup=True).items():  # (warm-up rows left out)
             shift = _shift_ns(float(anchor) if anchor else None, base)
             spans.append((lo + shift, hi + shift))
         shards_by_dir.append({s for _, _, s in files if s})

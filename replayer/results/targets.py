@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from prometheus_client import CollectorRegistry
 
 from replayer.core.errors import Outcome
-from replayer.core.result import steady
+from replayer.core.result import without_warmup
 from replayer.core.stats import latency_fields
 from replayer.observe.groupmetrics import GroupMetrics
 from replayer.results.summarytext import fmt_ms, format_groups
@@ -120,7 +120,7 @@ def read_targets(*results_dirs: str) -> tuple[dict, int]:
     if not tables:
         return {}, 0
     table = pa.concat_tables(tables, promote_options="default")
-    return target_sections(steady(table)), target_switches(table)
+    return target_sections(without_warmup(table)), target_switches(table)
 
 
 def format_targets(sections: dict, switches: int) -> str:

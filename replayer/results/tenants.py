@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry
 
 from replayer.core.errors import Outcome
-from replayer.core.result import steady
+from replayer.core.result import without_warmup
 from replayer.core.stats import latency_fields
 from replayer.observe.groupmetrics import GroupMetrics
 from replayer.results.summarytext import fmt_ms, format_groups
@@ -72,7 +72,7 @@ def read_tenant_sections(*results_dirs: str) -> dict:
 
     from replayer.record.folder import read_results
 
-    tables = [steady(read_results(d, columns=_columns_of(d))) for d in results_dirs]
+    tables = [without_warmup(read_results(d, columns=_columns_of(d))) for d in results_dirs]
     return tenant_sections(pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0])
 
 
