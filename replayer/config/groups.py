@@ -39,6 +39,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "Several targets": ("target_policy", "session_header"),
     "Schedule": (
         "speedup",
+        "max_concurrency",
         "max_requests",
         "duration_s",
         "loop",
@@ -71,7 +72,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "expected_cache_tokens",
         "usage_slack_tokens",
     ),
-    "Verdict": ("goodput", "max_error_ratio"),
+    "Verdict": ("goodput", "max_error_ratio", "warmup_requests", "warmup_seconds_s"),
     "Results": ("results", "resume", "resume_existing", "flush_rows", "flush_interval_s", "itl_format"),
     "Soak": (
         "roll_interval_s",
@@ -106,6 +107,7 @@ SHORT: frozenset[str] = frozenset(
         "model",
         "endpoint",
         "speedup",
+        "max_concurrency",
         "max_requests",
         "duration_s",
         "loop",

@@ -180,6 +180,25 @@ class RunConfig(FieldChecks):
         ge=1,
         description="replay only the schedule's first N requests (shards and resumed runs together); unset = all",
     )
+    max_concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="cap on requests in flight (vllm bench serve's): a request due while N are in flight "
+        "waits for a slot, in due order, the wait recorded (queue_wait_ms) and in the latencies from the "
+        "due time; unset = no cap (open loop)",
+    )
+    warmup_requests: int = Field(
+        0,
+        ge=0,
+        description="warm-up: the first N requests sent (per process) go on schedule, flagged warmup in the "
+        "results and left out of the summary's statistics, throughputs and the verdict; 0 = none",
+    )
+    warmup_seconds_s: float = Field(
+        0.0,
+        ge=0,
+        description="warm-up: requests sent (by their own send time) in the first S seconds of the run are "
+        "warm-up (as --warmup-requests; with both, either makes a request warm-up); 0 = none",
+    )
     loop: str = Field("1", description="passes over the trace: a number, or 'forever'")
     loop_gap_s: float = Field(0.0, ge=0, description="trace time between the end of one loop and the next")
     loop_salt: bool = Field(

@@ -10,7 +10,8 @@ and CI output stay clean. Status keys read (all optional; missing ones print "-"
 ``state``, ``scheduled``, ``sent``, ``completed``, ``failed``, ``cancelled``, ``in_flight``,
 ``trace_rows``, ``trace_rows_done``, ``trace_time_s``, ``trace_duration_s``, ``loop``,
 ``dispatch_lag_p99_s``, ``ttft_p50_s``, ``ttft_p99_s``, ``completion_tokens_total``,
-``prompt_tokens_total``, ``event_loop_lag_max_s`` (``ReplayerMetrics.snapshot()`` gives the last ones).
+``prompt_tokens_total``, ``event_loop_lag_max_s`` (``ReplayerMetrics.snapshot()`` gives the last ones);
+``max_concurrency``, ``queued``, ``queued_total`` with a ``--max-concurrency`` cap.
 """
 
 from __future__ import annotations
@@ -51,6 +52,22 @@ def _table(*cells: tuple[str, str | Text]) -> Table:
         t.add_column(name, justify="right", no_wrap=True)
     t.add_row(*(v for _, v in cells))
     return t
+
+
+def cap_line(st: dict) -> Text | None:
+    """The ``--max-concurrency`` line (None without a cap): the cap, and when requests wait for
+    a slot, that the cap (not the server) is the bottleneck now."""
+    cap = st.get("max_concurrency")
+    if cap is None:
+        return None
+    queued, total = int(st.get("queued") or 0), int(st.get("queued_total") or 0)
+    if queued:
+        return Text(
+            f"cap {cap:,} in flight reached: {queued:,} due requests waiting for a slot "
+            f"({total:,} so far): the cap is the bottleneck",
+            style="yellow",
+        )
+    return Text(f"cap {cap:,} in flight ({total:,} requests waited for a slot so far)")
 
 
 class LiveConsole:
@@ -139,7 +156,8 @@ class LiveConsole:
             ("TTFT p50", _ms(st.get("ttft_p50_s"))),
             ("TTFT p99", _ms(st.get("ttft_p99_s"))),
         )
-        return Group(head, bar, counts, latency)
+        cap = cap_line(st)
+        return Group(head, bar, counts, latency) if cap is None else Group(head, bar, counts, latency, cap)
 
     # -- async shell -----------------------------------------------------------------------
     async def run(self) -> None:

@@ -66,6 +66,7 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
             " / ".join(fmt(s[k]) for k in ("dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "dispatch_lag_max_ms")),
         ),
     ]
+    rows += _pace_rows(s, fmt)
     for name, label in (
         ("ttft_ms", "Time to first token"),
         ("tpot_ms", "Time per output token (excl. 1st)"),
@@ -141,6 +142,32 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
             value = fmt(r[1])
             lines.append(f"{r[0]}{' ' * max(2, width + 14 - len(r[0]) - len(value))}{value}")
     return "\n".join(lines)
+
+
+def _pace_rows(s: dict, fmt: Callable[[object], str]) -> list[tuple[str, object] | str]:
+    """The rows of ``--max-concurrency`` (how often the cap made requests wait, and how long)
+    and of the warm-up (its requests, left out of every other number)."""
+    rows: list[tuple[str, object] | str] = []
+    cap = s.get("concurrency_cap")
+    if cap:
+        rows.append(f"Concurrency cap (--max-concurrency {cap.get('max_concurrency', '?')})")
+        waited, n = cap.get("waited", 0), cap.get("requests", 0)
+        share = cap.get("waited_share")
+        rows.append(("Requests that waited for a slot", f"{waited:,} of {n:,}" + (f" ({share:.1%})" if share else "")))
+        w = cap.get("queue_wait_ms") or {}
+        rows.append(("Queue wait p50 / p99 / max (ms)", " / ".join(fmt(w.get(k)) for k in ("p50", "p99", "max"))))
+        if waited:
+            rows.append(("The cap set the pace (from-due latency incl. wait)", "yes"))
+    warm = s.get("warmup")
+    if warm:
+        rows.append("Warm-up (left out of every number above and below)")
+        rows.append(
+            (
+                "Warm-up requests (sent / ok / failed)",
+                f"{warm.get('sent', 0):,} / {warm.get('completed', 0):,} / {warm.get('failed', 0):,}",
+            )
+        )
+    return rows
 
 
 def fmt_ms(v: float | None) -> str:

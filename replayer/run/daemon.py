@@ -21,7 +21,7 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import aiohttp
@@ -37,6 +37,7 @@ from replayer.config.model import RunConfig, new_run_id
 from replayer.core.background import EXIT_TASK_FAILED, BackgroundTasks
 from replayer.core.clock import Anchor, now_ns
 from replayer.core.request import PreparedRequest
+from replayer.core.result import RequestResult
 from replayer.fleet.member import FleetError, Heartbeat, join
 from replayer.http.client import Client
 from replayer.http.connection import raise_open_file_limit
@@ -72,6 +73,7 @@ from replayer.run.runstate import (
     hms,
     progress,
     status,
+    warmup_marker,
     watch_self,
 )
 from replayer.run.runsummary import (
@@ -296,7 +298,9 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
         flush = _ResultsFlush(state)
         stack.push_async_callback(flush.run)
         # the launcher process boots (~50 ms) while the first trace batch is read
-        launcher = start_launcher() if cfg.launcher and all(t.startswith("http://") for t in targets) else None
+        # (a --max-concurrency cap sends at the due time from the loop: a slot is known free only then)
+        writes_ahead = cfg.launcher and cfg.max_concurrency is None
+        launcher = start_launcher() if writes_ahead and all(t.startswith("http://") for t in targets) else None
         if launcher is not None:
             stack.callback(launcher.stop)
         first = None
@@ -478,8 +482,12 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
 
     build, on_prepared = factory.prepare, metrics.on_prepared
 
+    on_dispatched: Callable[[RequestResult], None] = acct.on_dispatched
+    if cfg.warmup_requests or cfg.warmup_seconds_s:  # (one marker for every target: one count)
+        on_dispatched = warmup_marker(on_dispatched, cfg.warmup_requests, cfg.warmup_seconds_s)
+
     def sender_for(c: Client) -> LoopSender:
-        c.on_dispatched = acct.on_dispatched  # dispatch lag accounted as each request goes out
+        c.on_dispatched = on_dispatched  # dispatch lag accounted (and warm-up marked) as each request goes out
         return LauncherSender(c, shard=shard) if launcher is not None else LoopSender(c, shard=shard)
 
     sender: Sender = (
@@ -514,6 +522,7 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         on_idle=gc_pacer.idle,
         drain_timeout_s=cfg.drain_timeout_s,
         shard=shard,
+        max_concurrency=cfg.max_concurrency,
         missed_before_ns=missed_before_ns,
     )
 

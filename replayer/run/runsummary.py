@@ -83,6 +83,7 @@ async def final_summary(
             "stop_signal": stop_signal,
         }
     )
+    _pace_sections(summary, cfg)
     _add_run_notes(summary, cfg, task_failures, fleet)
     if gap_cap is not None:  # --idle-gap-cap: gaps capped, time skipped, the trace -> replay map
         summary["idle_gap_cap"] = gap_cap.report()
@@ -114,6 +115,27 @@ def _add_run_notes(
         summary["fleet"] = fleet
     if cfg.insecure and any(u.startswith("https://") for u in cfg.targets):
         summary["tls_insecure"] = True  # --insecure: the target's certificate was not verified
+
+
+def _pace_sections(summary: dict[str, Any], cfg: RunConfig) -> None:
+    """The ``--max-concurrency`` cap and the warm-up's rule, beside what the results say of them
+    (``summary.SummaryFold``: the queue waits, the warm-up's counts)."""
+    if cfg.max_concurrency is not None:
+        summary["concurrency_cap"] = {"max_concurrency": cfg.max_concurrency, **summary.get("concurrency_cap", {})}
+    if cfg.warmup_requests or cfg.warmup_seconds_s:
+        summary["warmup"] = {**warmup_rule(cfg.warmup_requests, cfg.warmup_seconds_s), **summary.get("warmup", {})}
+
+
+def warmup_rule(requests: int, seconds: float) -> dict[str, Any]:
+    """The warm-up's settings and its boundary, as summary.json states them."""
+    return {
+        "warmup_requests": requests,
+        "warmup_seconds": seconds,
+        "boundary": "by each request's own send time: the first --warmup-requests requests sent (per process) "
+        "and those sent less than --warmup-seconds after the run's start are warm-up, left out of every "
+        "statistic, throughput and the verdict",
+        "requests": 0,
+    }
 
 
 def print_summary(summary: dict[str, Any], results_dir: str) -> None:
