@@ -514,7 +514,7 @@ def _verdict_from_json(v):
     return v
 
 
-def summarize_files(files: list[str], *, slos: dict[str, float] | None = None) -> dict:
+def summarize_files(files: list[str], *, slos: dict[str, float] | None = None, held: pa.Table | None = None) -> dict:
     """``summarize`` of results files, read in bounded memory (a days-long soak writes many
     millions of rows): batch by batch, only the columns the summary needs, folded into one
     ``SummaryFold`` (counts exact, statistics from ``stats.Stat``: exact count, sum, min, max
@@ -523,12 +523,21 @@ def summarize_files(files: list[str], *, slos: dict[str, float] | None = None) -
     that wrote the files (``run_durations``): each resumed run has a time axis of its own.
     A damaged file (cut short, not Parquet) is reported by name, left out, and listed in
     ``damaged_files``; the others are summarized. ``slos``: the ``--goodput`` bounds (ms) to judge
-    requests by (None: those the run that wrote the first file was given, from its metadata)."""
+    requests by (None: those the run that wrote the first file was given, from its metadata).
+    ``held``: results the run could not write (a full disk), counted as if on disk and
+    counted in ``results_not_written``."""
     fold, damaged = fold_files(files, slos)
+    held = held if held is not None and held.num_rows else None
+    if held is not None:
+        one = SummaryFold(fold.slos)
+        one.add(held.select([c for c in COLUMNS if c in held.schema.names]))
+        fold.merge(one)
     s = fold.result()
     if damaged:
         s["damaged_files"] = damaged
-    runs = run_durations([f for f in files if f not in damaged])
+    if held is not None:
+        s["results_not_written"] = held.num_rows
+    runs = run_durations([f for f in files if f not in damaged], [held] if held is not None else [])
     set_duration(s, sum(runs))
     if len(runs) > 1:
         s["runs"] = len(runs)

@@ -62,7 +62,14 @@ from replayer.run.readiness import StartupError, wait_ready_all
 from replayer.run.resume import Checkpoint, carry_target_totals, resume_plan
 from replayer.run.runinputs import COUNT_LIMIT, count_scheduled, open_batches_factory, results_dir_for
 from replayer.run.runstate import Accounting, RunControl, RunState, StatusView, hms, progress, watch_self
-from replayer.run.runsummary import EXIT_ERROR_RATIO, error_ratio_problem, final_summary, print_summary
+from replayer.run.runsummary import (
+    EXIT_ERROR_RATIO,
+    EXIT_WRITE_FAILED,
+    error_ratio_problem,
+    final_summary,
+    print_summary,
+    writes_failed,
+)
 from replayer.run.simproc import PARENT_PID_ENV, spawn_sim, stop_sim
 from replayer.run.workers import stop_with_parent
 from replayer.send.dispatcher import Dispatcher
@@ -561,6 +568,8 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         stop_signal=signals[0] if signals else None,
         gap_cap=gap_cap,
         task_failures=background.failures,
+        held=recorder.unwritten_table(),
+        roll_error=recorder.roll_error,
     )
     print_summary(summary, results_dir)
     return summary
@@ -619,7 +628,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     """Run with uvloop. Exit code: 0 when the replay ended by itself (or by ``/stop``), 2 on a
     startup/trace error, 3 when more requests failed than ``--max-error-ratio`` allows, 4 when a
-    background task crashed and stopped the run (``replayer.core.background``), 128 + the
+    background task crashed and stopped the run (``replayer.core.background``), 5 when results or
+    ``summary.json`` could not all be written (a full disk: the summary printed counts them), 128 + the
     signal's number when SIGTERM (143), SIGINT (130) or SIGHUP (129: the terminal closed, or the
     ``--workers`` parent is gone) stopped it,
     its results on disk and resumable (a Kubernetes Job then retries the pod, which resumes)."""
@@ -645,6 +655,10 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     sig = summary.get("stop_signal") if isinstance(summary, dict) else None
     if sig:
         return 128 + signal.Signals[sig].value
+    unwritten = writes_failed(summary) if isinstance(summary, dict) else None
+    if unwritten:
+        print(f"replayer: {unwritten}: exit {EXIT_WRITE_FAILED}", file=sys.stderr)
+        return EXIT_WRITE_FAILED
     failed = summary.get("task_failures") if isinstance(summary, dict) else None
     if failed:
         print(
