@@ -28,6 +28,7 @@ from replayer.core import usage
 from replayer.core.result import itl_samples
 from replayer.core.stats import PERCENTILE_METHOD, Stat, stat_from_json, stat_to_json
 from replayer.record.runspans import removed_of as _removed_of, run_durations, run_spans
+from replayer.results.concurrency import Peak, PeakFold, peak_of_files
 from replayer.results.imagestats import COLUMNS as IMAGE_COLUMNS, ImageFold
 from replayer.results.summarytext import format_summary
 
@@ -401,7 +402,12 @@ def summarize(table: pa.Table, slos: dict[str, float] | None = None) -> dict:
     (``--goodput`` bounds, ms): adds the verdict (``replayer.results.verdict.finish``'s fields)."""
     fold = SummaryFold(slos)
     fold.add(table)
-    return fold.result()
+    s = fold.result()
+    peaks = PeakFold()
+    if {"sent_ns", "end_ns"} <= set(table.schema.names):
+        peaks.add(table, (table.schema.metadata or {}).get(b"replayer.t0_wall_s", b""))
+    s.update((peaks.peak() or Peak(0, None)).fields())  # the most requests in flight at once
+    return s
 
 
 def fold_file(path: str, slos: dict[str, float] | None = None) -> SummaryFold | None:
@@ -525,7 +531,9 @@ def summarize_files(files: list[str], *, slos: dict[str, float] | None = None, h
     ``damaged_files``; the others are summarized. ``slos``: the ``--goodput`` bounds (ms) to judge
     requests by (None: those the run that wrote the first file was given, from its metadata).
     ``held``: results the run could not write (a full disk), counted as if on disk and
-    counted in ``results_not_written``."""
+    counted in ``results_not_written``. ``max_concurrent_requests``: the most requests in flight
+    at once, exact, and when (``replayer.results.concurrency``; files retention removed are not
+    in it)."""
     fold, damaged = fold_files(files, slos)
     held = held if held is not None and held.num_rows else None
     if held is not None:
@@ -537,6 +545,8 @@ def summarize_files(files: list[str], *, slos: dict[str, float] | None = None, h
         s["damaged_files"] = damaged
     if held is not None:
         s["results_not_written"] = held.num_rows
+    peak = peak_of_files([f for f in files if f not in damaged], held)
+    s.update((peak or Peak(0, None)).fields())  # the most requests in flight at once (exact)
     runs = run_durations([f for f in files if f not in damaged], [held] if held is not None else [])
     set_duration(s, sum(runs))
     if len(runs) > 1:

@@ -58,6 +58,16 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
         ("Prompt-token mismatches vs trace", s["prompt_token_mismatches"]),
         ("Completion-token mismatches", s["completion_token_mismatches"]),
         ("Usage missing / TTFT unmeasured", f"{s['usage_missing']:,} / {s['ttft_unmeasured']:,}"),
+    ]
+    if "max_concurrent_requests" in s:  # (summaries written before it have none)
+        at = s.get("max_concurrent_requests_at_s")
+        rows.append(
+            (
+                "Peak concurrent requests",
+                f"{s['max_concurrent_requests']:,}" + (f" (at {at:,.3f} s)" if at is not None else ""),
+            )
+        )
+    rows += [
         "Dispatch lag (sent - due)",
         (
             "p50 / p99 / max (ms)",
