@@ -118,6 +118,7 @@ def _run(
     prepare=None,
     gate: SessionGate | None = None,
     clock: VirtualClock | None = None,
+    until_stop: bool = False,
     **plan_kw,
 ):
     """Replay ``ts_ms`` in virtual time; (results by row, dispatcher, sender, error raised by run)."""
@@ -138,6 +139,7 @@ def _run(
         t0_ns=0,
         clock=clock,
         drain_timeout_s=0.05,
+        until_stop=until_stop,
     )
     error: BaseException | None = None
 
@@ -305,3 +307,16 @@ def test_a_pause_holds_every_request_and_a_resume_shifts_the_rest_by_the_pause()
     by_row = {r.row: r for r in results}
     assert [by_row[i].sent_ns for i in range(3)] == [0, 1_000 * MS, 1_100 * MS]
     assert all(r.dispatch_lag_ms == 0.0 for r in results)
+
+
+def test_a_stop_of_a_schedule_without_end_records_only_what_was_due_by_then():
+    # --loop forever: what is scheduled ends at the stop; the rest of the batch (of the pass) is
+    # not recorded as not_started, so it is neither counted as scheduled nor plotted as due
+    ts = list(range(0, 100, 10))
+    res, d, _, error = _run(ts, {"block": {2}}, stop_at_ms=45, until_stop=True)
+    assert error is None and d.stopping
+    # the virtual clock jumps from 40 to 50 ms (the next due time): the stop comes at 50 ms
+    assert sorted(res) == [0, 1, 2, 3, 4, 5]  # rows due after the stop (60 ms on): never due
+    assert len(res) == d.sent + d.not_started
+    assert res[2].outcome == "cancelled"
+    assert max(r.due_ns for r in res.values()) <= 50 * MS

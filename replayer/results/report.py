@@ -306,7 +306,7 @@ def render_html(results_dir: str) -> str:
     head = " · ".join(f"{k}: {html.escape(str(v))}" for k, v in info.items() if v)
     origin = axis_origin_wall_s(results_dir)
     intro = (
-        f"<p>{head}</p><p>{len(data):,} requests{_peak_text(summary, origin)}; "
+        f"<p>{head}</p><p>{len(data):,} requests scheduled{_sent_text(data)}{_peak_text(summary, origin)}; "
         f"results folder {html.escape(os.path.abspath(results_dir))}</p>\n" + _verdict_section(summary)
     )
     return _page(
@@ -316,6 +316,12 @@ def render_html(results_dir: str) -> str:
         figures(data, target, origin),
         f"<h2>Summary</h2>{_summary_table(summary)}",
     )
+
+
+def _sent_text(data) -> str:
+    """ " (N sent)": the requests that went out (not-started ones are scheduled, never sent)."""
+    sent = int(data.per_bin["sent"].sum())
+    return f" ({sent:,} sent)" if sent != len(data) else ""
 
 
 def _peak_text(summary: dict, origin_wall_s: float | None) -> str:

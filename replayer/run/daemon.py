@@ -480,6 +480,7 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         on_idle=gc_pacer.idle,
         drain_timeout_s=cfg.drain_timeout_s,
         shard=shard,
+        until_stop=cfg.loops is None,  # --loop forever: what is scheduled ends at the stop
     )
 
     def timing_changed() -> None:  # under --duration, a pause or a speed-up changes what will be sent

@@ -18,7 +18,10 @@ Shutdown: ``stop()`` stops issuing; in-flight requests get ``drain_timeout_s`` t
 are cancelled (recorded as ``cancelled``, as they are when ``run`` itself is cancelled).
 Requests already prepared, and the rest of the current trace batch, are recorded as
 ``not_started``. So ``sent + not_started`` = everything
-scheduled so far, and every sent request ends as success, failed or cancelled.
+scheduled so far, and every sent request ends as success, failed or cancelled. A schedule with
+no end (``--loop forever``: ``until_stop``) has no rest: what it scheduled ends at the stop, so
+only the requests due by then are recorded as ``not_started`` (the rest of a pass never reached
+is not counted, not plotted, and a resume starts there).
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class Dispatcher:
         on_idle: Callable[[int], None] | None = None,
         drain_timeout_s: float = 30.0,
         shard: int = 0,
+        until_stop: bool = False,
     ) -> None:
         self._feeder = BatchFeeder(feed.batches)
         self._prepare = feed.prepare
@@ -97,6 +101,8 @@ class Dispatcher:
         self._on_idle = on_idle
         self.drain_timeout_s = drain_timeout_s
         self.shard = shard
+        self.until_stop = until_stop  # a schedule with no end: what is scheduled ends at the stop
+        self._stopped_at_ns: int | None = None  # when ``stop`` was first called (since the anchor)
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()  # timeline changed (pause/resume/speed-up), a turn released, or stop
         self._idle = asyncio.Event()
@@ -136,6 +142,8 @@ class Dispatcher:
 
     def stop(self) -> None:
         """Stop issuing requests; ``run`` then drains and returns."""
+        if self._stopped_at_ns is None:
+            self._stopped_at_ns = self.now_rel()
         self._stopping.set()
         self._changed.set()
 
@@ -351,16 +359,27 @@ class Dispatcher:
                 t.cancel()
 
     def _record_unsent(self) -> None:
+        """At a stop: the requests prepared and the rest of the current trace batch recorded as
+        ``not_started`` (with ``until_stop``, only those due by the stop)."""
         if not self.stopping:
             return
+        if self.until_stop:
+            until = self._stopped_at_ns if self._stopped_at_ns is not None else self.now_rel()
+        else:
+            until = None
         for req in self._plan.take_held():
+            due = self.timeline.due(req.trace_ns)
+            if until is not None and due > until:
+                continue  # never due: not part of what was scheduled
             self.not_started += 1
-            res = req.new_result(self.shard, due_ns=self.timeline.due(req.trace_ns))
+            res = req.new_result(self.shard, due_ns=due)
             res.prompt_len_sent = res.max_tokens = 0  # nothing was sent
             res.expected_prefix_hit_tokens = None
             self._deliver(res)
         if self._cur is not None:
             for j in range(self._j, len(self._cur)):
+                if until is not None and self.timeline.due(int(self._cur.trace_ns[j])) > until:
+                    break  # (due times do not decrease within a batch)
                 self.not_started += 1
                 self._deliver(self._unsent(self._cur, j))
             self._j = len(self._cur)
