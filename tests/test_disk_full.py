@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -174,3 +175,55 @@ def test_capture_writer_on_a_full_disk_ends_without_raising(tiny_disk, caplog):
     assert w.unwritten_rows == 1 and w.roll_error is not None and "No space left" in w.roll_error
     assert any("1 captured rows could not be written" in r.getMessage() for r in caplog.records)
     assert list((out / "parts").glob("part-*.parquet"))  # the part stays, readable
+
+
+def _complete(url: str, i: int) -> int:
+    import urllib.request
+
+    body = json.dumps({"model": "sim-model", "prompt": [1, 2, 3, 4, i], "max_tokens": 2}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        r.read()
+        return r.status
+
+
+def test_record_on_a_disk_that_fills_ends_with_exit_5_and_no_traceback(tiny_disk, sim_process):
+    import signal
+
+    from test_capture_roundtrip import start_record
+
+    upstream, _ = sim_process("--ttft-base-ms", "5", "--itl-base-ms", "1")
+    out = tiny_disk / "cap"
+    p, url = start_record(out, upstream, "--flush-interval", "0.2", "--block-size", "4")
+    try:
+        assert _complete(url, 0) == 200
+        deadline = time.monotonic() + 60
+        while not list((out / "parts").glob("part-*.parquet")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        fill(tiny_disk)  # the disk fills with a row on disk and one still to write
+        assert _complete(url, 1) == 200
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=120)  # (the unwritten row is tried again for 30 s)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == EXIT_WRITE_FAILED, err[-3000:]
+    assert "Traceback" not in err
+    assert "1 captured rows could not be written (lost)" in err and "the last roll failed" in err
+
+
+def test_record_on_a_full_disk_at_the_start_is_a_start_up_error(tiny_disk, sim_process):
+    import sys
+
+    upstream, _ = sim_process()
+    fill(tiny_disk)
+    p = subprocess.run(
+        [sys.executable, "-m", "replayer", "record", "--upstream", upstream, "--listen", "127.0.0.1:0"]
+        + ["--admin-port", "0", "--out", str(tiny_disk / "cap")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "cannot write there: No space left on device" in p.stderr
