@@ -52,17 +52,53 @@ def test_peak_matches_a_brute_force_count_on_random_intervals():
         assert peak_in_flight(s, e) == _brute(list(zip(s.tolist(), e.tolist())))
 
 
-def test_fold_leaves_out_unknown_times_and_sweeps_each_run_on_its_own_axis():
-    fold = PeakFold()
-    # run A: 2 at once; its not-started row (no send) and a row with no end are left out
-    fold.add(pa.table({"sent_ns": [0, 5, None, 6], "end_ns": [10, 12, None, None]}), b"1000.0")
-    # run B (a resumed run, its own anchor): the same offsets, 3 at once
-    fold.add(pa.table({"sent_ns": [0, 1, 2], "end_ns": [9, 9, 9]}), b"2000.0")
-    peak = fold.peak()
-    assert (peak.requests, peak.at_ns, peak.t0_wall_s) == (3, 2, 2000.0)  # never 2 + 3 on one axis
+def test_fold_leaves_out_unknown_times_and_puts_each_run_on_one_axis():
+    a = pa.table({"sent_ns": [0, 5, None, 6], "end_ns": [10, 12, None, None]})  # 2 at once; unknowns left out
+    b = pa.table({"sent_ns": [0, 1, 2], "end_ns": [9, 9, 9]})  # 3 at once
+    later = PeakFold()  # a resumed run, anchored 100 ns after the first: they do not overlap
+    later.add(a)
+    later.add(b, shift_ns=100)
+    assert (later.peak().requests, later.peak().at_ns) == (3, 102)
+    side_by_side = PeakFold()  # two workers anchored together: their requests add up
+    side_by_side.add(a)
+    side_by_side.add(b)
+    peak = side_by_side.peak(t0_wall_s=1000.0)
+    assert (peak.requests, peak.at_ns) == (5, 5)
     f = peak.fields()
-    assert f["max_concurrent_requests"] == 3 and f["max_concurrent_requests_at_s"] == pytest.approx(2e-9)
-    assert f["max_concurrent_requests_at_unix_s"] == pytest.approx(2000.0)
+    assert f["max_concurrent_requests"] == 5 and f["max_concurrent_requests_at_s"] == pytest.approx(5e-9)
+    assert f["max_concurrent_requests_at_unix_s"] == pytest.approx(1000.0)
+    assert PeakFold().peak().fields()["max_concurrent_requests"] == 0  # nothing sent: none in flight
+
+
+def test_merged_workers_peak_is_swept_on_the_wall_clock(tmp_path):
+    import pyarrow.parquet as pq
+
+    from replayer.core.result import RequestResult, to_table
+    from replayer.results.merge import merge_results
+    from replayer.results.summary import summarize_files
+
+    s = 1_000_000_000
+    dirs = []
+    for k, (wall, intervals) in enumerate(
+        [(1000.0, [(0, 4 * s), (1 * s, 2 * s)]), (1001.5, [(0, 1 * s), (int(0.2 * s), 3 * s)])]
+    ):
+        rs = [
+            RequestResult(row=i, outcome="success", due_ns=a, sent_ns=a, end_ns=b, e2e_ms=(b - a) / 1e6)
+            for i, (a, b) in enumerate(intervals)
+        ]
+        d = tmp_path / f"worker-{k}"
+        d.mkdir()
+        t = to_table(rs)
+        pq.write_table(t.replace_schema_metadata({b"replayer.t0_wall_s": repr(wall).encode()}), d / "requests.parquet")
+        dirs.append(str(d))
+        one = summarize_files([str(d / "requests.parquet")])
+        assert one["max_concurrent_requests"] == 2
+    merged = merge_results(dirs, quiet=True)
+    # on the wall clock (s after 1000): worker 0's [0, 4) and [1, 2), worker 1's [1.5, 2.5) and
+    # [1.7, 4.5): all 4 at 1.7 s (each folder alone: 2)
+    assert merged["max_concurrent_requests"] == 4
+    assert merged["max_concurrent_requests_at_s"] == pytest.approx(1.7)
+    assert merged["max_concurrent_requests_at_unix_s"] == pytest.approx(1001.7)
 
 
 def test_a_run_reports_its_peak_in_the_summary_and_the_report(tmp_path, sim_process):

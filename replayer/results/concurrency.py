@@ -3,9 +3,10 @@ times (``sent_ns``, ``end_ns``), and the instant it was first reached.
 
 A request is in flight over ``[sent, end)``: at an instant where one ends and another starts, the
 one that ended no longer counts, so the two count once. A request whose send or end time is
-unknown (not started; an end never recorded) is left out, as is one that took no time. Each run
-of a results folder (a resumed run has its own anchor, its own time axis) is swept on its own;
-the folder's peak is the highest of its runs'. Memory: 16 bytes per request swept.
+unknown (not started; an end never recorded) is left out, as is one that took no time. The runs
+of a folder (a resumed run has its own anchor) and merged folders (workers, shards) are put on
+one axis by their anchors' wall-clock times: exact within one run, within the clocks' agreement
+across processes. Memory: 16 bytes per request swept.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import pyarrow.compute as pc
 
 @dataclass(frozen=True, slots=True)
 class Peak:
-    """``requests`` in flight at once, first reached ``at_ns`` after the anchor of the run whose
-    wall-clock start is ``t0_wall_s`` (None when unknown)."""
+    """``requests`` in flight at once, first reached ``at_ns`` after the axis origin, the earliest
+    run anchor, whose wall-clock time is ``t0_wall_s`` (None when unknown)."""
 
     requests: int
     at_ns: int | None
@@ -29,7 +30,7 @@ class Peak:
 
     def fields(self) -> dict[str, int | float | None]:
         """The summary's fields: ``max_concurrent_requests``, ``max_concurrent_requests_at_s``
-        (seconds after the run's start), ``max_concurrent_requests_at_unix_s`` (wall clock)."""
+        (seconds after the first run's start), ``max_concurrent_requests_at_unix_s`` (wall clock)."""
         at_s = self.at_ns / 1e9 if self.at_ns is not None else None
         return {
             "max_concurrent_requests": self.requests,
@@ -60,56 +61,65 @@ def peak_in_flight(sent_ns: Iterable[int] | np.ndarray, end_ns: Iterable[int] | 
 
 
 class PeakFold:
-    """Send and end times gathered run by run (keyed by the run's anchor, ``replayer.t0_wall_s``
-    in the file metadata), then swept (``peak``)."""
+    """Send and end times gathered on one time axis (each table's shifted by ``shift_ns``: a
+    resumed run or a worker has an anchor of its own), then swept (``peak``)."""
 
     def __init__(self) -> None:
-        self._runs: dict[bytes, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        self._sent: list[np.ndarray] = []
+        self._end: list[np.ndarray] = []
 
-    def add(self, table: pa.Table | pa.RecordBatch, run: bytes = b"") -> None:
-        """Add the rows of ``table`` (columns ``sent_ns`` and ``end_ns``) to run ``run``."""
+    def add(self, table: pa.Table | pa.RecordBatch, shift_ns: int = 0) -> None:
+        """Add the rows of ``table`` (columns ``sent_ns`` and ``end_ns``; a table without them
+        adds nothing), their times plus ``shift_ns``."""
+        if not {"sent_ns", "end_ns"} <= set(table.schema.names):
+            return
         sent, end = table.column("sent_ns"), table.column("end_ns")
         known = pc.and_(pc.is_valid(sent), pc.is_valid(end))
-        sent, end = pc.filter(sent, known), pc.filter(end, known)
-        ss, ee = self._runs.setdefault(run, ([], []))
-        ss.append(np.asarray(sent.to_numpy(zero_copy_only=False), dtype=np.int64))
-        ee.append(np.asarray(end.to_numpy(zero_copy_only=False), dtype=np.int64))
+        for col, out in ((sent, self._sent), (end, self._end)):
+            out.append(np.asarray(pc.filter(col, known).to_numpy(zero_copy_only=False), dtype=np.int64) + shift_ns)
 
-    def peak(self) -> Peak | None:
-        """The highest peak over the runs (the earliest run's when tied); None with no row added."""
-        best: Peak | None = None
-        for run, (ss, ee) in sorted(self._runs.items(), key=lambda kv: _wall(kv[0]) or 0.0):
-            if not ss:
-                continue
-            n, at = peak_in_flight(np.concatenate(ss), np.concatenate(ee))
-            if best is None or n > best.requests:
-                best = Peak(n, at, _wall(run))
-        return best
+    def peak(self, t0_wall_s: float | None = None) -> Peak:
+        """The peak on this axis, whose origin is the wall-clock time ``t0_wall_s``."""
+        if not self._sent:
+            return Peak(0, None, t0_wall_s)
+        n, at = peak_in_flight(np.concatenate(self._sent), np.concatenate(self._end))
+        return Peak(n, at, t0_wall_s)
 
 
-def _wall(run: bytes) -> float | None:
-    """A run key (``replayer.t0_wall_s``: the anchor's Unix time, as text) as a float."""
+def _wall(pf_or_table) -> float | None:
+    """A results file's (or table's) run anchor, ``replayer.t0_wall_s`` (Unix s), or None."""
+    schema = pf_or_table.schema_arrow if hasattr(pf_or_table, "schema_arrow") else pf_or_table.schema
+    raw = (schema.metadata or {}).get(b"replayer.t0_wall_s")
     try:
-        return float(run) if run else None
+        return float(raw) if raw else None
     except ValueError:
         return None
 
 
-def peak_of_files(files: list[str], held: pa.Table | None = None) -> Peak | None:
+def peak_of_files(files: list[str], held: pa.Table | None = None) -> Peak:
     """The peak over results files (damaged ones left out: they are reported elsewhere) and the
-    results ``held`` in memory (a full disk)."""
+    results ``held`` in memory (a full disk), every run placed on the axis of the earliest run
+    anchor by its wall-clock start (a resumed run after its first; workers side by side)."""
     from replayer.record.folder import open_file
 
-    fold = PeakFold()
+    opened = []
     for f in files:
         pf = open_file(f)
-        if pf is None or not {"sent_ns", "end_ns"} <= set(pf.schema_arrow.names):
-            continue
-        run = (pf.schema_arrow.metadata or {}).get(b"replayer.t0_wall_s", b"")
+        if pf is not None and {"sent_ns", "end_ns"} <= set(pf.schema_arrow.names):
+            opened.append((pf, _wall(pf)))
+    tables = [(held, _wall(held))] if held is not None and held.num_rows else []
+    walls = [w for _, w in opened + tables if w is not None]
+    base = min(walls) if walls else None
+
+    def shift(wall: float | None) -> int:
+        return round((wall - base) * 1e9) if wall is not None and base is not None else 0
+
+    fold = PeakFold()
+    for pf, wall in opened:
         try:
-            fold.add(pf.read(columns=["sent_ns", "end_ns"]), run)
+            fold.add(pf.read(columns=["sent_ns", "end_ns"]), shift(wall))
         except (OSError, pa.ArrowException):
             continue
-    if held is not None and held.num_rows:
-        fold.add(held, (held.schema.metadata or {}).get(b"replayer.t0_wall_s", b""))
-    return fold.peak()
+    for t, wall in tables:
+        fold.add(t, shift(wall))
+    return fold.peak(base)

@@ -28,7 +28,7 @@ from replayer.core import usage
 from replayer.core.result import itl_samples
 from replayer.core.stats import PERCENTILE_METHOD, Stat, stat_from_json, stat_to_json
 from replayer.record.runspans import removed_of as _removed_of, run_durations, run_spans
-from replayer.results.concurrency import Peak, PeakFold, peak_of_files
+from replayer.results.concurrency import PeakFold, peak_of_files
 from replayer.results.imagestats import COLUMNS as IMAGE_COLUMNS, ImageFold
 from replayer.results.summarytext import format_summary
 
@@ -405,8 +405,8 @@ def summarize(table: pa.Table, slos: dict[str, float] | None = None) -> dict:
     s = fold.result()
     peaks = PeakFold()
     if {"sent_ns", "end_ns"} <= set(table.schema.names):
-        peaks.add(table, (table.schema.metadata or {}).get(b"replayer.t0_wall_s", b""))
-    s.update((peaks.peak() or Peak(0, None)).fields())  # the most requests in flight at once
+        peaks.add(table)
+    s.update(peaks.peak().fields())  # the most requests in flight at once
     return s
 
 
@@ -546,7 +546,7 @@ def summarize_files(files: list[str], *, slos: dict[str, float] | None = None, h
     if held is not None:
         s["results_not_written"] = held.num_rows
     peak = peak_of_files([f for f in files if f not in damaged], held)
-    s.update((peak or Peak(0, None)).fields())  # the most requests in flight at once (exact)
+    s.update(peak.fields())  # the most requests in flight at once (exact)
     runs = run_durations([f for f in files if f not in damaged], [held] if held is not None else [])
     set_duration(s, sum(runs))
     if len(runs) > 1:
