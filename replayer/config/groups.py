@@ -35,6 +35,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "retry_max",
         "retry_backoff_s",
     ),
+    "TLS (https:// targets)": ("ca_bundle", "client_cert", "client_key", "tls_server_name", "insecure"),
     "Several targets": ("target_policy", "session_header"),
     "Schedule": (
         "speedup",
@@ -50,6 +51,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "drain_timeout_s",
         "shard",
         "workers",
+        "coordinator",
+        "rejoin_max_late_s",
         "lead_s",
         "launcher",
         "delayed_ack",

@@ -130,13 +130,19 @@ def figure_specs(data: ReportData, target: pd.DataFrame | None = None, t0_wall_s
     return specs
 
 
-#: a target metric's unit on the plot: a gauge's as reported, a counter's as a rate per second
+#: a target metric's unit on the plot: a gauge's as reported, a counter's as a rate per second.
+#: Counters of tokens (vLLM's prefix-cache counters count tokens too) and of requests get figures
+#: of their own: on one linear axis a few requests/s beside thousands of tokens/s read as 0.
 def _target_unit(metric: str, kind: str) -> str:
     if kind == "gauge":
         return "fraction (0-1)" if metric.endswith("_perc") else "requests" if "num_requests" in metric else "value"
     if metric.endswith("_seconds_sum"):
         return "seconds/s"
-    return "tokens/s" if "tokens" in metric else "per second"
+    if "tokens" in metric or "prefix_cache" in metric:
+        return "tokens/s"
+    if "request" in metric or "preemption" in metric:
+        return "requests/s"
+    return "per second"
 
 
 def target_specs(t: pd.DataFrame, t0_wall_s: float | None = None) -> list[dict]:
@@ -197,8 +203,12 @@ def draw(specs: list[dict]) -> list[tuple[str, Figure]]:
                 {"marker": {"size": 4, "opacity": 0.6}} if se["mode"] == "markers" else {"line_shape": se["line_shape"]}
             )
             f.add_trace(go.Scatter(x=se["x"], y=se["y"], mode=se["mode"], name=se["name"], **kw))
-        f.update_layout(
-            xaxis_title=sp["x_title"], yaxis_title=sp["y_title"], xaxis_type=sp["x_type"], yaxis_type=sp["y_type"]
+        f.update_layout(  # (a legend with one line too: plotly hides it, and the line goes unnamed)
+            xaxis_title=sp["x_title"],
+            yaxis_title=sp["y_title"],
+            xaxis_type=sp["x_type"],
+            yaxis_type=sp["y_type"],
+            showlegend=True,
         )
         out.append((sp["title"], f))
     return out

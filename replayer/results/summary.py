@@ -79,6 +79,7 @@ _COUNTS = (
     "failed",
     "cancelled",
     "not_started",
+    "missed_while_down",
     "total_input_tokens",
     "total_output_tokens",
     "usage_missing",
@@ -186,6 +187,7 @@ class SummaryFold:
         n["failed"] += int(failed.sum())
         n["cancelled"] += int(_is(outcome, "cancelled").sum())
         n["not_started"] += int(_is(outcome, "not_started").sum())
+        n["missed_while_down"] += int(_is(outcome, "missed_while_down").sum())
         prompt_all = _f64(t.column("prompt_tokens"))
         prompt, completion = prompt_all[ok], _f64(t.column("completion_tokens"))[ok]
         input_length, output_length = _f64(t.column("input_length"))[ok], _f64(t.column("output_length"))[ok]
@@ -270,7 +272,7 @@ class SummaryFold:
         """Per-endpoint counts and E2E, and the pooling usage audit (``replayer.http.audit``)."""
         kinds = [k for k in pc.unique(ep).to_pylist() if k is not None]
         audit = t.column("usage_audit")
-        pooled_rows = ~(_is(outcome, "not_started") | _is(outcome, "cancelled"))
+        pooled_rows = ~(_is(outcome, "not_started") | _is(outcome, "cancelled") | _is(outcome, "missed_while_down"))
         for k in kinds:
             mine = _is(ep, k)
             e = self.endpoints.setdefault(k, {"scheduled": 0, "completed": 0, "failed": 0})
@@ -318,6 +320,8 @@ class SummaryFold:
         n = self.n
         duration = (self.end_max - self.sent_min) / 1e9 if n["sent"] and self.end_max > -math.inf else 0.0
         s: dict = {k: n[k] for k in ("scheduled", "sent", "completed", "failed", "cancelled", "not_started")}
+        if n["missed_while_down"]:  # (a fleet shard that rejoined: its rows due while it was down)
+            s["missed_while_down"] = n["missed_while_down"]
         s["duration"] = duration
         s["total_input_tokens"] = (
             n["total_input_tokens"] if n["input_tokens_known"] or not n["input_tokens_values"] else None

@@ -24,6 +24,19 @@ def synthetic_text(load: dict) -> str:
     )
 
 
+def _peak_rows(s: dict) -> list[tuple[str, object]]:
+    """The peak concurrency row (none for a summary written before it was measured)."""
+    if "max_concurrent_requests" not in s:
+        return []
+    at = s.get("max_concurrent_requests_at_s")
+    return [
+        (
+            "Peak concurrent requests",
+            f"{s['max_concurrent_requests']:,}" + (f" (at {at:,.3f} s)" if at is not None else ""),
+        )
+    ]
+
+
 def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
     """A fixed-width text table of the main summary fields (``n/a`` for None)."""
 
@@ -39,6 +52,8 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
     rows: list[tuple[str, object] | str] = ["Replay result"]
     if s.get("synthetic_load"):
         rows.append(("Synthetic load (no trace)", synthetic_text(s["synthetic_load"])))
+    if s.get("tls_insecure"):
+        rows.append(("TLS certificate NOT verified", "--insecure"))
     if s.get("stopped_early"):
         rows.append(("Stopped early (results partial)", f"by {s['stop_signal']}" if s.get("stop_signal") else "yes"))
     verdict_rows = verdict.verdict_rows(s)  # the verdict first, when there are bounds
@@ -58,16 +73,7 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
         ("Prompt-token mismatches vs trace", s["prompt_token_mismatches"]),
         ("Completion-token mismatches", s["completion_token_mismatches"]),
         ("Usage missing / TTFT unmeasured", f"{s['usage_missing']:,} / {s['ttft_unmeasured']:,}"),
-    ]
-    if "max_concurrent_requests" in s:  # (summaries written before it have none)
-        at = s.get("max_concurrent_requests_at_s")
-        rows.append(
-            (
-                "Peak concurrent requests",
-                f"{s['max_concurrent_requests']:,}" + (f" (at {at:,.3f} s)" if at is not None else ""),
-            )
-        )
-    rows += [
+        *_peak_rows(s),
         "Dispatch lag (sent - due)",
         (
             "p50 / p99 / max (ms)",
@@ -145,8 +151,9 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
     for r in rows:
         if isinstance(r, str):
             lines.append(f"{'-' * 4} {r} ".ljust(width + 14, "-"))
-        else:
-            lines.append(f"{r[0]:<{width - 8}}{fmt(r[1]):>22}")
+        else:  # (a long label and a long value keep two spaces between them)
+            value = fmt(r[1])
+            lines.append(f"{r[0]}{' ' * max(2, width + 14 - len(r[0]) - len(value))}{value}")
     return "\n".join(lines)
 
 
@@ -160,7 +167,7 @@ def format_groups(title: str, sections: dict, tail: Callable[[dict], str]) -> st
     lines = [title]
     for name, s in sections.items():
         lines.append(
-            f"  {name}: {s.get('requests', 0)} requests ({s.get('success', 0)} ok, {s.get('failed', 0)} failed), "
+            f"  {name}: {s.get('requests', 0)} requests ({s.get('completed', 0)} ok, {s.get('failed', 0)} failed), "
             f"TTFT p50 {fmt_ms(s.get('median_ttft_ms'))} / p99 {fmt_ms(s.get('p99_ttft_ms'))} ms, "
             f"E2E p50 {fmt_ms(s.get('median_e2e_ms'))}{tail(s)}"
         )

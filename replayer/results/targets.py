@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from prometheus_client import CollectorRegistry
 
-from replayer.core.errors import Outcome
+from replayer.core.errors import SUMMARY_COUNTS, Outcome
 from replayer.core.stats import latency_fields
 from replayer.observe.groupmetrics import GroupMetrics
 from replayer.results.summarytext import fmt_ms, format_groups
@@ -78,7 +78,7 @@ def target_sections(table: pa.Table) -> dict:
     for name in sorted(targets):
         t = table.filter(pc.equal(table.column("target"), name))
         outcomes = _counts(t.column("outcome"))
-        sec: dict = {"requests": t.num_rows, **{o.value: outcomes.get(o.value, 0) for o in Outcome}}
+        sec: dict = {"requests": t.num_rows, **{k: outcomes.get(o.value, 0) for o, k in SUMMARY_COUNTS.items()}}
         failed = t.filter(pc.equal(t.column("outcome"), Outcome.FAILED.value))
         sec["errors_by_kind"] = dict(sorted(_counts(failed.column("error_kind")).items()))
         for col, key in (("prompt_tokens", "total_input_tokens"), ("completion_tokens", "total_output_tokens")):

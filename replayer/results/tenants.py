@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry
 
-from replayer.core.errors import Outcome
+from replayer.core.errors import SUMMARY_COUNTS
 from replayer.core.stats import latency_fields
 from replayer.observe.groupmetrics import GroupMetrics
 from replayer.results.summarytext import fmt_ms, format_groups
@@ -42,7 +42,7 @@ def tenant_sections(table) -> dict:
     for name in sorted(tenants):
         t = table.filter(pc.equal(table.column("tenant"), name))
         outcome = t.column("outcome").to_pylist()
-        sec: dict = {"requests": t.num_rows, **{o.value: outcome.count(o.value) for o in Outcome}}
+        sec: dict = {"requests": t.num_rows, **{k: outcome.count(o.value) for o, k in SUMMARY_COUNTS.items()}}
         for col, key in (
             ("prompt_tokens", "total_input_tokens"),
             ("completion_tokens", "total_output_tokens"),

@@ -34,6 +34,7 @@ class RunState:
     failed: int = 0
     cancelled: int = 0
     not_started: int = 0
+    missed_while_down: int = 0  # a fleet shard's rows due while it was down
     max_lag_ms: float = 0.0
     window_max_lag_ms: float = 0.0
     watch_max_lag_ms: float = 0.0  # the same, for the self-watch window
@@ -41,6 +42,7 @@ class RunState:
     results: str = ""
     started_wall: float = field(default_factory=time.time)
     recorder: Recorder | None = None  # its folder size and oldest result (/status)
+    fleet: dict | None = None  # a fleet shard's start and clock (replayer.fleet.member.Joined)
 
 
 class Accounting(Observer):
@@ -66,6 +68,8 @@ class Accounting(Observer):
             self.bursts.observe(res)
         elif o == "cancelled":
             s.cancelled += 1
+        elif o == "missed_while_down":
+            s.missed_while_down += 1
         else:
             s.not_started += 1
 
@@ -156,6 +160,7 @@ def status(state: RunState, d: Dispatcher | None) -> dict:
         "failed": state.failed,
         "cancelled": state.cancelled,
         "not_started": state.not_started,
+        "missed_while_down": state.missed_while_down,
         "in_flight": d.in_flight if d else 0,
         "position": {"index": pos.index, "loop": pos.loop, "row": pos.row} if pos else None,
         "speedup": d.timeline.speedup if d else None,
@@ -166,6 +171,8 @@ def status(state: RunState, d: Dispatcher | None) -> dict:
         "results_oldest_timestamp_s": rec.oldest_timestamp_s if rec else None,
         # results a failed write keeps in memory until writing works again (0: all on disk)
         "results_unwritten": rec.unwritten_rows if rec else None,
+        # a fleet shard: the coordinator, the start epoch, this host's clock offset and its uncertainty
+        **({"fleet": state.fleet} if state.fleet is not None else {}),
     }
 
 

@@ -44,6 +44,7 @@ async def final_summary(
     task_failures: list[dict[str, str]] | None = None,
     held: pa.Table | None = None,
     roll_error: str | None = None,
+    fleet: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Summarize the results folder (off the loop), add the run's own parts and write
     ``summary.json``; returns it. ``task_failures``: the background tasks that crashed
@@ -93,8 +94,7 @@ async def final_summary(
             "stop_signal": stop_signal,
         }
     )
-    if task_failures:
-        summary["task_failures"] = list(task_failures)
+    _add_run_notes(summary, cfg, task_failures, fleet)
     if gap_cap is not None:  # --idle-gap-cap: gaps capped, time skipped, the trace -> replay map
         summary["idle_gap_cap"] = gap_cap.report()
     if cfg.mix:  # per-tenant sections (replayer.results.tenants)
@@ -133,6 +133,19 @@ def write_summary(summary: dict[str, Any], results_dir: str) -> None:
     except OSError as e:
         summary["summary_not_written"] = f"{e.strerror or e}"
         log.error("cannot write %s: %s; the summary is printed only", path, e)
+
+
+def _add_run_notes(
+    summary: dict[str, Any], cfg: RunConfig, task_failures: list[dict[str, str]] | None, fleet: dict[str, Any] | None
+) -> None:
+    """The sections a run has only sometimes: crashed background tasks, a fleet shard's start and
+    clock, an unverified TLS target."""
+    if task_failures:
+        summary["task_failures"] = list(task_failures)
+    if fleet is not None:  # a fleet shard: its start, its clock against the coordinator's
+        summary["fleet"] = fleet
+    if cfg.insecure and any(u.startswith("https://") for u in cfg.targets):
+        summary["tls_insecure"] = True  # --insecure: the target's certificate was not verified
 
 
 def print_summary(summary: dict[str, Any], results_dir: str) -> None:
@@ -192,6 +205,18 @@ __all__ = ["EXIT_ERROR_RATIO", "EXIT_WRITE_FAILED", "final_summary", "print_summ
 
 #: exit code of a run whose failed requests exceeded ``--max-error-ratio``
 EXIT_ERROR_RATIO = 3
+
+
+def nothing_scheduled_problem(summary: dict) -> str | None:
+    """Why a run that scheduled no request at all should exit 2 (a trace error): every row of the
+    trace was left out (a capture's failed requests, ``--max-requests``/``--duration`` windows);
+    None when something was scheduled or the run was stopped before it could be."""
+    if summary.get("scheduled") or summary.get("stopped_early") or summary.get("stop_signal"):
+        return None
+    return (
+        f"no row of the trace {summary.get('trace') or ''} could be scheduled (none replayable, or none in "
+        "the window asked for; `replayer trace inspect` counts them): nothing was sent: exit 2"
+    )
 
 
 def error_ratio_problem(summary: dict, max_error_ratio: float | None) -> str | None:

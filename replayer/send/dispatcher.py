@@ -71,7 +71,9 @@ class Dispatcher:
     ``sink(res)`` receives every result exactly once. ``t0_ns``: the run's anchor on ``clock``.
     ``observer``: live accounting hooks. ``on_idle(slack_ns)``: called before a wait (GC pacing).
     ``drain_timeout_s``: how long in-flight requests may take after ``stop``. ``shard``: written
-    in the results of requests never sent.
+    in the results of requests never sent. ``missed_before_ns``: a fleet shard that rejoins its
+    fleet's schedule late: the rows due before this offset are recorded ``missed_while_down``, not
+    sent (never a burst of what was due while it was down); the rest go at their due times.
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class Dispatcher:
         drain_timeout_s: float = 30.0,
         shard: int = 0,
         until_stop: bool = False,
+        missed_before_ns: int | None = None,
     ) -> None:
         self._feeder = BatchFeeder(feed.batches)
         self._prepare = feed.prepare
@@ -103,6 +106,7 @@ class Dispatcher:
         self.shard = shard
         self.until_stop = until_stop  # a schedule with no end: what is scheduled ends at the stop
         self._stopped_at_ns: int | None = None  # when ``stop`` was first called (since the anchor)
+        self._missed_before_ns = missed_before_ns
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()  # timeline changed (pause/resume/speed-up), a turn released, or stop
         self._idle = asyncio.Event()
@@ -114,6 +118,7 @@ class Dispatcher:
         self.position = Position()
         self.sent = 0
         self.not_started = 0
+        self.missed_while_down = 0
         self.cancelled = 0
         self.finished = False  # the whole schedule was issued
 
@@ -238,6 +243,11 @@ class Dispatcher:
                     break
                 sb, j = self._cur, self._j
                 trace_ns = int(sb.trace_ns[j])  # type: ignore[union-attr]
+                if self._missed_before_ns is not None:
+                    if self.timeline.due(trace_ns) < self._missed_before_ns:
+                        self._missed(sb, j)  # type: ignore[arg-type]
+                        continue
+                    self._missed_before_ns = None  # (in due order: the rest is on time)
                 if plan.next_item(trace_ns, self.now_rel(), catching_up) is not PREPARE:
                     break
                 req = self._prepare(sb, j)  # type: ignore[arg-type]
@@ -357,6 +367,13 @@ class Dispatcher:
             log.warning("drain timeout: cancelling %d in-flight requests", len(pending))
             for t in pending:
                 t.cancel()
+
+    def _missed(self, sb: ScheduleBatch, j: int) -> None:
+        self.missed_while_down += 1
+        res = self._unsent(sb, j)
+        res.outcome = Outcome.MISSED_WHILE_DOWN.value
+        self._j += 1
+        self._deliver(res)
 
     def _record_unsent(self) -> None:
         """At a stop: the requests prepared and the rest of the current trace batch recorded as
