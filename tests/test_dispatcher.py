@@ -133,6 +133,7 @@ def _run(
     gate: SessionGate | None = None,
     clock: VirtualClock | None = None,
     max_concurrency: int | None = None,
+    until_stop: bool = False,
     **plan_kw,
 ):
     """Replay ``ts_ms`` in virtual time; (results by row, dispatcher, sender, error raised by run)."""
@@ -154,6 +155,7 @@ def _run(
         clock=clock,
         drain_timeout_s=0.05,
         max_concurrency=max_concurrency,
+        until_stop=until_stop,
     )
     error: BaseException | None = None
 
@@ -380,3 +382,16 @@ def test_a_session_turn_released_by_its_predecessor_takes_its_slot_without_queue
         0.0,
         0.0,
     )
+
+
+def test_a_stop_of_a_schedule_without_end_records_only_what_was_due_by_then():
+    # --loop forever: what is scheduled ends at the stop; the rest of the batch (of the pass) is
+    # not recorded as not_started, so it is neither counted as scheduled nor plotted as due
+    ts = list(range(0, 100, 10))
+    res, d, _, error = _run(ts, {"block": {2}}, stop_at_ms=45, until_stop=True)
+    assert error is None and d.stopping
+    # the virtual clock jumps from 40 to 50 ms (the next due time): the stop comes at 50 ms
+    assert sorted(res) == [0, 1, 2, 3, 4, 5]  # rows due after the stop (60 ms on): never due
+    assert len(res) == d.sent + d.not_started
+    assert res[2].outcome == "cancelled"
+    assert max(r.due_ns for r in res.values()) <= 50 * MS

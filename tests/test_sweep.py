@@ -110,8 +110,10 @@ def test_sweep_finds_the_knee_of_the_simulators_capacity(sim_process, tmp_path, 
             "median_e2el_ms",
             "p99_e2el_ms",
             "dispatch_lag_p99_ms",
+            "max_concurrent_requests",
         ):
             assert p[key] == point_summary[key], key
+        assert p["max_concurrent_requests"] >= 1  # (each point's peak in flight, exact)
     assert sorted(x.name for x in res.iterdir()) == [
         "01-speedup-1",
         "02-speedup-2",

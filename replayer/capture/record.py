@@ -24,6 +24,7 @@ from replayer import __version__
 from replayer.core.background import EXIT_TASK_FAILED, BackgroundTasks
 from replayer.http.tls import TLSOptions
 from replayer.record.recorder import write_json
+from replayer.record.rolling import EXIT_WRITE_FAILED
 
 log = logging.getLogger("replayer.record")
 
@@ -321,20 +322,12 @@ async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, imag
         raise StartError(f"--admin-port {args.admin_port}: cannot listen: {e.strerror or e}") from None
     admin_port = int(admin_url.rsplit(":", 1)[1])
     listen_url = f"http://{host}:{bound}"
-    write_json(
-        os.path.join(args.out, "capture.json"),
-        {
-            "capture_started_at": started,
-            "listen": listen_url,
-            "upstream": upstream,
-            "admin_port": admin_port,
-            "block_size": args.block_size,
-            "hash_key": "file" if args.hash_key_file else "random (not kept)",
-            "tokenizer": args.tokenizer,
-            "upstream_tokenize": args.upstream_tokenize,
-            "version": __version__,
-        },
-    )
+    try:
+        _write_capture_json(args, started, listen_url, upstream, admin_port)
+    except OSError as e:  # (a full disk at the start)
+        await admin.stop()
+        await proxy.close()
+        raise StartError(f"--out {args.out}: cannot write capture.json: {e.strerror or e}") from None
     print(
         f"replayer record: listening on {listen_url}, upstream {upstream}, admin {admin_url}, writing {args.out}",
         file=sys.stderr,
@@ -377,4 +370,33 @@ async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, imag
         file=sys.stderr,
         flush=True,
     )
+    if writer.unwritten_rows or writer.roll_error:
+        lost = f"{writer.unwritten_rows} captured rows could not be written (lost)" if writer.unwritten_rows else ""
+        rolled = f"the last roll failed ({writer.roll_error}): the parts in {args.out}/parts stay, readable" * bool(
+            writer.roll_error
+        )
+        print(
+            f"replayer record: {'; '.join(x for x in (lost, rolled) if x)}: exit {EXIT_WRITE_FAILED}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_WRITE_FAILED
     return EXIT_TASK_FAILED if background.failures else 0
+
+
+def _write_capture_json(args, started, listen_url: str, upstream: str, admin_port: int) -> None:
+    """``OUT/capture.json``: what the capture listens on, forwards to, and hashes with."""
+    write_json(
+        os.path.join(args.out, "capture.json"),
+        {
+            "capture_started_at": started,
+            "listen": listen_url,
+            "upstream": upstream,
+            "admin_port": admin_port,
+            "block_size": args.block_size,
+            "hash_key": "file" if args.hash_key_file else "random (not kept)",
+            "tokenizer": args.tokenizer,
+            "upstream_tokenize": args.upstream_tokenize,
+            "version": __version__,
+        },
+    )

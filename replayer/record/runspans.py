@@ -4,10 +4,13 @@ summary's ``duration`` adds these spans up (a resumed run has a time axis of its
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from replayer.core.result import without_warmup
 from replayer.record.folder import open_file, read_removed, results_dir_of
 
 
@@ -17,10 +20,20 @@ def removed_of(files: list[str]) -> list:
     return [r for r in (read_removed(d) for d in dirs) if r is not None]
 
 
-def run_durations(files: list[str]) -> list[float]:
-    """Seconds from the first request sent to the last one ended, per run that wrote ``files``,
+def run_durations(files: list[str], tables: Sequence[pa.Table] = ()) -> list[float]:
+    """Seconds from the first request sent to the last one ended, per run that wrote ``files``
+    (and ``tables``: results held in memory, keyed by their schema's metadata as a file is),
     warm-up requests left out (``run_spans(skip_warmup=True)``)."""
-    return [(b - a) / 1e9 for a, b in run_spans(files, skip_warmup=True).values()]
+    spans = run_spans(files, skip_warmup=True)
+    for t in tables:
+        t = without_warmup(t)
+        run = (t.schema.metadata or {}).get(b"replayer.t0_wall_s", b"")
+        lo, hi = pc.min(t.column("sent_ns")).as_py(), pc.max(t.column("end_ns")).as_py()
+        if lo is None or hi is None:
+            continue
+        a, b = spans.get(run, (lo, hi))
+        spans[run] = (min(a, lo), max(b, hi))
+    return [(b - a) / 1e9 for a, b in spans.values()]
 
 
 def run_spans(files: list[str], *, removed: bool = True, skip_warmup: bool = False) -> dict[bytes, tuple[int, int]]:

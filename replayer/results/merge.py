@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from replayer.record.folder import open_file, report_damaged, result_files
 from replayer.record.recorder import write_json
+from replayer.results.concurrency import PeakFold
 from replayer.results.summary import BATCH_ROWS, fold_files, format_summary, read_summary, run_spans, set_duration
 
 log = logging.getLogger(__name__)
@@ -240,6 +241,10 @@ def merge_results(  # noqa: C901, PLR0912, PLR0915
     # duration: the time covered by the runs on the shared axis (shards overlap, resumed runs
     # follow each other: the gap between a stop and its resume is not replay time)
     set_duration(s, _union_s(spans))
+    peaks = PeakFold()  # the most requests in flight at once, every folder on the shared axis
+    for batch in iter_on_one_axis(list(dirs), ["sent_ns", "end_ns"]):
+        peaks.add(batch)
+    s.update(peaks.peak(base).fields())
     s.update(setup)
     _pace_settings(s, own)
     s["stopped_early"] = any(o.get("stopped_early") for o in own)  # a stop of one stopped the whole

@@ -326,17 +326,37 @@ def render_html(results_dir: str) -> str:
     target = samples.to_pandas() if samples is not None else None
     info = {k: meta.get(f"replayer.{k}") for k in ("version", "trace", "target", "model")}
     head = " · ".join(f"{k}: {html.escape(str(v))}" for k, v in info.items() if v)
+    origin = axis_origin_wall_s(results_dir)
     intro = (
-        f"<p>{head}</p><p>{len(data):,} requests{_warmup_text(data.warmup_rows)}; results folder "
+        f"<p>{head}</p><p>{len(data):,} requests scheduled{_sent_text(data)}{_warmup_text(data.warmup_rows)}"
+        f"{_peak_text(summary, origin)}; results folder "
         f"{html.escape(os.path.abspath(results_dir))}</p>\n" + _verdict_section(summary)
     )
     return _page(
         f"replayer report: {os.path.basename(os.path.abspath(results_dir))}",
         "replayer report",
         intro,
-        figures(data, target, axis_origin_wall_s(results_dir)),
+        figures(data, target, origin),
         f"<h2>Summary</h2>{_summary_table(summary)}",
     )
+
+
+def _sent_text(data) -> str:
+    """ " (N sent)": the requests that went out (not-started ones are scheduled, never sent)."""
+    sent = int(data.per_bin["sent"].sum())
+    return f" ({sent:,} sent)" if sent != len(data) else ""
+
+
+def _peak_text(summary: dict, origin_wall_s: float | None) -> str:
+    """ ", at most N in flight at once (at T s)": the summary's exact peak concurrency, its time
+    on the report's axis (the earliest run's anchor); "" when the summary has none."""
+    n = summary.get("max_concurrent_requests")
+    if n is None:
+        return ""
+    at_unix, at_s = summary.get("max_concurrent_requests_at_unix_s"), summary.get("max_concurrent_requests_at_s")
+    if at_unix is not None and origin_wall_s is not None:
+        at_s = at_unix - origin_wall_s
+    return f", at most {n:,} in flight at once" + (f" (at {at_s:,.3f} s)" if at_s is not None else "")
 
 
 def write_report(results_dir: str, output: str | None = None) -> str:

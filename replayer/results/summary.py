@@ -28,6 +28,7 @@ from replayer.core import usage
 from replayer.core.result import itl_samples
 from replayer.core.stats import PERCENTILE_METHOD, Stat, stat_from_json, stat_to_json
 from replayer.record.runspans import removed_of as _removed_of, run_durations, run_spans
+from replayer.results.concurrency import PeakFold, peak_of_files
 from replayer.results.imagestats import COLUMNS as IMAGE_COLUMNS, ImageFold
 from replayer.results.summarytext import format_summary
 
@@ -473,7 +474,12 @@ def summarize(table: pa.Table, slos: dict[str, float] | None = None) -> dict:
     (``--goodput`` bounds, ms): adds the verdict (``replayer.results.verdict.finish``'s fields)."""
     fold = SummaryFold(slos)
     fold.add(table)
-    return fold.result()
+    s = fold.result()
+    peaks = PeakFold()
+    if {"sent_ns", "end_ns"} <= set(table.schema.names):
+        peaks.add(table)
+    s.update(peaks.peak().fields())  # the most requests in flight at once
+    return s
 
 
 def fold_file(path: str, slos: dict[str, float] | None = None) -> SummaryFold | None:
@@ -589,7 +595,7 @@ def _verdict_from_json(v):
     return v
 
 
-def summarize_files(files: list[str], *, slos: dict[str, float] | None = None) -> dict:
+def summarize_files(files: list[str], *, slos: dict[str, float] | None = None, held: pa.Table | None = None) -> dict:
     """``summarize`` of results files, read in bounded memory (a days-long soak writes many
     millions of rows): batch by batch, only the columns the summary needs, folded into one
     ``SummaryFold`` (counts exact, statistics from ``stats.Stat``: exact count, sum, min, max
@@ -598,12 +604,25 @@ def summarize_files(files: list[str], *, slos: dict[str, float] | None = None) -
     that wrote the files (``run_durations``): each resumed run has a time axis of its own.
     A damaged file (cut short, not Parquet) is reported by name, left out, and listed in
     ``damaged_files``; the others are summarized. ``slos``: the ``--goodput`` bounds (ms) to judge
-    requests by (None: those the run that wrote the first file was given, from its metadata)."""
+    requests by (None: those the run that wrote the first file was given, from its metadata).
+    ``held``: results the run could not write (a full disk), counted as if on disk and
+    counted in ``results_not_written``. ``max_concurrent_requests``: the most requests in flight
+    at once, exact, and when (``replayer.results.concurrency``; files retention removed are not
+    in it)."""
     fold, damaged = fold_files(files, slos)
+    held = held if held is not None and held.num_rows else None
+    if held is not None:
+        one = SummaryFold(fold.slos)
+        one.add(held.select([c for c in COLUMNS if c in held.schema.names]))
+        fold.merge(one)
     s = fold.result()
     if damaged:
         s["damaged_files"] = damaged
-    runs = run_durations([f for f in files if f not in damaged])
+    if held is not None:
+        s["results_not_written"] = held.num_rows
+    peak = peak_of_files([f for f in files if f not in damaged], held)
+    s.update(peak.fields())  # the most requests in flight at once (exact)
+    runs = run_durations([f for f in files if f not in damaged], [held] if held is not None else [])
     set_duration(s, sum(runs))
     if len(runs) > 1:
         s["runs"] = len(runs)

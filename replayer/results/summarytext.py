@@ -24,6 +24,19 @@ def synthetic_text(load: dict) -> str:
     )
 
 
+def _peak_rows(s: dict) -> list[tuple[str, object]]:
+    """The peak concurrency row (none for a summary written before it was measured)."""
+    if "max_concurrent_requests" not in s:
+        return []
+    at = s.get("max_concurrent_requests_at_s")
+    return [
+        (
+            "Peak concurrent requests",
+            f"{s['max_concurrent_requests']:,}" + (f" (at {at:,.3f} s)" if at is not None else ""),
+        )
+    ]
+
+
 def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
     """A fixed-width text table of the main summary fields (``n/a`` for None)."""
 
@@ -60,6 +73,7 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
         ("Prompt-token mismatches vs trace", s["prompt_token_mismatches"]),
         ("Completion-token mismatches", s["completion_token_mismatches"]),
         ("Usage missing / TTFT unmeasured", f"{s['usage_missing']:,} / {s['ttft_unmeasured']:,}"),
+        *_peak_rows(s),
         "Dispatch lag (sent - due)",
         (
             "p50 / p99 / max (ms)",

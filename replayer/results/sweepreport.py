@@ -125,6 +125,7 @@ def _points_table(sweep: dict) -> str:
         ("p99_tpot_ms", "TPOT p99 ms"),
         ("p99_e2el_ms", "E2E p99 ms"),
         ("dispatch_lag_p99_ms", "lag p99 ms"),
+        ("max_concurrent_requests", "peak in flight"),
         ("status", "status"),
         ("results", "results folder"),
     )

@@ -78,10 +78,12 @@ from replayer.run.runstate import (
 )
 from replayer.run.runsummary import (
     EXIT_ERROR_RATIO,
+    EXIT_WRITE_FAILED,
     error_ratio_problem,
     final_summary,
     nothing_scheduled_problem,
     print_summary,
+    writes_failed,
 )
 from replayer.run.simproc import PARENT_PID_ENV, spawn_sim, stop_sim
 from replayer.run.workers import stop_with_parent
@@ -523,6 +525,7 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         drain_timeout_s=cfg.drain_timeout_s,
         shard=shard,
         max_concurrency=cfg.max_concurrency,
+        until_stop=cfg.loops is None,  # --loop forever: what is scheduled ends at the stop
         missed_before_ns=missed_before_ns,
     )
 
@@ -630,6 +633,8 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         stop_signal=signals[0] if signals else None,
         gap_cap=gap_cap,
         task_failures=background.failures,
+        held=recorder.unwritten_table(),
+        roll_error=recorder.roll_error,
         fleet=state.fleet,
     )
     if heartbeat is not None:
@@ -692,7 +697,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     """Run with uvloop. Exit code: 0 when the replay ended by itself (or by ``/stop``), 2 on a
     startup/trace error or when no row of the trace was scheduled, 3 when more requests failed than ``--max-error-ratio`` allows, 4 when a
-    background task crashed and stopped the run (``replayer.core.background``), 128 + the
+    background task crashed and stopped the run (``replayer.core.background``), 5 when results or
+    ``summary.json`` could not all be written (a full disk: the summary printed counts them), 128 + the
     signal's number when SIGTERM (143), SIGINT (130) or SIGHUP (129: the terminal closed, or the
     ``--workers`` parent is gone) stopped it,
     its results on disk and resumable (a Kubernetes Job then retries the pod, which resumes)."""
@@ -718,6 +724,10 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     sig = summary.get("stop_signal") if isinstance(summary, dict) else None
     if sig:
         return 128 + signal.Signals[sig].value
+    unwritten = writes_failed(summary) if isinstance(summary, dict) else None
+    if unwritten:
+        print(f"replayer: {unwritten}: exit {EXIT_WRITE_FAILED}", file=sys.stderr)
+        return EXIT_WRITE_FAILED
     one = isinstance(summary, dict) and cfg.shard_index[1] == 1  # (a shard of several may be empty)
     empty = nothing_scheduled_problem(summary) if one else None
     if empty:

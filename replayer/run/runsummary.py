@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 from typing import Any
+
+import pyarrow as pa
 
 from replayer.config.model import RunConfig
 from replayer.observe.target_metrics import TargetScraper, TargetScrapers
@@ -15,11 +18,14 @@ from replayer.observe.target_samples import SampleFiles
 from replayer.plan.schedule import IdleGapCap
 from replayer.record.folder import result_files
 from replayer.record.recorder import write_json
+from replayer.record.rolling import EXIT_WRITE_FAILED
 from replayer.results.summary import format_summary, summarize_files
 from replayer.results.targets import format_targets, read_targets
 from replayer.results.tenants import format_tenants, read_tenant_sections
 from replayer.run.resume import scraper_totals
 from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV
+
+log = logging.getLogger(__name__)
 
 
 async def final_summary(
@@ -36,17 +42,22 @@ async def final_summary(
     stop_signal: str | None,
     gap_cap: IdleGapCap | None,
     task_failures: list[dict[str, str]] | None = None,
+    held: pa.Table | None = None,
+    roll_error: str | None = None,
     fleet: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Summarize the results folder (off the loop), add the run's own parts and write
     ``summary.json``; returns it. ``task_failures``: the background tasks that crashed
-    (``replayer.core.background``), in the summary only when there were some."""
+    (``replayer.core.background``), in the summary only when there were some. ``held``: the
+    results a failed write (a full disk) kept in memory: counted (``results_not_written``).
+    ``roll_error``: why the last roll failed (its parts stay). When ``summary.json`` cannot be
+    written, the summary says so (``summary_not_written``) and is only printed."""
     loop = asyncio.get_running_loop()
     summary = await loop.run_in_executor(
-        None, functools.partial(summarize_files, result_files(results_dir), slos=cfg.goodput_slos)
+        None, functools.partial(summarize_files, result_files(results_dir), slos=cfg.goodput_slos, held=held)
     )
     if samples is not None and scraper is not None:  # (also the parts a killed earlier run left)
-        await loop.run_in_executor(None, samples.roll, scraper.take_samples())
+        await loop.run_in_executor(None, _roll_samples, samples, scraper, results_dir)
     if isinstance(scraper, TargetScrapers):  # several targets: each one's deltas in its section
         pass
     elif scraper is not None and scraper.scrapes:
@@ -100,8 +111,29 @@ async def final_summary(
             hits = [sec.get("deltas", {}).get("prefix_cache_hits") for sec in metrics.values()]
             if hits and all(h is not None for h in hits):  # (every target reported it)
                 summary["server_prefix_cache_hit_tokens"] = sum(hits)
-    write_json(os.path.join(results_dir, "summary.json"), summary)
+    if roll_error is not None:
+        summary["results_roll_error"] = roll_error
+    write_summary(summary, results_dir)
     return summary
+
+
+def _roll_samples(samples: SampleFiles, scraper: TargetScraper | TargetScrapers, results_dir: str) -> None:
+    """The target-metric samples rolled into their file (a full disk: the parts stay, logged)."""
+    try:
+        samples.roll(scraper.take_samples())
+    except OSError as e:
+        log.error("cannot roll the target-metric samples in %s: %s", results_dir, e)
+
+
+def write_summary(summary: dict[str, Any], results_dir: str) -> None:
+    """Write ``summary.json``; when it cannot be (a full disk, an I/O error) the summary says
+    so (``summary_not_written``: it is printed only, and the exit code says so)."""
+    path = os.path.join(results_dir, "summary.json")
+    try:
+        write_json(path, summary)
+    except OSError as e:
+        summary["summary_not_written"] = f"{e.strerror or e}"
+        log.error("cannot write %s: %s; the summary is printed only", path, e)
 
 
 def _add_run_notes(
@@ -157,7 +189,32 @@ def print_summary(summary: dict[str, Any], results_dir: str) -> None:
         )
     files = [os.path.relpath(f, results_dir) for f in result_files(results_dir)]
     listed = ", ".join(files) if len(files) <= 3 else f"{len(files)} results files"
-    print(f"results: {results_dir}/ ({listed}, summary.json)", flush=True)
+    unwritten = writes_failed(summary)
+    if summary.get("summary_not_written") is None:
+        listed += ", summary.json"
+    print(f"results: {results_dir}/ ({listed or 'no results file'})", flush=True)
+    if unwritten:
+        print(f"results not all written: {unwritten}", flush=True)
+
+
+def writes_failed(summary: dict) -> str | None:
+    """What of the run could not be written (the run then exits ``EXIT_WRITE_FAILED``: the
+    results held in memory are counted in the summary printed; ``--resume`` on a disk with room
+    completes the run), in words; None when all was."""
+    said = []
+    if summary.get("results_not_written"):
+        folder = summary.get("results")
+        again = (
+            "--resume on a disk with room sends them again"
+            if not folder or os.path.exists(os.path.join(folder, "checkpoint.json"))
+            else "no checkpoint.json in the folder: run again on a disk with room"
+        )
+        said.append(
+            f"{summary['results_not_written']} results held in memory and counted above are not on disk ({again})"
+        )
+    if summary.get("summary_not_written") is not None:
+        said.append(f"summary.json not written ({summary['summary_not_written']}): the summary above is printed only")
+    return "; ".join(said) or None
 
 
 def _target_embedded(cfg: RunConfig) -> bool:
@@ -165,6 +222,8 @@ def _target_embedded(cfg: RunConfig) -> bool:
     or by the ``--workers`` parent, which names it in ``EMBEDDED_TARGET_ENV``."""
     return cfg.target is None or cfg.target == [os.environ.get(EMBEDDED_TARGET_ENV)]
 
+
+__all__ = ["EXIT_ERROR_RATIO", "EXIT_WRITE_FAILED", "final_summary", "print_summary", "write_summary", "writes_failed"]
 
 #: exit code of a run whose failed requests exceeded ``--max-error-ratio``
 EXIT_ERROR_RATIO = 3

@@ -88,6 +88,7 @@ POINT_KEYS = (
     "p99_e2el_ms",
     "dispatch_lag_p50_ms",
     "dispatch_lag_p99_ms",
+    "max_concurrent_requests",
     "expected_prefix_hit_tokens",
     "server_prefix_cache_hit_tokens",
 )

@@ -27,7 +27,10 @@ Shutdown: ``stop()`` stops issuing; in-flight requests get ``drain_timeout_s`` t
 are cancelled (recorded as ``cancelled``, as they are when ``run`` itself is cancelled).
 Requests already prepared (those waiting for a slot too), and the rest of the current trace
 batch, are recorded as ``not_started``. So ``sent + not_started`` = everything
-scheduled so far, and every sent request ends as success, failed or cancelled.
+scheduled so far, and every sent request ends as success, failed or cancelled. A schedule with
+no end (``--loop forever``: ``until_stop``) has no rest: what it scheduled ends at the stop, so
+only the requests due by then are recorded as ``not_started`` (the rest of a pass never reached
+is not counted, not plotted, and a resume starts there).
 """
 
 from __future__ import annotations
@@ -98,6 +101,7 @@ class Dispatcher:
         drain_timeout_s: float = 30.0,
         shard: int = 0,
         max_concurrency: int | None = None,
+        until_stop: bool = False,
         missed_before_ns: int | None = None,
     ) -> None:
         self._feeder = BatchFeeder(feed.batches)
@@ -112,6 +116,8 @@ class Dispatcher:
         self._on_idle = on_idle
         self.drain_timeout_s = drain_timeout_s
         self.shard = shard
+        self.until_stop = until_stop  # a schedule with no end: what is scheduled ends at the stop
+        self._stopped_at_ns: int | None = None  # when ``stop`` was first called (since the anchor)
         self._missed_before_ns = missed_before_ns
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()  # timeline changed (pause/resume/speed-up), a turn released, or stop
@@ -171,6 +177,8 @@ class Dispatcher:
 
     def stop(self) -> None:
         """Stop issuing requests; ``run`` then drains and returns."""
+        if self._stopped_at_ns is None:
+            self._stopped_at_ns = self.now_rel()
         self._stopping.set()
         self._changed.set()
 
@@ -426,6 +434,8 @@ class Dispatcher:
         self._deliver(res)
 
     def _record_unsent(self) -> None:
+        """At a stop: the requests prepared and the rest of the current trace batch recorded as
+        ``not_started`` (with ``until_stop``, only those due by the stop)."""
         if not self.stopping:
             return
         while self._queue:  # due, never given a slot
@@ -435,14 +445,23 @@ class Dispatcher:
             res.prompt_len_sent = res.max_tokens = 0  # nothing was sent
             res.expected_prefix_hit_tokens = None
             self._deliver(res)
+        if self.until_stop:
+            until = self._stopped_at_ns if self._stopped_at_ns is not None else self.now_rel()
+        else:
+            until = None
         for req in self._plan.take_held():
+            due = self.timeline.due(req.trace_ns)
+            if until is not None and due > until:
+                continue  # never due: not part of what was scheduled
             self.not_started += 1
-            res = req.new_result(self.shard, due_ns=self.timeline.due(req.trace_ns))
+            res = req.new_result(self.shard, due_ns=due)
             res.prompt_len_sent = res.max_tokens = 0  # nothing was sent
             res.expected_prefix_hit_tokens = None
             self._deliver(res)
         if self._cur is not None:
             for j in range(self._j, len(self._cur)):
+                if until is not None and self.timeline.due(int(self._cur.trace_ns[j])) > until:
+                    break  # (due times do not decrease within a batch)
                 self.not_started += 1
                 self._deliver(self._unsent(self._cur, j))
             self._j = len(self._cur)
