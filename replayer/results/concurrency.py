@@ -70,11 +70,14 @@ class PeakFold:
 
     def add(self, table: pa.Table | pa.RecordBatch, shift_ns: int = 0) -> None:
         """Add the rows of ``table`` (columns ``sent_ns`` and ``end_ns``; a table without them
-        adds nothing), their times plus ``shift_ns``."""
+        adds nothing), their times plus ``shift_ns``; warm-up rows (``warmup`` true) are left out,
+        as from every statistic of a run."""
         if not {"sent_ns", "end_ns"} <= set(table.schema.names):
             return
         sent, end = table.column("sent_ns"), table.column("end_ns")
         known = pc.and_(pc.is_valid(sent), pc.is_valid(end))
+        if "warmup" in table.schema.names:
+            known = pc.and_(known, pc.invert(pc.fill_null(table.column("warmup"), False)))
         for col, out in ((sent, self._sent), (end, self._end)):
             out.append(np.asarray(pc.filter(col, known).to_numpy(zero_copy_only=False), dtype=np.int64) + shift_ns)
 
@@ -117,7 +120,8 @@ def peak_of_files(files: list[str], held: pa.Table | None = None) -> Peak:
     fold = PeakFold()
     for pf, wall in opened:
         try:
-            fold.add(pf.read(columns=["sent_ns", "end_ns"]), shift(wall))
+            cols = ["sent_ns", "end_ns", *(["warmup"] if "warmup" in pf.schema_arrow.names else [])]
+            fold.add(pf.read(columns=cols), shift(wall))
         except (OSError, pa.ArrowException):
             continue
     for t, wall in tables:
