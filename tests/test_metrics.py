@@ -300,3 +300,30 @@ def test_results_folder_size_and_oldest_result_are_left_out_until_known():
     v = _values(r)
     assert v["replayer_results_bytes"] == 2_000_000
     assert v["replayer_results_oldest_timestamp_seconds"] == 1_796_000_000.5
+
+
+def test_live_percentiles_never_exceed_the_observed_max():
+    # lags of 9.5 to 11.1 ms all fall in one wide bucket (10 .. 21.5 ms): the bucket's linear
+    # interpolation put p99 near the bucket's top (15.8 ms with a max of 11.1 ms, as a user saw);
+    # the estimate is now clamped to the exact [min, max] observed, and says it is an estimate
+    from replayer.core.result import RequestResult
+
+    _, m = _metrics()
+    lags = [9.5 + 0.016 * i for i in range(101)]  # 9.5 .. 11.1 ms
+    for i, lag in enumerate(lags):
+        m.on_dispatched(RequestResult(row=i, dispatch_lag_ms=lag))
+        m.on_result(RequestResult(row=i, outcome="success", ttft_ms=lag, e2e_ms=lag, itl_ms=[lag, lag / 2]))
+    snap = m.snapshot()
+    for name in ("dispatch_lag", "ttft", "e2e"):
+        assert min(lags) / 1e3 <= snap[f"{name}_p50_s"] <= snap[f"{name}_p99_s"] <= max(lags) / 1e3, name
+    assert snap["itl_p99_s"] <= max(lags) / 1e3 and snap["itl_p50_s"] >= min(lags) / 2e3
+    assert snap["dispatch_lag_p99_s"] == pytest.approx(max(lags) / 1e3)  # clamped, not 15-20 ms
+    assert "estimate" in snap["percentile_method"] and "clamped" in snap["percentile_method"]
+
+
+def test_quantile_from_buckets_is_clamped_to_the_values_seen():
+    bounds = [0.1, 0.2, 0.4]
+    assert quantile_from_buckets(0.99, bounds, [0, 10, 10, 10]) == pytest.approx(0.199)
+    assert quantile_from_buckets(0.99, bounds, [0, 10, 10, 10], lo=0.11, hi=0.12) == 0.12
+    assert quantile_from_buckets(0.01, bounds, [0, 10, 10, 10], lo=0.11, hi=0.12) == 0.11
+    assert quantile_from_buckets(0.5, bounds, [0, 0, 0, 0], lo=0.1, hi=0.2) is None

@@ -102,9 +102,20 @@ class CaptureWriter:
     def _rolled_path(self, final: bool) -> str:
         return os.path.join(self.dir, f"trace-{len(self._rolled()):05d}.parquet")
 
+    @property
+    def unwritten_rows(self) -> int:
+        """Rows a failed write keeps in memory (after ``close``: lost with the process)."""
+        return self._w.unwritten_rows
+
+    @property
+    def roll_error(self) -> str | None:
+        """Why the last roll failed (its parts stay, readable as the trace), else None."""
+        return self._w.roll_error
+
     def close(self) -> None:
         """Write what is buffered and roll the parts into the last trace file (sorted by arrival).
-        Idempotent."""
+        Idempotent; a write that fails for good is logged, never raised (``unwritten_rows``,
+        ``roll_error``)."""
         if self._w.closed:
             return
         self.flush()

@@ -5,6 +5,7 @@ call, per-request observations batched until a scrape, and the collectors comput
 
 from __future__ import annotations
 
+import math
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
@@ -35,14 +36,32 @@ LAG_BUCKETS = tuple(-b for b in reversed(_LAG[:7])) + (0.0,) + _LAG
 LOOP_LAG_BUCKETS = log_buckets(0.00001, 10.0, per_decade=3)
 
 
-def quantile_from_buckets(q: float, bounds: Iterable[float], cumulative: Iterable[float]) -> float | None:
+def quantile_from_buckets(
+    q: float,
+    bounds: Iterable[float],
+    cumulative: Iterable[float],
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+) -> float | None:
     """Prometheus ``histogram_quantile`` on one histogram: ``bounds`` are the finite upper bounds
     (ascending), ``cumulative`` the cumulative counts for them followed by the +Inf count.
     Linear interpolation inside the bucket; the lowest bucket starts at 0 (or at its own bound
     if that is negative); a rank in the +Inf bucket returns the highest finite bound. ``None``
-    when the histogram is empty."""
-    b = list(bounds)
-    c = list(cumulative)
+    when the histogram is empty. An estimate: ``lo`` / ``hi`` (the exact smallest and largest
+    value observed) clamp it, so that it never lies outside what was observed (an interpolation
+    inside a wide bucket can land above the maximum)."""
+    v = _interpolate(q, list(bounds), list(cumulative))
+    if v is None:
+        return None
+    if hi is not None and v > hi:
+        v = hi
+    if lo is not None and v < lo:
+        v = lo
+    return v
+
+
+def _interpolate(q: float, b: list[float], c: list[float]) -> float | None:
     total = c[-1] if c else 0
     if total <= 0:
         return None
@@ -86,6 +105,8 @@ class BulkHistogram(Collector):
         self._bounds = np.asarray(buckets, dtype=np.float64)
         self._counts = np.zeros(len(buckets) + 1, dtype=np.int64)  # last = +Inf
         self._sum = 0.0
+        self.min = math.inf  # the exact smallest and largest value observed (the quantiles' clamp)
+        self.max = -math.inf
         self._lock = threading.Lock()
         registry.register(self)
 
@@ -95,9 +116,12 @@ class BulkHistogram(Collector):
             return
         idx = np.searchsorted(self._bounds, v, side="left")  # bucket i counts v <= bounds[i]
         add = np.bincount(idx, minlength=self._counts.size)
+        known = v[~np.isnan(v)]
+        lo, hi = (float(known.min()), float(known.max())) if known.size else (math.inf, -math.inf)
         with self._lock:
             self._counts += add
             self._sum += float(v.sum())
+            self.min, self.max = min(self.min, lo), max(self.max, hi)
 
     def collect(self):
         with self._lock:
@@ -197,7 +221,7 @@ class _PendingHistogram:
     bucket counts, and the running sum in observation order (so the flushed ``_sum`` is the very
     float ``observe`` would have summed). Only this class may observe its histogram."""
 
-    __slots__ = ("h", "bounds", "counts", "total", "n")
+    __slots__ = ("h", "bounds", "counts", "total", "n", "min", "max")
 
     def __init__(self, h: Histogram) -> None:
         self.h = h
@@ -205,11 +229,17 @@ class _PendingHistogram:
         self.counts = [0] * len(self.bounds)
         self.total = 0.0
         self.n = 0
+        self.min = math.inf  # the exact smallest and largest value observed (never reset: the
+        self.max = -math.inf  # histogram is cumulative too), the live quantiles' clamp
 
     def add(self, v: float) -> None:
         self.total += v
         if v == v:  # NaN lands in no bucket (as in Histogram.observe)
             self.counts[bisect_left(self.bounds, v)] += 1  # first bound >= v
+            if v < self.min:
+                self.min = v
+            if v > self.max:
+                self.max = v
         self.n += 1
 
     def flush(self) -> None:

@@ -39,11 +39,12 @@ from replayer.observe.metricparts import (
     quantile_from_buckets,
 )
 
-#: the (outcome, error_kind) pairs that occur: success/none, not_started/none,
+#: the (outcome, error_kind) pairs that occur: success/none, not_started/none, missed_while_down/none,
 #: cancelled/cancelled, failed/every other kind
 _REQUEST_LABELS = [
     (Outcome.SUCCESS, ErrorKind.NONE),
     (Outcome.NOT_STARTED, ErrorKind.NONE),
+    (Outcome.MISSED_WHILE_DOWN, ErrorKind.NONE),
     (Outcome.CANCELLED, ErrorKind.CANCELLED),
 ] + [(Outcome.FAILED, k) for k in ErrorKind if k not in (ErrorKind.NONE, ErrorKind.CANCELLED)]
 #: closed label set of replayer_usage_mismatches_total
@@ -441,7 +442,7 @@ class ReplayerMetrics:
             if res.loop == self._loop_no:
                 c = self.trace_rows_done
                 incs[c] = get(c, 0) + 1
-            if res.outcome != "not_started":  # never issued: never counted as in flight
+            if res.outcome not in ("not_started", "missed_while_down"):  # never issued: never in flight
                 self._issued(res, incs, get)
             if time.monotonic() >= self._next_flush_s:
                 self.flush()
@@ -519,21 +520,22 @@ class ReplayerMetrics:
             incs[c] = get(c, 0) + 1
 
     # -- live view -------------------------------------------------------------------------
-    def snapshot(self) -> dict[str, float | int | None]:
+    def snapshot(self) -> dict[str, float | int | str | None]:
         """Live numbers since start (JSON-ready; ``None`` = nothing measured yet): cumulative
         quantiles in seconds from the histograms, token counters, trace position. A few dozen
         samples are read: cheap enough for a 2 Hz console."""
         self.flush()
-        out: dict[str, float | int | None] = {}
-        for name, h, qs in (
-            ("ttft", self.ttft, (0.5, 0.99)),
-            ("dispatch_lag", self.lag, (0.5, 0.99)),
-            ("e2e", self.e2e, (0.5, 0.99)),
-            ("itl", self.itl, (0.5, 0.99)),
+        out: dict[str, float | int | str | None] = {}
+        for name, h, seen, qs in (
+            ("ttft", self.ttft, self._h_ttft, (0.5, 0.99)),
+            ("dispatch_lag", self.lag, self._h_lag, (0.5, 0.99)),
+            ("e2e", self.e2e, self._h_e2e, (0.5, 0.99)),
+            ("itl", self.itl, self.itl, (0.5, 0.99)),
         ):
             bounds, cum = _hist_state(h)
-            for q in qs:
-                out[f"{name}_p{int(q * 100)}_s"] = quantile_from_buckets(q, bounds, cum)
+            for q in qs:  # an estimate, clamped to the exact [min, max] observed (LIVE_PERCENTILES)
+                out[f"{name}_p{int(q * 100)}_s"] = quantile_from_buckets(q, bounds, cum, lo=seen.min, hi=seen.max)
+        out["percentile_method"] = LIVE_PERCENTILES
         out["due"] = self.due.value()
         out["prompt_tokens_total"] = int(self.server_prompt_tokens._value.get())  # noqa: SLF001
         out["completion_tokens_total"] = int(self.server_completion_tokens._value.get())  # noqa: SLF001
@@ -544,6 +546,12 @@ class ReplayerMetrics:
         out["loop"] = self._loop_no
         out["event_loop_lag_max_s"] = self.loop_lag_max._value.get()  # noqa: SLF001
         return out
+
+
+#: how the live quantiles of ``snapshot`` (``/status``, the console) are made: estimates
+LIVE_PERCENTILES = (
+    "estimate: interpolated in the Prometheus histogram's bucket, clamped to the exact min and max observed"
+)
 
 
 def metric_names(registry: CollectorRegistry) -> list[str]:

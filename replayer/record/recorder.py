@@ -18,7 +18,10 @@ name and left out; every intact file is still read (``open_file``, ``read_file``
 A write that fails (no file descriptor left, disk full, an I/O error) loses nothing: its results
 stay in memory, the error is logged when it starts and when writing works again, and the next
 flush writes them first (the checkpoint is not moved past results not on disk). ``close`` retries
-for ``rolling.CLOSE_RETRY_S``; ``unwritten_rows`` is what could not be written in the end.
+for ``rolling.CLOSE_RETRY_S``; ``unwritten_rows`` is what could not be written in the end, and
+``unwritten_table`` those results (the run's summary counts them: a full disk loses no measurement
+from the summary, only from the folder; ``--resume`` sends them again, the checkpoint being behind
+them). A final roll that fails leaves the parts, readable (``roll_error``).
 
 A ``checkpoint.json`` written after every flush records the replay position (see ``--resume``).
 Every whole file (parts, rolled files, checkpoint, ``write_json``) is written to a temporary
@@ -148,6 +151,16 @@ class Recorder:
     @property
     def write_errors(self) -> int:
         return self._w.write_errors
+
+    @property
+    def roll_error(self) -> str | None:
+        """Why the final roll failed (the parts stay, readable), else None."""
+        return self._w.roll_error
+
+    def unwritten_table(self) -> pa.Table | None:
+        """The results that could not be written (after ``close``: for good), with the file
+        metadata (run anchor, config); None when every result is on disk."""
+        return self._w.kept_table()
 
     def add(self, res: RequestResult) -> None:
         """Buffer one result (~10-20 us with a few hundred ITL samples, plus ~1 ms per 128

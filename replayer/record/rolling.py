@@ -17,7 +17,10 @@ writer (``replayer.capture.writer``), each with its own schema and file names:
 The event loop never waits for a disk: ``submit`` runs a job on the writer thread. A part write
 that fails (no file descriptor left, disk full, an I/O error) loses nothing (``write_or_keep``):
 its rows stay in memory, the error is logged when it starts and when writing works again, and the
-next write puts them first.
+next write puts them first. At the end (``close``) such rows are tried again for a while; what
+is still unwritten then stays readable in memory (``kept_table``) for the run's summary, and a
+final roll that fails (a full disk) leaves the parts as they are (readable; the next writer in
+the folder rolls them): ``close`` never raises for a failed write.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ PARTS = "parts"
 ROLLED_PARTS = b"replayer.rolled_parts"
 ROLL_GROUP_ROWS = 50_000  # rows per row group of a rolled file
 CLOSE_RETRY_S = 30.0  # at the end, rows whose write failed are tried again for this long
+#: exit code of a process (``run``, ``record``) whose rows or summary could not all be written
+#: (a full disk, an I/O error): it says what is not on disk, and ends as any other run does
+EXIT_WRITE_FAILED = 5
 
 
 @contextlib.contextmanager
@@ -158,6 +164,7 @@ class RollingWriter:
         self._kept: list[pa.Table] = []  # rows a failed part write kept (``write_or_keep``)
         self.unwritten_rows = 0  # their count
         self.write_errors = 0  # part writes that failed
+        self.roll_error: str | None = None  # why the final roll failed (None: it did not)
 
     @property
     def parts(self) -> list[str]:
@@ -174,6 +181,15 @@ class RollingWriter:
                 job()
 
         return self._pool.submit(locked)
+
+    def kept_table(self) -> pa.Table | None:
+        """The rows a failed write keeps in memory, as one table with the file metadata (None
+        when there are none): after ``close``, what could not be written in the end."""
+        with self.lock:
+            if not self._kept:
+                return None
+            table = self._kept[0] if len(self._kept) == 1 else pa.concat_tables(self._kept)
+        return table.replace_schema_metadata(self.schema.metadata)
 
     def write_part(self, table: pa.Table) -> None:
         """Write ``table`` as the next part (in a job: lock held)."""
@@ -264,24 +280,40 @@ class RollingWriter:
             self._after_roll()
 
     def close(
-        self, then: Callable[[], None] | None = None, *, what: str = "rows", retry_s: float = CLOSE_RETRY_S
+        self, then: Callable[[], None] | None = None, *, what: str = "rows", retry_s: float | None = None
     ) -> None:
         """Wait for the submitted jobs; write what a failed write kept, trying again each second
-        for ``retry_s`` (what is still unwritten then is logged as lost, as ``what``); roll the
-        parts into the last file, run ``then`` (lock held), remove the empty parts folder.
-        Blocking; idempotent."""
+        for ``retry_s`` (default ``CLOSE_RETRY_S``; what is still unwritten then is logged, as
+        ``what``, and stays in ``kept_table``); roll the parts into the last file (a failure is
+        logged and kept in ``roll_error``: the parts stay, readable), run ``then`` (lock held),
+        remove the empty parts folder. Blocking; idempotent; never raises for a failed write."""
         if self.closed:
             return
         self.closed = True
         self._pool.shutdown(wait=True)
-        deadline = time.monotonic() + retry_s
+        deadline = time.monotonic() + (CLOSE_RETRY_S if retry_s is None else retry_s)
         with self.lock:
             while self.unwritten_rows and time.monotonic() < deadline:
                 time.sleep(1.0)
                 self.write_or_keep(None, what)
             if self.unwritten_rows:
-                log.error("%d %s could not be written in %s: they are lost", self.unwritten_rows, what, self.dir)
-            self.roll(final=True)
+                log.error(
+                    "%d %s could not be written in %s: they are not on disk (held in memory until the process ends)",
+                    self.unwritten_rows,
+                    what,
+                    self.dir,
+                )
+            try:
+                self.roll(final=True)
+            except (OSError, pa.ArrowException) as e:
+                self.roll_error = str(e)
+                log.error(
+                    "cannot roll the %s of %s into their last file (%s): its %d parts stay as they are, readable",
+                    what,
+                    self.dir,
+                    e,
+                    len(self._parts),
+                )
             if then is not None:
                 then()
         try:

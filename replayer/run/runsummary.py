@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 from typing import Any
+
+import pyarrow as pa
 
 from replayer.config.model import RunConfig
 from replayer.observe.target_metrics import TargetScraper, TargetScrapers
@@ -15,11 +18,14 @@ from replayer.observe.target_samples import SampleFiles
 from replayer.plan.schedule import IdleGapCap
 from replayer.record.folder import result_files
 from replayer.record.recorder import write_json
+from replayer.record.rolling import EXIT_WRITE_FAILED
 from replayer.results.summary import format_summary, summarize_files
 from replayer.results.targets import format_targets, read_targets
 from replayer.results.tenants import format_tenants, read_tenant_sections
 from replayer.run.resume import scraper_totals
 from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV
+
+log = logging.getLogger(__name__)
 
 
 async def final_summary(
@@ -36,16 +42,22 @@ async def final_summary(
     stop_signal: str | None,
     gap_cap: IdleGapCap | None,
     task_failures: list[dict[str, str]] | None = None,
+    held: pa.Table | None = None,
+    roll_error: str | None = None,
+    fleet: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Summarize the results folder (off the loop), add the run's own parts and write
     ``summary.json``; returns it. ``task_failures``: the background tasks that crashed
-    (``replayer.core.background``), in the summary only when there were some."""
+    (``replayer.core.background``), in the summary only when there were some. ``held``: the
+    results a failed write (a full disk) kept in memory: counted (``results_not_written``).
+    ``roll_error``: why the last roll failed (its parts stay). When ``summary.json`` cannot be
+    written, the summary says so (``summary_not_written``) and is only printed."""
     loop = asyncio.get_running_loop()
     summary = await loop.run_in_executor(
-        None, functools.partial(summarize_files, result_files(results_dir), slos=cfg.goodput_slos)
+        None, functools.partial(summarize_files, result_files(results_dir), slos=cfg.goodput_slos, held=held)
     )
     if samples is not None and scraper is not None:  # (also the parts a killed earlier run left)
-        await loop.run_in_executor(None, samples.roll, scraper.take_samples())
+        await loop.run_in_executor(None, _roll_samples, samples, scraper, results_dir)
     if isinstance(scraper, TargetScrapers):  # several targets: each one's deltas in its section
         pass
     elif scraper is not None and scraper.scrapes:
@@ -82,8 +94,8 @@ async def final_summary(
             "stop_signal": stop_signal,
         }
     )
-    if task_failures:
-        summary["task_failures"] = list(task_failures)
+    _pace_sections(summary, cfg)
+    _add_run_notes(summary, cfg, task_failures, fleet)
     if gap_cap is not None:  # --idle-gap-cap: gaps capped, time skipped, the trace -> replay map
         summary["idle_gap_cap"] = gap_cap.report()
     if cfg.mix:  # per-tenant sections (replayer.results.tenants)
@@ -99,14 +111,69 @@ async def final_summary(
             hits = [sec.get("deltas", {}).get("prefix_cache_hits") for sec in metrics.values()]
             if hits and all(h is not None for h in hits):  # (every target reported it)
                 summary["server_prefix_cache_hit_tokens"] = sum(hits)
-    write_json(os.path.join(results_dir, "summary.json"), summary)
+    if roll_error is not None:
+        summary["results_roll_error"] = roll_error
+    write_summary(summary, results_dir)
     return summary
+
+
+def _roll_samples(samples: SampleFiles, scraper: TargetScraper | TargetScrapers, results_dir: str) -> None:
+    """The target-metric samples rolled into their file (a full disk: the parts stay, logged)."""
+    try:
+        samples.roll(scraper.take_samples())
+    except OSError as e:
+        log.error("cannot roll the target-metric samples in %s: %s", results_dir, e)
+
+
+def write_summary(summary: dict[str, Any], results_dir: str) -> None:
+    """Write ``summary.json``; when it cannot be (a full disk, an I/O error) the summary says
+    so (``summary_not_written``: it is printed only, and the exit code says so)."""
+    path = os.path.join(results_dir, "summary.json")
+    try:
+        write_json(path, summary)
+    except OSError as e:
+        summary["summary_not_written"] = f"{e.strerror or e}"
+        log.error("cannot write %s: %s; the summary is printed only", path, e)
+
+
+def _add_run_notes(
+    summary: dict[str, Any], cfg: RunConfig, task_failures: list[dict[str, str]] | None, fleet: dict[str, Any] | None
+) -> None:
+    """The sections a run has only sometimes: crashed background tasks, a fleet shard's start and
+    clock, an unverified TLS target."""
+    if task_failures:
+        summary["task_failures"] = list(task_failures)
+    if fleet is not None:  # a fleet shard: its start, its clock against the coordinator's
+        summary["fleet"] = fleet
+    if cfg.insecure and any(u.startswith("https://") for u in cfg.targets):
+        summary["tls_insecure"] = True  # --insecure: the target's certificate was not verified
+
+
+def _pace_sections(summary: dict[str, Any], cfg: RunConfig) -> None:
+    """The ``--max-concurrency`` cap and the warm-up's rule, beside what the results say of them
+    (``summary.SummaryFold``: the queue waits, the warm-up's counts)."""
+    if cfg.max_concurrency is not None:
+        summary["concurrency_cap"] = {"max_concurrency": cfg.max_concurrency, **summary.get("concurrency_cap", {})}
+    if cfg.warmup_requests or cfg.warmup_seconds_s:
+        summary["warmup"] = {**warmup_rule(cfg.warmup_requests, cfg.warmup_seconds_s), **summary.get("warmup", {})}
+
+
+def warmup_rule(requests: int, seconds: float) -> dict[str, Any]:
+    """The warm-up's settings and its boundary, as summary.json states them."""
+    return {
+        "warmup_requests": requests,
+        "warmup_seconds": seconds,
+        "boundary": "by each request's own send time: the first --warmup-requests requests sent (per process) "
+        "and those sent less than --warmup-seconds after the run's start are warm-up, left out of every "
+        "statistic, throughput and the verdict",
+        "requests": 0,
+    }
 
 
 def rewrite_summary(results_dir: str, summary: dict[str, Any]) -> None:
     """``summary.json`` written again with sections added after ``final_summary`` (the ``otel``
     section: the spans' fate is known once the run span, which carries the summary, is out)."""
-    write_json(os.path.join(results_dir, "summary.json"), summary)
+    write_summary(summary, results_dir)
 
 
 def print_summary(summary: dict[str, Any], results_dir: str) -> None:
@@ -128,7 +195,32 @@ def print_summary(summary: dict[str, Any], results_dir: str) -> None:
         )
     files = [os.path.relpath(f, results_dir) for f in result_files(results_dir)]
     listed = ", ".join(files) if len(files) <= 3 else f"{len(files)} results files"
-    print(f"results: {results_dir}/ ({listed}, summary.json)", flush=True)
+    unwritten = writes_failed(summary)
+    if summary.get("summary_not_written") is None:
+        listed += ", summary.json"
+    print(f"results: {results_dir}/ ({listed or 'no results file'})", flush=True)
+    if unwritten:
+        print(f"results not all written: {unwritten}", flush=True)
+
+
+def writes_failed(summary: dict) -> str | None:
+    """What of the run could not be written (the run then exits ``EXIT_WRITE_FAILED``: the
+    results held in memory are counted in the summary printed; ``--resume`` on a disk with room
+    completes the run), in words; None when all was."""
+    said = []
+    if summary.get("results_not_written"):
+        folder = summary.get("results")
+        again = (
+            "--resume on a disk with room sends them again"
+            if not folder or os.path.exists(os.path.join(folder, "checkpoint.json"))
+            else "no checkpoint.json in the folder: run again on a disk with room"
+        )
+        said.append(
+            f"{summary['results_not_written']} results held in memory and counted above are not on disk ({again})"
+        )
+    if summary.get("summary_not_written") is not None:
+        said.append(f"summary.json not written ({summary['summary_not_written']}): the summary above is printed only")
+    return "; ".join(said) or None
 
 
 def _target_embedded(cfg: RunConfig) -> bool:
@@ -137,8 +229,22 @@ def _target_embedded(cfg: RunConfig) -> bool:
     return cfg.target is None or cfg.target == [os.environ.get(EMBEDDED_TARGET_ENV)]
 
 
+__all__ = ["EXIT_ERROR_RATIO", "EXIT_WRITE_FAILED", "final_summary", "print_summary", "write_summary", "writes_failed"]
+
 #: exit code of a run whose failed requests exceeded ``--max-error-ratio``
 EXIT_ERROR_RATIO = 3
+
+
+def nothing_scheduled_problem(summary: dict) -> str | None:
+    """Why a run that scheduled no request at all should exit 2 (a trace error): every row of the
+    trace was left out (a capture's failed requests, ``--max-requests``/``--duration`` windows);
+    None when something was scheduled or the run was stopped before it could be."""
+    if summary.get("scheduled") or summary.get("stopped_early") or summary.get("stop_signal"):
+        return None
+    return (
+        f"no row of the trace {summary.get('trace') or ''} could be scheduled (none replayable, or none in "
+        "the window asked for; `replayer trace inspect` counts them): nothing was sent: exit 2"
+    )
 
 
 def error_ratio_problem(summary: dict, max_error_ratio: float | None) -> str | None:
