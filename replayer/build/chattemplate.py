@@ -16,7 +16,9 @@ message's content (the "openai" content format) gets every content as a list of 
 (``{"type": "text", "text": ...}``, an image as ``{"type": "image"}``); any other template gets the
 text as a string. The server replaces each image's placeholder with the image's own tokens:
 :meth:`ChatCounter.text_tokens` counts the text tokens of a request as the rendered prompt's
-tokens less one placeholder token per image (as Qwen2-VL's ``<|image_pad|>``).
+tokens less one placeholder token per image (as Qwen2-VL's ``<|image_pad|>``) for a template that
+renders content parts; a "string" template renders no image, and the placeholders the server adds
+for one are not counted (a residual the run reports).
 
 Completions prompts (no template) are encoded with the tokenizer's added special tokens (a BOS
 that its post-processor adds), as vLLM's completions endpoint does.
@@ -165,7 +167,13 @@ class ChatCounter:
             for p in m["content"]
             if p.get("type") in ("image", "image_url")
         )
-        return len(self.chat_ids(messages)) - (images if self.template is not None else 0)
+        return len(self.chat_ids(messages)) - self.placeholders(images)
+
+    def placeholders(self, images: int) -> int:
+        """Placeholder tokens the rendered prompt holds for ``images`` images: one each when the
+        template renders content parts, else none (a "string" template leaves images out; the
+        server's own placeholders are unknown here)."""
+        return images if self.parts else 0
 
 
 def _text_of(parts: list[dict[str, Any]]) -> str:

@@ -63,7 +63,7 @@ from replayer.run.resume import Checkpoint, carry_target_totals, resume_plan
 from replayer.run.runinputs import COUNT_LIMIT, count_scheduled, open_batches_factory, results_dir_for
 from replayer.run.runstate import Accounting, RunControl, RunState, StatusView, hms, progress, watch_self
 from replayer.run.runsummary import EXIT_ERROR_RATIO, error_ratio_problem, final_summary, print_summary
-from replayer.run.simproc import PARENT_PID_ENV, spawn_sim, stop_sim
+from replayer.run.simproc import PARENT_PID_ENV, embedded_args, spawn_sim, stop_sim
 from replayer.run.workers import stop_with_parent
 from replayer.send.dispatcher import Dispatcher
 from replayer.send.feed import Feed
@@ -111,7 +111,7 @@ async def run_replay(
     try:
         targets = cfg.targets
         if not targets:  # start it first: it boots in its own process while we load the trace
-            sim_proc, embedded = sim if sim else spawn_sim()
+            sim_proc, embedded = sim if sim else spawn_sim(embedded_args(cfg.tokenizer))
             log.info("no --target: starting the embedded simulator at %s", embedded)
             targets = [embedded]
         # warm the results writer in a thread while the trace loads and the target comes up

@@ -208,6 +208,12 @@ def parser() -> argparse.ArgumentParser:
         help="leave usage.prompt_tokens_details (image_tokens) out, as vLLM does without "
         "--enable-prompt-tokens-details",
     )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="count text prompts as vLLM does: a local tokenizer.json or folder (or builtin:gpt2); chat "
+        "messages are rendered through the folder's chat template first (default: whitespace words)",
+    )
     return p
 
 
@@ -237,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             encoder_cache_images=a.encoder_cache_images,
             image_encode_us_per_token=a.image_encode_us_per_token,
             prompt_tokens_details=a.prompt_tokens_details,
+            tokenizer=a.tokenizer,
         )
     except ValueError as e:
         print(f"replayer sim: {e}", file=sys.stderr)

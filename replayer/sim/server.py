@@ -19,6 +19,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from replayer.build.chattemplate import ChatCounter
 from replayer.sim.cache import _PrefixCache, prompt_block_hashes
 from replayer.sim.config import ReceivedRequest, SimConfig
 from replayer.sim.engine import _DONE, _TOKEN_TEXT, _Engine, _frame, _Req, timing_metrics
@@ -55,6 +56,7 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         self._on_request = on_request
         self.prefix_cache = _PrefixCache(self.config.prefix_cache_tokens // self.config.kv_block_size)
         self.images = SimImages(self.config.image_token_rule, self.config.encoder_cache_images)
+        self.counter = ChatCounter(self.config.tokenizer) if self.config.tokenizer else None
         self._metrics = _Metrics(self)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self._metrics)
