@@ -246,7 +246,8 @@ class RequestFactory:
                 # (prompt_json takes Sequence[int]; the row's int64 array serves as one)
                 prompt = self.prompts.for_loop(sb.loop).prompt_json(hash_ids, n_in)  # type: ignore[arg-type]
                 req.body = payload.body(prompt, n_out)
-            req.expected_hits = self.prompts.expected_cache(sb.loop).observe(hash_ids, n_in)
+            frame = self._frame(kind, sb.loop, int(n_img))
+            req.expected_hits = self.prompts.expected_cache(sb.loop).observe(hash_ids, n_in, *frame)
         return req
 
     def _observe_unsent(self, t, loop: int, i: int) -> None:
@@ -271,7 +272,15 @@ class RequestFactory:
             kind = endpoint_kind(path) if path else self.default_endpoint
             if not modelled(kind, column_value(t, "session_id", k), getattr(t, "hash_ids_synthetic", False)):
                 continue  # rows whose prompt is not their hash ids' blocks (as prepare decides)
-            model.observe(t.hash_ids(k), int(t.input_length[k]))
+            images = image_count(t, k) if kind == CHAT else 0
+            model.observe(t.hash_ids(k), int(t.input_length[k]), *self._frame(kind, loop, images))
+
+    def _frame(self, kind: str, loop: int, images: int) -> tuple[int, int]:
+        """(head, tail) the server counts around a text prompt's blocks (its chat template's
+        prefix and generation prompt: ``TextPromptBuilder.frame``); (0, 0) for token ids."""
+        if not (kind == CHAT or self.text_mode or images) or not self.prompts.tokenizer:
+            return 0, 0
+        return self._text(loop).frame(kind == CHAT, images)
 
     def unsent(self, sb: ScheduleBatch, j: int) -> RequestResult:
         t = cast("Trace", sb.batch)

@@ -120,6 +120,7 @@ class TextPromptBuilder:
             else builder
         )
         self._overhead: dict[tuple[bool, int], int] = {}
+        self._frames: dict[tuple[bool, int], tuple[int, int]] = {}
         self._blocks: OrderedDict[int, str] = OrderedDict()
         if tokenizer_path not in _warned:
             _warned.add(tokenizer_path)
@@ -203,6 +204,25 @@ class TextPromptBuilder:
             k = min(8, self.builder.block_size)
             o = self._overhead[key] = self.count(self.content([0], k), chat, images) - k
         return o
+
+    def frame(self, chat: bool, images: int = 0) -> tuple[int, int]:
+        """(head, tail): the server's tokens before and after a prompt's content (the template's
+        prefix, its generation prompt; a BOS), found in the probe's encoding; (0, 0) when the
+        content's ids are not found there (no round-trip-safe vocabulary)."""
+        got = self._frames.get((chat, images))
+        if got is not None:
+            return got
+        k = min(8, self.builder.block_size)
+        text = self.content([0], k)
+        want = self.content_builder.prompt_ids([0], k).tolist()
+        if not chat:
+            ids = self.counter.completion_ids(text)
+        else:
+            ids = self.counter.chat_ids([self.message(text, images)])
+        head = next((i for i in range(len(ids)) if ids[i : i + k] == want), None)
+        out = (0, 0) if head is None else (head, self.overhead(chat, images) - head)
+        self._frames[(chat, images)] = out
+        return out
 
     # -- prompts -----------------------------------------------------------------------------
     def prompt_text(self, hash_ids: Sequence[int], input_length: int, chat: bool = False, images: int = 0) -> str:
