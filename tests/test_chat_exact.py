@@ -240,3 +240,57 @@ def test_chat_replay_against_the_simulator_with_the_tokenizer_is_exact(tokenizer
     assert (
         server["chat"]["prefix_cache_hits"] == server["ids"]["prefix_cache_hits"] == ids["expected_prefix_hit_tokens"]
     )
+
+
+QWEN_LIKE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% else %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_image_chat_rows_count_their_text_exactly_against_the_simulator(tmp_path, sim_process):
+    """Multimodal chat rows (a Qwen2-VL-like template rendering content parts, one placeholder
+    token per image): the server's text tokens (prompt tokens less image tokens) are exactly
+    input_length, the images' tokens being the server's own count."""
+    folder = tmp_path / "vl"
+    folder.mkdir()
+    tok = Tokenizer.from_file(tokenizer_file("builtin:gpt2"))
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"])
+    tok.save(str(folder / "tokenizer.json"))
+    _config(folder, QWEN_LIKE, eos_token="<|im_end|>")
+    trace = tmp_path / "mm.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "timestamp": 100 * k,
+                    "input_length": 600 + 37 * k,
+                    "output_length": 3,
+                    "hash_ids": [k % 2, 10 + k],
+                    "num_images": 1 + k % 2,
+                }
+            )
+            + "\n"
+            for k in range(6)
+        )
+    )
+    url, _ = sim_process("--tokenizer", str(folder))
+    res = tmp_path / "r"
+    p = subprocess.run(
+        [sys.executable, "-m", "replayer", "run", str(trace), "--target", url, "--results", str(res)]
+        + ["--admin-port", "0", "--quiet", "--endpoint", "/v1/chat/completions", "--prompt-mode", "text"]
+        + ["--tokenizer", str(folder), "--image-size", "64x64"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads((res / "summary.json").read_text())
+    assert s["completed"] == 6 and s["images_sent"] == 9
+    assert s["prompt_token_mismatches"] == 0 and s["image_token_mismatches"] == 0
+    import pyarrow.parquet as pq
+
+    for r in pq.read_table(res / "requests.parquet").to_pylist():
+        assert r["text_tokens"] == r["input_length"] and r["prompt_tokens"] == r["input_length"] + r["image_tokens"]
