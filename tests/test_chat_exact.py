@@ -294,3 +294,22 @@ def test_image_chat_rows_count_their_text_exactly_against_the_simulator(tmp_path
 
     for r in pq.read_table(res / "requests.parquet").to_pylist():
         assert r["text_tokens"] == r["input_length"] and r["prompt_tokens"] == r["input_length"] + r["image_tokens"]
+
+
+def test_a_template_that_glues_the_content_to_its_tail_is_corrected_by_encoding(tmp_path):
+    """A template whose text follows the content without a separator (the last word and ``ok``
+    merge): the junction check catches it and the whole prompt is encoded and its length
+    corrected, so the count is still input_length (a residual only when no length gives it)."""
+    folder = tmp_path / "glued"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_bytes(open(tokenizer_file("builtin:gpt2"), "rb").read())
+    _config(folder, "{% for m in messages %}{{ m['content'] | trim }}{% endfor %}ok")
+    text = TextPromptBuilder(PromptBuilder(seed=2, vocab=vocab_from_tokenizer(str(folder))), str(folder))
+    exact = 0
+    for row in ROWS[:60]:
+        n = row["input_length"]
+        content = text.prompt_text(row["hash_ids"], n, chat=True)
+        got = len(_server_count(folder, [{"role": "user", "content": content}]))
+        assert abs(got - n) <= 1
+        exact += got == n
+    assert exact >= 55

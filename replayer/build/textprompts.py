@@ -13,9 +13,13 @@ and the template adds tokens of its own (role markers, BOS, the generation promp
   encodes to exactly its token ids and a block is the same tokens wherever it stands.
 * **The template counted.** The content's length is the target less the template's overhead
   (``replayer.build.chattemplate.ChatCounter``: the tokens it adds around the messages, or a
-  completions prompt's BOS), found by a probe once per shape. The built prompt is then encoded
-  as the server will and the content's length corrected until the count is exactly the target
-  (a few encodes at most; one with a safe vocabulary). Where no length gives the target (a
+  completions prompt's BOS), found by a probe once per shape. The content is exact by
+  construction (every safe piece checked on its own and in random sequences, once), so per
+  prompt only its junctions with the template are checked: the prompt rendered around the
+  content's first and last ``EDGE`` tokens is encoded as the server will (an encode of the whole
+  prompt costs ~10x the text's decoding). When that count is off (and always for a multi-turn
+  conversation, or without a safe vocabulary), the whole prompt is encoded and the content's
+  length corrected until the count is exactly the target. Where no length gives the target (a
   tokenizer without a safe vocabulary, a prompt shorter than its template), the closest is sent
   and the run reports the residual per request, as for any prompt-token mismatch.
 
@@ -48,6 +52,10 @@ log = logging.getLogger(__name__)
 MIN_SAFE_IDS = 256
 #: encodes tried per prompt before the closest length is sent
 MAX_TRIES = 6
+#: tokens at each end of a content whose junctions with the template are checked per prompt
+EDGE = 16
+#: random sequences of this many safe tokens checked once per tokenizer (beside each token's own check)
+CHECK_TOKENS = 4096
 _WORD = re.compile(r"[A-Za-z0-9]+")
 _counters: dict[str, ChatCounter] = {}
 _safe: dict[str, SafeVocabulary | None] = {}
@@ -87,6 +95,7 @@ def safe_vocabulary(spec: str) -> SafeVocabulary | None:
     leads = Counter(tuple(e.ids[:-2]) for (i, _), e in zip(cands, encs) if e.ids[-2:] == [i, i])
     lead = leads.most_common(1)[0][0] if leads else ()
     keep = [(i, p) for (i, p), e in zip(cands, encs) if e.ids[-2:] == [i, i] and tuple(e.ids[:-2]) == lead]
+    keep = _check_sequences(tok, keep, lead)
     out: SafeVocabulary | None = None
     if len(keep) >= MIN_SAFE_IDS:
         piece = np.empty(max(i for i, _ in keep) + 1, dtype=object)
@@ -95,6 +104,29 @@ def safe_vocabulary(spec: str) -> SafeVocabulary | None:
         out = SafeVocabulary(np.array([i for i, _ in keep], dtype=np.int64), piece)
     _safe[spec] = out
     return out
+
+
+def _check_sequences(tok: Any, keep: list[tuple[int, str]], lead: tuple[int, ...]) -> list[tuple[int, str]]:
+    """``keep`` less the pieces that do not encode to themselves beside others: three random
+    sequences of ``CHECK_TOKENS`` pieces are encoded; at a mismatch the two pieces there are
+    dropped and the check runs again (at most 64 times; then none is kept)."""
+    rng = np.random.default_rng(0x35)
+    for _ in range(64):
+        if len(keep) < MIN_SAFE_IDS:
+            return keep
+        bad: set[int] = set()
+        for _ in range(3):
+            pick = rng.integers(0, len(keep), CHECK_TOKENS)
+            ids = [keep[k][0] for k in pick]
+            got = tok.encode("".join(keep[k][1] for k in pick), add_special_tokens=False).ids
+            if got != [*lead, *ids]:
+                body = got[len(lead) :]
+                at = next((k for k, (x, y) in enumerate(zip(body, ids)) if x != y), min(len(body), len(ids)))
+                bad.update(int(pick[k]) for k in (at - 1, at) if 0 <= k < len(pick))
+        if not bad:
+            return keep
+        keep = [p for k, p in enumerate(keep) if k not in bad]
+    return []
 
 
 class TextPromptBuilder:
@@ -251,6 +283,10 @@ class TextPromptBuilder:
         cap = len(hash_ids) * self.builder.block_size
         base = self.overhead(chat, images) if not before else self.count("", chat, images, before)
         m = max(1, min(cap, target - base))
+        if self.safe is not None and not before:
+            text = self.content(hash_ids, m)
+            if self.count(self._edges(hash_ids, m), chat, images) == base + min(m, 2 * EDGE):
+                return text  # the content exact by construction, its junctions with the frame checked
         best: tuple[int, str] | None = None
         tried: set[int] = set()
         for _ in range(MAX_TRIES):
@@ -266,6 +302,20 @@ class TextPromptBuilder:
                 break
         assert best is not None
         return best[1]
+
+    def _edges(self, hash_ids: Sequence[int], m: int) -> str:
+        """The text of the first and the last ``EDGE`` tokens of a content of ``m`` tokens (the
+        whole content when it is shorter): the pieces that meet the template's head and tail."""
+        if m <= 2 * EDGE:
+            return self.content(hash_ids, m)
+        assert self.safe is not None
+        bs = self.builder.block_size
+        first = self.content_builder.prompt_ids(hash_ids[: -(-EDGE // bs)], EDGE)
+        blocks = list(hash_ids[(m - EDGE) // bs : -(-m // bs)])
+        ids = np.concatenate([self.content_builder.block_ids(int(h)) for h in blocks])
+        a = (m - EDGE) % bs
+        last = ids[a : a + EDGE]
+        return "".join(self.safe.piece[np.concatenate((first, last))].tolist())
 
     def answer(self, hash_ids: Sequence[int], length: int) -> str:
         """A stand-in answer of ``length`` tokens (the blocks of ``hash_ids``), as text."""
