@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_tiny.py [--n 1000] [--lo 500] [--hi 20000] [--steps 5]
                                          [--target URL] [--p99-ms 10] [--profile DIR]
+                                         [--processes K]
 
 Each trial replays, through the real CLI (``replayer run``: trace reader, preparation,
 dispatcher, launcher process, client, recorder, metrics), N requests of 16 prompt tokens and 1
@@ -15,8 +16,10 @@ bisections between the last held and the first missed rate. Prints per trial: ra
 lag p50/p99/max, the spread of the sends against the schedule's span, the replayer's CPU time per
 request (user + system of the ``replayer run`` process and its launcher child), and at the end
 the highest rate held. ``--profile DIR`` runs each trial under cProfile (``DIR/tiny-RATE.prof``;
-slower: for finding where the time goes, not for the rate). Asserts nothing; numbers vary with
-what else runs on the machine.
+slower: for finding where the time goes, not for the rate). ``--processes K``: each trial is a
+fleet of K shard processes (``--shard i/K``) started together by ``replayer coordinate``; the
+rate is the fleet's, held when every shard's p99 is. Asserts nothing; numbers vary with what else
+runs on the machine.
 """
 
 from __future__ import annotations
@@ -79,7 +82,48 @@ def write_trace(path: str, n: int, rate: float) -> float:
     return (n - 1) * gap_ms
 
 
-def trial(target: str, n: int, rate: float, work: str, profile_dir: str | None) -> dict:
+def fleet_trial(target: str, n: int, rate: float, work: str, k: int) -> dict:
+    """A trial sent by ``k`` shard processes that start together (``replayer coordinate``)."""
+    trace = os.path.join(work, f"tiny-{rate:.0f}.jsonl")
+    span_ms = write_trace(trace, n, rate)
+    port = _free_port()
+    base = [sys.executable, "-m", "replayer"]
+    co = subprocess.Popen([*base, "coordinate", "--shards", str(k), "--port", str(port)], cwd=ROOT,
+                          stderr=subprocess.DEVNULL)  # fmt: skip
+    _wait(f"http://127.0.0.1:{port}/healthz")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    shards = []
+    for i in range(k):
+        results = os.path.join(work, f"run-{rate:.0f}-{i}")
+        cmd = [*base, "run", trace, "--format", "jsonl", "--time-unit", "ms", "--target", target]
+        cmd += ["--shard", f"{i}/{k}", "--coordinator", f"http://127.0.0.1:{port}", "--results", results]
+        cmd += ["--admin-port", "0", "--quiet", "--log-level", "warning", "--no-scrape-target-metrics"]
+        shards.append((results, subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)))
+    for _, p in shards:
+        _, err = p.communicate(timeout=300)
+        if p.returncode != 0:
+            raise SystemExit(f"replayer run failed ({p.returncode}):\n{err[-3000:]}")
+    co.wait(60)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    ss = [json.load(open(os.path.join(r, "summary.json"))) for r, _ in shards]
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    worst = [s["dispatch_lag_p99_ms"] for s in ss]
+    return {
+        "rate": rate,
+        "completed": sum(s["completed"] for s in ss),
+        "failed": sum(s["failed"] for s in ss),
+        "lag_p50_ms": max(s["dispatch_lag_p50_ms"] for s in ss),
+        "lag_p99_ms": None if None in worst else max(worst),
+        "lag_max_ms": max(s["dispatch_lag_max_ms"] for s in ss),
+        "span_ms": span_ms,
+        "sent_spread_ms": None,
+        "cpu_ms_per_request": 1e3 * cpu_s / n,
+    }
+
+
+def trial(target: str, n: int, rate: float, work: str, profile_dir: str | None, k: int = 1) -> dict:
+    if k > 1:
+        return fleet_trial(target, n, rate, work, k)
     trace = os.path.join(work, f"tiny-{rate:.0f}.jsonl")
     span_ms = write_trace(trace, n, rate)
     results = os.path.join(work, f"run-{rate:.0f}")
@@ -140,6 +184,7 @@ def main() -> int:
     ap.add_argument("--p99-ms", type=float, default=10.0, help="dispatch error p99 a held rate keeps")
     ap.add_argument("--target", help="an OpenAI-compatible server (default: replayer sim, no delays)")
     ap.add_argument("--profile", metavar="DIR", help="write a cProfile of each trial into DIR")
+    ap.add_argument("--processes", type=int, default=1, help="shard processes started together (a fleet)")
     args = ap.parse_args()
     sim = None
     target = args.target
@@ -175,7 +220,7 @@ def main() -> int:
     held_best, missed = None, None
 
     def run(rate: float) -> bool:
-        r = trial(target, args.n, rate, work, args.profile)
+        r = trial(target, args.n, rate, work, args.profile, args.processes)
         ok = (
             r["failed"] == 0
             and r["completed"] == args.n
@@ -217,7 +262,7 @@ def main() -> int:
         bound = f"; {hi:.0f}/s missed" if hi is not None else " (the highest tried)"
         print(
             f"highest rate held: {held_best:.0f} requests/s with dispatch error p99 <= {args.p99_ms:g} ms"
-            f" ({args.n} requests of 16+1 tokens{bound})"
+            f" ({args.n} requests of 16+1 tokens{bound}; {args.processes} process(es))"
         )
     return 0
 

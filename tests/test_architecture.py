@@ -23,7 +23,7 @@ def test_the_tree_is_grouped_by_stage():
     loose = sorted(p.name for p in PKG.iterdir() if p.suffix == ".py")
     assert loose == ["__init__.py", "__main__.py"]
     packages = {p.name for p in PKG.iterdir() if (p / "__init__.py").exists()}
-    assert packages == STAGES | {"capture", "sim"}
+    assert packages == STAGES | {"capture", "sim", "fleet"}
 
 
 def test_the_layer_contract_holds_and_no_import_circle_exists():

@@ -330,6 +330,55 @@ def test_from_log_writes_the_same_rows_and_names_bad_lines(tmp_path):
     assert f"{log}: line 1: timestamp:" in r.stderr and f"{log}: line 2: request:" in r.stderr
 
 
+def _from_log(log, out, *extra):
+    return subprocess.run(
+        [sys.executable, "-m", "replayer", "trace", "from-log", str(log), "-o", str(out), "--block-size", "4", *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_from_log_reads_the_endpoint_from_the_body_and_says_why_rows_cannot_be_replayed(tmp_path):
+    """Lines without an ``endpoint``: a token-id ``prompt`` is a completions request (it was taken
+    for chat, nothing hashed, a trace of no replayable row written with exit 0). Every row that
+    cannot be replayed is counted under its reason; a log with none replayable is exit 2."""
+    log, out = tmp_path / "gateway.jsonl", tmp_path / "t.parquet"
+    usage = {"prompt_tokens": 8, "completion_tokens": 4}
+    ids = [{"timestamp": 1.0 + i, "request": {"prompt": [1, 2, 3, 4, 5, 6, 7, i]}, "usage": usage} for i in range(3)]
+    log.write_text("\n".join(json.dumps(x) for x in ids) + "\n")
+    r = _from_log(log, out)
+    assert r.returncode == 0, r.stderr
+    t = read_trace(out)
+    assert len(t) == 3 and set(pq.read_table(out).column("endpoint").to_pylist()) == {"/v1/completions"}
+    assert json.loads(r.stdout)["replayable"] == 3
+    chat = {"timestamp": 5.0, "request": {"messages": [{"role": "user", "content": "hi"}]}, "usage": usage}
+    no_usage = {"timestamp": 6.0, "request": {"prompt": [1, 2, 3]}}
+    failed = {"timestamp": 7.0, "request": {"prompt": [1, 2, 3]}, "status": 500}
+    log.write_text("\n".join(json.dumps(x) for x in [*ids, chat, no_usage, failed]) + "\n")
+    r = _from_log(log, out)
+    assert r.returncode == 0, r.stderr
+    counts = json.loads(r.stdout)
+    assert counts["replayable"] == 3 and counts["not_replayable"] == {
+        "error_status": 1,
+        "no_tokenizer": 1,
+        "no_output_length": 1,
+    }
+    assert "3 of 6 rows cannot be replayed" in r.stderr and "1 a text prompt, and neither --tokenizer" in r.stderr
+    assert len(read_trace(out)) == 3
+    out.unlink()
+    r = _from_log(log, out, "--endpoint", "/v1/chat/completions")  # ids where chat reads messages
+    assert r.returncode == 2 and not out.exists()
+    assert "4 the body has no prompt where its endpoint reads one" in r.stderr
+    log.write_text(json.dumps(chat) + "\n")
+    r = _from_log(log, out)
+    assert r.returncode == 2 and not out.exists()
+    assert "no row can be replayed" in r.stderr and "1 a text prompt, and neither --tokenizer" in r.stderr
+    log.write_text(json.dumps({"timestamp": 1, "request": {"model": "m"}}) + "\n")
+    r = _from_log(log, out)
+    assert r.returncode == 2 and f"{log}: line 1: endpoint: missing" in r.stderr
+
+
 def test_every_capture_metric_is_documented():
     from conftest import ROOT
     from prometheus_client import CollectorRegistry

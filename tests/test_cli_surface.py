@@ -177,6 +177,18 @@ def test_a_target_given_with_v1_is_the_server_base_url(given):
     assert load_config({"trace": trace, "target": "http://h/api/v1x"}).target == ["http://h/api/v1x"]
 
 
+def test_resume_of_a_folder_that_is_not_a_run_names_the_folder(tmp_path):
+    """``--resume DIR`` alone takes the trace from DIR's checkpoint: a missing folder, or one with
+    no checkpoint, was first reported as a missing trace ("give a TRACE to replay")."""
+    with pytest.raises(ConfigError) as ei:
+        load_config({"resume": str(tmp_path / "gone")})
+    assert str(ei.value).count("\n") == 1 and "no such file or folder" in str(ei.value)
+    with pytest.raises(ConfigError) as ei:
+        load_config({"resume": str(tmp_path)})
+    assert f"resume: {tmp_path} holds no readable checkpoint.json" in str(ei.value)
+    assert "give a TRACE to replay" not in str(ei.value)
+
+
 def test_resume_alone_takes_the_trace_and_settings_of_the_checkpoint(tmp_path, caplog):
     trace = str(ROOT / "traces" / "mooncake_conversation_10min.parquet")
     d = tmp_path / "r"

@@ -730,7 +730,11 @@ def test_mid_stream_disconnect():
     assert r.n_chunks == 2  # partial kept
     at(r.ttft_ms, served(srv), 10)
     at(r.e2e_ms, served(srv), 20)
-    assert r.http_status == 200 and r.error
+    assert r.http_status == 200 and "server closed the connection mid-stream, after 2 events" in r.error
+    [r], _ = play(Plan([(10, choice("a"))], close_at_ms=20))  # (said "after the response headers")
+    assert r.error.startswith("server closed the connection mid-stream, after 1 event")
+    [r], _ = play(Plan([], close_at_ms=20))
+    assert "after the response headers, before any event" in r.error
 
 
 def test_disconnect_before_headers():

@@ -85,3 +85,46 @@ def test_unknown_trace_span_and_the_drain_show_no_made_up_times():
     assert frac == 1.0 and eta is None  # all sent, 8 still streaming
     out = _text(c.render(st))
     assert "trace 0:15 / -" in out and "ETA -" in out, out
+
+
+def test_the_view_fits_80_columns_with_whole_headers():
+    """Nine columns in one table cut "completed" to "complet…" and wrapped "in flight" and the
+    rows count at 80 columns."""
+    st = dict(STATUS, scheduled=1750, sent=1750, trace_rows=1750, trace_rows_done=1750, completed=1234)
+    c = Console(file=io.StringIO(), width=80, force_terminal=False)
+    c.print(LiveConsole(lambda: st).render(st))
+    out = c.file.getvalue()
+    assert "…" not in out and all(len(line) <= 80 for line in out.splitlines())
+    for needle in ("completed", "in flight", "tokens/s", "dispatch lag p99", "TTFT p50", "TTFT p99", "rows 1750/1750"):
+        assert needle in out, (needle, out)
+    assert "1,750/1,750" in out
+
+
+def test_a_log_line_during_the_view_is_printed_above_it():
+    """A log handler on the same terminal wrote its line straight into the table being redrawn;
+    it now goes through the live console (which clears the view, prints the line, redraws)."""
+    import logging
+
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    c = LiveConsole(lambda: STATUS, file=buf, force_terminal=True, refresh_s=0.01)
+
+    async def main():
+        t = asyncio.create_task(c.run())
+        await asyncio.sleep(0.05)
+        logging.getLogger("replayer.test").warning("a line from the log")
+        await asyncio.sleep(0.05)
+        t.cancel()
+        await asyncio.gather(t, return_exceptions=True)
+
+    try:
+        asyncio.run(main())
+    finally:
+        root.removeHandler(handler)
+    out = buf.getvalue()
+    i = out.index("a line from the log")
+    assert "\x1b[2K" in out[max(0, i - 40) : i]  # the view was cleared just before the line
+    assert "TTFT p99" in out[i:]  # and drawn again below it
+    assert handler.stream is buf  # given back

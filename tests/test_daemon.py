@@ -655,3 +655,20 @@ def test_status_counts_the_requests_a_duration_will_send(tmp_path, mooncake_slic
     assert p.returncode == 0, err[-2000:]
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert 0 < scheduled == s["scheduled"] == s["sent"] < sum(1 for _ in open(trace))
+
+
+def test_a_trace_with_no_schedulable_row_exits_2_with_its_results(tmp_path, sim_process):
+    """A capture whose rows all failed (nothing to hash): the run said "no row of the trace was
+    scheduled" and exited 0, which a CI job reads as a replay that held."""
+    from replayer.capture.fromlog import write_rows
+
+    row = dict.fromkeys(("input_length", "output_length", "hash_ids", "request_id", "session_id", "model"))
+    rows = [{**row, "timestamp": i, "endpoint": "/v1/completions", "status": 200, "outcome": "ok"} for i in range(3)]
+    trace = tmp_path / "failed.parquet"
+    write_rows(rows, str(trace), block_size=16, source="test")
+    url, _ = sim_process()
+    p = _run([str(trace), "--target", url, "--results", str(tmp_path / "r"), "--admin-port", "0", "--quiet"])
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 2, err
+    assert "failed.parquet could be scheduled" in err and "Traceback" not in err
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["scheduled"] == 0  # results on disk

@@ -190,7 +190,7 @@ def test_soak_setups_are_soaks_that_continue_after_a_restart(tmp_path):
         assert load_config(values()).resume == str(tmp_path / results.strip("/"))
 
 
-# -- sharded replay across pods: deploy/k8s/sharded (Indexed Job + merge Job) -------------------
+# -- sharded replay across pods: deploy/k8s/sharded (coordinator + Indexed Job) ------------------
 
 SHARDED = DEPLOY / "k8s" / "sharded"
 
@@ -205,7 +205,7 @@ def _sharded_docs():
 
 def _sharded_jobs():
     jobs = {d["metadata"]["name"]: d for _, d in _sharded_docs() if d["kind"] == "Job"}
-    return jobs["replayer-shards"], jobs["replayer-shards-merge"]
+    return jobs["replayer-shards"], jobs["replayer-coordinator"]
 
 
 def _env(container) -> dict:
@@ -224,7 +224,7 @@ def test_k8s_sharded_manifests_validate_against_schemas():
             jsonschema.validate(doc, crd_schema)
         else:
             kv.validate(doc, kv.utils.latest_version(), strict=True)
-    assert sorted(kinds) == ["ConfigMap", "Job", "Job", "PersistentVolumeClaim", "Service", "ServiceMonitor"]
+    assert sorted(kinds) == ["ConfigMap", "Job", "Job", "PersistentVolumeClaim", "Service", "Service", "ServiceMonitor"]
     kust = yaml.safe_load((SHARDED / "kustomization.yaml").read_text())
     assert sorted(kust["resources"]) == sorted(p.name for p in SHARDED.glob("*.yaml") if p.name != "kustomization.yaml")
     bad = copy.deepcopy(_sharded_jobs()[0])
@@ -240,7 +240,7 @@ def test_k8s_sharded_manifests_validate_against_schemas():
 
 
 def test_k8s_indexed_job_lines_up():
-    job, merge = _sharded_jobs()
+    job, merge = _sharded_jobs()  # (the coordinator merges the shards' folders at the end)
     spec = job["spec"]
     pod = spec["template"]["spec"]
     c = pod["containers"][0]
@@ -254,16 +254,21 @@ def test_k8s_indexed_job_lines_up():
     )
     assert pod["restartPolicy"] == "Never"  # required by backoffLimitPerIndex
     assert pod["terminationGracePeriodSeconds"] > 30  # > --drain-timeout
-    # the shared start time: one ConfigMap key, in both Jobs
-    start = {"configMapKeyRef": {"name": "replayer-shards-start", "key": "START_AT"}}
-    assert _env(c)["START_AT"] == start
-    assert _env(merge["spec"]["template"]["spec"]["containers"][0])["START_AT"] == start
+    # no start time to guess: the shards reach the coordinator through its headless Service
+    docs = {(d["kind"], d["metadata"]["name"]): d for _, d in _sharded_docs()}
+    co_svc = docs[("Service", "replayer-coordinator")]
+    co = merge["spec"]["template"]["spec"]["containers"][0]
+    assert "START_AT" not in _env(c) and "START_AT" not in _env(co)
+    assert co_svc["spec"]["clusterIP"] == "None"
+    assert co_svc["spec"]["selector"].items() <= merge["spec"]["template"]["metadata"]["labels"].items()
+    assert co["ports"] == [{"name": "fleet", "containerPort": 9500, "protocol": "TCP"}]
+    assert co_svc["spec"]["ports"][0]["targetPort"] == "fleet" and "--port 9500" in co["args"][0]
+    assert _env(c)["COORDINATOR"] == f"http://{co_svc['metadata']['name']}:{co_svc['spec']['ports'][0]['port']}"
     # metrics: a port named metrics on 9400, scraped by the PodMonitor and the shard ServiceMonitor
     script = c["args"][0]
     assert c["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
     assert "--admin-port 9400" in script and "--admin-host 0.0.0.0" in script
     labels = spec["template"]["metadata"]["labels"]
-    docs = {(d["kind"], d["metadata"]["name"]): d for _, d in _sharded_docs()}
     podmon = yaml.safe_load((DEPLOY / "k8s" / "podmonitor.yaml").read_text())
     assert podmon["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert podmon["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
@@ -281,7 +286,7 @@ def test_k8s_indexed_job_lines_up():
         t = j["spec"]["template"]["spec"]
         assert t["volumes"] == [{"name": "results", "persistentVolumeClaim": {"claimName": "replayer-results"}}]
         assert t["containers"][0]["volumeMounts"] == [
-            {"name": "results", "mountPath": "/results", "subPathExpr": "run-$(START_AT)"}
+            {"name": "results", "mountPath": "/results", "subPathExpr": "$(RUN)"}
         ]
     assert (
         "envFrom" in c
@@ -330,9 +335,7 @@ def _run_script(c, env: dict, results, tmp_path, timeout=30):
 
 def test_k8s_indexed_job_wrapper_runs_one_shard(tmp_path):
     """The shard pod's shell wrapper, run locally as Kubernetes would (JOB_COMPLETION_INDEX set),
-    builds a valid `replayer run` for shard i/N with the shared start time; a retried pod resumes."""
-    import time
-
+    builds a valid `replayer run` for shard i/N joining the coordinator; a retried pod resumes."""
     from replayer.cli import build_parser
     from replayer.config.model import RunConfig, load_config
 
@@ -340,36 +343,39 @@ def test_k8s_indexed_job_wrapper_runs_one_shard(tmp_path):
     c = job["spec"]["template"]["spec"]["containers"][0]
     cm = next(d for _, d in _sharded_docs() if d["kind"] == "ConfigMap")["data"]
     trace = ROOT / "traces" / "mooncake_conversation_10min.parquet"
-    start_at = f"{time.time() + 120:.0f}"
-    env = {**cm, "TRACE": str(trace), "SHARDS": _env(c)["SHARDS"], "START_AT": start_at, "JOB_COMPLETION_INDEX": "2"}
+    env = {**cm, "TRACE": str(trace), "SHARDS": _env(c)["SHARDS"], "JOB_COMPLETION_INDEX": "2"}
+    env["COORDINATOR"] = _env(c)["COORDINATOR"]
     results = tmp_path / "results"
     (argv,), err = _run_script(c, env, results, tmp_path)
     args = build_parser().parse_args(argv)
     cfg = load_config({k: v for k, v in vars(args).items() if k in RunConfig.model_fields})
-    assert cfg.shard == f"2/{env['SHARDS']}" and cfg.start_at == float(start_at)
+    assert cfg.shard == f"2/{env['SHARDS']}" and cfg.start_at is None
+    assert cfg.coordinator == "http://replayer-coordinator:9500" and cfg.ready_timeout_s == 900
     assert cfg.results == f"{results}/shard-2" and cfg.admin_port == 9400 and cfg.admin_host == "0.0.0.0"
     assert cfg.target == [cm["TARGET"]] and cfg.trace == str(trace) and cfg.resume is None
     assert cfg.resume_existing and "warning" not in err
     # a retry of the same index (its folder has a checkpoint) resumes it
     (results / "shard-2").mkdir(parents=True)
     (results / "shard-2" / "checkpoint.json").write_text("{}")
-    (argv,), err = _run_script(c, {**env, "START_AT": f"{time.time() - 60:.0f}"}, results, tmp_path)
+    (argv,), err = _run_script(c, env, results, tmp_path)
     args = build_parser().parse_args(argv)
     cfg = load_config({k: v for k, v in vars(args).items() if k in RunConfig.model_fields})
     assert cfg.resume == f"{results}/shard-2"
 
 
-def test_k8s_merge_job_waits_for_every_shard(tmp_path):
-    _, merge = _sharded_jobs()
-    c = merge["spec"]["template"]["spec"]["containers"][0]
+def test_k8s_coordinator_job_runs_the_fleet(tmp_path):
+    """The coordinator pod's wrapper builds a valid `replayer coordinate` for N shards, its outputs
+    on the run's folder (tests/test_fleet.py runs the fleet itself)."""
+    from replayer.cli import build_parser
+
+    _, co = _sharded_jobs()
+    c = co["spec"]["template"]["spec"]["containers"][0]
     n = int(_env(c)["SHARDS"])
     results = tmp_path / "results"
-    for i in range(n - 1):
-        (results / f"shard-{i}").mkdir(parents=True)
-        (results / f"shard-{i}" / "summary.json").write_text("{}")
-    (argv,), _ = _run_script(c, {"SHARDS": str(n), "WAIT_S": "60"}, results, tmp_path)
-    assert argv == ["merge", *(f"{results}/shard-{i}" for i in range(n)), "-o", f"{results}/merged", "--wait", "60"]
-    # (replayer merge --wait does the waiting: tests/test_workers.py)
+    (argv,), _ = _run_script(c, {"SHARDS": str(n)}, results, tmp_path)
+    args = build_parser().parse_args(argv)
+    assert args.command == "coordinate" and args.shards == n and args.port == 9500 and args.host == "0.0.0.0"
+    assert args.output == f"{results}/fleet" and args.ready_timeout == 600
 
 
 # -- capture sidecar: deploy/k8s/capture (vLLM + `replayer record` in one pod) ------------------

@@ -57,10 +57,14 @@ class FakeSender:
         self.refuse, self.crash, self.block = set(refuse), crash, set(block)
         self.takes_ms = takes_ms or {}
         self.handed: list[tuple[int, int]] = []  # (row, time handed over)
+        self.in_flight = self.peak = 0  # sends begun and not ended; the most at once
         self.expected: list[int] = []
 
     def send(self, req: PreparedRequest, due_ns: int):
         return self._go(req, due_ns, self.clock.now_ns())
+
+    def send_queued(self, req: PreparedRequest, due_ns: int, wait_ns: int):
+        return self._go(req, due_ns, self.clock.now_ns(), wait_ns)
 
     def hand_over(self, req: PreparedRequest, due_ns: int):
         if req.row in self.refuse:
@@ -71,10 +75,20 @@ class FakeSender:
     def expect(self, n: int) -> None:
         self.expected.append(n)
 
-    async def _go(self, req: PreparedRequest, due_ns: int, sent_ns: int) -> RequestResult:
+    async def _go(self, req: PreparedRequest, due_ns: int, sent_ns: int, wait_ns: int | None = None) -> RequestResult:
         res = result_for(req, due_ns, 0)
         res.sent_ns = sent_ns
-        res.dispatch_lag_ms = (sent_ns - lag_origin(req, due_ns)) / 1e6
+        if wait_ns is not None:  # (as LoopSender.send_queued: the lag counts from the slot's release)
+            res.queue_wait_ms = wait_ns / 1e6
+        res.dispatch_lag_ms = (sent_ns - lag_origin(req, due_ns) - (wait_ns or 0)) / 1e6
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            return await self._going(req, res, sent_ns)
+        finally:
+            self.in_flight -= 1
+
+    async def _going(self, req: PreparedRequest, res: RequestResult, sent_ns: int) -> RequestResult:
         try:
             await asyncio.sleep(0)
             if req.row == self.crash:
@@ -118,6 +132,7 @@ def _run(
     prepare=None,
     gate: SessionGate | None = None,
     clock: VirtualClock | None = None,
+    max_concurrency: int | None = None,
     **plan_kw,
 ):
     """Replay ``ts_ms`` in virtual time; (results by row, dispatcher, sender, error raised by run)."""
@@ -138,6 +153,7 @@ def _run(
         t0_ns=0,
         clock=clock,
         drain_timeout_s=0.05,
+        max_concurrency=max_concurrency,
     )
     error: BaseException | None = None
 
@@ -305,3 +321,62 @@ def test_a_pause_holds_every_request_and_a_resume_shifts_the_rest_by_the_pause()
     by_row = {r.row: r for r in results}
     assert [by_row[i].sent_ns for i in range(3)] == [0, 1_000 * MS, 1_100 * MS]
     assert all(r.dispatch_lag_ms == 0.0 for r in results)
+
+
+def test_a_cap_queues_requests_in_due_order_and_records_the_wait_apart_from_the_lag():
+    # cap 2: rows 0 and 1 take the slots at 0 ms and end at 100 ms; row 2 (due 0 ms) and row 3
+    # (due 10 ms) wait for them, in due order, and go when they end. The wait is queue_wait_ms;
+    # the lag counts from the slot's release (0 here). (The fake clock jumps to any due time
+    # while responses are in flight, so the schedule ends before the slots free.)
+    res, d, sender, error = _run([0, 0, 0, 10], {"takes_ms": {0: 100, 1: 100}}, max_concurrency=2)
+    assert error is None and d.finished and d.sent == 4 and d.queued == 0
+    assert sender.peak == 2 and d.queued_total == 2
+    assert [res[i].sent_ns for i in range(4)] == [0, 0, 100 * MS, 100 * MS]
+    assert [res[i].queue_wait_ms for i in range(4)] == [0.0, 0.0, 100.0, 90.0]
+    assert [res[i].dispatch_lag_ms for i in range(4)] == [0.0] * 4
+    for r in res.values():  # sent - due = queue wait + dispatch lag: the cap's wait is not lateness
+        assert (r.sent_ns - r.due_ns) / 1e6 == r.queue_wait_ms + r.dispatch_lag_ms
+
+
+def test_without_a_cap_nothing_waits_and_no_queue_wait_is_recorded():
+    res, d, sender, error = _run([0, 0, 0, 10], {"takes_ms": {0: 100, 1: 100}})
+    assert error is None and sender.peak >= 3 and d.queued_total == 0
+    assert all(r.queue_wait_ms is None for r in res.values())
+    assert all(r.sent_ns == r.due_ns for r in res.values())
+
+
+def test_a_stop_records_the_requests_waiting_for_a_slot_as_not_started():
+    res, d, _, error = _run([0, 0, 0, 0, 10], {"block": {0, 1}}, max_concurrency=2, stop_at_ms=5)
+    assert error is None and d.stopping
+    assert len(res) == 5 == d.sent + d.not_started and d.sent == 2 and d.queued == 0
+    assert {res[0].outcome, res[1].outcome} == {"cancelled"}  # in flight past the drain timeout
+    assert {res[i].outcome for i in (2, 3, 4)} == {"not_started"} and res[2].queue_wait_ms is None
+
+
+def test_a_capped_dispatcher_refuses_a_planner_that_hands_over_ahead():
+    timeline = Timeline(1.0)
+    sender = FakeSender(VirtualClock(), ahead_ns=50 * MS)
+    feed = Feed(iter_schedule(lambda: [TimeBatch([0])]), _prepare(timeline), lambda sb, j: None)
+    with pytest.raises(ValueError, match="due time"):
+        Dispatcher(feed, Planner(timeline, ahead_ns=sender.ahead_ns), sender, print, t0_ns=0, max_concurrency=2)
+
+
+def test_a_session_turn_released_by_its_predecessor_takes_its_slot_without_queueing():
+    base = _prepare(Timeline(1.0))
+
+    def prepare(sb, j):
+        req = base(sb, j)
+        req.key = req.dep = "s"
+        return req
+
+    res, d, sender, error = _run(
+        [0, 10], {"takes_ms": {0: 30}}, prepare=prepare, gate=SessionGate("wait"), max_concurrency=1
+    )
+    assert error is None and d.sent == 2 and sender.peak == 1
+    assert d.queued_total == 0  # the turn went in its predecessor's slot, as it ended: no wait
+    assert (res[1].sent_ns, res[1].session_wait_ms, res[1].queue_wait_ms, res[1].dispatch_lag_ms) == (
+        30 * MS,
+        20.0,
+        0.0,
+        0.0,
+    )

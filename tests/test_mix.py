@@ -99,7 +99,7 @@ def test_two_tenant_run_against_the_simulator(tmp_path):
     tenants = json.loads((res / "summary.json").read_text())["tenants"]
     assert set(tenants) == {"a", "b"}
     for name in ("a", "b"):
-        assert tenants[name]["requests"] == 7 and tenants[name]["success"] == 7
+        assert tenants[name]["requests"] == 7 and tenants[name]["completed"] == 7
         assert tenants[name]["expected_prefix_hit_tokens"] == 784
         assert tenants[name]["median_ttft_ms"] is not None
         assert registry.get_sample_value("replayer_tenant_requests_total", {"tenant": name, "outcome": "success"}) == 7
@@ -149,7 +149,7 @@ def test_shards_of_a_mix_merge_into_per_tenant_sections(tmp_path):
         dirs.append(str(d))
     s = merge_results(dirs, str(tmp_path / "merged"), quiet=True)
     assert {k: v["requests"] for k, v in s["tenants"].items()} == {"a": 7, "b": 7}
-    assert s["tenants"]["a"]["success"] == 7
+    assert s["tenants"]["a"]["completed"] == 7
 
 
 def test_sessions_stay_gated_when_another_trace_of_the_mix_chains_requests(tmp_path):

@@ -107,6 +107,32 @@ def test_report_figures_show_the_runs_data(results):
     assert max(se["x"].max() for se in running["series"]) < summary["duration"] + 30
 
 
+def test_target_figures_keep_request_and_token_counters_apart_and_name_every_line():
+    """vllm:request_success (a few per second) shared a linear axis with the prefix-cache counters
+    (thousands of tokens per second) and read as 0; a figure of one line had no legend."""
+    import pandas as pd
+
+    from replayer.results.report import draw, target_specs
+
+    rows = []
+    for i in range(3):
+        for metric, per_s in (
+            ("vllm:request_success_total", 2),
+            ("vllm:num_preemptions_total", 1),
+            ("vllm:prefix_cache_queries_total", 5000),
+            ("vllm:prefix_cache_hits_total", 3000),
+            ("vllm:prompt_tokens_total", 5000),
+        ):
+            rows.append({"time_s": 100.0 + i, "metric": metric, "kind": "counter", "value": per_s * i})
+        rows.append({"time_s": 100.0 + i, "metric": "vllm:kv_cache_usage_perc", "kind": "gauge", "value": 0.5})
+    specs = {sp["y_title"]: {se["name"] for se in sp["series"]} for sp in target_specs(pd.DataFrame(rows))}
+    assert specs["requests/s"] == {"vllm:request_success", "vllm:num_preemptions"}
+    assert specs["tokens/s"] == {"vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:prompt_tokens"}
+    assert specs["fraction (0-1)"] == {"vllm:kv_cache_usage_perc"}
+    fraction = next(f for title, f in draw(target_specs(pd.DataFrame(rows))) if title.endswith("fraction (0-1)"))
+    assert fraction.layout.showlegend is True and fraction.data[0].name == "vllm:kv_cache_usage_perc"
+
+
 def test_summary_table_is_flat_with_one_number_format():
     from replayer.results.report import _summary_table, summary_rows
 
@@ -261,6 +287,11 @@ def test_compare_text_and_json(results, tmp_path, capsys):
     assert f"speed-up: {s['speedup']} in A, {s['speedup'] * 4} in B" in out
     assert cli_main(["compare", str(results), str(b), "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["setup_differences"]) == 2
+    assert cli_main(["compare", str(results), str(tmp_path / "gone")]) == 2  # it printed a raw "[Errno 2] ..."
+    assert (
+        capsys.readouterr().err
+        == f"replayer compare: error: {tmp_path / 'gone'}: no such results folder or summary.json\n"
+    )
     killed = tmp_path / "killed"  # a SIGKILLed run leaves results files and no summary.json
     killed.mkdir()
     shutil.copy(results / "requests.parquet", killed / "requests.parquet")

@@ -93,7 +93,13 @@ def test_printed_summary_says_a_stop_and_the_prefix_cache():
         expected_prefix_hit_tokens=1_234_560,
         server_prefix_cache_hit_tokens=1_000_448.0,
     )
+    for name in ("server_queue_time_ms", "server_time_to_first_token_ms", "server_generation_time_ms"):
+        s.update({f"{k}_{name}": 1.0 for k in ("mean", "median", "p99")})
+    s.update(client_overhead_ms_count=3, mean_client_overhead_ms=286.06, median_client_overhead_ms=339.52)
+    s.update(p99_client_overhead_ms=422.72)
     lines = format_summary(s).splitlines()
+    # a long label ran into its numbers: "...server TTFT)286.06 / 339.52 / 422.72"
+    assert next(x for x in lines if x.startswith("Client overhead")).endswith(")  286.06 / 339.52 / 422.72")
     assert lines[1].startswith("Stopped early") and lines[1].endswith("by SIGTERM")
     assert next(x for x in lines if x.startswith("Expected from hash ids / server-reported")).endswith(
         "1,234,560 / 1,000,448"

@@ -190,3 +190,52 @@ def test_a_synthetic_load_against_the_simulator_then_resumed_from_its_recorded_s
     prompts = [json.loads(line)["prompt"] for line in received.read_text().splitlines()]
     assert len(prompts) == 40 - first and all(len(x) == 132 for x in prompts)
     assert len({tuple(x[:32]) for x in prompts}) == 1 and len({tuple(x[32:48]) for x in prompts}) == len(prompts)
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--arrival", "gamma", "--cv", "1e-200"], "--cv must be between 1e-06 and 100"),  # cv^2 underflowed: 1/0
+        (["--arrival", "gamma", "--cv", "1e200"], "--cv must be between 1e-06 and 100"),  # cv^2 overflowed: 1/0
+        (["--arrival", "gamma", "--cv", "nan"], "--cv must be between"),
+        (["--rate", "1e-300"], "--rate 1e-300 is too slow: 5 rows would span 5e+300 s"),  # wrapped to < 0
+        (["--input-dist", "lognormal:100:1e200"], "parameters must be at most 1,000,000,000 tokens"),
+        (["--input-dist", "lognormal:100:101"], "CV must be at most 100"),
+        (["--input-dist", "lognormal:1e300:1"], "parameters must be at most"),
+        (["--input-dist", "uniform:1:1e30"], "parameters must be at most"),
+        (["--input-dist", "normal:10:1e12"], "parameters must be at most"),
+        (["--system-prompts", "1", "--system-prompt-tokens", "2000000000"], "must be at most 1,000,000,000"),
+    ],
+)
+def test_trace_synth_checks_the_range_of_every_distribution_parameter(tmp_path, flags, says):
+    """A tiny or huge --cv raised ZeroDivisionError or wrote negative timestamps with exit 0."""
+    out = tmp_path / "s.parquet"
+    argv = ["trace", "synth", "-o", str(out), "--rows", "5", "--rate", "1", "--output-dist", "const:5"]
+    r = subprocess.run([sys.executable, "-m", "replayer", *argv, *flags], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not out.exists()
+
+
+def test_gamma_at_the_ends_of_its_range_writes_sorted_times_from_0(tmp_path):
+    from replayer.trace.synth import MAX_CV, MIN_CV, SynthSpec
+
+    for cv in (MIN_CV, MAX_CV):
+        t = synth(
+            SynthSpec(rows=200, rate_per_s=1.0, arrival="gamma", cv=cv, input_dist="const:4", output_dist="const:1")
+        )
+        ts = t.timestamp_ns
+        assert ts[0] == 0 and (np.diff(ts) >= 0).all()
+
+
+@pytest.mark.parametrize(
+    "settings, says",
+    [
+        ({"burstiness": 1e-300}, "burstiness: must be between 0.0001 and 1e+12, or inf"),
+        ({"request_rate": 1e-300}, "request_rate (--request-rate) 1e-300 is too slow"),  # all sent at once
+        ({"input_len": 10**12}, "input_len (--input-len, --range-ratio): bad distribution"),
+    ],
+)
+def test_a_synthetic_load_checks_its_ranges(settings, says):
+    with pytest.raises(ConfigError) as ei:
+        load_config({"request_rate": 10, "num_prompts": 5, **settings})
+    assert says in str(ei.value)

@@ -203,9 +203,9 @@ def test_a_target_down_fails_its_own_requests_the_other_goes_on(tmp_path):
     assert all(r["outcome"] == "success" for r in by_target[sim_url]) and len(by_target[sim_url]) == 3
     assert summary["completed"] == 3 and summary["failed"] == 5 and summary["target_switches"] == 0
     sec = summary["targets"]
-    assert sec[down.url]["failed"] == 5 and sec[down.url]["success"] == 0
+    assert sec[down.url]["failed"] == 5 and sec[down.url]["completed"] == 0
     assert sum(sec[down.url]["errors_by_kind"].values()) == 5
-    assert sec[sim_url]["success"] == 3 and sec[sim_url]["median_ttft_ms"] is not None
+    assert sec[sim_url]["completed"] == 3 and sec[sim_url]["median_ttft_ms"] is not None
     assert sec[down.url]["median_ttft_ms"] is None  # unknown, not 0
 
 
@@ -482,7 +482,9 @@ def test_target_switches_count_turns_that_moved():
     assert target_switches(t) == 2  # s: A -> B -> A; u stays on B; rows without a session do not count
     sec = target_sections(t)
     assert sorted(sec) == ["A", "B"]
-    assert sec["A"]["requests"] == 3 and sec["A"]["success"] == 2 and sec["A"]["failed"] == 1
+    assert sec["A"]["requests"] == 3 and sec["A"]["completed"] == 2 and sec["A"]["failed"] == 1
+    # the top level's names (it said `success` where the top level says `completed`)
+    assert {"completed", "failed", "cancelled", "not_started"} <= set(sec["A"]) and "success" not in sec["A"]
     assert sec["A"]["errors_by_kind"] == {"connect": 1}
     assert sec["A"]["median_ttft_ms"] == 5.0 and sec["A"]["p99_ttft_ms"] == 13.0  # successful requests only
     assert sec["B"]["total_input_tokens"] == 40 and sec["B"]["errors_by_kind"] == {}

@@ -4,6 +4,7 @@ decimal strings, and one clear line for a whole-file problem (issue 17, issue 18
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 
@@ -190,7 +191,8 @@ def test_a_key_missing_from_every_row_is_one_problem(tmp_path, capsys):
     q = _one_problem(p)
     assert (q.row, q.field) == (0, "output_length")
     assert q.message == (
-        "missing from every row: no row has the key 'output_length' (keys of row 1: timestamp, input_length, hash_ids)"
+        "missing from every row: no row has the key 'output_length' (keys of row 1: timestamp, input_length, "
+        "hash_ids); name its column with --map output_length=COLUMN"
     )
     q = _one_problem(p, mapping="output_length=gen")
     assert "no row has the key 'gen' (--map output_length=gen)" in q.message
@@ -249,3 +251,40 @@ def test_a_seeded_sample_keys_any_session_id_as_a_name(tmp_path):
     kept = slice_trace(t, fraction=0.5, seed=1)
     want = {s for s in ids if mix64(mix64(1) ^ hash_name(s)) / 2**64 < 0.5}
     assert set(kept.session_id) == want and len(kept) == 40 * len(want)
+
+
+# -- issue 34: a generic trace's unit, a missing column ------------------------------------
+
+
+def test_generic_csv_timestamps_that_look_like_seconds_are_warned(tmp_path):
+    """0, 1.5, 3 read as milliseconds (the default for generic files) without a word: a replay
+    1,000 times too fast."""
+    from replayer.trace import TraceUnitWarning
+
+    p = tmp_path / "g.csv"
+    p.write_text("timestamp,input_length,output_length\n0,100,10\n1.5,200,20\n3,300,5\n")
+    with pytest.warns(TraceUnitWarning, match="some are fractional: if they are seconds, pass --time-unit s"):
+        read_trace(p, mapping={"hash_ids": ""})
+    p.write_text("timestamp,input_length,output_length\n" + "".join(f"{i // 3},100,10\n" for i in range(30)))
+    with pytest.warns(TraceUnitWarning, match="30 rows span 9 ms"):  # seconds, several rows a second
+        read_trace(p, mapping={"hash_ids": ""})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TraceUnitWarning)
+        read_trace(p, mapping={"hash_ids": ""}, time_unit="s")  # the unit given: no warning
+        p.write_text("timestamp,input_length,output_length\n0,100,10\n1500,200,20\n3000,300,5\n")
+        read_trace(p, mapping={"hash_ids": ""})  # milliseconds that look like milliseconds
+    j = _jsonl(tmp_path / "g.jsonl", [_row(0.0), _row(0.5)])
+    with pytest.warns(TraceUnitWarning):
+        read_trace(j, mapping={"timestamp": "timestamp"})
+
+
+def test_a_missing_column_error_suggests_map(tmp_path):
+    p = tmp_path / "m.csv"
+    p.write_text("timestamp,input_len,output_length\n0,100,10\n")
+    with pytest.raises(TraceError) as ei:
+        read_trace(p)
+    assert "name its column with --map input_length=input_len" in str(ei.value)
+    assert "--map hash_ids= synthesises unique ids" in str(ei.value)
+    j = _jsonl(tmp_path / "m.jsonl", [{"timestamp": 0, "input_tokens": 1, "output_length": 1}])
+    with pytest.raises(TraceError, match="name its column with --map input_length=input_tokens"):
+        read_trace(j, mapping={"hash_ids": ""})

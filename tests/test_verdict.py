@@ -26,7 +26,7 @@ def test_parse_goodput_takes_vllm_bench_serve_pairs():
         ("ttft:fast", "not a number"),
         ("ttft:-1", ">= 0"),
         ("ttft:nan", ">= 0"),
-        ("traces/x.parquet", "before --goodput"),
+        ("traces/x.parquet", "is not KEY:VALUE"),
     ):
         with pytest.raises(ValueError, match=says):
             verdict.parse_goodput([bad])
@@ -50,6 +50,55 @@ def test_goodput_setting_from_flags_and_config_file(tmp_path):
     assert load_config({"trace": str(trace)}).goodput_slos == {}
     with pytest.raises(ConfigError, match=r"goodput \(--goodput\): .*unknown key 'itl'"):
         load_config({"trace": str(trace), "goodput": ["itl:5"]})
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--goodput", "ttft:2000", "tpot:50", "TRACE"],  # vllm bench serve's form, the trace after it
+        ["--goodput", "ttft:2000,tpot:50", "TRACE"],
+        ["--goodput", "ttft:2000", "--goodput", "tpot:50", "TRACE"],
+        ["--goodput=ttft:2000", "tpot:50", "--max-requests", "5", "TRACE"],
+        ["TRACE", "--goodput", "ttft:2000", "tpot:50", "--"],  # (a trailing '--' was "unrecognized")
+        ["--goodput", "ttft:2000", "tpot:50", "--", "TRACE"],
+    ],
+)
+def test_goodput_pairs_end_where_the_trace_begins(tmp_path, argv):
+    """``nargs='+'`` took the trace after the pairs as one more pair; the pairs now end at the first
+    argument that is not one, and a comma list or a repeated flag gives the same bounds."""
+    from replayer.cli import build_parser
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("")
+    args = build_parser().parse_args(["run", *(str(trace) if a == "TRACE" else a for a in argv)])
+    assert args.goodput == ["ttft:2000", "tpot:50"] and args.trace == str(trace)
+
+
+def test_goodput_misuse_names_the_fix(tmp_path, capsys):
+    from replayer.cli import build_parser
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--goodput", str(trace)])
+    assert "is not a KEY:VALUE pair; give the pairs as --goodput ttft:2000 tpot:50" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the old advice: flags after '--' were taken for traces (a mix)
+        build_parser().parse_args(["run", "--goodput", "ttft:2000", "--", str(trace), "--max-requests", "5"])
+    assert "'--max-requests' is read as a trace: everything after '--' is" in capsys.readouterr().err
+
+
+def test_goodput_config_key_takes_a_mapping(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("")
+    conf = tmp_path / "c.yaml"
+    conf.write_text("goodput: {ttft: 2000, tpot: 50}\n")
+    from replayer.cli import read_config_file
+
+    cfg = load_config({"trace": str(trace), **read_config_file(str(conf))})
+    assert cfg.goodput_slos == {"ttft": 2000.0, "tpot": 50.0}
+    assert load_config({"trace": str(trace), "goodput": "ttft:2000,e2el:9"}).goodput_slos == {"ttft": 2000, "e2el": 9}
+    with pytest.raises(ConfigError, match="unknown key 'itl'"):
+        load_config({"trace": str(trace), "goodput": {"itl": 5}})
 
 
 def test_flags_reproduce_goodput_for_workers(tmp_path):

@@ -2,13 +2,14 @@
 # Runner for ../shared/bench/fidelity/harness.py (contract: RUNNER SLICE_DIR OUT_DIR PORT [args]).
 # Replays the slice's JSONL as a generic JSONL trace (its timestamps are fractional ms, already
 # compressed by the slice's speed-up: read exactly, no rounding) with `replayer run` against the
-# harness's mock server, then writes fidelity_report.json from our summary.
+# harness's mock server (or REPLAYER_TARGET: tls_runner.sh's TLS terminator in front of it), then
+# writes fidelity_report.json from our summary.
 set -euo pipefail
 SLICE=$1; OUT=$2; PORT=$3; shift 3
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${REPLAYER_PYTHON:-$ROOT/.venv/bin/python}
 "$PY" -m replayer run "$SLICE/slice.mooncake.jsonl" --format jsonl --time-unit ms \
-  --target "http://127.0.0.1:$PORT" --model "${FIDELITY_MODEL:-tiny-llama}" \
+  --target "${REPLAYER_TARGET:-http://127.0.0.1:$PORT}" --model "${FIDELITY_MODEL:-tiny-llama}" \
   --results "$OUT/results" --admin-port 0 --quiet --log-level warning "$@"
 "$PY" -S - "$OUT" <<'PYEOF'
 import json, sys

@@ -14,7 +14,8 @@
 # TOOL=record runs replayer through `replayer record` (record_runner.sh: the proxy's CPU and RSS in
 # RUN/tool/proxy.json; bench/bench_capture.py interleaves it with direct runs); TOOL=vllm-bench runs
 # `vllm bench serve --dataset-name timed_trace` (vllm_bench_runner.sh; needs vLLM installed).
-# REPLAYER_ARGS="--no-launcher ..." passes options to `replayer run`.
+# TOOL=tls runs replayer over TLS through a stunnel terminator in front of the server (tls_runner.sh;
+# stunnel's own CPU in RUN/tool/stunnel.json). REPLAYER_ARGS="--no-launcher ..." passes options to `replayer run`.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 H=$ROOT/../shared/bench/fidelity
@@ -52,6 +53,7 @@ fi
 if [[ $TOOL == calib ]]; then RUNNER=(--tool calib)
 elif [[ $TOOL == record ]]; then RUNNER=(--runner "$ROOT/bench/fidelity/record_runner.sh")
 elif [[ $TOOL == vllm-bench ]]; then RUNNER=(--runner "$ROOT/bench/fidelity/vllm_bench_runner.sh")
+elif [[ $TOOL == tls ]]; then RUNNER=(--runner "$ROOT/bench/fidelity/tls_runner.sh")
 else RUNNER=(--runner "$ROOT/bench/fidelity/replayer_runner.sh"); fi
 $P "$H/harness.py" "${RUNNER[@]}" ${PORT:+--port "$PORT"} --slice "$W/slice_$NAME" --out "$W/run_${NAME}_$TOOL" --work-dir "$W" --name "$TOOL" \
   ${SERVER_ARGS:+"--server-args=$SERVER_ARGS"} ${REPLAYER_ARGS:+"--tool-args=$REPLAYER_ARGS"}

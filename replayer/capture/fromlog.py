@@ -10,10 +10,16 @@ One JSON object per line and per request::
 ``timestamp`` (required): a number in ``--time-unit`` (default s) or an ISO-8601 string; ``request``
 (required): the request body as sent; ``usage``, or ``response`` holding ``usage``: the server's
 usage (without it the lengths come from the tokens and are flagged, or stay unknown);
-``endpoint`` (default ``--endpoint``), ``status`` (default 200), ``request_id``, ``session_id``
-(else the body's ``user``) are optional. Prompts are hashed exactly as by ``replayer record``:
+``endpoint`` (default ``--endpoint``, else read from the body's shape: ``messages`` is chat,
+``prompt`` completions, ``input`` embeddings, ``text_1``/``text_2`` score, ``query`` with
+``documents`` rerank), ``status`` (default 200), ``request_id``, ``session_id`` (else the body's
+``user``) are optional. Prompts are hashed exactly as by ``replayer record``:
 token-id prompts as they are, text with ``--tokenizer`` or an upstream's ``/tokenize``
 (``--tokenize-url``). The log itself is only read; nothing of its text reaches the output.
+
+A row that cannot be replayed (nothing to hash, a length unknown, an error status) is kept, as
+``replayer record`` keeps it, and counted under its reason (``NOT_REPLAYABLE``); a log with no
+replayable row writes no trace and exits 2.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import json
 import os
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Sequence
 
 import orjson
@@ -35,6 +42,43 @@ from replayer.capture.rows import CAPTURED, GENERATION, SCHEMA, fit_hash_ids, re
 from replayer.trace.model import CAPTURE_META, MAX_PROBLEMS
 
 _UNITS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
+
+#: the body field each endpoint reads its prompt from (the endpoint is inferred from it too)
+PROMPT_FIELD = {
+    "/v1/chat/completions": "messages",
+    "/v1/completions": "prompt",
+    "/v1/embeddings": "input",
+    "/v1/score": "text_1 and text_2",
+    "/v1/rerank": "query and documents",
+}
+
+#: why a row cannot be replayed (a row counts under the first that applies)
+NOT_REPLAYABLE = {
+    "error_status": "the request failed (status >= 400)",
+    "no_prompt": "the body has no prompt where its endpoint reads one (chat: messages, completions: prompt, "
+    "embeddings: input; check --endpoint and the lines' endpoint)",
+    "no_tokenizer": "a text prompt, and neither --tokenizer nor --tokenize-url to hash it",
+    "tokenize_url_failed": "--tokenize-url returned no tokens (unreachable, or an error)",
+    "empty_text": "nothing to tokenize (an empty prompt, or images only)",
+    "no_input_length": "input length 0",
+    "no_output_length": "no usage.completion_tokens: the output length is unknown",
+    "no_output": "no output token came back (completion_tokens 0)",
+}
+
+
+def infer_endpoint(body: dict) -> str | None:
+    """The endpoint a request body was sent to, read from its shape; None when it says nothing."""
+    if "messages" in body:
+        return "/v1/chat/completions"
+    if "prompt" in body:
+        return "/v1/completions"
+    if "input" in body:
+        return "/v1/embeddings"
+    if "text_1" in body or "text_2" in body:
+        return "/v1/score"
+    if "query" in body and "documents" in body:
+        return "/v1/rerank"
+    return None
 
 
 class LogError(ValueError):
@@ -81,15 +125,18 @@ def rows_from_log(  # noqa: C901, PLR0912, PLR0915
     tokenizer=None,
     tokenize_url: str | None = None,
     time_unit: str = "s",
-    endpoint: str = "/v1/chat/completions",
-) -> tuple[list[dict], dict[str, int]]:
-    """The capture rows of a log (in file order) and counts (``rows``, ``tokenize_failures``).
-    Raises LogError listing every bad line (at most ``MAX_PROBLEMS``), OSError when unreadable."""
+    endpoint: str | None = None,
+) -> tuple[list[dict], dict]:
+    """The capture rows of a log (in file order) and counts (``rows``, ``replayable``,
+    ``tokenize_failures``, ``not_replayable``: a count per ``NOT_REPLAYABLE`` reason). ``endpoint``:
+    that of lines without one (None: inferred from each body). Raises LogError listing every bad
+    line (at most ``MAX_PROBLEMS``), OSError when unreadable."""
     hasher = BlockHasher(key, block_size)
     problems: list[str] = []
     n_problems = 0
     rows: list[dict] = []
     failures = 0
+    why: Counter[str] = Counter()
 
     def bad(line: int, field: str, msg: str) -> None:
         nonlocal n_problems
@@ -121,7 +168,14 @@ def rows_from_log(  # noqa: C901, PLR0912, PLR0915
             if type(body) is not dict:
                 bad(line_no, "request", "missing or not a JSON object (the request body)")
                 continue
-            ep = obj.get("endpoint", endpoint)
+            ep = obj.get("endpoint", endpoint or infer_endpoint(body))
+            if ep is None:
+                bad(
+                    line_no,
+                    "endpoint",
+                    "missing, and the body has none of messages, prompt, input, text_1, query (pass --endpoint)",
+                )
+                continue
             if ep not in CAPTURED:
                 bad(line_no, "endpoint", f"{ep!r} is not one of {', '.join(CAPTURED)}")
                 continue
@@ -162,16 +216,20 @@ def rows_from_log(  # noqa: C901, PLR0912, PLR0915
             }
             tokens: Sequence[int] | None = None
             by = "none"
+            failed = "no_prompt" if facts.token_ids is None and facts.tokenize_body is None else "no_tokenizer"
             if facts.token_ids is not None:
                 tokens, by = facts.token_ids, "request"
             elif facts.tokenize_body is not None and tokenize_url:
                 tokens, by = _tokenize_remote(tokenize_url, facts.tokenize_body), "upstream"
-            if tokens is None and tokenizer is not None:
+                failed = "tokenize_url_failed"
+            if tokens is None and tokenizer is not None and failed != "no_prompt":
                 text = facts.text
                 if text is None and ep == "/v1/chat/completions":  # message contents (no chat template)
                     text = "\n".join(_contents(body.get("messages")))
                 if text:
                     tokens, by = list(tokenizer.encode(text).ids), "tokenizer"
+                else:
+                    failed = "empty_text"
             if tokens is None:
                 row["tokenized_by"] = "none" if by == "none" else "failed"
                 failures += 1
@@ -183,10 +241,32 @@ def rows_from_log(  # noqa: C901, PLR0912, PLR0915
                     row["hash_ids"] = fit_hash_ids(
                         hasher.hash_ids(tokens), row["input_length"], block_size, hasher.fresh_id
                     )
+            reason = _not_replayable(row, failed)
+            if reason:
+                why[reason] += 1
             rows.append(row)
     if n_problems:
         raise LogError(problems, n_problems - len(problems))
-    return rows, {"rows": len(rows), "tokenize_failures": failures, "distinct_blocks": hasher.distinct_blocks}
+    return rows, {
+        "rows": len(rows),
+        "replayable": len(rows) - sum(why.values()),
+        "tokenize_failures": failures,
+        "not_replayable": {k: why[k] for k in NOT_REPLAYABLE if why[k]},
+        "distinct_blocks": hasher.distinct_blocks,
+    }
+
+
+def _not_replayable(row: dict, failed: str) -> str | None:
+    """Why the trace reader will leave ``row`` out (a ``NOT_REPLAYABLE`` key), or None."""
+    if row["status"] >= 400:
+        return "error_status"
+    if row["hash_ids"] is None:
+        return failed if row["hashed_tokens"] is None else "no_input_length"
+    if row["output_length"] is None:
+        return "no_output_length"
+    if row["output_length"] < 1:
+        return "no_output"
+    return None
 
 
 def _contents(msgs) -> list[str]:
@@ -249,6 +329,16 @@ def main_from_log(args) -> int:
     if not rows:
         print(f"replayer trace from-log: {args.log}: no requests", file=sys.stderr)
         return 2
+    skipped = counts["not_replayable"]
+    if skipped:
+        lines = [f"  {n:,} {NOT_REPLAYABLE[k]}" for k, n in skipped.items()]
+        head = f"{sum(skipped.values()):,} of {len(rows):,} rows cannot be replayed"
+        if not counts["replayable"]:
+            print(f"replayer trace from-log: {args.log}: no row can be replayed, no trace written:", file=sys.stderr)
+            print("\n".join(lines), file=sys.stderr)
+            return 2
+        print(f"replayer trace from-log: {head} (kept, as replayer record keeps them):", file=sys.stderr)
+        print("\n".join(lines), file=sys.stderr)
     write_rows(
         rows, args.output, block_size=args.block_size, source=f"replayer trace from-log {os.path.basename(args.log)}"
     )

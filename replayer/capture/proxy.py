@@ -38,6 +38,7 @@ from replayer.capture.relay import Exchange, UpstreamGone, UpstreamPool
 from replayer.capture.rows import CAPTURED, GENERATION
 from replayer.capture.tokenize import Tokenization
 from replayer.capture.usage import UsageTracker
+from replayer.http.tls import TLSOptions, explain, find_ssl_error
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +101,12 @@ class CaptureProxy:
         connect_timeout_s: float = 10.0,
         poll_interval_s: float = 0.0,
         stamp_responses: bool = False,
+        tls: TLSOptions | None = None,
     ) -> None:
         self.upstream = upstream.rstrip("/")
+        self.tls = tls or TLSOptions()
+        #: keywords of every aiohttp request upstream (the TLS server name, when one is set)
+        self.request_kw: dict = {}
         self.metrics = metrics
         self.t0_ns = t0_ns
         self.session_header = session_header
@@ -126,30 +131,34 @@ class CaptureProxy:
         self._request_held = metrics.forward_delay.observer("request")
 
     async def start(self) -> None:
-        import ssl as _ssl
         from urllib.parse import urlsplit
 
         u = urlsplit(self.upstream)
         if not u.hostname:
             raise ValueError(f"upstream must be an http(s) URL with a host, got {self.upstream!r}")
         https = u.scheme == "https"
+        ctx = self.tls.context() if https else None  # (ValueError naming the file)
+        if https and self.tls.server_name:
+            self.request_kw = {"server_hostname": self.tls.server_name}
         self.pool = UpstreamPool(
             u.hostname,
             u.port or (443 if https else 80),
-            ssl=_ssl.create_default_context() if https else None,
+            ssl=ctx,
             connect_timeout_s=self.connect_timeout_s,
             observe_forward=self.metrics.forward_delay.observer("response"),
             stamped=self.stamp_responses,
+            server_hostname=self.tls.server_name,
         )
         self._host = u.netloc
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=None)
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, ssl=ctx if ctx is not None else True),
             timeout=timeout,
             auto_decompress=False,
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         self.tokenization = self._tokenization_factory(self.session)
+        self.tokenization.request_kw = self.request_kw
         self.tokenization.start()
 
     def listen(self, host: str, port: int) -> int:
@@ -316,7 +325,12 @@ class CaptureProxy:
         }
 
     def _bad_gateway(self, conn: ClientConnection, req: Request, e: BaseException) -> None:
-        msg = f"upstream {self.upstream} unreachable: {type(e).__name__}: {e}"
+        bad = find_ssl_error(e)
+        msg = (
+            f"upstream {self.upstream}: TLS error: {explain(bad)}"
+            if bad is not None
+            else f"upstream {self.upstream} unreachable: {type(e).__name__}: {e}"
+        )
         log.warning("capture: %s", msg)
         body = orjson.dumps({"error": {"message": msg, "type": "BadGateway", "code": 502}})
         conn.write(
@@ -401,6 +415,7 @@ class CaptureProxy:
                 headers=CIMultiDict(forward_headers(req.headers, _PER_HOP)),
                 allow_redirects=False,
                 skip_auto_headers=_SKIP_AUTO,
+                **self.request_kw,
             ) as up:
                 hdrs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in up.raw_headers]
                 no_body = req.method == "HEAD" or up.status < 200 or up.status in (204, 304)

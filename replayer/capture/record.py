@@ -22,6 +22,7 @@ import time
 
 from replayer import __version__
 from replayer.core.background import EXIT_TASK_FAILED, BackgroundTasks
+from replayer.http.tls import TLSOptions
 from replayer.record.recorder import write_json
 
 log = logging.getLogger("replayer.record")
@@ -121,6 +122,18 @@ def add_record_parser(sub) -> None:
         "direction of replayer_capture_forward_delay_seconds (how long each streamed event "
         "stayed in the proxy); costs ~3-4 us of CPU per event [default: requests only]",
     )
+    p.add_argument("--ca-bundle", metavar="FILE", default=None, help="PEM CAs to trust for an https:// upstream")
+    p.add_argument("--client-cert", metavar="FILE", default=None, help="PEM client certificate (mutual TLS upstream)")
+    p.add_argument("--client-key", metavar="FILE", default=None, help="PEM private key of --client-cert")
+    p.add_argument(
+        "--tls-server-name",
+        metavar="NAME",
+        default=None,
+        help="SNI and certificate name of the upstream [default: the --upstream URL's host]",
+    )
+    p.add_argument(
+        "--insecure", action="store_true", help="do not verify the upstream's TLS certificate (a warning at start)"
+    )
     p.add_argument(
         "--drain-timeout",
         type=float,
@@ -128,6 +141,11 @@ def add_record_parser(sub) -> None:
         metavar="S",
         help="on SIGTERM/SIGINT, wait S seconds for requests in flight [default: 60]",
     )
+
+
+def _tls(args: argparse.Namespace) -> TLSOptions:
+    """The upstream's TLS settings from the flags."""
+    return TLSOptions(args.ca_bundle, args.client_cert, args.client_key, args.tls_server_name, args.insecure)
 
 
 class StartError(Exception):
@@ -185,6 +203,15 @@ def main_record(args: argparse.Namespace) -> int:
             raise StartError(f"--upstream {args.upstream!r}: expected an http:// or https:// URL")
         host, port = _listen(args.listen)
         _check_out(args.out)
+        if args.upstream.startswith("https://"):
+            try:
+                _tls(args).context()
+            except ValueError as e:
+                raise StartError(str(e)) from None
+            if args.insecure:
+                logging.getLogger("replayer").warning(
+                    "--insecure: the TLS certificate of %s is NOT verified", args.upstream
+                )
         tokenizer = _load_tokenizer(args.tokenizer) if args.tokenizer else None
         try:
             key = load_key(args.hash_key_file)
@@ -263,6 +290,7 @@ async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, imag
         session_header=args.session_header,
         poll_interval_s=args.poll_interval,
         stamp_responses=args.stamp_responses,
+        tls=_tls(args),
     )
     stop = asyncio.Event()
     signals: list[str] = []

@@ -304,7 +304,8 @@ class UpstreamPool:
 
     ``stamped``: plain-HTTP connections on ``stamps.StampedTransport`` (each response read
     stamped, for ``observe_forward``), else on uvloop's transport (cheaper by ~3-4 us of CPU per
-    read). TLS always uses asyncio's transport."""
+    read). TLS always uses the event loop's transport (``ssl``: the context, ``server_hostname``:
+    SNI and the certificate's name, default the host)."""
 
     def __init__(
         self,
@@ -314,8 +315,10 @@ class UpstreamPool:
         connect_timeout_s: float = 10.0,
         observe_forward=None,
         stamped: bool = False,
+        server_hostname: str | None = None,
     ) -> None:
         self.host, self.port, self.ssl = host, port, ssl
+        self.server_hostname = (server_hostname or host) if ssl is not None else None
         self.connect_timeout_s = connect_timeout_s
         self.stamped = stamped and ssl is None
         self.idle: list[UpstreamConnection] = []
@@ -345,7 +348,10 @@ class UpstreamPool:
             proto = await asyncio.wait_for(open_stamped(self.host, self.port, factory), self.connect_timeout_s)
         else:
             _, proto = await asyncio.wait_for(
-                loop.create_connection(factory, self.host, self.port, ssl=self.ssl), self.connect_timeout_s
+                loop.create_connection(
+                    factory, self.host, self.port, ssl=self.ssl, server_hostname=self.server_hostname
+                ),
+                self.connect_timeout_s,
             )
         return proto, False  # type: ignore[return-value]
 

@@ -59,6 +59,7 @@ class Tokenization:
         self.tokenizer = tokenizer
         self.image_hash = image_hash
         self.offload = offload
+        self.request_kw: dict = {}  # more keywords of the /tokenize request (the TLS server name)
         self._workers: list[asyncio.Task] = []
 
     def start(self) -> None:
@@ -162,7 +163,9 @@ class Tokenization:
         if auth:
             headers["Authorization"] = auth
         try:
-            async with self.session.post(self.tokenize_url, data=orjson.dumps(body), headers=headers) as r:
+            async with self.session.post(
+                self.tokenize_url, data=orjson.dumps(body), headers=headers, **self.request_kw
+            ) as r:
                 data = await r.read()
                 if r.status != 200:
                     return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import types
 import typing
@@ -23,10 +24,70 @@ POSITIONAL = ("trace",)
 REPEATED = ("target",)
 
 
+#: a ``--goodput`` pair, or several joined by commas: ``ttft:2000``, ``ttft:2000,tpot:50`` (a
+#: lower-case key, no ``/`` after the colon: ``s3://...`` and ``dir/t.parquet`` are not pairs)
+_PAIRS = re.compile(r"[a-z0-9_]+:[^/,\s]*(,[a-z0-9_]+:[^/,\s]*)*,?")
+#: the flags that take ``KEY:VALUE`` pairs
+PAIR_FLAGS = ("--goodput",)
+
+
+def join_pairs(argv: list[str]) -> list[str]:
+    """``argv`` with the pairs after each ``--goodput`` (vllm bench serve's ``--goodput ttft:2000
+    tpot:50``) joined into one value, ``--goodput=ttft:2000,tpot:50``: the pairs end at the first
+    argument that is not one, so a trace path may follow them (argparse's ``nargs='+'`` would take
+    it as one more pair). Nothing after ``--`` changes; a ``--`` at the end is dropped."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":  # (one at the end separates nothing: argparse would call it unrecognized)
+            return out + argv[i:] if i + 1 < len(argv) else out
+        flag, eq, first = a.partition("=")
+        if flag in PAIR_FLAGS:
+            pairs = [first] if eq else []
+            while i + 1 < len(argv) and _PAIRS.fullmatch(argv[i + 1]):
+                pairs.append(argv[i + 1])
+                i += 1
+            out.append(f"{flag}={','.join(p.strip(',') for p in pairs)}" if pairs else a)
+        else:
+            out.append(a)
+        i += 1
+    return out
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that reads ``--goodput``'s pairs as ``join_pairs`` says."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        return super().parse_known_args(join_pairs(list(sys.argv[1:] if args is None else args)), namespace)
+
+
+class _Pairs(argparse.Action):
+    """``--goodput``'s pairs: each value one pair or several joined by commas; a repeated flag adds
+    to the pairs before it."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        pairs = [p for v in values for p in str(v).split(",") if p]
+        bad = [v for v in pairs if ":" not in v]
+        if bad:
+            parser.error(
+                f"{option_string}: {bad[0]!r} is not a KEY:VALUE pair; give the pairs as "
+                f"{option_string} ttft:2000 tpot:50, {option_string} ttft:2000,tpot:50 or the flag "
+                "once per pair"
+            )
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or []), *pairs])
+
+
 class _Traces(argparse.Action):
     """The trace argument(s): one is ``trace``; several are ``trace`` (the first) and ``mix``."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
+        flags = [v for v in values if v.startswith("--")]
+        if flags:  # (after a '--', argparse takes every argument as a trace)
+            parser.error(
+                f"{flags[0]!r} is read as a trace: everything after '--' is; put the flags before it "
+                "(--goodput needs no '--': --goodput ttft:2000 tpot:50 TRACE)"
+            )
         if values:
             namespace.trace = values[0]
             if len(values) > 1:
@@ -117,7 +178,13 @@ def _add_flag(p: argparse._ArgumentGroup, name: str) -> None:
         )
     elif typing.get_origin(typ) is list:  # KEY:VALUE pairs (--goodput, as vllm bench serve takes it)
         p.add_argument(
-            flag_name(name), dest=name, nargs="+", default=argparse.SUPPRESS, metavar=name.upper(), help=help_text
+            flag_name(name),
+            dest=name,
+            nargs="+",
+            action=_Pairs if flag_name(name) in PAIR_FLAGS else "store",
+            default=argparse.SUPPRESS,
+            metavar="KEY:VALUE" if flag_name(name) in PAIR_FLAGS else name.upper(),
+            help=help_text,
         )
     elif typ is bool:
         p.add_argument(
@@ -138,9 +205,10 @@ def _add_flag(p: argparse._ArgumentGroup, name: str) -> None:
         )
 
 
-def read_config_file(path: str) -> dict:
-    """Settings from a YAML file whose keys are RunConfig field names (``configs/*.yaml``).
-    Raises ConfigError for unreadable files, non-mapping documents and unknown keys."""
+def read_config_file(path: str, extra: frozenset[str] = frozenset()) -> dict:
+    """Settings from a YAML file whose keys are RunConfig field names (``configs/*.yaml``), or
+    ``extra`` (a subcommand's own settings, e.g. ``replayer sweep``'s ``SWEEP_KEYS``). Raises
+    ConfigError for unreadable files, non-mapping documents and unknown keys."""
     import yaml
 
     try:
@@ -150,12 +218,13 @@ def read_config_file(path: str) -> dict:
         raise ConfigError([f"config: cannot read {path}: {e}"]) from None
     if not isinstance(data, dict):
         raise ConfigError([f"config: {path} must hold a mapping of setting: value"])
-    unknown = sorted(set(data) - set(RunConfig.model_fields))
+    known = [*RunConfig.model_fields, *sorted(extra)]
+    unknown = sorted(set(data) - set(known), key=str)
     if unknown:
         import difflib
 
         def hint(k: str) -> str:
-            close = difflib.get_close_matches(str(k), list(RunConfig.model_fields), n=1)
+            close = difflib.get_close_matches(str(k), known, n=1)
             return f" (did you mean {close[0]!r}?)" if close else ""
 
         raise ConfigError([f"config: {path}: unknown setting {k!r}{hint(k)}" for k in unknown])
@@ -185,7 +254,7 @@ def _flags_for(cfg: RunConfig, skip: set[str]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="replayer",
         allow_abbrev=False,
         description="Replay LLM serving traces against OpenAI-compatible servers, open-loop and token-exact.",
@@ -229,6 +298,45 @@ def build_parser() -> argparse.ArgumentParser:
         help="first wait up to S seconds for every folder's run to end by itself (a "
         "summary.json that was not cut short by a stop), e.g. in a Kubernetes merge Job",
     )
+    co = sub.add_parser(
+        "coordinate",
+        help="one start and one clock for a fleet of shards (replayer run --shard I/N --coordinator URL)",
+        description="Serve the fleet's start barrier, clock and live view until every shard has ended; "
+        "then write OUTPUT/fleet.json and merge the shards' folders when readable here. Exit 0 when "
+        "every shard ended and the merge is one whole run, 1 otherwise.",
+    )
+    co.add_argument("--shards", type=int, required=True, metavar="N", help="how many shards make the fleet")
+    co.add_argument("--host", default="127.0.0.1", help="address to listen on [default: 127.0.0.1]")
+    co.add_argument("--port", type=int, default=9500, help="port to listen on (0 = a free port) [default: 9500]")
+    co.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="start without the shards not ready by then (named; they join in step later) [default: 120]",
+    )
+    co.add_argument(
+        "--start-margin",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="the start is set this far ahead once every shard is ready [default: 2]",
+    )
+    co.add_argument(
+        "--lost-after",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="a shard not heard from for this long is marked lost (and running again when heard) [default: 10]",
+    )
+    co.add_argument(
+        "--give-up-after",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="the fleet ends without a shard lost (or never come) for this long [default: 600]",
+    )
+    co.add_argument("-o", "--output", default=None, help="folder for fleet.json and merged/ [default: none: log only]")
     rp = sub.add_parser("report", help="write a self-contained HTML report (plots) of a results folder")
     rp.add_argument("results", help="results folder (holds requests.parquet)")
     rp.add_argument("-o", "--output", default=None, help="output .html [default: RESULTS/report.html]")
@@ -239,7 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
         usage="%(prog)s --speedups LIST --goodput KEY:VALUE... [run options] [trace]",
         description="Replay a trace (or a window: --max-requests, --duration) at each speed-up "
         "of --speedups in turn, one results folder per point under --results, and stop after "
-        "the first point whose SLO attainment (--goodput) is below --min-attainment. Writes "
+        "the first point that did not hold: over its steady window, SLO attainment (--goodput) "
+        "below --min-attainment, less than 90% of the offered rate achieved, or a window "
+        "shorter than the median E2E. Writes "
         "sweep.json and sweep.html there. Every option of `replayer run` applies to each point, "
         "except --speedup, --seed (salted per point with --prefix-cache salt) and --resume.",
     )
@@ -249,26 +359,29 @@ def build_parser() -> argparse.ArgumentParser:
         dest="config_file",
         default=None,
         metavar="FILE",
-        help="YAML file of run settings (see configs/); flags override it",
+        help="YAML file of run settings (see configs/) and of the sweep's own (speedups, "
+        "min_attainment, prefix_cache, max_dispatch_lag); flags override it",
     )
     sw.add_argument(
         "--speedups",
-        required=True,
+        default=None,
         metavar="LIST",
-        help="speed-ups to replay at, in increasing order, e.g. 1,2,4,8,16 (at most 32)",
+        help="speed-ups to replay at, in increasing order, e.g. 1,2,4,8,16 (at most 32); "
+        "required here or as speedups: in the --config file",
     )
     sw.add_argument(
         "--min-attainment",
         type=float,
-        default=0.9,
+        default=None,
         metavar="F",
-        help="a point holds when at least this fraction of its judged requests met every "
-        "--goodput bound [default: 0.9]",
+        help="a point holds when, over its steady window (a warm-up and a cool-down left out), at "
+        "least this fraction of its judged requests met every --goodput bound and the server "
+        "completed at least 0.9 of the requests offered in it [default: 0.9]",
     )
     sw.add_argument(
         "--prefix-cache",
         choices=("salt", "reset", "warm"),
-        default="salt",
+        default=None,
         help="keep points from sharing prefix-cache hits: salt = fresh prompt prefixes per point; "
         "reset = the same prompts, POST /reset_prefix_cache to the target before each point "
         "(vLLM in dev mode, the simulator); warm = neither [default: salt]",
@@ -287,6 +400,22 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("a", help="results folder or summary.json of run A")
     cp.add_argument("b", help="results folder or summary.json of run B")
     cp.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    tc = sub.add_parser(
+        "tls-certs",
+        help="write a throw-away CA and server and client certificates (PEM) for a TLS simulator and tests",
+        description="Write ca.pem, server.pem, server.key, client.pem and client.key into FOLDER: a new "
+        "private CA and certificates it signed, for `replayer sim --tls-cert` and `replayer run "
+        "--ca-bundle`. Throw-away material for tests and trials, never for production.",
+    )
+    tc.add_argument("folder", help="where to write the files (created)")
+    tc.add_argument(
+        "--name",
+        action="append",
+        default=None,
+        help="a DNS name or IP address the server certificate is for (repeat) [default: localhost, 127.0.0.1, ::1]",
+    )
+    tc.add_argument("--days", type=float, default=30.0, help="validity in days [default: 30]")
+    tc.add_argument("--expired", action="store_true", help="certificates that ended an hour ago (to see that error)")
     sub.add_parser("version", help="print the version")
     _finish_parsers(p)
     return p
@@ -363,10 +492,15 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
 
         print(__version__)
         return 0
+    sweep_file: dict = {}
     if args.command in ("run", "sweep"):
         flags = {k: v for k, v in vars(args).items() if k in RunConfig.model_fields}
         try:
-            values = read_config_file(args.config_file) if args.config_file else {}
+            own: frozenset[str] = frozenset()
+            if args.command == "sweep":
+                from replayer.run.sweep import SWEEP_KEYS as own
+            values = read_config_file(args.config_file, own) if args.config_file else {}
+            sweep_file = {k: values.pop(k) for k in own if k in values}
             from_file = set(values) - set(flags)
             values.update(flags)
             cfg = load_config(values, config_file=args.config_file, from_file=from_file)
@@ -374,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
             print(f"replayer {args.command}: {e}", file=sys.stderr)
             return 2
     if args.command == "sweep":
-        from replayer.run.sweep import PER_POINT, SweepError, parse_speedups, run_sweep
+        from replayer.run.sweep import PER_POINT, SWEEP_KEYS, SweepError, run_sweep, sweep_options
 
         given = [flag_name(k) for k in ("speedup", "resume", "resume_existing") if k in flags]
         try:
@@ -383,18 +517,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
                     f"{', '.join(given)}: not for a sweep (it sets the speed-up of each point "
                     "from --speedups and starts a new run per point)"
                 )
-            if not 0 <= args.min_attainment <= 1:
-                raise SweepError(f"--min-attainment {args.min_attainment:g}: must be between 0 and 1")
-            speedups = parse_speedups(args.speedups)
-            lag = {} if args.max_dispatch_lag is None else {"max_dispatch_lag_ms": args.max_dispatch_lag}
-            _, code = run_sweep(
-                cfg,
-                _flags_for(cfg, PER_POINT),
-                speedups=speedups,
-                min_attainment=args.min_attainment,
-                prefix_cache=args.prefix_cache,
-                **lag,
-            )
+            opts = sweep_options({k: getattr(args, k) for k in SWEEP_KEYS}, sweep_file)
+            _, code = run_sweep(cfg, _flags_for(cfg, PER_POINT), **opts)
         except SweepError as e:
             print(f"replayer sweep: {e}", file=sys.stderr)
             return 2
@@ -424,6 +548,55 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
         from replayer.run.daemon import main_run
 
         return main_run(cfg, sim=sim)
+    return _other_command(args)
+
+
+def _tls_certs(args: argparse.Namespace) -> int:
+    """``replayer tls-certs FOLDER``: write the throw-away CA and certificates, print their paths."""
+    from replayer.sim.certs import write_certs
+
+    try:
+        paths = write_certs(args.folder, args.name, days=args.days, expired=args.expired)
+    except (OSError, ValueError) as e:
+        print(f"replayer tls-certs: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(f"{role:<12} {path}" for role, path in paths.items()))
+    return 0
+
+
+def _coordinate(args: argparse.Namespace) -> int:
+    """``replayer coordinate``: serve the fleet until it has ended."""
+    import uvloop
+
+    from replayer.fleet.coordinator import coordinate
+    from replayer.fleet.roster import Roster
+    from replayer.observe.logs import setup_logging
+
+    if args.shards < 1:
+        print("replayer coordinate: --shards must be at least 1", file=sys.stderr)
+        return 2
+    setup_logging(fields={"fleet": "coordinator"})
+    import time
+
+    roster = Roster(
+        args.shards,
+        started_s=time.time(),
+        ready_timeout_s=args.ready_timeout,
+        margin_s=args.start_margin,
+        lost_after_s=args.lost_after,
+        give_up_s=args.give_up_after,
+    )
+    try:
+        return uvloop.run(coordinate(roster, args.host, args.port, args.output))
+    except OSError as e:  # the port in use
+        print(f"replayer coordinate: {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
+        return 2
+
+
+def _other_command(args: argparse.Namespace) -> int:  # noqa: PLR0911
+    """The commands that take their arguments alone (no run configuration)."""
+    if args.command == "coordinate":
+        return _coordinate(args)
     if args.command == "merge":
         from replayer.results.merge import main_merge
 
@@ -444,6 +617,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
         from replayer.cli.trace import run_trace
 
         return run_trace(args)
+    if args.command == "tls-certs":
+        return _tls_certs(args)
     return 2
 
 

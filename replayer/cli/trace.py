@@ -158,8 +158,9 @@ def add_trace_parser(sub) -> None:
     )
     fl.add_argument(
         "--endpoint",
-        default="/v1/chat/completions",
-        help="API path of lines without an endpoint [default: /v1/chat/completions]",
+        default=None,
+        help="API path of lines without an endpoint [default: read from the body: messages is "
+        "/v1/chat/completions, prompt /v1/completions, input /v1/embeddings]",
     )
     fl.add_argument(
         "--tokenizer",

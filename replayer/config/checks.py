@@ -48,10 +48,14 @@ class FieldChecks(BaseModel):
 
         if v is None:
             return None
+        if isinstance(v, dict):  # a config file's mapping: {ttft: 2000, tpot: 50}
+            v = [f"{k}:{x}" for k, x in v.items()]
         if isinstance(v, str):  # a config file may give one string of pairs
-            v = v.split()
+            v = v.replace(",", " ").split()
         if not isinstance(v, list | tuple):
-            raise ValueError("must be KEY:VALUE pairs, e.g. ttft:2000 tpot:50 e2el:30000")
+            raise ValueError(
+                "must be KEY:VALUE pairs, e.g. ttft:2000 tpot:50 e2el:30000, or a mapping {ttft: 2000, tpot: 50}"
+            )
         return format_goodput(parse_goodput([str(x) for x in v])) or None
 
     @field_validator("image_size", check_fields=False)

@@ -7,6 +7,7 @@ validation).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Set as AbstractSet
 
@@ -23,6 +24,7 @@ from replayer.config.load import (
     new_run_id,
     recorded_settings,
 )
+from replayer.http.tls import TLSOptions
 
 __all__ = [
     "RUN_ID",
@@ -36,6 +38,17 @@ __all__ = [
     "new_run_id",
     "recorded_settings",
 ]
+
+
+#: the names of a synthetic load's spec fields in a run (``SynthSpec.check``'s messages)
+_SYNTH_NAMES = {
+    "rows": "num_prompts (--num-prompts)",
+    "rate_per_s": "request_rate (--request-rate)",
+    "input_dist": "input_len (--input-len, --range-ratio)",
+    "output_dist": "output_len (--output-len, --range-ratio)",
+    "system_prompt_tokens": "prefix_len (--prefix-len)",
+    "block_size": "block_size (--block-size)",
+}
 
 
 class RunConfig(FieldChecks):
@@ -151,7 +164,8 @@ class RunConfig(FieldChecks):
         None,
         description="SLO bounds in ms as KEY:VALUE pairs, keys ttft, "
         "tpot, e2el (vllm bench serve's --goodput), e.g. --goodput ttft:2000 "
-        "tpot:50: a request meets the SLO when it succeeded and every bound holds; "
+        "tpot:50 (or ttft:2000,tpot:50, or the flag repeated; in a config file a "
+        "mapping {ttft: 2000, tpot: 50}): a request meets the SLO when it succeeded and every bound holds; "
         "the summary reports request_goodput and slo_attainment; unset = no SLO",
     )
     usage_slack_tokens: int = Field(
@@ -166,6 +180,25 @@ class RunConfig(FieldChecks):
         ge=1,
         description="replay only the schedule's first N requests (shards and resumed runs together); unset = all",
     )
+    max_concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="cap on requests in flight (vllm bench serve's): a request due while N are in flight "
+        "waits for a slot, in due order, the wait recorded (queue_wait_ms) and in the latencies from the "
+        "due time; unset = no cap (open loop)",
+    )
+    warmup_requests: int = Field(
+        0,
+        ge=0,
+        description="warm-up: the first N requests sent (per process) go on schedule, flagged warmup in the "
+        "results and left out of the summary's statistics, throughputs and the verdict; 0 = none",
+    )
+    warmup_seconds_s: float = Field(
+        0.0,
+        ge=0,
+        description="warm-up: requests sent (by their own send time) in the first S seconds of the run are "
+        "warm-up (as --warmup-requests; with both, either makes a request warm-up); 0 = none",
+    )
     loop: str = Field("1", description="passes over the trace: a number, or 'forever'")
     loop_gap_s: float = Field(0.0, ge=0, description="trace time between the end of one loop and the next")
     loop_salt: bool = Field(
@@ -179,6 +212,18 @@ class RunConfig(FieldChecks):
         None,
         description="anchor the schedule at this Unix time (aligns shards; "
         "one more than 1 s past is not kept: the run starts now, out of step); unset = now",
+    )
+    coordinator: str | None = Field(
+        None,
+        description="URL of `replayer coordinate`: wait until every shard is ready, start together on "
+        "the coordinator's clock (this host's offset measured), report live; a restarted shard rejoins "
+        "in step (needs --shard I/N); unset = start on its own (--start-at or now)",
+    )
+    rejoin_max_late_s: float = Field(
+        1.0,
+        ge=0,
+        description="a shard (re)joining its fleet after the start sends rows at most this late; "
+        "rows due earlier are recorded missed_while_down, not sent",
     )
     duration_s: float | None = Field(
         None, gt=0, description="stop scheduling after this many seconds of replay; unset = the whole schedule"
@@ -224,6 +269,24 @@ class RunConfig(FieldChecks):
     api_key_env: str = Field("REPLAYER_API_KEY", description="environment variable holding the API key")
     api_key_file: str | None = Field(
         None, description="file holding the API key (overrides the variable); unset = the variable"
+    )
+    ca_bundle: str | None = Field(
+        None, description="PEM file of the CA certificates to trust for an https:// target (none = the system's)"
+    )
+    client_cert: str | None = Field(
+        None,
+        description="PEM client certificate for mutual TLS (its key in it, or in --client-key); none = no client certificate",
+    )
+    client_key: str | None = Field(
+        None, description="PEM private key of --client-cert; none = in the --client-cert file"
+    )
+    tls_server_name: str | None = Field(
+        None,
+        description="name sent as SNI and checked against the certificate, when the target URL's host is "
+        "an IP address or a tunnel (none = the URL's host)",
+    )
+    insecure: bool = Field(
+        False, description="do not verify the target's TLS certificate (a warning at start and in the summary)"
     )
     warm_connections: int = Field(
         128,
@@ -528,11 +591,30 @@ class RunConfig(FieldChecks):
                 "request_rate: --request-rate makes a synthetic load, and a TRACE is given too: give one "
                 "(a trace is replayed at its own times)"
             ]
+        if self.request_rate is None and self.trace is None and self.resume:
+            return [
+                f"resume: {self.resume} holds no readable checkpoint.json (the trace and settings a resume "
+                "takes from it): is it a results folder? Give the TRACE too to start a run there"
+            ]
         if self.request_rate is None and self.trace is None:
             return ["trace: give a TRACE to replay, or --request-rate R for a synthetic load"]
         given = [flag_name(k) for k in SYNTHETIC_LOAD if k in self.model_fields_set]
         if self.request_rate is None and given:
             return [f"{', '.join(given)}: only for a synthetic load: give --request-rate R (and no TRACE)"]
+        if self.request_rate is None:
+            return []
+        from replayer.trace.synth import MAX_CV, MIN_CV
+
+        b = self.burstiness
+        if not (math.isinf(b) or b == 1.0 or 1 / MAX_CV**2 <= b <= 1 / MIN_CV**2):
+            return [
+                f"burstiness: must be between {1 / MAX_CV**2:g} and {1 / MIN_CV**2:g}, or inf, got {b:g} "
+                "(gaps of coefficient of variation 1/sqrt(B): a larger B is constant gaps in effect, inf)"
+            ]
+        try:
+            self.synthetic_spec().check(names=_SYNTH_NAMES)
+        except ValueError as e:
+            return [str(e)]
         return []
 
     @model_validator(mode="after")
@@ -565,11 +647,26 @@ class RunConfig(FieldChecks):
                 "workers: --workers N splits the trace into its own N shards; it cannot be "
                 "combined with --shard (use one or the other)"
             )
+        if self.coordinator is not None and (self.start_at is not None or self.workers > 1):
+            problems.append(
+                "coordinator: the fleet's coordinator sets the start; it cannot be combined with "
+                "--start-at or --workers (give each process its --shard I/N instead)"
+            )
+        try:
+            if self.ca_bundle or self.client_cert or self.client_key:
+                self.tls.context()
+        except ValueError as e:  # (a file that is not PEM, a key that does not fit, a key alone)
+            problems.append(str(e))
         if problems:
             raise ValueError("; ".join(problems))
         return self
 
-    @field_validator("trace", "api_key_file", "control_token_file", "resume")
+    @property
+    def tls(self) -> TLSOptions:
+        """The TLS settings towards the targets (``replayer.http.tls``)."""
+        return TLSOptions(self.ca_bundle, self.client_cert, self.client_key, self.tls_server_name, self.insecure)
+
+    @field_validator("trace", "api_key_file", "control_token_file", "resume", "ca_bundle", "client_cert", "client_key")
     @classmethod
     def _exists(cls, v: str | None) -> str | None:
         if v is not None and not os.path.exists(v):

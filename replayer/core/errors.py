@@ -18,13 +18,25 @@ class Outcome(str, enum.Enum):
     FAILED = "failed"  # the target or the transport failed; see ErrorKind
     CANCELLED = "cancelled"  # in flight when the replay was stopped and the drain ran out
     NOT_STARTED = "not_started"  # scheduled but never sent (replay stopped before its due time)
+    MISSED_WHILE_DOWN = "missed_while_down"  # a fleet shard was down at its due time: not sent, never resent
+
+
+#: the summary's name of each outcome's count (the top level and every per-tenant or per-target
+#: section: ``completed`` is vllm bench serve's name for the successful requests)
+SUMMARY_COUNTS = {
+    Outcome.SUCCESS: "completed",
+    Outcome.FAILED: "failed",
+    Outcome.CANCELLED: "cancelled",
+    Outcome.NOT_STARTED: "not_started",
+}
 
 
 class ErrorKind(str, enum.Enum):
     """Why a request failed (closed set; the free-text message goes to results only)."""
 
     NONE = "none"
-    CONNECT = "connect"  # could not connect (refused, DNS, TLS)
+    CONNECT = "connect"  # could not connect (refused, DNS)
+    TLS_ERROR = "tls_error"  # TLS failed: unknown CA, name mismatch, expired, client certificate, handshake timeout
     CONNECT_TIMEOUT = "connect_timeout"  # no connection within --connect-timeout
     FIRST_BYTE_TIMEOUT = "first_byte_timeout"  # no response byte within --read-timeout of the send
     IDLE_TIMEOUT = "idle_timeout"  # a response went silent for --read-timeout (between two reads)

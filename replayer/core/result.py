@@ -69,6 +69,10 @@ class RequestResult:
     turn: int | None = None
     session_wait_ms: float | None = None  # held back for the previous turn (or parent) to end: release - due
     #                                       (the server's slowness, not ours; dispatch_lag_ms is from release)
+    queue_wait_ms: float | None = None  # --max-concurrency: waited for a free slot, from the time it was due (or
+    #                                     released) to the slot's release; None without a cap. Included in the
+    #                                     latencies from the due time; dispatch_lag_ms excludes it
+    warmup: bool = False  # sent during the warm-up (--warmup-requests, --warmup-seconds): out of the summary
     n_documents: int | None = None  # pooling: inputs (embeddings) or documents (score, rerank)
     expected_prompt_tokens_once: int | None = None  # score/rerank: query once + documents
     expected_prompt_tokens_per_document: int | None = None  # score/rerank: query per document + documents
@@ -141,6 +145,8 @@ _TYPES: dict[str, pa.DataType] = {
     "session_id": pa.string(),
     "turn": pa.int64(),
     "session_wait_ms": pa.float64(),
+    "queue_wait_ms": pa.float64(),
+    "warmup": pa.bool_(),
     "n_documents": pa.int32(),
     "expected_prompt_tokens_once": pa.int64(),
     "expected_prompt_tokens_per_document": pa.int64(),
@@ -301,6 +307,16 @@ def itl_samples(t: pa.Table | pa.RecordBatch, mask: np.ndarray | None = None) ->
     lens = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
     weights = [np.ones(n, np.int64) if c is None else np.asarray(c, np.int64) for n, c in zip(lens, counts.to_pylist())]
     return np.repeat(values, np.concatenate(weights) if weights else np.zeros(0, np.int64))
+
+
+def without_warmup(t: pa.Table) -> pa.Table:
+    """The rows of ``t`` that are not warm-up (``warmup`` true: ``--warmup-requests``,
+    ``--warmup-seconds``), the rows every statistic of a run is computed from; ``t`` itself when
+    it has no warm-up row (or no ``warmup`` column: files written before it existed)."""
+    if "warmup" not in t.column_names:
+        return t
+    warm = pc.fill_null(t.column("warmup"), False)
+    return t.filter(pc.invert(warm)) if pc.any(warm).as_py() else t
 
 
 _fields = operator.attrgetter(*_SCALARS)

@@ -22,22 +22,21 @@ RESULT_LABELS = {MET: "met", MISSED: "missed", UNKNOWN: "unknown"}
 
 
 def parse_goodput(pairs: Iterable[str] | str | None) -> dict[str, float]:
-    """``["ttft:2000", "tpot:50"]`` (or one string of space-separated pairs) -> ``{"ttft": 2000.0,
+    """``["ttft:2000", "tpot:50"]`` (or one string of pairs separated by spaces or commas) -> ``{"ttft": 2000.0,
     "tpot": 50.0}`` in milliseconds, ordered as ``SLO_NAMES``; ``{}`` for None. Raises ValueError
     naming the bad pair (format ``KEY:VALUE``, key one of ``SLO_NAMES``, value a number >= 0, each
     key once)."""
     if pairs is None:
         return {}
     if isinstance(pairs, str):
-        pairs = pairs.split()
+        pairs = pairs.replace(",", " ").split()
     out: dict[str, float] = {}
     for pair in pairs:
         key, sep, value = str(pair).partition(":")
         key = key.strip()
         if not sep:
             raise ValueError(
-                f"{pair!r} is not KEY:VALUE (e.g. ttft:2000 tpot:50 e2el:30000, milliseconds; "
-                "a trace path goes before --goodput, or after '--')"
+                f"{pair!r} is not KEY:VALUE (e.g. ttft:2000 tpot:50 e2el:30000, or ttft:2000,tpot:50; milliseconds)"
             )
         if key not in SLO_NAMES:
             raise ValueError(f"{pair!r}: unknown key {key!r}; keys are {', '.join(SLO_NAMES)}")

@@ -47,7 +47,6 @@ import asyncio
 import errno
 import os
 import socket
-import ssl
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -63,6 +62,7 @@ from replayer.http.launcher import Launcher
 from replayer.http.measure import fail, measure, partial, retry_after_s
 from replayer.http.pool import IDLE_EXPIRY_S, Pool
 from replayer.http.servertimings import TimedStreamAccumulator, record as record_server_timings
+from replayer.http.tls import TLSOptions
 
 _UNSENT = -2.0  # _attempt: the launcher never wrote the reserved request (its connection closed first)
 #: what ``Client.reserve`` returns: the connection bound, its exchange and the request head
@@ -93,7 +93,8 @@ class Client:
     ``spare_target`` spares is closed once unused this long, and one the server closed leaves
     the pool: a burst or a backlog opens a connection per request in flight, and without this
     the pool would keep them all (a few KB each, with their parsers) for the rest of a soak.
-    Use as an async context manager, or call ``start``/``close``.
+    ``tls``: the CA bundle, client certificate, server name and verification for an ``https://``
+    target (``replayer.http.tls``; default: the system's CAs, the URL's host). Use as an async context manager, or call ``start``/``close``.
     """
 
     def __init__(
@@ -112,6 +113,7 @@ class Client:
         delayed_ack: bool = False,
         server_timings: bool = False,
         idle_expiry_s: float = IDLE_EXPIRY_S,
+        tls: TLSOptions | None = None,
     ) -> None:
         u = urlsplit(base_url.rstrip("/") + endpoint)
         if u.scheme not in ("http", "https") or not u.hostname:
@@ -120,10 +122,11 @@ class Client:
         self.pool = Pool(
             u.hostname,
             u.port or (443 if u.scheme == "https" else 80),
-            ssl.create_default_context() if u.scheme == "https" else None,
+            (tls or TLSOptions()).context() if u.scheme == "https" else None,
             connect_timeout_s,
             owner=self,
             idle_expiry_s=idle_expiry_s,
+            server_name=tls.server_name if tls else None,
         )
         self.url = base_url.rstrip("/") + endpoint
         self.t0_ns = t0_ns

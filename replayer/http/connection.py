@@ -11,6 +11,7 @@ import asyncio
 import errno
 import resource
 import socket
+import ssl
 from typing import Protocol
 
 import httptools
@@ -19,6 +20,7 @@ from replayer.core.clock import now_ns
 from replayer.core.errors import ErrorKind
 from replayer.http.chunks import StreamAccumulator
 from replayer.http.sse import SSEDecoder
+from replayer.http.tls import explain
 
 #: the most bytes of an error response body kept (its message)
 ERROR_BODY_LIMIT = 64 * 1024
@@ -112,6 +114,19 @@ class Exchange:
         self.sent: asyncio.Future[None] | None = None  # set when awaited for the launcher's report
 
 
+def _where(ex: Exchange) -> str:
+    """How far a response had come when the server closed the connection: before its headers,
+    after them with nothing more, or mid-stream after so many events (or body bytes)."""
+    if not ex.headers_done:
+        return "before the response headers"
+    n = ex.acc.n_chunks if ex.sse else ex.body_len
+    if not n:
+        return "after the response headers, before any " + ("event" if ex.sse else "byte of the body")
+    if ex.sse:
+        return f"mid-stream, after {n} event{'s' if n > 1 else ''}"
+    return f"mid-response, after {n} bytes of the body"
+
+
 class Owner(Protocol):
     """What a connection needs of the pool that opened it (``replayer.http.pool.Pool``)."""
 
@@ -146,6 +161,12 @@ class Connection(asyncio.Protocol):
         if sock is not None and self.pool.delayed_ack:
             self.sock = sock
 
+    def secured(self, transport: asyncio.BaseTransport) -> None:
+        """TLS is up on this connection (``Pool``'s handshake): ``transport`` (the TLS one) carries
+        the exchanges from now on, and only it can write (no raw socket for the launcher)."""
+        self.transport = transport  # type: ignore[assignment]
+        self.fd = -1
+
     def data_received(self, data: bytes) -> None:
         ex = self.ex
         if ex is None:  # bytes with no request outstanding: the connection is unusable
@@ -170,8 +191,12 @@ class Connection(asyncio.Protocol):
         if ex.headers_done and not ex.has_length and not ex.chunked and exc is None:
             self.on_message_complete()  # a body delimited by the connection closing
             return
-        what = "after the response headers" if ex.headers_done else "before the response headers"
-        self.finish_error(ErrorKind.DISCONNECT, f"server closed the connection {what}" + (f": {exc}" if exc else ""))
+        if isinstance(exc, ssl.SSLError):  # (TLS 1.3: a refused client certificate arrives after the handshake)
+            self.finish_error(ErrorKind.TLS_ERROR, f"TLS error {_where(ex)}: {explain(exc)}")
+            return
+        self.finish_error(
+            ErrorKind.DISCONNECT, f"server closed the connection {_where(ex)}" + (f": {exc}" if exc else "")
+        )
 
     # -- httptools callbacks ----------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:

@@ -16,15 +16,17 @@ import ssl
 from collections import deque
 
 from replayer.core.clock import now_ns
-from replayer.http.connection import Connection, Owner
+from replayer.core.errors import ErrorKind
+from replayer.http.connection import Connection, Failure, Owner
+from replayer.http.tls import describe_failure
 
 SPARE_BACKOFF_NS = 500_000_000  # no connections opened ahead for this long after one failed
 IDLE_EXPIRY_S = 60.0  # an idle keep-alive connection beyond the spares is closed after this long unused
 
 
 class Pool:
-    """Idle keep-alive connections to ``host:port`` (TLS with ``ssl_context``), each opened within
-    ``connect_timeout_s``; one beyond the ``spare_target`` spares is closed once unused for
+    """Idle keep-alive connections to ``host:port`` (TLS with ``ssl_context``, ``server_name`` as
+    SNI and certificate name), each opened (TCP and TLS handshake) within ``connect_timeout_s``; one beyond the ``spare_target`` spares is closed once unused for
     ``idle_expiry_s`` (a burst's connections are not kept for the rest of a soak). ``owner``: what
     each connection asks about itself (``connection.Owner``: its quick-ACK policy, and the call
     when it closes, for the client to drop its write queued in the launcher process); the pool
@@ -41,8 +43,12 @@ class Pool:
         *,
         owner: Owner | None = None,
         idle_expiry_s: float = IDLE_EXPIRY_S,
+        server_name: str | None = None,
     ) -> None:
         self.host = host
+        #: SNI and the name checked against the certificate (TLS; default: the host; Python sends no SNI for an IP address)
+        self.server_name = server_name or host
+        self._tls_messages: dict[str, str] = {}
         self.port = port
         self._ssl = ssl_context
         self.connect_timeout_s = connect_timeout_s
@@ -81,13 +87,57 @@ class Pool:
         return len(ok)
 
     async def _connect(self) -> Connection:
+        """A new connection: TCP within ``connect_timeout_s`` (asyncio.TimeoutError, OSError),
+        then with TLS the handshake within what is left of it (``Failure`` TLS_ERROR naming the
+        cause and the server's certificate: ``replayer.http.tls``)."""
         loop = asyncio.get_running_loop()
-        _, conn = await asyncio.wait_for(
-            loop.create_connection(lambda: Connection(self._owner), self.host, self.port, ssl=self._ssl),
+        t = loop.time()
+        transport, conn = await asyncio.wait_for(
+            loop.create_connection(lambda: Connection(self._owner), self.host, self.port),
             self.connect_timeout_s,
         )
+        if self._ssl is not None:
+            await self._handshake(conn, transport, self.connect_timeout_s - (loop.time() - t))
         self._all.add(conn)
         return conn
+
+    async def _handshake(self, conn: Connection, transport: asyncio.Transport, left_s: float) -> None:
+        """TLS on ``conn``'s TCP connection (apart from the connect, so that a handshake timeout
+        and a TLS failure are told apart from a TCP one)."""
+        loop = asyncio.get_running_loop()
+        try:
+            tls = await asyncio.wait_for(
+                loop.start_tls(transport, conn, self._ssl, server_hostname=self.server_name),  # type: ignore[arg-type]
+                max(left_s, 0.001),
+            )
+        except asyncio.TimeoutError:
+            transport.abort()
+            raise Failure(
+                ErrorKind.TLS_ERROR,
+                f"TLS error with {self.host}:{self.port}: handshake timeout: the TCP connection opened but no "
+                f"TLS handshake within {self.connect_timeout_s:g} s of the connect (--connect-timeout)",
+            ) from None
+        except ssl.SSLError as e:
+            transport.abort()
+            raise Failure(ErrorKind.TLS_ERROR, await self.tls_failure(e)) from None
+        except BaseException:
+            transport.abort()
+            raise
+        if tls is None:  # (the connection closed during the handshake)
+            transport.abort()
+            raise ConnectionResetError("the server closed the connection during the TLS handshake")
+        conn.secured(tls)
+
+    async def tls_failure(self, e: ssl.SSLError) -> str:
+        """The message of a TLS failure (``tls.describe_failure``), the server's certificate
+        fetched once per pool and kind of failure (not once per failed connect)."""
+        key = f"{type(e).__name__}:{getattr(e, 'verify_code', '')}:{e.reason}"
+        text = self._tls_messages.get(key)
+        if text is None:
+            text = self._tls_messages[key] = await describe_failure(
+                e, self.host, self.port, self.server_name, min(self.connect_timeout_s, 5.0)
+            )
+        return text
 
     def idle_connection(self) -> Connection | None:
         """An idle keep-alive connection ready for an exchange (topping the spares up), or None."""

@@ -10,12 +10,14 @@ and CI output stay clean. Status keys read (all optional; missing ones print "-"
 ``state``, ``scheduled``, ``sent``, ``completed``, ``failed``, ``cancelled``, ``in_flight``,
 ``trace_rows``, ``trace_rows_done``, ``trace_time_s``, ``trace_duration_s``, ``loop``,
 ``dispatch_lag_p99_s``, ``ttft_p50_s``, ``ttft_p99_s``, ``completion_tokens_total``,
-``prompt_tokens_total``, ``event_loop_lag_max_s`` (``ReplayerMetrics.snapshot()`` gives the last ones).
+``prompt_tokens_total``, ``event_loop_lag_max_s`` (``ReplayerMetrics.snapshot()`` gives the last ones);
+``max_concurrency``, ``queued``, ``queued_total`` with a ``--max-concurrency`` cap.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import time
 from collections import deque
@@ -23,6 +25,7 @@ from collections.abc import Callable
 from typing import IO
 
 from rich.console import Console, Group
+from rich.file_proxy import FileProxy
 from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -40,6 +43,31 @@ def _dur(s: float | None) -> str:
     h, rem = divmod(s, 3600)
     m, sec = divmod(rem, 60)
     return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def _table(*cells: tuple[str, str | Text]) -> Table:
+    """One row of figures under their headers, none wrapped."""
+    t = Table(show_header=True, header_style="bold", box=None, pad_edge=False, padding=(0, 2))
+    for name, _ in cells:
+        t.add_column(name, justify="right", no_wrap=True)
+    t.add_row(*(v for _, v in cells))
+    return t
+
+
+def cap_line(st: dict) -> Text | None:
+    """The ``--max-concurrency`` line (None without a cap): the cap, and when requests wait for
+    a slot, that the cap (not the server) is the bottleneck now."""
+    cap = st.get("max_concurrency")
+    if cap is None:
+        return None
+    queued, total = int(st.get("queued") or 0), int(st.get("queued_total") or 0)
+    if queued:
+        return Text(
+            f"cap {cap:,} in flight reached: {queued:,} due requests waiting for a slot "
+            f"({total:,} so far): the cap is the bottleneck",
+            style="yellow",
+        )
+    return Text(f"cap {cap:,} in flight ({total:,} requests waited for a slot so far)")
 
 
 class LiveConsole:
@@ -100,32 +128,36 @@ class LiveConsole:
             (str(st.get("state", "")), "cyan"),
             f"  loop {st.get('loop', 0)}  elapsed {_dur(self._clock() - self._t0)}  ETA {_dur(eta)}",
         )
-        bar = Table.grid(padding=(0, 1))
+        # The bar takes the width the text leaves (an 80-column terminal wrapped a fixed 40), and
+        # the figures are two tables of whole headers (nine columns in one cut them at 80).
+        bar = Table.grid(padding=(0, 1), expand=True)
+        bar.add_column(ratio=1)
+        bar.add_column(no_wrap=True)
         bar.add_row(
-            ProgressBar(total=1.0, completed=frac or 0.0, width=40),
+            ProgressBar(total=1.0, completed=frac or 0.0, width=None),
             Text(
                 f"{(frac or 0) * 100:5.1f}%  trace {_dur(st.get('trace_time_s'))} / "
                 f"{_dur(st.get('trace_duration_s') or None)}  rows {st.get('trace_rows_done', '-')}/"
                 f"{st.get('trace_rows') or st.get('scheduled', '-')}"
             ),
         )
-        t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-        for col in ("sent", "completed", "failed", "in flight", "req/s", "tokens/s", "lag p99", "TTFT p50", "TTFT p99"):
-            t.add_column(col, justify="right")
         failed = int(st.get("failed") or 0)
         scheduled = f"{st['scheduled']:,}" if st.get("scheduled") else "?"  # (0: not known yet)
-        t.add_row(
-            f"{st.get('sent', 0):,}/{scheduled}",
-            f"{st.get('completed', 0):,}",
-            Text(f"{failed:,}", style="red" if failed else ""),
-            f"{st.get('in_flight', 0):,}",
-            "-" if req_s is None else f"{req_s:,.1f}",
-            "-" if tok_s is None else f"{tok_s:,.0f}",
-            _ms(st.get("dispatch_lag_p99_s")),
-            _ms(st.get("ttft_p50_s")),
-            _ms(st.get("ttft_p99_s")),
+        counts = _table(
+            ("sent", f"{st.get('sent', 0):,}/{scheduled}"),
+            ("completed", f"{st.get('completed', 0):,}"),
+            ("failed", Text(f"{failed:,}", style="red" if failed else "")),
+            ("in flight", f"{st.get('in_flight', 0):,}"),
+            ("req/s", "-" if req_s is None else f"{req_s:,.1f}"),
+            ("tokens/s", "-" if tok_s is None else f"{tok_s:,.0f}"),
         )
-        return Group(head, bar, t)
+        latency = _table(
+            ("dispatch lag p99", _ms(st.get("dispatch_lag_p99_s"))),
+            ("TTFT p50", _ms(st.get("ttft_p50_s"))),
+            ("TTFT p99", _ms(st.get("ttft_p99_s"))),
+        )
+        cap = cap_line(st)
+        return Group(head, bar, counts, latency) if cap is None else Group(head, bar, counts, latency, cap)
 
     # -- async shell -----------------------------------------------------------------------
     async def run(self) -> None:
@@ -134,9 +166,19 @@ class LiveConsole:
         if not self.enabled:
             return
         console = Console(file=self._file, force_terminal=True)
+        # Log lines to the same terminal go through the console, above the view: written straight
+        # to the file they landed inside the table being redrawn.
+        handlers = [
+            h
+            for h in logging.getLogger().handlers
+            if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) is self._file
+        ]
         with Live(
             console=console, auto_refresh=False, transient=False, redirect_stdout=False, redirect_stderr=False
         ) as live:
+            proxy = FileProxy(console, self._file)
+            for h in handlers:
+                h.setStream(proxy)
             try:
                 while True:
                     try:
@@ -149,3 +191,6 @@ class LiveConsole:
                     live.update(self.render(self._status()), refresh=True)
                 except Exception:  # noqa: BLE001
                     pass
+                proxy.flush()
+                for h in handlers:
+                    h.setStream(self._file)

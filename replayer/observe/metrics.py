@@ -39,11 +39,12 @@ from replayer.observe.metricparts import (
     quantile_from_buckets,
 )
 
-#: the (outcome, error_kind) pairs that occur: success/none, not_started/none,
+#: the (outcome, error_kind) pairs that occur: success/none, not_started/none, missed_while_down/none,
 #: cancelled/cancelled, failed/every other kind
 _REQUEST_LABELS = [
     (Outcome.SUCCESS, ErrorKind.NONE),
     (Outcome.NOT_STARTED, ErrorKind.NONE),
+    (Outcome.MISSED_WHILE_DOWN, ErrorKind.NONE),
     (Outcome.CANCELLED, ErrorKind.CANCELLED),
 ] + [(Outcome.FAILED, k) for k in ErrorKind if k not in (ErrorKind.NONE, ErrorKind.CANCELLED)]
 #: closed label set of replayer_usage_mismatches_total
@@ -433,7 +434,7 @@ class ReplayerMetrics:
             if res.loop == self._loop_no:
                 c = self.trace_rows_done
                 incs[c] = get(c, 0) + 1
-            if res.outcome != "not_started":  # never issued: never counted as in flight
+            if res.outcome not in ("not_started", "missed_while_down"):  # never issued: never in flight
                 self._issued(res, incs, get)
             if time.monotonic() >= self._next_flush_s:
                 self.flush()

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 
 import aiohttp
 
+from replayer.http.tls import TLSOptions, explain, find_ssl_error
 from replayer.observe.target_series import (
     CANON,
     COUNTERS,
@@ -62,10 +63,13 @@ class TargetScraper:
         t0_ns: int = 0,
         wall: Callable[[], float] = time.time,
         mono: Callable[[], int] = time.perf_counter_ns,
+        tls: TLSOptions | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         self.url = metrics_url
+        # an https:// target's CA bundle, client certificate, server name (the run's --ca-bundle ...)
+        self._request_kw = (tls or TLSOptions()).request_kwargs(metrics_url.startswith("https://"))
         self.interval_s = interval_s
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.t0_ns = t0_ns
@@ -186,7 +190,7 @@ class TargetScraper:
         session = session or self._session
         assert session is not None, "no aiohttp session"
         try:
-            async with session.get(self.url, timeout=self.timeout) as r:
+            async with session.get(self.url, timeout=self.timeout, **self._request_kw) as r:
                 text = await r.text()
                 if r.status != 200:
                     raise ValueError(f"HTTP {r.status}: {text[:200]}")
@@ -196,7 +200,8 @@ class TargetScraper:
             raise
         except Exception as e:  # noqa: BLE001 - a scrape failure must not stop the replay
             self.errors += 1
-            self.last_error = f"{type(e).__name__}: {e}"[:500]
+            bad = find_ssl_error(e)
+            self.last_error = (f"TLS error: {explain(bad)}" if bad else f"{type(e).__name__}: {e}")[:500]
             log.debug("scrape of %s failed: %s", self.url, self.last_error)
             return None
 

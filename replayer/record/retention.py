@@ -117,8 +117,8 @@ def _merge_ranges(a: list[list[int]], b: list[list[int]]) -> list[list[int]]:
 
 # -- removal -------------------------------------------------------------------------------------
 def _file_info(path: str) -> tuple[int, float | None, dict, dict[str, list[list[int]]], list[str]]:
-    """(rows, newest end as Unix s or None, run spans, recorded row ranges per loop, parts it
-    holds) of a rolled file."""
+    """(rows, newest end as Unix s or None, run spans (warm-up rows left out: the summary's
+    duration), recorded row ranges per loop, parts it holds) of a rolled file."""
     import pyarrow.compute as pc
 
     pf = open_file(path)
@@ -130,6 +130,8 @@ def _file_info(path: str) -> tuple[int, float | None, dict, dict[str, list[list[
     newest = None
     if wall is not None and spans:
         newest = float(wall) + max(v[1] for v in spans.values()) / 1e9
+    no_warmup = run_spans([path], removed=False, skip_warmup=True)
+    spans = {k.decode() if isinstance(k, bytes) else k: list(v) for k, v in no_warmup.items()}
     t = pf.read(columns=["loop", "row", "outcome"])
     sent = t.filter(pc.not_equal(t.column("outcome"), "not_started"))
     loops, rows = sent.column("loop").to_numpy(), sent.column("row").to_numpy()

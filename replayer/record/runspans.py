@@ -18,15 +18,18 @@ def removed_of(files: list[str]) -> list:
 
 
 def run_durations(files: list[str]) -> list[float]:
-    """Seconds from the first request sent to the last one ended, per run that wrote ``files``."""
-    return [(b - a) / 1e9 for a, b in run_spans(files).values()]
+    """Seconds from the first request sent to the last one ended, per run that wrote ``files``,
+    warm-up requests left out (``run_spans(skip_warmup=True)``)."""
+    return [(b - a) / 1e9 for a, b in run_spans(files, skip_warmup=True).values()]
 
 
-def run_spans(files: list[str], *, removed: bool = True) -> dict[bytes, tuple[int, int]]:
+def run_spans(files: list[str], *, removed: bool = True, skip_warmup: bool = False) -> dict[bytes, tuple[int, int]]:
     """(first sent_ns, last end_ns) per run that wrote ``files``, keyed by the run anchor in each
     file's metadata (``replayer.t0_wall_s``, b"" if none): a resumed run's times are offsets
     from its own anchor. From the Parquet column statistics where present. ``removed``: also the
-    spans of the files retention removed from the folders of ``files`` (``removed.json``)."""
+    spans of the files retention removed from the folders of ``files`` (``removed.json``).
+    ``skip_warmup``: without the warm-up requests (``warmup`` true): the span the summary's
+    throughputs divide by (a file holding warm-up rows is read for it)."""
     spans: dict[bytes, tuple[int, int]] = {}
     for digest in removed_of(files) if removed else ():  # (the runs' spans in files retention removed)
         for run, (lo, hi) in digest.spans.items():
@@ -39,7 +42,10 @@ def run_spans(files: list[str], *, removed: bool = True) -> dict[bytes, tuple[in
             continue
         run = (pf.schema_arrow.metadata or {}).get(b"replayer.t0_wall_s", b"")
         try:
-            lo, hi = _min_max(pf, "sent_ns", min), _min_max(pf, "end_ns", max)
+            if skip_warmup and _has_warmup(pf):
+                lo, hi = _min_max_without_warmup(pf)
+            else:
+                lo, hi = _min_max(pf, "sent_ns", min), _min_max(pf, "end_ns", max)
         except (OSError, pa.ArrowException):
             continue
         if lo is None or hi is None:
@@ -65,3 +71,17 @@ def _min_max(pf: pq.ParquetFile, column: str, pick) -> int | None:
             if v is not None:
                 vals.append(v)
     return pick(vals) if vals else None
+
+
+def _has_warmup(pf: pq.ParquetFile) -> bool:
+    """Whether a results file may hold warm-up rows (its ``warmup`` column is true somewhere)."""
+    if "warmup" not in pf.schema_arrow.names:
+        return False
+    return bool(_min_max(pf, "warmup", max))
+
+
+def _min_max_without_warmup(pf: pq.ParquetFile) -> tuple[int | None, int | None]:
+    """(first sent_ns, last end_ns) of the rows that are not warm-up, read from the columns."""
+    t = pf.read(columns=["sent_ns", "end_ns", "warmup"])
+    keep = pc.invert(pc.fill_null(t.column("warmup"), False))
+    return pc.min(t.column("sent_ns").filter(keep)).as_py(), pc.max(t.column("end_ns").filter(keep)).as_py()

@@ -51,7 +51,7 @@ COMPARE_FIELDS: tuple[tuple[str, str, str], ...] = (
 def _load_summary(path: str) -> dict:
     """A run's summary.json (given the file or its results folder; a folder without one, as a
     killed run leaves, is summarized from its results files). Raises ValueError for a file that
-    is not one, OSError for a path that does not exist."""
+    is not one or a path that does not exist or cannot be read."""
     if os.path.isdir(path):
         folder, path = path, os.path.join(path, "summary.json")
         if not os.path.exists(path):
@@ -69,6 +69,10 @@ def _load_summary(path: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             s = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such results folder or summary.json") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read: {e.strerror or e}") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise ValueError(f"{path}: not a summary.json (not JSON)") from None
     if not isinstance(s, dict) or not {"completed", "duration"} <= set(s):

@@ -194,7 +194,7 @@ def merge_results(  # noqa: C901, PLR0912, PLR0915
     keys, shards_by_dir = [], []
     spans: list[tuple[int, int]] = []  # each run's first send..last end, on the shared axis
     for d, files in zip(dirs, per_dir):
-        for anchor, (lo, hi) in run_spans(_files(d)).items():
+        for anchor, (lo, hi) in run_spans(_files(d), skip_warmup=True).items():  # (warm-up rows left out)
             shift = _shift_ns(float(anchor) if anchor else None, base)
             spans.append((lo + shift, hi + shift))
         shards_by_dir.append({s for _, _, s in files if s})
@@ -241,6 +241,7 @@ def merge_results(  # noqa: C901, PLR0912, PLR0915
     # follow each other: the gap between a stop and its resume is not replay time)
     set_duration(s, _union_s(spans))
     s.update(setup)
+    _pace_settings(s, own)
     s["stopped_early"] = any(o.get("stopped_early") for o in own)  # a stop of one stopped the whole
     s["stop_signal"] = next((o["stop_signal"] for o in own if o.get("stop_signal")), None)
     run_ids = sorted({o["run_id"] for o in own if o.get("run_id")})  # (X-Request-Id prefixes)
@@ -275,6 +276,18 @@ def merge_results(  # noqa: C901, PLR0912, PLR0915
 
             print(format_targets(s["targets"], s.get("target_switches", 0)), flush=True)
     return s
+
+
+def _pace_settings(s: dict, own: list[dict]) -> None:
+    """The ``--max-concurrency`` cap and the warm-up's rule of the folders' own summaries (each
+    worker's: they are per process), beside the merged counts of ``s``."""
+    for key, rule in (
+        ("concurrency_cap", ("max_concurrency",)),
+        ("warmup", ("warmup_requests", "warmup_seconds", "boundary")),
+    ):
+        first = next((o[key] for o in own if isinstance(o.get(key), dict)), None)
+        if first is not None:
+            s[key] = {**{k: first[k] for k in rule if k in first}, **s.get(key, {})}
 
 
 def _scrape_coverage(summary: dict) -> tuple[float, float, int]:

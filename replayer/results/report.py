@@ -76,16 +76,16 @@ def figure_specs(data: ReportData, target: pd.DataFrame | None = None, t0_wall_s
     )
 
     d = data.ok_sample.frame()
-    spec(
-        "Latency over time (successful requests)",
-        "send time (s)",
-        "seconds",
-        [
-            dots(name, d["sent_s"] if len(d) else [], d[col] / 1e3 if len(d) else [])
-            for col, name in (("ttft_ms", "TTFT"), ("e2e_ms", "E2E"))
-        ],
-        y_type="log",
-    )
+    if not len(d):
+        d = pd.DataFrame({"sent_s": [], "ttft_ms": [], "e2e_ms": []})
+    warm = d["warmup"].to_numpy(dtype=bool) if "warmup" in d else np.zeros(len(d), dtype=bool)
+    kinds = (("ttft_ms", "TTFT"), ("e2e_ms", "E2E"))
+    series = [dots(name, d["sent_s"][~warm], d[col][~warm] / 1e3) for col, name in kinds]
+    if warm.any():  # warm-up requests: grey, apart (left out of every statistic)
+        series += [
+            {**dots(f"{n} (warm-up)", d["sent_s"][warm], d[c][warm] / 1e3), "color": "#aaaaaa"} for c, n in kinds
+        ]
+    spec("Latency over time (successful requests)", "send time (s)", "seconds", series, y_type="log")
 
     cdfs = {**data.latency, **(data.from_due if data.has_from_due else {})}
     spec(
@@ -130,13 +130,19 @@ def figure_specs(data: ReportData, target: pd.DataFrame | None = None, t0_wall_s
     return specs
 
 
-#: a target metric's unit on the plot: a gauge's as reported, a counter's as a rate per second
+#: a target metric's unit on the plot: a gauge's as reported, a counter's as a rate per second.
+#: Counters of tokens (vLLM's prefix-cache counters count tokens too) and of requests get figures
+#: of their own: on one linear axis a few requests/s beside thousands of tokens/s read as 0.
 def _target_unit(metric: str, kind: str) -> str:
     if kind == "gauge":
         return "fraction (0-1)" if metric.endswith("_perc") else "requests" if "num_requests" in metric else "value"
     if metric.endswith("_seconds_sum"):
         return "seconds/s"
-    return "tokens/s" if "tokens" in metric else "per second"
+    if "tokens" in metric or "prefix_cache" in metric:
+        return "tokens/s"
+    if "request" in metric or "preemption" in metric:
+        return "requests/s"
+    return "per second"
 
 
 def target_specs(t: pd.DataFrame, t0_wall_s: float | None = None) -> list[dict]:
@@ -186,7 +192,7 @@ def figures(
 
 def draw(specs: list[dict]) -> list[tuple[str, Figure]]:
     """Plotly figures as (title, figure) of figure specs (``figure_specs``' shape; ``mode`` may
-    also be "lines+markers")."""
+    also be "lines+markers"; a series' optional ``color`` colours its markers)."""
     import plotly.graph_objects as go
 
     out = []
@@ -194,11 +200,17 @@ def draw(specs: list[dict]) -> list[tuple[str, Figure]]:
         f = go.Figure()
         for se in sp["series"]:
             kw = (
-                {"marker": {"size": 4, "opacity": 0.6}} if se["mode"] == "markers" else {"line_shape": se["line_shape"]}
+                {"marker": {"size": 4, "opacity": 0.6, **({"color": se["color"]} if "color" in se else {})}}
+                if se["mode"] == "markers"
+                else {"line_shape": se["line_shape"]}
             )
             f.add_trace(go.Scatter(x=se["x"], y=se["y"], mode=se["mode"], name=se["name"], **kw))
-        f.update_layout(
-            xaxis_title=sp["x_title"], yaxis_title=sp["y_title"], xaxis_type=sp["x_type"], yaxis_type=sp["y_type"]
+        f.update_layout(  # (a legend with one line too: plotly hides it, and the line goes unnamed)
+            xaxis_title=sp["x_title"],
+            yaxis_title=sp["y_title"],
+            xaxis_type=sp["x_type"],
+            yaxis_type=sp["y_type"],
+            showlegend=True,
         )
         out.append((sp["title"], f))
     return out
@@ -295,6 +307,16 @@ table.summary td,table.summary th{{border-bottom:1px solid #ddd;padding:2px 10px
 """
 
 
+def _warmup_text(n: int) -> str:
+    """The intro's word on the warm-up requests ("" when none)."""
+    if not n:
+        return ""
+    return (
+        f" ({n:,} of them warm-up: sent first, left out of the summary, the verdict and the latency "
+        "distributions; grey in the latency plot)"
+    )
+
+
 def render_html(results_dir: str) -> str:
     """The report of ``results_dir`` as one self-contained HTML string."""
     from replayer.observe.target_samples import read_samples
@@ -305,8 +327,8 @@ def render_html(results_dir: str) -> str:
     info = {k: meta.get(f"replayer.{k}") for k in ("version", "trace", "target", "model")}
     head = " · ".join(f"{k}: {html.escape(str(v))}" for k, v in info.items() if v)
     intro = (
-        f"<p>{head}</p><p>{len(data):,} requests; results folder {html.escape(os.path.abspath(results_dir))}</p>\n"
-        + _verdict_section(summary)
+        f"<p>{head}</p><p>{len(data):,} requests{_warmup_text(data.warmup_rows)}; results folder "
+        f"{html.escape(os.path.abspath(results_dir))}</p>\n" + _verdict_section(summary)
     )
     return _page(
         f"replayer report: {os.path.basename(os.path.abspath(results_dir))}",

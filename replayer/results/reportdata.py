@@ -38,6 +38,7 @@ REPORT_COLUMNS = [
     "e2el_from_due_ms",
     "itl_ms",
     "itl_counts",
+    "warmup",
 ]
 
 
@@ -113,6 +114,7 @@ class ReportData:
         self.from_due = {k: Stat() for k in ("TTFT from the due time", "E2E from the due time")}
         self.has_from_due = False  # the files have the from-due columns
         self.ok_sample, self.sent_sample = _Sample(MAX_POINTS, 0), _Sample(MAX_POINTS, 1)
+        self.warmup_rows = 0  # warm-up requests: counted, plotted apart, in no distribution
         for b in iter_on_one_axis(files, REPORT_COLUMNS):
             self._add(b)
 
@@ -139,6 +141,14 @@ class ReportData:
                 counts, _ = np.histogram(due[bad][kinds == kind], bins=self.edges)
                 self.failed_by_kind[str(kind)] = self.failed_by_kind.get(str(kind), 0) + counts
         ttft, e2e = f("ttft_ms")[ok], f("e2e_ms")[ok]
+        warm = np.zeros(b.num_rows, dtype=bool)
+        if "warmup" in b.schema.names:  # (warm-up rows: in the counts over time, out of the CDFs)
+            warm = pc.fill_null(b.column("warmup"), False).to_numpy(zero_copy_only=False)
+            self.warmup_rows += int(warm.sum())
+        if ok.any():
+            self.ok_sample.add({"sent_s": sent[ok], "ttft_ms": ttft, "e2e_ms": e2e, "warmup": warm[ok]})
+        ok = ok & ~warm
+        ttft, e2e = f("ttft_ms")[ok], f("e2e_ms")[ok]
         self.latency["TTFT"].add(ttft / 1e3)
         self.latency["E2E"].add(e2e / 1e3)
         self.latency["TPOT"].add(f("tpot_ms")[ok] / 1e3)
@@ -147,8 +157,6 @@ class ReportData:
             self.has_from_due = True
             self.from_due["TTFT from the due time"].add(f("ttft_from_due_ms")[ok] / 1e3)
             self.from_due["E2E from the due time"].add(f("e2el_from_due_ms")[ok] / 1e3)
-        if ok.any():
-            self.ok_sample.add({"sent_s": sent[ok], "ttft_ms": ttft, "e2e_ms": e2e})
         was_sent = ~np.isnan(sent)
         if was_sent.any():
             self.sent_sample.add(

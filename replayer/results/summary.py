@@ -55,6 +55,8 @@ COLUMNS = (
     "usage_audit",
     "session_id",
     "session_wait_ms",
+    "queue_wait_ms",
+    "warmup",
     "partial_output_tokens",
     "output_tokens_estimate",
     "invalid_utf8",
@@ -78,6 +80,7 @@ _COUNTS = (
     "failed",
     "cancelled",
     "not_started",
+    "missed_while_down",
     "total_input_tokens",
     "total_output_tokens",
     "usage_missing",
@@ -98,6 +101,12 @@ _COUNTS = (
     "output_tokens_values",
     "output_tokens_estimate",
     "invalid_utf8",
+    "queue_capped",
+    "queue_waited",
+    "warmup_requests",
+    "warmup_sent",
+    "warmup_completed",
+    "warmup_failed",
 )
 #: the server's own timings (``--server-timings``), summarized when any request reported them
 SERVER_TIMINGS = (
@@ -156,14 +165,18 @@ class SummaryFold:
         self.drift_max_abs: int | None = None
         self.pooled = False
         self.images = ImageFold()
+        self.warmup_last_sent = -math.inf  # the last warm-up request's send (ns after its run's anchor)
 
     def stat(self, key: str) -> Stat:
         return self.stats.setdefault(key, Stat())
 
     def add(self, t: pa.Table | pa.RecordBatch) -> None:  # noqa: C901, PLR0915
-        """Fold a batch of results (schema ``result.SCHEMA``, any subset of ``COLUMNS``)."""
+        """Fold a batch of results (schema ``result.SCHEMA``, any subset of ``COLUMNS``). Warm-up
+        rows (``warmup`` true) are counted apart (``_add_warmup``) and left out of everything else."""
         names = t.schema.names
         n = self.n
+        if "warmup" in names:
+            t = self._split_warmup(t)
         outcome = t.column("outcome")
         ok_all = _is(outcome, "success")
         failed = _is(outcome, "failed")
@@ -185,6 +198,7 @@ class SummaryFold:
         n["failed"] += int(failed.sum())
         n["cancelled"] += int(_is(outcome, "cancelled").sum())
         n["not_started"] += int(_is(outcome, "not_started").sum())
+        n["missed_while_down"] += int(_is(outcome, "missed_while_down").sum())
         prompt_all = _f64(t.column("prompt_tokens"))
         prompt, completion = prompt_all[ok], _f64(t.column("completion_tokens"))[ok]
         input_length, output_length = _f64(t.column("input_length"))[ok], _f64(t.column("output_length"))[ok]
@@ -227,6 +241,8 @@ class SummaryFold:
             )
             self.verdict = _add(self.verdict, verdict.fold(codes, completion_all))
         self.stat("dispatch_lag_ms").add(_f64(t.column("dispatch_lag_ms"))[was_sent])
+        if "queue_wait_ms" in names:  # --max-concurrency: the wait for a slot of each request sent
+            self._add_queue_wait(_f64(t.column("queue_wait_ms"))[was_sent])
         self.images.add(t, was_sent, ok)
         # usage audit: the server's numbers against the trace's (replayer.core.usage)
         mm = "images" in names
@@ -265,11 +281,38 @@ class SummaryFold:
                 n["turns_held"] += int(np.nansum(wait > 0))
                 self.stat("session_wait_ms").add(wait)
 
+    def _split_warmup(self, t: pa.Table | pa.RecordBatch) -> pa.Table | pa.RecordBatch:
+        """The rows of ``t`` that are not warm-up; the warm-up rows counted (``_add_warmup``)."""
+        warm = pc.fill_null(t.column("warmup"), False)
+        if not pc.any(warm).as_py():
+            return t
+        self._add_warmup(t.filter(warm))
+        return t.filter(pc.invert(warm))
+
+    def _add_queue_wait(self, wait: np.ndarray) -> None:
+        """``queue_wait_ms`` of the requests sent (NaN: no cap), counted and folded."""
+        wait = wait[~np.isnan(wait)]
+        if wait.size:
+            self.n["queue_capped"] += wait.size
+            self.n["queue_waited"] += int((wait > 0).sum())
+            self.stat("queue_wait_ms").add(wait)
+
+    def _add_warmup(self, t: pa.Table | pa.RecordBatch) -> None:
+        """Count the warm-up rows of a batch (in no other statistic) and their last send."""
+        n, outcome = self.n, t.column("outcome")
+        n["warmup_requests"] += t.num_rows
+        sent = _f64(t.column("sent_ns"))
+        n["warmup_sent"] += int((~np.isnan(sent)).sum())
+        n["warmup_completed"] += int(_is(outcome, "success").sum())
+        n["warmup_failed"] += int(_is(outcome, "failed").sum())
+        if (~np.isnan(sent)).any():
+            self.warmup_last_sent = max(self.warmup_last_sent, float(np.nanmax(sent)))
+
     def _add_endpoints(self, t, ep, outcome, ok_all: np.ndarray, failed: np.ndarray, e2e: np.ndarray) -> None:
         """Per-endpoint counts and E2E, and the pooling usage audit (``replayer.http.audit``)."""
         kinds = [k for k in pc.unique(ep).to_pylist() if k is not None]
         audit = t.column("usage_audit")
-        pooled_rows = ~(_is(outcome, "not_started") | _is(outcome, "cancelled"))
+        pooled_rows = ~(_is(outcome, "not_started") | _is(outcome, "cancelled") | _is(outcome, "missed_while_down"))
         for k in kinds:
             mine = _is(ep, k)
             e = self.endpoints.setdefault(k, {"scheduled": 0, "completed": 0, "failed": 0})
@@ -310,6 +353,7 @@ class SummaryFold:
             self.drift_max_abs = max(self.drift_max_abs or 0, other.drift_max_abs)
         self.pooled |= other.pooled
         self.images.merge(other.images)
+        self.warmup_last_sent = max(self.warmup_last_sent, other.warmup_last_sent)
 
     def result(self) -> dict:
         """The summary dict (JSON-ready; None for n/a); ``duration`` from the first send to the
@@ -317,6 +361,8 @@ class SummaryFold:
         n = self.n
         duration = (self.end_max - self.sent_min) / 1e9 if n["sent"] and self.end_max > -math.inf else 0.0
         s: dict = {k: n[k] for k in ("scheduled", "sent", "completed", "failed", "cancelled", "not_started")}
+        if n["missed_while_down"]:  # (a fleet shard that rejoined: its rows due while it was down)
+            s["missed_while_down"] = n["missed_while_down"]
         s["duration"] = duration
         s["total_input_tokens"] = (
             n["total_input_tokens"] if n["input_tokens_known"] or not n["input_tokens_values"] else None
@@ -370,6 +416,16 @@ class SummaryFold:
                 "turns_held": n["turns_held"],
                 "session_wait_ms": self._pct("session_wait_ms"),
             }
+        if n["queue_capped"]:
+            s["concurrency_cap"] = self._cap_section()
+        if n["warmup_requests"]:
+            s["warmup"] = {
+                "requests": n["warmup_requests"],
+                "sent": n["warmup_sent"],
+                "completed": n["warmup_completed"],
+                "failed": n["warmup_failed"],
+                "last_sent_s": self.warmup_last_sent / 1e9 if math.isfinite(self.warmup_last_sent) else None,
+            }
         if self.slos:
             s.update(
                 verdict.finish(
@@ -383,6 +439,22 @@ class SummaryFold:
             k.replace(" ", "@") for k in shown if self.stat(k).count and not self.stat(k).exact
         ]
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in s.items()}
+
+    def _cap_section(self) -> dict:
+        """``--max-concurrency``'s section: the requests sent under the cap, how many waited for a
+        slot (the cap was the bottleneck for them) and the wait's statistics over all of them
+        (0 for those that found a slot free)."""
+        n, st = self.n, self.stat("queue_wait_ms")
+        return {
+            "requests": n["queue_capped"],
+            "waited": n["queue_waited"],
+            "waited_share": n["queue_waited"] / n["queue_capped"],
+            "queue_wait_ms": {
+                "mean": st.total / st.count if st.count else None,
+                **{f"p{p}": st.percentile(p) for p in PERCENTILES},
+                "max": st.max if st.count else None,
+            },
+        }
 
     def _pct(self, key: str) -> dict[str, float | None]:
         st = self.stat(key)
@@ -465,6 +537,7 @@ def fold_to_json(fold) -> dict:
         "drift_max_abs": fold.drift_max_abs,
         "pooled": fold.pooled,
         "images": {"n": fold.images.n, "seen": fold.images.seen},
+        "warmup_last_sent": fold.warmup_last_sent if math.isfinite(fold.warmup_last_sent) else None,
     }
 
 
@@ -488,6 +561,8 @@ def fold_from_json(d: dict):
     for k, v in images.get("n", {}).items():
         fold.images.n[k] = fold.images.n.get(k, 0) + v
     fold.images.seen = bool(images.get("seen"))
+    if d.get("warmup_last_sent") is not None:
+        fold.warmup_last_sent = d["warmup_last_sent"]
     return fold
 
 

@@ -39,6 +39,8 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
     rows: list[tuple[str, object] | str] = ["Replay result"]
     if s.get("synthetic_load"):
         rows.append(("Synthetic load (no trace)", synthetic_text(s["synthetic_load"])))
+    if s.get("tls_insecure"):
+        rows.append(("TLS certificate NOT verified", "--insecure"))
     if s.get("stopped_early"):
         rows.append(("Stopped early (results partial)", f"by {s['stop_signal']}" if s.get("stop_signal") else "yes"))
     verdict_rows = verdict.verdict_rows(s)  # the verdict first, when there are bounds
@@ -64,6 +66,7 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
             " / ".join(fmt(s[k]) for k in ("dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "dispatch_lag_max_ms")),
         ),
     ]
+    rows += _pace_rows(s, fmt)
     for name, label in (
         ("ttft_ms", "Time to first token"),
         ("tpot_ms", "Time per output token (excl. 1st)"),
@@ -135,9 +138,36 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
     for r in rows:
         if isinstance(r, str):
             lines.append(f"{'-' * 4} {r} ".ljust(width + 14, "-"))
-        else:
-            lines.append(f"{r[0]:<{width - 8}}{fmt(r[1]):>22}")
+        else:  # (a long label and a long value keep two spaces between them)
+            value = fmt(r[1])
+            lines.append(f"{r[0]}{' ' * max(2, width + 14 - len(r[0]) - len(value))}{value}")
     return "\n".join(lines)
+
+
+def _pace_rows(s: dict, fmt: Callable[[object], str]) -> list[tuple[str, object] | str]:
+    """The rows of ``--max-concurrency`` (how often the cap made requests wait, and how long)
+    and of the warm-up (its requests, left out of every other number)."""
+    rows: list[tuple[str, object] | str] = []
+    cap = s.get("concurrency_cap")
+    if cap:
+        rows.append(f"Concurrency cap (--max-concurrency {cap.get('max_concurrency', '?')})")
+        waited, n = cap.get("waited", 0), cap.get("requests", 0)
+        share = cap.get("waited_share")
+        rows.append(("Requests that waited for a slot", f"{waited:,} of {n:,}" + (f" ({share:.1%})" if share else "")))
+        w = cap.get("queue_wait_ms") or {}
+        rows.append(("Queue wait p50 / p99 / max (ms)", " / ".join(fmt(w.get(k)) for k in ("p50", "p99", "max"))))
+        if waited:
+            rows.append(("The cap set the pace (from-due latency incl. wait)", "yes"))
+    warm = s.get("warmup")
+    if warm:
+        rows.append("Warm-up (left out of every number above and below)")
+        rows.append(
+            (
+                "Warm-up requests (sent / ok / failed)",
+                f"{warm.get('sent', 0):,} / {warm.get('completed', 0):,} / {warm.get('failed', 0):,}",
+            )
+        )
+    return rows
 
 
 def fmt_ms(v: float | None) -> str:
@@ -150,7 +180,7 @@ def format_groups(title: str, sections: dict, tail: Callable[[dict], str]) -> st
     lines = [title]
     for name, s in sections.items():
         lines.append(
-            f"  {name}: {s.get('requests', 0)} requests ({s.get('success', 0)} ok, {s.get('failed', 0)} failed), "
+            f"  {name}: {s.get('requests', 0)} requests ({s.get('completed', 0)} ok, {s.get('failed', 0)} failed), "
             f"TTFT p50 {fmt_ms(s.get('median_ttft_ms'))} / p99 {fmt_ms(s.get('p99_ttft_ms'))} ms, "
             f"E2E p50 {fmt_ms(s.get('median_e2e_ms'))}{tail(s)}"
         )

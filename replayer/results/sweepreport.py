@@ -18,7 +18,7 @@ _SWEEP_LATENCIES = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("E2E", "e2el_ms")
 def sweep_figure_specs(sweep: dict) -> list[dict]:
     """The data behind the sweep page's figures (pure; ``figure_specs``' shape), each against
     the offered load (requests/s) of the sweep's points (``replayer.run.sweep``'s ``sweep.json``):
-    goodput and throughput, SLO attainment (overall, per bound, and ``--min-attainment``),
+    goodput, throughput and the rate achieved over the steady window, SLO attainment (overall, per bound, and ``--min-attainment``),
     TTFT/TPOT/E2E p50 and p99, dispatch lag p50 and p99 (and the bound past which the replayer
     is behind). Points without an offered load are left out."""
     pts = [p for p in sweep.get("points", []) if p.get("offered_rps")]
@@ -55,6 +55,7 @@ def sweep_figure_specs(sweep: dict) -> list[dict]:
             [
                 series("request goodput (met every bound)", col("request_goodput")),
                 series("request throughput (completed)", col("request_throughput")),
+                series("achieved over the steady window", col("achieved_rps")),
                 series("offered", x, mode="lines"),
             ],
         ),
@@ -98,13 +99,28 @@ def sweep_figure_specs(sweep: dict) -> list[dict]:
     ]
 
 
+def _window(p: dict) -> str:
+    """A point's steady window, ``START-END s of SPAN s`` (or why there is none)."""
+    w = p.get("steady_window")
+    if not w:
+        return "none"
+    if w["too_short"]:
+        e2e = (w["median_e2el_ms"] or 0) / 1e3
+        return f"too short: {max(w['window_s'], 0):.2f} s of a {w['span_s']:.2f} s span, median E2E {e2e:.2f} s"
+    return f"{w['start_s']:.2f}-{w['end_s']:.2f} s of {w['span_s']:.2f} s"
+
+
 def _points_table(sweep: dict) -> str:
     cols = (
         ("index", "point"),
         ("speedup", "speed-up"),
         ("offered_rps", "offered req/s"),
-        ("slo_attainment", "attainment"),
-        ("request_goodput", "goodput req/s"),
+        ("window", "steady window"),
+        ("window.offered_rps", "offered req/s (window)"),
+        ("achieved_rps", "achieved req/s (window)"),
+        ("window.slo_attainment", "attainment (window)"),
+        ("window.request_goodput", "goodput req/s (window)"),
+        ("slo_attainment", "attainment (run)"),
         ("p99_ttft_ms", "TTFT p99 ms"),
         ("p99_tpot_ms", "TPOT p99 ms"),
         ("p99_e2el_ms", "E2E p99 ms"),
@@ -115,14 +131,29 @@ def _points_table(sweep: dict) -> str:
     head = "".join(f"<th>{html.escape(label)}</th>" for _, label in cols)
 
     def cell(p: dict, k: str) -> str:
-        v = p.get(k)
-        return "n/a" if v is None else f"{v:.1%}" if k == "slo_attainment" else _number(v)
+        if k == "window":
+            return _window(p)
+        v = (p.get("steady_window") or {}).get(k[7:]) if k.startswith("window.") else p.get(k)
+        return "n/a" if v is None else f"{v:.1%}" if k.endswith("slo_attainment") else _number(v)
 
     rows = "".join(
         "<tr>" + "".join(f"<td>{html.escape(cell(p, k))}</td>" for k, _ in cols) + "</tr>"
         for p in sweep.get("points", [])
     )
     return f"<table class='summary'><tr>{head}</tr>{rows}</table>"
+
+
+def _rule(sweep: dict) -> str:
+    """The rule a point held by, in words (docs/sweep.md)."""
+    rule = sweep.get("steady_rule") or {}
+    frac, achieved = rule.get("transient_fraction", 0.1), rule.get("min_achieved_fraction", 0.9)
+    return (
+        f"A point holds when, over its steady window, at least {sweep.get('min_attainment', 0.9):.0%} of the "
+        f"judged requests due in it met every bound and the server completed at least {achieved:.0%} of the "
+        f"requests offered in it (achieved vs offered). The steady window leaves out a warm-up and a cool-down, "
+        f"each {frac:.0%} of the offered span and at least the point's median E2E; a window shorter than the "
+        "median E2E is too short to judge (the load was a burst, not a rate)."
+    )
 
 
 def render_sweep_html(sweep: dict) -> str:
@@ -132,8 +163,9 @@ def render_sweep_html(sweep: dict) -> str:
     slos = " ".join(f"{k}&lt;={v:g} ms" for k, v in (sweep.get("goodput_slos_ms") or {}).items())
     verdict = (
         f"the highest speed-up that held: <b>{held:g}x</b> "
-        f"({_number(sweep.get('highest_held_offered_rps') or 0)} "
-        f"requests/s offered, goodput {_number(sweep.get('highest_held_request_goodput') or 0)} requests/s)"
+        f"({_number(sweep.get('highest_held_offered_rps') or 0)} requests/s offered, "
+        f"{_number(sweep.get('highest_held_achieved_rps') or 0)} achieved over its steady window, "
+        f"goodput {_number(sweep.get('highest_held_request_goodput') or 0)} requests/s over the whole run)"
         if held is not None
         else "<b>no speed-up held</b>"
     )
@@ -146,9 +178,8 @@ def render_sweep_html(sweep: dict) -> str:
     )
     intro = (
         f"<p>trace: {html.escape(str(sweep.get('trace')))} · target: {html.escape(str(sweep.get('target')))} · "
-        f"SLO: {slos} · a point holds when at least {sweep.get('min_attainment', 0.9):.0%} of its judged "
-        "requests "
-        f"met every bound · prefix cache between points: {html.escape(str(sweep.get('prefix_cache')))}</p>"
+        f"SLO: {slos} · prefix cache between points: {html.escape(str(sweep.get('prefix_cache')))}</p>"
+        f"<p>{_rule(sweep)}</p>"
         f"<h2>Verdict</h2><p>{verdict}; stopped: {html.escape(str(sweep.get('stop_reason')))}</p>{note}"
         f"<h2>Points</h2>{_points_table(sweep)}"
     )

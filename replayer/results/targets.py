@@ -1,5 +1,5 @@
 """Several targets (``replayer.send.routing``): per-target metrics, summary sections and the count of
-target switches inside sessions.
+target switches inside sessions. Warm-up rows are left out of the sections.
 
 The target names are the ``--target`` URLs, a closed set fixed before the run, so the ``target``
 label is bounded. Metrics (registered only when the run has several targets, so a one-target
@@ -25,7 +25,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from prometheus_client import CollectorRegistry
 
-from replayer.core.errors import Outcome
+from replayer.core.errors import SUMMARY_COUNTS, Outcome
+from replayer.core.result import without_warmup
 from replayer.core.stats import latency_fields
 from replayer.observe.groupmetrics import GroupMetrics
 from replayer.results.summarytext import fmt_ms, format_groups
@@ -40,6 +41,7 @@ _COLUMNS = (
     "row",
     "prompt_tokens",
     "completion_tokens",
+    "warmup",
     *_STATS,
 )
 
@@ -78,7 +80,7 @@ def target_sections(table: pa.Table) -> dict:
     for name in sorted(targets):
         t = table.filter(pc.equal(table.column("target"), name))
         outcomes = _counts(t.column("outcome"))
-        sec: dict = {"requests": t.num_rows, **{o.value: outcomes.get(o.value, 0) for o in Outcome}}
+        sec: dict = {"requests": t.num_rows, **{k: outcomes.get(o.value, 0) for o, k in SUMMARY_COUNTS.items()}}
         failed = t.filter(pc.equal(t.column("outcome"), Outcome.FAILED.value))
         sec["errors_by_kind"] = dict(sorted(_counts(failed.column("error_kind")).items()))
         for col, key in (("prompt_tokens", "total_input_tokens"), ("completion_tokens", "total_output_tokens")):
@@ -118,7 +120,7 @@ def read_targets(*results_dirs: str) -> tuple[dict, int]:
     if not tables:
         return {}, 0
     table = pa.concat_tables(tables, promote_options="default")
-    return target_sections(table), target_switches(table)
+    return target_sections(without_warmup(table)), target_switches(table)
 
 
 def format_targets(sections: dict, switches: int) -> str:

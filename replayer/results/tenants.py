@@ -8,7 +8,8 @@ and ``replayer_tenant_session_wait_seconds{tenant}`` (histograms with explicit l
 
 The summary's ``tenants`` section has, per tenant: requests by outcome, token totals, and
 count/mean/median/p99 (nearest rank, ``stats.Stat``) of TTFT, TPOT, E2E, dispatch lag and
-session wait, and the expected prefix-cache hit tokens. It reads only the columns it needs.
+session wait, and the expected prefix-cache hit tokens, warm-up rows left out. It reads only the
+columns it needs.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import numpy as np
 import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry
 
-from replayer.core.errors import Outcome
+from replayer.core.errors import SUMMARY_COUNTS
+from replayer.core.result import without_warmup
 from replayer.core.stats import latency_fields
 from replayer.observe.groupmetrics import GroupMetrics
 from replayer.results.summarytext import fmt_ms, format_groups
@@ -42,7 +44,7 @@ def tenant_sections(table) -> dict:
     for name in sorted(tenants):
         t = table.filter(pc.equal(table.column("tenant"), name))
         outcome = t.column("outcome").to_pylist()
-        sec: dict = {"requests": t.num_rows, **{o.value: outcome.count(o.value) for o in Outcome}}
+        sec: dict = {"requests": t.num_rows, **{k: outcome.count(o.value) for o, k in SUMMARY_COUNTS.items()}}
         for col, key in (
             ("prompt_tokens", "total_input_tokens"),
             ("completion_tokens", "total_output_tokens"),
@@ -70,8 +72,21 @@ def read_tenant_sections(*results_dirs: str) -> dict:
 
     from replayer.record.folder import read_results
 
-    tables = [read_results(d, columns=list(_COLUMNS)) for d in results_dirs]
-    return tenant_sections(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
+    tables = [without_warmup(read_results(d, columns=_columns_of(d))) for d in results_dirs]
+    return tenant_sections(pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0])
+
+
+def _columns_of(results_dir: str) -> list[str]:
+    """``_COLUMNS``, and ``warmup`` when the folder's files have it (warm-up rows are left out)."""
+    import pyarrow.parquet as pq
+
+    from replayer.record.folder import result_files
+
+    try:
+        names = [set(pq.read_schema(f).names) for f in result_files(results_dir)]
+    except (OSError, ValueError):
+        names = []
+    return [*_COLUMNS, "warmup"] if names and all("warmup" in n for n in names) else list(_COLUMNS)
 
 
 def format_tenants(sections: dict) -> str:

@@ -38,6 +38,7 @@ async def open_clients(
             usage_slack_tokens=cfg.usage_slack_tokens,
             delayed_ack=cfg.delayed_ack,
             server_timings=cfg.server_timings,
+            tls=cfg.tls,
         )
         for url in targets
     }  # one pool per target

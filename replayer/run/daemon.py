@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
+import math
 import os
 import shutil
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import aiohttp
@@ -35,6 +37,8 @@ from replayer.config.model import RunConfig, new_run_id
 from replayer.core.background import EXIT_TASK_FAILED, BackgroundTasks
 from replayer.core.clock import Anchor, now_ns
 from replayer.core.request import PreparedRequest
+from replayer.core.result import RequestResult
+from replayer.fleet.member import FleetError, Heartbeat, join
 from replayer.http.client import Client
 from replayer.http.connection import raise_open_file_limit
 from replayer.http.launcher import Launcher, launcher_ready, start_launcher
@@ -61,8 +65,24 @@ from replayer.run.lifecycle import start_up
 from replayer.run.readiness import StartupError, wait_ready_all
 from replayer.run.resume import Checkpoint, carry_target_totals, resume_plan
 from replayer.run.runinputs import COUNT_LIMIT, count_scheduled, open_batches_factory, results_dir_for
-from replayer.run.runstate import Accounting, RunControl, RunState, StatusView, hms, progress, watch_self
-from replayer.run.runsummary import EXIT_ERROR_RATIO, error_ratio_problem, final_summary, print_summary
+from replayer.run.runstate import (
+    Accounting,
+    RunControl,
+    RunState,
+    StatusView,
+    hms,
+    progress,
+    status,
+    warmup_marker,
+    watch_self,
+)
+from replayer.run.runsummary import (
+    EXIT_ERROR_RATIO,
+    error_ratio_problem,
+    final_summary,
+    nothing_scheduled_problem,
+    print_summary,
+)
 from replayer.run.simproc import PARENT_PID_ENV, embedded_args, spawn_sim, stop_sim
 from replayer.run.workers import stop_with_parent
 from replayer.send.dispatcher import Dispatcher
@@ -158,7 +178,7 @@ async def run_replay(
         log.info("admin server on %s (/metrics, /status)", admin_url)
         api_key = cfg.api_key()
         state.target = ", ".join(targets)
-        listed = await wait_ready_all(targets, cfg.ready_timeout_s if cfg.target else 30.0, api_key)
+        listed = await wait_ready_all(targets, cfg.ready_timeout_s if cfg.target else 30.0, api_key, cfg.tls)
         model = cfg.model or (listed[0][0] if listed[0] else None)
         if model is None:
             raise StartupError(f"target {targets[0]} lists no model: pass --model")
@@ -230,6 +250,8 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
     def new_gap_cap() -> IdleGapCap | None:  # one per pass over the schedule (it keeps state)
         return IdleGapCap(cfg.idle_gap_cap_s, cfg.speedup) if cfg.idle_gap_cap_s else None
 
+    # a resumed run replays from its own start; a fleet shard keeps the fleet's schedule instead
+    rebase = bool(cfg.resume) and cfg.coordinator is None
     gap_cap = new_gap_cap()
     batches = schedule(gap_cap, TargetRoute(cfg.target_policy, len(targets)) if len(targets) > 1 else None)
     duration_ns = int(cfg.duration_s * 1e9) if cfg.duration_s else None
@@ -239,7 +261,7 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
             await loop.run_in_executor(
                 None,
                 lambda: count_scheduled(
-                    schedule(new_gap_cap()), speedup=cfg.speedup, duration_ns=duration_ns, rebase=bool(cfg.resume)
+                    schedule(new_gap_cap()), speedup=cfg.speedup, duration_ns=duration_ns, rebase=rebase
                 ),
             )
             or 0
@@ -276,7 +298,9 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
         flush = _ResultsFlush(state)
         stack.push_async_callback(flush.run)
         # the launcher process boots (~50 ms) while the first trace batch is read
-        launcher = start_launcher() if cfg.launcher and all(t.startswith("http://") for t in targets) else None
+        # (a --max-concurrency cap sends at the due time from the loop: a slot is known free only then)
+        writes_ahead = cfg.launcher and cfg.max_concurrency is None
+        launcher = start_launcher() if writes_ahead and all(t.startswith("http://") for t in targets) else None
         if launcher is not None:
             stack.callback(launcher.stop)
         first = None
@@ -321,7 +345,16 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
             nonlocal anchor
             # anchored only now: the time the pool took to open (seconds against a server with a small
             # listen backlog) is start-up, not lateness charged to every request
-            anchor = Anchor.at(cfg.start_delay_s, start_wall_s=cfg.start_at)
+            if cfg.coordinator is None:
+                anchor = Anchor.at(cfg.start_delay_s, start_wall_s=cfg.start_at)
+            else:  # the fleet's start, on this host's clock; its wall time the coordinator's (merges align)
+                try:
+                    joined = await join(cfg.coordinator, shard, results=results_dir, timeout_s=cfg.ready_timeout_s)
+                except FleetError as e:
+                    raise StartupError(str(e)) from None
+                here = Anchor.at(start_wall_s=joined.local_epoch_s, max_late_s=math.inf)
+                anchor = dataclasses.replace(here, wall_s=joined.epoch_s)
+                state.fleet = joined.as_dict()
             for c in clients.values():
                 c.t0_ns = anchor.t0_ns
 
@@ -401,7 +434,9 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
     scraper: TargetScraper | TargetScrapers | None = None
     if cfg.scrape_target_metrics:
         one = {
-            url: TargetScraper(url.rstrip("/") + "/metrics", interval_s=cfg.scrape_interval_s, t0_ns=anchor.t0_ns)
+            url: TargetScraper(
+                url.rstrip("/") + "/metrics", interval_s=cfg.scrape_interval_s, t0_ns=anchor.t0_ns, tls=cfg.tls
+            )
             for url in targets
         }
         scraper = one[target] if len(one) == 1 else TargetScrapers(one)
@@ -447,8 +482,12 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
 
     build, on_prepared = factory.prepare, metrics.on_prepared
 
+    on_dispatched: Callable[[RequestResult], None] = acct.on_dispatched
+    if cfg.warmup_requests or cfg.warmup_seconds_s:  # (one marker for every target: one count)
+        on_dispatched = warmup_marker(on_dispatched, cfg.warmup_requests, cfg.warmup_seconds_s)
+
     def sender_for(c: Client) -> LoopSender:
-        c.on_dispatched = acct.on_dispatched  # dispatch lag accounted as each request goes out
+        c.on_dispatched = on_dispatched  # dispatch lag accounted (and warm-up marked) as each request goes out
         return LauncherSender(c, shard=shard) if launcher is not None else LoopSender(c, shard=shard)
 
     sender: Sender = (
@@ -459,10 +498,20 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         gate=gate,
         lead_ns=int(cfg.lead_s * 1e9),
         duration_ns=duration_ns,
-        rebase_first=bool(cfg.resume),
+        rebase_first=bool(cfg.resume) and cfg.coordinator is None,
         ahead_ns=sender.ahead_ns,
         connect_ahead_ns=CONNECT_AHEAD_NS,
     )
+    # a fleet shard (re)joining after the start: what was due while it was down is not sent
+    late_ns = now_ns() - anchor.t0_ns - int(cfg.rejoin_max_late_s * 1e9)
+    missed_before_ns = late_ns if cfg.coordinator is not None and late_ns > 0 else None
+    if missed_before_ns is not None:
+        log.warning(
+            "joining the fleet %.1f s after its start: rows due more than %g s ago are recorded "
+            "missed_while_down (not sent); the rest go at their due times",
+            (now_ns() - anchor.t0_ns) / 1e9,
+            cfg.rejoin_max_late_s,
+        )
     dispatcher = Dispatcher(
         Feed(batches, prepare if len(clients) == 1 else prepare_routed, factory.unsent),
         planner,
@@ -473,6 +522,8 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         on_idle=gc_pacer.idle,
         drain_timeout_s=cfg.drain_timeout_s,
         shard=shard,
+        max_concurrency=cfg.max_concurrency,
+        missed_before_ns=missed_before_ns,
     )
 
     def timing_changed() -> None:  # under --duration, a pause or a speed-up changes what will be sent
@@ -510,6 +561,24 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
     background.start(
         "self-watch", watch_self(state, metrics, probe=lambda: selfwatch.read(dispatcher, launcher, gc_pacer))
     )
+    heartbeat = None
+    if cfg.coordinator is not None and state.fleet is not None:  # the fleet sees this shard live
+
+        def counts() -> dict:
+            return {
+                "scheduled": state.scheduled,
+                "sent": state.sent,
+                "in_flight": dispatcher.in_flight,
+                "completed": state.completed,
+                "failed": state.failed,
+                "missed_while_down": state.missed_while_down,
+                "dispatch_lag_max_s": round(state.max_lag_ms / 1e3, 6),
+                "state": status(state, dispatcher)["state"],
+            }
+
+        heartbeat = Heartbeat(cfg.coordinator, shard, counts)
+        stack.push_async_callback(heartbeat.close)
+        background.start("fleet heartbeat", heartbeat.run(), essential=False)
     parent = os.environ.get(PARENT_PID_ENV)
     if parent and parent.isdigit():  # a --workers worker: stop with its parent
         background.start("parent watch", stop_with_parent(int(parent), on_signal))
@@ -561,7 +630,11 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         stop_signal=signals[0] if signals else None,
         gap_cap=gap_cap,
         task_failures=background.failures,
+        fleet=state.fleet,
     )
+    if heartbeat is not None:
+        await heartbeat.ended(summary)
+        await heartbeat.close()
     print_summary(summary, results_dir)
     return summary
 
@@ -618,7 +691,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     """Run with uvloop. Exit code: 0 when the replay ended by itself (or by ``/stop``), 2 on a
-    startup/trace error, 3 when more requests failed than ``--max-error-ratio`` allows, 4 when a
+    startup/trace error or when no row of the trace was scheduled, 3 when more requests failed than ``--max-error-ratio`` allows, 4 when a
     background task crashed and stopped the run (``replayer.core.background``), 128 + the
     signal's number when SIGTERM (143), SIGINT (130) or SIGHUP (129: the terminal closed, or the
     ``--workers`` parent is gone) stopped it,
@@ -645,6 +718,11 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     sig = summary.get("stop_signal") if isinstance(summary, dict) else None
     if sig:
         return 128 + signal.Signals[sig].value
+    one = isinstance(summary, dict) and cfg.shard_index[1] == 1  # (a shard of several may be empty)
+    empty = nothing_scheduled_problem(summary) if one else None
+    if empty:
+        print(f"replayer: error: {empty}", file=sys.stderr)
+        return 2
     failed = summary.get("task_failures") if isinstance(summary, dict) else None
     if failed:
         print(

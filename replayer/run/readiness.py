@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from urllib.parse import urlsplit
 
 import aiohttp
+
+from replayer.http.tls import TLSOptions, describe_failure, find_ssl_error, probe
 
 log = logging.getLogger("replayer")
 
@@ -16,10 +19,24 @@ class StartupError(RuntimeError):
     """The replay could not start (target unreachable, bad trace...); nothing was sent."""
 
 
-async def wait_ready(base_url: str, timeout_s: float, api_key: str | None) -> list[str | None]:
+async def wait_ready(
+    base_url: str, timeout_s: float, api_key: str | None, tls: TLSOptions | None = None
+) -> list[str | None]:
     """Poll ``GET /v1/models`` until it answers 200 (returns the model ids) or ``timeout_s``
-    passes (raises StartupError naming the URL and the last error)."""
+    passes (raises StartupError naming the URL and the last error). A TLS failure (unknown CA,
+    name mismatch, expired, client certificate required) raises StartupError at once, naming the
+    cause and the server's certificate: waiting would not mend it."""
     start = time.monotonic()
+    u = urlsplit(base_url)
+    tls = tls or TLSOptions()
+    try:
+        kw = tls.request_kwargs(u.scheme == "https")
+    except ValueError as e:
+        raise StartupError(str(e)) from None
+    if tls.insecure and u.scheme == "https":
+        log.warning(
+            "--insecure: the TLS certificate of %s is NOT verified (anyone on the path can pose as it)", base_url
+        )
     deadline = start + timeout_s
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     last = "no answer"
@@ -28,7 +45,7 @@ async def wait_ready(base_url: str, timeout_s: float, api_key: str | None) -> li
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
         while True:
             try:
-                async with session.get(url, headers=headers) as r:
+                async with session.get(url, headers=headers, **kw) as r:
                     if r.status == 200:
                         data = await r.json(content_type=None)
                         if said is not None:
@@ -39,10 +56,24 @@ async def wait_ready(base_url: str, timeout_s: float, api_key: str | None) -> li
                         if r.status == 404
                         else ""
                     )
-            except aiohttp.ClientConnectorError as e:  # (its text names aiohttp's "ssl:default")
-                os_err = e.os_error
-                last = f"cannot connect: {type(os_err).__name__}" + (f" ({os_err.strerror})" if os_err.strerror else "")
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            except (aiohttp.ClientError, OSError) as e:
+                bad = find_ssl_error(e)
+                if bad is None and u.scheme == "https" and isinstance(e, aiohttp.ServerDisconnectedError):
+                    why = await probe(
+                        u.hostname or "", u.port or 443, kw["ssl"], tls.server_name, 5.0, bool(tls.client_cert)
+                    )
+                    if why:
+                        raise StartupError(f"TLS error with {base_url}: {why}") from None
+                if bad is None:
+                    last = _connect_problem(e)
+                else:
+                    port = u.port or 443
+                    raise StartupError(
+                        await describe_failure(
+                            bad, u.hostname or "", port, tls.server_name, min(timeout_s, 5.0), where=base_url
+                        )
+                    ) from None
+            except asyncio.TimeoutError as e:
                 last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             now = time.monotonic()
             if now >= deadline:
@@ -62,11 +93,21 @@ async def wait_ready(base_url: str, timeout_s: float, api_key: str | None) -> li
             await asyncio.sleep(0.05)
 
 
-async def wait_ready_all(base_urls: list[str], timeout_s: float, api_key: str | None) -> list[list[str | None]]:
+def _connect_problem(e: BaseException) -> str:
+    """The last error of a readiness poll, in a line."""
+    if isinstance(e, aiohttp.ClientConnectorError):  # (its text names aiohttp's "ssl:default")
+        os_err = e.os_error
+        return f"cannot connect: {type(os_err).__name__}" + (f" ({os_err.strerror})" if os_err.strerror else "")
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+async def wait_ready_all(
+    base_urls: list[str], timeout_s: float, api_key: str | None, tls: TLSOptions | None = None
+) -> list[list[str | None]]:
     """``wait_ready`` for every target at once (each with the whole ``timeout_s``): each one's
     model ids. Raises StartupError naming every target not ready in time (nothing is sent to any:
     a run whose targets are not all up would measure another fleet than the one asked for)."""
-    got = await asyncio.gather(*(wait_ready(u, timeout_s, api_key) for u in base_urls), return_exceptions=True)
+    got = await asyncio.gather(*(wait_ready(u, timeout_s, api_key, tls) for u in base_urls), return_exceptions=True)
     for g in got:
         if isinstance(g, BaseException) and not isinstance(g, StartupError):
             raise g

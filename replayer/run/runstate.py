@@ -34,6 +34,7 @@ class RunState:
     failed: int = 0
     cancelled: int = 0
     not_started: int = 0
+    missed_while_down: int = 0  # a fleet shard's rows due while it was down
     max_lag_ms: float = 0.0
     window_max_lag_ms: float = 0.0
     watch_max_lag_ms: float = 0.0  # the same, for the self-watch window
@@ -41,6 +42,7 @@ class RunState:
     results: str = ""
     started_wall: float = field(default_factory=time.time)
     recorder: Recorder | None = None  # its folder size and oldest result (/status)
+    fleet: dict | None = None  # a fleet shard's start and clock (replayer.fleet.member.Joined)
 
 
 class Accounting(Observer):
@@ -66,6 +68,8 @@ class Accounting(Observer):
             self.bursts.observe(res)
         elif o == "cancelled":
             s.cancelled += 1
+        elif o == "missed_while_down":
+            s.missed_while_down += 1
         else:
             s.not_started += 1
 
@@ -79,6 +83,29 @@ class Accounting(Observer):
             if lag > s.watch_max_lag_ms:
                 s.watch_max_lag_ms = lag
             self.m.on_dispatched(res)
+
+
+def warmup_marker(
+    then: Callable[[RequestResult], None], requests: int, seconds: float
+) -> Callable[[RequestResult], None]:
+    """The client's ``on_dispatched`` hook with the warm-up (``--warmup-requests``,
+    ``--warmup-seconds``) in front of ``then``: a request is warm-up (``warmup`` true) when it is
+    one of the first ``requests`` sent by this process, or sent (its own ``sent_ns``) less than
+    ``seconds`` after the run's anchor. Decided at the send, by the send time, so a request's
+    flag never depends on when others ended. Only installed when a warm-up is asked for."""
+    left = requests
+    until_ns = int(seconds * 1e9)
+
+    def on_dispatched(res: RequestResult) -> None:
+        nonlocal left
+        if left > 0:
+            left -= 1
+            res.warmup = True
+        elif res.sent_ns is not None and res.sent_ns < until_ns:
+            res.warmup = True
+        then(res)
+
+    return on_dispatched
 
 
 class RunControl:
@@ -156,6 +183,7 @@ def status(state: RunState, d: Dispatcher | None) -> dict:
         "failed": state.failed,
         "cancelled": state.cancelled,
         "not_started": state.not_started,
+        "missed_while_down": state.missed_while_down,
         "in_flight": d.in_flight if d else 0,
         "position": {"index": pos.index, "loop": pos.loop, "row": pos.row} if pos else None,
         "speedup": d.timeline.speedup if d else None,
@@ -166,6 +194,20 @@ def status(state: RunState, d: Dispatcher | None) -> dict:
         "results_oldest_timestamp_s": rec.oldest_timestamp_s if rec else None,
         # results a failed write keeps in memory until writing works again (0: all on disk)
         "results_unwritten": rec.unwritten_rows if rec else None,
+        **(_cap_status(d) if d is not None and d.max_concurrency is not None else {}),
+        # a fleet shard: the coordinator, the start epoch, this host's clock offset and its uncertainty
+        **({"fleet": state.fleet} if state.fleet is not None else {}),
+    }
+
+
+def _cap_status(d: Dispatcher) -> dict:
+    """``--max-concurrency``'s live numbers: the cap, the requests due and waiting for a slot
+    now, how many waited so far, and whether the cap is the bottleneck now (some wait)."""
+    return {
+        "max_concurrency": d.max_concurrency,
+        "queued": d.queued,
+        "queued_total": d.queued_total,
+        "concurrency_capped": d.queued > 0,
     }
 
 
@@ -184,17 +226,27 @@ async def progress(state: RunState, dispatcher: Dispatcher, anchor: Anchor, ever
             log.info("waiting to start: %.0f s to go (at %s)", -t, hms(anchor.wall_s))
             continue
         log.info(
-            "t=%.0fs sent %d/%s in-flight %d ok %d failed %d max lag %.1f ms (last %.0fs)",
+            "t=%.0fs sent %d/%s in-flight %d%s ok %d failed %d max lag %.1f ms (last %.0fs)",
             t,
             state.sent,
             state.scheduled or "?",
             dispatcher.in_flight,
+            _cap_text(dispatcher),
             state.completed,
             state.failed,
             state.window_max_lag_ms,
             every_s,
         )
         state.window_max_lag_ms = 0.0
+
+
+def _cap_text(d: Dispatcher) -> str:
+    """The progress line's word on ``--max-concurrency`` ("" without a cap)."""
+    if d.max_concurrency is None:
+        return ""
+    if d.queued:
+        return f" (cap {d.max_concurrency} reached: {d.queued} waiting for a slot, the cap is the bottleneck)"
+    return f" (cap {d.max_concurrency})"
 
 
 async def watch_self(

@@ -36,6 +36,7 @@ async def final_summary(
     stop_signal: str | None,
     gap_cap: IdleGapCap | None,
     task_failures: list[dict[str, str]] | None = None,
+    fleet: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Summarize the results folder (off the loop), add the run's own parts and write
     ``summary.json``; returns it. ``task_failures``: the background tasks that crashed
@@ -82,8 +83,8 @@ async def final_summary(
             "stop_signal": stop_signal,
         }
     )
-    if task_failures:
-        summary["task_failures"] = list(task_failures)
+    _pace_sections(summary, cfg)
+    _add_run_notes(summary, cfg, task_failures, fleet)
     if gap_cap is not None:  # --idle-gap-cap: gaps capped, time skipped, the trace -> replay map
         summary["idle_gap_cap"] = gap_cap.report()
     if cfg.mix:  # per-tenant sections (replayer.results.tenants)
@@ -101,6 +102,40 @@ async def final_summary(
                 summary["server_prefix_cache_hit_tokens"] = sum(hits)
     write_json(os.path.join(results_dir, "summary.json"), summary)
     return summary
+
+
+def _add_run_notes(
+    summary: dict[str, Any], cfg: RunConfig, task_failures: list[dict[str, str]] | None, fleet: dict[str, Any] | None
+) -> None:
+    """The sections a run has only sometimes: crashed background tasks, a fleet shard's start and
+    clock, an unverified TLS target."""
+    if task_failures:
+        summary["task_failures"] = list(task_failures)
+    if fleet is not None:  # a fleet shard: its start, its clock against the coordinator's
+        summary["fleet"] = fleet
+    if cfg.insecure and any(u.startswith("https://") for u in cfg.targets):
+        summary["tls_insecure"] = True  # --insecure: the target's certificate was not verified
+
+
+def _pace_sections(summary: dict[str, Any], cfg: RunConfig) -> None:
+    """The ``--max-concurrency`` cap and the warm-up's rule, beside what the results say of them
+    (``summary.SummaryFold``: the queue waits, the warm-up's counts)."""
+    if cfg.max_concurrency is not None:
+        summary["concurrency_cap"] = {"max_concurrency": cfg.max_concurrency, **summary.get("concurrency_cap", {})}
+    if cfg.warmup_requests or cfg.warmup_seconds_s:
+        summary["warmup"] = {**warmup_rule(cfg.warmup_requests, cfg.warmup_seconds_s), **summary.get("warmup", {})}
+
+
+def warmup_rule(requests: int, seconds: float) -> dict[str, Any]:
+    """The warm-up's settings and its boundary, as summary.json states them."""
+    return {
+        "warmup_requests": requests,
+        "warmup_seconds": seconds,
+        "boundary": "by each request's own send time: the first --warmup-requests requests sent (per process) "
+        "and those sent less than --warmup-seconds after the run's start are warm-up, left out of every "
+        "statistic, throughput and the verdict",
+        "requests": 0,
+    }
 
 
 def print_summary(summary: dict[str, Any], results_dir: str) -> None:
@@ -133,6 +168,18 @@ def _target_embedded(cfg: RunConfig) -> bool:
 
 #: exit code of a run whose failed requests exceeded ``--max-error-ratio``
 EXIT_ERROR_RATIO = 3
+
+
+def nothing_scheduled_problem(summary: dict) -> str | None:
+    """Why a run that scheduled no request at all should exit 2 (a trace error): every row of the
+    trace was left out (a capture's failed requests, ``--max-requests``/``--duration`` windows);
+    None when something was scheduled or the run was stopped before it could be."""
+    if summary.get("scheduled") or summary.get("stopped_early") or summary.get("stop_signal"):
+        return None
+    return (
+        f"no row of the trace {summary.get('trace') or ''} could be scheduled (none replayable, or none in "
+        "the window asked for; `replayer trace inspect` counts them): nothing was sent: exit 2"
+    )
 
 
 def error_ratio_problem(summary: dict, max_error_ratio: float | None) -> str | None:

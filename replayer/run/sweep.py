@@ -4,11 +4,20 @@ the daemon (DESIGN.md).
 Each point is one ``replayer run`` of the same trace (or window: ``--max-requests``,
 ``--duration``) at the next speed-up of ``--speedups``, a child process with its own results
 folder ``RESULTS/NN-speedup-X`` (its log in ``run.log`` there); the sweep reads nothing of it
-but its ``summary.json`` and, for the offered load, the due times in its results files. Points
-run in order and the sweep stops after the first one that did not hold:
+but its ``summary.json`` and, for the offered load and the steady window
+(``replayer.results.steady``), the due and end times and verdicts in its results files. Points
+run in order and the sweep stops after the first one that did not hold
+(``replayer.results.steady.judge_point``):
 
-- ``held``: ``slo_attainment`` (``--goodput``'s verdict) >= ``--min-attainment``;
-- ``missed``: below it: the server did not keep up at this load;
+- ``held``: over the point's steady window (a warm-up and a cool-down left out) its attainment
+  (``--goodput``'s verdict) >= ``--min-attainment`` and the server completed at least 90% of the
+  rate it was offered;
+- ``missed``: attainment below it (over the whole run, or over the window): the server did not
+  keep up at this load;
+- ``window_too_short``: the load was a burst: its steady window is shorter than the median
+  E2E it would judge; ``not_sustained``: the server completed less than
+  90% of the offered rate over the window (its queue grew): both say the server never carried
+  this load, whatever the latencies looked like;
 - ``replayer_behind``: the replayer itself fell behind (dispatch lag p99 above
   ``--max-dispatch-lag``, by default the daemon's ``BEHIND_MS``, the lag past which a run warns
   that its own CPU is the bottleneck): the point's latencies include client delay, so it says
@@ -47,6 +56,7 @@ from replayer.config.model import RunConfig
 from replayer.observe.selfwatch import BEHIND_MS
 from replayer.record.folder import new_results_dir, read_file
 from replayer.record.recorder import write_json
+from replayer.results.steady import COLUMNS, MIN_ACHIEVED_FRACTION, TRANSIENT_FRACTION, judge_point, steady_window
 from replayer.results.summary import read_summary
 from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, embedded_args, spawn_sim, stop_sim
 
@@ -83,6 +93,43 @@ POINT_KEYS = (
 )
 
 
+#: ``replayer sweep``'s own settings (not RunConfig's): its flags, or these keys in its --config file
+SWEEP_KEYS = frozenset({"speedups", "min_attainment", "prefix_cache", "max_dispatch_lag"})
+
+
+def sweep_options(flags: dict, from_file: dict) -> dict:
+    """``run_sweep``'s keyword arguments from the sweep's flags (``SWEEP_KEYS``; None: not
+    given), else its ``--config`` file's (``speedups`` a list or a comma-separated string), else
+    the defaults. Raises SweepError for a missing or bad value."""
+
+    def get(key: str):
+        flag = flags.get(key)
+        return flag if flag is not None else from_file.get(key)
+
+    speedups = get("speedups")
+    if speedups is None:
+        raise SweepError("--speedups is needed (or speedups: in the --config file), e.g. --speedups 1,2,4,8,16")
+    if isinstance(speedups, list):
+        speedups = ",".join(str(x) for x in speedups)
+    out: dict = {"speedups": parse_speedups(str(speedups))}
+    att = get("min_attainment")
+    if att is not None:
+        if isinstance(att, bool) or not isinstance(att, (int, float)) or not 0 <= att <= 1:
+            raise SweepError(f"--min-attainment {att}: must be between 0 and 1")
+        out["min_attainment"] = float(att)
+    mode = get("prefix_cache")
+    if mode is not None:
+        if mode not in PREFIX_MODES:
+            raise SweepError(f"--prefix-cache {mode!r}: must be one of {', '.join(PREFIX_MODES)}")
+        out["prefix_cache"] = mode
+    lag = get("max_dispatch_lag")
+    if lag is not None:
+        if isinstance(lag, bool) or not isinstance(lag, (int, float)) or not lag > 0:
+            raise SweepError(f"--max-dispatch-lag {lag}: must be a number of ms > 0")
+        out["max_dispatch_lag_ms"] = float(lag)
+    return out
+
+
 class SweepError(RuntimeError):
     """The sweep cannot start or go on (bad flags, a target without ``/reset_prefix_cache``)."""
 
@@ -101,47 +148,28 @@ def parse_speedups(text: str) -> list[float]:
     return out
 
 
-def judge_point(summary: dict | None, min_attainment: float, max_lag_ms: float = BEHIND_MS) -> tuple[str, str]:
-    """(status, why) of a point from its ``summary.json`` (None: the run wrote none); see the
-    module docstring for the statuses. The replayer's own lag is checked first: a point it fell
-    behind on is never blamed on the server."""
-    if summary is None:
-        return "error", "the run wrote no summary.json: see its run.log"
-    lag = summary.get("dispatch_lag_p99_ms")
-    if lag is not None and lag > max_lag_ms:
-        return "replayer_behind", (
-            f"the replayer fell behind (dispatch lag p99 {lag:.0f} ms > {max_lag_ms:g} ms): "
-            "its latencies include client delay; use --workers"
-        )
-    if summary.get("stopped_early"):
-        return "stopped", f"the run was stopped ({summary.get('stop_signal') or '/stop'})"
-    att = summary.get("slo_attainment")
-    if att is None:
-        return "no_verdict", "no request was judged against the SLO"
-    if att < min_attainment:
-        return "missed", f"attainment {att:.1%} < {min_attainment:.0%}"
-    return "held", f"attainment {att:.1%} >= {min_attainment:.0%}"
-
-
-def offered_rps(folder: str) -> float | None:
-    """The load a point offered, requests/s: (n - 1) / the span of the n due times in its results
-    files (a ``--workers`` point's in its worker folders); None for fewer than 2 requests."""
+def point_rows(folder: str) -> dict[str, list]:
+    """The columns ``replayer.results.steady.steady_window`` reads (``steady.COLUMNS``), of every
+    results file of a point's folder (a ``--workers`` point's in its worker folders), as lists."""
     from replayer.results.reportdata import report_files
 
-    lo = hi = None
-    n = 0
+    cols: dict[str, list] = {c: [] for c in COLUMNS}
     for f in report_files(folder):
-        t = read_file(f, ["due_ns"])
+        t = read_file(f, list(COLUMNS))
         if t is None or not t.num_rows:
             continue
-        col = t.column("due_ns")
-        mm = pc.min_max(col)
-        n += t.num_rows - col.null_count
-        lo = mm["min"].as_py() if lo is None else min(lo, mm["min"].as_py())
-        hi = mm["max"].as_py() if hi is None else max(hi, mm["max"].as_py())
-    if n < 2 or lo is None or hi <= lo:
+        t = t.filter(pc.is_valid(t.column("due_ns")))
+        for c in COLUMNS:
+            cols[c] += t.column(c).to_pylist()
+    return cols
+
+
+def offered_rps(due_ns: list[int]) -> float | None:
+    """The load a point offered, requests/s: (n - 1) / the span of its n due times; None for
+    fewer than 2 requests or a span of 0."""
+    if len(due_ns) < 2 or max(due_ns) <= min(due_ns):
         return None
-    return (n - 1) / ((hi - lo) / 1e9)
+    return (len(due_ns) - 1) / ((max(due_ns) - min(due_ns)) / 1e9)
 
 
 def reset_prefix_cache(target: str, api_key: str | None, timeout_s: float) -> None:
@@ -169,24 +197,48 @@ def reset_prefix_cache(target: str, api_key: str | None, timeout_s: float) -> No
             time.sleep(0.2)
 
 
+def short_window(w: dict) -> str:
+    """Why a too-short window is: what is left of the span against the median E2E."""
+    e2e = (w["median_e2el_ms"] or 0) / 1e3
+    return f"{max(w['window_s'], 0):.2f} s left of a {w['span_s']:.2f} s offered span, median E2E {e2e:.2f} s"
+
+
+def window_text(w: dict | None) -> str:
+    """A point's steady window in words: its bounds, offered and achieved rates, attainment and
+    goodput (``replayer.results.steady.steady_window``'s dict; None: fewer than 2 requests)."""
+
+    def rate(v) -> str:
+        return "n/a" if v is None else f"{v:.2f}"
+
+    if w is None:
+        return "steady window: none (fewer than 2 requests)"
+    if w["too_short"]:
+        return f"steady window: too short ({short_window(w)})"
+    bounds = f"{w['start_s']:.2f}-{w['end_s']:.2f} s of {w['span_s']:.2f} s"
+    att = w["slo_attainment"]
+    return (
+        f"steady window {bounds}: offered {rate(w['offered_rps'])}, achieved {rate(w['achieved_rps'])} req/s, "
+        f"attainment {'n/a' if att is None else f'{att:.1%}'} ({w['met']} of {w['judged']}), "
+        f"goodput {rate(w['request_goodput'])} req/s"
+    )
+
+
 def point_line(i: int, total: int, p: dict) -> str:
-    """The progress line of point ``i`` (1-based) of ``total``."""
+    """The progress line of point ``i`` (1-based) of ``total``: the offered load, the steady
+    window (``window_text``), the whole run's latencies and the status."""
 
     def ms(key: str) -> str:
         v = p.get(key)
         return "n/a" if v is None else f"{v:.0f}" if v >= 10 else f"{v:.1f}"
 
-    def rate(v) -> str:
-        return "n/a" if v is None else f"{v:.2f}"
-
     if p["status"] == "error":
         return f"sweep point {i}/{total}: speed-up {p['speedup']:g}x: error ({p['why']})"
     att = p.get("slo_attainment")
-    judged = (p.get("slo_met") or 0) + (p.get("slo_missed") or 0)
+    offered = p.get("offered_rps")
     return (
-        f"sweep point {i}/{total}: speed-up {p['speedup']:g}x, offered {rate(p.get('offered_rps'))} req/s: "
-        f"attainment {'n/a' if att is None else f'{att:.1%}'} ({p.get('slo_met') or 0} of {judged}), "
-        f"goodput {rate(p.get('request_goodput'))} req/s, "
+        f"sweep point {i}/{total}: speed-up {p['speedup']:g}x, offered {'n/a' if offered is None else f'{offered:.2f}'} "
+        f"req/s; {window_text(p.get('steady_window'))}; whole run: attainment "
+        f"{'n/a' if att is None else f'{att:.1%}'}, "
         f"TTFT p50/p99 {ms('median_ttft_ms')}/{ms('p99_ttft_ms')} ms, "
         f"TPOT p50/p99 {ms('median_tpot_ms')}/{ms('p99_tpot_ms')} ms, E2E p50/p99 "
         f"{ms('median_e2el_ms')}/{ms('p99_e2el_ms')} ms, dispatch lag p99 {ms('dispatch_lag_p99_ms')} ms: "
@@ -197,18 +249,23 @@ def point_line(i: int, total: int, p: dict) -> str:
 def point_record(
     index: int, speedup: float, folder: str, seed: int, exit_code: int, min_attainment: float, max_lag_ms: float
 ) -> dict:
-    """One point of ``sweep.json``, from its run's folder: its settings, offered load, the
-    ``POINT_KEYS`` and ``slo_attainment_<bound>`` of its ``summary.json``, and its judgement
-    (``judge_point``: ``status``, ``why``, ``replayer_behind``)."""
+    """One point of ``sweep.json``, from its run's folder: its settings, offered load (whole
+    span), achieved rate and steady window (``replayer.results.steady``), the ``POINT_KEYS`` and
+    ``slo_attainment_<bound>`` of its ``summary.json``, and its judgement (``judge_point``:
+    ``status``, ``why``, ``replayer_behind``)."""
     summary = read_summary(folder) or None
-    status, why = judge_point(summary, min_attainment, max_lag_ms)
+    rows = point_rows(folder) if summary else {c: [] for c in COLUMNS}
+    window = steady_window(*(rows[c] for c in COLUMNS))
+    status, why = judge_point(summary, window, min_attainment, max_lag_ms)
     return {
         "index": index,
         "speedup": speedup,
         "results": os.path.basename(folder),
         "seed": seed,
         "exit_code": exit_code,
-        "offered_rps": offered_rps(folder) if summary else None,
+        "offered_rps": offered_rps(rows["due_ns"]),
+        "achieved_rps": window["achieved_rps"] if window else None,
+        "steady_window": window,
         **{key: (summary or {}).get(key) for key in POINT_KEYS},
         **{key: v for key, v in (summary or {}).items() if key.startswith("slo_attainment_")},
         "status": status,
@@ -267,10 +324,16 @@ def run_sweep(  # noqa: C901, PLR0912, PLR0915
         "max_requests": cfg.max_requests,
         "duration_s": cfg.duration_s,
         "max_dispatch_lag_p99_ms": max_dispatch_lag_ms,
+        "steady_rule": {
+            "transient_fraction": TRANSIENT_FRACTION,
+            "transient_at_least": "median_e2el",
+            "min_achieved_fraction": MIN_ACHIEVED_FRACTION,
+        },
         "started_wall_s": time.time(),
         "points": [],
         "highest_held_speedup": None,
         "highest_held_offered_rps": None,
+        "highest_held_achieved_rps": None,
         "highest_held_request_goodput": None,
         "stop_reason": None,
     }
@@ -329,6 +392,7 @@ def run_sweep(  # noqa: C901, PLR0912, PLR0915
                 sweep.update(
                     highest_held_speedup=speedup,
                     highest_held_offered_rps=point["offered_rps"],
+                    highest_held_achieved_rps=point["achieved_rps"],
                     highest_held_request_goodput=point["request_goodput"],
                 )
             else:
@@ -361,7 +425,8 @@ def run_sweep(  # noqa: C901, PLR0912, PLR0915
         "sweep: "
         + (
             f"the highest speed-up that held: {held:g}x ({sweep['highest_held_offered_rps'] or 0:.2f} req/s "
-            f"offered, goodput {sweep['highest_held_request_goodput'] or 0:.2f} req/s)"
+            f"offered, {sweep['highest_held_achieved_rps'] or 0:.2f} req/s achieved over its steady window, "
+            f"goodput {sweep['highest_held_request_goodput'] or 0:.2f} req/s over the whole run)"
             if held is not None
             else "no speed-up held"
         )

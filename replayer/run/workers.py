@@ -277,8 +277,12 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:  # noqa: C901, PL
     merged = merge_results(present, results, one_target=True)  # (printed with --quiet too: it is the outcome)
     print(f"merged {len(present)} of {n} workers: {results}/summary.json", flush=True)
     code = max([0 if len(present) == n else 1, *codes])
-    from replayer.run.runsummary import EXIT_ERROR_RATIO, error_ratio_problem
+    from replayer.run.runsummary import EXIT_ERROR_RATIO, error_ratio_problem, nothing_scheduled_problem
 
+    empty = nothing_scheduled_problem(merged)
+    if code == 0 and empty:
+        print(f"replayer: error: {empty}", file=sys.stderr)
+        return 2
     problem = error_ratio_problem(merged, cfg.max_error_ratio)  # over all workers (they do not check)
     if code == 0 and problem:
         print(f"replayer: {problem}", file=sys.stderr)

@@ -11,13 +11,22 @@ Deadlines are absolute offsets from the anchor ``t0_ns`` (``schedule.Timeline``)
 every wait (never a chain of relative sleeps, which drifts: vLLM issue 21104). Trace batches are
 read ahead in a worker thread; bodies are prepared in a lead window before their due time, so
 nothing heavy runs when a request is due. A late request goes out at once and its lag is
-recorded. There is no concurrency cap: a cap would turn the open loop into a closed one and hide
-lateness.
+recorded.
+
+The open loop has no concurrency cap by default. ``max_concurrency`` (``--max-concurrency``, as
+``vllm bench serve``) caps the requests in flight: a request that fires while every slot is taken
+waits in a queue, in the order requests fired (due order), and takes the next slot freed (when a
+request in flight ends). Its wait is recorded as ``queue_wait_ms`` and the latencies from the due
+time include it (a cap never hides lateness); its dispatch lag counts from the slot's release, so
+the lag stays the replayer's own lateness (``sent - due = queue_wait + dispatch_lag``, plus a
+session turn's hold). Without a cap, none of this is on the path: the capped ``_fire`` and done
+callback replace the plain ones only when a cap is set. A capped dispatcher never hands requests
+over ahead of their due time (a slot is known free only when a request is due).
 
 Shutdown: ``stop()`` stops issuing; in-flight requests get ``drain_timeout_s`` to finish, then
 are cancelled (recorded as ``cancelled``, as they are when ``run`` itself is cancelled).
-Requests already prepared, and the rest of the current trace batch, are recorded as
-``not_started``. So ``sent + not_started`` = everything
+Requests already prepared (those waiting for a slot too), and the rest of the current trace
+batch, are recorded as ``not_started``. So ``sent + not_started`` = everything
 scheduled so far, and every sent request ends as success, failed or cancelled.
 """
 
@@ -26,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -68,7 +78,10 @@ class Dispatcher:
     ``sink(res)`` receives every result exactly once. ``t0_ns``: the run's anchor on ``clock``.
     ``observer``: live accounting hooks. ``on_idle(slack_ns)``: called before a wait (GC pacing).
     ``drain_timeout_s``: how long in-flight requests may take after ``stop``. ``shard``: written
-    in the results of requests never sent.
+    in the results of requests never sent. ``max_concurrency``: the most requests in flight at
+    once (None: no cap, the open loop; see the module docstring). ``missed_before_ns``: a fleet shard that rejoins its
+    fleet's schedule late: the rows due before this offset are recorded ``missed_while_down``, not
+    sent (never a burst of what was due while it was down); the rest go at their due times.
     """
 
     def __init__(
@@ -84,6 +97,8 @@ class Dispatcher:
         on_idle: Callable[[int], None] | None = None,
         drain_timeout_s: float = 30.0,
         shard: int = 0,
+        max_concurrency: int | None = None,
+        missed_before_ns: int | None = None,
     ) -> None:
         self._feeder = BatchFeeder(feed.batches)
         self._prepare = feed.prepare
@@ -97,6 +112,7 @@ class Dispatcher:
         self._on_idle = on_idle
         self.drain_timeout_s = drain_timeout_s
         self.shard = shard
+        self._missed_before_ns = missed_before_ns
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()  # timeline changed (pause/resume/speed-up), a turn released, or stop
         self._idle = asyncio.Event()
@@ -108,8 +124,22 @@ class Dispatcher:
         self.position = Position()
         self.sent = 0
         self.not_started = 0
+        self.missed_while_down = 0
         self.cancelled = 0
         self.finished = False  # the whole schedule was issued
+        self.max_concurrency = max_concurrency
+        # --max-concurrency: (request, due time, when it joined the queue) waiting for a slot
+        self._queue: deque[tuple[PreparedRequest, int, int]] = deque()
+        self.queued_total = 0  # requests that waited for a slot
+        self._ending = 0  # a request in flight whose response ended is releasing its session's turns
+        self._on_done: Callable[[asyncio.Task[None]], None] = self._task_done
+        if max_concurrency is not None:
+            if max_concurrency < 1:
+                raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+            if planner.ahead_ns:
+                raise ValueError("a capped dispatcher sends at the due time: the planner must not hand over ahead")
+            self._fire = self._fire_capped  # type: ignore[method-assign]
+            self._on_done = self._task_done_capped
 
     # -- control ------------------------------------------------------------------------------
     @property
@@ -119,6 +149,11 @@ class Dispatcher:
     @property
     def in_flight(self) -> int:
         return len(self._tasks)
+
+    @property
+    def queued(self) -> int:
+        """Requests due and waiting for a slot now (``--max-concurrency``; 0 without a cap)."""
+        return len(self._queue)
 
     @property
     def stopping(self) -> bool:
@@ -148,7 +183,7 @@ class Dispatcher:
     def due_count(self) -> int:
         """Requests whose due time has passed: those sent plus prepared ones already overdue.
         Safe to call from another thread (the metrics exposition thread)."""
-        return self.sent + self._plan.overdue(self.now_rel())
+        return self.sent + len(self._queue) + self._plan.overdue(self.now_rel())
 
     def now_rel(self) -> int:
         return self._clock.now_ns() - self.t0_ns
@@ -230,6 +265,11 @@ class Dispatcher:
                     break
                 sb, j = self._cur, self._j
                 trace_ns = int(sb.trace_ns[j])  # type: ignore[union-attr]
+                if self._missed_before_ns is not None:
+                    if self.timeline.due(trace_ns) < self._missed_before_ns:
+                        self._missed(sb, j)  # type: ignore[arg-type]
+                        continue
+                    self._missed_before_ns = None  # (in due order: the rest is on time)
                 if plan.next_item(trace_ns, self.now_rel(), catching_up) is not PREPARE:
                     break
                 req = self._prepare(sb, j)  # type: ignore[arg-type]
@@ -277,11 +317,35 @@ class Dispatcher:
     def _fire(self, f: Fire) -> None:
         self._start(f.req, f.due_ns, self._sender.send(f.req, f.due_ns))
 
+    def _fire_capped(self, f: Fire) -> None:
+        """``_fire`` under ``--max-concurrency``: at once when a slot is free and nobody waits,
+        else into the queue (``_task_done_capped`` starts it when a slot frees)."""
+        if len(self._tasks) - self._ending < self.max_concurrency and not self._queue:  # type: ignore[operator]
+            self._start(f.req, f.due_ns, self._sender.send_queued(f.req, f.due_ns, 0))
+            return
+        if not self.queued_total:
+            log.info(
+                "--max-concurrency %d reached: requests now wait for a slot (queue_wait_ms; their "
+                "latency from the due time includes the wait)",
+                self.max_concurrency,
+            )
+        self.queued_total += 1
+        self._queue.append((f.req, f.due_ns, self.now_rel()))
+
+    def _task_done_capped(self, task: asyncio.Task[None]) -> None:
+        """A slot freed: the request waiting longest takes it (before the finished task leaves
+        the books, so the dispatcher is never idle while requests wait); none after a stop."""
+        queue = self._queue
+        if queue and not self._stopping.is_set():
+            req, due_ns, since = queue.popleft()
+            self._start(req, due_ns, self._sender.send_queued(req, due_ns, self.now_rel() - since))
+        self._task_done(task)
+
     def _start(self, req: PreparedRequest, due_ns: int, sending: Sending) -> None:
         task = self._tg.create_task(self._one(req, sending))  # type: ignore[union-attr]
         self._tasks[task] = (req, due_ns, sending)
         self._idle.clear()
-        task.add_done_callback(self._task_done)
+        task.add_done_callback(self._on_done)
         self.sent += 1
         p = self.position
         p.index, p.loop, p.row = req.index + 1, req.loop, req.row + 1
@@ -323,8 +387,12 @@ class Dispatcher:
         later ones (and, while stopping, all of them: recorded as not started)."""
         if req.key is None:
             return
-        for f in self._plan.ended(req, self.now_rel(), stopping):
-            self._fire(f)
+        self._ending += 1  # (its slot is as good as free: a turn it releases may take it)
+        try:
+            for f in self._plan.ended(req, self.now_rel(), stopping):
+                self._fire(f)
+        finally:
+            self._ending -= 1
         self._changed.set()  # the issuing loop re-plans (it may be waiting for these)
 
     def _deliver(self, res: RequestResult) -> None:
@@ -350,9 +418,23 @@ class Dispatcher:
             for t in pending:
                 t.cancel()
 
+    def _missed(self, sb: ScheduleBatch, j: int) -> None:
+        self.missed_while_down += 1
+        res = self._unsent(sb, j)
+        res.outcome = Outcome.MISSED_WHILE_DOWN.value
+        self._j += 1
+        self._deliver(res)
+
     def _record_unsent(self) -> None:
         if not self.stopping:
             return
+        while self._queue:  # due, never given a slot
+            req, due_ns, _ = self._queue.popleft()
+            self.not_started += 1
+            res = req.new_result(self.shard, due_ns=due_ns)
+            res.prompt_len_sent = res.max_tokens = 0  # nothing was sent
+            res.expected_prefix_hit_tokens = None
+            self._deliver(res)
         for req in self._plan.take_held():
             self.not_started += 1
             res = req.new_result(self.shard, due_ns=self.timeline.due(req.trace_ns))

@@ -124,6 +124,9 @@ class RoutingSender:
     def send(self, req: "PreparedRequest", due_ns: int) -> "Sending":
         return self.senders[req.target].send(req, due_ns)  # type: ignore[index]
 
+    def send_queued(self, req: "PreparedRequest", due_ns: int, wait_ns: int) -> "Sending":
+        return self.senders[req.target].send_queued(req, due_ns, wait_ns)  # type: ignore[index]
+
     def hand_over(self, req: "PreparedRequest", due_ns: int) -> "Sending | None":
         return self.senders[req.target].hand_over(req, due_ns)  # type: ignore[index]
 

@@ -18,6 +18,13 @@ once: the live dispatch-lag accounting needs no queue):
   before their due time and written by the launcher process (``replayer.http.launcher``) at it; the
   others, and a request no connection was free for, go as with ``LoopSender``.
 
+``send_queued(req, due_ns, wait_ns)`` is ``send`` for a request that waited ``wait_ns`` for a
+slot under ``--max-concurrency`` (the dispatcher's queue): the wait is recorded as
+``queue_wait_ms`` and its dispatch lag counts from the slot's release (less any lateness of the
+dispatcher before it joined the queue), so the lag stays the replayer's own lateness while the
+latencies from the due time include the wait. Only a capped dispatcher calls it: an uncapped
+send path is unchanged.
+
 The due time is the dispatcher's argument, fixed when the request fires (the timeline may have
 changed since it was prepared). A session turn the gate held back is due at its release
 (``PreparedRequest.release_ns``): its dispatch lag counts from there, and the hold is recorded
@@ -54,6 +61,7 @@ class Sender(Protocol):
     ahead_ns: int
 
     def send(self, req: PreparedRequest, due_ns: int) -> Sending: ...
+    def send_queued(self, req: PreparedRequest, due_ns: int, wait_ns: int) -> Sending: ...
     def hand_over(self, req: PreparedRequest, due_ns: int) -> Sending | None: ...
     def expect(self, n: int) -> None: ...
 
@@ -86,6 +94,12 @@ class LoopSender:
 
     def send(self, req: PreparedRequest, due_ns: int) -> Sending:
         return self._send(req, result_for(req, due_ns, self.shard), lag_origin(req, due_ns), None)
+
+    def send_queued(self, req: PreparedRequest, due_ns: int, wait_ns: int) -> Sending:
+        """``send`` after ``wait_ns`` in the ``--max-concurrency`` queue (module docstring)."""
+        res = result_for(req, due_ns, self.shard)
+        res.queue_wait_ms = wait_ns / 1e6
+        return self._send(req, res, lag_origin(req, due_ns) + wait_ns, None)
 
     def hand_over(self, req: PreparedRequest, due_ns: int) -> Sending | None:
         return None

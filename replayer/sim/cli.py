@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import os
 import signal
+import ssl
 import sys
 
 from replayer.core.background import BackgroundTasks
@@ -17,7 +18,12 @@ from replayer.sim.server import SimServer
 
 
 async def _serve(
-    config: SimConfig, host: str, port: int, record_file: str | None, parent_pid: int | None = None
+    config: SimConfig,
+    host: str,
+    port: int,
+    record_file: str | None,
+    parent_pid: int | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> None:
     fh = open(record_file, "ab") if record_file else None  # noqa: SIM115 - closed below
     written = 0
@@ -32,7 +38,7 @@ async def _serve(
 
     server = SimServer(config, on_request=on_request if fh else None)
     try:
-        url = await server.start(host, port)
+        url = await server.start(host, port, ssl_context)
         print(f"replayer sim: model {config.model!r} serving at {url}", file=sys.stderr, flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -56,15 +62,17 @@ def run_sim(
     port: int = 8000,
     record_file: str | None = None,
     parent_pid: int | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM (blocking, uvloop). ``record_file``: append JSON lines.
-    ``parent_pid``: also stop once that process has ended (checked twice a second)."""
+    ``parent_pid``: also stop once that process has ended (checked twice a second).
+    ``ssl_context``: serve HTTPS (``replayer.sim.certs.server_context``)."""
     try:
         import uvloop
 
-        uvloop.run(_serve(config, host, port, record_file, parent_pid))
+        uvloop.run(_serve(config, host, port, record_file, parent_pid, ssl_context))
     except ImportError:  # pragma: no cover - uvloop is a dependency
-        asyncio.run(_serve(config, host, port, record_file, parent_pid))
+        asyncio.run(_serve(config, host, port, record_file, parent_pid, ssl_context))
 
 
 PARENT_IDLE_S = 2.0  # after the parent is gone: exit once no request came for this long
@@ -208,6 +216,16 @@ def parser() -> argparse.ArgumentParser:
         help="leave usage.prompt_tokens_details (image_tokens) out, as vLLM does without "
         "--enable-prompt-tokens-details",
     )
+    p.add_argument("--tls-cert", metavar="FILE", default=None, help="serve HTTPS with this PEM certificate (chain)")
+    p.add_argument(
+        "--tls-key", metavar="FILE", default=None, help="the PEM private key of --tls-cert (if not in that file)"
+    )
+    p.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        default=None,
+        help="require a client certificate signed by a CA in this PEM file (mutual TLS)",
+    )
     p.add_argument(
         "--tokenizer",
         default=None,
@@ -245,10 +263,17 @@ def main(argv: list[str] | None = None) -> int:
             prompt_tokens_details=a.prompt_tokens_details,
             tokenizer=a.tokenizer,
         )
+        ctx = None
+        if a.tls_cert:
+            from replayer.sim.certs import server_context
+
+            ctx = server_context(a.tls_cert, a.tls_key, a.tls_client_ca)
+        elif a.tls_key or a.tls_client_ca:
+            raise ValueError("--tls-key and --tls-client-ca need --tls-cert")
     except ValueError as e:
         print(f"replayer sim: {e}", file=sys.stderr)
         return 2
-    run_sim(cfg, a.host, a.port, a.record_requests, a.parent_pid)
+    run_sim(cfg, a.host, a.port, a.record_requests, a.parent_pid, ctx)
     return 0
 
 

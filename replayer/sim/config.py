@@ -91,6 +91,7 @@ class ReceivedRequest:
     stream: bool
     model: str | None
     include_usage: bool
+    request_id: str | None = None  # its X-Request-Id header (replayer's <run>-<loop>-<row>)
 
     def to_json(self) -> bytes:
         """One JSON object (no newline) with every field."""

@@ -66,6 +66,7 @@ class _PoolingRoutes:
                     stream=False,
                     model=job.model,
                     include_usage=False,
+                    request_id=request.headers.get("X-Request-Id"),
                 )
             )
         task = asyncio.current_task()

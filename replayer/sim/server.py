@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import ssl
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -110,13 +111,14 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
             self._app = app
         return self._app
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        """Serve on host:port (0 = a free port); return the base URL ``http://host:port``."""
+    async def start(self, host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None) -> str:
+        """Serve on host:port (0 = a free port), over TLS with ``ssl_context``
+        (``replayer.sim.certs.server_context``); return the base URL ``http(s)://host:port``."""
         if self._runner is not None:
             raise RuntimeError("SimServer already started")
         runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True, shutdown_timeout=2.0)
         await runner.setup()
-        site = web.TCPSite(runner, host, port, backlog=4096)
+        site = web.TCPSite(runner, host, port, backlog=4096, ssl_context=ssl_context)
         try:
             await site.start()
         except BaseException:
@@ -125,7 +127,7 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         self._runner = runner
         real_port = runner.addresses[0][1]
         shown = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown}:{real_port}"
+        self.url = f"{'https' if ssl_context else 'http'}://{shown}:{real_port}"
         return self.url
 
     async def stop(self) -> None:
@@ -257,6 +259,7 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
                     stream=o["stream"],
                     model=o["model"],
                     include_usage=o["include_usage"],
+                    request_id=request.headers.get("X-Request-Id"),
                 )
             )
         max_tokens = o["max_tokens"]

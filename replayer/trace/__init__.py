@@ -50,6 +50,7 @@ from replayer.trace.model import (
     TraceError,
     TraceOrderWarning,
     TraceProblem,
+    TraceUnitWarning,
     _cut_optional,  # noqa: F401 - private; replayer.trace.tools imports it
 )
 from replayer.trace.options import parse_mapping
@@ -63,6 +64,7 @@ __all__ = [
     "TraceProblem",
     "TraceError",
     "TraceOrderWarning",
+    "TraceUnitWarning",
     "Trace",
     "read_trace",
     "write_parquet",

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from replayer.trace.images import check_image_rows
 from replayer.trace.model import _OPTIONAL, _REQUIRED, TIME_UNITS, _Problems
 from replayer.trace.optional import _check_requests, _optional_column
-from replayer.trace.options import _Opts, _src, _synth_hash
+from replayer.trace.options import _Opts, _src, _synth_hash, map_hint
 from replayer.trace.timestamps import _timestamps
 from replayer.trace.values import (
     _hash_from_lists,
@@ -148,8 +148,9 @@ def _raw_from_table(
         if k and k not in names:
             missing.append(c)
             mapped = f" (mapped from {k!r})" if k != c else ""
+            present = ", ".join(table.column_names) or "none"
             probs.add(
-                0, c, f"missing required column{mapped} (columns present: {', '.join(table.column_names) or 'none'})"
+                0, c, f"missing required column{mapped} (columns present: {present}){map_hint(c, table.column_names)}"
             )
     if missing:
         return None

@@ -18,7 +18,7 @@ from replayer.trace.columns import _Raw
 from replayer.trace.images import check_image_rows
 from replayer.trace.model import _OPTIONAL, _REQUIRED, DEFAULT_BLOCK_SIZE, DEFAULT_TIME_UNIT, _Problems
 from replayer.trace.optional import _check_requests, _optional_column
-from replayer.trace.options import _Opts, _src, _synth_hash
+from replayer.trace.options import _Opts, _src, _synth_hash, map_hint
 from replayer.trace.timestamps import _timestamps
 from replayer.trace.values import _MISSING, _hash_from_lists, _ints_from_list, _type_name
 
@@ -120,7 +120,7 @@ def _read_jsonl(path: str, probs: _Problems, opts: _Opts, defaults: dict | None 
             0,
             name,
             f"missing from every row: no row has the key {k!r}{mapped} (keys of row {rows[0]}: "
-            f"{', '.join(map(str, objs[0])) or 'none'})",
+            f"{', '.join(map(str, objs[0])) or 'none'}){map_hint(name, list(map(str, objs[0])))}",
         )
     if absent:
         return None

@@ -147,6 +147,10 @@ class TraceOrderWarning(UserWarning):
     """Rows were not in timestamp order; they were stable-sorted (non-strict mode)."""
 
 
+class TraceUnitWarning(UserWarning):
+    """A generic trace's timestamps, read in the default unit (ms), look like another (seconds)."""
+
+
 class _Problems:
     def __init__(self, file: str):
         self.file = file

@@ -70,6 +70,18 @@ def _src(opts: _Opts, name: str) -> str:
     return opts.mapping.get(name, name)
 
 
+def map_hint(name: str, present: list[str]) -> str:
+    """How to name the source of a missing required field ``name``: ``--map`` with the closest of
+    the ``present`` columns (or keys), and for ``hash_ids`` the synthesised ids."""
+    import difflib
+
+    if name == "hash_ids":
+        return "; without prefix information, --map hash_ids= synthesises unique ids (no prefix sharing)"
+    taken = set(_REQUIRED)
+    close = difflib.get_close_matches(name, [c for c in present if c not in taken], n=1, cutoff=0.5)
+    return f"; name its column with --map {name}={close[0] if close else 'COLUMN'}"
+
+
 def _synth_hash(il: np.ndarray, il_ok: np.ndarray, bs: int, start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Unique ids for rows without prefix information: block k of the file -> SYNTH_ID_BASE + start + k."""
     lengths = np.where(il_ok, (il + (bs - 1)) // bs, 0).astype(np.int64)

@@ -27,6 +27,7 @@ from replayer.trace.model import (
     TraceError,
     TraceOrderWarning,
     TraceProblem,
+    TraceUnitWarning,
     _Problems,
     _readonly,
 )
@@ -151,6 +152,28 @@ def _derive_sessions(session: list | None, request_id: list | None, parent: list
         if out[i] is None:
             out[i] = root
     return out
+
+
+def _warn_seconds(path: str, raw: _Raw) -> None:
+    """Warn when timestamps read in the default unit (ms) look like seconds: a fractional value
+    (0, 1.5), or under 1 ms between rows on average (a second-resolution log read as ms is 1,000
+    times faster)."""
+    ns = raw.ns_per_unit
+    ts = raw.ts
+    if ts.shape[0] == 0:
+        return
+    fractional = ns < 1_000_000 and bool(np.any(ts % (1_000_000 // ns)))
+    span_ms = (int(ts.max()) - int(ts.min())) * ns / 1e6
+    dense = ts.shape[0] > 1 and span_ms / (ts.shape[0] - 1) <= 1
+    if not (fractional or dense):
+        return
+    why = "some are fractional" if fractional else f"{ts.shape[0]:,} rows span {span_ms:g} ms"
+    warnings.warn(
+        f"{path}: timestamps read as milliseconds (the default for generic traces), but {why}: "
+        "if they are seconds, pass --time-unit s",
+        TraceUnitWarning,
+        stacklevel=3,
+    )
 
 
 def _finish(
@@ -386,6 +409,8 @@ def read_trace(
     if raw is None:
         probs.raise_if_any()
         raise TraceError([TraceProblem(path, 0, "file", "no rows (empty trace)")])  # pragma: no cover
+    if opts.fmt in ("csv", "jsonl") and opts.time_unit is None and raw.ts_ok.all():
+        _warn_seconds(path, raw)
     if opts.fmt == "parquet" and is_capture_folder(path):  # written in completion order on purpose
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", TraceOrderWarning)

@@ -38,9 +38,22 @@ from replayer.trace import ROW_GROUP_SIZE, Trace, TraceSource, read_trace, slice
 __all__ = ["SynthSource", "SynthSpec", "load_spec", "parse_dist", "synth_batches", "synth", "write_synth"]
 
 
+#: the largest token count a length distribution may name or draw (a draw above it is cut to it)
+MAX_TOKENS = 1_000_000_000
+#: the coefficient of variation a distribution may have: the gamma gaps' shape is ``1/cv**2``
+#: (below ``MIN_CV`` the gaps are constant in effect: ``--arrival constant``; above ``MAX_CV``
+#: nearly every gap is 0 and a few are years)
+MIN_CV, MAX_CV = 1e-6, 100.0
+#: the longest expected span of a synthetic trace (rows / rate), in seconds: ~31 years, far inside
+#: int64 nanoseconds
+MAX_SPAN_S = 1e9
+
+
 def parse_dist(text: str):
     """``const:N`` | ``uniform:LO:HI`` (inclusive) | ``lognormal:MEAN:CV`` | ``normal:MEAN:SD`` |
-    ``exp:MEAN`` -> ``f(rng, n) -> int64[n]`` (values >= 1). Raises ValueError."""
+    ``exp:MEAN`` -> ``f(rng, n) -> int64[n]`` (values in ``[1, MAX_TOKENS]``). Each parameter is
+    checked against its range (a count at most ``MAX_TOKENS``, a CV at most ``MAX_CV``, an SD at
+    most ``MAX_TOKENS``). Raises ValueError."""
     kind, *args = text.split(":")
     try:
         a = [float(x) for x in args]
@@ -53,9 +66,13 @@ def parse_dist(text: str):
         )
     if any(not math.isfinite(x) or x < 0 for x in a):
         raise ValueError(f"bad distribution {text!r}: parameters must be finite and >= 0")
+    if any(x > MAX_TOKENS for x in a):
+        raise ValueError(f"bad distribution {text!r}: parameters must be at most {MAX_TOKENS:,} tokens")
+    if kind == "lognormal" and a[1] > MAX_CV:
+        raise ValueError(f"bad distribution {text!r}: CV must be at most {MAX_CV:g}")
 
     def clip(x):
-        return np.maximum(1, np.round(x)).astype(np.int64)
+        return np.clip(np.round(x), 1, MAX_TOKENS).astype(np.int64)
 
     if kind == "const":
         if round(a[0]) < 1:  # (a length of 0 tokens is no request: refused, not turned into 1)
@@ -67,7 +84,7 @@ def parse_dist(text: str):
             raise ValueError(f"bad distribution {text!r}: HI < LO")
         if hi < 1:
             raise ValueError(f"bad distribution {text!r}: HI must be >= 1")
-        return lambda rng, n: np.maximum(1, rng.integers(lo, hi + 1, n)).astype(np.int64)
+        return lambda rng, n: np.maximum(1, rng.integers(lo, hi + 1, n)).astype(np.int64)  # (HI <= MAX_TOKENS)
     if kind in ("lognormal", "exp") and a[0] <= 0:
         raise ValueError(f"bad distribution {text!r}: MEAN must be > 0")
     if kind == "lognormal":
@@ -112,10 +129,18 @@ class SynthSpec:
             problems.append(f"{n('rows')} must be >= 1, got {self.rows}")
         if not self.rate_per_s > 0:  # (inf: every row at time 0)
             problems.append(f"{n('rate_per_s')} must be a number > 0 or inf, got {self.rate_per_s}")
+        elif self.rows >= 1 and self.rows / self.rate_per_s > MAX_SPAN_S:
+            problems.append(
+                f"{n('rate_per_s')} {self.rate_per_s:g} is too slow: {self.rows:,} rows would span "
+                f"{self.rows / self.rate_per_s:.3g} s, more than {MAX_SPAN_S:g} s"
+            )
         if self.arrival not in ARRIVALS:
             problems.append(f"{n('arrival')} must be poisson, gamma or constant, got {self.arrival!r}")
-        if not (self.cv > 0 and math.isfinite(self.cv)):
-            problems.append(f"{n('cv')} must be a finite number > 0, got {self.cv}")
+        if not (MIN_CV <= self.cv <= MAX_CV):  # (nan too)
+            problems.append(
+                f"{n('cv')} must be between {MIN_CV:g} and {MAX_CV:g}, got {self.cv:g} (gamma gaps of shape "
+                "1/cv^2; a smaller cv is constant gaps in effect: --arrival constant)"
+            )
         if self.turns < 1 or self.sessions < 1:
             problems.append(f"{n('turns')} and {n('sessions')} must be >= 1")
         if (
@@ -124,6 +149,8 @@ class SynthSpec:
             or (self.system_prompts == 0) != (self.system_prompt_tokens == 0)
         ):
             problems.append(f"{n('system_prompts')} and {n('system_prompt_tokens')} must both be 0 or both be >= 1")
+        if self.system_prompt_tokens > MAX_TOKENS:
+            problems.append(f"{n('system_prompt_tokens')} must be at most {MAX_TOKENS:,}")
         if self.block_size < 1:
             problems.append(f"{n('block_size')} must be >= 1, got {self.block_size}")
         if self.max_input_tokens is not None and self.max_input_tokens < 1:
@@ -159,6 +186,8 @@ def _arrivals(spec: SynthSpec, rng: np.random.Generator, start: int, n: int, t_n
     if start == 0:
         gaps[0] = 0.0
     times = t_now + np.cumsum(gaps)
+    if not times[-1] * 1e9 < 2**63:  # (a very bursty draw, far past MAX_SPAN_S: never a wrapped time)
+        raise ValueError(f"the arrivals run past int64 nanoseconds ({times[-1]:.3g} s); give a lower cv or more rate")
     return np.round(times * 1e9).astype(np.int64), float(times[-1])
 
 
