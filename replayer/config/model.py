@@ -183,9 +183,8 @@ class RunConfig(FieldChecks):
     max_concurrency: int | None = Field(
         None,
         ge=1,
-        description="cap on requests in flight (vllm bench serve's): a request due while N are in flight "
-        "waits for a slot, in due order, the wait recorded (queue_wait_ms) and in the latencies from the "
-        "due time; unset = no cap (open loop)",
+        description="cap on requests in flight (vllm bench serve's): a due request waits for a slot, "
+        "its wait in queue_wait_ms and in the latencies from due; unset = open loop",
     )
     warmup_requests: int = Field(
         0,
