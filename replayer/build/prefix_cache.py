@@ -39,7 +39,8 @@ Which rows the model sees (:func:`modelled`): those whose prompt is the blocks o
 Pooling requests (embeddings, score, rerank: the input is cut into documents) and turns that grow
 their session's conversation (synthesised hash ids) are left out: they have no expected hits.
 ``replayer trace inspect`` and a replay use this same model, rule and defaults
-(``DEFAULT_KV_BLOCK_SIZE``, ``DEFAULT_CAPACITY_TOKENS``), so they report the same expected hits.
+(``DEFAULT_KV_BLOCK_SIZE``, ``DEFAULT_CAPACITY_TOKENS``), so they report the same expected hits
+(a chat replay's differ by its template's head and tail, which ``trace inspect`` does not know).
 
 These expected hits are what ``vllm:prefix_cache_hits_total`` should grow by over a replay
 (``replayer.observe.target_metrics``), and ``vllm:prefix_cache_queries_total`` by the sum of
