@@ -313,3 +313,20 @@ def test_a_template_that_glues_the_content_to_its_tail_is_corrected_by_encoding(
         assert abs(got - n) <= 1
         exact += got == n
     assert exact >= 55
+
+
+def test_a_tokenizer_without_a_template_is_said_once_and_counts_the_text(tmp_path, caplog):
+    """No chat template in the folder: one warning at the first chat prompt (the server's own
+    template tokens come on top, reported as drift), the text itself still exact."""
+    import logging
+
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_bytes(open(tokenizer_file("builtin:gpt2"), "rb").read())
+    text = TextPromptBuilder(PromptBuilder(seed=4, vocab=vocab_from_tokenizer(str(folder))), str(folder))
+    with caplog.at_level(logging.WARNING, logger="replayer.build.textprompts"):
+        for row in ROWS[:3]:
+            content = text.prompt_text(row["hash_ids"], row["input_length"], chat=True)
+            assert len(text.tokenizer.encode(content, add_special_tokens=False).ids) == row["input_length"]
+    said = [r.getMessage() for r in caplog.records if "no chat template" in r.getMessage()]
+    assert len(said) == 1 and str(folder) in said[0]
