@@ -555,9 +555,9 @@ def _main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
             return run_workers(cfg, passthrough)
         sim = None
         if cfg.target is None:  # boot the simulator on the other core while the daemon imports
-            from replayer.run.simproc import spawn_sim
+            from replayer.run.simproc import embedded_args, spawn_sim
 
-            sim = spawn_sim()
+            sim = spawn_sim(embedded_args(cfg.tokenizer))
         from replayer.run.daemon import main_run
 
         return main_run(cfg, sim=sim)

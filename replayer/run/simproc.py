@@ -29,6 +29,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def embedded_args(tokenizer: str | None) -> list[str]:
+    """The embedded simulator's flags for a run: its ``--tokenizer`` (the simulator then counts
+    text and chat prompts as vLLM does, through the folder's chat template)."""
+    return ["--tokenizer", tokenizer] if tokenizer else []
+
+
 def spawn_sim(extra_args: list[str] | None = None) -> tuple[subprocess.Popen, str]:
     """Start ``replayer sim`` on a free loopback port; returns the process and its base URL.
     Readiness is the caller's to wait for (``GET /v1/models``).
