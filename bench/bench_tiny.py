@@ -98,7 +98,9 @@ def fleet_trial(target: str, n: int, rate: float, work: str, k: int) -> dict:
         cmd = [*base, "run", trace, "--format", "jsonl", "--time-unit", "ms", "--target", target]
         cmd += ["--shard", f"{i}/{k}", "--coordinator", f"http://127.0.0.1:{port}", "--results", results]
         cmd += ["--admin-port", "0", "--quiet", "--log-level", "warning", "--no-scrape-target-metrics"]
-        shards.append((results, subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)))
+        shards.append(
+            (results, subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        )
     for _, p in shards:
         _, err = p.communicate(timeout=300)
         if p.returncode != 0:

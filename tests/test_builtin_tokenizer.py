@@ -10,7 +10,8 @@ import orjson
 import pytest
 from tokenizers import Tokenizer
 
-from replayer.build.prompts import PromptBuilder, TextPromptBuilder, vocab_from_tokenizer
+from replayer.build.prompts import PromptBuilder, vocab_from_tokenizer
+from replayer.build.textprompts import TextPromptBuilder
 from replayer.config.model import ConfigError, load_config
 from replayer.core.tokenizerfiles import tokenizer_file
 from replayer.trace import read_trace

@@ -351,3 +351,27 @@ def test_example_configs_bind_loopback_and_say_why_each_setting(name):
         assert len(lines) == len(cfg)
         assert [ln.split(":")[0] for ln in lines if "#" not in ln] == ["trace"]
         assert "--speedup 10" in path.read_text()  # how to see a loop soon when trying it
+
+
+def test_a_reader_that_closes_the_pipe_early_gets_no_traceback(tmp_path):
+    """`replayer compare A B | head` ended in a BrokenPipeError traceback (exit 1, or 120 when the
+    output waited in the buffer until exit) when head left first; every command now ends quietly
+    then (exit 0, as `trace` already did)."""
+    for name, speedup in (("a", 1), ("b", 2)):
+        (tmp_path / name).mkdir()
+        summary = {"completed": 10, "duration": 5.0, "speedup": speedup, "median_ttft_ms": 20.0 * speedup}
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the first write: every write fails with EPIPE
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "replayer", "compare", str(tmp_path / "a"), str(tmp_path / "b")],
+            stdout=w,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(w)
+    assert "BrokenPipeError" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)

@@ -9,7 +9,10 @@ ends. Where the host allows it the page runs in a network namespace of its own (
 the ports it shows (8000, 9090, 9400) are free whatever else runs.
 
 A block that cannot run here (against your own server, on Kubernetes, the test suite itself) has
-``<!-- skip: REASON -->`` on the line above it; the reason is required.
+``<!-- skip: REASON -->`` on the line above it; the reason is required. A page whose commands
+need programs besides replayer says so once, ``<!-- needs: prometheus, jq -->``: where one is
+missing the page is skipped with a reason, as the other tests that need them are (``.ci/run``
+installs them).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHELLS = {"bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^(?P<indent>[ ]*)(?P<fence>```+|~~~+)\s*(?P<info>[^\n]*)$")
 SKIP = re.compile(r"^\s*<!--\s*skip:\s*(?P<reason>.*?)\s*-->\s*$")
+NEEDS = re.compile(r"<!--\s*needs:\s*(?P<programs>.*?)\s*-->")
 #: the most a page may take (its blocks together) on a busy host
 PAGE_TIMEOUT_S = 420
 
@@ -65,6 +69,11 @@ def blocks_of(text: str, page: str) -> list[Block]:
     return out
 
 
+def needs_of(text: str) -> list[str]:
+    """The programs a page's commands need besides replayer (``<!-- needs: a, b -->``)."""
+    return [p for m in NEEDS.finditer(text) for p in re.split(r"[,\s]+", m["programs"]) if p]
+
+
 def pages() -> list[Path]:
     docs = sorted((ROOT / "docs").rglob("*.md"))
     return [p for p in [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *docs] if p.exists()]
@@ -91,6 +100,8 @@ def test_the_block_finder():
     assert (b.code, b.skip) == ("curl x", "your server")
     nested = "- step\n\n    ```bash\n    echo hi\n    ```\n"
     assert [x.code for x in blocks_of(nested, "p.md")] == ["echo hi"]
+    assert needs_of("# T\n<!-- needs: prometheus, promtool jq -->\ntext") == ["prometheus", "promtool", "jq"]
+    assert needs_of("no comment") == []
 
 
 def test_every_skip_says_why():
@@ -124,6 +135,9 @@ trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
 
 @pytest.mark.parametrize("page", [p for p, bs in PAGES if any(b.skip is None for b in bs)])
 def test_the_page_runs(page, tmp_path):
+    missing = [p for p in needs_of((ROOT / page).read_text(encoding="utf-8")) if shutil.which(p) is None]
+    if missing:
+        pytest.skip(f"{page} needs {', '.join(missing)} (apt-get install them; .ci/run does)")
     bs = dict(PAGES)[page]
     script = PREAMBLE + "".join(f"\necho '>>> {b.page}:{b.line}'\n{b.code}\n" for b in bs if b.skip is None)
     (tmp_path / "page.sh").write_text(script)

@@ -511,7 +511,9 @@ def test_main_cli_records_requests(tmp_path):
         "stream",
         "model",
         "include_usage",
+        "request_id",
     }
+    assert r["request_id"] is None  # (its X-Request-Id header: none sent here)
 
 
 def test_record_requests_in_memory():

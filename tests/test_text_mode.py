@@ -9,7 +9,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from replayer.build.payload import PayloadBuilder
-from replayer.build.prompts import PromptBuilder, TextPromptBuilder, vocab_from_tokenizer
+from replayer.build.prompts import PromptBuilder, vocab_from_tokenizer
+from replayer.build.textprompts import TextPromptBuilder
 from replayer.config.model import ConfigError, load_config
 
 
@@ -130,7 +131,7 @@ def test_text_prefetch_decodes_upcoming_rows_in_a_child_to_the_same_text(tmp_pat
     sb = _batch(t, 6)
 
     def wants(sb, k):  # item 2 is not a text row
-        return None if k == 2 else (sb.batch.hash_ids(k), int(sb.batch.input_length[k]))
+        return None if k == 2 else (sb.batch.hash_ids(k), int(sb.batch.input_length[k]), False, 0)
 
     pre = TextPrefetch(tpath, 512, vocab, wants, lookahead_rows=3)
     pre.at(sb, 0, 3)

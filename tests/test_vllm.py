@@ -421,3 +421,65 @@ def test_images_against_real_vllm_qwen2_vl(tmp_path):
             }
         )
     )
+
+
+def test_chat_prompts_are_exact_on_real_vllm(tmp_path):
+    """Issue 35: a chat replay of 40 rows (text fitted through the tiny model's own tokenizer and
+    chat template): the server counts exactly input_length on every request, and its prefix-cache
+    hits equal the expected ones (the template's head and tail counted), to the 128-token CPU KV
+    block."""
+    if not os.path.isdir(TOKENIZER):
+        pytest.skip(f"no tokenizer at {TOKENIZER}")
+    trace = _non_overlapping_rows(tmp_path, 40, gap_ms=2000)
+    res = tmp_path / "res"
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replayer",
+            "run",
+            str(trace),
+            "--target",
+            URL,
+            "--model",
+            "tiny-llama",
+            "--endpoint",
+            "/v1/chat/completions",
+            "--prompt-mode",
+            "text",
+            "--tokenizer",
+            TOKENIZER,
+            "--results",
+            str(res),
+            "--admin-port",
+            "0",
+            "--kv-block-size",
+            "128",
+            "--scrape-interval",
+            "1",
+            "--seed",
+            str(SEED + 35),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads((res / "summary.json").read_text())
+    rows = pq.read_table(res / "requests.parquet").to_pylist()
+    print(
+        json.dumps(
+            {
+                "mismatches": s["prompt_token_mismatches"],
+                "drift_total": s["prompt_token_drift_total"],
+                "drift_max_abs": s["prompt_token_drift_max_abs"],
+                "expected_hits": s["expected_prefix_hit_tokens"],
+                "server_hits": s["server_prefix_cache_hit_tokens"],
+            }
+        )
+    )
+    assert s["completed"] == len(rows) == 40 and s["failed"] == 0
+    assert s["prompt_token_mismatches"] == 0 and s["prompt_token_drift_total"] == 0
+    assert all(r["prompt_tokens"] == r["input_length"] for r in rows)
+    assert s["expected_prefix_hit_tokens"] > 0
+    assert s["server_prefix_cache_hit_tokens"] == s["expected_prefix_hit_tokens"]

@@ -11,11 +11,11 @@ from replayer.build.prefix_cache import DEFAULT_CAPACITY_TOKENS, DEFAULT_KV_BLOC
 from replayer.build.prompts import (
     DEFAULT_VOCAB_RANGE,
     PromptBuilder,
-    TextPromptBuilder,
     salted_seed,
     vocab_from_range,
     vocab_from_tokenizer,
 )
+from replayer.build.textprompts import TextPromptBuilder
 
 __all__ = ["Prompts"]
 
@@ -63,7 +63,8 @@ class Prompts:
         return m
 
     def text_for_loop(self, loop: int) -> TextPromptBuilder:
-        """Text prompts for ``--prompt-mode text`` (same blocks, decoded with the tokenizer)."""
+        """Text prompts (``--prompt-mode text``, chat): the same seed and blocks, of the tokenizer's
+        round-trip-safe vocabulary, fitted to the server's count (``replayer.build.textprompts``)."""
         b = self.for_loop(loop)
         t = self._text.get(id(b))
         if t is None:

@@ -18,6 +18,10 @@ For each row, the expected cached (hit) tokens are::
 
 ``kv_block_size`` is the server's KV-cache block (vLLM GPU default 16, vLLM CPU 128): a server
 only reuses whole KV blocks, and ``block_size`` (512) is a multiple of it in practice.
+A row whose prompt the server frames (a chat template's ``head`` tokens before the blocks and
+``tail`` tokens after them, the generation prompt) sends only ``input_length - head - tail``
+tokens of its blocks: the model keeps those, and a hit covers the head too (every such row has
+the same head), so a later row extending this one's last block matches up to the tail.
 ``last_token_recomputed`` (default True): vLLM always recomputes at least the last prompt token,
 since the forward pass must produce that position's logits to sample the first output token; so a
 fully cached prompt reports ``input_length - 1`` tokens rounded down to a KV block as hits
@@ -35,7 +39,8 @@ Which rows the model sees (:func:`modelled`): those whose prompt is the blocks o
 Pooling requests (embeddings, score, rerank: the input is cut into documents) and turns that grow
 their session's conversation (synthesised hash ids) are left out: they have no expected hits.
 ``replayer trace inspect`` and a replay use this same model, rule and defaults
-(``DEFAULT_KV_BLOCK_SIZE``, ``DEFAULT_CAPACITY_TOKENS``), so they report the same expected hits.
+(``DEFAULT_KV_BLOCK_SIZE``, ``DEFAULT_CAPACITY_TOKENS``), so they report the same expected hits
+(a chat replay's differ by its template's head and tail, which ``trace inspect`` does not know).
 
 These expected hits are what ``vllm:prefix_cache_hits_total`` should grow by over a replay
 (``replayer.observe.target_metrics``), and ``vllm:prefix_cache_queries_total`` by the sum of
@@ -168,17 +173,25 @@ class PrefixCacheModel:
         """Blocks (chain keys) currently cached."""
         return len(self._cache)
 
-    def observe(self, hash_ids: Sequence[int] | np.ndarray, input_length: int) -> int:
+    def observe(self, hash_ids: Sequence[int] | np.ndarray, input_length: int, head: int = 0, tail: int = 0) -> int:
         """Hit tokens of the next row (``hash_ids`` in block order, ``input_length`` tokens);
-        then the row's blocks are cached."""
-        return self.observe_keys(chain_keys_py(hash_ids), input_length)
+        then the row's blocks are cached. ``head``/``tail``: tokens the server counts before and
+        after the blocks' content (a chat template's prefix and generation prompt): the content
+        is then ``input_length - head - tail`` tokens, and a hit covers the head too."""
+        return self.observe_keys(chain_keys_py(hash_ids), input_length, head, tail)
 
-    def observe_keys(self, keys: Sequence[int], input_length: int) -> int:
+    def observe_keys(self, keys: Sequence[int], input_length: int, head: int = 0, tail: int = 0) -> int:
         """``observe`` with the row's chain keys already computed (``chain_keys``), as ints."""
+        content = input_length
+        if head or tail:
+            content = max(1, input_length - head - tail)
+            keys = keys[: -(-content // self.block_size)]
         if self.capacity_blocks is None:
-            matched = self._infinite(keys, input_length)
+            matched = self._infinite(keys, content)
         else:
-            matched = self._lru(keys, input_length)
+            matched = self._lru(keys, content)
+        if matched and head:
+            matched += head
         cap = input_length - 1 if self.last_token_recomputed else input_length
         hits = matched if matched < cap else max(cap, 0)
         hits -= hits % self.kv_block_size

@@ -21,7 +21,9 @@ prompt is the previous turn's prompt, then a stand-in for the previous answer (i
 ``output_length`` tokens: the blocks of ids ``mix64(s + b)``, b = 0, 1, ..., with
 ``s = mix64(first hash id of the previous turn ^ ANSWER_SALT)``), then the first tokens of its
 own expansion, cut to ``input_length``; chat turns send that history as alternating
-user/assistant messages. The histories live in an LRU bounded in tokens; a turn whose history
+user/assistant messages (the answer's and the new message's texts from ``textprompts``), the new
+message's length fitted so that the template over the whole conversation counts ``input_length``
+tokens. The histories live in an LRU bounded in tokens; a turn whose history
 was evicted (or whose session began before a resume) is built from its own hash ids.
 """
 
@@ -42,9 +44,9 @@ from replayer.build.images import ImageParts
 from replayer.build.loopprompts import Prompts
 from replayer.build.payload import PayloadBuilder
 from replayer.build.prefix_cache import modelled
-from replayer.build.prompts import TextPromptBuilder
 from replayer.build.sessionkeys import session_header_lines, session_header_value, session_keys
 from replayer.build.textprefetch import TextPrefetch
+from replayer.build.textprompts import TextPromptBuilder
 from replayer.core.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, POOLING, SCORE, endpoint_kind
 from replayer.core.hashing import mix64
 from replayer.core.request import PreparedRequest
@@ -241,16 +243,17 @@ class RequestFactory:
                         f"row {req.row}: images need the chat API (--endpoint /v1/chat/completions "
                         f"--tokenizer PATH); {kind} takes no images"
                     )
-                text = self._prompt_text(sb, j, hash_ids, n_in)
+                text = self._prompt_text(sb, j, hash_ids, n_in, True, int(n_img))
                 req.body = payload.image_body(text, self._image_parts(req, sb, j, t, i), n_out)
             elif kind == CHAT or self.text_mode:
-                text = self._prompt_text(sb, j, hash_ids, n_in)
+                text = self._prompt_text(sb, j, hash_ids, n_in, kind == CHAT, 0)
                 req.body = payload.text_body(text, n_out, chat=kind == CHAT)
             else:
                 # (prompt_json takes Sequence[int]; the row's int64 array serves as one)
                 prompt = self.prompts.for_loop(sb.loop).prompt_json(hash_ids, n_in)  # type: ignore[arg-type]
                 req.body = payload.body(prompt, n_out)
-            req.expected_hits = self.prompts.expected_cache(sb.loop).observe(hash_ids, n_in)
+            frame = self._frame(kind, sb.loop, int(n_img))
+            req.expected_hits = self.prompts.expected_cache(sb.loop).observe(hash_ids, n_in, *frame)
         return req
 
     def _observe_unsent(self, t, loop: int, i: int) -> None:
@@ -275,7 +278,15 @@ class RequestFactory:
             kind = endpoint_kind(path) if path else self.default_endpoint
             if not modelled(kind, column_value(t, "session_id", k), getattr(t, "hash_ids_synthetic", False)):
                 continue  # rows whose prompt is not their hash ids' blocks (as prepare decides)
-            model.observe(t.hash_ids(k), int(t.input_length[k]))
+            images = image_count(t, k) if kind == CHAT else 0
+            model.observe(t.hash_ids(k), int(t.input_length[k]), *self._frame(kind, loop, images))
+
+    def _frame(self, kind: str, loop: int, images: int) -> tuple[int, int]:
+        """(head, tail) the server counts around a text prompt's blocks (its chat template's
+        prefix and generation prompt: ``TextPromptBuilder.frame``); (0, 0) for token ids."""
+        if not (kind == CHAT or self.text_mode or images) or not self.prompts.tokenizer:
+            return 0, 0
+        return self._text(loop).frame(kind == CHAT, images)
 
     def unsent(self, sb: ScheduleBatch, j: int) -> RequestResult:
         t = cast("Trace", sb.batch)
@@ -367,24 +378,26 @@ class RequestFactory:
             self._images().warm(sb, n, self.prompts.for_loop(sb.loop).seed)
         return len(image_rows), texts
 
-    def _prompt_text(self, sb: ScheduleBatch, j: int, hash_ids, n_in: int) -> str:
-        """The prompt text of item ``j``: decoded ahead by ``textprefetch``'s child, else now."""
+    def _prompt_text(self, sb: ScheduleBatch, j: int, hash_ids, n_in: int, chat: bool, images: int) -> str:
+        """The prompt text of item ``j``: made ahead by ``textprefetch``'s child, else now."""
         text = self._text(sb.loop)
         prefetch = self._texts()
         prefetch.at(sb, j, text.builder.seed)
         got = prefetch.take(sb, j)
-        return got if got is not None else text.prompt_text(hash_ids, n_in)
+        return got if got is not None else text.prompt_text(hash_ids, n_in, chat, images)
 
     def _text_item(self, sb: ScheduleBatch, k: int):
-        """(hash ids, input_length) of item ``k`` when ``prepare`` sends it as text decoded in one
-        piece (chat, text mode; not pooling or prefix growth), else None. Run by the prefetch thread."""
+        """(hash ids, input_length, chat, images) of item ``k`` when ``prepare`` sends it as a text
+        prompt of its own blocks (chat, text mode; not pooling or prefix growth), else None. Run by
+        the prefetch thread."""
         t = cast("Trace", sb.batch)
         i = int(sb.idx[k])
         path = column_value(t, "endpoint", i)
         kind = endpoint_kind(path) if path else self.default_endpoint
         if kind in POOLING or _grows(t, kind, column_value(t, "session_id", i)) or not (kind == CHAT or self.text_mode):
             return None
-        return t.hash_ids(i), int(t.input_length[i])
+        images = image_count(t, i) if kind == CHAT else 0
+        return t.hash_ids(i), int(t.input_length[i]), kind == CHAT or bool(images), int(images)
 
     def _text(self, loop: int) -> TextPromptBuilder:
         if not self.prompts.tokenizer:
@@ -438,12 +451,13 @@ class RequestFactory:
             ids = np.concatenate((history, new))[:n_in]
         else:
             new, ids = own, own
-        if kind == CHAT:
+        if kind == CHAT:  # the template over the whole conversation counts input_length tokens
             text = self._text(loop)
             messages = list(h.messages) if h is not None else []
             if h is not None:
-                messages.append({"role": "assistant", "content": text.decode(answer)})
-            messages.append({"role": "user", "content": text.decode(new)})
+                seeds = [mix64(h.answer_seed + b) for b in range(-(-h.output_length // builder.block_size))]
+                messages.append({"role": "assistant", "content": text.answer(seeds, h.output_length)})
+            messages.append({"role": "user", "content": text.fit(hash_ids, n_in, True, 0, before=messages)})
             req.body = payload.messages_body(messages, req.output_length)
         else:
             messages = []

@@ -245,37 +245,3 @@ class PromptBuilder:
                 f"{n} hash ids of {self.block_size} tokens cannot make exactly "
                 f"{input_length} tokens (need ceil({input_length}/{self.block_size}) ids)"
             )
-
-
-class TextPromptBuilder:
-    """Text prompts (``--prompt-mode text``): the prompt's token ids (as in token mode) decoded
-    with a local tokenizer in one piece (decoding blocks separately would glue words across
-    block boundaries).
-
-    The server re-tokenizes the text, so its ``prompt_tokens`` can differ from ``input_length``
-    (decoding then encoding is not a round trip; case B01): the run reports that drift per
-    request and in total. Needed for ``/v1/chat/completions``, which takes no token ids. Rows
-    sharing hash-id prefixes share text prefixes (up to the decoder's joining of the token at the
-    boundary). Raises FileNotFoundError for a missing tokenizer.
-    """
-
-    def __init__(self, builder: PromptBuilder, tokenizer_path: str) -> None:
-        import os
-
-        from tokenizers import Tokenizer
-
-        file = tokenizer_file(tokenizer_path)
-        if not os.path.isfile(file):
-            raise FileNotFoundError(f"--tokenizer {tokenizer_path}: no tokenizer.json found")
-        self.builder = builder
-        self.tokenizer = Tokenizer.from_file(file)
-
-    def prompt_text(self, hash_ids: Sequence[int], input_length: int) -> str:
-        """The prompt text decoded from exactly ``input_length`` token ids (before the server
-        re-tokenizes it)."""
-        ids = self.builder.prompt_ids(hash_ids, input_length)
-        return self.tokenizer.decode(ids.tolist(), skip_special_tokens=False)
-
-    def decode(self, ids: np.ndarray) -> str:
-        """Text of arbitrary token ids (a query, a document, a stand-in answer) in one piece."""
-        return self.tokenizer.decode(ids.tolist(), skip_special_tokens=False)

@@ -1,8 +1,9 @@
 """Decodes the text prompts of upcoming requests in a child process, ahead of preparation.
 
-Text prompts (``--prompt-mode text``, the chat API, rows with images) are the prompt's token ids
-decoded in one piece (``prompts.TextPromptBuilder``). A fast tokenizer takes ~1 us per token for
-that (a Mooncake prompt of 14k tokens: ~10-20 ms; ~4x more with a WordPiece decoder). On the event
+Text prompts (``--prompt-mode text``, the chat API, rows with images) are fitted to the server's
+token count (``textprompts.TextPromptBuilder``): built, then encoded through the chat template and
+corrected. A fast tokenizer takes ~1 us per token for that (a Mooncake prompt of 14k tokens:
+~10-20 ms). On the event
 loop, inside the lead window, every decode delays the sends due meanwhile; a thread would hold the
 GIL while it converts the ids. So when preparation reaches a schedule batch, a thread walks the
 rows after the one being prepared (at most ``LOOKAHEAD_ROWS`` ahead) and has a spawned child
@@ -34,9 +35,9 @@ MAX_BATCH = 16
 #: the thread ends after this long without preparation moving (the next text row starts it again)
 IDLE_EXIT_S = 10.0
 
-#: ``wants(sb, k)``: (hash ids, input_length) of item ``k`` of schedule batch ``sb`` when
-#: preparation will decode its prompt text, else None
-Wants = Callable[[Any, int], "tuple[np.ndarray, int] | None"]
+#: ``wants(sb, k)``: (hash ids, input_length, chat, images) of item ``k`` of schedule batch ``sb``
+#: when preparation will make its prompt text, else None
+Wants = Callable[[Any, int], "tuple[np.ndarray, int, bool, int] | None"]
 
 # -- in the child ----------------------------------------------------------------------------
 _setup: tuple[str, int, np.ndarray] | None = None  # (tokenizer, block size, vocabulary)
@@ -48,11 +49,12 @@ def _init(tokenizer: str, block_size: int, vocab: np.ndarray) -> None:
     _setup = (tokenizer, block_size, vocab)
 
 
-def decode_prompts(seed: int, rows: list[tuple[np.ndarray, int]]) -> list[str | Exception]:
-    """The prompt texts of rows (hash ids, input_length) under prompt seed ``seed``, as
+def decode_prompts(seed: int, rows: list[tuple[np.ndarray, int, bool, int]]) -> list[str | Exception]:
+    """The prompt texts of rows (hash ids, input_length, chat, images) under prompt seed ``seed``, as
     ``TextPromptBuilder.prompt_text`` makes them in the parent; a row's error is its item (run in
     the child, set up by ``_init``)."""
-    from replayer.build.prompts import PromptBuilder, TextPromptBuilder
+    from replayer.build.prompts import PromptBuilder
+    from replayer.build.textprompts import TextPromptBuilder
 
     assert _setup is not None, "decode_prompts runs in a child set up by _init"
     tb = _builders.get(seed)
@@ -64,9 +66,9 @@ def decode_prompts(seed: int, rows: list[tuple[np.ndarray, int]]) -> list[str | 
             PromptBuilder(seed=seed, block_size=block_size, vocab=vocab), tokenizer
         )
     out: list[str | Exception] = []
-    for hash_ids, input_length in rows:
+    for hash_ids, input_length, chat, images in rows:
         try:
-            out.append(tb.prompt_text(hash_ids.tolist(), input_length))
+            out.append(tb.prompt_text(hash_ids.tolist(), input_length, chat, images))
         except Exception as e:
             out.append(e)
     return out
@@ -157,7 +159,7 @@ class TextPrefetch:
             # GIL hand-overs, each up to the 5 ms switch interval while the loop is busy); small
             # while preparation is close behind, so the next row it needs comes back soon
             size = max(1, min(MAX_BATCH, (k - pos) // 4))
-            batch: list[tuple[int, tuple[np.ndarray, int]]] = []
+            batch: list[tuple[int, tuple[np.ndarray, int, bool, int]]] = []
             while len(batch) < size and k < len(sb) and k <= pos + self.lookahead:
                 try:
                     work = self.wants(sb, k)
@@ -198,7 +200,7 @@ class TextPrefetch:
             self._pool.shutdown(wait=False)
             self._pool = None
 
-    def _decode(self, seed: int, rows: list[tuple[np.ndarray, int]]) -> list[str | Exception]:
+    def _decode(self, seed: int, rows: list[tuple[np.ndarray, int, bool, int]]) -> list[str | Exception]:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
                 1,
@@ -206,6 +208,6 @@ class TextPrefetch:
                 initializer=_init,
                 initargs=(self.tokenizer, self.block_size, self.vocab),
             )
-        rows = [(np.array(h), n) for h, n in rows]
+        rows = [(np.array(h), n, chat, images) for h, n, chat, images in rows]
         texts: list[str | Exception] = self._pool.submit(decode_prompts, seed, rows).result()
         return texts

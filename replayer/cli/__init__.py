@@ -483,7 +483,20 @@ def _unrecognized(p: argparse.ArgumentParser, extra: list[str]) -> None:
     p.error(msg)
 
 
-def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
+def main(argv: list[str] | None = None) -> int:
+    """The ``replayer`` command. A reader that closes the pipe early (``replayer compare A B |
+    head``) has what it wanted: the command ends quietly (exit 0, as ``trace`` does), not with a
+    traceback."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at the interpreter's exit, where a broken pipe is exit 120
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+        return 0
+
+
+def _main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "sim":
         from replayer.sim import main as sim_main
@@ -558,9 +571,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
             return run_workers(cfg, passthrough)
         sim = None
         if cfg.target is None:  # boot the simulator on the other core while the daemon imports
-            from replayer.run.simproc import embedded_sim_args, spawn_sim
+            from replayer.run.simproc import embedded_args, spawn_sim
 
-            sim = spawn_sim(embedded_sim_args(cfg))
+            sim = spawn_sim(embedded_args(cfg.tokenizer, cfg.otlp_traces_url()))
         from replayer.run.daemon import main_run
 
         return main_run(cfg, sim=sim)

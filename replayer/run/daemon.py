@@ -88,7 +88,7 @@ from replayer.run.runsummary import (
     rewrite_summary,
     writes_failed,
 )
-from replayer.run.simproc import PARENT_PID_ENV, embedded_sim_args, spawn_sim, stop_sim
+from replayer.run.simproc import PARENT_PID_ENV, embedded_args, spawn_sim, stop_sim
 from replayer.run.workers import stop_with_parent
 from replayer.send.dispatcher import Dispatcher
 from replayer.send.feed import Feed
@@ -136,7 +136,7 @@ async def run_replay(
     try:
         targets = cfg.targets
         if not targets:  # start it first: it boots in its own process while we load the trace
-            sim_proc, embedded = sim if sim else spawn_sim(embedded_sim_args(cfg))
+            sim_proc, embedded = sim if sim else spawn_sim(embedded_args(cfg.tokenizer, cfg.otlp_traces_url()))
             log.info("no --target: starting the embedded simulator at %s", embedded)
             targets = [embedded]
         # warm the results writer in a thread while the trace loads and the target comes up

@@ -11,10 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from replayer.config.model import RunConfig
 
 #: set by ``--workers`` in each worker's environment: the parent's pid. The workers run in
 #: sessions of their own, so a worker stops by itself when that process is gone (the daemon's
@@ -33,11 +29,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def embedded_sim_args(cfg: RunConfig) -> list[str]:
-    """The embedded simulator's flags a run's settings imply: with tracing on, it exports its
-    ``llm_request`` spans to the same collector (the whole journey traced without a GPU)."""
-    url = cfg.otlp_traces_url()
-    return ["--otlp-endpoint", url] if url else []
+def embedded_args(tokenizer: str | None, otlp_endpoint: str | None = None) -> list[str]:
+    """The embedded simulator's flags for a run: its ``--tokenizer`` (the simulator then counts
+    text and chat prompts as vLLM does, through the folder's chat template) and, with tracing on,
+    its ``--otlp-endpoint`` (its ``llm_request`` spans go to the run's collector: the whole
+    journey traced without a GPU)."""
+    args = ["--tokenizer", tokenizer] if tokenizer else []
+    return args + (["--otlp-endpoint", otlp_endpoint] if otlp_endpoint else [])
 
 
 def spawn_sim(extra_args: list[str] | None = None) -> tuple[subprocess.Popen, str]:

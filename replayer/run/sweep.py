@@ -58,7 +58,7 @@ from replayer.record.folder import new_results_dir, read_file
 from replayer.record.recorder import write_json
 from replayer.results.steady import COLUMNS, MIN_ACHIEVED_FRACTION, TRANSIENT_FRACTION, judge_point, steady_window
 from replayer.results.summary import read_summary
-from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, spawn_sim, stop_sim
+from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, embedded_args, spawn_sim, stop_sim
 
 #: a sweep runs at most this many points (every load loop is bounded)
 MAX_POINTS = 32
@@ -341,7 +341,7 @@ def run_sweep(  # noqa: C901, PLR0912, PLR0915
     code = 0
     try:
         if not targets:
-            sim, embedded = spawn_sim()
+            sim, embedded = spawn_sim(embedded_args(cfg.tokenizer))
             targets = [embedded]
             sweep["target"] = embedded
         for k, speedup in enumerate(speedups):

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from replayer.config.model import RunConfig, new_run_id
 from replayer.record.folder import earlier_run, new_results_dir, result_files
 from replayer.results.merge import merge_results
-from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, free_port
+from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, embedded_args, free_port
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +180,7 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:  # noqa: C901, PL
                     str(port),
                     "--parent-pid",
                     str(os.getpid()),
+                    *embedded_args(cfg.tokenizer),
                 ],
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,

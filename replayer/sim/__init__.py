@@ -20,9 +20,10 @@ Endpoints (vLLM flavour)
       * a list holding exactly one list of ints, or exactly one string (a batch of one);
         batches of any other size are rejected with HTTP 400 (the sim has one choice per
         request);
-      * a string: the sim has no tokenizer, so it counts whitespace-separated words,
+      * a string: without ``--tokenizer`` the sim counts whitespace-separated words,
         ``prompt_tokens == len(prompt.split())``; for prefix caching each word is one
-        "token" (keyed by the word's hash).
+        "token" (keyed by the word's hash). With ``--tokenizer`` (``SimConfig.tokenizer``) the
+        string is encoded with that tokenizer, special tokens added, as vLLM does.
 
     The sim always generates exactly ``max_tokens`` tokens (as with ``ignore_eos=true``), each
     with text ``" tok"``, so ``finish_reason`` is always ``"length"``.
@@ -60,7 +61,10 @@ Endpoints (vLLM flavour)
     (preferred, as vLLM) or ``max_tokens`` (default 16), ``stream``, ``stream_options``,
     ``model``, ``min_tokens``, ``ignore_eos``. ``prompt_tokens`` = whitespace words over all
     message contents, in order (also the prefix-cache "tokens"); the sim applies no chat
-    template, so no role/template tokens are counted (a real server counts more). Zero
+    template, so no role/template tokens are counted (a real server counts more). With
+    ``--tokenizer`` it counts as vLLM does: the folder's chat template rendered over the
+    messages with the generation prompt (``replayer.build.chattemplate``), encoded without
+    added special tokens, each image's placeholder token replaced by its image tokens. Zero
     words -> 400. Streaming: with the first token, a role chunk
     ``{"id":"chatcmpl-<hex>","object":"chat.completion.chunk","created":..,"model":M,
     "choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,

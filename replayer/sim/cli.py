@@ -236,6 +236,12 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="require a client certificate signed by a CA in this PEM file (mutual TLS)",
     )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="count text prompts as vLLM does: a local tokenizer.json or folder (or builtin:gpt2); chat "
+        "messages are rendered through the folder's chat template first (default: whitespace words)",
+    )
     return p
 
 
@@ -266,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             encoder_cache_images=a.encoder_cache_images,
             image_encode_us_per_token=a.image_encode_us_per_token,
             prompt_tokens_details=a.prompt_tokens_details,
+            tokenizer=a.tokenizer,
         )
         ctx = None
         if a.tls_cert:

@@ -38,6 +38,9 @@ class SimConfig:
     encoder_cache_images: int = 1024  # images the encoder cache holds (LRU by content; 0 = none)
     image_encode_us_per_token: float = 20.0  # encoder time per image token, skipped on an encoder-cache hit
     prompt_tokens_details: bool = True  # image requests' usage has prompt_tokens_details (image_tokens)
+    # a local tokenizer (file, folder or builtin:NAME): text prompts are encoded with it and chat
+    # messages rendered through its folder's chat template first, as vLLM counts them (None: words)
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         if self.kv_block_size < 1 or self.embedding_dim < 1 or self.tokens_per_chunk < 1:
@@ -55,6 +58,12 @@ class SimConfig:
         from replayer.build.image_tokens import parse_rule
 
         parse_rule(self.image_token_rule)
+        if self.tokenizer is not None:
+            from replayer.core.tokenizerfiles import tokenizer_problem
+
+            problem = tokenizer_problem(self.tokenizer)
+            if problem:
+                raise ValueError(f"--tokenizer: {problem}")
         if self.vocab_size < 1 or self.max_model_len < 1:
             raise ValueError("vocab_size and max_model_len must be >= 1")
 

@@ -14,6 +14,7 @@ import numpy as np
 import orjson
 from aiohttp import web
 
+from replayer.build.chattemplate import ChatCounter
 from replayer.sim.images import ImageError, SimImages
 
 
@@ -35,6 +36,7 @@ class _Parsing:
     """Completions and chat bodies -> (prompt as sent, ids, prompt_tokens, opts)."""
 
     images: SimImages
+    counter: ChatCounter | None  # --tokenizer: prompts counted as vLLM counts them
 
     def _parse(self, body: Any) -> tuple[Any, np.ndarray, int, dict[str, Any]]:
         """Validate a completions body -> (prompt as sent, ids, prompt_tokens, opts).
@@ -51,7 +53,10 @@ class _Parsing:
             if len(prompt) != 1:
                 raise _BadRequest(f"The sim supports one prompt per request; got a batch of {len(prompt)}")
             prompt = prompt[0]
-        if isinstance(prompt, str):
+        if isinstance(prompt, str) and self.counter is not None:
+            ids = np.array(self.counter.completion_ids(prompt), dtype=np.int64)
+            text = True
+        elif isinstance(prompt, str):
             words = prompt.split()
             ids = np.fromiter((hash(w) for w in words), dtype=np.int64, count=len(words))
             text = True
@@ -74,8 +79,10 @@ class _Parsing:
     def _parse_chat(self, body: Any) -> tuple[Any, np.ndarray, int, dict[str, Any]]:
         """Validate a chat body -> (messages as sent, word-hash ids, prompt_tokens, opts).
 
-        prompt_tokens = whitespace words over all message contents (string or text parts);
-        the sim adds no chat-template tokens. Raises _BadRequest.
+        prompt_tokens = whitespace words over all message contents (string or text parts), the
+        sim adding no chat-template tokens; with a tokenizer (``counter``) the tokens of the
+        template rendered over the messages, each image's placeholder token replaced by its
+        image tokens (``_counted``). Raises _BadRequest.
         """
         if not isinstance(body, dict):
             raise _BadRequest("Request body must be a JSON object")
@@ -111,13 +118,30 @@ class _Parsing:
                 raise _BadRequest("message content must be a string, a list of parts or null")
         if not words and not images:
             raise _BadRequest("Prompt cannot be empty")
-        ids = np.fromiter((hash(w) for w in words), dtype=np.int64, count=len(words))
+        if self.counter is not None:
+            ids = self._counted(msgs, len(images))
+        else:
+            ids = np.fromiter((hash(w) for w in words), dtype=np.int64, count=len(words))
         if images:  # the images' placeholder tokens follow the text (as the replayer sends them)
             ids = np.concatenate([ids, *(self.images.token_ids(im) for im in images)])
         mt = body.get("max_completion_tokens")  # vLLM: preferred over max_tokens
         o = self._opts(body, body.get("max_tokens") if mt is None else mt, True, True)
         o["images"] = images
         return msgs, ids, len(ids), o
+
+    def _counted(self, msgs: list[Any], images: int) -> np.ndarray:
+        """The text token ids of chat ``msgs`` as vLLM makes them: the chat template rendered
+        (``replayer.build.chattemplate``), encoded, one placeholder token per image left out (the
+        image tokens are appended by the caller). Raises _BadRequest when the template fails."""
+        assert self.counter is not None
+        try:
+            ids = self.counter.chat_ids(msgs)
+        except Exception as e:  # jinja2's TemplateError, a template reading a missing field
+            raise _BadRequest(f"chat template: {e}") from None
+        drop = self.counter.placeholders(images)
+        if drop:
+            ids = ids[: len(ids) - drop]
+        return np.array(ids, dtype=np.int64)
 
     @staticmethod
     def _opts(body: dict[str, Any], max_tokens: Any, text: bool, chat: bool) -> dict[str, Any]:

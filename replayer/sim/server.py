@@ -12,6 +12,7 @@ import logging
 import ssl
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import numpy as np
@@ -20,6 +21,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from replayer.build.chattemplate import ChatCounter
 from replayer.sim.cache import _PrefixCache, prompt_block_hashes
 from replayer.sim.config import ReceivedRequest, SimConfig
 from replayer.sim.engine import _DONE, _TOKEN_TEXT, _Engine, _frame, _Req, timing_metrics
@@ -57,6 +59,9 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         self._on_request = on_request
         self.prefix_cache = _PrefixCache(self.config.prefix_cache_tokens // self.config.kv_block_size)
         self.images = SimImages(self.config.image_token_rule, self.config.encoder_cache_images)
+        self.counter = ChatCounter(self.config.tokenizer) if self.config.tokenizer else None
+        # one thread: parsing touches the image caches, which are not shared between threads
+        self._tokenizing = ThreadPoolExecutor(1, thread_name_prefix="sim-tokenize") if self.counter else None
         self._metrics = _Metrics(self)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self._metrics)
@@ -238,7 +243,12 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         except orjson.JSONDecodeError as e:
             return _error_response(f"Invalid JSON body: {e}")
         try:
-            prompt, ids, n_prompt, o = parse(body)
+            if self.counter is not None:  # encoding takes ms: off the loop, as a server tokenizes
+                prompt, ids, n_prompt, o = await asyncio.get_running_loop().run_in_executor(
+                    self._tokenizing, parse, body
+                )
+            else:
+                prompt, ids, n_prompt, o = parse(body)
         except _BadRequest as e:
             return _error_response(str(e))
         cfg = self.config
