@@ -2,22 +2,31 @@
 
 ``TestHosts(["target", "a", "b"])`` makes a namespace per host, each with its own address on a
 private /24 and a veth into a bridge that lives in a namespace of its own (``<prefix>-hub``), so
-nothing is added to the machine's own network. ``run(host, cmd)`` starts a process on a host;
-``link(host, up=False)`` cuts a host off (its interface down: packets to it are dropped) and
-``link(host)`` brings it back. ``close()`` ends the processes left in the namespaces and removes
-them. Needs root and iproute2 (``available()`` says why not).
+nothing is added to the machine's own network. ``run(host, cmd)`` starts a process on a host,
+``start(host, cmd, log)`` one whose stderr goes to a file, ``call(host, cmd)`` runs one to its end
+and returns its output. ``link(host, up=False)`` cuts a host off by its own interface (down: it can
+send nothing, packets to it are dropped); ``port(host, up=False)`` by its port on the bridge (the
+host's interface stays up, as when the switch drops it: packets either way are dropped); ``up=True``
+brings it back. ``close()`` ends the processes started on the hosts (and any left in the
+namespaces) and removes the namespaces. Needs root and iproute2 (``available()`` says why not).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
 from collections.abc import Sequence
+from pathlib import Path
+
+_seq = itertools.count()
 
 
 def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
+    r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {r.stderr.strip()}")
 
 
 def available() -> str | None:
@@ -29,8 +38,8 @@ def available() -> str | None:
     probe = f"rpprobe{os.getpid()}"
     try:
         _ip("netns", "add", probe)
-    except (subprocess.CalledProcessError, OSError) as e:
-        return f"cannot make a network namespace here: {getattr(e, 'stderr', b'').decode(errors='replace') or e}"
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+        return f"cannot make a network namespace here: {e}"
     _ip("netns", "del", probe)
     return None
 
@@ -42,10 +51,12 @@ class TestHosts:
 
     def __init__(self, names: Sequence[str]) -> None:
         pid = os.getpid()
-        self.prefix = f"rp{pid % 100000}"
+        # a fresh prefix per instance: one whose namespaces could not be removed blocks no other
+        self.prefix = f"rp{pid % 100000}x{next(_seq)}"
         self.subnet = f"10.{200 + pid % 50}.{pid // 50 % 250}"
         self.names = list(names)
         self.hub = f"{self.prefix}-hub"
+        self.procs: list[subprocess.Popen] = []
         self._made: list[str] = []
         try:
             self._make()
@@ -78,20 +89,50 @@ class TestHosts:
             _ip("-n", ns, "link", "set", "eth0", "up")
 
     def run(self, name: str, cmd: Sequence[str], **popen: object) -> subprocess.Popen:
-        """Start ``cmd`` on host ``name``."""
-        return subprocess.Popen(["ip", "netns", "exec", self.ns(name), *cmd], **popen)  # type: ignore[call-overload]
+        """Start ``cmd`` on host ``name`` (``popen``: as for ``subprocess.Popen``); ended at ``close``."""
+        p = subprocess.Popen(["ip", "netns", "exec", self.ns(name), *cmd], **popen)  # type: ignore[call-overload]
+        self.procs.append(p)
+        return p
+
+    def start(self, name: str, cmd: Sequence[str], log: Path) -> subprocess.Popen:
+        """Start ``cmd`` on host ``name``, its stderr written to ``log`` (its stdout dropped)."""
+        with open(log, "wb") as fh:
+            return self.run(name, cmd, stderr=fh, stdout=subprocess.DEVNULL)
+
+    def call(self, name: str, cmd: Sequence[str], timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run ``cmd`` on host ``name`` to its end; its exit status, stdout and stderr (text)."""
+        return subprocess.run(
+            ["ip", "netns", "exec", self.ns(name), *cmd], capture_output=True, text=True, timeout=timeout
+        )
 
     def link(self, name: str, up: bool = True) -> None:
-        """Host ``name`` on the network (``up``) or cut off from it."""
+        """Host ``name``'s own interface up, or down (the host is off the network)."""
         _ip("-n", self.ns(name), "link", "set", "eth0", "up" if up else "down")
 
+    def port(self, name: str, up: bool = True) -> None:
+        """Host ``name``'s port on the bridge up, or down (the host's interface stays up; its packets
+        and those sent to it are dropped)."""
+        _ip("-n", self.hub, "link", "set", f"p{self.names.index(name)}", "up" if up else "down")
+
     def close(self) -> None:
+        """End the processes started here (SIGTERM, then SIGKILL after 10 s), kill any left in the
+        namespaces, remove the namespaces."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+        self.procs.clear()
         for ns in reversed(self._made):
             pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-            for p in pids:
+            for pid in pids:
                 try:
-                    os.kill(int(p), 9)
+                    os.kill(int(pid), 9)
                 except (OSError, ValueError):
                     pass
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
         self._made.clear()
