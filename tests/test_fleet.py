@@ -130,11 +130,11 @@ class Fleet:
         self.coordinator: str | None = None
 
     def _spawn(self, name: str, host: str, cmd: list[str]) -> None:
-        err = open(self.tmp / f"{name}.log", "ab")
-        if self.hosts is None:
-            self.procs[name] = subprocess.Popen(cmd, stderr=err)
-        else:
-            self.procs[name] = self.hosts.run(host, cmd, stderr=err)
+        with open(self.tmp / f"{name}.log", "ab") as err:  # (the child keeps its own copy)
+            if self.hosts is None:
+                self.procs[name] = subprocess.Popen(cmd, stderr=err)
+            else:
+                self.procs[name] = self.hosts.run(host, cmd, stderr=err)
 
     def start_coordinator(self, shards: int, *args: str) -> str:
         cmd = [sys.executable, "-m", "replayer", "coordinate", "--shards", str(shards), "-o", str(self.tmp / "fleet")]
