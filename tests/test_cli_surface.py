@@ -389,4 +389,4 @@ def test_sim_on_a_port_in_use_says_so_in_one_line_and_exits_2(capsys):
         assert main(["sim", "--port", str(port)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert f"127.0.0.1:{port}" in err and "--port 0" in err
+    assert f"127.0.0.1:{port}: Address already in use" in err and "--port 0" in err

@@ -47,7 +47,7 @@ async def _serve(
             url = await server.start(host, port, ssl_context)
         except OSError as e:
             raise ListenError(
-                f"cannot listen on {host}:{port}: {e.strerror or e} "
+                f"cannot listen on {host}:{port}: {os.strerror(e.errno) if e.errno else e} "
                 "(another server may be there: --port 0 takes a free port, or pick another port)"
             ) from None
         print(f"replayer sim: model {config.model!r} serving at {url}", file=sys.stderr, flush=True)
