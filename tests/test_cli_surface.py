@@ -375,3 +375,18 @@ def test_a_reader_that_closes_the_pipe_early_gets_no_traceback(tmp_path):
         os.close(w)
     assert "BrokenPipeError" not in proc.stderr, proc.stderr
     assert proc.returncode == 0, (proc.returncode, proc.stderr)
+
+
+def test_sim_on_a_port_in_use_says_so_in_one_line_and_exits_2(capsys):
+    import socket
+
+    from replayer.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["sim", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"127.0.0.1:{port}: Address already in use" in err and "--port 0" in err

@@ -104,3 +104,17 @@ def test_printed_summary_says_a_stop_and_the_prefix_cache():
     assert next(x for x in lines if x.startswith("Expected from hash ids / server-reported")).endswith(
         "1,234,560 / 1,000,448"
     )
+
+
+def test_printed_summary_warns_when_the_replayer_fell_behind():
+    """Past the self-watch's bound (dispatch lag p99 above 50 ms) the latencies measured from the
+    due time include the client's own delay: the printed summary says so, below it nothing."""
+    from replayer.results.summary import format_summary
+
+    s = summarize(to_table(_results(100, 3)))
+    for p99, warned in ((None, False), (12.0, False), (50.0, False), (69.0, True)):
+        s["dispatch_lag_p99_ms"] = p99
+        lines = [x for x in format_summary(s).splitlines() if "FELL BEHIND" in x]
+        assert len(lines) == warned
+        if warned:
+            assert "lag p99 > 50 ms" in lines[0] and "late on the client side" in lines[0]

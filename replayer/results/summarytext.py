@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import replayer.results.verdict as verdict
+from replayer.observe.selfwatch import BEHIND_MS
 
 
 def synthetic_text(load: dict) -> str:
@@ -44,6 +45,21 @@ def _otel_rows(otel: object) -> list:
     return [
         "OpenTelemetry spans (--otlp-endpoint)",
         ("Exported / dropped", f"{otel['spans_exported']:,} / {otel['spans_dropped']:,}"),
+    ]
+
+
+def _behind_rows(s: dict) -> list[tuple[str, object]]:
+    """A warning row when the dispatch lag p99 is past the self-watch's bound (``BEHIND_MS``, the
+    lag past which a sweep point is ``replayer_behind``): the client, not the server, was late."""
+    lag_p99 = s.get("dispatch_lag_p99_ms")
+    if lag_p99 is None or lag_p99 <= BEHIND_MS:
+        return []
+    return [
+        (
+            f"REPLAYER FELL BEHIND (lag p99 > {BEHIND_MS:g} ms)",
+            "requests left late on the client side; latencies from the due time include it "
+            "(the log's self-watch names the cause)",
+        )
     ]
 
 
@@ -89,6 +105,7 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
             "p50 / p99 / max (ms)",
             " / ".join(fmt(s[k]) for k in ("dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "dispatch_lag_max_ms")),
         ),
+        *_behind_rows(s),
     ]
     rows += _pace_rows(s, fmt)
     for name, label in (

@@ -17,6 +17,11 @@ from replayer.sim.server import SimServer
 # Standalone server
 
 
+class ListenError(Exception):
+    """The server could not listen on its host:port (in use, not permitted): ``main`` prints it
+    on one line and exits 2, as ``replayer run`` does for an unusable ``--admin-port``."""
+
+
 async def _serve(
     config: SimConfig,
     host: str,
@@ -38,7 +43,13 @@ async def _serve(
 
     server = SimServer(config, on_request=on_request if fh else None)
     try:
-        url = await server.start(host, port, ssl_context)
+        try:
+            url = await server.start(host, port, ssl_context)
+        except OSError as e:
+            raise ListenError(
+                f"cannot listen on {host}:{port}: {os.strerror(e.errno) if e.errno else e} "
+                "(another server may be there: --port 0 takes a free port, or pick another port)"
+            ) from None
         print(f"replayer sim: model {config.model!r} serving at {url}", file=sys.stderr, flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -246,7 +257,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``replayer sim``: parse flags, serve until SIGINT/SIGTERM, return 0."""
+    """Entry point of ``replayer sim``: parse flags, serve until SIGINT/SIGTERM, return 0 (2: bad flags
+    or the port cannot be listened on)."""
     a = parser().parse_args(argv)
     try:
         cfg = SimConfig(
@@ -284,7 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"replayer sim: {e}", file=sys.stderr)
         return 2
-    run_sim(cfg, a.host, a.port, a.record_requests, a.parent_pid, ctx)
+    try:
+        run_sim(cfg, a.host, a.port, a.record_requests, a.parent_pid, ctx)
+    except ListenError as e:
+        print(f"replayer sim: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
