@@ -12,10 +12,7 @@ import json
 import orjson
 import pyarrow.parquet as pq
 from aiohttp import web
-from prometheus_client import CollectorRegistry
-
-from replayer.config.model import load_config
-from replayer.run.daemon import run_replay
+from inprocess import replay_against
 
 ROWS = 6
 HOLD_S = 0.2  # each request held this long once its round is complete
@@ -67,31 +64,7 @@ def _replay(tmp_path, *, peak: int, **settings) -> tuple[dict, list[dict], dict]
     )
     seen: dict = {}
 
-    async def main():
-        runner = web.AppRunner(_server(peak, seen))
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        try:
-            cfg = load_config(
-                {
-                    "trace": str(trace),
-                    "target": f"http://127.0.0.1:{port}",
-                    "model": "m",
-                    "results": str(tmp_path / "r"),
-                    "admin_port": 0,
-                    "quiet": True,
-                    "scrape_target_metrics": False,
-                    "warm_connections": 2,
-                    **settings,
-                }
-            )
-            return await asyncio.wait_for(run_replay(cfg, registry=CollectorRegistry()), 120)
-        finally:
-            await runner.cleanup()
-
-    summary = asyncio.run(main())
+    summary = replay_against(_server(peak, seen), trace, tmp_path / "r", **settings)
     rows = sorted(pq.read_table(tmp_path / "r" / "requests.parquet").to_pylist(), key=lambda r: r["sent_ns"])
     return summary, rows, seen
 

@@ -14,11 +14,9 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
+from inprocess import replay_against
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-
-from replayer.config.model import load_config
-from replayer.run.daemon import run_replay
 
 ROWS = 6
 OUTPUT = 8  # tokens per request
@@ -83,30 +81,7 @@ def _replay(tmp_path, with_usage) -> tuple[dict, list[dict], dict[str, float]]:
     )
     reg = CollectorRegistry()
 
-    async def main():
-        runner = web.AppRunner(_server(with_usage))
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        try:
-            cfg = load_config(
-                {
-                    "trace": str(trace),
-                    "target": f"http://127.0.0.1:{port}",
-                    "model": "m",
-                    "results": str(tmp_path / "r"),
-                    "admin_port": 0,
-                    "quiet": True,
-                    "scrape_target_metrics": False,
-                    "warm_connections": 2,
-                }
-            )
-            return await asyncio.wait_for(run_replay(cfg, registry=reg), 120)
-        finally:
-            await runner.cleanup()
-
-    summary = asyncio.run(main())
+    summary = replay_against(_server(with_usage), trace, tmp_path / "r", registry=reg)
     rows = pq.read_table(tmp_path / "r" / "requests.parquet").to_pylist()
     samples = {
         s.name: s.value

@@ -13,14 +13,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
-from prometheus_client import CollectorRegistry
+from inprocess import replay_against
 
-from replayer.config.model import load_config
 from replayer.results.merge import merge_results
 from replayer.results.report import figure_specs, render_html
 from replayer.results.reportdata import ReportData, report_files
 from replayer.results.summary import summarize
-from replayer.run.daemon import run_replay
 
 ROWS = 10
 COLD = 3  # the server's first requests are slow
@@ -66,31 +64,7 @@ def _replay(tmp_path, gap_ms: int, **settings) -> tuple[dict, list[dict]]:
         )
     )
 
-    async def main():
-        runner = web.AppRunner(_server())
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        try:
-            cfg = load_config(
-                {
-                    "trace": str(trace),
-                    "target": f"http://127.0.0.1:{port}",
-                    "model": "m",
-                    "results": str(tmp_path / "r"),
-                    "admin_port": 0,
-                    "quiet": True,
-                    "scrape_target_metrics": False,
-                    "warm_connections": 2,
-                    **settings,
-                }
-            )
-            return await asyncio.wait_for(run_replay(cfg, registry=CollectorRegistry()), 120)
-        finally:
-            await runner.cleanup()
-
-    summary = asyncio.run(main())
+    summary = replay_against(_server(), trace, tmp_path / "r", **settings)
     return summary, pq.read_table(tmp_path / "r" / "requests.parquet")
 
 
