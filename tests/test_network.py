@@ -52,6 +52,19 @@ def _replay_cmd(tmp: Path, *args: str) -> list[str]:
     return [*run, "--results", str(tmp / "results"), *args]
 
 
+def _steady_replay(hosts: TestHosts, tmp: Path, target: str) -> subprocess.Popen:
+    """A 12 s replay (5 requests/s, evenly spaced) on the client host with short connect and read
+    timeouts, started in the background (the outage and restart tests break the target under it)."""
+    return hosts.run(
+        "client",
+        _replay_cmd(tmp, "--target", target, "--request-rate", "5", "--num-prompts", "60", "--burstiness", "inf")
+        + ["--input-len", "32", "--output-len", "20", "--connect-timeout", "1", "--read-timeout", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def _replay(hosts: TestHosts, tmp: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """`replayer run` on the client host to its end (results in tmp/results)."""
     return hosts.call("client", _replay_cmd(tmp, *args), timeout=timeout)
@@ -170,14 +183,7 @@ def test_the_target_host_unreachable_for_a_while_then_back(hosts, tmp_path):
     rec = tmp_path / "received.jsonl"
     sim = _sim(hosts, tmp_path, "--ttft-base-ms", "5", "--itl-base-ms", "20", "--record-requests", str(rec))
     url = _relay(hosts, tmp_path, sim)  # (no delay: the simulator listens on the server host's loopback only)
-    proc = hosts.run(
-        "client",
-        _replay_cmd(tmp_path, "--target", url, "--request-rate", "5", "--num-prompts", "60", "--burstiness", "inf")
-        + ["--input-len", "32", "--output-len", "20", "--connect-timeout", "1", "--read-timeout", "2"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _steady_replay(hosts, tmp_path, url)
     try:
         _wait_requests(rec, 5)  # the replay is a second in
         hosts.port("server", up=False)
@@ -212,14 +218,7 @@ def test_the_target_restarted_mid_run(hosts, tmp_path):
     )
     port = sim.rsplit(":", 1)[1]
     first = hosts.procs[-1]
-    proc = hosts.run(
-        "client",
-        _replay_cmd(tmp_path, "--target", sim, "--request-rate", "5", "--num-prompts", "60", "--burstiness", "inf")
-        + ["--input-len", "32", "--output-len", "20", "--connect-timeout", "1", "--read-timeout", "2"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _steady_replay(hosts, tmp_path, sim)
     try:
         _wait_requests(rec, 10)  # the replay is two seconds in
         first.kill()
