@@ -120,6 +120,8 @@ def test_a_replay_over_tls_with_a_private_ca(tmp_path, sims, certs):
     summary = json.loads((tmp_path / "results" / "summary.json").read_text())
     assert summary["completed"] == 10 and summary["failed"] == 0
     assert "tls_insecure" not in summary
+    assert summary["tls"]["handshakes"] >= 1 and 0 <= summary["tls"]["resumed"] < summary["tls"]["handshakes"]
+    assert "TLS handshakes (sessions resumed)" in r.stdout
 
 
 def test_mutual_tls_required_and_given(tmp_path, sims, certs):
@@ -257,3 +259,73 @@ def test_record_upstream_with_an_unknown_ca_answers_502_naming_it(tmp_path, sims
         assert e.value.code == 502 and b"TLS error: unknown CA" in e.value.read()
     finally:
         stop_record(p)
+
+
+def test_the_launcher_process_writes_tls_requests_and_new_connections_resume_the_session(certs):
+    """TLS 1.3 requests go out from the launcher process as records sealed by the loop
+    (replayer.http.tlsrecord): the reservation succeeds over TLS and a real OpenSSL server
+    (the simulator's) decrypts them and answers every one, on the same connection again and
+    again (the records' sequence numbers are right); each connection opened after the first
+    exchange resumes the session the server gave (no full handshake)."""
+    from replayer.build.payload import PayloadBuilder
+    from replayer.build.prompts import PromptBuilder
+    from replayer.core.clock import now_ns
+    from replayer.core.request import PreparedRequest
+    from replayer.http.launcher import Launcher
+    from replayer.sim.certs import server_context
+    from replayer.sim.server import SimConfig, SimServer
+
+    g = certs["good"]
+
+    async def main():
+        sim = SimServer(SimConfig(record_requests=True))
+        url = await sim.start("127.0.0.1", 0, server_context(g["server_cert"], g["server_key"]))
+        launcher = Launcher(priority="default")
+        prompts = PromptBuilder()
+        try:
+            async with Client(url, t0_ns=now_ns(), tls=TLSOptions(ca_bundle=g["ca"], server_name="localhost")) as c:
+                launcher.start()
+                await launcher.ready()
+                c.use_launcher(launcher)
+                c.pool.spare_target = 0
+                await c.warm_up(1)
+                results, reserved_n = [], 0
+                for i in range(6):  # one connection, six exchanges: 12+ records in sequence
+                    n = 3000 * (i + 1)  # tokens: bodies up to ~100 KB, several records each
+                    body = PayloadBuilder("m").body(
+                        prompts.prompt_json(list(range(100 * i, 100 * i + -(-n // 512))), n), 2
+                    )
+                    req = PreparedRequest(
+                        index=i,
+                        row=i,
+                        due_ns=0,
+                        body=body,
+                        input_length=16,
+                        output_length=2,
+                        prompt_len=16,
+                        max_tokens=2,
+                    )
+                    res = req.new_result(0)
+                    reserved = c.reserve(req, res)
+                    reserved_n += reserved is not None
+                    if reserved is not None:
+                        c.launch(now_ns() + 5_000_000, req, res, reserved)
+                    results.append(await asyncio.wait_for(c.send(req, res, reserved), 10))
+                opened = await c.warm_up(3)  # new connections, after the server's tickets arrived
+                return (
+                    results,
+                    reserved_n,
+                    launcher.launched,
+                    len(sim.records),
+                    opened,
+                    c.pool.tls_handshakes,
+                    c.pool.tls_resumed,
+                )
+        finally:
+            launcher.stop()
+            await sim.stop()
+
+    results, reserved_n, launched, seen, opened, handshakes, resumed = asyncio.run(main())
+    assert [(r.outcome, r.error) for r in results] == [("success", None)] * 6
+    assert reserved_n == launched == seen == 6  # every request written by the launcher, each answered
+    assert opened == 3 and handshakes == 4 and resumed == 3

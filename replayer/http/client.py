@@ -149,8 +149,8 @@ class Client:
         # failed at the due time), its dispatch lag set: live accounting at send time
         self.on_dispatched: Callable[[RequestResult], None] | None = None
         self._launcher: Launcher | None = None
-        # launcher token -> (req, res, conn, ex, request head, due time)
-        self._launches: dict[int, tuple[PreparedRequest, RequestResult, Connection, Exchange, bytes, int]] = {}
+        # launcher token -> (req, res, conn, ex, head and body as written (TLS: records), due time)
+        self._launches: dict[int, tuple[PreparedRequest, RequestResult, Connection, Exchange, bytes, bytes, int]] = {}
 
     def _request_head(self, path: str) -> bytes:
         head = (
@@ -204,14 +204,15 @@ class Client:
     def reserve(self, req: PreparedRequest, res: RequestResult) -> Reserved | None:
         """Bind ``req`` to an idle keep-alive connection and build its bytes, to be written at
         its due time by the launcher process (``launch``; ``replayer.http.launcher``). None when no
-        launcher runs or no idle plain-HTTP connection is ready (then ``send`` writes it as
-        usual). Pass the returned handle to ``launch`` and then to ``send(req, res, reserved)``."""
+        launcher runs or no idle connection the launcher can write on is ready (plain HTTP, or
+        TLS 1.3 with its records sealed here: ``replayer.http.tlsrecord``; then ``send`` writes
+        it as usual). Pass the returned handle to ``launch`` and then to ``send(req, res, reserved)``."""
         if self._launcher is None or not self._launcher.running:
             return None
         conn = self.pool.idle_connection()
         if conn is None:
             return None
-        if conn.fd < 0:  # TLS: only the transport can write
+        if conn.fd < 0:  # TLS without a record sealer: only the loop can write
             self.pool.give_back(conn)
             return None
         ex = Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns, self._acc())
@@ -228,8 +229,9 @@ class Client:
             return
         if at_ns > ex.last_ns:  # the read timeout counts from the write, not from the hand-over
             ex.last_ns = at_ns
-        token = self._launcher.submit(at_ns, conn.fd, head, req.body)  # type: ignore[union-attr]
-        self._launches[token] = (req, res, conn, ex, head, at_ns)
+        head, body = conn.wire(head), conn.wire(req.body)
+        token = self._launcher.submit(at_ns, conn.fd, head, body)  # type: ignore[union-attr]
+        self._launches[token] = (req, res, conn, ex, head, body, at_ns)
         conn.launch = token
 
     def on_launched(self, token: int, sent: int, written: int, err: int) -> None:
@@ -239,7 +241,7 @@ class Client:
         item = self._launches.pop(token, None)
         if item is None:
             return
-        req, res, conn, ex, head, at_ns = item
+        req, res, conn, ex, head, body, at_ns = item
         conn.launch = 0
         if err:
             what = "the launcher process exited" if err == errno.ECHILD else os.strerror(err)
@@ -252,14 +254,14 @@ class Client:
                 ex.deadline_ns = sent + ex.total_ns
                 conn.check_stall()
             self._stamp_sent(res, sent, at_ns - self.t0_ns)
-            if written < len(head) + len(req.body):
+            if written < len(head) + len(body):
                 if ex.done.done():  # answered before its body went out: the stream is out of step
                     conn.abort()
                 elif not conn.closed and conn.transport is not None:
                     if written < len(head):
-                        conn.transport.writelines((memoryview(head)[written:], req.body))
+                        conn.transport.writelines((memoryview(head)[written:], body))
                     else:
-                        conn.transport.write(memoryview(req.body)[written - len(head) :])
+                        conn.transport.write(memoryview(body)[written - len(head) :])
         _reported(ex)
 
     def cancel_launch(self, conn: Connection) -> None:

@@ -21,6 +21,7 @@ from replayer.core.errors import ErrorKind
 from replayer.http.chunks import StreamAccumulator
 from replayer.http.sse import SSEDecoder
 from replayer.http.tls import explain
+from replayer.http.tlsrecord import KeyLog, TLSSession
 
 #: the most bytes of an error response body kept (its message)
 ERROR_BODY_LIMIT = 64 * 1024
@@ -141,7 +142,7 @@ class Connection(asyncio.Protocol):
     def __init__(self, pool: Owner) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
-        self.fd = -1  # the socket, for writes from the launcher process (plain HTTP)
+        self.fd = -1  # the socket, for writes from the launcher process (plain HTTP, or TLS records sealed here)
         self.sock = None  # the transport's socket, where Client.delayed_ack needs it
         self.launch = 0  # token of this connection's write queued in the launcher (0 = none)
         self.parser = httptools.HttpResponseParser(self)
@@ -151,23 +152,95 @@ class Connection(asyncio.Protocol):
         self.served = 0  # responses completed on this connection (> 0: a reused keep-alive connection)
         self.idle_since_ns = 0  # when it last went back to the client's idle pool
         self._header_name = b""
+        self.tls: TLSSession | None = None  # TLS done here over the plain transport (``start_tls``)
+        self._handshake: asyncio.Future[None] | None = None
+        self._fd = -1  # (the socket, kept while TLS is not ready for the launcher)
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
-        if sock is not None and transport.get_extra_info("sslcontext") is None:
+        if sock is not None:
             self.fd = sock.fileno()
         if sock is not None and self.pool.delayed_ack:
             self.sock = sock
 
-    def secured(self, transport: asyncio.BaseTransport) -> None:
-        """TLS is up on this connection (``Pool``'s handshake): ``transport`` (the TLS one) carries
-        the exchanges from now on, and only it can write (no raw socket for the launcher)."""
-        self.transport = transport  # type: ignore[assignment]
-        self.fd = -1
+    def start_tls(
+        self, ctx: ssl.SSLContext, server_name: str, session: ssl.SSLSession | None, keylog: KeyLog | None
+    ) -> asyncio.Future[None]:
+        """Begin the TLS handshake on this (plain) connection (``replayer.http.tlsrecord``); the
+        future ends when it is done, or with the ``ssl.SSLError`` (or ``ConnectionResetError``)
+        that ended it. Until then, and for good where no record sealer can be had, the launcher
+        process cannot write on this connection (``fd`` -1)."""
+        self.tls = TLSSession(ctx, server_name, session, keylog)
+        self._handshake = asyncio.get_running_loop().create_future()
+        self._fd, self.fd = self.fd, -1
+        self._tls_data(b"")
+        return self._handshake
+
+    def _tls_data(self, data: bytes) -> None:
+        """Bytes from the server on a TLS connection: the handshake's, then records to decrypt."""
+        tls = self.tls
+        assert tls is not None
+        if data:
+            tls.feed(data)
+        if tls.handshaking:
+            try:
+                done = tls.step()
+            except ssl.SSLError as e:
+                self._handshake_failed(e)
+                return
+            out = tls.outgoing()
+            if out:
+                self.transport.write(out)  # type: ignore[union-attr]
+            if not done:
+                return
+            if tls.sealer is not None:
+                self.fd = self._fd
+            hs = self._handshake
+            if hs is not None and not hs.done():
+                hs.set_result(None)
+        try:
+            plain = tls.read()
+        except ssl.SSLZeroReturnError:  # close_notify: the TCP close follows (connection_lost)
+            self.keep_alive = False
+            return
+        except ssl.SSLError as e:  # (TLS 1.3: a refused client certificate arrives after the handshake)
+            if self.ex is not None:
+                self.finish_error(ErrorKind.TLS_ERROR, f"TLS error {_where(self.ex)}: {explain(e)}")
+            else:
+                self.abort()
+            return
+        out = tls.outgoing()
+        if out:
+            self.transport.write(out)  # type: ignore[union-attr]
+        if plain:
+            self._received(plain)
+
+    def _handshake_failed(self, e: BaseException) -> None:
+        hs = self._handshake
+        self.abort()
+        if hs is not None and not hs.done():
+            hs.set_exception(e)
+
+    def wire(self, data: bytes) -> bytes:
+        """``data`` as written on the connection: itself, or TLS records."""
+        tls = self.tls
+        if tls is None:
+            return data
+        out = tls.wire(data)
+        if tls.worn:  # the key is worn: this exchange is the connection's last
+            self.keep_alive = False
+        return out
 
     def data_received(self, data: bytes) -> None:
+        if self.tls is not None:
+            self._tls_data(data)
+        else:
+            self._received(data)
+
+    def _received(self, data: bytes) -> None:
+        """Response bytes (plaintext)."""
         ex = self.ex
         if ex is None:  # bytes with no request outstanding: the connection is unusable
             self.abort()
@@ -185,6 +258,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing()
+        hs = self._handshake
+        if hs is not None and not hs.done():
+            hs.set_exception(exc or ConnectionResetError("the server closed the connection during the TLS handshake"))
         ex = self.ex
         if ex is None:
             return
@@ -327,4 +403,4 @@ class Connection(asyncio.Protocol):
     def start(self, request: bytes, ex: Exchange) -> None:
         self.ex = ex
         self.check_stall()
-        self.transport.write(request)  # type: ignore[union-attr]
+        self.transport.write(self.wire(request))  # type: ignore[union-attr]

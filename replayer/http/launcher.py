@@ -36,7 +36,8 @@ its socket pair closes (the parent stopped or died); it ignores SIGINT and SIGTE
 handed over before a drain still go. Linux only (``memfd_create``); elsewhere the loop writes.
 
 Clock: ``replayer.core.clock.now_ns`` (``time.perf_counter_ns``: ``CLOCK_MONOTONIC`` on Linux, one
-clock for every process). Plain HTTP only (TLS bytes must go through the transport's SSL object).
+clock for every process). Over TLS the bytes handed over are the request's TLS records, sealed
+by the loop (``replayer.http.tlsrecord``); the child writes them as it writes plain HTTP.
 """
 
 from __future__ import annotations

@@ -7,6 +7,11 @@ soon (``expect``), so a request due later finds one ready instead of paying for 
 at its due time; a failed background connect pauses them for ``SPARE_BACKOFF_NS`` (a target
 that is down gets each request's own connect attempt, not a storm of spares). Idle connections
 beyond the spares expire after ``IDLE_EXPIRY_S`` unused, and those the server closed leave the pool.
+
+TLS is the connections' own (``Connection.start_tls``, ``replayer.http.tlsrecord``): the pool
+keeps the newest session ticket a server gave and offers it to each new connection, so a server
+that allows resumption skips the certificate exchange and its signatures on every connection
+after the first (``tls_handshakes``, ``tls_resumed`` count them).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from replayer.core.clock import now_ns
 from replayer.core.errors import ErrorKind
 from replayer.http.connection import Connection, Failure, Owner
 from replayer.http.tls import describe_failure
+from replayer.http.tlsrecord import KeyLog
 
 SPARE_BACKOFF_NS = 500_000_000  # no connections opened ahead for this long after one failed
 IDLE_EXPIRY_S = 60.0  # an idle keep-alive connection beyond the spares is closed after this long unused
@@ -60,6 +66,16 @@ class Pool:
         self._spares_opening = 0
         self._spares_paused_until = 0  # no background connects before this (one failed)
         self.spare_target = 8  # idle connections kept ready in the background (0 = none)
+        #: the key log the connections' record sealers read their secrets from (TLS only)
+        self._keylog = KeyLog(ssl_context) if ssl_context is not None else None
+        self._session: ssl.SSLSession | None = None  # the newest resumable session (TLS)
+        self.tls_handshakes = 0  # TLS handshakes completed
+        self.tls_resumed = 0  # of which resumed a session
+
+    @property
+    def tls(self) -> bool:
+        """The pool speaks TLS."""
+        return self._ssl is not None
 
     def cancel_launch(self, conn: Connection) -> None:
         """``conn`` is closing: nothing queued elsewhere to drop (an owner of its own may have)."""
@@ -70,6 +86,9 @@ class Pool:
             c.abort()
         self._all.clear()
         self._idle.clear()
+        if self._keylog is not None:
+            self._keylog.close()
+            self._keylog = None
 
     @property
     def open_connections(self) -> int:
@@ -103,11 +122,10 @@ class Pool:
 
     async def _handshake(self, conn: Connection, transport: asyncio.Transport, left_s: float) -> None:
         """TLS on ``conn``'s TCP connection (apart from the connect, so that a handshake timeout
-        and a TLS failure are told apart from a TCP one)."""
-        loop = asyncio.get_running_loop()
+        and a TLS failure are told apart from a TCP one), offering the newest session."""
         try:
-            tls = await asyncio.wait_for(
-                loop.start_tls(transport, conn, self._ssl, server_hostname=self.server_name),  # type: ignore[arg-type]
+            await asyncio.wait_for(
+                conn.start_tls(self._ssl, self.server_name, self._session, self._keylog),  # type: ignore[arg-type]
                 max(left_s, 0.001),
             )
         except asyncio.TimeoutError:
@@ -123,10 +141,9 @@ class Pool:
         except BaseException:
             transport.abort()
             raise
-        if tls is None:  # (the connection closed during the handshake)
-            transport.abort()
-            raise ConnectionResetError("the server closed the connection during the TLS handshake")
-        conn.secured(tls)
+        self.tls_handshakes += 1
+        if conn.tls is not None and conn.tls.obj.session_reused:
+            self.tls_resumed += 1
 
     async def tls_failure(self, e: ssl.SSLError) -> str:
         """The message of a TLS failure (``tls.describe_failure``), the server's certificate
@@ -193,7 +210,13 @@ class Pool:
         self._idle.append(c)
 
     def release(self, c: Connection) -> None:
-        """An exchange on ``c`` ended: kept alive and idle, or closed."""
+        """An exchange on ``c`` ended: kept alive and idle, or closed. A TLS connection's first
+        exchange brings the server's session tickets (TLS 1.3 sends them after the handshake):
+        its session becomes the one offered to new connections."""
+        if c.served == 1 and c.tls is not None:
+            session = c.tls.obj.session
+            if session is not None and session.has_ticket:
+                self._session = session
         if c.closed or not c.keep_alive or c.ex is not None:
             c.abort()
             self._all.discard(c)

@@ -63,6 +63,20 @@ def _behind_rows(s: dict) -> list[tuple[str, object]]:
     ]
 
 
+def _run_notes(s: dict) -> list[tuple[str, object] | str]:
+    """The rows a run has only sometimes, first in the table: no trace, TLS, stopped early."""
+    rows: list[tuple[str, object] | str] = []
+    if s.get("synthetic_load"):
+        rows.append(("Synthetic load (no trace)", synthetic_text(s["synthetic_load"])))
+    if s.get("tls_insecure"):
+        rows.append(("TLS certificate NOT verified", "--insecure"))
+    if s.get("tls"):
+        rows.append(("TLS handshakes (sessions resumed)", f"{s['tls']['handshakes']:,} ({s['tls']['resumed']:,})"))
+    if s.get("stopped_early"):
+        rows.append(("Stopped early (results partial)", f"by {s['stop_signal']}" if s.get("stop_signal") else "yes"))
+    return rows
+
+
 def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
     """A fixed-width text table of the main summary fields (``n/a`` for None)."""
 
@@ -75,13 +89,7 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
             return f"{v:,}"
         return str(v)
 
-    rows: list[tuple[str, object] | str] = ["Replay result"]
-    if s.get("synthetic_load"):
-        rows.append(("Synthetic load (no trace)", synthetic_text(s["synthetic_load"])))
-    if s.get("tls_insecure"):
-        rows.append(("TLS certificate NOT verified", "--insecure"))
-    if s.get("stopped_early"):
-        rows.append(("Stopped early (results partial)", f"by {s['stop_signal']}" if s.get("stop_signal") else "yes"))
+    rows: list[tuple[str, object] | str] = ["Replay result", *_run_notes(s)]
     verdict_rows = verdict.verdict_rows(s)  # the verdict first, when there are bounds
     if verdict_rows:
         rows += ["Verdict (--goodput; failed = missed)", *verdict_rows, "Requests"]

@@ -670,6 +670,7 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         held=recorder.unwritten_table(),
         roll_error=recorder.roll_error,
         fleet=state.fleet,
+        tls=_tls_counts(clients),
     )
     if spans is not None:  # the run span (with the summary's numbers), the queue drained, time-boxed
         try:
@@ -741,6 +742,14 @@ def _load_text(cfg: RunConfig) -> str:
 def _remove_signal_handlers(loop: asyncio.AbstractEventLoop) -> None:
     for sig in STOP_SIGNALS:
         loop.remove_signal_handler(sig)
+
+
+def _tls_counts(clients: dict[str, Client]) -> dict[str, int] | None:
+    """The TLS handshakes of the run's pools and how many resumed a session; None without TLS."""
+    pools = [c.pool for c in clients.values() if c.pool.tls]
+    if not pools:
+        return None
+    return {"handshakes": sum(p.tls_handshakes for p in pools), "resumed": sum(p.tls_resumed for p in pools)}
 
 
 async def _close_clients(clients: dict[str, Client]) -> None:

@@ -45,12 +45,14 @@ async def final_summary(
     held: pa.Table | None = None,
     roll_error: str | None = None,
     fleet: dict[str, Any] | None = None,
+    tls: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Summarize the results folder (off the loop), add the run's own parts and write
     ``summary.json``; returns it. ``task_failures``: the background tasks that crashed
     (``replayer.core.background``), in the summary only when there were some. ``held``: the
     results a failed write (a full disk) kept in memory: counted (``results_not_written``).
-    ``roll_error``: why the last roll failed (its parts stay). When ``summary.json`` cannot be
+    ``roll_error``: why the last roll failed (its parts stay). ``tls``: the TLS handshakes and
+    how many of them resumed a session (an ``https://`` target). When ``summary.json`` cannot be
     written, the summary says so (``summary_not_written``) and is only printed."""
     loop = asyncio.get_running_loop()
     summary = await loop.run_in_executor(
@@ -113,6 +115,8 @@ async def final_summary(
                 summary["server_prefix_cache_hit_tokens"] = sum(hits)
     if roll_error is not None:
         summary["results_roll_error"] = roll_error
+    if tls is not None:
+        summary["tls"] = tls
     write_summary(summary, results_dir)
     return summary
 
