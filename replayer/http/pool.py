@@ -28,6 +28,7 @@ from replayer.http.tlsrecord import KeyLog
 
 SPARE_BACKOFF_NS = 500_000_000  # no connections opened ahead for this long after one failed
 IDLE_EXPIRY_S = 60.0  # an idle keep-alive connection beyond the spares is closed after this long unused
+TICKET_WAIT_S = 0.2  # the longest the warm-up waits for a TLS session ticket before opening the rest
 
 
 class Pool:
@@ -96,14 +97,38 @@ class Pool:
 
     async def warm_up(self, n: int) -> int:
         """Open up to ``n`` idle keep-alive connections ahead of the replay (so the first burst
-        does not pay for TCP handshakes at its due time). Returns how many opened."""
-        conns = await asyncio.gather(*(self._connect() for _ in range(n)), return_exceptions=True)
+        does not pay for TCP handshakes at its due time). Returns how many opened. Over TLS the
+        first one opens alone and waits (``TICKET_WAIT_S`` at most) for the server's session
+        ticket, so that the others resume its session instead of each doing a full handshake."""
+        first: list[Connection | BaseException] = []
+        if self._ssl is not None and self._session is None and n > 1:
+            first = await asyncio.gather(self._connect(), return_exceptions=True)
+            n -= 1
+            if isinstance(first[0], Connection):
+                await self._await_ticket(first[0])
+        conns = first + await asyncio.gather(*(self._connect() for _ in range(n)), return_exceptions=True)
         ok = [c for c in conns if isinstance(c, Connection)]
         t = now_ns()
         for c in ok:
             c.idle_since_ns = t
         self._idle.extend(ok)
         return len(ok)
+
+    async def _await_ticket(self, conn: Connection) -> None:
+        """Wait for ``conn``'s session ticket (TLS 1.3 servers send it after the handshake) and
+        keep it for the connections opened next; none after ``TICKET_WAIT_S`` (a server without
+        resumption) is no error."""
+        deadline = now_ns() + int(TICKET_WAIT_S * 1e9)
+        while now_ns() < deadline and not conn.closed and not self._note_session(conn):
+            await asyncio.sleep(0.002)
+
+    def _note_session(self, conn: Connection) -> bool:
+        """Keep ``conn``'s TLS session for new connections when the server gave it a ticket."""
+        session = conn.tls.obj.session if conn.tls is not None else None
+        if session is not None and session.has_ticket:
+            self._session = session
+            return True
+        return False
 
     async def _connect(self) -> Connection:
         """A new connection: TCP within ``connect_timeout_s`` (asyncio.TimeoutError, OSError),
@@ -214,9 +239,7 @@ class Pool:
         exchange brings the server's session tickets (TLS 1.3 sends them after the handshake):
         its session becomes the one offered to new connections."""
         if c.served == 1 and c.tls is not None:
-            session = c.tls.obj.session
-            if session is not None and session.has_ticket:
-                self._session = session
+            self._note_session(c)
         if c.closed or not c.keep_alive or c.ex is not None:
             c.abort()
             self._all.discard(c)

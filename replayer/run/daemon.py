@@ -313,7 +313,7 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
         # the launcher process boots (~50 ms) while the first trace batch is read
         # (a --max-concurrency cap sends at the due time from the loop: a slot is known free only then)
         writes_ahead = cfg.launcher and cfg.max_concurrency is None
-        launcher = start_launcher() if writes_ahead and all(t.startswith("http://") for t in targets) else None
+        launcher = start_launcher() if writes_ahead else None  # (over TLS it writes records sealed by the loop)
         if launcher is not None:
             stack.callback(launcher.stop)
         first = None
