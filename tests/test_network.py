@@ -158,7 +158,8 @@ def test_a_link_slower_than_the_requests_bytes_makes_them_late_as_dispatch_lag_n
 
     The bound, from the cap and the bytes: the client host's kernel holds at most W = 16 KB of a
     connection's unacknowledged bytes (``tcp_wmem``, set on that host) plus one segment (at most
-    4 KB: ``gso_max_size``), so by the time the last request is dispatched the link has carried
+    4 KB: ``gso_max_size``; with Linux's defaults a new connection takes 40-80 KB at once and its
+    buffer grows, which would leave nothing to derive a bound from), so by the time the last request is dispatched the link has carried
     at least n x (body - W) bytes, less the bucket's 16 KB burst, starting no earlier than the
     first due time: the last dispatch comes at least (n (body - W) - burst) / rate after it, and
     its dispatch lag is at least that minus the span of the due times (here ~2.4 s; the lag
@@ -168,7 +169,7 @@ def test_a_link_slower_than_the_requests_bytes_makes_them_late_as_dispatch_lag_n
     rec = tmp_path / "received.jsonl"
     n, rate, cap, burst, held = 12, 10, 200_000, 16 << 10, (16 << 10) + (4 << 10)
     for cmd in (
-        ["sysctl", "-w", "net.ipv4.tcp_wmem=4096 16384 16384"],
+        [sys.executable, "-c", "open('/proc/sys/net/ipv4/tcp_wmem', 'w').write('4096 16384 16384')"],  # (this netns's)
         ["ip", "link", "set", "dev", "eth0", "gso_max_size", "4096"],
         ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", f"{cap * 8 // 1000}kbit", "burst", f"{burst}",
          "latency", "50ms"],
