@@ -1,4 +1,5 @@
-"""TCP options of the client's connections, read back from the kernel on a real stream."""
+"""TCP options of the client's connections, read back from the kernel on a real stream, and when
+the kernel has taken a request's bytes (its dispatch)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import socket
 
 import pytest
+from aiohttp import web
 from faultserver import run_delay_ns
 
 from replayer.build.payload import PayloadBuilder
@@ -14,6 +16,7 @@ from replayer.build.prompts import PromptBuilder
 from replayer.core.clock import now_ns
 from replayer.core.request import PreparedRequest
 from replayer.http.client import Client
+from replayer.http.launcher import Launcher
 from replayer.sim import SimConfig, SimServer
 
 
@@ -86,3 +89,97 @@ def test_idle_connections_beyond_the_spares_are_closed_once_unused_for_the_expir
             await sim.stop()
 
     asyncio.run(main())
+
+
+_ANSWER = {
+    "choices": [{"index": 0, "text": "x", "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+}
+
+
+def _kernel_holds_at_most() -> int:
+    """A bound on the request bytes the kernel can take before the server reads any: the client
+    socket's send buffer (at most ``tcp_wmem``'s maximum, the buffer grown by Linux) and a
+    generous allowance for a segment the kernel takes beyond it and for the server's small
+    receive buffer and aiohttp's read buffer."""
+    with open("/proc/sys/net/ipv4/tcp_wmem") as f:
+        wmem_max = int(f.read().split()[2])
+    return wmem_max + (4 << 20)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/sys/net/ipv4/tcp_wmem"), reason="reads Linux's tcp_wmem")
+@pytest.mark.parametrize("writer", ["loop", "launcher"])
+def test_a_request_the_socket_cannot_take_whole_is_dispatched_when_its_last_byte_is(writer):
+    """A server that reads a request's body only 0.5 s after its headers arrived (an aiohttp
+    handler that sleeps first: the server's kernel and aiohttp buffer a little, then the client's
+    socket stops taking bytes, as on a link slower than the bytes). The body is larger than
+    what the kernels can hold, so its last byte cannot be handed to the client's kernel before
+    the handler reads: the request's dispatch (its dispatch lag) is at least 0.5 s after its
+    first byte (``sent_ns``), and the wait is ``send_wait_ms`` and the client's self-watch
+    count, whether the event loop or the launcher process wrote the request. A small request
+    the socket takes whole keeps the stamp just before its write: dispatch lag = sent - due,
+    ``send_wait_ms`` 0."""
+    hold_s = 0.5
+
+    async def handler(request: web.Request) -> web.Response:
+        if request.content_length > 1000:
+            await asyncio.sleep(hold_s)
+        await request.read()
+        return web.json_response(_ANSWER)
+
+    async def main():
+        app = web.Application(client_max_size=1 << 40)
+        app.router.add_post("/v1/completions", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)  # (accepted sockets inherit it)
+        sock.bind(("127.0.0.1", 0))
+        await web.SockSite(runner, sock).start()
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        launcher = Launcher(priority="default") if writer == "launcher" else None
+        try:
+            async with Client(url, t0_ns=now_ns()) as c:
+                if launcher is not None:
+                    launcher.start()
+                    await launcher.ready()
+                    c.use_launcher(launcher)
+                await c.warm_up(2)
+                dispatched = []
+                c.on_dispatched = lambda r: dispatched.append((r.row, now_ns() - c.t0_ns))
+
+                async def send(row: int, size: int):
+                    body = b'{"model":"m","prompt":"' + b"x" * size + b'","max_tokens":1}'
+                    due = now_ns() - c.t0_ns + 30_000_000
+                    req = PreparedRequest(
+                        index=row, row=row, due_ns=due, body=body, input_length=1, output_length=1, prompt_len=1,
+                        max_tokens=1,
+                    )  # fmt: skip
+                    res = req.new_result(0)
+                    reserved = c.reserve(req, res) if launcher is not None else None
+                    if reserved is not None:
+                        c.launch(c.t0_ns + due, req, res, reserved)
+                    else:
+                        await asyncio.sleep(0.03)
+                    return await asyncio.wait_for(c.send(req, res, reserved), 60), reserved is not None
+
+                small, small_launched = await send(0, 100)
+                big, big_launched = await send(1, 2 * _kernel_holds_at_most())
+                return small, big, small_launched and big_launched, dispatched, c.send_waited, c.take_send_wait_max_ms()
+        finally:
+            if launcher is not None:
+                launcher.stop()
+            await runner.cleanup()
+
+    small, big, launched, dispatched, waited, wait_max_ms = asyncio.run(main())
+    assert small.outcome == big.outcome == "success", (small.error, big.error)
+    assert launched == (writer == "launcher")  # (each request went the way the case says)
+    # the socket took the small request whole: its dispatch is its send, as before
+    assert small.send_wait_ms == 0.0
+    assert small.dispatch_lag_ms == (small.sent_ns - small.due_ns) / 1e6
+    # the big one: dispatched when its last byte was handed to the kernel, after the server's hold
+    assert big.send_wait_ms >= hold_s * 1e3, big.send_wait_ms
+    assert big.dispatch_lag_ms == pytest.approx((big.sent_ns - big.due_ns) / 1e6 + big.send_wait_ms, abs=1e-3)
+    assert [row for row, _ in dispatched] == [0, 1]  # on_dispatched once each, the big one at its dispatch
+    assert dispatched[1][1] >= big.sent_ns + hold_s * 1e9
+    assert waited == 1 and wait_max_ms == big.send_wait_ms  # the self-watch's counts

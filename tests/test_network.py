@@ -150,6 +150,67 @@ def test_a_delayed_network_is_in_ttft_and_e2e_not_in_dispatch_lag(hosts, tmp_pat
 
 
 @pytest.mark.timeout(180)
+def test_a_link_slower_than_the_requests_bytes_makes_them_late_as_dispatch_lag_never_a_hang(hosts, tmp_path):
+    """The client host's link capped (tbf, 1600 kbit/s = 200,000 bytes/s) at a quarter of what
+    the load needs: 12 requests of ~80 KB bodies at 10 requests/s. Every request ends (no hang);
+    the requests go out late and the lateness is dispatch lag: a request is dispatched when the
+    kernel has taken its last byte, and the link decides when that is.
+
+    The bound, from the cap and the bytes: the client host's kernel holds at most W = 16 KB of a
+    connection's unacknowledged bytes (``tcp_wmem``, set on that host) plus one segment (at most
+    4 KB: ``gso_max_size``; with Linux's defaults a new connection takes 40-80 KB at once and its
+    buffer grows, which would leave nothing to derive a bound from), so by the time the last request is dispatched the link has carried
+    at least n x (body - W) bytes, less the bucket's 16 KB burst, starting no earlier than the
+    first due time: the last dispatch comes at least (n (body - W) - burst) / rate after it, and
+    its dispatch lag is at least that minus the span of the due times (here ~2.4 s; the lag
+    was ~0 when the dispatch was the first byte's, which the socket always took at once); and
+    the k-th dispatch comes no earlier than (k (body - W) - burst) / rate after the first due
+    time. The self-watch says the network send is what fell behind."""
+    rec = tmp_path / "received.jsonl"
+    n, rate, cap, burst, held = 12, 10, 200_000, 16 << 10, (16 << 10) + (4 << 10)
+    for cmd in (
+        [sys.executable, "-c", "open('/proc/sys/net/ipv4/tcp_wmem', 'w').write('4096 16384 16384')"],  # (this netns's)
+        ["ip", "link", "set", "dev", "eth0", "gso_max_size", "4096"],
+        ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", f"{cap * 8 // 1000}kbit", "burst", f"{burst}",
+         "latency", "50ms"],
+    ):  # fmt: skip
+        r = hosts.call("client", cmd)
+        if r.returncode != 0:
+            pytest.skip(f"cannot shape the client host's link here: {' '.join(cmd)}: {r.stderr.strip()}")
+    sim = _sim(
+        hosts, tmp_path, "--host", hosts.addr("server"), "--ttft-base-ms", "5", "--itl-base-ms", "2",
+        "--record-requests", str(rec),
+    )  # fmt: skip
+    r = _replay(
+        hosts, tmp_path, "--target", sim, "--request-rate", str(rate), "--num-prompts", str(n), "--burstiness", "inf",
+        "--input-len", "14000", "--output-len", "4", timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = _rows(tmp_path)
+    assert len(rows) == n and all(x["outcome"] == "success" for x in rows), [x["error"] for x in rows]
+    # each body holds at least its prompt's token ids as compact JSON
+    body = min(
+        len(json.dumps(json.loads(line)["prompt"], separators=(",", ":"))) for line in rec.read_text().splitlines()
+    )
+    assert body > 70_000
+    dues = [x["due_ns"] / 1e6 for x in rows]
+    bound_ms = min(dues) + (n * (body - held) - burst) / cap * 1e3 - max(dues)
+    assert bound_ms > 1000  # (the case is what it says: seconds late)
+    lags = [x["dispatch_lag_ms"] for x in rows]
+    assert max(lags) >= bound_ms, (bound_ms, lags)
+    # later and later: the k-th dispatch comes after the link carried k x (body - W) bytes
+    dispatched = sorted(due + lag for due, lag in zip(dues, lags))
+    for k, t in enumerate(dispatched, 1):
+        assert t >= min(dues) + (k * (body - held) - burst) / cap * 1e3, (k, dispatched)
+    for x in rows:  # the lateness is the wait for the socket: first byte - due + send wait
+        first_byte_late_ms = (x["sent_ns"] - x["due_ns"]) / 1e6
+        assert x["dispatch_lag_ms"] == pytest.approx(first_byte_late_ms + x["send_wait_ms"], abs=1e-3)
+    said = [line for line in r.stderr.splitlines() if "behind schedule" in line]
+    assert any("saturated: network send (" in line for line in said), r.stderr
+    assert any("the link to the target is slower than the requests' bytes" in line for line in said)
+
+
+@pytest.mark.timeout(180)
 def test_a_load_balancer_closing_idle_connections_fails_no_request(hosts, tmp_path):
     """The relay closes connections idle for 1.5 s (a load balancer's idle timeout, scaled down);
     the load comes in bursts 3 s apart, so every pooled connection is closed between them. The

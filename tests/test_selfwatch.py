@@ -16,7 +16,7 @@ from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.observe.looplag import EventLoopLagMonitor
 from replayer.observe.metrics import ReplayerMetrics
-from replayer.observe.selfwatch import Reading, saturated
+from replayer.observe.selfwatch import Reading, network_bound, saturated
 from replayer.plan.planner import Planner
 from replayer.plan.schedule import Timeline, iter_schedule
 from replayer.run.runstate import RunState, watch_self as _watch_self
@@ -37,6 +37,60 @@ def test_each_saturated_part_is_named_with_its_numbers():
         "launcher process (wrote up to 80 ms past a due time)",
         "garbage collection (100 ms in 1.0 s)",
     ]
+
+
+def test_the_network_send_is_named_when_requests_waited_for_the_socket_to_take_their_bytes():
+    prev = Reading(wall_s=10.0, cpu_s=1.0, sent=100, send_waited=4)
+    # short waits are a socket buffer filling and emptying, not a link that falls behind
+    assert saturated(prev, Reading(wall_s=11.0, cpu_s=1.1, sent=110, send_waited=9, send_wait_max_ms=20), 3) == []
+    parts = saturated(prev, Reading(wall_s=11.0, cpu_s=1.1, sent=110, send_waited=10, send_wait_max_ms=840), 3)
+    assert parts == [
+        "network send (6 requests waited up to 840 ms for the socket to take their bytes, 10 sent in 1.0 s: "
+        "the link to the target is slower than the requests' bytes)"
+    ]
+    one = saturated(prev, Reading(wall_s=11.0, sent=100, send_waited=5, send_wait_max_ms=60), 3)
+    assert one == [
+        "network send (1 request waited up to 60 ms for the socket to take its bytes, 0 sent in 1.0 s: "
+        "the link to the target is slower than the requests' bytes)"
+    ]
+    # the link alone is the bottleneck only when nothing else is named
+    assert network_bound(parts)
+    assert not network_bound([]) and not network_bound(["CPU (97% of a core)", *parts])
+
+
+def test_a_replay_behind_because_of_the_link_is_told_so_not_to_add_workers():
+    readings = iter(
+        [Reading(wall_s=0.0), Reading(wall_s=0.05, sent=5, send_waited=3, send_wait_max_ms=900)]
+        + [Reading(wall_s=0.05 * k, sent=5, send_waited=3) for k in range(2, 100)]
+    )
+    state = RunState()
+    said: list[str] = []
+
+    class Said(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    async def main():
+        handler = Said(logging.INFO)
+        logging.getLogger("replayer").addHandler(handler)
+        state.watch_max_lag_ms = 900.0  # a request dispatched 900 ms late in the first interval
+        task = asyncio.ensure_future(
+            _watch_self(state, ReplayerMetrics(CollectorRegistry()), every_s=0.05, probe=lambda: next(readings))
+        )
+        try:
+            for _ in range(1000):  # (10 s at most)
+                if said:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            logging.getLogger("replayer").removeHandler(handler)
+
+    asyncio.run(main())
+    assert "saturated: network send (3 requests waited up to 900 ms" in said[0]
+    assert "the link to the target is the bottleneck, not the replayer's resources" in said[0]
+    assert "--workers" not in said[0]
 
 
 def test_a_replayer_starved_of_its_loop_says_so_while_behind_and_names_the_parts():

@@ -59,8 +59,12 @@ class RequestResult:
     ttft_ms: float | None = None
     e2e_ms: float | None = None
     tpot_ms: float | None = None
-    dispatch_lag_ms: float | None = None  # sent - due (positive = late)
+    dispatch_lag_ms: float | None = None  # dispatched - due (positive = late); dispatched = the kernel took
+    #                                       the request's last byte (sent_ns when the socket took it whole)
     connect_ms: float | None = None  # waiting for a connection (0 when a pooled one was free)
+    send_wait_ms: float | None = None  # the socket's buffer full (a link slower than the bytes): from the first
+    #                                    byte to the last handed to the kernel; 0 when the socket took the request
+    #                                    whole, None when it was never written (the first send's, as dispatch_lag_ms)
     expected_prefix_hit_tokens: int | None = None  # prompt tokens the trace implies are cached (prefix_cache)
     retries: int = 0  # times re-sent after a retryable failure (client retry policy); the
     # other fields describe the last attempt, dispatch_lag_ms the first send
@@ -139,6 +143,7 @@ _TYPES: dict[str, pa.DataType] = {
     "tpot_ms": pa.float64(),
     "dispatch_lag_ms": pa.float64(),
     "connect_ms": pa.float64(),
+    "send_wait_ms": pa.float64(),
     "expected_prefix_hit_tokens": pa.int64(),
     "retries": pa.int32(),
     "endpoint": pa.string(),

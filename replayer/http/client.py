@@ -14,6 +14,14 @@ Behaviour (the traps of DESIGN.md avoided):
 * unlimited keep-alive connections: no hidden client-side queue (case B24); the time spent
   opening a connection is recorded apart (``connect_ms``) and ``sent_ns`` is stamped when the
   request bytes are handed to the socket;
+* a request is dispatched when the kernel has taken its last byte: ``dispatch_lag_ms`` counts to
+  then. The socket takes a request whole in the usual case, and then its dispatch is its send
+  (stamped just before the write, as ``sent_ns``). When it does not (the launcher's write was
+  short, or the transport kept bytes: a link slower than the requests' bytes fills the socket's
+  buffer), the dispatch is stamped when the transport's buffer drains (asyncio flow control,
+  ``Connection.watch_send``), the wait recorded as ``send_wait_ms`` and counted for the
+  self-watch (``send_waited``, ``take_send_wait_max_ms``). Over the event loop's TLS transport
+  (``Connection.fd`` < 0) the dispatch stays the send;
 * timeouts told apart by kind (``replayer.core.errors``): connect (``connect_timeout_s``), first byte
   and idle (``read_timeout_s`` of silence after the send or between two reads: a slow but steady
   stream is never cut), and an optional total (``request_timeout_s`` from the send to the end of
@@ -151,6 +159,9 @@ class Client:
         self._launcher: Launcher | None = None
         # launcher token -> (req, res, conn, ex, head and body as written (TLS: records), due time)
         self._launches: dict[int, tuple[PreparedRequest, RequestResult, Connection, Exchange, bytes, bytes, int]] = {}
+        #: first sends whose bytes waited for the socket to take them (``_dispatched``), for the self-watch
+        self.send_waited = 0
+        self._send_wait_max_ms = 0.0  # the longest such wait since take_send_wait_max_ms last read it
 
     def _request_head(self, path: str) -> bytes:
         head = (
@@ -253,7 +264,6 @@ class Client:
             if ex.total_ns is not None and conn.ex is ex:
                 ex.deadline_ns = sent + ex.total_ns
                 conn.check_stall()
-            self._stamp_sent(res, sent, at_ns - self.t0_ns)
             if written < len(head) + len(body):
                 if ex.done.done():  # answered before its body went out: the stream is out of step
                     conn.abort()
@@ -262,6 +272,9 @@ class Client:
                         conn.transport.writelines((memoryview(head)[written:], body))
                     else:
                         conn.transport.write(memoryview(body)[written - len(head) :])
+                self._dispatch_when_drained(res, conn, sent, at_ns - self.t0_ns)
+            else:
+                self._stamp_sent(res, sent, at_ns - self.t0_ns, written=True)
         _reported(ex)
 
     def cancel_launch(self, conn: Connection) -> None:
@@ -284,16 +297,54 @@ class Client:
         """The whole HTTP request: head and ``req.body``."""
         return b"".join((self._head_of(req), req.body))
 
-    def _stamp_sent(self, res: RequestResult, sent: int, lag_from_ns: int) -> None:
+    def _stamp_sent(self, res: RequestResult, sent: int, lag_from_ns: int, written: bool = False) -> None:
         """The one way a send is stamped, whoever wrote it (the loop or the launcher process):
         ``sent_ns`` (``sent``: ``now_ns`` just before the first byte); on the first send (retries
         keep it) ``dispatch_lag_ms`` = sent - ``lag_from_ns`` (ns after the anchor), reported
-        to ``on_dispatched``."""
+        to ``on_dispatched``. ``written``: the socket took the request whole (``send_wait_ms``
+        0; else nothing was written: a connect that failed at the due time). A request the
+        socket did not take whole goes through ``_dispatch_when_drained`` instead."""
         res.sent_ns = sent - self.t0_ns
         if res.dispatch_lag_ms is None:
             res.dispatch_lag_ms = (res.sent_ns - lag_from_ns) / 1e6
+            if written:
+                res.send_wait_ms = 0.0
             if self.on_dispatched is not None:
                 self.on_dispatched(res)
+
+    def _dispatch_when_drained(self, res: RequestResult, conn: Connection, sent: int, lag_from_ns: int) -> None:
+        """``_stamp_sent`` for a request the socket did not take whole: ``sent_ns`` (its first
+        byte) now; on the first send, its dispatch once the kernel has its last byte: when the
+        connection's transport has drained (``Connection.watch_send``; ``_attempt`` stamps it at
+        the exchange's end if that comes first), or now when nothing is left in it (the
+        launcher wrote part, the transport the rest at once; or the connection is gone)."""
+        res.sent_ns = sent - self.t0_ns
+        if res.dispatch_lag_ms is not None:  # a retry: dispatch lag is the first send's
+            return
+
+        def drained() -> None:
+            self._dispatched(res, sent, now_ns(), lag_from_ns)
+
+        if not conn.watch_send(drained):
+            drained()
+
+    def _dispatched(self, res: RequestResult, sent: int, last: int, lag_from_ns: int) -> None:
+        """The kernel took the last byte of ``res``'s request at ``last`` (``now_ns``), its first
+        at ``sent``: ``send_wait_ms``, ``dispatch_lag_ms`` to ``last``, the self-watch's counts,
+        ``on_dispatched``."""
+        wait_ms = (last - sent) / 1e6
+        res.send_wait_ms = wait_ms
+        res.dispatch_lag_ms = (last - self.t0_ns - lag_from_ns) / 1e6
+        self.send_waited += 1
+        if wait_ms > self._send_wait_max_ms:
+            self._send_wait_max_ms = wait_ms
+        if self.on_dispatched is not None:
+            self.on_dispatched(res)
+
+    def take_send_wait_max_ms(self) -> float:
+        """The longest wait of a request's bytes for the socket since the last call (self-watch)."""
+        wait, self._send_wait_max_ms = self._send_wait_max_ms, 0.0
+        return wait
 
     def _write(
         self, req: PreparedRequest, res: RequestResult, conn: Connection, t_start: int, lag_from_ns: int
@@ -305,7 +356,10 @@ class Client:
             ex.deadline_ns = sent + ex.total_ns
         res.connect_ms = (sent - t_start) / 1e6
         conn.start(request, ex)
-        self._stamp_sent(res, sent, lag_from_ns)
+        if conn.transport.get_write_buffer_size():  # type: ignore[union-attr]
+            self._dispatch_when_drained(res, conn, sent, lag_from_ns)  # (the socket did not take it whole)
+        else:
+            self._stamp_sent(res, sent, lag_from_ns, written=True)
         return ex
 
     async def send(
@@ -455,6 +509,8 @@ class Client:
             fail(res, ErrorKind.CLIENT, f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT])
         finally:
             if conn is not None:
+                if conn.on_drained is not None:  # ended before the kernel took every byte: dispatched now
+                    conn.drained()
                 self.pool.release(conn)
         return retry
 

@@ -12,6 +12,7 @@ import errno
 import resource
 import socket
 import ssl
+from collections.abc import Callable
 from typing import Protocol
 
 import httptools
@@ -155,6 +156,7 @@ class Connection(asyncio.Protocol):
         self.tls: TLSSession | None = None  # TLS done here over the plain transport (``start_tls``)
         self._handshake: asyncio.Future[None] | None = None
         self._fd = -1  # (the socket, kept while TLS is not ready for the launcher)
+        self.on_drained: Callable[[], None] | None = None  # ``watch_send``'s call, while it waits
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -399,6 +401,33 @@ class Connection(asyncio.Protocol):
             wake = ex.last_ns + rt if wake is None else min(wake, ex.last_ns + rt)
         if wake is not None:
             ex.timer = asyncio.get_running_loop().call_later((wake - now) / 1e9, self.check_stall)
+
+    # -- send flow ----------------------------------------------------------------------------
+    def watch_send(self, on_drained: Callable[[], None]) -> bool:
+        """Whether the transport still holds bytes of what was written (the socket's buffer was
+        full: the link is slower than the bytes); if so, ``on_drained()`` is called once the
+        kernel has taken them all (``resume_writing``), or earlier by ``drained`` (the exchange
+        ended first). Costs nothing on a write the socket took whole: flow control is turned
+        on only here, for this connection (high-water mark 0: ``pause_writing`` at once,
+        ``resume_writing`` when nothing is left in the transport's buffer)."""
+        t = self.transport
+        if t is None or not t.get_write_buffer_size():
+            return False
+        self.on_drained = on_drained
+        t.set_write_buffer_limits(high=0)
+        return True
+
+    def resume_writing(self) -> None:
+        """asyncio flow control: the transport's buffer is down to its low-water mark (0 once
+        ``watch_send`` set it): the kernel has every byte written so far."""
+        self.drained()
+
+    def drained(self) -> None:
+        """Call what ``watch_send`` was given, once, if it still waits."""
+        call = self.on_drained
+        if call is not None:
+            self.on_drained = None
+            call()
 
     def start(self, request: bytes, ex: Exchange) -> None:
         self.ex = ex

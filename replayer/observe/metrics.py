@@ -148,7 +148,7 @@ class ReplayerMetrics:
         )
         self.lag = Histogram(
             "replayer_dispatch_lag_seconds",
-            "Actual send time minus due time (negative = early).",
+            "Dispatch time (the kernel took the request's last byte) minus due time (negative = early).",
             buckets=LAG_BUCKETS,
             registry=r,
         )

@@ -2,7 +2,9 @@
 
 A late send is the client's fault, not the server's, and past saturation the user needs to know
 what ran out: the CPU, the event loop (stream reads), request preparation, the hand-over to the
-launcher process, the launcher process itself, or garbage collection. ``read`` takes one
+launcher process, the launcher process itself, garbage collection, or the network send (the
+link to the target slower than the requests' bytes: they wait for the socket to take them, and
+the wait is dispatch lag, see ``replayer.http.client``). ``read`` takes one
 ``Reading`` of the replayer's own cumulative counters; ``saturated(prev, cur, loop_lag_ms)`` is
 pure and names each part saturated between two readings, with its numbers. The daemon's
 self-watch logs them (``replayer.run.daemon._watch_self``).
@@ -19,6 +21,8 @@ BEHIND_MS = 50.0
 CPU_BUSY = 0.9
 #: share of wall time spent in garbage collection at or above which it is named
 GC_BUSY = 0.05
+#: the name of the part that says the link to the target is slower than the requests' bytes
+NETWORK_SEND = "network send"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,13 +36,20 @@ class Reading:
     fired_by_loop: int = 0  # requests the loop wrote although a launcher process runs
     gc_s: float = 0.0  # time spent in paced garbage collections
     launcher_late_ms: float = 0.0  # the launcher's latest write past its due time since the last reading
+    send_waited: int = 0  # requests whose bytes waited for the socket to take them (the clients' send_waited)
+    send_wait_max_ms: float = 0.0  # the longest such wait since the last reading
 
 
-def read(dispatcher=None, launcher=None, gc_pacer=None) -> Reading:
-    """A reading of the live parts (any of them may be None); resets the launcher's maximum."""
+def read(dispatcher=None, launcher=None, gc_pacer=None, clients=()) -> Reading:
+    """A reading of the live parts (any of them may be None; ``clients``: the HTTP clients, one
+    per target); resets the launcher's and the clients' maxima."""
     late_ms = 0.0
     if launcher is not None:
         late_ms = launcher.take_late_max_ns() / 1e6
+    waited, wait_ms = 0, 0.0
+    for c in clients:
+        waited += c.send_waited
+        wait_ms = max(wait_ms, c.take_send_wait_max_ms())
     return Reading(
         wall_s=time.monotonic(),
         cpu_s=time.process_time(),
@@ -47,12 +58,16 @@ def read(dispatcher=None, launcher=None, gc_pacer=None) -> Reading:
         fired_by_loop=dispatcher.fired_by_loop if dispatcher is not None else 0,
         gc_s=gc_pacer.spent_ns / 1e9 if gc_pacer is not None else 0.0,
         launcher_late_ms=late_ms,
+        send_waited=waited,
+        send_wait_max_ms=wait_ms,
     )
 
 
 def saturated(prev: Reading, cur: Reading, loop_lag_ms: float) -> list[str]:
     """What ran out between readings ``prev`` and ``cur`` (``loop_lag_ms``: the largest event-loop
-    lag in that interval), each as a short phrase with its numbers; empty when nothing did."""
+    lag in that interval), each as a short phrase with its numbers; empty when nothing did. The
+    network send is named when a request's bytes waited for the socket longer than ``BEHIND_MS``
+    (a short wait is a socket buffer filling and emptying, not a link that falls behind)."""
     out: list[str] = []
     wall = max(cur.wall_s - prev.wall_s, 1e-9)
     cpu = (cur.cpu_s - prev.cpu_s) / wall
@@ -75,4 +90,17 @@ def saturated(prev: Reading, cur: Reading, loop_lag_ms: float) -> list[str]:
     gc = cur.gc_s - prev.gc_s
     if gc / wall >= GC_BUSY:
         out.append(f"garbage collection ({gc * 1e3:.0f} ms in {wall:.1f} s)")
+    waited = cur.send_waited - prev.send_waited
+    if waited > 0 and cur.send_wait_max_ms > BEHIND_MS:
+        out.append(
+            f"{NETWORK_SEND} ({waited} request{'s' if waited > 1 else ''} waited up to {cur.send_wait_max_ms:.0f} ms "
+            f"for the socket to take {'their' if waited > 1 else 'its'} bytes, {sent} sent in {wall:.1f} s: the link to the target is slower "
+            "than the requests' bytes)"
+        )
     return out
+
+
+def network_bound(parts: list[str]) -> bool:
+    """Whether ``saturated``'s ``parts`` name only the network send: then the link, not the
+    replayer's own resources, is what falls behind."""
+    return bool(parts) and all(p.startswith(NETWORK_SEND) for p in parts)

@@ -596,7 +596,8 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
     elif not cfg.quiet:
         background.start("progress", progress(state, dispatcher, anchor), essential=False)
     background.start(
-        "self-watch", watch_self(state, metrics, probe=lambda: selfwatch.read(dispatcher, launcher, gc_pacer))
+        "self-watch",
+        watch_self(state, metrics, probe=lambda: selfwatch.read(dispatcher, launcher, gc_pacer, clients.values())),
     )
     heartbeat = None
     if cfg.coordinator is not None and state.fleet is not None:  # the fleet sees this shard live

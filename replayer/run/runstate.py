@@ -249,6 +249,16 @@ def _cap_text(d: Dispatcher) -> str:
     return f" (cap {d.max_concurrency})"
 
 
+_CLIENT_BOUND = (
+    "its own resources are the bottleneck (measured latencies include client delay): use --workers, shards "
+    "or a lower --speedup"
+)
+_LINK_BOUND = (
+    "the link to the target is the bottleneck, not the replayer's resources (requests go out late, "
+    "latencies from the due time include it): a faster link, the replayer nearer the target, or a lower --speedup"
+)
+
+
 async def watch_self(
     state: RunState,
     metrics: ReplayerMetrics,
@@ -260,7 +270,7 @@ async def watch_self(
     event loop are the client's problem and would otherwise be reported as server latency.
     Checked every ``every_s`` (the first warning comes within about that much of falling behind);
     the warning names what is saturated (``replayer.observe.selfwatch``: CPU, event loop, preparation,
-    hand-over, launcher process, GC) from ``probe()`` readings, and is repeated at most every
+    hand-over, launcher process, GC, network send) from ``probe()`` readings, and is repeated at most every
     ``repeat_s`` while that list stays the same.
     (The numbers are also exported: replayer_dispatch_lag_seconds, replayer_event_loop_lag_*.)"""
     warned = False
@@ -280,12 +290,12 @@ async def watch_self(
                 said, said_at = names, time.monotonic()
                 log.warning(
                     "the replayer is behind schedule: max dispatch lag %.0f ms, event-loop lag %.0f ms "
-                    "in the last %g s; saturated: %s; its own resources are the bottleneck (measured "
-                    "latencies include client delay): use --workers, shards or a lower --speedup",
+                    "in the last %g s; saturated: %s; %s",
                     lag,
                     loop_lag,
                     every_s,
                     "; ".join(parts) or "nothing measured (another process takes the CPU?)",
+                    _LINK_BOUND if selfwatch.network_bound(parts) else _CLIENT_BOUND,
                 )
             warned = True
         elif loop_lag > BEHIND_MS:  # sends on time (the launcher process), but reads waited
