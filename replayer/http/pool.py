@@ -102,7 +102,7 @@ class Pool:
         ticket, so that the others resume its session instead of each doing a full handshake."""
         first: list[Connection | BaseException] = []
         if self._ssl is not None and self._session is None and n > 1:
-            first = await asyncio.gather(self._connect(), return_exceptions=True)
+            first = list(await asyncio.gather(self._connect(), return_exceptions=True))
             n -= 1
             if isinstance(first[0], Connection):
                 await self._await_ticket(first[0])
