@@ -6,7 +6,7 @@ W1 (issue 7) streams ~620k tokens to 1,750 requests, about 120 at a time, one SS
 10 ms per stream; each event is one TCP read. This runs the same shape: ``--streams`` concurrent
 ``/v1/completions`` streams (8-token prompts, starts spread over 10 ms) of ``--tokens`` tokens
 each, ``--waves`` times, through the real ``Client`` (uvloop, httptools, SSE decode, accounting)
-against a ``replayer sim`` in its own process (TTFT 20 ms, ITL 10 ms) or ``--target``. Prints the
+against a ``replayer sim`` in its own process (TTFT 20 ms, ITL 10 ms) or ``--target`` (``--tls``: the simulator serves TLS). Prints the
 client process's user and system CPU per event (``getrusage`` over the waves, imports and
 warm-up excluded), voluntary context switches and events/s. A read costs a syscall plus the ACK
 it sends (on loopback the ACK's processing runs in the reader's syscall too), so system time per
@@ -22,9 +22,12 @@ import argparse
 import asyncio
 import os
 import resource
+import shutil
 import socket
+import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -37,6 +40,8 @@ from replayer.core.clock import now_ns  # noqa: E402
 from replayer.core.request import PreparedRequest  # noqa: E402
 from replayer.core.result import RequestResult  # noqa: E402
 from replayer.http.client import Client  # noqa: E402
+from replayer.http.tls import TLSOptions  # noqa: E402
+from replayer.sim.certs import write_certs  # noqa: E402
 
 
 def _free_port() -> int:
@@ -45,8 +50,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_sim() -> tuple[subprocess.Popen, str]:
+def _start_sim(certs: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     port = _free_port()
+    tls = ["--tls-cert", certs["server_cert"], "--tls-key", certs["server_key"]] if certs else []
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -67,15 +73,17 @@ def _start_sim() -> tuple[subprocess.Popen, str]:
             "0",
             "--prefix-cache-tokens",
             "0",
+            *tls,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if certs else 'http'}://127.0.0.1:{port}"
+    ctx = ssl.create_default_context(cafile=certs["ca"]) if certs else None
     end = time.monotonic() + 30
     while time.monotonic() < end:
         try:
-            urllib.request.urlopen(url + "/health", timeout=1).read()
+            urllib.request.urlopen(url + "/health", timeout=1, context=ctx).read()
             return proc, url
         except OSError:
             time.sleep(0.1)
@@ -84,7 +92,14 @@ def _start_sim() -> tuple[subprocess.Popen, str]:
 
 
 async def _run(
-    url: str, streams: int, tokens: int, waves: int, model: str, delayed_ack: bool, continuous_usage: bool
+    url: str,
+    streams: int,
+    tokens: int,
+    waves: int,
+    model: str,
+    delayed_ack: bool,
+    continuous_usage: bool,
+    tls: TLSOptions | None = None,
 ) -> None:
     stream_options = {"include_usage": True, "continuous_usage_stats": continuous_usage}
     body = orjson.dumps(
@@ -98,7 +113,7 @@ async def _run(
             "stream_options": stream_options,
         }
     )
-    async with Client(url, t0_ns=now_ns(), delayed_ack=delayed_ack) as client:
+    async with Client(url, t0_ns=now_ns(), delayed_ack=delayed_ack, tls=tls) as client:
         await client.warm_up(streams)
 
         async def one(i: int) -> RequestResult:
@@ -148,13 +163,18 @@ def main() -> None:
         action="store_true",
         help="usage only at the end (as --no-vllm-extensions), not on every event",
     )
+    ap.add_argument("--tls", action="store_true", help="the simulator serves TLS (throw-away certificates)")
     a = ap.parse_args()
     if a.target and not a.target.startswith(("http://127.0.0.1", "http://localhost")):
         raise SystemExit("--target must be on 127.0.0.1 (benchmarks stay on this host)")
-    proc, url = (None, a.target) if a.target else _start_sim()
+    tmp = tempfile.mkdtemp(prefix="bench-stream-")
+    certs = write_certs(tmp) if a.tls else None
+    proc, url = (None, a.target) if a.target else _start_sim(certs)
+    tls = TLSOptions(ca_bundle=certs["ca"], server_name="localhost") if certs else None
     try:
-        uvloop.run(_run(url, a.streams, a.tokens, a.waves, a.model, a.delayed_ack, not a.no_continuous_usage))
+        uvloop.run(_run(url, a.streams, a.tokens, a.waves, a.model, a.delayed_ack, not a.no_continuous_usage, tls))
     finally:
+        shutil.rmtree(tmp, ignore_errors=True)
         if proc is not None:
             proc.terminate()
             proc.wait(10)

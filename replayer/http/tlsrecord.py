@@ -212,7 +212,7 @@ class TLSSession:
         rest: list[bytes] | None = None
         while True:
             try:
-                chunk = obj.read(1 << 18)
+                chunk = obj.read(16384)
             except ssl.SSLWantReadError:
                 break
             except ssl.SSLZeroReturnError:
