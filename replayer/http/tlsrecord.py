@@ -97,7 +97,7 @@ class KeyLog:
         os.set_blocking(r, False)
         try:
             ctx.keylog_filename = f"/proc/self/fd/{w}"  # (OpenSSL opens its own descriptor of the pipe)
-        except OSError:
+        except (OSError, AttributeError, NotImplementedError):  # (no /proc, or an OpenSSL without key logs)
             os.close(r)
             r = -1
         finally:
