@@ -228,12 +228,7 @@ class Connection(asyncio.Protocol):
     def wire(self, data: bytes) -> bytes:
         """``data`` as written on the connection: itself, or TLS records."""
         tls = self.tls
-        if tls is None:
-            return data
-        out = tls.wire(data)
-        if tls.worn:  # the key is worn: this exchange is the connection's last
-            self.keep_alive = False
-        return out
+        return data if tls is None else tls.wire(data)
 
     def data_received(self, data: bytes) -> None:
         if self.tls is not None:

@@ -237,10 +237,11 @@ class Pool:
     def release(self, c: Connection) -> None:
         """An exchange on ``c`` ended: kept alive and idle, or closed. A TLS connection's first
         exchange brings the server's session tickets (TLS 1.3 sends them after the handshake):
-        its session becomes the one offered to new connections."""
+        its session becomes the one offered to new connections. One whose TLS key has sealed
+        its share of records (``TLSSession.worn``) is closed."""
         if c.served == 1 and c.tls is not None:
             self._note_session(c)
-        if c.closed or not c.keep_alive or c.ex is not None:
+        if c.closed or not c.keep_alive or c.ex is not None or (c.tls is not None and c.tls.worn):
             c.abort()
             self._all.discard(c)
         else:
