@@ -329,3 +329,34 @@ def test_the_launcher_process_writes_tls_requests_and_new_connections_resume_the
     assert [(r.outcome, r.error) for r in results] == [("success", None)] * 6
     assert reserved_n == launched == seen == 6  # every request written by the launcher, each answered
     assert opened == 3 and handshakes == 4 and resumed == 3
+
+
+def test_a_connection_whose_tls_key_sealed_its_share_of_records_is_retired(certs, monkeypatch):
+    """AES-GCM limits the records one key may seal (RFC 8446 section 5.5): a connection past
+    ``RECORDS_PER_KEY`` is closed after its exchange and the next request opens another (here
+    the limit is lowered to 2 records: two requests written by the loop, one record each)."""
+    import replayer.http.tlsrecord as tlsrecord
+    from replayer.core.clock import now_ns
+    from replayer.sim.certs import server_context
+    from replayer.sim.server import SimConfig, SimServer
+
+    monkeypatch.setattr(tlsrecord, "RECORDS_PER_KEY", 2)
+    g = certs["good"]
+
+    async def main():
+        sim = SimServer(SimConfig())
+        url = await sim.start("127.0.0.1", 0, server_context(g["server_cert"], g["server_key"]))
+        try:
+            async with Client(url, t0_ns=now_ns(), tls=TLSOptions(ca_bundle=g["ca"], server_name="localhost")) as c:
+                c.pool.spare_target = 0
+                out = []
+                for i in range(4):
+                    req = prepared(i)
+                    out.append(await asyncio.wait_for(c.send(req, result_for(req)), 10))
+                return out, c.pool.tls_handshakes
+        finally:
+            await sim.stop()
+
+    results, handshakes = asyncio.run(main())
+    assert [r.outcome for r in results] == ["success"] * 4
+    assert handshakes == 2  # requests 1-2 on the first connection, 3-4 on a second
