@@ -546,3 +546,52 @@ def test_every_run_has_a_baseline_scrape_taken_before_its_first_request(tmp_path
     assert seen[0] == "scrape" and seen[-1] == "scrape"  # the baseline, before any request; the final one
     rows = pq.read_table(tmp_path / "r" / "target_metrics.parquet").to_pylist()
     assert rows[0]["t_ns"] <= 0 < rows[-1]["t_ns"]  # the baseline: at or before the run's anchor
+
+
+def test_a_scrape_stopped_while_its_page_is_parsed_ends_after_the_parse():
+    """The run's end cancels the scrape task while a page is parsed in a worker thread (a busy
+    machine, a large vLLM page): the task ends only once that parse has, so the final scrape,
+    taken next, is never observed before it (an older page observed after a newer one would read
+    as a counter reset and count the run's counters again)."""
+    import threading
+
+    from aiohttp import web
+
+    entered, release = threading.Event(), threading.Event()
+
+    async def metrics(_req):
+        return web.Response(text="# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total 5\n")
+
+    async def main():
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        try:
+            async with aiohttp.ClientSession() as s:
+                sc = TargetScraper(f"http://127.0.0.1:{runner.addresses[0][1]}/metrics", session=s)
+                observe = sc.observe
+
+                def slow_observe(text):  # the parse, held in its thread until released
+                    entered.set()
+                    release.wait(30)
+                    return observe(text)
+
+                sc.observe = slow_observe  # type: ignore[method-assign]
+                task = asyncio.create_task(sc.scrape_once())
+                assert await asyncio.to_thread(entered.wait, 30)
+                task.cancel()
+                done, _ = await asyncio.wait([task], timeout=0.2)
+                still_parsing = not done and sc.scrapes == 0
+                release.set()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                return still_parsing, sc
+        finally:
+            release.set()
+            await runner.cleanup()
+
+    still_parsing, sc = asyncio.run(asyncio.wait_for(main(), 60))
+    assert still_parsing  # the cancelled scrape waited for its parse
+    assert sc.scrapes == 1 and sc.latest["prompt_tokens"] == 5  # which ended before the task did

@@ -204,7 +204,14 @@ class TargetScraper:
                 if r.status != 200:
                     raise ValueError(f"HTTP {r.status}: {text[:200]}")
             # prometheus_client's parser is pure Python (~10-30 ms for a vLLM page): off the loop
-            return await asyncio.get_running_loop().run_in_executor(None, self.observe, text)
+            parse = asyncio.get_running_loop().run_in_executor(None, self.observe, text)
+            try:
+                return await asyncio.shield(parse)
+            except asyncio.CancelledError:
+                # (the run's end) the parse goes on in its thread: it ends before this does, so the
+                # final scrape, taken once the tasks are stopped, is never observed before it
+                await asyncio.wait([parse])
+                raise
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a scrape failure must not stop the replay
