@@ -22,6 +22,9 @@ def test_the_start_up_order_keeps_the_slow_work_ahead_of_the_pool_and_the_anchor
     assert order.index("first batch") < order.index("warm-up") < order.index("prebuild")
     assert order.index("tracing") < order.index("anchor")  # the SDK's import is start-up, not the first requests' lag
     assert order.index("prebuild") < order.index("pool") < order.index("anchor") == len(order) - 1
+    # the target's baseline scrape: before the anchor (no request of the run sent yet) and before
+    # the pool opens (a slow /metrics leaves no pooled connection idle)
+    assert order.index("target baseline") < order.index("pool")
     assert all(why for _, why in START_UP)
 
 

@@ -488,3 +488,110 @@ def test_a_sample_part_that_cannot_be_written_is_kept_for_the_next(tmp_path, mon
     files.write_part(rows[4:5])  # takes the rows the failed write kept
     assert files.roll(rows[5:]) == 6
     assert read_samples(str(tmp_path)).column("t_ns").to_pylist() == [0, 1, 2, 3, 4, 5]  # each once, in order
+
+
+def test_every_run_has_a_baseline_scrape_taken_before_its_first_request(tmp_path):
+    """A run anchored at once (``start_delay_s`` 0: the first request due as the send path starts)
+    and a scraper whose loop turn would come later, as on a starved event loop: the baseline
+    scrape is taken during start-up, before the anchor, so the target saw it before any request
+    of the run and the run's deltas count every request it sent, whatever the load. (Scraped
+    only on the send path's turn, the first requests went out ahead of it and were missed.)"""
+    from aiohttp import web
+    from inprocess import replay_against
+
+    seen: list[str] = []
+    prompt_tokens = [0]
+
+    async def completions(req):
+        body = await req.json()
+        seen.append("request")
+        prompt_tokens[0] += len(body["prompt"])
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(req)
+        ev = {
+            "id": "c",
+            "object": "text_completion",
+            "choices": [{"index": 0, "text": "ab", "finish_reason": "length"}],
+        }
+        await resp.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
+        u = {"prompt_tokens": len(body["prompt"]), "completion_tokens": 1, "total_tokens": len(body["prompt"]) + 1}
+        await resp.write(b"data: " + json.dumps({"id": "c", "choices": [], "usage": u}).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def metrics(_req):
+        seen.append("scrape")
+        text = f'# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{{engine="0"}} {prompt_tokens[0]}\n'
+        return web.Response(text=text, content_type="text/plain")
+
+    async def models(_req):
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/metrics", metrics)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": 5 * i, "input_length": 16, "output_length": 1, "hash_ids": [i]}) + "\n"
+            for i in range(4)
+        )
+    )
+    s = replay_against(app, trace, tmp_path / "r", scrape_target_metrics=True, scrape_interval_s=3600, start_delay_s=0)
+    assert s["completed"] == 4 and seen.count("request") == 4
+    tm = s["target_metrics"]
+    assert tm["deltas"].get("prompt_tokens") == prompt_tokens[0] == 4 * 16 and tm["scrapes"] == 2, (tm, seen)
+    assert seen[0] == "scrape" and seen[-1] == "scrape"  # the baseline, before any request; the final one
+    rows = pq.read_table(tmp_path / "r" / "target_metrics.parquet").to_pylist()
+    assert rows[0]["t_ns"] <= 0 < rows[-1]["t_ns"]  # the baseline: at or before the run's anchor
+
+
+def test_a_scrape_stopped_while_its_page_is_parsed_ends_after_the_parse():
+    """The run's end cancels the scrape task while a page is parsed in a worker thread (a busy
+    machine, a large vLLM page): the task ends only once that parse has, so the final scrape,
+    taken next, is never observed before it (an older page observed after a newer one would read
+    as a counter reset and count the run's counters again)."""
+    import threading
+
+    from aiohttp import web
+
+    entered, release = threading.Event(), threading.Event()
+
+    async def metrics(_req):
+        return web.Response(text="# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total 5\n")
+
+    async def main():
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        try:
+            async with aiohttp.ClientSession() as s:
+                sc = TargetScraper(f"http://127.0.0.1:{runner.addresses[0][1]}/metrics", session=s)
+                observe = sc.observe
+
+                def slow_observe(text):  # the parse, held in its thread until released
+                    entered.set()
+                    release.wait(30)
+                    return observe(text)
+
+                sc.observe = slow_observe  # type: ignore[method-assign]
+                task = asyncio.create_task(sc.scrape_once())
+                assert await asyncio.to_thread(entered.wait, 30)
+                task.cancel()
+                done, _ = await asyncio.wait([task], timeout=0.2)
+                still_parsing = not done and sc.scrapes == 0
+                release.set()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                return still_parsing, sc
+        finally:
+            release.set()
+            await runner.cleanup()
+
+    still_parsing, sc = asyncio.run(asyncio.wait_for(main(), 60))
+    assert still_parsing  # the cancelled scrape waited for its parse
+    assert sc.scrapes == 1 and sc.latest["prompt_tokens"] == 5  # which ended before the task did

@@ -15,7 +15,9 @@
 # RUN/tool/proxy.json; bench/bench_capture.py interleaves it with direct runs); TOOL=vllm-bench runs
 # `vllm bench serve --dataset-name timed_trace` (vllm_bench_runner.sh; needs vLLM installed).
 # TOOL=tls runs replayer over TLS through a stunnel terminator in front of the server (tls_runner.sh;
-# stunnel's own CPU in RUN/tool/stunnel.json). REPLAYER_ARGS="--no-launcher ..." passes options to `replayer run`.
+# stunnel's own CPU in RUN/tool/stunnel.json); TOOL=calib-tls runs the reference client over the same
+# TLS (calib_tls_runner.sh: the same stunnel start and stop, tls_common.sh), to compare the two there.
+# REPLAYER_ARGS="--no-launcher ..." passes options to `replayer run`.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 H=$ROOT/../shared/bench/fidelity
@@ -54,6 +56,7 @@ if [[ $TOOL == calib ]]; then RUNNER=(--tool calib)
 elif [[ $TOOL == record ]]; then RUNNER=(--runner "$ROOT/bench/fidelity/record_runner.sh")
 elif [[ $TOOL == vllm-bench ]]; then RUNNER=(--runner "$ROOT/bench/fidelity/vllm_bench_runner.sh")
 elif [[ $TOOL == tls ]]; then RUNNER=(--runner "$ROOT/bench/fidelity/tls_runner.sh")
+elif [[ $TOOL == calib-tls ]]; then RUNNER=(--runner "$ROOT/bench/fidelity/calib_tls_runner.sh")
 else RUNNER=(--runner "$ROOT/bench/fidelity/replayer_runner.sh"); fi
 $P "$H/harness.py" "${RUNNER[@]}" ${PORT:+--port "$PORT"} --slice "$W/slice_$NAME" --out "$W/run_${NAME}_$TOOL" --work-dir "$W" --name "$TOOL" \
   ${SERVER_ARGS:+"--server-args=$SERVER_ARGS"} ${REPLAYER_ARGS:+"--tool-args=$REPLAYER_ARGS"}

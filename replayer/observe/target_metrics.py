@@ -41,7 +41,8 @@ class TargetScraper:
 
     ``session``: an ``aiohttp.ClientSession`` to use (not closed here); None creates one for
     ``run``. ``t0_ns``: the run anchor on ``replayer.core.clock.now_ns``'s clock (row field ``t_ns``
-    is the offset from it). ``wall``/``mono``: injectable clocks (Unix s / int ns).
+    is the offset from it; ``set_anchor`` gives it once known, after a baseline scrape taken
+    before it). ``wall``/``mono``: injectable clocks (Unix s / int ns).
 
     After each successful scrape: ``latest`` (aggregated values, see ``aggregate``), one row per
     raw series appended to ``samples`` (``{"time_s", "t_ns", "metric", "labels", "kind",
@@ -184,6 +185,14 @@ class TargetScraper:
             rows, self.samples = self.samples, []
         return rows
 
+    def set_anchor(self, t0_ns: int) -> None:
+        """The run's anchor, known only after the baseline scrape (taken during start-up, before
+        it): the rows not yet taken are re-based on it (a baseline's ``t_ns`` is then negative)."""
+        with self._samples_lock:
+            for r in self.samples:
+                r["t_ns"] += self.t0_ns - t0_ns
+            self.t0_ns = t0_ns
+
     # -- I/O -------------------------------------------------------------------------------------
     async def scrape_once(self, session: aiohttp.ClientSession | None = None) -> dict[str, float] | None:
         """GET the metrics once and ``observe`` it; None (and ``errors`` += 1) on failure."""
@@ -195,7 +204,14 @@ class TargetScraper:
                 if r.status != 200:
                     raise ValueError(f"HTTP {r.status}: {text[:200]}")
             # prometheus_client's parser is pure Python (~10-30 ms for a vLLM page): off the loop
-            return await asyncio.get_running_loop().run_in_executor(None, self.observe, text)
+            parse = asyncio.get_running_loop().run_in_executor(None, self.observe, text)
+            try:
+                return await asyncio.shield(parse)
+            except asyncio.CancelledError:
+                # (the run's end) the parse goes on in its thread: it ends before this does, so the
+                # final scrape, taken once the tasks are stopped, is never observed before it
+                await asyncio.wait([parse])
+                raise
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a scrape failure must not stop the replay
@@ -206,12 +222,15 @@ class TargetScraper:
             return None
 
     async def run(self) -> None:
-        """Scrape at ``interval_s`` on absolute deadlines (no drift) until cancelled."""
+        """Scrape at ``interval_s`` on absolute deadlines (no drift) until cancelled: at once, or
+        one interval from now when this run already has a good scrape (its baseline)."""
         own = self._session is None
         session = self._session or aiohttp.ClientSession()
         try:
             start = self._mono()
-            k = 0
+            if self.last_time_s is not None:  # (the baseline was the tick at ``start``)
+                await asyncio.sleep(self.interval_s)
+            k = 0 if self.last_time_s is None else 1
             while True:
                 await self.scrape_once(session)
                 k += 1
@@ -238,6 +257,10 @@ class TargetScrapers:
 
     async def scrape_once(self, session) -> None:
         await asyncio.gather(*(s.scrape_once(session) for s in self.scrapers.values()))
+
+    def set_anchor(self, t0_ns: int) -> None:
+        for s in self.scrapers.values():
+            s.set_anchor(t0_ns)
 
     def take_samples(self) -> list[dict]:
         rows = []

@@ -58,8 +58,9 @@ def _sample_schema():
 
 def save_samples(rows: list[dict], path: str) -> None:
     """Write sample rows (``TargetScraper.samples`` format) to Parquet, long format: columns
-    ``time_s`` (float64, Unix s), ``t_ns`` (int64, ns after the run anchor), ``metric`` (the raw
-    sample name, e.g. ``vllm:prompt_tokens_total``), ``labels`` (JSON object text, every label),
+    ``time_s`` (float64, Unix s), ``t_ns`` (int64, ns after the run anchor: negative for the
+    baseline, scraped before it), ``metric`` (the raw sample name, e.g.
+    ``vllm:prompt_tokens_total``), ``labels`` (JSON object text, every label),
     ``kind`` ("counter"/"gauge"), ``value`` (float64). Written to a temporary name, fsynced, then
     renamed (``recorder.atomic_file``): a file on disk is always whole."""
     import pyarrow.parquet as pq

@@ -350,6 +350,12 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
             )
 
         spans: RequestSpans | None = None
+        scraper = _target_scraper(cfg, targets)
+
+        async def target_baseline() -> None:
+            if scraper is not None:  # (its rows' t_ns re-based at the anchor, below)
+                async with aiohttp.ClientSession() as s:
+                    await scraper.scrape_once(s)
 
         async def tracing() -> None:  # (the SDK's import: off the loop, before the anchor)
             nonlocal spans
@@ -376,6 +382,8 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
                 state.fleet = joined.as_dict()
             for c in clients.values():
                 c.t0_ns = anchor.t0_ns
+            if scraper is not None:
+                scraper.set_anchor(anchor.t0_ns)
 
         await start_up(
             {
@@ -383,6 +391,7 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
                 "warm-up": warm_up,
                 "prebuild": prebuild,
                 "tracing": tracing,
+                "target baseline": target_baseline,
                 "pool": pool,
                 "anchor": take_anchor,
             }
@@ -390,7 +399,7 @@ async def _replay(  # noqa: C901, PLR0912, PLR0915
         assert anchor is not None
         started = _Started(
             stack, flush, loop, batches, factory, timeline, clients, anchor, launcher, gc_pacer, gap_cap,
-            duration_ns, run_id, start_loop, spans,
+            duration_ns, run_id, start_loop, spans, scraper,
         )  # fmt: skip
         return await _run(cfg, started, n_rows, targets, metrics, state, results_dir, model, view)
 
@@ -414,6 +423,7 @@ class _Started:
     run_id: str
     start_loop: int
     spans: RequestSpans | None  # --otlp-endpoint: the span exporter, started at the anchor
+    scraper: TargetScraper | TargetScrapers | None  # the target's /metrics, its baseline scraped
 
 
 async def _run(  # noqa: C901, PLR0912, PLR0915
@@ -458,15 +468,7 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         "replayer.config": cfg.model_dump_json(),
         "replayer.run_id": run_id,
     }
-    scraper: TargetScraper | TargetScrapers | None = None
-    if cfg.scrape_target_metrics:
-        one = {
-            url: TargetScraper(
-                url.rstrip("/") + "/metrics", interval_s=cfg.scrape_interval_s, t0_ns=anchor.t0_ns, tls=cfg.tls
-            )
-            for url in targets
-        }
-        scraper = one[target] if len(one) == 1 else TargetScrapers(one)
+    scraper = started.scraper
     checkpoint = Checkpoint(cfg, run_id, start_loop, scraper if isinstance(scraper, TargetScraper) else None)
 
     recorder = Recorder(
@@ -751,6 +753,17 @@ def _tls_counts(clients: dict[str, Client]) -> dict[str, int] | None:
     if not pools:
         return None
     return {"handshakes": sum(p.tls_handshakes for p in pools), "resumed": sum(p.tls_resumed for p in pools)}
+
+
+def _target_scraper(cfg: RunConfig, targets: list[str]) -> TargetScraper | TargetScrapers | None:
+    """Each target's ``/metrics`` scraper (``--scrape-target-metrics``), anchored later."""
+    if not cfg.scrape_target_metrics:
+        return None
+    one = {
+        url: TargetScraper(url.rstrip("/") + "/metrics", interval_s=cfg.scrape_interval_s, tls=cfg.tls)
+        for url in targets
+    }
+    return one[targets[0]] if len(one) == 1 else TargetScrapers(one)
 
 
 async def _close_clients(clients: dict[str, Client]) -> None:

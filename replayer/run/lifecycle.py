@@ -23,6 +23,11 @@ START_UP: tuple[tuple[str, str], ...] = (
         "with --otlp-endpoint, the OpenTelemetry SDK is imported and its exporter thread started (a tenth of a "
         "second or more): not after the anchor, where the first requests would be late by it",
     ),
+    (
+        "target baseline",
+        "the target's /metrics scraped once before the anchor: every run has its baseline (and its final "
+        "scrape) however starved the loop is later, and it counts none of the run's requests",
+    ),
     ("pool", "keep-alive connections open after the slow work: a server may close connections left idle"),
     ("anchor", "the schedule's time zero comes last: everything before it is start-up, not lateness"),
 )
