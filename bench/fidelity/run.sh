@@ -58,6 +58,10 @@ elif [[ $TOOL == vllm-bench ]]; then RUNNER=(--runner "$ROOT/bench/fidelity/vllm
 elif [[ $TOOL == tls ]]; then RUNNER=(--runner "$ROOT/bench/fidelity/tls_runner.sh")
 elif [[ $TOOL == calib-tls ]]; then RUNNER=(--runner "$ROOT/bench/fidelity/calib_tls_runner.sh")
 else RUNNER=(--runner "$ROOT/bench/fidelity/replayer_runner.sh"); fi
+if [[ $TOOL == tls || $TOOL == calib-tls ]]; then  # the certificates written once, outside the measured runner
+  export TLS_CERTS=$W/tls-certs
+  [[ -f $TLS_CERTS/ca.pem ]] || "$ROOT/.venv/bin/python" -m replayer tls-certs "$TLS_CERTS" > /dev/null
+fi
 $P "$H/harness.py" "${RUNNER[@]}" ${PORT:+--port "$PORT"} --slice "$W/slice_$NAME" --out "$W/run_${NAME}_$TOOL" --work-dir "$W" --name "$TOOL" \
   ${SERVER_ARGS:+"--server-args=$SERVER_ARGS"} ${REPLAYER_ARGS:+"--tool-args=$REPLAYER_ARGS"}
 echo "score: $W/run_${NAME}_$TOOL/score.json"

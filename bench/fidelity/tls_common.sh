@@ -1,8 +1,9 @@
 # Sourced by the TLS runners (tls_runner.sh: replayer; calib_tls_runner.sh: the reference client):
 # the stunnel terminator in front of the harness's server, started and stopped the same way for
 # every client measured over TLS.
-#   tls_start OUT PORT  writes a throw-away CA and server certificate (`replayer tls-certs`) in
-#                       OUT/certs, starts stunnel (from Debian: apt-get install stunnel4) on a free
+#   tls_start OUT PORT  uses the throw-away CA and server certificate in $TLS_CERTS (run.sh writes
+#                       them once, before the harness measures anything), else writes them
+#                       (`replayer tls-certs`) in OUT/certs; starts stunnel (from Debian: apt-get install stunnel4) on a free
 #                       port outside the runner's process tree (so the harness's CPU and RSS sampling
 #                       counts the client alone), waits for it to listen; sets TLS_PORT and TLS_CA
 #                       (the CA to trust) and stops stunnel when the runner exits.
@@ -13,8 +14,9 @@
 tls_start() {
   local out=$1 port=$2 stunnel
   stunnel=$(command -v stunnel4 || command -v stunnel) || { echo "$(basename "$0"): needs stunnel (apt-get install stunnel4)" >&2; exit 1; }
-  "$PY" -m replayer tls-certs "$out/certs" > /dev/null
-  TLS_CA=$out/certs/ca.pem
+  local certs=${TLS_CERTS:-$out/certs}
+  [[ -f $certs/ca.pem ]] || "$PY" -m replayer tls-certs "$certs" > /dev/null
+  TLS_CA=$certs/ca.pem
   TLS_PORT=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
   cat > "$out/stunnel.conf" <<CONF
 foreground = yes
@@ -24,14 +26,14 @@ socket = r:TCP_NODELAY=1
 [harness]
 accept = 127.0.0.1:$TLS_PORT
 connect = 127.0.0.1:$port
-cert = $out/certs/server.pem
-key = $out/certs/server.key
+cert = $certs/server.pem
+key = $certs/server.key
 CONF
   ( "$stunnel" "$out/stunnel.conf" 2> "$out/stunnel.log" & echo $! > "$out/stunnel.pid" )
   _TLS_PID=$(cat "$out/stunnel.pid")
   trap 'kill "$_TLS_PID" 2>/dev/null || true' EXIT
-  for _ in $(seq 100); do
-    "$PY" -c "import socket, sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), 1).close()" "$TLS_PORT" 2>/dev/null && break
+  for _ in $(seq 100); do  # (bash's /dev/tcp: no interpreter started per try, in the measured tree)
+    (exec 3<> "/dev/tcp/127.0.0.1/$TLS_PORT") 2>/dev/null && break
     sleep 0.1
   done
   read -r _TLS_U0 _TLS_S0 < <(awk '{print $14, $15}' "/proc/$_TLS_PID/stat")
