@@ -360,3 +360,35 @@ def test_a_connection_whose_tls_key_sealed_its_share_of_records_is_retired(certs
     results, handshakes = asyncio.run(main())
     assert [r.outcome for r in results] == ["success"] * 4
     assert handshakes == 2  # requests 1-2 on the first connection, 3-4 on a second
+
+
+def test_sslkeylogfile_still_gets_the_secrets_for_a_packet_capture(certs, tmp_path, monkeypatch):
+    """The record sealers read the key log through a pipe of their own; a key log file the user
+    asked for (``SSLKEYLOGFILE``, to decrypt a capture in Wireshark) still gets every
+    connection's secrets, and the requests still go out sealed by the replayer."""
+    from replayer.core.clock import now_ns
+    from replayer.sim.certs import server_context
+    from replayer.sim.server import SimConfig, SimServer
+
+    keylog = tmp_path / "keys.log"
+    g = certs["good"]
+
+    async def main():
+        sim = SimServer(SimConfig())
+        url = await sim.start("127.0.0.1", 0, server_context(g["server_cert"], g["server_key"]))
+        monkeypatch.setenv("SSLKEYLOGFILE", str(keylog))  # (after the server's context: the client's lines only)
+        try:
+            async with Client(url, t0_ns=now_ns(), tls=TLSOptions(ca_bundle=g["ca"], server_name="localhost")) as c:
+                c.pool.spare_target = 0
+                await c.warm_up(2)
+                sealed = [conn.tls is not None and conn.tls.sealer is not None for conn in c.pool._idle]
+                req = prepared(0)
+                res = await asyncio.wait_for(c.send(req, result_for(req)), 10)
+                return sealed, res
+        finally:
+            await sim.stop()
+
+    sealed, res = asyncio.run(main())
+    assert sealed == [True, True] and res.outcome == "success"
+    lines = keylog.read_text().splitlines()
+    assert sum(line.startswith("CLIENT_TRAFFIC_SECRET_0 ") for line in lines) == 2, lines
