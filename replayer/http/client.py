@@ -20,8 +20,8 @@ Behaviour (the traps of DESIGN.md avoided):
   short, or the transport kept bytes: a link slower than the requests' bytes fills the socket's
   buffer), the dispatch is stamped when the transport's buffer drains (asyncio flow control,
   ``Connection.watch_send``), the wait recorded as ``send_wait_ms`` and counted for the
-  self-watch (``send_waited``, ``take_send_wait_max_ms``). Over the event loop's TLS transport
-  (``Connection.fd`` < 0) the dispatch stays the send;
+  self-watch (``send_waited``, ``take_send_wait_max_ms``). TLS connections too: their
+  transport is plain TCP, the TLS being the connection's own (``replayer.http.tlsrecord``);
 * timeouts told apart by kind (``replayer.core.errors``): connect (``connect_timeout_s``), first byte
   and idle (``read_timeout_s`` of silence after the send or between two reads: a slow but steady
   stream is never cut), and an optional total (``request_timeout_s`` from the send to the end of
