@@ -120,8 +120,10 @@ def test_a_replay_over_tls_with_a_private_ca(tmp_path, sims, certs):
     summary = json.loads((tmp_path / "results" / "summary.json").read_text())
     assert summary["completed"] == 10 and summary["failed"] == 0
     assert "tls_insecure" not in summary
-    assert summary["tls"]["handshakes"] >= 1 and 0 <= summary["tls"]["resumed"] < summary["tls"]["handshakes"]
-    assert "TLS handshakes (sessions resumed)" in r.stdout
+    tls = summary["tls"]
+    assert tls["handshakes"] >= 1 and 0 <= tls["resumed"] < tls["handshakes"]
+    assert tls["versions"] == {"TLSv1.3": tls["handshakes"]} and tls["sealed"] == tls["handshakes"]
+    assert "TLS handshakes (resumed)" in r.stdout and "TLSv1.3" in r.stdout
 
 
 def test_mutual_tls_required_and_given(tmp_path, sims, certs):
@@ -176,6 +178,35 @@ def test_bad_tls_files_are_config_errors(tmp_path, certs):
     assert r.returncode == 2 and "--ca-bundle" in r.stderr and "Traceback" not in r.stderr
     r = _run(tmp_path, "--target", "https://127.0.0.1:1", "--client-key", certs["good"]["client_key"])
     assert r.returncode == 2 and "--client-key needs --client-cert" in r.stderr
+    # a certificate file without its key, and no --client-key: the message says where the key goes
+    r = _run(tmp_path, "--target", "https://127.0.0.1:1", "--client-cert", certs["good"]["client_cert"])
+    assert r.returncode == 2 and "give the key's file with --client-key" in r.stderr, r.stderr
+
+
+def test_a_plain_http_target_on_a_tls_port_is_named_at_once(tmp_path, sims, certs):
+    """http:// to a port that speaks TLS: one start-up error saying so (exit 2) at once, not a
+    wait for --ready-timeout ending in "server disconnected"; TLS options given for an http://
+    target are said not to apply."""
+    t = time.monotonic()
+    r = _run(tmp_path, "--target", sims["tls"].replace("https://", "http://"), "--ca-bundle", certs["good"]["ca"])
+    assert r.returncode == 2, r.stderr
+    assert "the server speaks TLS on this port (an https:// target" in r.stderr, r.stderr
+    assert "is an http:// target: the TLS options" in r.stderr
+    assert time.monotonic() - t < 25  # (--ready-timeout is 30 s)
+
+
+def test_a_tls_server_that_never_handshakes_is_named_when_readiness_gives_up(tmp_path):
+    """A port that accepts TCP and never answers the TLS handshake (a server still starting, or
+    not TLS): readiness keeps waiting (it may be starting), then names the handshake timeout."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    try:
+        r = _run(tmp_path, "--target", f"https://127.0.0.1:{srv.getsockname()[1]}", "--ready-timeout", "2")
+    finally:
+        srv.close()
+    assert r.returncode == 2, r.stderr
+    assert "not ready after 2 s (handshake timeout: the TCP connection opens but no TLS handshake" in r.stderr, r.stderr
 
 
 def _send_one(url: str, tls: TLSOptions, connect_timeout_s: float = 10.0) -> RequestResult:

@@ -291,16 +291,20 @@ class RunConfig(FieldChecks):
         128,
         ge=0,
         le=4096,
-        description="keep-alive connections opened before the first request, so the first burst pays no TCP handshakes",
+        description="keep-alive connections opened before the first request, so the first burst pays no TCP "
+        "(or TLS) handshakes",
     )
     retry_max: int = Field(
         0,
         ge=0,
         le=10,
-        description="retries of a request answered 429 or 5xx before any output (0 = never; retries are counted)",
+        description="retries of a request answered 429 or 5xx, or whose connection failed before any response "
+        "byte (connect, stale keep-alive connection), with backoff (0 = never; retries are counted)",
     )
     retry_backoff_s: float = Field(0.5, ge=0, description="wait before the first retry, doubled each time")
-    connect_timeout_s: float = Field(30.0, gt=0, description="TCP connect timeout")
+    connect_timeout_s: float = Field(
+        30.0, gt=0, description="connect timeout: the TCP connect and, for https://, the TLS handshake"
+    )
     read_timeout_s: float = Field(
         600.0,
         ge=0,

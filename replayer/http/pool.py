@@ -72,6 +72,8 @@ class Pool:
         self._session: ssl.SSLSession | None = None  # the newest resumable session (TLS)
         self.tls_handshakes = 0  # TLS handshakes completed
         self.tls_resumed = 0  # of which resumed a session
+        self.tls_sealed = 0  # of which the replayer seals the records (the launcher can write: TLS 1.3)
+        self.tls_versions: dict[str, int] = {}  # handshakes by protocol version
 
     @property
     def tls(self) -> bool:
@@ -167,8 +169,11 @@ class Pool:
             transport.abort()
             raise
         self.tls_handshakes += 1
-        if conn.tls is not None and conn.tls.obj.session_reused:
-            self.tls_resumed += 1
+        if conn.tls is not None:
+            self.tls_resumed += conn.tls.obj.session_reused
+            self.tls_sealed += conn.tls.sealer is not None
+            version = conn.tls.obj.version() or "unknown"
+            self.tls_versions[version] = self.tls_versions.get(version, 0) + 1
 
     async def tls_failure(self, e: ssl.SSLError) -> str:
         """The message of a TLS failure (``tls.describe_failure``), the server's certificate

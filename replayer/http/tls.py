@@ -55,8 +55,13 @@ class TLSOptions:
             except (ssl.SSLError, OSError) as e:
                 raise TLSSettingsError(
                     f"--client-cert {self.client_cert}"
-                    + (f" --client-key {self.client_key}" if self.client_key else "")
-                    + f": cannot load the client certificate and key ({e})"
+                    + (
+                        f" --client-key {self.client_key}: cannot load the client certificate and key"
+                        if self.client_key
+                        else ": cannot load the client certificate and its key (without --client-key the key must "
+                        "be in the same file: give the key's file with --client-key)"
+                    )
+                    + f" ({e})"
                 ) from None
         elif self.client_key:
             raise TLSSettingsError("--client-key needs --client-cert (the certificate the key belongs to)")
@@ -101,7 +106,10 @@ def explain(e: ssl.SSLError) -> str:
         elif code in _NOT_YET_VALID:
             cause = "certificate not yet valid (check the clocks)"
         elif code in _NAME_MISMATCH:
-            cause = "name mismatch: the certificate is not for this host (--tls-server-name names the one it is for)"
+            cause = (
+                "name mismatch: the certificate is not for the name checked (the URL's host, or --tls-server-name: "
+                "give it a name the certificate lists)"
+            )
         else:
             cause = "certificate verification failed"
         return f"{cause} ({text})"
@@ -157,6 +165,33 @@ async def peer_certificate(host: str, port: int, server_name: str | None, timeou
     finally:
         if transport is not None:
             transport.abort()
+
+
+async def tls_answers(host: str, port: int, server_name: str | None, timeout_s: float) -> str:
+    """What ``host:port`` does with a TLS handshake (not verified): ``"tls"`` (it completes),
+    ``"silent"`` (the TCP connection opens, the handshake does not finish within ``timeout_s``),
+    ``"no"`` (refused, closed, or not TLS)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    loop = asyncio.get_running_loop()
+    try:
+        transport, _ = await asyncio.wait_for(loop.create_connection(asyncio.Protocol, host, port), timeout_s)
+    except (OSError, asyncio.TimeoutError):
+        return "no"
+    try:
+        tls = await asyncio.wait_for(
+            loop.start_tls(transport, transport.get_protocol(), ctx, server_hostname=server_name or host), timeout_s
+        )
+        if tls is not None:
+            tls.abort()
+        return "tls"
+    except asyncio.TimeoutError:
+        return "silent"
+    except (OSError, ssl.SSLError, ConnectionError):
+        return "no"
+    finally:
+        transport.abort()
 
 
 async def describe_failure(

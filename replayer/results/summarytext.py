@@ -71,7 +71,14 @@ def _run_notes(s: dict) -> list[tuple[str, object] | str]:
     if s.get("tls_insecure"):
         rows.append(("TLS certificate NOT verified", "--insecure"))
     if s.get("tls"):
-        rows.append(("TLS handshakes (sessions resumed)", f"{s['tls']['handshakes']:,} ({s['tls']['resumed']:,})"))
+        t = s["tls"]
+        versions = ", ".join(sorted(t.get("versions", {})))
+        rows.append(
+            (
+                "TLS handshakes (resumed)",
+                f"{t['handshakes']:,} ({t['resumed']:,})" + (f", {versions}" if versions else ""),
+            )
+        )
     if s.get("stopped_early"):
         rows.append(("Stopped early (results partial)", f"by {s['stop_signal']}" if s.get("stop_signal") else "yes"))
     return rows

@@ -23,6 +23,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from prometheus_client import CollectorRegistry
@@ -747,12 +748,23 @@ def _remove_signal_handlers(loop: asyncio.AbstractEventLoop) -> None:
         loop.remove_signal_handler(sig)
 
 
-def _tls_counts(clients: dict[str, Client]) -> dict[str, int] | None:
-    """The TLS handshakes of the run's pools and how many resumed a session; None without TLS."""
+def _tls_counts(clients: dict[str, Client]) -> dict[str, Any] | None:
+    """The TLS handshakes of the run's pools: how many resumed a session, how many connections
+    had their records sealed by the replayer (written by the launcher process), by protocol
+    version; None without TLS."""
     pools = [c.pool for c in clients.values() if c.pool.tls]
     if not pools:
         return None
-    return {"handshakes": sum(p.tls_handshakes for p in pools), "resumed": sum(p.tls_resumed for p in pools)}
+    versions: dict[str, int] = {}
+    for p in pools:
+        for v, n in p.tls_versions.items():
+            versions[v] = versions.get(v, 0) + n
+    return {
+        "handshakes": sum(p.tls_handshakes for p in pools),
+        "resumed": sum(p.tls_resumed for p in pools),
+        "sealed": sum(p.tls_sealed for p in pools),
+        "versions": versions,
+    }
 
 
 def _target_scraper(cfg: RunConfig, targets: list[str]) -> TargetScraper | TargetScrapers | None:

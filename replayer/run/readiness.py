@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from urllib.parse import urlsplit
 
 import aiohttp
 
-from replayer.http.tls import TLSOptions, describe_failure, find_ssl_error, probe
+from replayer.http.tls import TLSOptions, describe_failure, find_ssl_error, probe, tls_answers
 
 log = logging.getLogger("replayer")
 
@@ -25,7 +26,9 @@ async def wait_ready(
     """Poll ``GET /v1/models`` until it answers 200 (returns the model ids) or ``timeout_s``
     passes (raises StartupError naming the URL and the last error). A TLS failure (unknown CA,
     name mismatch, expired, client certificate required) raises StartupError at once, naming the
-    cause and the server's certificate: waiting would not mend it."""
+    cause and the server's certificate: waiting would not mend it; so does an ``http://`` target
+    whose port speaks TLS. A TLS port that accepts connections and never finishes a handshake is
+    waited for (a server still starting does that) and named when the wait ends."""
     start = time.monotonic()
     u = urlsplit(base_url)
     tls = tls or TLSOptions()
@@ -37,6 +40,9 @@ async def wait_ready(
         log.warning(
             "--insecure: the TLS certificate of %s is NOT verified (anyone on the path can pose as it)", base_url
         )
+    if u.scheme == "http" and tls != TLSOptions():
+        log.warning("%s is an http:// target: the TLS options (--ca-bundle, --client-cert, ...) do not apply", base_url)
+    why = _Why(base_url, tls, kw.get("ssl"))
     deadline = start + timeout_s
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     last = "no answer"
@@ -57,28 +63,13 @@ async def wait_ready(
                         else ""
                     )
             except (aiohttp.ClientError, OSError) as e:
-                bad = find_ssl_error(e)
-                if bad is None and u.scheme == "https" and isinstance(e, aiohttp.ServerDisconnectedError):
-                    why = await probe(
-                        u.hostname or "", u.port or 443, kw["ssl"], tls.server_name, 5.0, bool(tls.client_cert)
-                    )
-                    if why:
-                        raise StartupError(f"TLS error with {base_url}: {why}") from None
-                if bad is None:
-                    last = _connect_problem(e)
-                else:
-                    port = u.port or 443
-                    raise StartupError(
-                        await describe_failure(
-                            bad, u.hostname or "", port, tls.server_name, min(timeout_s, 5.0), where=base_url
-                        )
-                    ) from None
+                last = await why.poll_failed(e, timeout_s)
             except asyncio.TimeoutError as e:
                 last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             now = time.monotonic()
             if now >= deadline:
                 raise StartupError(
-                    f"target {base_url} not ready after {timeout_s:.0f} s ({last}; "
+                    f"target {base_url} not ready after {timeout_s:.0f} s ({await why.last_words(last)}; "
                     "--ready-timeout sets how long to wait)"
                 )
             if said is None and now - start >= 1.0 or said is not None and now - said >= 10.0:
@@ -91,6 +82,58 @@ async def wait_ready(
                     timeout_s,
                 )
             await asyncio.sleep(0.05)
+
+
+class _Why:
+    """Why a readiness poll of ``base_url`` failed, where TLS is the reason: raises StartupError
+    when waiting cannot mend it, else says what the poll ran into."""
+
+    def __init__(self, base_url: str, tls: TLSOptions, ctx: ssl.SSLContext | None) -> None:
+        self.base_url = base_url
+        self.u = urlsplit(base_url)
+        self.tls = tls
+        self.ctx = ctx
+        self.checked_tls = False  # (an http:// target: whether its port was tried for TLS)
+
+    async def poll_failed(self, e: BaseException, timeout_s: float) -> str:
+        u, tls = self.u, self.tls
+        bad = find_ssl_error(e)
+        if bad is not None:
+            raise StartupError(
+                await describe_failure(
+                    bad, u.hostname or "", u.port or 443, tls.server_name, min(timeout_s, 5.0), where=self.base_url
+                )
+            ) from None
+        if u.scheme == "https" and isinstance(e, aiohttp.ServerDisconnectedError) and self.ctx is not None:
+            why = await probe(u.hostname or "", u.port or 443, self.ctx, tls.server_name, 5.0, bool(tls.client_cert))
+            if why:
+                raise StartupError(f"TLS error with {self.base_url}: {why}") from None
+        if u.scheme == "http" and not self.checked_tls and _garbled(e):
+            self.checked_tls = True
+            if await tls_answers(u.hostname or "", u.port or 80, None, 5.0) == "tls":
+                raise StartupError(
+                    f"target {self.base_url}: the server speaks TLS on this port (an https:// target, with "
+                    "--ca-bundle for a private CA?)"
+                ) from None
+        return _connect_problem(e)
+
+    async def last_words(self, last: str) -> str:
+        """The last poll's problem, as the give-up message says it: a TLS port that never finishes
+        a handshake is named."""
+        u = self.u
+        if u.scheme == "https" and "Timeout" in last:
+            if await tls_answers(u.hostname or "", u.port or 443, self.tls.server_name, 5.0) == "silent":
+                return (
+                    "handshake timeout: the TCP connection opens but no TLS handshake finishes within 5 s: "
+                    "a server still starting, or one that does not speak TLS on this port"
+                )
+        return last
+
+
+def _garbled(e: BaseException) -> bool:
+    """A plain-HTTP poll the server answered with no HTTP (closed it, or bytes that are not a
+    response): what a TLS port does with a plain request."""
+    return isinstance(e, aiohttp.ServerDisconnectedError | aiohttp.ClientResponseError | aiohttp.ClientPayloadError)
 
 
 def _connect_problem(e: BaseException) -> str:

@@ -45,14 +45,15 @@ async def final_summary(
     held: pa.Table | None = None,
     roll_error: str | None = None,
     fleet: dict[str, Any] | None = None,
-    tls: dict[str, int] | None = None,
+    tls: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Summarize the results folder (off the loop), add the run's own parts and write
     ``summary.json``; returns it. ``task_failures``: the background tasks that crashed
     (``replayer.core.background``), in the summary only when there were some. ``held``: the
     results a failed write (a full disk) kept in memory: counted (``results_not_written``).
-    ``roll_error``: why the last roll failed (its parts stay). ``tls``: the TLS handshakes and
-    how many of them resumed a session (an ``https://`` target). When ``summary.json`` cannot be
+    ``roll_error``: why the last roll failed (its parts stay). ``tls``: the TLS handshakes, how
+    many resumed a session, how many had their records sealed by the replayer, by version (an
+    ``https://`` target). When ``summary.json`` cannot be
     written, the summary says so (``summary_not_written``) and is only printed."""
     loop = asyncio.get_running_loop()
     summary = await loop.run_in_executor(
