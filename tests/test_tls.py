@@ -10,6 +10,7 @@ The servers are real: `replayer sim --tls-cert` processes with throw-away certif
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
@@ -24,11 +25,15 @@ from test_capture import capture_rows
 from test_capture_roundtrip import start_record, stop_record
 from test_client_faults import prepared, result_for
 
+import replayer.http.tlsrecord as tlsrecord
+from replayer.core.clock import now_ns
 from replayer.core.result import RequestResult
 from replayer.http.client import Client
+from replayer.http.launcher import Launcher
 from replayer.http.tls import TLSOptions
 from replayer.observe.target_metrics import TargetScraper
-from replayer.sim.certs import write_certs
+from replayer.sim.certs import server_context, write_certs
+from replayer.sim.server import SimConfig, SimServer
 
 
 @pytest.fixture(scope="module")
@@ -292,50 +297,42 @@ def test_record_upstream_with_an_unknown_ca_answers_502_naming_it(tmp_path, sims
         stop_record(p)
 
 
+@contextlib.asynccontextmanager
+async def _tls_sim_client(certs, **sim_config):
+    """An in-process simulator serving TLS with the good certificate (its own key log off), and a
+    Client trusting its CA with no spares opened in the background: (simulator, client)."""
+    g = certs["good"]
+    ctx = server_context(g["server_cert"], g["server_key"])
+    ctx.keylog_filename = None  # (the server's lines stay out of an SSLKEYLOGFILE a test sets)
+    sim = SimServer(SimConfig(**sim_config))
+    url = await sim.start("127.0.0.1", 0, ctx)
+    try:
+        async with Client(url, t0_ns=now_ns(), tls=TLSOptions(ca_bundle=g["ca"], server_name="localhost")) as c:
+            c.pool.spare_target = 0
+            yield sim, c
+    finally:
+        await sim.stop()
+
+
 def test_the_launcher_process_writes_tls_requests_and_new_connections_resume_the_session(certs):
     """TLS 1.3 requests go out from the launcher process as records sealed by the loop
     (replayer.http.tlsrecord): the reservation succeeds over TLS and a real OpenSSL server
     (the simulator's) decrypts them and answers every one, on the same connection again and
     again (the records' sequence numbers are right); each connection opened after the first
     exchange resumes the session the server gave (no full handshake)."""
-    from replayer.build.payload import PayloadBuilder
-    from replayer.build.prompts import PromptBuilder
-    from replayer.core.clock import now_ns
-    from replayer.core.request import PreparedRequest
-    from replayer.http.launcher import Launcher
-    from replayer.sim.certs import server_context
-    from replayer.sim.server import SimConfig, SimServer
-
-    g = certs["good"]
 
     async def main():
-        sim = SimServer(SimConfig(record_requests=True))
-        url = await sim.start("127.0.0.1", 0, server_context(g["server_cert"], g["server_key"]))
         launcher = Launcher(priority="default")
-        prompts = PromptBuilder()
         try:
-            async with Client(url, t0_ns=now_ns(), tls=TLSOptions(ca_bundle=g["ca"], server_name="localhost")) as c:
+            async with _tls_sim_client(certs, record_requests=True) as (sim, c):
                 launcher.start()
                 await launcher.ready()
                 c.use_launcher(launcher)
-                c.pool.spare_target = 0
                 await c.warm_up(1)
                 results, reserved_n = [], 0
                 for i in range(6):  # one connection, six exchanges: 12+ records in sequence
                     n = 3000 * (i + 1)  # tokens: bodies up to ~100 KB, several records each
-                    body = PayloadBuilder("m").body(
-                        prompts.prompt_json(list(range(100 * i, 100 * i + -(-n // 512))), n), 2
-                    )
-                    req = PreparedRequest(
-                        index=i,
-                        row=i,
-                        due_ns=0,
-                        body=body,
-                        input_length=16,
-                        output_length=2,
-                        prompt_len=16,
-                        max_tokens=2,
-                    )
+                    req = prepared(i, n, 2, list(range(100 * i, 100 * i + -(-n // 512))))
                     res = req.new_result(0)
                     reserved = c.reserve(req, res)
                     reserved_n += reserved is not None
@@ -354,7 +351,6 @@ def test_the_launcher_process_writes_tls_requests_and_new_connections_resume_the
                 )
         finally:
             launcher.stop()
-            await sim.stop()
 
     results, reserved_n, launched, seen, opened, handshakes, resumed = asyncio.run(main())
     assert [(r.outcome, r.error) for r in results] == [("success", None)] * 6
@@ -366,27 +362,15 @@ def test_a_connection_whose_tls_key_sealed_its_share_of_records_is_retired(certs
     """AES-GCM limits the records one key may seal (RFC 8446 section 5.5): a connection past
     ``RECORDS_PER_KEY`` is closed after its exchange and the next request opens another (here
     the limit is lowered to 2 records: two requests written by the loop, one record each)."""
-    import replayer.http.tlsrecord as tlsrecord
-    from replayer.core.clock import now_ns
-    from replayer.sim.certs import server_context
-    from replayer.sim.server import SimConfig, SimServer
-
     monkeypatch.setattr(tlsrecord, "RECORDS_PER_KEY", 2)
-    g = certs["good"]
 
     async def main():
-        sim = SimServer(SimConfig())
-        url = await sim.start("127.0.0.1", 0, server_context(g["server_cert"], g["server_key"]))
-        try:
-            async with Client(url, t0_ns=now_ns(), tls=TLSOptions(ca_bundle=g["ca"], server_name="localhost")) as c:
-                c.pool.spare_target = 0
-                out = []
-                for i in range(4):
-                    req = prepared(i)
-                    out.append(await asyncio.wait_for(c.send(req, result_for(req)), 10))
-                return out, c.pool.tls_handshakes
-        finally:
-            await sim.stop()
+        async with _tls_sim_client(certs) as (_, c):
+            out = []
+            for i in range(4):
+                req = prepared(i)
+                out.append(await asyncio.wait_for(c.send(req, result_for(req)), 10))
+            return out, c.pool.tls_handshakes
 
     results, handshakes = asyncio.run(main())
     assert [r.outcome for r in results] == ["success"] * 4
@@ -397,27 +381,16 @@ def test_sslkeylogfile_still_gets_the_secrets_for_a_packet_capture(certs, tmp_pa
     """The record sealers read the key log through a pipe of their own; a key log file the user
     asked for (``SSLKEYLOGFILE``, to decrypt a capture in Wireshark) still gets every
     connection's secrets, and the requests still go out sealed by the replayer."""
-    from replayer.core.clock import now_ns
-    from replayer.sim.certs import server_context
-    from replayer.sim.server import SimConfig, SimServer
-
     keylog = tmp_path / "keys.log"
-    g = certs["good"]
+    monkeypatch.setenv("SSLKEYLOGFILE", str(keylog))
 
     async def main():
-        sim = SimServer(SimConfig())
-        url = await sim.start("127.0.0.1", 0, server_context(g["server_cert"], g["server_key"]))
-        monkeypatch.setenv("SSLKEYLOGFILE", str(keylog))  # (after the server's context: the client's lines only)
-        try:
-            async with Client(url, t0_ns=now_ns(), tls=TLSOptions(ca_bundle=g["ca"], server_name="localhost")) as c:
-                c.pool.spare_target = 0
-                await c.warm_up(2)
-                sealed = [conn.tls is not None and conn.tls.sealer is not None for conn in c.pool._idle]
-                req = prepared(0)
-                res = await asyncio.wait_for(c.send(req, result_for(req)), 10)
-                return sealed, res
-        finally:
-            await sim.stop()
+        async with _tls_sim_client(certs) as (_, c):
+            await c.warm_up(2)
+            sealed = [conn.tls is not None and conn.tls.sealer is not None for conn in c.pool._idle]
+            req = prepared(0)
+            res = await asyncio.wait_for(c.send(req, result_for(req)), 10)
+            return sealed, res
 
     sealed, res = asyncio.run(main())
     assert sealed == [True, True] and res.outcome == "success"

@@ -213,9 +213,10 @@ class Connection(asyncio.Protocol):
             else:
                 self.abort()
             return
-        out = tls.outgoing()
-        if out:
-            self.transport.write(out)  # type: ignore[union-attr]
+        if tls.sealer is None:  # (sealed: the SSLObject's own records are never sent; see tlsrecord)
+            out = tls.outgoing()
+            if out:
+                self.transport.write(out)  # type: ignore[union-attr]
         if plain:
             self._received(plain)
 

@@ -144,12 +144,18 @@ def describe_certificate(der: bytes) -> str:
     )
 
 
-async def peer_certificate(host: str, port: int, server_name: str | None, timeout_s: float) -> str | None:
-    """The certificate ``host:port`` shows (``describe_certificate``), read without verifying
-    it; None when it cannot be had (the server is gone, no TLS there)."""
+def _unverified() -> ssl.SSLContext:
+    """A client context that verifies nothing: to look at what a server shows, never to send."""
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+async def peer_certificate(host: str, port: int, server_name: str | None, timeout_s: float) -> str | None:
+    """The certificate ``host:port`` shows (``describe_certificate``), read without verifying
+    it; None when it cannot be had (the server is gone, no TLS there)."""
+    ctx = _unverified()
     loop = asyncio.get_running_loop()
     transport: asyncio.Transport | None = None
     try:
@@ -171,9 +177,7 @@ async def tls_answers(host: str, port: int, server_name: str | None, timeout_s: 
     """What ``host:port`` does with a TLS handshake (not verified): ``"tls"`` (it completes),
     ``"silent"`` (the TCP connection opens, the handshake does not finish within ``timeout_s``),
     ``"no"`` (refused, closed, or not TLS)."""
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
+    ctx = _unverified()
     loop = asyncio.get_running_loop()
     try:
         transport, _ = await asyncio.wait_for(loop.create_connection(asyncio.Protocol, host, port), timeout_s)

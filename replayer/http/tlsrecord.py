@@ -194,7 +194,8 @@ class TLSSession:
     def outgoing(self) -> bytes:
         """What the ``SSLObject`` has to send: the handshake's records (its last flight, kept by
         ``step``, included), and with no sealer its other records too. After the switch to the
-        sealer its own records are dropped (see the module docstring)."""
+        sealer its own records are dropped (see the module docstring; the connection does not
+        ask then)."""
         data = self._out.read()
         if self._last:
             data, self._last = self._last + data, b""
