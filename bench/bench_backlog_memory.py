@@ -25,12 +25,12 @@ import sys
 
 import psutil
 
-from replayer.build.payload import PayloadBuilder
-from replayer.build.prompts import PromptBuilder
 from replayer.core.clock import now_ns
 from replayer.core.request import PreparedRequest
 from replayer.http.client import Client
 from replayer.http.pool import IDLE_EXPIRY_S
+from replayer.payload.body import PayloadBuilder
+from replayer.payload.prompts import PromptBuilder
 
 
 def _rss_mb() -> float:

@@ -28,12 +28,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from replayer.build.payload import PayloadBuilder  # noqa: E402
-from replayer.build.prompts import PromptBuilder  # noqa: E402
 from replayer.core.clock import Anchor, now_ns  # noqa: E402
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult  # noqa: E402
 from replayer.http.client import Client  # noqa: E402
+from replayer.payload.body import PayloadBuilder  # noqa: E402
+from replayer.payload.prompts import PromptBuilder  # noqa: E402
 from replayer.plan.planner import Planner  # noqa: E402
 from replayer.plan.schedule import Timeline, iter_schedule  # noqa: E402
 from replayer.run.gcpacer import GcPacer  # noqa: E402

@@ -31,9 +31,9 @@ sys.path.insert(0, ROOT)
 
 import pyarrow.parquet as pq  # noqa: E402
 
-from replayer.build.prompts import PromptBuilder, vocab_from_tokenizer  # noqa: E402
-from replayer.build.textprompts import TextPromptBuilder  # noqa: E402
 from replayer.core.tokenizerfiles import tokenizer_file  # noqa: E402
+from replayer.payload.prompts import PromptBuilder, vocab_from_tokenizer  # noqa: E402
+from replayer.payload.textprompts import TextPromptBuilder  # noqa: E402
 
 SLICE = os.path.join(ROOT, "traces", "mooncake_conversation_10min.parquet")
 CHATML = (

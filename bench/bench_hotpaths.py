@@ -22,12 +22,12 @@ import time
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from replayer.build.payload import PayloadBuilder
-from replayer.build.prompts import PromptBuilder
 from replayer.core.result import RequestResult
 from replayer.http.chunks import StreamAccumulator
 from replayer.http.sse import SSEDecoder
 from replayer.observe.metrics import ReplayerMetrics
+from replayer.payload.body import PayloadBuilder
+from replayer.payload.prompts import PromptBuilder
 from replayer.record.recorder import Recorder
 
 

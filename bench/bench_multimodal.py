@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from replayer.build.images import ImageParts, content_part, encode_image, image_pixels
-from replayer.build.payload import PayloadBuilder
+from replayer.payload.body import PayloadBuilder
+from replayer.payload.images import ImageParts, content_part, encode_image, image_pixels
 
 
 def build_with_cached_images(fmt: str, n: int = 500) -> tuple[float, float, int]:

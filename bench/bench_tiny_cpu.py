@@ -31,11 +31,11 @@ sys.path.insert(0, ROOT)
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from replayer.build.loopprompts import Prompts  # noqa: E402
-from replayer.build.payload import PayloadBuilder  # noqa: E402
-from replayer.build.prepare import RequestFactory  # noqa: E402
 from replayer.config.model import load_config  # noqa: E402
 from replayer.observe.metrics import ReplayerMetrics  # noqa: E402
+from replayer.payload.body import PayloadBuilder  # noqa: E402
+from replayer.payload.loopprompts import Prompts  # noqa: E402
+from replayer.payload.prepare import RequestFactory  # noqa: E402
 from replayer.plan.schedule import Timeline, iter_schedule  # noqa: E402
 from replayer.trace import open_trace  # noqa: E402
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "replayer"
-STAGES = {"core", "trace", "plan", "build", "http", "send", "record", "observe", "results", "config", "run", "cli"}
+STAGES = {"core", "trace", "plan", "payload", "http", "send", "record", "observe", "results", "config", "run", "cli"}
 #: functions marked over the complexity or length limits (noqa C901 / PLR0912 / PLR0915): lower
 #: it when one is simplified; never raise it
 COMPLEX_FUNCTIONS_MAX = 27

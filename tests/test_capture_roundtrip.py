@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import SLICE_10MIN, wait_http
 
-from replayer.build.prefix_cache import expected_hits
+from replayer.payload.prefix_cache import expected_hits
 from replayer.record.folder import read_results
 from replayer.results.traceinspect import inspect_trace
 from replayer.trace import read_trace

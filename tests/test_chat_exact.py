@@ -25,9 +25,9 @@ import pytest
 from conftest import slice_rows
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from replayer.build.prompts import PromptBuilder, vocab_from_tokenizer
-from replayer.build.textprompts import TextPromptBuilder
 from replayer.core.tokenizerfiles import tokenizer_file
+from replayer.payload.prompts import PromptBuilder, vocab_from_tokenizer
+from replayer.payload.textprompts import TextPromptBuilder
 
 TINY_TEMPLATE = (  # make_tiny_model.py's
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -206,9 +206,9 @@ def test_completions_text_counts_exactly_with_the_shipped_gpt2():
 def test_multi_turn_chat_counts_the_template_over_the_whole_conversation(tokenizers_dir):
     """A session without hash-id prefixes (prefix growth): each turn sends the conversation so far,
     and the template over all of it counts exactly the turn's input_length."""
-    from replayer.build.loopprompts import Prompts
-    from replayer.build.payload import PayloadBuilder
-    from replayer.build.prepare import RequestFactory
+    from replayer.payload.body import PayloadBuilder
+    from replayer.payload.loopprompts import Prompts
+    from replayer.payload.prepare import RequestFactory
     from replayer.plan.schedule import ScheduleBatch, Timeline
     from replayer.trace import read_trace
 
@@ -358,7 +358,7 @@ def test_a_tokenizer_without_a_template_is_said_once_and_counts_the_text(tmp_pat
     folder.mkdir()
     (folder / "tokenizer.json").write_bytes(open(tokenizer_file("builtin:gpt2"), "rb").read())
     text = TextPromptBuilder(PromptBuilder(seed=4, vocab=vocab_from_tokenizer(str(folder))), str(folder))
-    with caplog.at_level(logging.WARNING, logger="replayer.build.textprompts"):
+    with caplog.at_level(logging.WARNING, logger="replayer.payload.textprompts"):
         for row in ROWS[:3]:
             content = text.prompt_text(row["hash_ids"], row["input_length"], chat=True)
             assert len(text.tokenizer.encode(content, add_special_tokens=False).ids) == row["input_length"]

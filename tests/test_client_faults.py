@@ -36,14 +36,14 @@ from faultserver import (
 )
 
 import replayer.http.client as client_mod
-from replayer.build.payload import PayloadBuilder
-from replayer.build.prompts import PromptBuilder
 from replayer.core.clock import Anchor, now_ns
 from replayer.core.errors import ErrorKind, Outcome
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult, to_table
 from replayer.http.chunks import StreamAccumulator
 from replayer.http.client import Client
+from replayer.payload.body import PayloadBuilder
+from replayer.payload.prompts import PromptBuilder
 from replayer.plan.planner import Planner
 from replayer.plan.schedule import ScheduleBatch, Timeline, iter_schedule
 from replayer.results.summary import summarize

@@ -76,9 +76,9 @@ def test_the_first_lead_window_is_built_before_the_anchor(tmp_path):
 
     import numpy as np
 
-    from replayer.build.loopprompts import Prompts
-    from replayer.build.payload import PayloadBuilder
-    from replayer.build.prepare import RequestFactory
+    from replayer.payload.body import PayloadBuilder
+    from replayer.payload.loopprompts import Prompts
+    from replayer.payload.prepare import RequestFactory
     from replayer.plan.schedule import ScheduleBatch, Timeline
     from replayer.trace import read_trace
 

@@ -7,8 +7,8 @@ the simulator's block keys must stay bit-identical."""
 import numpy as np
 from hypothesis import given, strategies as st
 
-from replayer.build.prefix_cache import chain_keys, chain_keys_py
 from replayer.core.hashing import GAMMA, MASK64, mix64, mix64_array, mix64_inplace, mix64_steps
+from replayer.payload.prefix_cache import chain_keys, chain_keys_py
 from replayer.sim import prompt_block_hashes
 from replayer.trace.agentic import salt_ids
 from replayer.trace.tools import _prefix_chain

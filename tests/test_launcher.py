@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 from batches import TimeBatch
 
-from replayer.build.payload import PayloadBuilder
-from replayer.build.prompts import PromptBuilder
 from replayer.core.clock import Anchor, now_ns
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.http.client import Client
 from replayer.http.launcher import Launcher
+from replayer.payload.body import PayloadBuilder
+from replayer.payload.prompts import PromptBuilder
 from replayer.plan.planner import Planner
 from replayer.plan.schedule import Timeline, iter_schedule
 from replayer.send.dispatcher import Dispatcher

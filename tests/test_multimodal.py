@@ -15,17 +15,17 @@ import pytest
 from PIL import Image
 from test_text_mode import word_tokenizer
 
-from replayer.build.image_tokens import parse_rule, qwen2_vl_tokens
-from replayer.build.images import ImageParts, image_bytes, image_pixels
 from replayer.core.result import RequestResult, to_table
 from replayer.http.chunks import StreamAccumulator
+from replayer.payload.image_tokens import parse_rule, qwen2_vl_tokens
+from replayer.payload.images import ImageParts, image_bytes, image_pixels
 from replayer.results.summary import summarize
 from replayer.trace import TraceError, read_trace, write_parquet
 
 DATA = Path(__file__).parent / "data"
 
 _CHILD = (
-    "import hashlib, sys; from replayer.build.images import image_bytes; "
+    "import hashlib, sys; from replayer.payload.images import image_bytes; "
     "print(hashlib.sha256(image_bytes(7, sys.argv[1], 333, 250, sys.argv[2])).hexdigest())"
 )
 
@@ -394,7 +394,7 @@ def test_azure_lmm_counts_replay_each_image_new(tmp_path, sim_process):
 def test_prefetch_builds_upcoming_rows_images_into_the_cache(tmp_path):
     import time
 
-    from replayer.build.imageprefetch import ImagePrefetch
+    from replayer.payload.imageprefetch import ImagePrefetch
     from replayer.plan.schedule import ScheduleBatch
 
     p = tmp_path / "t.jsonl"
@@ -434,6 +434,6 @@ def test_prefetch_builds_upcoming_rows_images_into_the_cache(tmp_path):
 
 
 def content_part_of(seed, image_id):
-    from replayer.build.images import content_part
+    from replayer.payload.images import content_part
 
     return content_part(image_bytes(seed, image_id, 96, 64, "png"), "png")

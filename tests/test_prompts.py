@@ -8,8 +8,8 @@ import orjson
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from replayer.build.payload import PayloadBuilder
-from replayer.build.prompts import GAMMA, PromptBuilder, block_key, mix64, vocab_from_range
+from replayer.payload.body import PayloadBuilder
+from replayer.payload.prompts import GAMMA, PromptBuilder, block_key, mix64, vocab_from_range
 
 M = (1 << 64) - 1
 
@@ -105,7 +105,7 @@ def test_vocabulary_range_respected():
 
 def test_same_bodies_in_another_process():
     code = (
-        "from replayer.build.prompts import PromptBuilder;import sys;"
+        "from replayer.payload.prompts import PromptBuilder;import sys;"
         "sys.stdout.buffer.write(PromptBuilder(seed=3).prompt_json([5,6,7],1300))"
     )
     outs = {
@@ -124,8 +124,8 @@ def test_request_bodies_byte_identical_across_processes():
 
     trace = Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation_10min.parquet"
     code = (
-        "import hashlib,sys;from replayer.trace import read_trace;from replayer.build.prompts import PromptBuilder;"
-        "from replayer.build.payload import PayloadBuilder;t=read_trace(sys.argv[1]);p=PromptBuilder(seed=42);"
+        "import hashlib,sys;from replayer.trace import read_trace;from replayer.payload.prompts import PromptBuilder;"
+        "from replayer.payload.body import PayloadBuilder;t=read_trace(sys.argv[1]);p=PromptBuilder(seed=42);"
         "b=PayloadBuilder('m');h=hashlib.sha256()\n"
         "for i in range(200): h.update(b.body(p.prompt_json(t.hash_ids(i),int(t.input_length[i])),"
         "int(t.output_length[i])))\n"
@@ -147,8 +147,8 @@ def test_request_bodies_byte_identical_across_processes():
 def test_salted_seeds_give_fresh_prefixes():
     """``salted_seed`` (--loop-salt per loop, ``replayer sweep`` per point): salt 0 is the seed
     itself; other salts share no block with it or each other, and ``Prompts`` uses them per loop."""
-    from replayer.build.loopprompts import Prompts
-    from replayer.build.prompts import salted_seed
+    from replayer.payload.loopprompts import Prompts
+    from replayer.payload.prompts import salted_seed
 
     vocab = vocab_from_range(1000, 30000)
     assert salted_seed(7, 0) == 7

@@ -1,10 +1,9 @@
 """The public API (replayer.results): every documented name imports and reads a real results
-folder; the old documented paths still work and warn; the user docs name only the public API."""
+folder; the flat layout's old module names are gone; the user docs name only the public API."""
 
 from __future__ import annotations
 
 import re
-import warnings
 from pathlib import Path
 
 import pytest
@@ -54,26 +53,12 @@ def test_every_documented_name_imports_and_reads_a_results_folder(tmp_path):
         api.no_such_name  # noqa: B018
 
 
-@pytest.mark.parametrize(
-    ("old", "name", "new"),
-    [
-        ("replayer.recorder", "read_results", "replayer.record.folder"),
-        ("replayer.target_metrics", "read_samples", "replayer.observe.target_samples"),
-        ("replayer.target_samples", "read_samples", "replayer.observe.target_samples"),
-        ("replayer.summary", "summarize_files", "replayer.results.summary"),
-    ],
-)
-def test_the_old_documented_paths_still_work_and_warn(old, name, new):
+def test_the_flat_layouts_old_module_names_are_gone():
+    """Nothing was ever released under the flat layout: its names do not import (no hook)."""
     import importlib
-    import sys
 
-    sys.modules.pop(old, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(old)
-        got = getattr(module, name)
-    assert got is getattr(importlib.import_module(new), name)
-    assert any(issubclass(w.category, DeprecationWarning) and "replayer.results" in str(w.message) for w in caught)
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("replayer.recorder")
 
 
 def test_the_user_docs_name_only_the_public_api_for_reading_results():

@@ -10,7 +10,7 @@ import pytest
 from faultserver import DONE, Plan, ThreadedFaultServer, choice, usage_event
 from prometheus_client import CollectorRegistry
 
-from replayer.build.sessionkeys import session_header_lines, session_header_value
+from replayer.payload.sessionkeys import session_header_lines, session_header_value
 
 ROWS = [
     {"timestamp": 0, "session_id": "s1", "turn": 0, "input_length": 16, "output_length": 1, "hash_ids": [1]},

@@ -8,10 +8,10 @@ import orjson
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from replayer.build.payload import PayloadBuilder
-from replayer.build.prompts import PromptBuilder, vocab_from_tokenizer
-from replayer.build.textprompts import TextPromptBuilder
 from replayer.config.model import ConfigError, load_config
+from replayer.payload.body import PayloadBuilder
+from replayer.payload.prompts import PromptBuilder, vocab_from_tokenizer
+from replayer.payload.textprompts import TextPromptBuilder
 
 
 def word_tokenizer(path, n=3000):
@@ -122,7 +122,7 @@ def _wait(cond):
 
 
 def test_text_prefetch_decodes_upcoming_rows_in_a_child_to_the_same_text(tmp_path):
-    from replayer.build.textprefetch import TextPrefetch
+    from replayer.payload.textprefetch import TextPrefetch
 
     tpath = word_tokenizer(tmp_path / "tokenizer.json")
     vocab = vocab_from_tokenizer(tpath)
@@ -148,8 +148,8 @@ def test_text_prefetch_decodes_upcoming_rows_in_a_child_to_the_same_text(tmp_pat
 
 
 def test_prepared_text_bodies_are_the_same_with_the_prefetch(tmp_path):
-    from replayer.build.loopprompts import Prompts
-    from replayer.build.prepare import RequestFactory
+    from replayer.payload.loopprompts import Prompts
+    from replayer.payload.prepare import RequestFactory
     from replayer.plan.schedule import Timeline
 
     tpath = word_tokenizer(tmp_path / "tokenizer.json")
@@ -176,8 +176,8 @@ def test_warm_up_makes_the_first_rows_texts_and_images_before_the_run(tmp_path):
     """Before the anchor, the first rows' prompt texts are decoded by the child and their images
     built: preparation then takes every one of them (the first request included) instead of
     starting the children and making them in the lead window, late."""
-    from replayer.build.loopprompts import Prompts
-    from replayer.build.prepare import RequestFactory
+    from replayer.payload.loopprompts import Prompts
+    from replayer.payload.prepare import RequestFactory
     from replayer.plan.schedule import Timeline
     from replayer.trace import read_trace
 

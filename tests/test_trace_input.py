@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from replayer.build.prompts import PromptBuilder
+from replayer.payload.prompts import PromptBuilder
 from replayer.trace import TraceError, hash_id_from_string, read_trace
 
 
@@ -241,7 +241,7 @@ def test_a_parquet_or_compressed_file_named_as_text_is_named_for_what_it_is(tmp_
 
 def test_a_seeded_sample_keys_any_session_id_as_a_name(tmp_path):
     """Session ids are names, not hash ids: "-5" (an error as a hash id) and "12" sample like any id."""
-    from replayer.build.prompts import mix64
+    from replayer.payload.prompts import mix64
     from replayer.trace.tools import slice_trace
     from replayer.trace.values import hash_name
 

@@ -40,7 +40,7 @@ def test_inspect_committed_slice_matches_pandas():
     # the expected hits, computed independently: a block is its whole chain of ids (a tuple), it
     # remembers the most tokens any earlier row sent of it, a row's hits are its leading blocks'
     # tokens up to the first one sent shorter before, capped at input_length - 1 and cut to whole
-    # 16-token KV blocks (replayer.build.prefix_cache's docstring)
+    # 16-token KV blocks (replayer.payload.prefix_cache's docstring)
     sent: dict = {}
     hits = 0
     for ids, L in zip(df.hash_ids, df.input_length):

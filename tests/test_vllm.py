@@ -340,7 +340,7 @@ def test_images_against_real_vllm_qwen2_vl(tmp_path):
     The server's prompt tokens include the image tokens, which it reports per request
     (``multimodal_tokens.image``) and which equal replayer's ``qwen2-vl`` rule; repeated image
     ids hit its multimodal cache, and a repeated prompt with its image hits its prefix cache."""
-    from replayer.build.image_tokens import qwen2_vl_tokens
+    from replayer.payload.image_tokens import qwen2_vl_tokens
 
     rows = [(7, ["a"]), (8, ["b"]), (7, ["a"]), (9, ["a", "b"]), (10, ["c"]), (11, ["b"])]
     sizes = {"a": "224x224", "b": "448x336", "c": "336x336"}

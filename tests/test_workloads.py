@@ -15,11 +15,11 @@ import pyarrow.parquet as pq
 from faultserver import FaultServer, Plan
 from test_text_mode import word_tokenizer
 
-from replayer.build.payload import PayloadBuilder
 from replayer.core.clock import now_ns
 from replayer.core.endpoints import EMBEDDINGS, RERANK
 from replayer.core.request import PreparedRequest
 from replayer.http.client import Client
+from replayer.payload.body import PayloadBuilder
 
 BS = 16  # tokens per hash id in these traces
 

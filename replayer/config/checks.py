@@ -71,7 +71,7 @@ class FieldChecks(BaseModel):
     @field_validator("image_token_rule", check_fields=False)
     @classmethod
     def _image_token_rule(cls, v: str) -> str:
-        from replayer.build.image_tokens import parse_rule
+        from replayer.payload.image_tokens import parse_rule
 
         parse_rule(v)
         return v

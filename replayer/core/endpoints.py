@@ -3,7 +3,7 @@
 Every stage reads this table: the trace (``endpoint`` column: a short name or a path), the
 builder (which body and prompt form), the client (streamed or a whole JSON body), the audit, the
 results and the simulator's routes. A new endpoint is a new row here and its body in
-``replayer.build.payload``.
+``replayer.payload.body``.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ class PreparedRequest:
     max_tokens: int
     loop: int = 0
     trace_ns: int = 0  # trace-time offset (loop offset included); due_ns is derived from it
-    expected_hits: int | None = None  # expected prefix-cache hit tokens (replayer.build.prefix_cache)
+    expected_hits: int | None = None  # expected prefix-cache hit tokens (replayer.payload.prefix_cache)
     path: str | None = None  # endpoint path; None = the client's default
     endpoint: str = COMPLETIONS  # known endpoint kind (results, metrics)
     session_id: str | None = None
@@ -48,7 +48,7 @@ class PreparedRequest:
     tenant: str | None = None  # the trace of a mix (replayer.trace.mix)
     target: str | None = None  # the target URL it goes to with several targets (replayer.send.routing)
     trace_pos_ns: int | None = None  # the row's own trace offset when --idle-gap-cap moved trace_ns
-    images: int = 0  # images in the body (multimodal rows; replayer.build.images)
+    images: int = 0  # images in the body (multimodal rows; replayer.payload.images)
     image_bytes: int = 0  # their encoded size (before base64)
     expected_image_tokens: int | None = None  # the trace's image_tokens, else the --image-token-rule's
     expected_image_cache_hits: int = 0  # its images sent before in the run (an encoder cache could hit them)

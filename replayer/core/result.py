@@ -68,7 +68,7 @@ class RequestResult:
     expected_prefix_hit_tokens: int | None = None  # prompt tokens the trace implies are cached (prefix_cache)
     retries: int = 0  # times re-sent after a retryable failure (client retry policy); the
     # other fields describe the last attempt, dispatch_lag_ms the first send
-    endpoint: str = "/v1/completions"  # the API the request went to (replayer.build.payload endpoint kinds)
+    endpoint: str = "/v1/completions"  # the API the request went to (replayer.payload.body endpoint kinds)
     session_id: str | None = None  # from the trace (multi-turn sessions)
     turn: int | None = None
     session_wait_ms: float | None = None  # held back for the previous turn (or parent) to end: release - due

@@ -4,7 +4,7 @@ No I/O except :func:`inspect_trace`, which streams a source batch by batch (memo
 batch size plus the distinct hash ids and session ids seen, 8 bytes per hash id): rows, rates,
 timestamp grid, lengths, sessions, hash-id reuse.
 
-Expected prefix-cache hits: :class:`replayer.build.prefix_cache.PrefixCacheModel`, the model a replay
+Expected prefix-cache hits: :class:`replayer.payload.prefix_cache.PrefixCacheModel`, the model a replay
 uses, with the same row rule and defaults, so ``inspect`` and a replay of the whole trace report
 the same ``expected_prefix_hit_tokens``.
 """
@@ -18,14 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from replayer.build.prefix_cache import (
+from replayer.core.endpoints import COMPLETIONS, endpoint_kind
+from replayer.payload.prefix_cache import (
     DEFAULT_CAPACITY_TOKENS,
     DEFAULT_KV_BLOCK_SIZE,
     PrefixCacheModel,
     expected_hits,
     modelled,
 )
-from replayer.core.endpoints import COMPLETIONS, endpoint_kind
 from replayer.trace import Trace, TraceSource, open_trace
 
 __all__ = ["inspect_trace", "inspect_source", "format_inspect", "GRIDS_NS"]
@@ -242,7 +242,7 @@ def inspect_trace(
     window from time 0); ``timestamp_grid`` (coarsest of 1 s .. 1 us that every offset is a multiple
     of, or None); ``input_length`` / ``output_length`` (min, max, mean, p50/p90/p95/p99 with numpy's
     ``inverted_cdf`` definition); ``total_*_tokens``; ``unique_blocks`` (distinct hash ids);
-    ``expected_prefix_hit_tokens`` (``replayer.build.prefix_cache``'s model, as a replay computes them:
+    ``expected_prefix_hit_tokens`` (``replayer.payload.prefix_cache``'s model, as a replay computes them:
     an LRU of ``cache_tokens`` tokens, None = infinite, whole ``kv_block_size`` KV blocks, the last
     prompt token recomputed), ``expected_prefix_query_tokens`` (input tokens of the rows the model
     sees) and ``prefix_hit_ratio`` (their ratio); ``sessions`` (distinct

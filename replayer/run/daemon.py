@@ -31,9 +31,6 @@ from prometheus_client import CollectorRegistry
 import replayer.observe.selfwatch as selfwatch
 import replayer.record.retention as retention
 from replayer import __version__
-from replayer.build.loopprompts import Prompts
-from replayer.build.payload import PayloadBuilder
-from replayer.build.prepare import RequestFactory
 from replayer.config.model import RunConfig, new_run_id
 from replayer.core.background import EXIT_TASK_FAILED, BackgroundTasks
 from replayer.core.clock import Anchor, now_ns
@@ -53,6 +50,9 @@ from replayer.observe.metrics import ReplayerMetrics
 from replayer.observe.otel import RequestSpans
 from replayer.observe.target_metrics import TargetScraper, TargetScrapers
 from replayer.observe.target_samples import SAMPLES_FLUSH_SCRAPES, SampleFiles, flush_samples
+from replayer.payload.body import PayloadBuilder
+from replayer.payload.loopprompts import Prompts
+from replayer.payload.prepare import RequestFactory
 from replayer.plan.planner import Planner
 from replayer.plan.schedule import IdleGapCap, ScheduleBatch, Timeline, iter_schedule
 from replayer.plan.sessions import SessionGate

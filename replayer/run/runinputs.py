@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from replayer.build.imagerows import ImageEndpointError, check_image_endpoints, may_have_images
 from replayer.config.model import RunConfig
 from replayer.core.endpoints import TEXT_ONLY
+from replayer.payload.imagerows import ImageEndpointError, check_image_endpoints, may_have_images
 from replayer.record.folder import earlier_run, new_results_dir
 from replayer.run.readiness import StartupError
 from replayer.trace import open_mix, open_trace, parse_mapping

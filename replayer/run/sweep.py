@@ -51,9 +51,9 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from replayer.build.prompts import salted_seed
 from replayer.config.model import RunConfig
 from replayer.observe.selfwatch import BEHIND_MS
+from replayer.payload.prompts import salted_seed
 from replayer.record.folder import new_results_dir, read_file
 from replayer.record.recorder import write_json
 from replayer.results.steady import COLUMNS, MIN_ACHIEVED_FRACTION, TRANSIENT_FRACTION, judge_point, steady_window

@@ -63,7 +63,7 @@ Endpoints (vLLM flavour)
     message contents, in order (also the prefix-cache "tokens"); the sim applies no chat
     template, so no role/template tokens are counted (a real server counts more). With
     ``--tokenizer`` it counts as vLLM does: the folder's chat template rendered over the
-    messages with the generation prompt (``replayer.build.chattemplate``), encoded without
+    messages with the generation prompt (``replayer.payload.chattemplate``), encoded without
     added special tokens, each image's placeholder token replaced by its image tokens. Zero
     words -> 400. Streaming: with the first token, a role chunk
     ``{"id":"chatcmpl-<hex>","object":"chat.completion.chunk","created":..,"model":M,

@@ -34,7 +34,7 @@ class SimConfig:
     tokens_per_chunk: int = 1
     otlp_endpoint: str | None = None  # vLLM --otlp-traces-endpoint: an llm_request span per request (sim/tracing)
     per_request_metrics: bool = False  # vLLM --enable-per-request-metrics: every response has `metrics`
-    image_token_rule: str = "qwen2-vl"  # tokens per decoded image (replayer.build.image_tokens)
+    image_token_rule: str = "qwen2-vl"  # tokens per decoded image (replayer.payload.image_tokens)
     encoder_cache_images: int = 1024  # images the encoder cache holds (LRU by content; 0 = none)
     image_encode_us_per_token: float = 20.0  # encoder time per image token, skipped on an encoder-cache hit
     prompt_tokens_details: bool = True  # image requests' usage has prompt_tokens_details (image_tokens)
@@ -55,7 +55,7 @@ class SimConfig:
                 raise ValueError(f"{name} must be >= 0")
         if self.encoder_cache_images < 0 or self.image_encode_us_per_token < 0:
             raise ValueError("encoder_cache_images and image_encode_us_per_token must be >= 0")
-        from replayer.build.image_tokens import parse_rule
+        from replayer.payload.image_tokens import parse_rule
 
         parse_rule(self.image_token_rule)
         if self.tokenizer is not None:

@@ -2,7 +2,7 @@
 
 An ``image_url`` content part holding a base64 data URL is decoded with Pillow (a part that is
 not a decodable image is a 400, as vLLM answers); its tokens come from the decoded size by the
-configured rule (``replayer.build.image_tokens``; with no flags the rule is the replayer's default, so a
+configured rule (``replayer.payload.image_tokens``; with no flags the rule is the replayer's default, so a
 replay against the simulator shows no image-token mismatch). The encoder cache is an LRU keyed by
 the image's content (a hash of its decoded pixels, as vLLM hashes image content), bounded in
 images: a hit skips the simulated encoder time. Its queries and hits are exported as vLLM's
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replayer.build.image_tokens import parse_rule
+from replayer.payload.image_tokens import parse_rule
 
 _DECODED_KEEP = 1024  # data URLs whose decode result is kept
 

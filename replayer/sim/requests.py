@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 from aiohttp import web
 
-from replayer.build.chattemplate import ChatCounter
+from replayer.payload.chattemplate import ChatCounter
 from replayer.sim.images import ImageError, SimImages
 
 
@@ -131,7 +131,7 @@ class _Parsing:
 
     def _counted(self, msgs: list[Any], images: int) -> np.ndarray:
         """The text token ids of chat ``msgs`` as vLLM makes them: the chat template rendered
-        (``replayer.build.chattemplate``), encoded, one placeholder token per image left out (the
+        (``replayer.payload.chattemplate``), encoded, one placeholder token per image left out (the
         image tokens are appended by the caller). Raises _BadRequest when the template fails."""
         assert self.counter is not None
         try:

@@ -21,7 +21,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from replayer.build.chattemplate import ChatCounter
+from replayer.payload.chattemplate import ChatCounter
 from replayer.sim.cache import _PrefixCache, prompt_block_hashes
 from replayer.sim.config import ReceivedRequest, SimConfig
 from replayer.sim.engine import _DONE, _TOKEN_TEXT, _Engine, _frame, _Req, timing_metrics

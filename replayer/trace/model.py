@@ -50,7 +50,7 @@ _ENDPOINT_PATH = {**ENDPOINTS, **{v: v for v in ENDPOINTS.values()}}
 _QUERY_ENDPOINTS = tuple(e.path for e in endpoints.TABLE if e.query)
 #: Request body keys an ``extra_body`` may not set: the replayer sets them per request from the
 #: row (the prompt of each endpoint, the output length) or needs them to measure (streaming with
-#: usage). Every other top-level key is merged over the built body (``replayer.build.payload``).
+#: usage). Every other top-level key is merged over the built body (``replayer.payload.body``).
 EXTRA_BODY_RESERVED = frozenset(
     (
         "prompt",

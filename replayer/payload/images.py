@@ -159,7 +159,7 @@ class ImageParts:
 
     def part(self, seed: int, image_id: str, width: int, height: int) -> tuple[bytes, int]:
         """The image's content part and encoded size: from the cache, else built now (or, when
-        another thread is building it, waited for). Thread-safe (``replayer.build.imageprefetch``
+        another thread is building it, waited for). Thread-safe (``replayer.payload.imageprefetch``
         builds ahead in a thread)."""
         key = (seed, image_id, width, height)
         with self._lock:

@@ -116,7 +116,7 @@ class PayloadBuilder:
 
     def image_body(self, text: str, parts: list[bytes], max_tokens: int) -> bytes:
         """Chat body of one user message whose content is the text, then the images: ``parts``
-        are content parts already serialised (``replayer.build.images.content_part``), only joined."""
+        are content parts already serialised (``replayer.payload.images.content_part``), only joined."""
         content = b",".join((b'{"type":"text","text":' + orjson.dumps(text) + b"}", *parts))
         return self.body(b'[{"role":"user","content":[' + content + b"]}]", max_tokens, key=b"messages")
 

@@ -2,20 +2,20 @@
 
 The same builder every pass, or with ``--loop-salt`` one whose seed is salted by the pass number
 (fresh prefixes each pass, and a fresh expected cache: they cannot hit the previous pass's
-blocks). ``replayer.build.prepare`` builds each request's prompt with them.
+blocks). ``replayer.payload.prepare`` builds each request's prompt with them.
 """
 
 from __future__ import annotations
 
-from replayer.build.prefix_cache import DEFAULT_CAPACITY_TOKENS, DEFAULT_KV_BLOCK_SIZE, PrefixCacheModel
-from replayer.build.prompts import (
+from replayer.payload.prefix_cache import DEFAULT_CAPACITY_TOKENS, DEFAULT_KV_BLOCK_SIZE, PrefixCacheModel
+from replayer.payload.prompts import (
     DEFAULT_VOCAB_RANGE,
     PromptBuilder,
     salted_seed,
     vocab_from_range,
     vocab_from_tokenizer,
 )
-from replayer.build.textprompts import TextPromptBuilder
+from replayer.payload.textprompts import TextPromptBuilder
 
 __all__ = ["Prompts"]
 
@@ -64,7 +64,7 @@ class Prompts:
 
     def text_for_loop(self, loop: int) -> TextPromptBuilder:
         """Text prompts (``--prompt-mode text``, chat): the same seed and blocks, of the tokenizer's
-        round-trip-safe vocabulary, fitted to the server's count (``replayer.build.textprompts``)."""
+        round-trip-safe vocabulary, fitted to the server's count (``replayer.payload.textprompts``)."""
         b = self.for_loop(loop)
         t = self._text.get(id(b))
         if t is None:

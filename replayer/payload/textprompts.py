@@ -8,11 +8,11 @@ and the template adds tokens of its own (role markers, BOS, the generation promp
 * **Round-trip-safe vocabulary.** Per tokenizer (once per process) the ids whose text is a space
   then letters or digits (``Ġword``, ``▁word``, a word-level ``word``) and that encode back to
   themselves in the context the builder makes (after another such piece) are kept
-  (:func:`safe_vocabulary`). A prompt's content is the hash-id blocks of ``replayer.build.prompts``
+  (:func:`safe_vocabulary`). A prompt's content is the hash-id blocks of ``replayer.payload.prompts``
   drawn from that vocabulary, each token written as its piece (``" word"``), so the content
   encodes to exactly its token ids and a block is the same tokens wherever it stands.
 * **The template counted.** The content's length is the target less the template's overhead
-  (``replayer.build.chattemplate.ChatCounter``: the tokens it adds around the messages, or a
+  (``replayer.payload.chattemplate.ChatCounter``: the tokens it adds around the messages, or a
   completions prompt's BOS), found by a probe once per shape. The content is exact by
   construction (every safe piece checked on its own and in random sequences, once), so per
   prompt only its junctions with the template are checked: the prompt rendered around the
@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from replayer.build.chattemplate import ChatCounter
-from replayer.build.prompts import PromptBuilder
+from replayer.payload.chattemplate import ChatCounter
+from replayer.payload.prompts import PromptBuilder
 
 __all__ = ["SafeVocabulary", "TextPromptBuilder", "safe_vocabulary"]
 

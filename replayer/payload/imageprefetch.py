@@ -20,8 +20,8 @@ import threading
 from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING
 
-from replayer.build.imagerows import row_images
-from replayer.build.images import ImageParts, build_part
+from replayer.payload.imagerows import row_images
+from replayer.payload.images import ImageParts, build_part
 
 if TYPE_CHECKING:
     from replayer.plan.schedule import ScheduleBatch

@@ -76,7 +76,7 @@ DEFAULT_CAPACITY_TOKENS = 64_000_000
 
 
 def modelled(kind: str, session: object, hash_ids_synthetic: bool) -> bool:
-    """Whether a row of endpoint ``kind`` (``replayer.build.payload``'s paths) is seen by the model: its
+    """Whether a row of endpoint ``kind`` (``replayer.payload.body``'s paths) is seen by the model: its
     prompt is its hash ids' blocks (not a pooling request, not a turn that grows its session)."""
     if kind in POOLING:
         return False

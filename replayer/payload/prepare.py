@@ -2,7 +2,7 @@
 endpoint, its session keys and its expected prefix-cache hits. Pure and deterministic: the same
 trace, seed and settings give byte-identical bodies in every process.
 
-Per endpoint (the row's ``endpoint`` column, else ``--endpoint``; ``replayer.build.payload``):
+Per endpoint (the row's ``endpoint`` column, else ``--endpoint``; ``replayer.payload.body``):
 
 * ``/v1/completions``: token ids (default) or, with ``--prompt-mode text``, the decoded text;
 * ``/v1/chat/completions``: text (decoded with ``--tokenizer``) as user message(s);
@@ -13,8 +13,8 @@ Per endpoint (the row's ``endpoint`` column, else ``--endpoint``; ``replayer.bui
 A row's ``model``, ``priority`` and ``extra_body`` columns go into its body
 (``PayloadBuilder.for_row``; built here, in the lead window, like the rest of the body).
 
-Sessions: each row's keys for the session gate and its session header (``replayer.build.sessionkeys``);
-prompt builders per pass and the expected prefix-cache model: ``replayer.build.loopprompts``.
+Sessions: each row's keys for the session gate and its session header (``replayer.payload.sessionkeys``);
+prompt builders per pass and the expected prefix-cache model: ``replayer.payload.loopprompts``.
 
 Prefix growth without hash ids (traces whose hash ids were synthesised, e.g. Azure): a turn's
 prompt is the previous turn's prompt, then a stand-in for the previous answer (its
@@ -37,21 +37,21 @@ from typing import TYPE_CHECKING, Callable, cast
 import numpy as np
 import orjson
 
-from replayer.build.image_tokens import parse_rule
-from replayer.build.imageprefetch import ImagePrefetch
-from replayer.build.imagerows import image_count, row_images
-from replayer.build.images import ImageParts
-from replayer.build.loopprompts import Prompts
-from replayer.build.payload import PayloadBuilder
-from replayer.build.prefix_cache import modelled
-from replayer.build.sessionkeys import session_header_lines, session_header_value, session_keys
-from replayer.build.textprefetch import TextPrefetch
-from replayer.build.textprompts import TextPromptBuilder
 from replayer.core.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, POOLING, SCORE, endpoint_kind
 from replayer.core.hashing import mix64
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.core.tracecontext import TraceContext
+from replayer.payload.body import PayloadBuilder
+from replayer.payload.image_tokens import parse_rule
+from replayer.payload.imageprefetch import ImagePrefetch
+from replayer.payload.imagerows import image_count, row_images
+from replayer.payload.images import ImageParts
+from replayer.payload.loopprompts import Prompts
+from replayer.payload.prefix_cache import modelled
+from replayer.payload.sessionkeys import session_header_lines, session_header_value, session_keys
+from replayer.payload.textprefetch import TextPrefetch
+from replayer.payload.textprompts import TextPromptBuilder
 from replayer.plan.schedule import ScheduleBatch, Timeline, column_value
 
 if TYPE_CHECKING:

@@ -9,18 +9,18 @@ from replayer.core.facade import facade
 TYPE_CHECKING = False  # (no typing import: see replayer.core.facade)
 
 if TYPE_CHECKING:
-    from replayer.build.loopprompts import Prompts
-    from replayer.build.payload import PayloadBuilder
-    from replayer.build.prefix_cache import PrefixCacheModel
-    from replayer.build.prepare import RequestFactory
-    from replayer.build.prompts import PromptBuilder
+    from replayer.payload.body import PayloadBuilder
+    from replayer.payload.loopprompts import Prompts
+    from replayer.payload.prefix_cache import PrefixCacheModel
+    from replayer.payload.prepare import RequestFactory
+    from replayer.payload.prompts import PromptBuilder
 
 __all__ = ["RequestFactory", "PayloadBuilder", "Prompts", "PromptBuilder", "PrefixCacheModel"]
 __getattr__ = facade(
     __name__,
     {
         "RequestFactory": ".prepare",
-        "PayloadBuilder": ".payload",
+        "PayloadBuilder": ".body",
         "Prompts": ".loopprompts",
         "PromptBuilder": ".prompts",
         "PrefixCacheModel": ".prefix_cache",

@@ -53,8 +53,8 @@ def decode_prompts(seed: int, rows: list[tuple[np.ndarray, int, bool, int]]) -> 
     """The prompt texts of rows (hash ids, input_length, chat, images) under prompt seed ``seed``, as
     ``TextPromptBuilder.prompt_text`` makes them in the parent; a row's error is its item (run in
     the child, set up by ``_init``)."""
-    from replayer.build.prompts import PromptBuilder
-    from replayer.build.textprompts import TextPromptBuilder
+    from replayer.payload.prompts import PromptBuilder
+    from replayer.payload.textprompts import TextPromptBuilder
 
     assert _setup is not None, "decode_prompts runs in a child set up by _init"
     tb = _builders.get(seed)
