@@ -441,9 +441,7 @@ class Dispatcher:
         while self._queue:  # due, never given a slot
             req, due_ns, _ = self._queue.popleft()
             self.not_started += 1
-            res = req.new_result(self.shard, due_ns=due_ns)
-            res.prompt_len_sent = res.max_tokens = 0  # nothing was sent
-            res.expected_prefix_hit_tokens = None
+            res = req.new_result(self.shard, due_ns=due_ns, sent=False)
             self._deliver(res)
         if self.until_stop:
             until = self._stopped_at_ns if self._stopped_at_ns is not None else self.now_rel()
@@ -454,9 +452,7 @@ class Dispatcher:
             if until is not None and due > until:
                 continue  # never due: not part of what was scheduled
             self.not_started += 1
-            res = req.new_result(self.shard, due_ns=due)
-            res.prompt_len_sent = res.max_tokens = 0  # nothing was sent
-            res.expected_prefix_hit_tokens = None
+            res = req.new_result(self.shard, due_ns=due, sent=False)
             self._deliver(res)
         if self._cur is not None:
             for j in range(self._j, len(self._cur)):
