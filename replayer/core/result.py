@@ -206,6 +206,12 @@ class RequestResult:
     expected_image_cache_hits: int = _birth(
         pa.int32(), "its images sent before in the run (an encoder cache could hit them)", 0
     )
+    max_gap_ms: float | None = _measured(
+        pa.float64(),
+        "the longest wait between two successive token-carrying events of the stream: the stall a mean hides "
+        "(the request preempted, another request's long prefill batched in); known without usage, unlike ITL. "
+        "Null for fewer than two such events or a whole (non-streamed) body",
+    )
     itl_ms: list[float] = field(
         default_factory=list,
         metadata={
