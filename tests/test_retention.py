@@ -247,12 +247,12 @@ def test_status_and_metrics_report_the_results_folder(tmp_path, sim_process):
 
 
 def test_retention_settings_are_checked():
-    assert retention.parse_size("2GB") == 2 * 10**9
-    assert retention.parse_size("1.5GiB") == int(1.5 * 2**30)
-    assert retention.parse_size("500M") == 500 * 10**6
-    assert retention.parse_size("123") == 123
+    assert retention.parse_bytes("2GB") == 2 * 10**9
+    assert retention.parse_bytes("1.5GiB") == int(1.5 * 2**30)
+    assert retention.parse_bytes("500M") == 500 * 10**6
+    assert retention.parse_bytes("123") == 123
     with pytest.raises(ValueError, match="not a size"):
-        retention.parse_size("two gigs")
+        retention.parse_bytes("two gigs")
     trace = "traces/mooncake_conversation_10min.parquet"
     cfg = load_config({"trace": trace, "retain_size": "2GB", "roll_interval_s": 600})
     assert cfg.retain_bytes == 2 * 10**9

@@ -69,7 +69,7 @@ _UNITS = {
 }
 
 
-def parse_size(text: str | int) -> int:
+def parse_bytes(text: str | int) -> int:
     """Bytes from ``2GB``, ``500MB``, ``1.5GiB``, ``100000`` (decimal units K/M/G/T = 1000^n,
     binary Ki/Mi/Gi/Ti = 1024^n; the trailing B is optional). Raises ValueError naming the text."""
     if isinstance(text, int):
