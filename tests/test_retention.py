@@ -327,3 +327,21 @@ def test_the_folder_stays_within_the_size_bound_between_flushes_and_during_rolls
     kept = read_results(str(tmp_path)).column("row").to_pylist()
     gone = [int(r) for rows in removed.recorded_rows().values() for r in rows]
     assert sorted(kept + gone) == list(range(8000))  # each row kept or folded into removed.json, once
+
+
+def test_the_digest_keeps_each_runs_window_under_its_name_and_reads_the_older_key(tmp_path):
+    """``removed.json`` holds each run's window (first send, last end) as ``run_windows``; a
+    digest written before the name changed held them as ``spans`` and still counts."""
+    folder = tmp_path / "r"
+    rec = Recorder(str(folder), flush_rows=10**6, roll_rows=2)
+    for i in range(4):
+        rec.add(RequestResult(row=i, outcome="success", sent_ns=10 * i, end_ns=10 * i + 5))
+        rec.flush().result()
+    retention.remove(str(folder), rolled_files(str(folder))[0], "test", digest_file)
+    rec.close()
+    digest = json.loads((folder / retention.REMOVED).read_text())
+    assert "spans" not in digest and list(digest["run_windows"].values()) == [[0, 15]]
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / retention.REMOVED).write_text(json.dumps({"files": [], "spans": {"1.5": [3, 9]}}))
+    assert retention.read_removed(str(older)).run_windows == {"1.5": [3, 9]}
