@@ -230,7 +230,7 @@ def test_not_ready_target_is_named_and_nothing_is_sent(tmp_path):
 
 
 def test_target_list_from_flags_and_config(tmp_path):
-    from replayer.cli import _flags_for, build_parser, read_config_file
+    from replayer.cli import build_parser, flags_for, read_config_file
     from replayer.config.model import ConfigError, load_config
 
     trace = _write(tmp_path, B29)
@@ -241,7 +241,7 @@ def test_target_list_from_flags_and_config(tmp_path):
 
     cfg = load_config({k: v for k, v in vars(args).items() if k in RunConfig.model_fields})
     assert cfg.target == ["http://a:1", "http://b:2"] and cfg.target_policy == "session-hash"
-    flags = _flags_for(cfg, set())
+    flags = flags_for(cfg, set())
     i = flags.index("--target")
     assert flags[i : i + 4] == ["--target", "http://a:1", "--target", "http://b:2"]  # the flag repeated
     again = build_parser().parse_args(["run", *flags])  # (what --workers and sweep pass on)

@@ -102,11 +102,11 @@ def test_goodput_config_key_takes_a_mapping(tmp_path):
 
 
 def test_flags_reproduce_goodput_for_workers(tmp_path):
-    from replayer.cli import _flags_for
+    from replayer.cli import flags_for
 
     trace = tmp_path / "t.jsonl"
     trace.write_text("")
-    flags = _flags_for(load_config({"trace": str(trace), "goodput": ["tpot:50", "ttft:2000"]}), {"trace"})
+    flags = flags_for(load_config({"trace": str(trace), "goodput": ["tpot:50", "ttft:2000"]}), {"trace"})
     i = flags.index("--goodput")
     assert flags[i + 1 : i + 3] == ["ttft:2000", "tpot:50"]
 
