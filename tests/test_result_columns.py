@@ -14,7 +14,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from replayer.core.result import BIRTH, COLUMNS, EXTRA_COLUMNS, MEASURED, SCHEMA, RequestResult, to_table
+from replayer.core import RequestResult
+from replayer.core.result import BIRTH, COLUMNS, EXTRA_COLUMNS, MEASURED, SCHEMA, to_table
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = {f.name: f for f in fields(RequestResult)}

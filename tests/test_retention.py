@@ -17,13 +17,14 @@ import pytest
 from conftest import free_port
 
 import replayer.record.retention as retention
-from replayer.config.model import ConfigError, load_config
-from replayer.core.result import RequestResult
+from replayer.config import ConfigError, load_config
+from replayer.core import RequestResult
 from replayer.core.stats import RELATIVE_ACCURACY
-from replayer.record.folder import read_results, result_files, rolled_files
-from replayer.record.recorder import Recorder
+from replayer.record import Recorder, read_results, result_files
+from replayer.record.folder import rolled_files
+from replayer.results import summarize_files
 from replayer.results.removed import digest_file
-from replayer.results.summary import fold_to_json, summarize_files
+from replayer.results.summary import fold_to_json
 
 COUNTS = (
     "scheduled",

@@ -8,8 +8,8 @@ from dataclasses import fields
 
 import pytest
 
-from replayer.sim import SimConfig
-from replayer.sim.cli import config_from_flags, main, parser
+from replayer.sim import SimConfig, main, parser
+from replayer.sim.cli import config_from_flags
 
 FLAGGED = [f for f in fields(SimConfig) if "help" in f.metadata]
 OTHER = {"model": "m2", "score_usage": "once", "image_token_rule": "llava", "tokenizer": "builtin:gpt2"}

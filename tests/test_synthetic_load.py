@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from replayer.cli import build_parser, flags_for, main
-from replayer.config.model import ConfigError, load_config
+from replayer.config import ConfigError, load_config
 from replayer.results import read_results
 from replayer.trace.synth import SynthSource, load_spec, synth
 

@@ -8,9 +8,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from replayer.core.request import PreparedRequest
-from replayer.core.result import RequestResult
-from replayer.plan.schedule import Timeline
+from replayer.core import PreparedRequest, RequestResult
+from replayer.plan import Timeline
 from replayer.send.unsent import never_sent
 
 
