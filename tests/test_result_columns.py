@@ -8,14 +8,15 @@ from __future__ import annotations
 import ast
 import importlib.util
 import io
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from replayer.core import RequestResult
-from replayer.core.result import BIRTH, COLUMNS, EXTRA_COLUMNS, MEASURED, SCHEMA, to_table
+from replayer.core.result import BIRTH, COLUMNS, EXTRA_COLUMNS, MEASURED, SCHEMA, column_type, to_table
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = {f.name: f for f in fields(RequestResult)}
@@ -125,3 +126,14 @@ def test_the_docs_table_lists_every_column_from_the_fields():
     assert "| `queue_wait_ms` | float64 | measured |" in table
     page = (ROOT / "docs" / "reference" / "results.md").read_text()
     assert hook.MARKER in page
+
+
+def test_a_field_made_without_its_column_is_named_at_import():
+    """(a field added the old way, ``x: int = 0``, would have no Arrow type: the import says which)"""
+
+    @dataclass
+    class Plain:
+        plain: int = 0
+
+    with pytest.raises(TypeError, match=r"RequestResult\.plain declares no column: make it with _birth"):
+        column_type(fields(Plain)[0])

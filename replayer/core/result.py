@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import array
 import operator
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -230,8 +230,19 @@ EXTRA_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
         "`--itl-format sketch`: how many gaps each `itl_ms` value stands for; null in the exact form",
     ),
 }
+
+
+def column_type(f: Field[Any]) -> pa.DataType:
+    """A field's declared Arrow type; a field made without ``_birth``/``_measured`` has none,
+    and the results files cannot have its column: said at import, naming the field."""
+    if "arrow" not in f.metadata:
+        raise TypeError(f"RequestResult.{f.name} declares no column: make it with _birth(...) or _measured(...)")
+    t: pa.DataType = f.metadata["arrow"]
+    return t
+
+
 _TYPES: dict[str, pa.DataType] = {
-    **{f.name: f.metadata["arrow"] for f in fields(RequestResult)},
+    **{f.name: column_type(f) for f in fields(RequestResult)},
     **{name: t for name, (t, _) in EXTRA_COLUMNS.items()},
 }
 
