@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 import aiohttp
 
 from replayer.http.tls import TLSOptions, explain, find_ssl_error
-from replayer.observe.dialects import Dialect
+from replayer.observe.dialects import CANONICAL_COUNTERS, CANONICAL_GAUGES, Dialect
 from replayer.observe.target_series import (
     VLLM,
     SeriesKey,
@@ -162,6 +162,12 @@ class TargetScraper:
                 )
         elif self.missing:
             self.missing = [m for m in self.missing if m not in present]
+
+    def unknown_nulls(self, kind: str) -> dict[str, None]:
+        """The canonical ``kind`` ("counter"/"gauge") names the engine never exports, each None:
+        said null in the summary, never 0."""
+        canon = CANONICAL_COUNTERS if kind == "counter" else CANONICAL_GAUGES
+        return {name: None for name in self.unknown if name in canon}
 
     def series_totals(self) -> list[list]:
         """The run's counter increases per raw series, as JSON-able ``[name, labels, value]``

@@ -10,6 +10,7 @@ import ssl
 import sys
 
 from replayer.core.background import BackgroundTasks
+from replayer.core.engines import ENGINES
 from replayer.sim.config import SCORE_USAGE_MODES, ReceivedRequest, SimConfig
 from replayer.sim.server import SimServer
 
@@ -120,7 +121,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--port", type=int, default=8000, help="port to listen on (0 = a free port; the URL is printed at start)"
     )
-    p.add_argument("--model", default=d.model, help="served model name")
+    p.add_argument("--model", default=d.model, help="served model name (a request naming another gets a 404)")
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=d.engine,
+        help="the engine whose dialect to speak: its /metrics names and path, /v1/models owner, "
+        "what it refuses, its in-band errors (docs/engines.md)",
+    )
     p.add_argument("--kv-block-size", type=int, default=d.kv_block_size, help="prefix-cache block size, tokens")
     p.add_argument(
         "--prefix-cache-tokens",
@@ -285,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             image_encode_us_per_token=a.image_encode_us_per_token,
             prompt_tokens_details=a.prompt_tokens_details,
             tokenizer=a.tokenizer,
+            engine=a.engine,
         )
         ctx = None
         if a.tls_cert:

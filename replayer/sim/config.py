@@ -41,6 +41,9 @@ class SimConfig:
     # a local tokenizer (file, folder or builtin:NAME): text prompts are encoded with it and chat
     # messages rendered through its folder's chat template first, as vLLM counts them (None: words)
     tokenizer: str | None = None
+    # issue 49: the engine whose dialect the simulator speaks (its /metrics names and path, its
+    # /v1/models owner, what it refuses, its in-band errors: replayer.sim.dialects)
+    engine: str = "vllm"
 
     def __post_init__(self) -> None:
         if self.kv_block_size < 1 or self.embedding_dim < 1 or self.tokens_per_chunk < 1:
@@ -64,6 +67,9 @@ class SimConfig:
             problem = tokenizer_problem(self.tokenizer)
             if problem:
                 raise ValueError(f"--tokenizer: {problem}")
+        from replayer.core.engines import engine_caps
+
+        engine_caps(self.engine)  # (ValueError naming the engines)
         if self.vocab_size < 1 or self.max_model_len < 1:
             raise ValueError("vocab_size and max_model_len must be >= 1")
 

@@ -27,6 +27,7 @@ __all__ = [
     "KEPT_LABELS",
     "Dialect",
     "SampleRule",
+    "SAMPLE_SPEC",
 ]
 
 #: the canonical counters (histogram ``_sum``/``_count`` samples are counters too)
@@ -73,7 +74,7 @@ MEAN_GAUGES = frozenset(
 #: labels kept in the aggregate key (all others are summed over)
 KEPT_LABELS: dict[str, tuple[str, ...]] = {"spec_decode_num_accepted_tokens_per_pos": ("position",)}
 
-_SPEC = re.compile(r'^([^{]+)(?:\{([^=]+)="([^"]*)"\})?$')
+SAMPLE_SPEC = re.compile(r'^([^{]+)(?:\{([^=]+)="([^"]*)"\})?$')
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +111,7 @@ class Dialect:
                 if table is self.gauges and canon not in CANONICAL_GAUGES:
                     raise ValueError(f"{self.name}: {canon} is not a canonical gauge")
                 for rank, spec in enumerate(specs):
-                    m = _SPEC.match(spec)
+                    m = SAMPLE_SPEC.match(spec)
                     if m is None:
                         raise ValueError(f"{self.name}: bad sample spec {spec!r}")
                     label = (m.group(2), m.group(3)) if m.group(2) else None
