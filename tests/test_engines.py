@@ -139,3 +139,18 @@ def test_the_payload_carries_the_engines_exact_length_fields(engine):
         assert b[k] == v
     plain = orjson.loads(PayloadBuilder("m", engine=engine, vllm_extensions=False).body(b"[1,2]", 5))
     assert set(plain) == {"model", "stream", "stream_options", "max_tokens", "prompt"}
+
+
+def test_a_wrong_model_against_the_embedded_simulator_is_exit_2_naming_the_served_one(tmp_path):
+    import subprocess
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-m", "replayer", "run", _trace(tmp_path), "--model", "nope", "--admin-port", "0"]
+        + ["--results", str(tmp_path / "r"), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "does not serve the model 'nope'; it serves: sim-model" in p.stderr

@@ -129,6 +129,11 @@ def parser() -> argparse.ArgumentParser:
         help="the engine whose dialect to speak: its /metrics names and path, /v1/models owner, "
         "what it refuses, its in-band errors (docs/engines.md)",
     )
+    p.add_argument(
+        "--accept-any-model",
+        action="store_true",
+        help="answer requests naming any model (default: a 404 for a model other than --model, as vLLM)",
+    )
     p.add_argument("--kv-block-size", type=int, default=d.kv_block_size, help="prefix-cache block size, tokens")
     p.add_argument(
         "--prefix-cache-tokens",
@@ -294,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             prompt_tokens_details=a.prompt_tokens_details,
             tokenizer=a.tokenizer,
             engine=a.engine,
+            accept_any_model=a.accept_any_model,
         )
         ctx = None
         if a.tls_cert:

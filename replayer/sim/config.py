@@ -44,6 +44,10 @@ class SimConfig:
     # issue 49: the engine whose dialect the simulator speaks (its /metrics names and path, its
     # /v1/models owner, what it refuses, its in-band errors: replayer.sim.dialects)
     engine: str = "vllm"
+    # a request naming a model other than `model` gets a 404, as vLLM's does; True answers any
+    # name (the embedded simulator: a trace's rows may name models of their own); /v1/models
+    # lists `model` alone either way
+    accept_any_model: bool = False
 
     def __post_init__(self) -> None:
         if self.kv_block_size < 1 or self.embedding_dim < 1 or self.tokens_per_chunk < 1:

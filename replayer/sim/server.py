@@ -275,7 +275,7 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
                     request_id=request.headers.get("X-Request-Id"),
                 )
             )
-        refused = dialects.model_not_found(o["model"], cfg.model) or (
+        refused = (None if cfg.accept_any_model else dialects.model_not_found(o["model"], cfg.model)) or (
             None if o["text"] else dialects.token_ids_refused(cfg.engine)
         )
         if refused is not None:
