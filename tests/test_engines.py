@@ -154,3 +154,34 @@ def test_a_wrong_model_against_the_embedded_simulator_is_exit_2_naming_the_serve
     )
     assert p.returncode == 2, p.stderr[-2000:]
     assert "does not serve the model 'nope'; it serves: sim-model" in p.stderr
+
+
+@pytest.mark.parametrize("engine", ["vllm", "tgi", "llamacpp"])
+def test_an_error_inside_a_stream_is_a_failed_request_in_each_engines_shape(engine):
+    """Out-of-vocabulary token ids make the simulator answer 200 and then an error inside the
+    stream, in the engine's shape: vLLM's ``data: {"error": {...}}``, llama.cpp's SSE ``error:``
+    field (no ``data:``, no ``[DONE]``: a stream cut short); TGI refuses token ids at once (422,
+    its ``error``/``error_type`` body)."""
+    from replayer.core.clock import now_ns
+    from replayer.core.request import PreparedRequest
+    from replayer.http.client import Client
+
+    async def main():
+        sim = SimServer(SimConfig(engine=engine, vocab_size=100, **FAST))
+        url = await sim.start()
+        try:
+            async with Client(url, t0_ns=now_ns()) as c:
+                body = PayloadBuilder("sim-model", engine=engine).body(b"[1,2,500]", 3)
+                req = PreparedRequest(
+                    index=0, row=0, due_ns=0, body=body, input_length=3, output_length=3, prompt_len=3, max_tokens=3
+                )
+                return await c.send(req, req.new_result(0))
+        finally:
+            await sim.stop()
+
+    res = asyncio.run(main())
+    assert res.outcome != "success" and res.completion_tokens in (None, 0)
+    if engine == "vllm":  # (llama.cpp's message is in a field the SSE grammar drops)
+        assert "Token id 500 is out of vocabulary" in (res.error or "")
+    if engine == "tgi":
+        assert res.http_status == 422 and "`prompt` must be a string" in (res.error or "")

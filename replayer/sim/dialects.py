@@ -119,11 +119,8 @@ def token_ids_refused(engine: str) -> web.Response | None:
 
 def stream_error(engine: str, body: dict[str, Any]) -> bytes:
     """An error inside a stream as the engine writes it: ``data: {...}`` then ``[DONE]``, or
-    llama.cpp's SSE ``error:`` field (no ``data:``, no ``[DONE]``); TGI's error is a string."""
+    llama.cpp's SSE ``error:`` field (no ``data:``, no ``[DONE]``). (TGI never gets here: it
+    refuses token ids before streaming, ``token_ids_refused``.)"""
     if engine == "llamacpp":
         return b"error: " + orjson.dumps(body.get("error", body)) + b"\n\n"
-    if engine == "tgi":
-        err = body.get("error")
-        msg = err.get("message") if isinstance(err, dict) else err
-        return b"data: " + orjson.dumps({"error": msg, "error_type": "validation"}) + b"\n\n"
     return b"data: " + orjson.dumps(body) + b"\n\ndata: [DONE]\n\n"
