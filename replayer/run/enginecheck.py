@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -20,6 +21,9 @@ from replayer.core.engines import EngineCaps, engine_caps
 from replayer.http.tls import TLSOptions
 from replayer.observe.dialects.detect import engine_from_info, engine_from_metrics, engine_from_models
 from replayer.run.readiness import StartupError
+
+if TYPE_CHECKING:
+    from replayer.config.model import RunConfig
 
 log = logging.getLogger("replayer")
 
@@ -95,7 +99,9 @@ def check_capabilities(caps: EngineCaps, *, token_ids: bool, endpoint: str) -> N
         )
 
 
-async def engine_settings(cfg, targets: list[str], listed: list[list[str | None]], model: str, api_key: str | None):
+async def engine_settings(
+    cfg: RunConfig, targets: list[str], listed: list[list[str | None]], model: str, api_key: str | None
+) -> RunConfig:
     """The run's settings once the targets answer: every target serves ``model`` (else
     StartupError), the engine (``--engine``, or detected on the first target) said in the log,
     what the trace asks checked against it; returns ``cfg`` with ``engine`` set (None: not

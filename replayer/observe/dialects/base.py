@@ -101,6 +101,9 @@ class Dialect:
     ratios: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     #: private gauges (the parts of a ratio): read, kept in the samples, not canonical
     parts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: (derived) sample name -> the rules that read it; ``X_created`` -> its ``X_total``
+    rules: Mapping[str, list[SampleRule]] = field(init=False, repr=False, compare=False)
+    created: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         rules: dict[str, list[SampleRule]] = {}
@@ -120,9 +123,6 @@ class Dialect:
         object.__setattr__(
             self, "created", {n[: -len("_total")] + "_created": n for n in rules if n.endswith("_total")}
         )
-
-    rules: Mapping[str, list[SampleRule]] = field(init=False, repr=False, compare=False)
-    created: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def kind(self, sample: str) -> str:
         """``"counter"`` or ``"gauge"`` for a sample name this dialect reads."""
