@@ -288,8 +288,10 @@ class TargetScrapers:
         for url, s in self.scrapers.items():
             out[url] = (
                 {
-                    "deltas": s.deltas(),
-                    "latest": s.latest,
+                    "engine": s.dialect.name,
+                    "unknown": s.unknown,
+                    "deltas": {**s.unknown_nulls("counter"), **s.deltas()},
+                    "latest": {**s.unknown_nulls("gauge"), **s.latest},
                     "missing": s.missing,
                     "scrapes": s.scrapes,
                     "scrape_errors": s.errors,
