@@ -444,6 +444,8 @@ def test_a_replay_lists_the_targets_missing_metrics_in_its_summary(tmp_path, cap
         "num_preemptions",
         "server_e2e_seconds_count",
         "server_e2e_seconds_sum",
+        "server_itl_seconds_count",
+        "server_itl_seconds_sum",
         "server_queue_seconds_count",
         "server_queue_seconds_sum",
         "server_ttft_seconds_count",

@@ -21,6 +21,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "Target": (
         "target",
         "model",
+        "engine",
         "endpoint",
         "api_key_env",
         "api_key_file",

@@ -257,7 +257,25 @@ class RunConfig(FieldChecks):
         "(image_token_mismatches)",
     )
     image_cache_mb: int = Field(256, ge=1, description="memory bound of the cache of built images (base64 parts)")
-    vllm_extensions: bool = Field(True, description="send ignore_eos and min_tokens (vLLM/SGLang)")
+    vllm_extensions: bool = Field(
+        True, description="send the engine's exact-length fields (ignore_eos, min_tokens: docs/engines.md)"
+    )
+    # issue 49: the target's engine (its /metrics names, request fields, what it refuses)
+    engine: str | None = Field(
+        None,
+        description="the target's engine: vllm, sglang, tgi, trtllm, dynamo or llamacpp (its /metrics "
+        "names and request fields, docs/engines.md); unset = detected at start",
+    )
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, v: str | None) -> str | None:
+        from replayer.core.engines import engine_caps
+
+        if v is not None:
+            engine_caps(v)  # (ValueError naming the engines)
+        return v
+
     control_token_env: str = Field(
         "REPLAYER_CONTROL_TOKEN",
         description="environment variable holding the bearer token for the admin control endpoints (unset = open)",

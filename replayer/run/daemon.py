@@ -34,6 +34,7 @@ from replayer import __version__
 from replayer.config.model import RunConfig, new_run_id
 from replayer.core.background import EXIT_TASK_FAILED, BackgroundTasks
 from replayer.core.clock import Anchor, now_ns
+from replayer.core.engines import engine_caps
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.core.tracecontext import TraceContext
@@ -44,6 +45,7 @@ from replayer.http.launcher import Launcher, launcher_ready, start_launcher
 from replayer.http.servertimings import REQUEST_FIELD as SERVER_TIMINGS_FIELD
 from replayer.observe.admin import AdminServer
 from replayer.observe.console import LiveConsole
+from replayer.observe.dialects import dialect
 from replayer.observe.logs import setup_logging
 from replayer.observe.looplag import EventLoopLagMonitor
 from replayer.observe.metrics import ReplayerMetrics
@@ -62,6 +64,7 @@ from replayer.results.summarytext import synthetic_text
 from replayer.results.targets import TargetMetrics
 from replayer.results.tenants import TenantMetrics
 from replayer.run.clients import open_clients
+from replayer.run.enginecheck import engine_settings
 from replayer.run.fanout import result_fanout
 from replayer.run.gcpacer import GcPacer
 from replayer.run.lifecycle import start_up
@@ -189,14 +192,11 @@ async def run_replay(
         model = cfg.model or (listed[0][0] if listed[0] else None)
         if model is None:
             raise StartupError(f"target {targets[0]} lists no model: pass --model")
-        for url, models in zip(targets[1:], listed[1:], strict=True):
-            if models and model not in models:
-                log.warning(
-                    "target %s does not list the model %s (it lists %s)", url, model, ", ".join(map(str, models))
-                )
+        cfg = await engine_settings(cfg, targets, listed, model, api_key)  # wiring (issue 49)
         payload = PayloadBuilder(
             model,
             vllm_extensions=cfg.vllm_extensions,
+            engine=cfg.engine,
             chat="chat/completions" in cfg.endpoint,
             extra={SERVER_TIMINGS_FIELD: True} if cfg.server_timings else None,
         )
@@ -771,8 +771,9 @@ def _target_scraper(cfg: RunConfig, targets: list[str]) -> TargetScraper | Targe
     """Each target's ``/metrics`` scraper (``--scrape-target-metrics``), anchored later."""
     if not cfg.scrape_target_metrics:
         return None
+    path, names = engine_caps(cfg.engine or "vllm").metrics_path, dialect(cfg.engine)  # wiring (issue 49)
     one = {
-        url: TargetScraper(url.rstrip("/") + "/metrics", interval_s=cfg.scrape_interval_s, tls=cfg.tls)
+        url: TargetScraper(url.rstrip("/") + path, interval_s=cfg.scrape_interval_s, tls=cfg.tls, dialect=names)
         for url in targets
     }
     return one[targets[0]] if len(one) == 1 else TargetScrapers(one)

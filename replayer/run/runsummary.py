@@ -65,15 +65,17 @@ async def final_summary(
         pass
     elif scraper is not None and scraper.scrapes:
         summary["target_metrics"] = {
-            "deltas": scraper.deltas(),
-            "latest": scraper.latest,
+            "engine": scraper.dialect.name,  # (issue 49: what it does not export is null, never 0)
+            "unknown": scraper.unknown,
+            "deltas": {**scraper.unknown_nulls("counter"), **scraper.deltas()},
+            "latest": {**scraper.unknown_nulls("gauge"), **scraper.latest},
             "first_scrape_s": scraper.first_time_s,
             "last_scrape_s": scraper.last_time_s,
             "missing": scraper.missing,
             **scraper_totals(scraper),
         }
         hits = summary["target_metrics"]["deltas"].get("prefix_cache_hits")
-        if hits is not None:
+        if hits is not None or "prefix_cache_hits" in scraper.unknown:
             summary["server_prefix_cache_hit_tokens"] = hits
         mm_hits = summary["target_metrics"]["deltas"].get("mm_cache_hits")
         if mm_hits is not None and "images_sent" in summary:
@@ -83,6 +85,7 @@ async def final_summary(
     summary.update(
         {
             "target": target,
+            "engine": cfg.engine,
             "target_embedded": _target_embedded(cfg),
             "model": model,
             "trace": cfg.trace,

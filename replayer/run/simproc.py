@@ -33,8 +33,12 @@ def embedded_args(tokenizer: str | None, otlp_endpoint: str | None = None) -> li
     """The embedded simulator's flags for a run: its ``--tokenizer`` (the simulator then counts
     text and chat prompts as vLLM does, through the folder's chat template) and, with tracing on,
     its ``--otlp-endpoint`` (its ``llm_request`` spans go to the run's collector: the whole
-    journey traced without a GPU)."""
+    journey traced without a GPU), and ``--accept-any-model``: a trace's rows may name models of
+    their own (an agentic trace's), answered as the run's; ``--model`` is still checked against
+    its ``/v1/models`` at start."""
     args = ["--tokenizer", tokenizer] if tokenizer else []
+    # (a trace's rows may name models of their own; --model is still checked against /v1/models)
+    args.append("--accept-any-model")
     return args + (["--otlp-endpoint", otlp_endpoint] if otlp_endpoint else [])
 
 
