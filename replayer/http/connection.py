@@ -183,11 +183,6 @@ class Connection(asyncio.Protocol):
                 hs.set_result(None)
         try:
             plain = tls.read()
-        except ssl.SSLZeroReturnError:  # close_notify: the TCP close follows (connection_lost)
-            self.keep_alive = False
-            if self.ex is None:  # idle: it must not be handed out before its FIN arrives
-                self.abort()
-            return
         except ssl.SSLError as e:  # (TLS 1.3: a refused client certificate arrives after the handshake)
             if self.ex is not None:
                 self.finish_error(ErrorKind.TLS_ERROR, f"TLS error {_where(self.ex)}: {explain(e)}")
@@ -200,6 +195,10 @@ class Connection(asyncio.Protocol):
                 self.transport.write(out)  # type: ignore[union-attr]
         if plain:
             self._received(plain)
+        if tls.peer_closed:  # close_notify: no request after it (the TCP close may come much later)
+            self.keep_alive = False
+            if self.ex is None:
+                self.abort()
 
     def _handshake_failed(self, e: BaseException) -> None:
         hs = self._handshake

@@ -135,7 +135,19 @@ class TLSSession:
     what is to be written. ``sealer`` is None where the ``SSLObject`` writes (see the module
     docstring; ``unsealed`` says why)."""
 
-    __slots__ = ("obj", "_in", "_out", "sealer", "handshaking", "_keylog", "random", "_hello", "_last", "unsealed")
+    __slots__ = (
+        "obj",
+        "_in",
+        "_out",
+        "sealer",
+        "handshaking",
+        "_keylog",
+        "random",
+        "_hello",
+        "_last",
+        "unsealed",
+        "peer_closed",
+    )
 
     def __init__(
         self, ctx: ssl.SSLContext, server_name: str, session: ssl.SSLSession | None, keylog: KeyLog | None
@@ -150,6 +162,7 @@ class TLSSession:
         self.random: bytes | None = None  # the ClientHello's client random: this connection's key-log lines
         self._hello = b""  # the ClientHello read from the BIO (to find the random), still to send
         self._last = b""  # the handshake's last flight (the client's Finished), still to send
+        self.peer_closed = False  # the server's close_notify came
 
     def feed(self, data: bytes) -> None:
         self._in.write(data)
@@ -209,11 +222,11 @@ class TLSSession:
         return data
 
     def read(self) -> bytes:
-        """The plaintext of every whole record fed so far (b"" when none). Raises
-        ``ssl.SSLZeroReturnError`` on the server's close_notify with nothing before it, and
-        ``ssl.SSLError`` on an alert or a bad record. Sealed, a record the ``SSLObject`` wrote
-        while reading (its answer to a KeyUpdate with ``update_requested``: the only one it
-        writes after the handshake here) is dropped and the sealer answers instead."""
+        """The plaintext of every whole record fed so far (b"" when none); ``peer_closed`` once
+        the server's close_notify came (Python's ``ssl`` reads it as b"" or raises
+        ``ssl.SSLZeroReturnError``). Raises ``ssl.SSLError`` on an alert or a bad record. Sealed, a record the ``SSLObject`` wrote
+        while reading (an OpenSSL that answers a KeyUpdate at once: the only record it writes
+        after the handshake here) is dropped and the sealer answers instead."""
         obj, pending_in = self.obj, self._in
         first = b""
         rest: list[bytes] | None = None
@@ -224,10 +237,10 @@ class TLSSession:
                 except ssl.SSLWantReadError:
                     break
                 except ssl.SSLZeroReturnError:
-                    if first:
-                        break
-                    raise
-                if not chunk:
+                    self.peer_closed = True
+                    break
+                if not chunk:  # (only the close_notify reads as nothing: else SSLWantReadError)
+                    self.peer_closed = True
                     break
                 if not first:
                     first = chunk
@@ -245,9 +258,19 @@ class TLSSession:
         return first if rest is None else b"".join(rest)
 
     def wire(self, data: bytes) -> bytes:
-        """``data`` as the records to write."""
+        """``data`` as the records to write. Sealed, the ``SSLObject`` is asked first whether it
+        owes the server a KeyUpdate (OpenSSL answers a KeyUpdate with ``update_requested`` at its
+        next write, not when it reads it: an empty write makes it write the answer, which is
+        dropped, and the sealer answers instead, before these records)."""
         sealer = self.sealer
         if sealer is not None:
+            try:
+                self.obj.write(b"")
+            except ssl.SSLError:  # (a closed connection: its exchange fails through the reads)
+                pass
+            if self._out.pending:
+                self._out.read()
+                sealer.update_due = True
             return sealer.seal(data)
         self.obj.write(data)
         return self._out.read()
