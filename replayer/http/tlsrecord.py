@@ -170,6 +170,8 @@ class TLSSession:
     def step(self) -> bool:
         """Advance the handshake with the bytes fed so far; True once it is done (then the
         sealer is set where it can be). Raises ``ssl.SSLError`` when it fails."""
+        if not self.handshaking:
+            return True
         try:
             self.obj.do_handshake()
             done = True
