@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 
 import pytest
 from test_client_faults import prepared
-from test_tls import certs  # noqa: F401 - the fixture
-from tlsservers import SUITES, OpenSSLServer, TlsliteServer
+from test_tls import _run, _start_sim, certs  # noqa: F401 - the fixture
+from tlsservers import SUITES, NginxTerminator, OpenSSLServer, TlsliteServer
 
 from replayer.core.clock import now_ns
 from replayer.http.client import Client
@@ -183,3 +184,41 @@ def test_session_resumption(kind, certs, tmp_path):  # noqa: F811
         server.close()
     assert _ok(results) == [("success", None)] * 2
     assert (handshakes, resumed, sealed) == (2, 1, 2) and launched == 2
+
+
+@pytest.fixture(scope="module")
+def plain_sim(tmp_path_factory):
+    """A `replayer sim` serving plain HTTP (behind the terminators)."""
+    p, url = _start_sim(tmp_path_factory.mktemp("plainsim"), "plain")
+    yield url
+    p.terminate()
+    p.wait(10)
+
+
+@pytest.mark.parametrize("suite", sorted(SUITES))
+def test_a_replay_through_a_tls_terminator_completes_every_request(suite, plain_sim, certs, tmp_path):  # noqa: F811
+    """Black box: `replayer run` through nginx configured for one TLS 1.3 suite or TLS 1.2 in
+    front of the simulator: every request completes, written by the launcher (sealed) over TLS
+    1.3 and by the loop over TLS 1.2, as the summary's tls section counts."""
+    if not NginxTerminator.available():
+        pytest.skip("nginx is not installed (.ci/run installs Debian's nginx-light)")
+    g = certs["good"]
+    nginx = NginxTerminator(
+        g["server_cert"], g["server_key"], suite, int(plain_sim.rsplit(":", 1)[1]), str(tmp_path / "nginx")
+    )
+    try:
+        r = _run(tmp_path, "--target", f"https://127.0.0.1:{nginx.port}", "--ca-bundle", g["ca"], "--num-prompts", "20")
+    finally:
+        nginx.close()
+    assert r.returncode == 0, r.stderr
+    s = json.loads((tmp_path / "results" / "summary.json").read_text())
+    assert (s["completed"], s["failed"]) == (20, 0)
+    tls = s["tls"]
+    assert tls["requests_sealed"] + tls["requests_loop"] == 20
+    if suite == "TLS1.2":
+        assert set(tls["versions"]) == {"TLSv1.2"} and tls["sealed"] == 0 and tls["requests_loop"] == 20
+    else:
+        assert (
+            set(tls["versions"]) == {"TLSv1.3"} and tls["sealed"] == tls["handshakes"] and tls["requests_sealed"] >= 15
+        )
+    assert "TLS requests sealed / by the loop" in r.stdout

@@ -240,3 +240,39 @@ class TlsliteServer:
 
     def close(self) -> None:
         self._sock.close()
+
+
+class NginxTerminator:
+    """Debian's nginx as a TLS terminator in front of ``upstream_port`` (plain HTTP, keep-alive
+    upstream, no buffering: SSE passes through), for one cipher suite of ``SUITES``."""
+
+    def __init__(self, cert: str, key: str, suite: str, upstream_port: int, workdir: str) -> None:
+        self.port = free_port()
+        os.makedirs(workdir, exist_ok=True)
+        if suite == "TLS1.2":
+            tls = "ssl_protocols TLSv1.2; ssl_ciphers ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256;"
+        else:
+            tls = f"ssl_protocols TLSv1.3; ssl_conf_command Ciphersuites {suite};"
+        temp = " ".join(f"{k}_temp_path {workdir}/{k};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+        conf = os.path.join(workdir, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(
+                ("user root;\n" if os.geteuid() == 0 else "")
+                + f"daemon off; worker_processes 1; pid {workdir}/nginx.pid; error_log {workdir}/error.log;\n"
+                "events { worker_connections 512; }\n"
+                f"http {{ access_log off; {temp}\n"
+                f"  upstream up {{ server 127.0.0.1:{upstream_port}; keepalive 64; }}\n"
+                f"  server {{ listen 127.0.0.1:{self.port} ssl; ssl_certificate {cert}; ssl_certificate_key {key}; {tls}\n"
+                '    location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection "";\n'
+                "      proxy_buffering off; proxy_request_buffering off; } } }\n"
+            )
+        self.proc = subprocess.Popen(["nginx", "-p", workdir, "-c", conf], stderr=subprocess.DEVNULL)
+        _wait_listening(self.port, self.proc)
+
+    @staticmethod
+    def available() -> bool:
+        return shutil.which("nginx") is not None
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
