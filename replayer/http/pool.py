@@ -236,6 +236,10 @@ class Pool:
             if c.launchable:
                 del idle[i]
                 return c
+            if c.closed or c.ex is not None or not c.keep_alive:  # (gone: out of the pool, not scanned again)
+                del idle[i]
+                self._drop(c)
+                c.abort()
         return None
 
     async def acquire(self) -> Connection:
