@@ -20,11 +20,12 @@ from test_client_faults import prepared
 from test_tls import _run, _start_sim, certs  # noqa: F401 - the fixture
 from tlsservers import SUITES, NginxTerminator, OpenSSLServer, TlsliteServer
 
-from replayer.core.clock import now_ns
-from replayer.http.client import Client
+from replayer.core import now_ns
+from replayer.http import Client
 from replayer.http.launcher import Launcher
 from replayer.http.tls import TLSOptions
-from replayer.send.sender import LOOP_WRITES, LauncherSender
+from replayer.send import LauncherSender
+from replayer.send.sender import LOOP_WRITES
 
 SERVERS = {"openssl": OpenSSLServer, "tlslite": TlsliteServer}
 # (tlslite-ng imports asyncore for an integration this test does not use)

@@ -23,14 +23,13 @@ from test_tls import certs  # noqa: F401 - the fixture
 
 import replayer.http.tlskeylog as tlskeylog
 import replayer.http.tlsrecord as tlsrecord
-from replayer.core.clock import now_ns
-from replayer.http.client import Client
+from replayer.core import now_ns
+from replayer.http import Client
 from replayer.http.launcher import Launcher
 from replayer.http.tls import TLSOptions
 from replayer.http.tlskeylog import KeyLog
 from replayer.http.tlsrecord import RecordSealer, TLSSession, client_random, expand_label
-from replayer.plan.planner import Planner
-from replayer.plan.schedule import Timeline
+from replayer.plan import Planner, Timeline
 from replayer.sim.certs import server_context
 
 # RFC 8448 section 3 (Simple 1-RTT Handshake): the client's application traffic secret, the
