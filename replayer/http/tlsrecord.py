@@ -19,11 +19,14 @@ Once sealed, a connection has one writer of records, the sealer, and its sequenc
 the only ones used under its key: the ``SSLObject``'s own records are never sent (sent, they
 would reuse the sealer's nonces). The reads stay with the ``SSLObject``: server records, session
 tickets (kept by the pool for resumption) and alerts. A server's KeyUpdate with
-``update_requested`` makes the ``SSLObject`` write its answer, which is dropped; the sealer
-answers instead (RFC 8446 section 4.6.3: a KeyUpdate of its own, ``update_not_requested``,
-before its next application data record, sealed under the current key, then the next traffic
-secret of section 7.2 and sequence numbers from 0). The sealer updates its key the same way
-itself after ``RECORDS_PER_KEY`` records, below the AES-GCM limit (RFC 8446 section 5.5). A
+``update_requested`` leaves the ``SSLObject`` owing an answer (OpenSSL writes it at its next
+write: ``wire`` makes an empty write to find out), which is dropped; the sealer answers instead
+(RFC 8446 section 4.6.3: a KeyUpdate of its own, ``update_not_requested``, before its next
+application data record, sealed under the current key, then the next traffic secret of section
+7.2 and sequence numbers from 0). Answered rather than retired: a retired connection costs a new
+handshake on a later request's time, when the replayer keeps its connections warm so that no
+request pays one; the answer is one record and one HKDF step, checked against two TLS
+implementations (tests/test_tls_matrix.py). The sealer updates its key the same way itself after ``RECORDS_PER_KEY`` records, below the AES-GCM limit (RFC 8446 section 5.5). A
 closing connection sends a sealed close_notify (``close_notify``).
 """
 
