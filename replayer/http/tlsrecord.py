@@ -26,8 +26,9 @@ application data record, sealed under the current key, then the next traffic sec
 7.2 and sequence numbers from 0). Answered rather than retired: a retired connection costs a new
 handshake on a later request's time, when the replayer keeps its connections warm so that no
 request pays one; the answer is one record and one HKDF step, checked against two TLS
-implementations (tests/test_tls_matrix.py). The sealer updates its key the same way itself after ``RECORDS_PER_KEY`` records, below the AES-GCM limit (RFC 8446 section 5.5). A
-closing connection sends a sealed close_notify (``close_notify``).
+implementations (tests/test_tls_matrix.py). The sealer updates its key the same way itself
+after ``RECORDS_PER_KEY`` records, below the AES-GCM limit (RFC 8446 section 5.5). A closing
+connection sends a sealed close_notify (``close_notify``).
 """
 
 from __future__ import annotations
