@@ -212,19 +212,24 @@ class Client:
         launcher.attach(self.on_launched)
         self._launcher = launcher
 
+    @property
+    def launcher_writes(self) -> bool:
+        """Whether the launcher process can write this client's requests at all: it runs, and
+        the target's connections are plain HTTP or TLS whose records are sealed here
+        (``Pool.sealing``: not over TLS 1.2). False: the loop writes every request."""
+        return self._launcher is not None and self._launcher.running and self.pool.sealing
+
     def reserve(self, req: PreparedRequest, res: RequestResult) -> Reserved | None:
-        """Bind ``req`` to an idle keep-alive connection and build its bytes, to be written at
-        its due time by the launcher process (``launch``; ``replayer.http.launcher``). None when no
-        launcher runs or no idle connection the launcher can write on is ready (plain HTTP, or
-        TLS 1.3 with its records sealed here: ``replayer.http.tlsrecord``; then ``send`` writes
-        it as usual). Pass the returned handle to ``launch`` and then to ``send(req, res, reserved)``."""
-        if self._launcher is None or not self._launcher.running:
+        """Bind ``req`` to an idle keep-alive connection the launcher may write on
+        (``Connection.launchable``: one writer at a time) and build its bytes, to be written at
+        its due time by the launcher process (``launch``; ``replayer.http.launcher``). The
+        launcher writes next on that connection, until its report (``on_launched``). None when
+        no such connection is ready (or ``launcher_writes`` is False): ``send`` writes it from
+        the loop. Pass the returned handle to ``launch`` and then to ``send(req, res, reserved)``."""
+        if not self.launcher_writes:
             return None
-        conn = self.pool.idle_connection()
+        conn = self.pool.launchable_connection()
         if conn is None:
-            return None
-        if conn.fd < 0:  # TLS without a record sealer: only the loop can write
-            self.pool.give_back(conn)
             return None
         ex = Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns, self._acc())
         conn.ex = ex  # the connection is ours from now on
@@ -241,6 +246,7 @@ class Client:
         if at_ns > ex.last_ns:  # the read timeout counts from the write, not from the hand-over
             ex.last_ns = at_ns
         head, body = conn.wire(head), conn.wire(req.body)
+        self.pool.tls_requests_sealed += conn.tls is not None
         token = self._launcher.submit(at_ns, conn.fd, head, body)  # type: ignore[union-attr]
         self._launches[token] = (req, res, conn, ex, head, body, at_ns)
         conn.launch = token
@@ -356,6 +362,7 @@ class Client:
             ex.deadline_ns = sent + ex.total_ns
         res.connect_ms = (sent - t_start) / 1e6
         conn.start(request, ex)
+        self.pool.tls_requests_loop += conn.tls is not None
         if conn.transport.get_write_buffer_size():  # type: ignore[union-attr]
             self._dispatch_when_drained(res, conn, sent, lag_from_ns)  # (the socket did not take it whole)
         else:

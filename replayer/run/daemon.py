@@ -764,6 +764,11 @@ def _tls_counts(clients: dict[str, Client]) -> dict[str, Any] | None:
         "resumed": sum(p.tls_resumed for p in pools),
         "sealed": sum(p.tls_sealed for p in pools),
         "versions": versions,
+        # wiring (issue 48): requests written by the launcher (sealed here) and by the loop
+        "requests_sealed": sum(p.tls_requests_sealed for p in pools),
+        "requests_loop": sum(p.tls_requests_loop for p in pools),
+        "unmatched": sum(p.tls_unmatched for p in pools),
+        "key_updates": sum(p.tls_key_updates for p in pools),
     }
 
 
