@@ -14,11 +14,14 @@ import errno
 import hmac
 import logging
 import math
+import time
 from collections.abc import Callable
 from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from replayer.observe.runlabels import RunLabels
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +42,15 @@ class AdminServer:
 
     def __init__(
         self,
-        registry: CollectorRegistry,
+        registry: CollectorRegistry | RunLabels,
         *,
         status: Callable[[], dict],
         ready: Callable[[], bool],
         control: Callable[[], Controller | None] = lambda: None,
         token: str | None = None,
     ) -> None:
-        self.registry = registry
+        self.registry = registry  # (or any object with collect(): runlabels.RunLabels)
+        self.scrapers: dict[tuple[str, str], float] = {}  # (peer address, user agent) -> its last scrape
         self._status = status
         self._ready = ready
         self._control = control
@@ -90,6 +94,8 @@ class AdminServer:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, self.registry)
+        # (after the exposition: a scrape counts once its values were read)
+        self.scrapers[(request.remote or "?", request.headers.get("User-Agent", "?"))] = time.monotonic()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, request: web.Request) -> web.Response:

@@ -24,6 +24,7 @@ from replayer.core.endpoints import POOLING
 from replayer.core.errors import ErrorKind, Outcome
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
+from replayer.observe.events import RunEvents
 from replayer.observe.histograms import (
     LAG_BUCKETS,
     LATENCY_BUCKETS,
@@ -32,6 +33,7 @@ from replayer.observe.histograms import (
     BatchedHistogram,
     log_buckets,
 )
+from replayer.observe.livewindow import LiveWindow
 from replayer.observe.metricparts import _DueCounter, _Flush, _ResultsDisk, quantile_from_buckets
 from replayer.observe.metrictable import declare
 
@@ -115,6 +117,7 @@ class ReplayerMetrics:
         config_info: dict[str, str] | None = None,
         process_collector: bool = True,
         clock=now_ns,
+        window_s: float = 60.0,
     ) -> None:
         r = registry
         self.registry = registry
@@ -147,7 +150,8 @@ class ReplayerMetrics:
         self._incs: dict[Any, float] = {}  # Counter/Gauge (or labelled child) -> amount to add
         self._trace_time_s: float | None = None  # Gauge value to set
         self._next_flush_s = time.monotonic() + self.FLUSH_S
-        self.extra: list[Any] = []  # more per-result steps (on_result(res)), e.g. the live window
+        self.events = RunEvents(r)  # what happened when (summary.json's events, the annotations)
+        self.live_window = LiveWindow(r, window_s)  # fed by the fan-out (its "live window" step)
 
     # -- batching --------------------------------------------------------------------------
     def flush(self) -> None:
@@ -192,6 +196,8 @@ class ReplayerMetrics:
         later loop goes out, so calling it is optional."""
         with self._lock:
             self.flush()  # the rows done so far belong to the previous loop
+            if loop > self._loop_no:
+                self.events.record("loop", loop=int(loop))
             self._loop_no, self._loop_start_ns = int(loop), int(start_trace_ns)
             self.loop.set(loop)
             self.trace_rows_done.set(0)

@@ -1,0 +1,108 @@
+"""The run's latest latencies, exactly: TTFT, ITL, TPOT and E2E quantiles of the successful
+requests that ended in the last ``window_s`` seconds, as gauges.
+
+``replayer_live_latency_seconds{metric, quantile}`` (metric: ttft, itl, tpot, e2e; quantile: 0.5,
+0.9, 0.99) and ``replayer_live_latency_values{metric}`` (the values they come from) are computed at
+each scrape with the summary's own statistic (``replayer.core.stats.Stat``: nearest rank, exact up
+to its limit, a DDSketch beyond), so a panel can show the number the summary would give for that
+window rather than a bucket interpolation. The window slides in ``slots`` steps; a quantile of a
+window with no value is left out (unknown is not zero).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from replayer.core.result import RequestResult
+from replayer.core.stats import Stat
+
+METRICS = ("ttft", "itl", "tpot", "e2e")
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+class LiveWindow(Collector):
+    """The sliding window (module docstring). ``on_result`` is a fan-out step (any thread)."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None,
+        window_s: float = 60.0,
+        slots: int = 6,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.window_s, self._slot_s, self._clock = float(window_s), float(window_s) / slots, clock
+        self._lock = threading.Lock()
+        # (slot number, {metric: list of float or arrays}) oldest first
+        self._slots: deque[tuple[int, dict[str, list]]] = deque()
+        if registry is not None:
+            registry.register(self)
+
+    def _current(self) -> dict[str, list]:
+        n = int(self._clock() // self._slot_s)
+        if not self._slots or self._slots[-1][0] != n:
+            self._slots.append((n, {m: [] for m in METRICS}))
+            keep = int(self.window_s // self._slot_s)
+            while self._slots and self._slots[0][0] <= n - keep:
+                self._slots.popleft()
+        return self._slots[-1][1]
+
+    def on_result(self, res: RequestResult) -> None:
+        if res.outcome != "success":
+            return
+        with self._lock:
+            cur = self._current()
+            if res.ttft_ms is not None:
+                cur["ttft"].append(res.ttft_ms / 1e3)
+            if res.e2e_ms is not None:
+                cur["e2e"].append(res.e2e_ms / 1e3)
+            if res.tpot_ms is not None:
+                cur["tpot"].append(res.tpot_ms / 1e3)
+            if res.itl_ms:
+                cur["itl"].append(np.asarray(res.itl_ms, dtype=np.float64) / 1e3)
+
+    def stats(self) -> dict[str, Stat]:
+        """Each metric's values in the window now, as a ``Stat``."""
+        with self._lock:
+            self._current()  # drops the slots that left the window
+            parts = {m: [vals for _, slot in self._slots for vals in [slot[m]] if vals] for m in METRICS}
+        out = {}
+        for m, lists in parts.items():
+            st = Stat()
+            for vals in lists:
+                if m == "itl":
+                    st.add(np.concatenate(vals))
+                else:
+                    st.add(np.asarray(vals, dtype=np.float64))
+            out[m] = st
+        return out
+
+    def collect(self):
+        q = GaugeMetricFamily(
+            "replayer_live_latency_seconds",
+            f"Exact quantiles (the summary's method) of the last {self.window_s:g} s of successful requests.",
+            labels=["metric", "quantile"],
+        )
+        n = GaugeMetricFamily(
+            "replayer_live_latency_values",
+            f"Values in the last {self.window_s:g} s behind replayer_live_latency_seconds.",
+            labels=["metric"],
+        )
+        for m, st in self.stats().items():
+            n.add_metric([m], st.count)
+            for x in QUANTILES:
+                v = st.percentile(x * 100)
+                if v is not None:
+                    q.add_metric([m, repr(x)], v)
+        yield q
+        yield n
+
+    def describe(self):
+        return []
