@@ -91,7 +91,7 @@ def test_the_rendering_keeps_every_panel_and_expression():
     latency = md.split("## Latency\n", 1)[1].split("\n## ", 1)[0]
     assert (
         "| TTFT | seconds |" in latency
-        and "histogram_quantile(0.99, sum by (le) (rate(replayer_ttft_seconds_bucket[1m])))" in latency
+        and "histogram_quantile(0.99, sum by (run_id, le) (rate(replayer_ttft_seconds_bucket{" in latency
     )
 
 
