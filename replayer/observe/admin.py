@@ -51,6 +51,7 @@ class AdminServer:
     ) -> None:
         self.registry = registry  # (or any object with collect(): runlabels.RunLabels)
         self.scrapers: dict[tuple[str, str], float] = {}  # (peer address, user agent) -> its last scrape
+        self.scrape_counts: dict[tuple[str, str], int] = {}  # ... -> its scrapes
         self._status = status
         self._ready = ready
         self._control = control
@@ -95,7 +96,9 @@ class AdminServer:
     async def _metrics(self, request: web.Request) -> web.Response:
         body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, self.registry)
         # (after the exposition: a scrape counts once its values were read)
-        self.scrapers[(request.remote or "?", request.headers.get("User-Agent", "?"))] = time.monotonic()
+        key = (request.remote or "?", request.headers.get("User-Agent", "?"))
+        self.scrapers[key] = time.monotonic()
+        self.scrape_counts[key] = self.scrape_counts.get(key, 0) + 1
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, request: web.Request) -> web.Response:

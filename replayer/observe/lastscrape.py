@@ -10,10 +10,10 @@ unseen entirely). So, after the summary:
 * ``--metrics-linger S`` keeps ``/metrics`` served up to S seconds. It ends early once every
   scraper seen during the run (by address and user agent) has scraped again after the end, so
   the final values are seen, and at once on SIGINT/SIGTERM. Unset, it is ``DEFAULT_LINGER_S``
-  (two scrape intervals of 15 s, the interval of ``deploy/prometheus/prometheus.yml`` and a
-  common one; Prometheus's own default is 60 s: give ``--metrics-linger 120`` there) when a
-  scraper was seen, and nothing when no one scraped (``make run``, tests): nobody waits for
-  values no one reads. The log says when it lingers, for how long and how to skip it.
+  (two scrape intervals of 15 s, a common interval; ``deploy/prometheus/prometheus.yml`` scrapes
+  every 5 s; Prometheus's own default is 60 s: give ``--metrics-linger 120`` there) when a
+  scraper came periodically (twice or more: a one-off ``curl`` is not waited for), and nothing
+  when none did (``make run``, tests): nobody waits for values no one reads. The log says when it lingers, for how long and how to skip it.
 """
 
 from __future__ import annotations
@@ -35,17 +35,25 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Scraped(Protocol):
-    """What the admin server says about its scrapes: ``scrapers`` maps each scraper's key to
-    the monotonic time of its last scrape."""
+    """What the admin server says about its scrapes: ``scrapers`` maps each scraper's key
+    (address, user agent) to the monotonic time of its last scrape, ``scrape_counts`` to its
+    number of scrapes."""
 
     scrapers: dict[tuple[str, str], float]
+    scrape_counts: dict[tuple[str, str], int]
+
+
+def periodic(scraped: Scraped) -> set[tuple[str, str]]:
+    """The scrapers that came more than once (a Prometheus; not a one-off ``curl``)."""
+    return {k for k, n in scraped.scrape_counts.items() if n >= 2}
 
 
 def linger_for(setting: float | None, scraped: Scraped) -> float:
-    """Seconds to linger: ``setting`` when given, else ``DEFAULT_LINGER_S`` if anyone scraped."""
+    """Seconds to linger: ``setting`` when given, else ``DEFAULT_LINGER_S`` if something
+    scraped periodically."""
     if setting is not None:
         return max(0.0, setting)
-    return DEFAULT_LINGER_S if scraped.scrapers else 0.0
+    return DEFAULT_LINGER_S if periodic(scraped) else 0.0
 
 
 async def linger(scraped: Scraped, seconds: float, *, poll_s: float = 0.1) -> str:
@@ -54,7 +62,7 @@ async def linger(scraped: Scraped, seconds: float, *, poll_s: float = 0.1) -> st
     if seconds <= 0:
         return "time"
     ended = time.monotonic()
-    before = set(scraped.scrapers)
+    before = periodic(scraped)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     installed = []

@@ -3,14 +3,15 @@ requests that ended in the last ``window_s`` seconds, as gauges.
 
 ``replayer_live_latency_seconds{metric, quantile}`` (metric: ttft, itl, tpot, e2e; quantile: 0.5,
 0.9, 0.99) and ``replayer_live_latency_values{metric}`` (the values they come from) are computed at
-each scrape with the summary's own statistic (``replayer.core.stats.Stat``: nearest rank, exact up
-to its limit, a DDSketch beyond), so a panel can show the number the summary would give for that
+each scrape with the summary's own rule (nearest rank, as ``replayer.core.stats.Stat``), exactly
+(one ``np.partition`` of the window's values), so a panel can show the number the summary would give for that
 window rather than a bucket interpolation. The window slides in ``slots`` steps; a quantile of a
 window with no value is left out (unknown is not zero).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -22,7 +23,6 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from replayer.core.result import RequestResult
-from replayer.core.stats import Stat
 
 METRICS = ("ttft", "itl", "tpot", "e2e")
 QUANTILES = (0.5, 0.9, 0.99)
@@ -68,20 +68,18 @@ class LiveWindow(Collector):
             if res.itl_ms:
                 cur["itl"].append(np.asarray(res.itl_ms, dtype=np.float64) / 1e3)
 
-    def stats(self) -> dict[str, Stat]:
-        """Each metric's values in the window now, as a ``Stat``."""
+    def values(self) -> dict[str, np.ndarray]:
+        """Each metric's values in the window now."""
         with self._lock:
             self._current()  # drops the slots that left the window
-            parts = {m: [vals for _, slot in self._slots for vals in [slot[m]] if vals] for m in METRICS}
+            parts = {m: [list(slot[m]) for _, slot in self._slots if slot[m]] for m in METRICS}
         out = {}
         for m, lists in parts.items():
-            st = Stat()
-            for vals in lists:
-                if m == "itl":
-                    st.add(np.concatenate(vals))
-                else:
-                    st.add(np.asarray(vals, dtype=np.float64))
-            out[m] = st
+            if m == "itl":
+                arrays = [a for vals in lists for a in vals]
+            else:
+                arrays = [np.asarray(vals, dtype=np.float64) for vals in lists]
+            out[m] = np.concatenate(arrays) if arrays else np.zeros(0)
         return out
 
     def collect(self):
@@ -95,14 +93,24 @@ class LiveWindow(Collector):
             f"Values in the last {self.window_s:g} s behind replayer_live_latency_seconds.",
             labels=["metric"],
         )
-        for m, st in self.stats().items():
-            n.add_metric([m], st.count)
-            for x in QUANTILES:
-                v = st.percentile(x * 100)
-                if v is not None:
-                    q.add_metric([m, repr(x)], v)
+        for m, v in self.values().items():
+            n.add_metric([m], v.size)
+            for x, value in zip(QUANTILES, nearest_rank(v, QUANTILES)):
+                if value is not None:
+                    q.add_metric([m, repr(x)], value)
         yield q
         yield n
 
     def describe(self):
         return []
+
+
+def nearest_rank(v: np.ndarray, qs: tuple[float, ...]) -> list[float | None]:
+    """The nearest-rank quantiles ``qs`` of ``v`` (``Stat.percentile``'s exact rule), in one
+    ``np.partition``; None each when ``v`` is empty."""
+    n = v.size
+    if not n:
+        return [None] * len(qs)
+    ranks = [min(n, max(1, math.ceil(q * n - 1e-9))) - 1 for q in qs]
+    part = np.partition(v, sorted(set(ranks)))
+    return [float(part[r]) for r in ranks]
