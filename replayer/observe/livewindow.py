@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from itertools import chain
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -40,8 +41,12 @@ class LiveWindow(Collector):
     ) -> None:
         self.window_s, self._slot_s, self._clock = float(window_s), float(window_s) / slots, clock
         self._lock = threading.Lock()
-        # (slot number, {metric: list of float or arrays}) oldest first
+        self._scrape_lock = threading.Lock()
+        # (slot number, {metric: values in ms; ITL: each request's own list}) oldest first: the
+        # per-request step only appends (the lists are converted at the scrape)
         self._slots: deque[tuple[int, dict[str, list]]] = deque()
+        # (slot number, metric) -> (values converted, as an array): a closed slot converts once
+        self._arrays: dict[tuple[int, str], tuple[int, np.ndarray]] = {}
         if registry is not None:
             registry.register(self)
 
@@ -60,26 +65,33 @@ class LiveWindow(Collector):
         with self._lock:
             cur = self._current()
             if res.ttft_ms is not None:
-                cur["ttft"].append(res.ttft_ms / 1e3)
+                cur["ttft"].append(res.ttft_ms)
             if res.e2e_ms is not None:
-                cur["e2e"].append(res.e2e_ms / 1e3)
+                cur["e2e"].append(res.e2e_ms)
             if res.tpot_ms is not None:
-                cur["tpot"].append(res.tpot_ms / 1e3)
+                cur["tpot"].append(res.tpot_ms)
             if res.itl_ms:
-                cur["itl"].append(np.asarray(res.itl_ms, dtype=np.float64) / 1e3)
+                cur["itl"].append(res.itl_ms)  # (the finished request's list: never changed again)
 
     def values(self) -> dict[str, np.ndarray]:
-        """Each metric's values in the window now."""
+        """Each metric's values in the window now, in milliseconds."""
         with self._lock:
             self._current()  # drops the slots that left the window
-            parts = {m: [list(slot[m]) for _, slot in self._slots if slot[m]] for m in METRICS}
+            parts = {m: [(n, slot[m][:]) for n, slot in self._slots] for m in METRICS}
         out = {}
-        for m, lists in parts.items():
-            if m == "itl":
-                arrays = [a for vals in lists for a in vals]
-            else:
-                arrays = [np.asarray(vals, dtype=np.float64) for vals in lists]
-            out[m] = np.concatenate(arrays) if arrays else np.zeros(0)
+        with self._scrape_lock:  # (two scrapes at once share the converted arrays)
+            for m, slots in parts.items():
+                arrays = []
+                for n, vals in slots:
+                    have = self._arrays.get((n, m))
+                    if have is None or have[0] != len(vals):
+                        flat = list(chain.from_iterable(vals)) if m == "itl" else vals
+                        have = (len(vals), np.asarray(flat, dtype=np.float64))
+                        self._arrays[(n, m)] = have
+                    arrays.append(have[1])
+                out[m] = np.concatenate(arrays) if arrays else np.zeros(0)
+            kept = {n for n, _ in parts[METRICS[0]]}  # (the slots that left the window: dropped)
+            self._arrays = {k: v for k, v in self._arrays.items() if k[0] in kept}
         return out
 
     def collect(self):
@@ -97,7 +109,7 @@ class LiveWindow(Collector):
             n.add_metric([m], v.size)
             for x, value in zip(QUANTILES, nearest_rank(v, QUANTILES)):
                 if value is not None:
-                    q.add_metric([m, repr(x)], value)
+                    q.add_metric([m, repr(x)], value / 1e3)
         yield q
         yield n
 
