@@ -35,7 +35,7 @@ W = "1m"
 #: the selectors every query starts from: a replayer series of the runs chosen, a target's series
 R = 'job=~"$job",instance=~"$instance",run_id=~"$run_id"'
 T = 'instance=~"$target",model_name=~"$model"'
-#: the variables, in their chained order: (name, label, query)
+#: the variables, in their chained order: (name, label, query); each one's description is VARIABLE_HELP's
 VARIABLES = (
     ("job", "Prometheus job", "label_values(replayer_run_info, job)"),
     ("instance", "instance (replayer)", 'label_values(replayer_run_info{job=~"$job"}, instance)'),
@@ -307,6 +307,7 @@ def _variable(name: str, label: str, query: str) -> dashboard.QueryVariable:
     return (
         dashboard.QueryVariable(name)
         .label(label)
+        .description(VARIABLE_HELP[name])
         .datasource(DS)
         .query({"query": query, "refId": f"var-{name}"})
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
