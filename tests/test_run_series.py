@@ -131,29 +131,26 @@ def test_fine_buckets_keep_histogram_quantile_within_3_percent_of_the_exact_perc
 def test_linger_defaults_to_nothing_when_no_one_scraped_and_ends_once_the_scraper_came_back():
     class Seen:
         scrapers: dict = {}
-        scrape_counts: dict = {}
+        scrape_jobs: set = set()
 
     assert linger_for(None, Seen()) == 0.0 and linger_for(5.0, Seen()) == 5.0
-    Seen.scrapers = {("127.0.0.1", "curl"): time.monotonic()}
-    Seen.scrape_counts = {("127.0.0.1", "curl"): 1}
-    assert linger_for(None, Seen()) == 0.0  # a one-off look is not a scraper to wait for
-    Seen.scrape_counts = {("127.0.0.1", "curl"): 2}
-    assert linger_for(None, Seen()) == DEFAULT_LINGER_S
+
+    def scrape(url: str) -> None:  # as Prometheus does
+        req = urllib.request.Request(url + "/metrics", headers={"X-Prometheus-Scrape-Timeout-Seconds": "1"})
+        urllib.request.urlopen(req).read()
 
     async def main() -> tuple[str, float]:
         reg = CollectorRegistry()
         admin = AdminServer(RunLabels(reg, {"run_id": "r"}), status=dict, ready=lambda: True)
         url = await admin.start()
         loop = asyncio.get_running_loop()
-        for _ in range(2):
+        for _ in range(2):  # a curl, however often, is not a scraper to wait for
             await loop.run_in_executor(None, lambda: urllib.request.urlopen(url + "/metrics").read())
-        assert set(admin.scrapers) and linger_for(None, admin) == DEFAULT_LINGER_S
+        assert set(admin.scrapers) and linger_for(None, admin) == 0.0
+        await loop.run_in_executor(None, scrape, url)
+        assert linger_for(None, admin) == DEFAULT_LINGER_S
         t0 = time.monotonic()
-
-        def scrape() -> None:
-            urllib.request.urlopen(url + "/metrics").read()
-
-        later = loop.call_later(0.5, lambda: loop.run_in_executor(None, scrape))
+        later = loop.call_later(0.5, lambda: loop.run_in_executor(None, scrape, url))
         why = await linger(admin, 20.0)
         later.cancel()
         await admin.stop()
@@ -166,7 +163,7 @@ def test_linger_defaults_to_nothing_when_no_one_scraped_and_ends_once_the_scrape
 def test_linger_ends_after_its_time_without_a_scrape():
     class Seen:
         scrapers = {("h", "a"): 0.0}
-        scrape_counts = {("h", "a"): 2}
+        scrape_jobs = {("h", "a")}
 
     t0 = time.monotonic()
     assert asyncio.run(linger(Seen(), 0.3)) == "time" and time.monotonic() - t0 >= 0.3

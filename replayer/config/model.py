@@ -390,7 +390,7 @@ class RunConfig(FieldChecks):
         ge=0,
         description="after the run, keep /metrics served up to this long for a last scrape (ends "
         "early once every scraper seen has scraped again; Ctrl-C ends it); none = 30 s (two 15 s "
-        "scrape intervals) when something scraped /metrics during the run, else 0",
+        "scrape intervals) when a Prometheus scraped /metrics during the run, else 0",
     )
     metrics_push: str | None = Field(
         None,

@@ -25,6 +25,10 @@ from replayer.observe.runlabels import RunLabels
 
 log = logging.getLogger(__name__)
 
+#: the header a Prometheus scrape carries (also the OpenTelemetry Collector's prometheus receiver,
+#: vmagent, Grafana Alloy): what tells a scraper that will come back from a one-off ``curl``
+SCRAPE_HEADER = "X-Prometheus-Scrape-Timeout-Seconds"
+
 
 class Controller(Protocol):
     """What the control endpoints steer (the dispatcher)."""
@@ -51,7 +55,7 @@ class AdminServer:
     ) -> None:
         self.registry = registry  # (or any object with collect(): runlabels.RunLabels)
         self.scrapers: dict[tuple[str, str], float] = {}  # (peer address, user agent) -> its last scrape
-        self.scrape_counts: dict[tuple[str, str], int] = {}  # ... -> its scrapes
+        self.scrape_jobs: set[tuple[str, str]] = set()  # those that sent SCRAPE_HEADER
         self._status = status
         self._ready = ready
         self._control = control
@@ -98,7 +102,8 @@ class AdminServer:
         # (after the exposition: a scrape counts once its values were read)
         key = (request.remote or "?", request.headers.get("User-Agent", "?"))
         self.scrapers[key] = time.monotonic()
-        self.scrape_counts[key] = self.scrape_counts.get(key, 0) + 1
+        if SCRAPE_HEADER in request.headers:
+            self.scrape_jobs.add(key)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, request: web.Request) -> web.Response:

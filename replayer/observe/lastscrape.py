@@ -12,8 +12,10 @@ unseen entirely). So, after the summary:
   the final values are seen, and at once on SIGINT/SIGTERM. Unset, it is ``DEFAULT_LINGER_S``
   (two scrape intervals of 15 s, a common interval; ``deploy/prometheus/prometheus.yml`` scrapes
   every 5 s; Prometheus's own default is 60 s: give ``--metrics-linger 120`` there) when a
-  scraper came periodically (twice or more: a one-off ``curl`` is not waited for), and nothing
-  when none did (``make run``, tests): nobody waits for values no one reads. The log says when it lingers, for how long and how to skip it.
+  scraper came (a request with Prometheus's ``X-Prometheus-Scrape-Timeout-Seconds`` header:
+  a one-off ``curl`` is not waited for), and nothing when none did (``make run``, tests): nobody
+  waits for values no one reads. With a linger given and no scraper seen, any read of
+  ``/metrics`` after the end ends it. The log says when it lingers, for how long and how to skip it.
 """
 
 from __future__ import annotations
@@ -35,25 +37,20 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Scraped(Protocol):
-    """What the admin server says about its scrapes: ``scrapers`` maps each scraper's key
-    (address, user agent) to the monotonic time of its last scrape, ``scrape_counts`` to its
-    number of scrapes."""
+    """What the admin server says about its scrapes: ``scrapers`` maps each reader's key
+    (address, user agent) to the monotonic time of its last read of ``/metrics``;
+    ``scrape_jobs`` holds the keys of those that sent Prometheus's scrape header (a Prometheus
+    or another scraper that comes back every interval; not a one-off ``curl``)."""
 
     scrapers: dict[tuple[str, str], float]
-    scrape_counts: dict[tuple[str, str], int]
-
-
-def periodic(scraped: Scraped) -> set[tuple[str, str]]:
-    """The scrapers that came more than once (a Prometheus; not a one-off ``curl``)."""
-    return {k for k, n in scraped.scrape_counts.items() if n >= 2}
+    scrape_jobs: set[tuple[str, str]]
 
 
 def linger_for(setting: float | None, scraped: Scraped) -> float:
-    """Seconds to linger: ``setting`` when given, else ``DEFAULT_LINGER_S`` if something
-    scraped periodically."""
+    """Seconds to linger: ``setting`` when given, else ``DEFAULT_LINGER_S`` if a scraper came."""
     if setting is not None:
         return max(0.0, setting)
-    return DEFAULT_LINGER_S if periodic(scraped) else 0.0
+    return DEFAULT_LINGER_S if scraped.scrape_jobs else 0.0
 
 
 async def linger(scraped: Scraped, seconds: float, *, poll_s: float = 0.1) -> str:
@@ -62,7 +59,7 @@ async def linger(scraped: Scraped, seconds: float, *, poll_s: float = 0.1) -> st
     if seconds <= 0:
         return "time"
     ended = time.monotonic()
-    before = periodic(scraped)
+    before = set(scraped.scrape_jobs)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     installed = []
@@ -72,7 +69,7 @@ async def linger(scraped: Scraped, seconds: float, *, poll_s: float = 0.1) -> st
             installed.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
             pass
-    who = ", ".join(sorted(f"{host} ({agent})" for host, agent in before)) or "no scraper seen yet"
+    who = ", ".join(sorted(f"{host} ({agent})" for host, agent in before)) or "no Prometheus scrape seen yet"
     log.info(
         "run ended: /metrics stays served up to %g s for a last scrape (%s) (--metrics-linger 0 skips "
         "this; Ctrl-C ends it now)",
