@@ -210,3 +210,16 @@ def test_the_report_draws_each_event_on_its_time_axes_only():
     assert [a.text for a in timed.layout.annotations] == ["start", "speedup 20", "loop 1"]
     draw_events([("a", other)], None, 100.0)  # a summary from before events: nothing drawn
     assert not other.layout.shapes
+
+
+def test_every_row_of_the_table_is_an_attribute_of_its_kind():
+    from prometheus_client import Counter, Gauge, Histogram, Info
+
+    from replayer.observe.metrictable import METRICS
+
+    m = ReplayerMetrics(CollectorRegistry())
+    kinds = {"counter": Counter, "gauge": Gauge, "info": Info, "histogram": Histogram, "batched": BatchedHistogram}
+    for spec in METRICS:
+        assert isinstance(getattr(m, spec.attr), kinds[spec.kind]), spec.attr
+        assert ReplayerMetrics.__annotations__[spec.attr] == kinds[spec.kind].__name__, spec.attr
+    assert len({s.name for s in METRICS}) == len(METRICS) == len({s.attr for s in METRICS})
