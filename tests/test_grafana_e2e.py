@@ -77,6 +77,7 @@ def test_two_runs_on_one_prometheus_are_told_apart_and_fully_seen(tmp_path, moon
     t0 = time.monotonic()
     log = open(tmp_path / "procs.log", "w")
     procs: list[subprocess.Popen] = []
+    runs: dict[str, tuple] = {}
     sims = [free_port(), free_port()]
     admins = [free_port(), free_port()]
     try:
@@ -93,7 +94,6 @@ def test_two_runs_on_one_prometheus_are_told_apart_and_fully_seen(tmp_path, moon
         while len(_get(base, "/api/v1/query", query='up{job="target"} == 1')["result"]) < 2:
             assert time.monotonic() < deadline, "Prometheus never scraped the simulators"
             time.sleep(0.25)
-        runs = {}
         for i, (run_id, extra) in enumerate(
             zip(RUNS, (["--speedup", "5"], ["--speedup", "10", "--loop", "2", "--warmup-requests", "5"]))
         ):
@@ -119,7 +119,7 @@ def test_two_runs_on_one_prometheus_are_told_apart_and_fully_seen(tmp_path, moon
         text = (tmp_path / "run-a.log").read_text()
         assert "stays served up to 30 s" in text and "metrics linger over (scraped)" in text
     finally:
-        for p in procs + [r[0] for r in locals().get("runs", {}).values()]:
+        for p in procs + [r[0] for r in runs.values()]:
             if p.poll() is None:
                 p.terminate()
                 p.wait(10)
