@@ -402,6 +402,25 @@ class RunConfig(FieldChecks):
         "(saved to target_metrics.parquet, deltas in the summary)",
     )
     scrape_interval_s: float = Field(5.0, gt=0, description="target /metrics scrape interval")
+    # issue 46: the end of a run seen by Prometheus, the live window's length
+    metrics_linger_s: float | None = Field(
+        None,
+        ge=0,
+        description="after the run, keep /metrics served up to this long for a last scrape (ends "
+        "early once every scraper seen has scraped again; Ctrl-C ends it); none = 30 s (two 15 s "
+        "scrape intervals) when a Prometheus scraped /metrics during the run, else 0",
+    )
+    metrics_push: str | None = Field(
+        None,
+        description="after the run, push the metrics once to this Pushgateway URL (grouped by "
+        "job=replayer, run_id, instance); none = no push",
+    )
+    metrics_window_s: float = Field(
+        60.0,
+        gt=0,
+        description="the sliding window of replayer_live_latency_seconds (exact quantiles of the "
+        "last this-many seconds)",
+    )
     kv_block_size: int = Field(
         16,
         ge=1,

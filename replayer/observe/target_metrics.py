@@ -89,6 +89,7 @@ class TargetScraper:
         self.last_error: str | None = None
         self.resets = 0  # scrape intervals in which counters went back (a restart: once)
         self.series_resets = 0  # counter series that went back, over all of them
+        self.on_restart: Callable[[str], None] = lambda url: None  # a restart seen (the run's events)
         self.missing: list[str] | None = None
         self._prev: dict[SeriesKey, float] | None = None
         self._prev_created: dict[SeriesKey, float] = {}
@@ -132,6 +133,7 @@ class TargetScraper:
             self.series_resets += n
             self.resets += n > 0
             if n:
+                self.on_restart(self.url)
                 log.warning(
                     "target counters went back between two scrapes of %s (a server restart?): %d series "
                     "reset (%s); their increase is taken from their new values",

@@ -372,6 +372,7 @@ def _warmup_text(n: int) -> str:
 def render_html(results_dir: str, spans: SpanSplit | None = None) -> str:
     """The report of ``results_dir`` as one self-contained HTML string (with ``spans``: the
     join with the server's spans, ``replayer.results.spanjoin``)."""
+    from replayer.observe.events import draw_events
     from replayer.observe.target_samples import read_samples
 
     data, summary, meta = load_results(results_dir)
@@ -386,6 +387,7 @@ def render_html(results_dir: str, spans: SpanSplit | None = None) -> str:
         f"{html.escape(os.path.abspath(results_dir))}</p>\n" + _verdict_section(summary)
     )
     figs = figures(data, target, origin)
+    draw_events(figs, summary.get("events"), origin)  # the run's events on the time axes (issue 46)
     if spans is not None:
         intro += _spans_section(spans)
         figs = draw(span_specs(spans)) + figs

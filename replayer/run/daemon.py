@@ -46,10 +46,12 @@ from replayer.http.servertimings import REQUEST_FIELD as SERVER_TIMINGS_FIELD
 from replayer.observe.admin import AdminServer
 from replayer.observe.console import LiveConsole
 from replayer.observe.dialects import dialect
+from replayer.observe.lastscrape import last_scrape
 from replayer.observe.logs import setup_logging
 from replayer.observe.looplag import EventLoopLagMonitor
 from replayer.observe.metrics import ReplayerMetrics
 from replayer.observe.otel import RequestSpans
+from replayer.observe.runlabels import RunInfo, RunLabels
 from replayer.observe.target_metrics import TargetScraper, TargetScrapers
 from replayer.observe.target_samples import SAMPLES_FLUSH_SCRAPES, SampleFiles, flush_samples
 from replayer.payload.body import PayloadBuilder
@@ -158,6 +160,8 @@ async def run_replay(
         _check_tracing(cfg)
         results_dir, created = results_dir_for(cfg)
         state.results = results_dir
+        # wiring (issue 46): the run id known from the start, on every series exposed
+        cfg = cfg.model_copy(update={"run_id": cfg.run_id or new_run_id()})
         metrics = ReplayerMetrics(
             registry,
             config_info={
@@ -167,15 +171,16 @@ async def run_replay(
                 "shard": cfg.shard,
                 "loop": cfg.loop,
             },
+            window_s=cfg.metrics_window_s,
         )
         rows = min(n_rows, cfg.max_requests) if n_rows and cfg.max_requests else n_rows
         metrics.set_trace(rows=rows or 0, duration_s=span_s or 0.0, speedup=cfg.speedup)
         view = StatusView(state, metrics)  # the dispatcher joins it once built (_replay)
         admin = AdminServer(
-            registry,
+            RunLabels(registry, {"run_id": str(cfg.run_id)}),
             status=view,
             ready=lambda: state.state == "running",  # draining too (derived in runstate.status)
-            control=lambda: view.control,
+            control=lambda: metrics.events.control(view.control),
             token=cfg.control_token(),
         )
         try:
@@ -193,6 +198,7 @@ async def run_replay(
         if model is None:
             raise StartupError(f"target {targets[0]} lists no model: pass --model")
         cfg = await engine_settings(cfg, targets, listed, model, api_key)  # wiring (issue 49)
+        RunInfo(registry, model=model, targets=targets, shard=cfg.shard, trace=os.path.basename(cfg.trace_label))
         payload = PayloadBuilder(
             model,
             vllm_extensions=cfg.vllm_extensions,
@@ -204,6 +210,8 @@ async def run_replay(
         summary = await _replay(
             cfg, open_batches, n_rows, prompts, payload, targets, api_key, metrics, state, results_dir, model, view
         )
+        # wiring (issue 46): the last scrape (a push, a linger)
+        await last_scrape(admin, run_id=str(cfg.run_id), linger_s=cfg.metrics_linger_s, push_url=cfg.metrics_push)
     except (StartupError, TraceError):
         # nothing was sent: a folder this run made holds nothing (an empty parts/ at most)
         if created and not any(files for _, _, files in os.walk(results_dir)):
@@ -506,6 +514,7 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         tenants=tenant_metrics,
         targets=target_metrics,
         spans=spans,
+        live_window=metrics.live_window,  # wiring (issue 46)
     )
 
     def prepare(sb, j: int) -> PreparedRequest:  # each request built is counted (scheduled, expected hits)
@@ -523,7 +532,9 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
 
     on_dispatched: Callable[[RequestResult], None] = acct.on_dispatched
     if cfg.warmup_requests or cfg.warmup_seconds_s:  # (one marker for every target: one count)
-        on_dispatched = warmup_marker(on_dispatched, cfg.warmup_requests, cfg.warmup_seconds_s)
+        on_dispatched = warmup_marker(
+            metrics.events.after_warmup(on_dispatched), cfg.warmup_requests, cfg.warmup_seconds_s
+        )
 
     def sender_for(c: Client) -> LoopSender:
         c.on_dispatched = on_dispatched  # dispatch lag accounted (and warm-up marked) as each request goes out
@@ -647,10 +658,15 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         cfg.speedup,
         results_dir,
     )
+    metrics.events.anchor_wall_s = anchor.wall_s  # wiring (issue 46): start and stop events
+    for one in scraper.scrapers.values() if isinstance(scraper, TargetScrapers) else [scraper] if scraper else []:
+        one.on_restart = metrics.events.on_target_restart
     try:
         state.state = "running"
+        metrics.events.record("start")
         await dispatcher.run()
     finally:
+        metrics.events.record("stop", stopped_early=dispatcher.stopping)
         await stack.aclose()  # (each part's close, in reverse: tasks, bursts, results flush, pools, ...)
     state.state = "done"
     if recorder.rows_added == 0 and not cfg.resume:
@@ -676,6 +692,8 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         fleet=state.fleet,
         tls=_tls_counts(clients),
     )
+    summary["events"] = metrics.events.as_list()  # wiring (issue 46)
+    await loop.run_in_executor(None, rewrite_summary, results_dir, summary)
     if spans is not None:  # the run span (with the summary's numbers), the queue drained, time-boxed
         try:
             summary["otel"] = await loop.run_in_executor(None, spans.close, summary)

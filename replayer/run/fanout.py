@@ -4,7 +4,8 @@ A result leaves the client once (the dispatcher hands it to its ``sink``) and go
 steps in this order, each once:
 
 1. ``verdict``: judged against the ``--goodput`` bounds (``slo_met`` set; its codes counted);
-2. ``metrics``: the run's Prometheus histograms and counters;
+2. ``metrics``: the run's Prometheus histograms and counters (then ``live window``: the exact
+   quantiles of the last minute, ``replayer.observe.livewindow``);
 3. ``tenants`` / ``targets``: the per-trace and per-target series of a mix or a routed fleet;
 4. ``live state``: the counters of ``/status``, the progress line and the error-burst log;
 5. ``spans``: with ``--otlp-endpoint``, the request's OpenTelemetry span (``replayer.observe.otel``);
@@ -64,9 +65,10 @@ def result_fanout(
     tenants: _OnResult | None = None,
     targets: _OnResult | None = None,
     spans: _OnResult | None = None,
+    live_window: _OnResult | None = None,
 ) -> ResultFanout:
     """The run's fan-out (module docstring): ``verdict`` only with bounds, ``tenants`` with a mix,
-    ``targets`` with several targets, ``spans`` with tracing on."""
+    ``targets`` with several targets, ``spans`` with tracing on, ``live window`` when given."""
     steps: list[Step] = []
     if slos:
 
@@ -77,6 +79,8 @@ def result_fanout(
 
         steps.append(("verdict", verdict))
     steps.append(("metrics", metrics.on_result))
+    if live_window is not None:
+        steps.append(("live window", live_window.on_result))
     if tenants is not None:
         steps.append(("tenants", tenants.on_result))
     if targets is not None:
