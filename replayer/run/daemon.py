@@ -81,12 +81,14 @@ from replayer.run.runstate import (
 )
 from replayer.run.runsummary import (
     EXIT_ERROR_RATIO,
+    EXIT_UNFAITHFUL,
     EXIT_WRITE_FAILED,
     error_ratio_problem,
     final_summary,
     nothing_scheduled_problem,
     print_summary,
     rewrite_summary,
+    unfaithful_problem,
     writes_failed,
 )
 from replayer.run.simproc import PARENT_PID_ENV, embedded_args, spawn_sim, stop_sim
@@ -137,7 +139,18 @@ async def run_replay(
     try:
         targets = cfg.targets
         if not targets:  # start it first: it boots in its own process while we load the trace
-            sim_proc, embedded = sim if sim else spawn_sim(embedded_args(cfg.tokenizer, cfg.otlp_traces_url()))
+            sim_proc, embedded = (
+                sim
+                if sim
+                else spawn_sim(
+                    embedded_args(
+                        cfg.tokenizer,
+                        cfg.otlp_traces_url(),
+                        ttft_drift=cfg.sim_ttft_drift_ms_per_min,  # wiring (issue 45)
+                        itl_drift=cfg.sim_itl_drift_ms_per_min,
+                    )
+                )
+            )
             log.info("no --target: starting the embedded simulator at %s", embedded)
             targets = [embedded]
         # warm the results writer in a thread while the trace loads and the target comes up
@@ -819,7 +832,8 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     """Run with uvloop. Exit code: 0 when the replay ended by itself (or by ``/stop``), 2 on a
     startup/trace error or when no row of the trace was scheduled, 3 when more requests failed than ``--max-error-ratio`` allows, 4 when a
     background task crashed and stopped the run (``replayer.core.background``), 5 when results or
-    ``summary.json`` could not all be written (a full disk: the summary printed counts them), 128 + the
+    ``summary.json`` could not all be written (a full disk: the summary printed counts them), 6 when
+    ``--fail-unfaithful`` and the fidelity verdict is not faithful, 128 + the
     signal's number when SIGTERM (143), SIGINT (130) or SIGHUP (129: the terminal closed, or the
     ``--workers`` parent is gone) stopped it,
     its results on disk and resumable (a Kubernetes Job then retries the pod, which resumes)."""
@@ -866,4 +880,8 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     if problem:
         print(f"replayer: {problem}", file=sys.stderr)
         return EXIT_ERROR_RATIO
+    unfaithful = unfaithful_problem(summary, cfg.fail_unfaithful)  # wiring (issue 45)
+    if unfaithful:
+        print(f"replayer: {unfaithful}", file=sys.stderr)
+        return EXIT_UNFAITHFUL
     return 0

@@ -180,7 +180,11 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:  # noqa: C901, PL
                     str(port),
                     "--parent-pid",
                     str(os.getpid()),
-                    *embedded_args(cfg.tokenizer),
+                    *embedded_args(
+                        cfg.tokenizer,
+                        ttft_drift=cfg.sim_ttft_drift_ms_per_min,  # wiring (issue 45)
+                        itl_drift=cfg.sim_itl_drift_ms_per_min,
+                    ),
                 ],
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,

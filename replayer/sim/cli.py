@@ -146,6 +146,19 @@ def parser() -> argparse.ArgumentParser:
         default=d.itl_per_running_us,
         help="added to every token gap per running request, us (a batch decodes slower)",
     )
+    p.add_argument(
+        "--ttft-drift-ms-per-min",
+        type=float,
+        default=d.ttft_drift_ms_per_min,
+        help="a test aid: every time to first token grows by this many ms per minute since the start "
+        "(a server that degrades, for the drift verdict)",
+    )
+    p.add_argument(
+        "--itl-drift-ms-per-min",
+        type=float,
+        default=d.itl_drift_ms_per_min,
+        help="a test aid: every gap between tokens grows by this many ms per minute since the start",
+    )
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="max running requests (0 = unlimited)")
     p.add_argument(
         "--vocab-size", type=int, default=d.vocab_size, help="a prompt token id outside [0, N) is an error, as in vLLM"
@@ -285,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
             image_encode_us_per_token=a.image_encode_us_per_token,
             prompt_tokens_details=a.prompt_tokens_details,
             tokenizer=a.tokenizer,
+            ttft_drift_ms_per_min=a.ttft_drift_ms_per_min,
+            itl_drift_ms_per_min=a.itl_drift_ms_per_min,
         )
         ctx = None
         if a.tls_cert:

@@ -41,6 +41,10 @@ class SimConfig:
     # a local tokenizer (file, folder or builtin:NAME): text prompts are encoded with it and chat
     # messages rendered through its folder's chat template first, as vLLM counts them (None: words)
     tokenizer: str | None = None
+    # issue 45, a test aid: the simulator degrades on purpose, by this many ms per minute since it
+    # started, added to every first token (TTFT) and to every decode step (ITL)
+    ttft_drift_ms_per_min: float = 0.0
+    itl_drift_ms_per_min: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kv_block_size < 1 or self.embedding_dim < 1 or self.tokens_per_chunk < 1:
