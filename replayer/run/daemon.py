@@ -57,10 +57,12 @@ from replayer.plan.planner import Planner
 from replayer.plan.schedule import IdleGapCap, ScheduleBatch, Timeline, iter_schedule
 from replayer.plan.sessions import SessionGate
 from replayer.record.recorder import Recorder, warm_up as recorder_warm_up
+from replayer.results.fidelity import FidelityBounds
 from replayer.results.removed import digest_file
 from replayer.results.summarytext import synthetic_text
 from replayer.results.targets import TargetMetrics
 from replayer.results.tenants import TenantMetrics
+from replayer.results.verdictwatch import VerdictWatch
 from replayer.run.clients import open_clients
 from replayer.run.fanout import result_fanout
 from replayer.run.gcpacer import GcPacer
@@ -511,6 +513,14 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
     spans = s.spans
     if spans is not None:
         spans.start(round(anchor.wall_s * 1e9))
+    verdicts = VerdictWatch(  # wiring (issue 45): the live fidelity and drift verdicts
+        metrics.registry,
+        window_s=cfg.drift_window_s,
+        bounds=FidelityBounds(max_lag_ms=cfg.fidelity_max_lag_ms),
+        max_concurrency=cfg.max_concurrency,
+        min_change_pct=cfg.drift_min_change_pct,
+    )
+    view.extra = verdicts.status  # wiring (issue 45)
     sink = result_fanout(
         slos=slos,
         metrics=metrics,
@@ -519,6 +529,7 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         tenants=tenant_metrics,
         targets=target_metrics,
         spans=spans,
+        verdicts=verdicts,  # wiring (issue 45)
     )
 
     def prepare(sb, j: int) -> PreparedRequest:  # each request built is counted (scheduled, expected hits)
@@ -689,6 +700,7 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         fleet=state.fleet,
         tls=_tls_counts(clients),
     )
+    verdicts.final(summary)  # wiring (issue 45): the gauges say the summary's verdicts
     if spans is not None:  # the run span (with the summary's numbers), the queue drained, time-boxed
         try:
             summary["otel"] = await loop.run_in_executor(None, spans.close, summary)
