@@ -15,6 +15,9 @@ load explains taken out first (``trend.load_adjusted``: least squares on in-flig
 the offered rate, fitted jointly with time), so a quiet stretch of the trace is not read as a
 server that recovered.
 
+A window whose dispatch lag p99 is above the fidelity bound is left out of the trends
+(``lagging``): the replayer's host was the bottleneck then, so its latencies measure the host.
+
 Then, per metric, the Theil-Sen slope over time with Sen's interval (``trend.theil_sen``). A
 metric drifts when the interval excludes 0 **and** the change the slope implies over the run is
 at least ``min_change_pct`` of its level (the first loop's median, or the first windows'): the
@@ -64,6 +67,7 @@ COLUMNS = (
     "ttft_ms",
     "tpot_ms",
     "e2e_ms",
+    "dispatch_lag_ms",
     "itl_ms",
     "itl_counts",
     "slo_met",
@@ -95,7 +99,7 @@ class _Window:
     __slots__ = ("stats", "n")
 
     def __init__(self) -> None:
-        self.stats = {m: Stat() for m in LATENCIES}
+        self.stats = {m: Stat() for m in (*LATENCIES, "dispatch_lag")}
         self.n: dict[str, float] = dict.fromkeys(("due", "sent", "completed", "failed", "met", "e2e_sum"), 0)
 
 
@@ -140,7 +144,7 @@ class DriftFold:
             w = self.windows.setdefault((int(lp), int(p)), _Window())
             good = sel & ok
             for m, v in lat.items():
-                w.stats[m].add(v[good])
+                w.stats[m].add(v[sel & sent] if m == "dispatch_lag" else v[good])
             w.stats["itl"].add(itl_samples(b, good))
             n = w.n
             n["due"] += int(sel.sum())
@@ -196,6 +200,7 @@ class DriftFold:
             row["offered_rps"] = n["due"] / ws
             row["in_flight"] = n["e2e_sum"] / 1e3 / ws
             row["requests"] = n["sent"]
+            row["dispatch_lag_p99_ms"] = w.stats["dispatch_lag"].percentile(99)
             for field in SIGNALS:
                 row[field] = self.signals.get((lp, p), {}).get(field)
             out.append(row)
@@ -257,7 +262,7 @@ def _trend(series: list[dict[str, Any]], key: str, paired: bool, min_change_pct:
         "level": level,
         "windows": fit.n,
         "drifting": bool(drifting),
-        "started_window": start,
+        "started_window": None if start is None else series[start].get("window", start),
         "started_at_s": None if start is None else series[start]["t_s"],
     }
 
@@ -267,13 +272,23 @@ def _pct(v: float, level: float | None) -> float | None:
     return 100.0 * v / abs(level) if level else None
 
 
-def judge_drift(series: list[dict[str, Any]], *, window_s: float, min_change_pct: float = 10.0) -> dict[str, Any]:
-    """The ``drift`` section from ``DriftFold.series()`` (module docstring)."""
+def judge_drift(
+    series: list[dict[str, Any]], *, window_s: float, min_change_pct: float = 10.0, max_lag_ms: float | None = None
+) -> dict[str, Any]:
+    """The ``drift`` section from ``DriftFold.series()`` (module docstring). A window whose
+    dispatch lag p99 is above ``max_lag_ms`` is left out of the trends (``lagging``: the replayer's
+    host was the bottleneck then, and its latencies measure it, not the server)."""
+    for i, r in enumerate(series):
+        r["window"] = i
+        lag = r.get("dispatch_lag_p99_ms")
+        r["lagging"] = bool(max_lag_ms is not None and lag is not None and lag > max_lag_ms)
+    all_series, series = series, [r for r in series if not r["lagging"]]
     loops = {r["loop"] for r in series}
     paired = len(loops) > 1
     sec: dict[str, Any] = {
         "window_s": window_s,
-        "windows": len(series),
+        "windows": len(all_series),
+        "windows_lagging": len(all_series) - len(series),
         "method": "paired across loops (same trace position in the first loop)" if paired else "load-adjusted",
         "confidence": CONFIDENCE,
         "min_change_pct": min_change_pct,
@@ -293,12 +308,17 @@ def judge_drift(series: list[dict[str, Any]], *, window_s: float, min_change_pct
         sec["verdict"] = "too_short"
         sec["reason"] = (
             f"{len(series)} windows of {window_s:g} s"
+            + (
+                f" (and {len(all_series) - len(series)} left out: the replay lagged)"
+                if len(all_series) > len(series)
+                else ""
+            )
             + (" (paired: too few after the first loop)" if paired else "")
             + f": at least {MIN_WINDOWS} are needed"
         )
     else:
         sec["verdict"] = "drifting" if sec["drifting"] else "stable"
-    sec["series"] = series
+    sec["series"] = all_series
     return sec
 
 

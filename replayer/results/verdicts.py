@@ -113,7 +113,9 @@ def verdict_sections(
         samples = None
     if samples is not None:
         drift_fold.add_samples(samples)
-    drift = judge_drift(drift_fold.series(), window_s=window_s, min_change_pct=min_change_pct)
+    drift = judge_drift(
+        drift_fold.series(), window_s=window_s, min_change_pct=min_change_pct, max_lag_ms=bounds.max_lag_ms
+    )
     return {"fidelity": fidelity, "drift": drift}
 
 

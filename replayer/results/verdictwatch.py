@@ -34,13 +34,14 @@ from replayer.results.fidelity import FidelityBounds, judge_fidelity
 class _Open:
     """An open window's values."""
 
-    __slots__ = ("ttft", "tpot", "e2e", "itl", "due", "sent", "completed", "failed", "met", "e2e_sum")
+    __slots__ = ("ttft", "tpot", "e2e", "itl", "lag", "due", "sent", "completed", "failed", "met", "e2e_sum")
 
     def __init__(self) -> None:
         self.ttft: list[float] = []
         self.tpot: list[float] = []
         self.e2e: list[float] = []
         self.itl: list[float] = []
+        self.lag: list[float] = []
         self.due = self.sent = self.completed = self.failed = self.met = 0
         self.e2e_sum = 0.0
 
@@ -112,6 +113,8 @@ class VerdictWatch(Collector):
             self._close_before(res.due_ns)
         w.due += 1
         w.sent += 1
+        if res.dispatch_lag_ms is not None:
+            w.lag.append(res.dispatch_lag_ms)
         if res.e2e_ms is not None:
             w.e2e_sum += res.e2e_ms
         if res.outcome == "success":
@@ -159,13 +162,18 @@ class VerdictWatch(Collector):
             in_flight=w.e2e_sum / 1e3 / ws,
             requests=w.sent,
         )
+        lag = Stat()
+        lag.add(np.asarray(w.lag, dtype=np.float64))
+        row["dispatch_lag_p99_ms"] = lag.percentile(99)
         return row
 
     def judge(self) -> None:
         """Both verdicts over what has arrived so far."""
         self._judge_fidelity()
         if self.rows:
-            self.drift = judge_drift(self.rows, window_s=self.window_s, min_change_pct=self.min_change_pct)
+            self.drift = judge_drift(
+                self.rows, window_s=self.window_s, min_change_pct=self.min_change_pct, max_lag_ms=self.bounds.max_lag_ms
+            )
 
     def _judge_fidelity(self) -> None:
         if self._lags:
