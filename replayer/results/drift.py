@@ -99,7 +99,8 @@ class _Window:
     __slots__ = ("stats", "n")
 
     def __init__(self) -> None:
-        self.stats = {m: Stat() for m in (*LATENCIES, "dispatch_lag")}
+        # (sketched: a days-long soak has thousands of windows, their values would not fit)
+        self.stats = {m: Stat(exact=False) for m in (*LATENCIES, "dispatch_lag")}
         self.n: dict[str, float] = dict.fromkeys(("due", "sent", "completed", "failed", "met", "e2e_sum"), 0)
 
 
