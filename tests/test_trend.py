@@ -86,3 +86,16 @@ def test_load_adjusted_takes_out_what_the_load_explains_and_keeps_the_drift():
     assert coefs[0] == pytest.approx(4.0) and coefs[1] == 0.0  # (a constant load tells nothing)
     fit = theil_sen(t, adjusted)
     assert fit is not None and fit.slope == pytest.approx(0.5)
+
+
+def test_many_points_fit_on_a_random_sample_of_pairs_close_to_all_of_them():
+    rng = np.random.default_rng(11)
+    x = np.arange(1500.0)
+    y = 0.2 * x + rng.normal(0, 20, x.size)
+    exact = theil_sen(x, y, 0.99)  # (1.1 M pairs: over the default 1 M, sampled too)
+    every = theil_sen(x, y, 0.99, max_pairs=2_000_000)
+    sampled = theil_sen(x, y, 0.99, max_pairs=50_000)
+    assert exact is not None and every is not None and sampled is not None
+    assert sampled.slope == pytest.approx(every.slope, rel=0.03)
+    assert sampled.low == pytest.approx(every.low, rel=0.05) and sampled.high == pytest.approx(every.high, rel=0.05)
+    assert exact.slope == pytest.approx(every.slope, rel=0.01)

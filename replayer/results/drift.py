@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 
 from replayer.core.result import itl_samples
 from replayer.core.stats import Stat
-from replayer.results.trend import change_start, load_adjusted, theil_sen
+from replayer.results.trend import MAX_PAIRS, change_start, load_adjusted, theil_sen
 
 #: fewer windows than this (paired: in the loops after the first) and the verdict is too_short
 MIN_WINDOWS = 6
@@ -230,7 +230,9 @@ def _paired(
     return np.array(idx, dtype=np.int64), np.array(x), np.array(y), level
 
 
-def _trend(series: list[dict[str, Any]], key: str, paired: bool, min_change_pct: float) -> dict[str, Any] | None:
+def _trend(
+    series: list[dict[str, Any]], key: str, paired: bool, min_change_pct: float, max_pairs: int = MAX_PAIRS
+) -> dict[str, Any] | None:
     """One metric's slope, interval, level and start; None when it has too few windows."""
     if paired:
         first = min(r["loop"] for r in series)
@@ -245,7 +247,7 @@ def _trend(series: list[dict[str, Any]], key: str, paired: bool, min_change_pct:
         if x.size < MIN_WINDOWS:
             return None
         level = float(np.median(y[: max(3, x.size // 4)]))
-    fit = theil_sen(x, y, CONFIDENCE)
+    fit = theil_sen(x, y, CONFIDENCE, max_pairs)
     if fit is None:
         return None
     span_h = float(x.max() - x.min()) if not paired else float(x.max())
@@ -274,11 +276,17 @@ def _pct(v: float, level: float | None) -> float | None:
 
 
 def judge_drift(
-    series: list[dict[str, Any]], *, window_s: float, min_change_pct: float = 10.0, max_lag_ms: float | None = None
+    series: list[dict[str, Any]],
+    *,
+    window_s: float,
+    min_change_pct: float = 10.0,
+    max_lag_ms: float | None = None,
+    max_pairs: int = MAX_PAIRS,
 ) -> dict[str, Any]:
     """The ``drift`` section from ``DriftFold.series()`` (module docstring). A window whose
     dispatch lag p99 is above ``max_lag_ms`` is left out of the trends (``lagging``: the replayer's
-    host was the bottleneck then, and its latencies measure it, not the server)."""
+    host was the bottleneck then, and its latencies measure it, not the server). ``max_pairs``:
+    the most pairs of windows each trend is fitted on (``trend.theil_sen``)."""
     for i, r in enumerate(series):
         r["window"] = i
         lag = r.get("dispatch_lag_p99_ms")
@@ -297,7 +305,7 @@ def judge_drift(
         "drifting": [],
     }
     for key, unit, worse in TRENDED:
-        tr = _trend(series, key, paired, min_change_pct)
+        tr = _trend(series, key, paired, min_change_pct, max_pairs)
         if tr is None:
             continue
         tr["unit"] = unit

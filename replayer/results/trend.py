@@ -50,9 +50,26 @@ def _tie_term(v: np.ndarray) -> float:
     return float((t * (t - 1) * (2 * t + 5)).sum())
 
 
-def theil_sen(x: np.ndarray, y: np.ndarray, confidence: float = 0.95) -> Slope | None:
+#: more pairs of points than this and the slopes are those of this many pairs drawn at random
+MAX_PAIRS = 1_000_000
+
+
+def _pairs(n: int, max_pairs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair (i < j) of ``n`` points, or ``max_pairs`` of them drawn at random (seeded: the
+    same points give the same slope) when there are more: the median and the interval's ranks of
+    a uniform sample of the pairwise slopes estimate those of them all (randomized Theil-Sen)."""
+    if n * (n - 1) // 2 <= max_pairs:
+        return np.triu_indices(n, k=1)
+    rng = np.random.default_rng(n)
+    i = rng.integers(0, n, max_pairs)
+    j = rng.integers(0, n - 1, max_pairs)
+    j += j >= i  # (j uniform over the other points)
+    return np.minimum(i, j), np.maximum(i, j)
+
+
+def theil_sen(x: np.ndarray, y: np.ndarray, confidence: float = 0.95, max_pairs: int = MAX_PAIRS) -> Slope | None:
     """Theil-Sen slope of ``y`` over ``x`` with Sen's interval; None with fewer than 3 points or
-    no two distinct ``x`` (NaN points are left out)."""
+    no two distinct ``x`` (NaN points are left out). Over ``max_pairs`` pairs: see ``_pairs``."""
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     keep = ~(np.isnan(x) | np.isnan(y))
@@ -60,7 +77,7 @@ def theil_sen(x: np.ndarray, y: np.ndarray, confidence: float = 0.95) -> Slope |
     n = x.size
     if n < 3:
         return None
-    i, j = np.triu_indices(n, k=1)
+    i, j = _pairs(n, max_pairs)
     dx = x[j] - x[i]
     ok = dx != 0
     if not ok.any():
@@ -71,8 +88,10 @@ def theil_sen(x: np.ndarray, y: np.ndarray, confidence: float = 0.95) -> Slope |
     var_s = (n * (n - 1) * (2 * n + 5) - _tie_term(x) - _tie_term(y)) / 18.0
     sigma = math.sqrt(max(var_s, 0.0))
     nt = slopes.size
-    upper = min(int(round((nt + z * sigma) / 2.0)), nt - 1)
-    lower = max(int(round((nt - z * sigma) / 2.0)) - 1, 0)
+    every = n * (n - 1) / 2 * (nt / i.size)  # (the pairs with distinct x of all, estimated from the drawn)
+    scale = nt / every  # (the ranks among all the slopes, as ranks among those drawn)
+    upper = min(int(round((every + z * sigma) / 2.0 * scale)), nt - 1)
+    lower = max(int(round((every - z * sigma) / 2.0 * scale)) - 1, 0)
     return Slope(
         slope=med,
         low=float(slopes[lower]),

@@ -30,6 +30,14 @@ from replayer.core.stats import Stat
 from replayer.results.drift import LATENCIES, QUANTILES, judge_drift
 from replayer.results.fidelity import FidelityBounds, judge_fidelity
 
+#: the live drift verdict is judged at each window's close, but at most once per this much due
+#: time once it has ``FEW_WINDOWS`` (each judgement fits every metric's trend: ~5 ms on 60
+#: windows, a fraction of a second on thousands)
+JUDGE_EVERY_S = 10.0
+FEW_WINDOWS = 20
+#: the live trends' pairs of windows (the summary's: ``trend.MAX_PAIRS``)
+LIVE_MAX_PAIRS = 100_000
+
 
 class _Open:
     """An open window's values."""
@@ -71,6 +79,7 @@ class VerdictWatch(Collector):
         self._lags: list[float] = []
         self._origins: dict[int, int] = {}
         self._open: dict[tuple[int, int], _Open] = {}
+        self._next_judge_ns = 0
         self.rows: list[dict[str, Any]] = []  # closed windows, as drift.DriftFold.series has them
         self.fidelity: dict[str, Any] | None = None
         self.drift: dict[str, Any] | None = None
@@ -142,7 +151,11 @@ class VerdictWatch(Collector):
             return
         for k in sorted(done, key=self._start_ns):
             self.rows.append(self._row(k, self._open.pop(k)))
-        self.judge()
+        if len(self.rows) <= FEW_WINDOWS or due_ns >= self._next_judge_ns:
+            self._next_judge_ns = due_ns + max(self.window_ns, int(JUDGE_EVERY_S * 1e9))
+            self.judge()
+        else:
+            self._judge_fidelity()
 
     def _row(self, key: tuple[int, int], w: _Open) -> dict[str, Any]:
         ws = self.window_s
@@ -172,7 +185,11 @@ class VerdictWatch(Collector):
         self._judge_fidelity()
         if self.rows:
             self.drift = judge_drift(
-                self.rows, window_s=self.window_s, min_change_pct=self.min_change_pct, max_lag_ms=self.bounds.max_lag_ms
+                self.rows,
+                window_s=self.window_s,
+                min_change_pct=self.min_change_pct,
+                max_lag_ms=self.bounds.max_lag_ms,
+                max_pairs=LIVE_MAX_PAIRS,
             )
 
     def _judge_fidelity(self) -> None:
