@@ -53,6 +53,28 @@ class _Open:
         self.due = self.sent = self.completed = self.failed = self.met = 0
         self.e2e_sum = 0.0
 
+    def add(self, res: RequestResult) -> None:
+        """One result sent (its latencies only when it succeeded)."""
+        self.due += 1
+        self.sent += 1
+        if res.dispatch_lag_ms is not None:
+            self.lag.append(res.dispatch_lag_ms)
+        if res.e2e_ms is not None:
+            self.e2e_sum += res.e2e_ms
+        if res.outcome == "success":
+            self.completed += 1
+            if res.ttft_ms is not None:
+                self.ttft.append(res.ttft_ms)
+            if res.tpot_ms is not None:
+                self.tpot.append(res.tpot_ms)
+            if res.e2e_ms is not None:
+                self.e2e.append(res.e2e_ms)
+            self.itl.extend(res.itl_ms)
+            if res.slo_met:
+                self.met += 1
+        elif res.outcome == "failed":
+            self.failed += 1
+
 
 class VerdictWatch(Collector):
     """The live verdicts (module docstring). ``window_s``: the drift window (``--drift-window``)."""
@@ -87,7 +109,7 @@ class VerdictWatch(Collector):
             registry.register(self)
 
     # -- the fan-out step ---------------------------------------------------------------------------
-    def on_result(self, res: RequestResult) -> None:  # noqa: C901, PLR0912 - one flat pass per result
+    def on_result(self, res: RequestResult) -> None:
         if res.warmup:
             return
         n = self.n
@@ -112,6 +134,10 @@ class VerdictWatch(Collector):
             n["judged"] += 1
             n["prompt_off"] += res.prompt_len_sent != res.input_length
             n["output_off"] += 0 < res.output_length != res.max_tokens
+        self._window(res).add(res)
+
+    def _window(self, res: RequestResult) -> _Open:
+        """The open window of ``res`` (opened, and the windows it ends closed, when new)."""
         origin = self._origins.setdefault(res.loop, res.due_ns)
         if res.due_ns < origin:
             origin = self._origins[res.loop] = res.due_ns
@@ -120,25 +146,7 @@ class VerdictWatch(Collector):
         if w is None:
             w = self._open[key] = _Open()
             self._close_before(res.due_ns)
-        w.due += 1
-        w.sent += 1
-        if res.dispatch_lag_ms is not None:
-            w.lag.append(res.dispatch_lag_ms)
-        if res.e2e_ms is not None:
-            w.e2e_sum += res.e2e_ms
-        if res.outcome == "success":
-            w.completed += 1
-            if res.ttft_ms is not None:
-                w.ttft.append(res.ttft_ms)
-            if res.tpot_ms is not None:
-                w.tpot.append(res.tpot_ms)
-            if res.e2e_ms is not None:
-                w.e2e.append(res.e2e_ms)
-            w.itl.extend(res.itl_ms)
-            if res.slo_met:
-                w.met += 1
-        elif res.outcome == "failed":
-            w.failed += 1
+        return w
 
     # -- windows ------------------------------------------------------------------------------------
     def _start_ns(self, key: tuple[int, int]) -> int:
