@@ -86,6 +86,8 @@ GAUGES: dict[str, tuple[str, ...]] = {
     "num_requests_running": ("vllm:num_requests_running",),
     "num_requests_waiting": ("vllm:num_requests_waiting",),
     "kv_cache_usage_perc": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    # the server process's memory (prometheus_client's process collector; issue 45: a drift signal)
+    "process_resident_memory_bytes": ("process_resident_memory_bytes",),
 }
 #: labels kept in the aggregate key (all others are summed over)
 KEPT_LABELS: dict[str, tuple[str, ...]] = {"spec_decode_num_accepted_tokens_per_pos": ("position",)}
