@@ -52,6 +52,13 @@ def test_the_same_pattern_without_drift_is_stable():
     assert sec["verdict"] == "stable" and not sec["drifting"]
 
 
+def test_a_server_getting_faster_is_improving_not_drifting():
+    sec = judge_drift(_series(6, 10, -30.0, burst, noise=1.0), window_s=WINDOW_S)
+    assert sec["verdict"] == "stable" and sec["improving"] == ["ttft_p50_ms"]
+    m = sec["metrics"]["ttft_p50_ms"]
+    assert m["direction"] == "better" and m["improving"] and not m["drifting"]
+
+
 def test_a_significant_but_small_change_is_not_drift():
     # 0.5 ms/h over 1 hour on a level of 50 ms: 1 %, below --drift-min-change-pct 10
     sec = judge_drift(_series(6, 10, 0.5, lambda p: 50.0), window_s=WINDOW_S)

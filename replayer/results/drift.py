@@ -21,7 +21,8 @@ A window whose dispatch lag p99 is above the fidelity bound is left out of the t
 Then, per metric, the Theil-Sen slope over time with Sen's interval (``trend.theil_sen``). A
 metric drifts when the interval excludes 0 **and** the change the slope implies over the run is
 at least ``min_change_pct`` of its level (the first loop's median, or the first windows'): the
-interval alone would call a 0.1 % change on a long soak drift. Where it started: the best hinge
+interval alone would call a 0.1 % change on a long soak drift; and in the direction that is
+worse (a trend for the better, a server warming up, is listed in ``improving``, not drift). Where it started: the best hinge
 (``trend.change_start``). ``too_short``: fewer than ``MIN_WINDOWS`` windows (or, paired, fewer
 than that in loops after the first).
 """
@@ -303,6 +304,7 @@ def judge_drift(
         "min_change_pct": min_change_pct,
         "metrics": {},
         "drifting": [],
+        "improving": [],
     }
     for key, unit, worse in TRENDED:
         tr = _trend(series, key, paired, min_change_pct, max_pairs)
@@ -311,7 +313,11 @@ def judge_drift(
         tr["unit"] = unit
         tr["direction"] = "worse" if tr["slope_per_hour"] * worse > 0 else "better"
         sec["metrics"][key] = tr
-        if tr["drifting"]:
+        if tr["drifting"] and tr["direction"] == "better":  # (a trend, but not a degradation)
+            tr["drifting"] = False
+            tr["improving"] = True
+            sec["improving"].append(key)
+        elif tr["drifting"]:
             sec["drifting"].append(key)
     if not sec["metrics"]:
         sec["verdict"] = "too_short"
@@ -340,6 +346,8 @@ def drift_lines(sec: dict[str, Any] | None) -> list[str]:
     if "windows" not in sec:  # (the verdict could not be computed: its error)
         return [f"Drift: {sec['verdict'].replace('_', ' ')} ({sec.get('error', '')})"]
     lines = [f"Drift: {sec['verdict']} ({sec['windows']} windows of {sec['window_s']:g} s, {sec['method']})"]
+    if sec.get("improving"):
+        lines.append(f"  improving (a trend for the better, not drift): {', '.join(sec['improving'])}")
     for key in sec.get("drifting", []):
         m = sec["metrics"][key]
         lo, hi = m["interval_per_hour"]
