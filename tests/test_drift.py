@@ -11,9 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from replayer.core.result import RequestResult
+from replayer.core.result import RequestResult, to_table
 from replayer.results.drift import judge_drift
 from replayer.results.verdictreport import drift_specs
+from replayer.results.verdicts import verdict_sections
 from replayer.results.verdictwatch import VerdictWatch
 
 WINDOW_S = 60.0
@@ -134,6 +135,38 @@ def test_the_live_watch_closes_windows_and_exports_its_verdicts():
     assert watch.status()["verdicts"]["drift"]["drifting"][:1] == ["ttft_p50_ms"]
     slope = watch.drift["metrics"]["ttft_p50_ms"]["slope_per_hour"]  # type: ignore[index]
     assert slope == pytest.approx(3.0 * 3600, rel=0.05)
+
+
+def _write(path, results: list[RequestResult], t0_wall_s: float) -> None:
+    t = to_table(results)
+    pq.write_table(t.replace_schema_metadata({"replayer.t0_wall_s": repr(t0_wall_s)}), path)
+
+
+def test_a_resumed_run_and_merged_shards_are_windowed_on_one_time_axis(tmp_path):
+    # a run of 4 loops of a 2 s trace, stopped after 2 and resumed 10 s later (its own anchor):
+    # TTFT grows 3 ms per second of the shared axis; the resumed file's times are its anchor's
+    res = tmp_path / "run"
+    res.mkdir()
+    first = [_result(i, lp, lp * 2.0 + i * 0.1, 20 + 3 * (lp * 2.0 + i * 0.1)) for lp in (0, 1) for i in range(20)]
+    later = [
+        _result(i, lp, (lp - 2) * 2.0 + i * 0.1, 20 + 3 * (10 + (lp - 2) * 2.0 + i * 0.1))
+        for lp in (2, 3)
+        for i in range(20)
+    ]
+    _write(res / "requests.parquet", first, 1000.0)
+    _write(res / "requests-00001.parquet", later, 1010.0)
+    out = verdict_sections([str(res)], {"scheduled": 80}, window_s=0.5)
+    starts = sorted({r["t_s"] for r in out["drift"]["series"] if r["position"] == 0})
+    assert starts == pytest.approx([0.25, 2.25, 10.25, 12.25])  # (the resumed loops 10 s later)
+    assert out["drift"]["metrics"]["ttft_p50_ms"]["slope_per_hour"] == pytest.approx(3 * 3600, rel=0.05)
+    assert out["fidelity"]["sent"] == 80 and out["fidelity"]["verdict"] == "faithful"
+    # the same rows as two shards' folders, merged: one run
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    _write(a / "requests.parquet", first, 1000.0)
+    _write(b / "requests.parquet", later, 1010.0)
+    merged = verdict_sections([str(a), str(b)], {"scheduled": 80}, window_s=0.5)
+    assert merged["drift"]["series"] == out["drift"]["series"]
 
 
 # -- end to end: replayer run against the embedded simulator, degrading on purpose ---------------------
