@@ -1,12 +1,15 @@
 """The verdicts live: a step of the run's result fan-out (``on_result``) that keeps the fidelity
 figures and the drift windows as results arrive, for the gauges and ``/status``.
 
-Per result it does a few additions and list appends (the window's latencies); the work is done
-when a window closes (one window after its end, in due time: its stragglers are in by then;
-a later one counts only in the summary): its quantiles through ``Stat`` (the summary's
-nearest-rank definition), then the drift verdict over the closed windows (``drift.judge_drift``)
+Per result it does a few additions and list appends (the window's latencies); a window's
+quantiles are computed when it closes (one window after its end, in due time: its stragglers are
+in by then; a later one counts only in the summary), through ``Stat`` (the summary's nearest-rank
+definition). The verdicts are judged when asked (a scrape, ``/status``), at most once per
+``JUDGE_EVERY_S`` of due time: the drift verdict over the closed windows (``drift.judge_drift``)
 and the fidelity verdict over the figures so far (``fidelity.judge_fidelity``, without the
-inter-arrivals, which need every send: the summary has them). Memory: one row of numbers per
+inter-arrivals, which need every send: the summary has them). Judging at each close instead
+made the loop stall a few ms twice a second in a short-window soak, and those stalls, growing
+with the windows, showed up as drift in the very latencies judged. Memory: one row of numbers per
 closed window, the open windows' values.
 
 The gauges (``VerdictWatch`` registers one collector): ``replayer_fidelity_faithful`` (1
@@ -30,11 +33,10 @@ from replayer.core.stats import Stat
 from replayer.results.drift import LATENCIES, QUANTILES, judge_drift
 from replayer.results.fidelity import FidelityBounds, judge_fidelity
 
-#: the live drift verdict is judged at each window's close, but at most once per this much due
-#: time once it has ``FEW_WINDOWS`` (each judgement fits every metric's trend: ~5 ms on 60
-#: windows, a fraction of a second on thousands)
+#: the live verdicts are judged when asked (a scrape of the gauges, ``/status``), at most once per
+#: this much due time: a judgement fits every metric's trend (~5 ms on 60 windows, a fraction of a
+#: second on thousands), time the loop would otherwise spend measuring requests
 JUDGE_EVERY_S = 10.0
-FEW_WINDOWS = 20
 #: the live trends' pairs of windows (the summary's: ``trend.MAX_PAIRS``)
 LIVE_MAX_PAIRS = 100_000
 
@@ -101,7 +103,9 @@ class VerdictWatch(Collector):
         self._lags: list[float] = []
         self._origins: dict[int, int] = {}
         self._open: dict[tuple[int, int], _Open] = {}
-        self._next_judge_ns = 0
+        self._judged_at_ns: int | None = None  # due time of the last result at the last judgement
+        self._last_due_ns = 0
+        self._final = False  # the summary's verdicts are set (final): no live judgement after them
         self.rows: list[dict[str, Any]] = []  # closed windows, as drift.DriftFold.series has them
         self.fidelity: dict[str, Any] | None = None
         self.drift: dict[str, Any] | None = None
@@ -119,8 +123,6 @@ class VerdictWatch(Collector):
                 n["unsent"] += 1
             return
         n["sent"] += 1
-        if not n["sent"] % 4096:  # (the fidelity verdict between windows too)
-            self._judge_fidelity()
         if res.dispatch_lag_ms is not None:
             self._lags.append(res.dispatch_lag_ms)
         qw = res.queue_wait_ms
@@ -159,11 +161,7 @@ class VerdictWatch(Collector):
             return
         for k in sorted(done, key=self._start_ns):
             self.rows.append(self._row(k, self._open.pop(k)))
-        if len(self.rows) <= FEW_WINDOWS or due_ns >= self._next_judge_ns:
-            self._next_judge_ns = due_ns + max(self.window_ns, int(JUDGE_EVERY_S * 1e9))
-            self.judge()
-        else:
-            self._judge_fidelity()
+        self._last_due_ns = max(self._last_due_ns, due_ns)
 
     def _row(self, key: tuple[int, int], w: _Open) -> dict[str, Any]:
         ws = self.window_s
@@ -188,12 +186,22 @@ class VerdictWatch(Collector):
         row["dispatch_lag_p99_ms"] = lag.percentile(99)
         return row
 
+    def _maybe_judge(self) -> None:
+        """Judge when never judged, or ``JUDGE_EVERY_S`` of due time after the last judgement."""
+        if (
+            self.n["sent"]
+            and not self._final
+            and (self._judged_at_ns is None or self._last_due_ns - self._judged_at_ns >= JUDGE_EVERY_S * 1e9)
+        ):
+            self._judged_at_ns = self._last_due_ns
+            self.judge()
+
     def judge(self) -> None:
         """Both verdicts over what has arrived so far."""
         self._judge_fidelity()
         if self.rows:
             self.drift = judge_drift(
-                self.rows,
+                list(self.rows),
                 window_s=self.window_s,
                 min_change_pct=self.min_change_pct,
                 max_lag_ms=self.bounds.max_lag_ms,
@@ -226,10 +234,12 @@ class VerdictWatch(Collector):
         """The gauges and ``/status`` from the summary's verdicts (the results files')."""
         self.fidelity = summary.get("fidelity") or self.fidelity
         self.drift = summary.get("drift") or self.drift
+        self._final = True
 
     # -- /status and the gauges -----------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         """``/status``'s ``verdicts``: each verdict and its reasons (or drifting metrics) so far."""
+        self._maybe_judge()
         out: dict[str, Any] = {}
         if self.fidelity is not None:
             out["fidelity"] = {"verdict": self.fidelity["verdict"], "reasons": self.fidelity.get("reasons", [])}
@@ -239,6 +249,7 @@ class VerdictWatch(Collector):
         return {"verdicts": out}
 
     def collect(self):
+        self._maybe_judge()
         faithful = GaugeMetricFamily(
             "replayer_fidelity_faithful", "Fidelity verdict: 1 faithful, 0 not faithful (absent before judged)."
         )
