@@ -205,8 +205,7 @@ def _soak(tmp_path, name: str, drift_ms_per_min: float) -> dict:
             "40",
             "--drift-window",
             "0.5",
-            "--fidelity-max-lag-ms",
-            "1000",
+            "--server-timings",
             "--sim-ttft-drift-ms-per-min",
             str(drift_ms_per_min),
         ],
@@ -222,10 +221,15 @@ def _soak(tmp_path, name: str, drift_ms_per_min: float) -> dict:
 def test_a_soak_against_a_simulator_drifting_20ms_per_minute_is_judged_drifting(tmp_path):
     drift = _soak(tmp_path, "drifting", 20.0)
     assert drift["verdict"] == "drifting", drift["metrics"].get("ttft_p50_ms")
-    m = drift["metrics"]["ttft_p50_ms"]
     # 20 ms per minute of the simulator's wall time = 1,200 ms per hour of the run's (both wall clocks)
-    assert "ttft_p50_ms" in drift["drifting"]
-    assert m["slope_per_hour"] == pytest.approx(1200.0, rel=0.2)
+    # The server's own TTFT (--server-timings) carries the injected drift alone: its slope is within
+    # 20 %. The client's TTFT adds this host's scheduling delays, which a busy shared machine makes
+    # drift too (+-30 % over a 40 s soak at a load average of 15-50): it must be judged drifting, worse.
+    server = drift["metrics"]["server_ttft_p50_ms"]
+    assert server["slope_per_hour"] == pytest.approx(1200.0, rel=0.2), server
+    assert "ttft_p50_ms" in drift["drifting"] and "server_ttft_p50_ms" in drift["drifting"]
+    client = drift["metrics"]["ttft_p50_ms"]
+    assert client["direction"] == "worse" and client["interval_per_hour"][0] > 0
     assert drift["windows"] >= 70 and drift["method"].startswith("paired")
 
 

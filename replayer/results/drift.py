@@ -47,9 +47,20 @@ CONFIDENCE = 0.99
 #: the latencies windowed, and their quantiles
 LATENCIES = ("ttft", "itl", "tpot", "e2e")
 QUANTILES = (50, 90, 99)
+#: the server's own TTFT (``--server-timings``: vLLM's, from scheduling), windowed beside the
+#: client's: a drift in it is the server's, not the network's or the client host's
+SERVER = ("server_ttft",)
+#: each windowed statistic's results column (ITL: the lists, ``itl_samples``)
+_COLUMN_OF = {
+    "ttft": "ttft_ms",
+    "tpot": "tpot_ms",
+    "e2e": "e2e_ms",
+    "dispatch_lag": "dispatch_lag_ms",
+    "server_ttft": "server_time_to_first_token_ms",
+}
 #: the metrics tested for a trend: (name, unit, which way is worse)
 TRENDED: tuple[tuple[str, str, int], ...] = (
-    *((f"{m}_p{q}_ms", "ms", 1) for m in LATENCIES for q in (50, 90)),
+    *((f"{m}_p{q}_ms", "ms", 1) for m in (*LATENCIES, *SERVER) for q in (50, 90)),
     ("error_rate", "ratio", 1),
     ("goodput_rps", "1/s", -1),
     ("achieved_rps", "1/s", -1),
@@ -69,6 +80,7 @@ COLUMNS = (
     "tpot_ms",
     "e2e_ms",
     "dispatch_lag_ms",
+    "server_time_to_first_token_ms",
     "itl_ms",
     "itl_counts",
     "slo_met",
@@ -101,7 +113,7 @@ class _Window:
 
     def __init__(self) -> None:
         # (sketched: a days-long soak has thousands of windows, their values would not fit)
-        self.stats = {m: Stat(exact=False) for m in (*LATENCIES, "dispatch_lag")}
+        self.stats = {m: Stat(exact=False) for m in (*LATENCIES, *SERVER, "dispatch_lag")}
         self.n: dict[str, float] = dict.fromkeys(("due", "sent", "completed", "failed", "met", "e2e_sum"), 0)
 
 
@@ -137,8 +149,9 @@ class DriftFold:
             else None
         )
         lat = {
-            m: pc.cast(b.column(f"{m}_ms"), pa.float64()).to_numpy(zero_copy_only=False)
-            for m in ("ttft", "tpot", "e2e")
+            m: pc.cast(b.column(col), pa.float64()).to_numpy(zero_copy_only=False)
+            for m, col in _COLUMN_OF.items()
+            if col in b.schema.names
         }
         pairs = np.unique(np.stack([loops, pos]), axis=1)
         for lp, p in pairs.T:
@@ -192,7 +205,7 @@ class DriftFold:
             n, ws = w.n, self.window_s
             row: dict[str, Any] = {"loop": lp, "position": p}
             row["t_s"] = (self.origins.get(lp, 0) + (p + 0.5) * self.window_ns) / 1e9
-            for m in LATENCIES:
+            for m in (*LATENCIES, *SERVER):
                 for q in QUANTILES:
                     row[f"{m}_p{q}_ms"] = w.stats[m].percentile(q)
             ended = n["completed"] + n["failed"]

@@ -30,7 +30,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from replayer.core.result import RequestResult
 from replayer.core.stats import Stat
-from replayer.results.drift import LATENCIES, QUANTILES, judge_drift
+from replayer.results.drift import LATENCIES, QUANTILES, SERVER, judge_drift
 from replayer.results.fidelity import FidelityBounds, judge_fidelity
 
 #: the live verdicts are judged when asked (a scrape of the gauges, ``/status``), at most once per
@@ -44,13 +44,27 @@ LIVE_MAX_PAIRS = 100_000
 class _Open:
     """An open window's values."""
 
-    __slots__ = ("ttft", "tpot", "e2e", "itl", "lag", "due", "sent", "completed", "failed", "met", "e2e_sum")
+    __slots__ = (
+        "ttft",
+        "tpot",
+        "e2e",
+        "itl",
+        "server_ttft",
+        "lag",
+        "due",
+        "sent",
+        "completed",
+        "failed",
+        "met",
+        "e2e_sum",
+    )
 
     def __init__(self) -> None:
         self.ttft: list[float] = []
         self.tpot: list[float] = []
         self.e2e: list[float] = []
         self.itl: list[float] = []
+        self.server_ttft: list[float] = []
         self.lag: list[float] = []
         self.due = self.sent = self.completed = self.failed = self.met = 0
         self.e2e_sum = 0.0
@@ -72,6 +86,8 @@ class _Open:
             if res.e2e_ms is not None:
                 self.e2e.append(res.e2e_ms)
             self.itl.extend(res.itl_ms)
+            if res.server_time_to_first_token_ms is not None:
+                self.server_ttft.append(res.server_time_to_first_token_ms)
             if res.slo_met:
                 self.met += 1
         elif res.outcome == "failed":
@@ -167,7 +183,7 @@ class VerdictWatch(Collector):
         ws = self.window_s
         row: dict[str, Any] = {"loop": key[0], "position": key[1]}
         row["t_s"] = (self._start_ns(key) + self.window_ns / 2) / 1e9
-        for m in LATENCIES:
+        for m in (*LATENCIES, *SERVER):
             st = Stat()
             st.add(np.asarray(getattr(w, m), dtype=np.float64))
             for q in QUANTILES:
