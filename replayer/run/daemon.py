@@ -892,7 +892,8 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     if problem:
         print(f"replayer: {problem}", file=sys.stderr)
         return EXIT_ERROR_RATIO
-    unfaithful = unfaithful_problem(summary, cfg.fail_unfaithful)  # wiring (issue 45)
+    # wiring (issue 45); a --workers worker leaves it to its parent, which judges the merge
+    unfaithful = unfaithful_problem(summary, cfg.fail_unfaithful and not os.environ.get(PARENT_PID_ENV))
     if unfaithful:
         print(f"replayer: {unfaithful}", file=sys.stderr)
         return EXIT_UNFAITHFUL
