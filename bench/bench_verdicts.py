@@ -6,6 +6,8 @@
   results of the W1 workload's shape (the first 600 s of the shipped Mooncake slice: its output
   lengths as ITL lists, due times at 10x, 1,750 rows), with the default 300 s windows and with 1 s
   windows (a window closing every 10 results: the worst case);
+* a live judgement (``VerdictWatch.judge``, when a scrape or ``/status`` asks, at most every 10 s):
+  over W1's windows of 1 s, and over a week of the default 300 s windows;
 * once, at the end of a run: the summary's ``verdict_sections`` over the W1 results written to a
   folder (both verdicts, three passes over the files), beside ``summarize_files``.
 
@@ -30,9 +32,10 @@ from prometheus_client import CollectorRegistry
 
 from replayer.core.result import RequestResult, Rows, to_table
 from replayer.observe.metrics import ReplayerMetrics
+from replayer.results.drift import judge_drift
 from replayer.results.summary import summarize_files
 from replayer.results.verdicts import verdict_sections
-from replayer.results.verdictwatch import VerdictWatch
+from replayer.results.verdictwatch import LIVE_MAX_PAIRS, VerdictWatch
 
 TRACE = os.path.join(os.path.dirname(__file__), "..", "traces", "mooncake_conversation_10min.parquet")
 
@@ -100,6 +103,18 @@ def main() -> None:
     if a.w1_cpu_ms:
         for name in list(cost)[:2]:
             print(f"{name:45s} {cost[name] / (a.w1_cpu_ms * 1e3):8.2%} of the replayer's CPU per request on W1")
+    watch = VerdictWatch(None, window_s=1.0)
+    for r in results:
+        watch.on_result(r)
+    t = time.process_time()
+    watch.judge()
+    print(
+        f"{'a live judgement (' + str(len(watch.rows)) + ' windows of 1 s)':45s} {(time.process_time() - t) * 1e3:8.1f} ms"
+    )
+    series = [dict(watch.rows[i % len(watch.rows)], t_s=i * 300.0 + 150, position=i) for i in range(2016)]
+    t = time.process_time()
+    judge_drift(series, window_s=300.0, max_pairs=LIVE_MAX_PAIRS)
+    print(f"{'a live judgement (a week of 300 s windows)':45s} {(time.process_time() - t) * 1e3:8.1f} ms")
     with tempfile.TemporaryDirectory() as d:
         pq.write_table(to_table(copy.deepcopy(results)), os.path.join(d, "requests.parquet"))
         for name, fn in (

@@ -75,6 +75,8 @@ def test_change_start_finds_the_knee():
     y = np.where(t < 25, 5.0, 5.0 + (t - 25) * 2)
     assert change_start(t, y) == 25
     assert change_start(t, 3.0 * t) == 0  # (a trend from the first point)
+    long = np.arange(5000.0)  # (over MAX_KNOTS points: a start among 500 evenly spaced ones)
+    assert abs(change_start(long, np.where(long < 3000, 1.0, long - 2999.0)) - 3000) <= 10
 
 
 def test_load_adjusted_takes_out_what_the_load_explains_and_keeps_the_drift():

@@ -38,7 +38,7 @@ from replayer.results.fidelity import FidelityBounds, judge_fidelity
 #: second on thousands), time the loop would otherwise spend measuring requests
 JUDGE_EVERY_S = 10.0
 #: the live trends' pairs of windows (the summary's: ``trend.MAX_PAIRS``)
-LIVE_MAX_PAIRS = 100_000
+LIVE_MAX_PAIRS = 20_000
 
 
 class _Open:
