@@ -30,6 +30,8 @@ def test_alert_rules_check_and_unit_tests():
         "ReplayerHighErrorRatio",
         "ReplayerUsageMismatch",
         "ReplayerSLOAttainmentLow",
+        "ReplayerNotFaithful",  # (issue 45: the fidelity and drift verdicts)
+        "ReplayerTargetDrifting",
     }
 
 

@@ -129,6 +129,12 @@ PANELS: list[tuple[str, str, list[dict], int] | str] = [
         8,
     ),
     ("Drifting (1 = the latency drifts)", "short", [q(f"replayer_drift_drifting{{{R}}}", "{{metric}} {{run_id}}")], 8),
+    (
+        "Drift windows: p99 of the last closed window",
+        "s",
+        [q(f'replayer_drift_window_latency_seconds{{{R},percentile="p99"}}', "{{metric}} {{run_id}}")],
+        24,
+    ),
     "Replay",
     (
         "Requests: scheduled vs sent vs completed",
@@ -299,8 +305,13 @@ PANELS: list[tuple[str, str, list[dict], int] | str] = [
 
 #: the run's events as annotations: each drawn at the time it happened (the value is the time)
 ANNOTATION_EXPR = f"max by (run_id, instance, event) (replayer_run_event_timestamp_seconds{{{R}}}) * 1000"
-#: the panels that read the verdicts' gauges (issue 47's branch adds them; empty until then)
-VERDICT_METRICS = ("replayer_fidelity_faithful", "replayer_drift_slope_percent_per_hour", "replayer_drift_drifting")
+#: the panels that read the verdicts' gauges (issue 45): empty until a run has judged
+VERDICT_METRICS = (
+    "replayer_fidelity_faithful",
+    "replayer_drift_slope_percent_per_hour",
+    "replayer_drift_drifting",
+    "replayer_drift_window_latency_seconds",
+)
 
 
 def _variable(name: str, label: str, query: str) -> dashboard.QueryVariable:

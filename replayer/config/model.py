@@ -441,6 +441,42 @@ class RunConfig(FieldChecks):
         "fraction of the requests that ended failed (failed / (completed "
         "+ failed)), e.g. 0.01 for CI; none = exit 0 however many failed",
     )
+    # issue 45: the fidelity and drift verdicts (replayer.results.fidelity, replayer.results.drift)
+    fidelity_max_lag_ms: float = Field(
+        25.0,
+        gt=0,
+        description="fidelity verdict: a run whose dispatch lag p99 is above this many ms did not send the "
+        "trace's arrivals (not faithful)",
+    )
+    fail_unfaithful: bool = Field(
+        False,
+        description="exit 6 when the fidelity verdict is not faithful (a run that fell behind, was capped by "
+        "--max-concurrency or lost requests), for CI",
+    )
+    drift_window_s: float = Field(
+        300.0,
+        gt=0,
+        description="drift verdict: seconds of trace position per window (each window's latency quantiles, "
+        "rates and the target's signals; with --loop compared with the same window of the first loop)",
+    )
+    drift_min_change_pct: float = Field(
+        10.0,
+        ge=0,
+        description="drift verdict: a metric drifts when its trend's interval excludes 0 and the change it "
+        "implies over the run is at least this percent of its level",
+    )
+    sim_ttft_drift_ms_per_min: float = Field(
+        0.0,
+        ge=0,
+        description="a test aid for the embedded simulator (no --target): its TTFT grows by this many ms per "
+        "minute (replayer sim --ttft-drift-ms-per-min)",
+    )
+    sim_itl_drift_ms_per_min: float = Field(
+        0.0,
+        ge=0,
+        description="a test aid for the embedded simulator (no --target): its token gaps grow by this many ms "
+        "per minute (replayer sim --itl-drift-ms-per-min)",
+    )
     run_id: str | None = Field(
         None,
         description="the run's id: every request carries the header X-Request-Id: "

@@ -33,6 +33,7 @@ import pandas as pd
 
 from replayer.results.reportdata import MAX_POINTS, ReportData, axis_origin_wall_s, load_results, report_files
 from replayer.results.spanjoin import PARTS, SpansError, SpanSplit, read_spans, split_spans, split_text
+from replayer.results.verdictreport import drift_specs, verdicts_html
 
 #: a ``plotly.graph_objects.Figure`` (plotly ships no type hints)
 Figure = Any
@@ -228,7 +229,7 @@ def _number(v: float | int) -> str:
 
 
 #: summary entries left out of the report's table (raw per-series state a resumed run carries on)
-_TABLE_SKIP = ("series_totals",)
+_TABLE_SKIP = ("series_totals", "series")
 
 
 def summary_rows(summary: dict, prefix: str = "") -> list[tuple[str, str]]:
@@ -388,6 +389,8 @@ def render_html(results_dir: str, spans: SpanSplit | None = None) -> str:
     )
     figs = figures(data, target, origin)
     draw_events(figs, summary.get("events"), origin)  # the run's events on the time axes (issue 46)
+    intro += verdicts_html(summary)  # (issue 45: the fidelity and drift verdicts, the drift windows)
+    figs += draw(drift_specs(summary))
     if spans is not None:
         intro += _spans_section(spans)
         figs = draw(span_specs(spans)) + figs

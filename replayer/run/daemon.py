@@ -61,10 +61,12 @@ from replayer.plan.planner import Planner
 from replayer.plan.schedule import IdleGapCap, ScheduleBatch, Timeline, iter_schedule
 from replayer.plan.sessions import SessionGate
 from replayer.record.recorder import Recorder, warm_up as recorder_warm_up
+from replayer.results.fidelity import FidelityBounds
 from replayer.results.removed import digest_file
 from replayer.results.summarytext import synthetic_text
 from replayer.results.targets import TargetMetrics
 from replayer.results.tenants import TenantMetrics
+from replayer.results.verdictwatch import VerdictWatch
 from replayer.run.clients import open_clients
 from replayer.run.enginecheck import engine_settings
 from replayer.run.fanout import result_fanout
@@ -86,12 +88,14 @@ from replayer.run.runstate import (
 )
 from replayer.run.runsummary import (
     EXIT_ERROR_RATIO,
+    EXIT_UNFAITHFUL,
     EXIT_WRITE_FAILED,
     error_ratio_problem,
     final_summary,
     nothing_scheduled_problem,
     print_summary,
     rewrite_summary,
+    unfaithful_problem,
     writes_failed,
 )
 from replayer.run.simproc import PARENT_PID_ENV, embedded_args, spawn_sim, stop_sim
@@ -142,7 +146,18 @@ async def run_replay(
     try:
         targets = cfg.targets
         if not targets:  # start it first: it boots in its own process while we load the trace
-            sim_proc, embedded = sim if sim else spawn_sim(embedded_args(cfg.tokenizer, cfg.otlp_traces_url()))
+            sim_proc, embedded = (
+                sim
+                if sim
+                else spawn_sim(
+                    embedded_args(
+                        cfg.tokenizer,
+                        cfg.otlp_traces_url(),
+                        ttft_drift=cfg.sim_ttft_drift_ms_per_min,  # wiring (issue 45)
+                        itl_drift=cfg.sim_itl_drift_ms_per_min,
+                    )
+                )
+            )
             log.info("no --target: starting the embedded simulator at %s", embedded)
             targets = [embedded]
         # warm the results writer in a thread while the trace loads and the target comes up
@@ -506,6 +521,14 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
     spans = s.spans
     if spans is not None:
         spans.start(round(anchor.wall_s * 1e9))
+    verdicts = VerdictWatch(  # wiring (issue 45): the live fidelity and drift verdicts
+        metrics.registry,
+        window_s=cfg.drift_window_s,
+        bounds=FidelityBounds(max_lag_ms=cfg.fidelity_max_lag_ms),
+        max_concurrency=cfg.max_concurrency,
+        min_change_pct=cfg.drift_min_change_pct,
+    )
+    view.extra = verdicts.status  # wiring (issue 45)
     sink = result_fanout(
         slos=slos,
         metrics=metrics,
@@ -515,6 +538,7 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         targets=target_metrics,
         spans=spans,
         live_window=metrics.live_window,  # wiring (issue 46)
+        verdicts=verdicts,  # wiring (issue 45)
     )
 
     def prepare(sb, j: int) -> PreparedRequest:  # each request built is counted (scheduled, expected hits)
@@ -694,6 +718,7 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
     )
     summary["events"] = metrics.events.as_list()  # wiring (issue 46)
     await loop.run_in_executor(None, rewrite_summary, results_dir, summary)
+    verdicts.final(summary)  # wiring (issue 45): the gauges say the summary's verdicts
     if spans is not None:  # the run span (with the summary's numbers), the queue drained, time-boxed
         try:
             summary["otel"] = await loop.run_in_executor(None, spans.close, summary)
@@ -843,7 +868,8 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     """Run with uvloop. Exit code: 0 when the replay ended by itself (or by ``/stop``), 2 on a
     startup/trace error or when no row of the trace was scheduled, 3 when more requests failed than ``--max-error-ratio`` allows, 4 when a
     background task crashed and stopped the run (``replayer.core.background``), 5 when results or
-    ``summary.json`` could not all be written (a full disk: the summary printed counts them), 128 + the
+    ``summary.json`` could not all be written (a full disk: the summary printed counts them), 6 when
+    ``--fail-unfaithful`` and the fidelity verdict is not faithful, 128 + the
     signal's number when SIGTERM (143), SIGINT (130) or SIGHUP (129: the terminal closed, or the
     ``--workers`` parent is gone) stopped it,
     its results on disk and resumable (a Kubernetes Job then retries the pod, which resumes)."""
@@ -890,4 +916,9 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     if problem:
         print(f"replayer: {problem}", file=sys.stderr)
         return EXIT_ERROR_RATIO
+    # wiring (issue 45); a --workers worker leaves it to its parent, which judges the merge
+    unfaithful = unfaithful_problem(summary, cfg.fail_unfaithful and not os.environ.get(PARENT_PID_ENV))
+    if unfaithful:
+        print(f"replayer: {unfaithful}", file=sys.stderr)
+        return EXIT_UNFAITHFUL
     return 0

@@ -9,7 +9,8 @@ steps in this order, each once:
 3. ``tenants`` / ``targets``: the per-trace and per-target series of a mix or a routed fleet;
 4. ``live state``: the counters of ``/status``, the progress line and the error-burst log;
 5. ``spans``: with ``--otlp-endpoint``, the request's OpenTelemetry span (``replayer.observe.otel``);
-6. ``recorder``: the results file (last: a result on disk has been counted everywhere).
+6. ``verdicts``: the live fidelity figures and drift windows (``replayer.results.verdictwatch``);
+7. ``recorder``: the results file (last: a result on disk has been counted everywhere).
 
 The latencies (from the send and from the due time) were derived once, as the client measured
 the request (``replayer.core.timestamps.derive``); no step computes them again.
@@ -66,9 +67,10 @@ def result_fanout(
     targets: _OnResult | None = None,
     spans: _OnResult | None = None,
     live_window: _OnResult | None = None,
+    verdicts: _OnResult | None = None,
 ) -> ResultFanout:
     """The run's fan-out (module docstring): ``verdict`` only with bounds, ``tenants`` with a mix,
-    ``targets`` with several targets, ``spans`` with tracing on, ``live window`` when given."""
+    ``targets`` with several targets, ``spans`` with tracing on, ``live window`` and ``verdicts`` when given."""
     steps: list[Step] = []
     if slos:
 
@@ -88,5 +90,7 @@ def result_fanout(
     steps.append(("live state", live.on_result))
     if spans is not None:
         steps.append(("spans", spans.on_result))
+    if verdicts is not None:
+        steps.append(("verdicts", verdicts.on_result))
     steps.append(("recorder", recorder.add))
     return ResultFanout(steps)

@@ -19,9 +19,12 @@ from replayer.plan.schedule import IdleGapCap
 from replayer.record.folder import result_files
 from replayer.record.recorder import write_json
 from replayer.record.rolling import EXIT_WRITE_FAILED
+from replayer.results.drift import drift_lines
+from replayer.results.fidelity import FidelityBounds, fidelity_lines
 from replayer.results.summary import format_summary, summarize_files
 from replayer.results.targets import format_targets, read_targets
 from replayer.results.tenants import format_tenants, read_tenant_sections
+from replayer.results.verdicts import verdict_sections
 from replayer.run.resume import scraper_totals
 from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV
 
@@ -121,8 +124,27 @@ async def final_summary(
         summary["results_roll_error"] = roll_error
     if tls is not None:
         summary["tls"] = tls
+    # wiring (issue 45): the fidelity and drift verdicts, from the results files
+    summary.update(await loop.run_in_executor(None, functools.partial(_verdicts, cfg, results_dir, summary)))
     write_summary(summary, results_dir)
     return summary
+
+
+def _verdicts(cfg: RunConfig, results_dir: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """The ``fidelity`` and ``drift`` sections (``replayer.results.verdicts``), or an ``error``
+    in each when they cannot be computed (the run keeps its summary and its exit code)."""
+    try:
+        return verdict_sections(
+            [results_dir],
+            summary,
+            bounds=FidelityBounds(max_lag_ms=cfg.fidelity_max_lag_ms),
+            max_concurrency=cfg.max_concurrency,
+            window_s=cfg.drift_window_s,
+            min_change_pct=cfg.drift_min_change_pct,
+        )
+    except Exception as e:  # (a verdict never costs the run its summary)
+        log.exception("the fidelity and drift verdicts failed")
+        return {k: {"verdict": "not_judged", "error": f"{type(e).__name__}: {e}"} for k in ("fidelity", "drift")}
 
 
 def _roll_samples(samples: SampleFiles, scraper: TargetScraper | TargetScrapers, results_dir: str) -> None:
@@ -201,6 +223,8 @@ def print_summary(summary: dict[str, Any], results_dir: str) -> None:
             f"{g['time_skipped_s']:,.3f} s skipped",
             flush=True,
         )
+    for line in fidelity_lines(summary.get("fidelity")) + drift_lines(summary.get("drift")):  # (issue 45)
+        print(line, flush=True)
     files = [os.path.relpath(f, results_dir) for f in result_files(results_dir)]
     listed = ", ".join(files) if len(files) <= 3 else f"{len(files)} results files"
     unwritten = writes_failed(summary)
@@ -237,10 +261,29 @@ def _target_embedded(cfg: RunConfig) -> bool:
     return cfg.target is None or cfg.target == [os.environ.get(EMBEDDED_TARGET_ENV)]
 
 
-__all__ = ["EXIT_ERROR_RATIO", "EXIT_WRITE_FAILED", "final_summary", "print_summary", "write_summary", "writes_failed"]
+__all__ = [
+    "EXIT_ERROR_RATIO",
+    "EXIT_UNFAITHFUL",
+    "EXIT_WRITE_FAILED",
+    "final_summary",
+    "print_summary",
+    "write_summary",
+    "writes_failed",
+]
 
 #: exit code of a run whose failed requests exceeded ``--max-error-ratio``
 EXIT_ERROR_RATIO = 3
+#: exit code of a run judged not faithful under ``--fail-unfaithful`` (``summary.json``'s ``fidelity``)
+EXIT_UNFAITHFUL = 6
+
+
+def unfaithful_problem(summary: dict, fail_unfaithful: bool) -> str | None:
+    """Why the run should exit ``EXIT_UNFAITHFUL``: ``--fail-unfaithful`` and a fidelity verdict
+    of ``not_faithful`` (its reasons); else None."""
+    sec = summary.get("fidelity") or {}
+    if not fail_unfaithful or sec.get("verdict") != "not_faithful":
+        return None
+    return f"the replay was not faithful to the trace ({'; '.join(sec.get('reasons', []))}): exit {EXIT_UNFAITHFUL}"
 
 
 def nothing_scheduled_problem(summary: dict) -> str | None:

@@ -180,7 +180,11 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:  # noqa: C901, PL
                     str(port),
                     "--parent-pid",
                     str(os.getpid()),
-                    *embedded_args(cfg.tokenizer),
+                    *embedded_args(
+                        cfg.tokenizer,
+                        ttft_drift=cfg.sim_ttft_drift_ms_per_min,  # wiring (issue 45)
+                        itl_drift=cfg.sim_itl_drift_ms_per_min,
+                    ),
                 ],
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
@@ -277,7 +281,13 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:  # noqa: C901, PL
     merged = merge_results(present, results, one_target=True)  # (printed with --quiet too: it is the outcome)
     print(f"merged {len(present)} of {n} workers: {results}/summary.json", flush=True)
     code = max([0 if len(present) == n else 1, *codes])
-    from replayer.run.runsummary import EXIT_ERROR_RATIO, error_ratio_problem, nothing_scheduled_problem
+    from replayer.run.runsummary import (
+        EXIT_ERROR_RATIO,
+        EXIT_UNFAITHFUL,
+        error_ratio_problem,
+        nothing_scheduled_problem,
+        unfaithful_problem,
+    )
 
     empty = nothing_scheduled_problem(merged)
     if code == 0 and empty:
@@ -287,6 +297,10 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:  # noqa: C901, PL
     if code == 0 and problem:
         print(f"replayer: {problem}", file=sys.stderr)
         return EXIT_ERROR_RATIO
+    unfaithful = unfaithful_problem(merged, cfg.fail_unfaithful)  # (issue 45: the merge's fidelity verdict)
+    if code == 0 and unfaithful:
+        print(f"replayer: {unfaithful}", file=sys.stderr)
+        return EXIT_UNFAITHFUL
     return code
 
 

@@ -106,6 +106,15 @@ class SimConfig:
     accept_any_model: bool = flag(
         False, "answer requests naming any model (default: a 404 for a model other than --model, as vLLM)"
     )
+    # issue 45, a test aid: the simulator degrades on purpose (the drift verdict)
+    ttft_drift_ms_per_min: float = flag(
+        0.0,
+        "a test aid: every time to first token grows by this many ms per minute since the start (a server "
+        "that degrades, for the drift verdict)",
+    )
+    itl_drift_ms_per_min: float = flag(
+        0.0, "a test aid: every gap between tokens grows by this many ms per minute since the start"
+    )
 
     def __post_init__(self) -> None:
         if self.kv_block_size < 1 or self.embedding_dim < 1 or self.tokens_per_chunk < 1:

@@ -68,6 +68,7 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self._metrics)
         self._running = 0  # admitted: prefill + decode
+        self.born_s = time.perf_counter()  # (the start of --*-drift-ms-per-min; reset by start())
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._joining: list[_Req] = []  # got token 1, not yet stepping
         self._decoding: list[_Req] = []
@@ -124,6 +125,7 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         (``replayer.sim.certs.server_context``); return the base URL ``http(s)://host:port``."""
         if self._runner is not None:
             raise RuntimeError("SimServer already started")
+        self.born_s = time.perf_counter()
         runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True, shutdown_timeout=2.0)
         await runner.setup()
         site = web.TCPSite(runner, host, port, backlog=4096, ssl_context=ssl_context)
@@ -365,6 +367,8 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
                 if cfg.prompt_tokens_details:
                     r.details = {"cached_tokens": hits, "image_tokens": sum(im.tokens for im in images)}
             ttft_s = (cfg.ttft_base_ms + (cfg.prefill_us_per_token * (n_prompt - hits) + encode_us) / 1000.0) / 1000.0
+            if cfg.ttft_drift_ms_per_min:  # (--ttft-drift-ms-per-min: degrading on purpose)
+                ttft_s += cfg.ttft_drift_ms_per_min * (time.perf_counter() - self.born_s) / 60.0 / 1000.0
             await asyncio.sleep(max(0.0, t_admit + ttft_s - loop.time()))
             t_first = time.perf_counter()
             if r.timing is not None:

@@ -61,6 +61,8 @@ CANONICAL_GAUGES = (
     "server_prefix_cache_hit_rate",
     "server_spec_decode_acceptance_length",
     "server_spec_decode_acceptance_rate",
+    # the server process's memory (prometheus_client's process collector; issue 45: a drift signal)
+    "process_resident_memory_bytes",
 )
 #: gauges aggregated by the mean over series (fractions, rates), not the sum
 MEAN_GAUGES = frozenset(

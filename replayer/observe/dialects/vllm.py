@@ -43,5 +43,6 @@ DIALECT = Dialect(
         "num_requests_running": ("vllm:num_requests_running",),
         "num_requests_waiting": ("vllm:num_requests_waiting",),
         "kv_cache_usage_perc": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        "process_resident_memory_bytes": ("process_resident_memory_bytes",),
     },
 )
