@@ -44,6 +44,9 @@ class VirtualClock(Clock):
         await asyncio.sleep(0)
 
 
+TAKE_TURNS = 200  # loop turns a ``takes_ms`` response lasts (FakeSender._going)
+
+
 class FakeSender:
     """Stamps ``sent_ns`` = the clock's time at the send (a handed-over request: its due time,
     as a launcher writing it then would), ends at once with success. ``refuse``: rows whose
@@ -94,7 +97,11 @@ class FakeSender:
             if req.row in self.block:
                 await asyncio.get_running_loop().create_future()
             if req.row in self.takes_ms:
-                await asyncio.sleep(0.01)  # (real time: the dispatcher meanwhile waits for a change)
+                # the dispatcher meanwhile goes on until it waits for a change: a fixed number of
+                # loop turns, not real time (a loaded machine's 10 ms may pass before it sends
+                # the next due row, and the clock would jump past that row's due time)
+                for _ in range(TAKE_TURNS):
+                    await asyncio.sleep(0)
                 self.clock.advance_to(sent_ns + self.takes_ms[req.row] * MS)
         except asyncio.CancelledError:
             res.outcome, res.error_kind = "cancelled", "cancelled"
