@@ -78,8 +78,11 @@ def test_sigterm_drains_then_accounts_for_every_row(tmp_path, mooncake_slice, si
 
     # resumed (a retried pod): the rows not started go now, and the folder holds each row once;
     # --resume DIR alone: the trace and the settings that must match are the checkpoint's
+    # (against a simulator with 1 ms token gaps: the slow one was for the SIGTERM to find streams
+    # running; the resume's ~300-token responses need not take 12 s each)
     ckpt = json.loads((tmp_path / "r" / "checkpoint.json").read_text())
-    p = _run(["--resume", str(tmp_path / "r"), "--target", url, "--speedup", "10", "--admin-port", "0", "--quiet"])
+    fast, _ = sim_process("--itl-base-ms", "1")
+    p = _run(["--resume", str(tmp_path / "r"), "--target", fast, "--speedup", "10", "--admin-port", "0", "--quiet"])
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err[-2000:]
     assert (
