@@ -67,7 +67,13 @@ from replayer.run.gcpacer import GcPacer
 from replayer.run.lifecycle import start_up
 from replayer.run.readiness import StartupError, wait_ready_all
 from replayer.run.resume import Checkpoint, carry_target_totals, resume_plan
-from replayer.run.runinputs import COUNT_LIMIT, count_scheduled, open_batches_factory, results_dir_for
+from replayer.run.runinputs import (
+    COUNT_LIMIT,
+    count_scheduled,
+    open_batches_factory,
+    release_results_dir,
+    results_dir_for,
+)
 from replayer.run.runstate import (
     Accounting,
     RunControl,
@@ -134,6 +140,7 @@ async def run_replay(
     sim_proc = sim[0] if sim else None
     admin: AdminServer | None = None
     created = False  # the results folder is this run's own
+    results_dir: str | None = None
     try:
         targets = cfg.targets
         if not targets:  # start it first: it boots in its own process while we load the trace
@@ -205,8 +212,9 @@ async def run_replay(
             cfg, open_batches, n_rows, prompts, payload, targets, api_key, metrics, state, results_dir, model, view
         )
     except (StartupError, TraceError):
+        release_results_dir(results_dir)  # wiring (issue 47): the folder's lock first (its file goes)
         # nothing was sent: a folder this run made holds nothing (an empty parts/ at most)
-        if created and not any(files for _, _, files in os.walk(results_dir)):
+        if results_dir is not None and created and not any(files for _, _, files in os.walk(results_dir)):
             shutil.rmtree(results_dir, ignore_errors=True)
             if cfg.results is None:  # ./results itself, if this left it empty
                 try:
@@ -215,6 +223,7 @@ async def run_replay(
                     pass
         raise
     finally:
+        release_results_dir(results_dir)  # wiring (issue 47): the results are on disk
         if admin is not None:
             await admin.stop()
         if sim_proc is not None:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+import replayer.record.lock as folder_lock
 from replayer.config.model import RunConfig
 from replayer.core.endpoints import TEXT_ONLY
 from replayer.payload.imagerows import ImageEndpointError, check_image_endpoints, may_have_images
@@ -24,30 +25,55 @@ log = logging.getLogger("replayer")
 
 
 def results_dir_for(cfg: RunConfig) -> tuple[str, bool]:
-    """The results folder, created if needed: (path, whether this call created it). Without
-    ``--results``: a new ``results/<timestamp>`` (``-2``, ``-3``... when runs start in the same
-    second). Raises StartupError when the path is a file, cannot be created, or (without
+    """The results folder, created if needed and locked for this run (``record.lock``: released
+    by ``release_results_dir``): (path, whether this call created it). Without ``--results``: a
+    new ``results/<timestamp>`` (``-2``, ``-3``... when runs start in the same second). Raises
+    StartupError when the path is a file, cannot be created, has another writer, or (without
     ``--resume``) already holds a run's results."""
     if cfg.resume:
+        _lock(cfg.resume, "--resume")
         return cfg.resume, False  # (resume_plan checks it)
     if cfg.results is None:
         try:
-            return new_results_dir(), True
+            path = new_results_dir()
         except OSError as e:
             raise StartupError(f"cannot create a results folder under ./results: {e.strerror or e}") from None
+        _lock(path, "--results")
+        return path, True
     path = cfg.results
-    if os.path.exists(path):
-        if not os.path.isdir(path):  # (a traceback before)
-            raise StartupError(f"--results {path}: exists and is not a folder")
-        used = earlier_run(path)
-        if used:
-            raise StartupError(f"--results {path}: {used}")
-        return path, False
+    created = False
+    if not os.path.exists(path):
+        try:
+            os.makedirs(path)
+            created = True
+        except FileExistsError:  # (another run made it first: its lock says who)
+            pass
+        except OSError as e:
+            raise StartupError(f"--results {path}: cannot create the folder: {e.strerror or e}") from None
+    if not os.path.isdir(path):  # (a traceback before)
+        raise StartupError(f"--results {path}: exists and is not a folder")
+    _lock(path, "--results")
+    used = earlier_run(path)
+    if used:
+        folder_lock.release(path)
+        raise StartupError(f"--results {path}: {used}")
+    return path, created
+
+
+def _lock(path: str, flag: str) -> None:
+    """Take ``path``'s writer lock, or raise StartupError naming its holder."""
     try:
-        os.makedirs(path)
+        folder_lock.acquire(path, "run")
+    except folder_lock.FolderBusy as e:
+        raise StartupError(f"{flag} {e}") from None
     except OSError as e:
-        raise StartupError(f"--results {path}: cannot create the folder: {e.strerror or e}") from None
-    return path, True
+        raise StartupError(f"{flag} {path}: cannot lock the folder: {e.strerror or e}") from None
+
+
+def release_results_dir(path: str | None) -> None:
+    """Let go of the run's lock on its results folder (taken by ``results_dir_for``)."""
+    if path is not None:
+        folder_lock.release(path)
 
 
 BATCH_ROWS = 65_536

@@ -27,6 +27,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 
+import replayer.record.lock as folder_lock
 from replayer.config.model import RunConfig, new_run_id
 from replayer.record.folder import earlier_run, new_results_dir, result_files
 from replayer.results.merge import merge_results
@@ -127,7 +128,7 @@ def worker_shares(cfg: RunConfig) -> list[str]:
     return ["--retain-size", str(max(1, cfg.retain_bytes // cfg.workers))]
 
 
-def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:  # noqa: C901, PLR0912, PLR0915
+def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     """Run ``cfg.workers`` shard processes of the same replay; returns the worst exit code
     (a worker killed by a signal counts as 128 + signal; 1 if no results could be merged).
 
@@ -154,6 +155,19 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:  # noqa: C901, PL
             print(f"replayer run: --results {results}: {used}", file=sys.stderr)
             return 2
     os.makedirs(results, exist_ok=True)
+    try:  # one writer per folder (issue 47): the workers lock their own worker-i
+        folder_lock.acquire(results, "--workers")
+    except folder_lock.FolderBusy as e:
+        print(f"replayer run: --results {e}", file=sys.stderr)
+        return 2
+    try:
+        return _supervise(cfg, flags, n, results)
+    finally:
+        folder_lock.release(results)
+
+
+def _supervise(cfg: RunConfig, flags: list[str], n: int, results: str) -> int:  # noqa: C901, PLR0912, PLR0915
+    """``run_workers`` past its checks, holding the results folder's lock."""
     procs: list[subprocess.Popen] = []
 
     def forward(signum, frame):
