@@ -742,6 +742,13 @@ class RunConfig(FieldChecks):
         env_base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         return env_base.rstrip("/") + "/v1/traces" if env_base else None
 
+    def named_secrets(self) -> dict[str, str | None]:
+        """The secrets the logs redact, by where they come from (issue 47: a short one is warned about)."""
+        return {
+            f"the API key (--api-key-file or ${self.api_key_env})": self.api_key(),
+            f"the control token (--control-token-file or ${self.control_token_env})": self.control_token(),
+        }
+
     def api_key(self) -> str | None:
         """The API key from ``api_key_file`` or the ``api_key_env`` variable (never logged)."""
         if self.api_key_file:

@@ -44,7 +44,7 @@ from replayer.http.launcher import Launcher, launcher_ready, start_launcher
 from replayer.http.servertimings import REQUEST_FIELD as SERVER_TIMINGS_FIELD
 from replayer.observe.admin import AdminServer
 from replayer.observe.console import LiveConsole
-from replayer.observe.logs import setup_logging
+from replayer.observe.logs import setup_logging, warn_short_secrets
 from replayer.observe.looplag import EventLoopLagMonitor
 from replayer.observe.metrics import ReplayerMetrics
 from replayer.observe.otel import RequestSpans
@@ -846,6 +846,8 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
         secrets=(cfg.api_key(), cfg.control_token()),
         fields={"shard": cfg.shard} if cfg.shard_index[1] > 1 else None,
     )
+    if not os.environ.get(PARENT_PID_ENV):  # wiring (issue 47): (a --workers parent said it once)
+        warn_short_secrets(cfg.named_secrets())
     try:
         summary = uvloop.run(run_replay(cfg, sim=sim))
     except (StartupError, TraceError) as e:

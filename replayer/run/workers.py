@@ -135,9 +135,10 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     ``argv_flags``: the user's ``run`` flags (without --workers/--shard/--results/--start-at/
     --admin-port/--target), passed to every worker unchanged. With ``--resume DIR`` (a folder of
     an earlier ``--workers`` run) worker i resumes ``DIR/worker-i``."""
-    from replayer.observe.logs import setup_logging
+    from replayer.observe.logs import setup_logging, warn_short_secrets
 
     setup_logging(cfg.log_format, cfg.log_level, secrets=(cfg.api_key(), cfg.control_token()))
+    warn_short_secrets(cfg.named_secrets())  # wiring (issue 47)
     n = cfg.workers
     flags = _without_flag(list(argv_flags), "--resume")
     if cfg.run_id is None and not cfg.resume:  # one run id for all workers' X-Request-Id headers
