@@ -402,7 +402,7 @@ class RunConfig(FieldChecks):
         le=1,
         description="exit 3 when more than this "
         "fraction of the requests that ended failed (failed / (completed "
-        "+ failed)), e.g. 0.01 for CI; none = exit 0 however many failed",
+        "+ failed)), e.g. 0.01 for CI; none: exit 3 only if all failed",
     )
     run_id: str | None = Field(
         None,

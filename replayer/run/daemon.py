@@ -826,7 +826,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     """Run with uvloop. Exit code: 0 when the replay ended by itself (or by ``/stop``), 2 on a
-    startup/trace error or when no row of the trace was scheduled, 3 when more requests failed than ``--max-error-ratio`` allows, 4 when a
+    startup/trace error or when no row of the trace was scheduled, 3 when more requests failed than
+    ``--max-error-ratio`` allows (without it: when every request that ended failed), 4 when a
     background task crashed and stopped the run (``replayer.core.background``), 5 when results or
     ``summary.json`` could not all be written (a full disk: the summary printed counts them), 128 + the
     signal's number when SIGTERM (143), SIGINT (130) or SIGHUP (129: the terminal closed, or the
@@ -873,7 +874,7 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_TASK_FAILED
-    problem = error_ratio_problem(summary, cfg.max_error_ratio)
+    problem = error_ratio_problem(summary, cfg.max_error_ratio) if one or cfg.max_error_ratio is not None else None
     if problem:
         print(f"replayer: {problem}", file=sys.stderr)
         return EXIT_ERROR_RATIO

@@ -30,6 +30,7 @@ from collections.abc import Callable
 import replayer.record.lock as folder_lock
 from replayer.config.model import RunConfig, new_run_id
 from replayer.record.folder import earlier_run, new_results_dir, result_files
+from replayer.record.recorder import write_json
 from replayer.results.merge import merge_results
 from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, embedded_args, free_port
 
@@ -292,13 +293,21 @@ def _supervise(cfg: RunConfig, flags: list[str], n: int, results: str) -> int:  
     merged = merge_results(present, results, one_target=True)  # (printed with --quiet too: it is the outcome)
     print(f"merged {len(present)} of {n} workers: {results}/summary.json", flush=True)
     code = max([0 if len(present) == n else 1, *codes])
-    from replayer.run.runsummary import EXIT_ERROR_RATIO, error_ratio_problem, nothing_scheduled_problem
+    from replayer.run.runsummary import (
+        EXIT_ERROR_RATIO,
+        error_ratio_problem,
+        nothing_measured,
+        nothing_scheduled_problem,
+    )
 
     empty = nothing_scheduled_problem(merged)
     if code == 0 and empty:
         print(f"replayer: error: {empty}", file=sys.stderr)
         return 2
     problem = error_ratio_problem(merged, cfg.max_error_ratio)  # over all workers (they do not check)
+    if code == 0 and problem and cfg.max_error_ratio is None:  # (issue 47: the merged summary says why)
+        merged["nothing_measured"] = nothing_measured(merged)
+        write_json(os.path.join(results, "summary.json"), merged)
     if code == 0 and problem:
         print(f"replayer: {problem}", file=sys.stderr)
         return EXIT_ERROR_RATIO
