@@ -278,6 +278,7 @@ def _supervise(cfg: RunConfig, flags: list[str], n: int, results: str) -> int:  
     dirs = [os.path.join(results, f"worker-{i}") for i in range(n)]
     if codes and all(c == 2 for c in codes):  # a bad trace or target: every worker said why
         print(f"replayer: the {n} workers could not start (exit 2; the reason is above)", file=sys.stderr)
+        folder_lock.release(results)  # (its file goes: the folder may be left empty)
         for d in (results, os.path.dirname(results)) if cfg.results is None else (results,):
             try:  # (only if nothing is in it: each worker removed the folder it made)
                 os.rmdir(d)
