@@ -91,6 +91,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "quiet",
         "log_format",
         "log_level",
+        "stall_log_interval_s",
     ),
 }
 
@@ -106,6 +107,7 @@ SHORT: frozenset[str] = frozenset(
         "output_len",
         "target",
         "model",
+        "read_timeout_s",
         "endpoint",
         "speedup",
         "max_concurrency",

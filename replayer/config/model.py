@@ -162,11 +162,9 @@ class RunConfig(FieldChecks):
     )
     goodput: list[str] | None = Field(
         None,
-        description="SLO bounds in ms as KEY:VALUE pairs, keys ttft, "
-        "tpot, e2el (vllm bench serve's --goodput), e.g. --goodput ttft:2000 "
-        "tpot:50 (or ttft:2000,tpot:50, or the flag repeated; in a config file a "
-        "mapping {ttft: 2000, tpot: 50}): a request meets the SLO when it succeeded and every bound holds; "
-        "the summary reports request_goodput and slo_attainment; unset = no SLO",
+        description="SLO bounds in ms, keys ttft, tpot, e2el (vllm bench serve's --goodput), e.g. "
+        "--goodput ttft:2000 tpot:50 (a mapping in a config file): a request meets it when it succeeded "
+        "within every bound (request_goodput, slo_attainment); unset = no SLO",
     )
     usage_slack_tokens: int = Field(
         0,
@@ -225,7 +223,7 @@ class RunConfig(FieldChecks):
         "rows due earlier are recorded missed_while_down, not sent",
     )
     duration_s: float | None = Field(
-        None, gt=0, description="stop scheduling after this many seconds of replay; unset = the whole schedule"
+        None, gt=0, description="stop scheduling after this many seconds of replay; unset = all"
     )
     results: str | None = Field(None, description="results folder; none = ./results/<timestamp>")
     admin_host: str = Field("127.0.0.1", description="admin/metrics server address")
@@ -402,7 +400,7 @@ class RunConfig(FieldChecks):
         le=1,
         description="exit 3 when more than this "
         "fraction of the requests that ended failed (failed / (completed "
-        "+ failed)), e.g. 0.01 for CI; none: exit 3 only if all failed",
+        "+ failed)), e.g. 0.01 for CI; none = exit 3 if all failed",
     )
     run_id: str | None = Field(
         None,
@@ -435,10 +433,19 @@ class RunConfig(FieldChecks):
     )
     strict: bool = Field(False, description="treat out-of-order timestamps in the trace as an error")
     quiet: bool = Field(
-        False, description="no live view or progress lines (the final summary and results line are still printed)"
+        False,
+        description="no live view, progress or log lines but errors and the stall line (--stall-log-interval); "
+        "the summary is printed",
     )
     log_format: str = Field("text", description="log lines as text or json (one object per line)")
     log_level: str = Field("info", description="debug, info, warning or error")
+    # -- issue 47 (a user's third day) --
+    stall_log_interval_s: float = Field(
+        30.0,
+        ge=0,
+        description="while requests are in flight and none ends, log a line this often naming the oldest "
+        "one's age (--quiet too); 0 = never",
+    )
 
     @property
     def goodput_slos(self) -> dict[str, float]:

@@ -48,6 +48,7 @@ from replayer.observe.logs import setup_logging, warn_short_secrets
 from replayer.observe.looplag import EventLoopLagMonitor
 from replayer.observe.metrics import ReplayerMetrics
 from replayer.observe.otel import RequestSpans
+from replayer.observe.stall import watch_stalls
 from replayer.observe.target_metrics import TargetScraper, TargetScrapers
 from replayer.observe.target_samples import SAMPLES_FLUSH_SCRAPES, SampleFiles, flush_samples
 from replayer.payload.body import PayloadBuilder
@@ -611,6 +612,18 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         "self-watch",
         watch_self(state, metrics, probe=lambda: selfwatch.read(dispatcher, launcher, gc_pacer, clients.values())),
     )
+    if cfg.stall_log_interval_s:  # wiring (issue 47): a hanging target is said, --quiet too
+        background.start(
+            "stall line",
+            watch_stalls(
+                cfg.stall_log_interval_s,
+                lambda: dispatcher.in_flight,
+                lambda: state.completed + state.failed,
+                dispatcher.oldest_in_flight_s,
+                cfg.read_timeout_s,
+            ),
+            essential=False,
+        )
     heartbeat = None
     if cfg.coordinator is not None and state.fleet is not None:  # the fleet sees this shard live
 

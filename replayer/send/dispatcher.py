@@ -156,6 +156,12 @@ class Dispatcher:
     def in_flight(self) -> int:
         return len(self._tasks)
 
+    def oldest_in_flight_s(self) -> float | None:
+        """How long ago the oldest request in flight was due, in seconds (None: none in flight)."""
+        for _, due_ns, _ in self._tasks.values():  # (insertion order: the first is the oldest)
+            return max(0, self.now_rel() - due_ns) / 1e9
+        return None
+
     @property
     def queued(self) -> int:
         """Requests due and waiting for a slot now (``--max-concurrency``; 0 without a cap)."""
