@@ -8,7 +8,17 @@ page (``docs/reference/cli.md``) show every one.
 from __future__ import annotations
 
 GROUPS: dict[str, tuple[str, ...]] = {
-    "Trace": ("trace", "format", "map", "time_unit", "validate_trace", "strict", "mix", "hash_id_scope"),
+    "Trace": (
+        "trace",
+        "format",
+        "map",
+        "time_unit",
+        "validate_trace",
+        "strict",
+        "mix",
+        "hash_id_scope",
+        "max_trace_length",
+    ),
     "Synthetic load (no trace)": (
         "request_rate",
         "burstiness",

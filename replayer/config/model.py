@@ -446,6 +446,12 @@ class RunConfig(FieldChecks):
         description="while requests are in flight and none ends, log a line this often naming the oldest "
         "one's age (--quiet too); 0 = never",
     )
+    max_trace_length: int = Field(
+        10_000_000,
+        ge=1,
+        description="refuse trace rows whose input_length or output_length is above this many tokens "
+        "(beyond any served model), naming file, row and field",
+    )
 
     @property
     def goodput_slos(self) -> dict[str, float]:

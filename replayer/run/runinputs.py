@@ -20,6 +20,7 @@ from replayer.record.folder import earlier_run, new_results_dir
 from replayer.run.readiness import StartupError
 from replayer.trace import open_mix, open_trace, parse_mapping
 from replayer.trace.synth import SynthSource
+from replayer.trace.values import set_length_bound
 
 log = logging.getLogger("replayer")
 
@@ -139,6 +140,7 @@ def open_batches_factory(cfg: RunConfig):
             span_ns / 1e9 if span_ns is not None else None,
         )
     assert cfg.trace is not None  # (RunConfig: a trace or a synthetic load)
+    set_length_bound(cfg.max_trace_length)  # (issue 47: a length beyond any model is refused)
     if cfg.mix:  # several traces (tenants) on one clock: replayer.trace.mix
         source = open_mix(
             [dataclasses.replace(e, hash_id_scope=e.hash_id_scope or cfg.hash_id_scope) for e in cfg.mix_entries],
