@@ -143,11 +143,6 @@ async def run_replay(
     created = False  # the results folder is this run's own
     results_dir: str | None = None
     try:
-        targets = cfg.targets
-        if not targets:  # start it first: it boots in its own process while we load the trace
-            sim_proc, embedded = sim if sim else spawn_sim(embedded_args(cfg.tokenizer, cfg.otlp_traces_url()))
-            log.info("no --target: starting the embedded simulator at %s", embedded)
-            targets = [embedded]
         # warm the results writer in a thread while the trace loads and the target comes up
         warming = asyncio.get_running_loop().run_in_executor(None, recorder_warm_up)
         open_batches, block_size, n_rows, span_s = open_batches_factory(cfg)
@@ -191,6 +186,11 @@ async def run_replay(
                 "(--admin-port 0 takes a free port)"
             ) from None
         log.info("admin server on %s (/metrics, /status)", admin_url)
+        targets = cfg.targets
+        if not targets:  # only once the trace, the folder and the port are good (issue 47)
+            sim_proc, embedded = sim if sim else spawn_sim(embedded_args(cfg.tokenizer, cfg.otlp_traces_url()))
+            log.info("no --target: starting the embedded simulator at %s", embedded)
+            targets = [embedded]
         api_key = cfg.api_key()
         state.target = ", ".join(targets)
         listed = await wait_ready_all(targets, cfg.ready_timeout_s if cfg.target else 30.0, api_key, cfg.tls)

@@ -436,6 +436,7 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         finally:
             r.aborted = True  # the engine drops it at its next step, if still listed
             self._release()
+            self._metrics.observe(queued, scheduled, t_first, time.perf_counter())
             if self.spans is not None and scheduled is not None:
                 self.spans.emit(
                     request.headers.get("traceparent"),
