@@ -434,8 +434,8 @@ class RunConfig(FieldChecks):
     strict: bool = Field(False, description="treat out-of-order timestamps in the trace as an error")
     quiet: bool = Field(
         False,
-        description="no live view, progress or log lines but errors and the stall line (--stall-log-interval); "
-        "the summary is printed",
+        description="no live view or progress lines (the summary, the log and its stall line "
+        "(--stall-log-interval) are still written)",
     )
     log_format: str = Field("text", description="log lines as text or json (one object per line)")
     log_level: str = Field("info", description="debug, info, warning or error")

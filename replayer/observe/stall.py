@@ -1,7 +1,8 @@
 """The stall line: while requests are in flight and none ends, a log line every
 ``--stall-log-interval`` s naming how many wait and the oldest one's age, so that a hanging
 target is not silent until the read timeout (600 s by default) fails its requests. Logged with
-``--quiet`` too (its record carries ``ALWAYS``, which the quiet filter lets through).
+``--quiet`` too (which quiets the live view and progress lines, not the log); its record carries
+``ALWAYS``, for a filter that would keep only the lines a quiet run must still show.
 
 ``StallCheck`` is the pure rule (tested without a loop); ``watch_stalls`` runs it on the loop.
 """
@@ -17,7 +18,7 @@ log = logging.getLogger("replayer")
 
 __all__ = ["ALWAYS", "StallCheck", "watch_stalls"]
 
-#: the record attribute that lets a line through ``--quiet`` (``replayer.observe.logs``)
+#: the record attribute marking a line a quiet run must still show
 ALWAYS = "always_shown"
 
 
