@@ -297,8 +297,9 @@ def _merge_results(  # noqa: C901, PLR0912, PLR0915
 
 
 def _pace_settings(s: dict, own: list[dict]) -> None:
-    """The ``--max-concurrency`` cap and the warm-up's rule of the folders' own summaries (each
-    worker's: they are per process), beside the merged counts of ``s``."""
+    """The ``--max-concurrency`` cap and the warm-up's rule of the folders' own summaries, beside
+    the merged counts of ``s``: the cap is the sum of the folders' (each process's share of the
+    run's: ``per_process``), the warm-up's rule the first folder's (it is per process)."""
     for key, rule in (
         ("concurrency_cap", ("max_concurrency",)),
         ("warmup", ("warmup_requests", "warmup_seconds", "boundary")),
@@ -306,6 +307,10 @@ def _pace_settings(s: dict, own: list[dict]) -> None:
         first = next((o[key] for o in own if isinstance(o.get(key), dict)), None)
         if first is not None:
             s[key] = {**{k: first[k] for k in rule if k in first}, **s.get(key, {})}
+    caps = [o["concurrency_cap"].get("max_concurrency") for o in own if isinstance(o.get("concurrency_cap"), dict)]
+    if caps and all(isinstance(c, int) for c in caps):  # (issue 47) each process's share: the run's cap is their sum
+        s["concurrency_cap"]["max_concurrency"] = sum(caps)
+        s["concurrency_cap"]["per_process"] = caps
 
 
 def _scrape_coverage(summary: dict) -> tuple[float, float, int]:

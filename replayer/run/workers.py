@@ -121,12 +121,28 @@ def _progress(procs: list[subprocess.Popen], ports: list[int], start_at: float, 
                 log.info("%s", progress_line(last, time.time() - start_at, running))
 
 
-def worker_shares(cfg: RunConfig) -> list[str]:
-    """Flags giving each of ``cfg.workers`` workers its share of a bound meant for the whole run:
-    ``--retain-size`` (the results folder holds every worker's folder, so each keeps 1/N)."""
-    if cfg.retain_bytes is None or cfg.workers <= 1:
+def worker_shares(cfg: RunConfig, worker: int = 0) -> list[str]:
+    """Flags giving worker ``worker`` of ``cfg.workers`` its share of a bound meant for the whole
+    run: ``--retain-size`` (the results folder holds every worker's folder, so each keeps 1/N)
+    and ``--max-concurrency`` (the cap on the run's requests in flight, split: C // N each, the
+    first C % N workers one more; ``cap_problem`` refuses a cap below N)."""
+    if cfg.workers <= 1:
         return []
-    return ["--retain-size", str(max(1, cfg.retain_bytes // cfg.workers))]
+    out = [] if cfg.retain_bytes is None else ["--retain-size", str(max(1, cfg.retain_bytes // cfg.workers))]
+    if cfg.max_concurrency is not None:
+        share = cfg.max_concurrency // cfg.workers + (worker < cfg.max_concurrency % cfg.workers)
+        out += ["--max-concurrency", str(share)]
+    return out
+
+
+def cap_problem(cfg: RunConfig) -> str | None:
+    """Why ``--max-concurrency`` cannot be split over ``--workers`` (a worker would get no slot)."""
+    if cfg.max_concurrency is not None and cfg.max_concurrency < cfg.workers:
+        return (
+            f"--max-concurrency {cfg.max_concurrency} is split over the {cfg.workers} workers, so some would have "
+            f"no slot: give --workers {cfg.max_concurrency} or fewer, or a cap of {cfg.workers} or more"
+        )
+    return None
 
 
 def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
@@ -144,6 +160,9 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     flags = _without_flag(list(argv_flags), "--resume")
     if cfg.run_id is None and not cfg.resume:  # one run id for all workers' X-Request-Id headers
         flags += ["--run-id", new_run_id()]  # (a resumed worker keeps its checkpoint's)
+    if (why := cap_problem(cfg)) is not None:  # (issue 47: N times the cap would be in flight)
+        print(f"replayer run: {why}", file=sys.stderr)
+        return 2
     if cfg.admin_port and cfg.admin_port + n - 1 > 65535:
         print(f"replayer run: --admin-port {cfg.admin_port} + {n} workers exceeds 65535", file=sys.stderr)
         return 2
@@ -218,7 +237,7 @@ def _supervise(cfg: RunConfig, flags: list[str], n: int, results: str) -> int:  
                 "replayer",
                 "run",
                 *flags,
-                *worker_shares(cfg),
+                *worker_shares(cfg, i),
                 "--workers",
                 "1",
                 "--shard",
