@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+import replayer.results.httpclasses as httpclasses
 import replayer.results.verdict as verdict
 from replayer.core import usage
 from replayer.core.result import itl_samples
@@ -38,6 +39,7 @@ POOLING = ("/v1/embeddings", "/v1/score", "/v1/rerank")
 COLUMNS = (
     "outcome",
     "error_kind",
+    "http_status",
     "endpoint",
     "due_ns",
     "sent_ns",
@@ -96,6 +98,9 @@ _COUNTS = (
     "session_turns",
     "turns_held",
     "partial_output_tokens",
+    "http_rate_limited",  # (issue 47: results.httpclasses)
+    "http_overloaded",
+    "http_other",
     "input_tokens_known",
     "input_tokens_values",
     "output_tokens_known",
@@ -271,6 +276,7 @@ class SummaryFold:
         n["expected_prefix_known"] += int((~np.isnan(exp)).sum())
         for kc in pc.value_counts(t.column("error_kind").filter(pa.array(failed))).to_pylist():
             self.errors[kc["values"]] = self.errors.get(kc["values"], 0) + kc["counts"]
+        httpclasses.count(n, t, failed)  # 429 and 503 told apart (issue 47)
         if ep is not None:
             self._add_endpoints(t, ep, outcome, ok_all, failed, e2e)
         if "session_id" in names:
@@ -396,6 +402,7 @@ class SummaryFold:
             s[k] = n[k]
         s["expected_prefix_hit_tokens"] = n["expected_prefix_hit_tokens"] if n["expected_prefix_known"] else None
         s["errors_by_kind"] = {k: self.errors[k] for k in sorted(self.errors)}
+        s.update(httpclasses.section(n))
         if self.partial_known:
             s["partial_output_tokens"] = n["partial_output_tokens"]
         s.update(self.images.result())

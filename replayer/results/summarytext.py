@@ -190,6 +190,14 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
     if s.get("errors_by_kind"):
         rows.append("Errors by kind")
         rows.extend((k, v) for k, v in s["errors_by_kind"].items())
+    http = s.get("http_errors")
+    if http:  # (issue 47)
+        rows.append(
+            (
+                "HTTP errors: 429 rate limited / 503 overloaded / other",
+                f"{http['rate_limited']:,} / {http['overloaded']:,} / {http['other']:,}",
+            )
+        )
     width = 50
     lines = []
     for r in rows:
