@@ -59,6 +59,7 @@ class RequestResult:
     ttft_ms: float | None = None
     e2e_ms: float | None = None
     tpot_ms: float | None = None
+    decode_tpot_ms: float | None = None  # (last - first) / (N - first chunk's tokens); None: that count unknown
     dispatch_lag_ms: float | None = None  # dispatched - due (positive = late); dispatched = the kernel took
     #                                       the request's last byte (sent_ns when the socket took it whole)
     connect_ms: float | None = None  # waiting for a connection (0 when a pooled one was free)
@@ -141,6 +142,7 @@ _TYPES: dict[str, pa.DataType] = {
     "ttft_ms": pa.float64(),
     "e2e_ms": pa.float64(),
     "tpot_ms": pa.float64(),
+    "decode_tpot_ms": pa.float64(),
     "dispatch_lag_ms": pa.float64(),
     "connect_ms": pa.float64(),
     "send_wait_ms": pa.float64(),

@@ -50,6 +50,7 @@ COLUMNS = (
     "output_length",
     "ttft_ms",
     "tpot_ms",
+    "decode_tpot_ms",
     "e2e_ms",
     "ttft_from_due_ms",
     "e2el_from_due_ms",
@@ -98,6 +99,7 @@ _COUNTS = (
     "session_turns",
     "turns_held",
     "partial_output_tokens",
+    "decode_tpot_unknown",  # (issue 47) tpot_ms known, the first chunk's token count not
     "http_rate_limited",  # (issue 47: results.httpclasses)
     "http_overloaded",
     "http_other",
@@ -137,6 +139,13 @@ def _add(a, b):
 def _is(col: pa.ChunkedArray | pa.Array, value: str) -> np.ndarray:
     """Boolean numpy mask: ``col == value`` (null is False)."""
     return pc.fill_null(pc.equal(col, value), False).to_numpy(zero_copy_only=False)
+
+
+def _f64_opt(t: pa.Table | pa.RecordBatch, name: str) -> np.ndarray:
+    """Column ``name`` as float64, all NaN (unknown) where a results file has no such column."""
+    if name in t.schema.names:
+        return _f64(t.column(name))
+    return np.full(t.num_rows, np.nan)
 
 
 def _f64(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -225,6 +234,9 @@ class SummaryFold:
         ttft = _f64(t.column("ttft_ms"))[ok]
         self.stat("ttft_ms").add(ttft)
         self.stat("tpot_ms").add(_f64(t.column("tpot_ms"))[ok])
+        decode = _f64_opt(t, "decode_tpot_ms")[ok]  # (issue 47) unknown: left out, and counted
+        self.stat("decode_tpot_ms").add(decode)
+        n["decode_tpot_unknown"] += int((~np.isnan(_f64(t.column("tpot_ms"))[ok]) & np.isnan(decode)).sum())
         # this batch's ITL samples only: a run's ITL lists are never held whole
         self.stat("itl_ms").add(itl_samples(t, ok))  # (either ITL form: result.compact_itl)
         e2e = _f64(t.column("e2e_ms"))
@@ -382,8 +394,9 @@ class SummaryFold:
         if any(c in self.stats for c in SERVER_TIMINGS):
             for c in SERVER_TIMINGS:
                 s.update(self.stat(c).summary(c, PERCENTILES))
-        for name in ("tpot_ms", "itl_ms", "e2el_ms", "ttft_from_due_ms", "e2el_from_due_ms"):
+        for name in ("tpot_ms", "decode_tpot_ms", "itl_ms", "e2el_ms", "ttft_from_due_ms", "e2el_from_due_ms"):
             s.update(self.stat(name).summary(name, PERCENTILES))
+        s["decode_tpot_unknown"] = n["decode_tpot_unknown"]
         lag = self.stat("dispatch_lag_ms")
         s["dispatch_lag_p50_ms"], s["dispatch_lag_p99_ms"] = lag.percentile(50), lag.percentile(99)
         s["dispatch_lag_max_ms"] = lag.max if lag.count else None

@@ -138,6 +138,9 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
                     " / ".join(fmt(s[f"{k}_{name[:-3]}_from_due_ms"]) for k in ("mean", "median", "p99")),
                 )
             )
+        if name == "tpot_ms" and s.get("decode_tpot_ms_count"):  # (issue 47)
+            decode = " / ".join(fmt(s[f"{k}_decode_tpot_ms"]) for k in ("mean", "median", "p99"))
+            rows.append(("  decode, after the 1st chunk (ms)", decode))
     if "client_overhead_ms_count" in s:
         rows.append("Server timings (--server-timings; mean / median / p99, ms)")
         for name, label in (
