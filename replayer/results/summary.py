@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 import replayer.results.httpclasses as httpclasses
 import replayer.results.verdict as verdict
 from replayer.core import usage
+from replayer.core.errors import ErrorKind
 from replayer.core.result import itl_samples
 from replayer.core.stats import PERCENTILE_METHOD, Stat, stat_from_json, stat_to_json
 from replayer.record.runspans import removed_of as _removed_of, run_durations, run_spans
@@ -98,6 +99,7 @@ _COUNTS = (
     "usage_inflated",
     "session_turns",
     "turns_held",
+    "turns_lost",  # (issue 47) turns not sent: an earlier turn of the session failed
     "partial_output_tokens",
     "decode_tpot_unknown",  # (issue 47) tpot_ms known, the first chunk's token count not
     "http_rate_limited",  # (issue 47: results.httpclasses)
@@ -298,6 +300,8 @@ class SummaryFold:
                 n["session_turns"] += len(sid)
                 wait = _f64(t.column("session_wait_ms"))
                 n["turns_held"] += int(np.nansum(wait > 0))
+                lost = pc.equal(t.column("error_kind"), ErrorKind.DEPENDENCY.value)
+                n["turns_lost"] += int(pc.sum(pc.cast(lost, pa.int64())).as_py() or 0)
                 self.stat("session_wait_ms").add(wait)
 
     def _split_warmup(self, t: pa.Table | pa.RecordBatch) -> pa.Table | pa.RecordBatch:
@@ -435,6 +439,7 @@ class SummaryFold:
                 "sessions": len(self.sessions),
                 "turns": n["session_turns"],
                 "turns_held": n["turns_held"],
+                "turns_lost": n["turns_lost"],
                 "session_wait_ms": self._pct("session_wait_ms"),
             }
         if n["queue_capped"]:

@@ -329,11 +329,28 @@ class Dispatcher:
         return True
 
     def _fire(self, f: Fire) -> None:
+        if self._plan.broken(f.req):
+            self._not_sent_for_dependency(f)
+            return
         self._start(f.req, f.due_ns, self._sender.send(f.req, f.due_ns))
+
+    def _not_sent_for_dependency(self, f: Fire) -> None:
+        """A turn whose predecessor failed: recorded cancelled (kind ``dependency``), never sent;
+        it ends at once, so its own dependents are not sent either."""
+        res = f.req.new_result(self.shard, due_ns=f.due_ns)
+        res.outcome, res.error_kind = Outcome.CANCELLED.value, ErrorKind.DEPENDENCY.value
+        res.error = "not sent: an earlier turn of its session (or its parent request) failed"
+        self.cancelled += 1
+        self._deliver(res)
+        self._plan.failed(f.req)
+        self._ended(f.req, self.stopping)
 
     def _fire_capped(self, f: Fire) -> None:
         """``_fire`` under ``--max-concurrency``: at once when a slot is free and nobody waits,
         else into the queue (``_task_done_capped`` starts it when a slot frees)."""
+        if self._plan.broken(f.req):
+            self._not_sent_for_dependency(f)
+            return
         if len(self._tasks) - self._ending < self.max_concurrency and not self._queue:  # type: ignore[operator]
             self._start(f.req, f.due_ns, self._sender.send_queued(f.req, f.due_ns, 0))
             return
@@ -393,6 +410,8 @@ class Dispatcher:
             self._deliver(res)
             self._ended(req, stopping=True)
             raise
+        if res.outcome == Outcome.FAILED.value:
+            self._plan.failed(req)  # (before its turns are released: they are not sent)
         self._ended(req, self.stopping)
         self._deliver(res)
 
