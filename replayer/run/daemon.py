@@ -49,6 +49,7 @@ from replayer.observe.looplag import EventLoopLagMonitor
 from replayer.observe.metrics import ReplayerMetrics
 from replayer.observe.otel import RequestSpans
 from replayer.observe.stall import watch_stalls
+from replayer.observe.streamcheck import BufferedStreams
 from replayer.observe.target_metrics import TargetScraper, TargetScrapers
 from replayer.observe.target_samples import SAMPLES_FLUSH_SCRAPES, SampleFiles, flush_samples
 from replayer.payload.body import PayloadBuilder
@@ -508,6 +509,7 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
     spans = s.spans
     if spans is not None:
         spans.start(round(anchor.wall_s * 1e9))
+    buffered = BufferedStreams()  # wiring (issue 47): a stream that arrives all at once is said
     sink = result_fanout(
         slos=slos,
         metrics=metrics,
@@ -516,6 +518,7 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         tenants=tenant_metrics,
         targets=target_metrics,
         spans=spans,
+        checks=buffered,
     )
 
     def prepare(sb, j: int) -> PreparedRequest:  # each request built is counted (scheduled, expected hits)
@@ -698,6 +701,9 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         fleet=state.fleet,
         tls=_tls_counts(clients),
     )
+    if (at_once := buffered.report()) is not None:  # wiring (issue 47)
+        summary["buffered_streams"] = at_once
+        await loop.run_in_executor(None, rewrite_summary, results_dir, summary)
     if spans is not None:  # the run span (with the summary's numbers), the queue drained, time-boxed
         try:
             summary["otel"] = await loop.run_in_executor(None, spans.close, summary)

@@ -8,6 +8,7 @@ steps in this order, each once:
 3. ``tenants`` / ``targets``: the per-trace and per-target series of a mix or a routed fleet;
 4. ``live state``: the counters of ``/status``, the progress line and the error-burst log;
 5. ``spans``: with ``--otlp-endpoint``, the request's OpenTelemetry span (``replayer.observe.otel``);
+   ``self-checks``: a stream that arrived all at once (``replayer.observe.streamcheck``);
 6. ``recorder``: the results file (last: a result on disk has been counted everywhere).
 
 The latencies (from the send and from the due time) were derived once, as the client measured
@@ -64,6 +65,7 @@ def result_fanout(
     tenants: _OnResult | None = None,
     targets: _OnResult | None = None,
     spans: _OnResult | None = None,
+    checks: _OnResult | None = None,
 ) -> ResultFanout:
     """The run's fan-out (module docstring): ``verdict`` only with bounds, ``tenants`` with a mix,
     ``targets`` with several targets, ``spans`` with tracing on."""
@@ -84,5 +86,7 @@ def result_fanout(
     steps.append(("live state", live.on_result))
     if spans is not None:
         steps.append(("spans", spans.on_result))
+    if checks is not None:  # (issue 47) self-checks that see every result: streams buffered on the way
+        steps.append(("self-checks", checks.on_result))
     steps.append(("recorder", recorder.add))
     return ResultFanout(steps)

@@ -17,6 +17,7 @@ from replayer.config.model import RunConfig
 from replayer.core.endpoints import TEXT_ONLY
 from replayer.payload.imagerows import ImageEndpointError, check_image_endpoints, may_have_images
 from replayer.record.folder import earlier_run, new_results_dir
+from replayer.results.traceinspect import GRIDS_NS
 from replayer.run.readiness import StartupError
 from replayer.trace import open_mix, open_trace, parse_mapping
 from replayer.trace.synth import SynthSource
@@ -157,9 +158,38 @@ def open_batches_factory(cfg: RunConfig):
             check_image_endpoints(source.batches(BATCH_ROWS), cfg.trace, cfg.endpoint)
         except ImageEndpointError as e:
             raise StartupError(str(e)) from None
+    warn_coarse_grid(source, cfg.trace_label)  # (issue 47)
     span_ns = source.span_ns(cfg.max_requests)
     span_s = span_ns / 1e9 if span_ns is not None else None
     return (lambda: source.batches(BATCH_ROWS)), source.block_size, source.num_rows, span_s
+
+
+def coarse_grid(timestamp_ns: np.ndarray) -> str | None:
+    """The trace's timestamp grid (``trace inspect``'s: the coarsest of 1 s .. 1 us that every
+    offset is a multiple of) when it is coarser than 1 ms, else None (also for fewer than 2 rows)."""
+    if len(timestamp_ns) < 2:
+        return None
+    for label, g in GRIDS_NS:
+        if g <= 1_000_000:
+            return None
+        if not (timestamp_ns % g).any():
+            return label
+    return None
+
+
+def warn_coarse_grid(source: Any, label: str) -> None:
+    """Warn when the trace's first batch has timestamps on a grid coarser than 1 ms: requests
+    that arrived apart replay together, as bursts at each grid step."""
+    first = next(iter(source.batches(BATCH_ROWS)), None)
+    grid = coarse_grid(np.asarray(first.timestamp_ns)) if first is not None else None
+    if grid is not None:
+        log.warning(
+            "%s: the trace's timestamps are on a %s grid: requests that arrived apart within a step replay "
+            "together, as a burst at each step (trace inspect shows the grid; a finer trace replays arrivals "
+            "as they came)",
+            label,
+            grid,
+        )
 
 
 def may_have_endpoints(source, cfg: RunConfig) -> bool:
