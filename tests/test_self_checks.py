@@ -21,7 +21,7 @@ from replayer.run.runinputs import coarse_grid
 
 USAGE = {"prompt_tokens": 4, "completion_tokens": 3}
 # every event of the stream in one write: what a client behind a buffering proxy receives
-AT_ONCE = Plan(transcript=[(0, choice("a") + choice("b") + choice("c", finish="length", usage=USAGE) + DONE)])
+AT_ONCE = Plan(transcript=[(150, choice("a") + choice("b") + choice("c", finish="length", usage=USAGE) + DONE)])
 STREAMED = Plan(
     transcript=[(0, choice("a")), (20, choice("b")), (40, choice("c", finish="length", usage=USAGE)), (41, DONE)]
 )

@@ -2,7 +2,8 @@
 response hands the client every event together at the end: the replayer then times TTFT as the
 whole response's time and ITL as zero gaps, as if the server had streamed nothing. A successful
 response of several token events whose first and last arrived within ``AT_ONCE_NS`` is counted
-here, logged once as it is first seen (``SAY_AFTER`` of them), and reported in the summary
+here (when that span is also under 1/50 of its TTFT: its first token waited for the whole
+answer), logged once as it is first seen (``SAY_AFTER`` of them), and reported in the summary
 (``buffered_streams``)."""
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ __all__ = ["AT_ONCE_NS", "BufferedStreams"]
 #: first to last token event within this: arrived at once (a streamed response's events are
 #: at least a decode step apart, milliseconds)
 AT_ONCE_NS = 1_000_000
+#: ... and within this fraction of its TTFT: a buffered response's first token waited for the
+#: whole answer (a fast local server streaming a short answer in under 1 ms has a TTFT as short)
+TTFT_RATIO = 50
 #: token events a response needs to tell "at once" from a short answer
 MIN_EVENTS = 3
 #: responses seen at once before the live warning (one could be chance)
@@ -37,7 +41,8 @@ class BufferedStreams:
         if res.outcome != "success" or first is None or last is None or res.n_chunks < MIN_EVENTS:
             return
         self.streams += 1
-        if last - first < AT_ONCE_NS:
+        ttft_ns = (res.ttft_ms or 0.0) * 1e6
+        if last - first < AT_ONCE_NS and (last - first) * TTFT_RATIO < ttft_ns:
             self.at_once += 1
             if self.at_once >= SAY_AFTER and not self._said:
                 self._said = True

@@ -33,6 +33,7 @@ from replayer.record.runspans import removed_of as _removed_of, run_durations, r
 from replayer.results.concurrency import PeakFold, peak_of_files
 from replayer.results.imagestats import COLUMNS as IMAGE_COLUMNS, ImageFold
 from replayer.results.summarytext import format_summary
+from replayer.results.warmtokens import WarmTokens
 
 PERCENTILES = (50, 90, 99)
 POOLING = ("/v1/embeddings", "/v1/score", "/v1/rerank")
@@ -45,6 +46,8 @@ COLUMNS = (
     "due_ns",
     "sent_ns",
     "end_ns",
+    "first_token_ns",
+    "last_token_ns",
     "prompt_tokens",
     "completion_tokens",
     "input_length",
@@ -183,6 +186,7 @@ class SummaryFold:
         self.pooled = False
         self.images = ImageFold()
         self.warmup_last_sent = -math.inf  # the last warm-up request's send (ns after its run's anchor)
+        self.warm_tokens = WarmTokens()  # (issue 47) warm-up tokens streamed past the boundary count
 
     def stat(self, key: str) -> Stat:
         return self.stats.setdefault(key, Stat())
@@ -330,6 +334,10 @@ class SummaryFold:
         n["warmup_failed"] += int(_is(outcome, "failed").sum())
         if (~np.isnan(sent)).any():
             self.warmup_last_sent = max(self.warmup_last_sent, float(np.nanmax(sent)))
+        ok = _is(outcome, "success")
+        self.warm_tokens.add(
+            _f64_opt(t, "first_token_ns")[ok], _f64_opt(t, "last_token_ns")[ok], _f64(t.column("completion_tokens"))[ok]
+        )
 
     def _add_endpoints(self, t, ep, outcome, ok_all: np.ndarray, failed: np.ndarray, e2e: np.ndarray) -> None:
         """Per-endpoint counts and E2E, and the pooling usage audit (``replayer.http.audit``)."""
@@ -377,6 +385,7 @@ class SummaryFold:
         self.pooled |= other.pooled
         self.images.merge(other.images)
         self.warmup_last_sent = max(self.warmup_last_sent, other.warmup_last_sent)
+        self.warm_tokens.merge(other.warm_tokens)
 
     def result(self) -> dict:
         """The summary dict (JSON-ready; None for n/a); ``duration`` from the first send to the
@@ -451,7 +460,9 @@ class SummaryFold:
                 "completed": n["warmup_completed"],
                 "failed": n["warmup_failed"],
                 "last_sent_s": self.warmup_last_sent / 1e9 if math.isfinite(self.warmup_last_sent) else None,
+                "output_tokens_after_boundary": self.warm_tokens.within(self.sent_min, self.end_max),
             }
+            set_duration(s, duration)  # (the window's throughput counts those tokens)
         if self.slos:
             s.update(
                 verdict.finish(
@@ -569,6 +580,11 @@ def fold_to_json(fold) -> dict:
         "pooled": fold.pooled,
         "images": {"n": fold.images.n, "seen": fold.images.seen},
         "warmup_last_sent": fold.warmup_last_sent if math.isfinite(fold.warmup_last_sent) else None,
+        "warm_tokens": [
+            fold.warm_tokens.first.tolist(),
+            fold.warm_tokens.last.tolist(),
+            fold.warm_tokens.tokens.tolist(),
+        ],
     }
 
 
@@ -594,6 +610,8 @@ def fold_from_json(d: dict):
     fold.images.seen = bool(images.get("seen"))
     if d.get("warmup_last_sent") is not None:
         fold.warmup_last_sent = d["warmup_last_sent"]
+    if d.get("warm_tokens"):
+        fold.warm_tokens.add(*(np.asarray(v, dtype=np.float64) for v in d["warm_tokens"]))
     return fold
 
 
@@ -659,6 +677,8 @@ def set_duration(s: dict, duration: float) -> None:
     where a token total is unknown)."""
     s["duration"] = duration
     tin, tout = s["total_input_tokens"], s["total_output_tokens"]
+    if tout is not None:  # warm-up tokens streamed inside the window (issue 47: cut by token)
+        tout += (s.get("warmup") or {}).get("output_tokens_after_boundary", 0)
     for key, num in (
         ("request_throughput", s["completed"]),
         ("output_throughput", tout),
