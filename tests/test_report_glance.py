@@ -13,7 +13,7 @@ import pandas as pd
 
 from replayer.results.report import draw, figure_specs, target_specs, write_report
 from replayer.results.reportdata import load_results
-from replayer.results.reportparts import PLOTLY_FILE, axis_layout, drop_empty, verdict_parts
+from replayer.results.reportparts import PLOTLY_FILE, add_marks, axis_layout, drop_empty, event_marks, verdict_parts
 
 
 def test_the_verdict_parts_say_whether_the_run_was_good():
@@ -90,3 +90,11 @@ def test_a_looped_runs_report_marks_the_loops_shares_plotly_and_opens_with_its_v
     n = json.loads((res / "summary.json").read_text())["completed"]
     assert top.index("Verdict:") < top.index("<section") and f"{n:,} of {n:,} requests succeeded" in top
     assert "SLO attainment 100.0%" in top
+
+
+def test_the_runs_speedup_changes_are_marked_on_the_time_axes():
+    marks = event_marks({"speedup_changes": [{"t_s": 12.5, "speedup": 5}, {"t_s": "?", "speedup": 2}]})
+    assert marks == [(12.5, "speed-up 5x")]
+    specs = [{"x_title": "time since start (s)"}, {"x_title": "seconds"}]
+    add_marks(specs, marks)
+    assert specs[0]["marks"] == marks and "marks" not in specs[1]

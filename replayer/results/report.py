@@ -32,7 +32,15 @@ import numpy as np
 import pandas as pd
 
 from replayer.results.reportdata import MAX_POINTS, ReportData, axis_origin_wall_s, load_results, report_files
-from replayer.results.reportparts import axis_layout, drop_empty, loop_marks, plotly_script, verdict_line
+from replayer.results.reportparts import (
+    add_marks,
+    axis_layout,
+    drop_empty,
+    event_marks,
+    loop_marks,
+    plotly_script,
+    verdict_line,
+)
 from replayer.results.spans import PARTS, SpansError, SpanSplit, read_spans, split_spans, split_text
 
 #: a ``plotly.graph_objects.Figure`` (plotly ships no type hints)
@@ -129,10 +137,7 @@ def figure_specs(data: ReportData, target: pd.DataFrame | None = None, t0_wall_s
 
     if target is not None and len(target):
         specs.extend(drop_empty(target_specs(target, t0_wall_s)))  # (issue 47: only what the run had)
-    marks = loop_marks(data.loop_starts) if len(data.loop_starts) > 1 else []
-    for sp in specs:  # (issue 47) loop boundaries on the time axes
-        if marks and "time" in sp["x_title"]:
-            sp["marks"] = marks
+    add_marks(specs, loop_marks(data.loop_starts) if len(data.loop_starts) > 1 else [])  # (issue 47)
     return specs
 
 
@@ -394,7 +399,9 @@ def render_html(results_dir: str, spans: SpanSplit | None = None, asset_dir: str
         f"{_peak_text(summary, origin)}; results folder "
         f"{html.escape(os.path.abspath(results_dir))}</p>\n" + _verdict_section(summary)
     )
-    figs = figures(data, target, origin)
+    specs = figure_specs(data, target, origin)
+    add_marks(specs, event_marks(summary))  # (issue 47: the run's speed-up changes on the time axes)
+    figs = draw(specs)
     if spans is not None:
         intro += _spans_section(spans)
         figs = draw(span_specs(spans)) + figs
