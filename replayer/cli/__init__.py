@@ -569,21 +569,9 @@ def _main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
             }  # (checked on the merged summary)
             passthrough = flags_for(cfg, skip)
             return run_workers(cfg, passthrough)
-        sim = None
-        if cfg.target is None:  # boot the simulator on the other core while the daemon imports
-            from replayer.run.simproc import embedded_args, spawn_sim
-
-            sim = spawn_sim(
-                embedded_args(
-                    cfg.tokenizer,
-                    cfg.otlp_traces_url(),
-                    ttft_drift=cfg.sim_ttft_drift_ms_per_min,  # wiring (issue 45)
-                    itl_drift=cfg.sim_itl_drift_ms_per_min,
-                )
-            )
         from replayer.run.daemon import main_run
 
-        return main_run(cfg, sim=sim)
+        return main_run(cfg)  # (the embedded simulator starts once the run's own checks pass)
     return _other_command(args)
 
 
