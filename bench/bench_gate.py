@@ -2,7 +2,7 @@
 --gate`` fails two runs of one unchanged server, and how often it catches a server whose TTFT is
 25 % slower.
 
-    .venv/bin/python bench/bench_gate.py [--pairs 20] [--slice-s 240] [--speedup 20] [--dir /tmp/bench_gate]
+    .venv/bin/python bench/bench_gate.py [--pairs 20] [--slice-s 180] [--speedup 20] [--dir /tmp/bench_gate]
 
 Prints numbers, asserts nothing. Steps:
 
@@ -17,8 +17,9 @@ Prints numbers, asserts nothing. Steps:
    A A' --gate`` (held is right: exit 0) and ``replayer compare A S --gate`` (regressed is right:
    exit 7), with the default gate (or ``--gate-file``). A first run against each server warms it
    and the host (not counted).
-4. Report: the pairs that held (A vs A') and that were caught (A vs S), the metrics that raised
-   each false alarm, the TTFT p50 change of each pair, the load average at start and end.
+4. Report: the pairs that held (A vs A') and that were caught (A vs S), those the gate refused to
+   compare (exit 2: a run fell behind its trace, as an overloaded host makes it), the metrics
+   that raised each false alarm, TTFT p50's change and interval per pair, the load average.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -92,6 +94,8 @@ def _gate(base: str, cand: str, gate_file: str | None) -> tuple[int, dict]:
     if gate_file:
         cmd += ["--gate-file", gate_file]
     p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode == 2 and "cannot compare" in p.stderr:
+        return 2, {"reason": p.stderr.strip()}
     if p.returncode not in (0, 7):
         raise SystemExit(f"compare {base} {cand}: exit {p.returncode}: {p.stderr}")
     return p.returncode, json.loads(p.stdout)
@@ -100,7 +104,7 @@ def _gate(base: str, cand: str, gate_file: str | None) -> tuple[int, dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=20)
-    ap.add_argument("--slice-s", type=float, default=240.0, help="seconds of the trace replayed")
+    ap.add_argument("--slice-s", type=float, default=180.0, help="seconds of the trace replayed")
     ap.add_argument("--speedup", type=float, default=20.0)
     ap.add_argument("--input-factor", type=float, default=0.25)
     ap.add_argument("--output-factor", type=float, default=0.1)
@@ -117,8 +121,10 @@ def main() -> None:
     trace = _trace(a)
     sims = [_sim(a.ttft_base_ms), _sim(a.ttft_base_ms * a.slower)]
     (_, base_url), (_, slow_url) = sims
-    held, caught, alarms, changes = 0, 0, [], []
+    counts = {"held": 0, "false_alarm": 0, "caught": 0, "missed": 0, "same_not_comparable": 0, "slow_not_comparable": 0}
+    alarms: list[tuple[int, list[str]]] = []
     t0 = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # (the simulators are stopped below)
     try:
         for url in (base_url, slow_url):  # a first run warms each server and the host's caches: not counted
             _run(trace, url, os.path.join(a.dir, "warm"), a.speedup)
@@ -134,20 +140,13 @@ def main() -> None:
                 with open(a.log, "a", encoding="utf-8") as f:
                     for kind, doc in (("same", same), ("slower", slow)):
                         f.write(json.dumps({"pair": i, "kind": kind, **doc}) + "\n")
-            held += rc_same == 0
-            caught += rc_slow == 7
-            bad = [m["metric"] for m in same["metrics"] if m["verdict"] == "regressed"]
+            counts[{0: "held", 7: "false_alarm", 2: "same_not_comparable"}[rc_same]] += 1
+            counts[{7: "caught", 0: "missed", 2: "slow_not_comparable"}[rc_slow]] += 1
+            bad = [m["metric"] for m in same.get("metrics", []) if m["verdict"] == "regressed"]
             if bad:
                 alarms.append((i, bad))
-            ttft = {m["metric"]: m for m in slow["metrics"]}["ttft_p50"]
-            ttft_same = {m["metric"]: m for m in same["metrics"]}["ttft_p50"]
-            changes.append((ttft_same["change"], ttft["change"], ttft["interval"]))
             print(
-                f"pair {i + 1:2d}: same server {'held' if rc_same == 0 else 'REGRESSED ' + ','.join(bad)} "
-                f"(TTFT p50 {ttft_same['change']:+.1f}%), slower build "
-                f"{'caught' if rc_slow == 7 else 'MISSED'} (TTFT p50 {ttft['change']:+.1f}% "
-                f"[{ttft['interval'][0]:+.1f}, {ttft['interval'][1]:+.1f}]), {same['paired_requests']} requests, "
-                f"{_load()}",
+                f"pair {i + 1:2d}: same server {_said(rc_same, same)}; slower build {_said(rc_slow, slow)}; {_load()}",
                 flush=True,
             )
             if not a.keep:
@@ -156,13 +155,29 @@ def main() -> None:
     finally:
         for proc, _ in sims:
             proc.terminate()
-            proc.wait(timeout=10)
+            proc.wait(timeout=30)
     n = a.pairs
-    print(f"\nfalse alarms: {n - held} of {n} same-server pairs ({held}/{n} held)")
-    print(f"detection:    {caught} of {n} pairs with a {100 * (a.slower - 1):.0f}% slower TTFT caught")
+    print(
+        f"\nsame server:  {counts['held']} of {n} pairs held, {counts['false_alarm']} false alarms, "
+        f"{counts['same_not_comparable']} not comparable (a run fell behind its trace)"
+    )
+    print(
+        f"slower build: {counts['caught']} of {n} pairs caught ({100 * (a.slower - 1):.0f}% slower TTFT), "
+        f"{counts['missed']} missed, {counts['slow_not_comparable']} not comparable"
+    )
     for i, bad in alarms:
         print(f"  false alarm in pair {i + 1}: {', '.join(bad)}")
     print(f"time: {time.monotonic() - t0:.0f} s; end: {_load()}")
+
+
+def _said(rc: int, doc: dict) -> str:
+    """One comparison in a few words: its verdict and TTFT p50's change and interval."""
+    if rc == 2:
+        return "not comparable (" + doc["reason"].split("cannot compare: ", 1)[-1] + ")"
+    m = {m["metric"]: m for m in doc["metrics"]}["ttft_p50"]
+    bad = [x["metric"] for x in doc["metrics"] if x["verdict"] == "regressed"]
+    ci = m["interval"] or [float("nan")] * 2
+    return f"{doc['verdict']}{' ' + ','.join(bad) if bad else ''} (TTFT p50 {m['change']:+.1f}% [{ci[0]:+.1f}, {ci[1]:+.1f}])"
 
 
 if __name__ == "__main__":

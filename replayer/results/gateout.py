@@ -4,7 +4,8 @@
 metric is a failure, a metric not judged is skipped) and ``--json``.
 
 Exit codes: 0 the gate held, ``EXIT_REGRESSED`` a metric regressed, 2 the runs cannot be compared
-(different traces or slices, too few requests, a folder that is not a run: the message says which).
+(different traces, slices or schedules, too few requests, a run that was not faithful to its trace,
+a folder that is not a run: the message says which).
 """
 
 from __future__ import annotations
@@ -144,6 +145,23 @@ def _read(path: str):
     return t.select([c for c in COLUMNS if c in t.column_names]), read_summary(folder)
 
 
+#: a run whose dispatch lag p99 is past this (ms) fell behind the trace: its latencies measure
+#: the host's overload as much as the server (the fidelity verdict's default bound)
+MAX_LAG_MS = 25.0
+
+
+def unfaithful(name: str, s: dict) -> str | None:
+    """Why run ``name`` (its summary) did not replay its trace faithfully, or None: its
+    ``fidelity`` verdict when it has one, else its dispatch lag p99 against ``MAX_LAG_MS``."""
+    fid = s.get("fidelity")
+    if isinstance(fid, dict) and fid.get("verdict") == "not_faithful":
+        return f"the {name} was not faithful to its trace: {'; '.join(map(str, fid.get('reasons') or [])) or 'see its summary'}"
+    lag = s.get("dispatch_lag_p99_ms")
+    if not isinstance(fid, dict) and isinstance(lag, (int, float)) and lag > MAX_LAG_MS:
+        return f"the {name} fell behind its trace: dispatch lag p99 {lag:.1f} ms (over {MAX_LAG_MS:g} ms)"
+    return None
+
+
 def _slos(gate: GateSpec, sb: dict, sc: dict) -> dict[str, float]:
     from replayer.results.verdict import parse_goodput
 
@@ -174,6 +192,9 @@ def main_gate(
         for key, label in (("speedup", "speed-ups"), ("model", "models")):
             if key in sb and key in sc and sb[key] != sc[key]:
                 raise NotComparable(f"different {label}: {sb[key]} in the baseline, {sc[key]} in the candidate")
+        for name, summary in (("baseline", sb), ("candidate", sc)):
+            if why := unfaithful(name, summary):
+                raise NotComparable(why)
         paired = pair(tb, tc)
         results = judge(paired, gate, _slos(gate, sb, sc))
     except NotComparable as e:

@@ -89,7 +89,7 @@ def metric(name: str, min_effect: float | None = None, direction: str | None = N
             raise ValueError(f"unknown metric {name!r} (known: {known})")
         column, label = LATENCIES[m["latency"]]
         q = float(m["q"])
-        default_min = DEFAULT_MIN_EFFECT.get(name, 5.0 if q <= 50 else 10.0)
+        default_min = DEFAULT_MIN_EFFECT.get(name, 10.0 if q <= 50 else 20.0)
         spec = MetricSpec(name, f"{label} p{m['q']}", "lower", default_min, q, column)
     if min_effect is not None:
         spec = replace(spec, min_effect=float(min_effect))
@@ -100,14 +100,14 @@ def metric(name: str, min_effect: float | None = None, direction: str | None = N
 
 #: the minimum effects (percent; percentage points for the shares) of the default metrics
 DEFAULT_MIN_EFFECT: dict[str, float] = {
-    "ttft_p50": 5.0,
-    "ttft_p99": 10.0,
-    "tpot_p50": 5.0,
-    "tpot_p99": 10.0,
-    "itl_p50": 5.0,
-    "itl_p99": 10.0,
-    "e2el_p50": 5.0,
-    "e2el_p99": 10.0,
+    "ttft_p50": 10.0,
+    "ttft_p99": 20.0,
+    "tpot_p50": 10.0,
+    "tpot_p99": 20.0,
+    "itl_p50": 10.0,
+    "itl_p99": 20.0,
+    "e2el_p50": 10.0,
+    "e2el_p99": 20.0,
     "error_rate": 1.0,
     "goodput": 5.0,
 }
