@@ -89,10 +89,16 @@ def _run(trace: str, url: str, out: str, speedup: float) -> None:
         raise SystemExit(f"run {out} failed (exit {p.returncode}): {p.stderr[-2000:]}")
 
 
-def _gate(base: str, cand: str, gate_file: str | None) -> tuple[int, dict]:
-    cmd = [*REPLAYER, "compare", base, cand, "--gate", "--json"]
-    if gate_file:
-        cmd += ["--gate-file", gate_file]
+def _unfaithful(*runs: str) -> bool:
+    """Whether the default gate would refuse a pair of these runs: one fell behind its trace."""
+    from replayer.results import read_summary
+    from replayer.results.gateout import unfaithful
+
+    return any(unfaithful("run", read_summary(r)) for r in runs)
+
+
+def _gate(base: str, cand: str, gate_file: str) -> tuple[int, dict]:
+    cmd = [*REPLAYER, "compare", base, cand, "--gate", "--json", "--gate-file", gate_file]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode == 2 and "cannot compare" in p.stderr:
         return 2, {"reason": p.stderr.strip()}
@@ -110,7 +116,12 @@ def main() -> None:
     ap.add_argument("--output-factor", type=float, default=0.1)
     ap.add_argument("--ttft-base-ms", type=float, default=100.0, help="the baseline server's TTFT")
     ap.add_argument("--slower", type=float, default=1.25, help="the slower build's TTFT factor")
-    ap.add_argument("--gate-file", default=None)
+    ap.add_argument(
+        "--gate-file",
+        default=None,
+        help="the gate's settings [default: the default gate, but require_faithful: false, so that a pair "
+        "with a run that fell behind its trace (which the default gate refuses, exit 2) is judged too]",
+    )
     ap.add_argument("--dir", default="/tmp/bench_gate")
     ap.add_argument("--keep", action="store_true", help="keep the results folders")
     ap.add_argument("--log", default=None, help="append each comparison's JSON (one line each) to this file")
@@ -119,9 +130,17 @@ def main() -> None:
     os.makedirs(a.dir)
     print(f"start: {_load()}", flush=True)
     trace = _trace(a)
+    if a.gate_file is None:
+        a.gate_file = os.path.join(a.dir, "gate.yaml")
+        with open(a.gate_file, "w", encoding="utf-8") as f:
+            f.write("require_faithful: false\n")
     sims = [_sim(a.ttft_base_ms), _sim(a.ttft_base_ms * a.slower)]
     (_, base_url), (_, slow_url) = sims
-    counts = {"held": 0, "false_alarm": 0, "caught": 0, "missed": 0, "same_not_comparable": 0, "slow_not_comparable": 0}
+    counts = dict.fromkeys(
+        ("held", "false_alarm", "caught", "missed", "same_not_comparable", "slow_not_comparable", "same_unfaithful")
+        + ("slow_unfaithful", "faithful_false_alarm", "faithful_missed"),
+        0,
+    )
     alarms: list[tuple[int, list[str]]] = []
     t0 = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # (the simulators are stopped below)
@@ -142,6 +161,11 @@ def main() -> None:
                         f.write(json.dumps({"pair": i, "kind": kind, **doc}) + "\n")
             counts[{0: "held", 7: "false_alarm", 2: "same_not_comparable"}[rc_same]] += 1
             counts[{7: "caught", 0: "missed", 2: "slow_not_comparable"}[rc_slow]] += 1
+            late_same, late_slow = _unfaithful(runs["A"], runs["A2"]), _unfaithful(runs["A"], runs["S"])
+            counts["same_unfaithful"] += late_same
+            counts["slow_unfaithful"] += late_slow
+            counts["faithful_false_alarm"] += rc_same == 7 and not late_same
+            counts["faithful_missed"] += rc_slow == 0 and not late_slow
             bad = [m["metric"] for m in same.get("metrics", []) if m["verdict"] == "regressed"]
             if bad:
                 alarms.append((i, bad))
@@ -164,6 +188,11 @@ def main() -> None:
     print(
         f"slower build: {counts['caught']} of {n} pairs caught ({100 * (a.slower - 1):.0f}% slower TTFT), "
         f"{counts['missed']} missed, {counts['slow_not_comparable']} not comparable"
+    )
+    print(
+        f"pairs with a run that fell behind its trace (dispatch lag p99 > 25 ms: the default gate refuses them, "
+        f"exit 2): {counts['same_unfaithful']} same-server, {counts['slow_unfaithful']} slower-build; among the "
+        f"others {counts['faithful_false_alarm']} false alarms, {counts['faithful_missed']} missed"
     )
     for i, bad in alarms:
         print(f"  false alarm in pair {i + 1}: {', '.join(bad)}")

@@ -246,3 +246,10 @@ def test_a_run_that_fell_behind_its_trace_is_not_compared():
     verdict = {"verdict": "not_faithful", "reasons": ["held back by --max-concurrency 4"]}
     assert "--max-concurrency 4" in unfaithful("candidate", {"fidelity": verdict, "dispatch_lag_p99_ms": 1.0})
     assert unfaithful("candidate", {"fidelity": {"verdict": "faithful"}, "dispatch_lag_p99_ms": 80.0}) is None
+
+
+def test_the_gate_file_may_compare_runs_that_fell_behind(tmp_path):
+    spec = spec_from_dict({"require_faithful": False, "max_dispatch_lag_ms": 100}, "g.yaml")
+    assert (spec.require_faithful, spec.max_dispatch_lag_ms) == (False, 100.0)
+    with pytest.raises(ValueError, match="require_faithful: expected true or false"):
+        spec_from_dict({"require_faithful": "no"}, "g.yaml")

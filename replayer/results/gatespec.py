@@ -13,6 +13,8 @@ percent for both. A gate file::
     min_requests: 100       # fewer paired successful requests: not comparable (exit 2)
     seed: 0
     goodput: "ttft:500,e2el:20000"   # SLO bounds for goodput (vllm's --goodput); unset = the runs'
+    require_faithful: true  # a run not faithful to its trace is not compared (exit 2)
+    max_dispatch_lag_ms: 25 # faithful, for a summary without a fidelity verdict: lag p99 at most this
     metrics:
       ttft_p99: {min_effect: 15}     # percent
       tpot_p50: off                  # not judged
@@ -72,6 +74,8 @@ class GateSpec:
     min_requests: int = 100
     seed: int = 0
     goodput: str | None = None  # SLO bounds ("ttft:500,e2el:20000"); None = the runs' --goodput
+    require_faithful: bool = True  # refuse runs that were not faithful to their trace (exit 2)
+    max_dispatch_lag_ms: float = 25.0  # faithful, for a summary without a fidelity verdict: lag p99 at most this
     source: str = "the defaults"  # where it came from (said in the outputs)
 
 
@@ -154,7 +158,17 @@ def _metric_entry(where: str, name: str, entry: Any) -> MetricSpec | None:
     return metric(name, min_effect, direction)
 
 
-_SETTINGS = {"confidence", "resamples", "blocks", "min_requests", "seed", "goodput", "metrics"}
+_SETTINGS = {
+    "confidence",
+    "resamples",
+    "blocks",
+    "min_requests",
+    "seed",
+    "goodput",
+    "metrics",
+    "require_faithful",
+    "max_dispatch_lag_ms",
+}
 
 
 def spec_from_dict(doc: Any, source: str) -> GateSpec:
@@ -190,6 +204,9 @@ def spec_from_dict(doc: Any, source: str) -> GateSpec:
         except ValueError as e:
             raise ValueError(f"{source}: goodput: {e}") from None
     d = GateSpec(())
+    faithful = doc.get("require_faithful", d.require_faithful)
+    if not isinstance(faithful, bool):
+        raise ValueError(f"{source}: require_faithful: expected true or false, got {faithful!r}")
     return GateSpec(
         tuple(m for m in chosen.values() if m is not None),
         confidence=_number(f"{source}: confidence", doc.get("confidence", d.confidence), 0.5, 0.999),
@@ -198,6 +215,10 @@ def spec_from_dict(doc: Any, source: str) -> GateSpec:
         min_requests=int(_number(f"{source}: min_requests", doc.get("min_requests", d.min_requests), 10, None, True)),
         seed=int(_number(f"{source}: seed", doc.get("seed", d.seed), 0, None, True)),
         goodput=goodput,
+        require_faithful=faithful,
+        max_dispatch_lag_ms=_number(
+            f"{source}: max_dispatch_lag_ms", doc.get("max_dispatch_lag_ms", d.max_dispatch_lag_ms), 0.0
+        ),
         source=source,
     )
 
