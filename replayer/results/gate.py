@@ -19,7 +19,7 @@ too small to matter, never fails the gate.
 
 Quantiles of resamples are read off histograms with log-spaced bins 0.2 % wide (a block's
 histogram is summed once; a resample is one matrix product), so a resample costs the bins, not
-the requests: the gate is as fast over a soak's million requests as over a thousand. The point
+the requests: the requests are read, binned and selected once per run and column. The point
 estimate is the exact nearest-rank quantile, as the summary's.
 """
 
@@ -216,6 +216,9 @@ def _nearest_rank(values: np.ndarray, weights: np.ndarray, q: float) -> float | 
     total = weights.sum()
     if total <= 0:
         return None
+    if total == len(values):  # (unit weights: a selection, not a sort)
+        k = min(len(values), max(1, math.ceil(q / 100 * total - 1e-9))) - 1
+        return float(np.partition(values, k)[k])
     order = np.argsort(values, kind="stable")
     cum = np.cumsum(weights[order])
     rank = min(total, max(1.0, math.ceil(q / 100 * total - 1e-9)))
@@ -267,9 +270,13 @@ def _interval(changes: np.ndarray, confidence: float) -> tuple[float, float] | N
     return float(lo), float(hi)
 
 
-def _latency(p: Paired, spec: MetricSpec, blocks: np.ndarray, draws: np.ndarray, gate: GateSpec) -> MetricResult:
+def _latency(
+    p: Paired, spec: MetricSpec, blocks: np.ndarray, draws: np.ndarray, gate: GateSpec, cache: dict
+) -> MetricResult:
     q = float(spec.quantile or 50.0)
-    (vb, ib, wb), (vc, ic, wc) = _samples(p.base, spec), _samples(p.cand, spec)
+    if spec.column not in cache:  # (a column's samples serve each of its percentiles)
+        cache[spec.column] = (_samples(p.base, spec), _samples(p.cand, spec))
+    (vb, ib, wb), (vc, ic, wc) = cache[spec.column]
     qb, qc = _nearest_rank(vb, wb, q), _nearest_rank(vc, wc, q)
     if qb is None or qc is None:
         which = "either run" if qb is None and qc is None else ("the baseline" if qb is None else "the candidate")
@@ -355,9 +362,10 @@ def judge(p: Paired, gate: GateSpec, slos: dict[str, float] | None = None) -> li
         )
     blocks, draws = draws_of(p.n, gate)
     out = []
+    cache: dict = {}
     for spec in gate.metrics:
         if spec.relative:
-            out.append(_latency(p, spec, blocks, draws, gate))
+            out.append(_latency(p, spec, blocks, draws, gate, cache))
         else:
             out.append(_share(p, spec, blocks, draws, gate, slos or {}))
     return out
