@@ -194,8 +194,10 @@ def format_history(rows: list[dict]) -> str:
 
 def history_specs(rows: list[dict]) -> list[dict]:
     """The history's figures as the report's figure specs (``replayer.results.report.draw``):
-    latency percentiles, and error rate with SLO attainment, over the runs' start times."""
-    x = np.array([_when(r["start"]) if r["start"] is not None else r["run"] for r in rows], dtype=object)
+    latency percentiles, and error rate with SLO attainment, on a time axis of the runs' (or
+    loops') starts."""
+    rows = [r for r in rows if r["start"] is not None]  # (a run whose files lost their anchor: in the table only)
+    x = np.array([dt.datetime.fromtimestamp(r["start"], dt.timezone.utc).isoformat() for r in rows], dtype=object)
 
     def series(key: str, label: str, scale: float = 1.0) -> dict:
         y = np.array([np.nan if r.get(key) is None else scale * float(r[key]) for r in rows])
@@ -207,7 +209,7 @@ def history_specs(rows: list[dict]) -> list[dict]:
             "title": "Latency per run",
             "x_title": x_title,
             "y_title": "ms",
-            "x_type": "category",
+            "x_type": "date",
             "y_type": "log",
             "series": [series(k, label) for k, label in NUMBERS[:6]],
         },
@@ -215,7 +217,7 @@ def history_specs(rows: list[dict]) -> list[dict]:
             "title": "Errors and SLO attainment per run",
             "x_title": x_title,
             "y_title": "%",
-            "x_type": "category",
+            "x_type": "date",
             "y_type": "linear",
             "series": [series("error_rate", "error rate", 100.0), series("slo_attainment", "SLO attainment", 100.0)],
         },
