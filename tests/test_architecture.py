@@ -49,3 +49,22 @@ def test_the_functions_over_the_complexity_limits_only_get_fewer():
         if re.search(r"noqa:.*\b(C901|PLR0912|PLR0915)\b", line)
     ]
     assert len(marked) <= COMPLEX_FUNCTIONS_MAX, marked
+
+
+def test_tests_reach_other_packages_through_their_facades(tmp_path):
+    """A name a package's facade exports is imported from the package; a private name of
+    replayer only by the tests ``facades.REACHES_INSIDE`` names, each with its reason
+    (``python tests/facades.py --fix`` rewrites what breaks it)."""
+    from facades import violations
+
+    bad = violations()
+    assert not bad, "\n".join(bad)
+    probe = tmp_path / "test_probe.py"
+    probe.write_text(
+        "from replayer.core.result import RequestResult\nfrom replayer.run.workers import _exit_code\n"
+        "from replayer.core.stats import RELATIVE_ACCURACY\n"
+    )
+    assert [v.split(": ", 1)[1] for v in violations([probe])] == [
+        "import RequestResult from replayer.core (its facade), not replayer.core.result",
+        "_exit_code is private to replayer.run.workers",
+    ]

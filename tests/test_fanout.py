@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from test_dispatcher import _run
 
-from replayer.core.result import RequestResult
+from replayer.core import RequestResult
 from replayer.core.slo import MET, MISSED
-from replayer.run.fanout import result_fanout
+from replayer.run import result_fanout
 from replayer.send.dispatcher import Observer
 
 

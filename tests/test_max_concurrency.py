@@ -113,13 +113,11 @@ def test_status_and_the_console_say_when_the_cap_is_the_bottleneck():
     from rich.console import Console
     from test_dispatcher import FakeSender, VirtualClock, _prepare
 
-    from replayer.core.result import RequestResult
+    from replayer.core import RequestResult
     from replayer.observe.console import cap_line
-    from replayer.plan.planner import Planner
-    from replayer.plan.schedule import Timeline, iter_schedule
+    from replayer.plan import Planner, Timeline, iter_schedule
     from replayer.run.runstate import RunState, status
-    from replayer.send.dispatcher import Dispatcher
-    from replayer.send.feed import Feed
+    from replayer.send import Dispatcher, Feed
 
     clock, timeline = VirtualClock(), Timeline(1.0)
     feed = Feed(iter_schedule(lambda: [TimeBatch([0, 0, 0])]), _prepare(timeline), lambda sb, j: RequestResult(row=0))

@@ -287,7 +287,7 @@ def run_sweep(  # noqa: C901, PLR0912, PLR0915
     """Run the sweep (see the module docstring); returns (sweep.json's dict, exit code: 0 when it
     ran to its end or its stop rule, 2 when a point could not start or a reset failed, 128 + the
     signal's number when SIGTERM/SIGINT/SIGHUP stopped it). ``run_flags``: every run setting
-    but ``PER_POINT`` (``cli._flags_for``), passed to each point's ``replayer run``."""
+    but ``PER_POINT`` (``cli.flags_for``), passed to each point's ``replayer run``."""
     if prefix_cache not in PREFIX_MODES:
         raise SweepError(f"--prefix-cache {prefix_cache!r}: must be one of {', '.join(PREFIX_MODES)}")
     if not cfg.goodput:
