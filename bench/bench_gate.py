@@ -169,8 +169,10 @@ def main() -> None:
             bad = [m["metric"] for m in same.get("metrics", []) if m["verdict"] == "regressed"]
             if bad:
                 alarms.append((i, bad))
+            late = " [a run fell behind its trace]"
             print(
-                f"pair {i + 1:2d}: same server {_said(rc_same, same)}; slower build {_said(rc_slow, slow)}; {_load()}",
+                f"pair {i + 1:2d}: same server {_said(rc_same, same)}{late if late_same else ''}; "
+                f"slower build {_said(rc_slow, slow)}{late if late_slow else ''}; {_load()}",
                 flush=True,
             )
             if not a.keep:
