@@ -250,11 +250,17 @@ def _resampled_quantiles(hist: np.ndarray, draws: np.ndarray, q: float, lo: floa
     return out
 
 
+def block_count(n_pairs: int, spec: GateSpec) -> int:
+    """The blocks ``n_pairs`` paired requests are cut into: ``spec.blocks``, fewer for a short
+    run (at least 5 pairs a block)."""
+    return max(1, min(spec.blocks, n_pairs // 5))
+
+
 def draws_of(n_pairs: int, spec: GateSpec) -> tuple[np.ndarray, np.ndarray]:
     """(block of each pair, resample draws (resamples x blocks, how often each block was drawn)):
     ``spec.blocks`` blocks of consecutive pairs (fewer for a short run: at least 5 pairs each),
     drawn with replacement by a generator seeded with ``spec.seed``."""
-    k = max(1, min(spec.blocks, n_pairs // 5))
+    k = block_count(n_pairs, spec)
     blocks = np.minimum(np.arange(n_pairs) * k // max(1, n_pairs), k - 1)
     rng = np.random.default_rng(spec.seed)
     draws = rng.multinomial(k, np.full(k, 1.0 / k), size=spec.resamples).astype(np.float64)

@@ -15,7 +15,7 @@ import os
 import sys
 import xml.etree.ElementTree as ET
 
-from replayer.results.gate import COLUMNS, MetricResult, NotComparable, judge, overall, pair
+from replayer.results.gate import COLUMNS, MetricResult, NotComparable, block_count, judge, overall, pair
 from replayer.results.gatespec import GateSpec, default_spec, load_gate_file
 
 #: ``replayer compare --gate``'s exit code when the candidate regressed
@@ -81,7 +81,7 @@ def format_table(results: list[MetricResult]) -> str:
 def _intro(n: int, gate: GateSpec) -> str:
     return (
         f"{n} requests paired by trace position; {100 * gate.confidence:g}% intervals from a block "
-        f"bootstrap ({gate.resamples} resamples of {gate.blocks} blocks, seed {gate.seed}); settings: {gate.source}"
+        f"bootstrap ({gate.resamples} resamples of {block_count(n, gate)} blocks, seed {gate.seed}); settings: {gate.source}"
     )
 
 
@@ -215,7 +215,7 @@ def main_gate(
             "paired_requests": paired.n,
             "confidence": gate.confidence,
             "resamples": gate.resamples,
-            "blocks": gate.blocks,
+            "blocks": block_count(paired.n, gate),
             "seed": gate.seed,
             "settings": gate.source,
             "metrics": [r.as_dict() for r in results],
