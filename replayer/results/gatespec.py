@@ -102,14 +102,17 @@ def metric(name: str, min_effect: float | None = None, direction: str | None = N
     return spec
 
 
-#: the minimum effects (percent; percentage points for the shares) of the default metrics
+#: the minimum effects (percent; percentage points for the shares) of the default metrics. The
+#: token gaps' p99s (TPOT, ITL) are a run's stalls (a server's or the client's scheduling, the
+#: host's other work) more than its speed: they move by tens of percent between two runs of one
+#: server, hence their 50 % (bench/bench_gate.py measures the defaults' false alarms)
 DEFAULT_MIN_EFFECT: dict[str, float] = {
     "ttft_p50": 10.0,
     "ttft_p99": 20.0,
     "tpot_p50": 10.0,
-    "tpot_p99": 20.0,
+    "tpot_p99": 50.0,
     "itl_p50": 10.0,
-    "itl_p99": 20.0,
+    "itl_p99": 50.0,
     "e2el_p50": 10.0,
     "e2el_p99": 20.0,
     "error_rate": 1.0,
