@@ -133,7 +133,7 @@ def test_the_live_watch_closes_windows_and_exports_its_verdicts():
     assert "replayer_fidelity_faithful 1.0" in text
     assert 'replayer_drift_drifting{metric="ttft_p50_ms"} 1.0' in text
     assert 'replayer_drift_window_latency_seconds{metric="ttft",percentile="p50"}' in text
-    assert watch.status()["verdicts"]["drift"]["drifting"][:1] == ["ttft_p50_ms"]
+    assert "ttft_p50_ms" in watch.status()["verdicts"]["drift"]["drifting"]
     slope = watch.drift["metrics"]["ttft_p50_ms"]["slope_per_hour"]  # type: ignore[index]
     assert slope == pytest.approx(3.0 * 3600, rel=0.05)
 
@@ -174,7 +174,7 @@ def test_a_resumed_run_and_merged_shards_are_windowed_on_one_time_axis(tmp_path)
 
 
 def _soak_trace(path) -> str:
-    n = 40  # one second of trace, looped 40 times (the longer, the less a busy host's noise weighs)
+    n = 40  # one second of trace at 40 requests a second, looped (``_soak``)
     t = pa.table(
         {
             "timestamp": [i * 25 for i in range(n)],
@@ -203,7 +203,7 @@ def _soak(tmp_path, name: str, drift_ms_per_min: float) -> dict:
             "--quiet",
             "--no-scrape-target-metrics",
             "--loop",
-            "40",
+            "30",
             "--drift-window",
             "0.5",
             "--server-timings",
@@ -221,17 +221,19 @@ def _soak(tmp_path, name: str, drift_ms_per_min: float) -> dict:
 
 def test_a_soak_against_a_simulator_drifting_20ms_per_minute_is_judged_drifting(tmp_path):
     drift = _soak(tmp_path, "drifting", 20.0)
-    assert drift["verdict"] == "drifting", drift["metrics"].get("ttft_p50_ms")
-    # 20 ms per minute of the simulator's wall time = 1,200 ms per hour of the run's (both wall clocks)
-    # The server's own TTFT (--server-timings) carries the injected drift alone: its slope is within
-    # 20 %. The client's TTFT adds this host's scheduling delays, which a busy shared machine makes
-    # drift too (+-30 % over a 40 s soak at a load average of 15-50): it must be judged drifting, worse.
-    server = drift["metrics"]["server_ttft_p50_ms"]
-    assert server["slope_per_hour"] == pytest.approx(1200.0, rel=0.2), server
-    assert "ttft_p50_ms" in drift["drifting"] and "server_ttft_p50_ms" in drift["drifting"]
+    assert drift["verdict"] == "drifting", drift["metrics"].get("ttft_p10_ms")
+    # 20 ms per minute of the simulator's wall time = 1,200 ms per hour of the run's (both wall clocks).
+    # The TTFT replayer measures, at its floor (p10: the requests the client's host delayed least),
+    # and the server's own (--server-timings) are within 20 % of it, on an idle host and beside a
+    # CPU hog. p50 and p90 carry this host's scheduling delays, which a busy shared machine makes
+    # drift too (p50 +-40 % over a 30 s soak beside a hog): judged drifting, worse, no bound on the slope.
+    for key in ("ttft_p10_ms", "server_ttft_p10_ms", "server_ttft_p50_ms"):
+        m = drift["metrics"][key]
+        assert m["slope_per_hour"] == pytest.approx(1200.0, rel=0.2), (key, m)
+        assert key in drift["drifting"]
     client = drift["metrics"]["ttft_p50_ms"]
     assert client["direction"] == "worse" and client["interval_per_hour"][0] > 0
-    assert drift["windows"] >= 70 and drift["method"].startswith("paired")
+    assert drift["windows"] >= 50 and drift["method"].startswith("paired")
 
 
 def test_the_same_soak_without_drift_is_judged_stable(tmp_path):
