@@ -239,3 +239,39 @@ def test_a_soak_against_a_simulator_drifting_20ms_per_minute_is_judged_drifting(
 def test_the_same_soak_without_drift_is_judged_stable(tmp_path):
     drift = _soak(tmp_path, "stable", 0.0)
     assert drift["verdict"] == "stable", {k: drift["metrics"][k] for k in drift["drifting"]}
+
+
+def test_retention_keeps_the_windows_of_removed_files_in_their_digest(tmp_path):
+    # 8 loops of a 2 s trace in 4 rolled files (the last one a resume, anchored 10 s later): TTFT
+    # grows 3 ms per second of the shared axis; retention removes the 3 oldest files
+    from replayer.record import retention
+    from replayer.results.removed import digest_file
+
+    res = tmp_path / "soak"
+    res.mkdir()
+    cfg = json.dumps({"drift_window_s": 0.5}).encode()
+    for k in range(4):
+        wall = 1000.0 + (10.0 if k == 3 else 0.0)
+        rows = [
+            _result(i, lp, lp * 2.0 + i * 0.1 - (wall - 1000.0), 20 + 3 * (lp * 2.0 + i * 0.1))
+            for lp in (2 * k, 2 * k + 1)
+            for i in range(20)
+        ]
+        meta = {b"replayer.t0_wall_s": repr(wall).encode(), b"replayer.config": cfg}
+        pq.write_table(to_table(rows).replace_schema_metadata(meta), res / f"requests-{k + 1:05d}.parquet")
+    before = verdict_sections([str(res)], {"scheduled": 160}, window_s=0.5)["drift"]
+    assert before["windows"] == 32
+    gone = retention.apply(str(res), digest=digest_file, max_bytes=1)
+    assert len(gone) == 3  # (the newest rolled file stays)
+    after = verdict_sections([str(res)], {"scheduled": 160}, window_s=0.5)["drift"]
+    assert after["windows"] == 32  # (without the digest's windows: the 4 of the file kept, too short)
+    for a, b in zip(after["series"], before["series"]):
+        assert (a["loop"], a["position"], a["requests"]) == (b["loop"], b["position"], b["requests"])
+        assert a["t_s"] == pytest.approx(b["t_s"])
+        assert a["ttft_p50_ms"] == pytest.approx(b["ttft_p50_ms"], rel=0.01)  # (sketched in both)
+    slope = after["metrics"]["ttft_p50_ms"]["slope_per_hour"]
+    assert slope == pytest.approx(before["metrics"]["ttft_p50_ms"]["slope_per_hour"], rel=0.01)
+    assert after["verdict"] == "drifting" and slope == pytest.approx(3 * 3600, rel=0.05)
+    # a judgement at another window size cannot re-cut the digest's windows: the files kept only
+    other = verdict_sections([str(res)], {"scheduled": 160}, window_s=1.0)["drift"]
+    assert other["windows"] == 4  # (2 loops of 2 windows)
