@@ -275,3 +275,30 @@ def test_retention_keeps_the_windows_of_removed_files_in_their_digest(tmp_path):
     # a judgement at another window size cannot re-cut the digest's windows: the files kept only
     other = verdict_sections([str(res)], {"scheduled": 160}, window_s=1.0)["drift"]
     assert other["windows"] == 4  # (2 loops of 2 windows)
+
+
+def test_a_rolling_reference_the_previous_loop_measures_the_drift():
+    sec = judge_drift(_series(8, 10, 30.0, burst, noise=1.0), window_s=WINDOW_S, reference="previous")
+    m = sec["metrics"]["ttft_p50_ms"]
+    assert sec["verdict"] == "drifting" and sec["reference"] == "previous" and "previous loop" in sec["method"]
+    assert m["slope_per_hour"] == pytest.approx(30.0, rel=0.15) and m["interval_per_hour"][0] > 0
+    assert m["windows"] == 70  # (every window after the first loop, against its own previous loop)
+    stable = judge_drift(_series(8, 10, 0.0, burst, noise=1.0), window_s=WINDOW_S, reference="previous")
+    assert stable["verdict"] == "stable" and not stable["improving"]
+
+
+def test_a_named_reference_loop_leaves_a_cold_first_loop_out():
+    # loop 0 warms a cache up (its first windows slower, 200 ms less each window), then the server
+    # drifts +30 ms/h: against loop 0 the paired values carry its warm-up, which hides the drift
+    series = _series(6, 10, 30.0, burst, noise=1.0)
+    for r in series:
+        r["ttft_p50_ms"] += max(0.0, 200.0 - 40.0 * r["position"]) if r["loop"] == 0 else 0.0
+    first = judge_drift(series, window_s=WINDOW_S)
+    assert first["verdict"] == "stable" and first["metrics"]["ttft_p50_ms"]["interval_per_hour"][0] < 0
+    named = judge_drift(series, window_s=WINDOW_S, reference="1")
+    m = named["metrics"]["ttft_p50_ms"]
+    assert named["verdict"] == "drifting" and "loop 1" in named["method"]
+    assert m["slope_per_hour"] == pytest.approx(30.0, rel=0.1) and m["interval_per_hour"][0] > 0
+    assert m["level"] < first["metrics"]["ttft_p50_ms"]["level"]  # (loop 1's: warm)
+    missing = judge_drift(series, window_s=WINDOW_S, reference="9")
+    assert missing["verdict"] == "too_short" and "--drift-reference 9: no such loop" in missing["reason"]

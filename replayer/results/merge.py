@@ -306,6 +306,7 @@ def _verdicts(dirs: list[str], s: dict, own: list[dict]) -> dict:
         max_concurrency=cap,
         window_s=drift["window_s"] if drift else 300.0,
         min_change_pct=drift.get("min_change_pct", 10.0) if drift else 10.0,
+        reference=(drift.get("reference") or "first") if drift else "first",
     )
 
 

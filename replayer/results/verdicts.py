@@ -112,9 +112,11 @@ def verdict_sections(
     max_concurrency: int | None = None,
     window_s: float = 300.0,
     min_change_pct: float = 10.0,
+    reference: str = "first",
 ) -> dict[str, Any]:
     """``{"fidelity": ..., "drift": ...}`` of the results folders ``dirs`` (one run, or the shards
-    of a merge); ``summary``: their summary so far (``stopped_early``, ``target_switches``)."""
+    of a merge); ``summary``: their summary so far (``stopped_early``, ``target_switches``);
+    ``reference``: ``--drift-reference``."""
     bounds = bounds or FidelityBounds()
     files = _anchored(dirs)
     fold = FidelityFold()
@@ -138,7 +140,11 @@ def verdict_sections(
     if samples is not None:
         drift_fold.add_samples(samples)
     drift = judge_drift(
-        drift_fold.series(), window_s=window_s, min_change_pct=min_change_pct, max_lag_ms=bounds.max_lag_ms
+        drift_fold.series(),
+        window_s=window_s,
+        min_change_pct=min_change_pct,
+        max_lag_ms=bounds.max_lag_ms,
+        reference=reference,
     )
     return {"fidelity": fidelity, "drift": drift}
 
