@@ -302,3 +302,23 @@ def test_a_named_reference_loop_leaves_a_cold_first_loop_out():
     assert m["level"] < first["metrics"]["ttft_p50_ms"]["level"]  # (loop 1's: warm)
     missing = judge_drift(series, window_s=WINDOW_S, reference="9")
     assert missing["verdict"] == "too_short" and "--drift-reference 9: no such loop" in missing["reason"]
+
+
+def test_a_soak_with_retention_is_judged_over_the_whole_run(tmp_path):
+    # replayer run rolling every 60 results and keeping as few bytes as it can: the summary's
+    # windows are every loop's, though the files of the first loops are gone
+    res = tmp_path / "kept"
+    p = subprocess.run(
+        [sys.executable, "-m", "replayer", "run", _soak_trace(tmp_path / "soak.parquet"), "--results", str(res)]
+        + ["--admin-port", "0", "--quiet", "--no-scrape-target-metrics", "--loop", "6", "--drift-window", "0.5"]
+        + ["--roll-rows", "60", "--flush-rows", "30", "--retain-size", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    removed = json.loads((res / "removed.json").read_text())
+    assert len(removed["files"]) >= 2 and removed["fold"]["drift"]["windows"]
+    drift = json.loads((res / "summary.json").read_text())["drift"]
+    assert drift["windows"] == 12 and sorted({r["loop"] for r in drift["series"]}) == list(range(6))
+    assert sum(r["requests"] for r in drift["series"]) == 6 * 40
