@@ -230,13 +230,14 @@ def test_a_soak_against_a_simulator_drifting_20ms_per_minute_is_judged_drifting(
     # The TTFT replayer measures, at its floor (p10: the requests the client's host delayed least),
     # and the server's own (--server-timings) are within 20 % of it, on an idle host and beside a
     # CPU hog. p50 and p90 carry this host's scheduling delays, which a busy shared machine makes
-    # drift too (p50 +-40 % over a 30 s soak beside a hog): judged drifting, worse, no bound on the slope.
+    # drift too (p50 +-40 % over a 30 s soak beside a hog; beside three its interval can hold 0):
+    # its slope is worse, with no bound on it.
     for key in ("ttft_p10_ms", "server_ttft_p10_ms", "server_ttft_p50_ms"):
         m = drift["metrics"][key]
         assert m["slope_per_hour"] == pytest.approx(1200.0, rel=0.2), (key, m)
         assert key in drift["drifting"]
     client = drift["metrics"]["ttft_p50_ms"]
-    assert client["direction"] == "worse" and client["interval_per_hour"][0] > 0
+    assert client["direction"] == "worse" and client["slope_per_hour"] > 0
     assert drift["windows"] >= 50 and drift["method"].startswith("paired")
 
 
