@@ -133,7 +133,7 @@ def test_the_live_watch_closes_windows_and_exports_its_verdicts():
     assert "replayer_fidelity_faithful 1.0" in text
     assert 'replayer_drift_drifting{metric="ttft_p50_ms"} 1.0' in text
     assert 'replayer_drift_window_latency_seconds{metric="ttft",percentile="p50"}' in text
-    assert watch.status()["verdicts"]["drift"]["drifting"][:1] == ["ttft_p50_ms"]
+    assert "ttft_p50_ms" in watch.status()["verdicts"]["drift"]["drifting"]
     slope = watch.drift["metrics"]["ttft_p50_ms"]["slope_per_hour"]  # type: ignore[index]
     assert slope == pytest.approx(3.0 * 3600, rel=0.05)
 
@@ -174,7 +174,7 @@ def test_a_resumed_run_and_merged_shards_are_windowed_on_one_time_axis(tmp_path)
 
 
 def _soak_trace(path) -> str:
-    n = 40  # one second of trace, looped 40 times (the longer, the less a busy host's noise weighs)
+    n = 40  # one second of trace at 40 requests a second, looped (``_soak``)
     t = pa.table(
         {
             "timestamp": [i * 25 for i in range(n)],
@@ -203,12 +203,16 @@ def _soak(tmp_path, name: str, drift_ms_per_min: float) -> dict:
             "--quiet",
             "--no-scrape-target-metrics",
             "--loop",
-            "40",
+            "30",
             "--drift-window",
             "0.5",
             "--server-timings",
             "--sim-ttft-drift-ms-per-min",
             str(drift_ms_per_min),
+            # a 30 s soak on a shared host: the host's load can move the client's p50 by 5 ms (20 % of
+            # its level) within it; the injected drift moves TTFT by 10 ms (50 % of it)
+            "--drift-min-change-pct",
+            "30",
         ],
         capture_output=True,
         text=True,
@@ -221,19 +225,105 @@ def _soak(tmp_path, name: str, drift_ms_per_min: float) -> dict:
 
 def test_a_soak_against_a_simulator_drifting_20ms_per_minute_is_judged_drifting(tmp_path):
     drift = _soak(tmp_path, "drifting", 20.0)
-    assert drift["verdict"] == "drifting", drift["metrics"].get("ttft_p50_ms")
-    # 20 ms per minute of the simulator's wall time = 1,200 ms per hour of the run's (both wall clocks)
-    # The server's own TTFT (--server-timings) carries the injected drift alone: its slope is within
-    # 20 %. The client's TTFT adds this host's scheduling delays, which a busy shared machine makes
-    # drift too (+-30 % over a 40 s soak at a load average of 15-50): it must be judged drifting, worse.
-    server = drift["metrics"]["server_ttft_p50_ms"]
-    assert server["slope_per_hour"] == pytest.approx(1200.0, rel=0.2), server
-    assert "ttft_p50_ms" in drift["drifting"] and "server_ttft_p50_ms" in drift["drifting"]
+    assert drift["verdict"] == "drifting", drift["metrics"].get("ttft_p10_ms")
+    # 20 ms per minute of the simulator's wall time = 1,200 ms per hour of the run's (both wall clocks).
+    # The TTFT replayer measures, at its floor (p10: the requests the client's host delayed least),
+    # and the server's own (--server-timings) are within 20 % of it, on an idle host and beside a
+    # CPU hog. p50 and p90 carry this host's scheduling delays, which a busy shared machine makes
+    # drift too (p50 +-40 % over a 30 s soak beside a hog; beside three its interval can hold 0):
+    # its slope is worse, with no bound on it.
+    for key in ("ttft_p10_ms", "server_ttft_p10_ms", "server_ttft_p50_ms"):
+        m = drift["metrics"][key]
+        assert m["slope_per_hour"] == pytest.approx(1200.0, rel=0.2), (key, m)
+        assert key in drift["drifting"]
     client = drift["metrics"]["ttft_p50_ms"]
-    assert client["direction"] == "worse" and client["interval_per_hour"][0] > 0
-    assert drift["windows"] >= 70 and drift["method"].startswith("paired")
+    assert client["direction"] == "worse" and client["slope_per_hour"] > 0
+    assert drift["windows"] >= 50 and drift["method"].startswith("paired")
 
 
 def test_the_same_soak_without_drift_is_judged_stable(tmp_path):
     drift = _soak(tmp_path, "stable", 0.0)
     assert drift["verdict"] == "stable", {k: drift["metrics"][k] for k in drift["drifting"]}
+
+
+def test_retention_keeps_the_windows_of_removed_files_in_their_digest(tmp_path):
+    # 8 loops of a 2 s trace in 4 rolled files (the last one a resume, anchored 10 s later): TTFT
+    # grows 3 ms per second of the shared axis; retention removes the 3 oldest files
+    from replayer.record import retention
+    from replayer.results.removed import digest_file
+
+    res = tmp_path / "soak"
+    res.mkdir()
+    cfg = json.dumps({"drift_window_s": 0.5}).encode()
+    for k in range(4):
+        wall = 1000.0 + (10.0 if k == 3 else 0.0)
+        rows = [
+            _result(i, lp, lp * 2.0 + i * 0.1 - (wall - 1000.0), 20 + 3 * (lp * 2.0 + i * 0.1))
+            for lp in (2 * k, 2 * k + 1)
+            for i in range(20)
+        ]
+        meta = {b"replayer.t0_wall_s": repr(wall).encode(), b"replayer.config": cfg}
+        pq.write_table(to_table(rows).replace_schema_metadata(meta), res / f"requests-{k + 1:05d}.parquet")
+    before = verdict_sections([str(res)], {"scheduled": 160}, window_s=0.5)["drift"]
+    assert before["windows"] == 32
+    gone = retention.apply(str(res), digest=digest_file, max_bytes=1)
+    assert len(gone) == 3  # (the newest rolled file stays)
+    after = verdict_sections([str(res)], {"scheduled": 160}, window_s=0.5)["drift"]
+    assert after["windows"] == 32  # (without the digest's windows: the 4 of the file kept, too short)
+    for a, b in zip(after["series"], before["series"]):
+        assert (a["loop"], a["position"], a["requests"]) == (b["loop"], b["position"], b["requests"])
+        assert a["t_s"] == pytest.approx(b["t_s"])
+        assert a["ttft_p50_ms"] == pytest.approx(b["ttft_p50_ms"], rel=0.01)  # (sketched in both)
+    slope = after["metrics"]["ttft_p50_ms"]["slope_per_hour"]
+    assert slope == pytest.approx(before["metrics"]["ttft_p50_ms"]["slope_per_hour"], rel=0.01)
+    assert after["verdict"] == "drifting" and slope == pytest.approx(3 * 3600, rel=0.05)
+    # a judgement at another window size cannot re-cut the digest's windows: the files kept only
+    other = verdict_sections([str(res)], {"scheduled": 160}, window_s=1.0)["drift"]
+    assert other["windows"] == 4  # (2 loops of 2 windows)
+
+
+def test_a_rolling_reference_the_previous_loop_measures_the_drift():
+    sec = judge_drift(_series(8, 10, 30.0, burst, noise=1.0), window_s=WINDOW_S, reference="previous")
+    m = sec["metrics"]["ttft_p50_ms"]
+    assert sec["verdict"] == "drifting" and sec["reference"] == "previous" and "previous loop" in sec["method"]
+    assert m["slope_per_hour"] == pytest.approx(30.0, rel=0.15) and m["interval_per_hour"][0] > 0
+    assert m["windows"] == 70  # (every window after the first loop, against its own previous loop)
+    stable = judge_drift(_series(8, 10, 0.0, burst, noise=1.0), window_s=WINDOW_S, reference="previous")
+    assert stable["verdict"] == "stable" and not stable["improving"]
+
+
+def test_a_named_reference_loop_leaves_a_cold_first_loop_out():
+    # loop 0 warms a cache up (its first windows slower, 200 ms less each window), then the server
+    # drifts +30 ms/h: against loop 0 the paired values carry its warm-up, which hides the drift
+    series = _series(6, 10, 30.0, burst, noise=1.0)
+    for r in series:
+        r["ttft_p50_ms"] += max(0.0, 200.0 - 40.0 * r["position"]) if r["loop"] == 0 else 0.0
+    first = judge_drift(series, window_s=WINDOW_S)
+    assert first["verdict"] == "stable" and first["metrics"]["ttft_p50_ms"]["interval_per_hour"][0] < 0
+    named = judge_drift(series, window_s=WINDOW_S, reference="1")
+    m = named["metrics"]["ttft_p50_ms"]
+    assert named["verdict"] == "drifting" and "loop 1" in named["method"]
+    assert m["slope_per_hour"] == pytest.approx(30.0, rel=0.1) and m["interval_per_hour"][0] > 0
+    assert m["level"] < first["metrics"]["ttft_p50_ms"]["level"]  # (loop 1's: warm)
+    missing = judge_drift(series, window_s=WINDOW_S, reference="9")
+    assert missing["verdict"] == "too_short" and "--drift-reference 9: no such loop" in missing["reason"]
+
+
+def test_a_soak_with_retention_is_judged_over_the_whole_run(tmp_path):
+    # replayer run rolling every 60 results and keeping as few bytes as it can: the summary's
+    # windows are every loop's, though the files of the first loops are gone
+    res = tmp_path / "kept"
+    p = subprocess.run(
+        [sys.executable, "-m", "replayer", "run", _soak_trace(tmp_path / "soak.parquet"), "--results", str(res)]
+        + ["--admin-port", "0", "--quiet", "--no-scrape-target-metrics", "--loop", "6", "--drift-window", "0.5"]
+        + ["--roll-rows", "60", "--flush-rows", "30", "--retain-size", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    removed = json.loads((res / "removed.json").read_text())
+    assert len(removed["files"]) >= 2 and removed["fold"]["drift"]["windows"]
+    drift = json.loads((res / "summary.json").read_text())["drift"]
+    assert drift["windows"] == 12 and sorted({r["loop"] for r in drift["series"]}) == list(range(6))
+    assert sum(r["requests"] for r in drift["series"]) == 6 * 40

@@ -93,6 +93,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "fail_unfaithful",
         "drift_window_s",
         "drift_min_change_pct",
+        "drift_reference",
         "sim_ttft_drift_ms_per_min",
         "sim_itl_drift_ms_per_min",
     ),

@@ -463,6 +463,13 @@ class RunConfig(FieldChecks):
         description="drift verdict: a metric drifts when its trend's interval excludes 0 and the change it "
         "implies over the run is at least this percent of its level",
     )
+    drift_reference: str = Field(
+        "first",
+        pattern=r"^(first|previous|[0-9]+)$",
+        description="drift verdict with --loop: each window is compared with the window at the same trace "
+        "position in the first loop (first), in the loop before its own (previous: a rolling reference) "
+        "or in the loop of this index (0 = the first)",
+    )
     sim_ttft_drift_ms_per_min: float = Field(
         0.0,
         ge=0,

@@ -2,7 +2,7 @@
 
 The run is cut into windows of ``--drift-window`` seconds of trace position: a window is
 (loop, position), a request belonging to the window its due time falls in, counted from its
-loop's first due time. Per window: TTFT, ITL, TPOT and E2E p50/p90/p99, error rate, goodput
+loop's first due time. Per window: TTFT, ITL, TPOT and E2E p10/p50/p90/p99, error rate, goodput
 (requests per second that met every ``--goodput`` bound), achieved rate (sent per second),
 offered rate (due per second), in flight (sum of E2E / window: Little's law), and the target's
 own signals where its ``/metrics`` was scraped (KV-cache usage, requests waiting, preemptions
@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 
 from replayer.core.result import itl_samples
 from replayer.core.stats import Stat
-from replayer.results.trend import MAX_PAIRS, change_start, load_adjusted, theil_sen
+from replayer.results.trend import MAX_PAIRS, change_start, load_adjusted, median_interval, theil_sen
 
 #: fewer windows than this (paired: in the loops after the first) and the verdict is too_short
 MIN_WINDOWS = 6
@@ -46,7 +46,7 @@ MIN_WINDOWS = 6
 CONFIDENCE = 0.99
 #: the latencies windowed, and their quantiles
 LATENCIES = ("ttft", "itl", "tpot", "e2e")
-QUANTILES = (50, 90, 99)
+QUANTILES = (10, 50, 90, 99)
 #: the server's own TTFT (``--server-timings``: vLLM's, from scheduling), windowed beside the
 #: client's: a drift in it is the server's, not the network's or the client host's
 SERVER = ("server_ttft",)
@@ -58,9 +58,19 @@ _COLUMN_OF = {
     "dispatch_lag": "dispatch_lag_ms",
     "server_ttft": "server_time_to_first_token_ms",
 }
+#: the quantiles trended: p10 is the floor (the server's service time with the least queueing and
+#: the least delay of the client's host, whose scheduling noise is in p50 and p90 of every
+#: latency the client measures: on a busy host p10 follows a drift most closely; not ITL's, which
+#: is 0 where the client reads two tokens at once); p50 and p90 the typical and the slow requests
+TRENDED_QUANTILES = (10, 50, 90)
 #: the metrics tested for a trend: (name, unit, which way is worse)
 TRENDED: tuple[tuple[str, str, int], ...] = (
-    *((f"{m}_p{q}_ms", "ms", 1) for m in (*LATENCIES, *SERVER) for q in (50, 90)),
+    *(
+        (f"{m}_p{q}_ms", "ms", 1)
+        for m in (*LATENCIES, *SERVER)
+        for q in TRENDED_QUANTILES
+        if not (m == "itl" and q == 10)
+    ),
     ("error_rate", "ratio", 1),
     ("goodput_rps", "1/s", -1),
     ("achieved_rps", "1/s", -1),
@@ -226,32 +236,58 @@ def _values(series: list[dict[str, Any]], key: str) -> np.ndarray:
     return np.array([np.nan if r.get(key) is None else float(r[key]) for r in series], dtype=np.float64)
 
 
+def reference_loop(reference: str, loops: set[int]) -> int | None:
+    """The loop each window is compared with for ``--drift-reference`` ``first`` (the earliest
+    loop) or a loop index; None for ``previous`` (each loop's own previous one)."""
+    if reference == "previous":
+        return None
+    return min(loops) if reference == "first" else int(reference)
+
+
 def _paired(
-    series: list[dict[str, Any]], key: str, first: int
+    series: list[dict[str, Any]], key: str, first: int | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float | None]:
-    """(index in ``series``, hours since the first loop's window at the same position, value
-    minus that window's, the first loop's median level) of every window with such a reference."""
-    ref = {r["position"]: r for r in series if r["loop"] == first and r.get(key) is not None}
+    """(index in ``series``, hours since the reference window at the same position, value minus
+    that window's, the first loop's median level) of every window with such a reference: the
+    window at the same position in loop ``first``, or (None) in the latest loop before its own."""
+    by_pos: dict[int, list[dict[str, Any]]] = {}
+    for r in series:
+        if r.get(key) is not None:
+            by_pos.setdefault(r["position"], []).append(r)
+    lowest = min((r["loop"] for r in series), default=0) if first is None else first
+    levels = [float(r[key]) for r in series if r["loop"] == lowest and r.get(key) is not None]
     idx, x, y = [], [], []
     for i, r in enumerate(series):
-        base = ref.get(r["position"])
-        if base is None or r.get(key) is None:
+        if r.get(key) is None:
+            continue
+        same = by_pos[r["position"]]
+        if first is None:
+            before = [b for b in same if b["loop"] < r["loop"]]
+            base = max(before, key=lambda b: b["loop"]) if before else None
+        else:
+            base = next((b for b in same if b["loop"] == first), None)
+        if base is None or base is r:
             continue
         idx.append(i)
         x.append((r["t_s"] - base["t_s"]) / 3600.0)
         y.append(float(r[key]) - float(base[key]))
-    level = float(np.median([float(r[key]) for r in ref.values()])) if ref else None
+    level = float(np.median(levels)) if levels else None
     return np.array(idx, dtype=np.int64), np.array(x), np.array(y), level
 
 
 def _trend(
-    series: list[dict[str, Any]], key: str, paired: bool, min_change_pct: float, max_pairs: int = MAX_PAIRS
+    series: list[dict[str, Any]],
+    key: str,
+    paired: bool,
+    min_change_pct: float,
+    max_pairs: int = MAX_PAIRS,
+    reference: str = "first",
 ) -> dict[str, Any] | None:
     """One metric's slope, interval, level and start; None when it has too few windows."""
+    rolling = paired and reference == "previous"
     if paired:
-        first = min(r["loop"] for r in series)
-        idx, x, y, level = _paired(series, key, first)
-        if int((x > 0).sum()) < MIN_WINDOWS:
+        idx, x, y, level = _paired(series, key, reference_loop(reference, {r["loop"] for r in series}))
+        if int((x != 0).sum()) < MIN_WINDOWS:
             return None
     else:
         t = np.array([r["t_s"] for r in series]) / 3600.0
@@ -261,16 +297,22 @@ def _trend(
         if x.size < MIN_WINDOWS:
             return None
         level = float(np.median(y[: max(3, x.size // 4)]))
-    fit = theil_sen(x, y, CONFIDENCE, max_pairs)
+    # rolling: each window's own slope against the previous loop's (one pair each), their median
+    fit = median_interval(y / x, CONFIDENCE) if rolling else theil_sen(x, y, CONFIDENCE, max_pairs)
     if fit is None:
         return None
-    span_h = float(x.max() - x.min()) if not paired else float(x.max())
+    tt = np.array([series[i]["t_s"] for i in idx])
+    if rolling:
+        span_h = float(tt.max() - min(r["t_s"] for r in series)) / 3600.0
+    else:
+        span_h = float(x.max() - x.min()) if not paired else float(np.abs(x).max())
     change = abs(fit.slope) * span_h
     big = change >= (min_change_pct / 100.0) * abs(level) if level else change > 0.01
     drifting = fit.excludes_zero and big
-    tt = np.array([series[i]["t_s"] for i in idx])
     order = np.argsort(tt, kind="stable")  # (the start is searched in run time, paired or not)
-    start = int(idx[order][change_start(tt[order], y[order])]) if drifting else None
+    # (rolling: the increments summed in run time draw the drift's curve, flat before it started)
+    shape = np.cumsum(y[order]) if rolling else y[order]
+    start = int(idx[order][change_start(tt[order], shape)]) if drifting else None
     return {
         "slope_per_hour": fit.slope,
         "interval_per_hour": [fit.low, fit.high],
@@ -296,11 +338,13 @@ def judge_drift(
     min_change_pct: float = 10.0,
     max_lag_ms: float | None = None,
     max_pairs: int = MAX_PAIRS,
+    reference: str = "first",
 ) -> dict[str, Any]:
     """The ``drift`` section from ``DriftFold.series()`` (module docstring). A window whose
     dispatch lag p99 is above ``max_lag_ms`` is left out of the trends (``lagging``: the replayer's
     host was the bottleneck then, and its latencies measure it, not the server). ``max_pairs``:
-    the most pairs of windows each trend is fitted on (``trend.theil_sen``)."""
+    the most pairs of windows each trend is fitted on (``trend.theil_sen``). ``reference``
+    (``--drift-reference``, with loops): ``first``, ``previous`` or a loop index (``REFERENCES``)."""
     for i, r in enumerate(series):
         r["window"] = i
         lag = r.get("dispatch_lag_p99_ms")
@@ -312,7 +356,8 @@ def judge_drift(
         "window_s": window_s,
         "windows": len(all_series),
         "windows_lagging": len(all_series) - len(series),
-        "method": "paired across loops (same trace position in the first loop)" if paired else "load-adjusted",
+        "method": _method(reference) if paired else "load-adjusted",
+        "reference": reference if paired else None,
         "confidence": CONFIDENCE,
         "min_change_pct": min_change_pct,
         "metrics": {},
@@ -320,7 +365,7 @@ def judge_drift(
         "improving": [],
     }
     for key, unit, worse in TRENDED:
-        tr = _trend(series, key, paired, min_change_pct, max_pairs)
+        tr = _trend(series, key, paired, min_change_pct, max_pairs, reference)
         if tr is None:
             continue
         tr["unit"] = unit
@@ -342,12 +387,25 @@ def judge_drift(
                 else ""
             )
             + (" (paired: too few after the first loop)" if paired else "")
+            + (
+                f" (--drift-reference {reference}: no such loop)"
+                if paired and reference.isdigit() and int(reference) not in loops
+                else ""
+            )
             + f": at least {MIN_WINDOWS} are needed"
         )
     else:
         sec["verdict"] = "drifting" if sec["drifting"] else "stable"
     sec["series"] = all_series
     return sec
+
+
+def _method(reference: str) -> str:
+    if reference == "previous":
+        return "paired across loops (same trace position in the previous loop)"
+    if reference == "first":
+        return "paired across loops (same trace position in the first loop)"
+    return f"paired across loops (same trace position in loop {reference})"
 
 
 def drift_lines(sec: dict[str, Any] | None) -> list[str]:

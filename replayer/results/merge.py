@@ -196,7 +196,7 @@ def _merge_results(  # noqa: C901, PLR0912, PLR0915
     the folders' first runs: a later run in a folder is a resume), ``duration`` (the time some run
     was replaying, on the shared axis: the union of each run's first-send..last-end),
     ``duplicate_rows`` ((loop, row) pairs sent by more than one folder: overlapping shards or a
-    folder given twice), ``merge_warnings``, and ``stopped_early``/``stop_signal`` when a folder's
+    folder given twice), ``merge_warnings``, ``events`` (every folder's, ``merged_events``), and ``stopped_early``/``stop_signal`` when a folder's
     own summary says a stop cut its run short, ``run_id`` (the folders' run id: a list when they
     differ, as in a merge of separate runs). ``one_target`` (``--workers``: every folder
     scraped the same server) keeps the target-metric view of the folder with the most scrapes."""
@@ -278,6 +278,7 @@ def _merge_results(  # noqa: C901, PLR0912, PLR0915
 
         s["targets"], s["target_switches"] = read_targets(*dirs)
     s.update(_verdicts(list(dirs), s, own))  # (issue 45: the shards judged as one run)
+    s["events"] = merged_events(list(dirs), own, base)  # (issue 46: every shard's events)
     s["merged_from"] = list(dirs)
     s["shards"] = [sorted(x)[0] if len(x) == 1 else sorted(x) for x in shards_by_dir]
     s["anchor_spread_s"] = (max(starts) - min(starts)) if starts else None
@@ -318,7 +319,24 @@ def _verdicts(dirs: list[str], s: dict, own: list[dict]) -> dict:
         max_concurrency=cap,
         window_s=drift["window_s"] if drift else 300.0,
         min_change_pct=drift.get("min_change_pct", 10.0) if drift else 10.0,
+        reference=(drift.get("reference") or "first") if drift else "first",
     )
+
+
+def merged_events(dirs: list[str], own: list[dict], base: float | None) -> list[dict]:
+    """Every folder's run events (its ``summary.json``'s ``events``) in time order, each with the
+    folder it came from (``folder``) and its ``t_s`` on the shared axis (seconds after ``base``,
+    the earliest anchor): a fleet's loop boundaries, pauses and stops, shard by shard."""
+    out = []
+    for d, o in zip(dirs, own):
+        for e in o.get("events") or []:
+            if not isinstance(e, dict) or not isinstance(e.get("time_s"), (int, float)):
+                continue
+            rec = {**e, "folder": d}
+            if base is not None:
+                rec["t_s"] = round(e["time_s"] - base, 3)
+            out.append(rec)
+    return sorted(out, key=lambda e: e["time_s"])
 
 
 def _pace_settings(s: dict, own: list[dict]) -> None:

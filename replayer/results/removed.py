@@ -4,12 +4,14 @@ still counts them. ``digest_file`` is the ``retention.Digest`` the run gives the
 
 from __future__ import annotations
 
+from replayer.results.driftdigest import digest_drift
 from replayer.results.summary import fold_file, fold_from_json, fold_to_json, jsonable
 
 
 def digest_file(path: str, fold_json: dict | None) -> dict | None:
     """``retention.Digest``: the results of ``path`` folded into ``fold_json`` (None: none yet), as
-    JSON; None when ``path`` holds no readable results."""
+    JSON; None when ``path`` holds no readable results. Its ``drift`` key: the drift verdict's
+    windows of the files removed (``driftdigest.digest_drift``)."""
     fold = fold_file(path)
     if fold is None:
         return None
@@ -17,4 +19,8 @@ def digest_file(path: str, fold_json: dict | None) -> dict | None:
         old = fold_from_json(fold_json)
         old.merge(fold)
         fold = old
-    return jsonable(fold_to_json(fold))
+    out = jsonable(fold_to_json(fold))
+    drift = digest_drift(path, (fold_json or {}).get("drift"))
+    if drift is not None:
+        out["drift"] = jsonable(drift)
+    return out

@@ -104,6 +104,27 @@ def theil_sen(x: np.ndarray, y: np.ndarray, confidence: float = 0.95, max_pairs:
     )
 
 
+def median_interval(r: np.ndarray, confidence: float = 0.95) -> Slope | None:
+    """The median of the rates ``r`` with its distribution-free interval (the order statistics
+    of the sign test: ranks ``(n -+ z sqrt(n)) / 2``), as a ``Slope`` (intercept 0); None with
+    fewer than 3 values (NaN left out). For slopes measured one pair each, e.g. each window
+    against the previous loop's at the same position."""
+    r = np.sort(np.asarray(r, dtype=np.float64)[~np.isnan(np.asarray(r, dtype=np.float64))])
+    n = r.size
+    if n < 3:
+        return None
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    k = max(int(math.floor((n - z * math.sqrt(n)) / 2.0)), 0)
+    return Slope(
+        slope=float(np.median(r)),
+        low=float(r[k]),
+        high=float(r[min(n - 1 - k, n - 1)]),
+        intercept=0.0,
+        confidence=confidence,
+        n=n,
+    )
+
+
 def ks_distance(a: np.ndarray, b: np.ndarray) -> float | None:
     """The two-sample Kolmogorov-Smirnov distance: max over v of |F_a(v) - F_b(v)| (0 = the same
     distribution, 1 = disjoint); None when either sample is empty."""
@@ -173,4 +194,4 @@ def load_adjusted(t: np.ndarray, y: np.ndarray, loads: list[np.ndarray]) -> tupl
     return out, coefs
 
 
-__all__ = ["Slope", "change_start", "ks_critical", "ks_distance", "load_adjusted", "theil_sen"]
+__all__ = ["Slope", "change_start", "ks_critical", "ks_distance", "load_adjusted", "median_interval", "theil_sen"]

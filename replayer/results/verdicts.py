@@ -1,8 +1,8 @@
 """The fidelity and drift verdicts of results folders (``summary.json``'s ``fidelity`` and
 ``drift``), read from the files themselves: so they cover a resumed run's earlier files and the
 shards of ``replayer merge`` (every file's times put on the axis of the earliest run anchor, as
-the merge does), but not results files retention removed (their windows are gone: the drift
-series starts at the oldest file kept).
+the merge does), and the drift windows of results files retention removed, from their digest
+(``driftdigest``; their fidelity figures are not kept: the fidelity verdict is of the files kept).
 
 ``verdict_sections`` reads the folders' results files three times, a few columns each (loop
 origins, the fidelity figures, the drift windows), one batch in memory at a time, and the
@@ -19,8 +19,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replayer.record.folder import open_file, report_damaged, result_files
+from replayer.record.folder import open_file, read_removed, report_damaged, result_files
 from replayer.results.drift import COLUMNS as DRIFT_COLUMNS, DriftFold, judge_drift, loop_origins
+from replayer.results.driftdigest import digest_origins, seed_windows, usable
 from replayer.results.fidelity import COLUMNS as FIDELITY_COLUMNS, FidelityBounds, FidelityFold, judge_fidelity
 
 log = logging.getLogger(__name__)
@@ -41,10 +42,14 @@ def _anchored(dirs: list[str]) -> list[tuple[str, float | None]]:
     return out
 
 
-def _batches(files: list[tuple[str, float | None]], columns: tuple[str, ...]) -> Iterator[pa.RecordBatch]:
-    """Batches of ``columns`` of ``files``, times shifted to the earliest anchor among them."""
+def _batches(
+    files: list[tuple[str, float | None]], columns: tuple[str, ...], base: float | None = None
+) -> Iterator[pa.RecordBatch]:
+    """Batches of ``columns`` of ``files``, times shifted to the axis of ``base`` (Unix s; None:
+    the earliest anchor among them)."""
     walls = [w for _, w in files if w is not None]
-    base = min(walls) if walls else None
+    if base is None:
+        base = min(walls) if walls else None
     for f, wall in files:
         shift = round((wall - base) * 1e9) if wall is not None and base is not None else 0
         pf = open_file(f)
@@ -77,6 +82,28 @@ def _samples_on_axis(dirs: list[str], base: float | None) -> pa.Table | None:
     return t.set_column(t.schema.get_field_index("t_ns"), "t_ns", pa.array(t_ns))
 
 
+def _drift_fold(
+    dirs: list[str], files: list[tuple[str, float | None]], window_s: float
+) -> tuple[DriftFold, float | None]:
+    """The drift windows of the files and of the removed files' digests, on the axis of the
+    earliest anchor among the files kept and the removed loops' origins; and that base (Unix s)."""
+    kept = [(r.fold_json or {}).get("drift") for r in (read_removed(d) for d in dirs) if r is not None]
+    digests = usable([k for k in kept if k], window_s)
+    removed = digest_origins(digests)
+    walls = [w for _, w in files if w is not None] + [o / 1e9 for o in removed.values()]
+    base = min(walls) if walls else None
+    base_ns = round(base * 1e9) if base is not None else 0
+    origins = loop_origins(_batches(files, ("loop", "due_ns"), base))
+    for lp, o in removed.items():
+        origins[lp] = min(origins.get(lp, o - base_ns), o - base_ns)
+    fold = DriftFold(window_s, origins)
+    for d in digests:
+        seed_windows(fold, d)
+    for b in _batches(files, DRIFT_COLUMNS, base):
+        fold.add(b)
+    return fold, base
+
+
 def verdict_sections(
     dirs: list[str],
     summary: dict[str, Any],
@@ -85,9 +112,11 @@ def verdict_sections(
     max_concurrency: int | None = None,
     window_s: float = 300.0,
     min_change_pct: float = 10.0,
+    reference: str = "first",
 ) -> dict[str, Any]:
     """``{"fidelity": ..., "drift": ...}`` of the results folders ``dirs`` (one run, or the shards
-    of a merge); ``summary``: their summary so far (``stopped_early``, ``target_switches``)."""
+    of a merge); ``summary``: their summary so far (``stopped_early``, ``target_switches``);
+    ``reference``: ``--drift-reference``."""
     bounds = bounds or FidelityBounds()
     files = _anchored(dirs)
     fold = FidelityFold()
@@ -102,19 +131,20 @@ def verdict_sections(
         target_switches=switches,
     )
     fidelity["trace_rows_in_window"] = summary.get("scheduled")
-    drift_fold = DriftFold(window_s, loop_origins(_batches(files, ("loop", "due_ns"))))
-    for b in _batches(files, DRIFT_COLUMNS):
-        drift_fold.add(b)
-    walls = [w for _, w in files if w is not None]
+    drift_fold, base = _drift_fold(dirs, files, window_s)
     try:
-        samples = _samples_on_axis(dirs, min(walls) if walls else None)
+        samples = _samples_on_axis(dirs, base)
     except (OSError, pa.ArrowException) as e:  # (the verdict goes on without the target's signals)
         log.warning("drift: the target's samples cannot be read: %s", e)
         samples = None
     if samples is not None:
         drift_fold.add_samples(samples)
     drift = judge_drift(
-        drift_fold.series(), window_s=window_s, min_change_pct=min_change_pct, max_lag_ms=bounds.max_lag_ms
+        drift_fold.series(),
+        window_s=window_s,
+        min_change_pct=min_change_pct,
+        max_lag_ms=bounds.max_lag_ms,
+        reference=reference,
     )
     return {"fidelity": fidelity, "drift": drift}
 

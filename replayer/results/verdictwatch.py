@@ -105,12 +105,14 @@ class VerdictWatch(Collector):
         bounds: FidelityBounds | None = None,
         max_concurrency: int | None = None,
         min_change_pct: float = 10.0,
+        reference: str = "first",
     ) -> None:
         self.window_ns = max(1, int(window_s * 1e9))
         self.window_s = window_s
         self.bounds = bounds or FidelityBounds()
         self.max_concurrency = max_concurrency
         self.min_change_pct = min_change_pct
+        self.reference = reference
         self.n = dict.fromkeys(
             ("rows", "sent", "unsent", "queue_waited", "queue_held", "session_waited", "judged", "prompt_off"), 0
         )
@@ -220,6 +222,7 @@ class VerdictWatch(Collector):
                 list(self.rows),
                 window_s=self.window_s,
                 min_change_pct=self.min_change_pct,
+                reference=self.reference,
                 max_lag_ms=self.bounds.max_lag_ms,
                 max_pairs=LIVE_MAX_PAIRS,
             )

@@ -545,6 +545,7 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         bounds=FidelityBounds(max_lag_ms=cfg.fidelity_max_lag_ms),
         max_concurrency=cfg.max_concurrency,
         min_change_pct=cfg.drift_min_change_pct,
+        reference=cfg.drift_reference,  # wiring (issue 45: --drift-reference)
     )
     view.extra = verdicts.status  # wiring (issue 45)
     buffered = BufferedStreams()  # wiring (issue 47): a stream that arrives all at once is said

@@ -141,6 +141,7 @@ def _verdicts(cfg: RunConfig, results_dir: str, summary: dict[str, Any]) -> dict
             max_concurrency=cfg.max_concurrency,
             window_s=cfg.drift_window_s,
             min_change_pct=cfg.drift_min_change_pct,
+            reference=cfg.drift_reference,
         )
     except Exception as e:  # (a verdict never costs the run its summary)
         log.exception("the fidelity and drift verdicts failed")
