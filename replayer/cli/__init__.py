@@ -23,6 +23,7 @@ from replayer.cli.flags import (
     join_pairs,
     read_config_file,
 )
+from replayer.cli.gate import run_gate, run_history
 from replayer.cli.parser import FLAG_HINT_CUTOFF, build_parser, subcommands, unrecognized
 from replayer.config.model import ConfigError, RunConfig, flag_name, load_config
 
@@ -134,21 +135,9 @@ def _main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
             }  # (checked on the merged summary)
             passthrough = flags_for(cfg, skip)
             return run_workers(cfg, passthrough)
-        sim = None
-        if cfg.target is None:  # boot the simulator on the other core while the daemon imports
-            from replayer.run.simproc import embedded_args, spawn_sim
-
-            sim = spawn_sim(
-                embedded_args(
-                    cfg.tokenizer,
-                    cfg.otlp_traces_url(),
-                    ttft_drift=cfg.sim_ttft_drift_ms_per_min,  # wiring (issue 45)
-                    itl_drift=cfg.sim_itl_drift_ms_per_min,
-                )
-            )
         from replayer.run.daemon import main_run
 
-        return main_run(cfg, sim=sim)
+        return main_run(cfg)  # (the embedded simulator starts once the run's own checks pass)
     return _other_command(args)
 
 
@@ -209,7 +198,10 @@ def _other_command(args: argparse.Namespace) -> int:  # noqa: PLR0911
     if args.command == "compare":
         from replayer.results.compare import main_compare
 
-        return main_compare(args.a, args.b, args.json, args.spans)
+        gated = run_gate(args)  # (issue 45: the regression gate)
+        return gated if gated is not None else main_compare(args.a, args.b, args.json, args.spans)
+    if args.command == "history":
+        return run_history(args)
     if args.command == "record":
         from replayer.capture.record import main_record
 

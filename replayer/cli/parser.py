@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from replayer.cli.flags import add_config_flags, add_help_flags, join_pairs
+from replayer.cli.gate import add_gate_flags, add_history_parser
 
 __all__ = ["FLAG_HINT_CUTOFF", "build_parser", "subcommands", "unrecognized"]
 
@@ -183,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="OpenTelemetry spans (OTLP JSON lines; one file holding both runs, or A's then B's): the "
         "TTFT and E2E split (network and front end, queue, prefill, decode) p50/p99 of both runs",
     )
+    add_gate_flags(cp)  # (issue 45: the regression gate, and history)
+    add_history_parser(sub)
     tc = sub.add_parser(
         "tls-certs",
         help="write a throw-away CA and server and client certificates (PEM) for a TLS simulator and tests",

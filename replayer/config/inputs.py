@@ -55,6 +55,13 @@ class InputSettings(BaseModel):
         "their trace (salted per trace in a mix); global: ids are shared; none = "
         "what each trace declares (global when it declares nothing)",
     )
+    # -- issue 47 (a user's third day) --
+    max_trace_length: int = Field(
+        10_000_000,
+        ge=1,
+        description="refuse trace rows whose input_length or output_length is above this many tokens "
+        "(beyond any served model), naming file, row and field",
+    )
     # -- Synthetic load (no trace)
     request_rate: float | None = Field(
         None,

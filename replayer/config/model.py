@@ -132,6 +132,13 @@ class RunConfig(
             return [str(e)]
         return []
 
+    def named_secrets(self) -> dict[str, str | None]:
+        """The secrets the logs redact, by where they come from (issue 47: a short one is warned about)."""
+        return {
+            f"the API key (--api-key-file or ${self.api_key_env})": self.api_key(),
+            f"the control token (--control-token-file or ${self.control_token_env})": self.control_token(),
+        }
+
     @model_validator(mode="after")
     def _modes(self) -> "RunConfig":
         problems = self._load_problems()

@@ -65,10 +65,19 @@ class ObservabilitySettings(BaseModel):
         "last this-many seconds)",
     )
     quiet: bool = Field(
-        False, description="no live view or progress lines (the final summary and results line are still printed)"
+        False,
+        description="no live view or progress lines (the summary, the log and its stall line "
+        "(--stall-log-interval) are still written)",
     )
     log_format: str = Field("text", description="log lines as text or json (one object per line)")
     log_level: str = Field("info", description="debug, info, warning or error")
+    # -- issue 47 (a user's third day) --
+    stall_log_interval_s: float = Field(
+        30.0,
+        ge=0,
+        description="while requests are in flight and none ends, log a line this often naming the oldest "
+        "one's age (--quiet too); 0 = never",
+    )
 
     @field_validator("otlp_endpoint")
     @classmethod

@@ -30,7 +30,7 @@ class PacingSettings(BaseModel):
         description="replay only the schedule's first N requests (shards and resumed runs together); unset = all",
     )
     duration_s: float | None = Field(
-        None, gt=0, description="stop scheduling after this many seconds of replay; unset = the whole schedule"
+        None, gt=0, description="stop scheduling after this many seconds of replay; unset = all"
     )
     loop: str = Field("1", description="passes over the trace: a number, or 'forever'")
     loop_gap_s: float = Field(0.0, ge=0, description="trace time between the end of one loop and the next")

@@ -19,11 +19,9 @@ class VerdictSettings(BaseModel):
     # -- Verdict
     goodput: list[str] | None = Field(
         None,
-        description="SLO bounds in ms as KEY:VALUE pairs, keys ttft, "
-        "tpot, e2el (vllm bench serve's --goodput), e.g. --goodput ttft:2000 "
-        "tpot:50 (or ttft:2000,tpot:50, or the flag repeated; in a config file a "
-        "mapping {ttft: 2000, tpot: 50}): a request meets the SLO when it succeeded and every bound holds; "
-        "the summary reports request_goodput and slo_attainment; unset = no SLO",
+        description="SLO bounds in ms, keys ttft, tpot, e2el (vllm bench serve's --goodput), e.g. "
+        "--goodput ttft:2000 tpot:50 (a mapping in a config file): a request meets it when it succeeded "
+        "within every bound (request_goodput, slo_attainment); unset = no SLO",
     )
     max_error_ratio: float | None = Field(
         None,
@@ -31,7 +29,7 @@ class VerdictSettings(BaseModel):
         le=1,
         description="exit 3 when more than this "
         "fraction of the requests that ended failed (failed / (completed "
-        "+ failed)), e.g. 0.01 for CI; none = exit 0 however many failed",
+        "+ failed)), e.g. 0.01 for CI; none = exit 3 if all failed",
     )
     warmup_requests: int = Field(
         0,

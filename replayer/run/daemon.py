@@ -47,11 +47,13 @@ from replayer.observe.admin import AdminServer
 from replayer.observe.console import LiveConsole
 from replayer.observe.dialects import dialect
 from replayer.observe.lastscrape import last_scrape
-from replayer.observe.logs import setup_logging
+from replayer.observe.logs import setup_logging, warn_short_secrets
 from replayer.observe.looplag import EventLoopLagMonitor
 from replayer.observe.metrics import ReplayerMetrics
 from replayer.observe.otel import RequestSpans
 from replayer.observe.runlabels import RunInfo, RunLabels
+from replayer.observe.stall import watch_stalls
+from replayer.observe.streamcheck import BufferedStreams
 from replayer.observe.target_metrics import TargetScraper, TargetScrapers
 from replayer.observe.target_samples import SAMPLES_FLUSH_SCRAPES, SampleFiles, flush_samples
 from replayer.payload.body import PayloadBuilder
@@ -74,7 +76,13 @@ from replayer.run.gcpacer import GcPacer
 from replayer.run.lifecycle import start_up
 from replayer.run.readiness import StartupError, wait_ready_all
 from replayer.run.resume import Checkpoint, carry_target_totals, resume_plan
-from replayer.run.runinputs import COUNT_LIMIT, count_scheduled, open_batches_factory, results_dir_for
+from replayer.run.runinputs import (
+    COUNT_LIMIT,
+    count_scheduled,
+    open_batches_factory,
+    release_results_dir,
+    results_dir_for,
+)
 from replayer.run.runstate import (
     Accounting,
     RunControl,
@@ -137,29 +145,12 @@ async def run_replay(
     """
     state = state or RunState()
     registry = registry or CollectorRegistry()
-    before, after = raise_open_file_limit()
-    if after != before:
-        log.info("open-file limit raised from %d to %d (each request in flight holds a connection)", before, after)
+    _raise_fd_limit()
     sim_proc = sim[0] if sim else None
     admin: AdminServer | None = None
     created = False  # the results folder is this run's own
+    results_dir: str | None = None
     try:
-        targets = cfg.targets
-        if not targets:  # start it first: it boots in its own process while we load the trace
-            sim_proc, embedded = (
-                sim
-                if sim
-                else spawn_sim(
-                    embedded_args(
-                        cfg.tokenizer,
-                        cfg.otlp_traces_url(),
-                        ttft_drift=cfg.sim_ttft_drift_ms_per_min,  # wiring (issue 45)
-                        itl_drift=cfg.sim_itl_drift_ms_per_min,
-                    )
-                )
-            )
-            log.info("no --target: starting the embedded simulator at %s", embedded)
-            targets = [embedded]
         # warm the results writer in a thread while the trace loads and the target comes up
         warming = asyncio.get_running_loop().run_in_executor(None, recorder_warm_up)
         open_batches, block_size, n_rows, span_s = open_batches_factory(cfg)
@@ -206,6 +197,10 @@ async def run_replay(
                 "(--admin-port 0 takes a free port)"
             ) from None
         log.info("admin server on %s (/metrics, /status)", admin_url)
+        targets = cfg.targets
+        if not targets:  # only once the trace, the folder and the port are good (issue 47)
+            sim_proc, embedded = sim or _spawn_embedded(cfg)
+            targets = [embedded]
         api_key = cfg.api_key()
         state.target = ", ".join(targets)
         listed = await wait_ready_all(targets, cfg.ready_timeout_s if cfg.target else 30.0, api_key, cfg.tls)
@@ -228,8 +223,9 @@ async def run_replay(
         # wiring (issue 46): the last scrape (a push, a linger)
         await last_scrape(admin, run_id=str(cfg.run_id), linger_s=cfg.metrics_linger_s, push_url=cfg.metrics_push)
     except (StartupError, TraceError):
+        release_results_dir(results_dir)  # wiring (issue 47): the folder's lock first (its file goes)
         # nothing was sent: a folder this run made holds nothing (an empty parts/ at most)
-        if created and not any(files for _, _, files in os.walk(results_dir)):
+        if results_dir is not None and created and not any(files for _, _, files in os.walk(results_dir)):
             shutil.rmtree(results_dir, ignore_errors=True)
             if cfg.results is None:  # ./results itself, if this left it empty
                 try:
@@ -238,11 +234,33 @@ async def run_replay(
                     pass
         raise
     finally:
+        release_results_dir(results_dir)  # wiring (issue 47): the results are on disk
         if admin is not None:
             await admin.stop()
         if sim_proc is not None:
             await asyncio.get_running_loop().run_in_executor(None, stop_sim, sim_proc)
     return summary
+
+
+def _raise_fd_limit() -> None:
+    """Each request in flight holds a connection: the open-file limit raised to its hard limit."""
+    before, after = raise_open_file_limit()
+    if after != before:
+        log.info("open-file limit raised from %d to %d (each request in flight holds a connection)", before, after)
+
+
+def _spawn_embedded(cfg: RunConfig) -> tuple:
+    """The embedded simulator for a run without ``--target`` (its process, its URL)."""
+    sim_proc, embedded = spawn_sim(
+        embedded_args(
+            cfg.tokenizer,
+            cfg.otlp_traces_url(),
+            ttft_drift=cfg.sim_ttft_drift_ms_per_min,  # wiring (issue 45)
+            itl_drift=cfg.sim_itl_drift_ms_per_min,
+        )
+    )
+    log.info("no --target: starting the embedded simulator at %s", embedded)
+    return sim_proc, embedded
 
 
 async def _replay(  # noqa: C901, PLR0912, PLR0915
@@ -529,6 +547,7 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         min_change_pct=cfg.drift_min_change_pct,
     )
     view.extra = verdicts.status  # wiring (issue 45)
+    buffered = BufferedStreams()  # wiring (issue 47): a stream that arrives all at once is said
     sink = result_fanout(
         slos=slos,
         metrics=metrics,
@@ -539,6 +558,7 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         spans=spans,
         live_window=metrics.live_window,  # wiring (issue 46)
         verdicts=verdicts,  # wiring (issue 45)
+        checks=buffered,  # wiring (issue 47)
     )
 
     def prepare(sb, j: int) -> PreparedRequest:  # each request built is counted (scheduled, expected hits)
@@ -637,6 +657,18 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         "self-watch",
         watch_self(state, metrics, probe=lambda: selfwatch.read(dispatcher, launcher, gc_pacer, clients.values())),
     )
+    if cfg.stall_log_interval_s:  # wiring (issue 47): a hanging target is said, --quiet too
+        background.start(
+            "stall line",
+            watch_stalls(
+                cfg.stall_log_interval_s,
+                lambda: dispatcher.in_flight,
+                lambda: state.completed + state.failed,
+                dispatcher.oldest_in_flight_s,
+                cfg.read_timeout_s,
+            ),
+            essential=False,
+        )
     heartbeat = None
     if cfg.coordinator is not None and state.fleet is not None:  # the fleet sees this shard live
 
@@ -717,8 +749,10 @@ async def _run(  # noqa: C901, PLR0912, PLR0915
         tls=_tls_counts(clients),
     )
     summary["events"] = metrics.events.as_list()  # wiring (issue 46)
-    await loop.run_in_executor(None, rewrite_summary, results_dir, summary)
     verdicts.final(summary)  # wiring (issue 45): the gauges say the summary's verdicts
+    if (at_once := buffered.report()) is not None:  # wiring (issue 47)
+        summary["buffered_streams"] = at_once
+    await loop.run_in_executor(None, rewrite_summary, results_dir, summary)
     if spans is not None:  # the run span (with the summary's numbers), the queue drained, time-boxed
         try:
             summary["otel"] = await loop.run_in_executor(None, spans.close, summary)
@@ -866,7 +900,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     """Run with uvloop. Exit code: 0 when the replay ended by itself (or by ``/stop``), 2 on a
-    startup/trace error or when no row of the trace was scheduled, 3 when more requests failed than ``--max-error-ratio`` allows, 4 when a
+    startup/trace error or when no row of the trace was scheduled, 3 when more requests failed than
+    ``--max-error-ratio`` allows (without it: when every request that ended failed), 4 when a
     background task crashed and stopped the run (``replayer.core.background``), 5 when results or
     ``summary.json`` could not all be written (a full disk: the summary printed counts them), 6 when
     ``--fail-unfaithful`` and the fidelity verdict is not faithful, 128 + the
@@ -887,6 +922,8 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
         secrets=(cfg.api_key(), cfg.control_token()),
         fields={"shard": cfg.shard} if cfg.shard_index[1] > 1 else None,
     )
+    if not os.environ.get(PARENT_PID_ENV):  # wiring (issue 47): (a --workers parent said it once)
+        warn_short_secrets(cfg.named_secrets())
     try:
         summary = uvloop.run(run_replay(cfg, sim=sim))
     except (StartupError, TraceError) as e:
@@ -912,7 +949,7 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_TASK_FAILED
-    problem = error_ratio_problem(summary, cfg.max_error_ratio)
+    problem = error_ratio_problem(summary, cfg.max_error_ratio) if one or cfg.max_error_ratio is not None else None
     if problem:
         print(f"replayer: {problem}", file=sys.stderr)
         return EXIT_ERROR_RATIO

@@ -9,6 +9,7 @@ steps in this order, each once:
 3. ``tenants`` / ``targets``: the per-trace and per-target series of a mix or a routed fleet;
 4. ``live state``: the counters of ``/status``, the progress line and the error-burst log;
 5. ``spans``: with ``--otlp-endpoint``, the request's OpenTelemetry span (``replayer.observe.otel``);
+   ``self-checks``: a stream that arrived all at once (``replayer.observe.streamcheck``);
 6. ``verdicts``: the live fidelity figures and drift windows (``replayer.results.verdictwatch``);
 7. ``recorder``: the results file (last: a result on disk has been counted everywhere).
 
@@ -68,6 +69,7 @@ def result_fanout(
     spans: _OnResult | None = None,
     live_window: _OnResult | None = None,
     verdicts: _OnResult | None = None,
+    checks: _OnResult | None = None,
 ) -> ResultFanout:
     """The run's fan-out (module docstring): ``verdict`` only with bounds, ``tenants`` with a mix,
     ``targets`` with several targets, ``spans`` with tracing on, ``live window`` and ``verdicts`` when given."""
@@ -92,5 +94,7 @@ def result_fanout(
         steps.append(("spans", spans.on_result))
     if verdicts is not None:
         steps.append(("verdicts", verdicts.on_result))
+    if checks is not None:  # (issue 47) self-checks that see every result: streams buffered on the way
+        steps.append(("self-checks", checks.on_result))
     steps.append(("recorder", recorder.add))
     return ResultFanout(steps)

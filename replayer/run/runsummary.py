@@ -176,7 +176,11 @@ def _add_run_notes(
     if fleet is not None:  # a fleet shard: its start, its clock against the coordinator's
         summary["fleet"] = fleet
     if cfg.insecure and any(u.startswith("https://") for u in cfg.targets):
-        summary["tls_insecure"] = True  # --insecure: the target's certificate was not verified
+        summary["tls_insecure"] = True
+    if cfg.max_error_ratio is None and cfg.shard_index[1] == 1 and (why := nothing_measured(summary)):
+        summary["nothing_measured"] = (
+            why  # (issue 47: the run exits 3)  # --insecure: the target's certificate was not verified
+        )
 
 
 def _pace_sections(summary: dict[str, Any], cfg: RunConfig) -> None:
@@ -298,11 +302,29 @@ def nothing_scheduled_problem(summary: dict) -> str | None:
     )
 
 
+def nothing_measured(summary: dict) -> str | None:
+    """Why a run measured nothing (every request that ended failed), or None: such a run is not a
+    success even without ``--max-error-ratio`` (a CI job that forgot the flag against a dead
+    server). In ``summary.json`` as ``nothing_measured``."""
+    failed, completed = summary.get("failed") or 0, summary.get("completed") or 0
+    if not failed or completed:
+        return None
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted((summary.get("errors_by_kind") or {}).items()))
+    return (
+        f"all {failed} requests that ended failed{' (' + kinds + ')' if kinds else ''}: the run measured nothing "
+        f"(--max-error-ratio 1 lets such a run pass)"
+    )
+
+
 def error_ratio_problem(summary: dict, max_error_ratio: float | None) -> str | None:
     """Why the run should exit ``EXIT_ERROR_RATIO``: failed / (completed + failed) is above
-    ``max_error_ratio`` (None: no limit, or no request ended); else None."""
+    ``max_error_ratio``, or (no ``max_error_ratio``) every request that ended failed
+    (``nothing_measured``); else None (also when no request ended)."""
     failed, ended = summary.get("failed") or 0, (summary.get("completed") or 0) + (summary.get("failed") or 0)
-    if max_error_ratio is None or not ended or failed / ended <= max_error_ratio:
+    if max_error_ratio is None:
+        why = nothing_measured(summary)
+        return f"{why}: exit {EXIT_ERROR_RATIO}" if why else None
+    if not ended or failed / ended <= max_error_ratio:
         return None
     kinds = ", ".join(f"{k} {n}" for k, n in sorted((summary.get("errors_by_kind") or {}).items()))
     return (

@@ -145,6 +145,12 @@ class Dispatcher:
     def in_flight(self) -> int:
         return len(self._tasks)
 
+    def oldest_in_flight_s(self) -> float | None:
+        """How long ago the oldest request in flight was due, in seconds (None: none in flight)."""
+        for _, due_ns, _ in self._tasks.values():  # (insertion order: the first is the oldest)
+            return max(0, self.now_rel() - due_ns) / 1e9
+        return None
+
     @property
     def queued(self) -> int:
         """Requests due and waiting for a slot now (``--max-concurrency``; 0 without a cap)."""
@@ -317,11 +323,28 @@ class Dispatcher:
         return True
 
     def _fire(self, f: Fire) -> None:
+        if self._plan.broken(f.req):
+            self._not_sent_for_dependency(f)
+            return
         self._start(f.req, f.due_ns, self._sender.send(f.req, f.due_ns))
+
+    def _not_sent_for_dependency(self, f: Fire) -> None:
+        """A turn whose predecessor failed: recorded cancelled (kind ``dependency``), never sent;
+        it ends at once, so its own dependents are not sent either."""
+        res = f.req.new_result(self.shard, due_ns=f.due_ns, sent=False)
+        res.outcome, res.error_kind = Outcome.CANCELLED.value, ErrorKind.DEPENDENCY.value
+        res.error = "not sent: an earlier turn of its session (or its parent request) failed"
+        self.cancelled += 1
+        self._deliver(res)
+        self._plan.failed(f.req)
+        self._ended(f.req, self.stopping)
 
     def _fire_capped(self, f: Fire) -> None:
         """``_fire`` under ``--max-concurrency``: at once when a slot is free and nobody waits,
         else into the queue (``_task_done_capped`` starts it when a slot frees)."""
+        if self._plan.broken(f.req):
+            self._not_sent_for_dependency(f)
+            return
         slots = self._slots
         assert slots is not None
         if slots.free(len(self._tasks) - self._ending):
@@ -377,6 +400,8 @@ class Dispatcher:
             self._deliver(res)
             self._ended(req, stopping=True)
             raise
+        if res.outcome == Outcome.FAILED.value:
+            self._plan.failed(req)  # (before its turns are released: they are not sent)
         self._ended(req, self.stopping)
         self._deliver(res)
 

@@ -262,6 +262,7 @@ class _GenerationRoutes(_Engine, _Parsing):
         finally:
             r.aborted = True  # the engine drops it at its next step, if still listed
             self._release()
+            self._metrics.observe(queued, scheduled, t_first, time.perf_counter(), r.generated)
             if self.spans is not None and scheduled is not None:
                 self.spans.emit(
                     request.headers.get("traceparent"),

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import orjson
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from replayer.core.engines import engine_caps
@@ -67,6 +67,9 @@ class SimServer(_GenerationRoutes, _PoolingRoutes):
         self._metrics = _Metrics(self)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self._metrics)
+        # the process's memory and CPU, as a real server's prometheus_client exports them (the drift
+        # verdict reads process_resident_memory_bytes)
+        ProcessCollector(registry=self.registry)
         self._running = 0  # admitted: prefill + decode
         self.born_s = time.perf_counter()  # (the start of --*-drift-ms-per-min; reset by start())
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
