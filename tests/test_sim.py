@@ -55,12 +55,15 @@ def parse_sse(raw: bytes) -> list:
 
 
 async def metrics(c: aiohttp.ClientSession, url: str) -> dict[str, float]:
-    """Sample name (with labels except engine/model_name folded away) -> value."""
+    """Sample name (with labels except engine/model_name folded away) -> value (the process
+    collector's ``process_*`` left out)."""
     async with c.get(url + "/metrics") as r:
         assert r.status == 200
         text = await r.text()
     out = {}
     for fam in text_string_to_metric_families(text):
+        if fam.name.startswith("process_"):  # the process collector's: no engine label, as in vLLM
+            continue
         for s in fam.samples:
             assert s.labels["engine"] == "0"
             out[s.name] = s.value

@@ -68,7 +68,7 @@ __all__ = [
 ]
 
 #: vLLM's KV-cache block on GPU (``--kv-block-size``; ``RunConfig`` holds the same defaults as
-#: literals, to keep ``replayer.config.model`` free of numpy: tests/test_prefix_cache.py checks they agree).
+#: literals, to keep ``replayer.config`` free of numpy: tests/test_prefix_cache.py checks they agree).
 DEFAULT_KV_BLOCK_SIZE = 16
 #: LRU capacity of the model in tokens (``--expected-cache-tokens``): larger than any server's KV
 #: cache, and it bounds the model's memory on long traces (~125k keys of 512-token blocks).
