@@ -47,8 +47,7 @@ def test_pause_resume_speedup_stop_with_token(tmp_path, mooncake_slice, sim_proc
             "--results",
             str(tmp_path / "r"),
             "--admin-port",
-            str(port),
-            "--quiet",
+            str(port),  # (not --quiet: every control change is checked in the log, at INFO)
         ],
         env=env,
         stdout=subprocess.PIPE,

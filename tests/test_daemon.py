@@ -72,7 +72,7 @@ def test_sigterm_drains_then_accounts_for_every_row(tmp_path, mooncake_slice, si
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["sent"] + s["not_started"] == s["scheduled"] == n
     assert s["stopped_early"] is True and s["stop_signal"] == "SIGTERM"
-    # --quiet turns off the live view only: the run ends with its summary and where its results are
+    # --quiet writes only what needs attention: the run still ends with its summary and where its results are
     assert "Stopped early (results partial)" in out and "by SIGTERM" in out
     assert out.splitlines()[-1].startswith(f"results: {tmp_path / 'r'}/ (")
 
@@ -82,7 +82,8 @@ def test_sigterm_drains_then_accounts_for_every_row(tmp_path, mooncake_slice, si
     # running; the resume's ~300-token responses need not take 12 s each)
     ckpt = json.loads((tmp_path / "r" / "checkpoint.json").read_text())
     fast, _ = sim_process("--itl-base-ms", "1")
-    p = _run(["--resume", str(tmp_path / "r"), "--target", fast, "--speedup", "10", "--admin-port", "0", "--quiet"])
+    # (not --quiet: the resume's INFO line is checked)
+    p = _run(["--resume", str(tmp_path / "r"), "--target", fast, "--speedup", "10", "--admin-port", "0"])
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err[-2000:]
     assert (
@@ -503,8 +504,8 @@ def test_a_start_time_long_past_starts_now_instead_of_a_burst(tmp_path, mooncake
     res = tmp_path / "r"
     started = time.time()
     past = repr(started - 30)
-    common = [str(trace), "--target", url, "--speedup", "10", "--admin-port", "0", "--quiet", "--start-at", past]
-    p = _run([*common, "--results", str(res), "--duration", "1.5"])
+    common = [str(trace), "--target", url, "--speedup", "10", "--admin-port", "0", "--start-at", past]
+    p = _run([*common, "--quiet", "--results", str(res), "--duration", "1.5"])  # (its line is a warning)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err[-2000:]
     # missed by 30 s plus however long the start-up took (seconds on a busy machine)
@@ -516,7 +517,7 @@ def test_a_start_time_long_past_starts_now_instead_of_a_burst(tmp_path, mooncake
     # busy machine delays a send
     burst_ms = float(missed[1]) * 1e3
     assert 0 < s["sent"] < n and s["dispatch_lag_max_ms"] < burst_ms / 2, (s["dispatch_lag_max_ms"], burst_ms)
-    p = _run([*common, "--resume", str(res)])
+    p = _run([*common, "--resume", str(res)])  # (not --quiet: its "resuming now" line is INFO)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err[-2000:]
     assert "resuming now: the run's --start-at" in err and "out of step" not in err

@@ -49,8 +49,7 @@ def test_a_slow_pool_opening_is_not_charged_as_dispatch_lag(tmp_path, mooncake_s
             "--results",
             str(res),
             "--admin-port",
-            "0",
-            "--quiet",
+            "0",  # (not --quiet: the warm-up's INFO line is checked below)
         ],
         capture_output=True,
         text=True,

@@ -66,11 +66,13 @@ class ObservabilitySettings(BaseModel):
     )
     quiet: bool = Field(
         False,
-        description="no live view or progress lines (the summary, the log and its stall line "
-        "(--stall-log-interval) are still written)",
+        description="only what needs attention: no live view, progress or INFO lines (warnings, the stall "
+        "line too, and the summary show)",
     )
     log_format: str = Field("text", description="log lines as text or json (one object per line)")
-    log_level: str = Field("info", description="debug, info, warning or error")
+    log_level: str = Field(
+        "info", description="debug, info, warning or error (not given: warning with --quiet, else info)"
+    )
     # -- issue 47 (a user's third day) --
     stall_log_interval_s: float = Field(
         30.0,
@@ -105,3 +107,9 @@ class ObservabilitySettings(BaseModel):
             return traces
         env_base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         return env_base.rstrip("/") + "/v1/traces" if env_base else None
+
+    @property
+    def log_threshold(self) -> str:
+        """The level the log is written at (issue 47): ``--log-level``, or ``warning`` under
+        ``--quiet`` when no level was given (a quiet run writes only what needs attention)."""
+        return "warning" if self.quiet and "log_level" not in self.model_fields_set else self.log_level

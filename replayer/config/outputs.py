@@ -23,9 +23,8 @@ class OutputSettings(BaseModel):
     resume: str | None = Field(
         None,
         description="continue the run recorded in this results folder "
-        "(its trace and the settings that shape the prompts unless given again: then they must agree; "
-        "--speedup and --target come from the flags, as for any run), skipping every row already "
-        "recorded; unset = a new run",
+        "(its trace and prompt settings unless given again: then they must agree; --speedup and "
+        "--target as given), skipping every row already recorded; unset = a new run",
     )
     resume_existing: bool = Field(
         False,

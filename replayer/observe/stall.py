@@ -1,8 +1,9 @@
 """The stall line: while requests are in flight and none ends, a log line every
 ``--stall-log-interval`` s naming how many wait and the oldest one's age, so that a hanging
 target is not silent until the read timeout (600 s by default) fails its requests. Logged with
-``--quiet`` too (which quiets the live view and progress lines, not the log); its record carries
-``ALWAYS``, for a filter that would keep only the lines a quiet run must still show.
+``--quiet`` too: it is a WARNING (a stall needs attention), and ``--quiet`` drops only the lines
+below WARNING (``RunConfig.log_threshold``); its record also carries ``ALWAYS``, for a filter that
+would keep only the lines a quiet run must still show.
 
 ``StallCheck`` is the pure rule (tested without a loop); ``watch_stalls`` runs it on the loop.
 """

@@ -919,7 +919,7 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     # text or one JSON object per line (--log-format); the API key and control token are redacted
     setup_logging(
         cfg.log_format,
-        cfg.log_level,
+        cfg.log_threshold,  # (issue 47: --quiet writes no INFO line)
         secrets=(cfg.api_key(), cfg.control_token()),
         fields={"shard": cfg.shard} if cfg.shard_index[1] > 1 else None,
     )

@@ -154,7 +154,7 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     an earlier ``--workers`` run) worker i resumes ``DIR/worker-i``."""
     from replayer.observe.logs import setup_logging, warn_short_secrets
 
-    setup_logging(cfg.log_format, cfg.log_level, secrets=(cfg.api_key(), cfg.control_token()))
+    setup_logging(cfg.log_format, cfg.log_threshold, secrets=(cfg.api_key(), cfg.control_token()))
     warn_short_secrets(cfg.named_secrets())  # wiring (issue 47)
     n = cfg.workers
     flags = _without_flag(list(argv_flags), "--resume")
@@ -225,6 +225,7 @@ def _supervise(cfg: RunConfig, flags: list[str], n: int, results: str) -> int:  
                 start_new_session=True,
             )
             targets = [f"http://127.0.0.1:{port}"]
+            log.info("no --target: starting the embedded simulator at %s", targets[0])
             if not _wait_health(targets[0] + "/health", sim, 30.0):
                 print(f"replayer run: the embedded simulator did not start at {targets[0]}", file=sys.stderr)
                 return 1
@@ -253,7 +254,9 @@ def _supervise(cfg: RunConfig, flags: list[str], n: int, results: str) -> int:  
                 "--admin-port",
                 str(port),
                 *(a for t in targets for a in ("--target", t)),
-                "--quiet",
+                "--quiet",  # (no live view: the parent's; the log at the parent's level, issue 47)
+                "--log-level",
+                cfg.log_threshold,
             ]
             if cfg.resume and os.path.exists(os.path.join(wdir, "checkpoint.json")):
                 args += ["--resume", wdir]

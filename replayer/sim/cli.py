@@ -53,7 +53,8 @@ async def _serve(
                 f"cannot listen on {host}:{port}: {os.strerror(e.errno) if e.errno else e} "
                 "(another server may be there: --port 0 takes a free port, or pick another port)"
             ) from None
-        print(f"replayer sim: model {config.model!r} serving at {url}", file=sys.stderr, flush=True)
+        if not parent_pid:  # (a run's embedded simulator: the run logs where it serves, at INFO: issue 47)
+            print(f"replayer sim: model {config.model!r} serving at {url}", file=sys.stderr, flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -135,7 +136,8 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         metavar="PID",
         default=None,
-        help="stop when this process (the parent: replayer run's embedded simulator) has ended and no request came for 2 s",
+        help="stop when this process (the parent: replayer run's embedded simulator) has ended and no request came "
+        "for 2 s; the 'serving at' line is then not printed (the run logs the URL, and --quiet keeps stderr quiet)",
     )
     p.add_argument("--tls-cert", metavar="FILE", default=None, help="serve HTTPS with this PEM certificate (chain)")
     p.add_argument(
