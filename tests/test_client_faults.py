@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 import pytest
+from eventlog import Finished, feed_of
 from faultserver import (
     DONE,
     HANG,
@@ -49,7 +50,6 @@ from replayer.plan.schedule import ScheduleBatch, Timeline, iter_schedule
 from replayer.results.summary import summarize
 from replayer.run.gcpacer import GcPacer
 from replayer.send.dispatcher import Dispatcher
-from replayer.send.feed import Feed
 from replayer.send.sender import LoopSender
 from replayer.trace import TraceError, read_trace
 
@@ -560,10 +560,10 @@ def _b24_run(warm: bool) -> None:
             pacer = GcPacer()
             pacer.start()
             d = Dispatcher(
-                Feed(iter_schedule(lambda: [Batch()]), prepare, unsent),
+                feed_of(iter_schedule(lambda: [Batch()]), prepare, unsent),
                 Planner(timeline),
                 LoopSender(c),
-                results.append,
+                Finished(results.append),
                 t0_ns=anchor.t0_ns,
                 on_idle=pacer.idle,
             )

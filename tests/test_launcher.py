@@ -15,6 +15,7 @@ import socket
 import numpy as np
 import pytest
 from batches import TimeBatch
+from eventlog import Finished, feed_of
 
 from replayer.core.clock import Anchor, now_ns
 from replayer.core.request import PreparedRequest
@@ -26,7 +27,6 @@ from replayer.payload.prompts import PromptBuilder
 from replayer.plan.planner import Planner
 from replayer.plan.schedule import Timeline, iter_schedule
 from replayer.send.dispatcher import Dispatcher
-from replayer.send.feed import Feed
 from replayer.send.sender import LauncherSender
 from replayer.sim import SimConfig, SimServer
 
@@ -299,14 +299,14 @@ def _replay_through_the_launcher(
                     connect_ahead_ns=connect_ahead_ms * 1_000_000 if expect else None,
                 )
                 d = Dispatcher(
-                    Feed(
+                    feed_of(
                         iter_schedule(lambda: [TimeBatch(ts)]),
                         prepare,
                         lambda sb, j: RequestResult(row=int(sb.rows[j])),
                     ),
                     planner,
                     sender,
-                    results.append,
+                    Finished(results.append),
                     t0_ns=anchor.t0_ns,
                 )
                 await asyncio.wait_for(d.run(), 20)

@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 
 from batches import TimeBatch
+from eventlog import feed_of
 from senders import CallSender
 
 from replayer.core.clock import now_ns
+from replayer.core.events import QUIET
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.plan.planner import Planner
 from replayer.plan.schedule import Timeline, iter_schedule
 from replayer.send.dispatcher import Dispatcher
-from replayer.send.feed import Feed
 
 
 def _behind_on_a_saturated_loop(n: int) -> tuple[list[int], Dispatcher]:
@@ -56,14 +57,14 @@ def _behind_on_a_saturated_loop(n: int) -> tuple[list[int], Dispatcher]:
 
         loop.call_soon(hog)
         d = Dispatcher(
-            Feed(
+            feed_of(
                 iter_schedule(lambda: [TimeBatch(list(range(n)))]),
                 prepare,
                 lambda sb, j: RequestResult(row=int(sb.rows[j])),
             ),
             Planner(timeline),
             CallSender(send),
-            lambda r: None,
+            QUIET,
             t0_ns=now_ns() - 1_000_000_000,
         )
         try:
@@ -118,14 +119,14 @@ def test_preparation_runs_through_the_lead_window_when_a_hand_over_is_due_every_
         t0[0] = now_ns() + 100_000_000
         sender = CallSender(send, ahead_ns=50_000_000, hand_over=lambda req, res, at: launched.append(at) or object())
         d = Dispatcher(
-            Feed(
+            feed_of(
                 iter_schedule(lambda: [TimeBatch(list(range(2000)))]),
                 prepare,
                 lambda sb, j: RequestResult(row=int(sb.rows[j])),
             ),
             Planner(timeline, ahead_ns=sender.ahead_ns),
             sender,
-            lambda r: None,
+            QUIET,
             t0_ns=t0[0],
         )
         await asyncio.wait_for(d.run(), 120)

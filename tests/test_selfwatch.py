@@ -7,11 +7,13 @@ import logging
 import time
 
 from batches import TimeBatch
+from eventlog import feed_of
 from prometheus_client import CollectorRegistry
 from senders import CallSender
 
 import replayer.observe.selfwatch as selfwatch
 from replayer.core.clock import now_ns
+from replayer.core.events import QUIET
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.observe.looplag import EventLoopLagMonitor
@@ -19,9 +21,8 @@ from replayer.observe.metrics import ReplayerMetrics
 from replayer.observe.selfwatch import Reading, network_bound, saturated
 from replayer.plan.planner import Planner
 from replayer.plan.schedule import Timeline, iter_schedule
-from replayer.run.runstate import RunState, watch_self as _watch_self
+from replayer.run.live import RunState, watch_self as _watch_self
 from replayer.send.dispatcher import Dispatcher
-from replayer.send.feed import Feed
 
 
 def test_each_saturated_part_is_named_with_its_numbers():
@@ -133,14 +134,14 @@ def test_a_replayer_starved_of_its_loop_says_so_while_behind_and_names_the_parts
                 loop.call_soon(hog)
 
         d = Dispatcher(
-            Feed(
+            feed_of(
                 iter_schedule(lambda: [TimeBatch([5 * i for i in range(n)])]),
                 prepare,
                 lambda sb, j: RequestResult(row=int(sb.rows[j])),
             ),
             Planner(timeline),
             CallSender(send),
-            lambda r: None,
+            QUIET,
             t0_ns=t0,
         )
 

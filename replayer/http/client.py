@@ -55,12 +55,12 @@ import asyncio
 import errno
 import os
 import socket
-from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from replayer.core.clock import now_ns
 from replayer.core.endpoints import POOLING
 from replayer.core.errors import ErrorKind, Outcome
+from replayer.core.events import QUIET, RequestEvents
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.http.audit import audit_pooling
@@ -102,7 +102,9 @@ class Client:
     the pool: a burst or a backlog opens a connection per request in flight, and without this
     the pool would keep them all (a few KB each, with their parsers) for the rest of a soak.
     ``tls``: the CA bundle, client certificate, server name and verification for an ``https://``
-    target (``replayer.http.tls``; default: the system's CAs, the URL's host). Use as an async context manager, or call ``start``/``close``.
+    target (``replayer.http.tls``; default: the system's CAs, the URL's host). ``events``: the run's
+    event stream (``replayer.core.events``), told of each request as the kernel takes it
+    (``dispatched``). Use as an async context manager, or call ``start``/``close``.
     """
 
     def __init__(
@@ -122,6 +124,7 @@ class Client:
         server_timings: bool = False,
         idle_expiry_s: float = IDLE_EXPIRY_S,
         tls: TLSOptions | None = None,
+        events: RequestEvents = QUIET,
     ) -> None:
         u = urlsplit(base_url.rstrip("/") + endpoint)
         if u.scheme not in ("http", "https") or not u.hostname:
@@ -153,9 +156,9 @@ class Client:
             raise ValueError("retry_max and retry_backoff_s must be >= 0")
         self.retry_max = retry_max
         self.retry_backoff_s = retry_backoff_s
-        # told of each result whose request has just gone out (first send, or its connect
-        # failed at the due time), its dispatch lag set: live accounting at send time
-        self.on_dispatched: Callable[[RequestResult], None] | None = None
+        #: the run's event stream: ``dispatched`` for each result whose request has just gone out
+        #: (first send, or its connect failed at the due time), its dispatch lag set
+        self.events = events
         self._launcher: Launcher | None = None
         # launcher token -> (req, res, conn, ex, head and body as written (TLS: records), due time)
         self._launches: dict[int, tuple[PreparedRequest, RequestResult, Connection, Exchange, bytes, bytes, int]] = {}
@@ -301,7 +304,7 @@ class Client:
         """The one way a send is stamped, whoever wrote it (the loop or the launcher process):
         ``sent_ns`` (``sent``: ``now_ns`` just before the first byte); on the first send (retries
         keep it) ``dispatch_lag_ms`` = sent - ``lag_from_ns`` (ns after the anchor), reported
-        to ``on_dispatched``. ``written``: the socket took the request whole (``send_wait_ms``
+        to the event stream (``dispatched``). ``written``: the socket took the request whole (``send_wait_ms``
         0; else nothing was written: a connect that failed at the due time). A request the
         socket did not take whole goes through ``_dispatch_when_drained`` instead."""
         res.sent_ns = sent - self.t0_ns
@@ -309,8 +312,7 @@ class Client:
             res.dispatch_lag_ms = (res.sent_ns - lag_from_ns) / 1e6
             if written:
                 res.send_wait_ms = 0.0
-            if self.on_dispatched is not None:
-                self.on_dispatched(res)
+            self.events.dispatched(res)
 
     def _dispatch_when_drained(self, res: RequestResult, conn: Connection, sent: int, lag_from_ns: int) -> None:
         """``_stamp_sent`` for a request the socket did not take whole: ``sent_ns`` (its first
@@ -331,15 +333,14 @@ class Client:
     def _dispatched(self, res: RequestResult, sent: int, last: int, lag_from_ns: int) -> None:
         """The kernel took the last byte of ``res``'s request at ``last`` (``now_ns``), its first
         at ``sent``: ``send_wait_ms``, ``dispatch_lag_ms`` to ``last``, the self-watch's counts,
-        ``on_dispatched``."""
+        the ``dispatched`` event."""
         wait_ms = (last - sent) / 1e6
         res.send_wait_ms = wait_ms
         res.dispatch_lag_ms = (last - self.t0_ns - lag_from_ns) / 1e6
         self.send_waited += 1
         if wait_ms > self._send_wait_max_ms:
             self._send_wait_max_ms = wait_ms
-        if self.on_dispatched is not None:
-            self.on_dispatched(res)
+        self.events.dispatched(res)
 
     def take_send_wait_max_ms(self) -> float:
         """The longest wait of a request's bytes for the socket since the last call (self-watch)."""

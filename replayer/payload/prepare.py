@@ -31,13 +31,15 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import orjson
 
 from replayer.core.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, POOLING, SCORE, endpoint_kind
+from replayer.core.events import QUIET, RequestEvents
 from replayer.core.hashing import mix64
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
@@ -111,8 +113,10 @@ class RequestFactory:
     ``run_id``: each request gets the header ``X-Request-Id: <run_id>-<loop>-<row>``
     (``request_id``), built here in the lead window with the body, and the result records it
     (``x_request_id``); None sends no such header. ``trace_context`` (``--otlp-endpoint``): each
-    request's head also carries its W3C ``traceparent`` (``replayer.core.tracecontext``). Nothing here touches metrics: the run's
-    observer counts each request it is handed (``PreparedRequest.expected_hits`` included)."""
+    request's head also carries its W3C ``traceparent`` (``replayer.core.tracecontext``). ``targets``:
+    with several targets, their URLs, indexed by the schedule's route (``ScheduleBatch.targets``).
+    ``events``: the run's event stream, told of each request handed out (``prepared``); nothing
+    here touches metrics (the stream's subscribers count each request, its expected hits too)."""
 
     def __init__(
         self,
@@ -131,8 +135,12 @@ class RequestFactory:
         image_token_rule: str = "qwen2-vl",
         image_cache_mb: int = 256,
         trace_context: TraceContext | None = None,
+        targets: Sequence[str] | None = None,
+        events: RequestEvents = QUIET,
     ) -> None:
         self.run_id = run_id
+        self.targets = targets
+        self.events = events
         self.trace_context = trace_context
         self.prompts = prompts
         self.payload = payload
@@ -175,13 +183,19 @@ class RequestFactory:
         return len(built)
 
     def prepare(self, sb: ScheduleBatch, j: int) -> PreparedRequest:
+        """Item ``j`` of ``sb`` as a request (built now, or by ``prebuild``), its target set when
+        there are several, told to the event stream (``prepared``) as it is handed out."""
+        req = None
         if self._prebuilt is not None and self._prebuilt[0] is sb:
             req = self._prebuilt[1].pop(j, None)
             if not self._prebuilt[1]:
                 self._prebuilt = None
-            if req is not None:
-                return req
-        return self._build(sb, j)
+        if req is None:
+            req = self._build(sb, j)
+        if self.targets is not None:  # several targets: the route chose one per row (replayer.send.routing)
+            req.target = self.targets[sb.targets[j]]  # type: ignore[index]
+        self.events.prepared(req)
+        return req
 
     def _build(self, sb: ScheduleBatch, j: int) -> PreparedRequest:
         t = cast("Trace", sb.batch)  # (the plan types its batches as object)

@@ -16,7 +16,6 @@ simulator is stopped only after every worker has drained. A worker whose parent 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -25,7 +24,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
 
 from replayer.config.model import RunConfig, new_run_id
 from replayer.record.folder import earlier_run, new_results_dir, result_files
@@ -277,7 +275,7 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:  # noqa: C901, PL
     merged = merge_results(present, results, one_target=True)  # (printed with --quiet too: it is the outcome)
     print(f"merged {len(present)} of {n} workers: {results}/summary.json", flush=True)
     code = max([0 if len(present) == n else 1, *codes])
-    from replayer.run.runsummary import EXIT_ERROR_RATIO, error_ratio_problem, nothing_scheduled_problem
+    from replayer.run.finish import EXIT_ERROR_RATIO, error_ratio_problem, nothing_scheduled_problem
 
     empty = nothing_scheduled_problem(merged)
     if code == 0 and empty:
@@ -288,12 +286,3 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:  # noqa: C901, PL
         print(f"replayer: {problem}", file=sys.stderr)
         return EXIT_ERROR_RATIO
     return code
-
-
-async def stop_with_parent(pid: int, stop: Callable[[str], None], every_s: float = 0.5) -> None:
-    """Stop the run as on SIGHUP once process ``pid`` (the ``--workers`` parent) is gone: the
-    workers run in sessions of their own, so nothing else would stop them when it is killed."""
-    while os.getppid() == pid:
-        await asyncio.sleep(every_s)
-    log.warning("the --workers parent (pid %d) is gone: stopping", pid)
-    stop("SIGHUP")

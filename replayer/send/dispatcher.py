@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 from replayer.core.clock import MONOTONIC, SPIN_NS, Clock
 from replayer.core.errors import ErrorKind, Outcome
+from replayer.core.events import RequestEvents
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.plan.planner import PREPARE, Fire, Planner
@@ -56,13 +57,6 @@ log = logging.getLogger(__name__)
 #: longest stretch of preparation between two yields to the loop (and, behind schedule, the
 #: longest the overdue requests prepared in one go wait for the first of them to fire)
 CATCH_UP_NS = 2_000_000
-
-
-class Observer:
-    """Hooks for live accounting as requests go out (metrics, status). No-ops here. Results are
-    not observed here: each goes to the ``sink`` alone, the run's one fan-out."""
-
-    def on_sent(self, req: PreparedRequest) -> None: ...
 
 
 @dataclass
@@ -78,8 +72,9 @@ class Position:
 class Dispatcher:
     """Runs a schedule (``feed``) as ``planner`` decides, sending through ``sender``.
 
-    ``sink(res)`` receives every result exactly once. ``t0_ns``: the run's anchor on ``clock``.
-    ``observer``: live accounting hooks. ``on_idle(slack_ns)``: called before a wait (GC pacing).
+    ``events``: the run's event stream (``replayer.core.events``): ``sent`` as each send starts,
+    ``finished`` with every result exactly once (a sent request's, and each never sent).
+    ``t0_ns``: the run's anchor on ``clock``. ``on_idle(slack_ns)``: called before a wait (GC pacing).
     ``drain_timeout_s``: how long in-flight requests may take after ``stop``. ``shard``: written
     in the results of requests never sent. ``max_concurrency``: the most requests in flight at
     once (None: no cap, the open loop; see the module docstring). ``missed_before_ns``: a fleet shard that rejoins its
@@ -92,10 +87,9 @@ class Dispatcher:
         feed: Feed,
         planner: Planner,
         sender: Sender,
-        sink: Callable[[RequestResult], None],
+        events: RequestEvents,
         *,
         t0_ns: int,
-        observer: Observer | None = None,
         clock: Clock = MONOTONIC,
         on_idle: Callable[[int], None] | None = None,
         drain_timeout_s: float = 30.0,
@@ -105,13 +99,12 @@ class Dispatcher:
         missed_before_ns: int | None = None,
     ) -> None:
         self._feeder = BatchFeeder(feed.batches)
-        self._prepare = feed.prepare
-        self._unsent = feed.unsent
+        self._prepare = feed.requests.prepare
+        self._unsent = feed.requests.unsent
         self._plan = planner
         self._sender = sender
-        self._sink = sink
+        self._events = events  # (its hooks are read at each call: the run attaches them once built)
         self.t0_ns = t0_ns
-        self.obs = observer or Observer()
         self._clock = clock
         self._on_idle = on_idle
         self.drain_timeout_s = drain_timeout_s
@@ -357,7 +350,7 @@ class Dispatcher:
         self.sent += 1
         p = self.position
         p.index, p.loop, p.row = req.index + 1, req.loop, req.row + 1
-        self.obs.on_sent(req)
+        self._events.sent(req)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         req, due_ns, sending = self._tasks.pop(task)
@@ -405,9 +398,9 @@ class Dispatcher:
 
     def _deliver(self, res: RequestResult) -> None:
         try:
-            self._sink(res)
-        except Exception:  # a broken sink must not lose the replay
-            log.exception("result sink failed for row %d", res.row)
+            self._events.finished(res)
+        except Exception:  # a broken subscriber must not lose the replay
+            log.exception("a subscriber of the finished event failed for row %d", res.row)
 
     async def _drain(self) -> None:
         """Normal end: wait for every in-flight request. After ``stop()`` (also one arriving during

@@ -1,6 +1,6 @@
 """A run's live state: the counters behind ``/status``, the console and the progress line, the
-accounting hooks that feed them (and the metrics), the control API over the dispatcher, and the
-self-watch that says when the replayer itself falls behind."""
+event-stream subscribers that feed them (``Accounting``, ``WarmupMarker``), the control API over
+the dispatcher, and the self-watch that says when the replayer itself falls behind."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from replayer.observe.logs import ErrorBurstLog
 from replayer.observe.metrics import ReplayerMetrics
 from replayer.observe.selfwatch import BEHIND_MS
 from replayer.record.recorder import Recorder
-from replayer.send.dispatcher import Dispatcher, Observer
+from replayer.send.dispatcher import Dispatcher
 
 log = logging.getLogger("replayer")
 
@@ -45,18 +45,18 @@ class RunState:
     fleet: dict | None = None  # a fleet shard's start and clock (replayer.fleet.member.Joined)
 
 
-class Accounting(Observer):
-    """The dispatcher's and the client's hooks (live counters, dispatch metrics), and the result
-    fan-out's ``live state`` step (``on_result``: the counters of ``/status``, error bursts)."""
+class Accounting:
+    """The ``live state`` subscriber of the run's event stream (``replayer.run.fanout``): the
+    counters of ``/status`` and the progress line as requests go out (``on_sent``), the dispatch
+    lag's maxima (``on_dispatched``), each result's outcome and the error-burst log
+    (``on_result``)."""
 
-    def __init__(self, state: RunState, metrics: ReplayerMetrics) -> None:
+    def __init__(self, state: RunState) -> None:
         self.s = state
-        self.m = metrics
         self.bursts = ErrorBurstLog()  # failures logged per error kind, at most one line per 10 s
 
     def on_sent(self, req: PreparedRequest) -> None:
         self.s.sent += 1
-        self.m.on_sent(req)
 
     def on_result(self, res: RequestResult) -> None:
         s = self.s
@@ -82,30 +82,25 @@ class Accounting(Observer):
                 s.window_max_lag_ms = lag
             if lag > s.watch_max_lag_ms:
                 s.watch_max_lag_ms = lag
-            self.m.on_dispatched(res)
 
 
-def warmup_marker(
-    then: Callable[[RequestResult], None], requests: int, seconds: float
-) -> Callable[[RequestResult], None]:
-    """The client's ``on_dispatched`` hook with the warm-up (``--warmup-requests``,
-    ``--warmup-seconds``) in front of ``then``: a request is warm-up (``warmup`` true) when it is
-    one of the first ``requests`` sent by this process, or sent (its own ``sent_ns``) less than
-    ``seconds`` after the run's anchor. Decided at the send, by the send time, so a request's
-    flag never depends on when others ended. Only installed when a warm-up is asked for."""
-    left = requests
-    until_ns = int(seconds * 1e9)
+class WarmupMarker:
+    """The ``warm-up`` subscriber (``--warmup-requests``, ``--warmup-seconds``; only subscribed
+    when a warm-up is asked for), first to see each dispatch: a request is warm-up (``warmup``
+    true) when it is one of the first ``requests`` sent by this process, or sent (its own
+    ``sent_ns``) less than ``seconds`` after the run's anchor. Decided at the send, by the send
+    time, so a request's flag never depends on when others ended."""
 
-    def on_dispatched(res: RequestResult) -> None:
-        nonlocal left
-        if left > 0:
-            left -= 1
+    def __init__(self, requests: int, seconds: float) -> None:
+        self.left = requests
+        self.until_ns = int(seconds * 1e9)
+
+    def on_dispatched(self, res: RequestResult) -> None:
+        if self.left > 0:
+            self.left -= 1
             res.warmup = True
-        elif res.sent_ns is not None and res.sent_ns < until_ns:
+        elif res.sent_ns is not None and res.sent_ns < self.until_ns:
             res.warmup = True
-        then(res)
-
-    return on_dispatched
 
 
 class RunControl:
