@@ -71,8 +71,9 @@ class Parts:
 
 
 def assemble(cfg: RunConfig, inputs: Inputs) -> Parts:
-    """The parts of the run ``cfg`` describes, on ``inputs`` (module docstring). Pure: constructors
-    only, no file, socket, thread or process opened."""
+    """The parts of the run ``cfg`` describes, on ``inputs`` (module docstring). Constructors only:
+    no socket, thread or process opened, no file written; the one file read is ``--tokenizer``'s
+    vocabulary, by the prompts (token ids and texts are built from it)."""
     shard, shards = cfg.shard_index
     targets = inputs.targets
     timeline = Timeline(cfg.speedup)
