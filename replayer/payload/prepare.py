@@ -16,23 +16,15 @@ A row's ``model``, ``priority`` and ``extra_body`` columns go into its body
 Sessions: each row's keys for the session gate and its session header (``replayer.payload.sessionkeys``);
 prompt builders per pass and the expected prefix-cache model: ``replayer.payload.loopprompts``.
 
-Prefix growth without hash ids (traces whose hash ids were synthesised, e.g. Azure): a turn's
-prompt is the previous turn's prompt, then a stand-in for the previous answer (its
-``output_length`` tokens: the blocks of ids ``mix64(s + b)``, b = 0, 1, ..., with
-``s = mix64(first hash id of the previous turn ^ ANSWER_SALT)``), then the first tokens of its
-own expansion, cut to ``input_length``; chat turns send that history as alternating
-user/assistant messages (the answer's and the new message's texts from ``textprompts``), the new
-message's length fitted so that the template over the whole conversation counts ``input_length``
-tokens. The histories live in an LRU bounded in tokens; a turn whose history
-was evicted (or whose session began before a resume) is built from its own hash ids.
+Prefix growth without hash ids (traces whose hash ids were synthesised, e.g. Azure):
+``replayer.payload.growth``.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -40,11 +32,11 @@ import orjson
 
 from replayer.core.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, POOLING, SCORE, endpoint_kind
 from replayer.core.events import QUIET, RequestEvents
-from replayer.core.hashing import mix64
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.core.tracecontext import TraceContext
 from replayer.payload.body import PayloadBuilder
+from replayer.payload.growth import Conversations, grows
 from replayer.payload.image_tokens import parse_rule
 from replayer.payload.imageprefetch import ImagePrefetch
 from replayer.payload.imagerows import image_count, row_images
@@ -59,24 +51,12 @@ from replayer.plan.schedule import ScheduleBatch, Timeline, column_value
 if TYPE_CHECKING:
     from replayer.trace import Trace
 
-ANSWER_SALT = 0xA5A5_0A5A_5A5A_A5A5
 log = logging.getLogger(__name__)
 
 #: items of the first schedule batch whose images and texts are made before the run is anchored
 WARM_ROWS = 64
 #: most requests built before the run is anchored (``RequestFactory.prebuild``)
 PREBUILD_MAX = 10_000
-HISTORY_TOKENS = 32_000_000  # bound of the prefix-growth histories (int32 ids: 128 MB)
-
-
-@dataclass
-class _History:
-    """A session's conversation so far (prefix growth without hash ids)."""
-
-    ids: np.ndarray  # the previous turn's prompt (int32)
-    answer_seed: int  # block id of the previous answer's stand-in
-    output_length: int  # the previous answer's length
-    messages: list[dict] = field(default_factory=list)  # chat: the previous turn's messages
 
 
 #: optional per-row columns ``prepare`` reads (as ``column_value`` would, looked up once per batch)
@@ -91,12 +71,6 @@ _ROW_COLUMNS = (
     "image_ids",
     "num_images",
 )
-
-
-def _grows(batch: object, kind: str, session: object) -> bool:
-    """A turn whose prompt is its session's conversation so far (a trace without hash ids),
-    not the blocks of its own hash ids."""
-    return session is not None and getattr(batch, "hash_ids_synthetic", False) and kind in (COMPLETIONS, CHAT)
 
 
 class RequestFactory:
@@ -152,8 +126,7 @@ class RequestFactory:
         self.session_header = session_header_lines(session_header)
         self.image_size, self.image_format = image_size, image_format
         self.image_token_rule, self.image_cache_mb = image_token_rule, image_cache_mb
-        self._histories: OrderedDict[object, _History] = OrderedDict()
-        self._history_tokens = 0
+        self._conversations = Conversations()  # prefix growth without hash ids
         self._seen: tuple[Trace, int, int] | None = None  # (batch, loop, next row to observe)
         self._cols: tuple = (None,)  # (batch, *its _ROW_COLUMNS or None)
         self._image_src: ImageParts | None = None  # built on the first image
@@ -246,8 +219,12 @@ class RequestFactory:
         )
         if kind in POOLING:
             self._pooling(req, payload, t, i, hash_ids, kind, sb.loop)
-        elif _grows(t, kind, session):
-            self._grown(req, payload, hash_ids, (sb.loop, session), kind, sb.loop)
+        elif grows(t, kind, session):
+            loop = sb.loop
+            texts = functools.partial(self._text, loop)
+            self._conversations.grow(
+                req, payload, hash_ids, (loop, session), kind, self.prompts.for_loop(loop), texts, self.text_mode
+            )
         else:
             ids = c_img[i] if c_img is not None else None
             n_img = len(ids) if ids is not None else (c_nimg[i] if c_nimg is not None else None) or 0
@@ -408,7 +385,7 @@ class RequestFactory:
         i = int(sb.idx[k])
         path = column_value(t, "endpoint", i)
         kind = endpoint_kind(path) if path else self.default_endpoint
-        if kind in POOLING or _grows(t, kind, column_value(t, "session_id", i)) or not (kind == CHAT or self.text_mode):
+        if kind in POOLING or grows(t, kind, column_value(t, "session_id", i)) or not (kind == CHAT or self.text_mode):
             return None
         images = image_count(t, i) if kind == CHAT else 0
         return t.hash_ids(i), int(t.input_length[i]), kind == CHAT or bool(images), int(images)
@@ -443,47 +420,3 @@ class RequestFactory:
         req.n_documents = len(docs)
         req.expected_once = q + int(sum(docs))
         req.expected_per_doc = len(docs) * q + int(sum(docs))
-
-    def _grown(
-        self, req: PreparedRequest, payload: PayloadBuilder, hash_ids, skey: object, kind: str, loop: int
-    ) -> None:
-        """Prefix growth without hash ids (module docstring)."""
-        builder = self.prompts.for_loop(loop)
-        n_in = req.input_length
-        own = builder.prompt_ids(hash_ids, n_in).astype(np.int32)
-        h = self._histories.pop(skey, None)
-        if h is not None:
-            self._history_tokens -= h.ids.size
-        answer = np.empty(0, np.int32)
-        if h is not None:
-            blocks = -(-h.output_length // builder.block_size)
-            answer = np.concatenate([builder.block_ids(mix64(h.answer_seed + b)) for b in range(blocks)])[
-                : h.output_length
-            ].astype(np.int32)
-            history = np.concatenate((h.ids, answer))
-            new = own[: max(0, n_in - history.size)]
-            ids = np.concatenate((history, new))[:n_in]
-        else:
-            new, ids = own, own
-        if kind == CHAT:  # the template over the whole conversation counts input_length tokens
-            text = self._text(loop)
-            messages = list(h.messages) if h is not None else []
-            if h is not None:
-                seeds = [mix64(h.answer_seed + b) for b in range(-(-h.output_length // builder.block_size))]
-                messages.append({"role": "assistant", "content": text.answer(seeds, h.output_length)})
-            messages.append({"role": "user", "content": text.fit(hash_ids, n_in, True, 0, before=messages)})
-            req.body = payload.messages_body(messages, req.output_length)
-        else:
-            messages = []
-            if self.text_mode:
-                req.body = payload.text_body(self._text(loop).decode(ids), req.output_length, chat=False)
-            else:
-                req.body = payload.body(orjson.dumps(ids, option=orjson.OPT_SERIALIZE_NUMPY), req.output_length)
-        first = int(hash_ids[0]) if len(hash_ids) else req.row
-        self._histories[skey] = _History(
-            ids=ids, answer_seed=mix64(first ^ ANSWER_SALT), output_length=req.output_length, messages=messages
-        )
-        self._history_tokens += ids.size
-        while self._history_tokens > HISTORY_TOKENS and self._histories:
-            _, old = self._histories.popitem(last=False)
-            self._history_tokens -= old.ids.size
