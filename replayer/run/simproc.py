@@ -92,3 +92,30 @@ async def stop_with_parent(pid: int, stop: Callable[[str], None], every_s: float
         await asyncio.sleep(every_s)
     log.warning("the --workers parent (pid %d) is gone: stopping", pid)
     stop("SIGHUP")
+
+
+class ForwardStops:
+    """A parent's stop signals (SIGTERM, SIGINT, SIGHUP) forwarded to its children, which run in
+    sessions of their own and drain as on SIGTERM (a hang-up goes on as SIGTERM); the signals
+    received are kept in ``signals``. Installed at once; ``restore`` puts the handlers back."""
+
+    def __init__(self) -> None:
+        import signal
+
+        self.signals: list[int] = []
+        self.children: list[subprocess.Popen] = []
+        self._old = {s: signal.signal(s, self._forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+
+    def _forward(self, signum: int, frame: object) -> None:
+        import signal
+
+        self.signals.append(signum)
+        for p in self.children:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+
+    def restore(self) -> None:
+        import signal
+
+        for s, h in self._old.items():
+            signal.signal(s, h)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -28,7 +27,15 @@ import urllib.request
 from replayer.config.model import RunConfig, new_run_id
 from replayer.record.folder import earlier_run, new_results_dir, result_files
 from replayer.results.merge import merge_results
-from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, embedded_args, free_port
+from replayer.run.simproc import (
+    EMBEDDED_TARGET_ENV,
+    PARENT_PID_ENV,
+    ForwardStops,
+    embedded_args,
+    free_port,
+    spawn_sim,
+    stop_sim,
+)
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +132,7 @@ def worker_shares(cfg: RunConfig) -> list[str]:
     return ["--retain-size", str(max(1, cfg.retain_bytes // cfg.workers))]
 
 
-def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:  # noqa: C901, PLR0912, PLR0915
+def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     """Run ``cfg.workers`` shard processes of the same replay; returns the worst exit code
     (a worker killed by a signal counts as 128 + signal; 1 if no results could be merged).
 
@@ -142,92 +149,22 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:  # noqa: C901, PL
     if cfg.admin_port and cfg.admin_port + n - 1 > 65535:
         print(f"replayer run: --admin-port {cfg.admin_port} + {n} workers exceeds 65535", file=sys.stderr)
         return 2
-    results = cfg.resume or cfg.results
+    results = _results_folder(cfg, n)
     if results is None:
-        results = new_results_dir()
-    elif not cfg.resume and not cfg.resume_existing:  # (a worker would refuse its folder only after the others started)
-        taken = (results, *(os.path.join(results, f"worker-{i}") for i in range(n)))
-        used = next((why for d in taken if os.path.isdir(d) and (why := earlier_run(d, resume=results))), None)
-        if used:
-            print(f"replayer run: --results {results}: {used}", file=sys.stderr)
-            return 2
-    os.makedirs(results, exist_ok=True)
-    procs: list[subprocess.Popen] = []
-
-    def forward(signum, frame):
-        for p in procs:
-            if p.poll() is None:  # (a hang-up drains the workers as a SIGTERM does)
-                p.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        return 2
+    stops = ForwardStops()
     sim = None
     codes: list[int] = []
     try:
         targets = cfg.targets
-        if not targets:
-            port = free_port()
-            sim = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "replayer",
-                    "sim",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--parent-pid",
-                    str(os.getpid()),
-                    *embedded_args(cfg.tokenizer),
-                ],
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            targets = [f"http://127.0.0.1:{port}"]
-            if not _wait_health(targets[0] + "/health", sim, 30.0):
-                print(f"replayer run: the embedded simulator did not start at {targets[0]}", file=sys.stderr)
+        if not targets:  # one embedded simulator for every worker, up before they start
+            sim, url = spawn_sim(embedded_args(cfg.tokenizer))
+            targets = [url]
+            if not _wait_health(url + "/health", sim, 30.0):
+                print(f"replayer run: the embedded simulator did not start at {url}", file=sys.stderr)
                 return 1
-        # time for every worker to import, load the trace and reach the target (a worker that is
-        # later anchors at its own start, out of step: the merge then warns)
-        start_at = cfg.start_at or time.time() + 4.0 + 0.5 * n
-        # admin ports known here (--admin-port 0: free ones picked now), for the progress lines
-        ports = _distinct_free_ports(n) if cfg.admin_port == 0 else [cfg.admin_port + i for i in range(n)]
-        for i, port in enumerate(ports):
-            wdir = os.path.join(results, f"worker-{i}")
-            args = [
-                sys.executable,
-                "-m",
-                "replayer",
-                "run",
-                *flags,
-                *worker_shares(cfg),
-                "--workers",
-                "1",
-                "--shard",
-                f"{i}/{n}",
-                "--start-at",
-                repr(start_at),
-                "--results",
-                wdir,
-                "--admin-port",
-                str(port),
-                *(a for t in targets for a in ("--target", t)),
-                "--quiet",
-            ]
-            if cfg.resume and os.path.exists(os.path.join(wdir, "checkpoint.json")):
-                args += ["--resume", wdir]
-            procs.append(
-                subprocess.Popen(
-                    args,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                    env={
-                        **os.environ,
-                        PARENT_PID_ENV: str(os.getpid()),
-                        **({EMBEDDED_TARGET_ENV: targets[0]} if sim is not None else {}),
-                    },
-                )
-            )
+        procs = stops.children  # (each worker in it as it starts: a stop reaches those started)
+        ports, start_at = _start_workers(cfg, flags, results, targets, procs, embedded=sim is not None)
         if not cfg.quiet:
             log.info(
                 "%d workers (shards 0/%d..%d/%d) start at %s; results in %s; their /status on 127.0.0.1:%s",
@@ -242,21 +179,79 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:  # noqa: C901, PL
             _progress(procs, ports, start_at)
         codes = [_exit_code(p.wait()) for p in procs]
     finally:
-        for p in procs:  # only if we got here by an exception: never leave workers behind
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        for s, h in old.items():
-            signal.signal(s, h)
-        if sim is not None:
-            sim.terminate()
+        _stop_left(stops.children)  # only if we got here by an exception: never leave workers behind
+        stops.restore()
+        if sim is not None:  # (after every worker has drained)
+            stop_sim(sim)
+    return _merge(cfg, results, codes)
+
+
+def _results_folder(cfg: RunConfig, n: int) -> str | None:
+    """The results folder (made), or None (said why) when it holds an earlier run's results."""
+    results = cfg.resume or cfg.results
+    if results is None:
+        results = new_results_dir()
+    elif not cfg.resume and not cfg.resume_existing:  # (a worker would refuse its folder only after the others started)
+        taken = (results, *(os.path.join(results, f"worker-{i}") for i in range(n)))
+        used = next((why for d in taken if os.path.isdir(d) and (why := earlier_run(d, resume=results))), None)
+        if used:
+            print(f"replayer run: --results {results}: {used}", file=sys.stderr)
+            return None
+    os.makedirs(results, exist_ok=True)
+    return results
+
+
+def _start_workers(
+    cfg: RunConfig,
+    flags: list[str],
+    results: str,
+    targets: list[str],
+    procs: list[subprocess.Popen],
+    *,
+    embedded: bool,
+) -> tuple[list[int], float]:
+    """Start the workers (each appended to ``procs``), shard i in ``RESULTS/worker-i``, all
+    anchored at one start time; returns their admin ports and the start time."""
+    n = cfg.workers
+    # time for every worker to import, load the trace and reach the target (a worker that is
+    # later anchors at its own start, out of step: the merge then warns)
+    start_at = cfg.start_at or time.time() + 4.0 + 0.5 * n
+    # admin ports known here (--admin-port 0: free ones picked now), for the progress lines
+    ports = _distinct_free_ports(n) if cfg.admin_port == 0 else [cfg.admin_port + i for i in range(n)]
+    env = {
+        **os.environ,
+        PARENT_PID_ENV: str(os.getpid()),
+        **({EMBEDDED_TARGET_ENV: targets[0]} if embedded else {}),
+    }
+    for i, port in enumerate(ports):
+        wdir = os.path.join(results, f"worker-{i}")
+        args = [
+            *(sys.executable, "-m", "replayer", "run", *flags, *worker_shares(cfg)),
+            *("--workers", "1", "--shard", f"{i}/{n}", "--start-at", repr(start_at)),
+            *("--results", wdir, "--admin-port", str(port)),
+            *(a for t in targets for a in ("--target", t)),
+            "--quiet",
+        ]
+        if cfg.resume and os.path.exists(os.path.join(wdir, "checkpoint.json")):
+            args += ["--resume", wdir]
+        procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True, env=env))
+    return ports, start_at
+
+
+def _stop_left(procs: list[subprocess.Popen]) -> None:
+    """Workers still running terminated (killed after 30 s)."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
             try:
-                sim.wait(10)
+                p.wait(30)
             except subprocess.TimeoutExpired:
-                sim.kill()
+                p.kill()
+
+
+def _merge(cfg: RunConfig, results: str, codes: list[int]) -> int:
+    """The workers' results merged into ``RESULTS/summary.json``; the run's exit code."""
+    n = cfg.workers
     dirs = [os.path.join(results, f"worker-{i}") for i in range(n)]
     if codes and all(c == 2 for c in codes):  # a bad trace or target: every worker said why
         print(f"replayer: the {n} workers could not start (exit 2; the reason is above)", file=sys.stderr)

@@ -2,35 +2,30 @@
 finished; account for every one of them.
 
 The decisions (what fires, what is handed over ahead, how far to prepare, when to wake) are the
-pure ``replayer.plan.planner.Planner``'s; this module is its shell: it reads and sleeps on an injected
-clock (``replayer.core.clock.Clock``), prepares requests as the planner asks, and starts each send
-(``replayer.send.sender.Sender``) as a task of one ``asyncio.TaskGroup``, so every in-flight request
-is owned and a send that crashes stops the run loudly (its exception leaves ``run``).
+pure ``replayer.plan.planner.Planner``'s; this module is its shell: it reads and sleeps on an
+injected clock (``replayer.core.clock.Clock``), prepares requests as the planner asks, and starts
+each send (``replayer.send.sender.Sender``) as a task of one ``asyncio.TaskGroup``: every request
+in flight is owned, and a send that crashes stops the run loudly (its exception leaves ``run``).
 
 Deadlines are absolute offsets from the anchor ``t0_ns`` (``schedule.Timeline``), recomputed at
-every wait (never a chain of relative sleeps, which drifts: vLLM issue 21104). Trace batches are
-read ahead in a worker thread; bodies are prepared in a lead window before their due time, so
-nothing heavy runs when a request is due. A late request goes out at once and its lag is
-recorded.
+every wait (a chain of relative sleeps drifts: vLLM issue 21104). Trace batches are read ahead in
+a worker thread; bodies are prepared in a lead window before their due time. A late request goes
+out at once and its lag is recorded.
 
-The open loop has no concurrency cap by default. ``max_concurrency`` (``--max-concurrency``, as
-``vllm bench serve``) caps the requests in flight: a request that fires while every slot is taken
-waits in a queue, in the order requests fired (due order), and takes the next slot freed (when a
-request in flight ends). Its wait is recorded as ``queue_wait_ms`` and the latencies from the due
-time include it (a cap never hides lateness); its dispatch lag counts from the slot's release, so
-the lag stays the replayer's own lateness (``sent - due = queue_wait + dispatch_lag``, plus a
-session turn's hold). Without a cap, none of this is on the path: the capped ``_fire`` and done
-callback replace the plain ones only when a cap is set. A capped dispatcher never hands requests
-over ahead of their due time (a slot is known free only when a request is due).
+No concurrency cap by default. ``max_concurrency`` (``--max-concurrency``, as ``vllm bench
+serve``) caps the requests in flight: a request that fires while every slot is taken waits in a
+queue, in due order, for the next slot freed. Its wait is recorded as ``queue_wait_ms`` and the
+latencies from the due time include it (a cap never hides lateness); its dispatch lag counts from
+the slot's release (``sent - due = queue_wait + dispatch_lag``, plus a session turn's hold).
+Without a cap none of this is on the path (the capped ``_fire`` and done callback replace the
+plain ones only with a cap); a capped dispatcher never hands requests over ahead of their due time.
 
 Shutdown: ``stop()`` stops issuing; in-flight requests get ``drain_timeout_s`` to finish, then
-are cancelled (recorded as ``cancelled``, as they are when ``run`` itself is cancelled).
-Requests already prepared (those waiting for a slot too), and the rest of the current trace
-batch, are recorded as ``not_started``. So ``sent + not_started`` = everything
-scheduled so far, and every sent request ends as success, failed or cancelled. A schedule with
-no end (``--loop forever``: ``until_stop``) has no rest: what it scheduled ends at the stop, so
-only the requests due by then are recorded as ``not_started`` (the rest of a pass never reached
-is not counted, not plotted, and a resume starts there).
+are cancelled (recorded ``cancelled``, as when ``run`` itself is cancelled). Requests prepared
+(waiting for a slot too) and the rest of the current trace batch are recorded ``not_started``:
+``sent + not_started`` = everything scheduled so far, and every sent request ends as success,
+failed or cancelled. A schedule with no end (``--loop forever``: ``until_stop``) ends at the stop:
+only the requests due by then are recorded ``not_started`` (a resume starts at the rest).
 """
 
 from __future__ import annotations
@@ -39,17 +34,16 @@ import asyncio
 import inspect
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 
-from replayer.core.clock import MONOTONIC, SPIN_NS, Clock
+from replayer.core.clock import MONOTONIC, SPIN_NS, Clock, first_of
 from replayer.core.errors import ErrorKind, Outcome
 from replayer.core.events import RequestEvents
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.plan.planner import PREPARE, Fire, Planner
 from replayer.plan.schedule import ScheduleBatch, Timeline
-from replayer.send.feed import BatchFeeder, Feed
+from replayer.send.feed import BatchFeeder, Feed, Position
 from replayer.send.sender import SendCancelled, Sender, Sending
 
 log = logging.getLogger(__name__)
@@ -57,16 +51,6 @@ log = logging.getLogger(__name__)
 #: longest stretch of preparation between two yields to the loop (and, behind schedule, the
 #: longest the overdue requests prepared in one go wait for the first of them to fire)
 CATCH_UP_NS = 2_000_000
-
-
-@dataclass
-class Position:
-    """Where the replay is: the next request to send (for status and resume checkpoints)."""
-
-    index: int = 0  # schedule position
-    loop: int = 0
-    row: int = 0  # global trace row
-    trace_ns: int = 0
 
 
 class Dispatcher:
@@ -299,7 +283,7 @@ class Dispatcher:
                 left = wake.at_ns - self.now_rel()
             if left > 2 * SPIN_NS:
                 self._changed.clear()
-                await _first(clock.sleep_until(self.t0_ns + wake.at_ns), self._changed.wait())
+                await first_of(clock.sleep_until(self.t0_ns + wake.at_ns), self._changed.wait())
             elif left > 0:
                 # a hand-over only has to happen before the due time: no spinning for it
                 await (clock.sleep_until(self.t0_ns + wake.at_ns) if wake.precise else clock.sleep(left / 1e9))
@@ -407,7 +391,7 @@ class Dispatcher:
         that wait): wait at most ``drain_timeout_s``, then cancel what is left (the task group
         waits for them)."""
         if not self.stopping:
-            await _first(self._idle.wait(), self._stopping.wait())
+            await first_of(self._idle.wait(), self._stopping.wait())
         if not self._tasks:
             return
         log.info("draining %d in-flight requests (timeout %.1f s)", len(self._tasks), self.drain_timeout_s)
@@ -458,16 +442,3 @@ class Dispatcher:
                 self.not_started += 1
                 self._deliver(self._unsent(self._cur, j))
             self._j = len(self._cur)
-
-
-async def _first(*aws: Awaitable[object]) -> None:
-    """Wait until the first of ``aws`` finishes; cancel the others. An exception of the one that
-    finished is raised here (not left in a task nobody reads)."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for t in done:
-            t.result()
-    finally:
-        for t in tasks:
-            t.cancel()
