@@ -36,7 +36,7 @@ from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.core.tracecontext import TraceContext
 from replayer.payload.body import PayloadBuilder
-from replayer.payload.growth import Conversations, grows
+from replayer.payload.growth import Conversations
 from replayer.payload.image_tokens import parse_rule
 from replayer.payload.imageprefetch import ImagePrefetch
 from replayer.payload.imagerows import image_count, row_images
@@ -71,6 +71,12 @@ _ROW_COLUMNS = (
     "image_ids",
     "num_images",
 )
+
+
+def _grows(batch: object, kind: str, session: object) -> bool:
+    """A turn whose prompt is its session's conversation so far (a trace without hash ids),
+    not the blocks of its own hash ids."""
+    return session is not None and getattr(batch, "hash_ids_synthetic", False) and kind in (COMPLETIONS, CHAT)
 
 
 class RequestFactory:
@@ -219,7 +225,7 @@ class RequestFactory:
         )
         if kind in POOLING:
             self._pooling(req, payload, t, i, hash_ids, kind, sb.loop)
-        elif grows(t, kind, session):
+        elif _grows(t, kind, session):
             loop = sb.loop
             texts = functools.partial(self._text, loop)
             self._conversations.grow(
@@ -360,7 +366,9 @@ class RequestFactory:
         if sb is None:
             return 0, 0
         m = min(n, len(sb))
-        image_rows = [k for k in range(m) if image_count(sb.batch, int(sb.idx[k]))]
+        batch = sb.batch  # (a batch without image columns has no row with images)
+        columns = getattr(batch, "image_ids", None) is not None or getattr(batch, "num_images", None) is not None
+        image_rows = [k for k in range(m) if image_count(batch, int(sb.idx[k]))] if columns else []
         text_rows = [k for k in range(m) if self._text_item(sb, k) is not None]
         texts = 0
         if text_rows and self.prompts.tokenizer:
@@ -385,7 +393,7 @@ class RequestFactory:
         i = int(sb.idx[k])
         path = column_value(t, "endpoint", i)
         kind = endpoint_kind(path) if path else self.default_endpoint
-        if kind in POOLING or grows(t, kind, column_value(t, "session_id", i)) or not (kind == CHAT or self.text_mode):
+        if kind in POOLING or _grows(t, kind, column_value(t, "session_id", i)) or not (kind == CHAT or self.text_mode):
             return None
         images = image_count(t, i) if kind == CHAT else 0
         return t.hash_ids(i), int(t.input_length[i]), kind == CHAT or bool(images), int(images)

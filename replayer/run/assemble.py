@@ -31,9 +31,8 @@ from replayer.plan.sessions import SessionGate
 from replayer.results.removed import digest_file
 from replayer.results.targets import TargetMetrics
 from replayer.results.tenants import TenantMetrics
-from replayer.run.fanout import RunEvents
+from replayer.run.fanout import Accounting, RunEvents, WarmupMarker
 from replayer.run.inputs import Inputs
-from replayer.run.live import Accounting, WarmupMarker
 from replayer.send.routing import TargetRoute
 from replayer.send.sender import LAUNCH_AHEAD_NS
 

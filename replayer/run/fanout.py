@@ -1,5 +1,6 @@
 """The run's one implementation of the request event stream (``replayer.core.events``): each event
-handed to its subscribers in a stated order.
+handed to its subscribers in a stated order; and the subscribers that are the run's own (the
+warm-up marker, the verdict, the live state).
 
 The stages tell of each request through the stream they were built with: the request factory
 (``prepared``), the dispatcher (``sent``, ``finished``) and the client (``dispatched``); none calls
@@ -35,6 +36,8 @@ from typing import Any, Protocol
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.core.slo import judge_result
+from replayer.observe.logs import ErrorBurstLog
+from replayer.run.live import RunState
 
 #: a subscriber and its name (``RunEvents.names``)
 Step = tuple[str, object]
@@ -46,7 +49,7 @@ HOOKS: tuple[tuple[str, str], ...] = (
     ("finished", "on_result"),
 )
 
-__all__ = ["HOOKS", "RunEvents", "Step", "Verdict", "result_fanout"]
+__all__ = ["HOOKS", "Accounting", "RunEvents", "Step", "Verdict", "WarmupMarker", "result_fanout"]
 
 
 def _drop(_: Any) -> None:
@@ -100,6 +103,64 @@ class RunEvents:
         """The subscribers of ``event``, in the order they get it."""
         hook = dict(HOOKS)[event]
         return tuple(name for name, s in self.steps if hasattr(s, hook))
+
+
+class Accounting:
+    """The ``live state`` subscriber of the run's event stream (``replayer.run.fanout``): the
+    counters of ``/status`` and the progress line as requests go out (``on_sent``), the dispatch
+    lag's maxima (``on_dispatched``), each result's outcome and the error-burst log
+    (``on_result``)."""
+
+    def __init__(self, state: RunState) -> None:
+        self.s = state
+        self.bursts = ErrorBurstLog()  # failures logged per error kind, at most one line per 10 s
+
+    def on_sent(self, req: PreparedRequest) -> None:
+        self.s.sent += 1
+
+    def on_result(self, res: RequestResult) -> None:
+        s = self.s
+        o = res.outcome
+        if o == "success":
+            s.completed += 1
+        elif o == "failed":
+            s.failed += 1
+            self.bursts.observe(res)
+        elif o == "cancelled":
+            s.cancelled += 1
+        elif o == "missed_while_down":
+            s.missed_while_down += 1
+        else:
+            s.not_started += 1
+
+    def on_dispatched(self, res: RequestResult) -> None:
+        s, lag = self.s, res.dispatch_lag_ms
+        if lag is not None:
+            if lag > s.max_lag_ms:
+                s.max_lag_ms = lag
+            if lag > s.window_max_lag_ms:
+                s.window_max_lag_ms = lag
+            if lag > s.watch_max_lag_ms:
+                s.watch_max_lag_ms = lag
+
+
+class WarmupMarker:
+    """The ``warm-up`` subscriber (``--warmup-requests``, ``--warmup-seconds``; only subscribed
+    when a warm-up is asked for), first to see each dispatch: a request is warm-up (``warmup``
+    true) when it is one of the first ``requests`` sent by this process, or sent (its own
+    ``sent_ns``) less than ``seconds`` after the run's anchor. Decided at the send, by the send
+    time, so a request's flag never depends on when others ended."""
+
+    def __init__(self, requests: int, seconds: float) -> None:
+        self.left = requests
+        self.until_ns = int(seconds * 1e9)
+
+    def on_dispatched(self, res: RequestResult) -> None:
+        if self.left > 0:
+            self.left -= 1
+            res.warmup = True
+        elif res.sent_ns is not None and res.sent_ns < self.until_ns:
+            res.warmup = True
 
 
 class _Counts(Protocol):
