@@ -33,7 +33,7 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from replayer.sim import SimConfig, SimServer, _PrefixCache, prompt_block_hashes  # noqa: E402
+from replayer.sim import PrefixCache, SimConfig, SimServer, prompt_block_hashes  # noqa: E402
 
 
 def _best_us(fn, n: int = 200, reps: int = 5) -> float:
@@ -56,7 +56,7 @@ def bench_parse_hash(prompt_tokens: int) -> None:
     parsed = orjson.loads(body)["prompt"]
     ids = np.fromiter(parsed, dtype=np.int64, count=len(parsed))
     keys = prompt_block_hashes(ids, 16)
-    cache = _PrefixCache(4_000_000 // 16)
+    cache = PrefixCache(4_000_000 // 16)
     cache.lookup_and_insert(keys)
     rows = [
         ("orjson.loads body", _best_us(lambda: orjson.loads(body))),

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from replayer.core.events import Quiet
-from replayer.core.request import PreparedRequest
-from replayer.core.result import RequestResult
+from replayer.core import PreparedRequest, Quiet, RequestResult
 from replayer.plan.schedule import ScheduleBatch
-from replayer.send.feed import Feed
+from replayer.send import Feed
 
 
 class Finished(Quiet):

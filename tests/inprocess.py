@@ -9,8 +9,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from replayer.config.model import load_config
-from replayer.run.daemon import run_replay
+from replayer.config import load_config
+from replayer.run import run_replay
 
 
 def replay_against(

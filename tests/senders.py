@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from replayer.core.result import RequestResult
+from replayer.core import RequestResult
 from replayer.send.sender import SendCancelled, lag_origin, result_for
 
 

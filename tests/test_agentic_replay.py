@@ -49,9 +49,9 @@ def _plan(body) -> Plan:
 
 
 def test_tool_wait_from_the_predecessors_end_recorded_as_session_wait(tmp_path):
-    from replayer.config.model import load_config
-    from replayer.record.folder import read_results
-    from replayer.run.daemon import run_replay
+    from replayer.config import load_config
+    from replayer.record import read_results
+    from replayer.run import run_replay
 
     trace = tmp_path / "copilot.jsonl"
     trace.write_text(json.dumps(SESSION) + "\n")

@@ -207,10 +207,8 @@ def test_copilot_prefix_equals_cached_tokens_on_the_simulator():
     tokens rounded down to 64-token blocks, and the replayer's expected-hit model agrees."""
     import aiohttp
 
-    from replayer.observe.target_metrics import TargetScraper
-    from replayer.payload.body import PayloadBuilder
-    from replayer.payload.prefix_cache import PrefixCacheModel
-    from replayer.payload.prompts import PromptBuilder
+    from replayer.observe import TargetScraper
+    from replayer.payload import PayloadBuilder, PrefixCacheModel, PromptBuilder
     from replayer.sim import SimConfig, SimServer
 
     t = read_trace(COPILOT)

@@ -9,8 +9,8 @@ import sys
 import pytest
 from prometheus_client import CollectorRegistry
 
-from replayer.config.model import RunConfig
-from replayer.observe.metrics import ReplayerMetrics
+from replayer.config import RunConfig
+from replayer.observe import ReplayerMetrics
 from replayer.run.assemble import CONNECT_AHEAD_NS, Parts, assemble
 from replayer.run.fanout import RunEvents
 from replayer.run.inputs import Inputs

@@ -10,9 +10,10 @@ import orjson
 import pytest
 from tokenizers import Tokenizer
 
-from replayer.config.model import ConfigError, load_config
+from replayer.config import ConfigError, load_config
 from replayer.core.tokenizerfiles import tokenizer_file
-from replayer.payload.prompts import PromptBuilder, vocab_from_tokenizer
+from replayer.payload import PromptBuilder
+from replayer.payload.prompts import vocab_from_tokenizer
 from replayer.payload.textprompts import TextPromptBuilder
 from replayer.trace import read_trace
 

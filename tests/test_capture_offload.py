@@ -14,7 +14,7 @@ import pytest
 
 from replayer.capture.blocks import BlockHasher
 from replayer.capture.metrics import CaptureMetrics
-from replayer.capture.offload import Frames, OffloadWorker, WorkerGone, _frame, facts_and_digests
+from replayer.capture.offload import Frames, OffloadWorker, WorkerGone, facts_and_digests, frame
 from replayer.capture.tokenize import Tokenization
 
 KEY = b"k" * 32
@@ -22,7 +22,7 @@ KEY = b"k" * 32
 
 def test_frames_are_cut_right_however_the_bytes_come():
     objs = [(1, "a", (b"x" * 70_000,)), (2, True, None), {"k": [1, 2, 3]}]
-    stream = b"".join(_frame(o) for o in objs)
+    stream = b"".join(frame(o) for o in objs)
     for step in (1, 3, 4, 5, 4096, len(stream)):
         f, got = Frames(), []
         for i in range(0, len(stream), step):

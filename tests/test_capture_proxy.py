@@ -10,7 +10,7 @@ import socket
 import time
 
 from replayer.capture.downstream import HEAD_READ, ClientConnection
-from replayer.capture.proxy import forward_headers, response_head
+from replayer.capture.headers import forward_headers, response_head
 from replayer.capture.stamps import SO_TIMESTAMPNS, kernel_stamp_ns
 
 

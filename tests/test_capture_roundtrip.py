@@ -21,7 +21,7 @@ import pytest
 from conftest import SLICE_10MIN, wait_http
 
 from replayer.payload.prefix_cache import expected_hits
-from replayer.record.folder import read_results
+from replayer.record import read_results
 from replayer.results.traceinspect import inspect_trace
 from replayer.trace import read_trace
 

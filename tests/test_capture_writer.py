@@ -14,7 +14,7 @@ import pytest
 
 from replayer.capture.writer import CaptureWriter
 from replayer.record.rolling import ROLLED_PARTS
-from replayer.trace.parquet import trace_paths
+from replayer.trace import trace_paths
 
 META = {"replayer.block_size": "16", "replayer.time_unit": "ns"}
 

@@ -26,7 +26,8 @@ from conftest import slice_rows
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from replayer.core.tokenizerfiles import tokenizer_file
-from replayer.payload.prompts import PromptBuilder, vocab_from_tokenizer
+from replayer.payload import PromptBuilder
+from replayer.payload.prompts import vocab_from_tokenizer
 from replayer.payload.textprompts import TextPromptBuilder
 
 TINY_TEMPLATE = (  # make_tiny_model.py's
@@ -206,10 +207,9 @@ def test_completions_text_counts_exactly_with_the_shipped_gpt2():
 def test_multi_turn_chat_counts_the_template_over_the_whole_conversation(tokenizers_dir):
     """A session without hash-id prefixes (prefix growth): each turn sends the conversation so far,
     and the template over all of it counts exactly the turn's input_length."""
-    from replayer.payload.body import PayloadBuilder
-    from replayer.payload.loopprompts import Prompts
-    from replayer.payload.prepare import RequestFactory
-    from replayer.plan.schedule import ScheduleBatch, Timeline
+    from replayer.payload import PayloadBuilder, Prompts, RequestFactory
+    from replayer.plan import Timeline
+    from replayer.plan.schedule import ScheduleBatch
     from replayer.trace import read_trace
 
     folder = tokenizers_dir / "gpt2-chatml"

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from replayer.cli import build_parser, flag_name, read_config_file
-from replayer.config.model import ConfigError, RunConfig, load_config
+from replayer.config import ConfigError, RunConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -234,7 +234,7 @@ def test_resume_alone_takes_the_trace_and_settings_of_the_checkpoint(tmp_path, c
 def _all_parsers(p=None, path=("replayer",)):
     """(command path, parser) of the top level and every subcommand, at any depth, and `replayer sim`."""
     from replayer.cli import subcommands
-    from replayer.sim.cli import parser as sim_parser
+    from replayer.sim import parser as sim_parser
 
     if p is None:
         yield ("replayer", "sim"), sim_parser()

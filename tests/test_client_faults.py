@@ -37,20 +37,15 @@ from faultserver import (
 )
 
 import replayer.http.client as client_mod
-from replayer.core.clock import Anchor, now_ns
-from replayer.core.errors import ErrorKind, Outcome
-from replayer.core.request import PreparedRequest
-from replayer.core.result import RequestResult, to_table
-from replayer.http.chunks import StreamAccumulator
-from replayer.http.client import Client
-from replayer.payload.body import PayloadBuilder
-from replayer.payload.prompts import PromptBuilder
-from replayer.plan.planner import Planner
-from replayer.plan.schedule import ScheduleBatch, Timeline, iter_schedule
-from replayer.results.summary import summarize
+from replayer.core import Anchor, ErrorKind, Outcome, PreparedRequest, RequestResult, now_ns
+from replayer.core.result import to_table
+from replayer.http import Client, StreamAccumulator
+from replayer.payload import PayloadBuilder, PromptBuilder
+from replayer.plan import Planner, Timeline, iter_schedule
+from replayer.plan.schedule import ScheduleBatch
+from replayer.results import summarize
 from replayer.run.gcpacer import GcPacer
-from replayer.send.dispatcher import Dispatcher
-from replayer.send.sender import LoopSender
+from replayer.send import Dispatcher, LoopSender
 from replayer.trace import TraceError, read_trace
 
 TOL_MS = float(os.environ.get("REPLAYER_FAULT_TOL_MS", "15"))

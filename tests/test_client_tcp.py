@@ -11,14 +11,10 @@ import pytest
 from aiohttp import web
 from faultserver import run_delay_ns
 
-from replayer.core.clock import now_ns
-from replayer.core.events import Quiet
-from replayer.core.request import PreparedRequest
-from replayer.core.result import RequestResult
-from replayer.http.client import Client
+from replayer.core import PreparedRequest, Quiet, RequestResult, now_ns
+from replayer.http import Client
 from replayer.http.launcher import Launcher
-from replayer.payload.body import PayloadBuilder
-from replayer.payload.prompts import PromptBuilder
+from replayer.payload import PayloadBuilder, PromptBuilder
 from replayer.sim import SimConfig, SimServer
 
 

@@ -73,9 +73,10 @@ def test_fold_leaves_out_unknown_times_and_puts_each_run_on_one_axis():
 def test_merged_workers_peak_is_swept_on_the_wall_clock(tmp_path):
     import pyarrow.parquet as pq
 
-    from replayer.core.result import RequestResult, to_table
+    from replayer.core import RequestResult
+    from replayer.core.result import to_table
+    from replayer.results import summarize_files
     from replayer.results.merge import merge_results
-    from replayer.results.summary import summarize_files
 
     s = 1_000_000_000
     dirs = []

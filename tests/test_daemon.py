@@ -86,7 +86,7 @@ def test_sigterm_drains_then_accounts_for_every_row(tmp_path, mooncake_slice, si
         f"resuming {tmp_path / 'r'} at loop {ckpt['loop']}, row {ckpt['next_row']} (its checkpoint): "
         f"{sent} rows already recorded are skipped" in err
     )
-    from replayer.record.folder import read_results, result_files
+    from replayer.record import read_results, result_files
 
     rows = read_results(str(tmp_path / "r")).to_pylist()
     assert sorted(r["row"] for r in rows) == list(range(n))  # no row twice
@@ -293,8 +293,8 @@ def test_sigkill_then_resume_records_every_row_once(tmp_path, mooncake_slice, si
     time.sleep(0.5)
     p.kill()
     p.communicate(timeout=30)
-    from replayer.observe.target_samples import read_samples
-    from replayer.record.folder import read_results
+    from replayer.observe import read_samples
+    from replayer.record import read_results
 
     before = read_results(str(res)).to_pylist()
     assert 0 < len(before) < n  # parts already on disk survived the SIGKILL
@@ -403,7 +403,7 @@ def test_self_watch_reports_each_loop_stall_once_and_apart_from_lateness(caplog)
 
     from prometheus_client import CollectorRegistry
 
-    from replayer.observe.metrics import ReplayerMetrics
+    from replayer.observe import ReplayerMetrics
     from replayer.run.live import RunState, watch_self as _watch_self
 
     async def main():
@@ -599,7 +599,7 @@ def test_error_ratio_problem():
 
 def test_count_scheduled_counts_what_will_be_sent(mooncake_slice):
     """Pure: the count behind /status ``scheduled`` and the progress line's ``sent N/M``."""
-    from replayer.plan.schedule import iter_schedule
+    from replayer.plan import iter_schedule
     from replayer.run.inputs import count_scheduled
     from replayer.trace import open_trace
 

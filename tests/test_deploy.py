@@ -168,7 +168,7 @@ def test_soak_setups_are_soaks_that_continue_after_a_restart(tmp_path):
     """docker-compose's replayer and the k8s Deployment: valid `replayer run` commands that loop
     forever and, restarted into their results folder, resume it (a plain run would be refused)."""
     from replayer.cli import build_parser
-    from replayer.config.model import RunConfig, load_config
+    from replayer.config import RunConfig, load_config
 
     trace = str(ROOT / "traces" / "mooncake_conversation_10min.parquet")
     docs = dict((d["kind"], d) for _, d in _k8s_docs())
@@ -337,7 +337,7 @@ def test_k8s_indexed_job_wrapper_runs_one_shard(tmp_path):
     """The shard pod's shell wrapper, run locally as Kubernetes would (JOB_COMPLETION_INDEX set),
     builds a valid `replayer run` for shard i/N joining the coordinator; a retried pod resumes."""
     from replayer.cli import build_parser
-    from replayer.config.model import RunConfig, load_config
+    from replayer.config import RunConfig, load_config
 
     job, _ = _sharded_jobs()
     c = job["spec"]["template"]["spec"]["containers"][0]
@@ -444,7 +444,7 @@ def test_otel_collector_config_receives_otlp_and_writes_the_file_report_reads():
 def test_k8s_manifests_take_the_otlp_endpoint_from_the_environment(monkeypatch):
     """The soak Deployment and the sharded Job read OTEL_EXPORTER_OTLP_ENDPOINT from their
     ConfigMap (empty: tracing off), the variable replayer honours as OpenTelemetry SDKs do."""
-    from replayer.config.model import load_config
+    from replayer.config import load_config
 
     for folder, cm_name, workload in (
         (DEPLOY / "k8s", "configmap.yaml", "deployment.yaml"),

@@ -18,10 +18,10 @@ import pytest
 
 import replayer.record.rolling as rolling
 import replayer.run.finish as finish
-from replayer.config.model import load_config
-from replayer.record.folder import read_results
+from replayer.config import load_config
+from replayer.record import read_results
 from replayer.record.rolling import EXIT_WRITE_FAILED
-from replayer.run.daemon import main_run
+from replayer.run import main_run
 
 N = 60  # requests of the test trace, 40 ms apart
 

@@ -10,14 +10,12 @@ import pytest
 from batches import TimeBatch
 from eventlog import Finished, feed_of
 
+from replayer.core import QUIET, PreparedRequest, RequestResult
 from replayer.core.clock import Clock
-from replayer.core.events import QUIET
-from replayer.core.request import PreparedRequest
-from replayer.core.result import RequestResult
-from replayer.plan.planner import NEVER, Planner
-from replayer.plan.schedule import ScheduleBatch, Timeline, iter_schedule
-from replayer.plan.sessions import SessionGate
-from replayer.send.dispatcher import Dispatcher
+from replayer.plan import Planner, SessionGate, Timeline, iter_schedule
+from replayer.plan.planner import NEVER
+from replayer.plan.schedule import ScheduleBatch
+from replayer.send import Dispatcher
 from replayer.send.sender import SendCancelled, lag_origin, result_for
 
 MS = 1_000_000

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from replayer.record.folder import read_results
+from replayer.record import read_results
 
 # The daemon as a process whose pool opens slowly, as against a target with a small listen backlog
 # (SYNs dropped and retried after 1 s): the real warm-up, then a pause of argv[1] seconds. It
@@ -76,10 +76,9 @@ def test_the_first_lead_window_is_built_before_the_anchor(tmp_path):
 
     import numpy as np
 
-    from replayer.payload.body import PayloadBuilder
-    from replayer.payload.loopprompts import Prompts
-    from replayer.payload.prepare import RequestFactory
-    from replayer.plan.schedule import ScheduleBatch, Timeline
+    from replayer.payload import PayloadBuilder, Prompts, RequestFactory
+    from replayer.plan import Timeline
+    from replayer.plan.schedule import ScheduleBatch
     from replayer.trace import read_trace
 
     p = tmp_path / "t.jsonl"

@@ -11,10 +11,10 @@ from pathlib import Path
 from eventlog import EventLog
 from test_dispatcher import _run
 
-from replayer.core.request import PreparedRequest
-from replayer.core.result import RequestResult
+from replayer.core import PreparedRequest, RequestResult
 from replayer.core.slo import MET, MISSED
-from replayer.run.fanout import RunEvents, result_fanout
+from replayer.run import result_fanout
+from replayer.run.fanout import RunEvents
 
 ROOT = Path(__file__).resolve().parents[1]
 

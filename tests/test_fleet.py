@@ -25,9 +25,9 @@ import pytest
 import testhosts
 from testhosts import TestHosts
 
+from replayer.fleet import Roster
 from replayer.fleet.clocksync import Probe, best_offset
-from replayer.fleet.roster import Roster
-from replayer.record.folder import read_results
+from replayer.record import read_results
 
 # -- the offset from probes (pure) ----------------------------------------------------------------
 

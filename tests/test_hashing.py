@@ -11,7 +11,7 @@ from replayer.core.hashing import GAMMA, MASK64, mix64, mix64_array, mix64_inpla
 from replayer.payload.prefix_cache import chain_keys, chain_keys_py
 from replayer.sim import prompt_block_hashes
 from replayer.trace.agentic import salt_ids
-from replayer.trace.tools import _prefix_chain
+from replayer.trace.tools import prefix_chain
 
 PINNED = {
     0: 0x0,
@@ -61,7 +61,7 @@ def test_callers_pinned():
     ]
     assert chain_keys_py([1, 2, 3]) == [10451216379200822465, 13608149317741381227, 15020427595393229491]
     assert chain_keys(np.array([0, 3]), np.array([1, 2, 3])).tolist() == chain_keys_py([1, 2, 3])
-    assert _prefix_chain(np.array([0, 3, 5]), np.array([1, 2, 3, 1, 9])).tolist() == [
+    assert prefix_chain(np.array([0, 3, 5]), np.array([1, 2, 3, 1, 9])).tolist() == [
         4922461756044938104,
         8261106594766421335,
         5966783535737962542,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from replayer.plan.schedule import IdleGapCap, iter_schedule
+from replayer.plan import IdleGapCap, iter_schedule
 from replayer.trace import read_trace
 
 B34 = [
@@ -64,9 +64,9 @@ def test_matrix_speedup_cap_loop(b34, speedup, cap_s, loops):
 
 
 def test_run_with_cap_records_due_times_summary_and_trace_position(b34, tmp_path):
-    from replayer.config.model import load_config
-    from replayer.record.folder import read_results
-    from replayer.run.daemon import run_replay
+    from replayer.config import load_config
+    from replayer.record import read_results
+    from replayer.run import run_replay
 
     # speed-up 1000, cap 0.06 s: B34's shape 100x faster (offsets 0, 1, 1201, 1202 ms replayed)
     res = tmp_path / "res"

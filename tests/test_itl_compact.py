@@ -13,10 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from replayer.core.result import RequestResult, compact_itl, itl_samples, to_table
-from replayer.core.stats import RELATIVE_ACCURACY, Stat
-from replayer.record.folder import read_results, result_files
-from replayer.results.summary import summarize_files
+from replayer.core import RequestResult, Stat
+from replayer.core.result import compact_itl, itl_samples, to_table
+from replayer.core.stats import RELATIVE_ACCURACY
+from replayer.record import read_results, result_files
+from replayer.results import summarize_files
 
 ITL_FIELDS = ("mean_itl_ms", "median_itl_ms", "p90_itl_ms", "p99_itl_ms", "max_itl_ms")
 

@@ -18,11 +18,11 @@ import pyarrow.parquet as pq
 import pytest
 from faultserver import DONE, Plan, ThreadedFaultServer, choice, usage_event
 
-from replayer.config.model import load_config
-from replayer.core.result import RequestResult
+from replayer.config import load_config
+from replayer.core import RequestResult
 from replayer.http.servertimings import TimedStreamAccumulator, record
-from replayer.observe.metrics import ReplayerMetrics
-from replayer.record.folder import read_results
+from replayer.observe import ReplayerMetrics
+from replayer.record import read_results
 from replayer.sim import SimConfig, SimServer
 
 TRACE = "traces/mooncake_conversation_10min.parquet"

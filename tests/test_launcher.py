@@ -17,17 +17,12 @@ import pytest
 from batches import TimeBatch
 from eventlog import Finished, feed_of
 
-from replayer.core.clock import Anchor, now_ns
-from replayer.core.request import PreparedRequest
-from replayer.core.result import RequestResult
-from replayer.http.client import Client
+from replayer.core import Anchor, PreparedRequest, RequestResult, now_ns
+from replayer.http import Client
 from replayer.http.launcher import Launcher
-from replayer.payload.body import PayloadBuilder
-from replayer.payload.prompts import PromptBuilder
-from replayer.plan.planner import Planner
-from replayer.plan.schedule import Timeline, iter_schedule
-from replayer.send.dispatcher import Dispatcher
-from replayer.send.sender import LauncherSender
+from replayer.payload import PayloadBuilder, PromptBuilder
+from replayer.plan import Planner, Timeline, iter_schedule
+from replayer.send import Dispatcher, LauncherSender
 from replayer.sim import SimConfig, SimServer
 
 PROMPTS = PromptBuilder(seed=0, block_size=16)

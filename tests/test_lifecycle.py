@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from replayer.run.startup import START_UP, STEP_NAMES, start_up
+from replayer.run import START_UP
+from replayer.run.startup import STEP_NAMES, start_up
 
 
 def test_the_start_up_order_keeps_the_slow_work_ahead_of_the_pool_and_the_anchor_last():

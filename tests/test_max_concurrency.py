@@ -15,7 +15,7 @@ from aiohttp import web
 from eventlog import feed_of
 from inprocess import replay_against
 
-from replayer.core.events import QUIET
+from replayer.core import QUIET
 
 ROWS = 6
 HOLD_S = 0.2  # each request held this long once its round is complete
@@ -116,12 +116,11 @@ def test_status_and_the_console_say_when_the_cap_is_the_bottleneck():
     from rich.console import Console
     from test_dispatcher import FakeSender, VirtualClock, _prepare
 
-    from replayer.core.result import RequestResult
+    from replayer.core import RequestResult
     from replayer.observe.console import cap_line
-    from replayer.plan.planner import Planner
-    from replayer.plan.schedule import Timeline, iter_schedule
+    from replayer.plan import Planner, Timeline, iter_schedule
     from replayer.run.live import RunState, status
-    from replayer.send.dispatcher import Dispatcher
+    from replayer.send import Dispatcher
 
     clock, timeline = VirtualClock(), Timeline(1.0)
     feed = feed_of(

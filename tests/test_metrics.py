@@ -11,10 +11,10 @@ from conftest import ROOT
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from replayer.core.request import PreparedRequest
-from replayer.core.result import RequestResult
+from replayer.core import PreparedRequest, RequestResult
+from replayer.observe import ReplayerMetrics
 from replayer.observe.looplag import EventLoopLagMonitor
-from replayer.observe.metrics import ReplayerMetrics, metric_names, quantile_from_buckets
+from replayer.observe.metrics import metric_names, quantile_from_buckets
 
 
 def _metrics(clock=None):
@@ -306,7 +306,7 @@ def test_live_percentiles_never_exceed_the_observed_max():
     # lags of 9.5 to 11.1 ms all fall in one wide bucket (10 .. 21.5 ms): the bucket's linear
     # interpolation put p99 near the bucket's top (15.8 ms with a max of 11.1 ms, as a user saw);
     # the estimate is now clamped to the exact [min, max] observed, and says it is an estimate
-    from replayer.core.result import RequestResult
+    from replayer.core import RequestResult
 
     _, m = _metrics()
     lags = [9.5 + 0.016 * i for i in range(101)]  # 9.5 .. 11.1 ms

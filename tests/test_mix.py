@@ -68,9 +68,9 @@ def test_two_tenant_run_against_the_simulator(tmp_path):
     """Two local-scope traces mixed, replayed against the embedded simulator: each tenant has
     its rows, metrics and summary section; the expected prefix-cache hits (the model) and the
     simulator's prefix-cache counter agree, and both count only sharing inside a session."""
-    from replayer.config.model import load_config
-    from replayer.record.folder import read_results
-    from replayer.run.daemon import run_replay
+    from replayer.config import load_config
+    from replayer.record import read_results
+    from replayer.run import run_replay
 
     res = tmp_path / "res"
     cfg = load_config(
@@ -106,8 +106,9 @@ def test_two_tenant_run_against_the_simulator(tmp_path):
 
 
 def test_a_resume_with_another_mix_is_refused(tmp_path):
-    from replayer.config.model import load_config
-    from replayer.run.daemon import StartupError, run_replay
+    from replayer.config import load_config
+    from replayer.run import run_replay
+    from replayer.run.daemon import StartupError
 
     res = tmp_path / "res"
     base = {
@@ -126,9 +127,9 @@ def test_a_resume_with_another_mix_is_refused(tmp_path):
 
 
 def test_shards_of_a_mix_merge_into_per_tenant_sections(tmp_path):
-    from replayer.config.model import load_config
+    from replayer.config import load_config
     from replayer.results.merge import merge_results
-    from replayer.run.daemon import run_replay
+    from replayer.run import run_replay
 
     dirs = []
     for shard in ("0/2", "1/2"):
@@ -155,9 +156,9 @@ def test_shards_of_a_mix_merge_into_per_tenant_sections(tmp_path):
 def test_sessions_stay_gated_when_another_trace_of_the_mix_chains_requests(tmp_path):
     """The Weka sample's subagent gives the mix request/parent ids; the Copilot sample's rows have
     none and still wait for their session's previous call (by session id)."""
-    from replayer.config.model import load_config
-    from replayer.record.folder import read_results
-    from replayer.run.daemon import run_replay
+    from replayer.config import load_config
+    from replayer.record import read_results
+    from replayer.run import run_replay
 
     res = tmp_path / "res"
     cfg = load_config(

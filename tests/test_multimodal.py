@@ -15,11 +15,12 @@ import pytest
 from PIL import Image
 from test_text_mode import word_tokenizer
 
-from replayer.core.result import RequestResult, to_table
-from replayer.http.chunks import StreamAccumulator
+from replayer.core import RequestResult
+from replayer.core.result import to_table
+from replayer.http import StreamAccumulator
 from replayer.payload.image_tokens import parse_rule, qwen2_vl_tokens
 from replayer.payload.images import ImageParts, image_bytes, image_pixels
-from replayer.results.summary import summarize
+from replayer.results import summarize
 from replayer.trace import TraceError, read_trace, write_parquet
 
 DATA = Path(__file__).parent / "data"

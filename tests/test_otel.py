@@ -33,7 +33,7 @@ def _trace(tmp_path, n: int, gap_ms: int = 5, out: int = 4):
 
 
 def _cfg(tmp_path, trace, target: str, otlp: str | None, **kw):
-    from replayer.config.model import load_config
+    from replayer.config import load_config
 
     return load_config(
         {
@@ -58,9 +58,8 @@ def _results(tmp_path):
 
 
 async def _replay_against_sim(cfg_of, sim_otlp: str | None):
-    from replayer.run.daemon import run_replay
-    from replayer.sim.config import SimConfig
-    from replayer.sim.server import SimServer
+    from replayer.run import run_replay
+    from replayer.sim import SimConfig, SimServer
 
     sim = SimServer(SimConfig(otlp_endpoint=sim_otlp, itl_base_ms=1.0, ttft_base_ms=5.0))
     url = await sim.start("127.0.0.1", 0)
@@ -160,7 +159,7 @@ def test_sample_ratio_holds_and_the_flag_tells_the_server(tmp_path):
     trace = _trace(tmp_path, n, gap_ms=1, out=1)
     with Receiver() as rx, ThreadedFaultServer(_one_token()) as srv:
         cfg = _cfg(tmp_path, trace, srv.url, rx.url, run_id="sampled", trace_sample_ratio=ratio, seed=7)
-        from replayer.run.daemon import run_replay
+        from replayer.run import run_replay
 
         asyncio.run(asyncio.wait_for(run_replay(cfg, registry=CollectorRegistry()), 120))
         spans = rx.wait_for(lambda s: any(x["kind"] == INTERNAL for x in s))
@@ -182,7 +181,7 @@ def test_a_refusing_or_hanging_collector_changes_no_result_and_drops_are_counted
     trace = _trace(tmp_path, 20, gap_ms=2, out=2)
     with Receiver(mode) as rx, ThreadedFaultServer(_one_token()) as srv:
         cfg = _cfg(tmp_path, trace, srv.url, rx.url, run_id="down")
-        from replayer.run.daemon import run_replay
+        from replayer.run import run_replay
 
         registry = CollectorRegistry()
         summary = asyncio.run(asyncio.wait_for(run_replay(cfg, registry=registry), 120))
@@ -246,8 +245,8 @@ def test_trace_context_header_and_parse():
 def test_the_embedded_simulator_traces_to_the_same_collector(tmp_path):
     """No --target: the simulator the run starts gets the run's endpoint, so each request's
     llm_request span is the child of its CLIENT span without any setup."""
-    from replayer.config.model import load_config
-    from replayer.run.daemon import run_replay
+    from replayer.config import load_config
+    from replayer.run import run_replay
 
     trace = _trace(tmp_path, 5, out=2)
     with Receiver() as rx:

@@ -8,13 +8,9 @@ from batches import TimeBatch
 from eventlog import feed_of
 from senders import CallSender
 
-from replayer.core.clock import now_ns
-from replayer.core.events import QUIET
-from replayer.core.request import PreparedRequest
-from replayer.core.result import RequestResult
-from replayer.plan.planner import Planner
-from replayer.plan.schedule import Timeline, iter_schedule
-from replayer.send.dispatcher import Dispatcher
+from replayer.core import QUIET, PreparedRequest, RequestResult, now_ns
+from replayer.plan import Planner, Timeline, iter_schedule
+from replayer.send import Dispatcher
 
 
 def _behind_on_a_saturated_loop(n: int) -> tuple[list[int], Dispatcher]:

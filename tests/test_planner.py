@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from replayer.core import PreparedRequest
 from replayer.core.clock import SPIN_NS
-from replayer.core.request import PreparedRequest
-from replayer.plan.planner import END, LATER, NEVER, PREPARE, RETRY_HAND_OVER_NS, Planner, Wake
-from replayer.plan.schedule import Timeline
-from replayer.plan.sessions import SessionGate
+from replayer.plan import Planner, SessionGate, Timeline
+from replayer.plan.planner import END, LATER, NEVER, PREPARE, RETRY_HAND_OVER_NS, Wake
 
 MS = 1_000_000
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replayer.payload.prefix_cache import PrefixCacheModel, chain_keys, chain_keys_py, expected_hits
+from replayer.payload import PrefixCacheModel
+from replayer.payload.prefix_cache import chain_keys, chain_keys_py, expected_hits
 from replayer.trace import read_trace
 
 SLICE_10MIN = Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation_10min.parquet"
@@ -125,9 +126,8 @@ def test_model_agrees_with_simulator_cache():
 
     import aiohttp
 
-    from replayer.observe.target_metrics import TargetScraper
-    from replayer.payload.body import PayloadBuilder
-    from replayer.payload.prompts import PromptBuilder
+    from replayer.observe import TargetScraper
+    from replayer.payload import PayloadBuilder, PromptBuilder
     from replayer.sim import SimConfig, SimServer
 
     n = 40
@@ -170,11 +170,9 @@ def test_model_agrees_with_simulator_cache():
 def test_shards_expect_the_hits_of_one_process():
     # shards replay one trace against one server: each shard's model also sees the rows the other
     # shards send (in trace order), so per row it expects what a single process would
-    from replayer.config.model import load_config
-    from replayer.payload.body import PayloadBuilder
-    from replayer.payload.loopprompts import Prompts
-    from replayer.payload.prepare import RequestFactory
-    from replayer.plan.schedule import Timeline, iter_schedule
+    from replayer.config import load_config
+    from replayer.payload import PayloadBuilder, Prompts, RequestFactory
+    from replayer.plan import Timeline, iter_schedule
     from replayer.trace import open_trace
 
     trace = str(Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation_10min.parquet")
@@ -206,7 +204,7 @@ def test_shards_expect_the_hits_of_one_process():
 
 def test_run_config_defaults_are_the_models():
     # RunConfig keeps them as literals (config imports no numpy); they must be the model's
-    from replayer.config.model import RunConfig
+    from replayer.config import RunConfig
     from replayer.payload.prefix_cache import DEFAULT_CAPACITY_TOKENS, DEFAULT_KV_BLOCK_SIZE
 
     fields = RunConfig.model_fields
@@ -262,8 +260,8 @@ def test_request_factory_defaults_are_run_config_defaults():
     # RequestFactory takes its settings one by one (not the config): its defaults must be the run's
     import inspect
 
-    from replayer.config.model import RunConfig
-    from replayer.payload.prepare import RequestFactory
+    from replayer.config import RunConfig
+    from replayer.payload import RequestFactory
 
     params = inspect.signature(RequestFactory).parameters
     for name in ("image_size", "image_format", "image_token_rule", "image_cache_mb", "session_header", "endpoint"):

@@ -8,8 +8,8 @@ import orjson
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from replayer.payload.body import PayloadBuilder
-from replayer.payload.prompts import GAMMA, PromptBuilder, block_key, mix64, vocab_from_range
+from replayer.payload import PayloadBuilder, PromptBuilder
+from replayer.payload.prompts import GAMMA, block_key, mix64, vocab_from_range
 
 M = (1 << 64) - 1
 
@@ -147,7 +147,7 @@ def test_request_bodies_byte_identical_across_processes():
 def test_salted_seeds_give_fresh_prefixes():
     """``salted_seed`` (--loop-salt per loop, ``replayer sweep`` per point): salt 0 is the seed
     itself; other salts share no block with it or each other, and ``Prompts`` uses them per loop."""
-    from replayer.payload.loopprompts import Prompts
+    from replayer.payload import Prompts
     from replayer.payload.prompts import salted_seed
 
     vocab = vocab_from_range(1000, 30000)

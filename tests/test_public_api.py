@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import replayer.results as api
-from replayer.core.result import RequestResult
-from replayer.record.recorder import Recorder
+from replayer.core import RequestResult
+from replayer.record import Recorder
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTED = ("SCHEMA", "read_results", "read_samples", "read_summary", "result_files", "summarize", "summarize_files")

@@ -4,9 +4,9 @@ import dataclasses
 
 import numpy as np
 
-from replayer.core.result import SCHEMA, RequestResult, Rows, batches_to_table
-from replayer.record.folder import read_results
-from replayer.record.recorder import Recorder
+from replayer.core import RequestResult
+from replayer.core.result import SCHEMA, Rows, batches_to_table
+from replayer.record import Recorder, read_results
 
 
 def _result(i: int, rng) -> RequestResult:

@@ -55,7 +55,7 @@ def test_report_figures_show_the_runs_data(results):
     of a real run on the embedded simulator, whose /metrics were scraped every second."""
     import numpy as np
 
-    from replayer.observe.target_samples import read_samples
+    from replayer.observe import read_samples
     from replayer.results.report import figure_specs
     from replayer.results.reportdata import axis_origin_wall_s, load_results
 
@@ -239,7 +239,7 @@ def test_report_cli_writes_self_contained_html(results, tmp_path, capsys):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium; .ci/run installs it)")
 def test_report_plots_draw_in_headless_chromium(results, tmp_path):
-    from replayer.observe.target_samples import read_samples
+    from replayer.observe import read_samples
     from replayer.results.report import figure_specs, write_report
     from replayer.results.reportdata import axis_origin_wall_s, load_results
 

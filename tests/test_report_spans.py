@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from replayer.results.spans import PARTS, SpansError, read_spans, split_spans
+from replayer.results.spanjoin import PARTS, SpansError, read_spans, split_spans
 
 pytest.importorskip("opentelemetry.sdk")
 

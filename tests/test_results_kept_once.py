@@ -15,10 +15,9 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from replayer.core.result import RequestResult
-from replayer.record.folder import read_results, result_files
-from replayer.record.recorder import Recorder
-from replayer.results.summary import summarize_files
+from replayer.core import RequestResult
+from replayer.record import Recorder, read_results, result_files
+from replayer.results import summarize_files
 
 #: a recorder in a child process that dies (os._exit: no clean-up at all) at one roll step
 RECORD_AND_DIE = """

@@ -17,13 +17,14 @@ import pytest
 from conftest import free_port
 
 import replayer.record.retention as retention
-from replayer.config.model import ConfigError, load_config
-from replayer.core.result import RequestResult
+from replayer.config import ConfigError, load_config
+from replayer.core import RequestResult
 from replayer.core.stats import RELATIVE_ACCURACY
-from replayer.record.folder import read_results, result_files, rolled_files
-from replayer.record.recorder import Recorder
+from replayer.record import Recorder, read_results, result_files
+from replayer.record.folder import rolled_files
+from replayer.results import summarize_files
 from replayer.results.removed import digest_file
-from replayer.results.summary import fold_to_json, summarize_files
+from replayer.results.summary import fold_to_json
 
 COUNTS = (
     "scheduled",
@@ -247,12 +248,12 @@ def test_status_and_metrics_report_the_results_folder(tmp_path, sim_process):
 
 
 def test_retention_settings_are_checked():
-    assert retention.parse_size("2GB") == 2 * 10**9
-    assert retention.parse_size("1.5GiB") == int(1.5 * 2**30)
-    assert retention.parse_size("500M") == 500 * 10**6
-    assert retention.parse_size("123") == 123
+    assert retention.parse_bytes("2GB") == 2 * 10**9
+    assert retention.parse_bytes("1.5GiB") == int(1.5 * 2**30)
+    assert retention.parse_bytes("500M") == 500 * 10**6
+    assert retention.parse_bytes("123") == 123
     with pytest.raises(ValueError, match="not a size"):
-        retention.parse_size("two gigs")
+        retention.parse_bytes("two gigs")
     trace = "traces/mooncake_conversation_10min.parquet"
     cfg = load_config({"trace": trace, "retain_size": "2GB", "roll_interval_s": 600})
     assert cfg.retain_bytes == 2 * 10**9
@@ -327,3 +328,21 @@ def test_the_folder_stays_within_the_size_bound_between_flushes_and_during_rolls
     kept = read_results(str(tmp_path)).column("row").to_pylist()
     gone = [int(r) for rows in removed.recorded_rows().values() for r in rows]
     assert sorted(kept + gone) == list(range(8000))  # each row kept or folded into removed.json, once
+
+
+def test_the_digest_keeps_each_runs_window_under_its_name_and_reads_the_older_key(tmp_path):
+    """``removed.json`` holds each run's window (first send, last end) as ``run_windows``; a
+    digest written before the name changed held them as ``spans`` and still counts."""
+    folder = tmp_path / "r"
+    rec = Recorder(str(folder), flush_rows=10**6, roll_rows=2)
+    for i in range(4):
+        rec.add(RequestResult(row=i, outcome="success", sent_ns=10 * i, end_ns=10 * i + 5))
+        rec.flush().result()
+    retention.remove(str(folder), rolled_files(str(folder))[0], "test", digest_file)
+    rec.close()
+    digest = json.loads((folder / retention.REMOVED).read_text())
+    assert "spans" not in digest and list(digest["run_windows"].values()) == [[0, 15]]
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / retention.REMOVED).write_text(json.dumps({"files": [], "spans": {"1.5": [3, 9]}}))
+    assert retention.read_removed(str(older)).run_windows == {"1.5": [3, 9]}

@@ -16,13 +16,12 @@ from faultserver import DONE, FaultServer, Plan, choice, run_delay_ns, usage_eve
 from prometheus_client import CollectorRegistry
 from test_client_faults import at, prepared, result_for
 
-from replayer.core.clock import now_ns
-from replayer.core.errors import ErrorKind, Outcome
-from replayer.core.result import SCHEMA, RequestResult, to_table
-from replayer.http.client import Client
+from replayer.core import ErrorKind, Outcome, RequestResult, now_ns
+from replayer.core.result import SCHEMA, to_table
+from replayer.http import Client
 from replayer.http.measure import retry_after_s
-from replayer.observe.logs import ErrorBurstLog, JsonFormatter, setup_logging
-from replayer.observe.metrics import ReplayerMetrics
+from replayer.observe import ReplayerMetrics, setup_logging
+from replayer.observe.logs import ErrorBurstLog, JsonFormatter
 
 OK = Plan([(20, choice("a")), (25, choice("b", "length")), (26, usage_event(16, 2)), (27, DONE)])
 

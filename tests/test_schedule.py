@@ -39,7 +39,8 @@ def test_monotone_and_complete(offsets, speedup):
 def test_a_start_time_long_past_is_not_kept():
     import time
 
-    from replayer.core.clock import MAX_LATE_S, Anchor, now_ns
+    from replayer.core import Anchor, now_ns
+    from replayer.core.clock import MAX_LATE_S
 
     def anchored(start_wall_s):
         """``Anchor.at(0.2, start_wall_s)`` with the clocks read just before and after it: the

@@ -5,7 +5,8 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from replayer.plan.schedule import Timeline, iter_schedule, shard_mask
+from replayer.plan import Timeline, iter_schedule
+from replayer.plan.schedule import shard_mask
 
 
 @dataclass

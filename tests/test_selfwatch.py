@@ -12,17 +12,13 @@ from prometheus_client import CollectorRegistry
 from senders import CallSender
 
 import replayer.observe.selfwatch as selfwatch
-from replayer.core.clock import now_ns
-from replayer.core.events import QUIET
-from replayer.core.request import PreparedRequest
-from replayer.core.result import RequestResult
+from replayer.core import QUIET, PreparedRequest, RequestResult, now_ns
+from replayer.observe import ReplayerMetrics
 from replayer.observe.looplag import EventLoopLagMonitor
-from replayer.observe.metrics import ReplayerMetrics
 from replayer.observe.selfwatch import Reading, network_bound, saturated
-from replayer.plan.planner import Planner
-from replayer.plan.schedule import Timeline, iter_schedule
+from replayer.plan import Planner, Timeline, iter_schedule
 from replayer.run.live import RunState, watch_self as _watch_self
-from replayer.send.dispatcher import Dispatcher
+from replayer.send import Dispatcher
 
 
 def test_each_saturated_part_is_named_with_its_numbers():

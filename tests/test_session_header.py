@@ -34,8 +34,8 @@ def _one_token() -> Plan:
     ],
 )
 def test_every_turn_carries_its_session_id(tmp_path, setting, name, extra):
-    from replayer.config.model import load_config
-    from replayer.run.daemon import run_replay
+    from replayer.config import load_config
+    from replayer.run import run_replay
 
     trace = tmp_path / "sessions.jsonl"
     trace.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
@@ -72,6 +72,6 @@ def test_header_lines_and_values():
     assert session_header_lines("Dynamo") % b"x" == b"X-Dynamo-Session-ID: x\r\n"
     assert session_header_value("s", 3) == b"s.loop3"  # another pass is another conversation
     with pytest.raises(Exception, match="not a header name"):
-        from replayer.config.model import load_config
+        from replayer.config import load_config
 
         load_config({"trace": __file__, "session_header": "Bad: name"})

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from replayer.plan.sessions import SessionGate
+from replayer.plan import SessionGate
 
 
 def _req(key=None, dep=None, think_ns=0, name=""):

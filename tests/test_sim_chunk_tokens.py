@@ -13,11 +13,9 @@ import statistics
 import orjson
 import pytest
 
-from replayer.core.clock import now_ns
-from replayer.core.request import PreparedRequest
-from replayer.core.result import RequestResult
-from replayer.http.client import Client
-from replayer.payload.body import PayloadBuilder
+from replayer.core import PreparedRequest, RequestResult, now_ns
+from replayer.http import Client
+from replayer.payload import PayloadBuilder
 from replayer.sim import SimConfig, SimServer
 
 N = 10  # output tokens: 1 (first) + 3 + 3 + 3

@@ -427,9 +427,9 @@ def test_rerank_order_top_n_and_paths():
 
 def test_cli_flags():
     a = sim_parser().parse_args(["--score-usage", "once", "--inflate-score-usage", "3", "--embedding-dim", "8"])
-    assert (a.score_usage, a.inflate_score_usage, a.embedding_dim) == ("once", 3, 8)
+    assert (a.score_usage, a.score_usage_inflate_tokens, a.embedding_dim) == ("once", 3, 8)
     d = sim_parser().parse_args([])
-    assert (d.score_usage, d.inflate_score_usage, d.embedding_dim) == ("per_document", 0, 16)
+    assert (d.score_usage, d.score_usage_inflate_tokens, d.embedding_dim) == ("per_document", 0, 16)
     with pytest.raises(SystemExit):
         sim_parser().parse_args(["--score-usage", "twice"])
     for bad_cfg in (dict(embedding_dim=0), dict(score_usage="x"), dict(score_usage_inflate_tokens=-1)):

@@ -12,9 +12,9 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from replayer.core.errors import ErrorKind
-from replayer.http.chunks import StreamAccumulator
-from replayer.http.sse import SSEDecoder, SSEEvent
+from replayer.core import ErrorKind
+from replayer.http import SSEDecoder, StreamAccumulator
+from replayer.http.sse import SSEEvent
 
 MS = 1_000_000
 

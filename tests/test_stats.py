@@ -9,9 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import replayer.core.stats as stats
-from replayer.core.result import RequestResult, to_table
-from replayer.core.stats import RELATIVE_ACCURACY, Stat
-from replayer.results.summary import summarize, summarize_files
+from replayer.core import RequestResult, Stat
+from replayer.core.result import to_table
+from replayer.core.stats import RELATIVE_ACCURACY
+from replayer.results import summarize, summarize_files
 
 
 @pytest.fixture(params=["exact", "sketch"])

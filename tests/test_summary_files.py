@@ -4,8 +4,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from replayer.core.result import RequestResult, to_table
-from replayer.results.summary import summarize, summarize_files
+from replayer.core import RequestResult
+from replayer.core.result import to_table
+from replayer.results import summarize, summarize_files
 
 
 def _results(n: int, seed: int) -> list[RequestResult]:

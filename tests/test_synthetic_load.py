@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from replayer.cli import _flags_for, build_parser, main
-from replayer.config.model import ConfigError, load_config
+from replayer.cli import build_parser, flags_for, main
+from replayer.config import ConfigError, load_config
 from replayer.results import read_results
 from replayer.trace.synth import SynthSource, load_spec, synth
 
@@ -118,14 +118,14 @@ def test_a_trace_and_a_request_rate_together_are_refused(tmp_path, capsys):
 
 
 def test_sweep_and_workers_pass_a_synthetic_load_on_and_no_synthetic_flag_with_a_trace(tmp_path):
-    """The points of a sweep and the workers get the run's settings as flags (``_flags_for``)."""
+    """The points of a sweep and the workers get the run's settings as flags (``flags_for``)."""
     cfg = load_config({"request_rate": math.inf, "burstiness": 4, "num_prompts": 9, "prefix_len": 32})
-    flags = _flags_for(cfg, set())
+    flags = flags_for(cfg, set())
     again = build_parser().parse_args(["run", *flags])
     assert load_config({k: v for k, v in vars(again).items() if k in type(cfg).model_fields}) == cfg
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n')
-    flags = _flags_for(load_config({"trace": str(trace)}), set())
+    flags = flags_for(load_config({"trace": str(trace)}), set())
     assert "--num-prompts" not in flags and "--burstiness" not in flags
 
 

@@ -10,8 +10,8 @@ import aiohttp
 import pyarrow.parquet as pq
 import pytest
 
-from replayer.observe.target_metrics import TargetScraper
-from replayer.observe.target_samples import SampleFiles, read_samples, sample_files, save_samples
+from replayer.observe import TargetScraper, read_samples
+from replayer.observe.target_samples import SampleFiles, sample_files, save_samples
 from replayer.observe.target_series import (
     COUNTERS,
     GAUGES,
@@ -407,8 +407,8 @@ def test_a_replay_lists_the_targets_missing_metrics_in_its_summary(tmp_path, cap
     log named them while the run went on."""
     import json
 
-    from replayer.config.model import load_config
-    from replayer.run.daemon import run_replay
+    from replayer.config import load_config
+    from replayer.run import run_replay
     from replayer.sim import SimConfig, SimServer
 
     trace = tmp_path / "t.jsonl"

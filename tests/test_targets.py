@@ -13,7 +13,7 @@ from conftest import free_port
 from faultserver import ABORT, DONE, Plan, ThreadedFaultServer, choice, usage_event
 from prometheus_client import CollectorRegistry
 
-from replayer.plan.schedule import iter_schedule
+from replayer.plan import iter_schedule
 from replayer.send.routing import TargetRoute, target_index
 
 # case B29: two targets A and B, the target chosen on a session's first turn (round robin)
@@ -47,8 +47,8 @@ def _write(tmp_path, rows, name="trace.jsonl"):
 
 
 def _run(cfg_values: dict, registry: CollectorRegistry | None = None) -> dict:
-    from replayer.config.model import load_config
-    from replayer.run.daemon import run_replay
+    from replayer.config import load_config
+    from replayer.run import run_replay
 
     cfg = load_config(
         {"admin_port": 0, "quiet": True, "warm_connections": 2, "scrape_target_metrics": False, **cfg_values}
@@ -61,7 +61,7 @@ def _completions(srv) -> list:
 
 
 def test_b29_sessions_keep_their_first_turns_target(tmp_path, capsys):
-    from replayer.record.folder import read_results
+    from replayer.record import read_results
 
     trace = _write(tmp_path, B29)
     registry = CollectorRegistry()
@@ -124,7 +124,7 @@ def test_b29_sessions_keep_their_first_turns_target(tmp_path, capsys):
 
 
 def test_one_target_has_no_target_column_values_or_series(tmp_path):
-    from replayer.record.folder import read_results
+    from replayer.record import read_results
 
     trace = _write(tmp_path, B29[:2])
     registry = CollectorRegistry()
@@ -139,7 +139,7 @@ def test_one_target_has_no_target_column_values_or_series(tmp_path):
 
 
 def test_a_target_down_fails_its_own_requests_the_other_goes_on(tmp_path):
-    from replayer.record.folder import read_results
+    from replayer.record import read_results
     from replayer.run.simproc import spawn_sim, stop_sim
 
     # 3 sessions of 2 turns and 2 rows without a session: sessions 0 and 2 and row 4 go to
@@ -230,18 +230,18 @@ def test_not_ready_target_is_named_and_nothing_is_sent(tmp_path):
 
 
 def test_target_list_from_flags_and_config(tmp_path):
-    from replayer.cli import _flags_for, build_parser, read_config_file
-    from replayer.config.model import ConfigError, load_config
+    from replayer.cli import build_parser, flags_for, read_config_file
+    from replayer.config import ConfigError, load_config
 
     trace = _write(tmp_path, B29)
     args = build_parser().parse_args(
         ["run", trace, "--target", "http://a:1/v1", "--target", "http://b:2", "--target-policy", "session-hash"]
     )
-    from replayer.config.model import RunConfig
+    from replayer.config import RunConfig
 
     cfg = load_config({k: v for k, v in vars(args).items() if k in RunConfig.model_fields})
     assert cfg.target == ["http://a:1", "http://b:2"] and cfg.target_policy == "session-hash"
-    flags = _flags_for(cfg, set())
+    flags = flags_for(cfg, set())
     i = flags.index("--target")
     assert flags[i : i + 4] == ["--target", "http://a:1", "--target", "http://b:2"]  # the flag repeated
     again = build_parser().parse_args(["run", *flags])  # (what --workers and sweep pass on)
@@ -339,7 +339,7 @@ def test_workers_keep_each_session_on_its_target(tmp_path):
     import subprocess
     import sys
 
-    from replayer.record.folder import read_results
+    from replayer.record import read_results
 
     # B29 and six more sessions, two turns each, so both workers hold sessions
     rows = list(B29)
@@ -416,7 +416,7 @@ def test_workers_keep_each_session_on_its_target(tmp_path):
 def test_each_targets_metrics_scraped_and_labelled(tmp_path):
     """Two embedded simulators: each one's /metrics is scraped, its samples carry its URL as the
     label replayer_target, and its prefix-cache and token deltas are in its own section."""
-    from replayer.observe.target_samples import read_samples
+    from replayer.observe import read_samples
     from replayer.run.simproc import spawn_sim, stop_sim
 
     trace = _write(tmp_path, B29)

@@ -8,9 +8,9 @@ import orjson
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from replayer.config.model import ConfigError, load_config
-from replayer.payload.body import PayloadBuilder
-from replayer.payload.prompts import PromptBuilder, vocab_from_tokenizer
+from replayer.config import ConfigError, load_config
+from replayer.payload import PayloadBuilder, PromptBuilder
+from replayer.payload.prompts import vocab_from_tokenizer
 from replayer.payload.textprompts import TextPromptBuilder
 
 
@@ -148,9 +148,8 @@ def test_text_prefetch_decodes_upcoming_rows_in_a_child_to_the_same_text(tmp_pat
 
 
 def test_prepared_text_bodies_are_the_same_with_the_prefetch(tmp_path):
-    from replayer.payload.loopprompts import Prompts
-    from replayer.payload.prepare import RequestFactory
-    from replayer.plan.schedule import Timeline
+    from replayer.payload import Prompts, RequestFactory
+    from replayer.plan import Timeline
 
     tpath = word_tokenizer(tmp_path / "tokenizer.json")
     t = _text_trace(tmp_path, 8)
@@ -176,9 +175,8 @@ def test_warm_up_makes_the_first_rows_texts_and_images_before_the_run(tmp_path):
     """Before the anchor, the first rows' prompt texts are decoded by the child and their images
     built: preparation then takes every one of them (the first request included) instead of
     starting the children and making them in the lead window, late."""
-    from replayer.payload.loopprompts import Prompts
-    from replayer.payload.prepare import RequestFactory
-    from replayer.plan.schedule import Timeline
+    from replayer.payload import Prompts, RequestFactory
+    from replayer.plan import Timeline
     from replayer.trace import read_trace
 
     tpath = word_tokenizer(tmp_path / "tokenizer.json")

@@ -31,11 +31,10 @@ from test_client_faults import (
     served,
 )
 
-from replayer.core.clock import now_ns
-from replayer.core.errors import ErrorKind
+from replayer.core import ErrorKind, now_ns
 from replayer.core.result import to_table
-from replayer.http.client import Client
-from replayer.results.summary import summarize
+from replayer.http import Client
+from replayer.results import summarize
 
 TOL_MS = 60.0  # generous: a loaded machine; every B27 boundary is >= 50 ms from the next event
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from replayer.core.timestamps import Latencies, Timestamps, derive
+from replayer.core import Latencies, Timestamps, derive
 
 MS = 1_000_000
 

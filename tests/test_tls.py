@@ -26,14 +26,13 @@ from test_capture_roundtrip import start_record, stop_record
 from test_client_faults import prepared, result_for
 
 import replayer.http.tlsrecord as tlsrecord
-from replayer.core.clock import now_ns
-from replayer.core.result import RequestResult
-from replayer.http.client import Client
+from replayer.core import RequestResult, now_ns
+from replayer.http import Client
 from replayer.http.launcher import Launcher
 from replayer.http.tls import TLSOptions
-from replayer.observe.target_metrics import TargetScraper
+from replayer.observe import TargetScraper
+from replayer.sim import SimConfig, SimServer
 from replayer.sim.certs import server_context, write_certs
-from replayer.sim.server import SimConfig, SimServer
 
 
 @pytest.fixture(scope="module")

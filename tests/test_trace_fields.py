@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from test_text_mode import word_tokenizer
 
-from replayer.payload.body import PayloadBuilder
+from replayer.payload import PayloadBuilder
 from replayer.trace import EXTRA_BODY_RESERVED, read_trace
 
 BS = 16

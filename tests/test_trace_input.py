@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from replayer.payload.prompts import PromptBuilder
+from replayer.payload import PromptBuilder
 from replayer.trace import TraceError, hash_id_from_string, read_trace
 
 

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 import replayer.results.verdict as verdict
-from replayer.config.model import ConfigError, load_config
-from replayer.core.result import RequestResult, to_table
-from replayer.core.timestamps import Timestamps, derive
-from replayer.results.summary import set_duration, summarize
+from replayer.config import ConfigError, load_config
+from replayer.core import RequestResult, Timestamps, derive
+from replayer.core.result import to_table
+from replayer.results import summarize
+from replayer.results.summary import set_duration
 from replayer.results.verdict import MET, MISSED, NOT_JUDGED, UNKNOWN
 
 
@@ -102,11 +103,11 @@ def test_goodput_config_key_takes_a_mapping(tmp_path):
 
 
 def test_flags_reproduce_goodput_for_workers(tmp_path):
-    from replayer.cli import _flags_for
+    from replayer.cli import flags_for
 
     trace = tmp_path / "t.jsonl"
     trace.write_text("")
-    flags = _flags_for(load_config({"trace": str(trace), "goodput": ["tpot:50", "ttft:2000"]}), {"trace"})
+    flags = flags_for(load_config({"trace": str(trace), "goodput": ["tpot:50", "ttft:2000"]}), {"trace"})
     i = flags.index("--goodput")
     assert flags[i + 1 : i + 3] == ["ttft:2000", "tpot:50"]
 
@@ -284,7 +285,7 @@ def test_a_folded_summary_keeps_the_verdict_exact(tmp_path, monkeypatch):
 
     import replayer.core.stats as stats
     import replayer.results.summary as summary
-    from replayer.results.summary import summarize_files
+    from replayer.results import summarize_files
 
     monkeypatch.setattr(summary, "BATCH_ROWS", 300)  # folded batch by batch, file by file
     monkeypatch.setattr(stats, "EXACT_LIMIT", 1000)  # percentiles from the sketch

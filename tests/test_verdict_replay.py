@@ -13,9 +13,9 @@ import pytest
 from faultserver import DONE, Plan, ThreadedFaultServer, choice, usage_event
 from prometheus_client import CollectorRegistry
 
-from replayer.config.model import load_config
-from replayer.record.folder import read_results
-from replayer.run.daemon import run_replay
+from replayer.config import load_config
+from replayer.record import read_results
+from replayer.run import run_replay
 
 
 def stream(times_ms: list[float], usage: bool = True) -> Plan:

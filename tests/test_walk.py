@@ -35,15 +35,12 @@ RUN_ON_PATH = {"run/fanout"}
 
 
 def _carrier_types() -> tuple[type, ...]:
-    from replayer.core.request import PreparedRequest
-    from replayer.core.result import RequestResult
-    from replayer.core.timestamps import Latencies, Timestamps
-    from replayer.http.chunks import StreamAccumulator
+    from replayer.core import Latencies, PreparedRequest, RequestResult, Timestamps
+    from replayer.http import SSEDecoder, StreamAccumulator
     from replayer.http.connection import Exchange
-    from replayer.http.sse import SSEDecoder
     from replayer.plan.schedule import ScheduleBatch
+    from replayer.trace import Trace
     from replayer.trace.columns import _Raw
-    from replayer.trace.model import Trace
 
     return (
         _Raw,
@@ -66,7 +63,7 @@ class PathRecorder:
 
     def __init__(self) -> None:
         self.types = _carrier_types()
-        from replayer.http.connection import Connection
+        from replayer.http import Connection
 
         self.connection = Connection
         self.modules: set[str] = set()
@@ -115,8 +112,8 @@ def _walk_on_page() -> list[str]:
 
 
 def test_one_rows_walk_is_the_pages_and_never_calls_back_into_the_run(tmp_path, sim_process):
-    from replayer.config.model import load_config
-    from replayer.run.daemon import run_replay
+    from replayer.config import load_config
+    from replayer.run import run_replay
 
     trace = tmp_path / "one.parquet"
     pq.write_table(pq.read_table(TRACE).slice(0, 1), trace)

@@ -15,10 +15,10 @@ import pytest
 from aiohttp import web
 from inprocess import replay_against
 
+from replayer.results import summarize
 from replayer.results.merge import merge_results
 from replayer.results.report import figure_specs, render_html
 from replayer.results.reportdata import ReportData, report_files
-from replayer.results.summary import summarize
 
 ROWS = 10
 COLD = 3  # the server's first requests are slow

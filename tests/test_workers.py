@@ -17,8 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import free_port
 
-from replayer.core.result import RequestResult, to_table
-from replayer.record.folder import read_results, result_files
+from replayer.core import RequestResult
+from replayer.core.result import to_table
+from replayer.record import read_results, result_files
 from replayer.results.merge import merge_results
 from replayer.run.workers import _exit_code, _progress, _without_flag, progress_line
 from replayer.trace import read_trace
@@ -687,7 +688,7 @@ def test_each_worker_keeps_its_share_of_the_retention_bound():
     """--retain-size bounds the whole results folder; with --workers N it holds N worker folders,
     so each worker gets 1/N (the flag comes after the user's, and the last one given wins)."""
     from replayer.cli import build_parser
-    from replayer.config.model import load_config
+    from replayer.config import load_config
     from replayer.run.workers import worker_shares
 
     trace = "traces/mooncake_conversation_10min.parquet"

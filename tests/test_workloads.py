@@ -15,11 +15,10 @@ import pyarrow.parquet as pq
 from faultserver import FaultServer, Plan
 from test_text_mode import word_tokenizer
 
-from replayer.core.clock import now_ns
+from replayer.core import PreparedRequest, now_ns
 from replayer.core.endpoints import EMBEDDINGS, RERANK
-from replayer.core.request import PreparedRequest
-from replayer.http.client import Client
-from replayer.payload.body import PayloadBuilder
+from replayer.http import Client
+from replayer.payload import PayloadBuilder
 
 BS = 16  # tokens per hash id in these traces
 
@@ -347,7 +346,7 @@ def test_sessions_without_hash_ids_grow_their_prompt_from_the_previous_turn(tmp_
 def test_the_endpoint_check_reads_no_rows_of_a_trace_without_the_column(tmp_path):
     from pathlib import Path
 
-    from replayer.config.model import load_config
+    from replayer.config import load_config
     from replayer.run.inputs import may_have_endpoints as _may_have_endpoints
     from replayer.trace import open_trace
 

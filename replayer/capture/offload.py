@@ -37,7 +37,8 @@ class WorkerGone(Exception):
     """The worker process ended (or was never reachable)."""
 
 
-def _frame(obj) -> bytes:
+def frame(obj) -> bytes:
+    """``obj`` as one frame: its pickle's length (4 bytes, big-endian), then the pickle (``Frames`` reads them)."""
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     return FRAME.pack(len(data)) + data
 
@@ -90,7 +91,7 @@ class OffloadWorker(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         await loop.connect_accepted_socket(lambda: self, parent)
         assert self.transport is not None
-        self.transport.write(_frame((key, block_size)))
+        self.transport.write(frame((key, block_size)))
         await self.call("ready")  # imported and keyed: not during the first requests
 
     def connection_made(self, transport) -> None:
@@ -120,7 +121,7 @@ class OffloadWorker(asyncio.Protocol):
             return fut
         self._next += 1
         self._waiting[self._next] = fut
-        self.transport.write(_frame((self._next, name, args)))
+        self.transport.write(frame((self._next, name, args)))
         return fut
 
     async def close(self, timeout_s: float = 10.0) -> None:
@@ -205,7 +206,7 @@ def _serve(sock: socket.socket) -> None:
             out = (call_id, True, CALLS[name](*args))
         except Exception as e:  # the proxy logs it and goes on without this row's hash ids
             out = (call_id, False, f"{type(e).__name__}: {e}")
-        f.write(_frame(out))
+        f.write(frame(out))
         f.flush()
 
 

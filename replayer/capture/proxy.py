@@ -2,10 +2,8 @@
 response back as it arrives, and turns each OpenAI API request into one trace row.
 
 Transparency: the request body is sent as received (a malformed one too: the upstream answers it
-and the row records the status); headers go both ways except the hop-by-hop ones (RFC 9110
-7.6.1: ``Connection`` and the headers it names, ``Keep-Alive``, ``Proxy-*``, ``TE``, ``Trailer``,
-``Transfer-Encoding``, ``Upgrade``) and ``Host``/``Content-Length``, which each hop sets for
-itself. Clients are served by ``downstream`` (raw sockets, the kernel's arrival stamps). A
+and the row records the status); headers go both ways except the hop-by-hop ones and those each
+hop sets for itself (``headers``). Clients are served by ``downstream`` (raw sockets, the kernel's arrival stamps). A
 captured request (POST to ``rows.CAPTURED``) is relayed by ``relay``: each piece of the response
 body is written to the client as the upstream connection reads it (no SSE buffering, no
 decompression), a copy goes to the usage tracker (``usage``). Other requests go through aiohttp's
@@ -32,6 +30,7 @@ import orjson
 from multidict import CIMultiDict
 
 from replayer.capture.downstream import ClientConnection, Listener, Request
+from replayer.capture.headers import PER_HOP, SKIP_AUTO, forward_headers, response_head
 from replayer.capture.metrics import CaptureMetrics
 from replayer.capture.poll import POLL_MIN_IN_FLIGHT, Poller
 from replayer.capture.relay import Exchange, UpstreamGone, UpstreamPool
@@ -41,48 +40,6 @@ from replayer.capture.usage import UsageTracker
 from replayer.http.tls import TLSOptions, explain, find_ssl_error
 
 log = logging.getLogger(__name__)
-
-HOP_BY_HOP = frozenset(
-    (
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    )
-)
-#: set again by each hop
-_PER_HOP = frozenset(("host", "content-length"))
-_SKIP_AUTO = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
-
-
-def forward_headers(headers: list[tuple[str, str]], extra_drop: frozenset = frozenset()) -> list[tuple[str, str]]:
-    """``headers`` without the hop-by-hop ones (and those the ``Connection`` header names)."""
-    named = {t.strip().lower() for k, v in headers if k.lower() == "connection" for t in v.split(",")}
-    drop = HOP_BY_HOP | named | extra_drop
-    return [(k, v) for k, v in headers if k.lower() not in drop]
-
-
-def response_head(
-    status: int, reason: bytes, headers: list[tuple[str, str]], framing: str | None, keep_alive: bool, http10: bool
-) -> bytes:
-    """The client's response head: status line, ``headers``, the framing header (``framing``:
-    ``Transfer-Encoding: chunked`` / ``Content-Length: N`` / None) and ``Connection`` when needed."""
-    lines = [b"HTTP/1.1 %d %s\r\n" % (status, reason or b"-")]
-    lines += [f"{k}: {v}\r\n".encode("latin-1", "replace") for k, v in headers]
-    if framing is not None:
-        lines.append(framing.encode() + b"\r\n")
-    if not keep_alive:
-        lines.append(b"Connection: close\r\n")
-    elif http10:
-        lines.append(b"Connection: keep-alive\r\n")
-    lines.append(b"\r\n")
-    return b"".join(lines)
 
 
 class CaptureProxy:
@@ -241,9 +198,7 @@ class CaptureProxy:
         else:
             framing, chunked, keep = "Transfer-Encoding: chunked", True, req.keep_alive
         ex.keep = keep
-        conn.write(
-            response_head(ex.status, ex.reason, forward_headers(ex.headers, _PER_HOP), framing, keep, req.http10)
-        )
+        conn.write(response_head(ex.status, ex.reason, forward_headers(ex.headers, PER_HOP), framing, keep, req.http10))
         ex.start_relay(conn, chunked)
 
     async def _serve(
@@ -349,7 +304,7 @@ class CaptureProxy:
         return b"".join(
             [
                 b"%s %s HTTP/1.1\r\nHost: %s\r\n" % (req.method.encode(), req.url, self._host.encode()),
-                *(f"{k}: {v}\r\n".encode("latin-1", "replace") for k, v in forward_headers(req.headers, _PER_HOP)),
+                *(f"{k}: {v}\r\n".encode("latin-1", "replace") for k, v in forward_headers(req.headers, PER_HOP)),
                 b"Content-Length: %d\r\n\r\n" % body_len,
             ]
         )
@@ -412,14 +367,14 @@ class CaptureProxy:
                 req.method,
                 self.upstream + req.url.decode("latin-1"),
                 data=body,
-                headers=CIMultiDict(forward_headers(req.headers, _PER_HOP)),
+                headers=CIMultiDict(forward_headers(req.headers, PER_HOP)),
                 allow_redirects=False,
-                skip_auto_headers=_SKIP_AUTO,
+                skip_auto_headers=SKIP_AUTO,
                 **self.request_kw,
             ) as up:
                 hdrs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in up.raw_headers]
                 no_body = req.method == "HEAD" or up.status < 200 or up.status in (204, 304)
-                fwd = forward_headers(hdrs, frozenset(("host",)) if no_body else _PER_HOP)
+                fwd = forward_headers(hdrs, frozenset(("host",)) if no_body else PER_HOP)
                 if no_body:
                     framing, chunked, keep = None, False, req.keep_alive
                 elif up.content_length is not None and up.headers.get("Content-Encoding") is None:

@@ -231,7 +231,7 @@ def read_config_file(path: str, extra: frozenset[str] = frozenset()) -> dict:
     return data
 
 
-def _flags_for(cfg: RunConfig, skip: set[str]) -> list[str]:
+def flags_for(cfg: RunConfig, skip: set[str]) -> list[str]:
     """Command-line flags reproducing every setting of ``cfg`` except ``skip`` (a synthetic load's
     settings only for one: with a trace they are refused)."""
     out: list[str] = []
@@ -547,7 +547,7 @@ def _main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
                     "from --speedups and starts a new run per point)"
                 )
             opts = sweep_options({k: getattr(args, k) for k in SWEEP_KEYS}, sweep_file)
-            _, code = run_sweep(cfg, _flags_for(cfg, PER_POINT), **opts)
+            _, code = run_sweep(cfg, flags_for(cfg, PER_POINT), **opts)
         except SweepError as e:
             print(f"replayer sweep: {e}", file=sys.stderr)
             return 2
@@ -567,7 +567,7 @@ def _main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
                 "config_file",
                 "max_error_ratio",
             }  # (checked on the merged summary)
-            passthrough = _flags_for(cfg, skip)
+            passthrough = flags_for(cfg, skip)
             return run_workers(cfg, passthrough)
         sim = None
         if cfg.target is None:  # boot the simulator on the other core while the daemon imports

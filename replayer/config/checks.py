@@ -61,9 +61,9 @@ class FieldChecks(BaseModel):
     @field_validator("image_size", check_fields=False)
     @classmethod
     def _image_size(cls, v: str) -> str:
-        from replayer.trace.images import parse_size
+        from replayer.trace.images import parse_image_size
 
-        wh, err = parse_size(v)
+        wh, err = parse_image_size(v)
         if err or wh is None:
             raise ValueError(err or "must be WxH")
         return f"{wh[0]}x{wh[1]}"
@@ -81,9 +81,9 @@ class FieldChecks(BaseModel):
     def _retain_size(cls, v: str | int | None) -> str | None:
         if v is None:
             return None
-        from replayer.record.retention import parse_size
+        from replayer.record.retention import parse_bytes
 
-        if parse_size(v) <= 0:
+        if parse_bytes(v) <= 0:
             raise ValueError("retain_size must be more than 0 bytes")
         return str(v)
 

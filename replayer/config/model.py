@@ -450,9 +450,9 @@ class RunConfig(FieldChecks):
     @property
     def retain_bytes(self) -> int | None:
         """``retain_size`` in bytes (None: no size bound)."""
-        from replayer.record.retention import parse_size
+        from replayer.record.retention import parse_bytes
 
-        return parse_size(self.retain_size) if self.retain_size is not None else None
+        return parse_bytes(self.retain_size) if self.retain_size is not None else None
 
     @field_validator("mix", mode="before")
     @classmethod

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 log = logging.getLogger("replayer")
@@ -86,3 +86,16 @@ class BackgroundTasks:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def first_of(*aws: Awaitable[object]) -> None:
+    """Wait until the first of ``aws`` finishes; cancel the others. An exception of the one that
+    finished is raised here (not left in a task nobody reads)."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            t.result()
+    finally:
+        for t in tasks:
+            t.cancel()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass
 
 now_ns = time.perf_counter_ns
@@ -84,16 +83,3 @@ class Clock:
 
 #: the real clock
 MONOTONIC = Clock()
-
-
-async def first_of(*aws: Awaitable[object]) -> None:
-    """Wait until the first of ``aws`` finishes; cancel the others. An exception of the one that
-    finished is raised here (not left in a task nobody reads)."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for t in done:
-            t.result()
-    finally:
-        for t in tasks:
-            t.cancel()

@@ -53,18 +53,20 @@ class PreparedRequest:
     expected_image_tokens: int | None = None  # the trace's image_tokens, else the --image-token-rule's
     expected_image_cache_hits: int = 0  # its images sent before in the run (an encoder cache could hit them)
 
-    def new_result(self, shard: int, due_ns: int | None = None) -> RequestResult:
-        """The result record this request starts with (outcome ``not_started``)."""
+    def new_result(self, shard: int, due_ns: int | None = None, sent: bool = True) -> RequestResult:
+        """The result record this request starts with (outcome ``not_started``): its birth fields
+        copied from the request. ``sent=False``: a request recorded without being sent (a stop),
+        so nothing of it was sent (``prompt_len_sent`` and ``max_tokens`` 0, no expected hits)."""
         return RequestResult(
             row=self.row,
             loop=self.loop,
             shard=shard,
             input_length=self.input_length,
             output_length=self.output_length,
-            prompt_len_sent=self.prompt_len,
-            max_tokens=self.max_tokens,
+            prompt_len_sent=self.prompt_len if sent else 0,
+            max_tokens=self.max_tokens if sent else 0,
             due_ns=self.due_ns if due_ns is None else due_ns,
-            expected_prefix_hit_tokens=self.expected_hits,
+            expected_prefix_hit_tokens=self.expected_hits if sent else None,
             endpoint=self.endpoint,
             session_id=self.session_id,
             turn=self.turn,

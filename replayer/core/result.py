@@ -11,16 +11,34 @@ from __future__ import annotations
 
 import array
 import operator
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+#: The two groups of a result's fields. ``BIRTH``: copied once from the request when its record
+#: is made (``PreparedRequest.new_result``, ``RequestFactory.unsent``) and never assigned after.
+#: ``MEASURED``: what happened to it, assigned afterwards by the packages its ``by`` names
+#: (``tests/test_result_columns.py`` checks every assignment in ``replayer/`` against it).
+BIRTH = "birth"
+MEASURED = "measured"
+
+
+def _birth(arrow: pa.DataType, doc: str, default: object = None) -> Any:
+    return field(default=default, metadata={"group": BIRTH, "arrow": arrow, "doc": doc, "by": ()})
+
+
+def _measured(arrow: pa.DataType, doc: str, default: object = None, by: tuple[str, ...] = ("http",)) -> Any:
+    return field(default=default, metadata={"group": MEASURED, "arrow": arrow, "doc": doc, "by": by})
+
 
 @dataclass(slots=True)
 class RequestResult:
-    """What happened to one scheduled request.
+    """What happened to one scheduled request: one field per results column, each declaring its
+    Arrow type, its group (``BIRTH`` or ``MEASURED``), the packages that may assign it and what
+    it holds (the results reference in docs/reference/results.md is generated from these).
 
     Times (``*_ns``): ns since the run anchor ``t0_ns``; ``None`` when the moment never came.
     ``prompt_tokens``/``completion_tokens``: from the server's ``usage`` (``None`` if none arrived:
@@ -31,156 +49,207 @@ class RequestResult:
     ``completion_tokens`` (an estimate, never added to the server-reported totals).
     """
 
-    row: int  # row index in the (sorted) trace, 0-based
-    loop: int = 0
-    shard: int = 0
-    request_id: str | None = None
-    input_length: int = 0  # from the trace
-    output_length: int = 0  # from the trace
-    prompt_len_sent: int = 0  # token ids actually sent (== input_length unless text mode)
-    max_tokens: int = 0  # as sent
-    due_ns: int = 0
-    sent_ns: int | None = None  # just before the request was written (or, when no connection
-    #                                could be opened, when that attempt began: it was issued)
-    first_token_ns: int | None = None
-    last_token_ns: int | None = None
-    end_ns: int | None = None  # stream closed / response done
-    outcome: str = "not_started"  # replayer.core.errors.Outcome value
-    error_kind: str = "none"  # replayer.core.errors.ErrorKind value
-    http_status: int | None = None
-    error: str | None = None  # message (server's error text or exception), truncated
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    usage_source: str = "none"  # "server" (usage object seen) or "none"
-    n_chunks: int = 0  # choice events received
-    output_tokens_estimate: int | None = None  # no usage: events with text (an estimate, see above)
-    invalid_utf8: int = 0  # invalid UTF-8 sequences in the response, decoded as U+FFFD
-    finish_reason: str | None = None
-    ttft_ms: float | None = None
-    e2e_ms: float | None = None
-    tpot_ms: float | None = None
-    dispatch_lag_ms: float | None = None  # dispatched - due (positive = late); dispatched = the kernel took
-    #                                       the request's last byte (sent_ns when the socket took it whole)
-    connect_ms: float | None = None  # waiting for a connection (0 when a pooled one was free)
-    send_wait_ms: float | None = None  # the socket's buffer full (a link slower than the bytes): from the first
-    #                                    byte to the last handed to the kernel; 0 when the socket took the request
-    #                                    whole, None when it was never written (the first send's, as dispatch_lag_ms)
-    expected_prefix_hit_tokens: int | None = None  # prompt tokens the trace implies are cached (prefix_cache)
-    retries: int = 0  # times re-sent after a retryable failure (client retry policy); the
-    # other fields describe the last attempt, dispatch_lag_ms the first send
-    endpoint: str = "/v1/completions"  # the API the request went to (replayer.payload.body endpoint kinds)
-    session_id: str | None = None  # from the trace (multi-turn sessions)
-    turn: int | None = None
-    session_wait_ms: float | None = None  # held back for the previous turn (or parent) to end: release - due
-    #                                       (the server's slowness, not ours; dispatch_lag_ms is from release)
-    queue_wait_ms: float | None = None  # --max-concurrency: waited for a free slot, from the time it was due (or
-    #                                     released) to the slot's release; None without a cap. Included in the
-    #                                     latencies from the due time; dispatch_lag_ms excludes it
-    warmup: bool = False  # sent during the warm-up (--warmup-requests, --warmup-seconds): out of the summary
-    n_documents: int | None = None  # pooling: inputs (embeddings) or documents (score, rerank)
-    expected_prompt_tokens_once: int | None = None  # score/rerank: query once + documents
-    expected_prompt_tokens_per_document: int | None = None  # score/rerank: query per document + documents
-    usage_audit: str = "n/a"  # pooling usage: ok, inflated (server reported more than both
-    #                                expectations), missing; n/a for generation (see prompt_tokens)
-    partial_output_tokens: int | None = None  # failed or cancelled after it was sent: output tokens that
-    #                                arrived (the server's running usage when usage_source is "server", else one
-    #                                per token-carrying event); never in completion_tokens or any total
-    # the verdict (replayer.results.verdict): latency from the due time (a held session turn's from its
-    # release; the hold is session_wait_ms) and, with --goodput bounds, whether the SLO was met
-    ttft_from_due_ms: float | None = None
-    e2el_from_due_ms: float | None = None
-    slo_met: bool | None = None  # None: no bounds, a bound's value unknown, or not judged
-    x_request_id: str | None = None  # the X-Request-Id header sent: <run_id>-<loop>-<row> (join key with the
-    #                                  server's logs; vLLM takes it as its request id)
-    # --server-timings: the server's own per-request timings (vLLM's `metrics` object; None when off or not
-    # reported). vLLM's time_to_first_token_ms starts when the request is scheduled (after its queue time)
-    server_queue_time_ms: float | None = None
-    server_time_to_first_token_ms: float | None = None
-    server_generation_time_ms: float | None = None
-    client_overhead_ms: float | None = None  # ttft_ms - (server queue + server TTFT): network, the server's
-    #                                          HTTP/tokenizer front end and this client (never below 0 in theory)
-    tenant: str | None = None  # the trace of a mix this row came from (replayer.trace.mix); None unmixed
-    target: str | None = None  # with several --target: the URL it went to (replayer.send.routing); None with one
-    # multimodal rows: images sent and their encoded bytes; image tokens expected (the trace's
-    # image_tokens or --image-token-rule) and as the server reported them
-    # (usage.prompt_tokens_details.image_tokens); text_tokens = prompt_tokens - image_tokens when both are known
-    images: int = 0
-    image_bytes: int = 0
-    expected_image_tokens: int | None = None
-    image_tokens: int | None = None
-    text_tokens: int | None = None
-    expected_image_cache_hits: int = 0  # images of this request sent before in the run
-    itl_ms: list[float] = field(default_factory=list)
+    row: int = field(
+        metadata={"group": BIRTH, "arrow": pa.int64(), "doc": "row index in the (sorted) trace, 0-based", "by": ()}
+    )
+    loop: int = _birth(pa.int32(), "the pass over the trace (`--loop`), 0-based", 0)
+    shard: int = _birth(pa.int32(), "the shard that sent it (`--shard`, a `--workers` worker)", 0)
+    request_id: str | None = _birth(
+        pa.string(), "always null: the trace's own request ids are not carried (`x_request_id` names the request)"
+    )
+    input_length: int = _birth(pa.int64(), "prompt tokens, from the trace", 0)
+    output_length: int = _birth(pa.int64(), "output tokens asked for, from the trace", 0)
+    prompt_len_sent: int = _birth(
+        pa.int64(), "prompt token ids actually sent (`input_length` unless text prompts; 0 when not sent)", 0
+    )
+    max_tokens: int = _birth(pa.int64(), "`max_tokens` as sent (0 when not sent)", 0)
+    due_ns: int = _birth(pa.int64(), "when it was due, from the schedule", 0)
+    sent_ns: int | None = _measured(
+        pa.int64(),
+        "just before the request was written (or, when no connection could be opened, when that attempt began)",
+    )
+    first_token_ns: int | None = _measured(pa.int64(), "the first token-carrying event arrived")
+    last_token_ns: int | None = _measured(pa.int64(), "the last token-carrying event arrived")
+    end_ns: int | None = _measured(pa.int64(), "the response ended (stream closed, body done, or the failure)")
+    outcome: str = _measured(
+        pa.string(),
+        "`ok`, `failed`, `cancelled`, `not_started`, `missed_while_down` (`replayer.core.errors.Outcome`)",
+        "not_started",
+        ("http", "send"),
+    )
+    error_kind: str = _measured(
+        pa.string(),
+        "`none` or why it failed (`replayer.core.errors.ErrorKind`: `http_4xx`, `timeout`, `connect`, ...)",
+        "none",
+        ("http", "send"),
+    )
+    http_status: int | None = _measured(pa.int32(), "the response's HTTP status")
+    error: str | None = _measured(
+        pa.string(),
+        "the failure's message (the server's error text or the exception), truncated",
+        None,
+        ("http", "send"),
+    )
+    prompt_tokens: int | None = _measured(pa.int64(), "`usage.prompt_tokens` as the server reported it")
+    completion_tokens: int | None = _measured(
+        pa.int64(),
+        "`usage.completion_tokens` as the server reported it (null for a failed request: see `partial_output_tokens`)",
+    )
+    usage_source: str = _measured(pa.string(), "`server` (a usage object arrived) or `none`", "none")
+    n_chunks: int = _measured(pa.int32(), "choice events received", 0)
+    output_tokens_estimate: int | None = _measured(
+        pa.int64(), "without usage: the events that carried text (an estimate, never in the totals)"
+    )
+    invalid_utf8: int = _measured(pa.int32(), "invalid UTF-8 sequences in the response, decoded as U+FFFD", 0)
+    finish_reason: str | None = _measured(pa.string(), "the last choice's `finish_reason`")
+    ttft_ms: float | None = _measured(pa.float64(), "time to first token, from `sent_ns`")
+    e2e_ms: float | None = _measured(
+        pa.float64(), "end-to-end latency, from `sent_ns` to the last token (a whole body: its arrival)"
+    )
+    tpot_ms: float | None = _measured(
+        pa.float64(), "time per output token after the first: (last - first token) / (completion tokens - 1)"
+    )
+    dispatch_lag_ms: float | None = _measured(
+        pa.float64(),
+        "dispatched - due (positive: late); dispatched is when the kernel took the request's last byte. With retries, the first send's",
+    )
+    connect_ms: float | None = _measured(pa.float64(), "waiting for a connection (0 when a pooled one was free)")
+    send_wait_ms: float | None = _measured(
+        pa.float64(),
+        "the request's bytes waiting for the socket, from its first byte (`sent_ns`) to its last handed to the kernel; 0 when the socket took it whole, null when never written. Included in `dispatch_lag_ms`, not in TTFT or E2E",
+    )
+    expected_prefix_hit_tokens: int | None = _birth(
+        pa.int64(), "prompt tokens the trace implies the server has cached (its hash ids seen before)"
+    )
+    retries: int = _measured(
+        pa.int32(),
+        "times re-sent after a retryable failure (`--retry-max`); the other columns describe the last attempt",
+        0,
+    )
+    endpoint: str = _birth(
+        pa.string(), "the API it went to (`/v1/completions`, `/v1/chat/completions`, ...)", "/v1/completions"
+    )
+    session_id: str | None = _birth(pa.string(), "the trace's session (multi-turn sessions)")
+    turn: int | None = _birth(pa.int64(), "the turn in its session")
+    session_wait_ms: float | None = _measured(
+        pa.float64(),
+        "held back for the previous turn (or parent) to end: release - due (the server's slowness, not ours)",
+        None,
+        ("send",),
+    )
+    queue_wait_ms: float | None = _measured(
+        pa.float64(),
+        "with `--max-concurrency`: waited for a free slot after it was due (0: a slot was free); null without a cap. Included in `ttft_from_due_ms` and `e2el_from_due_ms`, not in `dispatch_lag_ms`",
+        None,
+        ("send",),
+    )
+    warmup: bool = _measured(
+        pa.bool_(),
+        "sent during the warm-up (`--warmup-requests`, `--warmup-seconds`): left out of the summary, the verdict and the report's distributions",
+        False,
+        ("run",),
+    )
+    n_documents: int | None = _birth(pa.int32(), "pooling: inputs (embeddings) or documents (score, rerank)")
+    expected_prompt_tokens_once: int | None = _birth(
+        pa.int64(), "score/rerank: prompt tokens expected with the query counted once"
+    )
+    expected_prompt_tokens_per_document: int | None = _birth(
+        pa.int64(), "score/rerank: prompt tokens expected with the query counted per document"
+    )
+    usage_audit: str = _measured(
+        pa.string(),
+        "pooling usage: `ok`, `inflated` (more than both expectations), `missing`; `n/a` for generation",
+        "n/a",
+    )
+    partial_output_tokens: int | None = _measured(
+        pa.int64(),
+        "failed or cancelled after it was sent: the output tokens that arrived (never in `completion_tokens` or a total)",
+    )
+    ttft_from_due_ms: float | None = _measured(
+        pa.float64(), "TTFT from the due time (a held session turn's: from its release)"
+    )
+    e2el_from_due_ms: float | None = _measured(
+        pa.float64(), "E2E from the due time (a held session turn's: from its release)"
+    )
+    slo_met: bool | None = _measured(
+        pa.bool_(),
+        "with `--goodput`: whether it met every bound; null without bounds, with a bound's value unknown, or not judged",
+        None,
+        ("core",),
+    )
+    x_request_id: str | None = _birth(
+        pa.string(), "the `X-Request-Id` header sent, `<run_id>-<loop>-<row>` (the join key with the server's logs)"
+    )
+    server_queue_time_ms: float | None = _measured(
+        pa.float64(), "`--server-timings`: the server's queue time (vLLM's `metrics`)"
+    )
+    server_time_to_first_token_ms: float | None = _measured(
+        pa.float64(), "`--server-timings`: the server's TTFT (vLLM's, from when the request is scheduled)"
+    )
+    server_generation_time_ms: float | None = _measured(
+        pa.float64(), "`--server-timings`: the server's generation time"
+    )
+    client_overhead_ms: float | None = _measured(
+        pa.float64(), "`ttft_ms` - (server queue + server TTFT): the network, the server's front end and this client"
+    )
+    tenant: str | None = _birth(pa.string(), "the trace of a mix it came from; null unmixed")
+    target: str | None = _birth(pa.string(), "with several `--target`: the URL it went to; null with one")
+    images: int = _birth(pa.int32(), "images sent", 0)
+    image_bytes: int = _birth(pa.int64(), "their encoded bytes (before base64)", 0)
+    expected_image_tokens: int | None = _birth(
+        pa.int64(), "image tokens expected (the trace's `image_tokens`, else `--image-token-rule`)"
+    )
+    image_tokens: int | None = _measured(
+        pa.int64(), "image tokens as the server reported them (`usage.prompt_tokens_details.image_tokens`)"
+    )
+    text_tokens: int | None = _measured(pa.int64(), "`prompt_tokens` - `image_tokens` when both are known")
+    expected_image_cache_hits: int = _birth(
+        pa.int32(), "its images sent before in the run (an encoder cache could hit them)", 0
+    )
+    max_gap_ms: float | None = _measured(
+        pa.float64(),
+        "the longest wait between two successive token-carrying events of the stream: the stall a mean hides "
+        "(the request preempted, another request's long prefill batched in); known without usage, unlike ITL. "
+        "Null for fewer than two such events or a whole (non-streamed) body",
+    )
+    itl_ms: list[float] = field(
+        default_factory=list,
+        metadata={
+            "group": MEASURED,
+            "arrow": pa.list_(pa.float32()),
+            "doc": "inter-token latencies, token-weighted (exact form: every gap; sketch form: see `itl_counts`)",
+            "by": ("http",),
+        },
+    )
+
+
+#: columns written beside the fields: name -> (Arrow type, what it holds)
+EXTRA_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
+    "itl_counts": (
+        pa.list_(pa.int32()),
+        "`--itl-format sketch`: how many gaps each `itl_ms` value stands for; null in the exact form",
+    ),
+}
+
+
+def column_type(f: Field[Any]) -> pa.DataType:
+    """A field's declared Arrow type; a field made without ``_birth``/``_measured`` has none,
+    and the results files cannot have its column: said at import, naming the field."""
+    if "arrow" not in f.metadata:
+        raise TypeError(f"RequestResult.{f.name} declares no column: make it with _birth(...) or _measured(...)")
+    t: pa.DataType = f.metadata["arrow"]
+    return t
 
 
 _TYPES: dict[str, pa.DataType] = {
-    "row": pa.int64(),
-    "loop": pa.int32(),
-    "shard": pa.int32(),
-    "request_id": pa.string(),
-    "input_length": pa.int64(),
-    "output_length": pa.int64(),
-    "prompt_len_sent": pa.int64(),
-    "max_tokens": pa.int64(),
-    "due_ns": pa.int64(),
-    "sent_ns": pa.int64(),
-    "first_token_ns": pa.int64(),
-    "last_token_ns": pa.int64(),
-    "end_ns": pa.int64(),
-    "outcome": pa.string(),
-    "error_kind": pa.string(),
-    "http_status": pa.int32(),
-    "error": pa.string(),
-    "prompt_tokens": pa.int64(),
-    "completion_tokens": pa.int64(),
-    "usage_source": pa.string(),
-    "n_chunks": pa.int32(),
-    "output_tokens_estimate": pa.int64(),
-    "invalid_utf8": pa.int32(),
-    "finish_reason": pa.string(),
-    "ttft_ms": pa.float64(),
-    "e2e_ms": pa.float64(),
-    "tpot_ms": pa.float64(),
-    "dispatch_lag_ms": pa.float64(),
-    "connect_ms": pa.float64(),
-    "send_wait_ms": pa.float64(),
-    "expected_prefix_hit_tokens": pa.int64(),
-    "retries": pa.int32(),
-    "endpoint": pa.string(),
-    "session_id": pa.string(),
-    "turn": pa.int64(),
-    "session_wait_ms": pa.float64(),
-    "queue_wait_ms": pa.float64(),
-    "warmup": pa.bool_(),
-    "n_documents": pa.int32(),
-    "expected_prompt_tokens_once": pa.int64(),
-    "expected_prompt_tokens_per_document": pa.int64(),
-    "usage_audit": pa.string(),
-    "partial_output_tokens": pa.int64(),
-    "ttft_from_due_ms": pa.float64(),
-    "e2el_from_due_ms": pa.float64(),
-    "slo_met": pa.bool_(),
-    "x_request_id": pa.string(),
-    "server_queue_time_ms": pa.float64(),
-    "server_time_to_first_token_ms": pa.float64(),
-    "server_generation_time_ms": pa.float64(),
-    "client_overhead_ms": pa.float64(),
-    "tenant": pa.string(),
-    "target": pa.string(),
-    "images": pa.int32(),
-    "image_bytes": pa.int64(),
-    "expected_image_tokens": pa.int64(),
-    "image_tokens": pa.int64(),
-    "text_tokens": pa.int64(),
-    "expected_image_cache_hits": pa.int32(),
-    "itl_ms": pa.list_(pa.float32()),
-    "itl_counts": pa.list_(pa.int32()),
+    **{f.name: column_type(f) for f in fields(RequestResult)},
+    **{name: t for name, (t, _) in EXTRA_COLUMNS.items()},
 }
 
 #: ``itl_ms`` as written: ``exact`` (every gap) or ``sketch`` (the compact form, see ``compact_itl``)
 ITL_FORMATS = ("exact", "sketch")
-#: the results columns: the fields of ``RequestResult``, then ``itl_counts`` (null in the exact form)
-COLUMNS: tuple[str, ...] = (*(f.name for f in fields(RequestResult)), "itl_counts")
+#: the results columns: the fields of ``RequestResult``, then ``EXTRA_COLUMNS``
+COLUMNS: tuple[str, ...] = tuple(_TYPES)
 SCHEMA: pa.Schema = pa.schema([pa.field(name, _TYPES[name]) for name in COLUMNS])
 
 

@@ -43,32 +43,11 @@ import orjson
 
 from replayer.core.errors import ErrorKind
 from replayer.core.timestamps import itl_ms, tpot_ms
+from replayer.http.errortext import ERROR_TEXT_LIMIT, error_message, snippet
 from replayer.http.sse import FFFD, lossy_utf8
+from replayer.http.tokencounts import token_events
 
 __all__ = ["StreamAccumulator", "ERROR_TEXT_LIMIT"]
-
-ERROR_TEXT_LIMIT = 500  # characters of error text kept per request
-
-
-def _error_message(x: object, depth: int = 0) -> str:
-    """The human-readable text of an error value of any common shape."""
-    if isinstance(x, str):
-        return x
-    if isinstance(x, dict) and depth < 8:
-        for key in ("message", "error", "detail", "msg"):
-            v = x.get(key)
-            if v is not None:
-                return _error_message(v, depth + 1)
-    try:
-        return orjson.dumps(x).decode()
-    except TypeError:
-        return repr(x)
-
-
-def _snippet(b: bytes | str, n: int = 200) -> str:
-    s = b.decode("utf-8", "replace") if isinstance(b, (bytes, bytearray)) else b
-    return s[:n]
-
 
 _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
@@ -181,10 +160,10 @@ class StreamAccumulator:
             if s == "[DONE]" or s == b"[DONE]":
                 self.done_seen = True
             elif s:  # (an empty data event is a keep-alive in effect)
-                self._protocol("invalid JSON in SSE event: " + _snippet(data))
+                self._protocol("invalid JSON in SSE event: " + snippet(data))
             return
         if type(obj) is not dict:
-            self._protocol("SSE event is not a JSON object: " + _snippet(data))
+            self._protocol("SSE event is not a JSON object: " + snippet(data))
             return
         self._take(obj, t_ns)
 
@@ -205,10 +184,10 @@ class StreamAccumulator:
                 except _JSONDecodeError:
                     pass
             if obj is None:
-                self._protocol(_snippet(body, ERROR_TEXT_LIMIT))
+                self._protocol(snippet(body, ERROR_TEXT_LIMIT))
                 return
         if type(obj) is not dict:
-            self._protocol("response body is not a JSON object: " + _snippet(body))
+            self._protocol("response body is not a JSON object: " + snippet(body))
             return
         self._take(obj, t_ns)
 
@@ -301,7 +280,7 @@ class StreamAccumulator:
 
     def _stream_error(self, obj: dict[str, Any]) -> None:
         err = obj.get("error")
-        msg = _error_message(obj if err is None else err)
+        msg = error_message(obj if err is None else err)
         if not self._stream_err:  # keep the first server message: the root cause
             self._stream_err = True
             self.error = msg[:ERROR_TEXT_LIMIT]
@@ -318,48 +297,7 @@ class StreamAccumulator:
         if not self._dirty:
             return
         self._dirty = False
-        times, flags, totals = self._times, self._flags, self._totals
-        first = last = None
-        tok_t: list[int] = []
-        tok_k: list[int] = []
-        if times and all(u >= 0 for u, f in zip(totals, flags) if f):
-            # Continuous usage (every choice event with text or a finish_reason carries usage; a
-            # role-only chunk may lack it): tokens per event = rise of the running completion_tokens.
-            prev = 0
-            for t, f, u in zip(times, flags, totals):
-                if u > prev:
-                    tok_t.append(t)
-                    tok_k.append(u - prev)
-                    prev = u
-                    if first is None:
-                        first = t
-                    last = t
-                elif f & 2:
-                    last = t
-        else:
-            last_i = tok_i = -1
-            for i, f in enumerate(flags):
-                if f & 1:
-                    t = times[i]
-                    tok_t.append(t)
-                    tok_k.append(1)
-                    if first is None:
-                        first = t
-                    last_i = tok_i = i
-                elif f & 2:
-                    last_i = i
-            if last_i >= 0:
-                last = times[last_i]
-            # Text-only counting misses tokens that decode to "" (typically the stop token in a
-            # final `"text": ""` finish chunk). When usage says tokens are missing and the last
-            # choice event came after the last token-carrying one, that event carries them: the
-            # trailing gap then yields ITL samples, keeping sum(ITL) == E2E - TTFT.
-            ct = self.completion_tokens
-            if ct is not None and last is not None and tok_i >= 0 and last_i > tok_i:
-                missing = ct - len(tok_t)
-                if missing > 0:
-                    tok_t.append(last)
-                    tok_k.append(missing)
+        first, last, tok_t, tok_k = token_events(self._times, self._flags, self._totals, self.completion_tokens)
         self._first, self._last = first, last
         self._tok_t, self._tok_k = tok_t, tok_k
         self._n_out = self.completion_tokens
@@ -438,7 +376,7 @@ class StreamAccumulator:
             if self.error is None:
                 other = self._other
                 if isinstance(other, dict) and any(k in other for k in ("detail", "message", "msg")):
-                    self.error = _error_message(other)[:ERROR_TEXT_LIMIT]
+                    self.error = error_message(other)[:ERROR_TEXT_LIMIT]
                 elif other is not None:
                     self.error = ("response has neither choices nor usage: " + orjson.dumps(other).decode())[
                         :ERROR_TEXT_LIMIT

@@ -8,6 +8,8 @@ a failure, and the server's ``Retry-After``. Called once per attempt, never per 
 
 from __future__ import annotations
 
+import operator
+
 from replayer.core.endpoints import POOLING
 from replayer.core.errors import ErrorKind, Outcome
 from replayer.core.result import RequestResult
@@ -91,6 +93,8 @@ def measure(
     if last is not None:
         res.last_token_ns = last - t0
     token_ns, token_counts = acc.token_times()
+    if len(token_ns) >= 2 and not acc.whole_body:
+        res.max_gap_ms = max(map(operator.sub, token_ns[1:], token_ns)) / 1e6
     lat = derive(
         Timestamps(
             due_ns=res.due_ns + t0,

@@ -1,14 +1,13 @@
-"""Prefix growth without hash ids: a session's turns whose prompts are its conversation so far.
-
-In a trace whose hash ids were synthesised (e.g. Azure), a turn's
-prompt is the previous turn's prompt, then a stand-in for the previous answer (its
-``output_length`` tokens: the blocks of ids ``mix64(s + b)``, b = 0, 1, ..., with
-``s = mix64(first hash id of the previous turn ^ ANSWER_SALT)``), then the first tokens of its
-own expansion, cut to ``input_length``; chat turns send that history as alternating
-user/assistant messages (the answer's and the new message's texts from ``textprompts``), the new
-message's length fitted so that the template over the whole conversation counts ``input_length``
-tokens. The histories live in an LRU bounded in tokens; a turn whose history
-was evicted (or whose session began before a resume) is built from its own hash ids.
+"""Prefix growth without hash ids (traces whose hash ids were synthesised, e.g. Azure): a
+session's turn is its conversation so far. A turn's prompt is the previous turn's prompt, then a
+stand-in for the previous answer (its ``output_length`` tokens: the blocks of ids
+``mix64(s + b)``, b = 0, 1, ..., with ``s = mix64(first hash id of the previous turn ^
+ANSWER_SALT)``), then the first tokens of its own expansion, cut to ``input_length``; chat turns
+send that history as alternating user/assistant messages (the answer's and the new message's
+texts from ``textprompts``), the new message's length fitted so that the template over the whole
+conversation counts ``input_length`` tokens. The histories live in an LRU bounded in tokens; a
+turn whose history was evicted (or whose session began before a resume) is built from its own
+hash ids.
 """
 
 from __future__ import annotations
@@ -27,8 +26,6 @@ from replayer.payload.body import PayloadBuilder
 from replayer.payload.prompts import PromptBuilder
 from replayer.payload.textprompts import TextPromptBuilder
 
-__all__ = ["ANSWER_SALT", "HISTORY_TOKENS", "Conversations"]
-
 ANSWER_SALT = 0xA5A5_0A5A_5A5A_A5A5
 HISTORY_TOKENS = 32_000_000  # bound of the prefix-growth histories (int32 ids: 128 MB)
 
@@ -44,14 +41,14 @@ class _History:
 
 
 class Conversations:
-    """The sessions' conversations so far, in an LRU bounded to ``limit_tokens`` prompt tokens."""
+    """The sessions' conversations so far, in an LRU bounded at ``max_tokens`` prompt tokens."""
 
-    def __init__(self, limit_tokens: int = HISTORY_TOKENS) -> None:
-        self.limit_tokens = limit_tokens
+    def __init__(self, max_tokens: int = HISTORY_TOKENS) -> None:
+        self.max_tokens = max_tokens
         self._histories: OrderedDict[object, _History] = OrderedDict()
         self._tokens = 0
 
-    def grow(
+    def build(
         self,
         req: PreparedRequest,
         payload: PayloadBuilder,
@@ -62,8 +59,10 @@ class Conversations:
         text: Callable[[], TextPromptBuilder],
         text_mode: bool,
     ) -> None:
-        """Set ``req``'s body: its session ``skey``'s conversation so far, then its own turn (module
-        docstring); ``text()``: the text prompts of its pass (chat, ``text_mode``)."""
+        """Set ``req.body``: the turn of session ``skey`` as its conversation so far (module
+        docstring), then remember it as the session's history. ``builder``: the pass's token-id
+        prompts; ``text()``: its text prompts (raises without a tokenizer); ``text_mode``: text
+        prompts on completions (``--prompt-mode text``)."""
         n_in = req.input_length
         own = builder.prompt_ids(hash_ids, n_in).astype(np.int32)
         h = self._histories.pop(skey, None)
@@ -81,12 +80,12 @@ class Conversations:
         else:
             new, ids = own, own
         if kind == CHAT:  # the template over the whole conversation counts input_length tokens
-            texts = text()
+            tp = text()
             messages = list(h.messages) if h is not None else []
             if h is not None:
                 seeds = [mix64(h.answer_seed + b) for b in range(-(-h.output_length // builder.block_size))]
-                messages.append({"role": "assistant", "content": texts.answer(seeds, h.output_length)})
-            messages.append({"role": "user", "content": texts.fit(hash_ids, n_in, True, 0, before=messages)})
+                messages.append({"role": "assistant", "content": tp.answer(seeds, h.output_length)})
+            messages.append({"role": "user", "content": tp.fit(hash_ids, n_in, True, 0, before=messages)})
             req.body = payload.messages_body(messages, req.output_length)
         else:
             messages = []
@@ -99,6 +98,6 @@ class Conversations:
             ids=ids, answer_seed=mix64(first ^ ANSWER_SALT), output_length=req.output_length, messages=messages
         )
         self._tokens += ids.size
-        while self._tokens > self.limit_tokens and self._histories:
+        while self._tokens > self.max_tokens and self._histories:
             _, old = self._histories.popitem(last=False)
             self._tokens -= old.ids.size

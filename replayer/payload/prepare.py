@@ -16,13 +16,11 @@ A row's ``model``, ``priority`` and ``extra_body`` columns go into its body
 Sessions: each row's keys for the session gate and its session header (``replayer.payload.sessionkeys``);
 prompt builders per pass and the expected prefix-cache model: ``replayer.payload.loopprompts``.
 
-Prefix growth without hash ids (traces whose hash ids were synthesised, e.g. Azure):
-``replayer.payload.growth``.
+Prefix growth without hash ids (a session's turn is its conversation so far): ``replayer.payload.growth``.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
@@ -74,8 +72,8 @@ _ROW_COLUMNS = (
 
 
 def _grows(batch: object, kind: str, session: object) -> bool:
-    """A turn whose prompt is its session's conversation so far (a trace without hash ids),
-    not the blocks of its own hash ids."""
+    """A turn whose prompt is its session's conversation so far (a trace without hash ids:
+    ``replayer.payload.growth``), not the blocks of its own hash ids."""
     return session is not None and getattr(batch, "hash_ids_synthetic", False) and kind in (COMPLETIONS, CHAT)
 
 
@@ -227,9 +225,9 @@ class RequestFactory:
             self._pooling(req, payload, t, i, hash_ids, kind, sb.loop)
         elif _grows(t, kind, session):
             loop = sb.loop
-            texts = functools.partial(self._text, loop)
-            self._conversations.grow(
-                req, payload, hash_ids, (loop, session), kind, self.prompts.for_loop(loop), texts, self.text_mode
+            builder = self.prompts.for_loop(loop)
+            self._conversations.build(
+                req, payload, hash_ids, (loop, session), kind, builder, lambda: self._text(loop), self.text_mode
             )
         else:
             ids = c_img[i] if c_img is not None else None

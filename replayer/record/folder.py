@@ -41,7 +41,8 @@ class Removed:
         self.rows = int(d.get("rows", 0))
         self.bytes = int(d.get("bytes", 0))
         self.fold_json: dict | None = d.get("fold")
-        self.spans: dict[str, list[int]] = dict(d.get("spans", {}))  # run anchor -> [first sent, last end] ns
+        # run anchor -> [first sent, last end] ns ("spans" in folders written before the name changed)
+        self.run_windows: dict[str, list[int]] = dict(d.get("run_windows", d.get("spans", {})))
         self.recorded: dict[str, list[list[int]]] = dict(d.get("recorded", {}))  # loop -> row ranges sent
         # the highest part number the removed files held (part numbers are never reused); folders
         # written before kept every part's name ("parts"), one more per flush for the whole run
@@ -54,7 +55,7 @@ class Removed:
             "rows": self.rows,
             "bytes": self.bytes,
             "fold": self.fold_json,
-            "spans": self.spans,
+            "run_windows": self.run_windows,
             "recorded": self.recorded,
             "parts_max": self.parts_max,
             "newest_end_s": self.newest_end_s,

@@ -10,7 +10,7 @@ file are never removed.
 Before a file goes, its results are folded by the ``Digest`` the run passes in (the results
 stage's ``removed.digest_file``: counts, token totals, error kinds, each latency's
 count/sum/min/max/variance and DDSketch) and merged into ``removed.json``, with the file's
-name, the run spans it covered (``runspans.run_spans``: the run's duration) and
+name, the run windows it covered (``runwindows.run_windows``: the run's duration) and
 the (loop, row) pairs it recorded (as row ranges per loop: ``--resume`` skips them). The file
 is removed only after ``removed.json`` is renamed into place (``rolling.write_json``: a kill
 leaves the old digest or the new one), and readers leave out every file that ``removed.json``
@@ -44,7 +44,7 @@ from replayer.record.folder import (  # re-exported: the removed files' digest i
     samples_kept_since as samples_kept_since,
 )
 from replayer.record.rolling import write_json
-from replayer.record.runspans import run_spans
+from replayer.record.runwindows import run_windows
 
 #: What retention keeps of a results file it removes: ``digest(path, fold_json)`` folds the file's
 #: results into ``fold_json`` (the digest so far, None for the first) and returns the new digest
@@ -69,7 +69,7 @@ _UNITS = {
 }
 
 
-def parse_size(text: str | int) -> int:
+def parse_bytes(text: str | int) -> int:
     """Bytes from ``2GB``, ``500MB``, ``1.5GiB``, ``100000`` (decimal units K/M/G/T = 1000^n,
     binary Ki/Mi/Gi/Ti = 1024^n; the trailing B is optional). Raises ValueError naming the text."""
     if isinstance(text, int):
@@ -117,7 +117,7 @@ def _merge_ranges(a: list[list[int]], b: list[list[int]]) -> list[list[int]]:
 
 # -- removal -------------------------------------------------------------------------------------
 def _file_info(path: str) -> tuple[int, float | None, dict, dict[str, list[list[int]]], list[str]]:
-    """(rows, newest end as Unix s or None, run spans (warm-up rows left out: the summary's
+    """(rows, newest end as Unix s or None, run windows (warm-up rows left out: the summary's
     duration), recorded row ranges per loop, parts it holds) of a rolled file."""
     import pyarrow.compute as pc
 
@@ -125,19 +125,21 @@ def _file_info(path: str) -> tuple[int, float | None, dict, dict[str, list[list[
     if pf is None:
         return 0, None, {}, {}, []
     meta = pf.schema_arrow.metadata or {}
-    spans = {k.decode() if isinstance(k, bytes) else k: list(v) for k, v in run_spans([path], removed=False).items()}
+    windows = {
+        k.decode() if isinstance(k, bytes) else k: list(v) for k, v in run_windows([path], removed=False).items()
+    }
     wall = meta.get(b"replayer.t0_wall_s")
     newest = None
-    if wall is not None and spans:
-        newest = float(wall) + max(v[1] for v in spans.values()) / 1e9
-    no_warmup = run_spans([path], removed=False, skip_warmup=True)
-    spans = {k.decode() if isinstance(k, bytes) else k: list(v) for k, v in no_warmup.items()}
+    if wall is not None and windows:
+        newest = float(wall) + max(v[1] for v in windows.values()) / 1e9
+    no_warmup = run_windows([path], removed=False, skip_warmup=True)
+    windows = {k.decode() if isinstance(k, bytes) else k: list(v) for k, v in no_warmup.items()}
     t = pf.read(columns=["loop", "row", "outcome"])
     sent = t.filter(pc.not_equal(t.column("outcome"), "not_started"))
     loops, rows = sent.column("loop").to_numpy(), sent.column("row").to_numpy()
     recorded = {str(int(lp)): _ranges(rows[loops == lp]) for lp in np.unique(loops)}
     parts = json.loads(meta[ROLLED_PARTS]) if meta.get(ROLLED_PARTS) else []
-    return pf.metadata.num_rows, newest, spans, recorded, parts
+    return pf.metadata.num_rows, newest, windows, recorded, parts
 
 
 def newest_end_s(path: str) -> float | None:
@@ -145,16 +147,16 @@ def newest_end_s(path: str) -> float | None:
     ``end_ns``), None when unknown."""
     pf = open_file(path)
     wall = (pf.schema_arrow.metadata or {}).get(b"replayer.t0_wall_s") if pf is not None else None
-    spans = run_spans([path], removed=False) if wall is not None else {}
-    return float(wall) + max(b for _, b in spans.values()) / 1e9 if spans and wall is not None else None
+    windows = run_windows([path], removed=False) if wall is not None else {}
+    return float(wall) + max(b for _, b in windows.values()) / 1e9 if windows and wall is not None else None
 
 
 def oldest_start_s(path: str) -> float | None:
     """The Unix time of the first request sent in a results file, None when unknown."""
     pf = open_file(path)
     wall = (pf.schema_arrow.metadata or {}).get(b"replayer.t0_wall_s") if pf is not None else None
-    spans = run_spans([path], removed=False) if wall is not None else {}
-    return float(wall) + min(a for a, _ in spans.values()) / 1e9 if spans and wall is not None else None
+    windows = run_windows([path], removed=False) if wall is not None else {}
+    return float(wall) + min(a for a, _ in windows.values()) / 1e9 if windows and wall is not None else None
 
 
 def remove(results_dir: str, path: str, why: str, digest: Digest) -> None:
@@ -164,12 +166,12 @@ def remove(results_dir: str, path: str, why: str, digest: Digest) -> None:
     fold_json = digest(path, removed.fold_json)
     size = os.path.getsize(path)
     if fold_json is not None:  # (a damaged file has no results to keep: it was left out of every summary)
-        rows, newest, spans, recorded, parts = _file_info(path)
+        rows, newest, windows, recorded, parts = _file_info(path)
         removed.fold_json = fold_json
         removed.rows += rows
-        for run, (lo, hi) in spans.items():
-            a, b = removed.spans.get(run, (lo, hi))
-            removed.spans[run] = [min(a, lo), max(b, hi)]
+        for run, (lo, hi) in windows.items():
+            a, b = removed.run_windows.get(run, (lo, hi))
+            removed.run_windows[run] = [min(a, lo), max(b, hi)]
         for lp, rs in recorded.items():
             removed.recorded[lp] = _merge_ranges(removed.recorded.get(lp, []), rs)
         removed.parts_max = max([removed.parts_max] + [part_seq(n) for n in parts])

@@ -197,9 +197,9 @@ def format_compare(rows: list[dict], name_a: str = "A", name_b: str = "B") -> st
 
 
 def _span_rows(sa: dict, sb: dict, files: list[str]) -> list[dict]:
-    """``--spans FILE [FILE_B]``: the two runs' splits (``replayer.results.spans``), each run's
+    """``--spans FILE [FILE_B]``: the two runs' splits (``replayer.results.spanjoin``), each run's
     requests picked by its run id (one file may hold both runs, as a collector writes them)."""
-    from replayer.results.spans import compare_rows, read_spans, split_spans
+    from replayer.results.spanjoin import compare_rows, read_spans, split_spans
 
     spans_a = read_spans(files[0])
     spans_b = read_spans(files[1]) if len(files) > 1 else spans_a
@@ -207,7 +207,7 @@ def _span_rows(sa: dict, sb: dict, files: list[str]) -> list[dict]:
 
 
 def main_compare(a: str, b: str, as_json: bool, spans: list[str] | None = None) -> int:
-    from replayer.results.spans import SpansError
+    from replayer.results.spanjoin import SpansError
 
     try:
         sa, sb = _load_summary(a), _load_summary(b)

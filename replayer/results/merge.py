@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from replayer.record.folder import open_file, report_damaged, result_files
 from replayer.record.recorder import write_json
 from replayer.results.concurrency import PeakFold
-from replayer.results.summary import BATCH_ROWS, fold_files, format_summary, read_summary, run_spans, set_duration
+from replayer.results.summary import BATCH_ROWS, fold_files, format_summary, read_summary, run_windows, set_duration
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +96,10 @@ def _shift_ns(wall: float | None, base: float | None) -> int:
     return round((wall - base) * 1e9) if wall is not None and base is not None else 0
 
 
-def _union_s(spans: list[tuple[int, int]]) -> float:
+def _union_s(windows: list[tuple[int, int]]) -> float:
     """Seconds covered by the union of [start, end] ns intervals."""
     total, cur = 0, None
-    for a, b in sorted(spans):
+    for a, b in sorted(windows):
         if cur is None or a > cur[1]:
             if cur is not None:
                 total += cur[1] - cur[0]
@@ -193,11 +193,11 @@ def merge_results(  # noqa: C901, PLR0912, PLR0915
     # each folder's first run: a later anchor in a folder is a resumed run, not a late shard
     starts = [min(ws) for ws in ([w for _, w, _ in files if w is not None] for files in per_dir) if ws]
     keys, shards_by_dir = [], []
-    spans: list[tuple[int, int]] = []  # each run's first send..last end, on the shared axis
+    windows: list[tuple[int, int]] = []  # each run's first send..last end, on the shared axis
     for d, files in zip(dirs, per_dir):
-        for anchor, (lo, hi) in run_spans(_files(d), skip_warmup=True).items():  # (warm-up rows left out)
+        for anchor, (lo, hi) in run_windows(_files(d), skip_warmup=True).items():  # (warm-up rows left out)
             shift = _shift_ns(float(anchor) if anchor else None, base)
-            spans.append((lo + shift, hi + shift))
+            windows.append((lo + shift, hi + shift))
         shards_by_dir.append({s for _, _, s in files if s})
         keys.append(_sent_rows([f for f, _, _ in files]))
     all_keys = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
@@ -240,7 +240,7 @@ def merge_results(  # noqa: C901, PLR0912, PLR0915
     s = fold.result()
     # duration: the time covered by the runs on the shared axis (shards overlap, resumed runs
     # follow each other: the gap between a stop and its resume is not replay time)
-    set_duration(s, _union_s(spans))
+    set_duration(s, _union_s(windows))
     peaks = PeakFold()  # the most requests in flight at once, every folder on the shared axis
     for batch in iter_on_one_axis(list(dirs), ["sent_ns", "end_ns"]):
         peaks.add(batch)

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from replayer.results.reportdata import MAX_POINTS, ReportData, axis_origin_wall_s, load_results, report_files
-from replayer.results.spans import PARTS, SpansError, SpanSplit, read_spans, split_spans, split_text
+from replayer.results.spanjoin import PARTS, SpansError, SpanSplit, read_spans, split_spans, split_text
 
 #: a ``plotly.graph_objects.Figure`` (plotly ships no type hints)
 Figure = Any
@@ -371,7 +371,7 @@ def _warmup_text(n: int) -> str:
 
 def render_html(results_dir: str, spans: SpanSplit | None = None) -> str:
     """The report of ``results_dir`` as one self-contained HTML string (with ``spans``: the
-    join with the server's spans, ``replayer.results.spans``)."""
+    join with the server's spans, ``replayer.results.spanjoin``)."""
     from replayer.observe.target_samples import read_samples
 
     data, summary, meta = load_results(results_dir)

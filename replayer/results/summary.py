@@ -27,7 +27,7 @@ import replayer.results.verdict as verdict
 from replayer.core import usage
 from replayer.core.result import itl_samples
 from replayer.core.stats import PERCENTILE_METHOD, Stat, stat_from_json, stat_to_json
-from replayer.record.runspans import removed_of as _removed_of, run_durations, run_spans
+from replayer.record.runwindows import removed_of as _removed_of, run_durations, run_windows
 from replayer.results.concurrency import PeakFold, peak_of_files
 from replayer.results.imagestats import COLUMNS as IMAGE_COLUMNS, ImageFold
 from replayer.results.summarytext import format_summary
@@ -682,7 +682,7 @@ __all__ = [
     "goodput_of",
     "read_summary",
     "run_durations",
-    "run_spans",
+    "run_windows",
     "set_duration",
     "summarize",
     "summarize_files",

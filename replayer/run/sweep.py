@@ -125,7 +125,7 @@ def run_sweep(
     """Run the sweep (see the module docstring); returns (sweep.json's dict, exit code: 0 when it
     ran to its end or its stop rule, 2 when a point could not start or a reset failed, 128 + the
     signal's number when SIGTERM/SIGINT/SIGHUP stopped it). ``run_flags``: every run setting
-    but ``PER_POINT`` (``cli._flags_for``), passed to each point's ``replayer run``."""
+    but ``PER_POINT`` (``cli.flags_for``), passed to each point's ``replayer run``."""
     results = _check(cfg, prefix_cache)
     os.makedirs(results, exist_ok=True)
     sweep = sweep_record(cfg, speedups, min_attainment, prefix_cache, max_dispatch_lag_ms)

@@ -2,30 +2,26 @@
 finished; account for every one of them.
 
 The decisions (what fires, what is handed over ahead, how far to prepare, when to wake) are the
-pure ``replayer.plan.planner.Planner``'s; this module is its shell: it reads and sleeps on an
-injected clock (``replayer.core.clock.Clock``), prepares requests as the planner asks, and starts
-each send (``replayer.send.sender.Sender``) as a task of one ``asyncio.TaskGroup``: every request
-in flight is owned, and a send that crashes stops the run loudly (its exception leaves ``run``).
+pure ``replayer.plan.planner.Planner``'s; this module is its shell: it reads and sleeps on an injected
+clock (``replayer.core.clock.Clock``), prepares requests as the planner asks, and starts each send
+(``replayer.send.sender.Sender``) as a task of one ``asyncio.TaskGroup``, so every in-flight request
+is owned and a send that crashes stops the run loudly (its exception leaves ``run``).
 
 Deadlines are absolute offsets from the anchor ``t0_ns`` (``schedule.Timeline``), recomputed at
-every wait (a chain of relative sleeps drifts: vLLM issue 21104). Trace batches are read ahead in
-a worker thread; bodies are prepared in a lead window before their due time. A late request goes
-out at once and its lag is recorded.
+every wait (never a chain of relative sleeps, which drifts: vLLM issue 21104). Trace batches are
+read ahead in a worker thread; bodies are prepared in a lead window before their due time, so
+nothing heavy runs when a request is due. A late request goes out at once and its lag is
+recorded.
 
-No concurrency cap by default. ``max_concurrency`` (``--max-concurrency``, as ``vllm bench
-serve``) caps the requests in flight: a request that fires while every slot is taken waits in a
-queue, in due order, for the next slot freed. Its wait is recorded as ``queue_wait_ms`` and the
-latencies from the due time include it (a cap never hides lateness); its dispatch lag counts from
-the slot's release (``sent - due = queue_wait + dispatch_lag``, plus a session turn's hold).
-Without a cap none of this is on the path (the capped ``_fire`` and done callback replace the
-plain ones only with a cap); a capped dispatcher never hands requests over ahead of their due time.
+The open loop has no concurrency cap by default; ``max_concurrency`` (``--max-concurrency``)
+caps the requests in flight, the others waiting for a slot (``replayer.send.slots``): then the
+capped ``_fire`` and done callback replace the plain ones.
 
 Shutdown: ``stop()`` stops issuing; in-flight requests get ``drain_timeout_s`` to finish, then
-are cancelled (recorded ``cancelled``, as when ``run`` itself is cancelled). Requests prepared
-(waiting for a slot too) and the rest of the current trace batch are recorded ``not_started``:
+are cancelled (recorded as ``cancelled``, as they are when ``run`` itself is cancelled).
+What the stop leaves unsent is recorded as ``not_started`` (``replayer.send.unsent``). So
 ``sent + not_started`` = everything scheduled so far, and every sent request ends as success,
-failed or cancelled. A schedule with no end (``--loop forever``: ``until_stop``) ends at the stop:
-only the requests due by then are recorded ``not_started`` (a resume starts at the rest).
+failed or cancelled.
 """
 
 from __future__ import annotations
@@ -33,24 +29,37 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from replayer.core.clock import MONOTONIC, SPIN_NS, Clock, first_of
+from replayer.core.background import first_of
+from replayer.core.clock import MONOTONIC, SPIN_NS, Clock
 from replayer.core.errors import ErrorKind, Outcome
 from replayer.core.events import RequestEvents
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.plan.planner import PREPARE, Fire, Planner
 from replayer.plan.schedule import ScheduleBatch, Timeline
-from replayer.send.feed import BatchFeeder, Feed, Position
+from replayer.send.feed import BatchFeeder, Feed
 from replayer.send.sender import SendCancelled, Sender, Sending
+from replayer.send.slots import Slots
+from replayer.send.unsent import never_sent
 
 log = logging.getLogger(__name__)
 
 #: longest stretch of preparation between two yields to the loop (and, behind schedule, the
 #: longest the overdue requests prepared in one go wait for the first of them to fire)
 CATCH_UP_NS = 2_000_000
+
+
+@dataclass
+class Position:
+    """Where the replay is: the next request to send (for status and resume checkpoints)."""
+
+    index: int = 0  # schedule position
+    loop: int = 0
+    row: int = 0  # global trace row
+    trace_ns: int = 0
 
 
 class Dispatcher:
@@ -111,14 +120,10 @@ class Dispatcher:
         self.cancelled = 0
         self.finished = False  # the whole schedule was issued
         self.max_concurrency = max_concurrency
-        # --max-concurrency: (request, due time, when it joined the queue) waiting for a slot
-        self._queue: deque[tuple[PreparedRequest, int, int]] = deque()
-        self.queued_total = 0  # requests that waited for a slot
+        self._slots = Slots(max_concurrency) if max_concurrency is not None else None
         self._ending = 0  # a request in flight whose response ended is releasing its session's turns
         self._on_done: Callable[[asyncio.Task[None]], None] = self._task_done
         if max_concurrency is not None:
-            if max_concurrency < 1:
-                raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
             if planner.ahead_ns:
                 raise ValueError("a capped dispatcher sends at the due time: the planner must not hand over ahead")
             self._fire = self._fire_capped  # type: ignore[method-assign]
@@ -136,7 +141,12 @@ class Dispatcher:
     @property
     def queued(self) -> int:
         """Requests due and waiting for a slot now (``--max-concurrency``; 0 without a cap)."""
-        return len(self._queue)
+        return len(self._slots) if self._slots is not None else 0
+
+    @property
+    def queued_total(self) -> int:
+        """Requests that waited for a slot (``--max-concurrency``)."""
+        return self._slots.queued_total if self._slots is not None else 0
 
     @property
     def stopping(self) -> bool:
@@ -168,7 +178,7 @@ class Dispatcher:
     def due_count(self) -> int:
         """Requests whose due time has passed: those sent plus prepared ones already overdue.
         Safe to call from another thread (the metrics exposition thread)."""
-        return self.sent + len(self._queue) + self._plan.overdue(self.now_rel())
+        return self.sent + self.queued + self._plan.overdue(self.now_rel())
 
     def now_rel(self) -> int:
         return self._clock.now_ns() - self.t0_ns
@@ -305,22 +315,18 @@ class Dispatcher:
     def _fire_capped(self, f: Fire) -> None:
         """``_fire`` under ``--max-concurrency``: at once when a slot is free and nobody waits,
         else into the queue (``_task_done_capped`` starts it when a slot frees)."""
-        if len(self._tasks) - self._ending < self.max_concurrency and not self._queue:  # type: ignore[operator]
+        slots = self._slots
+        assert slots is not None
+        if slots.free(len(self._tasks) - self._ending):
             self._start(f.req, f.due_ns, self._sender.send_queued(f.req, f.due_ns, 0))
-            return
-        if not self.queued_total:
-            log.info(
-                "--max-concurrency %d reached: requests now wait for a slot (queue_wait_ms; their "
-                "latency from the due time includes the wait)",
-                self.max_concurrency,
-            )
-        self.queued_total += 1
-        self._queue.append((f.req, f.due_ns, self.now_rel()))
+        else:
+            slots.wait(f.req, f.due_ns, self.now_rel())
 
     def _task_done_capped(self, task: asyncio.Task[None]) -> None:
         """A slot freed: the request waiting longest takes it (before the finished task leaves
         the books, so the dispatcher is never idle while requests wait); none after a stop."""
-        queue = self._queue
+        assert self._slots is not None
+        queue = self._slots.queue
         if queue and not self._stopping.is_set():
             req, due_ns, since = queue.popleft()
             self._start(req, due_ns, self._sender.send_queued(req, due_ns, self.now_rel() - since))
@@ -411,34 +417,22 @@ class Dispatcher:
         self._deliver(res)
 
     def _record_unsent(self) -> None:
-        """At a stop: the requests prepared and the rest of the current trace batch recorded as
-        ``not_started`` (with ``until_stop``, only those due by the stop)."""
+        """At a stop: what it leaves unsent recorded as ``not_started`` (``unsent.never_sent``)."""
         if not self.stopping:
             return
-        while self._queue:  # due, never given a slot
-            req, due_ns, _ = self._queue.popleft()
-            self.not_started += 1
-            res = req.new_result(self.shard, due_ns=due_ns)
-            res.prompt_len_sent = res.max_tokens = 0  # nothing was sent
-            res.expected_prefix_hit_tokens = None
-            self._deliver(res)
+        until = None
         if self.until_stop:
             until = self._stopped_at_ns if self._stopped_at_ns is not None else self.now_rel()
-        else:
-            until = None
-        for req in self._plan.take_held():
-            due = self.timeline.due(req.trace_ns)
-            if until is not None and due > until:
-                continue  # never due: not part of what was scheduled
+        slots = self._slots
+        waiting = ((req, due_ns) for req, due_ns, _ in slots.queue) if slots is not None else ()
+        rest = (self._cur, self._j) if self._cur is not None else None
+        held = self._plan.take_held()
+        for res in never_sent(
+            waiting, held, rest, timeline=self.timeline, until_ns=until, shard=self.shard, unsent=self._unsent
+        ):
             self.not_started += 1
-            res = req.new_result(self.shard, due_ns=due)
-            res.prompt_len_sent = res.max_tokens = 0  # nothing was sent
-            res.expected_prefix_hit_tokens = None
             self._deliver(res)
+        if slots is not None:
+            slots.queue.clear()
         if self._cur is not None:
-            for j in range(self._j, len(self._cur)):
-                if until is not None and self.timeline.due(int(self._cur.trace_ns[j])) > until:
-                    break  # (due times do not decrease within a batch)
-                self.not_started += 1
-                self._deliver(self._unsent(self._cur, j))
             self._j = len(self._cur)

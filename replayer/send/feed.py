@@ -1,6 +1,6 @@
 """The dispatcher's input: what is replayed (``Feed``) and its batches read ahead off the loop.
 
-``Feed`` holds the schedule's batches (``Position``: where the replay is in them) and the request factory that turns an item into a request
+``Feed`` holds the schedule's batches and the request factory that turns an item into a request
 (``prepare``) or, when it is never prepared, into a result (``unsent``): in a run,
 ``replayer.payload.prepare.RequestFactory``, which tells the run's event stream of each request it
 hands out. ``BatchFeeder`` reads the batches in one worker thread, one batch ahead, so Parquet
@@ -19,7 +19,7 @@ from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.plan.schedule import ScheduleBatch
 
-__all__ = ["BatchFeeder", "Feed", "Position", "RequestSource"]
+__all__ = ["BatchFeeder", "Feed", "RequestSource"]
 
 
 class RequestSource(Protocol):
@@ -60,13 +60,3 @@ class Feed:
 
     batches: Iterator[ScheduleBatch]
     requests: RequestSource
-
-
-@dataclass
-class Position:
-    """Where the replay is: the next request to send (for status and resume checkpoints)."""
-
-    index: int = 0  # schedule position
-    loop: int = 0
-    row: int = 0  # global trace row
-    trace_ns: int = 0

@@ -165,9 +165,18 @@ chunks), ``server`` (``SimServer``: routes, parsing, generation and pooling hand
 
 from __future__ import annotations
 
-from replayer.sim.cache import _PrefixCache, prompt_block_hashes  # noqa: F401 - _PrefixCache: bench/bench_sim.py
-from replayer.sim.cli import main, parser, run_sim  # noqa: F401 - parser: tests/test_sim_endpoints.py
+from replayer.sim.cache import PrefixCache, prompt_block_hashes
+from replayer.sim.cli import main, parser, run_sim
 from replayer.sim.config import ReceivedRequest, SimConfig
 from replayer.sim.server import SimServer
 
-__all__ = ["SimConfig", "SimServer", "ReceivedRequest", "prompt_block_hashes", "main", "run_sim"]
+__all__ = [
+    "SimConfig",
+    "SimServer",
+    "ReceivedRequest",
+    "PrefixCache",
+    "prompt_block_hashes",
+    "main",
+    "parser",
+    "run_sim",
+]

@@ -1,5 +1,5 @@
 """Prefix cache of the simulator: chained 64-bit block hashes of a prompt
-(:func:`prompt_block_hashes`) and the LRU of block keys (``_PrefixCache``)."""
+(:func:`prompt_block_hashes`) and the LRU of block keys (``PrefixCache``)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def prompt_block_hashes(ids: np.ndarray, block_size: int) -> list[int]:
     return h.tolist()
 
 
-class _PrefixCache:
+class PrefixCache:
     """LRU of prefix-block keys, capacity in blocks (0 = disabled)."""
 
     def __init__(self, capacity_blocks: int) -> None:

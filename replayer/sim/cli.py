@@ -1,4 +1,5 @@
-"""Standalone server: ``replayer sim`` flags (``_parser``), :func:`main` and :func:`run_sim`."""
+"""Standalone server: ``replayer sim`` flags (``parser``, generated from ``SimConfig``), :func:`main` and
+:func:`run_sim`."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import os
 import signal
 import ssl
 import sys
+from dataclasses import fields
+from typing import get_args, get_type_hints
 
 from replayer.core.background import BackgroundTasks
-from replayer.sim.config import SCORE_USAGE_MODES, ReceivedRequest, SimConfig
+from replayer.sim.config import ReceivedRequest, SimConfig
 from replayer.sim.server import SimServer
 
 # ---------------------------------------------------------------------------------------
@@ -109,7 +112,8 @@ async def _exit_with(pid: int, stop: asyncio.Event, server: SimServer) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    d = SimConfig()
+    """``replayer sim``'s flags: where it listens and what it writes, then the simulated
+    server's, one per ``SimConfig`` field made with ``config.flag`` (``add_config_flags``)."""
     p = argparse.ArgumentParser(
         prog="replayer sim",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -120,42 +124,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--port", type=int, default=8000, help="port to listen on (0 = a free port; the URL is printed at start)"
     )
-    p.add_argument("--model", default=d.model, help="served model name")
-    p.add_argument("--kv-block-size", type=int, default=d.kv_block_size, help="prefix-cache block size, tokens")
-    p.add_argument(
-        "--prefix-cache-tokens",
-        type=int,
-        default=d.prefix_cache_tokens,
-        help="prefix-cache capacity, tokens (0 disables)",
-    )
-    p.add_argument(
-        "--ttft-base-ms", type=float, default=d.ttft_base_ms, help="time to first token of an empty prompt, ms"
-    )
-    p.add_argument(
-        "--prefill-us-per-token",
-        type=float,
-        default=d.prefill_us_per_token,
-        help="microseconds per uncached prompt token",
-    )
-    p.add_argument(
-        "--itl-base-ms", type=float, default=d.itl_base_ms, help="gap between two tokens with one request running, ms"
-    )
-    p.add_argument(
-        "--itl-per-running-us",
-        type=float,
-        default=d.itl_per_running_us,
-        help="added to every token gap per running request, us (a batch decodes slower)",
-    )
-    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="max running requests (0 = unlimited)")
-    p.add_argument(
-        "--vocab-size", type=int, default=d.vocab_size, help="a prompt token id outside [0, N) is an error, as in vLLM"
-    )
-    p.add_argument(
-        "--max-model-len",
-        type=int,
-        default=d.max_model_len,
-        help="longest prompt + output in tokens; a longer request is answered 400, as vLLM does",
-    )
     p.add_argument(
         "--record-requests",
         metavar="FILE",
@@ -163,79 +131,11 @@ def parser() -> argparse.ArgumentParser:
         help="append one JSON line per received request (prompt included)",
     )
     p.add_argument(
-        "--record-limit", type=int, default=d.record_limit, help="max requests written to --record-requests FILE"
-    )
-    p.add_argument("--embedding-dim", type=int, default=d.embedding_dim, help="length of /v1/embeddings vectors")
-    p.add_argument(
-        "--score-usage",
-        choices=SCORE_USAGE_MODES,
-        default=d.score_usage,
-        help="score/rerank prompt tokens: per_document (cross-encoder, query "
-        "counted per document) or once (query counted once)",
-    )
-    p.add_argument(
         "--parent-pid",
         type=int,
         metavar="PID",
         default=None,
         help="stop when this process (the parent: replayer run's embedded simulator) has ended and no request came for 2 s",
-    )
-    p.add_argument(
-        "--inflate-score-usage",
-        type=int,
-        metavar="N",
-        default=d.score_usage_inflate_tokens,
-        help="add N tokens per document to score/rerank usage (imitates an old vLLM usage bug; /metrics stays honest)",
-    )
-    p.add_argument(
-        "--tokens-per-chunk",
-        type=int,
-        metavar="K",
-        default=d.tokens_per_chunk,
-        help="tokens per decode step and streamed chunk after the first token (as "
-        "speculative decoding or MTP delivers them)",
-    )
-    p.add_argument(
-        "--otlp-endpoint",
-        "--otlp-traces-endpoint",
-        dest="otlp_endpoint",
-        default=None,
-        metavar="URL",
-        help="as vLLM's --otlp-traces-endpoint: export an llm_request SERVER span per request (vLLM's "
-        "attribute names, parented by the request's traceparent) over OTLP/HTTP to this collector "
-        "(/v1/traces added unless given)",
-    )
-    p.add_argument(
-        "--enable-per-request-metrics",
-        action="store_true",
-        help="as vLLM's flag: every completions/chat response carries its timings in a "
-        "'metrics' object (streams: on the final usage chunk); without it, only requests "
-        'with "include_metrics": true get them',
-    )
-    p.add_argument(
-        "--image-token-rule",
-        default=d.image_token_rule,
-        help="tokens of each decoded image: qwen2-vl, llava (576), fixed:N or none (0); the "
-        "default is replayer run's default expectation",
-    )
-    p.add_argument(
-        "--encoder-cache-images",
-        type=int,
-        default=d.encoder_cache_images,
-        help="images the encoder cache holds (LRU keyed by image content; 0 = no cache)",
-    )
-    p.add_argument(
-        "--image-encode-us-per-token",
-        type=float,
-        default=d.image_encode_us_per_token,
-        help="simulated encoder time per image token, skipped when the image hits the encoder cache",
-    )
-    p.add_argument(
-        "--no-prompt-tokens-details",
-        dest="prompt_tokens_details",
-        action="store_false",
-        help="leave usage.prompt_tokens_details (image_tokens) out, as vLLM does without "
-        "--enable-prompt-tokens-details",
     )
     p.add_argument("--tls-cert", metavar="FILE", default=None, help="serve HTTPS with this PEM certificate (chain)")
     p.add_argument(
@@ -247,13 +147,31 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="require a client certificate signed by a CA in this PEM file (mutual TLS)",
     )
-    p.add_argument(
-        "--tokenizer",
-        default=None,
-        help="count text prompts as vLLM does: a local tokenizer.json or folder (or builtin:gpt2); chat "
-        "messages are rendered through the folder's chat template first (default: whitespace words)",
-    )
+    add_config_flags(p.add_argument_group("the simulated server"))
     return p
+
+
+def add_config_flags(p: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+    """One flag per ``SimConfig`` field that has a help text (``config.flag``), in field order:
+    its name from the field's (or the field's ``flags``), its type from its annotation, its
+    default the field's; a bool is a switch to the other value."""
+    hints = get_type_hints(SimConfig)
+    for f in fields(SimConfig):
+        meta = dict(f.metadata)
+        if "help" not in meta:
+            continue
+        names = meta.pop("flags", (f"--{f.name.replace('_', '-')}",))
+        typ = next((t for t in get_args(hints[f.name]) if t is not type(None)), hints[f.name])
+        if typ is bool:
+            action = "store_false" if f.default else "store_true"
+            p.add_argument(*names, dest=f.name, action=action, default=f.default, **meta)
+        else:
+            p.add_argument(*names, dest=f.name, type=typ, default=f.default, **meta)
+
+
+def config_from_flags(a: argparse.Namespace) -> SimConfig:
+    """The ``SimConfig`` of parsed flags (``ValueError`` names a bad value)."""
+    return SimConfig(**{f.name: getattr(a, f.name) for f in fields(SimConfig) if "help" in f.metadata})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,31 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     or the port cannot be listened on)."""
     a = parser().parse_args(argv)
     try:
-        cfg = SimConfig(
-            model=a.model,
-            kv_block_size=a.kv_block_size,
-            prefix_cache_tokens=a.prefix_cache_tokens,
-            ttft_base_ms=a.ttft_base_ms,
-            prefill_us_per_token=a.prefill_us_per_token,
-            itl_base_ms=a.itl_base_ms,
-            itl_per_running_us=a.itl_per_running_us,
-            max_num_seqs=a.max_num_seqs,
-            vocab_size=a.vocab_size,
-            max_model_len=a.max_model_len,
-            record_requests=False,
-            record_limit=a.record_limit,
-            embedding_dim=a.embedding_dim,
-            score_usage=a.score_usage,
-            score_usage_inflate_tokens=a.inflate_score_usage,
-            tokens_per_chunk=a.tokens_per_chunk,
-            per_request_metrics=a.enable_per_request_metrics,
-            otlp_endpoint=a.otlp_endpoint,
-            image_token_rule=a.image_token_rule,
-            encoder_cache_images=a.encoder_cache_images,
-            image_encode_us_per_token=a.image_encode_us_per_token,
-            prompt_tokens_details=a.prompt_tokens_details,
-            tokenizer=a.tokenizer,
-        )
+        cfg = config_from_flags(a)
         ctx = None
         if a.tls_cert:
             from replayer.sim.certs import server_context

@@ -3,7 +3,7 @@ request (:class:`ReceivedRequest`)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
@@ -12,35 +12,88 @@ import orjson
 SCORE_USAGE_MODES = ("per_document", "once")
 
 
+def flag(default: object, help: str, **argparse_kwargs: Any) -> Any:
+    """A ``SimConfig`` field that is also a ``replayer sim`` flag: ``--field-name`` unless
+    ``argparse_kwargs`` names ``flags`` (a tuple of option strings, the first the flag's name);
+    ``help`` its help text; the rest goes to ``add_argument`` as it is (``metavar``,
+    ``choices``). A bool field's flag takes no value: it sets True (a default True field's flag,
+    named ``--no-...``, sets False). ``replayer.sim.cli`` adds the flags in the fields' order."""
+    return field(default=default, metadata={"help": help, **argparse_kwargs})
+
+
 @dataclass(frozen=True)
 class SimConfig:
-    """Knobs of the simulated server; units are in the names (see the module docstring)."""
+    """Knobs of the simulated server; units are in the names (see the module docstring). Each
+    field made with ``flag`` is a ``replayer sim`` flag of the same name, so a new knob is one
+    field here (and its check in ``__post_init__``)."""
 
-    model: str = "sim-model"
-    kv_block_size: int = 16
-    prefix_cache_tokens: int = 4_000_000
-    ttft_base_ms: float = 20.0
-    prefill_us_per_token: float = 2.0
-    itl_base_ms: float = 10.0
-    itl_per_running_us: float = 20.0
-    max_num_seqs: int = 0
-    vocab_size: int = 32000
-    max_model_len: int = 1_048_576
+    model: str = flag("sim-model", "served model name")
+    kv_block_size: int = flag(16, "prefix-cache block size, tokens")
+    prefix_cache_tokens: int = flag(4_000_000, "prefix-cache capacity, tokens (0 disables)")
+    ttft_base_ms: float = flag(20.0, "time to first token of an empty prompt, ms")
+    prefill_us_per_token: float = flag(2.0, "microseconds per uncached prompt token")
+    itl_base_ms: float = flag(10.0, "gap between two tokens with one request running, ms")
+    itl_per_running_us: float = flag(20.0, "added to every token gap per running request, us (a batch decodes slower)")
+    max_num_seqs: int = flag(0, "max running requests (0 = unlimited)")
+    vocab_size: int = flag(32000, "a prompt token id outside [0, N) is an error, as in vLLM")
+    max_model_len: int = flag(
+        1_048_576, "longest prompt + output in tokens; a longer request is answered 400, as vLLM does"
+    )
+    # keep received requests in SimServer.records (tests); `replayer sim --record-requests FILE` writes them
     record_requests: bool = False
-    record_limit: int = 100_000
-    embedding_dim: int = 16
-    score_usage: str = "per_document"
-    score_usage_inflate_tokens: int = 0
-    tokens_per_chunk: int = 1
-    otlp_endpoint: str | None = None  # vLLM --otlp-traces-endpoint: an llm_request span per request (sim/tracing)
-    per_request_metrics: bool = False  # vLLM --enable-per-request-metrics: every response has `metrics`
-    image_token_rule: str = "qwen2-vl"  # tokens per decoded image (replayer.payload.image_tokens)
-    encoder_cache_images: int = 1024  # images the encoder cache holds (LRU by content; 0 = none)
-    image_encode_us_per_token: float = 20.0  # encoder time per image token, skipped on an encoder-cache hit
-    prompt_tokens_details: bool = True  # image requests' usage has prompt_tokens_details (image_tokens)
-    # a local tokenizer (file, folder or builtin:NAME): text prompts are encoded with it and chat
-    # messages rendered through its folder's chat template first, as vLLM counts them (None: words)
-    tokenizer: str | None = None
+    record_limit: int = flag(100_000, "max requests written to --record-requests FILE")
+    embedding_dim: int = flag(16, "length of /v1/embeddings vectors")
+    score_usage: str = flag(
+        "per_document",
+        "score/rerank prompt tokens: per_document (cross-encoder, query counted per document) or once (query "
+        "counted once)",
+        choices=SCORE_USAGE_MODES,
+    )
+    score_usage_inflate_tokens: int = flag(
+        0,
+        "add N tokens per document to score/rerank usage (imitates an old vLLM usage bug; /metrics stays honest)",
+        flags=("--inflate-score-usage",),
+        metavar="N",
+    )
+    tokens_per_chunk: int = flag(
+        1,
+        "tokens per decode step and streamed chunk after the first token (as speculative decoding or MTP "
+        "delivers them)",
+        metavar="K",
+    )
+    otlp_endpoint: str | None = flag(  # an llm_request span per request (sim/tracing)
+        None,
+        "as vLLM's --otlp-traces-endpoint: export an llm_request SERVER span per request (vLLM's attribute "
+        "names, parented by the request's traceparent) over OTLP/HTTP to this collector (/v1/traces added "
+        "unless given)",
+        flags=("--otlp-endpoint", "--otlp-traces-endpoint"),
+        metavar="URL",
+    )
+    per_request_metrics: bool = flag(
+        False,
+        "as vLLM's flag: every completions/chat response carries its timings in a 'metrics' object (streams: "
+        'on the final usage chunk); without it, only requests with "include_metrics": true get them',
+        flags=("--enable-per-request-metrics",),
+    )
+    image_token_rule: str = flag(  # replayer.payload.image_tokens
+        "qwen2-vl",
+        "tokens of each decoded image: qwen2-vl, llava (576), fixed:N or none (0); the default is replayer "
+        "run's default expectation",
+    )
+    encoder_cache_images: int = flag(1024, "images the encoder cache holds (LRU keyed by image content; 0 = no cache)")
+    image_encode_us_per_token: float = flag(
+        20.0, "simulated encoder time per image token, skipped when the image hits the encoder cache"
+    )
+    prompt_tokens_details: bool = flag(
+        True,
+        "leave usage.prompt_tokens_details (image_tokens) out, as vLLM does without --enable-prompt-tokens-details",
+        flags=("--no-prompt-tokens-details",),
+    )
+    tokenizer: str | None = flag(
+        None,
+        "count text prompts as vLLM does: a local tokenizer.json or folder (or builtin:gpt2); chat messages are "
+        "rendered through the folder's chat template first (default: whitespace words)",
+    )
 
     def __post_init__(self) -> None:
         if self.kv_block_size < 1 or self.embedding_dim < 1 or self.tokens_per_chunk < 1:

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from replayer.payload.chattemplate import ChatCounter
-from replayer.sim.cache import _PrefixCache, prompt_block_hashes
+from replayer.sim.cache import PrefixCache, prompt_block_hashes
 from replayer.sim.config import ReceivedRequest, SimConfig
 from replayer.sim.engine import _DONE, _TOKEN_TEXT, _Engine, _frame, _Req, timing_metrics
 from replayer.sim.images import SimImages
@@ -57,7 +57,7 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         self.records: list[ReceivedRequest] = []
         self.records_dropped = 0
         self._on_request = on_request
-        self.prefix_cache = _PrefixCache(self.config.prefix_cache_tokens // self.config.kv_block_size)
+        self.prefix_cache = PrefixCache(self.config.prefix_cache_tokens // self.config.kv_block_size)
         self.images = SimImages(self.config.image_token_rule, self.config.encoder_cache_images)
         self.counter = ChatCounter(self.config.tokenizer) if self.config.tokenizer else None
         # one thread: parsing touches the image caches, which are not shared between threads

@@ -35,6 +35,7 @@ from ``replayer.trace``.
 
 from __future__ import annotations
 
+from replayer.trace.mapping import parse_mapping
 from replayer.trace.mix import MixEntry, mix_traces, open_mix, parse_entry
 from replayer.trace.model import (
     DEFAULT_BLOCK_SIZE,
@@ -53,7 +54,6 @@ from replayer.trace.model import (
     TraceUnitWarning,
     _cut_optional,  # noqa: F401 - private; replayer.trace.tools imports it
 )
-from replayer.trace.options import parse_mapping
 from replayer.trace.parquet import trace_paths
 from replayer.trace.read import read_trace
 from replayer.trace.source import TraceSource, open_trace, slice_rows

@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replayer.trace.images import check_image_rows
+from replayer.trace.mapping import _Opts, _src, _synth_hash, map_hint
 from replayer.trace.model import _OPTIONAL, _REQUIRED, TIME_UNITS, _Problems
-from replayer.trace.optional import _check_requests, _optional_column
-from replayer.trace.options import _Opts, _src, _synth_hash, map_hint
+from replayer.trace.optional_columns import _check_requests, _optional_column
 from replayer.trace.timestamps import _timestamps
 from replayer.trace.values import (
     _hash_from_lists,

@@ -32,8 +32,8 @@ from replayer.trace.agentic import (
     sessions_to_raw,
 )
 from replayer.trace.columns import _Raw
+from replayer.trace.mapping import _Opts
 from replayer.trace.model import _Problems
-from replayer.trace.options import _Opts
 
 COPILOT_BLOCK_SIZE = 64
 

@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 
 from replayer.trace.columns import _Raw, _raw_from_table
+from replayer.trace.mapping import _Opts, _src
 from replayer.trace.model import DEFAULT_BLOCK_SIZE, DEFAULT_TIME_UNIT, _Problems
-from replayer.trace.options import _Opts, _src
 
 #: Columns of the Azure LLM inference trace CSV (a header with two of them is taken for one).
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")

@@ -24,7 +24,7 @@ IMAGE_COLUMNS = ("image_ids", "image_sizes", "num_images", "image_tokens")
 _SIZE = re.compile(r"^\s*(\d{1,6})\s*[xX]\s*(\d{1,6})\s*$")
 
 
-def parse_size(v: Any) -> tuple[tuple[int, int] | None, str | None]:
+def parse_image_size(v: Any) -> tuple[tuple[int, int] | None, str | None]:
     """``"WxH"`` (or ``[W, H]``) -> ((W, H), None), or (None, why not)."""
     if isinstance(v, str):
         m = _SIZE.match(v)
@@ -95,7 +95,7 @@ def image_value(name: str, v: Any) -> tuple[Any, str | None]:
         return out, None
     sizes = []
     for j, x in enumerate(lst):
-        wh, err = parse_size(x)
+        wh, err = parse_image_size(x)
         if err is not None:
             return None, f"image_sizes[{j}]: {err}"
         assert wh is not None

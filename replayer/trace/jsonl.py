@@ -16,9 +16,9 @@ import orjson
 
 from replayer.trace.columns import _Raw
 from replayer.trace.images import check_image_rows
+from replayer.trace.mapping import _Opts, _src, _synth_hash, map_hint
 from replayer.trace.model import _OPTIONAL, _REQUIRED, DEFAULT_BLOCK_SIZE, DEFAULT_TIME_UNIT, _Problems
-from replayer.trace.optional import _check_requests, _optional_column
-from replayer.trace.options import _Opts, _src, _synth_hash, map_hint
+from replayer.trace.optional_columns import _check_requests, _optional_column
 from replayer.trace.timestamps import _timestamps
 from replayer.trace.values import _MISSING, _hash_from_lists, _ints_from_list, _type_name
 

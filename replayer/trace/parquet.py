@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from replayer.trace.columns import _check_hash_counts, _Raw, _raw_from_table
+from replayer.trace.mapping import _Opts
 from replayer.trace.model import (
     _OPTIONAL,
     CAPTURE_META,
@@ -29,7 +30,6 @@ from replayer.trace.model import (
     TIME_UNITS,
     _Problems,
 )
-from replayer.trace.options import _Opts
 
 
 def _parquet_meta(schema_meta: dict | None, probs: _Problems, opts: _Opts) -> tuple[dict[str, str], int]:

@@ -18,6 +18,7 @@ from replayer.trace.columns import _check_hash_counts, _Raw
 from replayer.trace.copilot import _read_copilot
 from replayer.trace.csv import AZURE_COLUMNS, _read_csv, _sniff_csv_header
 from replayer.trace.jsonl import _read_jsonl, _read_servegen
+from replayer.trace.mapping import _AZURE_MAP, _Opts, parse_mapping
 from replayer.trace.model import (
     _INT64_MAX,
     _OPTIONAL,
@@ -31,7 +32,6 @@ from replayer.trace.model import (
     _Problems,
     _readonly,
 )
-from replayer.trace.options import _AZURE_MAP, _Opts, parse_mapping
 from replayer.trace.parquet import _read_parquet, is_capture_folder
 from replayer.trace.tracelab import _read_tracelab
 from replayer.trace.weka import _read_weka

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replayer.trace.columns import _raw_from_table
+from replayer.trace.mapping import _Opts, _src
 from replayer.trace.model import (
     MAX_PROBLEMS,
     TIME_UNITS,
@@ -22,7 +23,6 @@ from replayer.trace.model import (
     _Problems,
     _readonly,
 )
-from replayer.trace.options import _Opts, _src
 from replayer.trace.parquet import _parquet_meta, is_capture_folder, replayable_rows, trace_paths
 from replayer.trace.read import _finish, _resolve, _Sessions, read_trace
 

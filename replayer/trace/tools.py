@@ -122,7 +122,7 @@ def slice_trace(  # noqa: C901, PLR0912
     return out
 
 
-def _prefix_chain(offs: np.ndarray, vals: np.ndarray) -> np.ndarray:
+def prefix_chain(offs: np.ndarray, vals: np.ndarray) -> np.ndarray:
     """uint64 per flat position ``p``: SplitMix64 chain hash of its row's ids up to and including ``p``.
 
     ``offs`` int64[n+1] starts at 0; ``vals`` int64 ids. O(total ids): positions are grouped once
@@ -154,7 +154,7 @@ def _rehash_scaled(t: Trace, factor: float, new_len: np.ndarray) -> tuple[np.nda
     lens = np.diff(offs)
     n = len(t)
     # prefix[p] = hash chain of the row's ids up to and including flat position p
-    prefix = _prefix_chain(offs, t.hash_values)
+    prefix = prefix_chain(offs, t.hash_values)
     nb = (new_len + (bs - 1)) // bs
     new_off = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(nb, out=new_off[1:])
@@ -246,7 +246,7 @@ def sessionize_trace(t: Trace, *, min_shared_blocks: int = 1) -> tuple[Trace, di
     Otherwise ``r`` starts a new session. Sessions are named ``"s<k>"`` (k = 0, 1, ... in order of
     their first row); ``turn`` is the 0-based row index within the session.
 
-    O(total hash ids): a 64-bit chain hash of every prefix (:func:`_prefix_chain`) keys a dict of
+    O(total hash ids): a 64-bit chain hash of every prefix (:func:`prefix_chain`) keys a dict of
     sessions whose latest row has exactly that full-block prefix; the chosen row is then compared
     id by id (a hash collision never joins rows).
 
@@ -263,7 +263,7 @@ def sessionize_trace(t: Trace, *, min_shared_blocks: int = 1) -> tuple[Trace, di
     offs = np.asarray(t.hash_offsets, dtype=np.int64)
     offs = offs - offs[0]
     vals = np.asarray(t.hash_values, dtype=np.int64)
-    keys = _prefix_chain(offs, vals)
+    keys = prefix_chain(offs, vals)
     sess = np.zeros(n, dtype=np.int64)
     turn = np.zeros(n, dtype=np.int64)
     latest: list[int] = []  # session -> its latest row

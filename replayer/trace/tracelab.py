@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from replayer.trace.agentic import AgentCall, AgentSession, get_int, parse_time_ns, read_records, sessions_to_raw
 from replayer.trace.columns import _Raw
+from replayer.trace.mapping import _Opts
 from replayer.trace.model import _Problems
-from replayer.trace.options import _Opts
 
 TRACELAB_BLOCK_SIZE = 64
 _INPUT_EVENTS = ("user_message", "tool_result")

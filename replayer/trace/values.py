@@ -2,7 +2,7 @@
 
 Integers (lengths, timestamps in a unit) and hash ids (integers or strings, with
 :func:`hash_id_from_string`). Fast vectorised paths; the slow per-value paths only for values that
-need them. Optional columns and the row rules between columns: ``replayer.trace.optional``.
+need them. Optional columns and the row rules between columns: ``replayer.trace.optional_columns``.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from replayer.trace.agentic import AgentCall, AgentSession, get_float, get_int, read_records, sessions_to_raw
 from replayer.trace.columns import _Raw
+from replayer.trace.mapping import _Opts
 from replayer.trace.model import _Problems
-from replayer.trace.options import _Opts
 
 WEKA_BLOCK_SIZE = 64
 

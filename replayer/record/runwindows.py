@@ -1,6 +1,6 @@
 """When the runs that wrote a results folder sent: per run (keyed by its anchor), the first send
 and the last end, from the Parquet column statistics, the removed files' digests included. The
-summary's ``duration`` adds these spans up (a resumed run has a time axis of its own)."""
+summary's ``duration`` adds these windows up (a resumed run has a time axis of its own)."""
 
 from __future__ import annotations
 
@@ -23,32 +23,32 @@ def removed_of(files: list[str]) -> list:
 def run_durations(files: list[str], tables: Sequence[pa.Table] = ()) -> list[float]:
     """Seconds from the first request sent to the last one ended, per run that wrote ``files``
     (and ``tables``: results held in memory, keyed by their schema's metadata as a file is),
-    warm-up requests left out (``run_spans(skip_warmup=True)``)."""
-    spans = run_spans(files, skip_warmup=True)
+    warm-up requests left out (``run_windows(skip_warmup=True)``)."""
+    windows = run_windows(files, skip_warmup=True)
     for t in tables:
         t = without_warmup(t)
         run = (t.schema.metadata or {}).get(b"replayer.t0_wall_s", b"")
         lo, hi = pc.min(t.column("sent_ns")).as_py(), pc.max(t.column("end_ns")).as_py()
         if lo is None or hi is None:
             continue
-        a, b = spans.get(run, (lo, hi))
-        spans[run] = (min(a, lo), max(b, hi))
-    return [(b - a) / 1e9 for a, b in spans.values()]
+        a, b = windows.get(run, (lo, hi))
+        windows[run] = (min(a, lo), max(b, hi))
+    return [(b - a) / 1e9 for a, b in windows.values()]
 
 
-def run_spans(files: list[str], *, removed: bool = True, skip_warmup: bool = False) -> dict[bytes, tuple[int, int]]:
+def run_windows(files: list[str], *, removed: bool = True, skip_warmup: bool = False) -> dict[bytes, tuple[int, int]]:
     """(first sent_ns, last end_ns) per run that wrote ``files``, keyed by the run anchor in each
     file's metadata (``replayer.t0_wall_s``, b"" if none): a resumed run's times are offsets
     from its own anchor. From the Parquet column statistics where present. ``removed``: also the
-    spans of the files retention removed from the folders of ``files`` (``removed.json``).
+    windows of the files retention removed from the folders of ``files`` (``removed.json``).
     ``skip_warmup``: without the warm-up requests (``warmup`` true): the span the summary's
     throughputs divide by (a file holding warm-up rows is read for it)."""
-    spans: dict[bytes, tuple[int, int]] = {}
-    for digest in removed_of(files) if removed else ():  # (the runs' spans in files retention removed)
-        for run, (lo, hi) in digest.spans.items():
+    windows: dict[bytes, tuple[int, int]] = {}
+    for digest in removed_of(files) if removed else ():  # (the runs' windows in files retention removed)
+        for run, (lo, hi) in digest.run_windows.items():
             key = run.encode()
-            a, b = spans.get(key, (lo, hi))
-            spans[key] = (min(a, lo), max(b, hi))
+            a, b = windows.get(key, (lo, hi))
+            windows[key] = (min(a, lo), max(b, hi))
     for f in files:
         pf = open_file(f)
         if pf is None:  # damaged (reported): its rows are not counted either
@@ -63,9 +63,9 @@ def run_spans(files: list[str], *, removed: bool = True, skip_warmup: bool = Fal
             continue
         if lo is None or hi is None:
             continue
-        a, b = spans.get(run, (lo, hi))
-        spans[run] = (min(a, lo), max(b, hi))
-    return spans
+        a, b = windows.get(run, (lo, hi))
+        windows[run] = (min(a, lo), max(b, hi))
+    return windows
 
 
 def _min_max(pf: pq.ParquetFile, column: str, pick) -> int | None:
