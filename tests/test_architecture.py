@@ -69,11 +69,9 @@ LONG_FUNCTIONS: dict[str, str] = {
 #: table); this list only shrinks and must end empty
 FUNCTIONS_TO_SPLIT: set[str] = {
     "cli/__init__.py::build_parser",
-    "cli/trace.py::add_trace_parser",
     "observe/metrics.py::ReplayerMetrics.__init__",
     "results/summarytext.py::format_summary",
     "results/merge.py::merge_results",
-    "trace/read.py::_finish",
 }
 #: modules over MODULE_LINES (outside replayer/run, which keeps the limit): being split by the
 #: ``records`` developer (issue 44); this list only shrinks and must end empty
