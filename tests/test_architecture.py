@@ -18,7 +18,7 @@ PKG = ROOT / "replayer"
 STAGES = {"core", "trace", "plan", "payload", "http", "send", "record", "observe", "results", "config", "run", "cli"}
 #: functions marked over the complexity or length limits (noqa C901 / PLR0912 / PLR0915): lower
 #: it when one is simplified; never raise it
-COMPLEX_FUNCTIONS_MAX = 20
+COMPLEX_FUNCTIONS_MAX = 19
 
 
 def test_the_tree_is_grouped_by_stage():
@@ -69,7 +69,6 @@ LONG_FUNCTIONS: dict[str, str] = {
 #: table); this list only shrinks and must end empty
 FUNCTIONS_TO_SPLIT: set[str] = {
     "cli/__init__.py::build_parser",
-    "observe/metrics.py::ReplayerMetrics.__init__",
     "results/summarytext.py::format_summary",
     "results/merge.py::merge_results",
 }
@@ -78,7 +77,6 @@ FUNCTIONS_TO_SPLIT: set[str] = {
 MODULES_TO_SPLIT: set[str] = {
     "cli/__init__.py",
     "config/model.py",
-    "observe/metrics.py",
     "results/report.py",
     "results/summary.py",
     "sim/server.py",

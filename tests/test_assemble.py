@@ -10,9 +10,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from replayer.config import RunConfig
-from replayer.observe import ReplayerMetrics
+from replayer.observe import AdminServer, ReplayerMetrics
 from replayer.run.assemble import CONNECT_AHEAD_NS, Parts, assemble
-from replayer.run.fanout import RunEvents
+from replayer.run.fanout import EventStream
 from replayer.run.inputs import Inputs
 from replayer.run.live import RunState, StatusView
 from replayer.send.sender import LAUNCH_AHEAD_NS
@@ -21,28 +21,32 @@ TRACE = "traces/mooncake_conversation_10min.parquet"
 ONE, TWO = "http://127.0.0.1:1", "http://127.0.0.1:2"
 
 
-def _inputs(targets: list[str], *, block_size: int = 512, start_loop: int = 0) -> Inputs:
+def _inputs(cfg: RunConfig, *, block_size: int = 512, start_loop: int = 0) -> Inputs:
     state = RunState()
-    metrics = ReplayerMetrics(CollectorRegistry())
+    registry = CollectorRegistry()
+    metrics = ReplayerMetrics(registry)
+    view = StatusView(state, metrics)
     return Inputs(
+        cfg=cfg,
         open_batches=lambda: iter(()),
         block_size=block_size,
         n_rows=10,
-        targets=targets,
+        targets=cfg.targets,
         model="m",
         api_key="k",
         results_dir="/nonexistent/results",
         metrics=metrics,
         state=state,
-        view=StatusView(state, metrics),
+        view=view,
+        admin=AdminServer(registry, status=view, ready=lambda: False),  # (built, never started)
         run_id="run1",
         start_loop=start_loop,
     )
 
 
 def _parts(targets: list[str] | None = None, **settings) -> Parts:
-    targets = targets or [ONE]
-    return assemble(RunConfig(trace=TRACE, target=targets, **settings), _inputs(targets))
+    cfg = RunConfig(trace=TRACE, target=targets or [ONE], **settings)
+    return assemble(cfg, _inputs(cfg))
 
 
 def test_the_defaults_one_target_the_launcher_writes_ahead_and_no_optional_subscriber():
@@ -63,7 +67,7 @@ def test_the_defaults_one_target_the_launcher_writes_ahead_and_no_optional_subsc
 
 def test_the_event_stream_is_one_and_the_factory_and_every_client_get_it():
     p = _parts([ONE, TWO])
-    assert isinstance(p.events, RunEvents) and p.events.steps == ()  # subscribers attached at the anchor
+    assert isinstance(p.events, EventStream) and p.events.steps == ()  # subscribers attached at the anchor
     assert p.factory.events is p.events and p.client_options["events"] is p.events
 
 
@@ -93,8 +97,8 @@ def test_request_settings_go_to_the_factory():
 
 def test_the_trace_block_size_is_taken_unless_block_size_is_set():
     assert _parts().factory.prompts.block_size == 512  # the trace's (inputs)
-    targets = [ONE]
-    p = assemble(RunConfig(trace=TRACE, target=targets, block_size=16), _inputs(targets, block_size=16))
+    cfg = RunConfig(trace=TRACE, target=[ONE], block_size=16)
+    p = assemble(cfg, _inputs(cfg, block_size=16))
     assert p.factory.prompts.block_size == 16
 
 
@@ -145,8 +149,8 @@ def test_a_resumed_run_rebases_its_schedule_but_a_fleet_shard_does_not(tmp_path)
 def test_assemble_does_no_io():
     targets = [ONE, TWO]
     cfg = RunConfig(trace=TRACE, target=targets, warmup_requests=1, otlp_endpoint="http://127.0.0.1:4318")
-    assemble(cfg, _inputs(targets))  # (a first call imports what the constructors import lazily)
-    inputs = _inputs(targets)
+    assemble(cfg, _inputs(cfg))  # (a first call imports what the constructors import lazily)
+    inputs = _inputs(cfg)
     seen: list[str] = []
     watching = True
 
@@ -170,9 +174,9 @@ def test_the_schedule_is_lazy_until_read(settings):
         read.append(1)
         return iter(())
 
-    inputs = _inputs([ONE])
-    inputs = Inputs(**{**inputs.__dict__, "open_batches": open_batches})
-    p = assemble(RunConfig(trace=TRACE, target=[ONE], **settings), inputs)
+    cfg = RunConfig(trace=TRACE, target=[ONE], **settings)
+    inputs = Inputs(**{**_inputs(cfg).__dict__, "open_batches": open_batches})
+    p = assemble(cfg, inputs)
     assert read == []  # nothing read until the start-up's first batch
     assert list(p.batches) == [] and read == [1]
     assert (p.gap_cap is not None) == ("idle_gap_cap_s" in settings)

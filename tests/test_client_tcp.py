@@ -24,7 +24,7 @@ def test_delayed_ack_turns_quick_acks_off_for_the_response(delayed):
     # getsockopt(TCP_QUICKACK) is 1 unless the socket is in the kernel's delayed-ACK ("pingpong")
     # mode; it is read mid-stream, with the response's tokens arriving every 20 ms
     async def main():
-        sim = SimServer(SimConfig(ttft_base_ms=2, itl_base_ms=20))
+        sim = SimServer(SimConfig(model="m", ttft_base_ms=2, itl_base_ms=20))
         url = await sim.start()
         try:
             async with Client(url, t0_ns=now_ns(), delayed_ack=delayed) as c:
@@ -55,7 +55,7 @@ def test_idle_connections_beyond_the_spares_are_closed_once_unused_for_the_expir
     # a backlog opens a connection per request in flight; afterwards the pool must not keep them
     # all for the rest of a soak: those unused for idle_expiry_s go (the spares stay)
     async def main():
-        sim = SimServer(SimConfig(ttft_base_ms=200, itl_base_ms=1))
+        sim = SimServer(SimConfig(model="m", ttft_base_ms=200, itl_base_ms=1))
         url = await sim.start()
         try:
             body = PayloadBuilder("m").body(PromptBuilder(block_size=16).prompt_json([1], 16), 2)

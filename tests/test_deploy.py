@@ -30,6 +30,8 @@ def test_alert_rules_check_and_unit_tests():
         "ReplayerHighErrorRatio",
         "ReplayerUsageMismatch",
         "ReplayerSLOAttainmentLow",
+        "ReplayerNotFaithful",  # (issue 45: the fidelity and drift verdicts)
+        "ReplayerTargetDrifting",
     }
 
 
@@ -465,3 +467,23 @@ def test_k8s_manifests_take_the_otlp_endpoint_from_the_environment(monkeypatch):
     assert cfg.otlp_traces_url() == "http://c2:4318/custom"
     flag = load_config({"trace": __file__, "otlp_endpoint": "http://flag:4318"})
     assert flag.otlp_traces_url() == "http://flag:4318/v1/traces"  # the flag wins
+
+
+def test_dashboard_variables_filter_every_query_and_events_are_annotations():
+    dash = json.loads((DEPLOY / "grafana" / "dashboards" / "replayer.json").read_text())
+    names = [v["name"] for v in dash["templating"]["list"]]
+    assert names == ["job", "instance", "model", "run_id", "target", "tenant"]
+    for v in dash["templating"]["list"]:
+        assert v["multi"] and v["includeAll"] and v["datasource"]["uid"] == "prometheus"
+    for p in dash["panels"]:
+        for t in p.get("targets", []):
+            e = t["expr"]
+            if "vllm:" in e:
+                assert 'instance=~"$target"' in e and 'model_name=~"$model"' in e, e
+            if "replayer_" in e or "process_" in e:
+                assert e.count('run_id=~"$run_id"') >= e.count("replayer_") + e.count("process_"), e
+            if "replayer_tenant_" in e:
+                assert 'tenant=~"$tenant"' in e, e
+    (ann,) = dash["annotations"]["list"]
+    assert "replayer_run_event_timestamp_seconds" in ann["expr"] and ann["useValueForTime"] is True
+    assert ann["titleFormat"] == "{{event}}"

@@ -37,13 +37,19 @@ def _cell(text: str) -> str:
 def render(dash: dict) -> str:
     """The dashboard's panels as Markdown: a heading per row, a table of the row's panels, one line
     per query (the panel's title and unit on its first, then the query's legend and PromQL)."""
-    out: list[str] = []
+    out: list[str] = ["## Variables", "", "| variable | what it chooses | its values |", "| --- | --- | --- |"]
+    for v in dash["templating"]["list"]:
+        query = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
+        out.append(f"| `${v['name']}` ({_cell(v['label'])}) | {_cell(v['description'])} | `{_cell(query)}` |")
+    for a in dash["annotations"]["list"]:
+        out += ["", "## Annotations", "", f"**{a['name']}**: `{_cell(a['expr'])}`, each drawn at its value's time"]
+        out[-1] += f" (title `{a['titleFormat']}`, tags `{a['tagKeys']}`)."
     header = ["| panel | unit | series | PromQL |", "| --- | --- | --- | --- |"]
     for p in dash["panels"]:
         if p["type"] == "row":
             out += ["", f"## {p['title']}", "", *header]
             continue
-        if not out:  # a panel above the first row
+        if not any(x.startswith("| panel") for x in out):  # a panel above the first row
             out += ["", *header]
         unit = p.get("fieldConfig", {}).get("defaults", {}).get("unit", "")
         first = f"| {_cell(p['title'])} | {UNITS.get(unit, unit) or '–'} |"
@@ -79,19 +85,27 @@ def test_the_rendering_keeps_every_panel_and_expression():
     md = render(dash)
     exprs = dashboard.expressions(dash)
     assert len(exprs) >= 30
-    lines = [x for x in md.splitlines() if x.startswith("| ") and not x.startswith(("| panel |", "| --- |"))]
+    lines = [
+        x
+        for x in md.split("## Annotations", 1)[1].splitlines()
+        if x.startswith("| ") and not x.startswith(("| panel |", "| --- |"))
+    ]
     assert len(lines) == len(exprs)
     for e in exprs:
         assert f"`{_cell(e)}`" in md, e
     for p in dash["panels"]:
         assert _cell(p["title"]) in md, p["title"]
     rows = [p["title"] for p in dash["panels"] if p["type"] == "row"]
-    assert [x.removeprefix("## ") for x in md.splitlines() if x.startswith("## ")] == rows
+    assert [x.removeprefix("## ") for x in md.splitlines() if x.startswith("## ")] == [
+        "Variables",
+        "Annotations",
+        *rows,
+    ]
     # a panel sits under the heading of the row above it
     latency = md.split("## Latency\n", 1)[1].split("\n## ", 1)[0]
     assert (
         "| TTFT | seconds |" in latency
-        and "histogram_quantile(0.99, sum by (le) (rate(replayer_ttft_seconds_bucket[1m])))" in latency
+        and "histogram_quantile(0.99, sum by (run_id, le) (rate(replayer_ttft_seconds_bucket{" in latency
     )
 
 

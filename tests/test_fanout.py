@@ -14,7 +14,7 @@ from test_dispatcher import _run
 from replayer.core import PreparedRequest, RequestResult
 from replayer.core.slo import MET, MISSED
 from replayer.run import result_fanout
-from replayer.run.fanout import RunEvents
+from replayer.run.fanout import EventStream
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,7 +59,7 @@ class Warmup:
 def test_each_result_goes_through_every_subscriber_once_in_order():
     log: list = []
     metrics, live = Step("metrics", log), ResultsOnly("live state", log)
-    events = RunEvents(
+    events = EventStream(
         result_fanout(
             slos={"ttft": 100.0},
             metrics=metrics,
@@ -80,7 +80,7 @@ def test_each_result_goes_through_every_subscriber_once_in_order():
 
 def test_each_event_reaches_the_subscribers_that_have_its_hook_in_order():
     log: list = []
-    events = RunEvents(
+    events = EventStream(
         result_fanout(
             slos={}, metrics=Step("metrics", log), live=Step("live", log), recorder=Step("rec", log), warmup=Warmup()
         )
@@ -111,7 +111,7 @@ def test_each_event_reaches_the_subscribers_that_have_its_hook_in_order():
 
 def test_a_stream_built_before_its_subscribers_drops_events_until_they_are_attached():
     log: list = []
-    events = RunEvents()
+    events = EventStream()
     res = RequestResult(row=3)
     events.finished(res)  # (nothing attached yet: dropped)
     events.subscribe(

@@ -275,7 +275,7 @@ def _replay_through_the_launcher(
         )
 
     async def main():
-        sim = SimServer(SimConfig(ttft_base_ms=2, itl_base_ms=1))
+        sim = SimServer(SimConfig(model="m", ttft_base_ms=2, itl_base_ms=1))
         url = await sim.start()
         launcher = Launcher(priority="default")
         try:
@@ -328,7 +328,7 @@ def test_a_replay_through_the_launcher_sends_every_request_on_its_due_time():
 
 def test_a_reserved_request_whose_connection_closed_before_its_write_goes_out_on_another():
     async def main():
-        sim = SimServer(SimConfig(record_requests=True))
+        sim = SimServer(SimConfig(model="m", record_requests=True))
         url = await sim.start()
         launcher = Launcher(priority="default")
         try:

@@ -15,6 +15,7 @@ from replayer.core import PreparedRequest, RequestResult
 from replayer.observe import ReplayerMetrics
 from replayer.observe.looplag import EventLoopLagMonitor
 from replayer.observe.metrics import metric_names, quantile_from_buckets
+from replayer.observe.runlabels import RunInfo
 
 
 def _metrics(clock=None):
@@ -35,10 +36,13 @@ def _values(r: CollectorRegistry) -> dict[str, float]:
 def test_every_metric_is_documented_and_follows_conventions():
     from replayer.results.targets import TargetMetrics
     from replayer.results.tenants import TenantMetrics
+    from replayer.results.verdictwatch import VerdictWatch
 
     r, m = _metrics()
     TenantMetrics(r, ["a"])  # (registered by a mixed run)
     TargetMetrics(r, ["http://a:1", "http://b:2"])  # (registered by a run with several targets)
+    RunInfo(r, model="m", targets=["http://a:1"], shard="0/1", trace="t")  # (registered once the model is known)
+    VerdictWatch(r, window_s=300)  # (the live verdicts: families listed before judged, without samples)
     m.results_disk.source = lambda: (12345, 1.7e9)  # (exported once the recorder knows them)
     names = metric_names(r)
     doc = (ROOT / "docs" / "metrics.md").read_text()

@@ -162,7 +162,10 @@ def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_sli
         time.sleep(4)  # some requests done: histograms and counters carry data
         with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=5) as r:
             scrape = r.read()
-        out, err = proc.communicate(timeout=60)
+        try:
+            out, err = proc.communicate(timeout=150)
+        except subprocess.TimeoutExpired as e:
+            raise AssertionError((e.stderr or b"")[-3000:]) from None
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -173,14 +176,36 @@ def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_sli
     lint = subprocess.run([PROMTOOL, "check", "metrics"], input=scrape, capture_output=True)
     assert lint.returncode == 0, lint.stdout.decode() + lint.stderr.decode()
 
-    # evaluate at the last scrape of the replayer (its series go stale once it exits)
     res = _query(prom, 'replayer_requests_sent_total{job="replayer"}[5m]')
     samples = res["data"]["result"][0]["values"]
     assert len(samples) >= 4, samples
-    at = float(samples[-1][0])
     assert float(samples[-1][1]) > 300  # the whole slice was sent
+    # evaluated at the first scrape that saw every request sent (the rates over [1m] still see the
+    # sending; the scrapes after it, the drain and the linger, may be more than a minute later)
+    at = float(next(t for t, v in samples if v == samples[-1][1]))
 
-    exprs = dashboard.expressions(json.loads(dashboard.OUT.read_text()))
+    # the dashboard's variables set to this run (as Grafana substitutes them); the panels of the
+    # verdicts' gauges (issue 45) are left out where this replayer has no sample of them yet
+    run_id = json.loads((tmp_path / "res" / "summary.json").read_text())["run_id"]
+    variables = {
+        "job": "replayer",
+        "instance": f"127.0.0.1:{admin_port}",
+        "run_id": run_id,
+        "model": ".*",
+        "target": sim_url.removeprefix("http://"),
+        "tenant": ".*",
+    }
+    # (the names with a sample: a family is listed with no sample until the run has judged)
+    exported = {
+        line.split("{")[0].split(" ")[0]
+        for line in (scrape.decode() if scrape else "").splitlines()
+        if line and not line.startswith("#")
+    }
+    exprs = [
+        dashboard.substitute(e, variables)
+        for e in dashboard.expressions(json.loads(dashboard.OUT.read_text()))
+        if not any(m in e and m not in exported for m in dashboard.VERDICT_METRICS)
+    ]
     assert len(exprs) >= 30
     t_q = time.monotonic()
     empty, values = [], {}
@@ -201,14 +226,14 @@ def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_sli
     for fragment in (
         "replayer_requests_scheduled_total",
         "replayer_requests_sent_total",
-        'replayer_requests_total{outcome="success"}',
+        ',outcome="success"}',
         "replayer_ttft_seconds_bucket",
         "replayer_itl_seconds_bucket",
         "replayer_e2e_latency_seconds_bucket",
         "replayer_server_completion_tokens_total",
         "vllm:prefix_cache_hits_total",
         "process_cpu_seconds_total",
-        'replayer_slo_requests_total{slo="all",result="met"}',
+        ',slo="all",result="met"}',
         "replayer_ttft_from_due_seconds_bucket",
         "replayer_e2e_latency_from_due_seconds_bucket",
     ):

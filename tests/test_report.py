@@ -242,11 +242,12 @@ def test_report_plots_draw_in_headless_chromium(results, tmp_path):
     from replayer.observe import read_samples
     from replayer.results.report import figure_specs, write_report
     from replayer.results.reportdata import axis_origin_wall_s, load_results
+    from replayer.results.verdictreport import drift_specs
 
     path = write_report(str(results), str(tmp_path / "report.html"))
-    specs = figure_specs(
-        load_results(str(results))[0], read_samples(str(results)).to_pandas(), axis_origin_wall_s(str(results))
-    )
+    data, summary, _ = load_results(str(results))
+    specs = figure_specs(data, read_samples(str(results)).to_pandas(), axis_origin_wall_s(str(results)))
+    specs += drift_specs(summary)  # (issue 45: the drift windows, drawn after the others)
     dom = _dump_dom(path)
     figs = re.findall(r'<div id="fig\d+" class="plotly-graph-div js-plotly-plot"', dom)
     assert len(figs) == len(specs) >= 7, len(figs)  # plotly turned every div into a plot

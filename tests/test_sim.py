@@ -79,7 +79,7 @@ def test_stream_token_ids_exact_sequence():
     async def body(sim, url, c):
         prompt = list(range(1, 101))
         st, ct, raw = await completions(
-            c, url, prompt=prompt, max_tokens=7, stream=True, model="whatever", stream_options={"include_usage": True}
+            c, url, prompt=prompt, max_tokens=7, stream=True, model="sim-model", stream_options={"include_usage": True}
         )
         assert st == 200 and ct.startswith("text/event-stream")
         ev = parse_sse(raw)
@@ -87,7 +87,7 @@ def test_stream_token_ids_exact_sequence():
         ids = {e["id"] for e in ev[:-1]}
         assert len(ids) == 1 and ids.pop().startswith("cmpl-")
         for i, e in enumerate(ev[:7]):
-            assert e["object"] == "text_completion" and e["model"] == "whatever"
+            assert e["object"] == "text_completion" and e["model"] == "sim-model"
             assert isinstance(e["created"], int)
             assert "usage" not in e
             (ch,) = e["choices"]

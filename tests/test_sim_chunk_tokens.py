@@ -26,6 +26,7 @@ def _send(vllm_extensions: bool) -> tuple[RequestResult, list[dict]]:
     async def main():
         sim = SimServer(
             SimConfig(
+                model="m",
                 tokens_per_chunk=K,
                 ttft_base_ms=5.0,
                 prefill_us_per_token=0.0,

@@ -96,7 +96,7 @@ def test_chat_stream_event_sequence():
             url,
             "/v1/chat/completions",
             {
-                "model": "chat-m",
+                "model": "sim-model",
                 "messages": MESSAGES,
                 "max_completion_tokens": 4,
                 "max_tokens": 99,
@@ -109,7 +109,7 @@ def test_chat_stream_event_sequence():
         assert len(ev) == 1 + 4 + 1 + 1 and ev[-1] == "[DONE]"
         role, toks, usage = ev[0], ev[1:5], ev[5]
         assert role["id"].startswith("chatcmpl-") and len(role["id"]) == 9 + 32
-        assert role["object"] == "chat.completion.chunk" and role["model"] == "chat-m"
+        assert role["object"] == "chat.completion.chunk" and role["model"] == "sim-model"
         assert role["choices"] == [
             {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
         ]

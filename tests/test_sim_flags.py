@@ -13,7 +13,7 @@ from replayer.sim.cli import config_from_flags
 
 FLAGGED = [f for f in fields(SimConfig) if "help" in f.metadata]
 OTHER = {"model": "m2", "score_usage": "once", "image_token_rule": "llava", "tokenizer": "builtin:gpt2"}
-OTHER |= {"otlp_endpoint": "http://127.0.0.1:4318"}
+OTHER |= {"otlp_endpoint": "http://127.0.0.1:4318", "engine": "sglang"}
 
 
 def _other_value(f):

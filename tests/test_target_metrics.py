@@ -442,8 +442,11 @@ def test_a_replay_lists_the_targets_missing_metrics_in_its_summary(tmp_path, cap
         s = asyncio.run(main())
     expected = [
         "num_preemptions",
+        "process_resident_memory_bytes",  # (the simulator exports no process metrics)
         "server_e2e_seconds_count",
         "server_e2e_seconds_sum",
+        "server_itl_seconds_count",
+        "server_itl_seconds_sum",
         "server_queue_seconds_count",
         "server_queue_seconds_sum",
         "server_ttft_seconds_count",

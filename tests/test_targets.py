@@ -172,7 +172,7 @@ def test_a_target_down_fails_its_own_requests_the_other_goes_on(tmp_path):
         {"timestamp": 210, "input_length": 16, "output_length": 2, "hash_ids": [91]},
     ]  # row 7
     trace = _write(tmp_path, rows)
-    proc, sim_url = spawn_sim()
+    proc, sim_url = spawn_sim(["--model", "m"])  # (the fault server lists "m")
     try:
         with ThreadedFaultServer(Plan([(0, ABORT)])) as down:
             summary = _run(

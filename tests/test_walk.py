@@ -1,7 +1,9 @@
 """The walk of one request (docs/architecture.md, "One row's walk"): a one-row Parquet trace is
 replayed in this process against the simulator in its own process, and the modules the request's
-path executes are recorded; they are the walk the page writes down, at most 25, and the only code
-of ``replayer.run`` among them is the event stream's implementation (with the run's own subscribers).
+path executes are recorded; they are the walk the page writes down: its path from the file to
+the results row, at most 25 modules, and the branches at the fan-out (the subscribers beside the
+recorder: metrics, live window, verdicts...). The only code of ``replayer.run`` among them is the
+event stream's implementation (with the run's own subscribers).
 
 How the path is recorded: ``sys.setprofile`` and ``threading.setprofile`` (the trace reader and
 the results writer run in threads) see every call and return in the process. A call is on the
@@ -104,11 +106,14 @@ class PathRecorder:
             self.modules.add(name.removeprefix("replayer.").replace(".", "/"))
 
 
-def _walk_on_page() -> list[str]:
-    """The modules the page's walk names, in order (its numbered list's first column)."""
+def _walk_on_page() -> tuple[list[str], list[str]]:
+    """The modules the page's walk names: its numbered list (the path, in order) and its bulleted
+    list (the branches at the fan-out: the subscribers beside the recorder)."""
     text = PAGE.read_text()
     section = text.split("## One row's walk", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"^\d+\. `([a-z_/]+)`", section, flags=re.M)
+    path = re.findall(r"^\d+\. `([a-z_/]+)`", section, flags=re.M)
+    branches = re.findall(r"^- `([a-z_/]+)`", section, flags=re.M)
+    return path, branches
 
 
 def test_one_rows_walk_is_the_pages_and_never_calls_back_into_the_run(tmp_path, sim_process):
@@ -141,9 +146,8 @@ def test_one_rows_walk_is_the_pages_and_never_calls_back_into_the_run(tmp_path, 
     assert summary["completed"] == 1 and rec.error is None, rec.error
     walked = rec.modules
     assert {m for m in walked if m.startswith("run/")} <= RUN_ON_PATH  # no call back into the run
-    assert len(walked) <= MAX_MODULES, sorted(walked)
-    page = _walk_on_page()
-    assert len(page) == len(set(page)) <= MAX_MODULES
-    assert set(page) == walked, (
-        f"on the page only: {sorted(set(page) - walked)}; walked only: {sorted(walked - set(page))}"
-    )
+    path, branches = _walk_on_page()
+    assert len(path) == len(set(path)) <= MAX_MODULES and not set(path) & set(branches)
+    on_page = set(path) | set(branches)
+    assert on_page == walked, f"on the page only: {sorted(on_page - walked)}; walked only: {sorted(walked - on_page)}"
+    assert len(walked - set(branches)) <= MAX_MODULES

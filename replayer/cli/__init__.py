@@ -573,7 +573,14 @@ def _main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
         if cfg.target is None:  # boot the simulator on the other core while the daemon imports
             from replayer.run.simproc import embedded_args, spawn_sim
 
-            sim = spawn_sim(embedded_args(cfg.tokenizer, cfg.otlp_traces_url()))
+            sim = spawn_sim(
+                embedded_args(
+                    cfg.tokenizer,
+                    cfg.otlp_traces_url(),
+                    ttft_drift=cfg.sim_ttft_drift_ms_per_min,  # wiring (issue 45)
+                    itl_drift=cfg.sim_itl_drift_ms_per_min,
+                )
+            )
         from replayer.run.daemon import main_run
 
         return main_run(cfg, sim=sim)

@@ -21,6 +21,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "Target": (
         "target",
         "model",
+        "engine",
         "endpoint",
         "api_key_env",
         "api_key_file",
@@ -72,7 +73,19 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "expected_cache_tokens",
         "usage_slack_tokens",
     ),
-    "Verdict": ("goodput", "max_error_ratio", "warmup_requests", "warmup_seconds_s"),
+    "Verdict": (
+        "goodput",
+        "max_error_ratio",
+        "warmup_requests",
+        "warmup_seconds_s",
+        # issue 45
+        "fidelity_max_lag_ms",
+        "fail_unfaithful",
+        "drift_window_s",
+        "drift_min_change_pct",
+        "sim_ttft_drift_ms_per_min",
+        "sim_itl_drift_ms_per_min",
+    ),
     "Results": ("results", "resume", "resume_existing", "flush_rows", "flush_interval_s", "itl_format"),
     "Soak": (
         "roll_interval_s",
@@ -88,6 +101,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "admin_port",
         "scrape_target_metrics",
         "scrape_interval_s",
+        "metrics_linger_s",
+        "metrics_push",
+        "metrics_window_s",
         "quiet",
         "log_format",
         "log_level",

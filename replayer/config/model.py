@@ -257,7 +257,25 @@ class RunConfig(FieldChecks):
         "(image_token_mismatches)",
     )
     image_cache_mb: int = Field(256, ge=1, description="memory bound of the cache of built images (base64 parts)")
-    vllm_extensions: bool = Field(True, description="send ignore_eos and min_tokens (vLLM/SGLang)")
+    vllm_extensions: bool = Field(
+        True, description="send the engine's exact-length fields (ignore_eos, min_tokens: docs/engines.md)"
+    )
+    # issue 49: the target's engine (its /metrics names, request fields, what it refuses)
+    engine: str | None = Field(
+        None,
+        description="the target's engine: vllm, sglang, tgi, trtllm, dynamo or llamacpp (its /metrics "
+        "names and request fields, docs/engines.md); unset = detected at start",
+    )
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, v: str | None) -> str | None:
+        from replayer.core.engines import engine_caps
+
+        if v is not None:
+            engine_caps(v)  # (ValueError naming the engines)
+        return v
+
     control_token_env: str = Field(
         "REPLAYER_CONTROL_TOKEN",
         description="environment variable holding the bearer token for the admin control endpoints (unset = open)",
@@ -384,6 +402,25 @@ class RunConfig(FieldChecks):
         "(saved to target_metrics.parquet, deltas in the summary)",
     )
     scrape_interval_s: float = Field(5.0, gt=0, description="target /metrics scrape interval")
+    # issue 46: the end of a run seen by Prometheus, the live window's length
+    metrics_linger_s: float | None = Field(
+        None,
+        ge=0,
+        description="after the run, keep /metrics served up to this long for a last scrape (ends "
+        "early once every scraper seen has scraped again; Ctrl-C ends it); none = 30 s (two 15 s "
+        "scrape intervals) when a Prometheus scraped /metrics during the run, else 0",
+    )
+    metrics_push: str | None = Field(
+        None,
+        description="after the run, push the metrics once to this Pushgateway URL (grouped by "
+        "job=replayer, run_id, instance); none = no push",
+    )
+    metrics_window_s: float = Field(
+        60.0,
+        gt=0,
+        description="the sliding window of replayer_live_latency_seconds (exact quantiles of the "
+        "last this-many seconds)",
+    )
     kv_block_size: int = Field(
         16,
         ge=1,
@@ -403,6 +440,42 @@ class RunConfig(FieldChecks):
         description="exit 3 when more than this "
         "fraction of the requests that ended failed (failed / (completed "
         "+ failed)), e.g. 0.01 for CI; none = exit 0 however many failed",
+    )
+    # issue 45: the fidelity and drift verdicts (replayer.results.fidelity, replayer.results.drift)
+    fidelity_max_lag_ms: float = Field(
+        25.0,
+        gt=0,
+        description="fidelity verdict: a run whose dispatch lag p99 is above this many ms did not send the "
+        "trace's arrivals (not faithful)",
+    )
+    fail_unfaithful: bool = Field(
+        False,
+        description="exit 6 when the fidelity verdict is not faithful (a run that fell behind, was capped by "
+        "--max-concurrency or lost requests), for CI",
+    )
+    drift_window_s: float = Field(
+        300.0,
+        gt=0,
+        description="drift verdict: seconds of trace position per window (each window's latency quantiles, "
+        "rates and the target's signals; with --loop compared with the same window of the first loop)",
+    )
+    drift_min_change_pct: float = Field(
+        10.0,
+        ge=0,
+        description="drift verdict: a metric drifts when its trend's interval excludes 0 and the change it "
+        "implies over the run is at least this percent of its level",
+    )
+    sim_ttft_drift_ms_per_min: float = Field(
+        0.0,
+        ge=0,
+        description="a test aid for the embedded simulator (no --target): its TTFT grows by this many ms per "
+        "minute (replayer sim --ttft-drift-ms-per-min)",
+    )
+    sim_itl_drift_ms_per_min: float = Field(
+        0.0,
+        ge=0,
+        description="a test aid for the embedded simulator (no --target): its token gaps grow by this many ms "
+        "per minute (replayer sim --itl-drift-ms-per-min)",
     )
     run_id: str | None = Field(
         None,

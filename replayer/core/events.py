@@ -11,7 +11,7 @@ Four events, each once per request, in this order:
   request never prepared is ``finished`` without the others).
 
 The factory, the dispatcher and the client each receive the stream when they are built; the run
-implements it once (``replayer.run.fanout.RunEvents``, its subscribers in a stated order). A stage
+implements it once (``replayer.run.fanout.EventStream``, its subscribers in a stated order). A stage
 never calls back into the run by any other way. ``QUIET`` is the stream nobody listens to: a
 stage used alone (a test, a benchmark) gets it by default.
 """

@@ -62,7 +62,9 @@ class Stat:
 
     __slots__ = ("count", "total", "min", "max", "mean", "m2", "sketch", "_values")
 
-    def __init__(self) -> None:
+    def __init__(self, exact: bool = True) -> None:
+        """``exact=False``: percentiles from the sketch from the first value (no values kept: for
+        the many small statistics of a long run, such as the drift verdict's windows)."""
         self.count = 0
         self.total = 0.0
         self.min = math.inf
@@ -70,7 +72,7 @@ class Stat:
         self.mean = 0.0
         self.m2 = 0.0  # sum of squared deviations from the mean
         self.sketch = DDSketch(RELATIVE_ACCURACY)
-        self._values: list[np.ndarray] | None = []  # None once past EXACT_LIMIT
+        self._values: list[np.ndarray] | None = [] if exact else None  # None once past EXACT_LIMIT
 
     @property
     def exact(self) -> bool:

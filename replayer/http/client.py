@@ -38,14 +38,11 @@ Behaviour (the traps of DESIGN.md avoided):
 
 Retries (off by default: ``retry_max=0``): a request answered HTTP 429 or 5xx, or whose
 connection failed before any response byte (CONNECT, CONNECT_TIMEOUT, STALE_CONNECTION, or
-DISCONNECT before the response headers), is sent again after ``retry_backoff_s * 2**k`` seconds
-(k = retries so far), or after the response's ``Retry-After`` seconds when it carried one (capped at 60 s), on a pooled
-or fresh connection, at most ``retry_max`` times. Never retried: any other 4xx, and any failure
-after a 200 response's headers (output may have arrived; the request is not idempotent then).
-``res.retries`` counts the retries; the result holds the LAST attempt's outcome, status, error,
-``sent_ns``/``connect_ms`` and TTFT/E2E (measured from the last attempt's send), while
-``dispatch_lag_ms`` stays the first send's (how late the schedule was served; when the first
-attempts could not even connect, it is the first attempt that wrote the request).
+DISCONNECT before the headers), is sent again after ``retry_backoff_s * 2**k`` s (k = retries so
+far) or the response's ``Retry-After`` (capped at 60 s), at most ``retry_max`` times; never any
+other 4xx, nor a failure after a 200's headers (output may have arrived). ``res.retries`` counts
+them; the result holds the LAST attempt's outcome, status, error, ``sent_ns``/``connect_ms`` and
+TTFT/E2E, while ``dispatch_lag_ms`` stays the first send's (the first that wrote the request).
 """
 
 from __future__ import annotations
@@ -192,19 +189,24 @@ class Client:
         launcher.attach(self.on_launched)
         self._launcher = launcher
 
+    @property
+    def launcher_writes(self) -> bool:
+        """Whether the launcher process can write this client's requests at all: it runs, and
+        the target's connections are plain HTTP or TLS whose records are sealed here
+        (``Pool.sealing``: not over TLS 1.2). False: the loop writes every request."""
+        return self._launcher is not None and self._launcher.running and self.pool.sealing
+
     def reserve(self, req: PreparedRequest, res: RequestResult) -> Reserved | None:
-        """Bind ``req`` to an idle keep-alive connection and build its bytes, to be written at
-        its due time by the launcher process (``launch``; ``replayer.http.launcher``). None when no
-        launcher runs or no idle connection the launcher can write on is ready (plain HTTP, or
-        TLS 1.3 with its records sealed here: ``replayer.http.tlsrecord``; then ``send`` writes
-        it as usual). Pass the returned handle to ``launch`` and then to ``send(req, res, reserved)``."""
-        if self._launcher is None or not self._launcher.running:
+        """Bind ``req`` to an idle keep-alive connection the launcher may write on
+        (``Connection.launchable``: one writer at a time) and build its bytes, to be written at
+        its due time by the launcher process (``launch``; ``replayer.http.launcher``). The
+        launcher writes next on that connection, until its report (``on_launched``). None when
+        no such connection is ready (or ``launcher_writes`` is False): ``send`` writes it from
+        the loop. Pass the returned handle to ``launch`` and then to ``send(req, res, reserved)``."""
+        if not self.launcher_writes:
             return None
-        conn = self.pool.idle_connection()
+        conn = self.pool.launchable_connection()
         if conn is None:
-            return None
-        if conn.fd < 0:  # TLS without a record sealer: only the loop can write
-            self.pool.give_back(conn)
             return None
         ex = Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns, self._acc())
         conn.ex = ex  # the connection is ours from now on
@@ -221,6 +223,7 @@ class Client:
         if at_ns > ex.last_ns:  # the read timeout counts from the write, not from the hand-over
             ex.last_ns = at_ns
         head, body = conn.wire(head), conn.wire(req.body)
+        self.pool.tls_requests_sealed += conn.tls is not None
         token = self._launcher.submit(at_ns, conn.fd, head, body)  # type: ignore[union-attr]
         self._launches[token] = (req, res, conn, ex, head, body, at_ns)
         conn.launch = token
@@ -326,6 +329,7 @@ class Client:
             ex.deadline_ns = sent + ex.total_ns
         res.connect_ms = (sent - t_start) / 1e6
         conn.start(request, ex)
+        self.pool.tls_requests_loop += conn.tls is not None
         if conn.transport.get_write_buffer_size():  # type: ignore[union-attr]
             self._dispatch_when_drained(res, conn, sent, lag_from_ns)  # (the socket did not take it whole)
         else:
@@ -342,10 +346,9 @@ class Client:
     ) -> RequestResult:
         """Send ``req`` (with ``reserved`` from ``reserve``: the launcher process writes it; this
         only waits), stream its response and fill ``res`` (returned). Request failures are
-        recorded in ``res``; ``asyncio.CancelledError`` marks ``res`` cancelled and propagates.
-        Retryable failures are retried per the policy (module docstring), counted in ``res.retries``.
-        ``lag_from_ns``: when the request was due (ns after the anchor; default ``req.due_ns``),
-        the origin of its ``dispatch_lag_ms``."""
+        recorded in ``res``; ``asyncio.CancelledError`` marks ``res`` cancelled and propagates;
+        retries per the policy (module docstring). ``lag_from_ns``: when the request was due (ns
+        after the anchor; default ``req.due_ns``), the origin of its ``dispatch_lag_ms``."""
         origin = req.due_ns if lag_from_ns is None else lag_from_ns
         # (callers hold the handle opaquely; it is always what ``reserve`` returned)
         retry_after = await self._attempt(req, res, origin, reserved)

@@ -8,8 +8,6 @@ them into result values."""
 from __future__ import annotations
 
 import asyncio
-import errno
-import resource
 import socket
 import ssl
 from collections.abc import Callable
@@ -20,39 +18,15 @@ import httptools
 from replayer.core.clock import now_ns
 from replayer.core.errors import ErrorKind
 from replayer.http.chunks import StreamAccumulator
+from replayer.http.fdlimit import fd_limit_hint as fd_limit_hint, raise_open_file_limit as raise_open_file_limit
 from replayer.http.sse import SSEDecoder
 from replayer.http.tls import explain
-from replayer.http.tlsrecord import KeyLog, TLSSession
+from replayer.http.tlskeylog import KeyLog
+from replayer.http.tlsrecord import TLSSession
 
 #: the most bytes of an error response body kept (its message)
 ERROR_BODY_LIMIT = 64 * 1024
 _ERROR_BODY_LIMIT = ERROR_BODY_LIMIT
-
-
-def raise_open_file_limit() -> tuple[int, int]:
-    """Raise this process's soft limit of open files to its hard limit (as load generators do:
-    every request in flight holds a connection, and a default of 1,024 is a few seconds of a
-    burst); returns (before, after)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = 1 << 20 if hard == resource.RLIM_INFINITY else hard
-    if soft == resource.RLIM_INFINITY or soft >= want:
-        return soft, soft
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-    except (ValueError, OSError):
-        return soft, soft
-    return soft, want
-
-
-def fd_limit_hint(e: OSError) -> str:
-    """What a connect that failed for want of file descriptors (EMFILE) should say."""
-    if e.errno != errno.EMFILE:
-        return ""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return (
-        f" (the replayer's open-file limit, ulimit -n {soft}, is reached: each request in flight holds a "
-        "connection; raise the hard limit, or use --workers / a lower --speedup)"
-    )
 
 
 class Failure(Exception):
@@ -157,6 +131,9 @@ class Connection(asyncio.Protocol):
         self._handshake: asyncio.Future[None] | None = None
         self._fd = -1  # (the socket, kept while TLS is not ready for the launcher)
         self.on_drained: Callable[[], None] | None = None  # ``watch_send``'s call, while it waits
+        #: the launcher could write its requests: plain HTTP, or TLS records sealed here (False
+        #: until a TLS handshake is done, and for good where no sealer can be had)
+        self.sealed = True
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -175,6 +152,7 @@ class Connection(asyncio.Protocol):
         that ended it. Until then, and for good where no record sealer can be had, the launcher
         process cannot write on this connection (``fd`` -1)."""
         self.tls = TLSSession(ctx, server_name, session, keylog)
+        self.sealed = False
         self._handshake = asyncio.get_running_loop().create_future()
         self._fd, self.fd = self.fd, -1
         self._tls_data(b"")
@@ -199,14 +177,12 @@ class Connection(asyncio.Protocol):
                 return
             if tls.sealer is not None:
                 self.fd = self._fd
+            self.sealed = tls.sealer is not None
             hs = self._handshake
             if hs is not None and not hs.done():
                 hs.set_result(None)
         try:
             plain = tls.read()
-        except ssl.SSLZeroReturnError:  # close_notify: the TCP close follows (connection_lost)
-            self.keep_alive = False
-            return
         except ssl.SSLError as e:  # (TLS 1.3: a refused client certificate arrives after the handshake)
             if self.ex is not None:
                 self.finish_error(ErrorKind.TLS_ERROR, f"TLS error {_where(self.ex)}: {explain(e)}")
@@ -219,9 +195,15 @@ class Connection(asyncio.Protocol):
                 self.transport.write(out)  # type: ignore[union-attr]
         if plain:
             self._received(plain)
+        if tls.peer_closed:  # close_notify: no request after it (the TCP close may come much later)
+            self.keep_alive = False
+            if self.ex is None:
+                self.abort()
 
     def _handshake_failed(self, e: BaseException) -> None:
         hs = self._handshake
+        if self.tls is not None:
+            self.tls.forget()
         self.abort()
         if hs is not None and not hs.done():
             hs.set_exception(e)
@@ -258,6 +240,8 @@ class Connection(asyncio.Protocol):
         self._closing()
         hs = self._handshake
         if hs is not None and not hs.done():
+            if self.tls is not None:
+                self.tls.forget()
             hs.set_exception(exc or ConnectionResetError("the server closed the connection during the TLS handshake"))
         ex = self.ex
         if ex is None:
@@ -351,6 +335,37 @@ class Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
+    def close(self) -> None:
+        """Close an idle connection with a TLS close_notify (RFC 8446 section 6.1), then TCP;
+        one busy (an exchange, a write queued in the launcher) is aborted."""
+        tls, t = self.tls, self.transport
+        if self.closed or self.ex is not None or self.launch or t is None or tls is None or tls.handshaking:
+            self.abort()
+            return
+        self._closing()
+        try:
+            t.write(tls.close_notify())
+        except Exception:  # noqa: BLE001 - a polite close that fails is an abort
+            t.abort()
+            return
+        t.close()
+
+    @property
+    def launchable(self) -> bool:
+        """Whether the launcher may write the next request here (one writer at a time): it can
+        (``fd``: plain, or TLS sealed here), no close_notify nor FIN came, and the transport
+        holds nothing (a request's or the handshake's tail would go after the launcher's bytes)."""
+        t = self.transport
+        return (
+            self.fd >= 0
+            and not self.closed
+            and self.keep_alive
+            and self.ex is None
+            and not self.launch
+            and t is not None
+            and not t.get_write_buffer_size()
+        )
+
     def _closing(self) -> None:
         """The connection is going away: no new exchange on it, and its write queued in the
         launcher (if any) is cancelled."""
@@ -426,6 +441,8 @@ class Connection(asyncio.Protocol):
             call()
 
     def start(self, request: bytes, ex: Exchange) -> None:
+        """The loop writes ``request`` (through the transport: after whatever it still holds)."""
+        assert not self.launch, "a connection with a write queued in the launcher is the launcher's to write"
         self.ex = ex
         self.check_stall()
         self.transport.write(self.wire(request))  # type: ignore[union-attr]

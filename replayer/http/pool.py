@@ -11,7 +11,11 @@ beyond the spares expire after ``IDLE_EXPIRY_S`` unused, and those the server cl
 TLS is the connections' own (``Connection.start_tls``, ``replayer.http.tlsrecord``): the pool
 keeps the newest session ticket a server gave and offers it to each new connection, so a server
 that allows resumption skips the certificate exchange and its signatures on every connection
-after the first (``tls_handshakes``, ``tls_resumed`` count them).
+after the first (``tls_handshakes``, ``tls_resumed`` count them). ``sealing`` says whether the
+launcher can write on this server's connections at all: not over TLS 1.2 or a cipher suite the
+record sealer does not do (then the sender leaves every request to the loop at once, instead of
+offering it again and again); a connection whose own key-log line was missing is the only one
+unsealed (``tls_unmatched``). Idle connections are closed with a TLS close_notify.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from replayer.core.clock import now_ns
 from replayer.core.errors import ErrorKind
 from replayer.http.connection import Connection, Failure, Owner
 from replayer.http.tls import describe_failure
-from replayer.http.tlsrecord import KeyLog
+from replayer.http.tlskeylog import KeyLog
+from replayer.http.tlsrecord import UNSEALED_SECRET
 
 SPARE_BACKOFF_NS = 500_000_000  # no connections opened ahead for this long after one failed
 IDLE_EXPIRY_S = 60.0  # an idle keep-alive connection beyond the spares is closed after this long unused
@@ -74,6 +79,12 @@ class Pool:
         self.tls_resumed = 0  # of which resumed a session
         self.tls_sealed = 0  # of which the replayer seals the records (the launcher can write: TLS 1.3)
         self.tls_versions: dict[str, int] = {}  # handshakes by protocol version
+        self.tls_unmatched = 0  # TLS 1.3 handshakes with no key-log line of their own: never sealed
+        #: the launcher can write on this server's connections (False: TLS 1.2, or a suite not sealed here)
+        self.sealing = True
+        self.tls_requests_sealed = 0  # TLS requests written by the launcher (records sealed here)
+        self.tls_requests_loop = 0  # TLS requests written by the event loop
+        self._key_updates_gone = 0  # key updates of the sealers of connections no longer in the pool
 
     @property
     def tls(self) -> bool:
@@ -83,10 +94,22 @@ class Pool:
     def cancel_launch(self, conn: Connection) -> None:
         """``conn`` is closing: nothing queued elsewhere to drop (an owner of its own may have)."""
 
+    @property
+    def tls_key_updates(self) -> int:
+        """KeyUpdates the record sealers sent (the server asked, or a key's records were used up)."""
+        return self._key_updates_gone + sum(_updates(c) for c in self._all)
+
+    def _drop(self, c: Connection) -> None:
+        if c in self._all:
+            self._key_updates_gone += _updates(c)
+            self._all.discard(c)
+
     async def close(self) -> None:
-        """Close every connection (in-flight exchanges fail as DISCONNECT)."""
+        """Close every connection: idle ones with a TLS close_notify, in-flight exchanges
+        fail as DISCONNECT."""
         for c in list(self._all):
-            c.abort()
+            self._drop(c)
+            c.close()
         self._all.clear()
         self._idle.clear()
         if self._keylog is not None:
@@ -172,6 +195,9 @@ class Pool:
         if conn.tls is not None:
             self.tls_resumed += conn.tls.obj.session_reused
             self.tls_sealed += conn.tls.sealer is not None
+            unsealed = conn.tls.unsealed
+            self.tls_unmatched += unsealed == UNSEALED_SECRET
+            self.sealing = unsealed is None or unsealed == UNSEALED_SECRET
             version = conn.tls.obj.version() or "unknown"
             self.tls_versions[version] = self.tls_versions.get(version, 0) + 1
 
@@ -193,9 +219,27 @@ class Pool:
             self._open_spare()
         while idle:
             c = idle.pop()
-            if not c.closed and c.ex is None:
+            if not c.closed and c.ex is None and c.keep_alive:
                 return c
-            self._all.discard(c)
+            self._drop(c)
+            c.abort()
+        return None
+
+    def launchable_connection(self) -> Connection | None:
+        """An idle connection the launcher may write on (``Connection.launchable``), the newest
+        first, or None; one it may not write on yet stays idle for the loop."""
+        idle = self._idle
+        if len(idle) + self._spares_opening < self.spare_target and now_ns() >= self._spares_paused_until:
+            self._open_spare()
+        for i in range(len(idle) - 1, -1, -1):
+            c = idle[i]
+            if c.launchable:
+                del idle[i]
+                return c
+            if c.closed or c.ex is not None or not c.keep_alive:  # (gone: out of the pool, not scanned again)
+                del idle[i]
+                self._drop(c)
+                c.abort()
         return None
 
     async def acquire(self) -> Connection:
@@ -242,13 +286,13 @@ class Pool:
     def release(self, c: Connection) -> None:
         """An exchange on ``c`` ended: kept alive and idle, or closed. A TLS connection's first
         exchange brings the server's session tickets (TLS 1.3 sends them after the handshake):
-        its session becomes the one offered to new connections. One whose TLS key has sealed
-        its share of records (``TLSSession.worn``) is closed."""
+        its session becomes the one offered to new connections. One the server will not keep
+        alive is closed (a TLS close_notify first)."""
         if c.served == 1 and c.tls is not None:
             self._note_session(c)
-        if c.closed or not c.keep_alive or c.ex is not None or (c.tls is not None and c.tls.worn):
-            c.abort()
-            self._all.discard(c)
+        if c.closed or not c.keep_alive or c.ex is not None:
+            self._drop(c)
+            c.close()
         else:
             c.idle_since_ns = now = now_ns()
             idle = self._idle
@@ -267,5 +311,10 @@ class Pool:
                 return
             idle.popleft()
             if not c.closed and c.ex is None:  # (one with an exchange is not idle: only dropped)
-                c.abort()
-            self._all.discard(c)
+                c.close()
+            self._drop(c)
+
+
+def _updates(c: Connection) -> int:
+    sealer = c.tls.sealer if c.tls is not None else None
+    return sealer.updates if sealer is not None else 0

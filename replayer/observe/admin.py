@@ -14,13 +14,20 @@ import errno
 import hmac
 import logging
 import math
+import time
 from collections.abc import Callable
 from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from replayer.observe.runlabels import RunLabels
+
 log = logging.getLogger(__name__)
+
+#: the header a Prometheus scrape carries (also the OpenTelemetry Collector's prometheus receiver,
+#: vmagent, Grafana Alloy): what tells a scraper that will come back from a one-off ``curl``
+SCRAPE_HEADER = "X-Prometheus-Scrape-Timeout-Seconds"
 
 
 class Controller(Protocol):
@@ -39,14 +46,16 @@ class AdminServer:
 
     def __init__(
         self,
-        registry: CollectorRegistry,
+        registry: CollectorRegistry | RunLabels,
         *,
         status: Callable[[], dict],
         ready: Callable[[], bool],
         control: Callable[[], Controller | None] = lambda: None,
         token: str | None = None,
     ) -> None:
-        self.registry = registry
+        self.registry = registry  # (or any object with collect(): runlabels.RunLabels)
+        self.scrapers: dict[tuple[str, str], float] = {}  # (peer address, user agent) -> its last scrape
+        self.scrape_jobs: set[tuple[str, str]] = set()  # those that sent SCRAPE_HEADER
         self._status = status
         self._ready = ready
         self._control = control
@@ -90,6 +99,11 @@ class AdminServer:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, self.registry)
+        # (after the exposition: a scrape counts once its values were read)
+        key = (request.remote or "?", request.headers.get("User-Agent", "?"))
+        self.scrapers[key] = time.monotonic()
+        if SCRAPE_HEADER in request.headers:
+            self.scrape_jobs.add(key)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, request: web.Request) -> web.Response:

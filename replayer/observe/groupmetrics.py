@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from replayer.core.errors import Outcome
 from replayer.core.result import RequestResult
-from replayer.observe.metricparts import log_buckets
+from replayer.observe.histograms import log_buckets
 
 _LATENCY = log_buckets(0.001, 600.0)
 

@@ -24,20 +24,18 @@ from replayer.core.endpoints import POOLING
 from replayer.core.errors import ErrorKind, Outcome
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
-from replayer.observe.metricparts import (
+from replayer.observe.events import RunEvents
+from replayer.observe.histograms import (
     LAG_BUCKETS,
     LATENCY_BUCKETS,
     LOOP_LAG_BUCKETS,
     TOKEN_LATENCY_BUCKETS,
-    BulkHistogram,
-    _DueCounter,
-    _Flush,
-    _hist_state,
-    _PendingHistogram,
-    _ResultsDisk,
+    BatchedHistogram,
     log_buckets,
-    quantile_from_buckets,
 )
+from replayer.observe.livewindow import LiveWindow
+from replayer.observe.metricparts import _DueCounter, _Flush, _ResultsDisk, quantile_from_buckets
+from replayer.observe.metrictable import declare
 
 #: the (outcome, error_kind) pairs that occur: success/none, not_started/none, missed_while_down/none,
 #: cancelled/cancelled, failed/every other kind
@@ -69,182 +67,70 @@ class ReplayerMetrics:
     ``FLUSH_S`` while results arrive.
     """
 
+    # the rows of metrictable.METRICS (made by declare in __init__)
+    build_info: Info
+    config_info: Info
+    scheduled: Counter
+    sent: Counter
+    requests: Counter
+    retries: Counter
+    in_flight: Gauge
+    ttft: BatchedHistogram
+    e2e: BatchedHistogram
+    ttft_from_due: BatchedHistogram
+    e2e_from_due: BatchedHistogram
+    slo_requests: Counter
+    tpot: BatchedHistogram
+    itl: BatchedHistogram
+    client_overhead: BatchedHistogram
+    lag: BatchedHistogram
+    session_wait: BatchedHistogram
+    pooling_audit: Counter
+    prompt_tokens_sent: Counter
+    server_prompt_tokens: Counter
+    server_completion_tokens: Counter
+    usage_mismatch: Counter
+    otel_spans_exported: Counter
+    otel_spans_dropped: Counter
+    images_sent: Counter
+    image_bytes_sent: Counter
+    image_tokens: Counter
+    image_token_mismatches: Counter
+    prefix_hit_tokens: Counter
+    prefix_query_tokens: Counter
+    trace_rows: Gauge
+    trace_rows_done: Gauge
+    speedup: Gauge
+    trace_duration: Gauge
+    trace_time: Gauge
+    loop: Gauge
+    loop_lag: Histogram
+    loop_lag_max: Gauge
+
     #: most seconds between flushes while results arrive
     FLUSH_S = 0.5
 
-    def __init__(  # noqa: PLR0915
+    def __init__(
         self,
         registry: CollectorRegistry,
         *,
         config_info: dict[str, str] | None = None,
         process_collector: bool = True,
         clock=now_ns,
+        window_s: float = 60.0,
     ) -> None:
         r = registry
         self.registry = registry
         self._lock = threading.RLock()
         r.register(_Flush(self.flush))
-        self.build_info = Info("replayer_build", "Version of replayer.", registry=r)
+        made = declare(r, self._lock)  # every row of metrictable.METRICS, as an attribute
+        for attr, obj in made.items():
+            setattr(self, attr, obj)
         self.build_info.info({"version": __version__})
-        self.config_info = Info("replayer_config", "Key settings of this run (bounded set).", registry=r)
         self.config_info.info(config_info or {})
-        self.scheduled = Counter("replayer_requests_scheduled", "Requests put on the schedule.", registry=r)
         self.due = _DueCounter(r, clock)
         self.results_disk = _ResultsDisk(r)
-        self.sent = Counter("replayer_requests_sent", "Requests sent to the target.", registry=r)
-        self.requests = Counter(
-            "replayer_requests", "Requests finished, by outcome and error kind.", ["outcome", "error_kind"], registry=r
-        )
-        self.retries = Counter(
-            "replayer_request_retries",
-            "Re-sends of requests after a retryable failure "
-            "(HTTP 429/5xx or a connection failure before any response byte).",
-            registry=r,
-        )
-        self.in_flight = Gauge("replayer_requests_in_flight", "Requests sent and not yet finished.", registry=r)
-        self.ttft = Histogram(
-            "replayer_ttft_seconds", "Time to first token of successful requests.", buckets=LATENCY_BUCKETS, registry=r
-        )
-        self.e2e = Histogram(
-            "replayer_e2e_latency_seconds",
-            "Send to last token of successful requests.",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.ttft_from_due = Histogram(
-            "replayer_ttft_from_due_seconds",
-            "Time to first token of successful requests from their due time "
-            "(a held session turn's release): TTFT plus the time to the send.",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.e2e_from_due = Histogram(
-            "replayer_e2e_latency_from_due_seconds",
-            "Due time (a held session turn's release) to last token of successful "
-            "requests: E2E latency plus the time to the send.",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.slo_requests = Counter(
-            "replayer_slo_requests",
-            "Requests judged against the --goodput bounds, by "
-            "bound (ttft, tpot, e2el; all = every bound) and result (met, missed, unknown); "
-            "failed requests are missed. Only the bounds set are exported.",
-            ["slo", "result"],
-            registry=r,
-        )
-        self.tpot = Histogram(
-            "replayer_tpot_seconds", "Time per output token after the first.", buckets=TOKEN_LATENCY_BUCKETS, registry=r
-        )
-        self.itl = BulkHistogram(
-            "replayer_itl_seconds", "Inter-token latency (token-weighted).", TOKEN_LATENCY_BUCKETS, r
-        )
-        self.client_overhead = Histogram(
-            "replayer_client_overhead_seconds",
-            "Client TTFT minus the server's own queue time and TTFT (--server-timings; successful requests "
-            "whose server reported both): network, the server's front end and this client.",
-            buckets=TOKEN_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.lag = Histogram(
-            "replayer_dispatch_lag_seconds",
-            "Dispatch time (the kernel took the request's last byte) minus due time (negative = early).",
-            buckets=LAG_BUCKETS,
-            registry=r,
-        )
-        self.session_wait = Histogram(
-            "replayer_session_wait_seconds",
-            "Time a turn was held back for its predecessor (or parent) to end "
-            "(the server's slowness; not in dispatch lag).",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.pooling_audit = Counter(
-            "replayer_pooling_usage_audits",
-            "Pooling responses (embeddings, score, rerank) by usage audit result: ok, "
-            "inflated (more prompt tokens than both expectations), missing.",
-            ["endpoint", "result"],
-            registry=r,
-        )
-        self.prompt_tokens_sent = Counter("replayer_prompt_tokens_sent", "Prompt token ids sent.", registry=r)
-        self.server_prompt_tokens = Counter(
-            "replayer_server_prompt_tokens", "Prompt tokens reported by the server's usage.", registry=r
-        )
-        self.server_completion_tokens = Counter(
-            "replayer_server_completion_tokens", "Completion tokens reported by the server's usage.", registry=r
-        )
-        self.usage_mismatch = Counter(
-            "replayer_usage_mismatches",
-            "Successful requests whose server usage differs from the trace.",
-            ["field"],
-            registry=r,
-        )
-        self.otel_spans_exported = Counter(
-            "replayer_otel_spans_exported", "OpenTelemetry spans the collector accepted (--otlp-endpoint).", registry=r
-        )
-        self.otel_spans_dropped = Counter(
-            "replayer_otel_spans_dropped",
-            "OpenTelemetry spans dropped: the collector refused or did not answer, or the export queue was full.",
-            registry=r,
-        )
-        self.images_sent = Counter("replayer_images_sent", "Images sent (multimodal rows).", registry=r)
-        self.image_bytes_sent = Counter(
-            "replayer_image_bytes_sent", "Encoded bytes of the images sent (before base64).", registry=r
-        )
-        self.image_tokens = Counter(
-            "replayer_image_tokens",
-            "Image tokens of requests that ended: server = "
-            "usage.prompt_tokens_details.image_tokens (when reported), expected = the "
-            "trace's image_tokens or --image-token-rule.",
-            ["source"],
-            registry=r,
-        )
-        self.image_token_mismatches = Counter(
-            "replayer_image_token_mismatches",
-            "Successful requests whose server-reported image tokens differ from the expected count.",
-            registry=r,
-        )
-        self.prefix_hit_tokens = Counter(
-            "replayer_expected_prefix_cache_hit_tokens",
-            "Prompt tokens the trace's hash ids say a prefix cache could serve (expected hits).",
-            registry=r,
-        )
-        self.prefix_query_tokens = Counter(
-            "replayer_expected_prefix_cache_query_tokens",
-            "Prompt tokens looked up in the expected prefix cache.",
-            registry=r,
-        )
-        self.trace_rows = Gauge("replayer_trace_rows", "Rows on the schedule per loop of the trace.", registry=r)
-        self.trace_rows_done = Gauge(
-            "replayer_trace_rows_done", "Rows of the current loop whose request finished (any outcome).", registry=r
-        )
-        self.speedup = Gauge(
-            "replayer_speedup",
-            "Trace seconds replayed per wall-clock second now "
-            "(follows POST /speedup; replayer_config_info keeps the value at start).",
-            registry=r,
-        )
-        self.trace_duration = Gauge(
-            "replayer_trace_duration_seconds",
-            "Trace time spanned by one loop's schedule (seconds of trace time; 0 when "
-            "not known before the replay reads it).",
-            registry=r,
-        )
-        self.trace_time = Gauge(
-            "replayer_trace_time_seconds", "Trace time reached: trace offset of the last request sent.", registry=r
-        )
-        self.loop = Gauge("replayer_loop", "Current loop over the trace (0 = first pass).", registry=r)
-        self.loop_lag = Histogram(
-            "replayer_event_loop_lag_seconds",
-            "Overshoot of the replayer's own event-loop sleeps.",
-            buckets=LOOP_LAG_BUCKETS,
-            registry=r,
-        )
-        self.loop_lag_max = Gauge(
-            "replayer_event_loop_lag_max_seconds",
-            "Largest event-loop sleep overshoot of the last window (about 10 s).",
-            registry=r,
-        )
+        self._hists = tuple(v for v in made.values() if isinstance(v, BatchedHistogram))
         if process_collector:
             ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes...
         # labelled children created once (every closed-set combination is exported from the start)
@@ -261,50 +147,17 @@ class ReplayerMetrics:
         self.loop_lag_recent_s = 0.0  # largest event-loop lag since its reader last reset it
         self._loop_no = 0
         self._loop_start_ns = 0
-        # batched per-request updates (see the class docstring)
-        (
-            self._h_lag,
-            self._h_ttft,
-            self._h_e2e,
-            self._h_ttft_due,
-            self._h_e2e_due,
-            self._h_tpot,
-            self._h_wait,
-            self._h_overhead,
-        ) = (
-            _PendingHistogram(h)
-            for h in (
-                self.lag,
-                self.ttft,
-                self.e2e,
-                self.ttft_from_due,
-                self.e2e_from_due,
-                self.tpot,
-                self.session_wait,
-                self.client_overhead,
-            )
-        )
-        self._hists = (
-            self._h_lag,
-            self._h_ttft,
-            self._h_e2e,
-            self._h_ttft_due,
-            self._h_e2e_due,
-            self._h_tpot,
-            self._h_wait,
-            self._h_overhead,
-        )
         self._incs: dict[Any, float] = {}  # Counter/Gauge (or labelled child) -> amount to add
         self._trace_time_s: float | None = None  # Gauge value to set
         self._next_flush_s = time.monotonic() + self.FLUSH_S
+        self.events = RunEvents(r)  # what happened when (summary.json's events, the annotations)
+        self.live_window = LiveWindow(r, window_s)  # fed by the fan-out (its "live window" step)
 
     # -- batching --------------------------------------------------------------------------
     def flush(self) -> None:
         """Move the batched updates into the metric objects (any thread)."""
         with self._lock:
             self._next_flush_s = time.monotonic() + self.FLUSH_S
-            for h in self._hists:
-                h.flush()
             incs = self._incs
             if incs:
                 for obj, n in incs.items():
@@ -343,6 +196,8 @@ class ReplayerMetrics:
         later loop goes out, so calling it is optional."""
         with self._lock:
             self.flush()  # the rows done so far belong to the previous loop
+            if loop > self._loop_no:
+                self.events.record("loop", loop=int(loop))
             self._loop_no, self._loop_start_ns = int(loop), int(start_trace_ns)
             self.loop.set(loop)
             self.trace_rows_done.set(0)
@@ -427,7 +282,7 @@ class ReplayerMetrics:
         """A request went out (its ``dispatch_lag_ms`` is set): observed at send time, so the
         lag histogram and alerts on it do not wait for the response to end."""
         with self._lock:
-            self._h_lag.add(res.dispatch_lag_ms / 1e3)  # type: ignore[operator]
+            self.lag.add(res.dispatch_lag_ms / 1e3)  # type: ignore[operator]
 
     def on_result(self, res: RequestResult) -> None:
         c: Any
@@ -452,7 +307,7 @@ class ReplayerMetrics:
         c = self.in_flight
         incs[c] = get(c, 0) - 1
         if res.session_wait_ms is not None:
-            self._h_wait.add(res.session_wait_ms / 1e3)
+            self.session_wait.add(res.session_wait_ms / 1e3)
         if res.usage_audit != "n/a":
             audit = self._audit.get((res.endpoint, res.usage_audit))
             if audit is not None:
@@ -468,17 +323,17 @@ class ReplayerMetrics:
         if res.outcome != "success":
             return
         if res.ttft_ms is not None:
-            self._h_ttft.add(res.ttft_ms / 1e3)
+            self.ttft.add(res.ttft_ms / 1e3)
         if res.e2e_ms is not None:
-            self._h_e2e.add(res.e2e_ms / 1e3)
+            self.e2e.add(res.e2e_ms / 1e3)
         if res.ttft_from_due_ms is not None:
-            self._h_ttft_due.add(res.ttft_from_due_ms / 1e3)
+            self.ttft_from_due.add(res.ttft_from_due_ms / 1e3)
         if res.e2el_from_due_ms is not None:
-            self._h_e2e_due.add(res.e2el_from_due_ms / 1e3)
+            self.e2e_from_due.add(res.e2el_from_due_ms / 1e3)
         if res.tpot_ms is not None:
-            self._h_tpot.add(res.tpot_ms / 1e3)
+            self.tpot.add(res.tpot_ms / 1e3)
         if res.client_overhead_ms is not None:
-            self._h_overhead.add(res.client_overhead_ms / 1e3)
+            self.client_overhead.add(res.client_overhead_ms / 1e3)
         if res.itl_ms:
             self.itl.observe_many(np.asarray(res.itl_ms) / 1e3)
         if res.endpoint in POOLING:
@@ -526,15 +381,10 @@ class ReplayerMetrics:
         samples are read: cheap enough for a 2 Hz console."""
         self.flush()
         out: dict[str, float | int | str | None] = {}
-        for name, h, seen, qs in (
-            ("ttft", self.ttft, self._h_ttft, (0.5, 0.99)),
-            ("dispatch_lag", self.lag, self._h_lag, (0.5, 0.99)),
-            ("e2e", self.e2e, self._h_e2e, (0.5, 0.99)),
-            ("itl", self.itl, self.itl, (0.5, 0.99)),
-        ):
-            bounds, cum = _hist_state(h)
-            for q in qs:  # an estimate, clamped to the exact [min, max] observed (LIVE_PERCENTILES)
-                out[f"{name}_p{int(q * 100)}_s"] = quantile_from_buckets(q, bounds, cum, lo=seen.min, hi=seen.max)
+        for name, h in (("ttft", self.ttft), ("dispatch_lag", self.lag), ("e2e", self.e2e), ("itl", self.itl)):
+            bounds, cum = h.cumulative()
+            for q in (0.5, 0.99):  # an estimate, clamped to the exact [min, max] observed (LIVE_PERCENTILES)
+                out[f"{name}_p{int(q * 100)}_s"] = quantile_from_buckets(q, bounds, cum, lo=h.min, hi=h.max)
         out["percentile_method"] = LIVE_PERCENTILES
         out["due"] = self.due.value()
         out["prompt_tokens_total"] = int(self.server_prompt_tokens._value.get())  # noqa: SLF001
@@ -568,7 +418,7 @@ def metric_names(registry: CollectorRegistry) -> list[str]:
 
 
 __all__ = [
-    "BulkHistogram",
+    "BatchedHistogram",
     "ReplayerMetrics",
     "LATENCY_BUCKETS",
     "TOKEN_LATENCY_BUCKETS",

@@ -1,4 +1,4 @@
-"""Scrape the target's Prometheus ``/metrics`` (vLLM names) during a replay.
+"""Scrape the target's Prometheus ``/metrics`` (in its engine's dialect) during a replay.
 
 ``TargetScraper`` polls ``/metrics`` every ``interval_s``, keeps long-format sample rows for the
 caller to flush (``replayer.observe.target_samples``: parts during the run, ``target_metrics.parquet`` at
@@ -20,10 +20,9 @@ from collections.abc import Callable, Mapping
 import aiohttp
 
 from replayer.http.tls import TLSOptions, explain, find_ssl_error
+from replayer.observe.dialects import CANONICAL_COUNTERS, CANONICAL_GAUGES, Dialect
 from replayer.observe.target_series import (
-    CANON,
-    COUNTERS,
-    GAUGES,
+    VLLM,
     SeriesKey,
     aggregate,
     is_reset,
@@ -65,10 +64,13 @@ class TargetScraper:
         wall: Callable[[], float] = time.time,
         mono: Callable[[], int] = time.perf_counter_ns,
         tls: TLSOptions | None = None,
+        dialect: Dialect = VLLM,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         self.url = metrics_url
+        self.dialect = dialect
+        self.unknown = dialect.unknown()
         # an https:// target's CA bundle, client certificate, server name (the run's --ca-bundle ...)
         self._request_kw = (tls or TLSOptions()).request_kwargs(metrics_url.startswith("https://"))
         self.interval_s = interval_s
@@ -87,6 +89,7 @@ class TargetScraper:
         self.last_error: str | None = None
         self.resets = 0  # scrape intervals in which counters went back (a restart: once)
         self.series_resets = 0  # counter series that went back, over all of them
+        self.on_restart: Callable[[str], None] = lambda url: None  # a restart seen (the run's events)
         self.missing: list[str] | None = None
         self._prev: dict[SeriesKey, float] | None = None
         self._prev_created: dict[SeriesKey, float] = {}
@@ -96,7 +99,8 @@ class TargetScraper:
     def observe(self, text: str, time_s: float | None = None, t_ns: int | None = None) -> dict[str, float]:
         """Take one scrape's text: update rows, run totals and ``latest``; return ``latest``.
         Raises ValueError for unparsable text (nothing is changed then)."""
-        values, created = parse_series(text)
+        d = self.dialect
+        values, created = parse_series(text, d)
         time_s = self._wall() if time_s is None else time_s
         t_ns = self._mono() - self.t0_ns if t_ns is None else t_ns
         rows = [
@@ -105,7 +109,8 @@ class TargetScraper:
                 "t_ns": t_ns,
                 "metric": name,
                 "labels": json.dumps(dict(labels), sort_keys=True),
-                "kind": CANON[name][1],
+                "kind": d.kind(name),
+                "canonical": r.canon if (r := d.canonical(name, dict(labels))) is not None else None,
                 "value": v,
             }
             for (name, labels), v in values.items()
@@ -119,7 +124,7 @@ class TargetScraper:
             # this runs in a worker thread (a dict growing under its iteration raises)
             run = defaultdict(float, self._run)
             reset: list[str] = []
-            for key, inc in series_deltas(prev, values, pc, created).items():
+            for key, inc in series_deltas(prev, values, pc, created, d).items():
                 run[key] += inc
                 if key in prev and is_reset(prev[key], values[key], pc.get(key), created.get(key)):
                     n += 1
@@ -128,6 +133,7 @@ class TargetScraper:
             self.series_resets += n
             self.resets += n > 0
             if n:
+                self.on_restart(self.url)
                 log.warning(
                     "target counters went back between two scrapes of %s (a server restart?): %d series "
                     "reset (%s); their increase is taken from their new values",
@@ -137,7 +143,7 @@ class TargetScraper:
                 )
         self._prev, self._prev_created = values, created
         self._note_missing(values)
-        self.latest = aggregate(values)
+        self.latest = aggregate(values, dialect=d)
         self.scrapes += 1
         if self.first_time_s is None:
             self.first_time_s = time_s
@@ -146,9 +152,10 @@ class TargetScraper:
 
     def _note_missing(self, values: Mapping[SeriesKey, float]) -> None:
         """Update ``missing`` from one good scrape; log the missing names at the first one."""
-        present = {CANON[name][0] for name, _ in values}
+        d = self.dialect
+        present = {r.canon for (name, labels) in values if (r := d.canonical(name, dict(labels))) is not None}
         if self.missing is None:
-            self.missing = sorted((set(COUNTERS) | set(GAUGES)) - present)
+            self.missing = sorted((set(d.counters) | set(d.gauges) | set(d.parts)) - present)
             if self.missing:
                 log.warning(
                     "target metrics missing from %s (left out of the summary, never 0): %s",
@@ -157,6 +164,12 @@ class TargetScraper:
                 )
         elif self.missing:
             self.missing = [m for m in self.missing if m not in present]
+
+    def unknown_nulls(self, kind: str) -> dict[str, None]:
+        """The canonical ``kind`` ("counter"/"gauge") names the engine never exports, each None:
+        said null in the summary, never 0."""
+        canon = CANONICAL_COUNTERS if kind == "counter" else CANONICAL_GAUGES
+        return {name: None for name in self.unknown if name in canon}
 
     def series_totals(self) -> list[list]:
         """The run's counter increases per raw series, as JSON-able ``[name, labels, value]``
@@ -177,7 +190,7 @@ class TargetScraper:
     def deltas(self) -> dict[str, float]:
         """Counter increases over the run (first to last good scrape), aggregated like
         ``aggregate`` with derived ratios over the run (e.g. the run's acceptance rate)."""
-        return aggregate(dict(self._run))
+        return aggregate(dict(self._run), dialect=self.dialect)
 
     def take_samples(self) -> list[dict]:
         """Return the rows gathered since the last call and clear them."""
@@ -277,8 +290,10 @@ class TargetScrapers:
         for url, s in self.scrapers.items():
             out[url] = (
                 {
-                    "deltas": s.deltas(),
-                    "latest": s.latest,
+                    "engine": s.dialect.name,
+                    "unknown": s.unknown,
+                    "deltas": {**s.unknown_nulls("counter"), **s.deltas()},
+                    "latest": {**s.unknown_nulls("gauge"), **s.latest},
                     "missing": s.missing,
                     "scrapes": s.scrapes,
                     "scrape_errors": s.errors,

@@ -52,6 +52,7 @@ def _sample_schema():
             ("labels", pa.string()),
             ("kind", pa.string()),
             ("value", pa.float64()),
+            ("canonical", pa.string()),
         ]
     )
 
@@ -61,7 +62,9 @@ def save_samples(rows: list[dict], path: str) -> None:
     ``time_s`` (float64, Unix s), ``t_ns`` (int64, ns after the run anchor: negative for the
     baseline, scraped before it), ``metric`` (the raw sample name, e.g.
     ``vllm:prompt_tokens_total``), ``labels`` (JSON object text, every label),
-    ``kind`` ("counter"/"gauge"), ``value`` (float64). Written to a temporary name, fsynced, then
+    ``kind`` ("counter"/"gauge"), ``value`` (float64), ``canonical`` (the name replayer reads
+    it as, e.g. ``num_requests_running`` for SGLang's ``sglang:num_running_reqs``, or the name of
+    a part of a derived value, e.g. Dynamo's ``kv_total_blocks``). Written to a temporary name, fsynced, then
     renamed (``recorder.atomic_file``): a file on disk is always whole."""
     import pyarrow.parquet as pq
 
@@ -77,7 +80,7 @@ def _samples_table(rows: list[dict]):
     import pyarrow as pa
 
     schema = _sample_schema()
-    return pa.table({f.name: [r[f.name] for r in rows] for f in schema}, schema=schema)
+    return pa.table({f.name: [r.get(f.name) for r in rows] for f in schema}, schema=schema)
 
 
 def sample_files(results_dir: str) -> list[str]:
@@ -216,6 +219,8 @@ class SampleFiles:
         schema = _sample_schema()
         for f in files:
             for batch in pq.ParquetFile(f).iter_batches(batch_size=65_536):
+                if "canonical" not in batch.schema.names:  # (a part written before the column existed)
+                    batch = batch.append_column("canonical", pa.nulls(batch.num_rows, pa.string()))
                 yield pa.Table.from_batches([batch.cast(schema)])
         if rows:
             yield _samples_table(list(rows))

@@ -1,7 +1,10 @@
-"""The target's Prometheus exposition text -> the known vLLM series, combined (pure, no I/O).
+"""The target's Prometheus exposition text -> the known series, combined (pure, no I/O).
 
-``parse_series(text)`` picks the known series out of one exposition text; ``aggregate(series)``
-combines them into flat values; ``parse_vllm_metrics(text)`` does both; ``series_deltas(before,
+The names read are an engine's dialect (``replayer.observe.dialects``: vLLM's by default, or
+SGLang's, TGI's, TensorRT-LLM's, Dynamo's, llama.cpp's), each read as replayer's canonical
+names. ``parse_series(text, dialect)`` picks the known series out of one exposition text;
+``aggregate(series, dialect=)`` combines them into flat values; ``parse_metrics(text, dialect)``
+does both (``parse_vllm_metrics`` in vLLM's); ``series_deltas(before,
 after)`` gives per-series increases with counter resets handled. ``replayer.observe.target_metrics``
 scrapes the text and keeps the run's totals with these.
 
@@ -30,7 +33,8 @@ Rules (shared/cases/client-faults.md):
 * Derived values: ``spec_decode_acceptance_rate`` = accepted / draft tokens;
   ``spec_decode_mean_acceptance_length`` = 1 + accepted / drafts;
   ``spec_decode_acceptance_rate_per_pos{position="k"}`` = accepted at k (summed over engines) /
-  drafts (B03, B19); ``prefix_cache_hit_rate`` = hits / queries; ``server_mean_ttft_seconds`` etc.
+  drafts (B03, B19); ``prefix_cache_hit_rate`` = hits / queries; ``server_mean_ttft_seconds``,
+  ``server_mean_itl_seconds`` etc.
   = ``_sum / _count``. A ratio with a zero or missing denominator is left out (never 0, never NaN).
 
 Metric names: vLLM V1 ``vllm/v1/metrics/loggers.py`` (``vllm:prefix_cache_queries``/``hits``,
@@ -46,6 +50,11 @@ from collections.abc import Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from replayer.observe.dialects import Dialect, dialect
+from replayer.observe.dialects.base import KEPT_LABELS, MEAN_GAUGES
+
+VLLM = dialect("vllm")
+
 __all__ = [
     "COUNTERS",
     "GAUGES",
@@ -54,72 +63,43 @@ __all__ = [
     "parse_series",
     "aggregate",
     "parse_vllm_metrics",
+    "parse_metrics",
+    "VLLM",
     "series_deltas",
     "is_reset",
     "check_invariants",
 ]
 
-#: canonical name -> accepted sample names, in order of preference (the first one present wins)
-COUNTERS: dict[str, tuple[str, ...]] = {
-    "prompt_tokens": ("vllm:prompt_tokens_total",),
-    "generation_tokens": ("vllm:generation_tokens_total",),
-    "request_success": ("vllm:request_success_total",),
-    "num_preemptions": ("vllm:num_preemptions_total",),
-    "prefix_cache_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
-    "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
-    "mm_cache_queries": ("vllm:mm_cache_queries_total",),
-    "mm_cache_hits": ("vllm:mm_cache_hits_total",),
-    "spec_decode_num_drafts": ("vllm:spec_decode_num_drafts_total",),
-    "spec_decode_num_draft_tokens": ("vllm:spec_decode_num_draft_tokens_total",),
-    "spec_decode_num_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total",),
-    "spec_decode_num_accepted_tokens_per_pos": ("vllm:spec_decode_num_accepted_tokens_per_pos_total",),
-    # histogram sums and counts are counters too (exact _sum / _count samples only)
-    "server_ttft_seconds_sum": ("vllm:time_to_first_token_seconds_sum",),
-    "server_ttft_seconds_count": ("vllm:time_to_first_token_seconds_count",),
-    "server_e2e_seconds_sum": ("vllm:e2e_request_latency_seconds_sum",),
-    "server_e2e_seconds_count": ("vllm:e2e_request_latency_seconds_count",),
-    "server_queue_seconds_sum": ("vllm:request_queue_time_seconds_sum",),
-    "server_queue_seconds_count": ("vllm:request_queue_time_seconds_count",),
-}
-#: gauges: canonical name -> accepted sample names (first present wins)
-GAUGES: dict[str, tuple[str, ...]] = {
-    "num_requests_running": ("vllm:num_requests_running",),
-    "num_requests_waiting": ("vllm:num_requests_waiting",),
-    "kv_cache_usage_perc": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-}
-#: labels kept in the aggregate key (all others are summed over)
-KEPT_LABELS: dict[str, tuple[str, ...]] = {"spec_decode_num_accepted_tokens_per_pos": ("position",)}
-#: gauges aggregated by the mean over series (fractions), not the sum
-MEAN_GAUGES = frozenset({"kv_cache_usage_perc"})
-
-CANON: dict[str, tuple[str, str, int]] = {}  # sample name -> (canonical, kind, preference)
-for _kind, _table in (("counter", COUNTERS), ("gauge", GAUGES)):
-    for _c, _names in _table.items():
-        for _rank, _n in enumerate(_names):
-            CANON[_n] = (_c, _kind, _rank)
-_CREATED = {n[: -len("_total")] + "_created": n for n in CANON if n.endswith("_total")}
+#: vLLM's tables (the default dialect): canonical name -> accepted sample names, preferred first
+COUNTERS: dict[str, tuple[str, ...]] = dict(VLLM.counters)
+GAUGES: dict[str, tuple[str, ...]] = dict(VLLM.gauges)
+CANON: dict[str, tuple[str, str, int]] = {n: (r[0].canon, r[0].kind, r[0].rank) for n, r in VLLM.rules.items()}
 
 #: (sample name, sorted (label, value) pairs) identifying one raw series
 SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 
 
-def parse_series(text: str) -> tuple[dict[SeriesKey, float], dict[SeriesKey, float]]:
-    """The known series of one ``/metrics`` text.
+def parse_series(text: str, dialect: Dialect = VLLM) -> tuple[dict[SeriesKey, float], dict[SeriesKey, float]]:
+    """The known series of one ``/metrics`` text, read in the engine's ``dialect``.
 
     Returns ``(values, created)``: ``values`` maps each raw series of a known sample name (see
-    ``COUNTERS``/``GAUGES``) to its value; ``created`` maps the counter series that have a
+    ``dialect.rules``; a sample narrowed to a label value counts only with it) to its value;
+    ``created`` maps the counter series that have a
     ``_created`` companion to that creation time (Unix s). Unknown samples are ignored; NaN
     values are dropped. Raises ``ValueError`` for text the Prometheus parser rejects.
     """
     values: dict[SeriesKey, float] = {}
     created: dict[SeriesKey, float] = {}
+    rules, made = dialect.rules, dialect.created
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             name = s.name
-            if name in CANON:
+            if name in rules:
+                if dialect.canonical(name, s.labels) is None:
+                    continue
                 target = values
-            elif name in _CREATED:
-                name = _CREATED[name]
+            elif name in made:
+                name = made[name]
                 target = created
             else:
                 continue
@@ -138,7 +118,7 @@ def _agg_key(canon: str, labels: tuple[tuple[str, str], ...]) -> str:
     return canon + "{" + ",".join(f'{k}="{d.get(k, "")}"' for k in kept) + "}"
 
 
-def aggregate(values: Mapping[SeriesKey, float], *, derive: bool = True) -> dict[str, float]:
+def aggregate(values: Mapping[SeriesKey, float], *, derive: bool = True, dialect: Dialect = VLLM) -> dict[str, float]:
     """Flat values from raw series: one keyed sum per canonical name (+ kept labels), using only
     the most preferred sample name present for each canonical name; gauges in ``MEAN_GAUGES``
     averaged. With ``derive``, adds the ratios listed in the module docstring.
@@ -147,20 +127,28 @@ def aggregate(values: Mapping[SeriesKey, float], *, derive: bool = True) -> dict
     (``'spec_decode_num_accepted_tokens_per_pos{position="0"}'``).
     """
     best: dict[str, int] = {}
-    for name, _ in values:
-        canon, _kind, rank = CANON[name]
-        if rank < best.get(canon, 99):
-            best[canon] = rank
+    rules = []
+    for (name, labels), v in values.items():
+        r = dialect.canonical(name, dict(labels))
+        if r is None:
+            continue
+        rules.append((r, labels, v))
+        if r.rank < best.get(r.canon, 99):
+            best[r.canon] = r.rank
     sums: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
-    for (name, labels), v in values.items():
-        canon, _kind, rank = CANON[name]
-        if rank != best[canon]:
+    for r, labels, v in rules:
+        if r.rank != best[r.canon]:
             continue
-        key = _agg_key(canon, labels)
+        key = _agg_key(r.canon, labels)
         sums[key] += v
         counts[key] += 1
     out = {k: (v / counts[k] if k in MEAN_GAUGES else v) for k, v in sums.items()}
+    for canon, source in dialect.aliases.items():  # (queries = prompt tokens, where not counted)
+        if canon not in out and source in out:
+            out[canon] = out[source]
+    for canon, (num, den) in dialect.ratios.items():
+        _ratio(out, canon, out.get(num), out.get(den))
     if derive:
         out.update(_derived(out))
     return out
@@ -186,7 +174,7 @@ def _derived(v: Mapping[str, float]) -> dict[str, float]:
             _ratio(out, "spec_decode_acceptance_rate_per_pos{" + k[len(prefix) :], val, drafts)
     _ratio(out, "prefix_cache_hit_rate", v.get("prefix_cache_hits"), v.get("prefix_cache_queries"))
     _ratio(out, "mm_cache_hit_rate", v.get("mm_cache_hits"), v.get("mm_cache_queries"))
-    for what in ("ttft", "e2e", "queue"):
+    for what in ("ttft", "itl", "e2e", "queue"):
         _ratio(
             out,
             f"server_mean_{what}_seconds",
@@ -196,14 +184,15 @@ def _derived(v: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
+def parse_metrics(text: str, dialect: Dialect = VLLM) -> dict[str, float]:
+    """Aggregated values (and derived ratios) of one ``/metrics`` text in an engine's dialect;
+    see ``aggregate``. Raises ``ValueError`` for unparsable text."""
+    return aggregate(parse_series(text, dialect)[0], dialect=dialect)
+
+
 def parse_vllm_metrics(text: str) -> dict[str, float]:
-    """Aggregated values (and derived ratios) of one ``/metrics`` text; see ``aggregate``.
-    Raises ``ValueError`` for unparsable text."""
-    return aggregate(parse_series(text)[0])
-
-
-def _is_counter(key: SeriesKey) -> bool:
-    return CANON[key[0]][1] == "counter"
+    """``parse_metrics`` in vLLM's dialect."""
+    return parse_metrics(text, VLLM)
 
 
 def series_deltas(
@@ -211,6 +200,7 @@ def series_deltas(
     after: Mapping[SeriesKey, float],
     created_before: Mapping[SeriesKey, float] | None = None,
     created_after: Mapping[SeriesKey, float] | None = None,
+    dialect: Dialect = VLLM,
 ) -> dict[SeriesKey, float]:
     """Per-series counter increase from ``before`` to ``after`` (gauges are skipped).
 
@@ -222,7 +212,7 @@ def series_deltas(
     ca = created_after or {}
     out: dict[SeriesKey, float] = {}
     for key, v in after.items():
-        if not _is_counter(key):
+        if dialect.kind(key[0]) != "counter":
             continue
         prev = before.get(key)
         if prev is None or is_reset(prev, v, cb.get(key), ca.get(key)):

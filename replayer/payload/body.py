@@ -35,6 +35,7 @@ import copy
 
 import orjson
 
+from replayer.core.engines import engine_caps
 from replayer.trace.model import EXTRA_BODY_RESERVED
 
 
@@ -42,8 +43,10 @@ class PayloadBuilder:
     """Builds request bodies.
 
     ``model``: the request's ``model`` field. ``stream``: SSE streaming with usage (default).
-    ``vllm_extensions``: send ``ignore_eos``/``min_tokens`` so generation runs to ``max_tokens``,
-    and ask for ``continuous_usage_stats`` (per-chunk token counts) when streaming.
+    ``vllm_extensions``: send the engine's exact-length fields (``ignore_eos``/``min_tokens``, or
+    Dynamo's ``nvext.ignore_eos``) so generation runs to ``max_tokens``, and ask for
+    ``continuous_usage_stats`` (per-chunk token counts) when streaming, where the engine has it.
+    ``engine``: the target's engine (``replayer.core.engines``; None: vLLM's fields).
     ``extra``: additional top-level body fields (e.g. ``{"temperature": 0}``), serialised once.
     ``chat``: text prompts go out as chat ``messages`` (``text_body``). ``for_row`` gives the
     builder of a row with its own ``model``/``priority``/``extra_body`` (module docstring).
@@ -60,21 +63,25 @@ class PayloadBuilder:
         vllm_extensions: bool = True,
         extra: dict | None = None,
         chat: bool = False,
+        engine: str | None = None,
     ) -> None:
+        caps = engine_caps(engine or "vllm")
         head: dict = {"model": model, "stream": stream}
         if stream:
             head["stream_options"] = (
-                {"include_usage": True, "continuous_usage_stats": True} if vllm_extensions else {"include_usage": True}
+                {"include_usage": True, "continuous_usage_stats": True}
+                if vllm_extensions and caps.continuous_usage
+                else {"include_usage": True}
             )
         if vllm_extensions:
-            head["ignore_eos"] = True
+            head.update(caps.exact_length)
         _check_reserved(extra or {}, "extra body field")
         head.update(extra or {})
         self._head = orjson.dumps(head)[:-1] + b","  # '{...,' ready for the per-request fields
         self._pool_head = orjson.dumps({"model": model})[:-1] + b","
         self._fields = (head, {"model": model})  # (generation, pooling) heads, for for_row
         self._rows: dict[tuple, PayloadBuilder] = {}
-        self._min_tokens = vllm_extensions
+        self._min_tokens = vllm_extensions and caps.min_tokens
         self.chat = chat
 
     def for_row(self, model: str | None, priority: int | None, extra_body: str | None) -> "PayloadBuilder":

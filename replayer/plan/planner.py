@@ -176,11 +176,12 @@ class Planner:
         """The head was handed over."""
         self.pending.popleft()
 
-    def not_taken(self, now_ns: int) -> None:
-        """The sender could not take the head now: try again ``RETRY_HAND_OVER_NS`` later, and
-        at its due time it fires as any request."""
+    def not_taken(self, now_ns: int, again: bool = True) -> None:
+        """The sender could not take the head now: try again ``RETRY_HAND_OVER_NS`` later
+        (``again``; else never: the sender will not take it), and at its due time it fires as
+        any request."""
         self._not_taken = self.pending[0][0]
-        self._retry_ns = now_ns + RETRY_HAND_OVER_NS
+        self._retry_ns = now_ns + RETRY_HAND_OVER_NS if again else NEVER
 
     def _critical(self, item: tuple[PreparedRequest, int]) -> int:
         """When the planner must act on ``item``: its hand-over time (or the next try of a

@@ -264,6 +264,7 @@ def merge_results(  # noqa: C901, PLR0912, PLR0915
         from replayer.results.targets import read_targets
 
         s["targets"], s["target_switches"] = read_targets(*dirs)
+    s.update(_verdicts(list(dirs), s, own))  # (issue 45: the shards judged as one run)
     s["merged_from"] = list(dirs)
     s["shards"] = [sorted(x)[0] if len(x) == 1 else sorted(x) for x in shards_by_dir]
     s["anchor_spread_s"] = (max(starts) - min(starts)) if starts else None
@@ -276,11 +277,35 @@ def merge_results(  # noqa: C901, PLR0912, PLR0915
         write_json(os.path.join(out_dir, "summary.json"), s)
     if not quiet:
         print(format_summary(s), flush=True)
+        from replayer.results.drift import drift_lines
+        from replayer.results.fidelity import fidelity_lines
+
+        for line in fidelity_lines(s.get("fidelity")) + drift_lines(s.get("drift")):
+            print(line, flush=True)
         if s.get("targets"):
             from replayer.results.targets import format_targets
 
             print(format_targets(s["targets"], s.get("target_switches", 0)), flush=True)
     return s
+
+
+def _verdicts(dirs: list[str], s: dict, own: list[dict]) -> dict:
+    """The fidelity and drift verdicts of the folders as one run, with the settings their own
+    summaries were judged by (the first folder's; the defaults for folders without them)."""
+    from replayer.results.fidelity import FidelityBounds
+    from replayer.results.verdicts import verdict_sections
+
+    fid = next((o["fidelity"] for o in own if (o.get("fidelity") or {}).get("bounds")), None)
+    drift = next((o["drift"] for o in own if (o.get("drift") or {}).get("window_s")), None)
+    cap = next((o["concurrency_cap"].get("max_concurrency") for o in own if o.get("concurrency_cap")), None)
+    return verdict_sections(
+        dirs,
+        s,
+        bounds=FidelityBounds(max_lag_ms=fid["bounds"]["max_lag_ms"]) if fid else None,
+        max_concurrency=cap,
+        window_s=drift["window_s"] if drift else 300.0,
+        min_change_pct=drift.get("min_change_pct", 10.0) if drift else 10.0,
+    )
 
 
 def _pace_settings(s: dict, own: list[dict]) -> None:

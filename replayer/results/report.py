@@ -33,6 +33,7 @@ import pandas as pd
 
 from replayer.results.reportdata import MAX_POINTS, ReportData, axis_origin_wall_s, load_results, report_files
 from replayer.results.spanjoin import PARTS, SpansError, SpanSplit, read_spans, split_spans, split_text
+from replayer.results.verdictreport import drift_specs, verdicts_html
 
 #: a ``plotly.graph_objects.Figure`` (plotly ships no type hints)
 Figure = Any
@@ -228,7 +229,7 @@ def _number(v: float | int) -> str:
 
 
 #: summary entries left out of the report's table (raw per-series state a resumed run carries on)
-_TABLE_SKIP = ("series_totals",)
+_TABLE_SKIP = ("series_totals", "series")
 
 
 def summary_rows(summary: dict, prefix: str = "") -> list[tuple[str, str]]:
@@ -372,6 +373,7 @@ def _warmup_text(n: int) -> str:
 def render_html(results_dir: str, spans: SpanSplit | None = None) -> str:
     """The report of ``results_dir`` as one self-contained HTML string (with ``spans``: the
     join with the server's spans, ``replayer.results.spanjoin``)."""
+    from replayer.observe.events import draw_events
     from replayer.observe.target_samples import read_samples
 
     data, summary, meta = load_results(results_dir)
@@ -386,6 +388,9 @@ def render_html(results_dir: str, spans: SpanSplit | None = None) -> str:
         f"{html.escape(os.path.abspath(results_dir))}</p>\n" + _verdict_section(summary)
     )
     figs = figures(data, target, origin)
+    draw_events(figs, summary.get("events"), origin)  # the run's events on the time axes (issue 46)
+    intro += verdicts_html(summary)  # (issue 45: the fidelity and drift verdicts, the drift windows)
+    figs += draw(drift_specs(summary))
     if spans is not None:
         intro += _spans_section(spans)
         figs = draw(span_specs(spans)) + figs

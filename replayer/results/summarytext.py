@@ -79,6 +79,8 @@ def _run_notes(s: dict) -> list[tuple[str, object] | str]:
                 f"{t['handshakes']:,} ({t['resumed']:,})" + (f", {versions}" if versions else ""),
             )
         )
+        if "requests_sealed" in t:
+            rows.append(("TLS requests sealed / by the loop", f"{t['requests_sealed']:,} / {t['requests_loop']:,}"))
     if s.get("stopped_early"):
         rows.append(("Stopped early (results partial)", f"by {s['stop_signal']}" if s.get("stop_signal") else "yes"))
     return rows

@@ -4,7 +4,7 @@ unit test (tests/test_assemble.py).
 
 The parts built here are those a constructor makes whole: the schedule (lazy: no batch read
 yet), the prompts and the payload, the request factory, the planner and its session gate, the
-event stream (``RunEvents``, its subscribers attached once the recorder exists) and the
+event stream (``EventStream``, its subscribers attached once the recorder exists) and the
 subscribers that need nothing opened. What must be opened, started or waited for (the launcher
 process, the connection pools, the span exporter, the recorder's files, the anchor) is built by
 the lifecycle's start-up steps (``replayer.run.startup``) from the options kept here.
@@ -28,10 +28,12 @@ from replayer.payload.prepare import RequestFactory
 from replayer.plan.planner import Planner
 from replayer.plan.schedule import IdleGapCap, ScheduleBatch, Timeline, iter_schedule
 from replayer.plan.sessions import SessionGate
+from replayer.results.fidelity import FidelityBounds
 from replayer.results.removed import digest_file
 from replayer.results.targets import TargetMetrics
 from replayer.results.tenants import TenantMetrics
-from replayer.run.fanout import Accounting, RunEvents, WarmupMarker
+from replayer.results.verdictwatch import VerdictWatch
+from replayer.run.fanout import Accounting, EventStream, WarmupEnd, WarmupMarker
 from replayer.run.inputs import Inputs
 from replayer.send.routing import TargetRoute
 from replayer.send.sender import LAUNCH_AHEAD_NS
@@ -48,7 +50,7 @@ class Parts:
 
     cfg: RunConfig
     inputs: Inputs
-    events: RunEvents  # the one event stream: the factory, the dispatcher and every client tell it
+    events: EventStream  # the one event stream: the factory, the dispatcher and every client tell it
     timeline: Timeline
     gap_cap: IdleGapCap | None  # --idle-gap-cap: the schedule's (its report goes in the summary)
     batches: Iterator[ScheduleBatch]  # the schedule (lazy: nothing read yet)
@@ -57,6 +59,8 @@ class Parts:
     planner: Planner
     live: Accounting  # the live state's subscriber
     warmup: WarmupMarker | None  # --warmup-*: marks warm-up requests as they go out
+    warmup_end: WarmupEnd | None  # --warmup-*: the run's event at the warm-up's end (issue 46)
+    verdicts: VerdictWatch  # the live fidelity figures and drift windows (issue 45)
     tenants: TenantMetrics | None  # a mix: per-tenant series
     targets: TargetMetrics | None  # several targets: per-target series
     writes_ahead: bool  # the launcher process writes requests at their due time
@@ -76,7 +80,7 @@ def assemble(cfg: RunConfig, inputs: Inputs) -> Parts:
     shard, shards = cfg.shard_index
     targets = inputs.targets
     timeline = Timeline(cfg.speedup)
-    events = RunEvents()
+    events = EventStream()
     gap_cap = _gap_cap(cfg)
     route = TargetRoute(cfg.target_policy, len(targets)) if len(targets) > 1 else None
     schedule = functools.partial(
@@ -104,6 +108,7 @@ def assemble(cfg: RunConfig, inputs: Inputs) -> Parts:
         connect_ahead_ns=CONNECT_AHEAD_NS,
     )
     metrics = inputs.metrics
+    warmup = bool(cfg.warmup_requests or cfg.warmup_seconds_s)
     return Parts(
         cfg=cfg,
         inputs=inputs,
@@ -115,9 +120,15 @@ def assemble(cfg: RunConfig, inputs: Inputs) -> Parts:
         factory=_factory(cfg, inputs, timeline, events),
         planner=planner,
         live=Accounting(inputs.state),
-        warmup=WarmupMarker(cfg.warmup_requests, cfg.warmup_seconds_s)
-        if cfg.warmup_requests or cfg.warmup_seconds_s
-        else None,  # (one marker for every target: one count)
+        warmup=WarmupMarker(cfg.warmup_requests, cfg.warmup_seconds_s) if warmup else None,  # (one for all targets)
+        warmup_end=WarmupEnd(metrics.events.record) if warmup else None,
+        verdicts=VerdictWatch(
+            metrics.registry,
+            window_s=cfg.drift_window_s,
+            bounds=FidelityBounds(max_lag_ms=cfg.fidelity_max_lag_ms),
+            max_concurrency=cfg.max_concurrency,
+            min_change_pct=cfg.drift_min_change_pct,
+        ),
         tenants=TenantMetrics(metrics.registry, [e.tenant for e in cfg.mix_entries]) if cfg.mix else None,
         targets=TargetMetrics(metrics.registry, targets) if len(targets) > 1 else None,
         writes_ahead=writes_ahead,
@@ -147,7 +158,7 @@ def _gap_cap(cfg: RunConfig) -> IdleGapCap | None:
     return IdleGapCap(cfg.idle_gap_cap_s, cfg.speedup) if cfg.idle_gap_cap_s else None
 
 
-def _factory(cfg: RunConfig, inputs: Inputs, timeline: Timeline, events: RunEvents) -> RequestFactory:
+def _factory(cfg: RunConfig, inputs: Inputs, timeline: Timeline, events: EventStream) -> RequestFactory:
     """The request factory: prompts, payload, request ids and trace context, images, the route's
     targets; it tells ``events`` of each request it hands out."""
     otlp_url = cfg.otlp_traces_url()
@@ -163,6 +174,7 @@ def _factory(cfg: RunConfig, inputs: Inputs, timeline: Timeline, events: RunEven
     payload = PayloadBuilder(
         inputs.model,
         vllm_extensions=cfg.vllm_extensions,
+        engine=cfg.engine,
         chat="chat/completions" in cfg.endpoint,
         extra={SERVER_TIMINGS_FIELD: True} if cfg.server_timings else None,
     )
@@ -188,7 +200,7 @@ def _factory(cfg: RunConfig, inputs: Inputs, timeline: Timeline, events: RunEven
     )
 
 
-def client_options(cfg: RunConfig, api_key: str | None, events: RunEvents) -> dict[str, Any]:
+def client_options(cfg: RunConfig, api_key: str | None, events: EventStream) -> dict[str, Any]:
     """Each target's ``Client`` settings (``replayer.run.clients.open_clients``)."""
     return {
         "endpoint": cfg.endpoint,

@@ -24,8 +24,9 @@ import sys
 
 from prometheus_client import CollectorRegistry
 
-from replayer.config.model import RunConfig
+from replayer.config.model import RunConfig, new_run_id
 from replayer.http.connection import raise_open_file_limit
+from replayer.observe.lastscrape import last_scrape
 from replayer.observe.logs import setup_logging
 from replayer.run.assemble import assemble
 from replayer.run.finish import EXIT_ERROR_RATIO, error_ratio_problem, exit_code, finish
@@ -62,22 +63,27 @@ async def run_replay(
     """
     state = state or RunState()
     registry = registry or CollectorRegistry()
+    cfg = cfg.model_copy(update={"run_id": cfg.run_id or new_run_id()})  # (known from the start: every series has it)
     before, after = raise_open_file_limit()
     if after != before:
         log.info("open-file limit raised from %d to %d (each request in flight holds a connection)", before, after)
     # the admin server and the embedded simulator outlive the run's own parts (closed after the summary)
     async with contextlib.AsyncExitStack() as outer:
         inputs = await open_inputs(cfg, outer, state=state, registry=registry, sim=sim)
-        parts = assemble(cfg, inputs)
+        parts = assemble(inputs.cfg, inputs)  # (the settings as the target made them: its engine)
         ended = await run_parts(parts)
-        return await finish(parts, ended)
+        summary = await finish(parts, ended)
+        cfg = inputs.cfg  # the last scrape (a push, a linger: issue 46), before the admin server stops
+        await last_scrape(inputs.admin, run_id=inputs.run_id, linger_s=cfg.metrics_linger_s, push_url=cfg.metrics_push)
+        return summary
 
 
 def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     """Run with uvloop. Exit code: 0 when the replay ended by itself (or by ``/stop``), 2 on a
     startup/trace error or when no row of the trace was scheduled, 3 when more requests failed than ``--max-error-ratio`` allows, 4 when a
     background task crashed and stopped the run (``replayer.core.background``), 5 when results or
-    ``summary.json`` could not all be written (a full disk: the summary printed counts them), 128 + the
+    ``summary.json`` could not all be written (a full disk: the summary printed counts them), 6 when
+    ``--fail-unfaithful`` and the fidelity verdict is not faithful, 128 + the
     signal's number when SIGTERM (143), SIGINT (130) or SIGHUP (129: the terminal closed, or the
     ``--workers`` parent is gone) stopped it,
     its results on disk and resumable (a Kubernetes Job then retries the pod, which resumes)."""

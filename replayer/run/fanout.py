@@ -9,18 +9,21 @@ back into the run any other way. A subscriber is an object with any of ``on_prep
 for. The run's subscribers, in this order (``result_fanout``), each event once:
 
 1. ``warm-up``: with ``--warmup-requests``/``--warmup-seconds``, marks a request warm-up as it is
-   dispatched (before anything counts it);
+   dispatched (before anything counts it), then ``warm-up end`` records the run's event at the
+   first request dispatched that is not warm-up (``replayer.observe.events``);
 2. ``verdict``: with ``--goodput`` bounds, judges each result (``slo_met`` set; its codes counted);
-3. ``metrics``: the run's Prometheus series (every event);
+3. ``metrics``: the run's Prometheus series (every event), then ``live window``: the exact
+   quantiles of the last minute (``replayer.observe.livewindow``);
 4. ``tenants`` / ``targets``: the per-trace and per-target series of a mix or a routed fleet;
 5. ``live state``: the counters of ``/status``, the progress line and the error-burst log;
 6. ``spans``: with ``--otlp-endpoint``, the request's OpenTelemetry span (``replayer.observe.otel``);
+   then ``verdicts``: the live fidelity figures and drift windows (``replayer.results.verdictwatch``);
 7. ``recorder``: the results file (last: a result on disk has been counted everywhere).
 
 The latencies (from the send and from the due time) were derived once, as the client measured
 the request (``replayer.core.timestamps.derive``); no subscriber computes them again.
 
-The stream is built before the parts that tell it (``RunEvents()``: every event dropped) and its
+The stream is built before the parts that tell it (``EventStream()``: every event dropped) and its
 subscribers attached once, before the first request is prepared (``subscribe``: the recorder's
 file and the spans' exporter exist only then). Each event is then one attribute read and one call
 of a function fixed at ``subscribe``: the subscribers' bound methods themselves when there is one,
@@ -39,7 +42,7 @@ from replayer.core.slo import judge_result
 from replayer.observe.logs import ErrorBurstLog
 from replayer.run.live import RunState
 
-#: a subscriber and its name (``RunEvents.names``)
+#: a subscriber and its name (``EventStream.names``)
 Step = tuple[str, object]
 #: each event and the subscriber method that receives it
 HOOKS: tuple[tuple[str, str], ...] = (
@@ -49,7 +52,7 @@ HOOKS: tuple[tuple[str, str], ...] = (
     ("finished", "on_result"),
 )
 
-__all__ = ["HOOKS", "Accounting", "RunEvents", "Step", "Verdict", "WarmupMarker", "result_fanout"]
+__all__ = ["HOOKS", "Accounting", "EventStream", "Step", "Verdict", "WarmupEnd", "WarmupMarker", "result_fanout"]
 
 
 def _drop(_: Any) -> None:
@@ -79,7 +82,7 @@ def _chain(calls: Sequence[Callable[[Any], None]]) -> Callable[[Any], None]:
     return each
 
 
-class RunEvents:
+class EventStream:
     """The run's ``RequestEvents``: each event called on the subscribers that have its hook, in
     their order. A subscriber that raises stops the event there (the dispatcher logs a
     ``finished`` that raised and the replay goes on)."""
@@ -163,6 +166,21 @@ class WarmupMarker:
             res.warmup = True
 
 
+class WarmupEnd:
+    """The ``warm-up end`` subscriber: ``record("warmup_end")`` (the run's events,
+    ``replayer.observe.events.RunEvents.record``) at the first request dispatched that is not
+    warm-up; subscribed behind the warm-up marker, only with a warm-up."""
+
+    def __init__(self, record: Callable[..., object]) -> None:
+        self.record = record
+        self.seen = False
+
+    def on_dispatched(self, res: RequestResult) -> None:
+        if not self.seen and not res.warmup:
+            self.seen = True
+            self.record("warmup_end")
+
+
 class _Counts(Protocol):
     def on_slo(self, codes: dict[str, int]) -> None: ...
     def on_result(self, res: RequestResult) -> None: ...
@@ -191,19 +209,26 @@ def result_fanout(
     live: object,
     recorder: _Adds,
     warmup: object | None = None,
+    warmup_end: object | None = None,
     tenants: object | None = None,
     targets: object | None = None,
     spans: object | None = None,
+    live_window: object | None = None,
+    verdicts: object | None = None,
 ) -> list[Step]:
-    """The run's subscribers in their order (module docstring): ``warm-up`` only with a warm-up,
-    ``verdict`` only with bounds, ``tenants`` with a mix, ``targets`` with several targets,
-    ``spans`` with tracing on."""
+    """The run's subscribers in their order (module docstring): ``warm-up`` (and ``warm-up end``)
+    only with a warm-up, ``verdict`` only with bounds, ``tenants`` with a mix, ``targets`` with
+    several targets, ``spans`` with tracing on, ``live window`` and ``verdicts`` when given."""
     steps: list[Step] = []
     if warmup is not None:
         steps.append(("warm-up", warmup))
+    if warmup_end is not None:
+        steps.append(("warm-up end", warmup_end))
     if slos:
         steps.append(("verdict", Verdict(slos, metrics)))
     steps.append(("metrics", metrics))
+    if live_window is not None:
+        steps.append(("live window", live_window))
     if tenants is not None:
         steps.append(("tenants", tenants))
     if targets is not None:
@@ -211,5 +236,7 @@ def result_fanout(
     steps.append(("live state", live))
     if spans is not None:
         steps.append(("spans", spans))
+    if verdicts is not None:
+        steps.append(("verdicts", verdicts))
     steps.append(("recorder", SimpleNamespace(on_result=recorder.add)))  # (its own bound method, no wrapper)
     return steps

@@ -24,9 +24,12 @@ from replayer.plan.schedule import IdleGapCap
 from replayer.record.folder import result_files
 from replayer.record.recorder import write_json
 from replayer.record.rolling import EXIT_WRITE_FAILED
+from replayer.results.drift import drift_lines
+from replayer.results.fidelity import FidelityBounds, fidelity_lines
 from replayer.results.summary import format_summary, summarize_files
 from replayer.results.targets import format_targets, read_targets
 from replayer.results.tenants import format_tenants, read_tenant_sections
+from replayer.results.verdicts import verdict_sections
 from replayer.run.resume import scraper_totals
 from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV
 
@@ -66,6 +69,9 @@ async def finish(parts: Parts, ended: Ended) -> dict[str, Any]:
         tls=_tls_counts(ended.clients),
     )
     loop = asyncio.get_running_loop()
+    summary["events"] = inputs.metrics.events.as_list()  # (issue 46: what happened when)
+    await loop.run_in_executor(None, rewrite_summary, results_dir, summary)
+    parts.verdicts.final(summary)  # (issue 45) the live verdicts' gauges say the summary's
     if ended.spans is not None:  # the run span (with the summary's numbers), the queue drained, time-boxed
         try:
             summary["otel"] = await loop.run_in_executor(None, ended.spans.close, summary)
@@ -97,6 +103,11 @@ def _tls_counts(clients: dict[str, Client]) -> dict[str, Any] | None:
         "resumed": sum(p.tls_resumed for p in pools),
         "sealed": sum(p.tls_sealed for p in pools),
         "versions": versions,
+        # (issue 48) requests written by the launcher (sealed here) and by the loop
+        "requests_sealed": sum(p.tls_requests_sealed for p in pools),
+        "requests_loop": sum(p.tls_requests_loop for p in pools),
+        "unmatched": sum(p.tls_unmatched for p in pools),
+        "key_updates": sum(p.tls_key_updates for p in pools),
     }
 
 
@@ -126,6 +137,11 @@ def exit_code(cfg: RunConfig, summary: dict[str, Any]) -> int:
     if problem:
         print(f"replayer: {problem}", file=sys.stderr)
         return EXIT_ERROR_RATIO
+    # (issue 45) a --workers worker leaves it to its parent, which judges the merge
+    unfaithful = unfaithful_problem(summary, cfg.fail_unfaithful and not os.environ.get(PARENT_PID_ENV))
+    if unfaithful:
+        print(f"replayer: {unfaithful}", file=sys.stderr)
+        return EXIT_UNFAITHFUL
     return 0
 
 
@@ -166,15 +182,17 @@ async def final_summary(
         pass
     elif scraper is not None and scraper.scrapes:
         summary["target_metrics"] = {
-            "deltas": scraper.deltas(),
-            "latest": scraper.latest,
+            "engine": scraper.dialect.name,  # (issue 49: what it does not export is null, never 0)
+            "unknown": scraper.unknown,
+            "deltas": {**scraper.unknown_nulls("counter"), **scraper.deltas()},
+            "latest": {**scraper.unknown_nulls("gauge"), **scraper.latest},
             "first_scrape_s": scraper.first_time_s,
             "last_scrape_s": scraper.last_time_s,
             "missing": scraper.missing,
             **scraper_totals(scraper),
         }
         hits = summary["target_metrics"]["deltas"].get("prefix_cache_hits")
-        if hits is not None:
+        if hits is not None or "prefix_cache_hits" in scraper.unknown:
             summary["server_prefix_cache_hit_tokens"] = hits
         mm_hits = summary["target_metrics"]["deltas"].get("mm_cache_hits")
         if mm_hits is not None and "images_sent" in summary:
@@ -184,6 +202,7 @@ async def final_summary(
     summary.update(
         {
             "target": target,
+            "engine": cfg.engine,
             "target_embedded": _target_embedded(cfg),
             "model": model,
             "trace": cfg.trace,
@@ -219,8 +238,27 @@ async def final_summary(
         summary["results_roll_error"] = roll_error
     if tls is not None:
         summary["tls"] = tls
+    # wiring (issue 45): the fidelity and drift verdicts, from the results files
+    summary.update(await loop.run_in_executor(None, functools.partial(_verdicts, cfg, results_dir, summary)))
     write_summary(summary, results_dir)
     return summary
+
+
+def _verdicts(cfg: RunConfig, results_dir: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """The ``fidelity`` and ``drift`` sections (``replayer.results.verdicts``), or an ``error``
+    in each when they cannot be computed (the run keeps its summary and its exit code)."""
+    try:
+        return verdict_sections(
+            [results_dir],
+            summary,
+            bounds=FidelityBounds(max_lag_ms=cfg.fidelity_max_lag_ms),
+            max_concurrency=cfg.max_concurrency,
+            window_s=cfg.drift_window_s,
+            min_change_pct=cfg.drift_min_change_pct,
+        )
+    except Exception as e:  # (a verdict never costs the run its summary)
+        log.exception("the fidelity and drift verdicts failed")
+        return {k: {"verdict": "not_judged", "error": f"{type(e).__name__}: {e}"} for k in ("fidelity", "drift")}
 
 
 def _roll_samples(samples: SampleFiles, scraper: TargetScraper | TargetScrapers, results_dir: str) -> None:
@@ -299,6 +337,8 @@ def print_summary(summary: dict[str, Any], results_dir: str) -> None:
             f"{g['time_skipped_s']:,.3f} s skipped",
             flush=True,
         )
+    for line in fidelity_lines(summary.get("fidelity")) + drift_lines(summary.get("drift")):  # (issue 45)
+        print(line, flush=True)
     files = [os.path.relpath(f, results_dir) for f in result_files(results_dir)]
     listed = ", ".join(files) if len(files) <= 3 else f"{len(files)} results files"
     unwritten = writes_failed(summary)
@@ -337,6 +377,7 @@ def _target_embedded(cfg: RunConfig) -> bool:
 
 __all__ = [
     "EXIT_ERROR_RATIO",
+    "EXIT_UNFAITHFUL",
     "EXIT_WRITE_FAILED",
     "exit_code",
     "final_summary",
@@ -348,6 +389,17 @@ __all__ = [
 
 #: exit code of a run whose failed requests exceeded ``--max-error-ratio``
 EXIT_ERROR_RATIO = 3
+#: exit code of a run judged not faithful under ``--fail-unfaithful`` (``summary.json``'s ``fidelity``)
+EXIT_UNFAITHFUL = 6
+
+
+def unfaithful_problem(summary: dict, fail_unfaithful: bool) -> str | None:
+    """Why the run should exit ``EXIT_UNFAITHFUL``: ``--fail-unfaithful`` and a fidelity verdict
+    of ``not_faithful`` (its reasons); else None."""
+    sec = summary.get("fidelity") or {}
+    if not fail_unfaithful or sec.get("verdict") != "not_faithful":
+        return None
+    return f"the replay was not faithful to the trace ({'; '.join(sec.get('reasons', []))}): exit {EXIT_UNFAITHFUL}"
 
 
 def nothing_scheduled_problem(summary: dict) -> str | None:

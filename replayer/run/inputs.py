@@ -23,13 +23,15 @@ import numpy as np
 import pyarrow.parquet as pq
 from prometheus_client import CollectorRegistry
 
-from replayer.config.model import RunConfig, new_run_id
+from replayer.config.model import RunConfig
 from replayer.core.endpoints import TEXT_ONLY
 from replayer.observe.admin import AdminServer
 from replayer.observe.metrics import ReplayerMetrics
+from replayer.observe.runlabels import RunInfo, RunLabels
 from replayer.payload.imagerows import ImageEndpointError, check_image_endpoints, may_have_images
 from replayer.record.folder import earlier_run, new_results_dir
 from replayer.record.recorder import warm_up as recorder_warm_up
+from replayer.run.enginecheck import engine_settings
 from replayer.run.live import RunState, StatusView
 from replayer.run.readiness import StartupError, wait_ready_all
 from replayer.run.resume import resume_plan
@@ -44,6 +46,7 @@ log = logging.getLogger("replayer")
 class Inputs:
     """What a run found before it is assembled (``open_inputs``)."""
 
+    cfg: RunConfig  # the settings as the target made them (its engine: replayer.run.enginecheck)
     open_batches: Callable[[], Iterable[Any]]  # a fresh iterator of the trace's batches (one pass)
     block_size: int  # the trace's hash-id block size
     n_rows: int | None  # rows of one pass (None: not known without reading them)
@@ -54,6 +57,7 @@ class Inputs:
     metrics: ReplayerMetrics  # (served by the admin server since before the target was ready)
     state: RunState
     view: StatusView  # /status; the dispatcher joins it once built
+    admin: AdminServer  # (the last scrape, a push or a linger, is its at the end: issue 46)
     run_id: str
     start_loop: int = 0  # resume: the pass it starts in
     skip: Callable[[int, np.ndarray], np.ndarray] | None = None  # resume: the rows already recorded
@@ -72,7 +76,18 @@ async def open_inputs(
     ``stack``. Raises StartupError (nothing sent) or trace.TraceError."""
     targets = cfg.targets
     if not targets:  # start it first: it boots in its own process while we load the trace
-        sim_proc, embedded = sim if sim else spawn_sim(embedded_args(cfg.tokenizer, cfg.otlp_traces_url()))
+        sim_proc, embedded = (
+            sim
+            if sim
+            else spawn_sim(
+                embedded_args(
+                    cfg.tokenizer,
+                    cfg.otlp_traces_url(),
+                    ttft_drift=cfg.sim_ttft_drift_ms_per_min,  # (issue 45: the drift verdict's test aid)
+                    itl_drift=cfg.sim_itl_drift_ms_per_min,
+                )
+            )
+        )
         log.info("no --target: starting the embedded simulator at %s", embedded)
         stack.push_async_callback(_stop_sim, sim_proc)
         targets = [embedded]
@@ -95,19 +110,21 @@ async def open_inputs(
             "shard": cfg.shard,
             "loop": cfg.loop,
         },
+        window_s=cfg.metrics_window_s,
     )
     rows = min(n_rows, cfg.max_requests) if n_rows and cfg.max_requests else n_rows
     metrics.set_trace(rows=rows or 0, duration_s=span_s or 0.0, speedup=cfg.speedup)
     view = StatusView(state, metrics)
-    await _serve_admin(cfg, stack, registry, state, view)
+    admin = await _serve_admin(cfg, stack, registry, metrics, state, view)
     api_key = cfg.api_key()
     state.target = ", ".join(targets)
-    model = await _target_model(cfg, targets, api_key)
+    cfg, model = await _target_model(cfg, targets, api_key)
+    RunInfo(registry, model=model, targets=targets, shard=cfg.shard, trace=os.path.basename(cfg.trace_label))
     await warming
     start_loop, skip = resume_plan(results_dir, cfg) if cfg.resume else (0, None)
     return Inputs(
-        open_batches, cfg.block_size or block_size, n_rows, list(targets), model, api_key, results_dir, metrics,
-        state, view, cfg.run_id or new_run_id(), start_loop, skip,
+        cfg, open_batches, cfg.block_size or block_size, n_rows, list(targets), model, api_key, results_dir,
+        metrics, state, view, admin, str(cfg.run_id), start_loop, skip,
     )  # fmt: skip
 
 
@@ -116,14 +133,20 @@ async def _stop_sim(proc: Any) -> None:
 
 
 async def _serve_admin(
-    cfg: RunConfig, stack: contextlib.AsyncExitStack, registry: CollectorRegistry, state: RunState, view: StatusView
-) -> None:
-    """The admin server (``/metrics``, ``/status``, control), up while the target is waited for."""
+    cfg: RunConfig,
+    stack: contextlib.AsyncExitStack,
+    registry: CollectorRegistry,
+    metrics: ReplayerMetrics,
+    state: RunState,
+    view: StatusView,
+) -> AdminServer:
+    """The admin server (``/metrics`` with the run id on every series, ``/status``, control: its
+    changes recorded as the run's events), up while the target is waited for."""
     admin = AdminServer(
-        registry,
+        RunLabels(registry, {"run_id": str(cfg.run_id)}),
         status=view,
         ready=lambda: state.state == "running",  # draining too (derived in live.status)
-        control=lambda: view.control,
+        control=lambda: metrics.events.control(view.control),
         token=cfg.control_token(),
     )
     try:
@@ -134,18 +157,17 @@ async def _serve_admin(
         ) from None
     stack.push_async_callback(admin.stop)
     log.info("admin server on %s (/metrics, /status)", admin_url)
+    return admin
 
 
-async def _target_model(cfg: RunConfig, targets: list[str], api_key: str | None) -> str:
-    """Every target waited for; the model (``--model``, else the first target's first)."""
+async def _target_model(cfg: RunConfig, targets: list[str], api_key: str | None) -> tuple[RunConfig, str]:
+    """Every target waited for; the model (``--model``, else the first target's first) and the
+    settings with the target's engine (``replayer.run.enginecheck``)."""
     listed = await wait_ready_all(targets, cfg.ready_timeout_s if cfg.target else 30.0, api_key, cfg.tls)
     model = cfg.model or (listed[0][0] if listed[0] else None)
     if model is None:
         raise StartupError(f"target {targets[0]} lists no model: pass --model")
-    for url, models in zip(targets[1:], listed[1:], strict=True):
-        if models and model not in models:
-            log.warning("target %s does not list the model %s (it lists %s)", url, model, ", ".join(map(str, models)))
-    return model
+    return await engine_settings(cfg, targets, listed, model, api_key), model
 
 
 def _forget_if_empty(cfg: RunConfig, results_dir: str) -> Callable[..., bool]:

@@ -113,10 +113,17 @@ async def run_parts(parts: Parts) -> Ended:
         inputs.metrics.track_speedup(lambda: parts.timeline.speedup)
         beside = start_tasks(parts, up, dispatcher, recorder, gc_pacer, stack, signals)
         _say_start(parts)
+        events = inputs.metrics.events  # the run's events (issue 46): start, stop, the target's restarts
+        events.anchor_wall_s = anchor.wall_s
+        for one in up.scraper.scrapers.values() if isinstance(up.scraper, TargetScrapers) else [up.scraper]:
+            if one is not None:
+                one.on_restart = events.on_target_restart
         try:
             state.state = "running"
+            events.record("start")
             await dispatcher.run()
         finally:
+            events.record("stop", stopped_early=dispatcher.stopping)
             await stack.aclose()  # (each part's close, in reverse: tasks, bursts, results flush, pools, ...)
     state.state = "done"
     stop = signals.received[0] if signals.received else None
@@ -164,6 +171,7 @@ def _subscribe(parts: Parts, recorder: Recorder, spans: RequestSpans | None, anc
     parts.inputs.metrics.set_slos(slos)
     if spans is not None:
         spans.start(round(anchor.wall_s * 1e9))
+    parts.inputs.view.extra = parts.verdicts.status  # (/status says the live verdicts: issue 45)
     parts.events.subscribe(
         result_fanout(
             slos=slos,
@@ -171,9 +179,12 @@ def _subscribe(parts: Parts, recorder: Recorder, spans: RequestSpans | None, anc
             live=parts.live,
             recorder=recorder,
             warmup=parts.warmup,
+            warmup_end=parts.warmup_end,
             tenants=parts.tenants,
             targets=parts.targets,
             spans=spans,
+            live_window=parts.inputs.metrics.live_window,
+            verdicts=parts.verdicts,
         )
     )
 

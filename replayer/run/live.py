@@ -90,12 +90,14 @@ class StatusView:
         self.metrics = metrics
         self.dispatcher: Dispatcher | None = None
         self.control: RunControl | None = None
+        self.extra: Callable[[], dict] | None = None  # more of /status (issue 45: the live verdicts)
 
     def attach(self, dispatcher: Dispatcher, control: RunControl) -> None:
         self.dispatcher, self.control = dispatcher, control
 
     def __call__(self) -> dict:
-        return {**status(self.state, self.dispatcher), **self.metrics.snapshot()}
+        extra = self.extra() if self.extra is not None else {}
+        return {**status(self.state, self.dispatcher), **self.metrics.snapshot(), **extra}
 
 
 def status(state: RunState, d: Dispatcher | None) -> dict:

@@ -33,12 +33,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def embedded_args(tokenizer: str | None, otlp_endpoint: str | None = None) -> list[str]:
+def embedded_args(
+    tokenizer: str | None, otlp_endpoint: str | None = None, *, ttft_drift: float = 0.0, itl_drift: float = 0.0
+) -> list[str]:
     """The embedded simulator's flags for a run: its ``--tokenizer`` (the simulator then counts
-    text and chat prompts as vLLM does, through the folder's chat template) and, with tracing on,
+    text and chat prompts as vLLM does, through the folder's chat template), with tracing on
     its ``--otlp-endpoint`` (its ``llm_request`` spans go to the run's collector: the whole
-    journey traced without a GPU)."""
+    journey traced without a GPU), and the test aid of the drift verdict (``--sim-ttft-drift-ms-per-min``,
+    ``--sim-itl-drift-ms-per-min``: the simulator degrades on purpose), and ``--accept-any-model``: a trace's rows may name models of
+    their own (an agentic trace's), answered as the run's; ``--model`` is still checked against
+    its ``/v1/models`` at start."""
     args = ["--tokenizer", tokenizer] if tokenizer else []
+    args += ["--ttft-drift-ms-per-min", repr(ttft_drift)] if ttft_drift else []
+    args += ["--itl-drift-ms-per-min", repr(itl_drift)] if itl_drift else []
+    # (a trace's rows may name models of their own; --model is still checked against /v1/models)
+    args.append("--accept-any-model")
     return args + (["--otlp-endpoint", otlp_endpoint] if otlp_endpoint else [])
 
 

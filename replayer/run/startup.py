@@ -18,9 +18,11 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 import aiohttp
 
 from replayer.core.clock import Anchor, now_ns
+from replayer.core.engines import engine_caps
 from replayer.fleet.member import FleetError, join
 from replayer.http.client import Client
 from replayer.http.launcher import Launcher, launcher_ready, start_launcher
+from replayer.observe.dialects import dialect
 from replayer.observe.otel import RequestSpans
 from replayer.observe.target_metrics import TargetScraper, TargetScrapers
 from replayer.plan.schedule import ScheduleBatch
@@ -200,8 +202,9 @@ def _target_scraper(parts: Parts) -> TargetScraper | TargetScrapers | None:
     cfg, targets = parts.cfg, parts.inputs.targets
     if not cfg.scrape_target_metrics:
         return None
+    path, names = engine_caps(cfg.engine or "vllm").metrics_path, dialect(cfg.engine)  # (issue 49: its engine's)
     one = {
-        url: TargetScraper(url.rstrip("/") + "/metrics", interval_s=cfg.scrape_interval_s, tls=cfg.tls)
+        url: TargetScraper(url.rstrip("/") + path, interval_s=cfg.scrape_interval_s, tls=cfg.tls, dialect=names)
         for url in targets
     }
     return one[targets[0]] if len(one) == 1 else TargetScrapers(one)

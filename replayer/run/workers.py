@@ -158,7 +158,13 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     try:
         targets = cfg.targets
         if not targets:  # one embedded simulator for every worker, up before they start
-            sim, url = spawn_sim(embedded_args(cfg.tokenizer))
+            sim, url = spawn_sim(
+                embedded_args(
+                    cfg.tokenizer,
+                    ttft_drift=cfg.sim_ttft_drift_ms_per_min,  # (issue 45)
+                    itl_drift=cfg.sim_itl_drift_ms_per_min,
+                )
+            )
             targets = [url]
             if not _wait_health(url + "/health", sim, 30.0):
                 print(f"replayer run: the embedded simulator did not start at {url}", file=sys.stderr)
@@ -270,7 +276,13 @@ def _merge(cfg: RunConfig, results: str, codes: list[int]) -> int:
     merged = merge_results(present, results, one_target=True)  # (printed with --quiet too: it is the outcome)
     print(f"merged {len(present)} of {n} workers: {results}/summary.json", flush=True)
     code = max([0 if len(present) == n else 1, *codes])
-    from replayer.run.finish import EXIT_ERROR_RATIO, error_ratio_problem, nothing_scheduled_problem
+    from replayer.run.finish import (
+        EXIT_ERROR_RATIO,
+        EXIT_UNFAITHFUL,
+        error_ratio_problem,
+        nothing_scheduled_problem,
+        unfaithful_problem,
+    )
 
     empty = nothing_scheduled_problem(merged)
     if code == 0 and empty:
@@ -280,4 +292,8 @@ def _merge(cfg: RunConfig, results: str, codes: list[int]) -> int:
     if code == 0 and problem:
         print(f"replayer: {problem}", file=sys.stderr)
         return EXIT_ERROR_RATIO
+    unfaithful = unfaithful_problem(merged, cfg.fail_unfaithful)  # (issue 45: the merge's fidelity verdict)
+    if code == 0 and unfaithful:
+        print(f"replayer: {unfaithful}", file=sys.stderr)
+        return EXIT_UNFAITHFUL
     return code

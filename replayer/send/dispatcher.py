@@ -41,7 +41,7 @@ from replayer.core.result import RequestResult
 from replayer.plan.planner import PREPARE, Fire, Planner
 from replayer.plan.schedule import ScheduleBatch, Timeline
 from replayer.send.feed import BatchFeeder, Feed
-from replayer.send.sender import SendCancelled, Sender, Sending
+from replayer.send.sender import LOOP_WRITES, SendCancelled, Sender, Sending
 from replayer.send.slots import Slots
 from replayer.send.unsent import never_sent
 
@@ -234,8 +234,8 @@ class Dispatcher:
                 handed = False
                 while (h := plan.hand_over(now)) is not None:
                     sending = sender.hand_over(h.req, h.due_ns)
-                    if sending is None:
-                        plan.not_taken(now)
+                    if sending is None or sending is LOOP_WRITES:
+                        plan.not_taken(now, again=sending is None)
                         break
                     plan.taken()
                     self._start(h.req, h.due_ns, sending)

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from replayer.core.request import PreparedRequest
     from replayer.http.client import Client
     from replayer.http.launcher import Launcher
-    from replayer.send.sender import Sender, Sending
+    from replayer.send.sender import Refusal, Sender, Sending
 
 POLICIES = ("session-order", "session-hash")
 _HASH_KEY = b"replayer-target"
@@ -127,7 +127,7 @@ class RoutingSender:
     def send_queued(self, req: "PreparedRequest", due_ns: int, wait_ns: int) -> "Sending":
         return self.senders[req.target].send_queued(req, due_ns, wait_ns)  # type: ignore[index]
 
-    def hand_over(self, req: "PreparedRequest", due_ns: int) -> "Sending | None":
+    def hand_over(self, req: "PreparedRequest", due_ns: int) -> "Sending | Refusal | None":
         return self.senders[req.target].hand_over(req, due_ns)  # type: ignore[index]
 
     def expect(self, n: int) -> None:

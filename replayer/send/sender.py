@@ -4,8 +4,10 @@
 failures are values in it; ``SendCancelled``, a ``CancelledError`` carrying the result so far,
 when the send is cancelled). ``hand_over(req, due_ns)`` gives a request ahead of its due time
 to a sender that writes it at the due time by itself (the launcher process): it returns the
-coroutine to await, or None when it cannot take the request now (then it is offered again, and
-at its due time goes through ``send``). ``ahead_ns`` says how far ahead a sender takes requests
+coroutine to await, None when it cannot take the request now (then it is offered again, and
+at its due time goes through ``send``), or ``LOOP_WRITES`` when it will not take it at all (no
+connection to the target can be written by the launcher: TLS 1.2; the request goes through
+``send`` at its due time and is not offered again). ``ahead_ns`` says how far ahead a sender takes requests
 (0: only at their due time). ``expect(n)``: n requests are due soon (connections ahead).
 
 Two senders share one client (``replayer.http.client``), which stamps the send time the same way for
@@ -35,6 +37,7 @@ apart as ``session_wait_ms`` (``result_for``).
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
@@ -47,6 +50,15 @@ from replayer.http.client import Client, Reserved
 LAUNCH_AHEAD_NS = 50_000_000
 
 Sending = Coroutine[Any, Any, RequestResult]
+
+
+class Refusal(enum.Enum):
+    """``hand_over``'s answer for a request the loop writes at its due time, not offered again."""
+
+    LOOP_WRITES = "loop_writes"
+
+
+LOOP_WRITES = Refusal.LOOP_WRITES
 
 
 class SendCancelled(asyncio.CancelledError):
@@ -63,7 +75,7 @@ class Sender(Protocol):
 
     def send(self, req: PreparedRequest, due_ns: int) -> Sending: ...
     def send_queued(self, req: PreparedRequest, due_ns: int, wait_ns: int) -> Sending: ...
-    def hand_over(self, req: PreparedRequest, due_ns: int) -> Sending | None: ...
+    def hand_over(self, req: PreparedRequest, due_ns: int) -> Sending | Refusal | None: ...
     def expect(self, n: int) -> None: ...
 
 
@@ -102,8 +114,8 @@ class LoopSender:
         res.queue_wait_ms = wait_ns / 1e6
         return self._send(req, res, lag_origin(req, due_ns) + wait_ns, None)
 
-    def hand_over(self, req: PreparedRequest, due_ns: int) -> Sending | None:
-        return None
+    def hand_over(self, req: PreparedRequest, due_ns: int) -> Sending | Refusal | None:
+        return LOOP_WRITES
 
     def expect(self, n: int) -> None:
         self.client.expect(n)
@@ -128,9 +140,12 @@ class LauncherSender(LoopSender):
         super().__init__(client, shard=shard)
         self.ahead_ns = ahead_ns
 
-    def hand_over(self, req: PreparedRequest, due_ns: int) -> Sending | None:
+    def hand_over(self, req: PreparedRequest, due_ns: int) -> Sending | Refusal | None:
         """Bind ``req`` to an idle connection and queue its write for its due time; None when no
-        connection (or no launcher) is ready."""
+        connection the launcher may write on is ready; ``LOOP_WRITES`` when the launcher cannot
+        write this target's requests at all (``Client.launcher_writes``: TLS 1.2)."""
+        if not self.client.launcher_writes:
+            return LOOP_WRITES
         res = result_for(req, due_ns, self.shard)
         reserved = self.client.reserve(req, res)
         if reserved is None:

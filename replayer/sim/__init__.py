@@ -115,6 +115,9 @@ Latency model and knobs (``SimConfig``)
 ``itl_per_running_us``    ``itl_base_ms + itl_per_running_us * running / 1000`` where
                           ``running`` = ``vllm:num_requests_running`` at the step start
                           (requests in prefill or decode).
+``ttft_drift_ms_per_min``, a test aid (the drift verdict): added to every TTFT (every decode
+``itl_drift_ms_per_min``  step), in ms per minute since the server started: a server that
+                          degrades on purpose.
 ``max_num_seqs``          0 = unlimited; else at most this many requests run (generation
                           and pooling), the rest wait FIFO (``vllm:num_requests_waiting``)
                           before their prefill.

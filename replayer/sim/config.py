@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from replayer.core.engines import ENGINES
+
 #: how ``/v1/score`` and ``/v1/rerank`` count a query in ``usage.prompt_tokens`` (``--score-usage``)
 SCORE_USAGE_MODES = ("per_document", "once")
 
@@ -27,7 +29,7 @@ class SimConfig:
     field made with ``flag`` is a ``replayer sim`` flag of the same name, so a new knob is one
     field here (and its check in ``__post_init__``)."""
 
-    model: str = flag("sim-model", "served model name")
+    model: str = flag("sim-model", "served model name (a request naming another gets a 404)")
     kv_block_size: int = flag(16, "prefix-cache block size, tokens")
     prefix_cache_tokens: int = flag(4_000_000, "prefix-cache capacity, tokens (0 disables)")
     ttft_base_ms: float = flag(20.0, "time to first token of an empty prompt, ms")
@@ -94,6 +96,25 @@ class SimConfig:
         "count text prompts as vLLM does: a local tokenizer.json or folder (or builtin:gpt2); chat messages are "
         "rendered through the folder's chat template first (default: whitespace words)",
     )
+    # issue 49: the engine whose dialect the simulator speaks (replayer.sim.dialects)
+    engine: str = flag(
+        "vllm",
+        "the engine whose dialect to speak: its /metrics names and path, /v1/models owner, what it refuses, "
+        "its in-band errors (docs/engines.md)",
+        choices=ENGINES,
+    )
+    accept_any_model: bool = flag(
+        False, "answer requests naming any model (default: a 404 for a model other than --model, as vLLM)"
+    )
+    # issue 45, a test aid: the simulator degrades on purpose (the drift verdict)
+    ttft_drift_ms_per_min: float = flag(
+        0.0,
+        "a test aid: every time to first token grows by this many ms per minute since the start (a server "
+        "that degrades, for the drift verdict)",
+    )
+    itl_drift_ms_per_min: float = flag(
+        0.0, "a test aid: every gap between tokens grows by this many ms per minute since the start"
+    )
 
     def __post_init__(self) -> None:
         if self.kv_block_size < 1 or self.embedding_dim < 1 or self.tokens_per_chunk < 1:
@@ -117,6 +138,9 @@ class SimConfig:
             problem = tokenizer_problem(self.tokenizer)
             if problem:
                 raise ValueError(f"--tokenizer: {problem}")
+        from replayer.core.engines import engine_caps
+
+        engine_caps(self.engine)  # (ValueError naming the engines)
         if self.vocab_size < 1 or self.max_model_len < 1:
             raise ValueError("vocab_size and max_model_len must be >= 1")
 

@@ -95,6 +95,7 @@ class _Engine:
         _decoding: list[_Req]
         _wake: asyncio.Event | None
         _engine: asyncio.Task[None] | None
+        born_s: float
 
     def _ensure_engine(self) -> None:
         if self._engine is None or self._engine.done():
@@ -136,7 +137,10 @@ class _Engine:
 
     def _step_s(self) -> float:
         c = self.config
-        return (c.itl_base_ms + c.itl_per_running_us * self._running / 1000.0) / 1000.0
+        step_ms = c.itl_base_ms + c.itl_per_running_us * self._running / 1000.0
+        if c.itl_drift_ms_per_min:  # (--itl-drift-ms-per-min: degrading on purpose)
+            step_ms += c.itl_drift_ms_per_min * (time.perf_counter() - self.born_s) / 60.0
+        return step_ms / 1000.0
 
     async def _engine_loop(self) -> None:
         loop = asyncio.get_running_loop()

@@ -21,10 +21,12 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from replayer.core.engines import engine_caps
 from replayer.payload.chattemplate import ChatCounter
+from replayer.sim import dialects
 from replayer.sim.cache import PrefixCache, prompt_block_hashes
 from replayer.sim.config import ReceivedRequest, SimConfig
-from replayer.sim.engine import _DONE, _TOKEN_TEXT, _Engine, _frame, _Req, timing_metrics
+from replayer.sim.engine import _TOKEN_TEXT, _Engine, _frame, _Req, timing_metrics
 from replayer.sim.images import SimImages
 from replayer.sim.metrics import _Metrics
 from replayer.sim.pooling import EmbeddingsJob, RerankJob, ScoreJob
@@ -66,6 +68,7 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self._metrics)
         self._running = 0  # admitted: prefill + decode
+        self.born_s = time.perf_counter()  # (the start of --*-drift-ms-per-min; reset by start())
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._joining: list[_Req] = []  # got token 1, not yet stepping
         self._decoding: list[_Req] = []
@@ -106,7 +109,10 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
                 app.router.add_post(path, self._pooling_route(RerankJob))
             app.router.add_get("/v1/models", self._models)
             app.router.add_get("/health", self._health)
-            app.router.add_get("/metrics", self._metrics_handler)
+            prom, json_stats = dialects.metrics_paths(self.config.engine)  # (trtllm-serve: /prometheus/metrics)
+            app.router.add_get(prom, self._metrics_handler)
+            if json_stats:
+                app.router.add_get(json_stats, dialects.iteration_stats)
             app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
             app.router.add_post("/tokenize", self._tokenize)
             app.on_shutdown.append(self._on_shutdown)
@@ -119,6 +125,7 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         (``replayer.sim.certs.server_context``); return the base URL ``http(s)://host:port``."""
         if self._runner is not None:
             raise RuntimeError("SimServer already started")
+        self.born_s = time.perf_counter()
         runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True, shutdown_timeout=2.0)
         await runner.setup()
         site = web.TCPSite(runner, host, port, backlog=4096, ssl_context=ssl_context)
@@ -201,7 +208,7 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
                     "id": c.model,
                     "object": "model",
                     "created": int(self._metrics.created),
-                    "owned_by": "vllm",
+                    "owned_by": engine_caps(c.engine).owned_by or c.model,
                     "root": c.model,
                     "parent": None,
                     "max_model_len": c.max_model_len,
@@ -212,6 +219,8 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
     async def _metrics_handler(self, request: web.Request) -> web.Response:
+        if self.config.engine != "vllm":  # another engine's names (replayer.sim.dialects)
+            return web.Response(text=dialects.dialect_page(self), content_type="text/plain", charset="utf-8")
         resp = web.Response(body=generate_latest(self.registry))
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp
@@ -268,6 +277,13 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
                     request_id=request.headers.get("X-Request-Id"),
                 )
             )
+        refused = (None if cfg.accept_any_model else dialects.model_not_found(o["model"], cfg.model)) or (
+            None if o["text"] else dialects.token_ids_refused(cfg.engine)
+        )
+        if refused is not None:
+            return refused
+        if o["continuous"] and not engine_caps(cfg.engine).continuous_usage:
+            o["continuous"] = False  # (usage comes once, on the last chunk)
         max_tokens = o["max_tokens"]
         if n_prompt + max_tokens > cfg.max_model_len:
             return _error_response(
@@ -286,7 +302,7 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
                     return _error_response(msg)
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
                 await resp.prepare(request)
-                await resp.write_eof(b"data: " + orjson.dumps(_error_body(msg)) + b"\n\n" + _DONE)
+                await resp.write_eof(dialects.stream_error(cfg.engine, _error_body(msg)))
                 return resp
         model = o["model"] if isinstance(o["model"], str) and o["model"] else cfg.model
         task = asyncio.current_task()
@@ -351,6 +367,8 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
                 if cfg.prompt_tokens_details:
                     r.details = {"cached_tokens": hits, "image_tokens": sum(im.tokens for im in images)}
             ttft_s = (cfg.ttft_base_ms + (cfg.prefill_us_per_token * (n_prompt - hits) + encode_us) / 1000.0) / 1000.0
+            if cfg.ttft_drift_ms_per_min:  # (--ttft-drift-ms-per-min: degrading on purpose)
+                ttft_s += cfg.ttft_drift_ms_per_min * (time.perf_counter() - self.born_s) / 60.0 / 1000.0
             await asyncio.sleep(max(0.0, t_admit + ttft_s - loop.time()))
             t_first = time.perf_counter()
             if r.timing is not None:

@@ -1,0 +1,376 @@
+"""The drift verdict: is the server getting slower over a soak (``summary.json``'s ``drift``)?
+
+The run is cut into windows of ``--drift-window`` seconds of trace position: a window is
+(loop, position), a request belonging to the window its due time falls in, counted from its
+loop's first due time. Per window: TTFT, ITL, TPOT and E2E p50/p90/p99, error rate, goodput
+(requests per second that met every ``--goodput`` bound), achieved rate (sent per second),
+offered rate (due per second), in flight (sum of E2E / window: Little's law), and the target's
+own signals where its ``/metrics`` was scraped (KV-cache usage, requests waiting, preemptions
+per second, process memory).
+
+**Paired across loops** (``--loop``): each window's value minus that of the window at the same
+position in the first loop, over the time between them: the workload's own pattern (a burst at
+minute 7 of the trace) is in both and cancels. **Without loops**, each value has the part the
+load explains taken out first (``trend.load_adjusted``: least squares on in-flight requests and
+the offered rate, fitted jointly with time), so a quiet stretch of the trace is not read as a
+server that recovered.
+
+A window whose dispatch lag p99 is above the fidelity bound is left out of the trends
+(``lagging``): the replayer's host was the bottleneck then, so its latencies measure the host.
+
+Then, per metric, the Theil-Sen slope over time with Sen's interval (``trend.theil_sen``). A
+metric drifts when the interval excludes 0 **and** the change the slope implies over the run is
+at least ``min_change_pct`` of its level (the first loop's median, or the first windows'): the
+interval alone would call a 0.1 % change on a long soak drift; and in the direction that is
+worse (a trend for the better, a server warming up, is listed in ``improving``, not drift). Where it started: the best hinge
+(``trend.change_start``). ``too_short``: fewer than ``MIN_WINDOWS`` windows (or, paired, fewer
+than that in loops after the first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from replayer.core.result import itl_samples
+from replayer.core.stats import Stat
+from replayer.results.trend import MAX_PAIRS, change_start, load_adjusted, theil_sen
+
+#: fewer windows than this (paired: in the loops after the first) and the verdict is too_short
+MIN_WINDOWS = 6
+#: the confidence of each slope's interval (high: a dozen metrics are tested at once)
+CONFIDENCE = 0.99
+#: the latencies windowed, and their quantiles
+LATENCIES = ("ttft", "itl", "tpot", "e2e")
+QUANTILES = (50, 90, 99)
+#: the server's own TTFT (``--server-timings``: vLLM's, from scheduling), windowed beside the
+#: client's: a drift in it is the server's, not the network's or the client host's
+SERVER = ("server_ttft",)
+#: each windowed statistic's results column (ITL: the lists, ``itl_samples``)
+_COLUMN_OF = {
+    "ttft": "ttft_ms",
+    "tpot": "tpot_ms",
+    "e2e": "e2e_ms",
+    "dispatch_lag": "dispatch_lag_ms",
+    "server_ttft": "server_time_to_first_token_ms",
+}
+#: the metrics tested for a trend: (name, unit, which way is worse)
+TRENDED: tuple[tuple[str, str, int], ...] = (
+    *((f"{m}_p{q}_ms", "ms", 1) for m in (*LATENCIES, *SERVER) for q in (50, 90)),
+    ("error_rate", "ratio", 1),
+    ("goodput_rps", "1/s", -1),
+    ("achieved_rps", "1/s", -1),
+    ("kv_cache_usage", "ratio", 1),
+    ("requests_waiting", "requests", 1),
+    ("preemptions_per_s", "1/s", 1),
+    ("process_memory_bytes", "bytes", 1),
+)
+#: results columns the fold reads
+COLUMNS = (
+    "loop",
+    "due_ns",
+    "sent_ns",
+    "outcome",
+    "warmup",
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "dispatch_lag_ms",
+    "server_time_to_first_token_ms",
+    "itl_ms",
+    "itl_counts",
+    "slo_met",
+)
+#: the target's series: window field -> (sample names, how a window folds them)
+SIGNALS: dict[str, tuple[tuple[str, ...], str]] = {
+    "kv_cache_usage": (("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), "mean"),
+    "requests_waiting": (("vllm:num_requests_waiting",), "mean"),
+    "preemptions_per_s": (("vllm:num_preemptions_total",), "rate"),
+    "process_memory_bytes": (("process_resident_memory_bytes",), "mean"),
+}
+
+
+def loop_origins(batches: Iterable[pa.RecordBatch]) -> dict[int, int]:
+    """Each loop's first due time (ns on the run's axis), from batches of ``loop`` and ``due_ns``."""
+    out: dict[int, int] = {}
+    for b in batches:
+        if not b.num_rows:
+            continue
+        loops = b.column("loop").to_numpy(zero_copy_only=False)
+        due = pc.fill_null(b.column("due_ns"), 2**62).to_numpy(zero_copy_only=False)
+        for lp in np.unique(loops):
+            m = int(due[loops == lp].min())
+            out[int(lp)] = min(out.get(int(lp), m), m)
+    return out
+
+
+class _Window:
+    __slots__ = ("stats", "n")
+
+    def __init__(self) -> None:
+        # (sketched: a days-long soak has thousands of windows, their values would not fit)
+        self.stats = {m: Stat(exact=False) for m in (*LATENCIES, *SERVER, "dispatch_lag")}
+        self.n: dict[str, float] = dict.fromkeys(("due", "sent", "completed", "failed", "met", "e2e_sum"), 0)
+
+
+class DriftFold:
+    """Windows folded from results batches (``COLUMNS``) on one time axis; ``origins`` from
+    ``loop_origins`` over the same batches."""
+
+    def __init__(self, window_s: float, origins: dict[int, int]) -> None:
+        self.window_ns = max(1, int(window_s * 1e9))
+        self.window_s = window_s
+        self.origins = origins
+        self.windows: dict[tuple[int, int], _Window] = {}
+        self.signals: dict[tuple[int, int], dict[str, float]] = {}
+
+    def _keys(self, loops: np.ndarray, t_ns: np.ndarray) -> np.ndarray:
+        org = np.array([self.origins.get(int(lp), 0) for lp in loops], dtype=np.int64) if loops.size else loops
+        return (t_ns - org) // self.window_ns
+
+    def add(self, b: pa.RecordBatch | pa.Table) -> None:
+        if "warmup" in b.schema.names:
+            b = b.filter(pc.invert(pc.fill_null(b.column("warmup"), False)))
+        if not b.num_rows:
+            return
+        loops = b.column("loop").to_numpy(zero_copy_only=False).astype(np.int64)
+        pos = self._keys(loops, pc.fill_null(b.column("due_ns"), 0).to_numpy(zero_copy_only=False))
+        outcome = b.column("outcome")
+        sent = b.column("sent_ns").is_valid().to_numpy(zero_copy_only=False)
+        ok = pc.equal(outcome, "success").to_numpy(zero_copy_only=False)
+        failed = pc.equal(outcome, "failed").to_numpy(zero_copy_only=False)
+        met = (
+            pc.fill_null(b.column("slo_met"), False).to_numpy(zero_copy_only=False)
+            if "slo_met" in b.schema.names
+            else None
+        )
+        lat = {
+            m: pc.cast(b.column(col), pa.float64()).to_numpy(zero_copy_only=False)
+            for m, col in _COLUMN_OF.items()
+            if col in b.schema.names
+        }
+        pairs = np.unique(np.stack([loops, pos]), axis=1)
+        for lp, p in pairs.T:
+            sel = (loops == lp) & (pos == p)
+            w = self.windows.setdefault((int(lp), int(p)), _Window())
+            good = sel & ok
+            for m, v in lat.items():
+                w.stats[m].add(v[sel & sent] if m == "dispatch_lag" else v[good])
+            w.stats["itl"].add(itl_samples(b, good))
+            n = w.n
+            n["due"] += int(sel.sum())
+            n["sent"] += int((sel & sent).sum())
+            n["completed"] += int(good.sum())
+            n["failed"] += int((sel & failed).sum())
+            n["e2e_sum"] += float(np.nansum(lat["e2e"][sel & sent]))
+            if met is not None:
+                n["met"] += int((good & met).sum())
+
+    def add_samples(self, t: pa.Table) -> None:
+        """The target's scraped series (``replayer.observe.target_samples`` rows, ``t_ns`` on the
+        run's axis): each window's mean of the gauges, the counters' increase per second."""
+        if not self.origins:
+            return
+        starts = sorted(self.origins.items(), key=lambda kv: kv[1])
+        t_ns = t.column("t_ns").to_numpy(zero_copy_only=False)
+        names = t.column("metric")
+        for field, (accepted, how) in SIGNALS.items():
+            mask = pc.is_in(names, pa.array(list(accepted))).to_numpy(zero_copy_only=False)
+            if not mask.any():
+                continue
+            tt, vv = t_ns[mask], t.column("value").to_numpy(zero_copy_only=False)[mask]
+            idx = np.searchsorted([s for _, s in starts], tt, side="right") - 1
+            ok = idx >= 0
+            loops = np.array([starts[i][0] for i in idx[ok]], dtype=np.int64)
+            pos = self._keys(loops, tt[ok])
+            for lp, p in np.unique(np.stack([loops, pos]), axis=1).T:
+                sel = (loops == lp) & (pos == p)
+                v, ts = vv[ok][sel], tt[ok][sel]
+                if how == "mean":
+                    val = float(v.mean())
+                else:  # a counter: its increase over the window's span (sum over series: vLLM's per engine)
+                    span = (ts.max() - ts.min()) / 1e9
+                    val = float((v.max() - v.min()) / span) if span > 0 else float("nan")
+                self.signals.setdefault((int(lp), int(p)), {})[field] = val
+
+    def series(self) -> list[dict[str, Any]]:
+        """One dict per window, in time order: ``loop``, ``position``, ``t_s`` (its middle, s on the
+        run's axis), the latency quantiles, the rates, and the target's signals (absent: null)."""
+        out = []
+        for (lp, p), w in sorted(self.windows.items(), key=lambda kv: (self.origins.get(kv[0][0], 0), kv[0][1])):
+            n, ws = w.n, self.window_s
+            row: dict[str, Any] = {"loop": lp, "position": p}
+            row["t_s"] = (self.origins.get(lp, 0) + (p + 0.5) * self.window_ns) / 1e9
+            for m in (*LATENCIES, *SERVER):
+                for q in QUANTILES:
+                    row[f"{m}_p{q}_ms"] = w.stats[m].percentile(q)
+            ended = n["completed"] + n["failed"]
+            row["error_rate"] = n["failed"] / ended if ended else None
+            row["goodput_rps"] = n["met"] / ws
+            row["achieved_rps"] = n["sent"] / ws
+            row["offered_rps"] = n["due"] / ws
+            row["in_flight"] = n["e2e_sum"] / 1e3 / ws
+            row["requests"] = n["sent"]
+            row["dispatch_lag_p99_ms"] = w.stats["dispatch_lag"].percentile(99)
+            for field in SIGNALS:
+                row[field] = self.signals.get((lp, p), {}).get(field)
+            out.append(row)
+        return out
+
+
+def _values(series: list[dict[str, Any]], key: str) -> np.ndarray:
+    return np.array([np.nan if r.get(key) is None else float(r[key]) for r in series], dtype=np.float64)
+
+
+def _paired(
+    series: list[dict[str, Any]], key: str, first: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float | None]:
+    """(index in ``series``, hours since the first loop's window at the same position, value
+    minus that window's, the first loop's median level) of every window with such a reference."""
+    ref = {r["position"]: r for r in series if r["loop"] == first and r.get(key) is not None}
+    idx, x, y = [], [], []
+    for i, r in enumerate(series):
+        base = ref.get(r["position"])
+        if base is None or r.get(key) is None:
+            continue
+        idx.append(i)
+        x.append((r["t_s"] - base["t_s"]) / 3600.0)
+        y.append(float(r[key]) - float(base[key]))
+    level = float(np.median([float(r[key]) for r in ref.values()])) if ref else None
+    return np.array(idx, dtype=np.int64), np.array(x), np.array(y), level
+
+
+def _trend(
+    series: list[dict[str, Any]], key: str, paired: bool, min_change_pct: float, max_pairs: int = MAX_PAIRS
+) -> dict[str, Any] | None:
+    """One metric's slope, interval, level and start; None when it has too few windows."""
+    if paired:
+        first = min(r["loop"] for r in series)
+        idx, x, y, level = _paired(series, key, first)
+        if int((x > 0).sum()) < MIN_WINDOWS:
+            return None
+    else:
+        t = np.array([r["t_s"] for r in series]) / 3600.0
+        y, _ = load_adjusted(t, _values(series, key), [_values(series, "in_flight"), _values(series, "offered_rps")])
+        idx = np.flatnonzero(~np.isnan(y))
+        x, y = t[idx], y[idx]
+        if x.size < MIN_WINDOWS:
+            return None
+        level = float(np.median(y[: max(3, x.size // 4)]))
+    fit = theil_sen(x, y, CONFIDENCE, max_pairs)
+    if fit is None:
+        return None
+    span_h = float(x.max() - x.min()) if not paired else float(x.max())
+    change = abs(fit.slope) * span_h
+    big = change >= (min_change_pct / 100.0) * abs(level) if level else change > 0.01
+    drifting = fit.excludes_zero and big
+    tt = np.array([series[i]["t_s"] for i in idx])
+    order = np.argsort(tt, kind="stable")  # (the start is searched in run time, paired or not)
+    start = int(idx[order][change_start(tt[order], y[order])]) if drifting else None
+    return {
+        "slope_per_hour": fit.slope,
+        "interval_per_hour": [fit.low, fit.high],
+        "slope_percent_per_hour": _pct(fit.slope, level),
+        "interval_percent_per_hour": [_pct(fit.low, level), _pct(fit.high, level)] if level else None,
+        "level": level,
+        "windows": fit.n,
+        "drifting": bool(drifting),
+        "started_window": None if start is None else series[start].get("window", start),
+        "started_at_s": None if start is None else series[start]["t_s"],
+    }
+
+
+def _pct(v: float, level: float | None) -> float | None:
+    """``v`` as a percentage of ``level`` (None without a level)."""
+    return 100.0 * v / abs(level) if level else None
+
+
+def judge_drift(
+    series: list[dict[str, Any]],
+    *,
+    window_s: float,
+    min_change_pct: float = 10.0,
+    max_lag_ms: float | None = None,
+    max_pairs: int = MAX_PAIRS,
+) -> dict[str, Any]:
+    """The ``drift`` section from ``DriftFold.series()`` (module docstring). A window whose
+    dispatch lag p99 is above ``max_lag_ms`` is left out of the trends (``lagging``: the replayer's
+    host was the bottleneck then, and its latencies measure it, not the server). ``max_pairs``:
+    the most pairs of windows each trend is fitted on (``trend.theil_sen``)."""
+    for i, r in enumerate(series):
+        r["window"] = i
+        lag = r.get("dispatch_lag_p99_ms")
+        r["lagging"] = bool(max_lag_ms is not None and lag is not None and lag > max_lag_ms)
+    all_series, series = series, [r for r in series if not r["lagging"]]
+    loops = {r["loop"] for r in series}
+    paired = len(loops) > 1
+    sec: dict[str, Any] = {
+        "window_s": window_s,
+        "windows": len(all_series),
+        "windows_lagging": len(all_series) - len(series),
+        "method": "paired across loops (same trace position in the first loop)" if paired else "load-adjusted",
+        "confidence": CONFIDENCE,
+        "min_change_pct": min_change_pct,
+        "metrics": {},
+        "drifting": [],
+        "improving": [],
+    }
+    for key, unit, worse in TRENDED:
+        tr = _trend(series, key, paired, min_change_pct, max_pairs)
+        if tr is None:
+            continue
+        tr["unit"] = unit
+        tr["direction"] = "worse" if tr["slope_per_hour"] * worse > 0 else "better"
+        sec["metrics"][key] = tr
+        if tr["drifting"] and tr["direction"] == "better":  # (a trend, but not a degradation)
+            tr["drifting"] = False
+            tr["improving"] = True
+            sec["improving"].append(key)
+        elif tr["drifting"]:
+            sec["drifting"].append(key)
+    if not sec["metrics"]:
+        sec["verdict"] = "too_short"
+        sec["reason"] = (
+            f"{len(series)} windows of {window_s:g} s"
+            + (
+                f" (and {len(all_series) - len(series)} left out: the replay lagged)"
+                if len(all_series) > len(series)
+                else ""
+            )
+            + (" (paired: too few after the first loop)" if paired else "")
+            + f": at least {MIN_WINDOWS} are needed"
+        )
+    else:
+        sec["verdict"] = "drifting" if sec["drifting"] else "stable"
+    sec["series"] = all_series
+    return sec
+
+
+def drift_lines(sec: dict[str, Any] | None) -> list[str]:
+    """The verdict as printed at the end of a run."""
+    if not sec:
+        return []
+    if sec["verdict"] == "too_short":
+        return [f"Drift: too short ({sec.get('reason', '')})"]
+    if "windows" not in sec:  # (the verdict could not be computed: its error)
+        return [f"Drift: {sec['verdict'].replace('_', ' ')} ({sec.get('error', '')})"]
+    lines = [f"Drift: {sec['verdict']} ({sec['windows']} windows of {sec['window_s']:g} s, {sec['method']})"]
+    if sec.get("improving"):
+        lines.append(f"  improving (a trend for the better, not drift): {', '.join(sec['improving'])}")
+    for key in sec.get("drifting", []):
+        m = sec["metrics"][key]
+        lo, hi = m["interval_per_hour"]
+        pct = m.get("slope_percent_per_hour")
+        lines.append(
+            f"  {key}: {m['slope_per_hour']:+.4g} {m['unit']}/h [{lo:+.4g}, {hi:+.4g}]"
+            + (f" ({pct:+.1f} %/h)" if pct is not None else "")
+            + f", {m['direction']}, from window {m['started_window']}"
+        )
+    return lines
+
+
+__all__ = ["COLUMNS", "DriftFold", "drift_lines", "judge_drift", "loop_origins"]
