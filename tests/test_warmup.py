@@ -73,6 +73,7 @@ _RUN_KEYS = {"warmup", "target", "target_embedded", "model", "trace", "synthetic
 _RUN_KEYS |= {"shard", "loop", "results", "run_id", "stopped_early", "stop_signal", "engine"}
 _RUN_KEYS |= {"max_concurrent_requests_at_unix_s"}
 _RUN_KEYS |= {"fidelity", "drift"}  # (issue 45: the verdicts, from the results files: warm-up left out too)
+_RUN_KEYS |= {"events"}  # (issue 46: what happened when)
 
 
 def test_warmup_rows_are_flagged_and_left_out_of_every_statistic_and_the_verdict(tmp_path):
