@@ -142,3 +142,81 @@ def sim_process(tmp_path):
             p.wait(10)
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+def _known_durations() -> dict[str, float]:
+    """tests/durations.txt: node id -> seconds, for the slowest tests."""
+    known: dict[str, float] = {}
+    for line in (Path(__file__).parent / "durations.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            secs, nodeid = line.split(maxsplit=1)
+            known[nodeid] = known.get(nodeid, 0.0) + float(secs)
+    return known
+
+
+def _chunk_starts(n: int, workers: int) -> list[int]:
+    """Where each worker's first share of ``n`` items starts: pytest-xdist's worksteal scheduler
+    sends ``pending // nodes_remaining`` contiguous items to each idle worker in turn."""
+    starts, at = [], 0
+    for i in range(workers):
+        starts.append(at)
+        at += (n - at) // (workers - i)
+    return starts
+
+
+def _shared_fixtures(item) -> set[str]:
+    """The fixtures of ``item`` set up once for several tests (module, class or package scope)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return set()
+    return {
+        name
+        for name, defs in info.name2fixturedefs.items()
+        if defs and defs[-1].scope in ("module", "class", "package")
+    }
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist's worksteal, the slowest tests (tests/durations.txt) head each worker's
+    first share, dealt longest first to the least loaded: worksteal steals from the tail of a
+    queue, so they run first on their worker and the run does not end waiting on one long test
+    that started last. A slow test takes along the tests of its module that share one of its
+    module-scoped fixtures (set up once, not twice). Every worker computes the same order
+    (xdist checks that the collections are equal)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers < 2 or config.getoption("dist", "no") != "worksteal":
+        return
+    known = _known_durations()
+    slow = sorted((it for it in items if it.nodeid in known), key=lambda it: -known[it.nodeid])
+    taken: set[int] = set()
+    units: list[tuple[float, list]] = []
+    for it in slow:
+        if id(it) in taken:
+            continue
+        shared = _shared_fixtures(it)
+        unit = [it] + [
+            o
+            for o in items
+            if o is not it
+            and id(o) not in taken
+            and getattr(o, "module", None) is getattr(it, "module", None)
+            and shared & _shared_fixtures(o)
+        ]
+        taken.update(id(o) for o in unit)
+        units.append((sum(known.get(o.nodeid, 0.0) for o in unit), unit))
+    if not units:
+        return
+    rest = [it for it in items if id(it) not in taken]
+    buckets: list[list] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
+    for secs, unit in sorted(units, key=lambda u: -u[0]):  # longest first, to the least loaded worker
+        k = loads.index(min(loads))
+        buckets[k] += unit
+        loads[k] += secs
+    starts = _chunk_starts(len(items), workers) + [len(items)]
+    ordered: list = []
+    for k in range(workers):
+        take = max(0, starts[k + 1] - starts[k] - len(buckets[k]))
+        ordered += buckets[k] + rest[:take]
+        rest = rest[take:]
+    items[:] = ordered + rest

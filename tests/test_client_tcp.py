@@ -70,12 +70,15 @@ def test_idle_connections_beyond_the_spares_are_closed_once_unused_for_the_expir
                 assert all(r.outcome == "success" for r in res)
                 return len(c.pool._idle)
 
+            # 40 at once open 40 connections, fewer where a loaded machine sends the last ones after
+            # the first ended (they reuse those): what matters is more than the spares
             async with Client(url, t0_ns=now_ns()) as kept:  # the default expiry (60 s): nothing goes yet
-                assert await backlog(kept) >= 40
+                opened = await backlog(kept)
+                assert opened > kept.pool.spare_target
                 await kept.send(req(40), req(40).new_result(0))
-                assert len(kept.pool._idle) >= 40 and kept.open_connections >= 40
+                assert len(kept.pool._idle) >= opened and kept.open_connections >= opened
             async with Client(url, t0_ns=now_ns(), idle_expiry_s=0.05) as c:
-                assert await backlog(c) >= 40
+                assert await backlog(c) > c.pool.spare_target
                 await asyncio.sleep(0.1)  # every connection now idle longer than the expiry
                 res = await c.send(req(40), req(40).new_result(0))
                 assert res.outcome == "success"

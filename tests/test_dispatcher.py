@@ -5,6 +5,7 @@ stamps each send on that clock. No server, no real waiting."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 from batches import TimeBatch
@@ -23,10 +24,18 @@ MS = 1_000_000
 
 class VirtualClock(Clock):
     """Trio's ``MockClock`` with autojump, for one sleeper: a sleep returns at once with the
-    clock at its deadline; a deadline that never comes waits until cancelled."""
+    clock at its deadline, or earlier at the first timer (``at``: a response ending then) due
+    before it, having fired that timer (the sleeper then looks again, as after any change); a
+    deadline that never comes waits for a timer, or until cancelled. Once ``idle()`` holds (the
+    dispatcher sent its schedule and only waits for responses), the timers fire in turn without
+    a sleeper. Nothing depends on how fast the machine runs the loop."""
 
     def __init__(self) -> None:
         self.t = 0
+        self._timers: list[tuple[int, asyncio.Future]] = []
+        self._timer_added: asyncio.Event | None = None
+        self.idle: Callable[[], bool] = lambda: False
+        self._jumper: asyncio.Task | None = None
 
     def now_ns(self) -> int:
         return self.t
@@ -34,15 +43,52 @@ class VirtualClock(Clock):
     def advance_to(self, t: int) -> None:
         self.t = max(self.t, t)
 
+    async def at(self, t: int) -> None:
+        """Wait until a sleeper moves the clock to ``t``."""
+        fut = asyncio.get_running_loop().create_future()
+        self._timers.append((t, fut))
+        self._added().set()
+        if self._jumper is None or self._jumper.done():
+            self._jumper = asyncio.ensure_future(self._jump_when_idle())
+        await fut
+
+    async def _jump_when_idle(self) -> None:
+        while self._pending():
+            if self.idle():
+                self._fire_first()
+            await asyncio.sleep(0.001)  # (polls a state, not a time: any speed gives one order)
+
+    def _pending(self) -> list[tuple[int, asyncio.Future]]:
+        self._timers = [(t, f) for t, f in self._timers if not f.done()]
+        return self._timers
+
+    def _fire_first(self) -> None:
+        self.advance_to(min(t for t, _ in self._timers))
+        for t, f in self._timers:
+            if t <= self.t:
+                f.set_result(None)
+
+    def _added(self) -> asyncio.Event:
+        if self._timer_added is None:
+            self._timer_added = asyncio.Event()
+        return self._timer_added
+
     async def sleep_until(self, deadline_ns: int) -> None:
-        if deadline_ns >= NEVER // 2:
-            await asyncio.get_running_loop().create_future()
-        self.advance_to(deadline_ns)
-        await asyncio.sleep(0)
+        while True:
+            first = min((t for t, _ in self._pending()), default=None)
+            if first is not None and first <= deadline_ns:
+                self._fire_first()
+                await asyncio.sleep(0)
+                return
+            if deadline_ns < NEVER // 2:
+                self.advance_to(deadline_ns)
+                await asyncio.sleep(0)
+                return
+            self._added().clear()
+            await self._added().wait()
 
     async def sleep(self, seconds: float) -> None:
-        self.advance_to(self.t + int(seconds * 1e9))
-        await asyncio.sleep(0)
+        await self.sleep_until(self.t + int(seconds * 1e9))
 
 
 class FakeSender:
@@ -95,8 +141,9 @@ class FakeSender:
             if req.row in self.block:
                 await asyncio.get_running_loop().create_future()
             if req.row in self.takes_ms:
-                await asyncio.sleep(0.01)  # (real time: the dispatcher meanwhile waits for a change)
-                self.clock.advance_to(sent_ns + self.takes_ms[req.row] * MS)
+                # ends when the dispatcher, waiting, moves the clock there (not after real time: a
+                # loaded machine's 10 ms could pass before it sends a row due meanwhile)
+                await self.clock.at(sent_ns + self.takes_ms[req.row] * MS)
         except asyncio.CancelledError:
             res.outcome, res.error_kind = "cancelled", "cancelled"
             raise SendCancelled(res) from None
@@ -156,6 +203,7 @@ def _run(
         max_concurrency=max_concurrency,
         until_stop=until_stop,
     )
+    clock.idle = lambda: d.finished
     error: BaseException | None = None
 
     async def main():

@@ -9,7 +9,9 @@ ends. Where the host allows it the page runs in a network namespace of its own (
 the ports it shows (8000, 9090, 9400) are free whatever else runs.
 
 A block that cannot run here (against your own server, on Kubernetes, the test suite itself) has
-``<!-- skip: REASON -->`` on the line above it; the reason is required. A page whose commands
+``<!-- skip: REASON -->`` on the line above it; the reason is required. A number the prose
+states about what the commands print is checked: ``<!-- expect: REGEX -->`` beside it, searched
+in the page's output. A page whose commands
 need programs besides replayer says so once, ``<!-- needs: prometheus, jq -->``: where one is
 missing the page is skipped with a reason, as the other tests that need them are (``.ci/run``
 installs them).
@@ -33,6 +35,9 @@ SHELLS = {"bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^(?P<indent>[ ]*)(?P<fence>```+|~~~+)\s*(?P<info>[^\n]*)$")
 SKIP = re.compile(r"^\s*<!--\s*skip:\s*(?P<reason>.*?)\s*-->\s*$")
 NEEDS = re.compile(r"<!--\s*needs:\s*(?P<programs>.*?)\s*-->")
+#: a number (or line) the page's prose states, checked in what its commands print:
+#: ``<!-- expect: REGEX -->`` (Python regex, searched in the page's output, multi-line)
+EXPECT = re.compile(r"<!--\s*expect:\s*(?P<regex>.*?)\s*-->")
 #: the most a page may take (its blocks together) on a busy host
 PAGE_TIMEOUT_S = 420
 
@@ -164,6 +169,9 @@ def test_the_page_runs(page, tmp_path):
             pass
     failed = out.rsplit(">>> ", 1)[-1].split("\n", 1)[0] if ">>> " in out else page
     assert proc.returncode == 0, f"the block at {failed} failed (exit {proc.returncode})\n{out[-8000:]}"
+    text = (ROOT / page).read_text(encoding="utf-8")
+    unmet = [m["regex"] for m in EXPECT.finditer(text) if not re.search(m["regex"], out, re.M)]
+    assert unmet == [], f"{page}: what its prose states is not what its commands printed: {unmet}\n{out[-8000:]}"
 
 
 LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")

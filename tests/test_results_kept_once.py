@@ -319,12 +319,13 @@ def test_a_target_metrics_roll_cut_before_removing_its_parts_shows_each_sample_o
 
 def test_more_shards_than_rows_every_shard_merges_into_each_row_once(tmp_path, mooncake_slice, sim_process):
     src = mooncake_slice(60)
-    trace = tmp_path / "twelve.jsonl"
-    trace.write_text("".join(open(src).readlines()[:12]))
+    rows_n, shards = 4, 5  # one shard more than rows: the last owns none (rows go by number mod shards)
+    trace = tmp_path / "four.jsonl"
+    trace.write_text("".join(open(src).readlines()[:rows_n]))
     url, _ = sim_process("--itl-base-ms", "1")
-    dirs = [tmp_path / f"s{i}" for i in range(13)]
+    dirs = [tmp_path / f"s{i}" for i in range(shards)]
     errs: dict[int, str] = {}
-    for first in range(0, 13, 4):  # 4 processes at a time on a 2-core machine
+    for first in range(0, shards, 3):  # 3 processes at a time on a 2-core machine
         procs = {
             i: subprocess.Popen(
                 [
@@ -338,7 +339,7 @@ def test_more_shards_than_rows_every_shard_merges_into_each_row_once(tmp_path, m
                     "--speedup",
                     "50",
                     "--shard",
-                    f"{i}/13",
+                    f"{i}/{shards}",
                     "--results",
                     str(dirs[i]),
                     "--admin-port",
@@ -350,24 +351,25 @@ def test_more_shards_than_rows_every_shard_merges_into_each_row_once(tmp_path, m
                 stderr=subprocess.PIPE,
                 text=True,
             )
-            for i in range(first, min(first + 4, 13))
+            for i in range(first, min(first + 3, shards))
         }
         for i, p in procs.items():
             _, errs[i] = p.communicate(timeout=180)
             assert p.returncode == 0, errs[i][-2000:]
-    assert "no row of the trace" in errs[12] and "shard 12/13" in errs[12]
-    assert read_results(str(dirs[12])).num_rows == 0
-    assert json.loads((dirs[12] / "summary.json").read_text())["scheduled"] == 0
+    last = shards - 1
+    assert "no row of the trace" in errs[last] and f"shard {last}/{shards}" in errs[last]
+    assert read_results(str(dirs[last])).num_rows == 0
+    assert json.loads((dirs[last] / "summary.json").read_text())["scheduled"] == 0
     p = _replayer("merge", *map(str, dirs), "-o", str(tmp_path / "merged"))
     assert "Traceback" not in p.stderr and "no results files" not in p.stderr, p.stderr[-2000:]
     merged = json.loads((tmp_path / "merged" / "summary.json").read_text())
-    assert merged["scheduled"] == merged["completed"] == 12 and merged["duplicate_rows"] == 0
-    assert merged["shards"] == [f"{i}/13" for i in range(13)]
-    # the shards ran in turns (4 processes at a time), not at one --start-at: that warning is expected
+    assert merged["scheduled"] == merged["completed"] == rows_n and merged["duplicate_rows"] == 0
+    assert merged["shards"] == [f"{i}/{shards}" for i in range(shards)]
+    # the shards ran in turns (3 processes at a time), not at one --start-at: that warning is expected
     assert [w for w in merged["merge_warnings"] if "anchored" not in w] == []
     assert p.returncode == (1 if merged["merge_warnings"] else 0), p.stderr[-2000:]
     rows = Counter(r for d in dirs for r in read_results(str(d), columns=["row"]).column("row").to_pylist())
-    assert sorted(rows) == list(range(12)) and set(rows.values()) == {1}
+    assert sorted(rows) == list(range(rows_n)) and set(rows.values()) == {1}
 
 
 def test_out_of_file_descriptors_no_result_is_lost(tmp_path, sim_process):

@@ -204,8 +204,8 @@ def test_the_sessionized_mooncake_trace_replays_every_turn_after_its_predecessor
         timeout=60,
     )
     assert p.returncode == 0, p.stderr
-    url, _ = sim_process()
-    rows, summary = _replay(tmp_path, trace, url, "--speedup", "10")
+    url, _ = sim_process("--itl-base-ms", "1")  # (the order is checked: short turns keep the chains short)
+    rows, summary = _replay(tmp_path, trace, url, "--speedup", "30")
     assert all(r["outcome"] == "success" for r in rows)
     chains = [t for t in _by_session(rows).values() if len(t) > 1]
     assert len(chains) >= 10

@@ -379,8 +379,8 @@ def test_missing_target_metrics_logged_once_by_name_and_listed_never_zero(caplog
         sc.observe(t3)
     assert [r.getMessage() for r in caplog.records if "missing" in r.getMessage()] == logged
     expected = sorted((set(COUNTERS) | set(GAUGES)) - {"prompt_tokens", "num_requests_running"})
-    for name in expected:
-        assert name in logged[0]
+    for name in expected:  # (issue 47: the speculative-decoding names, there only when it is on, are not warned of)
+        assert (name in logged[0]) != name.startswith("spec_decode_")
     assert sc.missing == [m for m in expected if m != "generation_tokens"]
     d = sc.deltas()
     assert d["prompt_tokens"] == 20 and "prefix_cache_hits" not in d and "num_preemptions" not in d
@@ -402,9 +402,10 @@ def test_a_counter_reset_is_logged_when_the_scrape_sees_it(caplog):
 
 
 def test_a_replay_lists_the_targets_missing_metrics_in_its_summary(tmp_path, caplog):
-    """Through ``run_replay`` against the simulator (which has no preemption, spec-decode or
-    latency-histogram series): the summary lists them under ``target_metrics.missing`` and the
-    log named them while the run went on."""
+    """Through ``run_replay`` against the simulator (which has no spec-decode series: exported by
+    a server only with speculative decoding on): the summary lists them under
+    ``target_metrics.missing``, and the log does not warn of them (issue 47: nothing else is
+    missing from the project's own simulator)."""
     import json
 
     from replayer.config import load_config
@@ -441,16 +442,6 @@ def test_a_replay_lists_the_targets_missing_metrics_in_its_summary(tmp_path, cap
     with caplog.at_level("WARNING", logger="replayer.observe.target_metrics"):
         s = asyncio.run(main())
     expected = [
-        "num_preemptions",
-        "process_resident_memory_bytes",  # (the simulator exports no process metrics)
-        "server_e2e_seconds_count",
-        "server_e2e_seconds_sum",
-        "server_itl_seconds_count",
-        "server_itl_seconds_sum",
-        "server_queue_seconds_count",
-        "server_queue_seconds_sum",
-        "server_ttft_seconds_count",
-        "server_ttft_seconds_sum",
         "spec_decode_num_accepted_tokens",
         "spec_decode_num_accepted_tokens_per_pos",
         "spec_decode_num_draft_tokens",
@@ -459,8 +450,7 @@ def test_a_replay_lists_the_targets_missing_metrics_in_its_summary(tmp_path, cap
     assert s["completed"] == 5 and s["target_metrics"]["scrapes"] >= 1
     assert s["target_metrics"]["missing"] == expected
     assert not set(expected) & set(s["target_metrics"]["deltas"])  # left out, never 0
-    [line] = [r.getMessage() for r in caplog.records if "missing" in r.getMessage()]
-    assert all(m in line for m in expected)
+    assert not [r.getMessage() for r in caplog.records if "missing" in r.getMessage()]
 
 
 def test_a_sample_part_that_cannot_be_written_is_kept_for_the_next(tmp_path, monkeypatch):

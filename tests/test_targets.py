@@ -199,12 +199,17 @@ def test_a_target_down_fails_its_own_requests_the_other_goes_on(tmp_path):
         ("c2", 1),
     ]
     assert sorted(r["row"] for r in by_target[down.url] if not r["session_id"]) == [6]
-    assert all(r["outcome"] == "failed" and r["error_kind"] and r["error"] for r in by_target[down.url])
+    for r in by_target[down.url]:  # (issue 47: a turn after its session's failed turn is never sent)
+        if r["session_id"] and r["turn"] > 0:
+            assert r["outcome"] == "cancelled" and r["error_kind"] == "dependency" and r["sent_ns"] is None
+        else:
+            assert r["outcome"] == "failed" and r["error_kind"] and r["error"]
     assert all(r["outcome"] == "success" for r in by_target[sim_url]) and len(by_target[sim_url]) == 3
-    assert summary["completed"] == 3 and summary["failed"] == 5 and summary["target_switches"] == 0
+    assert summary["completed"] == 3 and summary["failed"] == 3 and summary["target_switches"] == 0
+    assert summary["cancelled"] == 2 and summary["sessions"]["turns_lost"] == 2
     sec = summary["targets"]
-    assert sec[down.url]["failed"] == 5 and sec[down.url]["completed"] == 0
-    assert sum(sec[down.url]["errors_by_kind"].values()) == 5
+    assert sec[down.url]["failed"] == 3 and sec[down.url]["completed"] == 0
+    assert sum(sec[down.url]["errors_by_kind"].values()) == 3
     assert sec[sim_url]["completed"] == 3 and sec[sim_url]["median_ttft_ms"] is not None
     assert sec[down.url]["median_ttft_ms"] is None  # unknown, not 0
 

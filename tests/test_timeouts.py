@@ -331,7 +331,7 @@ def test_request_timeout_flag_reaches_the_client(tmp_path, sim_process):
         text=True,
         timeout=180,
     )
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.returncode == 3, p.stderr[-3000:]  # (every request cut: the run measured nothing, issue 47)
     summary = json.loads((res / "summary.json").read_text())
     assert summary["errors_by_kind"] == {"total_timeout": 3} and summary["total_output_tokens"] == 0
     got = pq.read_table(res / "requests.parquet").to_pylist()

@@ -29,6 +29,7 @@ def test_a_streamed_request_multi_token_chunk_and_from_due_views():
         itl_ms=[20.0, 15.0, 15.0],
         ttft_from_due_ms=50.0,
         e2el_from_due_ms=100.0,
+        decode_tpot_ms=50.0 / 3,  # (a first chunk of one token: decode TPOT is TPOT)
     )
     # sum(ITL) == E2E - TTFT, mean(ITL) == TPOT
     lat = derive(ts)

@@ -64,6 +64,16 @@ def _run(trace, url, results, *extra):
     )
 
 
+def _start_up_lead(trace, processes: int) -> float:
+    """Seconds to give ``processes`` replays started at once to be ready: four times the time
+    one process takes now to import and read ``trace`` (``trace inspect``), times the processes
+    sharing each CPU (a replay is two: its launcher's too); at least 5 s."""
+    t = time.monotonic()
+    subprocess.run([sys.executable, "-m", "replayer", "trace", "inspect", str(trace)], capture_output=True, check=True)
+    one_s = time.monotonic() - t
+    return max(5.0, 4.0 * one_s * max(1.0, 2 * processes / (os.cpu_count() or 1)))
+
+
 def _finish(procs, timeout=120):
     for p in procs:
         out, err = p.communicate(timeout=timeout)
@@ -105,8 +115,9 @@ def test_shards_on_one_machine_add_up_to_a_single_run(tmp_path, mooncake_slice, 
     url_single, rec_single = sim_process(*SIM_ARGS)
     # every process must have loaded the trace and reached the target before the shared start:
     # four processes starting at once on a busy 2-core machine took up to ~10 s (~30 s at load
-    # average 11)
-    start_at = time.time() + 30.0
+    # average 11), so the lead is measured on this machine now, not fixed
+    lead = _start_up_lead(trace_path, SHARDS + 1)
+    start_at = time.time() + lead
     dirs = [tmp_path / f"shard-{i}" for i in range(SHARDS)]
     procs = [
         _run(trace_path, url_sharded, d, "--shard", f"{i}/{SHARDS}", "--start-at", repr(start_at))
@@ -128,7 +139,7 @@ def test_shards_on_one_machine_add_up_to_a_single_run(tmp_path, mooncake_slice, 
     for d in dirs:
         for f in result_files(str(d)):
             wall = float(pq.read_schema(f).metadata[b"replayer.t0_wall_s"])
-            assert abs(wall - start_at) < 1e-3, f"{d} anchored {wall - start_at:.1f} s late: start-up too slow"
+            assert abs(wall - start_at) < 1e-3, f"{d} anchored {wall - start_at:.1f} s late: start-up over {lead:.1f} s"
 
     # sent at its time: due = trace offset / speedup, never early, never grossly late (a shard on
     # another anchor would be seconds off)

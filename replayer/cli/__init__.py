@@ -13,6 +13,7 @@ import sys
 import types
 import typing
 
+from replayer.cli.gate import add_gate_flags, add_history_parser, run_gate, run_history
 from replayer.config.model import SYNTHETIC_LOAD, ConfigError, RunConfig, flag_name, load_config
 
 # NumPy's OpenBLAS starts one spinning thread per core at import; the replayer does no linear
@@ -416,6 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="OpenTelemetry spans (OTLP JSON lines; one file holding both runs, or A's then B's): the "
         "TTFT and E2E split (network and front end, queue, prefill, decode) p50/p99 of both runs",
     )
+    add_gate_flags(cp)  # (issue 45: the regression gate, and history)
+    add_history_parser(sub)
     tc = sub.add_parser(
         "tls-certs",
         help="write a throw-away CA and server and client certificates (PEM) for a TLS simulator and tests",
@@ -569,21 +572,9 @@ def _main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
             }  # (checked on the merged summary)
             passthrough = flags_for(cfg, skip)
             return run_workers(cfg, passthrough)
-        sim = None
-        if cfg.target is None:  # boot the simulator on the other core while the daemon imports
-            from replayer.run.simproc import embedded_args, spawn_sim
-
-            sim = spawn_sim(
-                embedded_args(
-                    cfg.tokenizer,
-                    cfg.otlp_traces_url(),
-                    ttft_drift=cfg.sim_ttft_drift_ms_per_min,  # wiring (issue 45)
-                    itl_drift=cfg.sim_itl_drift_ms_per_min,
-                )
-            )
         from replayer.run.daemon import main_run
 
-        return main_run(cfg, sim=sim)
+        return main_run(cfg)  # (the embedded simulator starts once the run's own checks pass)
     return _other_command(args)
 
 
@@ -644,7 +635,10 @@ def _other_command(args: argparse.Namespace) -> int:  # noqa: PLR0911
     if args.command == "compare":
         from replayer.results.compare import main_compare
 
-        return main_compare(args.a, args.b, args.json, args.spans)
+        gated = run_gate(args)  # (issue 45: the regression gate)
+        return gated if gated is not None else main_compare(args.a, args.b, args.json, args.spans)
+    if args.command == "history":
+        return run_history(args)
     if args.command == "record":
         from replayer.capture.record import main_record
 

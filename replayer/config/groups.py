@@ -8,7 +8,17 @@ page (``docs/reference/cli.md``) show every one.
 from __future__ import annotations
 
 GROUPS: dict[str, tuple[str, ...]] = {
-    "Trace": ("trace", "format", "map", "time_unit", "validate_trace", "strict", "mix", "hash_id_scope"),
+    "Trace": (
+        "trace",
+        "format",
+        "map",
+        "time_unit",
+        "validate_trace",
+        "strict",
+        "mix",
+        "hash_id_scope",
+        "max_trace_length",
+    ),
     "Synthetic load (no trace)": (
         "request_rate",
         "burstiness",
@@ -107,6 +117,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "quiet",
         "log_format",
         "log_level",
+        "stall_log_interval_s",
     ),
 }
 
@@ -122,6 +133,7 @@ SHORT: frozenset[str] = frozenset(
         "output_len",
         "target",
         "model",
+        "read_timeout_s",
         "endpoint",
         "speedup",
         "max_concurrency",

@@ -162,11 +162,9 @@ class RunConfig(FieldChecks):
     )
     goodput: list[str] | None = Field(
         None,
-        description="SLO bounds in ms as KEY:VALUE pairs, keys ttft, "
-        "tpot, e2el (vllm bench serve's --goodput), e.g. --goodput ttft:2000 "
-        "tpot:50 (or ttft:2000,tpot:50, or the flag repeated; in a config file a "
-        "mapping {ttft: 2000, tpot: 50}): a request meets the SLO when it succeeded and every bound holds; "
-        "the summary reports request_goodput and slo_attainment; unset = no SLO",
+        description="SLO bounds in ms, keys ttft, tpot, e2el (vllm bench serve's --goodput), e.g. "
+        "--goodput ttft:2000 tpot:50 (a mapping in a config file): a request meets it when it succeeded "
+        "within every bound (request_goodput, slo_attainment); unset = no SLO",
     )
     usage_slack_tokens: int = Field(
         0,
@@ -225,7 +223,7 @@ class RunConfig(FieldChecks):
         "rows due earlier are recorded missed_while_down, not sent",
     )
     duration_s: float | None = Field(
-        None, gt=0, description="stop scheduling after this many seconds of replay; unset = the whole schedule"
+        None, gt=0, description="stop scheduling after this many seconds of replay; unset = all"
     )
     results: str | None = Field(None, description="results folder; none = ./results/<timestamp>")
     admin_host: str = Field("127.0.0.1", description="admin/metrics server address")
@@ -439,7 +437,7 @@ class RunConfig(FieldChecks):
         le=1,
         description="exit 3 when more than this "
         "fraction of the requests that ended failed (failed / (completed "
-        "+ failed)), e.g. 0.01 for CI; none = exit 0 however many failed",
+        "+ failed)), e.g. 0.01 for CI; none = exit 3 if all failed",
     )
     # issue 45: the fidelity and drift verdicts (replayer.results.fidelity, replayer.results.drift)
     fidelity_max_lag_ms: float = Field(
@@ -508,10 +506,25 @@ class RunConfig(FieldChecks):
     )
     strict: bool = Field(False, description="treat out-of-order timestamps in the trace as an error")
     quiet: bool = Field(
-        False, description="no live view or progress lines (the final summary and results line are still printed)"
+        False,
+        description="no live view or progress lines (the summary, the log and its stall line "
+        "(--stall-log-interval) are still written)",
     )
     log_format: str = Field("text", description="log lines as text or json (one object per line)")
     log_level: str = Field("info", description="debug, info, warning or error")
+    # -- issue 47 (a user's third day) --
+    stall_log_interval_s: float = Field(
+        30.0,
+        ge=0,
+        description="while requests are in flight and none ends, log a line this often naming the oldest "
+        "one's age (--quiet too); 0 = never",
+    )
+    max_trace_length: int = Field(
+        10_000_000,
+        ge=1,
+        description="refuse trace rows whose input_length or output_length is above this many tokens "
+        "(beyond any served model), naming file, row and field",
+    )
 
     @property
     def goodput_slos(self) -> dict[str, float]:
@@ -814,6 +827,13 @@ class RunConfig(FieldChecks):
             return traces
         env_base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         return env_base.rstrip("/") + "/v1/traces" if env_base else None
+
+    def named_secrets(self) -> dict[str, str | None]:
+        """The secrets the logs redact, by where they come from (issue 47: a short one is warned about)."""
+        return {
+            f"the API key (--api-key-file or ${self.api_key_env})": self.api_key(),
+            f"the control token (--control-token-file or ${self.control_token_env})": self.control_token(),
+        }
 
     def api_key(self) -> str | None:
         """The API key from ``api_key_file`` or the ``api_key_env`` variable (never logged)."""

@@ -49,4 +49,5 @@ class ErrorKind(str, enum.Enum):
     INCOMPLETE = "incomplete"  # stream ended with no finish_reason, [DONE] or usage
     USAGE = "usage"  # a pooling response without a usable usage object
     CANCELLED = "cancelled"  # cancelled by shutdown
+    DEPENDENCY = "dependency"  # not sent: an earlier turn of its session (or its parent) failed (outcome cancelled)
     CLIENT = "client"  # any other client-side exception (a bug worth reporting)

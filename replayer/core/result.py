@@ -109,6 +109,11 @@ class RequestResult:
     tpot_ms: float | None = _measured(
         pa.float64(), "time per output token after the first: (last - first token) / (completion tokens - 1)"
     )
+    decode_tpot_ms: float | None = _measured(
+        pa.float64(),
+        "time per output token after the first chunk: (last - first token) / (completion tokens - the first "
+        "chunk's tokens); null where that count is unknown (counted in the summary's `decode_tpot_unknown`)",
+    )
     dispatch_lag_ms: float | None = _measured(
         pa.float64(),
         "dispatched - due (positive: late); dispatched is when the kernel took the request's last byte. With retries, the first send's",

@@ -6,7 +6,8 @@ the latencies the results and metrics report (``Latencies``): TTFT, E2E, TPOT, t
 token-weighted ITL and the same from the due time. Definitions (docs/metrics.md, after
 ``vllm bench serve``): TTFT = first token-carrying event - send; E2E = last choice event - send
 (a whole JSON body: its arrival); TPOT = (last - first) / (N - 1), N the server-reported
-completion tokens, only for N >= 2 and a streamed response; ITL: each gap between successive
+completion tokens, only for N >= 2 and a streamed response; decode TPOT = (last - first) / (N -
+k1), k1 the first event's tokens, where the events' counts are known; ITL: each gap between successive
 token-carrying events that ends in an event of k tokens gives k samples of gap / k, only when
 those counts add up to N; from the due time: the latency plus (send - due) minus a session
 turn's hold (``session_wait_ms``: it is due at its release). An unmeasured value is None, never 0.
@@ -54,6 +55,7 @@ class Latencies:
     itl_ms: list[float] = field(default_factory=list)
     ttft_from_due_ms: float | None = None
     e2el_from_due_ms: float | None = None
+    decode_tpot_ms: float | None = None
 
 
 def derive(ts: Timestamps) -> Latencies:
@@ -77,6 +79,7 @@ def derive(ts: Timestamps) -> Latencies:
         itl_ms(ts.token_ns, ts.token_counts, n),
         None if since is None or ttft is None else ttft + since,
         None if since is None or e2e is None else e2e + since,
+        decode_tpot_ms(first, last, ts.token_counts, n),
     )
 
 
@@ -92,6 +95,20 @@ def tpot_ms(first_ns: int | None, last_ns: int | None, n: int | None) -> float |
     if n is None or n < 2 or first_ns is None or last_ns is None:
         return None
     return (last_ns - first_ns) / 1e6 / (n - 1)
+
+
+def decode_tpot_ms(
+    first_ns: int | None, last_ns: int | None, token_counts: Sequence[int], n: int | None
+) -> float | None:
+    """(last - first) / (N - k1) in ms, k1 the tokens of the first token-carrying event: the time
+    per token of the tokens decoded after the first chunk. ``tpot_ms`` (``vllm bench serve``'s)
+    divides by N - 1 and so understates it when the first chunk carries several tokens (chunked
+    prefill, speculative decoding). None unless N is known, the events' counts add up to N (so k1
+    is known), at least one token follows the first chunk, and both times are known."""
+    if n is None or first_ns is None or last_ns is None or not token_counts or sum(token_counts) != n:
+        return None
+    rest = n - token_counts[0]
+    return (last_ns - first_ns) / 1e6 / rest if rest >= 1 else None
 
 
 def itl_ms(token_ns: Sequence[int], token_counts: Sequence[int], n: int | None) -> list[float]:

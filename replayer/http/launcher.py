@@ -48,6 +48,7 @@ import errno
 import logging
 import mmap
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -270,7 +271,16 @@ class Launcher:
             data = b""
         if not data:  # the child died: every write it held fails
             lost = list(self._due)
+            proc = self._proc
             self.stop()
+            log.error(
+                "the launcher process (pid %s) died mid-run (%s): the %d requests it held failed; the rest of the "
+                "run writes its requests from the event loop (their send times less exact: the self-watch says "
+                "if it falls behind)",
+                proc.pid if proc is not None else "?",
+                _exit_status(proc.returncode if proc is not None else None),
+                len(lost),
+            )
             for token in lost:
                 self._on_report(token, 0, 0, errno.ECHILD)  # type: ignore[misc]
             return
@@ -290,6 +300,18 @@ class Launcher:
                     self._late_max_ns = late
             on_report(token, sent, written, err)  # type: ignore[misc]
         del buf[:n]
+
+
+def _exit_status(code: int | None) -> str:
+    """A child's return code in words: 'killed by SIGKILL', 'exit 1'."""
+    if code is None:
+        return "status unknown"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit {code}"
 
 
 class _Ring:

@@ -110,6 +110,7 @@ def measure(
         )
     )
     res.ttft_ms, res.e2e_ms, res.tpot_ms, res.itl_ms = lat.ttft_ms, lat.e2e_ms, lat.tpot_ms, lat.itl_ms
+    res.decode_tpot_ms = lat.decode_tpot_ms
     res.ttft_from_due_ms, res.e2el_from_due_ms = lat.ttft_from_due_ms, lat.e2el_from_due_ms
 
 

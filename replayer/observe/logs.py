@@ -2,8 +2,10 @@
 
 ``setup_logging(fmt, level, secrets=...)`` installs one stderr handler on the root logger:
 ``fmt="text"`` gives ``<time> <LEVEL> <logger>: <message>``; ``fmt="json"`` gives one JSON object
-per line (``JsonFormatter``). Either way every occurrence of a secret (API key, control token)
-in a formatted line is replaced by ``[redacted]``.
+per line (``JsonFormatter``). Either way a secret (API key, control token) in a formatted line is
+replaced by ``[redacted]`` where it stands as a value (a header value, a URL's credentials, a
+config dump's entry), never inside a longer word: a short token redacted inside every word that
+holds it would garble the log and give itself away by the words around it.
 
 Warnings (``warnings.warn``, e.g. the trace reader's ``TraceOrderWarning`` for an unsorted trace)
 are logged through the same handler, one line each, instead of Python's two-line
@@ -19,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import sys
 import warnings
 from collections.abc import Iterable
 from datetime import datetime, timezone
+from urllib.parse import quote
 
 from replayer.core.result import RequestResult
 
@@ -34,11 +38,41 @@ _REDACTED = "[redacted]"
 _STANDARD_ATTRS = frozenset(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message", "asctime"}
 
 
-def _redact(text: str, secrets: tuple[str, ...]) -> str:
-    for s in secrets:
-        if s in text:
-            text = text.replace(s, _REDACTED)
-    return text
+#: a secret shorter than this is too short to be one (warned about at start: ``short_secrets``)
+MIN_SECRET_CHARS = 8
+#: the characters that make a secret part of a longer word (not redacted there: "tok" in "tokens")
+_WORD = "A-Za-z0-9_"
+
+
+def _pattern(secrets: tuple[str, ...]) -> re.Pattern[str] | None:
+    """One regex matching each secret (and its URL-encoded form) where it stands as a value:
+    not preceded or followed by a letter, digit or underscore (a header value, a URL's
+    credentials, a quoted or ``key=value`` config entry), never inside a longer word."""
+    forms = sorted({f for s in secrets for f in (s, quote(s, safe="")) if f}, key=len, reverse=True)
+    if not forms:
+        return None
+    return re.compile(f"(?<![{_WORD}])(?:{'|'.join(map(re.escape, forms))})(?![{_WORD}])")
+
+
+def _redact(text: str, pattern: re.Pattern[str] | None) -> str:
+    return text if pattern is None else pattern.sub(_REDACTED, text)
+
+
+def short_secrets(named: dict[str, str | None]) -> list[str]:
+    """The names of the secrets in ``named`` (name -> value) shorter than ``MIN_SECRET_CHARS``:
+    a value that short is a word, not a secret, and guessable from the lines it is redacted in."""
+    return [name for name, value in named.items() if value and len(value) < MIN_SECRET_CHARS]
+
+
+def warn_short_secrets(named: dict[str, str | None]) -> None:
+    """Log a warning for each secret of ``named`` too short to be one (``short_secrets``)."""
+    for name in short_secrets(named):
+        logging.getLogger("replayer").warning(
+            "%s is under %d characters: too short to be a secret (guessable, and a word of the log): use a long "
+            "random value; it is redacted only where it stands alone",
+            name,
+            MIN_SECRET_CHARS,
+        )
 
 
 class RedactingFormatter(logging.Formatter):
@@ -47,9 +81,10 @@ class RedactingFormatter(logging.Formatter):
     def __init__(self, fmt: str | None = None, *, secrets: Iterable[str | None] = ()) -> None:
         super().__init__(fmt)
         self.secrets = tuple(s for s in secrets if s)
+        self._pattern = _pattern(self.secrets)
 
     def format(self, record: logging.LogRecord) -> str:
-        return _redact(super().format(record), self.secrets)
+        return _redact(super().format(record), self._pattern)
 
 
 class JsonFormatter(RedactingFormatter):
@@ -76,7 +111,7 @@ class JsonFormatter(RedactingFormatter):
             out["exc"] = record.exc_text
         if record.stack_info:
             out["stack"] = record.stack_info
-        return _redact(json.dumps(out, default=str, ensure_ascii=False), self.secrets)
+        return _redact(json.dumps(out, default=str, ensure_ascii=False), self._pattern)
 
 
 def setup_logging(

@@ -38,13 +38,14 @@ from replayer.observe.metricparts import _DueCounter, _Flush, _ResultsDisk, quan
 from replayer.observe.metrictable import declare
 
 #: the (outcome, error_kind) pairs that occur: success/none, not_started/none, missed_while_down/none,
-#: cancelled/cancelled, failed/every other kind
+#: cancelled/cancelled, cancelled/dependency, failed/every other kind
 _REQUEST_LABELS = [
     (Outcome.SUCCESS, ErrorKind.NONE),
     (Outcome.NOT_STARTED, ErrorKind.NONE),
     (Outcome.MISSED_WHILE_DOWN, ErrorKind.NONE),
     (Outcome.CANCELLED, ErrorKind.CANCELLED),
-] + [(Outcome.FAILED, k) for k in ErrorKind if k not in (ErrorKind.NONE, ErrorKind.CANCELLED)]
+    (Outcome.CANCELLED, ErrorKind.DEPENDENCY),  # (issue 47: a session turn after a failed one)
+] + [(Outcome.FAILED, k) for k in ErrorKind if k not in (ErrorKind.NONE, ErrorKind.CANCELLED, ErrorKind.DEPENDENCY)]
 #: closed label set of replayer_usage_mismatches_total
 USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "missing")
 

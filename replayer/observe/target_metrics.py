@@ -30,6 +30,10 @@ from replayer.observe.target_series import (
     series_deltas,
 )
 
+#: metric names a server exports only with a feature on (speculative decoding): their absence
+#: is listed in ``missing`` but not warned about
+ONLY_WHEN_ENABLED = ("spec_decode_",)
+
 log = logging.getLogger(__name__)
 
 __all__ = ["TargetScraper", "TargetScrapers"]
@@ -151,16 +155,18 @@ class TargetScraper:
         return self.latest
 
     def _note_missing(self, values: Mapping[SeriesKey, float]) -> None:
-        """Update ``missing`` from one good scrape; log the missing names at the first one."""
+        """Update ``missing`` from one good scrape; log the missing names at the first one (not
+        those a server exports only with a feature on: ``ONLY_WHEN_ENABLED``)."""
         d = self.dialect
         present = {r.canon for (name, labels) in values if (r := d.canonical(name, dict(labels))) is not None}
         if self.missing is None:
             self.missing = sorted((set(d.counters) | set(d.gauges) | set(d.parts)) - present)
-            if self.missing:
+            said = [m for m in self.missing if not m.startswith(ONLY_WHEN_ENABLED)]
+            if said:
                 log.warning(
                     "target metrics missing from %s (left out of the summary, never 0): %s",
                     self.url,
-                    ", ".join(self.missing),
+                    ", ".join(said),
                 )
         elif self.missing:
             self.missing = [m for m in self.missing if m not in present]

@@ -153,6 +153,15 @@ class Planner:
                 self._release_at(nxt, due, max(due, release), now_ns, out)  # type: ignore[arg-type]
         return out
 
+    def failed(self, req: PreparedRequest) -> None:
+        """``req`` failed: the turns that depend on it are not sent (``SessionGate.failed``)."""
+        if self.gate is not None:
+            self.gate.failed(req)
+
+    def broken(self, req: PreparedRequest) -> bool:
+        """Whether ``req`` depends on a failed request (``SessionGate.broken``)."""
+        return self.gate is not None and self.gate.broken(req)
+
     # -- hand-over ahead of the due time ------------------------------------------------------
     def ahead(self, req: PreparedRequest) -> bool:
         """Whether ``req`` is handed to the sender ahead of its due time: a sender writes ahead,

@@ -16,6 +16,10 @@ waits on its parent's request id and holds its own, so all children of a parent 
 together when it ends. The time a turn is held back (release - due) is its *session wait*,
 recorded apart from dispatch lag: it is the server's slowness, not the replayer's.
 
+A turn whose predecessor failed is not sent (``failed``/``broken``): it would continue a
+conversation the server never answered; the dispatcher records it cancelled (kind
+``dependency``) and its own dependents after it.
+
 Memory: keys with nothing scheduled keep only their end time, in an LRU of ``max_ended`` keys;
 a turn whose predecessor was evicted goes at its trace time.
 """
@@ -60,6 +64,7 @@ class SessionGate:
         self._max_ended = max_ended
         self.waiting = 0  # requests held in waiter queues now
         self.held = 0  # requests ever held back (waited or delayed)
+        self._failed: OrderedDict[object, None] = OrderedDict()  # keys whose request failed (LRU)
 
     def _think(self, req: PreparedRequest) -> int:
         return self._scale(req.think_ns) if self.policy == "wait" and req.think_ns > 0 else 0
@@ -126,6 +131,20 @@ class SessionGate:
             while len(self._ended) > self._max_ended:
                 self._ended.popitem(last=False)
         return out
+
+    def failed(self, req: PreparedRequest) -> None:
+        """``req`` failed (or was not sent for a failed predecessor): the requests that wait on
+        its key are not sent (``broken``), since they continue a conversation that broke."""
+        if req.key is None or self.policy == "off":
+            return
+        self._failed[req.key] = None
+        self._failed.move_to_end(req.key)
+        while len(self._failed) > self._max_ended:
+            self._failed.popitem(last=False)
+
+    def broken(self, req: PreparedRequest) -> bool:
+        """Whether ``req`` waits on a key whose request failed (it must not be sent)."""
+        return req.dep is not None and req.dep in self._failed
 
     def take_waiting(self) -> list[PreparedRequest]:
         """Remove and return every request still waiting (at shutdown: they were never sent)."""

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+import replayer.record.lock as folder_lock
 from replayer.record.folder import open_file, report_damaged, result_files
 from replayer.record.recorder import write_json
 from replayer.results.concurrency import PeakFold
@@ -170,7 +171,19 @@ def _sent_rows(files: list[str]) -> np.ndarray:
     return np.unique(np.concatenate(keys)) if keys else np.zeros(0, dtype=np.int64)
 
 
-def merge_results(  # noqa: C901, PLR0912, PLR0915
+def merge_results(
+    dirs: list[str], out_dir: str | None = None, *, quiet: bool = False, one_target: bool = False
+) -> dict:
+    """``_merge_results`` holding ``out_dir``'s writer lock (``record.lock``; re-entrant: the
+    ``--workers`` parent holds its folder's). Raises ``FolderBusy`` when a run is writing there."""
+    if not out_dir:
+        return _merge_results(dirs, None, quiet=quiet, one_target=one_target)
+    os.makedirs(out_dir, exist_ok=True)
+    with folder_lock.hold(out_dir, "merge"):
+        return _merge_results(dirs, out_dir, quiet=quiet, one_target=one_target)
+
+
+def _merge_results(  # noqa: C901, PLR0912, PLR0915
     dirs: list[str], out_dir: str | None = None, *, quiet: bool = False, one_target: bool = False
 ) -> dict:
     """One summary over several results folders (shards or workers). Writes
@@ -309,8 +322,9 @@ def _verdicts(dirs: list[str], s: dict, own: list[dict]) -> dict:
 
 
 def _pace_settings(s: dict, own: list[dict]) -> None:
-    """The ``--max-concurrency`` cap and the warm-up's rule of the folders' own summaries (each
-    worker's: they are per process), beside the merged counts of ``s``."""
+    """The ``--max-concurrency`` cap and the warm-up's rule of the folders' own summaries, beside
+    the merged counts of ``s``: the cap is the sum of the folders' (each process's share of the
+    run's: ``per_process``), the warm-up's rule the first folder's (it is per process)."""
     for key, rule in (
         ("concurrency_cap", ("max_concurrency",)),
         ("warmup", ("warmup_requests", "warmup_seconds", "boundary")),
@@ -318,6 +332,10 @@ def _pace_settings(s: dict, own: list[dict]) -> None:
         first = next((o[key] for o in own if isinstance(o.get(key), dict)), None)
         if first is not None:
             s[key] = {**{k: first[k] for k in rule if k in first}, **s.get(key, {})}
+    caps = [o["concurrency_cap"].get("max_concurrency") for o in own if isinstance(o.get("concurrency_cap"), dict)]
+    if caps and all(isinstance(c, int) for c in caps):  # (issue 47) each process's share: the run's cap is their sum
+        s["concurrency_cap"]["max_concurrency"] = sum(caps)
+        s["concurrency_cap"]["per_process"] = caps
 
 
 def _scrape_coverage(summary: dict) -> tuple[float, float, int]:
@@ -383,6 +401,9 @@ def main_merge(dirs: list[str], output: str | None, wait_s: float | None = None)
     except FileNotFoundError as e:
         print(f"replayer merge: {e}", file=sys.stderr)
         return 1
+    except folder_lock.FolderBusy as e:
+        print(f"replayer merge: -o {e}", file=sys.stderr)
+        return 2
     if output:
         print(f"merged summary: {os.path.join(output, 'summary.json')}", flush=True)
     if s["merge_warnings"]:

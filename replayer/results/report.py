@@ -32,6 +32,15 @@ import numpy as np
 import pandas as pd
 
 from replayer.results.reportdata import MAX_POINTS, ReportData, axis_origin_wall_s, load_results, report_files
+from replayer.results.reportparts import (
+    add_marks,
+    axis_layout,
+    drop_empty,
+    event_marks,
+    loop_marks,
+    plotly_script,
+    verdict_line,
+)
 from replayer.results.spanjoin import PARTS, SpansError, SpanSplit, read_spans, split_spans, split_text
 from replayer.results.verdictreport import drift_specs, verdicts_html
 
@@ -128,7 +137,8 @@ def figure_specs(data: ReportData, target: pd.DataFrame | None = None, t0_wall_s
         )
 
     if target is not None and len(target):
-        specs.extend(target_specs(target, t0_wall_s))
+        specs.extend(drop_empty(target_specs(target, t0_wall_s)))  # (issue 47: only what the run had)
+    add_marks(specs, loop_marks(data.loop_starts) if len(data.loop_starts) > 1 else [])  # (issue 47)
     return specs
 
 
@@ -208,12 +218,12 @@ def draw(specs: list[dict]) -> list[tuple[str, Figure]]:
             )
             f.add_trace(go.Scatter(x=se["x"], y=se["y"], mode=se["mode"], name=se["name"], **kw))
         f.update_layout(  # (a legend with one line too: plotly hides it, and the line goes unnamed)
-            xaxis_title=sp["x_title"],
-            yaxis_title=sp["y_title"],
-            xaxis_type=sp["x_type"],
-            yaxis_type=sp["y_type"],
+            xaxis={"title": sp["x_title"], **axis_layout(sp["x_type"])},
+            yaxis={"title": sp["y_title"], **axis_layout(sp["y_type"])},
             showlegend=True,
         )
+        for x, label in sp.get("marks", ()):
+            f.add_vline(x=x, line_dash="dot", line_color="#888", annotation_text=label, annotation_position="top")
         out.append((sp["title"], f))
     return out
 
@@ -283,9 +293,12 @@ def _verdict_section(summary: dict) -> str:
     )
 
 
-def _page(title: str, heading: str, intro: str, figs: list[tuple[str, Figure]], tail: str = "") -> str:
-    """One self-contained HTML page (plotly.js inlined once): ``intro`` (HTML), the figures (div
-    ids ``fig0``, ``fig1``...), then ``tail`` (HTML)."""
+def _page(
+    title: str, heading: str, intro: str, figs: list[tuple[str, Figure]], tail: str = "", asset_dir: str | None = None
+) -> str:
+    """One HTML page: ``intro`` (HTML), the figures (div ids ``fig0``, ``fig1``...), then ``tail``
+    (HTML). plotly.js is loaded from ``asset_dir/plotly.min.js`` (written there once: a report
+    does not carry its own 4.6 MB copy), or inlined when ``asset_dir`` is None."""
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
@@ -299,7 +312,7 @@ def _page(title: str, heading: str, intro: str, figs: list[tuple[str, Figure]], 
         )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<script type="text/javascript">{get_plotlyjs()}</script>
+{plotly_script(asset_dir) if asset_dir is not None else f'<script type="text/javascript">{get_plotlyjs()}</script>'}
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}} table.summary{{border-collapse:collapse;font-size:13px}}
 table.summary td,table.summary th{{border-bottom:1px solid #ddd;padding:2px 10px}} section.plot{{margin:1.5em 0}}</style></head>
 <body><h1>{html.escape(heading)}</h1>{intro}
@@ -370,9 +383,9 @@ def _warmup_text(n: int) -> str:
     )
 
 
-def render_html(results_dir: str, spans: SpanSplit | None = None) -> str:
-    """The report of ``results_dir`` as one self-contained HTML string (with ``spans``: the
-    join with the server's spans, ``replayer.results.spanjoin``)."""
+def render_html(results_dir: str, spans: SpanSplit | None = None, asset_dir: str | None = None) -> str:
+    """The report of ``results_dir`` as an HTML string (with ``spans``: the join with the
+    server's spans, ``replayer.results.spanjoin``); plotly.js as ``_page`` loads it."""
     from replayer.observe.events import draw_events
     from replayer.observe.target_samples import read_samples
 
@@ -383,12 +396,18 @@ def render_html(results_dir: str, spans: SpanSplit | None = None) -> str:
     head = " · ".join(f"{k}: {html.escape(str(v))}" for k, v in info.items() if v)
     origin = axis_origin_wall_s(results_dir)
     intro = (
-        f"<p>{head}</p><p>{len(data):,} requests scheduled{_sent_text(data)}{_warmup_text(data.warmup_rows)}"
+        verdict_line(summary)  # (issue 47: whether the run was good, in one line at the top)
+        + f"<p>{head}</p><p>{len(data):,} requests scheduled{_sent_text(data)}{_warmup_text(data.warmup_rows)}"
         f"{_peak_text(summary, origin)}; results folder "
         f"{html.escape(os.path.abspath(results_dir))}</p>\n" + _verdict_section(summary)
     )
-    figs = figures(data, target, origin)
-    draw_events(figs, summary.get("events"), origin)  # the run's events on the time axes (issue 46)
+    specs = figure_specs(data, target, origin)
+    add_marks(specs, event_marks(summary))  # (issue 47: the run's speed-up changes on the time axes)
+    figs = draw(specs)
+    # the run's other events (issue 46: start, warm-up end, pause, resume, target restart, stop;
+    # loops and speed-up changes are marked above)
+    events = [e for e in summary.get("events") or () if e.get("event") not in ("loop", "speedup")]
+    draw_events(figs, events, origin)
     intro += verdicts_html(summary)  # (issue 45: the fidelity and drift verdicts, the drift windows)
     figs += draw(drift_specs(summary))
     if spans is not None:
@@ -400,6 +419,7 @@ def render_html(results_dir: str, spans: SpanSplit | None = None) -> str:
         intro,
         figs,
         f"<h2>Summary</h2>{_summary_table(summary)}",
+        asset_dir,
     )
 
 
@@ -427,7 +447,7 @@ def write_report(results_dir: str, output: str | None = None, spans: SpanSplit |
     output = output or os.path.join(results_dir, "report.html")
     if spans is not None:
         write_split_csv(spans, os.path.splitext(output)[0] + ".spans.csv")
-    text = render_html(results_dir, spans)
+    text = render_html(results_dir, spans, os.path.dirname(os.path.abspath(output)))
     with open(output, "w", encoding="utf-8") as f:
         f.write(text)
     return output

@@ -39,6 +39,7 @@ REPORT_COLUMNS = [
     "itl_ms",
     "itl_counts",
     "warmup",
+    "loop",
 ]
 
 
@@ -115,6 +116,7 @@ class ReportData:
         self.has_from_due = False  # the files have the from-due columns
         self.ok_sample, self.sent_sample = _Sample(MAX_POINTS, 0), _Sample(MAX_POINTS, 1)
         self.warmup_rows = 0  # warm-up requests: counted, plotted apart, in no distribution
+        self.loop_starts: dict[int, float] = {}  # loop -> its first due time (s): the report marks the boundaries
         for b in iter_on_one_axis(files, REPORT_COLUMNS):
             self._add(b)
 
@@ -131,6 +133,8 @@ class ReportData:
         ok = pc.fill_null(pc.equal(b.column("outcome"), "success"), False).to_numpy(zero_copy_only=False)
         self._bin("due", due)
         self._bin("sent", sent)
+        if "loop" in b.schema.names:
+            self._loop_starts(b.column("loop").to_numpy(zero_copy_only=False), due)
         self._bin("completed", end[ok])
         for col in ("completion_tokens", "prompt_tokens"):
             self._bin(col, end[ok], np.nan_to_num(f(col)[ok]))
@@ -162,6 +166,12 @@ class ReportData:
             self.sent_sample.add(
                 {"sent_s": sent[was_sent], "due_s": due[was_sent], "dispatch_lag_ms": f("dispatch_lag_ms")[was_sent]}
             )
+
+    def _loop_starts(self, loops: np.ndarray, due: np.ndarray) -> None:
+        for k in np.unique(loops):
+            first = float(np.nanmin(due[loops == k])) if (~np.isnan(due[loops == k])).any() else None
+            if first is not None:
+                self.loop_starts[int(k)] = min(self.loop_starts.get(int(k), first), first)
 
     def __len__(self) -> int:
         return self.rows

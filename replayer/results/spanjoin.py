@@ -5,7 +5,9 @@ into decode, per request and as distributions.
 The file is OTLP JSON lines as the OpenTelemetry Collector's file exporter writes them: one
 ``ExportTraceServiceRequest`` per line (``{"resourceSpans": [{"scopeSpans": [{"spans":
 [...]}]}]}``), ids in hex (the Collector's form) or base64 (protobuf's JSON mapping), 64-bit
-integers as strings or numbers. A request is replayer's CLIENT span (it carries
+integers as strings or numbers; or one span per line (an OTLP span object, or the SDKs'
+``to_json`` shape, as some receivers write them). A file with no span in any of these shapes is
+an error, not an empty join. A request is replayer's CLIENT span (it carries
 ``replayer.row``); its server span is the SERVER span whose parent is that span (vLLM's
 ``llm_request``, or the simulator's), read with vLLM's attribute names, in seconds:
 
@@ -83,32 +85,96 @@ def _value(v: dict) -> Any:
     return None
 
 
+def _otlp_span(s: dict) -> Span:
+    """One span in OTLP JSON (the Collector's, or one object per line in the same shape)."""
+    attrs = s.get("attributes") or ()
+    return Span(
+        trace_id=_id(s.get("traceId")),
+        span_id=_id(s.get("spanId")),
+        parent_span_id=_id(s.get("parentSpanId")),
+        name=str(s.get("name", "")),
+        kind=s.get("kind"),
+        start_ns=int(s.get("startTimeUnixNano", 0)),
+        end_ns=int(s.get("endTimeUnixNano", 0)),
+        attributes=dict(attrs) if isinstance(attrs, dict) else {a["key"]: _value(a.get("value", {})) for a in attrs},
+    )
+
+
+#: the OpenTelemetry SDKs' span kinds as their ``to_json`` writes them
+_SDK_KINDS = {"SpanKind.CLIENT": 3, "SpanKind.SERVER": 2, "SpanKind.INTERNAL": 1}
+
+
+def _sdk_time_ns(v: object) -> int:
+    """An SDK span's ISO-8601 time (``2026-01-02T03:04:05.123456Z``) as Unix ns."""
+    if isinstance(v, (int, float)):
+        return int(v)
+    if not isinstance(v, str) or not v:
+        return 0
+    import datetime as dt
+
+    t = dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.timezone.utc)
+    return int(t.timestamp()) * 1_000_000_000 + t.microsecond * 1000
+
+
+def _sdk_span(s: dict) -> Span:
+    """One span as an OpenTelemetry SDK writes it (``span.to_json()``: the console exporter's and
+    many receivers' one-object-per-span shape): ``context.trace_id``/``span_id`` as ``0x`` hex,
+    ``parent_id``, ``kind`` ``SpanKind.CLIENT``, ISO times, attributes as a plain object."""
+    ctx = s.get("context") or {}
+    return Span(
+        trace_id=_id(str(ctx.get("trace_id") or "").removeprefix("0x")),
+        span_id=_id(str(ctx.get("span_id") or "").removeprefix("0x")),
+        parent_span_id=_id(str(s.get("parent_id") or "").removeprefix("0x")),
+        name=str(s.get("name", "")),
+        kind=_SDK_KINDS.get(str(s.get("kind")), s.get("kind")),
+        start_ns=_sdk_time_ns(s.get("start_time")),
+        end_ns=_sdk_time_ns(s.get("end_time")),
+        attributes=dict(s.get("attributes") or {}),
+    )
+
+
+def _line_spans(doc: Any) -> list[Span]:
+    """The spans of one line: an ``ExportTraceServiceRequest``, one OTLP span, or one SDK span."""
+    if isinstance(doc, list):  # (a JSON array of spans on one line)
+        return [sp for d in doc for sp in _line_spans(d)]
+    if not isinstance(doc, dict):
+        return []
+    if "resourceSpans" in doc:
+        return [
+            _otlp_span(s) for rs in doc["resourceSpans"] for ss in rs.get("scopeSpans", ()) for s in ss.get("spans", ())
+        ]
+    if "spanId" in doc and "traceId" in doc:
+        return [_otlp_span(doc)]
+    if isinstance(doc.get("context"), dict) and "span_id" in doc["context"]:
+        return [_sdk_span(doc)]
+    return []
+
+
 def read_spans(path: str) -> list[Span]:
-    """Every span of an OTLP JSON lines file. Raises SpansError naming the line of a bad one."""
+    """Every span of a spans file, one JSON document per line: the OpenTelemetry Collector's
+    file exporter (``resourceSpans``), or one span per line (OTLP JSON's span object, or an
+    SDK's ``to_json`` shape). Raises SpansError naming the line of a bad one, or saying the file
+    holds no span at all (a file of some other shape is not read as "0 requests traced")."""
     out: list[Span] = []
+    lines = 0
     with open(path, "rb") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
+            lines += 1
             try:
-                doc = orjson.loads(line)
-                for rs in doc.get("resourceSpans", ()):
-                    for ss in rs.get("scopeSpans", ()):
-                        for s in ss.get("spans", ()):
-                            out.append(
-                                Span(
-                                    trace_id=_id(s.get("traceId")),
-                                    span_id=_id(s.get("spanId")),
-                                    parent_span_id=_id(s.get("parentSpanId")),
-                                    name=str(s.get("name", "")),
-                                    kind=s.get("kind"),
-                                    start_ns=int(s.get("startTimeUnixNano", 0)),
-                                    end_ns=int(s.get("endTimeUnixNano", 0)),
-                                    attributes={a["key"]: _value(a.get("value", {})) for a in s.get("attributes", ())},
-                                )
-                            )
+                out.extend(_line_spans(orjson.loads(line)))
             except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as e:
-                raise SpansError(f"{path}: line {n}: not an OTLP JSON ExportTraceServiceRequest ({e})") from None
+                raise SpansError(
+                    f"{path}: line {n}: not an OTLP JSON ExportTraceServiceRequest or span ({e})"
+                ) from None
+    if lines and not out:
+        raise SpansError(
+            f"{path}: holds no OTLP spans ({lines} line(s), none an ExportTraceServiceRequest with resourceSpans, "
+            "an OTLP span with traceId/spanId, or an SDK span with context.span_id)"
+        )
     return out
 
 

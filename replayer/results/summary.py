@@ -23,14 +23,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+import replayer.results.httpclasses as httpclasses
 import replayer.results.verdict as verdict
 from replayer.core import usage
+from replayer.core.errors import ErrorKind
 from replayer.core.result import itl_samples
 from replayer.core.stats import PERCENTILE_METHOD, Stat, stat_from_json, stat_to_json
 from replayer.record.runwindows import removed_of as _removed_of, run_durations, run_windows
 from replayer.results.concurrency import PeakFold, peak_of_files
 from replayer.results.imagestats import COLUMNS as IMAGE_COLUMNS, ImageFold
 from replayer.results.summarytext import format_summary
+from replayer.results.warmtokens import WarmTokens
 
 PERCENTILES = (50, 90, 99)
 POOLING = ("/v1/embeddings", "/v1/score", "/v1/rerank")
@@ -38,16 +41,20 @@ POOLING = ("/v1/embeddings", "/v1/score", "/v1/rerank")
 COLUMNS = (
     "outcome",
     "error_kind",
+    "http_status",
     "endpoint",
     "due_ns",
     "sent_ns",
     "end_ns",
+    "first_token_ns",
+    "last_token_ns",
     "prompt_tokens",
     "completion_tokens",
     "input_length",
     "output_length",
     "ttft_ms",
     "tpot_ms",
+    "decode_tpot_ms",
     "e2e_ms",
     "ttft_from_due_ms",
     "e2el_from_due_ms",
@@ -95,7 +102,12 @@ _COUNTS = (
     "usage_inflated",
     "session_turns",
     "turns_held",
+    "turns_lost",  # (issue 47) turns not sent: an earlier turn of the session failed
     "partial_output_tokens",
+    "decode_tpot_unknown",  # (issue 47) tpot_ms known, the first chunk's token count not
+    "http_rate_limited",  # (issue 47: results.httpclasses)
+    "http_overloaded",
+    "http_other",
     "input_tokens_known",
     "input_tokens_values",
     "output_tokens_known",
@@ -134,6 +146,13 @@ def _is(col: pa.ChunkedArray | pa.Array, value: str) -> np.ndarray:
     return pc.fill_null(pc.equal(col, value), False).to_numpy(zero_copy_only=False)
 
 
+def _f64_opt(t: pa.Table | pa.RecordBatch, name: str) -> np.ndarray:
+    """Column ``name`` as float64, all NaN (unknown) where a results file has no such column."""
+    if name in t.schema.names:
+        return _f64(t.column(name))
+    return np.full(t.num_rows, np.nan)
+
+
 def _f64(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """A numeric column as float64 (null -> NaN)."""
     return col.to_numpy(zero_copy_only=False).astype(np.float64)
@@ -167,6 +186,7 @@ class SummaryFold:
         self.pooled = False
         self.images = ImageFold()
         self.warmup_last_sent = -math.inf  # the last warm-up request's send (ns after its run's anchor)
+        self.warm_tokens = WarmTokens()  # (issue 47) warm-up tokens streamed past the boundary count
 
     def stat(self, key: str) -> Stat:
         return self.stats.setdefault(key, Stat())
@@ -220,6 +240,9 @@ class SummaryFold:
         ttft = _f64(t.column("ttft_ms"))[ok]
         self.stat("ttft_ms").add(ttft)
         self.stat("tpot_ms").add(_f64(t.column("tpot_ms"))[ok])
+        decode = _f64_opt(t, "decode_tpot_ms")[ok]  # (issue 47) unknown: left out, and counted
+        self.stat("decode_tpot_ms").add(decode)
+        n["decode_tpot_unknown"] += int((~np.isnan(_f64(t.column("tpot_ms"))[ok]) & np.isnan(decode)).sum())
         # this batch's ITL samples only: a run's ITL lists are never held whole
         self.stat("itl_ms").add(itl_samples(t, ok))  # (either ITL form: result.compact_itl)
         e2e = _f64(t.column("e2e_ms"))
@@ -271,6 +294,7 @@ class SummaryFold:
         n["expected_prefix_known"] += int((~np.isnan(exp)).sum())
         for kc in pc.value_counts(t.column("error_kind").filter(pa.array(failed))).to_pylist():
             self.errors[kc["values"]] = self.errors.get(kc["values"], 0) + kc["counts"]
+        httpclasses.count(n, t, failed)  # 429 and 503 told apart (issue 47)
         if ep is not None:
             self._add_endpoints(t, ep, outcome, ok_all, failed, e2e)
         if "session_id" in names:
@@ -280,6 +304,8 @@ class SummaryFold:
                 n["session_turns"] += len(sid)
                 wait = _f64(t.column("session_wait_ms"))
                 n["turns_held"] += int(np.nansum(wait > 0))
+                lost = pc.equal(t.column("error_kind"), ErrorKind.DEPENDENCY.value)
+                n["turns_lost"] += int(pc.sum(pc.cast(lost, pa.int64())).as_py() or 0)
                 self.stat("session_wait_ms").add(wait)
 
     def _split_warmup(self, t: pa.Table | pa.RecordBatch) -> pa.Table | pa.RecordBatch:
@@ -308,6 +334,10 @@ class SummaryFold:
         n["warmup_failed"] += int(_is(outcome, "failed").sum())
         if (~np.isnan(sent)).any():
             self.warmup_last_sent = max(self.warmup_last_sent, float(np.nanmax(sent)))
+        ok = _is(outcome, "success")
+        self.warm_tokens.add(
+            _f64_opt(t, "first_token_ns")[ok], _f64_opt(t, "last_token_ns")[ok], _f64(t.column("completion_tokens"))[ok]
+        )
 
     def _add_endpoints(self, t, ep, outcome, ok_all: np.ndarray, failed: np.ndarray, e2e: np.ndarray) -> None:
         """Per-endpoint counts and E2E, and the pooling usage audit (``replayer.http.audit``)."""
@@ -355,6 +385,7 @@ class SummaryFold:
         self.pooled |= other.pooled
         self.images.merge(other.images)
         self.warmup_last_sent = max(self.warmup_last_sent, other.warmup_last_sent)
+        self.warm_tokens.merge(other.warm_tokens)
 
     def result(self) -> dict:
         """The summary dict (JSON-ready; None for n/a); ``duration`` from the first send to the
@@ -376,8 +407,9 @@ class SummaryFold:
         if any(c in self.stats for c in SERVER_TIMINGS):
             for c in SERVER_TIMINGS:
                 s.update(self.stat(c).summary(c, PERCENTILES))
-        for name in ("tpot_ms", "itl_ms", "e2el_ms", "ttft_from_due_ms", "e2el_from_due_ms"):
+        for name in ("tpot_ms", "decode_tpot_ms", "itl_ms", "e2el_ms", "ttft_from_due_ms", "e2el_from_due_ms"):
             s.update(self.stat(name).summary(name, PERCENTILES))
+        s["decode_tpot_unknown"] = n["decode_tpot_unknown"]
         lag = self.stat("dispatch_lag_ms")
         s["dispatch_lag_p50_ms"], s["dispatch_lag_p99_ms"] = lag.percentile(50), lag.percentile(99)
         s["dispatch_lag_max_ms"] = lag.max if lag.count else None
@@ -396,6 +428,7 @@ class SummaryFold:
             s[k] = n[k]
         s["expected_prefix_hit_tokens"] = n["expected_prefix_hit_tokens"] if n["expected_prefix_known"] else None
         s["errors_by_kind"] = {k: self.errors[k] for k in sorted(self.errors)}
+        s.update(httpclasses.section(n))
         if self.partial_known:
             s["partial_output_tokens"] = n["partial_output_tokens"]
         s.update(self.images.result())
@@ -415,6 +448,7 @@ class SummaryFold:
                 "sessions": len(self.sessions),
                 "turns": n["session_turns"],
                 "turns_held": n["turns_held"],
+                "turns_lost": n["turns_lost"],
                 "session_wait_ms": self._pct("session_wait_ms"),
             }
         if n["queue_capped"]:
@@ -426,7 +460,9 @@ class SummaryFold:
                 "completed": n["warmup_completed"],
                 "failed": n["warmup_failed"],
                 "last_sent_s": self.warmup_last_sent / 1e9 if math.isfinite(self.warmup_last_sent) else None,
+                "output_tokens_after_boundary": self.warm_tokens.within(self.sent_min, self.end_max),
             }
+            set_duration(s, duration)  # (the window's throughput counts those tokens)
         if self.slos:
             s.update(
                 verdict.finish(
@@ -544,6 +580,11 @@ def fold_to_json(fold) -> dict:
         "pooled": fold.pooled,
         "images": {"n": fold.images.n, "seen": fold.images.seen},
         "warmup_last_sent": fold.warmup_last_sent if math.isfinite(fold.warmup_last_sent) else None,
+        "warm_tokens": [
+            fold.warm_tokens.first.tolist(),
+            fold.warm_tokens.last.tolist(),
+            fold.warm_tokens.tokens.tolist(),
+        ],
     }
 
 
@@ -569,6 +610,8 @@ def fold_from_json(d: dict):
     fold.images.seen = bool(images.get("seen"))
     if d.get("warmup_last_sent") is not None:
         fold.warmup_last_sent = d["warmup_last_sent"]
+    if d.get("warm_tokens"):
+        fold.warm_tokens.add(*(np.asarray(v, dtype=np.float64) for v in d["warm_tokens"]))
     return fold
 
 
@@ -634,6 +677,8 @@ def set_duration(s: dict, duration: float) -> None:
     where a token total is unknown)."""
     s["duration"] = duration
     tin, tout = s["total_input_tokens"], s["total_output_tokens"]
+    if tout is not None:  # warm-up tokens streamed inside the window (issue 47: cut by token)
+        tout += (s.get("warmup") or {}).get("output_tokens_after_boundary", 0)
     for key, num in (
         ("request_throughput", s["completed"]),
         ("output_throughput", tout),

@@ -140,6 +140,9 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
                     " / ".join(fmt(s[f"{k}_{name[:-3]}_from_due_ms"]) for k in ("mean", "median", "p99")),
                 )
             )
+        if name == "tpot_ms" and s.get("decode_tpot_ms_count"):  # (issue 47)
+            decode = " / ".join(fmt(s[f"{k}_decode_tpot_ms"]) for k in ("mean", "median", "p99"))
+            rows.append(("  decode, after the 1st chunk (ms)", decode))
     if "client_overhead_ms_count" in s:
         rows.append("Server timings (--server-timings; mean / median / p99, ms)")
         for name, label in (
@@ -192,6 +195,7 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
     if s.get("errors_by_kind"):
         rows.append("Errors by kind")
         rows.extend((k, v) for k, v in s["errors_by_kind"].items())
+    rows += _failure_rows(s)  # (issue 47)
     width = 50
     lines = []
     for r in rows:
@@ -201,6 +205,20 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
             value = fmt(r[1])
             lines.append(f"{r[0]}{' ' * max(2, width + 14 - len(r[0]) - len(value))}{value}")
     return "\n".join(lines)
+
+
+def _failure_rows(s: dict) -> list[tuple[str, object] | str]:
+    """What failures cost beyond the error rate: session turns not sent after a failed turn, and
+    the HTTP errors told apart (429 rate limited, 503 overloaded, other)."""
+    rows: list[tuple[str, object] | str] = []
+    lost = (s.get("sessions") or {}).get("turns_lost")
+    if lost:
+        rows.append(("Turns lost (an earlier turn of the session failed)", f"{lost:,}"))
+    http = s.get("http_errors")
+    if http:
+        counts = f"{http['rate_limited']:,} / {http['overloaded']:,} / {http['other']:,}"
+        rows.append(("HTTP errors: 429 rate limited / 503 overloaded / other", counts))
+    return rows
 
 
 def _pace_rows(s: dict, fmt: Callable[[object], str]) -> list[tuple[str, object] | str]:

@@ -7,6 +7,7 @@ Drawn like the run report (``replayer.results.report``'s plotly figures and page
 from __future__ import annotations
 
 import html
+import os
 
 import numpy as np
 
@@ -169,7 +170,7 @@ def _rule(sweep: dict) -> str:
     )
 
 
-def render_sweep_html(sweep: dict) -> str:
+def render_sweep_html(sweep: dict, asset_dir: str | None = None) -> str:
     """The sweep page (``replayer.run.sweep``'s ``sweep.json``) as one self-contained HTML string:
     the verdict (the highest speed-up that held, why the sweep stopped), the points, the plots."""
     held = sweep.get("highest_held_speedup")
@@ -196,12 +197,12 @@ def render_sweep_html(sweep: dict) -> str:
         f"<h2>Verdict</h2><p>{verdict}; stopped: {html.escape(str(sweep.get('stop_reason')))}</p>{note}"
         f"<h2>Points</h2>{_points_table(sweep)}"
     )
-    return _page("replayer sweep", "replayer sweep", intro, draw(sweep_figure_specs(sweep)))
+    return _page("replayer sweep", "replayer sweep", intro, draw(sweep_figure_specs(sweep)), asset_dir=asset_dir)
 
 
 def write_sweep_report(sweep: dict, output: str) -> str:
     """Write the sweep page to ``output``; returns its path."""
-    text = render_sweep_html(sweep)
+    text = render_sweep_html(sweep, os.path.dirname(os.path.abspath(output)))
     with open(output, "w", encoding="utf-8") as f:
         f.write(text)
     return output

@@ -22,6 +22,7 @@ from replayer import __version__
 from replayer.config.model import RunConfig
 from replayer.core.tracecontext import TraceContext
 from replayer.http.servertimings import REQUEST_FIELD as SERVER_TIMINGS_FIELD
+from replayer.observe.streamcheck import BufferedStreams
 from replayer.payload.body import PayloadBuilder
 from replayer.payload.loopprompts import Prompts
 from replayer.payload.prepare import RequestFactory
@@ -61,6 +62,7 @@ class Parts:
     warmup: WarmupMarker | None  # --warmup-*: marks warm-up requests as they go out
     warmup_end: WarmupEnd | None  # --warmup-*: the run's event at the warm-up's end (issue 46)
     verdicts: VerdictWatch  # the live fidelity figures and drift windows (issue 45)
+    checks: BufferedStreams  # the run's self-check: a stream that arrives all at once (issue 47)
     tenants: TenantMetrics | None  # a mix: per-tenant series
     targets: TargetMetrics | None  # several targets: per-target series
     writes_ahead: bool  # the launcher process writes requests at their due time
@@ -129,6 +131,7 @@ def assemble(cfg: RunConfig, inputs: Inputs) -> Parts:
             max_concurrency=cfg.max_concurrency,
             min_change_pct=cfg.drift_min_change_pct,
         ),
+        checks=BufferedStreams(),
         tenants=TenantMetrics(metrics.registry, [e.tenant for e in cfg.mix_entries]) if cfg.mix else None,
         targets=TargetMetrics(metrics.registry, targets) if len(targets) > 1 else None,
         writes_ahead=writes_ahead,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 
 from prometheus_client import CollectorRegistry
@@ -27,13 +28,14 @@ from prometheus_client import CollectorRegistry
 from replayer.config.model import RunConfig, new_run_id
 from replayer.http.connection import raise_open_file_limit
 from replayer.observe.lastscrape import last_scrape
-from replayer.observe.logs import setup_logging
+from replayer.observe.logs import setup_logging, warn_short_secrets
 from replayer.run.assemble import assemble
 from replayer.run.finish import EXIT_ERROR_RATIO, error_ratio_problem, exit_code, finish
 from replayer.run.inputs import open_inputs
 from replayer.run.lifecycle import STOP_SIGNALS, run_parts
 from replayer.run.live import RunState
 from replayer.run.readiness import StartupError
+from replayer.run.simproc import PARENT_PID_ENV
 
 log = logging.getLogger("replayer")
 
@@ -80,7 +82,8 @@ async def run_replay(
 
 def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
     """Run with uvloop. Exit code: 0 when the replay ended by itself (or by ``/stop``), 2 on a
-    startup/trace error or when no row of the trace was scheduled, 3 when more requests failed than ``--max-error-ratio`` allows, 4 when a
+    startup/trace error or when no row of the trace was scheduled, 3 when more requests failed than
+    ``--max-error-ratio`` allows (without it: when every request that ended failed), 4 when a
     background task crashed and stopped the run (``replayer.core.background``), 5 when results or
     ``summary.json`` could not all be written (a full disk: the summary printed counts them), 6 when
     ``--fail-unfaithful`` and the fidelity verdict is not faithful, 128 + the
@@ -101,6 +104,8 @@ def main_run(cfg: RunConfig, sim: tuple | None = None) -> int:
         secrets=(cfg.api_key(), cfg.control_token()),
         fields={"shard": cfg.shard} if cfg.shard_index[1] > 1 else None,
     )
+    if not os.environ.get(PARENT_PID_ENV):  # (issue 47; a --workers parent said it once)
+        warn_short_secrets(cfg.named_secrets())
     try:
         summary = uvloop.run(run_replay(cfg, sim=sim))
     except (StartupError, TraceError) as e:

@@ -17,7 +17,8 @@ for. The run's subscribers, in this order (``result_fanout``), each event once:
 4. ``tenants`` / ``targets``: the per-trace and per-target series of a mix or a routed fleet;
 5. ``live state``: the counters of ``/status``, the progress line and the error-burst log;
 6. ``spans``: with ``--otlp-endpoint``, the request's OpenTelemetry span (``replayer.observe.otel``);
-   then ``verdicts``: the live fidelity figures and drift windows (``replayer.results.verdictwatch``);
+   then ``verdicts``: the live fidelity figures and drift windows (``replayer.results.verdictwatch``),
+   and ``self-checks``: a stream that arrived all at once (``replayer.observe.streamcheck``);
 7. ``recorder``: the results file (last: a result on disk has been counted everywhere).
 
 The latencies (from the send and from the due time) were derived once, as the client measured
@@ -215,10 +216,12 @@ def result_fanout(
     spans: object | None = None,
     live_window: object | None = None,
     verdicts: object | None = None,
+    checks: object | None = None,
 ) -> list[Step]:
     """The run's subscribers in their order (module docstring): ``warm-up`` (and ``warm-up end``)
     only with a warm-up, ``verdict`` only with bounds, ``tenants`` with a mix, ``targets`` with
-    several targets, ``spans`` with tracing on, ``live window`` and ``verdicts`` when given."""
+    several targets, ``spans`` with tracing on, ``live window``, ``verdicts`` and ``self-checks``
+    when given."""
     steps: list[Step] = []
     if warmup is not None:
         steps.append(("warm-up", warmup))
@@ -238,5 +241,7 @@ def result_fanout(
         steps.append(("spans", spans))
     if verdicts is not None:
         steps.append(("verdicts", verdicts))
+    if checks is not None:  # (issue 47) self-checks that see every result: streams buffered on the way
+        steps.append(("self-checks", checks))
     steps.append(("recorder", SimpleNamespace(on_result=recorder.add)))  # (its own bound method, no wrapper)
     return steps

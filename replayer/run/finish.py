@@ -70,8 +70,10 @@ async def finish(parts: Parts, ended: Ended) -> dict[str, Any]:
     )
     loop = asyncio.get_running_loop()
     summary["events"] = inputs.metrics.events.as_list()  # (issue 46: what happened when)
-    await loop.run_in_executor(None, rewrite_summary, results_dir, summary)
     parts.verdicts.final(summary)  # (issue 45) the live verdicts' gauges say the summary's
+    if (at_once := parts.checks.report()) is not None:  # (issue 47: streams that came all at once)
+        summary["buffered_streams"] = at_once
+    await loop.run_in_executor(None, rewrite_summary, results_dir, summary)
     if ended.spans is not None:  # the run span (with the summary's numbers), the queue drained, time-boxed
         try:
             summary["otel"] = await loop.run_in_executor(None, ended.spans.close, summary)
@@ -88,9 +90,8 @@ async def finish(parts: Parts, ended: Ended) -> dict[str, Any]:
 
 
 def _tls_counts(clients: dict[str, Client]) -> dict[str, Any] | None:
-    """The TLS handshakes of the run's pools: how many resumed a session, how many connections
-    had their records sealed by the replayer (written by the launcher process), by protocol
-    version; None without TLS."""
+    """The TLS handshakes of the run's pools (resumed, sealed by the replayer, by version), the
+    requests the launcher and the loop wrote; None without TLS."""
     pools = [c.pool for c in clients.values() if c.pool.tls]
     if not pools:
         return None
@@ -112,8 +113,7 @@ def _tls_counts(clients: dict[str, Client]) -> dict[str, Any] | None:
 
 
 def exit_code(cfg: RunConfig, summary: dict[str, Any]) -> int:
-    """The run's exit code from its summary (``replayer.run.daemon.main_run`` lists them), the
-    reason printed to stderr."""
+    """The run's exit code from its summary (``daemon.main_run`` lists them), why on stderr."""
     sig = summary.get("stop_signal")
     if sig:
         return 128 + signal.Signals[sig].value
@@ -121,7 +121,8 @@ def exit_code(cfg: RunConfig, summary: dict[str, Any]) -> int:
     if unwritten:
         print(f"replayer: {unwritten}: exit {EXIT_WRITE_FAILED}", file=sys.stderr)
         return EXIT_WRITE_FAILED
-    empty = nothing_scheduled_problem(summary) if cfg.shard_index[1] == 1 else None  # (a shard of several may be empty)
+    one = cfg.shard_index[1] == 1  # (a shard of several may be empty)
+    empty = nothing_scheduled_problem(summary) if one else None
     if empty:
         print(f"replayer: error: {empty}", file=sys.stderr)
         return 2
@@ -133,7 +134,7 @@ def exit_code(cfg: RunConfig, summary: dict[str, Any]) -> int:
             file=sys.stderr,
         )
         return EXIT_TASK_FAILED
-    problem = error_ratio_problem(summary, cfg.max_error_ratio)
+    problem = error_ratio_problem(summary, cfg.max_error_ratio) if one or cfg.max_error_ratio is not None else None
     if problem:
         print(f"replayer: {problem}", file=sys.stderr)
         return EXIT_ERROR_RATIO
@@ -290,7 +291,11 @@ def _add_run_notes(
     if fleet is not None:  # a fleet shard: its start, its clock against the coordinator's
         summary["fleet"] = fleet
     if cfg.insecure and any(u.startswith("https://") for u in cfg.targets):
-        summary["tls_insecure"] = True  # --insecure: the target's certificate was not verified
+        summary["tls_insecure"] = True
+    if cfg.max_error_ratio is None and cfg.shard_index[1] == 1 and (why := nothing_measured(summary)):
+        summary["nothing_measured"] = (
+            why  # (issue 47: the run exits 3)  # --insecure: the target's certificate was not verified
+        )
 
 
 def _pace_sections(summary: dict[str, Any], cfg: RunConfig) -> None:
@@ -414,11 +419,29 @@ def nothing_scheduled_problem(summary: dict) -> str | None:
     )
 
 
+def nothing_measured(summary: dict) -> str | None:
+    """Why a run measured nothing (every request that ended failed), or None: such a run is not a
+    success even without ``--max-error-ratio`` (a CI job that forgot the flag against a dead
+    server). In ``summary.json`` as ``nothing_measured``."""
+    failed, completed = summary.get("failed") or 0, summary.get("completed") or 0
+    if not failed or completed:
+        return None
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted((summary.get("errors_by_kind") or {}).items()))
+    return (
+        f"all {failed} requests that ended failed{' (' + kinds + ')' if kinds else ''}: the run measured nothing "
+        f"(--max-error-ratio 1 lets such a run pass)"
+    )
+
+
 def error_ratio_problem(summary: dict, max_error_ratio: float | None) -> str | None:
     """Why the run should exit ``EXIT_ERROR_RATIO``: failed / (completed + failed) is above
-    ``max_error_ratio`` (None: no limit, or no request ended); else None."""
+    ``max_error_ratio``, or (no ``max_error_ratio``) every request that ended failed
+    (``nothing_measured``); else None (also when no request ended)."""
     failed, ended = summary.get("failed") or 0, (summary.get("completed") or 0) + (summary.get("failed") or 0)
-    if max_error_ratio is None or not ended or failed / ended <= max_error_ratio:
+    if max_error_ratio is None:
+        why = nothing_measured(summary)
+        return f"{why}: exit {EXIT_ERROR_RATIO}" if why else None
+    if not ended or failed / ended <= max_error_ratio:
         return None
     kinds = ", ".join(f"{k} {n}" for k, n in sorted((summary.get("errors_by_kind") or {}).items()))
     return (

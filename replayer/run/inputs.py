@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow.parquet as pq
 from prometheus_client import CollectorRegistry
 
+import replayer.record.lock as folder_lock
 from replayer.config.model import RunConfig
 from replayer.core.endpoints import TEXT_ONLY
 from replayer.observe.admin import AdminServer
@@ -31,6 +32,7 @@ from replayer.observe.runlabels import RunInfo, RunLabels
 from replayer.payload.imagerows import ImageEndpointError, check_image_endpoints, may_have_images
 from replayer.record.folder import earlier_run, new_results_dir
 from replayer.record.recorder import warm_up as recorder_warm_up
+from replayer.results.traceinspect import GRIDS_NS
 from replayer.run.enginecheck import engine_settings
 from replayer.run.live import RunState, StatusView
 from replayer.run.readiness import StartupError, wait_ready_all
@@ -38,6 +40,7 @@ from replayer.run.resume import resume_plan
 from replayer.run.simproc import embedded_args, spawn_sim, stop_sim
 from replayer.trace import TraceError, open_mix, open_trace, parse_mapping
 from replayer.trace.synth import SynthSource
+from replayer.trace.values import set_length_bound
 
 log = logging.getLogger("replayer")
 
@@ -74,32 +77,16 @@ async def open_inputs(
     """Gather the run's inputs; what needs closing after the summary (the embedded simulator,
     the admin server, an empty results folder this run made when nothing was sent) is pushed on
     ``stack``. Raises StartupError (nothing sent) or trace.TraceError."""
-    targets = cfg.targets
-    if not targets:  # start it first: it boots in its own process while we load the trace
-        sim_proc, embedded = (
-            sim
-            if sim
-            else spawn_sim(
-                embedded_args(
-                    cfg.tokenizer,
-                    cfg.otlp_traces_url(),
-                    ttft_drift=cfg.sim_ttft_drift_ms_per_min,  # (issue 45: the drift verdict's test aid)
-                    itl_drift=cfg.sim_itl_drift_ms_per_min,
-                )
-            )
-        )
-        log.info("no --target: starting the embedded simulator at %s", embedded)
-        stack.push_async_callback(_stop_sim, sim_proc)
-        targets = [embedded]
-    elif sim is not None:
+    if sim is not None:  # (stopped whatever happens, used only without --target)
         stack.push_async_callback(_stop_sim, sim[0])
     # warm the results writer in a thread while the trace loads and the target comes up
     warming = asyncio.get_running_loop().run_in_executor(None, recorder_warm_up)
     open_batches, block_size, n_rows, span_s = open_batches_factory(cfg)
     check_tracing(cfg)
-    results_dir, created = results_dir_for(cfg)
+    results_dir, created = results_dir_for(cfg)  # (locked: one writer per folder, issue 47)
     if created:
         stack.push(_forget_if_empty(cfg, results_dir))
+    stack.callback(release_results_dir, results_dir)  # (the lock first: then an empty folder goes)
     state.results = results_dir
     metrics = ReplayerMetrics(
         registry,
@@ -116,6 +103,12 @@ async def open_inputs(
     metrics.set_trace(rows=rows or 0, duration_s=span_s or 0.0, speedup=cfg.speedup)
     view = StatusView(state, metrics)
     admin = await _serve_admin(cfg, stack, registry, metrics, state, view)
+    targets = cfg.targets
+    if not targets:  # only once the trace, the folder and the port are good (issue 47)
+        sim_proc, embedded = sim or _spawn_embedded(cfg)
+        if sim is None:
+            stack.push_async_callback(_stop_sim, sim_proc)
+        targets = [embedded]
     api_key = cfg.api_key()
     state.target = ", ".join(targets)
     cfg, model = await _target_model(cfg, targets, api_key)
@@ -126,6 +119,20 @@ async def open_inputs(
         cfg, open_batches, cfg.block_size or block_size, n_rows, list(targets), model, api_key, results_dir,
         metrics, state, view, admin, str(cfg.run_id), start_loop, skip,
     )  # fmt: skip
+
+
+def _spawn_embedded(cfg: RunConfig) -> tuple:
+    """The embedded simulator for a run without ``--target`` (its process, its URL)."""
+    sim_proc, embedded = spawn_sim(
+        embedded_args(
+            cfg.tokenizer,
+            cfg.otlp_traces_url(),
+            ttft_drift=cfg.sim_ttft_drift_ms_per_min,  # (issue 45: the drift verdict's test aid)
+            itl_drift=cfg.sim_itl_drift_ms_per_min,
+        )
+    )
+    log.info("no --target: starting the embedded simulator at %s", embedded)
+    return sim_proc, embedded
 
 
 async def _stop_sim(proc: Any) -> None:
@@ -206,30 +213,55 @@ def check_tracing(cfg: RunConfig) -> None:
 
 
 def results_dir_for(cfg: RunConfig) -> tuple[str, bool]:
-    """The results folder, created if needed: (path, whether this call created it). Without
-    ``--results``: a new ``results/<timestamp>`` (``-2``, ``-3``... when runs start in the same
-    second). Raises StartupError when the path is a file, cannot be created, or (without
+    """The results folder, created if needed and locked for this run (``record.lock``: released
+    by ``release_results_dir``): (path, whether this call created it). Without ``--results``: a
+    new ``results/<timestamp>`` (``-2``, ``-3``... when runs start in the same second). Raises
+    StartupError when the path is a file, cannot be created, has another writer, or (without
     ``--resume``) already holds a run's results."""
     if cfg.resume:
+        _lock(cfg.resume, "--resume")
         return cfg.resume, False  # (resume_plan checks it)
     if cfg.results is None:
         try:
-            return new_results_dir(), True
+            path = new_results_dir()
         except OSError as e:
             raise StartupError(f"cannot create a results folder under ./results: {e.strerror or e}") from None
+        _lock(path, "--results")
+        return path, True
     path = cfg.results
-    if os.path.exists(path):
-        if not os.path.isdir(path):  # (a traceback before)
-            raise StartupError(f"--results {path}: exists and is not a folder")
-        used = earlier_run(path)
-        if used:
-            raise StartupError(f"--results {path}: {used}")
-        return path, False
+    created = False
+    if not os.path.exists(path):
+        try:
+            os.makedirs(path)
+            created = True
+        except FileExistsError:  # (another run made it first: its lock says who)
+            pass
+        except OSError as e:
+            raise StartupError(f"--results {path}: cannot create the folder: {e.strerror or e}") from None
+    if not os.path.isdir(path):  # (a traceback before)
+        raise StartupError(f"--results {path}: exists and is not a folder")
+    _lock(path, "--results")
+    used = earlier_run(path)
+    if used:
+        folder_lock.release(path)
+        raise StartupError(f"--results {path}: {used}")
+    return path, created
+
+
+def _lock(path: str, flag: str) -> None:
+    """Take ``path``'s writer lock, or raise StartupError naming its holder."""
     try:
-        os.makedirs(path)
+        folder_lock.acquire(path, "run")
+    except folder_lock.FolderBusy as e:
+        raise StartupError(f"{flag} {e}") from None
     except OSError as e:
-        raise StartupError(f"--results {path}: cannot create the folder: {e.strerror or e}") from None
-    return path, True
+        raise StartupError(f"{flag} {path}: cannot lock the folder: {e.strerror or e}") from None
+
+
+def release_results_dir(path: str | None) -> None:
+    """Let go of the run's lock on its results folder (taken by ``results_dir_for``)."""
+    if path is not None:
+        folder_lock.release(path)
 
 
 BATCH_ROWS = 65_536
@@ -295,6 +327,7 @@ def open_batches_factory(cfg: RunConfig):
             span_ns / 1e9 if span_ns is not None else None,
         )
     assert cfg.trace is not None  # (RunConfig: a trace or a synthetic load)
+    set_length_bound(cfg.max_trace_length)  # (issue 47: a length beyond any model is refused)
     if cfg.mix:  # several traces (tenants) on one clock: replayer.trace.mix
         source = open_mix(
             [dataclasses.replace(e, hash_id_scope=e.hash_id_scope or cfg.hash_id_scope) for e in cfg.mix_entries],
@@ -311,9 +344,38 @@ def open_batches_factory(cfg: RunConfig):
             check_image_endpoints(source.batches(BATCH_ROWS), cfg.trace, cfg.endpoint)
         except ImageEndpointError as e:
             raise StartupError(str(e)) from None
+    warn_coarse_grid(source, cfg.trace_label)  # (issue 47)
     span_ns = source.span_ns(cfg.max_requests)
     span_s = span_ns / 1e9 if span_ns is not None else None
     return (lambda: source.batches(BATCH_ROWS)), source.block_size, source.num_rows, span_s
+
+
+def coarse_grid(timestamp_ns: np.ndarray) -> str | None:
+    """The trace's timestamp grid (``trace inspect``'s: the coarsest of 1 s .. 1 us that every
+    offset is a multiple of) when it is coarser than 1 ms, else None (also for fewer than 2 rows)."""
+    if len(timestamp_ns) < 2:
+        return None
+    for label, g in GRIDS_NS:
+        if g <= 1_000_000:
+            return None
+        if not (timestamp_ns % g).any():
+            return label
+    return None
+
+
+def warn_coarse_grid(source: Any, label: str) -> None:
+    """Warn when the trace's first batch has timestamps on a grid coarser than 1 ms: requests
+    that arrived apart replay together, as bursts at each grid step."""
+    first = next(iter(source.batches(BATCH_ROWS)), None)
+    grid = coarse_grid(np.asarray(first.timestamp_ns)) if first is not None else None
+    if grid is not None:
+        log.warning(
+            "%s: the trace's timestamps are on a %s grid: requests that arrived apart within a step replay "
+            "together, as a burst at each step (trace inspect shows the grid; a finer trace replays arrivals "
+            "as they came)",
+            label,
+            grid,
+        )
 
 
 def may_have_endpoints(source, cfg: RunConfig) -> bool:

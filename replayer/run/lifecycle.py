@@ -185,6 +185,7 @@ def _subscribe(parts: Parts, recorder: Recorder, spans: RequestSpans | None, anc
             spans=spans,
             live_window=parts.inputs.metrics.live_window,
             verdicts=parts.verdicts,
+            checks=parts.checks,
         )
     )
 

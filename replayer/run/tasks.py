@@ -20,6 +20,7 @@ from replayer.core.background import BackgroundTasks
 from replayer.fleet.member import Heartbeat
 from replayer.observe.console import LiveConsole
 from replayer.observe.looplag import EventLoopLagMonitor
+from replayer.observe.stall import watch_stalls
 from replayer.observe.target_metrics import TargetScraper, TargetScrapers
 from replayer.observe.target_samples import SAMPLES_FLUSH_SCRAPES, SampleFiles, flush_samples
 from replayer.record.recorder import Recorder
@@ -71,6 +72,18 @@ def start_tasks(
         "self-watch",
         watch_self(state, metrics, probe=lambda: selfwatch.read(dispatcher, up.launcher, gc_pacer, clients)),
     )
+    if cfg.stall_log_interval_s:  # (issue 47) a hanging target is said, --quiet too
+        background.start(
+            "stall line",
+            watch_stalls(
+                cfg.stall_log_interval_s,
+                lambda: dispatcher.in_flight,
+                lambda: state.completed + state.failed,
+                dispatcher.oldest_in_flight_s,
+                cfg.read_timeout_s,
+            ),
+            essential=False,
+        )
     heartbeat = None
     if cfg.coordinator is not None and state.fleet is not None:  # the fleet sees this shard live
 

@@ -24,8 +24,10 @@ import sys
 import time
 import urllib.request
 
+import replayer.record.lock as folder_lock
 from replayer.config.model import RunConfig, new_run_id
 from replayer.record.folder import earlier_run, new_results_dir, result_files
+from replayer.record.recorder import write_json
 from replayer.results.merge import merge_results
 from replayer.run.simproc import (
     EMBEDDED_TARGET_ENV,
@@ -124,12 +126,28 @@ def _progress(procs: list[subprocess.Popen], ports: list[int], start_at: float, 
                 log.info("%s", progress_line(last, time.time() - start_at, running))
 
 
-def worker_shares(cfg: RunConfig) -> list[str]:
-    """Flags giving each of ``cfg.workers`` workers its share of a bound meant for the whole run:
-    ``--retain-size`` (the results folder holds every worker's folder, so each keeps 1/N)."""
-    if cfg.retain_bytes is None or cfg.workers <= 1:
+def worker_shares(cfg: RunConfig, worker: int = 0) -> list[str]:
+    """Flags giving worker ``worker`` of ``cfg.workers`` its share of a bound meant for the whole
+    run: ``--retain-size`` (the results folder holds every worker's folder, so each keeps 1/N)
+    and ``--max-concurrency`` (the cap on the run's requests in flight, split: C // N each, the
+    first C % N workers one more; ``cap_problem`` refuses a cap below N)."""
+    if cfg.workers <= 1:
         return []
-    return ["--retain-size", str(max(1, cfg.retain_bytes // cfg.workers))]
+    out = [] if cfg.retain_bytes is None else ["--retain-size", str(max(1, cfg.retain_bytes // cfg.workers))]
+    if cfg.max_concurrency is not None:
+        share = cfg.max_concurrency // cfg.workers + (worker < cfg.max_concurrency % cfg.workers)
+        out += ["--max-concurrency", str(share)]
+    return out
+
+
+def cap_problem(cfg: RunConfig) -> str | None:
+    """Why ``--max-concurrency`` cannot be split over ``--workers`` (a worker would get no slot)."""
+    if cfg.max_concurrency is not None and cfg.max_concurrency < cfg.workers:
+        return (
+            f"--max-concurrency {cfg.max_concurrency} is split over the {cfg.workers} workers, so some would have "
+            f"no slot: give --workers {cfg.max_concurrency} or fewer, or a cap of {cfg.workers} or more"
+        )
+    return None
 
 
 def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
@@ -139,9 +157,13 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     ``argv_flags``: the user's ``run`` flags (without --workers/--shard/--results/--start-at/
     --admin-port/--target), passed to every worker unchanged. With ``--resume DIR`` (a folder of
     an earlier ``--workers`` run) worker i resumes ``DIR/worker-i``."""
-    from replayer.observe.logs import setup_logging
+    from replayer.observe.logs import setup_logging, warn_short_secrets
 
     setup_logging(cfg.log_format, cfg.log_level, secrets=(cfg.api_key(), cfg.control_token()))
+    warn_short_secrets(cfg.named_secrets())  # (issue 47)
+    if (why := cap_problem(cfg)) is not None:  # (issue 47: N times the cap would be in flight)
+        print(f"replayer run: {why}", file=sys.stderr)
+        return 2
     n = cfg.workers
     flags = _without_flag(list(argv_flags), "--resume")
     if cfg.run_id is None and not cfg.resume:  # one run id for all workers' X-Request-Id headers
@@ -152,6 +174,21 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     results = _results_folder(cfg, n)
     if results is None:
         return 2
+    try:  # one writer per folder (issue 47): the workers lock their own worker-i
+        folder_lock.acquire(results, "--workers")
+    except folder_lock.FolderBusy as e:
+        print(f"replayer run: --results {e}", file=sys.stderr)
+        return 2
+    try:
+        return _supervise(cfg, flags, results)
+    finally:
+        folder_lock.release(results)
+
+
+def _supervise(cfg: RunConfig, flags: list[str], results: str) -> int:
+    """``run_workers`` past its checks, holding the results folder's lock: the embedded simulator,
+    the workers, the stop signals forwarded, the merge."""
+    n = cfg.workers
     stops = ForwardStops()
     sim = None
     codes: list[int] = []
@@ -232,7 +269,7 @@ def _start_workers(
     for i, port in enumerate(ports):
         wdir = os.path.join(results, f"worker-{i}")
         args = [
-            *(sys.executable, "-m", "replayer", "run", *flags, *worker_shares(cfg)),
+            *(sys.executable, "-m", "replayer", "run", *flags, *worker_shares(cfg, i)),
             *("--workers", "1", "--shard", f"{i}/{n}", "--start-at", repr(start_at)),
             *("--results", wdir, "--admin-port", str(port)),
             *(a for t in targets for a in ("--target", t)),
@@ -261,6 +298,7 @@ def _merge(cfg: RunConfig, results: str, codes: list[int]) -> int:
     dirs = [os.path.join(results, f"worker-{i}") for i in range(n)]
     if codes and all(c == 2 for c in codes):  # a bad trace or target: every worker said why
         print(f"replayer: the {n} workers could not start (exit 2; the reason is above)", file=sys.stderr)
+        folder_lock.release(results)  # (its file goes: the folder may be left empty)
         for d in (results, os.path.dirname(results)) if cfg.results is None else (results,):
             try:  # (only if nothing is in it: each worker removed the folder it made)
                 os.rmdir(d)
@@ -280,6 +318,7 @@ def _merge(cfg: RunConfig, results: str, codes: list[int]) -> int:
         EXIT_ERROR_RATIO,
         EXIT_UNFAITHFUL,
         error_ratio_problem,
+        nothing_measured,
         nothing_scheduled_problem,
         unfaithful_problem,
     )
@@ -289,6 +328,9 @@ def _merge(cfg: RunConfig, results: str, codes: list[int]) -> int:
         print(f"replayer: error: {empty}", file=sys.stderr)
         return 2
     problem = error_ratio_problem(merged, cfg.max_error_ratio)  # over all workers (they do not check)
+    if code == 0 and problem and cfg.max_error_ratio is None:  # (issue 47: the merged summary says why)
+        merged["nothing_measured"] = nothing_measured(merged)
+        write_json(os.path.join(results, "summary.json"), merged)
     if code == 0 and problem:
         print(f"replayer: {problem}", file=sys.stderr)
         return EXIT_ERROR_RATIO

@@ -2,26 +2,16 @@
 finished; account for every one of them.
 
 The decisions (what fires, what is handed over ahead, how far to prepare, when to wake) are the
-pure ``replayer.plan.planner.Planner``'s; this module is its shell: it reads and sleeps on an injected
-clock (``replayer.core.clock.Clock``), prepares requests as the planner asks, and starts each send
-(``replayer.send.sender.Sender``) as a task of one ``asyncio.TaskGroup``, so every in-flight request
-is owned and a send that crashes stops the run loudly (its exception leaves ``run``).
-
-Deadlines are absolute offsets from the anchor ``t0_ns`` (``schedule.Timeline``), recomputed at
-every wait (never a chain of relative sleeps, which drifts: vLLM issue 21104). Trace batches are
-read ahead in a worker thread; bodies are prepared in a lead window before their due time, so
-nothing heavy runs when a request is due. A late request goes out at once and its lag is
-recorded.
-
-The open loop has no concurrency cap by default; ``max_concurrency`` (``--max-concurrency``)
-caps the requests in flight, the others waiting for a slot (``replayer.send.slots``): then the
-capped ``_fire`` and done callback replace the plain ones.
-
-Shutdown: ``stop()`` stops issuing; in-flight requests get ``drain_timeout_s`` to finish, then
-are cancelled (recorded as ``cancelled``, as they are when ``run`` itself is cancelled).
-What the stop leaves unsent is recorded as ``not_started`` (``replayer.send.unsent``). So
-``sent + not_started`` = everything scheduled so far, and every sent request ends as success,
-failed or cancelled.
+pure ``replayer.plan.planner.Planner``'s; this is its shell: it sleeps on an injected clock
+(``replayer.core.clock.Clock``), prepares requests as the planner asks, and starts each send
+(``replayer.send.sender.Sender``) as a task of one ``asyncio.TaskGroup`` (a send that crashes
+stops the run loudly). Deadlines are absolute offsets from the anchor ``t0_ns``, recomputed at
+every wait (relative sleeps drift: vLLM issue 21104); batches are read ahead in a thread, bodies
+prepared in a lead window; a late request goes out at once and its lag is recorded. No cap by
+default; ``max_concurrency`` caps the requests in flight (``replayer.send.slots``: then the capped
+``_fire`` and done callback replace the plain ones). ``stop()`` stops issuing; in-flight requests
+get ``drain_timeout_s``, then are cancelled; what the stop leaves unsent is ``not_started``
+(``replayer.send.unsent``): ``sent + not_started`` = everything scheduled so far.
 """
 
 from __future__ import annotations
@@ -30,7 +20,6 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from replayer.core.background import first_of
 from replayer.core.clock import MONOTONIC, SPIN_NS, Clock
@@ -40,7 +29,7 @@ from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.plan.planner import PREPARE, Fire, Planner
 from replayer.plan.schedule import ScheduleBatch, Timeline
-from replayer.send.feed import BatchFeeder, Feed
+from replayer.send.feed import BatchFeeder, Feed, Position
 from replayer.send.sender import LOOP_WRITES, SendCancelled, Sender, Sending
 from replayer.send.slots import Slots
 from replayer.send.unsent import never_sent
@@ -50,16 +39,6 @@ log = logging.getLogger(__name__)
 #: longest stretch of preparation between two yields to the loop (and, behind schedule, the
 #: longest the overdue requests prepared in one go wait for the first of them to fire)
 CATCH_UP_NS = 2_000_000
-
-
-@dataclass
-class Position:
-    """Where the replay is: the next request to send (for status and resume checkpoints)."""
-
-    index: int = 0  # schedule position
-    loop: int = 0
-    row: int = 0  # global trace row
-    trace_ns: int = 0
 
 
 class Dispatcher:
@@ -137,6 +116,12 @@ class Dispatcher:
     @property
     def in_flight(self) -> int:
         return len(self._tasks)
+
+    def oldest_in_flight_s(self) -> float | None:
+        """How long ago the oldest request in flight was due, in seconds (None: none in flight)."""
+        for _, due_ns, _ in self._tasks.values():  # (insertion order: the first is the oldest)
+            return max(0, self.now_rel() - due_ns) / 1e9
+        return None
 
     @property
     def queued(self) -> int:
@@ -310,11 +295,28 @@ class Dispatcher:
         return True
 
     def _fire(self, f: Fire) -> None:
+        if self._plan.broken(f.req):
+            self._not_sent_for_dependency(f)
+            return
         self._start(f.req, f.due_ns, self._sender.send(f.req, f.due_ns))
+
+    def _not_sent_for_dependency(self, f: Fire) -> None:
+        """A turn whose predecessor failed: recorded cancelled (kind ``dependency``), never sent;
+        it ends at once, so its own dependents are not sent either."""
+        res = f.req.new_result(self.shard, due_ns=f.due_ns, sent=False)
+        res.outcome, res.error_kind = Outcome.CANCELLED.value, ErrorKind.DEPENDENCY.value
+        res.error = "not sent: an earlier turn of its session (or its parent request) failed"
+        self.cancelled += 1
+        self._deliver(res)
+        self._plan.failed(f.req)
+        self._ended(f.req, self.stopping)
 
     def _fire_capped(self, f: Fire) -> None:
         """``_fire`` under ``--max-concurrency``: at once when a slot is free and nobody waits,
         else into the queue (``_task_done_capped`` starts it when a slot frees)."""
+        if self._plan.broken(f.req):
+            self._not_sent_for_dependency(f)
+            return
         slots = self._slots
         assert slots is not None
         if slots.free(len(self._tasks) - self._ending):
@@ -370,6 +372,8 @@ class Dispatcher:
             self._deliver(res)
             self._ended(req, stopping=True)
             raise
+        if res.outcome == Outcome.FAILED.value:
+            self._plan.failed(req)  # (before its turns are released: they are not sent)
         self._ended(req, self.stopping)
         self._deliver(res)
 

@@ -19,7 +19,7 @@ from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.plan.schedule import ScheduleBatch
 
-__all__ = ["BatchFeeder", "Feed", "RequestSource"]
+__all__ = ["BatchFeeder", "Feed", "Position", "RequestSource"]
 
 
 class RequestSource(Protocol):
@@ -60,3 +60,13 @@ class Feed:
 
     batches: Iterator[ScheduleBatch]
     requests: RequestSource
+
+
+@dataclass
+class Position:
+    """Where the replay is: the next request to send (for status and resume checkpoints)."""
+
+    index: int = 0  # schedule position
+    loop: int = 0
+    row: int = 0  # global trace row
+    trace_ns: int = 0

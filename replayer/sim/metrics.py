@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 
 class _Served(Protocol):
@@ -39,6 +39,30 @@ class _Metrics:
         self.prefix_hits = 0
         self.success = 0  # finished_reason="length" (every generation request)
         self.success_stop = 0  # finished_reason="stop" (pooling requests)
+        # per finished generation request: (sum of seconds, count) of vLLM's request histograms,
+        # exported with the +Inf bucket only (what the replayer reads: sum and count)
+        self.ttft = [0.0, 0]
+        self.e2e = [0.0, 0]
+        self.queue = [0.0, 0]
+        self.itl = [0.0, 0]
+
+    def observe(
+        self, queued_s: float, scheduled_s: float | None, first_s: float | None, end_s: float, tokens: int = 0
+    ) -> None:
+        """A generation request ended: its time to first token, end-to-end time, queue time and,
+        over its ``tokens`` generated, the gaps between them (``time.perf_counter`` seconds;
+        unknown parts left out, as vLLM does)."""
+        if first_s is None:
+            return
+        if tokens > 1:
+            self.itl[0] += end_s - first_s
+            self.itl[1] += tokens - 1
+        for acc, v in ((self.ttft, first_s - queued_s), (self.e2e, end_s - queued_s)):
+            acc[0] += v
+            acc[1] += 1
+        if scheduled_s is not None:
+            self.queue[0] += scheduled_s - queued_s
+            self.queue[1] += 1
 
     def collect(self):  # prometheus_client Collector protocol
         s = self._server
@@ -83,6 +107,16 @@ class _Metrics:
         m.add_metric(values + ["stop"], self.success_stop, created=self.created)
         m.add_metric(values + ["length"], self.success, created=self.created)
         yield m
+        yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", 0)  # (none here)
+        for name, doc, (total, n) in (
+            ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", self.ttft),
+            ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", self.e2e),
+            ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", self.queue),
+            ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", self.itl),
+        ):
+            h = HistogramMetricFamily(name, doc, labels=labels)
+            h.add_metric(values, [("+Inf", n)], total)
+            yield h
         yield gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches.", s.num_requests_running
         )

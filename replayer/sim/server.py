@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 import orjson
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from replayer.core.engines import engine_caps
@@ -67,6 +67,9 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         self._metrics = _Metrics(self)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self._metrics)
+        # the process's memory and CPU, as a real server's prometheus_client exports them (the drift
+        # verdict reads process_resident_memory_bytes)
+        ProcessCollector(registry=self.registry)
         self._running = 0  # admitted: prefill + decode
         self.born_s = time.perf_counter()  # (the start of --*-drift-ms-per-min; reset by start())
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -454,6 +457,7 @@ class SimServer(_Engine, _Parsing, _PoolingRoutes):
         finally:
             r.aborted = True  # the engine drops it at its next step, if still listed
             self._release()
+            self._metrics.observe(queued, scheduled, t_first, time.perf_counter(), r.generated)
             if self.spans is not None and scheduled is not None:
                 self.spans.emit(
                     request.headers.get("traceparent"),

@@ -41,6 +41,33 @@ def _short(v: Any) -> str:
     return r if len(r) <= 40 else r[:37] + "..."
 
 
+#: the length fields bounded by ``length_bound`` (token counts)
+LENGTH_FIELDS = frozenset({"input_length", "output_length", "query_length", "document_lengths"})
+#: lengths beyond any served model's context (the longest today are ~10M tokens): refused, with
+#: file, row and field, instead of failing at the server once per request; ``--max-trace-length``
+DEFAULT_LENGTH_BOUND = 10_000_000
+_BOUND = [DEFAULT_LENGTH_BOUND]
+
+
+def length_bound() -> int:
+    """The largest token length a trace row may give (``set_length_bound``)."""
+    return _BOUND[0]
+
+
+def set_length_bound(tokens: int) -> None:
+    """Set the bound (the process's: a run's ``--max-trace-length``, before its trace is opened)."""
+    if tokens < 1:
+        raise ValueError(f"the length bound must be >= 1, got {tokens}")
+    _BOUND[0] = tokens
+
+
+def _bound_message(field_: str, value: int) -> str:
+    return (
+        f"{field_} {value} is beyond any served model: more than {_BOUND[0]} tokens "
+        "(--max-trace-length raises the bound)"
+    )
+
+
 def _range_message(field_: str, value: int) -> str:
     if field_ == "timestamp":
         return f"negative timestamp {value}: must be >= 0"
@@ -84,6 +111,8 @@ def _coerce_int(v: Any, field_: str, minimum: int) -> tuple[int | None, str | No
         return None, f"value {iv} does not fit in int64"
     if iv < minimum:
         return None, _range_message(field_, iv)
+    if iv > _BOUND[0] and field_ in LENGTH_FIELDS:
+        return None, _bound_message(field_, iv)
     return iv, None
 
 
@@ -191,6 +220,12 @@ def _ints_checked(arr: np.ndarray, rows: np.ndarray, field_: str, probs: _Proble
         for i in np.flatnonzero(bad):
             probs.add(rows[i], field_, _range_message(field_, int(arr64[i])))
         ok &= ~bad
+    if field_ in LENGTH_FIELDS:
+        huge = ok & (arr64 > _BOUND[0])
+        if huge.any():
+            for i in np.flatnonzero(huge):
+                probs.add(rows[i], field_, _bound_message(field_, int(arr64[i])))
+            ok &= ~huge
     return arr64, ok
 
 
