@@ -23,12 +23,14 @@ import subprocess
 import sys
 import time
 import urllib.request
+from types import SimpleNamespace
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from replayer.core.clock import Anchor, now_ns  # noqa: E402
+from replayer.core.events import Quiet  # noqa: E402
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult  # noqa: E402
 from replayer.http.client import Client  # noqa: E402
@@ -82,6 +84,13 @@ async def _round(url: str, n: int, cold: bool, profile: cProfile.Profile | None,
     def unsent(sb, j):
         return RequestResult(row=int(sb.rows[j]))
 
+    class _Results(Quiet):  # the run's event stream, reduced to the results
+        def __init__(self, into: list) -> None:
+            self.into = into
+
+        def finished(self, res: RequestResult) -> None:
+            self.into.append(res)
+
     async with Client(url, t0_ns=now_ns()) as c:
         if not cold:
             await c.warm_up(n)
@@ -92,10 +101,10 @@ async def _round(url: str, n: int, cold: bool, profile: cProfile.Profile | None,
         if pacer:  # as the daemon composes it: collections only when nothing is due
             gc_pacer.start()
         d = Dispatcher(
-            Feed(iter_schedule(lambda: [_Batch(n)]), prepare, unsent),
+            Feed(iter_schedule(lambda: [_Batch(n)]), SimpleNamespace(prepare=prepare, unsent=unsent)),
             Planner(timeline),
             LoopSender(c),
-            results.append,
+            _Results(results),
             t0_ns=anchor.t0_ns,
             on_idle=gc_pacer.idle if pacer else None,
         )

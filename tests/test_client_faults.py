@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 import pytest
+from eventlog import Finished, feed_of
 from faultserver import (
     DONE,
     HANG,
@@ -44,7 +45,7 @@ from replayer.plan import Planner, Timeline, iter_schedule
 from replayer.plan.schedule import ScheduleBatch
 from replayer.results import summarize
 from replayer.run.gcpacer import GcPacer
-from replayer.send import Dispatcher, Feed, LoopSender
+from replayer.send import Dispatcher, LoopSender
 from replayer.trace import TraceError, read_trace
 
 TOL_MS = float(os.environ.get("REPLAYER_FAULT_TOL_MS", "15"))
@@ -554,10 +555,10 @@ def _b24_run(warm: bool) -> None:
             pacer = GcPacer()
             pacer.start()
             d = Dispatcher(
-                Feed(iter_schedule(lambda: [Batch()]), prepare, unsent),
+                feed_of(iter_schedule(lambda: [Batch()]), prepare, unsent),
                 Planner(timeline),
                 LoopSender(c),
-                results.append,
+                Finished(results.append),
                 t0_ns=anchor.t0_ns,
                 on_idle=pacer.idle,
             )

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from faultserver import run_delay_ns
 
-from replayer.core import PreparedRequest, now_ns
+from replayer.core import PreparedRequest, Quiet, RequestResult, now_ns
 from replayer.http import Client
 from replayer.http.launcher import Launcher
 from replayer.payload import PayloadBuilder, PromptBuilder
@@ -140,14 +140,18 @@ def test_a_request_the_socket_cannot_take_whole_is_dispatched_when_its_last_byte
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         launcher = Launcher(priority="default") if writer == "launcher" else None
         try:
-            async with Client(url, t0_ns=now_ns()) as c:
+            dispatched = []
+
+            class Dispatched(Quiet):  # the event stream the client tells each dispatch
+                def dispatched(self, res: RequestResult) -> None:
+                    dispatched.append((res.row, now_ns() - c.t0_ns))
+
+            async with Client(url, t0_ns=now_ns(), events=Dispatched()) as c:
                 if launcher is not None:
                     launcher.start()
                     await launcher.ready()
                     c.use_launcher(launcher)
                 await c.warm_up(2)
-                dispatched = []
-                c.on_dispatched = lambda r: dispatched.append((r.row, now_ns() - c.t0_ns))
 
                 async def send(row: int, size: int):
                     body = b'{"model":"m","prompt":"' + b"x" * size + b'","max_tokens":1}'
@@ -181,6 +185,6 @@ def test_a_request_the_socket_cannot_take_whole_is_dispatched_when_its_last_byte
     # the big one: dispatched when its last byte was handed to the kernel, after the server's hold
     assert big.send_wait_ms >= hold_s * 1e3, big.send_wait_ms
     assert big.dispatch_lag_ms == pytest.approx((big.sent_ns - big.due_ns) / 1e6 + big.send_wait_ms, abs=1e-3)
-    assert [row for row, _ in dispatched] == [0, 1]  # on_dispatched once each, the big one at its dispatch
+    assert [row for row, _ in dispatched] == [0, 1]  # dispatched once each, the big one at its dispatch
     assert dispatched[1][1] >= big.sent_ns + hold_s * 1e9
     assert waited == 1 and wait_max_ms == big.send_wait_ms  # the self-watch's counts

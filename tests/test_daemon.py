@@ -408,7 +408,7 @@ def test_self_watch_reports_each_loop_stall_once_and_apart_from_lateness(caplog)
     from prometheus_client import CollectorRegistry
 
     from replayer.observe import ReplayerMetrics
-    from replayer.run.runstate import RunState, watch_self as _watch_self
+    from replayer.run.live import RunState, watch_self as _watch_self
 
     async def main():
         state, metrics = RunState(), ReplayerMetrics(CollectorRegistry())
@@ -607,7 +607,7 @@ def test_error_ratio_problem():
 def test_count_scheduled_counts_what_will_be_sent(mooncake_slice):
     """Pure: the count behind /status ``scheduled`` and the progress line's ``sent N/M``."""
     from replayer.plan import iter_schedule
-    from replayer.run.runinputs import count_scheduled
+    from replayer.run.inputs import count_scheduled
     from replayer.trace import open_trace
 
     trace = mooncake_slice(60)

@@ -17,7 +17,7 @@ import time
 import pytest
 
 import replayer.record.rolling as rolling
-import replayer.run.runsummary as runsummary
+import replayer.run.finish as finish
 from replayer.config import load_config
 from replayer.record import read_results
 from replayer.record.rolling import EXIT_WRITE_FAILED
@@ -141,13 +141,13 @@ def test_disk_full_at_the_start_counts_every_result_from_memory(tiny_disk, trace
 def test_disk_full_while_writing_summary_json(tiny_disk, trace, sim_process, tmp_path, capsys, monkeypatch):
     url, _ = sim_process("--ttft-base-ms", "5", "--itl-base-ms", "1")
     res = tiny_disk / "res"
-    real = runsummary.write_json
+    real = finish.write_json
 
     def fill_first(path, obj, **kw):  # the disk fills just before summary.json
         fill(tiny_disk)
         real(path, obj, **kw)
 
-    monkeypatch.setattr(runsummary, "write_json", fill_first)
+    monkeypatch.setattr(finish, "write_json", fill_first)
     code = main_run(_cfg(trace, url, results=str(res)))
     out = capsys.readouterr()
     assert code == EXIT_WRITE_FAILED, out.err[-3000:]
@@ -155,7 +155,7 @@ def test_disk_full_while_writing_summary_json(tiny_disk, trace, sim_process, tmp
     assert "Successful requests" in out.out and "Traceback" not in out.err
     assert read_results(str(res), columns=["row"]).num_rows == N  # the results themselves are on disk
     assert not (res / "summary.json").exists() and not (res / "summary.json.tmp").exists()
-    monkeypatch.setattr(runsummary, "write_json", real)
+    monkeypatch.setattr(finish, "write_json", real)
     summary = _resume_on_roomy_disk(res, tmp_path / "roomy", trace, url)
     assert summary["sent"] == N
 

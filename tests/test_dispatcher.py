@@ -9,13 +9,14 @@ from collections.abc import Callable
 
 import pytest
 from batches import TimeBatch
+from eventlog import Finished, feed_of
 
-from replayer.core import PreparedRequest, RequestResult
+from replayer.core import QUIET, PreparedRequest, RequestResult
 from replayer.core.clock import Clock
 from replayer.plan import Planner, SessionGate, Timeline, iter_schedule
 from replayer.plan.planner import NEVER
 from replayer.plan.schedule import ScheduleBatch
-from replayer.send import Dispatcher, Feed
+from replayer.send import Dispatcher
 from replayer.send.sender import SendCancelled, lag_origin, result_for
 
 MS = 1_000_000
@@ -186,7 +187,7 @@ def _run(
     timeline = Timeline(speedup)
     sender = FakeSender(clock, **(sender_kw or {}))
     results: list[RequestResult] = []
-    feed = Feed(
+    feed = feed_of(
         iter_schedule(lambda: [TimeBatch(ts_ms)]),
         prepare or _prepare(timeline),
         lambda sb, j: RequestResult(row=int(sb.rows[j]), due_ns=timeline.due(int(sb.trace_ns[j]))),
@@ -195,7 +196,7 @@ def _run(
         feed,
         Planner(timeline, gate=gate, ahead_ns=sender.ahead_ns, **plan_kw),
         sender,
-        results.append,
+        Finished(results.append),
         t0_ns=0,
         clock=clock,
         drain_timeout_s=0.05,
@@ -320,10 +321,10 @@ def test_a_run_cancelled_from_outside_records_in_flight_and_unsent_rows(rows):
     timeline = Timeline(1.0)
     sender = FakeSender(clock, block={0})
     results: list[RequestResult] = []
-    feed = Feed(
+    feed = feed_of(
         iter_schedule(lambda: [TimeBatch(ts)]), _prepare(timeline), lambda sb, j: RequestResult(row=int(sb.rows[j]))
     )
-    d = Dispatcher(feed, Planner(timeline), sender, results.append, t0_ns=0, clock=clock)
+    d = Dispatcher(feed, Planner(timeline), sender, Finished(results.append), t0_ns=0, clock=clock)
 
     async def main():
         task = asyncio.ensure_future(d.run())
@@ -343,12 +344,12 @@ def test_a_pause_holds_every_request_and_a_resume_shifts_the_rest_by_the_pause()
     timeline = Timeline(1.0)
     sender = FakeSender(clock)
     results: list[RequestResult] = []
-    feed = Feed(
+    feed = feed_of(
         iter_schedule(lambda: [TimeBatch([0, 100, 200])]),
         _prepare(timeline),
         lambda sb, j: RequestResult(row=int(sb.rows[j])),
     )
-    d = Dispatcher(feed, Planner(timeline), sender, results.append, t0_ns=0, clock=clock)
+    d = Dispatcher(feed, Planner(timeline), sender, Finished(results.append), t0_ns=0, clock=clock)
 
     async def operator():
         while clock.now_ns() < 100 * MS:  # paused as the clock reaches row 1's due time, before it fires
@@ -404,9 +405,9 @@ def test_a_stop_records_the_requests_waiting_for_a_slot_as_not_started():
 def test_a_capped_dispatcher_refuses_a_planner_that_hands_over_ahead():
     timeline = Timeline(1.0)
     sender = FakeSender(VirtualClock(), ahead_ns=50 * MS)
-    feed = Feed(iter_schedule(lambda: [TimeBatch([0])]), _prepare(timeline), lambda sb, j: None)
+    feed = feed_of(iter_schedule(lambda: [TimeBatch([0])]), _prepare(timeline), lambda sb, j: None)
     with pytest.raises(ValueError, match="due time"):
-        Dispatcher(feed, Planner(timeline, ahead_ns=sender.ahead_ns), sender, print, t0_ns=0, max_concurrency=2)
+        Dispatcher(feed, Planner(timeline, ahead_ns=sender.ahead_ns), sender, QUIET, t0_ns=0, max_concurrency=2)
 
 
 def test_a_session_turn_released_by_its_predecessor_takes_its_slot_without_queueing():

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 from replayer.core import RequestResult
 from replayer.core.result import to_table
 from replayer.results.fidelity import FidelityBounds, FidelityFold, fidelity_lines, judge_fidelity
-from replayer.run.runsummary import EXIT_UNFAITHFUL
+from replayer.run.finish import EXIT_UNFAITHFUL
 
 
 def _res(row: int, due_ms: float, sent_ms: float, **kw) -> RequestResult:

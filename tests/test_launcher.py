@@ -15,13 +15,14 @@ import socket
 import numpy as np
 import pytest
 from batches import TimeBatch
+from eventlog import Finished, feed_of
 
 from replayer.core import Anchor, PreparedRequest, RequestResult, now_ns
 from replayer.http import Client
 from replayer.http.launcher import Launcher
 from replayer.payload import PayloadBuilder, PromptBuilder
 from replayer.plan import Planner, Timeline, iter_schedule
-from replayer.send import Dispatcher, Feed, LauncherSender
+from replayer.send import Dispatcher, LauncherSender
 from replayer.sim import SimConfig, SimServer
 
 PROMPTS = PromptBuilder(seed=0, block_size=16)
@@ -293,14 +294,14 @@ def _replay_through_the_launcher(
                     connect_ahead_ns=connect_ahead_ms * 1_000_000 if expect else None,
                 )
                 d = Dispatcher(
-                    Feed(
+                    feed_of(
                         iter_schedule(lambda: [TimeBatch(ts)]),
                         prepare,
                         lambda sb, j: RequestResult(row=int(sb.rows[j])),
                     ),
                     planner,
                     sender,
-                    results.append,
+                    Finished(results.append),
                     t0_ns=anchor.t0_ns,
                 )
                 await asyncio.wait_for(d.run(), 20)

@@ -1,6 +1,6 @@
-"""The daemon's start-up order as data (replayer.run.lifecycle), checked with no network: the
+"""The run's start-up order as data (replayer.run.startup), checked with no network: the
 steps run in START_UP's order, the order keeps slow work before the pool and the anchor last,
-and the daemon gives exactly those steps."""
+and the start-up gives exactly those steps."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from replayer.run import START_UP
-from replayer.run.lifecycle import STEP_NAMES, start_up
+from replayer.run.startup import STEP_NAMES, start_up
 
 
 def test_the_start_up_order_keeps_the_slow_work_ahead_of_the_pool_and_the_anchor_last():
@@ -61,7 +61,7 @@ def test_start_up_refuses_a_missing_or_an_unknown_step():
 
 
 def test_parts_closed_in_reverse_when_a_start_up_step_fails():
-    # the daemon's teardown is an AsyncExitStack each part registers on as it is built
+    # the run's teardown is an AsyncExitStack each part registers on as it is built
     closed: list[str] = []
 
     async def run() -> None:
@@ -83,9 +83,9 @@ def test_parts_closed_in_reverse_when_a_start_up_step_fails():
     assert closed == ["pools", "launcher", "gc pacer"]
 
 
-def test_the_daemon_gives_start_up_exactly_the_steps_of_start_up():
-    # read from the daemon's code: the dict of steps it passes to start_up names START_UP's steps
-    tree = ast.parse((Path(__file__).resolve().parents[1] / "replayer" / "run" / "daemon.py").read_text())
+def test_the_run_gives_start_up_exactly_the_steps_of_start_up():
+    # read from the code: the dict of steps StartUp passes to start_up names START_UP's steps
+    tree = ast.parse((Path(__file__).resolve().parents[1] / "replayer" / "run" / "startup.py").read_text())
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "start_up"]
     assert len(calls) == 1 and isinstance(calls[0].args[0], ast.Dict)
     assert {k.value for k in calls[0].args[0].keys} == set(STEP_NAMES)

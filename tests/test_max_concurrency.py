@@ -12,7 +12,10 @@ import json
 import orjson
 import pyarrow.parquet as pq
 from aiohttp import web
+from eventlog import feed_of
 from inprocess import replay_against
+
+from replayer.core import QUIET
 
 ROWS = 6
 HOLD_S = 0.2  # each request held this long once its round is complete
@@ -116,13 +119,15 @@ def test_status_and_the_console_say_when_the_cap_is_the_bottleneck():
     from replayer.core import RequestResult
     from replayer.observe.console import cap_line
     from replayer.plan import Planner, Timeline, iter_schedule
-    from replayer.run.runstate import RunState, status
-    from replayer.send import Dispatcher, Feed
+    from replayer.run.live import RunState, status
+    from replayer.send import Dispatcher
 
     clock, timeline = VirtualClock(), Timeline(1.0)
-    feed = Feed(iter_schedule(lambda: [TimeBatch([0, 0, 0])]), _prepare(timeline), lambda sb, j: RequestResult(row=0))
+    feed = feed_of(
+        iter_schedule(lambda: [TimeBatch([0, 0, 0])]), _prepare(timeline), lambda sb, j: RequestResult(row=0)
+    )
     sender = FakeSender(clock, block={0, 1, 2})
-    d = Dispatcher(feed, Planner(timeline), sender, lambda r: None, t0_ns=0, clock=clock, max_concurrency=2)
+    d = Dispatcher(feed, Planner(timeline), sender, QUIET, t0_ns=0, clock=clock, max_concurrency=2)
 
     def text(st: dict) -> str:
         c = Console(width=200, record=True)
@@ -143,5 +148,5 @@ def test_status_and_the_console_say_when_the_cap_is_the_bottleneck():
     assert "the cap is the bottleneck" in text(st) and "1 due requests waiting" in text(st)
     assert "bottleneck" not in text({**st, "queued": 0})
     assert cap_line({"in_flight": 3}) is None  # no cap: no line
-    uncapped = Dispatcher(feed, Planner(timeline), sender, lambda r: None, t0_ns=0, clock=clock)
+    uncapped = Dispatcher(feed, Planner(timeline), sender, QUIET, t0_ns=0, clock=clock)
     assert "max_concurrency" not in status(RunState(), uncapped)

@@ -22,7 +22,12 @@ ITL_MS = 30.0  # the simulator's gap between two decode steps
 def _send(vllm_extensions: bool, stream: bool = True) -> RequestResult:
     async def main():
         cfg = SimConfig(
-            tokens_per_chunk=K, ttft_base_ms=5.0, prefill_us_per_token=0.0, itl_base_ms=ITL_MS, itl_per_running_us=0.0
+            tokens_per_chunk=K,
+            ttft_base_ms=5.0,
+            prefill_us_per_token=0.0,
+            itl_base_ms=ITL_MS,
+            itl_per_running_us=0.0,
+            model="m",
         )
         sim = SimServer(cfg)
         url = await sim.start()

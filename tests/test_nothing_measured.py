@@ -9,7 +9,7 @@ import sys
 
 from faultserver import Plan, ThreadedFaultServer
 
-from replayer.run.runsummary import error_ratio_problem, nothing_measured
+from replayer.run.finish import error_ratio_problem, nothing_measured
 
 DEAD = Plan(status=500, content_type="application/json", body=b'{"error": "down"}')
 

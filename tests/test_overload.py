@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 
 from batches import TimeBatch
+from eventlog import feed_of
 from senders import CallSender
 
-from replayer.core import PreparedRequest, RequestResult, now_ns
+from replayer.core import QUIET, PreparedRequest, RequestResult, now_ns
 from replayer.plan import Planner, Timeline, iter_schedule
-from replayer.send import Dispatcher, Feed
+from replayer.send import Dispatcher
 
 
 def _behind_on_a_saturated_loop(n: int) -> tuple[list[int], Dispatcher]:
@@ -52,14 +53,14 @@ def _behind_on_a_saturated_loop(n: int) -> tuple[list[int], Dispatcher]:
 
         loop.call_soon(hog)
         d = Dispatcher(
-            Feed(
+            feed_of(
                 iter_schedule(lambda: [TimeBatch(list(range(n)))]),
                 prepare,
                 lambda sb, j: RequestResult(row=int(sb.rows[j])),
             ),
             Planner(timeline),
             CallSender(send),
-            lambda r: None,
+            QUIET,
             t0_ns=now_ns() - 1_000_000_000,
         )
         try:
@@ -114,14 +115,14 @@ def test_preparation_runs_through_the_lead_window_when_a_hand_over_is_due_every_
         t0[0] = now_ns() + 100_000_000
         sender = CallSender(send, ahead_ns=50_000_000, hand_over=lambda req, res, at: launched.append(at) or object())
         d = Dispatcher(
-            Feed(
+            feed_of(
                 iter_schedule(lambda: [TimeBatch(list(range(2000)))]),
                 prepare,
                 lambda sb, j: RequestResult(row=int(sb.rows[j])),
             ),
             Planner(timeline, ahead_ns=sender.ahead_ns),
             sender,
-            lambda r: None,
+            QUIET,
             t0_ns=t0[0],
         )
         await asyncio.wait_for(d.run(), 120)

@@ -255,7 +255,7 @@ def test_merge_and_run_replace_summary_json_whole(tmp_path, mooncake_slice, sim_
     assert json.loads((out / "summary.json").read_text()) == merged
     # the same for the run's own summary.json (a resumed run rewrites it)
     code = (
-        "import sys; import replayer.run.runsummary as d; real = d.summarize_files\n"
+        "import sys; import replayer.run.finish as d; real = d.summarize_files\n"
         "d.summarize_files = lambda files, **kw: {**real(files, **kw), 'zz': object()}\n"
         "from replayer.cli import main; sys.exit(main(sys.argv[1:]))\n"
     )

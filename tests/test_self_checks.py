@@ -17,7 +17,7 @@ from faultserver import DONE, Plan, ThreadedFaultServer, choice
 from test_launcher import _rig
 
 from replayer.core import now_ns
-from replayer.run.runinputs import coarse_grid
+from replayer.run.inputs import coarse_grid
 
 USAGE = {"prompt_tokens": 4, "completion_tokens": 3}
 # every event of the stream in one write: what a client behind a buffering proxy receives

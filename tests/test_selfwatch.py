@@ -7,17 +7,18 @@ import logging
 import time
 
 from batches import TimeBatch
+from eventlog import feed_of
 from prometheus_client import CollectorRegistry
 from senders import CallSender
 
 import replayer.observe.selfwatch as selfwatch
-from replayer.core import PreparedRequest, RequestResult, now_ns
+from replayer.core import QUIET, PreparedRequest, RequestResult, now_ns
 from replayer.observe import ReplayerMetrics
 from replayer.observe.looplag import EventLoopLagMonitor
 from replayer.observe.selfwatch import Reading, network_bound, saturated
 from replayer.plan import Planner, Timeline, iter_schedule
-from replayer.run.runstate import RunState, watch_self as _watch_self
-from replayer.send import Dispatcher, Feed
+from replayer.run.live import RunState, watch_self as _watch_self
+from replayer.send import Dispatcher
 
 
 def test_each_saturated_part_is_named_with_its_numbers():
@@ -129,14 +130,14 @@ def test_a_replayer_starved_of_its_loop_says_so_while_behind_and_names_the_parts
                 loop.call_soon(hog)
 
         d = Dispatcher(
-            Feed(
+            feed_of(
                 iter_schedule(lambda: [TimeBatch([5 * i for i in range(n)])]),
                 prepare,
                 lambda sb, j: RequestResult(row=int(sb.rows[j])),
             ),
             Planner(timeline),
             CallSender(send),
-            lambda r: None,
+            QUIET,
             t0_ns=t0,
         )
 

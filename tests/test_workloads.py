@@ -347,7 +347,7 @@ def test_the_endpoint_check_reads_no_rows_of_a_trace_without_the_column(tmp_path
     from pathlib import Path
 
     from replayer.config import load_config
-    from replayer.run.runinputs import may_have_endpoints as _may_have_endpoints
+    from replayer.run.inputs import may_have_endpoints as _may_have_endpoints
     from replayer.trace import open_trace
 
     slice_ = Path(__file__).resolve().parents[1] / "traces" / "mooncake_conversation_10min.parquet"

@@ -5,5 +5,5 @@
 compact ids), ``tokenize`` (token ids after the request, bounded queue), ``offload`` (its worker
 process and the loop's socket to it), ``proxy`` (the reverse proxy: ``downstream`` clients,
 ``relay`` upstream, ``usage``, ``poll``), ``writer`` (Parquet parts and rolls), ``metrics``,
-``record`` (the command), ``fromlog`` (gateway logs -> the same rows).
+``record`` (the command; ``recordflags`` its flags), ``fromlog`` (gateway logs -> the same rows).
 """

@@ -117,7 +117,7 @@ def _tokenize_remote(url: str, body: dict) -> list[int] | None:
     return tokens if type(tokens) is list and tokens and all(type(t) is int for t in tokens) else None
 
 
-def rows_from_log(  # noqa: C901, PLR0912, PLR0915
+def rows_from_log(
     path: str,
     *,
     block_size: int = 512,
@@ -137,110 +137,23 @@ def rows_from_log(  # noqa: C901, PLR0912, PLR0915
     rows: list[dict] = []
     failures = 0
     why: Counter[str] = Counter()
-
-    def bad(line: int, field: str, msg: str) -> None:
-        nonlocal n_problems
-        n_problems += 1
-        if len(problems) < MAX_PROBLEMS:
-            problems.append(f"{path}: line {line}: {field}: {msg}")
-
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
             try:
-                obj = orjson.loads(raw)
-            except orjson.JSONDecodeError as e:
-                bad(line_no, "line", f"not valid JSON ({e})")
+                obj, ep, ts, status, usage = _parse_line(raw, time_unit, endpoint)
+            except _BadLine as e:
+                n_problems += 1
+                if len(problems) < MAX_PROBLEMS:
+                    problems.append(f"{path}: line {line_no}: {e.field}: {e}")
                 continue
-            if type(obj) is not dict:
-                bad(line_no, "line", "not a JSON object")
-                continue
-            if "timestamp" not in obj:
-                bad(line_no, "timestamp", "missing")
-                continue
-            try:
-                ts = _timestamp_ns(obj["timestamp"], time_unit)
-            except ValueError as e:
-                bad(line_no, "timestamp", str(e))
-                continue
-            body = obj.get("request")
-            if type(body) is not dict:
-                bad(line_no, "request", "missing or not a JSON object (the request body)")
-                continue
-            ep = obj.get("endpoint", endpoint or infer_endpoint(body))
-            if ep is None:
-                bad(
-                    line_no,
-                    "endpoint",
-                    "missing, and the body has none of messages, prompt, input, text_1, query (pass --endpoint)",
-                )
-                continue
-            if ep not in CAPTURED:
-                bad(line_no, "endpoint", f"{ep!r} is not one of {', '.join(CAPTURED)}")
-                continue
-            resp = obj.get("response")
-            usage = obj.get("usage", resp.get("usage") if type(resp) is dict else None)
-            if usage is not None and type(usage) is not dict:
-                bad(line_no, "usage", "not a JSON object")
-                continue
-            status = obj.get("status", 200)
-            if type(status) is not int:
-                bad(line_no, "status", f"an integer expected, got {status!r}")
-                continue
+            body = obj["request"]
             facts = request_facts(ep, orjson.dumps(body), obj.get("session_id"), lambda d: content_hash(key, d))
-            usage = usage or {}
-            il = usage.get("prompt_tokens") if type(usage.get("prompt_tokens")) is int else None
-            ol = usage.get("completion_tokens") if type(usage.get("completion_tokens")) is int else None
-            if ep not in GENERATION:
-                ol = 1 if status < 400 else 0
-            row = {
-                "timestamp": ts,
-                "input_length": il,
-                "output_length": ol,
-                "hash_ids": None,
-                "request_id": None if obj.get("request_id") is None else str(obj["request_id"]),
-                "session_id": None if facts.session_id is None else str(facts.session_id),
-                "endpoint": ep,
-                "model": facts.model,
-                "max_tokens": facts.max_tokens,
-                "status": status,
-                "outcome": "ok" if status < 400 else "http_error",
-                "input_length_source": "usage" if il is not None else None,
-                "output_length_source": ("usage" if ep in GENERATION else "pooling") if ol is not None else None,
-                "tokenized_by": None,
-                "hashed_tokens": None,
-                "image_count": len(facts.images) if ep == "/v1/chat/completions" else None,
-                "image_hashes": facts.images or None,
-                "duration_ms": None,
-            }
-            tokens: Sequence[int] | None = None
-            by = "none"
-            failed = "no_prompt" if facts.token_ids is None and facts.tokenize_body is None else "no_tokenizer"
-            if facts.token_ids is not None:
-                tokens, by = facts.token_ids, "request"
-            elif facts.tokenize_body is not None and tokenize_url:
-                tokens, by = _tokenize_remote(tokenize_url, facts.tokenize_body), "upstream"
-                failed = "tokenize_url_failed"
-            if tokens is None and tokenizer is not None and failed != "no_prompt":
-                text = facts.text
-                if text is None and ep == "/v1/chat/completions":  # message contents (no chat template)
-                    text = "\n".join(_contents(body.get("messages")))
-                if text:
-                    tokens, by = list(tokenizer.encode(text).ids), "tokenizer"
-                else:
-                    failed = "empty_text"
-            if tokens is None:
-                row["tokenized_by"] = "none" if by == "none" else "failed"
+            row = _row(obj, ep, ts, status, usage, facts)
+            failed = _hash(row, facts, body, ep, hasher, tokenizer, tokenize_url)
+            if row["tokenized_by"] in ("none", "failed"):
                 failures += 1
-            else:
-                row.update(tokenized_by=by, hashed_tokens=len(tokens))
-                if row["input_length"] is None:
-                    row.update(input_length=len(tokens), input_length_source="tokens")
-                if row["input_length"] >= 1:
-                    row["hash_ids"] = fit_hash_ids(
-                        hasher.hash_ids(tokens), row["input_length"], block_size, hasher.fresh_id
-                    )
             reason = _not_replayable(row, failed)
             if reason:
                 why[reason] += 1
@@ -254,6 +167,109 @@ def rows_from_log(  # noqa: C901, PLR0912, PLR0915
         "not_replayable": {k: why[k] for k in NOT_REPLAYABLE if why[k]},
         "distinct_blocks": hasher.distinct_blocks,
     }
+
+
+class _BadLine(ValueError):
+    """A line that cannot be a row: the field at fault, and why (the message)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _parse_line(raw: bytes, time_unit: str, endpoint: str | None) -> tuple[dict, str, int, int, dict | None]:
+    """One log line -> (its object, endpoint, timestamp ns, status, usage or None). Raises
+    _BadLine naming the field at fault."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise _BadLine("line", f"not valid JSON ({e})") from None
+    if type(obj) is not dict:
+        raise _BadLine("line", "not a JSON object")
+    if "timestamp" not in obj:
+        raise _BadLine("timestamp", "missing")
+    try:
+        ts = _timestamp_ns(obj["timestamp"], time_unit)
+    except ValueError as e:
+        raise _BadLine("timestamp", str(e)) from None
+    body = obj.get("request")
+    if type(body) is not dict:
+        raise _BadLine("request", "missing or not a JSON object (the request body)")
+    ep = obj.get("endpoint", endpoint or infer_endpoint(body))
+    if ep is None:
+        raise _BadLine(
+            "endpoint", "missing, and the body has none of messages, prompt, input, text_1, query (pass --endpoint)"
+        )
+    if ep not in CAPTURED:
+        raise _BadLine("endpoint", f"{ep!r} is not one of {', '.join(CAPTURED)}")
+    resp = obj.get("response")
+    usage = obj.get("usage", resp.get("usage") if type(resp) is dict else None)
+    if usage is not None and type(usage) is not dict:
+        raise _BadLine("usage", "not a JSON object")
+    status = obj.get("status", 200)
+    if type(status) is not int:
+        raise _BadLine("status", f"an integer expected, got {status!r}")
+    return obj, ep, ts, status, usage
+
+
+def _row(obj: dict, ep: str, ts: int, status: int, usage: dict | None, facts) -> dict:
+    """The capture row of a line, before its prompt is tokenized and hashed (``_hash``)."""
+    usage = usage or {}
+    il = usage.get("prompt_tokens") if type(usage.get("prompt_tokens")) is int else None
+    ol = usage.get("completion_tokens") if type(usage.get("completion_tokens")) is int else None
+    if ep not in GENERATION:
+        ol = 1 if status < 400 else 0
+    return {
+        "timestamp": ts,
+        "input_length": il,
+        "output_length": ol,
+        "hash_ids": None,
+        "request_id": None if obj.get("request_id") is None else str(obj["request_id"]),
+        "session_id": None if facts.session_id is None else str(facts.session_id),
+        "endpoint": ep,
+        "model": facts.model,
+        "max_tokens": facts.max_tokens,
+        "status": status,
+        "outcome": "ok" if status < 400 else "http_error",
+        "input_length_source": "usage" if il is not None else None,
+        "output_length_source": ("usage" if ep in GENERATION else "pooling") if ol is not None else None,
+        "tokenized_by": None,
+        "hashed_tokens": None,
+        "image_count": len(facts.images) if ep == "/v1/chat/completions" else None,
+        "image_hashes": facts.images or None,
+        "duration_ms": None,
+    }
+
+
+def _hash(row: dict, facts, body: dict, ep: str, hasher: BlockHasher, tokenizer, tokenize_url: str | None) -> str:
+    """The row's prompt tokenized (the request's own ids, the upstream's ``/tokenize``, or the
+    local tokenizer) and hashed into its ``hash_ids``; returns why it could not be when it could
+    not (``_not_replayable``'s ``failed``)."""
+    tokens: Sequence[int] | None = None
+    by = "none"
+    failed = "no_prompt" if facts.token_ids is None and facts.tokenize_body is None else "no_tokenizer"
+    if facts.token_ids is not None:
+        tokens, by = facts.token_ids, "request"
+    elif facts.tokenize_body is not None and tokenize_url:
+        tokens, by = _tokenize_remote(tokenize_url, facts.tokenize_body), "upstream"
+        failed = "tokenize_url_failed"
+    if tokens is None and tokenizer is not None and failed != "no_prompt":
+        text = facts.text
+        if text is None and ep == "/v1/chat/completions":  # message contents (no chat template)
+            text = "\n".join(_contents(body.get("messages")))
+        if text:
+            tokens, by = list(tokenizer.encode(text).ids), "tokenizer"
+        else:
+            failed = "empty_text"
+    if tokens is None:
+        row["tokenized_by"] = "none" if by == "none" else "failed"
+        return failed
+    row.update(tokenized_by=by, hashed_tokens=len(tokens))
+    if row["input_length"] is None:
+        row.update(input_length=len(tokens), input_length_source="tokens")
+    if row["input_length"] >= 1:
+        row["hash_ids"] = fit_hash_ids(hasher.hash_ids(tokens), row["input_length"], hasher.block_size, hasher.fresh_id)
+    return failed
 
 
 def _not_replayable(row: dict, failed: str) -> str | None:

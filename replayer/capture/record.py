@@ -19,6 +19,8 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from replayer import __version__
 from replayer.core.background import EXIT_TASK_FAILED, BackgroundTasks
@@ -26,122 +28,14 @@ from replayer.http.tls import TLSOptions
 from replayer.record.recorder import write_json
 from replayer.record.rolling import EXIT_WRITE_FAILED
 
+if TYPE_CHECKING:
+    from replayer.capture.metrics import CaptureMetrics
+    from replayer.capture.offload import OffloadWorker
+    from replayer.capture.proxy import CaptureProxy
+    from replayer.capture.writer import CaptureWriter
+    from replayer.observe.admin import AdminServer
+
 log = logging.getLogger("replayer.record")
-
-
-def add_record_parser(sub) -> None:
-    p = sub.add_parser(
-        "record",
-        help="recording reverse proxy: turn live OpenAI API traffic into a "
-        "replayable hash-id trace (no prompt text, token ids or image bytes are stored)",
-        description="Sit between clients and an OpenAI-compatible server, forward everything "
-        "unchanged, and write one trace row per API request into OUT (Parquet; read it with "
-        "`replayer trace inspect OUT` and `replayer run OUT`).",
-    )
-    p.add_argument("--upstream", required=True, metavar="URL", help="the server's base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument(
-        "--listen",
-        default="127.0.0.1:8080",
-        metavar="HOST:PORT",
-        help="address to serve on (port 0: a free port, written to OUT/capture.json) [default: 127.0.0.1:8080]",
-    )
-    p.add_argument(
-        "--out", required=True, metavar="DIR", help="capture folder (created; must not hold an earlier capture)"
-    )
-    p.add_argument("--block-size", type=int, default=512, help="tokens per hash id [default: 512]")
-    p.add_argument(
-        "--tokenizer",
-        default=None,
-        metavar="PATH",
-        help="local tokenizer.json (or a folder holding one, or builtin:gpt2) for text prompts "
-        "[default: the upstream's /tokenize]",
-    )
-    p.add_argument(
-        "--no-upstream-tokenize",
-        dest="upstream_tokenize",
-        action="store_false",
-        help="never call the upstream's /tokenize",
-    )
-    p.add_argument(
-        "--hash-key-file",
-        default=None,
-        metavar="FILE",
-        help="secret key for the block hashes (>= 16 bytes), to make two captures' ids comparable "
-        "[default: a random key, kept only in memory]",
-    )
-    p.add_argument(
-        "--session-header",
-        default="X-Session-Id",
-        metavar="NAME",
-        help="request header holding the session id (else the body's user field) [default: X-Session-Id]",
-    )
-    p.add_argument(
-        "--admin-port",
-        type=int,
-        default=9401,
-        metavar="P",
-        help="/metrics, /healthz and /status on ADMIN_HOST:P (0 = a free port) [default: 9401]",
-    )
-    p.add_argument(
-        "--admin-host",
-        default="127.0.0.1",
-        metavar="HOST",
-        help="address of the admin port (0.0.0.0 in a container, for Prometheus) [default: 127.0.0.1]",
-    )
-    p.add_argument(
-        "--flush-interval",
-        type=float,
-        default=2.0,
-        metavar="S",
-        help="write finished rows at least every S seconds [default: 2]",
-    )
-    p.add_argument("--roll-rows", type=int, default=None, metavar="N", help="start a new trace file every N rows")
-    p.add_argument(
-        "--roll-interval", type=float, default=None, metavar="S", help="start a new trace file every S seconds"
-    )
-    p.add_argument(
-        "--tokenize-queue",
-        type=int,
-        default=10_000,
-        metavar="N",
-        help="finished requests that may wait for tokenization; past it rows are written "
-        "without hash ids [default: 10000]",
-    )
-    p.add_argument(
-        "--poll-interval",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="while 8 or more requests are in flight, read and forward in turns S seconds apart "
-        "instead of waking for every streamed event (each event waits at most S; fewer process "
-        "wake-ups per event); 0 = wake per event [default: 0]",
-    )
-    p.add_argument(
-        "--stamp-responses",
-        action="store_true",
-        help="read the upstream's responses with the kernel's receive stamps, for the response "
-        "direction of replayer_capture_forward_delay_seconds (how long each streamed event "
-        "stayed in the proxy); costs ~3-4 us of CPU per event [default: requests only]",
-    )
-    p.add_argument("--ca-bundle", metavar="FILE", default=None, help="PEM CAs to trust for an https:// upstream")
-    p.add_argument("--client-cert", metavar="FILE", default=None, help="PEM client certificate (mutual TLS upstream)")
-    p.add_argument("--client-key", metavar="FILE", default=None, help="PEM private key of --client-cert")
-    p.add_argument(
-        "--tls-server-name",
-        metavar="NAME",
-        default=None,
-        help="SNI and certificate name of the upstream [default: the --upstream URL's host]",
-    )
-    p.add_argument(
-        "--insecure", action="store_true", help="do not verify the upstream's TLS certificate (a warning at start)"
-    )
-    p.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=60.0,
-        metavar="S",
-        help="on SIGTERM/SIGINT, wait S seconds for requests in flight [default: 60]",
-    )
 
 
 def _tls(args: argparse.Namespace) -> TLSOptions:
@@ -240,13 +134,26 @@ def main_record(args: argparse.Namespace) -> int:
         return 2
 
 
-async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, image_hash) -> int:  # noqa: PLR0915
+@dataclass(frozen=True)
+class _Capture:
+    """The capture's parts (``_assemble``)."""
+
+    upstream: str
+    started: float  # wall clock, s
+    metrics: CaptureMetrics
+    writer: CaptureWriter
+    offload: OffloadWorker
+    proxy: CaptureProxy
+    hasher: object  # blocks.BlockHasher (distinct_blocks)
+
+
+def _assemble(args, key: bytes, tokenizer, hasher, image_hash) -> _Capture:
+    """The capture's parts from its flags: which part gets which flag, constructors only."""
     from replayer.capture.metrics import CaptureMetrics
     from replayer.capture.offload import OffloadWorker
     from replayer.capture.proxy import CaptureProxy
     from replayer.capture.tokenize import Tokenization
     from replayer.capture.writer import CaptureWriter
-    from replayer.observe.admin import AdminServer
 
     t0 = time.perf_counter_ns()
     started = time.time()
@@ -266,9 +173,8 @@ async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, imag
         roll_rows=args.roll_rows,
         roll_interval_s=args.roll_interval,
     )
-    tok_url = upstream + "/tokenize" if args.upstream_tokenize else None
     offload = OffloadWorker()
-    await offload.start(key, args.block_size)  # started now, not during the first requests
+    tok_url = upstream + "/tokenize" if args.upstream_tokenize else None
 
     def tokenization(session):
         return Tokenization(
@@ -293,8 +199,49 @@ async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, imag
         stamp_responses=args.stamp_responses,
         tls=_tls(args),
     )
+    return _Capture(upstream, started, metrics, writer, offload, proxy, hasher)
+
+
+async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, image_hash) -> int:
+    """Assemble the capture, start it, serve until a stop signal, drain, finish."""
+    c = _assemble(args, key, tokenizer, hasher, image_hash)
     stop = asyncio.Event()
+    await c.offload.start(key, args.block_size)  # started now, not during the first requests
+    admin = await _start(args, c, host, port, stop)
     signals: list[str] = []
+
+    def on_signal(name: str) -> None:
+        signals.append(name)
+        if len(signals) == 1:
+            log.info("%s: draining %d request(s) in flight (a second signal stops waiting)", name, c.proxy.in_flight)
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig.name)
+
+    async def flusher() -> None:
+        while True:
+            await asyncio.sleep(min(0.5, args.flush_interval))
+            c.writer.flush_if_due()
+
+    # owned: a flusher that crashes is logged and stops the capture (drain, close), never lost silently
+    background = BackgroundTasks(on_failure=lambda name, exc: stop.set())
+    background.start("trace flush", flusher())
+    await stop.wait()
+    await _drain(c, args.drain_timeout, signals)
+    await background.close()
+    await admin.stop()
+    await loop.run_in_executor(None, c.writer.close)
+    return _finish(args, c, task_failed=bool(background.failures))
+
+
+async def _start(args, c: _Capture, host: str, port: int, stop: asyncio.Event) -> AdminServer:
+    """The proxy listening, the admin server up, ``capture.json`` written, the start said; what
+    started is closed again when a step fails (StartError)."""
+    from replayer.observe.admin import AdminServer
+
+    proxy, writer = c.proxy, c.writer
     await proxy.start()
     tokenizing = proxy.tokenization
     assert tokenizing is not None  # opened by start()
@@ -304,14 +251,14 @@ async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, imag
         await proxy.close()
         raise StartError(f"--listen {args.listen}: cannot listen: {e.strerror or e}") from None
     admin = AdminServer(
-        metrics.registry,
+        c.metrics.registry,
         ready=lambda: True,
         status=lambda: {
             "state": "draining" if stop.is_set() else "capturing",
             "in_flight": proxy.in_flight,
             "rows_written": writer.rows_written,
             "tokenize_backlog": tokenizing.queue.qsize(),
-            "distinct_blocks": hasher.distinct_blocks,
+            "distinct_blocks": c.hasher.distinct_blocks,  # type: ignore[attr-defined]
             "reads_without_kernel_stamp": proxy.listener.unstamped,
         },
     )
@@ -323,50 +270,40 @@ async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, imag
     admin_port = int(admin_url.rsplit(":", 1)[1])
     listen_url = f"http://{host}:{bound}"
     try:
-        _write_capture_json(args, started, listen_url, upstream, admin_port)
+        _write_capture_json(args, c.started, listen_url, c.upstream, admin_port)
     except OSError as e:  # (a full disk at the start)
         await admin.stop()
         await proxy.close()
         raise StartError(f"--out {args.out}: cannot write capture.json: {e.strerror or e}") from None
     print(
-        f"replayer record: listening on {listen_url}, upstream {upstream}, admin {admin_url}, writing {args.out}",
+        f"replayer record: listening on {listen_url}, upstream {c.upstream}, admin {admin_url}, writing {args.out}",
         file=sys.stderr,
         flush=True,
     )
+    return admin
 
-    def on_signal(name: str) -> None:
-        signals.append(name)
-        if len(signals) == 1:
-            log.info("%s: draining %d request(s) in flight (a second signal stops waiting)", name, proxy.in_flight)
-        stop.set()
 
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig.name)
-
-    async def flusher() -> None:
-        while True:
-            await asyncio.sleep(min(0.5, args.flush_interval))
-            writer.flush_if_due()
-
-    # owned: a flusher that crashes is logged and stops the capture (drain, close), never lost silently
-    background = BackgroundTasks(on_failure=lambda name, exc: stop.set())
-    background.start("trace flush", flusher())
-    await stop.wait()
-    proxy.stop_accepting()  # no new connections
+async def _drain(c: _Capture, drain_timeout_s: float, signals: list[str]) -> None:
+    """No new connection; the requests in flight waited for (up to ``drain_timeout_s``, or until
+    another signal), then what is queued tokenized and the connections closed."""
+    proxy = c.proxy
+    proxy.stop_accepting()
     n = len(signals)
-    deadline = loop.time() + args.drain_timeout
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + drain_timeout_s
     while proxy.in_flight and len(signals) == n and loop.time() < deadline:
         await proxy.wait_idle(0.2)
     if proxy.in_flight:
         log.warning("stopping with %d request(s) still in flight (their rows are not written)", proxy.in_flight)
     await proxy.close()  # tokenizes what is queued, closes the connections
-    await background.close()
-    await admin.stop()
-    await asyncio.get_running_loop().run_in_executor(None, writer.close)
+
+
+def _finish(args, c: _Capture, *, task_failed: bool) -> int:
+    """What the capture wrote, said; its exit code."""
+    writer = c.writer
     print(
-        f"replayer record: {writer.rows_written} rows in {args.out} ({hasher.distinct_blocks} distinct blocks; "
-        f"{proxy.listener.unstamped} reads without a kernel arrival stamp)",
+        f"replayer record: {writer.rows_written} rows in {args.out} ({c.hasher.distinct_blocks} distinct blocks; "  # type: ignore[attr-defined]
+        f"{c.proxy.listener.unstamped} reads without a kernel arrival stamp)",
         file=sys.stderr,
         flush=True,
     )
@@ -381,7 +318,7 @@ async def _serve(args, host: str, port: int, key: bytes, tokenizer, hasher, imag
             flush=True,
         )
         return EXIT_WRITE_FAILED
-    return EXIT_TASK_FAILED if background.failures else 0
+    return EXIT_TASK_FAILED if task_failed else 0
 
 
 def _write_capture_json(args, started, listen_url: str, upstream: str, admin_port: int) -> None:

@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     from replayer.cli.trace import add_trace_parser
 
     add_trace_parser(sub)
-    from replayer.capture.record import add_record_parser
+    from replayer.capture.recordflags import add_record_parser
 
     add_record_parser(sub)
     mg = sub.add_parser("merge", help="merge the results folders of shards or workers into one summary")

@@ -142,6 +142,12 @@ def add_trace_parser(sub) -> None:
         help="full blocks a row must share with the previous turn [default: 1]",
     )
 
+    _add_from_log(trs)
+    _add_synth(trs)
+
+
+def _add_from_log(trs) -> None:
+    """``trace from-log``'s flags."""
     fl = trs.add_parser(
         "from-log",
         help="a capture trace (as `replayer record` writes) from gateway request/response "
@@ -181,6 +187,9 @@ def add_trace_parser(sub) -> None:
         help="secret key for the block hashes [default: a random key, not kept]",
     )
 
+
+def _add_synth(trs) -> None:
+    """``trace synth``'s flags."""
     sy = trs.add_parser("synth", help="generate a synthetic trace (seeded)")
     _add_output(sy)
     sy.add_argument("--rows", type=int, required=True, help="requests to generate")

@@ -1,6 +1,6 @@
 """The pure core every stage shares: the one clock, hashing, error and outcome kinds, the table of
-endpoint kinds, the request and result records, timestamps and ``derive()``, the SLO rule, the
-usage rule and the statistics sketches. No I/O.
+endpoint kinds, the request and result records, the request event stream's protocol, timestamps
+and ``derive()``, the SLO rule, the usage rule and the statistics sketches. No I/O.
 
 The names below are this stage's facade (imported on first use); the modules are its own.
 """
@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from replayer.core.clock import Anchor, now_ns
     from replayer.core.endpoints import Endpoint, endpoint_kind
     from replayer.core.errors import ErrorKind, Outcome
+    from replayer.core.events import QUIET, Quiet, RequestEvents
     from replayer.core.request import PreparedRequest
     from replayer.core.result import RequestResult
     from replayer.core.slo import judge_result, parse_goodput
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Anchor",
+    "QUIET",
+    "Quiet",
+    "RequestEvents",
     "now_ns",
     "ErrorKind",
     "Outcome",
@@ -39,6 +43,9 @@ __getattr__ = facade(
     __name__,
     {
         "Anchor": ".clock",
+        "QUIET": ".events",
+        "Quiet": ".events",
+        "RequestEvents": ".events",
         "now_ns": ".clock",
         "ErrorKind": ".errors",
         "Outcome": ".errors",

@@ -1,14 +1,13 @@
 """The HTTP client of the hot path: ``send`` turns a PreparedRequest into a measured
 RequestResult and never raises for request failures (errors are values at this boundary).
 
-Why not aiohttp's client here (it serves the admin server, the simulator, readiness checks and
-scraping): profiling the W1 workload (~120 concurrent streams, ~12k SSE events/s) showed its
-per-chunk machinery (StreamReader, a future and a task wake-up per chunk, a read-timeout timer
-re-armed per chunk) taking ~45 % of the replayer's CPU. This client is an asyncio ``Protocol``
-per connection (``replayer.http.connection``) with llhttp (``httptools``) parsing the response; response bytes are decoded and
-measured inside ``data_received``, stamped once per read with the one monotonic clock, and the
-sending coroutine wakes up once per request. The client is a connection pool (``replayer.http.pool``);
-what an attempt leaves in its result is ``replayer.http.measure``'s.
+Not aiohttp's client (it serves the admin server, the simulator, readiness and scraping): its
+per-chunk machinery (a StreamReader, a future, a task wake-up and a timer re-armed per chunk) is
+too dear on the hot path. This client is an asyncio ``Protocol`` per connection
+(``replayer.http.connection``), llhttp (``httptools``) parsing the response, its bytes decoded
+and measured inside ``data_received``, stamped once per read with the one monotonic clock; the
+sending coroutine wakes once per request. Its pool is ``replayer.http.pool``, each request's
+head ``replayer.http.heads``'s, what an attempt leaves in its result ``replayer.http.measure``'s.
 
 Behaviour (the traps of DESIGN.md avoided):
 * unlimited keep-alive connections: no hidden client-side queue (case B24); the time spent
@@ -39,14 +38,11 @@ Behaviour (the traps of DESIGN.md avoided):
 
 Retries (off by default: ``retry_max=0``): a request answered HTTP 429 or 5xx, or whose
 connection failed before any response byte (CONNECT, CONNECT_TIMEOUT, STALE_CONNECTION, or
-DISCONNECT before the response headers), is sent again after ``retry_backoff_s * 2**k`` seconds
-(k = retries so far), or after the response's ``Retry-After`` seconds when it carried one (capped at 60 s), on a pooled
-or fresh connection, at most ``retry_max`` times. Never retried: any other 4xx, and any failure
-after a 200 response's headers (output may have arrived; the request is not idempotent then).
-``res.retries`` counts the retries; the result holds the LAST attempt's outcome, status, error,
-``sent_ns``/``connect_ms`` and TTFT/E2E (measured from the last attempt's send), while
-``dispatch_lag_ms`` stays the first send's (how late the schedule was served; when the first
-attempts could not even connect, it is the first attempt that wrote the request).
+DISCONNECT before the headers), is sent again after ``retry_backoff_s * 2**k`` s (k = retries so
+far) or the response's ``Retry-After`` (capped at 60 s), at most ``retry_max`` times; never any
+other 4xx, nor a failure after a 200's headers (output may have arrived). ``res.retries`` counts
+them; the result holds the LAST attempt's outcome, status, error, ``sent_ns``/``connect_ms`` and
+TTFT/E2E, while ``dispatch_lag_ms`` stays the first send's (the first that wrote the request).
 """
 
 from __future__ import annotations
@@ -55,21 +51,20 @@ import asyncio
 import errno
 import os
 import socket
-from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from replayer.core.clock import now_ns
-from replayer.core.endpoints import POOLING
 from replayer.core.errors import ErrorKind, Outcome
+from replayer.core.events import QUIET, RequestEvents
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
-from replayer.http.audit import audit_pooling
 from replayer.http.chunks import ERROR_TEXT_LIMIT, StreamAccumulator
-from replayer.http.connection import _ERROR_BODY_LIMIT, Connection, Exchange, Failure, fd_limit_hint
+from replayer.http.connection import Connection, Exchange, Failure, fd_limit_hint
+from replayer.http.heads import RequestHeads
 from replayer.http.launcher import Launcher
-from replayer.http.measure import fail, measure, partial, retry_after_s
+from replayer.http.measure import answered, broken, cut_short, fail
 from replayer.http.pool import IDLE_EXPIRY_S, Pool
-from replayer.http.servertimings import TimedStreamAccumulator, record as record_server_timings
+from replayer.http.servertimings import TimedStreamAccumulator
 from replayer.http.tls import TLSOptions
 
 _UNSENT = -2.0  # _attempt: the launcher never wrote the reserved request (its connection closed first)
@@ -102,7 +97,9 @@ class Client:
     the pool: a burst or a backlog opens a connection per request in flight, and without this
     the pool would keep them all (a few KB each, with their parsers) for the rest of a soak.
     ``tls``: the CA bundle, client certificate, server name and verification for an ``https://``
-    target (``replayer.http.tls``; default: the system's CAs, the URL's host). Use as an async context manager, or call ``start``/``close``.
+    target (``replayer.http.tls``; default: the system's CAs, the URL's host). ``events``: the run's
+    event stream (``replayer.core.events``), told of each request as the kernel takes it
+    (``dispatched``). Use as an async context manager, or call ``start``/``close``.
     """
 
     def __init__(
@@ -122,6 +119,7 @@ class Client:
         server_timings: bool = False,
         idle_expiry_s: float = IDLE_EXPIRY_S,
         tls: TLSOptions | None = None,
+        events: RequestEvents = QUIET,
     ) -> None:
         u = urlsplit(base_url.rstrip("/") + endpoint)
         if u.scheme not in ("http", "https") or not u.hostname:
@@ -138,11 +136,7 @@ class Client:
         )
         self.url = base_url.rstrip("/") + endpoint
         self.t0_ns = t0_ns
-        self._host_header = u.netloc.rsplit("@", 1)[-1]
-        self._base_path = urlsplit(base_url).path.rstrip("/")
-        self._api_key = api_key
-        self._head = self._request_head((u.path or "/") + (f"?{u.query}" if u.query else ""))
-        self._heads: dict[str, bytes] = {}
+        self._heads = RequestHeads(base_url, endpoint, api_key)
         self.usage_slack_tokens = usage_slack_tokens
         self.server_timings = server_timings
         self._acc = TimedStreamAccumulator if server_timings else StreamAccumulator
@@ -153,32 +147,15 @@ class Client:
             raise ValueError("retry_max and retry_backoff_s must be >= 0")
         self.retry_max = retry_max
         self.retry_backoff_s = retry_backoff_s
-        # told of each result whose request has just gone out (first send, or its connect
-        # failed at the due time), its dispatch lag set: live accounting at send time
-        self.on_dispatched: Callable[[RequestResult], None] | None = None
+        #: the run's event stream: ``dispatched`` for each result whose request has just gone out
+        #: (first send, or its connect failed at the due time), its dispatch lag set
+        self.events = events
         self._launcher: Launcher | None = None
         # launcher token -> (req, res, conn, ex, head and body as written (TLS: records), due time)
         self._launches: dict[int, tuple[PreparedRequest, RequestResult, Connection, Exchange, bytes, bytes, int]] = {}
         #: first sends whose bytes waited for the socket to take them (``_dispatched``), for the self-watch
         self.send_waited = 0
         self._send_wait_max_ms = 0.0  # the longest such wait since take_send_wait_max_ms last read it
-
-    def _request_head(self, path: str) -> bytes:
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: {self._host_header}\r\nUser-Agent: replayer\r\n"
-            "Content-Type: application/json\r\nAccept: text/event-stream, application/json\r\n"
-        )
-        if self._api_key:
-            head += f"Authorization: Bearer {self._api_key}\r\n"
-        return head.encode("latin-1")
-
-    def _head_for(self, path: str | None) -> bytes:
-        if path is None:
-            return self._head
-        head = self._heads.get(path)
-        if head is None:
-            head = self._heads[path] = self._request_head(self._base_path + path)
-        return head
 
     async def start(self) -> None:
         """Nothing to set up beyond the constructor (kept for symmetry with ``close``)."""
@@ -234,7 +211,7 @@ class Client:
         ex = Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns, self._acc())
         conn.ex = ex  # the connection is ours from now on
         res.connect_ms = 0.0
-        return conn, ex, self._head_of(req)
+        return conn, ex, self._heads.head(req)
 
     def launch(self, at_ns: int, req: PreparedRequest, res: RequestResult, reserved: Reserved) -> None:
         """Queue the reserved request's write in the launcher for ``at_ns`` (``now_ns`` clock).
@@ -295,19 +272,11 @@ class Client:
             if item is not None:
                 _reported(item[3])
 
-    def _head_of(self, req: PreparedRequest) -> bytes:
-        """``req``'s HTTP head (request line and headers, its own ``headers`` and Content-Length)."""
-        return b"".join((self._head_for(req.path), req.headers, b"Content-Length: %d\r\n\r\n" % len(req.body)))
-
-    def _request_bytes(self, req: PreparedRequest) -> bytes:
-        """The whole HTTP request: head and ``req.body``."""
-        return b"".join((self._head_of(req), req.body))
-
     def _stamp_sent(self, res: RequestResult, sent: int, lag_from_ns: int, written: bool = False) -> None:
         """The one way a send is stamped, whoever wrote it (the loop or the launcher process):
         ``sent_ns`` (``sent``: ``now_ns`` just before the first byte); on the first send (retries
         keep it) ``dispatch_lag_ms`` = sent - ``lag_from_ns`` (ns after the anchor), reported
-        to ``on_dispatched``. ``written``: the socket took the request whole (``send_wait_ms``
+        to the event stream (``dispatched``). ``written``: the socket took the request whole (``send_wait_ms``
         0; else nothing was written: a connect that failed at the due time). A request the
         socket did not take whole goes through ``_dispatch_when_drained`` instead."""
         res.sent_ns = sent - self.t0_ns
@@ -315,8 +284,7 @@ class Client:
             res.dispatch_lag_ms = (res.sent_ns - lag_from_ns) / 1e6
             if written:
                 res.send_wait_ms = 0.0
-            if self.on_dispatched is not None:
-                self.on_dispatched(res)
+            self.events.dispatched(res)
 
     def _dispatch_when_drained(self, res: RequestResult, conn: Connection, sent: int, lag_from_ns: int) -> None:
         """``_stamp_sent`` for a request the socket did not take whole: ``sent_ns`` (its first
@@ -337,15 +305,14 @@ class Client:
     def _dispatched(self, res: RequestResult, sent: int, last: int, lag_from_ns: int) -> None:
         """The kernel took the last byte of ``res``'s request at ``last`` (``now_ns``), its first
         at ``sent``: ``send_wait_ms``, ``dispatch_lag_ms`` to ``last``, the self-watch's counts,
-        ``on_dispatched``."""
+        the ``dispatched`` event."""
         wait_ms = (last - sent) / 1e6
         res.send_wait_ms = wait_ms
         res.dispatch_lag_ms = (last - self.t0_ns - lag_from_ns) / 1e6
         self.send_waited += 1
         if wait_ms > self._send_wait_max_ms:
             self._send_wait_max_ms = wait_ms
-        if self.on_dispatched is not None:
-            self.on_dispatched(res)
+        self.events.dispatched(res)
 
     def take_send_wait_max_ms(self) -> float:
         """The longest wait of a request's bytes for the socket since the last call (self-watch)."""
@@ -356,7 +323,7 @@ class Client:
         self, req: PreparedRequest, res: RequestResult, conn: Connection, t_start: int, lag_from_ns: int
     ) -> Exchange:
         ex = Exchange(asyncio.get_running_loop().create_future(), self._read_timeout_ns, self._total_ns, self._acc())
-        request = self._request_bytes(req)
+        request = self._heads.request(req)
         sent = now_ns()
         if ex.total_ns is not None:
             ex.deadline_ns = sent + ex.total_ns
@@ -379,10 +346,9 @@ class Client:
     ) -> RequestResult:
         """Send ``req`` (with ``reserved`` from ``reserve``: the launcher process writes it; this
         only waits), stream its response and fill ``res`` (returned). Request failures are
-        recorded in ``res``; ``asyncio.CancelledError`` marks ``res`` cancelled and propagates.
-        Retryable failures are retried per the policy (module docstring), counted in ``res.retries``.
-        ``lag_from_ns``: when the request was due (ns after the anchor; default ``req.due_ns``),
-        the origin of its ``dispatch_lag_ms``."""
+        recorded in ``res``; ``asyncio.CancelledError`` marks ``res`` cancelled and propagates;
+        retries per the policy (module docstring). ``lag_from_ns``: when the request was due (ns
+        after the anchor; default ``req.due_ns``), the origin of its ``dispatch_lag_ms``."""
         origin = req.due_ns if lag_from_ns is None else lag_from_ns
         # (callers hold the handle opaquely; it is always what ``reserve`` returned)
         retry_after = await self._attempt(req, res, origin, reserved)
@@ -443,55 +409,13 @@ class Client:
                 await ex.sent
             if res.sent_ns is None:  # the exchange failed before it was written
                 raise Failure(ErrorKind.DISCONNECT, "connection closed before the request was written")
-            sent = res.sent_ns + t0
             res.end_ns = now_ns() - t0
-            res.http_status = ex.status
-            acc = ex.acc
-            acc.finish()
-            if ex.status != 200:
-                text = b"".join(ex.body)[:_ERROR_BODY_LIMIT]
-                fail(
-                    res,
-                    ErrorKind.HTTP_STATUS,
-                    acc.error or text.decode("utf-8", "replace")[:ERROR_TEXT_LIMIT] or f"HTTP {ex.status}",
-                )
-                if ex.status == 429 or ex.status >= 500:
-                    retry = retry_after_s(ex.retry_after)
-            else:  # (a pooling response is one JSON body: its E2E is its arrival)
-                pooled = acc.success and req.endpoint in POOLING
-                measure(res, acc, sent, t0, ex.dec, body_ns=ex.t_ns if pooled else None)
-                if self.server_timings:
-                    record_server_timings(res, acc)
-                if acc.success:
-                    res.outcome = Outcome.SUCCESS.value
-                    if pooled:
-                        audit_pooling(
-                            res,
-                            acc.prompt_tokens if acc.prompt_tokens is not None else acc.total_tokens,
-                            self.usage_slack_tokens,
-                        )
-                elif req.endpoint in POOLING and acc.body_without_usage:
-                    audit_pooling(res, None)
-                else:
-                    fail(res, acc.error_kind, acc.error)
-                if res.outcome != Outcome.SUCCESS.value:
-                    partial(res, acc)
+            retry = answered(res, ex, req.endpoint, t0, self.usage_slack_tokens, self.server_timings)
         except Failure as f:
             if reserved is not None and res.sent_ns is None and ex is not None and not ex.t_ns:
                 return _UNSENT  # the reserved connection went away before the launcher wrote it
             res.end_ns = now_ns() - t0
-            kind, message = f.kind, str(f)
-            if ex is not None:
-                res.http_status = ex.status or None
-                if res.sent_ns is not None:
-                    measure(res, ex.acc, res.sent_ns + t0, t0, ex.dec)
-                    partial(res, ex.acc)
-                if kind is ErrorKind.DISCONNECT and not ex.t_ns and conn is not None and conn.served:
-                    kind, message = (
-                        ErrorKind.STALE_CONNECTION,
-                        (f"reused keep-alive connection closed before any response byte ({message})"),
-                    )
-            fail(res, kind, message[:ERROR_TEXT_LIMIT])
+            kind = broken(res, f.kind, str(f), ex, t0, reused=conn is not None and bool(conn.served))
             if ex is None:  # the connection could not be opened (refused, connect timeout)
                 retry = -1.0 if kind in (ErrorKind.CONNECT, ErrorKind.CONNECT_TIMEOUT) else None
                 if res.sent_ns is None:  # the attempt counts as sent when it began: it was issued
@@ -504,9 +428,7 @@ class Client:
             if conn is not None:
                 conn.abort()
             if ex is not None and res.sent_ns is not None:
-                res.http_status = ex.status or None
-                measure(res, ex.acc, res.sent_ns + t0, t0, ex.dec)
-                partial(res, ex.acc)
+                cut_short(res, ex, t0)
             fail(res, ErrorKind.CANCELLED, "cancelled at shutdown", outcome=Outcome.CANCELLED)
             raise
         except Exception as exc:  # noqa: BLE001 - a bug here must not stop the replay

@@ -10,13 +10,26 @@ from __future__ import annotations
 
 import operator
 
+from replayer.core.endpoints import POOLING
 from replayer.core.errors import ErrorKind, Outcome
 from replayer.core.result import RequestResult
 from replayer.core.timestamps import Timestamps, derive
-from replayer.http.chunks import StreamAccumulator
+from replayer.http.audit import audit_pooling
+from replayer.http.chunks import ERROR_TEXT_LIMIT, StreamAccumulator
+from replayer.http.connection import ERROR_BODY_LIMIT, Exchange
+from replayer.http.servertimings import record as record_server_timings
 from replayer.http.sse import SSEDecoder
 
-__all__ = ["RETRY_AFTER_MAX_S", "fail", "measure", "partial", "retry_after_s"]
+__all__ = [
+    "RETRY_AFTER_MAX_S",
+    "answered",
+    "broken",
+    "cut_short",
+    "fail",
+    "measure",
+    "partial",
+    "retry_after_s",
+]
 
 RETRY_AFTER_MAX_S = 60.0
 
@@ -99,3 +112,61 @@ def measure(
     res.ttft_ms, res.e2e_ms, res.tpot_ms, res.itl_ms = lat.ttft_ms, lat.e2e_ms, lat.tpot_ms, lat.itl_ms
     res.decode_tpot_ms = lat.decode_tpot_ms
     res.ttft_from_due_ms, res.e2el_from_due_ms = lat.ttft_from_due_ms, lat.e2el_from_due_ms
+
+
+def answered(
+    res: RequestResult, ex: Exchange, endpoint: str, t0_ns: int, usage_slack_tokens: int, server_timings: bool
+) -> float | None:
+    """A response that came to its end (``res.sent_ns`` and ``end_ns`` set): its status, its
+    measurements, the usage audit of a pooling response, a failure's kind and message and the
+    output that arrived before it. Returns the retry delay a 429 or 5xx asks for
+    (``retry_after_s``: -1.0 for the backoff), None when the outcome is final."""
+    res.http_status = ex.status
+    acc = ex.acc
+    acc.finish()
+    if ex.status != 200:
+        text = b"".join(ex.body)[:ERROR_BODY_LIMIT]
+        error = acc.error or text.decode("utf-8", "replace")[:ERROR_TEXT_LIMIT] or f"HTTP {ex.status}"
+        fail(res, ErrorKind.HTTP_STATUS, error)
+        return retry_after_s(ex.retry_after) if ex.status == 429 or ex.status >= 500 else None
+    pooled = acc.success and endpoint in POOLING  # (a pooling response is one JSON body: its E2E is its arrival)
+    measure(res, acc, res.sent_ns + t0_ns, t0_ns, ex.dec, body_ns=ex.t_ns if pooled else None)  # type: ignore[operator]
+    if server_timings:
+        record_server_timings(res, acc)
+    if acc.success:
+        res.outcome = Outcome.SUCCESS.value
+        if pooled:
+            reported = acc.prompt_tokens if acc.prompt_tokens is not None else acc.total_tokens
+            audit_pooling(res, reported, usage_slack_tokens)
+    elif endpoint in POOLING and acc.body_without_usage:
+        audit_pooling(res, None)
+    else:
+        fail(res, acc.error_kind, acc.error)
+    if res.outcome != Outcome.SUCCESS.value:
+        partial(res, acc)
+    return None
+
+
+def cut_short(res: RequestResult, ex: Exchange, t0_ns: int) -> None:
+    """An exchange cut short after its request was sent (``res.sent_ns`` set): its status and what
+    arrived measured, as partial output."""
+    res.http_status = ex.status or None
+    measure(res, ex.acc, res.sent_ns + t0_ns, t0_ns, ex.dec)  # type: ignore[operator]
+    partial(res, ex.acc)
+
+
+def broken(
+    res: RequestResult, kind: ErrorKind, message: str, ex: Exchange | None, t0_ns: int, *, reused: bool
+) -> ErrorKind:
+    """A failed attempt recorded (``ex``: its exchange, None when no connection was had): what
+    arrived measured, and a ``reused`` keep-alive connection that closed before any response byte
+    told apart as ``STALE_CONNECTION``. Returns the kind recorded."""
+    if ex is not None:
+        res.http_status = ex.status or None
+        if res.sent_ns is not None:
+            cut_short(res, ex, t0_ns)
+        if kind is ErrorKind.DISCONNECT and not ex.t_ns and reused:
+            kind = ErrorKind.STALE_CONNECTION
+            message = f"reused keep-alive connection closed before any response byte ({message})"
+    fail(res, kind, message[:ERROR_TEXT_LIMIT])
+    return kind

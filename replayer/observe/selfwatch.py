@@ -7,7 +7,7 @@ link to the target slower than the requests' bytes: they wait for the socket to 
 the wait is dispatch lag, see ``replayer.http.client``). ``read`` takes one
 ``Reading`` of the replayer's own cumulative counters; ``saturated(prev, cur, loop_lag_ms)`` is
 pure and names each part saturated between two readings, with its numbers. The daemon's
-self-watch logs them (``replayer.run.daemon._watch_self``).
+self-watch logs them (``replayer.run.live.watch_self``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
-from replayer.core.endpoints import CHAT, COMPLETIONS
+from replayer.core.endpoints import CHAT
 from replayer.core.hashing import mix64
 from replayer.core.request import PreparedRequest
 from replayer.payload.body import PayloadBuilder
@@ -38,12 +38,6 @@ class _History:
     answer_seed: int  # block id of the previous answer's stand-in
     output_length: int  # the previous answer's length
     messages: list[dict] = field(default_factory=list)  # chat: the previous turn's messages
-
-
-def grows(batch: object, kind: str, session: object) -> bool:
-    """A turn whose prompt is its session's conversation so far (a trace without hash ids),
-    not the blocks of its own hash ids."""
-    return session is not None and getattr(batch, "hash_ids_synthetic", False) and kind in (COMPLETIONS, CHAT)
 
 
 class Conversations:

@@ -22,17 +22,19 @@ Prefix growth without hash ids (a session's turn is its conversation so far): ``
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable, cast
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import orjson
 
 from replayer.core.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, POOLING, SCORE, endpoint_kind
+from replayer.core.events import QUIET, RequestEvents
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.core.tracecontext import TraceContext
 from replayer.payload.body import PayloadBuilder
-from replayer.payload.growth import Conversations, grows
+from replayer.payload.growth import Conversations
 from replayer.payload.image_tokens import parse_rule
 from replayer.payload.imageprefetch import ImagePrefetch
 from replayer.payload.imagerows import image_count, row_images
@@ -69,6 +71,12 @@ _ROW_COLUMNS = (
 )
 
 
+def _grows(batch: object, kind: str, session: object) -> bool:
+    """A turn whose prompt is its session's conversation so far (a trace without hash ids:
+    ``replayer.payload.growth``), not the blocks of its own hash ids."""
+    return session is not None and getattr(batch, "hash_ids_synthetic", False) and kind in (COMPLETIONS, CHAT)
+
+
 class RequestFactory:
     """Builds the PreparedRequest (``prepare``) or the never-sent RequestResult (``unsent``) of
     item ``j`` of a schedule batch. Raises ValueError for a row its settings cannot build (a
@@ -83,8 +91,10 @@ class RequestFactory:
     ``run_id``: each request gets the header ``X-Request-Id: <run_id>-<loop>-<row>``
     (``request_id``), built here in the lead window with the body, and the result records it
     (``x_request_id``); None sends no such header. ``trace_context`` (``--otlp-endpoint``): each
-    request's head also carries its W3C ``traceparent`` (``replayer.core.tracecontext``). Nothing here touches metrics: the run's
-    observer counts each request it is handed (``PreparedRequest.expected_hits`` included)."""
+    request's head also carries its W3C ``traceparent`` (``replayer.core.tracecontext``). ``targets``:
+    with several targets, their URLs, indexed by the schedule's route (``ScheduleBatch.targets``).
+    ``events``: the run's event stream, told of each request handed out (``prepared``); nothing
+    here touches metrics (the stream's subscribers count each request, its expected hits too)."""
 
     def __init__(
         self,
@@ -103,8 +113,12 @@ class RequestFactory:
         image_token_rule: str = "qwen2-vl",
         image_cache_mb: int = 256,
         trace_context: TraceContext | None = None,
+        targets: Sequence[str] | None = None,
+        events: RequestEvents = QUIET,
     ) -> None:
         self.run_id = run_id
+        self.targets = targets
+        self.events = events
         self.trace_context = trace_context
         self.prompts = prompts
         self.payload = payload
@@ -146,13 +160,19 @@ class RequestFactory:
         return len(built)
 
     def prepare(self, sb: ScheduleBatch, j: int) -> PreparedRequest:
+        """Item ``j`` of ``sb`` as a request (built now, or by ``prebuild``), its target set when
+        there are several, told to the event stream (``prepared``) as it is handed out."""
+        req = None
         if self._prebuilt is not None and self._prebuilt[0] is sb:
             req = self._prebuilt[1].pop(j, None)
             if not self._prebuilt[1]:
                 self._prebuilt = None
-            if req is not None:
-                return req
-        return self._build(sb, j)
+        if req is None:
+            req = self._build(sb, j)
+        if self.targets is not None:  # several targets: the route chose one per row (replayer.send.routing)
+            req.target = self.targets[sb.targets[j]]  # type: ignore[index]
+        self.events.prepared(req)
+        return req
 
     def _build(self, sb: ScheduleBatch, j: int) -> PreparedRequest:
         t = cast("Trace", sb.batch)  # (the plan types its batches as object)
@@ -203,7 +223,7 @@ class RequestFactory:
         )
         if kind in POOLING:
             self._pooling(req, payload, t, i, hash_ids, kind, sb.loop)
-        elif grows(t, kind, session):
+        elif _grows(t, kind, session):
             loop = sb.loop
             builder = self.prompts.for_loop(loop)
             self._conversations.build(
@@ -344,7 +364,9 @@ class RequestFactory:
         if sb is None:
             return 0, 0
         m = min(n, len(sb))
-        image_rows = [k for k in range(m) if image_count(sb.batch, int(sb.idx[k]))]
+        batch = sb.batch  # (a batch without image columns has no row with images)
+        columns = getattr(batch, "image_ids", None) is not None or getattr(batch, "num_images", None) is not None
+        image_rows = [k for k in range(m) if image_count(batch, int(sb.idx[k]))] if columns else []
         text_rows = [k for k in range(m) if self._text_item(sb, k) is not None]
         texts = 0
         if text_rows and self.prompts.tokenizer:
@@ -369,7 +391,7 @@ class RequestFactory:
         i = int(sb.idx[k])
         path = column_value(t, "endpoint", i)
         kind = endpoint_kind(path) if path else self.default_endpoint
-        if kind in POOLING or grows(t, kind, column_value(t, "session_id", i)) or not (kind == CHAT or self.text_mode):
+        if kind in POOLING or _grows(t, kind, column_value(t, "session_id", i)) or not (kind == CHAT or self.text_mode):
             return None
         images = image_count(t, i) if kind == CHAT else 0
         return t.hash_ids(i), int(t.input_length[i]), kind == CHAT or bool(images), int(images)

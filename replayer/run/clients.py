@@ -8,8 +8,8 @@ server with a small listen backlog can take seconds to accept the warm pool).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
-from replayer.config.model import RunConfig
 from replayer.core.clock import now_ns
 from replayer.http.client import Client
 from replayer.http.launcher import Launcher
@@ -21,28 +21,14 @@ __all__ = ["open_clients"]
 
 
 async def open_clients(
-    cfg: RunConfig, targets: list[str], api_key: str | None, launcher: Launcher | None
+    targets: list[str], options: dict[str, Any], *, warm_connections: int, launcher: Launcher | None
 ) -> dict[str, Client]:
-    """One started client per target URL (``--warm-connections`` shared out between them, opened
-    now); on a failure every client is closed and the launcher stopped before it is raised."""
-    clients = {
-        url: Client(
-            url,
-            endpoint=cfg.endpoint,
-            api_key=api_key,
-            connect_timeout_s=cfg.connect_timeout_s,
-            read_timeout_s=cfg.read_timeout_s or None,
-            request_timeout_s=cfg.request_timeout_s,
-            retry_max=cfg.retry_max,
-            retry_backoff_s=cfg.retry_backoff_s,
-            usage_slack_tokens=cfg.usage_slack_tokens,
-            delayed_ack=cfg.delayed_ack,
-            server_timings=cfg.server_timings,
-            tls=cfg.tls,
-        )
-        for url in targets
-    }  # one pool per target
-    if cfg.delayed_ack:
+    """One started client per target URL, each built with ``options``
+    (``replayer.run.assemble.client_options``: its settings and the run's event stream), and
+    ``warm_connections`` shared out between them, opened now; on a failure every client is
+    closed and the launcher stopped before it is raised."""
+    clients = {url: Client(url, **options) for url in targets}  # one pool per target
+    if options.get("delayed_ack"):
         if next(iter(clients.values())).delayed_ack:
             log.info("--delayed-ack: quick ACKs off per response (the target must set TCP_NODELAY)")
         else:
@@ -53,7 +39,7 @@ async def open_clients(
         share_launcher(list(clients.values()), launcher)
     try:
         for c in clients.values():  # (the warm pool shared out between the targets)
-            await _open_pool(c, -(-cfg.warm_connections // len(clients)))
+            await _open_pool(c, -(-warm_connections // len(clients)))
     except BaseException:
         for c in clients.values():
             await c.close()

@@ -20,7 +20,7 @@ from replayer.config.model import SAME_ON_RESUME, SYNTHETIC_ONLY, RunConfig, fla
 from replayer.observe.target_metrics import TargetScraper
 from replayer.record.folder import drop_not_started, read_removed, read_results
 from replayer.run.readiness import StartupError
-from replayer.send.dispatcher import Position
+from replayer.send.feed import Position
 
 log = logging.getLogger("replayer")
 

@@ -7,14 +7,18 @@ boot on the other core while the replayer itself imports and loads the trace.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
+
+log = logging.getLogger("replayer")
 
 #: set by ``--workers`` in each worker's environment: the parent's pid. The workers run in
-#: sessions of their own, so a worker stops by itself when that process is gone (the daemon's
-#: ``_stop_with_parent``)
+#: sessions of their own, so a worker stops by itself when that process is gone
+#: (``stop_with_parent``)
 PARENT_PID_ENV = "REPLAYER_PARENT_PID"
 #: set by ``--workers`` in each worker's environment when the workers share the parent's embedded
 #: simulator: its URL, so the worker's ``--target`` is recorded as the embedded simulator
@@ -86,3 +90,41 @@ def stop_sim(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+async def stop_with_parent(pid: int, stop: Callable[[str], None], every_s: float = 0.5) -> None:
+    """Stop the run as on SIGHUP once process ``pid`` (the ``--workers`` parent) is gone: the
+    workers run in sessions of their own, so nothing else would stop them when it is killed."""
+    import asyncio  # (not at import: this module is imported first thing, to start the simulator)
+
+    while os.getppid() == pid:
+        await asyncio.sleep(every_s)
+    log.warning("the --workers parent (pid %d) is gone: stopping", pid)
+    stop("SIGHUP")
+
+
+class ForwardStops:
+    """A parent's stop signals (SIGTERM, SIGINT, SIGHUP) forwarded to its children, which run in
+    sessions of their own and drain as on SIGTERM (a hang-up goes on as SIGTERM); the signals
+    received are kept in ``signals``. Installed at once; ``restore`` puts the handlers back."""
+
+    def __init__(self) -> None:
+        import signal
+
+        self.signals: list[int] = []
+        self.children: list[subprocess.Popen] = []
+        self._old = {s: signal.signal(s, self._forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+
+    def _forward(self, signum: int, frame: object) -> None:
+        import signal
+
+        self.signals.append(signum)
+        for p in self.children:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+
+    def restore(self) -> None:
+        import signal
+
+        for s, h in self._old.items():
+            signal.signal(s, h)

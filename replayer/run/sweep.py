@@ -42,56 +42,24 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from typing import Any
-
-import pyarrow.compute as pc
 
 from replayer.config.model import RunConfig
 from replayer.observe.selfwatch import BEHIND_MS
 from replayer.payload.prompts import salted_seed
-from replayer.record.folder import new_results_dir, read_file
+from replayer.record.folder import new_results_dir
 from replayer.record.recorder import write_json
-from replayer.results.steady import COLUMNS, MIN_ACHIEVED_FRACTION, TRANSIENT_FRACTION, judge_point, steady_window
-from replayer.results.summary import read_summary
-from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, embedded_args, spawn_sim, stop_sim
+from replayer.results.steady import MIN_ACHIEVED_FRACTION, TRANSIENT_FRACTION
+from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, ForwardStops, embedded_args, spawn_sim, stop_sim
+from replayer.run.sweeppoint import SweepError, point_line, point_record, reset_prefix_cache, run_point
 
 #: a sweep runs at most this many points (every load loop is bounded)
 MAX_POINTS = 32
 PREFIX_MODES = ("salt", "reset", "warm")
 #: run settings the sweep sets per point (the rest pass through to every point's run)
 PER_POINT = {"speedup", "results", "seed", "target", "resume", "resume_existing", "run_id"}
-#: summary.json keys copied into each point of sweep.json (vllm bench serve's names)
-POINT_KEYS = (
-    "run_id",
-    "scheduled",
-    "sent",
-    "completed",
-    "failed",
-    "duration",
-    "request_throughput",
-    "request_goodput",
-    "output_token_goodput",
-    "slo_attainment",
-    "slo_met",
-    "slo_missed",
-    "slo_unknown",
-    "median_ttft_ms",
-    "p99_ttft_ms",
-    "median_tpot_ms",
-    "p99_tpot_ms",
-    "median_e2el_ms",
-    "p99_e2el_ms",
-    "dispatch_lag_p50_ms",
-    "dispatch_lag_p99_ms",
-    "max_concurrent_requests",
-    "expected_prefix_hit_tokens",
-    "server_prefix_cache_hit_tokens",
-)
 
 
 #: ``replayer sweep``'s own settings (not RunConfig's): its flags, or these keys in its --config file
@@ -131,10 +99,6 @@ def sweep_options(flags: dict, from_file: dict) -> dict:
     return out
 
 
-class SweepError(RuntimeError):
-    """The sweep cannot start or go on (bad flags, a target without ``/reset_prefix_cache``)."""
-
-
 def parse_speedups(text: str) -> list[float]:
     """``"1,2,4,8"`` -> ``[1.0, 2.0, 4.0, 8.0]``. Raises SweepError unless each is a number > 0,
     they increase (the load grows point by point) and there are 1 to ``MAX_POINTS`` of them."""
@@ -149,133 +113,7 @@ def parse_speedups(text: str) -> list[float]:
     return out
 
 
-def point_rows(folder: str) -> dict[str, list]:
-    """The columns ``replayer.results.steady.steady_window`` reads (``steady.COLUMNS``), of every
-    results file of a point's folder (a ``--workers`` point's in its worker folders), as lists."""
-    from replayer.results.reportdata import report_files
-
-    cols: dict[str, list] = {c: [] for c in COLUMNS}
-    for f in report_files(folder):
-        t = read_file(f, list(COLUMNS))
-        if t is None or not t.num_rows:
-            continue
-        t = t.filter(pc.is_valid(t.column("due_ns")))
-        for c in COLUMNS:
-            cols[c] += t.column(c).to_pylist()
-    return cols
-
-
-def offered_rps(due_ns: list[int]) -> float | None:
-    """The load a point offered, requests/s: (n - 1) / the span of its n due times; None for
-    fewer than 2 requests or a span of 0."""
-    if len(due_ns) < 2 or max(due_ns) <= min(due_ns):
-        return None
-    return (len(due_ns) - 1) / ((max(due_ns) - min(due_ns)) / 1e9)
-
-
-def reset_prefix_cache(target: str, api_key: str | None, timeout_s: float) -> None:
-    """``POST {target}/reset_prefix_cache``, retried while the target does not answer (up to
-    ``timeout_s``). Raises SweepError when it answers anything but 200 (vLLM serves the endpoint
-    only with ``VLLM_SERVER_DEV_MODE=1``) or never answers."""
-    url = target.rstrip("/") + "/reset_prefix_cache"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(
-                urllib.request.Request(url, data=b"", headers=headers, method="POST"), timeout=30
-            ) as r:
-                r.read()
-                return
-        except urllib.error.HTTPError as e:
-            raise SweepError(
-                f"--prefix-cache reset: POST {url} answered HTTP {e.code} (vLLM serves it with "
-                "VLLM_SERVER_DEV_MODE=1); --prefix-cache salt needs nothing of the server"
-            ) from None
-        except OSError as e:
-            if time.monotonic() >= deadline:
-                raise SweepError(f"--prefix-cache reset: POST {url}: {e}") from None
-            time.sleep(0.2)
-
-
-def short_window(w: dict) -> str:
-    """Why a too-short window is: what is left of the span against the median E2E."""
-    e2e = (w["median_e2el_ms"] or 0) / 1e3
-    return f"{max(w['window_s'], 0):.2f} s left of a {w['span_s']:.2f} s offered span, median E2E {e2e:.2f} s"
-
-
-def window_text(w: dict | None) -> str:
-    """A point's steady window in words: its bounds, offered and achieved rates, attainment and
-    goodput (``replayer.results.steady.steady_window``'s dict; None: fewer than 2 requests)."""
-
-    def rate(v) -> str:
-        return "n/a" if v is None else f"{v:.2f}"
-
-    if w is None:
-        return "steady window: none (fewer than 2 requests)"
-    if w["too_short"]:
-        return f"steady window: too short ({short_window(w)})"
-    bounds = f"{w['start_s']:.2f}-{w['end_s']:.2f} s of {w['span_s']:.2f} s"
-    att = w["slo_attainment"]
-    return (
-        f"steady window {bounds}: offered {rate(w['offered_rps'])}, achieved {rate(w['achieved_rps'])} req/s, "
-        f"attainment {'n/a' if att is None else f'{att:.1%}'} ({w['met']} of {w['judged']}), "
-        f"goodput {rate(w['request_goodput'])} req/s"
-    )
-
-
-def point_line(i: int, total: int, p: dict) -> str:
-    """The progress line of point ``i`` (1-based) of ``total``: the offered load, the steady
-    window (``window_text``), the whole run's latencies and the status."""
-
-    def ms(key: str) -> str:
-        v = p.get(key)
-        return "n/a" if v is None else f"{v:.0f}" if v >= 10 else f"{v:.1f}"
-
-    if p["status"] == "error":
-        return f"sweep point {i}/{total}: speed-up {p['speedup']:g}x: error ({p['why']})"
-    att = p.get("slo_attainment")
-    offered = p.get("offered_rps")
-    return (
-        f"sweep point {i}/{total}: speed-up {p['speedup']:g}x, offered {'n/a' if offered is None else f'{offered:.2f}'} "
-        f"req/s; {window_text(p.get('steady_window'))}; whole run: attainment "
-        f"{'n/a' if att is None else f'{att:.1%}'}, "
-        f"TTFT p50/p99 {ms('median_ttft_ms')}/{ms('p99_ttft_ms')} ms, "
-        f"TPOT p50/p99 {ms('median_tpot_ms')}/{ms('p99_tpot_ms')} ms, E2E p50/p99 "
-        f"{ms('median_e2el_ms')}/{ms('p99_e2el_ms')} ms, dispatch lag p99 {ms('dispatch_lag_p99_ms')} ms: "
-        f"{p['status']}" + ("" if p["status"] == "held" else f" ({p['why']})")
-    )
-
-
-def point_record(
-    index: int, speedup: float, folder: str, seed: int, exit_code: int, min_attainment: float, max_lag_ms: float
-) -> dict:
-    """One point of ``sweep.json``, from its run's folder: its settings, offered load (whole
-    span), achieved rate and steady window (``replayer.results.steady``), the ``POINT_KEYS`` and
-    ``slo_attainment_<bound>`` of its ``summary.json``, and its judgement (``judge_point``:
-    ``status``, ``why``, ``replayer_behind``)."""
-    summary = read_summary(folder) or None
-    rows = point_rows(folder) if summary else {c: [] for c in COLUMNS}
-    window = steady_window(*(rows[c] for c in COLUMNS))
-    status, why = judge_point(summary, window, min_attainment, max_lag_ms)
-    return {
-        "index": index,
-        "speedup": speedup,
-        "results": os.path.basename(folder),
-        "seed": seed,
-        "exit_code": exit_code,
-        "offered_rps": offered_rps(rows["due_ns"]),
-        "achieved_rps": window["achieved_rps"] if window else None,
-        "steady_window": window,
-        **{key: (summary or {}).get(key) for key in POINT_KEYS},
-        **{key: v for key, v in (summary or {}).items() if key.startswith("slo_attainment_")},
-        "status": status,
-        "why": why,
-        "replayer_behind": status == "replayer_behind",
-    }
-
-
-def run_sweep(  # noqa: C901, PLR0912, PLR0915
+def run_sweep(
     cfg: RunConfig,
     run_flags: list[str],
     *,
@@ -288,6 +126,36 @@ def run_sweep(  # noqa: C901, PLR0912, PLR0915
     ran to its end or its stop rule, 2 when a point could not start or a reset failed, 128 + the
     signal's number when SIGTERM/SIGINT/SIGHUP stopped it). ``run_flags``: every run setting
     but ``PER_POINT`` (``cli.flags_for``), passed to each point's ``replayer run``."""
+    results = _check(cfg, prefix_cache)
+    os.makedirs(results, exist_ok=True)
+    sweep = sweep_record(cfg, speedups, min_attainment, prefix_cache, max_dispatch_lag_ms)
+    stops = ForwardStops()
+    sim = None
+    code = 0
+    try:
+        targets = cfg.targets
+        if not targets:
+            sim, embedded = spawn_sim(embedded_args(cfg.tokenizer))
+            targets = [embedded]
+            sweep["target"] = embedded
+        code = _points(cfg, run_flags, sweep, results, targets, embedded=sim is not None, stops=stops)
+    except SweepError as e:
+        sweep["stop_reason"] = str(e)
+        print(f"replayer sweep: {e}", file=sys.stderr)
+        code = 2
+    finally:
+        stops.restore()
+        if sim is not None:
+            stop_sim(sim)
+    if stops.signals:
+        sweep["stop_reason"] = f"stopped by {signal.Signals(stops.signals[0]).name}"
+        code = 128 + stops.signals[0]
+    _finish(sweep, results)
+    return sweep, code
+
+
+def _check(cfg: RunConfig, prefix_cache: str) -> str:
+    """The sweep's own checks before anything starts; its results folder."""
     if prefix_cache not in PREFIX_MODES:
         raise SweepError(f"--prefix-cache {prefix_cache!r}: must be one of {', '.join(PREFIX_MODES)}")
     if not cfg.goodput:
@@ -300,20 +168,15 @@ def run_sweep(  # noqa: C901, PLR0912, PLR0915
     results = cfg.results or new_results_dir()
     if os.path.exists(os.path.join(results, "sweep.json")):
         raise SweepError(f"--results {results}: holds an earlier sweep (sweep.json); give another folder")
-    os.makedirs(results, exist_ok=True)
-    signals: list[int] = []
-    child: list[subprocess.Popen] = []
+    return results
 
-    def forward(signum, frame):  # the point in progress drains (its run handles the signal), then we stop
-        signals.append(signum)
-        for p in child:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
-    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    sim = None
+def sweep_record(
+    cfg: RunConfig, speedups: list[float], min_attainment: float, prefix_cache: str, max_dispatch_lag_ms: float
+) -> dict[str, Any]:
+    """``sweep.json`` before its first point: the sweep's settings and rule (pure)."""
     targets = cfg.targets
-    sweep: dict[str, Any] = {
+    return {
         "trace": cfg.trace,
         "target": targets[0] if len(targets) == 1 else (targets or None),
         "target_embedded": not targets,
@@ -338,84 +201,65 @@ def run_sweep(  # noqa: C901, PLR0912, PLR0915
         "highest_held_request_goodput": None,
         "stop_reason": None,
     }
-    code = 0
-    try:
-        if not targets:
-            sim, embedded = spawn_sim(embedded_args(cfg.tokenizer))
-            targets = [embedded]
-            sweep["target"] = embedded
-        for k, speedup in enumerate(speedups):
-            if signals:
-                break
-            folder = os.path.join(results, f"{k + 1:02d}-speedup-{speedup:g}")
-            os.makedirs(folder, exist_ok=True)
-            seed = salted_seed(cfg.seed, k) if prefix_cache == "salt" else cfg.seed
-            if prefix_cache == "reset":
-                for target in targets:
-                    reset_prefix_cache(target, cfg.api_key(), cfg.ready_timeout_s if cfg.target else 30.0)
-            args = [
-                sys.executable,
-                "-m",
-                "replayer",
-                "run",
-                *run_flags,
-                "--speedup",
-                repr(speedup),
-                "--results",
-                folder,
-                "--seed",
-                str(seed),
-                *(a for t in targets for a in ("--target", t)),
-                *(["--run-id", f"{cfg.run_id}-{k + 1:02d}"] if cfg.run_id else []),
-            ]
-            env = {
-                **os.environ,
-                PARENT_PID_ENV: str(os.getpid()),  # stops with us; prints nothing
-                **({EMBEDDED_TARGET_ENV: targets[0]} if sim is not None else {}),
-            }
-            with open(os.path.join(folder, "run.log"), "ab") as log:
-                p = subprocess.Popen(
-                    args,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                )
-                child[:] = [p]
-                rc = p.wait()
-            point = point_record(k + 1, speedup, folder, seed, rc, min_attainment, max_dispatch_lag_ms)
-            status, why = point["status"], point["why"]
-            sweep["points"].append(point)
-            if not cfg.quiet:
-                print(point_line(k + 1, len(speedups), point), flush=True)
-            if status == "held":
-                sweep.update(
-                    highest_held_speedup=speedup,
-                    highest_held_offered_rps=point["offered_rps"],
-                    highest_held_achieved_rps=point["achieved_rps"],
-                    highest_held_request_goodput=point["request_goodput"],
-                )
-            else:
-                sweep["stop_reason"] = f"{why} at speed-up {speedup:g}x"
-            write_json(os.path.join(results, "sweep.json"), sweep)
-            if status != "held":
-                code = 2 if status == "error" else 0
-                break
+
+
+def _points(
+    cfg: RunConfig,
+    run_flags: list[str],
+    sweep: dict[str, Any],
+    results: str,
+    targets: list[str],
+    *,
+    embedded: bool,
+    stops: ForwardStops,
+) -> int:
+    """Run the points in order until one does not hold (or a stop signal); returns the exit code."""
+    speedups, prefix_cache = sweep["speedups"], sweep["prefix_cache"]
+    for k, speedup in enumerate(speedups):
+        if stops.signals:
+            return 0
+        folder = os.path.join(results, f"{k + 1:02d}-speedup-{speedup:g}")
+        os.makedirs(folder, exist_ok=True)
+        seed = salted_seed(cfg.seed, k) if prefix_cache == "salt" else cfg.seed
+        if prefix_cache == "reset":
+            for target in targets:
+                reset_prefix_cache(target, cfg.api_key(), cfg.ready_timeout_s if cfg.target else 30.0)
+        args = [
+            *run_flags,
+            *("--speedup", repr(speedup), "--results", folder, "--seed", str(seed)),
+            *(a for t in targets for a in ("--target", t)),
+            *(["--run-id", f"{cfg.run_id}-{k + 1:02d}"] if cfg.run_id else []),
+        ]
+        env = {
+            **os.environ,
+            PARENT_PID_ENV: str(os.getpid()),  # stops with us; prints nothing
+            **({EMBEDDED_TARGET_ENV: targets[0]} if embedded else {}),
+        }
+        rc = run_point(args, env, folder, stops.children)
+        point = point_record(
+            k + 1, speedup, folder, seed, rc, sweep["min_attainment"], sweep["max_dispatch_lag_p99_ms"]
+        )
+        sweep["points"].append(point)
+        if not cfg.quiet:
+            print(point_line(k + 1, len(speedups), point), flush=True)
+        if point["status"] == "held":
+            sweep.update(
+                highest_held_speedup=speedup,
+                highest_held_offered_rps=point["offered_rps"],
+                highest_held_achieved_rps=point["achieved_rps"],
+                highest_held_request_goodput=point["request_goodput"],
+            )
         else:
-            sweep["stop_reason"] = "every point held"
-    except SweepError as e:
-        sweep["stop_reason"] = str(e)
-        print(f"replayer sweep: {e}", file=sys.stderr)
-        code = 2
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        if sim is not None:
-            stop_sim(sim)
-    if signals:
-        sweep["stop_reason"] = f"stopped by {signal.Signals(signals[0]).name}"
-        code = 128 + signals[0]
+            sweep["stop_reason"] = f"{point['why']} at speed-up {speedup:g}x"
+        write_json(os.path.join(results, "sweep.json"), sweep)
+        if point["status"] != "held":
+            return 2 if point["status"] == "error" else 0
+    sweep["stop_reason"] = "every point held"
+    return 0
+
+
+def _finish(sweep: dict[str, Any], results: str) -> None:
+    """``sweep.json`` and ``sweep.html`` written, the sweep's outcome printed."""
     sweep["finished_wall_s"] = time.time()
     write_json(os.path.join(results, "sweep.json"), sweep)
     from replayer.results.sweepreport import write_sweep_report
@@ -437,4 +281,3 @@ def run_sweep(  # noqa: C901, PLR0912, PLR0915
     print(
         f"results: {results}/ (sweep.json, {os.path.basename(page)}, {len(sweep['points'])} point folders)", flush=True
     )
-    return sweep, code

@@ -16,23 +16,28 @@ simulator is stopped only after every worker has drained. A worker whose parent 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
 
 import replayer.record.lock as folder_lock
 from replayer.config.model import RunConfig, new_run_id
 from replayer.record.folder import earlier_run, new_results_dir, result_files
 from replayer.record.recorder import write_json
 from replayer.results.merge import merge_results
-from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, embedded_args, free_port
+from replayer.run.simproc import (
+    EMBEDDED_TARGET_ENV,
+    PARENT_PID_ENV,
+    ForwardStops,
+    embedded_args,
+    free_port,
+    spawn_sim,
+    stop_sim,
+)
 
 log = logging.getLogger(__name__)
 
@@ -155,123 +160,55 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
     from replayer.observe.logs import setup_logging, warn_short_secrets
 
     setup_logging(cfg.log_format, cfg.log_threshold, secrets=(cfg.api_key(), cfg.control_token()))
-    warn_short_secrets(cfg.named_secrets())  # wiring (issue 47)
+    warn_short_secrets(cfg.named_secrets())  # (issue 47)
+    if (why := cap_problem(cfg)) is not None:  # (issue 47: N times the cap would be in flight)
+        print(f"replayer run: {why}", file=sys.stderr)
+        return 2
     n = cfg.workers
     flags = _without_flag(list(argv_flags), "--resume")
     if cfg.run_id is None and not cfg.resume:  # one run id for all workers' X-Request-Id headers
         flags += ["--run-id", new_run_id()]  # (a resumed worker keeps its checkpoint's)
-    if (why := cap_problem(cfg)) is not None:  # (issue 47: N times the cap would be in flight)
-        print(f"replayer run: {why}", file=sys.stderr)
-        return 2
     if cfg.admin_port and cfg.admin_port + n - 1 > 65535:
         print(f"replayer run: --admin-port {cfg.admin_port} + {n} workers exceeds 65535", file=sys.stderr)
         return 2
-    results = cfg.resume or cfg.results
+    results = _results_folder(cfg, n)
     if results is None:
-        results = new_results_dir()
-    elif not cfg.resume and not cfg.resume_existing:  # (a worker would refuse its folder only after the others started)
-        taken = (results, *(os.path.join(results, f"worker-{i}") for i in range(n)))
-        used = next((why for d in taken if os.path.isdir(d) and (why := earlier_run(d, resume=results))), None)
-        if used:
-            print(f"replayer run: --results {results}: {used}", file=sys.stderr)
-            return 2
-    os.makedirs(results, exist_ok=True)
+        return 2
     try:  # one writer per folder (issue 47): the workers lock their own worker-i
         folder_lock.acquire(results, "--workers")
     except folder_lock.FolderBusy as e:
         print(f"replayer run: --results {e}", file=sys.stderr)
         return 2
     try:
-        return _supervise(cfg, flags, n, results)
+        return _supervise(cfg, flags, results)
     finally:
         folder_lock.release(results)
 
 
-def _supervise(cfg: RunConfig, flags: list[str], n: int, results: str) -> int:  # noqa: C901, PLR0912, PLR0915
-    """``run_workers`` past its checks, holding the results folder's lock."""
-    procs: list[subprocess.Popen] = []
-
-    def forward(signum, frame):
-        for p in procs:
-            if p.poll() is None:  # (a hang-up drains the workers as a SIGTERM does)
-                p.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+def _supervise(cfg: RunConfig, flags: list[str], results: str) -> int:
+    """``run_workers`` past its checks, holding the results folder's lock: the embedded simulator,
+    the workers, the stop signals forwarded, the merge."""
+    n = cfg.workers
+    stops = ForwardStops()
     sim = None
     codes: list[int] = []
     try:
         targets = cfg.targets
-        if not targets:
-            port = free_port()
-            sim = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "replayer",
-                    "sim",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--parent-pid",
-                    str(os.getpid()),
-                    *embedded_args(
-                        cfg.tokenizer,
-                        ttft_drift=cfg.sim_ttft_drift_ms_per_min,  # wiring (issue 45)
-                        itl_drift=cfg.sim_itl_drift_ms_per_min,
-                    ),
-                ],
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            targets = [f"http://127.0.0.1:{port}"]
-            log.info("no --target: starting the embedded simulator at %s", targets[0])
-            if not _wait_health(targets[0] + "/health", sim, 30.0):
-                print(f"replayer run: the embedded simulator did not start at {targets[0]}", file=sys.stderr)
-                return 1
-        # time for every worker to import, load the trace and reach the target (a worker that is
-        # later anchors at its own start, out of step: the merge then warns)
-        start_at = cfg.start_at or time.time() + 4.0 + 0.5 * n
-        # admin ports known here (--admin-port 0: free ones picked now), for the progress lines
-        ports = _distinct_free_ports(n) if cfg.admin_port == 0 else [cfg.admin_port + i for i in range(n)]
-        for i, port in enumerate(ports):
-            wdir = os.path.join(results, f"worker-{i}")
-            args = [
-                sys.executable,
-                "-m",
-                "replayer",
-                "run",
-                *flags,
-                *worker_shares(cfg, i),
-                "--workers",
-                "1",
-                "--shard",
-                f"{i}/{n}",
-                "--start-at",
-                repr(start_at),
-                "--results",
-                wdir,
-                "--admin-port",
-                str(port),
-                *(a for t in targets for a in ("--target", t)),
-                "--quiet",  # (no live view: the parent's; the log at the parent's level, issue 47)
-                "--log-level",
-                cfg.log_threshold,
-            ]
-            if cfg.resume and os.path.exists(os.path.join(wdir, "checkpoint.json")):
-                args += ["--resume", wdir]
-            procs.append(
-                subprocess.Popen(
-                    args,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                    env={
-                        **os.environ,
-                        PARENT_PID_ENV: str(os.getpid()),
-                        **({EMBEDDED_TARGET_ENV: targets[0]} if sim is not None else {}),
-                    },
+        if not targets:  # one embedded simulator for every worker, up before they start
+            sim, url = spawn_sim(
+                embedded_args(
+                    cfg.tokenizer,
+                    ttft_drift=cfg.sim_ttft_drift_ms_per_min,  # (issue 45)
+                    itl_drift=cfg.sim_itl_drift_ms_per_min,
                 )
             )
+            targets = [url]
+            log.info("no --target: starting the embedded simulator at %s", url)
+            if not _wait_health(url + "/health", sim, 30.0):
+                print(f"replayer run: the embedded simulator did not start at {url}", file=sys.stderr)
+                return 1
+        procs = stops.children  # (each worker in it as it starts: a stop reaches those started)
+        ports, start_at = _start_workers(cfg, flags, results, targets, procs, embedded=sim is not None)
         if not cfg.quiet:
             log.info(
                 "%d workers (shards 0/%d..%d/%d) start at %s; results in %s; their /status on 127.0.0.1:%s",
@@ -286,21 +223,80 @@ def _supervise(cfg: RunConfig, flags: list[str], n: int, results: str) -> int:  
             _progress(procs, ports, start_at)
         codes = [_exit_code(p.wait()) for p in procs]
     finally:
-        for p in procs:  # only if we got here by an exception: never leave workers behind
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        for s, h in old.items():
-            signal.signal(s, h)
-        if sim is not None:
-            sim.terminate()
+        _stop_left(stops.children)  # only if we got here by an exception: never leave workers behind
+        stops.restore()
+        if sim is not None:  # (after every worker has drained)
+            stop_sim(sim)
+    return _merge(cfg, results, codes)
+
+
+def _results_folder(cfg: RunConfig, n: int) -> str | None:
+    """The results folder (made), or None (said why) when it holds an earlier run's results."""
+    results = cfg.resume or cfg.results
+    if results is None:
+        results = new_results_dir()
+    elif not cfg.resume and not cfg.resume_existing:  # (a worker would refuse its folder only after the others started)
+        taken = (results, *(os.path.join(results, f"worker-{i}") for i in range(n)))
+        used = next((why for d in taken if os.path.isdir(d) and (why := earlier_run(d, resume=results))), None)
+        if used:
+            print(f"replayer run: --results {results}: {used}", file=sys.stderr)
+            return None
+    os.makedirs(results, exist_ok=True)
+    return results
+
+
+def _start_workers(
+    cfg: RunConfig,
+    flags: list[str],
+    results: str,
+    targets: list[str],
+    procs: list[subprocess.Popen],
+    *,
+    embedded: bool,
+) -> tuple[list[int], float]:
+    """Start the workers (each appended to ``procs``), shard i in ``RESULTS/worker-i``, all
+    anchored at one start time; returns their admin ports and the start time."""
+    n = cfg.workers
+    # time for every worker to import, load the trace and reach the target (a worker that is
+    # later anchors at its own start, out of step: the merge then warns)
+    start_at = cfg.start_at or time.time() + 4.0 + 0.5 * n
+    # admin ports known here (--admin-port 0: free ones picked now), for the progress lines
+    ports = _distinct_free_ports(n) if cfg.admin_port == 0 else [cfg.admin_port + i for i in range(n)]
+    env = {
+        **os.environ,
+        PARENT_PID_ENV: str(os.getpid()),
+        **({EMBEDDED_TARGET_ENV: targets[0]} if embedded else {}),
+    }
+    for i, port in enumerate(ports):
+        wdir = os.path.join(results, f"worker-{i}")
+        args = [
+            *(sys.executable, "-m", "replayer", "run", *flags, *worker_shares(cfg, i)),
+            *("--workers", "1", "--shard", f"{i}/{n}", "--start-at", repr(start_at)),
+            *("--results", wdir, "--admin-port", str(port)),
+            *(a for t in targets for a in ("--target", t)),
+            "--quiet",  # (no live view: the parent's; the log at the parent's level, issue 47)
+            *("--log-level", cfg.log_threshold),
+        ]
+        if cfg.resume and os.path.exists(os.path.join(wdir, "checkpoint.json")):
+            args += ["--resume", wdir]
+        procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True, env=env))
+    return ports, start_at
+
+
+def _stop_left(procs: list[subprocess.Popen]) -> None:
+    """Workers still running terminated (killed after 30 s)."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
             try:
-                sim.wait(10)
+                p.wait(30)
             except subprocess.TimeoutExpired:
-                sim.kill()
+                p.kill()
+
+
+def _merge(cfg: RunConfig, results: str, codes: list[int]) -> int:
+    """The workers' results merged into ``RESULTS/summary.json``; the run's exit code."""
+    n = cfg.workers
     dirs = [os.path.join(results, f"worker-{i}") for i in range(n)]
     if codes and all(c == 2 for c in codes):  # a bad trace or target: every worker said why
         print(f"replayer: the {n} workers could not start (exit 2; the reason is above)", file=sys.stderr)
@@ -320,7 +316,7 @@ def _supervise(cfg: RunConfig, flags: list[str], n: int, results: str) -> int:  
     merged = merge_results(present, results, one_target=True)  # (printed with --quiet too: it is the outcome)
     print(f"merged {len(present)} of {n} workers: {results}/summary.json", flush=True)
     code = max([0 if len(present) == n else 1, *codes])
-    from replayer.run.runsummary import (
+    from replayer.run.finish import (
         EXIT_ERROR_RATIO,
         EXIT_UNFAITHFUL,
         error_ratio_problem,
@@ -345,12 +341,3 @@ def _supervise(cfg: RunConfig, flags: list[str], n: int, results: str) -> int:  
         print(f"replayer: {unfaithful}", file=sys.stderr)
         return EXIT_UNFAITHFUL
     return code
-
-
-async def stop_with_parent(pid: int, stop: Callable[[str], None], every_s: float = 0.5) -> None:
-    """Stop the run as on SIGHUP once process ``pid`` (the ``--workers`` parent) is gone: the
-    workers run in sessions of their own, so nothing else would stop them when it is killed."""
-    while os.getppid() == pid:
-        await asyncio.sleep(every_s)
-    log.warning("the --workers parent (pid %d) is gone: stopping", pid)
-    stop("SIGHUP")

@@ -2,26 +2,16 @@
 finished; account for every one of them.
 
 The decisions (what fires, what is handed over ahead, how far to prepare, when to wake) are the
-pure ``replayer.plan.planner.Planner``'s; this module is its shell: it reads and sleeps on an injected
-clock (``replayer.core.clock.Clock``), prepares requests as the planner asks, and starts each send
-(``replayer.send.sender.Sender``) as a task of one ``asyncio.TaskGroup``, so every in-flight request
-is owned and a send that crashes stops the run loudly (its exception leaves ``run``).
-
-Deadlines are absolute offsets from the anchor ``t0_ns`` (``schedule.Timeline``), recomputed at
-every wait (never a chain of relative sleeps, which drifts: vLLM issue 21104). Trace batches are
-read ahead in a worker thread; bodies are prepared in a lead window before their due time, so
-nothing heavy runs when a request is due. A late request goes out at once and its lag is
-recorded.
-
-The open loop has no concurrency cap by default; ``max_concurrency`` (``--max-concurrency``)
-caps the requests in flight, the others waiting for a slot (``replayer.send.slots``): then the
-capped ``_fire`` and done callback replace the plain ones.
-
-Shutdown: ``stop()`` stops issuing; in-flight requests get ``drain_timeout_s`` to finish, then
-are cancelled (recorded as ``cancelled``, as they are when ``run`` itself is cancelled).
-What the stop leaves unsent is recorded as ``not_started`` (``replayer.send.unsent``). So
-``sent + not_started`` = everything scheduled so far, and every sent request ends as success,
-failed or cancelled.
+pure ``replayer.plan.planner.Planner``'s; this is its shell: it sleeps on an injected clock
+(``replayer.core.clock.Clock``), prepares requests as the planner asks, and starts each send
+(``replayer.send.sender.Sender``) as a task of one ``asyncio.TaskGroup`` (a send that crashes
+stops the run loudly). Deadlines are absolute offsets from the anchor ``t0_ns``, recomputed at
+every wait (relative sleeps drift: vLLM issue 21104); batches are read ahead in a thread, bodies
+prepared in a lead window; a late request goes out at once and its lag is recorded. No cap by
+default; ``max_concurrency`` caps the requests in flight (``replayer.send.slots``: then the capped
+``_fire`` and done callback replace the plain ones). ``stop()`` stops issuing; in-flight requests
+get ``drain_timeout_s``, then are cancelled; what the stop leaves unsent is ``not_started``
+(``replayer.send.unsent``): ``sent + not_started`` = everything scheduled so far.
 """
 
 from __future__ import annotations
@@ -30,16 +20,16 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from replayer.core.background import first_of
 from replayer.core.clock import MONOTONIC, SPIN_NS, Clock
 from replayer.core.errors import ErrorKind, Outcome
+from replayer.core.events import RequestEvents
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.plan.planner import PREPARE, Fire, Planner
 from replayer.plan.schedule import ScheduleBatch, Timeline
-from replayer.send.feed import BatchFeeder, Feed
+from replayer.send.feed import BatchFeeder, Feed, Position
 from replayer.send.sender import LOOP_WRITES, SendCancelled, Sender, Sending
 from replayer.send.slots import Slots
 from replayer.send.unsent import never_sent
@@ -51,28 +41,12 @@ log = logging.getLogger(__name__)
 CATCH_UP_NS = 2_000_000
 
 
-class Observer:
-    """Hooks for live accounting as requests go out (metrics, status). No-ops here. Results are
-    not observed here: each goes to the ``sink`` alone, the run's one fan-out."""
-
-    def on_sent(self, req: PreparedRequest) -> None: ...
-
-
-@dataclass
-class Position:
-    """Where the replay is: the next request to send (for status and resume checkpoints)."""
-
-    index: int = 0  # schedule position
-    loop: int = 0
-    row: int = 0  # global trace row
-    trace_ns: int = 0
-
-
 class Dispatcher:
     """Runs a schedule (``feed``) as ``planner`` decides, sending through ``sender``.
 
-    ``sink(res)`` receives every result exactly once. ``t0_ns``: the run's anchor on ``clock``.
-    ``observer``: live accounting hooks. ``on_idle(slack_ns)``: called before a wait (GC pacing).
+    ``events``: the run's event stream (``replayer.core.events``): ``sent`` as each send starts,
+    ``finished`` with every result exactly once (a sent request's, and each never sent).
+    ``t0_ns``: the run's anchor on ``clock``. ``on_idle(slack_ns)``: called before a wait (GC pacing).
     ``drain_timeout_s``: how long in-flight requests may take after ``stop``. ``shard``: written
     in the results of requests never sent. ``max_concurrency``: the most requests in flight at
     once (None: no cap, the open loop; see the module docstring). ``missed_before_ns``: a fleet shard that rejoins its
@@ -85,10 +59,9 @@ class Dispatcher:
         feed: Feed,
         planner: Planner,
         sender: Sender,
-        sink: Callable[[RequestResult], None],
+        events: RequestEvents,
         *,
         t0_ns: int,
-        observer: Observer | None = None,
         clock: Clock = MONOTONIC,
         on_idle: Callable[[int], None] | None = None,
         drain_timeout_s: float = 30.0,
@@ -98,13 +71,12 @@ class Dispatcher:
         missed_before_ns: int | None = None,
     ) -> None:
         self._feeder = BatchFeeder(feed.batches)
-        self._prepare = feed.prepare
-        self._unsent = feed.unsent
+        self._prepare = feed.requests.prepare
+        self._unsent = feed.requests.unsent
         self._plan = planner
         self._sender = sender
-        self._sink = sink
+        self._events = events  # (its hooks are read at each call: the run attaches them once built)
         self.t0_ns = t0_ns
-        self.obs = observer or Observer()
         self._clock = clock
         self._on_idle = on_idle
         self.drain_timeout_s = drain_timeout_s
@@ -370,7 +342,7 @@ class Dispatcher:
         self.sent += 1
         p = self.position
         p.index, p.loop, p.row = req.index + 1, req.loop, req.row + 1
-        self.obs.on_sent(req)
+        self._events.sent(req)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         req, due_ns, sending = self._tasks.pop(task)
@@ -420,9 +392,9 @@ class Dispatcher:
 
     def _deliver(self, res: RequestResult) -> None:
         try:
-            self._sink(res)
-        except Exception:  # a broken sink must not lose the replay
-            log.exception("result sink failed for row %d", res.row)
+            self._events.finished(res)
+        except Exception:  # a broken subscriber must not lose the replay
+            log.exception("a subscriber of the finished event failed for row %d", res.row)
 
     async def _drain(self) -> None:
         """Normal end: wait for every in-flight request. After ``stop()`` (also one arriving during

@@ -1,22 +1,33 @@
 """The dispatcher's input: what is replayed (``Feed``) and its batches read ahead off the loop.
 
-``Feed`` holds the schedule's batches and how an item becomes a request (``prepare``) or, when it
-is never prepared, a result (``unsent``); ``BatchFeeder`` reads the batches in one worker thread,
-one batch ahead, so Parquet reads and batch preparation never run on the event loop.
+``Feed`` holds the schedule's batches and the request factory that turns an item into a request
+(``prepare``) or, when it is never prepared, into a result (``unsent``): in a run,
+``replayer.payload.prepare.RequestFactory``, which tells the run's event stream of each request it
+hands out. ``BatchFeeder`` reads the batches in one worker thread, one batch ahead, so Parquet
+reads and batch preparation never run on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from replayer.core.request import PreparedRequest
 from replayer.core.result import RequestResult
 from replayer.plan.schedule import ScheduleBatch
 
-__all__ = ["BatchFeeder", "Feed"]
+__all__ = ["BatchFeeder", "Feed", "Position", "RequestSource"]
+
+
+class RequestSource(Protocol):
+    """Item ``j`` of schedule batch ``sb`` as a request (``prepare``: pure, may take ~0.5 ms) or,
+    never prepared (a stop), as its result (``unsent``)."""
+
+    def prepare(self, sb: ScheduleBatch, j: int) -> PreparedRequest: ...
+    def unsent(self, sb: ScheduleBatch, j: int) -> RequestResult: ...
 
 
 class BatchFeeder:
@@ -45,10 +56,17 @@ class BatchFeeder:
 
 @dataclass(frozen=True)
 class Feed:
-    """What is replayed: the schedule's batches, ``prepare(sb, j)`` building the request of item j
-    of batch ``sb`` (pure, may take ~0.5 ms) and ``unsent(sb, j)`` the result of an item never
-    prepared (shutdown)."""
+    """What is replayed: the schedule's batches and the factory of their requests."""
 
     batches: Iterator[ScheduleBatch]
-    prepare: Callable[[ScheduleBatch, int], PreparedRequest]
-    unsent: Callable[[ScheduleBatch, int], RequestResult]
+    requests: RequestSource
+
+
+@dataclass
+class Position:
+    """Where the replay is: the next request to send (for status and resume checkpoints)."""
+
+    index: int = 0  # schedule position
+    loop: int = 0
+    row: int = 0  # global trace row
+    trace_ns: int = 0

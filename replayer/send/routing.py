@@ -150,3 +150,16 @@ def share_launcher(clients: list["Client"], launcher: "Launcher") -> None:
                 hook(token, sent, written, err)
 
         launcher.attach(on_launched)
+
+
+def senders_for(clients: "dict[str, Client]", *, writes_ahead: bool, shard: int) -> "Sender":
+    """The run's sender over its clients (one per target URL): each client's ``LauncherSender``
+    when the launcher process writes requests ahead (``writes_ahead``), else its ``LoopSender``;
+    with several targets, a ``RoutingSender`` over them."""
+    from replayer.send.sender import LauncherSender, LoopSender
+
+    one = LauncherSender if writes_ahead else LoopSender
+    senders: dict[str, Sender] = {url: one(c, shard=shard) for url, c in clients.items()}
+    if len(senders) == 1:
+        return next(iter(senders.values()))
+    return RoutingSender(senders)

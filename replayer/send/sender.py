@@ -13,8 +13,8 @@ connection to the target can be written by the launcher: TLS 1.2; the request go
 Two senders share one client (``replayer.http.client``), which stamps the send time the same way for
 both (``Client`` stamps ``sent_ns`` when the request's first byte goes, computes
 ``dispatch_lag_ms`` from the lag origin to when the kernel took the last byte (the same moment
-unless the socket could not take the request whole) and reports the dispatch to its
-``on_dispatched`` hook then: the live dispatch-lag accounting needs no queue):
+unless the socket could not take the request whole) and tells the dispatch to the run's event
+stream then, ``dispatched``: the live dispatch-lag accounting needs no queue):
 
 * ``LoopSender``: the event loop writes each request when the dispatcher starts it;
 * ``LauncherSender``: requests outside sessions are bound to an idle connection ``ahead_ns``

@@ -258,7 +258,37 @@ def _at(where: str, name: str) -> str:
 # -- the one mapping to canonical rows -------------------------------------------------------
 
 
-def sessions_to_raw(  # noqa: PLR0912
+def _call_ids(
+    c, s: AgentSession, key: int, fresh: _FreshIds, prev_ids: np.ndarray | None, prev_len: int, B: int, probs: _Problems
+) -> tuple[np.ndarray | None, bool]:
+    """Call ``c``'s hash ids (its own, salted when local; or the previous call's reused full blocks
+    then fresh ones) and whether its reused prefix was cut to the previous call's full blocks;
+    (None, False) with the problem added when they cannot be."""
+    n_blocks = -(-c.input_length // B)
+    if c.hash_ids is not None:
+        ids = np.asarray(c.hash_ids, dtype=np.int64)
+        if ids.size != n_blocks:
+            probs.add(
+                c.record,
+                _at(c.where, "hash_ids"),
+                f"expected {n_blocks} hash ids (ceil(input_length {c.input_length} / block_size {B})), got {ids.size}",
+            )
+            return None, False
+        return (salt_ids(ids, key) if s.local_ids else ids), False
+    r = c.reused_tokens or 0
+    if r > c.input_length:
+        probs.add(
+            c.record,
+            _at(c.where, "reused"),
+            f"reused prefix {r} tokens is longer than the prompt ({c.input_length} tokens)",
+        )
+        return None, False
+    k_blocks = min(r // B, prev_len // B)
+    shared = prev_ids[:k_blocks] if prev_ids is not None else np.empty(0, np.int64)
+    return np.concatenate((shared, fresh.take(n_blocks - k_blocks))), r // B > prev_len // B
+
+
+def sessions_to_raw(
     sessions: list[AgentSession], fmt: str, block_size: int, probs: _Problems, notes: list[str] | None = None
 ) -> _Raw | None:
     """Canonical raw rows of ``sessions`` (module docstring); None when there is no call.
@@ -276,33 +306,10 @@ def sessions_to_raw(  # noqa: PLR0912
         prev_ids: np.ndarray | None = None
         prev_len = 0
         for k, c in enumerate(s.calls):
-            n_blocks = -(-c.input_length // B)
-            if c.hash_ids is not None:
-                ids = np.asarray(c.hash_ids, dtype=np.int64)
-                if ids.size != n_blocks:
-                    probs.add(
-                        c.record,
-                        _at(c.where, "hash_ids"),
-                        f"expected {n_blocks} hash ids (ceil(input_length {c.input_length} / block_size {B})), "
-                        f"got {ids.size}",
-                    )
-                    continue
-                if s.local_ids:
-                    ids = salt_ids(ids, key)
-            else:
-                r = c.reused_tokens or 0
-                if r > c.input_length:
-                    probs.add(
-                        c.record,
-                        _at(c.where, "reused"),
-                        f"reused prefix {r} tokens is longer than the prompt ({c.input_length} tokens)",
-                    )
-                    continue
-                k_blocks = min(r // B, prev_len // B)
-                if r // B > prev_len // B:
-                    cut += 1
-                shared = prev_ids[:k_blocks] if prev_ids is not None else np.empty(0, np.int64)
-                ids = np.concatenate((shared, fresh.take(n_blocks - k_blocks)))
+            ids, was_cut = _call_ids(c, s, key, fresh, prev_ids, prev_len, B, probs)
+            if ids is None:
+                continue
+            cut += was_cut
             parent: str | None
             if k > 0:
                 parent = f"{s.session_id}#{k - 1}"

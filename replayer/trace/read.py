@@ -176,6 +176,55 @@ def _warn_seconds(path: str, raw: _Raw) -> None:
     )
 
 
+def _check_times(raw: _Raw, probs: _Problems, origin: int | None, not_before: int | None, strict: bool) -> int:
+    """The whole-column timestamp checks (not before an earlier row group's, within int64 ns of
+    the first, sorted when ``strict``); returns how many rows are out of timestamp order."""
+    ts = raw.ts
+    tmin = int(ts.min()) if origin is None else int(origin)
+    if not_before is not None and int(ts.min()) < not_before:
+        i = int(np.flatnonzero(ts < not_before)[0])
+        probs.add(
+            raw.rows[i],
+            "timestamp",
+            f"timestamp {int(ts[i])} goes back in time: an earlier row group reached {not_before}; "
+            "this Parquet source is not sorted - run `replayer trace convert` (which sorts) first",
+            file=raw.file_of(i),
+        )
+    span_limit = _INT64_MAX // raw.ns_per_unit
+    for i in np.flatnonzero((ts - tmin) > span_limit).tolist():
+        probs.add(
+            raw.rows[i],
+            "timestamp",
+            f"timestamp {int(ts[i])} is too far from the first ({tmin}) to fit in int64 nanoseconds",
+            file=raw.file_of(i),
+        )
+    if ts.shape[0] <= 1:
+        return 0
+    prev_max = np.maximum.accumulate(ts)[:-1]
+    late = ts[1:] < prev_max
+    rows_out = int(late.sum())
+    if rows_out and strict:
+        first = int(np.flatnonzero(late)[0]) + 1
+        probs.add(
+            raw.rows[first],
+            "timestamp",
+            f"{rows_out} rows out of timestamp order (first here: {int(ts[first])} after "
+            f"{int(prev_max[first - 1])}); strict mode requires sorted timestamps",
+            file=raw.file_of(first),
+        )
+    return rows_out
+
+
+def _sorted_hashes(raw: _Raw, order: np.ndarray, hash_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The hash ids' offsets and values with the rows in ``order`` (whole rows move together)."""
+    n = order.shape[0]
+    new_len = raw.hash_len[order]
+    new_off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(new_len, out=new_off[1:])
+    gather = np.repeat(hash_offsets[:-1][order] - new_off[:-1], new_len) + np.arange(new_off[-1], dtype=np.int64)
+    return new_off, raw.hash_vals[gather]
+
+
 def _finish(
     raw: _Raw,
     probs: _Problems,
@@ -203,38 +252,7 @@ def _finish(
     rows_out = 0
     order = None
     if raw.ts_ok.all():
-        tmin = int(ts.min()) if origin is None else int(origin)
-        if not_before is not None and int(ts.min()) < not_before:
-            i = int(np.flatnonzero(ts < not_before)[0])
-            probs.add(
-                raw.rows[i],
-                "timestamp",
-                f"timestamp {int(ts[i])} goes back in time: an earlier row group reached {not_before}; "
-                "this Parquet source is not sorted - run `replayer trace convert` (which sorts) first",
-                file=raw.file_of(i),
-            )
-        span_limit = _INT64_MAX // ns
-        too_far = (ts - tmin) > span_limit
-        for i in np.flatnonzero(too_far).tolist():
-            probs.add(
-                raw.rows[i],
-                "timestamp",
-                f"timestamp {int(ts[i])} is too far from the first ({tmin}) to fit in int64 nanoseconds",
-                file=raw.file_of(i),
-            )
-        if ts.shape[0] > 1:
-            prev_max = np.maximum.accumulate(ts)[:-1]
-            late = ts[1:] < prev_max
-            rows_out = int(late.sum())
-            if rows_out and strict:
-                first = int(np.flatnonzero(late)[0]) + 1
-                probs.add(
-                    raw.rows[first],
-                    "timestamp",
-                    f"{rows_out} rows out of timestamp order (first here: {int(ts[first])} after "
-                    f"{int(prev_max[first - 1])}); strict mode requires sorted timestamps",
-                    file=raw.file_of(first),
-                )
+        rows_out = _check_times(raw, probs, origin, not_before, strict)
         order = np.argsort(ts, kind="stable") if rows_out else None
         _check_turns(raw, order, probs, sessions)
     probs.raise_if_any()
@@ -251,12 +269,7 @@ def _finish(
             TraceOrderWarning,
             stacklevel=stacklevel,
         )
-        new_len = raw.hash_len[order]
-        new_off = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(new_len, out=new_off[1:])
-        gather = np.repeat(hash_offsets[:-1][order] - new_off[:-1], new_len) + np.arange(new_off[-1], dtype=np.int64)
-        hash_values = hash_values[gather]
-        hash_offsets = new_off
+        hash_offsets, hash_values = _sorted_hashes(raw, order, hash_offsets)  # type: ignore[arg-type]
 
     def take(a: np.ndarray) -> np.ndarray:
         return _readonly(np.ascontiguousarray(a[order] if order is not None else a, dtype=np.int64))

@@ -1,29 +1,215 @@
-"""What a run reads and where it writes, checked before anything is sent: the results folder,
-the trace's batches (validated, endpoints and images checked against the settings) and how many
-requests the schedule will send."""
+"""A run's inputs (``Inputs``), gathered and checked before anything is sent (``open_inputs``):
+the trace's batches (validated, endpoints and images checked against the settings), the results
+folder, the target (started when embedded, waited for, its model), the metrics and the admin
+server, where a resumed run starts again; and how many requests the schedule will send.
+
+Everything here reads or waits; ``replayer.run.assemble`` then builds the run's parts from the
+settings and these inputs without any I/O.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
+import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
+from prometheus_client import CollectorRegistry
 
 import replayer.record.lock as folder_lock
 from replayer.config.model import RunConfig
 from replayer.core.endpoints import TEXT_ONLY
+from replayer.observe.admin import AdminServer
+from replayer.observe.metrics import ReplayerMetrics
+from replayer.observe.runlabels import RunInfo, RunLabels
 from replayer.payload.imagerows import ImageEndpointError, check_image_endpoints, may_have_images
 from replayer.record.folder import earlier_run, new_results_dir
+from replayer.record.recorder import warm_up as recorder_warm_up
 from replayer.results.traceinspect import GRIDS_NS
-from replayer.run.readiness import StartupError
-from replayer.trace import open_mix, open_trace, parse_mapping
+from replayer.run.enginecheck import engine_settings
+from replayer.run.live import RunState, StatusView
+from replayer.run.readiness import StartupError, wait_ready_all
+from replayer.run.resume import resume_plan
+from replayer.run.simproc import embedded_args, spawn_sim, stop_sim
+from replayer.trace import TraceError, open_mix, open_trace, parse_mapping
 from replayer.trace.synth import SynthSource
 from replayer.trace.values import set_length_bound
 
 log = logging.getLogger("replayer")
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a run found before it is assembled (``open_inputs``)."""
+
+    cfg: RunConfig  # the settings as the target made them (its engine: replayer.run.enginecheck)
+    open_batches: Callable[[], Iterable[Any]]  # a fresh iterator of the trace's batches (one pass)
+    block_size: int  # the trace's hash-id block size
+    n_rows: int | None  # rows of one pass (None: not known without reading them)
+    targets: list[str]  # the target URLs (the embedded simulator's when none was given)
+    model: str
+    api_key: str | None
+    results_dir: str
+    metrics: ReplayerMetrics  # (served by the admin server since before the target was ready)
+    state: RunState
+    view: StatusView  # /status; the dispatcher joins it once built
+    admin: AdminServer  # (the last scrape, a push or a linger, is its at the end: issue 46)
+    run_id: str
+    start_loop: int = 0  # resume: the pass it starts in
+    skip: Callable[[int, np.ndarray], np.ndarray] | None = None  # resume: the rows already recorded
+
+
+async def open_inputs(
+    cfg: RunConfig,
+    stack: contextlib.AsyncExitStack,
+    *,
+    state: RunState,
+    registry: CollectorRegistry,
+    sim: tuple | None = None,
+) -> Inputs:
+    """Gather the run's inputs; what needs closing after the summary (the embedded simulator,
+    the admin server, an empty results folder this run made when nothing was sent) is pushed on
+    ``stack``. Raises StartupError (nothing sent) or trace.TraceError."""
+    if sim is not None:  # (stopped whatever happens, used only without --target)
+        stack.push_async_callback(_stop_sim, sim[0])
+    # warm the results writer in a thread while the trace loads and the target comes up
+    warming = asyncio.get_running_loop().run_in_executor(None, recorder_warm_up)
+    open_batches, block_size, n_rows, span_s = open_batches_factory(cfg)
+    check_tracing(cfg)
+    results_dir, created = results_dir_for(cfg)  # (locked: one writer per folder, issue 47)
+    if created:
+        stack.push(_forget_if_empty(cfg, results_dir))
+    stack.callback(release_results_dir, results_dir)  # (the lock first: then an empty folder goes)
+    state.results = results_dir
+    metrics = ReplayerMetrics(
+        registry,
+        config_info={
+            "speedup": str(cfg.speedup),
+            "trace": os.path.basename(cfg.trace_label),
+            "endpoint": cfg.endpoint,
+            "shard": cfg.shard,
+            "loop": cfg.loop,
+        },
+        window_s=cfg.metrics_window_s,
+    )
+    rows = min(n_rows, cfg.max_requests) if n_rows and cfg.max_requests else n_rows
+    metrics.set_trace(rows=rows or 0, duration_s=span_s or 0.0, speedup=cfg.speedup)
+    view = StatusView(state, metrics)
+    admin = await _serve_admin(cfg, stack, registry, metrics, state, view)
+    targets = cfg.targets
+    if not targets:  # only once the trace, the folder and the port are good (issue 47)
+        sim_proc, embedded = sim or _spawn_embedded(cfg)
+        if sim is None:
+            stack.push_async_callback(_stop_sim, sim_proc)
+        targets = [embedded]
+    api_key = cfg.api_key()
+    state.target = ", ".join(targets)
+    cfg, model = await _target_model(cfg, targets, api_key)
+    RunInfo(registry, model=model, targets=targets, shard=cfg.shard, trace=os.path.basename(cfg.trace_label))
+    await warming
+    start_loop, skip = resume_plan(results_dir, cfg) if cfg.resume else (0, None)
+    return Inputs(
+        cfg, open_batches, cfg.block_size or block_size, n_rows, list(targets), model, api_key, results_dir,
+        metrics, state, view, admin, str(cfg.run_id), start_loop, skip,
+    )  # fmt: skip
+
+
+def _spawn_embedded(cfg: RunConfig) -> tuple:
+    """The embedded simulator for a run without ``--target`` (its process, its URL)."""
+    sim_proc, embedded = spawn_sim(
+        embedded_args(
+            cfg.tokenizer,
+            cfg.otlp_traces_url(),
+            ttft_drift=cfg.sim_ttft_drift_ms_per_min,  # (issue 45: the drift verdict's test aid)
+            itl_drift=cfg.sim_itl_drift_ms_per_min,
+        )
+    )
+    log.info("no --target: starting the embedded simulator at %s", embedded)
+    return sim_proc, embedded
+
+
+async def _stop_sim(proc: Any) -> None:
+    await asyncio.get_running_loop().run_in_executor(None, stop_sim, proc)
+
+
+async def _serve_admin(
+    cfg: RunConfig,
+    stack: contextlib.AsyncExitStack,
+    registry: CollectorRegistry,
+    metrics: ReplayerMetrics,
+    state: RunState,
+    view: StatusView,
+) -> AdminServer:
+    """The admin server (``/metrics`` with the run id on every series, ``/status``, control: its
+    changes recorded as the run's events), up while the target is waited for."""
+    admin = AdminServer(
+        RunLabels(registry, {"run_id": str(cfg.run_id)}),
+        status=view,
+        ready=lambda: state.state == "running",  # draining too (derived in live.status)
+        control=lambda: metrics.events.control(view.control),
+        token=cfg.control_token(),
+    )
+    try:
+        admin_url = await admin.start(cfg.admin_host, cfg.admin_port)
+    except OSError as e:  # (the port in use: another replayer, or two `make run`s)
+        raise StartupError(
+            f"--admin-port {cfg.admin_port} on {cfg.admin_host}: {e.strerror or e} (--admin-port 0 takes a free port)"
+        ) from None
+    stack.push_async_callback(admin.stop)
+    log.info("admin server on %s (/metrics, /status)", admin_url)
+    return admin
+
+
+async def _target_model(cfg: RunConfig, targets: list[str], api_key: str | None) -> tuple[RunConfig, str]:
+    """Every target waited for; the model (``--model``, else the first target's first) and the
+    settings with the target's engine (``replayer.run.enginecheck``)."""
+    listed = await wait_ready_all(targets, cfg.ready_timeout_s if cfg.target else 30.0, api_key, cfg.tls)
+    model = cfg.model or (listed[0][0] if listed[0] else None)
+    if model is None:
+        raise StartupError(f"target {targets[0]} lists no model: pass --model")
+    return await engine_settings(cfg, targets, listed, model, api_key), model
+
+
+def _forget_if_empty(cfg: RunConfig, results_dir: str) -> Callable[..., bool]:
+    """An exit callback: a run that could not start (nothing sent) removes the folder it made
+    when it holds nothing (an empty parts/ at most), and ./results itself if that left it empty."""
+
+    def forget(exc_type: type[BaseException] | None, *_: object) -> bool:
+        if exc_type is None or not issubclass(exc_type, StartupError | TraceError):
+            return False
+        if not any(files for _, _, files in os.walk(results_dir)):
+            shutil.rmtree(results_dir, ignore_errors=True)
+            if cfg.results is None:
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.dirname(results_dir))
+        return False
+
+    return forget
+
+
+def check_tracing(cfg: RunConfig) -> None:
+    """Tracing asked for without the OpenTelemetry SDK installed: a start-up error (nothing sent)."""
+    if cfg.otlp_traces_url() is None:
+        return
+    import importlib.util
+
+    for name in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"):
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            raise StartupError(
+                f"tracing (--otlp-endpoint {cfg.otlp_traces_url()}) needs the OpenTelemetry SDK and its OTLP/HTTP "
+                "exporter: pip install 'replayer[otel]'"
+            )
 
 
 def results_dir_for(cfg: RunConfig) -> tuple[str, bool]:

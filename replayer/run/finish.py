@@ -1,6 +1,8 @@
-"""The end of a run: ``summary.json`` assembled (the results folder's summary, the target's
-metric deltas, the run's identity and settings, per-tenant and per-target sections), printed, and the exit
-code's verdict on failed requests."""
+"""The end of a run (``finish``): ``summary.json`` assembled (the results folder's summary, the
+target's metric deltas, the run's identity and settings, per-tenant and per-target sections),
+the OpenTelemetry export closed (its run span carries the summary), a fleet shard's summary sent
+to its coordinator, the summary printed; and the run's exit code (``exit_code``).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +10,14 @@ import asyncio
 import functools
 import logging
 import os
-from typing import Any
+import signal
+import sys
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from replayer.config.model import RunConfig
+from replayer.core.background import EXIT_TASK_FAILED
 from replayer.observe.target_metrics import TargetScraper, TargetScrapers
 from replayer.observe.target_samples import SampleFiles
 from replayer.plan.schedule import IdleGapCap
@@ -28,7 +33,117 @@ from replayer.results.verdicts import verdict_sections
 from replayer.run.resume import scraper_totals
 from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV
 
+if TYPE_CHECKING:
+    from replayer.http.client import Client
+    from replayer.run.assemble import Parts
+    from replayer.run.lifecycle import Ended
+
 log = logging.getLogger(__name__)
+
+
+async def finish(parts: Parts, ended: Ended) -> dict[str, Any]:
+    """The run's summary (written, printed) once every part is closed; returns it."""
+    cfg, inputs = parts.cfg, parts.inputs
+    targets, results_dir = inputs.targets, inputs.results_dir
+    if ended.recorder.rows_added == 0 and not cfg.resume:
+        log.warning(
+            "no row of the trace %s: nothing was sent; an empty results file keeps the folder mergeable",
+            f"falls in shard {cfg.shard}" if cfg.shard_index[1] > 1 else "was scheduled",
+        )
+    summary = await final_summary(
+        cfg,
+        results_dir,
+        target=targets[0] if len(targets) == 1 else targets,
+        model=inputs.model,
+        run_id=inputs.run_id,
+        scraper=ended.scraper,
+        samples=ended.samples,
+        speedup_changes=ended.control.speedup_changes,
+        stopped_early=ended.dispatcher.stopping,
+        stop_signal=ended.stop_signal,
+        gap_cap=parts.gap_cap,
+        task_failures=ended.beside.background.failures,
+        held=ended.recorder.unwritten_table(),
+        roll_error=ended.recorder.roll_error,
+        fleet=inputs.state.fleet,
+        tls=_tls_counts(ended.clients),
+    )
+    loop = asyncio.get_running_loop()
+    summary["events"] = inputs.metrics.events.as_list()  # (issue 46: what happened when)
+    parts.verdicts.final(summary)  # (issue 45) the live verdicts' gauges say the summary's
+    if (at_once := parts.checks.report()) is not None:  # (issue 47: streams that came all at once)
+        summary["buffered_streams"] = at_once
+    await loop.run_in_executor(None, rewrite_summary, results_dir, summary)
+    if ended.spans is not None:  # the run span (with the summary's numbers), the queue drained, time-boxed
+        try:
+            summary["otel"] = await loop.run_in_executor(None, ended.spans.close, summary)
+        except Exception as e:  # (tracing never costs the run its exit code)
+            log.exception("OpenTelemetry: closing the span export failed")
+            summary["otel"] = {"error": f"{type(e).__name__}: {e}"}
+        await loop.run_in_executor(None, rewrite_summary, results_dir, summary)
+    heartbeat = ended.beside.heartbeat
+    if heartbeat is not None:
+        await heartbeat.ended(summary)
+        await heartbeat.close()
+    print_summary(summary, results_dir)
+    return summary
+
+
+def _tls_counts(clients: dict[str, Client]) -> dict[str, Any] | None:
+    """The TLS handshakes of the run's pools (resumed, sealed by the replayer, by version), the
+    requests the launcher and the loop wrote; None without TLS."""
+    pools = [c.pool for c in clients.values() if c.pool.tls]
+    if not pools:
+        return None
+    versions: dict[str, int] = {}
+    for p in pools:
+        for v, n in p.tls_versions.items():
+            versions[v] = versions.get(v, 0) + n
+    return {
+        "handshakes": sum(p.tls_handshakes for p in pools),
+        "resumed": sum(p.tls_resumed for p in pools),
+        "sealed": sum(p.tls_sealed for p in pools),
+        "versions": versions,
+        # (issue 48) requests written by the launcher (sealed here) and by the loop
+        "requests_sealed": sum(p.tls_requests_sealed for p in pools),
+        "requests_loop": sum(p.tls_requests_loop for p in pools),
+        "unmatched": sum(p.tls_unmatched for p in pools),
+        "key_updates": sum(p.tls_key_updates for p in pools),
+    }
+
+
+def exit_code(cfg: RunConfig, summary: dict[str, Any]) -> int:
+    """The run's exit code from its summary (``daemon.main_run`` lists them), why on stderr."""
+    sig = summary.get("stop_signal")
+    if sig:
+        return 128 + signal.Signals[sig].value
+    unwritten = writes_failed(summary)
+    if unwritten:
+        print(f"replayer: {unwritten}: exit {EXIT_WRITE_FAILED}", file=sys.stderr)
+        return EXIT_WRITE_FAILED
+    one = cfg.shard_index[1] == 1  # (a shard of several may be empty)
+    empty = nothing_scheduled_problem(summary) if one else None
+    if empty:
+        print(f"replayer: error: {empty}", file=sys.stderr)
+        return 2
+    failed = summary.get("task_failures")
+    if failed:
+        print(
+            f"replayer: a background task failed ({failed[0]['task']}: {failed[0]['error']}): the run stopped "
+            f"early, its results are on disk: exit {EXIT_TASK_FAILED}",
+            file=sys.stderr,
+        )
+        return EXIT_TASK_FAILED
+    problem = error_ratio_problem(summary, cfg.max_error_ratio) if one or cfg.max_error_ratio is not None else None
+    if problem:
+        print(f"replayer: {problem}", file=sys.stderr)
+        return EXIT_ERROR_RATIO
+    # (issue 45) a --workers worker leaves it to its parent, which judges the merge
+    unfaithful = unfaithful_problem(summary, cfg.fail_unfaithful and not os.environ.get(PARENT_PID_ENV))
+    if unfaithful:
+        print(f"replayer: {unfaithful}", file=sys.stderr)
+        return EXIT_UNFAITHFUL
+    return 0
 
 
 async def final_summary(
@@ -206,8 +321,7 @@ def warmup_rule(requests: int, seconds: float) -> dict[str, Any]:
 
 
 def rewrite_summary(results_dir: str, summary: dict[str, Any]) -> None:
-    """``summary.json`` written again with sections added after ``final_summary`` (the ``otel``
-    section: the spans' fate is known once the run span, which carries the summary, is out)."""
+    """``summary.json`` again, with the sections known after ``final_summary`` (``otel``, ``events``)."""
     write_summary(summary, results_dir)
 
 
@@ -270,7 +384,9 @@ __all__ = [
     "EXIT_ERROR_RATIO",
     "EXIT_UNFAITHFUL",
     "EXIT_WRITE_FAILED",
+    "exit_code",
     "final_summary",
+    "finish",
     "print_summary",
     "write_summary",
     "writes_failed",

@@ -1,6 +1,6 @@
-"""A run's live state: the counters behind ``/status``, the console and the progress line, the
-accounting hooks that feed them (and the metrics), the control API over the dispatcher, and the
-self-watch that says when the replayer itself falls behind."""
+"""A run's live state: the counters behind ``/status``, the console and the progress line (fed by
+the event stream's ``live state`` subscriber, ``replayer.run.fanout.Accounting``), the control
+API over the dispatcher, and the self-watch that says when the replayer itself falls behind."""
 
 from __future__ import annotations
 
@@ -12,13 +12,10 @@ from dataclasses import dataclass, field
 
 import replayer.observe.selfwatch as selfwatch
 from replayer.core.clock import Anchor, now_ns
-from replayer.core.request import PreparedRequest
-from replayer.core.result import RequestResult
-from replayer.observe.logs import ErrorBurstLog
 from replayer.observe.metrics import ReplayerMetrics
 from replayer.observe.selfwatch import BEHIND_MS
 from replayer.record.recorder import Recorder
-from replayer.send.dispatcher import Dispatcher, Observer
+from replayer.send.dispatcher import Dispatcher
 
 log = logging.getLogger("replayer")
 
@@ -43,69 +40,6 @@ class RunState:
     started_wall: float = field(default_factory=time.time)
     recorder: Recorder | None = None  # its folder size and oldest result (/status)
     fleet: dict | None = None  # a fleet shard's start and clock (replayer.fleet.member.Joined)
-
-
-class Accounting(Observer):
-    """The dispatcher's and the client's hooks (live counters, dispatch metrics), and the result
-    fan-out's ``live state`` step (``on_result``: the counters of ``/status``, error bursts)."""
-
-    def __init__(self, state: RunState, metrics: ReplayerMetrics) -> None:
-        self.s = state
-        self.m = metrics
-        self.bursts = ErrorBurstLog()  # failures logged per error kind, at most one line per 10 s
-
-    def on_sent(self, req: PreparedRequest) -> None:
-        self.s.sent += 1
-        self.m.on_sent(req)
-
-    def on_result(self, res: RequestResult) -> None:
-        s = self.s
-        o = res.outcome
-        if o == "success":
-            s.completed += 1
-        elif o == "failed":
-            s.failed += 1
-            self.bursts.observe(res)
-        elif o == "cancelled":
-            s.cancelled += 1
-        elif o == "missed_while_down":
-            s.missed_while_down += 1
-        else:
-            s.not_started += 1
-
-    def on_dispatched(self, res: RequestResult) -> None:
-        s, lag = self.s, res.dispatch_lag_ms
-        if lag is not None:
-            if lag > s.max_lag_ms:
-                s.max_lag_ms = lag
-            if lag > s.window_max_lag_ms:
-                s.window_max_lag_ms = lag
-            if lag > s.watch_max_lag_ms:
-                s.watch_max_lag_ms = lag
-            self.m.on_dispatched(res)
-
-
-def warmup_marker(
-    then: Callable[[RequestResult], None], requests: int, seconds: float
-) -> Callable[[RequestResult], None]:
-    """The client's ``on_dispatched`` hook with the warm-up (``--warmup-requests``,
-    ``--warmup-seconds``) in front of ``then``: a request is warm-up (``warmup`` true) when it is
-    one of the first ``requests`` sent by this process, or sent (its own ``sent_ns``) less than
-    ``seconds`` after the run's anchor. Decided at the send, by the send time, so a request's
-    flag never depends on when others ended. Only installed when a warm-up is asked for."""
-    left = requests
-    until_ns = int(seconds * 1e9)
-
-    def on_dispatched(res: RequestResult) -> None:
-        nonlocal left
-        if left > 0:
-            left -= 1
-            res.warmup = True
-        elif res.sent_ns is not None and res.sent_ns < until_ns:
-            res.warmup = True
-        then(res)
-
-    return on_dispatched
 
 
 class RunControl:
