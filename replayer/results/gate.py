@@ -306,7 +306,7 @@ def _latency(
     with np.errstate(divide="ignore", invalid="ignore"):
         ci = _interval(100.0 * (rc / rb - 1), gate.confidence)
     out = _judged(spec, qb, qc, change, ci)
-    if out.verdict == "regressed":  # (persistence: gatestall)
+    if out.verdict == "regressed" and stall_prone(spec.quantile, spec.column):  # (persistence: gatestall)
         passing = transient(half_changes((vb, ib, wb), (vc, ic, wc), p.n, q), spec.min_effect, spec.direction)
         if passing:
             out.verdict, out.reason = "held", passing

@@ -4,7 +4,7 @@ resamples are drawn within the two runs, so a stall that hit one run is, to it, 
 
 Two rules, both pure:
 
-- **Persistence** (``transient``, over ``gate.half_changes``): a slower server is slower all run long, so a metric regresses
+- **Persistence** (``transient``, over ``gate.half_changes``): a slower server is slower all run long, so a tail (``stall_prone``) regresses
   only when the change is past its minimum effect in *both* halves of the paired requests (trace
   order is time order), not just over the whole run. A stall of the host is a transient: it hits
   the requests in flight in a second or two of one run, and a tail (a p99, most of all the token
