@@ -266,3 +266,40 @@ def test_the_gate_file_may_compare_runs_that_fell_behind(tmp_path):
     assert (spec.require_faithful, spec.max_dispatch_lag_ms) == (False, 100.0)
     with pytest.raises(ValueError, match="require_faithful: expected true or false"):
         spec_from_dict({"require_faithful": "no"}, "g.yaml")
+
+
+def _stalled(t: pa.Table, rows: slice, factor: float = 4.0) -> pa.Table:
+    """``t`` with every 20th ITL gap of the requests at ``rows`` (pair order) ``factor`` times
+    longer: a stall's tail, as a host's other work makes it."""
+    itl = t.column("itl_ms").to_pylist()
+    for i in range(*rows.indices(len(itl))):
+        if i % 20 < 3:
+            itl[i] = [g * factor for g in itl[i]]
+    return t.set_column(t.column_names.index("itl_ms"), "itl_ms", pa.array(itl, pa.list_(pa.float32())))
+
+
+def test_a_tail_that_moved_in_one_half_of_the_run_is_a_transient_and_holds():
+    base = run_table(1)
+    spec = spec_from_dict({"metrics": {"itl_p99": {"min_effect": 30}}}, "g.yaml")
+    once = {r.spec.name: r for r in judge(pair(base, _stalled(run_table(2), slice(N // 2, N))), spec)}
+    assert once["itl_p99"].verdict == "held" and "not in both halves" in once["itl_p99"].reason
+    assert once["itl_p99"].change > 30 and once["itl_p99"].low > 30  # (the whole-run interval alone would fail it)
+    always = {r.spec.name: r for r in judge(pair(base, _stalled(run_table(2), slice(0, N))), spec)}
+    assert always["itl_p99"].verdict == "regressed" and always["itl_p99"].reason == ""
+
+
+def test_a_run_its_own_client_slowed_is_judged_on_its_medians_not_its_tails():
+    from replayer.results.gatestall import client_late
+
+    late = {"verdict": "not_faithful", "reasons": ["dispatch lag p99 34.9 ms above the bound 25 ms"]}
+    why = client_late("candidate", {"fidelity": {**late, "dispatch_lag_ms": {"p99": 34.9}}}, 25.0, 100.0)
+    assert why is not None and "dispatch lag p99 34.9 ms" in why
+    assert client_late("candidate", {"dispatch_lag_p99_ms": 34.9}, 25.0, 100.0) is not None
+    assert client_late("candidate", {"dispatch_lag_p99_ms": 1340.0}, 25.0, 1000.0) is None  # (too late: refused)
+    assert client_late("candidate", {"dispatch_lag_p99_ms": 3.0}, 25.0, 100.0) is None  # (on time)
+    capped = {"verdict": "not_faithful", "reasons": [*late["reasons"], "held back by --max-concurrency 4"]}
+    assert client_late("candidate", {"fidelity": capped, "dispatch_lag_p99_ms": 34.9}, 25.0, 100.0) is None
+    base, cand = run_table(1), run_table(2, ttft_scale=1.3)
+    v = {r.spec.name: r for r in judge(pair(base, cand), default_spec(), slowed=why)}
+    assert v["ttft_p50"].verdict == "regressed"
+    assert v["ttft_p99"].verdict == "not judged" and "dispatch lag p99 34.9 ms" in v["ttft_p99"].reason

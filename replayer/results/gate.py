@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replayer.results.gatespec import GateSpec, MetricSpec
+from replayer.results.gatestall import stall_prone, transient
 
 #: the results columns the gate reads
 COLUMNS = [
@@ -304,7 +305,43 @@ def _latency(
     change = 100.0 * (qc / qb - 1)
     with np.errstate(divide="ignore", invalid="ignore"):
         ci = _interval(100.0 * (rc / rb - 1), gate.confidence)
-    return _judged(spec, qb, qc, change, ci)
+    out = _judged(spec, qb, qc, change, ci)
+    if out.verdict == "regressed" and stall_prone(spec.quantile, spec.column):  # (persistence: gatestall)
+        passing = transient(half_changes((vb, ib, wb), (vc, ic, wc), p.n, q), spec.min_effect, spec.direction)
+        if passing:
+            out.verdict, out.reason = "held", passing
+    return out
+
+
+def half_changes(
+    base: tuple[np.ndarray, np.ndarray, np.ndarray],
+    cand: tuple[np.ndarray, np.ndarray, np.ndarray],
+    n_pairs: int,
+    q: float,
+) -> tuple[float | None, float | None]:
+    """The relative change (percent) of the ``q``-th percentile in the first and in the second
+    half of the ``n_pairs`` paired requests; each run's samples are (values, pair index, weight).
+    None for a half where either run has no value."""
+    out: list[float | None] = []
+    for first in (True, False):
+        qs = []
+        for values, idx, weights in (base, cand):
+            keep = (idx < n_pairs / 2) if first else (idx >= n_pairs / 2)
+            qs.append(_nearest_rank(values[keep], weights[keep], q))
+        b, c = qs
+        out.append(None if b is None or c is None or b <= 0 else 100.0 * (c / b - 1))
+    return out[0], out[1]
+
+
+def guard(results: list[MetricResult], slowed: str | None) -> list[MetricResult]:
+    """``results`` with each stall-prone metric (``gatestall.stall_prone``) that regressed made
+    ``not judged`` when ``slowed`` says why a run's own client slowed it (``gatestall.client_late``)."""
+    if not slowed:
+        return results
+    for r in results:
+        if r.verdict == "regressed" and stall_prone(r.spec.quantile, r.spec.column):
+            r.verdict, r.reason = "not judged", f"{slowed}, and its tails measure that (change {r.change:+.1f}%)"
+    return results
 
 
 def _share_counts(t: pa.Table, name: str, slos: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
@@ -357,8 +394,11 @@ def _judged(spec: MetricSpec, b: float, c: float, change: float, ci: tuple[float
     return MetricResult(spec, b, c, change, lo, hi, verdict)
 
 
-def judge(p: Paired, gate: GateSpec, slos: dict[str, float] | None = None) -> list[MetricResult]:
-    """Each of the gate's metrics judged over the paired runs (``slos``: the goodput bounds, ms).
+def judge(
+    p: Paired, gate: GateSpec, slos: dict[str, float] | None = None, slowed: str | None = None
+) -> list[MetricResult]:
+    """Each of the gate's metrics judged over the paired runs (``slos``: the goodput bounds, ms;
+    ``slowed``: why a run's own client slowed it, see ``guard``).
     Raises ``NotComparable`` when fewer than ``gate.min_requests`` pairs succeeded in both runs."""
     both = int((_success(p.base) & _success(p.cand)).sum())
     if both < gate.min_requests:
@@ -374,7 +414,7 @@ def judge(p: Paired, gate: GateSpec, slos: dict[str, float] | None = None) -> li
             out.append(_latency(p, spec, blocks, draws, gate, cache))
         else:
             out.append(_share(p, spec, blocks, draws, gate, slos or {}))
-    return out
+    return guard(out, slowed)
 
 
 def overall(results: list[MetricResult]) -> str:

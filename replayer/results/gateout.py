@@ -17,6 +17,7 @@ import xml.etree.ElementTree as ET
 
 from replayer.results.gate import COLUMNS, MetricResult, NotComparable, block_count, judge, overall, pair
 from replayer.results.gatespec import GateSpec, default_spec, load_gate_file
+from replayer.results.gatestall import client_late
 
 #: ``replayer compare --gate``'s exit code when the candidate regressed
 EXIT_REGRESSED = 7
@@ -188,14 +189,20 @@ def main_gate(
         for key, label in (("speedup", "speed-ups"), ("model", "models")):
             if key in sb and key in sc and sb[key] != sc[key]:
                 raise NotComparable(f"different {label}: {sb[key]} in the baseline, {sc[key]} in the candidate")
+        slowed = []
         for name, summary in (("baseline", sb), ("candidate", sc)):
             why = unfaithful(name, summary, gate.max_dispatch_lag_ms)
+            late = client_late(name, summary, gate.max_dispatch_lag_ms, gate.max_client_lag_ms) if why else None
+            if late:  # (judged, its tails not: gatestall)
+                slowed.append(late)
+                print(f"replayer compare --gate: note: {late}; its tails are not judged", file=sys.stderr)
+                continue
             if why and gate.require_faithful:
                 raise NotComparable(why + " (require_faithful: false in a gate file compares it all the same)")
             if why:
                 print(f"replayer compare --gate: warning: {why}", file=sys.stderr)
         paired = pair(tb, tc)
-        results = judge(paired, gate, _slos(gate, sb, sc))
+        results = judge(paired, gate, _slos(gate, sb, sc), "; ".join(slowed) or None)
     except NotComparable as e:
         print(f"replayer compare --gate: cannot compare: {e}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ percent for both. A gate file::
     goodput: "ttft:500,e2el:20000"   # SLO bounds for goodput (vllm's --goodput); unset = the runs'
     require_faithful: true  # a run not faithful to its trace is not compared (exit 2)
     max_dispatch_lag_ms: 25 # faithful, for a summary without a fidelity verdict: lag p99 at most this
+    max_client_lag_ms: 1000 # a run late only by its own client (lag p99 up to this) is judged, its tails not
     metrics:
       ttft_p99: {min_effect: 15}     # percent
       tpot_p50: off                  # not judged
@@ -76,6 +77,7 @@ class GateSpec:
     goodput: str | None = None  # SLO bounds ("ttft:500,e2el:20000"); None = the runs' --goodput
     require_faithful: bool = True  # refuse runs that were not faithful to their trace (exit 2)
     max_dispatch_lag_ms: float = 25.0  # faithful, for a summary without a fidelity verdict: lag p99 at most this
+    max_client_lag_ms: float = 1000.0  # late only by its client up to this (lag p99): judged, its tails not (gatestall)
     source: str = "the defaults"  # where it came from (said in the outputs)
 
 
@@ -171,6 +173,7 @@ _SETTINGS = {
     "metrics",
     "require_faithful",
     "max_dispatch_lag_ms",
+    "max_client_lag_ms",
 }
 
 
@@ -221,6 +224,9 @@ def spec_from_dict(doc: Any, source: str) -> GateSpec:
         require_faithful=faithful,
         max_dispatch_lag_ms=_number(
             f"{source}: max_dispatch_lag_ms", doc.get("max_dispatch_lag_ms", d.max_dispatch_lag_ms), 0.0
+        ),
+        max_client_lag_ms=_number(
+            f"{source}: max_client_lag_ms", doc.get("max_client_lag_ms", d.max_client_lag_ms), 0.0
         ),
         source=source,
     )
