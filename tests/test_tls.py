@@ -56,6 +56,7 @@ def _start_sim(tmp, name: str, *args: str) -> tuple[subprocess.Popen, str]:
                 "-m",
                 "replayer",
                 "sim",
+                "--accept-any-model",  # (the tests' requests name model m)
                 "--port",
                 "0",
                 "--ttft-base-ms",
@@ -303,7 +304,7 @@ async def _tls_sim_client(certs, **sim_config):
     g = certs["good"]
     ctx = server_context(g["server_cert"], g["server_key"])
     ctx.keylog_filename = None  # (the server's lines stay out of an SSLKEYLOGFILE a test sets)
-    sim = SimServer(SimConfig(**sim_config))
+    sim = SimServer(SimConfig(**{"accept_any_model": True, **sim_config}))  # (the tests' requests name model m)
     url = await sim.start("127.0.0.1", 0, ctx)
     try:
         async with Client(url, t0_ns=now_ns(), tls=TLSOptions(ca_bundle=g["ca"], server_name="localhost")) as c:

@@ -180,9 +180,17 @@ class FolderLock:
         )
 
     def _write(self, fd: int) -> None:
+        """The holder's record into the lock file. On a full disk the lock is held all the same
+        (the flock needs no space): a refused writer then names no holder, and the run goes on
+        to count its results from memory (exit 5), as it does without a lock."""
         data = json.dumps(_record(self.role)).encode()
         os.ftruncate(fd, 0)
-        os.pwrite(fd, data, 0)
+        try:
+            os.pwrite(fd, data, 0)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            log.warning("%s: the disk is full: the lock is held, but its record (PID, host) is not written", self.path)
 
     def release(self) -> None:
         """Remove the lock file (if it is still ours) and let go of the lock."""
