@@ -28,12 +28,12 @@ N = 60  # requests of the test trace, 40 ms apart
 
 @pytest.fixture
 def tiny_disk(tmp_path):
-    """A 600 KiB tmpfs (mounted for the test, unmounted after); skipped where mount is not allowed."""
+    """A 1,200 KiB tmpfs (mounted for the test, unmounted after); skipped where mount is not allowed."""
     mnt = tmp_path / "disk"
     mnt.mkdir()
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("needs root to mount a tmpfs (a real disk that fills)")
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(mnt)], capture_output=True, text=True)
     if p.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip()}")
     yield mnt
