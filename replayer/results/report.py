@@ -23,7 +23,6 @@ memory does not grow with the run.
 from __future__ import annotations
 
 import html
-import math
 import os
 import sys
 from typing import Any
@@ -38,10 +37,12 @@ from replayer.results.reportparts import (
     drop_empty,
     event_marks,
     loop_marks,
+    number,
     plotly_script,
     verdict_line,
 )
-from replayer.results.spanjoin import PARTS, SpansError, SpanSplit, read_spans, split_spans, split_text
+from replayer.results.reportspans import span_specs, spans_section, write_split_csv
+from replayer.results.spanjoin import SpansError, SpanSplit, read_spans, split_spans, split_text
 from replayer.results.verdictreport import drift_specs, verdicts_html
 
 #: a ``plotly.graph_objects.Figure`` (plotly ships no type hints)
@@ -228,16 +229,6 @@ def draw(specs: list[dict]) -> list[tuple[str, Figure]]:
     return out
 
 
-def _number(v: float | int) -> str:
-    """One number format for the summary table: thousands separators; a whole float as an int
-    (a counter's delta), 3 decimals from 1 up, 4 significant digits below."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return str(v)
-    if isinstance(v, int) or (math.isfinite(v) and v == int(v)):
-        return f"{int(v):,}"
-    return f"{v:,.3f}" if abs(v) >= 1 else f"{v:.4g}"
-
-
 #: summary entries left out of the report's table (raw per-series state a resumed run carries on)
 _TABLE_SKIP = ("series_totals", "series")
 
@@ -259,14 +250,14 @@ def summary_rows(summary: dict, prefix: str = "") -> list[tuple[str, str]]:
                 (
                     name,
                     ", ".join(
-                        _number(x) if not isinstance(x, dict) else " ".join(f"{a}={_number(b)}" for a, b in x.items())
+                        number(x) if not isinstance(x, dict) else " ".join(f"{a}={number(b)}" for a, b in x.items())
                         for x in v
                     )
                     or "-",
                 )
             )
         else:
-            rows.append((name, _number(v)))
+            rows.append((name, number(v)))
     return rows
 
 
@@ -322,57 +313,6 @@ table.summary td,table.summary th{{border-bottom:1px solid #ddd;padding:2px 10px
 """
 
 
-def span_specs(split: SpanSplit) -> list[dict]:
-    """Figure specs (as ``figure_specs``) of the spans' split: each TTFT part's mean per
-    send-time bin (the requests joined with their server span)."""
-    t = split.over_time()
-    if not len(t["x"]):
-        return []
-    x = np.asarray(t["x"], dtype=np.float64)
-    series = []
-    for part in PARTS[:4]:
-        y = np.asarray([np.nan if v is None else v for v in t[part]], dtype=np.float64)
-        series.append({"name": part.removesuffix("_s"), "mode": "lines+markers", "line_shape": "hv", "x": x, "y": y})
-    return [
-        {
-            "title": "Where the TTFT went (spans joined with the server's): mean per send-time bin",
-            "x_title": "send time (s since the first request)",
-            "y_title": "seconds",
-            "x_type": "linear",
-            "y_type": "linear",
-            "series": series,
-        }
-    ]
-
-
-def _spans_section(split: SpanSplit) -> str:
-    """The split's distributions and the requests without a server span, as HTML."""
-    dist = split.distributions()
-    head = "<tr><th>part</th><th>count</th><th>mean</th><th>p50</th><th>p90</th><th>p99</th><th>max</th></tr>"
-    cells = "".join(
-        f"<tr><td>{html.escape(part)}</td>"
-        + "".join(f"<td>{_number(d[k])}</td>" for k in ("count", "mean", "p50", "p90", "p99", "max"))
-        + "</tr>"
-        for part, d in dist.items()
-    )
-    missing = split.missing
-    listed = ", ".join(html.escape(str(m["x_request_id"] or m["row"])) for m in missing[:50])
-    more = f" (and {len(missing) - 50:,} more)" if len(missing) > 50 else ""
-    return (
-        "<section class='spans'><h2>Where the time went (OpenTelemetry spans)</h2>"
-        f"<p>{len(split.rows):,} requests traced; {len(split.rows) - len(missing):,} joined with their server span; "
-        f"{len(missing):,} without one{': ' + listed + more if missing else ''}.</p>"
-        "<p>TTFT = network and front end (client TTFT − server TTFT) + queue + the server's other steps + "
-        "prefill; decode and the E2E's network tail follow. Seconds.</p>"
-        f"<table class='summary'>{head}{cells}</table></section>"
-    )
-
-
-def write_split_csv(split: SpanSplit, path: str) -> None:
-    """The split per request as CSV (one row per traced request; empty cells: unknown)."""
-    pd.DataFrame(split.rows).to_csv(path, index=False)
-
-
 def _warmup_text(n: int) -> str:
     """The intro's word on the warm-up requests ("" when none)."""
     if not n:
@@ -411,7 +351,7 @@ def render_html(results_dir: str, spans: SpanSplit | None = None, asset_dir: str
     intro += verdicts_html(summary)  # (issue 45: the fidelity and drift verdicts, the drift windows)
     figs += draw(drift_specs(summary))
     if spans is not None:
-        intro += _spans_section(spans)
+        intro += spans_section(spans)
         figs = draw(span_specs(spans)) + figs
     return _page(
         f"replayer report: {os.path.basename(os.path.abspath(results_dir))}",

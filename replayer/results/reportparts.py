@@ -9,6 +9,7 @@ Pure functions of the summary and the figure specs (``report.figure_specs``' sha
 from __future__ import annotations
 
 import html
+import math
 import os
 
 import numpy as np
@@ -142,3 +143,13 @@ def plotly_script(folder: str) -> str:
             f.write(js)
         os.replace(tmp, path)
     return f'<script type="text/javascript" src="{PLOTLY_FILE}"></script>'
+
+
+def number(v: float | int) -> str:
+    """One number format for the summary table: thousands separators; a whole float as an int
+    (a counter's delta), 3 decimals from 1 up, 4 significant digits below."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    if isinstance(v, int) or (math.isfinite(v) and v == int(v)):
+        return f"{int(v):,}"
+    return f"{v:,.3f}" if abs(v) >= 1 else f"{v:.4g}"

@@ -11,7 +11,8 @@ import os
 
 import numpy as np
 
-from replayer.results.report import _number, _page, draw
+from replayer.results.report import _page, draw
+from replayer.results.reportparts import number
 
 _SWEEP_LATENCIES = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("E2E", "e2el_ms"))
 
@@ -148,7 +149,7 @@ def _points_table(sweep: dict) -> str:
         if k == "window":
             return _window(p)
         v = (p.get("steady_window") or {}).get(k[7:]) if k.startswith("window.") else p.get(k)
-        return "n/a" if v is None else f"{v:.1%}" if k.endswith("slo_attainment") else _number(v)
+        return "n/a" if v is None else f"{v:.1%}" if k.endswith("slo_attainment") else number(v)
 
     rows = "".join(
         "<tr>" + "".join(f"<td>{html.escape(cell(p, k))}</td>" for k, _ in cols) + "</tr>"
@@ -177,9 +178,9 @@ def render_sweep_html(sweep: dict, asset_dir: str | None = None) -> str:
     slos = " ".join(f"{k}&lt;={v:g} ms" for k, v in (sweep.get("goodput_slos_ms") or {}).items())
     verdict = (
         f"the highest speed-up that held: <b>{held:g}x</b> "
-        f"({_number(sweep.get('highest_held_offered_rps') or 0)} requests/s offered, "
-        f"{_number(sweep.get('highest_held_achieved_rps') or 0)} achieved over its steady window, "
-        f"goodput {_number(sweep.get('highest_held_request_goodput') or 0)} requests/s over the whole run)"
+        f"({number(sweep.get('highest_held_offered_rps') or 0)} requests/s offered, "
+        f"{number(sweep.get('highest_held_achieved_rps') or 0)} achieved over its steady window, "
+        f"goodput {number(sweep.get('highest_held_request_goodput') or 0)} requests/s over the whole run)"
         if held is not None
         else "<b>no speed-up held</b>"
     )
