@@ -99,7 +99,18 @@ def test_two_runs_on_one_prometheus_are_told_apart_and_fully_seen(tmp_path, moon
         ):
             res = tmp_path / run_id
             cmd = [sys.executable, "-m", "replayer", "run", str(trace), "--target", f"http://127.0.0.1:{sims[i]}"]
-            cmd += ["--run-id", run_id, "--admin-port", str(admins[i]), "--results", str(res), "--quiet", *extra]
+            cmd += [
+                "--run-id",
+                run_id,
+                "--admin-port",
+                str(admins[i]),
+                "--results",
+                str(res),
+                "--quiet",
+                "--log-level",
+                "info",
+                *extra,
+            ]
             out = open(tmp_path / f"{run_id}.log", "w")
             runs[run_id] = (subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT), res, admins[i], sims[i])
         # run-a: a pause, a speed-up change and a resume on the timeline

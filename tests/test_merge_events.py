@@ -42,8 +42,8 @@ def test_workers_summary_and_merge_hold_every_shards_events_on_one_axis(tmp_path
     times = [e["time_s"] for e in merged["events"]]
     assert len(times) == 6 and times == sorted(times)
     # on the shared axis: seconds after the earliest anchor, the same offset for every event
-    offsets = {round(e["time_s"] - e["t_s"], 2) for e in merged["events"]}
-    assert len(offsets) == 1
+    offsets = [e["time_s"] - e["t_s"] for e in merged["events"]]
+    assert max(offsets) - min(offsets) < 0.02  # (both rounded to 10 ms: a rounding step apart at most)
     # replayer merge of the two folders: the same events
     again = merge_results([str(res / "worker-0"), str(res / "worker-1")], quiet=True)
     assert [(e["event"], e["time_s"], e["t_s"]) for e in again["events"]] == [
