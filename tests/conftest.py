@@ -220,3 +220,11 @@ def pytest_collection_modifyitems(config, items):
         ordered += buckets[k] + rest[:take]
         rest = rest[take:]
     items[:] = ordered + rest
+
+
+def replay_against(trace, url: str, results, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``replayer run TRACE --target URL --model m`` into ``results``, quiet, with no admin port of
+    its own and no target scraping (a test server): the command the fault-server tests share."""
+    cmd = [sys.executable, "-m", "replayer", "run", str(trace), "--target", url, "--model", "m"]
+    cmd += ["--results", str(results), "--admin-port", "0", "--quiet", "--no-scrape-target-metrics", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -6,11 +6,10 @@ that chunk's count is not known."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import replay_against
 from faultserver import DONE, Plan, ThreadedFaultServer, choice
 
 from replayer.core import Timestamps, derive
@@ -51,15 +50,7 @@ def test_a_run_records_decode_tpot_beside_tpot(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text(json.dumps({"timestamp": 0, "input_length": 4, "output_length": 5, "hash_ids": [1]}) + "\n")
     with ThreadedFaultServer(BIG_FIRST) as srv:
-        p = subprocess.run(
-            [
-                sys.executable, "-m", "replayer", "run", str(trace), "--target", srv.url, "--model", "m",
-                "--results", str(tmp_path / "r"), "--admin-port", "0", "--quiet", "--no-scrape-target-metrics",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )  # fmt: skip
+        p = replay_against(trace, srv.url, tmp_path / "r")
     assert p.returncode == 0, p.stderr[-2000:]
     [row] = pq.read_table(tmp_path / "r" / "requests.parquet", columns=["tpot_ms", "decode_tpot_ms"]).to_pylist()
     assert row["decode_tpot_ms"] == pytest.approx(2 * row["tpot_ms"], rel=1e-9)  # 200 ms / 2 against / 4

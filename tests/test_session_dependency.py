@@ -5,11 +5,10 @@ error rate; other sessions go on."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pyarrow.parquet as pq
+from conftest import replay_against
 from faultserver import DONE, Plan, ThreadedFaultServer, choice
 
 from replayer.plan import SessionGate
@@ -51,15 +50,7 @@ def test_turns_after_a_failed_turn_are_not_sent_and_counted_lost(tmp_path):
 
     plan.n = 0
     with ThreadedFaultServer(plan) as srv:
-        p = subprocess.run(
-            [
-                sys.executable, "-m", "replayer", "run", str(trace), "--target", srv.url, "--model", "m",
-                "--results", str(tmp_path / "r"), "--admin-port", "0", "--quiet", "--no-scrape-target-metrics",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )  # fmt: skip
+        p = replay_against(trace, srv.url, tmp_path / "r")
         received = len(srv.server.received)
     assert p.returncode == 0, p.stderr[-2000:]
     assert received == 3  # a's first turn, and b's two: a's later turns never went
