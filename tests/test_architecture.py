@@ -61,21 +61,6 @@ MODULE_LINES = 450
 LONG_FUNCTIONS: dict[str, str] = {
     "sim/genroutes.py::_GenerationRoutes._generate": "one request's generation as the engine serves it, in order "
     "(admission, prefill, each token's chunk, the end): the simulator's hot path, read top to bottom",
-    "results/summary.py::SummaryFold.add": "the per-batch fold of every summary column, one pass over the "
-    "batch's columns (split, each column would be read again)",
-}
-#: functions over FUNCTION_LINES being split by issue 44's other parts (the ``records`` developer:
-#: flags generated from SimConfig and the CLI's flags; ``grafana``: the metric declarations as a
-#: table); this list only shrinks and must end empty
-FUNCTIONS_TO_SPLIT: set[str] = {
-    "cli/parser.py::build_parser",
-    "results/summarytext.py::format_summary",
-    "results/merge.py::_merge_results",
-}
-#: modules over MODULE_LINES (outside replayer/run, which keeps the limit): being split by the
-#: ``records`` developer (issue 44); this list only shrinks and must end empty
-MODULES_TO_SPLIT: set[str] = {
-    "results/summary.py",
 }
 
 
@@ -109,21 +94,16 @@ def _sizes() -> tuple[dict[str, int], dict[str, int]]:
 def test_no_function_is_over_100_lines_but_those_listed():
     _, long = _sizes()
     assert len(LONG_FUNCTIONS) <= 5 and all(len(why) > 40 for why in LONG_FUNCTIONS.values())
-    unlisted = {name: n for name, n in long.items() if name not in LONG_FUNCTIONS and name not in FUNCTIONS_TO_SPLIT}
+    unlisted = {name: n for name, n in long.items() if name not in LONG_FUNCTIONS}
     assert not unlisted, f"functions over {FUNCTION_LINES} lines: split them: {unlisted}"
-    # a listed function that was split leaves its list (the lists only shrink)
-    assert not (set(LONG_FUNCTIONS) | FUNCTIONS_TO_SPLIT) - set(long), "remove from the list: " + str(
-        (set(LONG_FUNCTIONS) | FUNCTIONS_TO_SPLIT) - set(long)
-    )
-    assert not set(LONG_FUNCTIONS) & FUNCTIONS_TO_SPLIT
+    # a listed function that was split leaves its list (the list only shrinks)
+    assert not set(LONG_FUNCTIONS) - set(long), "remove from the list: " + str(set(LONG_FUNCTIONS) - set(long))
 
 
-def test_no_module_is_over_450_lines_but_those_listed():
+def test_no_module_is_over_450_lines():
     modules, _ = _sizes()
-    over = {rel for rel, n in modules.items() if n > MODULE_LINES}
-    assert not {rel for rel in over if rel.startswith("run/")}, "the composition root keeps the limit"
-    assert over <= MODULES_TO_SPLIT, f"modules over {MODULE_LINES} lines: split them: {sorted(over - MODULES_TO_SPLIT)}"
-    assert not MODULES_TO_SPLIT - over, f"remove from MODULES_TO_SPLIT: {sorted(MODULES_TO_SPLIT - over)}"
+    over = {rel: n for rel, n in modules.items() if n > MODULE_LINES}
+    assert not over, f"modules over {MODULE_LINES} lines: split them: {over}"
 
 
 def test_the_entry_point_of_a_run_stays_an_entry_point():

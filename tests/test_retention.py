@@ -23,8 +23,8 @@ from replayer.core.stats import RELATIVE_ACCURACY
 from replayer.record import Recorder, read_results, result_files
 from replayer.record.folder import rolled_files
 from replayer.results import summarize_files
+from replayer.results.foldjson import fold_to_json
 from replayer.results.removed import digest_file
-from replayer.results.summary import fold_to_json
 
 COUNTS = (
     "scheduled",
@@ -265,7 +265,7 @@ def test_retention_settings_are_checked():
 
 def test_the_digest_keeps_every_part_of_the_summary_state():
     """A field added to ``SummaryFold`` must be added to the digest too (else a removal loses it)."""
-    from replayer.results.summary import SummaryFold
+    from replayer.results.fold import SummaryFold
 
     assert set(fold_to_json(SummaryFold())) == set(vars(SummaryFold()))
 

@@ -549,7 +549,7 @@ def test_workers_progress_lines_sum_the_workers_status(caplog):
 def test_merge_wait_returns_when_every_run_has_ended_by_itself(tmp_path):
     import threading
 
-    from replayer.results.merge import unfinished, wait_finished
+    from replayer.results.mergecheck import unfinished, wait_finished
 
     a, b = tmp_path / "a", tmp_path / "b"  # b does not exist yet (its pod not started)
     a.mkdir()

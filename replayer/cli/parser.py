@@ -22,12 +22,35 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """replayer's parser: one subcommand per verb, in the order ``--help`` lists them."""
     p = _Parser(
         prog="replayer",
         allow_abbrev=False,
         description="Replay LLM serving traces against OpenAI-compatible servers, open-loop and token-exact.",
     )
     sub = p.add_subparsers(dest="command", required=True)
+    _add_run_parser(sub)
+    sub.add_parser("sim", help="run the simulated OpenAI-compatible server (see `replayer sim --help`)", add_help=False)
+    from replayer.cli.trace import add_trace_parser
+
+    add_trace_parser(sub)
+    from replayer.capture.recordflags import add_record_parser
+
+    add_record_parser(sub)
+    _add_merge_parser(sub)
+    _add_coordinate_parser(sub)
+    _add_report_parser(sub)
+    _add_sweep_parser(sub)
+    _add_compare_parser(sub)
+    add_history_parser(sub)
+    _add_tls_certs_parser(sub)
+    sub.add_parser("version", help="print the version")
+    _finish_parsers(p)
+    return p
+
+
+def _add_run_parser(sub) -> None:
+    """``replayer run``: a replay; its flags generated from the run settings (``add_config_flags``)."""
     run = sub.add_parser(
         "run",
         add_help=False,
@@ -46,13 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="YAML file of settings (see configs/); flags override it",
     )
     add_config_flags(run)
-    sub.add_parser("sim", help="run the simulated OpenAI-compatible server (see `replayer sim --help`)", add_help=False)
-    from replayer.cli.trace import add_trace_parser
 
-    add_trace_parser(sub)
-    from replayer.capture.recordflags import add_record_parser
 
-    add_record_parser(sub)
+def _add_merge_parser(sub) -> None:
+    """``replayer merge``: the results folders of shards or workers as one run."""
     mg = sub.add_parser("merge", help="merge the results folders of shards or workers into one summary")
     mg.add_argument("dirs", nargs="+", help="results folders")
     mg.add_argument(
@@ -66,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="first wait up to S seconds for every folder's run to end by itself (a "
         "summary.json that was not cut short by a stop), e.g. in a Kubernetes merge Job",
     )
+
+
+def _add_coordinate_parser(sub) -> None:
+    """``replayer coordinate``: a fleet's start barrier, clock and live view."""
     co = sub.add_parser(
         "coordinate",
         help="one start and one clock for a fleet of shards (replayer run --shard I/N --coordinator URL)",
@@ -105,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the fleet ends without a shard lost (or never come) for this long [default: 600]",
     )
     co.add_argument("-o", "--output", default=None, help="folder for fleet.json and merged/ [default: none: log only]")
+
+
+def _add_report_parser(sub) -> None:
+    """``replayer report``: a results folder's HTML report."""
     rp = sub.add_parser("report", help="write a self-contained HTML report (plots) of a results folder")
     rp.add_argument("results", help="results folder (holds requests.parquet)")
     rp.add_argument("-o", "--output", default=None, help="output .html [default: RESULTS/report.html]")
@@ -116,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
         "them): each request's TTFT split into network and front end, queue, prefill, its E2E into decode, "
         "joined with the server's llm_request spans (also written per request to OUTPUT's .spans.csv)",
     )
+
+
+def _add_sweep_parser(sub) -> None:
+    """``replayer sweep``: a trace at growing speed-ups, with every run flag."""
     sw = sub.add_parser(
         "sweep",
         add_help=False,
@@ -172,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
         "warns that the replayer itself is the bottleneck: 50 ms]",
     )
     add_config_flags(sw)
+
+
+def _add_compare_parser(sub) -> None:
+    """``replayer compare``: two runs side by side, and the regression gate (``--gate``)."""
     cp = sub.add_parser("compare", help="compare two runs' summary.json side by side")
     cp.add_argument("a", help="results folder or summary.json of run A")
     cp.add_argument("b", help="results folder or summary.json of run B")
@@ -185,7 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
         "TTFT and E2E split (network and front end, queue, prefill, decode) p50/p99 of both runs",
     )
     add_gate_flags(cp)  # (issue 45: the regression gate, and history)
-    add_history_parser(sub)
+
+
+def _add_tls_certs_parser(sub) -> None:
+    """``replayer tls-certs``: throw-away certificates for TLS trials and tests."""
     tc = sub.add_parser(
         "tls-certs",
         help="write a throw-away CA and server and client certificates (PEM) for a TLS simulator and tests",
@@ -202,9 +241,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tc.add_argument("--days", type=float, default=30.0, help="validity in days [default: 30]")
     tc.add_argument("--expired", action="store_true", help="certificates that ended an hour ago (to see that error)")
-    sub.add_parser("version", help="print the version")
-    _finish_parsers(p)
-    return p
 
 
 def subcommands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-#: the fold's counters (``summary._COUNTS``) and the summary's names for them
+#: the fold's counters (``foldcolumns.COUNTS``) and the summary's names for them
 CLASSES = {"http_rate_limited": "rate_limited", "http_overloaded": "overloaded", "http_other": "other"}
 RATE_LIMITED, OVERLOADED = 429, 503
 

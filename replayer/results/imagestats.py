@@ -5,7 +5,7 @@ The server's count is the truth (``usage.prompt_tokens_details.image_tokens``); 
 (``image_token_mismatches``), never replaced. A count the server did not report is unknown: left
 out of ``image_tokens_server`` (None when no request reported one), never 0; text tokens
 (prompt - image) only where both are known. Folded batch by batch and mergeable, like
-``summary.SummaryFold``, of which it is a part.
+``fold.SummaryFold``, of which it is a part.
 """
 
 from __future__ import annotations

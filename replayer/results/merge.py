@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import sys
-import time
 
 import numpy as np
 import pyarrow as pa
@@ -26,14 +25,13 @@ import replayer.record.lock as folder_lock
 from replayer.record.folder import open_file, report_damaged, result_files
 from replayer.record.recorder import write_json
 from replayer.results.concurrency import PeakFold
+from replayer.results.mergecheck import merge_warnings, wait_finished
 from replayer.results.summary import BATCH_ROWS, fold_files, format_summary, read_summary, run_windows, set_duration
 
 log = logging.getLogger(__name__)
 
 #: result columns holding ns offsets from the run's anchor (rebased when merging)
 TIME_COLUMNS = ("due_ns", "sent_ns", "first_token_ns", "last_token_ns", "end_ns")
-#: run anchors further apart than this are reported (one shared --start-at gives ~0)
-ANCHOR_SPREAD_WARN_S = 0.05
 #: summary fields the merged summary keeps when every folder has the same value
 MERGED_SETUP = ("trace", "synthetic_load", "target", "target_embedded", "model", "speedup", "loop")
 
@@ -123,32 +121,6 @@ def _rebase(batch: pa.RecordBatch, shift_ns: int) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=batch.schema)
 
 
-def _shard_warnings(shards_by_dir: list[set[str]], dirs: list[str]) -> list[str]:
-    warnings = []
-    seen: dict[str, str] = {}
-    counts: set[int] = set()
-    present: set[int] = set()
-    for d, shards in zip(dirs, shards_by_dir):
-        for s in shards:
-            if s in seen and seen[s] != d:
-                warnings.append(f"shard {s} appears in both {seen[s]} and {d}")
-            seen.setdefault(s, d)
-            try:
-                i, n = (int(x) for x in s.split("/"))
-            except ValueError:
-                continue
-            counts.add(n)
-            present.add(i)
-    if len(counts) > 1:
-        warnings.append(f"folders were run with different shard counts: {sorted(counts)}")
-    elif counts:
-        n = counts.pop()
-        missing = sorted(set(range(n)) - present)
-        if n > 1 and missing:
-            warnings.append(f"shards missing from the merge: {', '.join(f'{i}/{n}' for i in missing)}")
-    return warnings
-
-
 def _sent_rows(files: list[str]) -> np.ndarray:
     """The distinct (loop, row) pairs, as ``loop << 40 | row``, that ``files`` recorded as sent
     (8 bytes per row: the one per-row array a merge holds), read three columns at a time."""
@@ -183,7 +155,7 @@ def merge_results(
         return _merge_results(dirs, out_dir, quiet=quiet, one_target=one_target)
 
 
-def _merge_results(  # noqa: C901, PLR0912, PLR0915
+def _merge_results(
     dirs: list[str], out_dir: str | None = None, *, quiet: bool = False, one_target: bool = False
 ) -> dict:
     """One summary over several results folders (shards or workers). Writes
@@ -205,51 +177,14 @@ def _merge_results(  # noqa: C901, PLR0912, PLR0915
     base = min(walls) if walls else None
     # each folder's first run: a later anchor in a folder is a resumed run, not a late shard
     starts = [min(ws) for ws in ([w for _, w, _ in files if w is not None] for files in per_dir) if ws]
-    keys, shards_by_dir = [], []
-    windows: list[tuple[int, int]] = []  # each run's first send..last end, on the shared axis
-    for d, files in zip(dirs, per_dir):
-        for anchor, (lo, hi) in run_windows(_files(d), skip_warmup=True).items():  # (warm-up rows left out)
-            shift = _shift_ns(float(anchor) if anchor else None, base)
-            windows.append((lo + shift, hi + shift))
-        shards_by_dir.append({s for _, _, s in files if s})
-        keys.append(_sent_rows([f for f, _, _ in files]))
-    all_keys = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
-    _, counts = np.unique(all_keys, return_counts=True)
-    duplicates = int((counts > 1).sum())
+    windows, shards_by_dir, duplicates = _layout(dirs, per_dir, base)
     own = [read_summary(d) for d in dirs]
     # the bounds the runs were judged by (a folder without a summary: its files' metadata)
     slos = next((o["goodput_slos_ms"] for o in own if o.get("goodput_slos_ms")), None)
     # the summary: every file folded batch by batch into one (sketches and counts merge)
     fold, damaged = fold_files([f for files in per_dir for f, _, _ in files], slos)
-    warnings = _shard_warnings(shards_by_dir, list(dirs))
-    warnings += [
-        f"{f}: damaged results file, its results are left out"
-        for d in dirs
-        for f in _files(d)
-        if open_file(f) is None or f in damaged
-    ]
-    real = [os.path.realpath(d) for d in dirs]
-    for d in sorted({d for d, r in zip(dirs, real) if real.count(r) > 1}):
-        warnings.insert(0, f"{d} is given more than once: its rows are counted that many times")
-    if duplicates:
-        warnings.append(f"{duplicates} trace rows were sent by more than one folder (overlapping shards?)")
-    if starts and max(starts) - min(starts) > ANCHOR_SPREAD_WARN_S:
-        warnings.append(
-            f"the runs were anchored {max(starts) - min(starts):.3f} s apart: a shard started after "
-            "the shared --start-at (or none was given), so the shards did not replay in step"
-        )
-    for d, o in zip(dirs, own):
-        why = _unfinished(o)
-        if why:
-            warnings.append(f"{d}: {why}")
-    setup: dict[str, object] = {}
-    for key in MERGED_SETUP:  # what the runs shared; a difference is a warning (not one experiment)
-        values = {json.dumps(o[key], sort_keys=True) for o in own if key in o}
-        if len(values) == 1:
-            setup[key] = next(o[key] for o in own if key in o)
-        elif len(values) > 1:
-            setup[key] = [json.loads(v) for v in sorted(values)]
-            warnings.append(f"the folders differ in {key}: {', '.join(sorted(values))}")
+    warnings = merge_warnings(dirs, shards_by_dir, damaged, duplicates, starts, own)
+    setup = _shared_setup(own, warnings)
     s = fold.result()
     # duration: the time covered by the runs on the shared axis (shards overlap, resumed runs
     # follow each other: the gap between a stop and its resume is not replay time)
@@ -264,19 +199,7 @@ def _merge_results(  # noqa: C901, PLR0912, PLR0915
     s["stop_signal"] = next((o["stop_signal"] for o in own if o.get("stop_signal")), None)
     run_ids = sorted({o["run_id"] for o in own if o.get("run_id")})  # (X-Request-Id prefixes)
     s["run_id"] = run_ids[0] if len(run_ids) == 1 else (run_ids or None)
-    if one_target or isinstance(setup.get("target"), str):  # one server, scraped by every folder:
-        best = max(own, key=_scrape_coverage)  # its deltas, once: those of the folder that saw most of it
-        for key in ("target_metrics", "server_prefix_cache_hit_tokens", "server_image_cache_hits"):
-            if key in best:
-                s[key] = best[key]
-    if any(o.get("tenants") for o in own):  # a mix: per-tenant sections over every folder
-        from replayer.results.tenants import read_tenant_sections
-
-        s["tenants"] = read_tenant_sections(*dirs)
-    if any(o.get("targets") for o in own):  # several targets: per-target sections over every folder
-        from replayer.results.targets import read_targets
-
-        s["targets"], s["target_switches"] = read_targets(*dirs)
+    _server_sections(s, dirs, own, one_target or isinstance(setup.get("target"), str))
     s.update(_verdicts(list(dirs), s, own))  # (issue 45: the shards judged as one run)
     s["events"] = merged_events(list(dirs), own, base)  # (issue 46: every shard's events)
     s["merged_from"] = list(dirs)
@@ -290,17 +213,70 @@ def _merge_results(  # noqa: C901, PLR0912, PLR0915
         os.makedirs(out_dir, exist_ok=True)
         write_json(os.path.join(out_dir, "summary.json"), s)
     if not quiet:
-        print(format_summary(s), flush=True)
-        from replayer.results.drift import drift_lines
-        from replayer.results.fidelity import fidelity_lines
-
-        for line in fidelity_lines(s.get("fidelity")) + drift_lines(s.get("drift")):
-            print(line, flush=True)
-        if s.get("targets"):
-            from replayer.results.targets import format_targets
-
-            print(format_targets(s["targets"], s.get("target_switches", 0)), flush=True)
+        _print_merged(s)
     return s
+
+
+def _layout(dirs: list[str], per_dir: list, base: float | None) -> tuple[list[tuple[int, int]], list[set], int]:
+    """(each run's first send..last end on the shared axis, each folder's shards, how many trace
+    rows more than one folder sent)."""
+    keys, shards_by_dir = [], []
+    windows: list[tuple[int, int]] = []
+    for d, files in zip(dirs, per_dir):
+        for anchor, (lo, hi) in run_windows(_files(d), skip_warmup=True).items():  # (warm-up rows left out)
+            shift = _shift_ns(float(anchor) if anchor else None, base)
+            windows.append((lo + shift, hi + shift))
+        shards_by_dir.append({s for _, _, s in files if s})
+        keys.append(_sent_rows([f for f, _, _ in files]))
+    all_keys = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
+    _, counts = np.unique(all_keys, return_counts=True)
+    return windows, shards_by_dir, int((counts > 1).sum())
+
+
+def _shared_setup(own: list[dict], warnings: list[str]) -> dict[str, object]:
+    """What the runs shared (``MERGED_SETUP``); a setting they differ in is listed, and warned
+    about in ``warnings`` (not one experiment)."""
+    setup: dict[str, object] = {}
+    for key in MERGED_SETUP:
+        values = {json.dumps(o[key], sort_keys=True) for o in own if key in o}
+        if len(values) == 1:
+            setup[key] = next(o[key] for o in own if key in o)
+        elif len(values) > 1:
+            setup[key] = [json.loads(v) for v in sorted(values)]
+            warnings.append(f"the folders differ in {key}: {', '.join(sorted(values))}")
+    return setup
+
+
+def _server_sections(s: dict, dirs: list[str], own: list[dict], one_target: bool) -> None:
+    """The target's scraped view (once, when every folder scraped the same server), and the
+    per-tenant and per-target sections over every folder."""
+    if one_target:  # its deltas, once: those of the folder that saw most of it
+        best = max(own, key=_scrape_coverage)
+        for key in ("target_metrics", "server_prefix_cache_hit_tokens", "server_image_cache_hits"):
+            if key in best:
+                s[key] = best[key]
+    if any(o.get("tenants") for o in own):  # a mix: per-tenant sections over every folder
+        from replayer.results.tenants import read_tenant_sections
+
+        s["tenants"] = read_tenant_sections(*dirs)
+    if any(o.get("targets") for o in own):  # several targets: per-target sections over every folder
+        from replayer.results.targets import read_targets
+
+        s["targets"], s["target_switches"] = read_targets(*dirs)
+
+
+def _print_merged(s: dict) -> None:
+    """The merged summary as printed: the table, the verdicts' lines, the targets."""
+    print(format_summary(s), flush=True)
+    from replayer.results.drift import drift_lines
+    from replayer.results.fidelity import fidelity_lines
+
+    for line in fidelity_lines(s.get("fidelity")) + drift_lines(s.get("drift")):
+        print(line, flush=True)
+    if s.get("targets"):
+        from replayer.results.targets import format_targets
+
+        print(format_targets(s["targets"], s.get("target_switches", 0)), flush=True)
 
 
 def _verdicts(dirs: list[str], s: dict, own: list[dict]) -> dict:
@@ -364,41 +340,6 @@ def _scrape_coverage(summary: dict) -> tuple[float, float, int]:
     first, last = tm.get("first_scrape_s"), tm.get("last_scrape_s")
     span = last - first if first is not None and last is not None else 0.0
     return span, last or 0.0, tm.get("scrapes", 0)
-
-
-def unfinished(path: str) -> str | None:
-    """Why the run in results folder ``path`` has not ended by itself yet (None when it has):
-    no ``summary.json`` (still running, killed, or never started), or one saying a stop cut it
-    short (a retried Kubernetes pod resumes it and writes a new one)."""
-    return _unfinished(read_summary(path))
-
-
-def _unfinished(s: dict) -> str | None:
-    """``unfinished`` of a folder whose ``summary.json`` is ``s`` ({} for none)."""
-    if not s:
-        return "no summary.json yet (still running, killed, or not started)"
-    if s.get("stopped_early"):
-        return f"stopped early ({s.get('stop_signal') or 'stop'}): its results are partial until it is resumed"
-    return None
-
-
-def wait_finished(dirs: list[str], timeout_s: float, *, poll_s: float = 5.0, say_every_s: float = 60.0) -> list[str]:
-    """Wait up to ``timeout_s`` until the run of every folder has ended by itself
-    (``unfinished``), saying which are awaited every ``say_every_s``; returns those still not."""
-    deadline = time.monotonic() + timeout_s
-    said = -float("inf")
-    while True:
-        left = {d: why for d in dirs if (why := unfinished(d))}
-        if not left or time.monotonic() >= deadline:
-            return list(left)
-        if time.monotonic() - said >= say_every_s:
-            said = time.monotonic()
-            print(
-                "replayer merge: waiting for " + "; ".join(f"{d}: {why}" for d, why in left.items()),
-                file=sys.stderr,
-                flush=True,
-            )
-        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
 
 
 def main_merge(dirs: list[str], output: str | None, wait_s: float | None = None) -> int:

@@ -5,7 +5,8 @@ still counts them. ``digest_file`` is the ``retention.Digest`` the run gives the
 from __future__ import annotations
 
 from replayer.results.driftdigest import digest_drift
-from replayer.results.summary import fold_file, fold_from_json, fold_to_json, jsonable
+from replayer.results.foldjson import fold_from_json, fold_to_json, jsonable
+from replayer.results.summary import fold_file
 
 
 def digest_file(path: str, fold_json: dict | None) -> dict | None:

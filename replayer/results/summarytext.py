@@ -86,18 +86,24 @@ def _run_notes(s: dict) -> list[tuple[str, object] | str]:
     return rows
 
 
-def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
+def _fmt(v: object) -> str:
+    """A summary value as printed: ``n/a`` for None, thousands separated, floats to 2 places."""
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:,.2f}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return str(v)
+
+
+def _three(s: dict, name: str, stats: tuple[str, ...] = ("mean", "median", "p99")) -> str:
+    """``mean / median / p99`` (or ``stats``) of the summary's ``name``."""
+    return " / ".join(_fmt(s[f"{k}_{name}"]) for k in stats)
+
+
+def format_summary(s: dict) -> str:
     """A fixed-width text table of the main summary fields (``n/a`` for None)."""
-
-    def fmt(v: object) -> str:
-        if v is None:
-            return "n/a"
-        if isinstance(v, float):
-            return f"{v:,.2f}"
-        if isinstance(v, int) and not isinstance(v, bool):
-            return f"{v:,}"
-        return str(v)
-
     rows: list[tuple[str, object] | str] = ["Replay result", *_run_notes(s)]
     verdict_rows = verdict.verdict_rows(s)  # the verdict first, when there are bounds
     if verdict_rows:
@@ -120,11 +126,37 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
         "Dispatch lag (sent - due)",
         (
             "p50 / p99 / max (ms)",
-            " / ".join(fmt(s[k]) for k in ("dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "dispatch_lag_max_ms")),
+            " / ".join(_fmt(s[f"dispatch_lag_{k}_ms"]) for k in ("p50", "p99", "max")),
         ),
         *_behind_rows(s),
     ]
-    rows += _pace_rows(s, fmt)
+    rows += _pace_rows(s, _fmt)
+    rows += _latency_rows(s)
+    rows += _cache_and_image_rows(s)
+    rows += _section_rows(s)
+    rows.extend(_otel_rows(s.get("otel")))
+    if s.get("errors_by_kind"):
+        rows.append("Errors by kind")
+        rows.extend((k, v) for k, v in s["errors_by_kind"].items())
+    rows += _failure_rows(s)  # (issue 47)
+    return _render(rows)
+
+
+def _render(rows: list[tuple[str, object] | str], width: int = 50) -> str:
+    """The rows as fixed-width lines: a string is a section's title, a pair a label and value."""
+    lines = []
+    for r in rows:
+        if isinstance(r, str):
+            lines.append(f"{'-' * 4} {r} ".ljust(width + 14, "-"))
+        else:  # (a long label and a long value keep two spaces between them)
+            value = _fmt(r[1])
+            lines.append(f"{r[0]}{' ' * max(2, width + 14 - len(r[0]) - len(value))}{value}")
+    return "\n".join(lines)
+
+
+def _latency_rows(s: dict) -> list[tuple[str, object] | str]:
+    """TTFT, TPOT, ITL and E2E (and from the due time, decode TPOT), the server's own timings."""
+    rows: list[tuple[str, object] | str] = []
     for name, label in (
         ("ttft_ms", "Time to first token"),
         ("tpot_ms", "Time per output token (excl. 1st)"),
@@ -132,17 +164,11 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
         ("e2el_ms", "End-to-end latency"),
     ):
         rows.append(label)
-        rows.append(("mean / median / p99 (ms)", " / ".join(fmt(s[f"{k}_{name}"]) for k in ("mean", "median", "p99"))))
+        rows.append(("mean / median / p99 (ms)", _three(s, name)))
         if name in ("ttft_ms", "e2el_ms") and f"mean_{name[:-3]}_from_due_ms" in s:
-            rows.append(
-                (
-                    "  from the due time (ms)",
-                    " / ".join(fmt(s[f"{k}_{name[:-3]}_from_due_ms"]) for k in ("mean", "median", "p99")),
-                )
-            )
+            rows.append(("  from the due time (ms)", _three(s, f"{name[:-3]}_from_due_ms")))
         if name == "tpot_ms" and s.get("decode_tpot_ms_count"):  # (issue 47)
-            decode = " / ".join(fmt(s[f"{k}_decode_tpot_ms"]) for k in ("mean", "median", "p99"))
-            rows.append(("  decode, after the 1st chunk (ms)", decode))
+            rows.append(("  decode, after the 1st chunk (ms)", _three(s, "decode_tpot_ms")))
     if "client_overhead_ms_count" in s:
         rows.append("Server timings (--server-timings; mean / median / p99, ms)")
         for name, label in (
@@ -151,38 +177,49 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
             ("server_generation_time_ms", "Server generation time"),
             ("client_overhead_ms", "Client overhead (TTFT - queue - server TTFT)"),
         ):
-            rows.append((label, " / ".join(fmt(s[f"{k}_{name}"]) for k in ("mean", "median", "p99"))))
+            rows.append((label, _three(s, name)))
+    return rows
+
+
+def _cache_and_image_rows(s: dict) -> list[tuple[str, object] | str]:
+    """The prefix cache's tokens (expected from hash ids, server-reported) and the images sent."""
+    rows: list[tuple[str, object] | str] = []
     expected, server = s.get("expected_prefix_hit_tokens"), s.get("server_prefix_cache_hit_tokens")
     if isinstance(server, float) and server.is_integer():  # (a counter's delta: a float in Prometheus)
         server = int(server)
     if expected is not None or server is not None:
         rows.append("Prefix cache (prompt tokens served from it)")
-        rows.append(("Expected from hash ids / server-reported", f"{fmt(expected)} / {fmt(server)}"))
+        rows.append(("Expected from hash ids / server-reported", f"{_fmt(expected)} / {_fmt(server)}"))
     if "images_sent" in s:
-        rows.append("Images (server counts the tokens)")
-        rows.append(("Image requests / images sent", f"{s['image_requests']:,} / {s['images_sent']:,}"))
-        rows.append(("Image bytes sent", s["image_bytes_sent"]))
-        rows.append(
-            ("Image tokens server / expected", f"{fmt(s['image_tokens_server'])} / {fmt(s['image_tokens_expected'])}")
-        )
-        rows.append(
+        rows += [
+            "Images (server counts the tokens)",
+            ("Image requests / images sent", f"{s['image_requests']:,} / {s['images_sent']:,}"),
+            ("Image bytes sent", s["image_bytes_sent"]),
+            (
+                "Image tokens server / expected",
+                f"{_fmt(s['image_tokens_server'])} / {_fmt(s['image_tokens_expected'])}",
+            ),
             (
                 "Image-token mismatches / not reported",
                 f"{s['image_token_mismatches']:,} / {s['image_tokens_unknown']:,}",
-            )
-        )
-        rows.append(
+            ),
             (
                 "Image cache hits expected / server",
-                f"{s['expected_image_cache_hits']:,} / {fmt(s.get('server_image_cache_hits'))}",
-            )
-        )
+                f"{s['expected_image_cache_hits']:,} / {_fmt(s.get('server_image_cache_hits'))}",
+            ),
+        ]
+    return rows
+
+
+def _section_rows(s: dict) -> list[tuple[str, object] | str]:
+    """Sessions, endpoints and the pooling usage audit, where the run had them."""
+    rows: list[tuple[str, object] | str] = []
     if s.get("sessions"):
         ss = s["sessions"]
         rows.append("Sessions (turn waits for its predecessor)")
         rows.append(("Sessions / turns / turns held", f"{ss['sessions']} / {ss['turns']} / {ss['turns_held']}"))
         w = ss["session_wait_ms"]
-        rows.append(("Session wait p50 / p99 / max (ms)", " / ".join(fmt(w[k]) for k in ("p50", "p99", "max"))))
+        rows.append(("Session wait p50 / p99 / max (ms)", " / ".join(_fmt(w[k]) for k in ("p50", "p99", "max"))))
     if s.get("endpoints"):
         rows.append("Endpoints (completed / failed)")
         rows.extend((k, f"{v['completed']} / {v['failed']}") for k, v in s["endpoints"].items())
@@ -191,20 +228,7 @@ def format_summary(s: dict) -> str:  # noqa: C901, PLR0912
         rows.extend(
             (k, " / ".join(str(v[a]) for a in ("ok", "inflated", "missing"))) for k, v in s["usage_audit"].items()
         )
-    rows.extend(_otel_rows(s.get("otel")))
-    if s.get("errors_by_kind"):
-        rows.append("Errors by kind")
-        rows.extend((k, v) for k, v in s["errors_by_kind"].items())
-    rows += _failure_rows(s)  # (issue 47)
-    width = 50
-    lines = []
-    for r in rows:
-        if isinstance(r, str):
-            lines.append(f"{'-' * 4} {r} ".ljust(width + 14, "-"))
-        else:  # (a long label and a long value keep two spaces between them)
-            value = fmt(r[1])
-            lines.append(f"{r[0]}{' ' * max(2, width + 14 - len(r[0]) - len(value))}{value}")
-    return "\n".join(lines)
+    return rows
 
 
 def _failure_rows(s: dict) -> list[tuple[str, object] | str]:

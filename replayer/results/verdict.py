@@ -110,7 +110,7 @@ def fold(codes: dict[str, np.ndarray], completion_tokens: Any) -> dict[str, Any]
     }
 
 
-#: ``fold``'s keys: sums over requests, merged by adding (``summary._add``)
+#: ``fold``'s keys: sums over requests, merged by adding (``foldcolumns.add_counts``)
 ADDITIVE = ("slo_met", "slo_missed", "slo_unknown", "slo_requests", "goodput_output_tokens")
 
 

@@ -301,7 +301,7 @@ def _add_run_notes(
 
 def _pace_sections(summary: dict[str, Any], cfg: RunConfig) -> None:
     """The ``--max-concurrency`` cap and the warm-up's rule, beside what the results say of them
-    (``summary.SummaryFold``: the queue waits, the warm-up's counts)."""
+    (``fold.SummaryFold``: the queue waits, the warm-up's counts)."""
     if cfg.max_concurrency is not None:
         summary["concurrency_cap"] = {"max_concurrency": cfg.max_concurrency, **summary.get("concurrency_cap", {})}
     if cfg.warmup_requests or cfg.warmup_seconds_s:
