@@ -182,6 +182,26 @@ def test_a_faithful_run_with_retention_stays_faithful(tmp_path):
     assert after["from_digest"]["files"] == 3
 
 
+def test_a_request_in_flight_longer_than_the_digest_allowed_for_is_left_out_and_said(tmp_path):
+    # requests of 100 ms, but one sent at 1 s lasting 25 s: recorded in the second file, after the
+    # first file's times up to ~3 s were folded into the digest
+    results = _results(2_000, capped_until=0)
+    for r in results:
+        r.end_ns = r.sent_ns + (25_000_000_000 if r.row == 50 else 100_000_000)
+    res = tmp_path / "soak"
+    _write_folder(res, results, files=3)
+    before = _fidelity(res)
+    assert len(retention.apply(str(res), digest=digest_file, max_bytes=1)) == 2
+    after = _fidelity(res)
+    for key in ("rows", "sent", "unsent", "held_back", "lengths"):
+        assert after[key] == before[key], key
+    ia = after["from_digest"]["inter_arrival"]
+    assert ia["approximate"] and ia["late"] == {"trace": 1, "achieved": 1}
+    assert after["inter_arrival"]["requests"] == before["inter_arrival"]["requests"] - 1
+    assert after["inter_arrival"]["ks_distance"] == pytest.approx(before["inter_arrival"]["ks_distance"], abs=0.01)
+    assert any("inter-arrivals approximate (1 due and 1 send times" in n for n in after["notes"]), after["notes"]
+
+
 # -- end to end: soaks against the embedded simulator -------------------------------------------------
 
 
