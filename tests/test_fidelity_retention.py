@@ -180,6 +180,13 @@ def test_a_faithful_run_with_retention_stays_faithful(tmp_path):
     assert before["verdict"] == after["verdict"] == "faithful", after["reasons"]
     _assert_same_figures(after, before)
     assert after["from_digest"]["files"] == 3
+    # a digest an older replayer wrote (no fidelity figures): the files kept, and said
+    removed = json.loads((res / "removed.json").read_text())
+    del removed["fold"]["fidelity"]
+    (res / "removed.json").write_text(json.dumps(removed))
+    older = _fidelity(res)
+    assert "from_digest" not in older and older["sent"] < before["sent"]
+    assert any("kept no fidelity figures" in n for n in older["notes"]), older["notes"]
 
 
 def test_a_request_in_flight_longer_than_the_digest_allowed_for_is_left_out_and_said(tmp_path):

@@ -168,6 +168,12 @@ def verdict_sections(
         target_switches=switches,
     )
     fidelity["trace_rows_in_window"] = summary.get("scheduled")
+    older = [d for d, r in zip(dirs, removed) if r and not r.get("fidelity")]
+    if older:  # (a digest written before it kept them: said, not hidden)
+        fidelity.setdefault("notes", []).append(
+            f"the results files retention removed from {', '.join(older)} kept no fidelity figures "
+            "(an older replayer's digest): the fidelity verdict is of the files kept"
+        )
     drift_fold, base = _drift_fold(removed, files, window_s)
     try:
         samples = _samples_on_axis(dirs, base)
