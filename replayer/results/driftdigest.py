@@ -45,7 +45,8 @@ def digest_drift(path: str, prev: dict[str, Any] | None) -> dict[str, Any] | Non
         return prev
     anchor_ns = round(float(meta[b"replayer.t0_wall_s"]) * 1e9)
     window_s = float(prev["window_s"]) if prev else _window_s(meta)
-    table = pf.read(columns=[c for c in COLUMNS if c in pf.schema_arrow.names])
+    names = set(pf.schema_arrow.names)  # (the schema is built anew at each access)
+    table = pf.read(columns=[c for c in COLUMNS if c in names])
     origins = {int(k): v for k, v in (prev or {}).get("origins_ns", {}).items()}
     for lp, o in loop_origins(table.to_batches()).items():
         origins[lp] = min(origins.get(lp, o + anchor_ns), o + anchor_ns)

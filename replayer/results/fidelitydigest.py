@@ -66,7 +66,8 @@ def digest_fidelity(path: str, prev: dict[str, Any] | None) -> dict[str, Any] | 
     meta = pf.schema_arrow.metadata or {}
     prev = prev or {}
     bound = float(prev.get("lag_bound_ms") or _lag_bound(meta))
-    table = pf.read(columns=[c for c in (*COLUMNS, "end_ns") if c in pf.schema_arrow.names])
+    names = set(pf.schema_arrow.names)  # (the schema is built anew at each access)
+    table = pf.read(columns=[c for c in (*COLUMNS, "end_ns") if c in names])
     fold = FidelityFold()
     fold.add(table, lag_bound_ms=bound)
     for k, v in (prev.get("n") or {}).items():

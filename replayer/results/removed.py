@@ -29,5 +29,5 @@ def digest_file(path: str, fold_json: dict | None) -> dict | None:
         out["drift"] = jsonable(drift)
     fidelity = digest_fidelity(path, (fold_json or {}).get("fidelity"))
     if fidelity is not None:
-        out["fidelity"] = jsonable(fidelity)
+        out["fidelity"] = fidelity  # (JSON already: Python numbers and lists, its pending times many)
     return out

@@ -64,7 +64,8 @@ def _batches(
         if pf is None:
             continue
         try:
-            for b in pf.iter_batches(batch_size=65_536, columns=[c for c in columns if c in pf.schema_arrow.names]):
+            names = set(pf.schema_arrow.names)  # (the schema is built anew at each access)
+            for b in pf.iter_batches(batch_size=65_536, columns=[c for c in columns if c in names]):
                 if shift:
                     b = pa.RecordBatch.from_arrays(
                         [
