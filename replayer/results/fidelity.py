@@ -190,7 +190,7 @@ class FidelityFold:
         for k, v in other.n.items():
             self.n[k] += v
         self.lag.merge(other.lag)
-        self._sealed += other._sealed  # noqa: SLF001 - the same class
+        self._sealed += other._sealed
         if other.removed is not None:
             mine = self.removed or {
                 "files": 0,
