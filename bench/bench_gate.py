@@ -15,11 +15,12 @@ Prints numbers, asserts nothing. Steps:
 3. ``--pairs`` times, interleaved: a run against the baseline server (A), a second one (A'), a
    run against the slower one (S), each ``replayer run TRACE --speedup S``. Then ``replayer compare
    A A' --gate`` (held is right: exit 0) and ``replayer compare A S --gate`` (regressed is right:
-   exit 7), with the default gate (or ``--gate-file``). A first run against each server warms it
-   and the host (not counted).
-4. Report: the pairs that held (A vs A') and that were caught (A vs S), those the gate refused to
-   compare (exit 2: a run fell behind its trace, as an overloaded host makes it), the metrics
-   that raised each false alarm, TTFT p50's change and interval per pair, the load average.
+   exit 7), with the default gate but ``require_faithful: false`` (or ``--gate-file``; the stored
+   runs judged by the default gate itself: ``bench_gate_rejudge.py``). A first run against each
+   server warms it and the host (not counted).
+4. Report: the pairs that held (A vs A') and that were caught (A vs S), those the gate could not
+   compare (exit 2), the pairs with a run that fell behind its trace (as an overloaded host makes
+   it), the metrics that raised each false alarm, TTFT p50's change and interval per pair, the load average.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def _run(trace: str, url: str, out: str, speedup: float) -> None:
 
 
 def _unfaithful(*runs: str) -> bool:
-    """Whether the default gate would refuse a pair of these runs: one fell behind its trace."""
+    """Whether a run of the pair was not faithful to its trace (one fell behind it, most often)."""
     from replayer.results import read_summary
     from replayer.results.gateout import unfaithful
 
@@ -120,7 +121,8 @@ def main() -> None:
         "--gate-file",
         default=None,
         help="the gate's settings [default: the default gate, but require_faithful: false, so that a pair "
-        "with a run that fell behind its trace (which the default gate refuses, exit 2) is judged too]",
+        "with a run the default gate refuses (exit 2: unfaithful for another reason than its own host's "
+        "lateness, or later than max_client_lag_ms) is judged too]",
     )
     ap.add_argument("--dir", default="/tmp/bench_gate")
     ap.add_argument("--keep", action="store_true", help="keep the results folders")
@@ -192,8 +194,8 @@ def main() -> None:
         f"{counts['missed']} missed, {counts['slow_not_comparable']} not comparable"
     )
     print(
-        f"pairs with a run that fell behind its trace (dispatch lag p99 > 25 ms: the default gate refuses them, "
-        f"exit 2): {counts['same_unfaithful']} same-server, {counts['slow_unfaithful']} slower-build; among the "
+        f"pairs with a run that fell behind its trace (dispatch lag p99 > 25 ms: the default gate judges them "
+        f"without their tails, gatestall): {counts['same_unfaithful']} same-server, {counts['slow_unfaithful']} slower-build; among the "
         f"others {counts['faithful_false_alarm']} false alarms, {counts['faithful_missed']} missed"
     )
     for i, bad in alarms:

@@ -4,16 +4,20 @@ The run is cut into windows of ``--drift-window`` seconds of trace position: a w
 (loop, position), a request belonging to the window its due time falls in, counted from its
 loop's first due time. Per window: TTFT, ITL, TPOT and E2E p10/p50/p90/p99, error rate, goodput
 (requests per second that met every ``--goodput`` bound), achieved rate (sent per second),
-offered rate (due per second), in flight (sum of E2E / window: Little's law), and the target's
-own signals where its ``/metrics`` was scraped (KV-cache usage, requests waiting, preemptions
-per second, process memory).
+the offered load (due requests, their prompt tokens and output tokens asked for, per second: the
+trace's, known before any response), in flight (sum of E2E / window: Little's law), and the
+target's own signals where its ``/metrics`` was scraped (KV-cache usage, requests waiting,
+preemptions per second, process memory).
 
 **Paired across loops** (``--loop``): each window's value minus that of the window at the same
 position in the first loop, over the time between them: the workload's own pattern (a burst at
 minute 7 of the trace) is in both and cancels. **Without loops**, each value has the part the
-load explains taken out first (``trend.load_adjusted``: least squares on in-flight requests and
-the offered rate, fitted jointly with time), so a quiet stretch of the trace is not read as a
-server that recovered.
+offered load explains taken out first (``trend.load_adjusted``: least squares on the offered
+requests, prompt tokens and output tokens per second, fitted jointly with time), so a quiet
+stretch of the trace is not read as a server that recovered. The requests in flight are not a
+covariate: they are the offered rate times the latency (Little's law), so a server getting
+slower raises them with its latency, and a fit on them takes the drift for load (or turns it
+around).
 
 A window whose dispatch lag p99 is above the fidelity bound is left out of the trends
 (``lagging``): the replayer's host was the bottleneck then, so its latencies measure the host.
@@ -86,6 +90,8 @@ COLUMNS = (
     "sent_ns",
     "outcome",
     "warmup",
+    "input_length",
+    "output_length",
     "ttft_ms",
     "tpot_ms",
     "e2e_ms",
@@ -118,13 +124,20 @@ def loop_origins(batches: Iterable[pa.RecordBatch]) -> dict[int, int]:
     return out
 
 
+#: a window's counts (``in_tokens``/``out_tokens``: the prompt and output tokens of the requests
+#: due in it, the trace's lengths)
+WINDOW_COUNTS = ("due", "sent", "completed", "failed", "met", "e2e_sum", "in_tokens", "out_tokens")
+#: the offered load a window's values are adjusted for without loops (the trace's, per second)
+OFFERED = ("offered_rps", "offered_input_tps", "offered_output_tps")
+
+
 class _Window:
     __slots__ = ("stats", "n")
 
     def __init__(self) -> None:
         # (sketched: a days-long soak has thousands of windows, their values would not fit)
         self.stats = {m: Stat(exact=False) for m in (*LATENCIES, *SERVER, "dispatch_lag")}
-        self.n: dict[str, float] = dict.fromkeys(("due", "sent", "completed", "failed", "met", "e2e_sum"), 0)
+        self.n: dict[str, float] = dict.fromkeys(WINDOW_COUNTS, 0)
 
 
 class DriftFold:
@@ -163,6 +176,11 @@ class DriftFold:
             for m, col in _COLUMN_OF.items()
             if col in b.schema.names
         }
+        lengths = {
+            k: pc.cast(b.column(col), pa.float64()).to_numpy(zero_copy_only=False)
+            for k, col in (("in_tokens", "input_length"), ("out_tokens", "output_length"))
+            if col in b.schema.names
+        }
         pairs = np.unique(np.stack([loops, pos]), axis=1)
         for lp, p in pairs.T:
             sel = (loops == lp) & (pos == p)
@@ -177,6 +195,8 @@ class DriftFold:
             n["completed"] += int(good.sum())
             n["failed"] += int((sel & failed).sum())
             n["e2e_sum"] += float(np.nansum(lat["e2e"][sel & sent]))
+            for k in ("in_tokens", "out_tokens"):  # (unknown where the results have no lengths)
+                n[k] += float(np.nansum(lengths[k][sel])) if k in lengths else float("nan")
             if met is not None:
                 n["met"] += int((good & met).sum())
 
@@ -223,6 +243,9 @@ class DriftFold:
             row["goodput_rps"] = n["met"] / ws
             row["achieved_rps"] = n["sent"] / ws
             row["offered_rps"] = n["due"] / ws
+            for field, k in (("offered_input_tps", "in_tokens"), ("offered_output_tps", "out_tokens")):
+                v = float(n.get(k, float("nan")))  # (NaN: a digest's window written before its lengths)
+                row[field] = None if np.isnan(v) else v / ws
             row["in_flight"] = n["e2e_sum"] / 1e3 / ws
             row["requests"] = n["sent"]
             row["dispatch_lag_p99_ms"] = w.stats["dispatch_lag"].percentile(99)
@@ -291,7 +314,7 @@ def _trend(
             return None
     else:
         t = np.array([r["t_s"] for r in series]) / 3600.0
-        y, _ = load_adjusted(t, _values(series, key), [_values(series, "in_flight"), _values(series, "offered_rps")])
+        y, _ = load_adjusted(t, _values(series, key), [_values(series, k) for k in OFFERED])
         idx = np.flatnonzero(~np.isnan(y))
         x, y = t[idx], y[idx]
         if x.size < MIN_WINDOWS:

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 from replayer.core.stats import stat_from_json, stat_to_json
 from replayer.record.folder import open_file
-from replayer.results.drift import COLUMNS, DriftFold, _Window, loop_origins
+from replayer.results.drift import COLUMNS, WINDOW_COUNTS, DriftFold, _Window, loop_origins
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def digest_drift(path: str, prev: dict[str, Any] | None) -> dict[str, Any] | Non
         "window_s": window_s,
         "origins_ns": {str(lp): o for lp, o in origins.items()},
         "windows": [
-            [lp, p, {"stats": {m: stat_to_json(s) for m, s in w.stats.items()}, "n": w.n}]
+            [lp, p, {"stats": {m: stat_to_json(s) for m, s in w.stats.items()}, "n": _json_counts(w.n)}]
             for (lp, p), w in sorted(fold.windows.items())
         ],
     }
@@ -71,8 +72,14 @@ def seed_windows(fold: DriftFold, digest: dict[str, Any] | None) -> None:
         for m, sj in d["stats"].items():
             if m in w.stats:
                 w.stats[m].merge(stat_from_json(sj))
-        for k, v in d["n"].items():
-            w.n[k] = w.n.get(k, 0) + v
+        for k in WINDOW_COUNTS:  # (a count the digest lacks, or null in it: unknown, NaN)
+            v = d["n"].get(k)
+            w.n[k] = w.n.get(k, 0) + (float("nan") if v is None else v)
+
+
+def _json_counts(n: dict[str, float]) -> dict[str, float | None]:
+    """A window's counts for JSON: NaN (unknown) as null."""
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in n.items()}
 
 
 def digest_origins(digests: list[dict[str, Any]]) -> dict[int, int]:

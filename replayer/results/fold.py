@@ -64,7 +64,7 @@ class SummaryFold:
     def add(self, t: pa.Table | pa.RecordBatch) -> None:
         """Fold a batch of results (schema ``result.SCHEMA``, any subset of ``COLUMNS``). Warm-up
         rows (``warmup`` true) are counted apart (``_add_warmup``) and left out of everything else.
-        Each column is read once and handed to the sections that need it."""
+        The columns several sections use are read once and handed to them."""
         names = t.schema.names
         if "warmup" in names:
             t = self._split_warmup(t)
