@@ -20,7 +20,7 @@ from typing import Any
 
 from replayer.core.stats import stat_from_json, stat_to_json
 from replayer.record.folder import open_file
-from replayer.results.drift import COLUMNS, WINDOW_COUNTS, DriftFold, _Window, loop_origins
+from replayer.results.driftwindows import COLUMNS, WINDOW_COUNTS, DriftFold, _Window, loop_origins
 
 log = logging.getLogger(__name__)
 

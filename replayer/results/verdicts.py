@@ -22,8 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replayer.record.folder import open_file, read_removed, report_damaged, result_files
-from replayer.results.drift import COLUMNS as DRIFT_COLUMNS, DriftFold, judge_drift, loop_origins
+from replayer.results.drift import judge_drift
 from replayer.results.driftdigest import digest_origins, seed_windows, usable
+from replayer.results.driftwindows import COLUMNS as DRIFT_COLUMNS, DriftFold, loop_origins
 from replayer.results.fidelity import COLUMNS as FIDELITY_COLUMNS, FidelityBounds, FidelityFold, judge_fidelity
 from replayer.results.fidelitydigest import seed_fidelity
 

@@ -30,7 +30,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from replayer.core.result import RequestResult
 from replayer.core.stats import Stat
-from replayer.results.drift import LATENCIES, QUANTILES, SERVER, judge_drift
+from replayer.results.drift import judge_drift
+from replayer.results.driftwindows import LATENCIES, QUANTILES, SERVER
 from replayer.results.fidelity import FidelityBounds, judge_fidelity
 
 #: the live verdicts are judged when asked (a scrape of the gauges, ``/status``), at most once per
