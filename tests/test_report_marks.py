@@ -73,6 +73,7 @@ def test_marks_go_on_every_time_axis_and_are_drawn_once_per_kind_in_the_legend()
     draw_marks(fig, marks)
     assert [s.x0 for s in fig.layout.shapes] == [10.0, 20.0, 15.0]
     assert [a.text for a in fig.layout.annotations] == ["loop 1", "loop 2", "pause"]
+    assert [a.yshift for a in fig.layout.annotations] == [0, -14, -28]  # (close labels in rows, apart)
     assert [(s.name, s.showlegend) for s in fig.layout.shapes] == [
         ("loop boundary", True),
         ("loop boundary", False),

@@ -109,16 +109,26 @@ def add_marks(specs: list[dict], marks: list[Mark], shift_s: float = 0.0) -> Non
             sp["marks"] = moved
 
 
+#: the labels of successive marks go in this many rows at the top (events close in time: a pause
+#: just after the start, a loop boundary beside a speed-up change), ``LABEL_ROW_PX`` apart
+LABEL_ROWS, LABEL_ROW_PX = 3, 14
+
+
 def draw_marks(fig: Any, marks: list[Mark]) -> None:
-    """Draw ``marks`` on the plotly figure ``fig``: a dotted vertical line per mark, labelled at
-    its top, in its kind's colour; the first mark of each kind also names the kind in the legend."""
+    """Draw ``marks`` (in time order) on the plotly figure ``fig``: a dotted vertical line per
+    mark, labelled at its top (successive labels in ``LABEL_ROWS`` rows, so close ones do not
+    overlap), in its kind's colour; the first mark of each kind also names the kind in the legend."""
     shown: set[str] = set()
-    for m in marks:
+    for i, m in enumerate(marks):
         name, colour = KINDS[m.kind]
         fig.add_vline(
             x=m.x,
             line={"dash": "dot", "width": 1.5, "color": colour},
-            annotation={"text": m.label, "font": {"color": colour, "size": 11}},
+            annotation={
+                "text": m.label,
+                "font": {"color": colour, "size": 11},
+                "yshift": -LABEL_ROW_PX * (i % LABEL_ROWS),
+            },
             annotation_position="top",
             name=name,
             legendgroup=f"event-{m.kind}",
