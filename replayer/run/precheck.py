@@ -8,6 +8,7 @@ checks its own share, as any run does).
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Iterable
 
@@ -16,19 +17,26 @@ from replayer.config.model import RunConfig
 __all__ = ["input_problem", "port_problem"]
 
 
-def input_problem(cfg: RunConfig, admin_ports: Iterable[int] = ()) -> str | None:
+def input_problem(cfg: RunConfig, admin_ports: Iterable[int] = (), *, quiet: bool = False) -> str | None:
     """What is wrong with ``cfg``'s trace, its tracing or the ``admin_ports`` its children will
     bind (``replayer.run.inputs``' own checks, the same words), or None. Reads the trace as a run
-    does before it sends (every row under ``--validate-trace full``); starts nothing."""
+    does before it sends (every row under ``--validate-trace full``); starts nothing. ``quiet``:
+    the checks' warnings (a coarse timestamp grid, ...) not logged, where each child logs them
+    to the same stream again."""
     from replayer.run.inputs import check_tracing, open_batches_factory
     from replayer.run.readiness import StartupError
     from replayer.trace import TraceError
 
+    if quiet:
+        logging.disable(logging.WARNING)
     try:
         open_batches_factory(cfg)
         check_tracing(cfg)
     except (StartupError, TraceError) as e:
         return str(e)
+    finally:
+        if quiet:
+            logging.disable(logging.NOTSET)
     return port_problem(cfg.admin_host, admin_ports)
 
 

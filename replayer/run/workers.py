@@ -175,7 +175,8 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
         print(f"replayer run: --admin-port {cfg.admin_port} + {n} workers exceeds 65535", file=sys.stderr)
         return 2
     # the workers' own checks, before the simulator, the folder or any worker starts
-    why = input_problem(cfg, range(cfg.admin_port, cfg.admin_port + n) if cfg.admin_port else ())
+    ports = range(cfg.admin_port, cfg.admin_port + n) if cfg.admin_port else ()
+    why = input_problem(cfg, ports, quiet=True)  # (each worker logs the trace's warnings itself)
     if why is not None:
         print(f"replayer: error: {why}", file=sys.stderr)
         return 2
