@@ -48,6 +48,13 @@ def test_a_runs_events_become_marks_each_once():
         (50.0, "target_restart", "target restart"),
         (60.0, "stop", "run stop"),
     ]
+    # loops 0 and 1 removed by retention: their boundaries from the events, the later ones exact
+    looped = {"events": [{"event": "loop", "t_s": t, "loop": k} for k, t in ((1, 20.0), (2, 50.3), (3, 80.4))]}
+    assert [(m.x, m.label) for m in run_marks(looped, {2: 50.0, 3: 80.0}, None)] == [
+        (20.0, "loop 1"),
+        (50.3, "loop 2"),
+        (80.0, "loop 3"),
+    ]
     # results without a loop column: the loop events mark the boundaries; no anchor: t_s
     assert run_marks({"events": [{"event": "loop", "t_s": 31.0, "loop": 1}]}, {}, None) == [
         Mark(31.0, "loop", "loop 1")

@@ -5,7 +5,8 @@ A run's events are ``summary.json``'s ``events`` (``replayer.observe.events``: s
 loop, pause, resume, speed-up change, target restart, stop) and the loop boundaries its results
 files show (each later loop's first due time, exact on the trace's clock). ``run_marks`` turns
 them into ``Mark``s on the report's axis (seconds after the earliest run anchor), each event once:
-a loop boundary from the results files when they have a ``loop`` column, else from the events;
+a loop boundary from the results files where they show it (a ``loop`` column, the loop before
+it there too), else from its event (older files; loops whose files retention removed);
 the same kind and label within ``SAME_S`` of each other (each shard of a ``--workers`` run
 records its own start, loops and stop) drawn once. ``add_marks`` gives them to every figure spec
 with a time axis; ``draw_marks`` draws them on a plotly figure: a dotted vertical line labelled
@@ -69,12 +70,12 @@ def run_marks(summary: dict, loop_starts: dict[int, float], origin_wall_s: float
     """The marks of a run (module docstring), in time order. ``summary``: its ``summary.json``;
     ``loop_starts``: each loop's first due time on the report's axis (``ReportData.loop_starts``;
     {} when the results have no loop column); ``origin_wall_s``: the axis origin (Unix s)."""
-    from_results = len(loop_starts) > 1
     first = min(loop_starts, default=0)
-    marks = [Mark(float(x), "loop", f"loop {k}") for k, x in sorted(loop_starts.items()) if from_results and k > first]
+    seen = {k: x for k, x in loop_starts.items() if k > first}  # (one loop alone shows no boundary)
+    marks = [Mark(float(x), "loop", f"loop {k}") for k, x in sorted(seen.items())]
     for e in summary.get("events") or ():
-        if not isinstance(e, dict) or e.get("event") not in KINDS or (e["event"] == "loop" and from_results):
-            continue
+        if not isinstance(e, dict) or e.get("event") not in KINDS or (e["event"] == "loop" and e.get("loop") in seen):
+            continue  # (a loop the results show: its exact boundary is marked above)
         x = _x(e, origin_wall_s)
         if x is not None:
             marks.append(Mark(x, e["event"], _label(e)))
