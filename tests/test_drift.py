@@ -110,11 +110,16 @@ def test_too_few_windows_is_too_short():
 
 
 def test_the_report_draws_the_windows_the_trend_and_the_loop_boundaries():
+    from replayer.results.reportmarks import add_marks, run_marks
+
     sec = judge_drift(_series(3, 10, 60.0, burst, noise=0.5), window_s=WINDOW_S)
     (spec,) = drift_specs({"drift": sec})
     names = [s["name"] for s in spec["series"]]
-    assert names[0] == "ttft_p50_ms per window" and names[1].startswith("trend +") and names[2] == "loop boundary"
-    assert np.isnan(spec["series"][2]["x"]).sum() == 2  # (two boundaries: loops 1 and 2)
+    assert names[0] == "ttft_p50_ms per window" and names[1].startswith("trend +") and len(names) == 2
+    # the loop boundaries: the report's marks, as on its other time axes (each loop's first window's start)
+    starts = {lp: min(r["t_s"] for r in sec["series"] if r["loop"] == lp) - WINDOW_S / 2 for lp in (0, 1, 2)}
+    add_marks([spec], run_marks({}, starts, None))
+    assert [(m.x, m.label) for m in spec["marks"]] == [(starts[1], "loop 1"), (starts[2], "loop 2")]
 
 
 def _result(row: int, loop: int, due_s: float, ttft_ms: float) -> RequestResult:
