@@ -110,6 +110,23 @@ def test_outputs_go_to_folders_made_for_them_and_a_path_that_is_a_folder_is_name
     assert p.returncode == 2 and "file/gate.md: cannot write the Markdown" in p.stderr  # (not compared: its code kept)
 
 
+def test_a_regression_keeps_its_exit_code_when_an_output_cannot_be_written(runs, tmp_path):
+    """The candidate: the baseline's own requests with every TTFT (and so E2E) doubled."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    shutil.copytree(runs / "base", tmp_path / "slower")
+    path = tmp_path / "slower" / "requests.parquet"
+    t = pq.read_table(path)
+    for col in ("ttft_ms", "e2e_ms"):
+        i = t.schema.get_field_index(col)
+        t = t.set_column(i, t.schema.field(i), pc.multiply(t.column(col), 2.0))
+    pq.write_table(t, path)
+    p = _gate(runs / "base", tmp_path / "slower", "--gate-file", runs / "loose.yaml", "--junit", tmp_path)
+    assert p.returncode == 7 and "gate: REGRESSED (TTFT p50" in p.stdout, p.stdout + p.stderr
+    assert "cannot write the JUnit XML there" in p.stderr
+
+
 def test_runs_not_compared_still_write_every_output_saying_why(runs, tmp_path):
     stale = tmp_path / "reports" / "md" / "gate.md"
     stale.parent.mkdir(parents=True)
