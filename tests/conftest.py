@@ -77,6 +77,18 @@ def wait_http(url: str, timeout: float = 20.0) -> None:
         time.sleep(0.1)
 
 
+def start_up_lead(trace, processes: int) -> float:
+    """Seconds to give ``processes`` replays started at once to be ready (a shared ``--start-at``,
+    a coordinator's ready timeout): four times the time one process takes now to import and read
+    ``trace`` (``trace inspect``), times the processes sharing each CPU (a replay is two: its
+    launcher's too); at least 5 s. Measured on this machine now, so a busy host gets a longer lead
+    and a quiet one does not wait out a busy one's."""
+    t = time.monotonic()
+    subprocess.run([sys.executable, "-m", "replayer", "trace", "inspect", str(trace)], capture_output=True, check=True)
+    one_s = time.monotonic() - t
+    return max(5.0, 4.0 * one_s * max(1.0, 2 * processes / (os.cpu_count() or 1)))
+
+
 def wait_sim_url(p: subprocess.Popen, stderr_file: Path, timeout: float = 60.0) -> str:
     """The URL a `replayer sim` child serves at, from its "serving at URL" line on stderr."""
     deadline = time.monotonic() + timeout

@@ -11,7 +11,7 @@ import time
 import urllib.request
 
 import pyarrow.parquet as pq
-from conftest import SHORT_OUTPUT, free_port, wait_http
+from conftest import SHORT_OUTPUT, free_port, start_up_lead, wait_http
 from prometheus_client.parser import text_string_to_metric_families
 
 import replayer.record.folder as folder
@@ -531,7 +531,8 @@ def test_status_says_waiting_until_the_start_time(tmp_path, mooncake_slice, sim_
     trace = mooncake_slice(30)
     url, _ = sim_process("--itl-base-ms", "2")
     port = free_port()
-    start = time.time() + 12  # start-up alone took over 4 s on a 2-core machine at load average 10
+    # (start-up alone took over 4 s on a 2-core machine at load average 10: the lead is measured)
+    start = time.time() + start_up_lead(trace, 1)
     p = _run(
         [
             str(trace),

@@ -15,7 +15,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import SHORT_OUTPUT, free_port
+from conftest import SHORT_OUTPUT, free_port, start_up_lead
 
 from replayer.core import RequestResult
 from replayer.core.result import to_table
@@ -64,16 +64,6 @@ def _run(trace, url, results, *extra):
     )
 
 
-def _start_up_lead(trace, processes: int) -> float:
-    """Seconds to give ``processes`` replays started at once to be ready: four times the time
-    one process takes now to import and read ``trace`` (``trace inspect``), times the processes
-    sharing each CPU (a replay is two: its launcher's too); at least 5 s."""
-    t = time.monotonic()
-    subprocess.run([sys.executable, "-m", "replayer", "trace", "inspect", str(trace)], capture_output=True, check=True)
-    one_s = time.monotonic() - t
-    return max(5.0, 4.0 * one_s * max(1.0, 2 * processes / (os.cpu_count() or 1)))
-
-
 def _finish(procs, timeout=120):
     for p in procs:
         out, err = p.communicate(timeout=timeout)
@@ -116,7 +106,7 @@ def test_shards_on_one_machine_add_up_to_a_single_run(tmp_path, mooncake_slice, 
     # every process must have loaded the trace and reached the target before the shared start:
     # four processes starting at once on a busy 2-core machine took up to ~10 s (~30 s at load
     # average 11), so the lead is measured on this machine now, not fixed
-    lead = _start_up_lead(trace_path, SHARDS + 1)
+    lead = start_up_lead(trace_path, SHARDS + 1)
     start_at = time.time() + lead
     dirs = [tmp_path / f"shard-{i}" for i in range(SHARDS)]
     procs = [
