@@ -14,6 +14,7 @@ from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import replay_command
 
 from replayer.core import RequestResult
 from replayer.record import Recorder, read_results, result_files
@@ -328,25 +329,7 @@ def test_more_shards_than_rows_every_shard_merges_into_each_row_once(tmp_path, m
     for first in range(0, shards, 3):  # 3 processes at a time on a 2-core machine
         procs = {
             i: subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "replayer",
-                    "run",
-                    str(trace),
-                    "--target",
-                    url,
-                    "--speedup",
-                    "50",
-                    "--shard",
-                    f"{i}/{shards}",
-                    "--results",
-                    str(dirs[i]),
-                    "--admin-port",
-                    "0",
-                    "--quiet",
-                    "--no-scrape-target-metrics",
-                ],
+                replay_command(trace, url, dirs[i], "--speedup", "50", "--shard", f"{i}/{shards}", model=None),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -389,23 +372,7 @@ def test_out_of_file_descriptors_no_result_is_lost(tmp_path, sim_process):
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
     p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "replayer",
-            "run",
-            str(trace),
-            "--target",
-            url,
-            "--results",
-            str(res),
-            "--admin-port",
-            "0",
-            "--quiet",
-            "--flush-interval",
-            "0.5",
-            "--no-scrape-target-metrics",
-        ],
+        replay_command(trace, url, res, "--flush-interval", "0.5", model=None),
         capture_output=True,
         text=True,
         timeout=240,
