@@ -254,7 +254,7 @@ def test_start_up_problems_are_errors_not_tracebacks(tmp_path, mooncake_slice, s
 
 
 def test_sigkill_then_resume_records_every_row_once(tmp_path, mooncake_slice, sim_process):
-    trace = mooncake_slice(60)
+    trace = mooncake_slice(60, max_output=100)  # (~0.5 s each: requests in flight at the kill)
     n = sum(1 for _ in open(trace))
     url, _ = sim_process("--itl-base-ms", "5")
     res = tmp_path / "r"

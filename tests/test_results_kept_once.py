@@ -14,7 +14,7 @@ from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import replay_command
+from conftest import SHORT_OUTPUT, replay_command
 
 from replayer.core import RequestResult
 from replayer.record import Recorder, read_results, result_files
@@ -86,7 +86,7 @@ def test_a_kill_at_any_step_of_a_roll_shows_each_row_once_and_a_new_writer_compl
 
 def test_run_killed_while_removing_its_parts_then_resumed_counts_each_row_once(tmp_path, mooncake_slice, sim_process):
     # the audit's case: --flush-rows 1, killed just after requests.parquet appeared
-    trace = mooncake_slice(30)
+    trace = mooncake_slice(30, max_output=SHORT_OUTPUT)
     n = sum(1 for _ in open(trace))
     url, _ = sim_process("--itl-base-ms", "1")
     res = tmp_path / "r"
@@ -116,7 +116,7 @@ def test_run_killed_while_removing_its_parts_then_resumed_counts_each_row_once(t
 def _killed_run_with_a_damaged_part(tmp_path, mooncake_slice, url):
     """A run killed before its final roll (parts only), one of its parts cut in half.
     Returns (folder, trace, n, the damaged part, its rows)."""
-    trace = mooncake_slice(30)
+    trace = mooncake_slice(30, max_output=SHORT_OUTPUT)
     n = sum(1 for _ in open(trace))
     res = tmp_path / "r"
     p = _replayer(
@@ -219,7 +219,7 @@ def test_merge_and_run_replace_summary_json_whole(tmp_path, mooncake_slice, sim_
     import replayer.results.merge as merge
 
     url, _ = sim_process("--itl-base-ms", "1")
-    trace = mooncake_slice(10)
+    trace = mooncake_slice(10, max_output=SHORT_OUTPUT)
     res = tmp_path / "r"
     p = _replayer(
         "run",
