@@ -1,3 +1,4 @@
+import contextlib
 import json
 import os
 import random
@@ -76,6 +77,18 @@ def wait_http(url: str, timeout: float = 20.0) -> None:
         time.sleep(0.1)
 
 
+def start_up_lead(trace, processes: int) -> float:
+    """Seconds to give ``processes`` replays started at once to be ready (a shared ``--start-at``,
+    a coordinator's ready timeout): four times the time one process takes now to import and read
+    ``trace`` (``trace inspect``), times the processes sharing each CPU (a replay is two: its
+    launcher's too); at least 5 s. Measured on this machine now, so a busy host gets a longer lead
+    and a quiet one does not wait out a busy one's."""
+    t = time.monotonic()
+    subprocess.run([sys.executable, "-m", "replayer", "trace", "inspect", str(trace)], capture_output=True, check=True)
+    one_s = time.monotonic() - t
+    return max(5.0, 4.0 * one_s * max(1.0, 2 * processes / (os.cpu_count() or 1)))
+
+
 def wait_sim_url(p: subprocess.Popen, stderr_file: Path, timeout: float = 60.0) -> str:
     """The URL a `replayer sim` child serves at, from its "serving at URL" line on stderr."""
     deadline = time.monotonic() + timeout
@@ -90,58 +103,88 @@ def wait_sim_url(p: subprocess.Popen, stderr_file: Path, timeout: float = 60.0) 
         time.sleep(0.05)
 
 
+#: the longest response a test needs when it checks prompts, rows, counts or log lines, not the
+#: responses' length: a replay ends with its longest response, and the slice's first minute has
+#: one of 929 tokens (~10 s at the simulator's default 10 ms per token)
+SHORT_OUTPUT = 8
+
+
+def write_slice(out: Path, seconds: float, max_output: int | None = None) -> Path:
+    """Write the first ``seconds`` of the real Mooncake conversation trace to ``out`` as JSONL. Up
+    to 600 s from the committed slice (`traces/`: the same rows, written as the same bytes, as
+    test_trace_files checks), so these tests need nothing beside the checkout; longer from
+    ../shared. ``max_output``: each row's output_length capped at that many tokens (e.g.
+    ``SHORT_OUTPUT``), for a test that does not need the trace's long responses."""
+
+    with open(out, "w") as dst:
+
+        def write(row: dict) -> None:
+            if max_output is not None:
+                row["output_length"] = min(row["output_length"], max_output)
+            dst.write(json.dumps(row) + "\n")
+
+        if seconds <= SLICE_SECONDS:
+            for row in slice_rows():
+                if row["timestamp"] < seconds * 1000:
+                    write(row)
+            return out
+        with open(MOONCAKE) as src:
+            for line in src:
+                row = json.loads(line)
+                if row["timestamp"] < seconds * 1000:
+                    if max_output is None:
+                        dst.write(line)
+                    else:
+                        write(row)
+    return out
+
+
 @pytest.fixture
 def mooncake_slice(tmp_path):
-    """Write the first `seconds` of the real Mooncake conversation trace as JSONL. Up to 600 s
-    from the committed slice (`traces/`: the same rows, written as the same bytes, as
-    test_trace_files checks), so these tests need nothing beside the checkout; longer from
-    ../shared."""
+    """``write_slice`` into this test's folder: ``make(seconds, name="slice.jsonl", max_output=None)``."""
 
-    def make(seconds: float, name: str = "slice.jsonl") -> Path:
-        out = tmp_path / name
-        with open(out, "w") as dst:
-            if seconds <= SLICE_SECONDS:
-                for row in slice_rows():
-                    if row["timestamp"] < seconds * 1000:
-                        dst.write(json.dumps(row) + "\n")
-                return out
-            with open(MOONCAKE) as src:
-                for line in src:
-                    if json.loads(line)["timestamp"] < seconds * 1000:
-                        dst.write(line)
-        return out
+    def make(seconds: float, name: str = "slice.jsonl", max_output: int | None = None) -> Path:
+        return write_slice(tmp_path / name, seconds, max_output)
 
     return make
 
 
-@pytest.fixture
-def sim_process(tmp_path):
-    """Start `replayer sim` in a child process; yields (base_url, record_file). The simulator
-    binds port 0 and says which port it got (its first stderr line): no free port is picked
-    ahead, which a parallel test's connection could take in between."""
-    procs = []
-
-    def start(*args: str):
-        n = len(procs)
-        rec = tmp_path / f"received-{n}.jsonl"
-        err = tmp_path / f"sim-{n}.stderr"
-        with open(err, "wb") as fh:
-            p = subprocess.Popen(
-                [sys.executable, "-m", "replayer", "sim", "--port", "0", "--record-requests", str(rec), *args],
-                stderr=fh,
-            )
-        procs.append(p)
+@contextlib.contextmanager
+def simulator(folder: Path, *args: str, name: str = "sim"):
+    """``replayer sim`` in a child process for the block; yields (base_url, record_file), the
+    requests it received written to ``folder/NAME-received.jsonl``. The simulator binds port 0
+    and says which port it got (its first stderr line): no free port is picked ahead, which a
+    parallel test's connection could take in between."""
+    rec = folder / f"{name}-received.jsonl"
+    err = folder / f"{name}.stderr"
+    with open(err, "wb") as fh:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "replayer", "sim", "--port", "0", "--record-requests", str(rec), *args],
+            stderr=fh,
+        )
+    try:
         url = wait_sim_url(p, err)
         wait_http(url + "/health")
-        return url, rec
-
-    yield start
-    for p in procs:
+        yield url, rec
+    finally:
         p.terminate()
         try:
             p.wait(10)
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+@pytest.fixture
+def sim_process(tmp_path):
+    """Start ``simulator(tmp_path, *args)`` for this test: ``start(*args)`` -> (base_url, record_file)."""
+    with contextlib.ExitStack() as stack:
+        started = []
+
+        def start(*args: str):
+            started.append(args)
+            return stack.enter_context(simulator(tmp_path, *args, name=f"sim-{len(started) - 1}"))
+
+        yield start
 
 
 def _known_durations() -> dict[str, float]:
@@ -222,9 +265,19 @@ def pytest_collection_modifyitems(config, items):
     items[:] = ordered + rest
 
 
-def replay_against(trace, url: str, results, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``replayer run TRACE --target URL --model m`` into ``results``, quiet, with no admin port of
-    its own and no target scraping (a test server): the command the fault-server tests share."""
-    cmd = [sys.executable, "-m", "replayer", "run", str(trace), "--target", url, "--model", "m"]
-    cmd += ["--results", str(results), "--admin-port", "0", "--quiet", "--no-scrape-target-metrics", *extra]
+def replay_command(trace, url: str | None, results, *extra: str, model: str | None = "m") -> list[str]:
+    """``replayer run TRACE --target URL --model MODEL`` into ``results``, quiet, with no admin port
+    of its own and no target scraping: the command the tests against test servers share. ``url``
+    None: the embedded simulator; ``model`` None: the model the target serves (a simulator's)."""
+    cmd = [sys.executable, "-m", "replayer", "run", str(trace)]
+    cmd += ["--target", url] if url is not None else []
+    cmd += ["--model", model] if model is not None else []
+    return cmd + ["--results", str(results), "--admin-port", "0", "--quiet", "--no-scrape-target-metrics", *extra]
+
+
+def replay_against(
+    trace, url: str | None, results, *extra: str, model: str | None = "m", timeout: float = 120
+) -> subprocess.CompletedProcess:
+    """``replay_command`` run to its end, its output captured as text."""
+    cmd = replay_command(trace, url, results, *extra, model=model)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -8,6 +8,7 @@ import sys
 
 import orjson
 import pytest
+from conftest import SHORT_OUTPUT
 from tokenizers import Tokenizer
 
 from replayer.config import ConfigError, load_config
@@ -56,7 +57,7 @@ def test_a_chat_replay_with_the_builtin_tokenizer_against_the_simulator(tmp_path
     """The docs' chat journey, with the shipped tokenizer: every request goes as chat messages
     whose text is exactly its token ids decoded by GPT-2 (the same text on every run), and the
     server's re-tokenizing is reported as drift."""
-    trace = mooncake_slice(10)
+    trace = mooncake_slice(10, max_output=SHORT_OUTPUT)
     url, received = sim_process()
     res = tmp_path / "r"
     p = subprocess.run(

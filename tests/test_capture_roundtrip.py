@@ -29,13 +29,12 @@ pytestmark = pytest.mark.slow
 FIRST_S = 600  # seconds of the slice replayed: all of it (1,750 requests)
 
 
-def start_record(out, upstream: str, *args: str) -> tuple[subprocess.Popen, str]:
-    """`replayer record` on a free port; returns the process and its URL (from capture.json)."""
+def start_record(out, upstream: str, *args: str, replayer: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+    """`replayer record` on a free port; returns the process and its URL (from capture.json).
+    ``replayer``: the command before ``record`` (default ``python -m replayer``)."""
     p = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "replayer",
+            *(replayer or (sys.executable, "-m", "replayer")),
             "record",
             "--upstream",
             upstream,

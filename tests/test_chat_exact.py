@@ -22,7 +22,7 @@ import jinja2
 import numpy as np
 import orjson
 import pytest
-from conftest import slice_rows
+from conftest import SHORT_OUTPUT, slice_rows
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from replayer.core.tokenizerfiles import tokenizer_file
@@ -242,7 +242,7 @@ def test_chat_replay_against_the_simulator_with_the_tokenizer_is_exact(tokenizer
     """The loop closed without a GPU: a chat replay (tiny-llama's tokenizer and template) against
     the embedded simulator counting as vLLM does has no prompt-token mismatch, and the same
     expected and server prefix-cache hits as the token-id replay of the same rows."""
-    trace = mooncake_slice(20)
+    trace = mooncake_slice(20, max_output=SHORT_OUTPUT)
     folder = str(tokenizers_dir / "tiny-llama")
     out = {}
     for mode, extra in (

@@ -5,12 +5,11 @@ against the simulator: the summary (printed and in summary.json) and the report 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from conftest import replay_against
 
 from replayer.results.concurrency import PeakFold, peak_in_flight
 
@@ -114,13 +113,7 @@ def test_a_run_reports_its_peak_in_the_summary_and_the_report(tmp_path, sim_proc
         )
     )
     res = tmp_path / "res"
-    p = subprocess.run(
-        [sys.executable, "-m", "replayer", "run", str(trace), "--target", url, "--results", str(res)]
-        + ["--admin-port", "0", "--quiet", "--no-scrape-target-metrics"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    p = replay_against(trace, url, res, model=None, timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((res / "summary.json").read_text())
     assert summary["max_concurrent_requests"] == 5

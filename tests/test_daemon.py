@@ -11,7 +11,7 @@ import time
 import urllib.request
 
 import pyarrow.parquet as pq
-from conftest import free_port, wait_http
+from conftest import SHORT_OUTPUT, free_port, start_up_lead, wait_http
 from prometheus_client.parser import text_string_to_metric_families
 
 import replayer.record.folder as folder
@@ -141,7 +141,7 @@ def test_second_signal_cancels_at_once(tmp_path, mooncake_slice, sim_process):
 
 
 def test_loops_and_shards_cover_the_trace(tmp_path, mooncake_slice, sim_process):
-    trace = mooncake_slice(20)
+    trace = mooncake_slice(20, max_output=SHORT_OUTPUT)
     n = sum(1 for _ in open(trace))
     url, received = sim_process()
     got = []
@@ -254,7 +254,7 @@ def test_start_up_problems_are_errors_not_tracebacks(tmp_path, mooncake_slice, s
 
 
 def test_sigkill_then_resume_records_every_row_once(tmp_path, mooncake_slice, sim_process):
-    trace = mooncake_slice(60)
+    trace = mooncake_slice(60, max_output=100)  # (~0.5 s each: requests in flight at the kill)
     n = sum(1 for _ in open(trace))
     url, _ = sim_process("--itl-base-ms", "5")
     res = tmp_path / "r"
@@ -327,8 +327,10 @@ def test_sigkill_then_resume_records_every_row_once(tmp_path, mooncake_slice, si
 def test_ctrl_c_drains_against_the_embedded_simulator_and_a_kill_leaves_no_server(tmp_path, mooncake_slice):
     # Ctrl-C in a terminal sends SIGINT to the whole foreground process group: the embedded
     # simulator (its own session) keeps serving while the replayer drains, so no request in
-    # flight fails as a disconnect. A SIGKILLed replayer's simulator exits by itself.
-    trace = mooncake_slice(400)
+    # flight fails as a disconnect. A SIGKILLed replayer's simulator exits by itself. (Responses
+    # of at most 100 tokens, ~1 s each: dozens are in flight at the Ctrl-C, and the drain does
+    # not wait ~9 s for the slice's longest.)
+    trace = mooncake_slice(400, max_output=100)
     res = tmp_path / "r"
     p = subprocess.Popen(
         [
@@ -428,7 +430,7 @@ def test_self_watch_reports_each_loop_stall_once_and_apart_from_lateness(caplog)
 
 
 def test_resume_refuses_settings_that_change_the_prompts(tmp_path, mooncake_slice, sim_process):
-    trace = mooncake_slice(10)
+    trace = mooncake_slice(10, max_output=SHORT_OUTPUT)
     url, _ = sim_process()
     res = tmp_path / "r"
     common = ["--target", url, "--admin-port", "0", "--quiet"]
@@ -463,7 +465,7 @@ def test_runs_started_in_the_same_second_get_their_own_results_folders(tmp_path,
 
 
 def test_a_resumed_folder_has_the_target_metrics_of_every_run(tmp_path, mooncake_slice, sim_process):
-    trace = mooncake_slice(40)
+    trace = mooncake_slice(40, max_output=SHORT_OUTPUT)
     url, _ = sim_process()
     res = tmp_path / "r"
     common = [
@@ -529,7 +531,8 @@ def test_status_says_waiting_until_the_start_time(tmp_path, mooncake_slice, sim_
     trace = mooncake_slice(30)
     url, _ = sim_process("--itl-base-ms", "2")
     port = free_port()
-    start = time.time() + 12  # start-up alone took over 4 s on a 2-core machine at load average 10
+    # (start-up alone took over 4 s on a 2-core machine at load average 10: the lead is measured)
+    start = time.time() + start_up_lead(trace, 1)
     p = _run(
         [
             str(trace),

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 
@@ -24,6 +25,14 @@ from replayer.record.rolling import EXIT_WRITE_FAILED
 from replayer.run import main_run
 
 N = 60  # requests of the test trace, 40 ms apart
+#: ``replayer`` in a child whose rows left unwritten are tried again for 1 s at the end (30 s in a
+#: real run: ``rolling.CLOSE_RETRY_S``), as ``short_retry`` does in this process
+SHORT_RETRY = (
+    sys.executable,
+    "-c",
+    "import sys, replayer.record.rolling as r; r.CLOSE_RETRY_S = 1.0; "
+    "from replayer.cli import main; sys.exit(main(sys.argv[1:]))",
+)
 
 
 @pytest.fixture
@@ -194,7 +203,7 @@ def test_record_on_a_disk_that_fills_ends_with_exit_5_and_no_traceback(tiny_disk
 
     upstream, _ = sim_process("--ttft-base-ms", "5", "--itl-base-ms", "1")
     out = tiny_disk / "cap"
-    p, url = start_record(out, upstream, "--flush-interval", "0.2", "--block-size", "4")
+    p, url = start_record(out, upstream, "--flush-interval", "0.2", "--block-size", "4", replayer=SHORT_RETRY)
     try:
         assert _complete(url, 0) == 200
         deadline = time.monotonic() + 60
@@ -203,7 +212,7 @@ def test_record_on_a_disk_that_fills_ends_with_exit_5_and_no_traceback(tiny_disk
         fill(tiny_disk)  # the disk fills with a row on disk and one still to write
         assert _complete(url, 1) == 200
         p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=120)  # (the unwritten row is tried again for 30 s)
+        _, err = p.communicate(timeout=120)  # (the unwritten row is tried again for 1 s)
     finally:
         if p.poll() is None:
             p.kill()
@@ -214,8 +223,6 @@ def test_record_on_a_disk_that_fills_ends_with_exit_5_and_no_traceback(tiny_disk
 
 
 def test_record_on_a_full_disk_at_the_start_is_a_start_up_error(tiny_disk, sim_process):
-    import sys
-
     upstream, _ = sim_process()
     fill(tiny_disk)
     p = subprocess.run(

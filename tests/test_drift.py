@@ -2,13 +2,12 @@
 live watch fed results, and soaks against the embedded simulator degrading on purpose."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import replay_against
 from prometheus_client import CollectorRegistry, generate_latest
 
 from replayer.core import RequestResult
@@ -214,33 +213,22 @@ def _soak_trace(path) -> str:
 
 def _soak(tmp_path, name: str, drift_ms_per_min: float) -> dict:
     res = tmp_path / name
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "replayer",
-            "run",
-            _soak_trace(tmp_path / "soak.parquet"),
-            "--results",
-            str(res),
-            "--admin-port",
-            "0",
-            "--quiet",
-            "--no-scrape-target-metrics",
-            "--loop",
-            "30",
-            "--drift-window",
-            "0.5",
-            "--server-timings",
-            "--sim-ttft-drift-ms-per-min",
-            str(drift_ms_per_min),
-            # a 30 s soak on a shared host: the host's load can move the client's p50 by 5 ms (20 % of
-            # its level) within it; the injected drift moves TTFT by 10 ms (50 % of it)
-            "--drift-min-change-pct",
-            "30",
-        ],
-        capture_output=True,
-        text=True,
+    p = replay_against(
+        _soak_trace(tmp_path / "soak.parquet"),
+        None,
+        res,
+        "--loop",
+        "30",
+        "--drift-window",
+        "0.5",
+        "--server-timings",
+        "--sim-ttft-drift-ms-per-min",
+        str(drift_ms_per_min),
+        # a 30 s soak on a shared host: the host's load can move the client's p50 by 5 ms (20 % of
+        # its level) within it; the injected drift moves TTFT by 10 ms (50 % of it)
+        "--drift-min-change-pct",
+        "30",
+        model=None,
         timeout=180,
     )
     assert p.returncode == 0, p.stderr[-3000:]
@@ -338,14 +326,10 @@ def test_a_soak_with_retention_is_judged_over_the_whole_run(tmp_path):
     # replayer run rolling every 60 results and keeping as few bytes as it can: the summary's
     # windows are every loop's, though the files of the first loops are gone
     res = tmp_path / "kept"
-    p = subprocess.run(
-        [sys.executable, "-m", "replayer", "run", _soak_trace(tmp_path / "soak.parquet"), "--results", str(res)]
-        + ["--admin-port", "0", "--quiet", "--no-scrape-target-metrics", "--loop", "6", "--drift-window", "0.5"]
-        + ["--roll-rows", "60", "--flush-rows", "30", "--retain-size", "1"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    p = replay_against(
+        _soak_trace(tmp_path / "soak.parquet"), None, res, "--loop", "6", "--drift-window", "0.5", "--roll-rows", "60",
+        "--flush-rows", "30", "--retain-size", "1", model=None,
+    )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
     removed = json.loads((res / "removed.json").read_text())
     assert len(removed["files"]) >= 2 and removed["fold"]["drift"]["windows"]

@@ -4,10 +4,10 @@ embedded simulator: a faithful one, one capped by --max-concurrency (not faithfu
 
 import json
 import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from conftest import replay_against
 
 from replayer.core import RequestResult
 from replayer.core.result import to_table
@@ -92,13 +92,7 @@ def _trace(path) -> str:
 
 def _run(tmp_path, name: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     res = tmp_path / name
-    p = subprocess.run(
-        [sys.executable, "-m", "replayer", "run", _trace(tmp_path / "t.parquet"), "--results", str(res)]
-        + ["--admin-port", "0", "--quiet", "--no-scrape-target-metrics", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    p = replay_against(_trace(tmp_path / "t.parquet"), None, res, *args, model=None, timeout=180)
     return p, json.loads((res / "summary.json").read_text())["fidelity"]
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import testhosts
+from conftest import start_up_lead
 from testhosts import TestHosts
 
 from replayer.fleet import Roster
@@ -113,6 +114,15 @@ def test_a_shard_outside_the_fleet_is_refused():
 #: a light synthetic load (the simulator answers at once): arrival times at the server are then the
 #: shards' send times plus a loopback hop, not a queue
 LOAD = ["--request-rate", "40", "--num-prompts", "240", "--input-len", "32", "--output-len", "2", "--seed", "1"]
+
+
+def _start_up_lead(tmp: Path, processes: int) -> float:
+    """``conftest.start_up_lead`` for shards replaying LOAD (synthesized, no trace file: the
+    measured start-up reads a one-row trace)."""
+    one = tmp / "one-row.jsonl"
+    one.write_text('{"timestamp": 0, "input_length": 32, "output_length": 2, "hash_ids": [1]}\n')
+    return start_up_lead(one, processes)
+
 
 needs_faketime = pytest.mark.skipif(shutil.which("faketime") is None, reason="needs faketime (Debian: faketime)")
 
@@ -266,7 +276,7 @@ def test_shards_on_skewed_clocks_arrive_in_step(fleet):
 @needs_faketime
 def test_without_the_coordinator_the_same_skew_shows_at_the_server(fleet):
     """The control: --start-at alone, one host 250 ms ahead: its requests arrive ~250 ms early."""
-    start = time.time() + 40  # far enough ahead for both to start on a busy machine
+    start = time.time() + _start_up_lead(fleet.tmp, 2)  # far enough ahead for both to start, measured
     fleet.start_shard(0, 2, "--start-at", f"{start:.3f}")
     fleet.start_shard(1, 2, "--start-at", f"{start:.3f}", skew="+0.25s")
     for i in range(2):
@@ -277,7 +287,10 @@ def test_without_the_coordinator_the_same_skew_shows_at_the_server(fleet):
 
 
 def test_a_shard_that_never_comes_is_named_and_the_others_start(fleet):
-    fleet.start_coordinator(3, "--ready-timeout", "30", "--give-up-after", "2")
+    # the wait for the missing shard: long enough for the two others to start on this machine now
+    # (the coordinator beside them), at most the 30 s it was fixed at
+    ready_s = min(30.0, _start_up_lead(fleet.tmp, 3))
+    fleet.start_coordinator(3, "--ready-timeout", f"{ready_s:.1f}", "--give-up-after", "2")
     fleet.start_shard(0, 3, "--coordinator", fleet.coordinator)
     fleet.start_shard(1, 3, "--coordinator", fleet.coordinator)
     for i in range(2):

@@ -17,6 +17,7 @@ import time
 from collections import Counter
 
 import pytest
+from conftest import SHORT_OUTPUT
 
 import replayer.record.lock as folder_lock
 from replayer.record import read_results
@@ -52,7 +53,7 @@ def _common(url: str) -> list[str]:
 def test_two_runs_started_at_once_on_one_folder_one_is_refused_and_every_row_is_there_once(
     tmp_path, mooncake_slice, sim_process
 ):
-    trace = mooncake_slice(30)
+    trace = mooncake_slice(30, max_output=SHORT_OUTPUT)
     n = sum(1 for _ in open(trace))
     url, _ = sim_process("--itl-base-ms", "1")
     res = tmp_path / "r"

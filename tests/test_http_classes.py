@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 
+from conftest import replay_against
 from faultserver import DONE, Plan, ThreadedFaultServer, choice
 
 OK = Plan(transcript=[(0, choice("x", finish="length", usage={"prompt_tokens": 4, "completion_tokens": 1})), (1, DONE)])
@@ -30,15 +29,7 @@ def test_429_and_503_are_told_apart_in_the_summary(tmp_path):
     )
     turn = itertools.count()
     with ThreadedFaultServer(lambda req: PLANS[next(turn) % 4]) as srv:
-        p = subprocess.run(
-            [
-                sys.executable, "-m", "replayer", "run", str(trace), "--target", srv.url, "--model", "m",
-                "--results", str(tmp_path / "r"), "--admin-port", "0", "--quiet", "--no-scrape-target-metrics",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )  # fmt: skip
+        p = replay_against(trace, srv.url, tmp_path / "r")
     assert p.returncode == 0, p.stderr[-2000:]
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["errors_by_kind"] == {"http_status": 6}  # (the kinds unchanged: one per failure)

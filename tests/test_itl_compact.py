@@ -5,14 +5,14 @@ error of the exact list's (the count exactly), and every reader takes either for
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import replay_against, simulator, write_slice
 
+from replayer.cli import main as cli_main
 from replayer.core import RequestResult, Stat
 from replayer.core.result import compact_itl, itl_samples, to_table
 from replayer.core.stats import RELATIVE_ACCURACY
@@ -20,10 +20,6 @@ from replayer.record import read_results, result_files
 from replayer.results import summarize_files
 
 ITL_FIELDS = ("mean_itl_ms", "median_itl_ms", "p90_itl_ms", "p99_itl_ms", "max_itl_ms")
-
-
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "replayer", *args], capture_output=True, text=True, timeout=180)
 
 
 def _within(a: float, b: float) -> bool:
@@ -70,15 +66,16 @@ def test_a_table_in_either_form_gives_the_same_itl_statistics_within_the_error()
     assert itl_samples(both).size == a.count
 
 
-@pytest.fixture
-def exact_run(tmp_path, mooncake_slice, sim_process):
-    trace = mooncake_slice(10)
-    url, _ = sim_process("--itl-base-ms", "2", "--itl-per-running-us", "300")
-    common = ["--target", url, "--speedup", "10", "--admin-port", "0", "--quiet", "--no-scrape-target-metrics"]
-    res = tmp_path / "exact"
-    p = _run("run", str(trace), "--results", str(res), *common)
-    assert p.returncode == 0, p.stderr[-2000:]
-    return res, trace, common
+@pytest.fixture(scope="module")
+def exact_run(tmp_path_factory):
+    """A replay with the exact ITL lists, and its simulator (both tests of the module read it)."""
+    tmp = tmp_path_factory.mktemp("exact")
+    trace = write_slice(tmp / "slice.jsonl", 10)
+    with simulator(tmp, "--itl-base-ms", "2", "--itl-per-running-us", "300") as (url, _):
+        res = tmp / "exact"
+        p = replay_against(trace, url, res, "--speedup", "10", model=None)
+        assert p.returncode == 0, p.stderr[-2000:]
+        yield res, trace, url
 
 
 def test_summary_of_the_same_run_in_compact_form_is_within_the_sketch_error(exact_run, tmp_path):
@@ -112,10 +109,10 @@ def pc_lengths(lists: pa.ListArray) -> np.ndarray:
     return pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int32)
 
 
-def test_a_run_in_compact_form_counts_the_same_gaps_and_every_reader_takes_it(exact_run, tmp_path):
-    res, trace, common = exact_run
+def test_a_run_in_compact_form_counts_the_same_gaps_and_every_reader_takes_it(exact_run, tmp_path, capsys):
+    res, trace, url = exact_run
     sk = tmp_path / "sketch"
-    p = _run("run", str(trace), "--results", str(sk), "--itl-format", "sketch", *common)
+    p = replay_against(trace, url, sk, "--speedup", "10", "--itl-format", "sketch", model=None)
     assert p.returncode == 0, p.stderr[-2000:]
     t = read_results(str(sk), columns=["itl_ms", "itl_counts"])
     assert t.column("itl_counts").null_count == 0
@@ -123,9 +120,9 @@ def test_a_run_in_compact_form_counts_the_same_gaps_and_every_reader_takes_it(ex
     assert b["itl_ms_count"] == a["itl_ms_count"] > 1000  # one sample per token after the first, either way
     assert b["completed"] == a["completed"]
     assert (sk / "requests.parquet").stat().st_size < (res / "requests.parquet").stat().st_size
-    p = _run("report", str(sk), "-o", str(tmp_path / "report.html"))
-    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
-    p = _run("compare", str(res), str(sk), "--json")
-    assert p.returncode == 0, p.stderr[-2000:]
-    rows = {r["key"]: r for r in json.loads(p.stdout)["rows"]}
+    # (the readers in this process: a subprocess would add only its start-up)
+    assert cli_main(["report", str(sk), "-o", str(tmp_path / "report.html")]) == 0
+    capsys.readouterr()
+    assert cli_main(["compare", str(res), str(sk), "--json"]) == 0
+    rows = {r["key"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     assert rows["completed"]["a"] == rows["completed"]["b"]

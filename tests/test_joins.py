@@ -16,6 +16,7 @@ import aiohttp
 import orjson
 import pyarrow.parquet as pq
 import pytest
+from conftest import SHORT_OUTPUT, replay_against, write_slice
 from faultserver import DONE, Plan, ThreadedFaultServer, choice, usage_event
 
 from replayer.config import load_config
@@ -29,30 +30,10 @@ TRACE = "traces/mooncake_conversation_10min.parquet"
 
 
 def _run(tmp_path, *args, name="res"):
+    """The slice's first 12 rows (their responses cut short: what is checked is the joins)."""
     res = tmp_path / name
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "replayer",
-            "run",
-            TRACE,
-            "--results",
-            str(res),
-            "--admin-port",
-            "0",
-            "--quiet",
-            "--speedup",
-            "50",
-            "--max-requests",
-            "12",
-            "--no-scrape-target-metrics",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    trace = write_slice(tmp_path / "slice.jsonl", 10, max_output=SHORT_OUTPUT)
+    p = replay_against(trace, None, res, "--speedup", "50", "--max-requests", "12", *args, model=None, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = (
         sorted(read_results(str(res)).to_pylist(), key=lambda r: r["row"])
@@ -97,7 +78,7 @@ def test_run_id_is_taken_from_the_flag_and_kept_by_a_resume(tmp_path):
     assert summary["run_id"] == "nightly-7"
     ckpt = json.loads((tmp_path / "res" / "checkpoint.json").read_text())
     assert ckpt["run_id"] == "nightly-7"
-    assert load_config({"trace": TRACE, "resume": str(tmp_path / "res")}).run_id == "nightly-7"
+    assert load_config({"trace": str(tmp_path / "slice.jsonl"), "resume": str(tmp_path / "res")}).run_id == "nightly-7"
     with pytest.raises(ValueError, match="HTTP header"):
         load_config({"trace": TRACE, "run_id": "a b"})
 

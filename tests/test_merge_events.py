@@ -1,11 +1,10 @@
 """The merged summary of ``--workers`` (and ``replayer merge``) keeps every shard's run events."""
 
 import json
-import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from conftest import replay_against
 
 from replayer.results.merge import merge_results
 
@@ -25,13 +24,7 @@ def test_workers_summary_and_merge_hold_every_shards_events_on_one_axis(tmp_path
         trace,
     )
     res = tmp_path / "res"
-    p = subprocess.run(
-        [sys.executable, "-m", "replayer", "run", str(trace), "--workers", "2", "--loop", "2"]
-        + ["--results", str(res), "--admin-port", "0", "--quiet", "--no-scrape-target-metrics"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    p = replay_against(trace, None, res, "--workers", "2", "--loop", "2", model=None)
     assert p.returncode == 0, p.stderr[-3000:]
     merged = json.loads((res / "summary.json").read_text())
     own = {d: json.loads((res / d / "summary.json").read_text())["events"] for d in ("worker-0", "worker-1")}

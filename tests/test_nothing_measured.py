@@ -4,9 +4,8 @@ whose every request failed exits 3 and its summary says why; one success is enou
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
+from conftest import replay_against
 from faultserver import Plan, ThreadedFaultServer
 
 from replayer.run.finish import error_ratio_problem, nothing_measured
@@ -29,16 +28,7 @@ def test_a_run_against_a_server_that_fails_every_request_exits_3(tmp_path, moonc
     trace = mooncake_slice(5)
     n = sum(1 for _ in open(trace))
     with ThreadedFaultServer(DEAD) as srv:
-        p = subprocess.run(
-            [
-                sys.executable, "-m", "replayer", "run", str(trace), "--target", srv.url, "--model", "m",
-                "--speedup", "20", "--results", str(tmp_path / "r"), "--admin-port", "0", "--quiet",
-                "--no-scrape-target-metrics",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )  # fmt: skip
+        p = replay_against(trace, srv.url, tmp_path / "r", "--speedup", "20")
     assert p.returncode == 3, p.stderr[-2000:]
     assert f"replayer: all {n} requests that ended failed (http_status {n}): the run measured nothing" in p.stderr
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())

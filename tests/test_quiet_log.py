@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+from conftest import SHORT_OUTPUT
+
 from replayer.config import load_config
 
 _INFO = re.compile(r"^\S+ \S+ INFO ", re.M)  # the text format: <date> <time> INFO <logger>: ...
@@ -26,7 +28,7 @@ def _run(tmp_path, trace, *flags: str) -> subprocess.CompletedProcess:
 
 
 def test_quiet_writes_no_info_line_against_the_embedded_simulator(tmp_path, mooncake_slice):
-    trace = mooncake_slice(5)
+    trace = mooncake_slice(5, max_output=SHORT_OUTPUT)
     p = _run(tmp_path, trace, "--quiet")
     assert p.returncode == 0, p.stderr[-2000:]
     assert not _INFO.search(p.stderr), p.stderr[-2000:]
@@ -34,7 +36,7 @@ def test_quiet_writes_no_info_line_against_the_embedded_simulator(tmp_path, moon
 
 
 def test_quiet_with_an_explicit_log_level_keeps_that_level(tmp_path, mooncake_slice):
-    trace = mooncake_slice(5)
+    trace = mooncake_slice(5, max_output=SHORT_OUTPUT)
     p = _run(tmp_path, trace, "--quiet", "--log-level", "info")
     assert p.returncode == 0, p.stderr[-2000:]
     assert _INFO.search(p.stderr), p.stderr[-2000:]  # (so the test above can fail: INFO lines exist)

@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 
+from conftest import SHORT_OUTPUT
+
 import replayer.record.lock as folder_lock
 
 
@@ -17,7 +19,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_run_on_the_embedded_simulator_warns_of_no_missing_metric(tmp_path, mooncake_slice):
-    trace = mooncake_slice(3)
+    trace = mooncake_slice(3, max_output=SHORT_OUTPUT)
     p = _run(str(trace), "--speedup", "20", "--results", str(tmp_path / "r"), "--admin-port", "0")
     assert p.returncode == 0, p.stderr[-2000:]
     assert "missing" not in p.stderr, p.stderr[-2000:]  # (no target-metrics warning: the simulator exports them)

@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+from conftest import SHORT_OUTPUT
+
 from replayer.observe import setup_logging
 from replayer.observe.logs import short_secrets
 
@@ -52,7 +54,7 @@ def test_a_secret_under_8_characters_is_named():
 
 
 def test_a_run_with_a_short_control_token_warns_and_keeps_its_words(tmp_path, mooncake_slice, sim_process):
-    trace = mooncake_slice(5)
+    trace = mooncake_slice(5, max_output=SHORT_OUTPUT)
     url, _ = sim_process()
     p = subprocess.run(
         [

@@ -14,6 +14,7 @@ from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import SHORT_OUTPUT, replay_command
 
 from replayer.core import RequestResult
 from replayer.record import Recorder, read_results, result_files
@@ -85,7 +86,7 @@ def test_a_kill_at_any_step_of_a_roll_shows_each_row_once_and_a_new_writer_compl
 
 def test_run_killed_while_removing_its_parts_then_resumed_counts_each_row_once(tmp_path, mooncake_slice, sim_process):
     # the audit's case: --flush-rows 1, killed just after requests.parquet appeared
-    trace = mooncake_slice(30)
+    trace = mooncake_slice(30, max_output=SHORT_OUTPUT)
     n = sum(1 for _ in open(trace))
     url, _ = sim_process("--itl-base-ms", "1")
     res = tmp_path / "r"
@@ -115,7 +116,7 @@ def test_run_killed_while_removing_its_parts_then_resumed_counts_each_row_once(t
 def _killed_run_with_a_damaged_part(tmp_path, mooncake_slice, url):
     """A run killed before its final roll (parts only), one of its parts cut in half.
     Returns (folder, trace, n, the damaged part, its rows)."""
-    trace = mooncake_slice(30)
+    trace = mooncake_slice(30, max_output=SHORT_OUTPUT)
     n = sum(1 for _ in open(trace))
     res = tmp_path / "r"
     p = _replayer(
@@ -218,7 +219,7 @@ def test_merge_and_run_replace_summary_json_whole(tmp_path, mooncake_slice, sim_
     import replayer.results.merge as merge
 
     url, _ = sim_process("--itl-base-ms", "1")
-    trace = mooncake_slice(10)
+    trace = mooncake_slice(10, max_output=SHORT_OUTPUT)
     res = tmp_path / "r"
     p = _replayer(
         "run",
@@ -328,25 +329,7 @@ def test_more_shards_than_rows_every_shard_merges_into_each_row_once(tmp_path, m
     for first in range(0, shards, 3):  # 3 processes at a time on a 2-core machine
         procs = {
             i: subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "replayer",
-                    "run",
-                    str(trace),
-                    "--target",
-                    url,
-                    "--speedup",
-                    "50",
-                    "--shard",
-                    f"{i}/{shards}",
-                    "--results",
-                    str(dirs[i]),
-                    "--admin-port",
-                    "0",
-                    "--quiet",
-                    "--no-scrape-target-metrics",
-                ],
+                replay_command(trace, url, dirs[i], "--speedup", "50", "--shard", f"{i}/{shards}", model=None),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -389,23 +372,7 @@ def test_out_of_file_descriptors_no_result_is_lost(tmp_path, sim_process):
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
     p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "replayer",
-            "run",
-            str(trace),
-            "--target",
-            url,
-            "--results",
-            str(res),
-            "--admin-port",
-            "0",
-            "--quiet",
-            "--flush-interval",
-            "0.5",
-            "--no-scrape-target-metrics",
-        ],
+        replay_command(trace, url, res, "--flush-interval", "0.5", model=None),
         capture_output=True,
         text=True,
         timeout=240,

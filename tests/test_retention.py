@@ -14,7 +14,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import free_port
+from conftest import SHORT_OUTPUT, free_port
 
 import replayer.record.retention as retention
 from replayer.config import ConfigError, load_config
@@ -54,7 +54,7 @@ def _run(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
 def rolled_run(tmp_path, mooncake_slice, sim_process):
     """A finished replay of 20 s of the Mooncake trace rolled every 15 results: (folder, trace,
     common flags)."""
-    trace = mooncake_slice(20)
+    trace = mooncake_slice(20, max_output=SHORT_OUTPUT)
     url, _ = sim_process("--itl-base-ms", "1", "--ttft-base-ms", "2")
     res = tmp_path / "r"
     common = ["--target", url, "--speedup", "20", "--admin-port", "0", "--quiet", "--no-scrape-target-metrics"]

@@ -10,9 +10,9 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 
 import numpy as np
+from conftest import replay_against
 from faultserver import DONE, Plan, ThreadedFaultServer, choice
 from test_launcher import _rig
 
@@ -39,15 +39,7 @@ def _trace(tmp_path, timestamps_ms) -> str:
 
 
 def _run(tmp_path, trace: str, url: str, name: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable, "-m", "replayer", "run", trace, "--target", url, "--model", "m", "--speedup", "10",
-            "--results", str(tmp_path / name), "--admin-port", "0", "--quiet", "--no-scrape-target-metrics",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )  # fmt: skip
+    return replay_against(trace, url, tmp_path / name, "--speedup", "10")
 
 
 def test_streams_that_arrive_all_at_once_are_said_and_counted(tmp_path):

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+from conftest import replay_against
 from faultserver import HANG, Plan, ThreadedFaultServer
 
 from replayer.observe.stall import StallCheck
@@ -31,15 +32,9 @@ def test_the_stall_line_is_due_each_interval_without_an_end_and_never_while_requ
 def test_a_hanging_target_is_said_with_quiet_before_the_read_timeout(tmp_path, mooncake_slice):
     trace = mooncake_slice(5)
     with ThreadedFaultServer(Plan(transcript=[(0, HANG)])) as srv:
-        p = subprocess.run(
-            [
-                sys.executable, "-m", "replayer", "run", str(trace), "--target", srv.url, "--model", "m",
-                "--max-requests", "3", "--speedup", "50", "--results", str(tmp_path / "r"), "--admin-port", "0",
-                "--quiet", "--no-scrape-target-metrics", "--read-timeout", "5", "--stall-log-interval", "1",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
+        p = replay_against(
+            trace, srv.url, tmp_path / "r", "--max-requests", "3", "--speedup", "50", "--read-timeout", "5",
+            "--stall-log-interval", "1",
         )  # fmt: skip
     assert p.returncode == 3, p.stderr[-2000:]  # (all 3 failed by the read timeout: nothing measured)
     lines = [x for x in p.stderr.splitlines() if "no request has ended for" in x]

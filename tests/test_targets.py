@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import free_port
+from conftest import free_port, replay_against
 from faultserver import ABORT, DONE, Plan, ThreadedFaultServer, choice, usage_event
 from prometheus_client import CollectorRegistry
 
@@ -341,9 +341,6 @@ def test_route_is_the_same_in_every_shard_and_on_resume():
 def test_workers_keep_each_session_on_its_target(tmp_path):
     """--workers 2 splits the sessions between two processes; the numbering is over the whole
     trace, so each session still goes where one process would send it (B29's assignment)."""
-    import subprocess
-    import sys
-
     from replayer.record import read_results
 
     # B29 and six more sessions, two turns each, so both workers hold sessions
@@ -372,36 +369,10 @@ def test_workers_keep_each_session_on_its_target(tmp_path):
     trace = _write(tmp_path, rows)
     results = tmp_path / "res"
     with ThreadedFaultServer(_plan_b) as a, ThreadedFaultServer(_plan_b) as b:
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "replayer",
-                "run",
-                trace,
-                "--time-unit",
-                "ms",
-                "--block-size",
-                "64",
-                "--workers",
-                "2",
-                "--target",
-                a.url,
-                "--target",
-                b.url,
-                "--results",
-                str(results),
-                "--admin-port",
-                "0",
-                "--quiet",
-                "--no-scrape-target-metrics",
-                "--warm-connections",
-                "2",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        out = replay_against(
+            trace, a.url, results, "--target", b.url, "--time-unit", "ms", "--block-size", "64", "--workers", "2",
+            "--warm-connections", "2", model=None,
+        )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     s = json.loads((results / "summary.json").read_text())
     assert s["completed"] == len(rows) and s["target_switches"] == 0

@@ -6,6 +6,7 @@ import sys
 
 import orjson
 import pytest
+from conftest import SHORT_OUTPUT
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from replayer.config import ConfigError, load_config
@@ -53,7 +54,7 @@ def test_chat_needs_text_mode(tmp_path):
 
 def test_text_mode_replay_reports_no_drift_with_an_exact_tokenizer(tmp_path, mooncake_slice, sim_process):
     tpath = word_tokenizer(tmp_path / "tokenizer.json")
-    trace = mooncake_slice(10)
+    trace = mooncake_slice(10, max_output=SHORT_OUTPUT)
     url, received = sim_process()
     res = tmp_path / "r"
     p = subprocess.run(

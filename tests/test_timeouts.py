@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import replay_against
 from faultserver import DONE, FaultServer, Plan, ProcessFaultServer, choice, run_delay_ns, usage_event
 from test_client_faults import (
     PROMPTS,
@@ -348,30 +349,7 @@ def test_b27_a_whole_run_ends_with_the_long_stream_and_writes_its_results(tmp_pa
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
     res = tmp_path / "res"
     with ProcessFaultServer(_ByHead({1: Plan(R1), 2: Plan(R2), 3: Plan(R3)})) as srv:
-        p = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "replayer",
-                "run",
-                str(trace),
-                "--target",
-                srv.url,
-                "--results",
-                str(res),
-                "--admin-port",
-                "0",
-                "--quiet",
-                "--block-size",
-                "16",
-                "--read-timeout",
-                "0.5",
-                "--no-scrape-target-metrics",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        p = replay_against(trace, srv.url, res, "--block-size", "16", "--read-timeout", "0.5", model=None, timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads((res / "summary.json").read_text())
     assert (s["completed"], s["failed"], s["errors_by_kind"]) == (2, 1, {"idle_timeout": 1})

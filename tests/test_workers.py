@@ -15,7 +15,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import free_port
+from conftest import SHORT_OUTPUT, free_port, start_up_lead
 
 from replayer.core import RequestResult
 from replayer.core.result import to_table
@@ -64,16 +64,6 @@ def _run(trace, url, results, *extra):
     )
 
 
-def _start_up_lead(trace, processes: int) -> float:
-    """Seconds to give ``processes`` replays started at once to be ready: four times the time
-    one process takes now to import and read ``trace`` (``trace inspect``), times the processes
-    sharing each CPU (a replay is two: its launcher's too); at least 5 s."""
-    t = time.monotonic()
-    subprocess.run([sys.executable, "-m", "replayer", "trace", "inspect", str(trace)], capture_output=True, check=True)
-    one_s = time.monotonic() - t
-    return max(5.0, 4.0 * one_s * max(1.0, 2 * processes / (os.cpu_count() or 1)))
-
-
 def _finish(procs, timeout=120):
     for p in procs:
         out, err = p.communicate(timeout=timeout)
@@ -116,7 +106,7 @@ def test_shards_on_one_machine_add_up_to_a_single_run(tmp_path, mooncake_slice, 
     # every process must have loaded the trace and reached the target before the shared start:
     # four processes starting at once on a busy 2-core machine took up to ~10 s (~30 s at load
     # average 11), so the lead is measured on this machine now, not fixed
-    lead = _start_up_lead(trace_path, SHARDS + 1)
+    lead = start_up_lead(trace_path, SHARDS + 1)
     start_at = time.time() + lead
     dirs = [tmp_path / f"shard-{i}" for i in range(SHARDS)]
     procs = [
@@ -235,7 +225,7 @@ def test_shards_on_one_machine_add_up_to_a_single_run(tmp_path, mooncake_slice, 
 
 
 def test_workers_end_to_end(tmp_path, mooncake_slice):
-    trace_path = mooncake_slice(20)
+    trace_path = mooncake_slice(20, max_output=SHORT_OUTPUT)
     n = len(read_trace(str(trace_path)))
     results = tmp_path / "res"
     out = subprocess.run(
@@ -306,8 +296,10 @@ def _free_port_pair() -> int:
 
 def test_workers_terminal_ctrl_c_drains_once(tmp_path, mooncake_slice):
     """A Ctrl-C at a terminal signals the whole foreground process group. The workers must get
-    it once (drain: in-flight requests complete) and the simulator must outlive the drain."""
-    trace_path = mooncake_slice(20)
+    it once (drain: in-flight requests complete) and the simulator must outlive the drain.
+    (Responses of at most 100 tokens, ~1 s each: many in flight at the signal, and the drain does
+    not wait ~9 s for the slice's longest.)"""
+    trace_path = mooncake_slice(20, max_output=100)
     results = tmp_path / "res"
     port = _free_port_pair()  # worker i serves its admin port on port + i
     parent = subprocess.Popen(
@@ -351,8 +343,9 @@ def test_workers_terminal_ctrl_c_drains_once(tmp_path, mooncake_slice):
 def test_workers_stop_when_their_parent_is_killed(tmp_path, mooncake_slice):
     """The workers run in sessions of their own: a SIGKILLed (or hung-up) parent must not leave
     them replaying with nothing in control. Each drains, writes its results and summary; the
-    embedded simulator the parent started outlives their drain (no request fails)."""
-    trace_path = mooncake_slice(60)
+    embedded simulator the parent started outlives their drain (no request fails). (Responses of
+    at most 100 tokens, as above.)"""
+    trace_path = mooncake_slice(60, max_output=100)
     results = tmp_path / "res"
     port = _free_port_pair()
     parent = subprocess.Popen(

@@ -6,9 +6,8 @@ run's cap and each process's share."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
+from conftest import replay_against
 from faultserver import DONE, Plan, ThreadedFaultServer, choice
 
 from replayer.config import load_config
@@ -37,22 +36,10 @@ def test_two_workers_keep_the_runs_cap_at_the_server(tmp_path):
             for i in range(12)
         )
     )
-    base = [sys.executable, "-m", "replayer", "run", str(trace), "--model", "m", "--admin-port", "0", "--quiet"]
-    base += ["--no-scrape-target-metrics"]
     with ThreadedFaultServer(SLOW) as srv:
-        p = subprocess.run(
-            [*base, "--target", srv.url, "--workers", "2", "--max-concurrency", "3", "--results", str(tmp_path / "r")],
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        p = replay_against(trace, srv.url, tmp_path / "r", "--workers", "2", "--max-concurrency", "3", timeout=180)
         peak = srv.server.peak_active
-        refused = subprocess.run(
-            [*base, "--target", srv.url, "--workers", "4", "--max-concurrency", "3", "--results", str(tmp_path / "x")],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        refused = replay_against(trace, srv.url, tmp_path / "x", "--workers", "4", "--max-concurrency", "3", timeout=60)
     assert p.returncode == 0, p.stderr[-3000:]
     assert peak <= 3, f"{peak} requests in flight at the server under a cap of 3"
     cap = json.loads((tmp_path / "r" / "summary.json").read_text())["concurrency_cap"]
