@@ -69,13 +69,15 @@ def test_a_significant_but_small_change_is_not_drift():
 
 
 def test_without_loops_the_load_is_taken_out_first():
-    # one pass: TTFT follows the requests in flight (a busy middle), no drift
+    # one pass: TTFT follows the offered load (a busy middle, a busier end: more requests and
+    # longer prompts due), no drift
     out = []
     for i in range(30):
-        load = 20.0 if 10 <= i < 20 else 5.0
-        out.append({"loop": 0, "position": i, "t_s": (i + 0.5) * WINDOW_S, "ttft_p50_ms": 40 + 3 * load + (i % 3)})
-        out[-1].update(in_flight=load, offered_rps=load / 2)
-    out[-5:] = [{**r, "in_flight": 25.0, "ttft_p50_ms": 40 + 75 + (i % 3)} for i, r in enumerate(out[-5:])]
+        load = 20.0 if 10 <= i < 20 else (25.0 if i >= 25 else 5.0)
+        ttft = 40 + 3 * load + (i % 3)
+        out.append({"loop": 0, "position": i, "t_s": (i + 0.5) * WINDOW_S, "ttft_p50_ms": ttft})
+        out[-1].update(offered_rps=load / 2, offered_input_tps=load * 900, offered_output_tps=load * 40)
+        out[-1]["in_flight"] = out[-1]["offered_rps"] * ttft / 1e3  # (Little's law: an outcome)
     sec = judge_drift(out, window_s=WINDOW_S)
     assert sec["method"] == "load-adjusted" and sec["verdict"] == "stable"
     drifting = [{**r, "ttft_p50_ms": r["ttft_p50_ms"] + 2.0 * i} for i, r in enumerate(out)]
@@ -84,17 +86,40 @@ def test_without_loops_the_load_is_taken_out_first():
     assert sec["metrics"]["ttft_p50_ms"]["slope_per_hour"] == pytest.approx(2.0 * 60, rel=0.15)
 
 
+def test_without_loops_a_server_getting_slower_is_drifting_though_its_requests_in_flight_grow_with_it():
+    # the trace offers the same load all run long; the server gets slower, so each window holds
+    # more requests in flight (rate x latency): the in-flight count follows the drift, it is not
+    # load, and the verdict must not explain the drift away with it (nor call it improving)
+    out = []
+    for i in range(40):
+        e2e = 350.0 + 5.0 * i + 3.0 * (i % 4)
+        row = {"loop": 0, "position": i, "t_s": (i + 0.5) * WINDOW_S, "e2e_p90_ms": e2e, "ttft_p90_ms": e2e / 10}
+        row.update(offered_rps=20.0, offered_input_tps=640.0, offered_output_tps=640.0, in_flight=20.0 * e2e / 1e3)
+        out.append(row)
+    sec = judge_drift(out, window_s=WINDOW_S)
+    assert sec["verdict"] == "drifting" and not sec.get("improving"), sec.get("improving")
+    for key, per_window in (("e2e_p90_ms", 5.0), ("ttft_p90_ms", 0.5)):
+        m = sec["metrics"][key]
+        assert m["direction"] == "worse" and key in sec["drifting"]
+        assert m["slope_per_hour"] == pytest.approx(per_window * 3600 / WINDOW_S, rel=0.15)
+
+
 def test_too_few_windows_is_too_short():
     sec = judge_drift(_series(1, 4, 30.0, burst), window_s=WINDOW_S)
     assert sec["verdict"] == "too_short" and "at least 6" in sec["reason"]
 
 
 def test_the_report_draws_the_windows_the_trend_and_the_loop_boundaries():
+    from replayer.results.reportmarks import add_marks, run_marks
+
     sec = judge_drift(_series(3, 10, 60.0, burst, noise=0.5), window_s=WINDOW_S)
     (spec,) = drift_specs({"drift": sec})
     names = [s["name"] for s in spec["series"]]
-    assert names[0] == "ttft_p50_ms per window" and names[1].startswith("trend +") and names[2] == "loop boundary"
-    assert np.isnan(spec["series"][2]["x"]).sum() == 2  # (two boundaries: loops 1 and 2)
+    assert names[0] == "ttft_p50_ms per window" and names[1].startswith("trend +") and len(names) == 2
+    # the loop boundaries: the report's marks, as on its other time axes (each loop's first window's start)
+    starts = {lp: min(r["t_s"] for r in sec["series"] if r["loop"] == lp) - WINDOW_S / 2 for lp in (0, 1, 2)}
+    add_marks([spec], run_marks({}, starts, None))
+    assert [(m.x, m.label) for m in spec["marks"]] == [(starts[1], "loop 1"), (starts[2], "loop 2")]
 
 
 def _result(row: int, loop: int, due_s: float, ttft_ms: float) -> RequestResult:

@@ -160,8 +160,8 @@ def test_a_wrong_model_against_the_embedded_simulator_is_exit_2_naming_the_serve
 def test_an_error_inside_a_stream_is_a_failed_request_in_each_engines_shape(engine):
     """Out-of-vocabulary token ids make the simulator answer 200 and then an error inside the
     stream, in the engine's shape: vLLM's ``data: {"error": {...}}``, llama.cpp's SSE ``error:``
-    field (no ``data:``, no ``[DONE]``: a stream cut short); TGI refuses token ids at once (422,
-    its ``error``/``error_type`` body)."""
+    field (no ``data:``, no ``[DONE]``: its message kept all the same); TGI refuses token ids at
+    once (422, its ``error``/``error_type`` body)."""
     from replayer.core import PreparedRequest, now_ns
     from replayer.http import Client
 
@@ -180,7 +180,7 @@ def test_an_error_inside_a_stream_is_a_failed_request_in_each_engines_shape(engi
 
     res = asyncio.run(main())
     assert res.outcome != "success" and res.completion_tokens in (None, 0)
-    if engine == "vllm":  # (llama.cpp's message is in a field the SSE grammar drops)
-        assert "Token id 500 is out of vocabulary" in (res.error or "")
+    if engine in ("vllm", "llamacpp"):  # (llama.cpp's in a field the SSE grammar drops: kept)
+        assert "Token id 500 is out of vocabulary" in (res.error or "") and res.error_kind == "stream_error"
     if engine == "tgi":
         assert res.http_status == 422 and "`prompt` must be a string" in (res.error or "")

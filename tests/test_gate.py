@@ -282,7 +282,7 @@ def test_a_tail_that_moved_in_one_half_of_the_run_is_a_transient_and_holds():
     base = run_table(1)
     spec = spec_from_dict({"metrics": {"itl_p99": {"min_effect": 30}}}, "g.yaml")
     once = {r.spec.name: r for r in judge(pair(base, _stalled(run_table(2), slice(N // 2, N))), spec)}
-    assert once["itl_p99"].verdict == "held" and "not in both halves" in once["itl_p99"].reason
+    assert once["itl_p99"].verdict == "held" and "held as a possible transient" in once["itl_p99"].reason
     assert once["itl_p99"].change > 30 and once["itl_p99"].low > 30  # (the whole-run interval alone would fail it)
     always = {r.spec.name: r for r in judge(pair(base, _stalled(run_table(2), slice(0, N))), spec)}
     assert always["itl_p99"].verdict == "regressed" and always["itl_p99"].reason == ""

@@ -213,6 +213,10 @@ def test_dashboard_queries_return_data_from_a_live_replay(tmp_path, mooncake_sli
         r = _query(prom, expr, at)
         assert r["status"] == "success", (expr, r)
         if not r["data"]["result"]:
+            # the target's gauges are scraped on their own clock, which a busy host delays: the
+            # query has data at another moment of the replay (each scrape of the replayer's)
+            r = next((q for t, _ in samples if (q := _query(prom, expr, float(t)))["data"]["result"]), r)
+        if not r["data"]["result"]:
             empty.append(expr)
         else:
             values[expr] = [float(s["value"][1]) for s in r["data"]["result"]]

@@ -13,7 +13,8 @@ import pandas as pd
 
 from replayer.results.report import draw, figure_specs, target_specs, write_report
 from replayer.results.reportdata import load_results
-from replayer.results.reportparts import PLOTLY_FILE, add_marks, axis_layout, drop_empty, event_marks, verdict_parts
+from replayer.results.reportmarks import add_marks, run_marks
+from replayer.results.reportparts import PLOTLY_FILE, axis_layout, drop_empty, verdict_parts
 
 
 def test_the_verdict_parts_say_whether_the_run_was_good():
@@ -77,8 +78,9 @@ def test_a_looped_runs_report_marks_the_loops_shares_plotly_and_opens_with_its_v
     data, summary, _ = load_results(str(res))
     assert sorted(data.loop_starts) == [0, 1]
     specs = {sp["title"]: sp for sp in figure_specs(data)}
-    [(x, label)] = specs["Arrivals: due vs sent vs completed"]["marks"]
-    assert label == "loop 1" and x == data.loop_starts[1] > 0
+    add_marks(list(specs.values()), [m for m in run_marks(summary, data.loop_starts, None) if m.kind == "loop"])
+    [mark] = specs["Arrivals: due vs sent vs completed"]["marks"]
+    assert mark.label == "loop 1" and mark.x == data.loop_starts[1] > 0
     assert "marks" not in specs["Latency CDFs"]  # (not a time axis)
     page = write_report(str(res))
     other = write_report(str(res), str(res / "again.html"))
@@ -90,11 +92,3 @@ def test_a_looped_runs_report_marks_the_loops_shares_plotly_and_opens_with_its_v
     n = json.loads((res / "summary.json").read_text())["completed"]
     assert top.index("Verdict:") < top.index("<section") and f"{n:,} of {n:,} requests succeeded" in top
     assert "SLO attainment 100.0%" in top
-
-
-def test_the_runs_speedup_changes_are_marked_on_the_time_axes():
-    marks = event_marks({"speedup_changes": [{"t_s": 12.5, "speedup": 5}, {"t_s": "?", "speedup": 2}]})
-    assert marks == [(12.5, "speed-up 5x")]
-    specs = [{"x_title": "time since start (s)"}, {"x_title": "seconds"}]
-    add_marks(specs, marks)
-    assert specs[0]["marks"] == marks and "marks" not in specs[1]

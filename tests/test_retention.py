@@ -79,6 +79,7 @@ def _assert_same_summary(before: dict, after: dict) -> None:
 def test_removed_files_keep_the_summary_report_and_compare_whole(rolled_run, tmp_path, caplog):
     res, _, _ = rolled_run
     before = summarize_files(result_files(str(res)))
+    fidelity = json.loads((res / "summary.json").read_text())["fidelity"]
     files = rolled_files(str(res))
     size = retention.folder_bytes(str(res))
     with caplog.at_level(logging.INFO, logger="replayer.record.retention"):
@@ -100,6 +101,14 @@ def test_removed_files_keep_the_summary_report_and_compare_whole(rolled_run, tmp
     p = _run("merge", str(res), "-o", str(tmp_path / "merged"))
     merged = json.loads((tmp_path / "merged" / "summary.json").read_text())
     assert merged["completed"] == before["completed"] and merged["scheduled"] == before["scheduled"], p.stderr
+    # and its fidelity verdict, of every request sent (the removed files' from their digest)
+    fid = merged["fidelity"]
+    assert fid["verdict"] == fidelity["verdict"] and fid["from_digest"]["files"] == len(gone)
+    assert (fid["sent"], fid["held_back"], fid["inter_arrival"]["requests"]) == (
+        fidelity["sent"],
+        fidelity["held_back"],
+        fidelity["inter_arrival"]["requests"],
+    )
 
 
 def test_a_removal_cut_short_shows_no_result_twice_and_the_next_writer_completes_it(rolled_run, tmp_path):
@@ -127,6 +136,11 @@ def test_resume_after_removal_sends_no_removed_row_again(rolled_run):
     after = json.loads((res / "summary.json").read_text())
     for k in ("scheduled", "sent", "completed", "failed"):
         assert after[k] == before[k], k
+    # the resumed run's fidelity verdict: the removed files' figures from their digest, as before
+    fid, was = after["fidelity"], before["fidelity"]
+    assert fid["from_digest"]["files"] >= 1 and fid["verdict"] == was["verdict"], fid["reasons"]
+    assert (fid["sent"], fid["inter_arrival"]["requests"]) == (was["sent"], was["inter_arrival"]["requests"])
+    assert fid["inter_arrival"]["ks_distance"] == pytest.approx(was["inter_arrival"]["ks_distance"], abs=1e-12)
 
 
 def test_rolled_file_numbers_are_not_reused_after_a_removal(tmp_path):

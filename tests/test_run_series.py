@@ -190,26 +190,6 @@ def test_push_once_reaches_a_real_pushgateway(tmp_path):
         p.wait(10)
 
 
-def test_the_report_draws_each_event_on_its_time_axes_only():
-    import plotly.graph_objects as go
-
-    from replayer.observe.events import draw_events
-
-    timed, other = go.Figure(), go.Figure()
-    timed.update_layout(xaxis_title="send time (s)")
-    other.update_layout(xaxis_title="seconds")
-    events = [
-        {"event": "start", "time_s": 100.0},
-        {"event": "speedup", "time_s": 112.5, "speedup": 20.0},
-        {"event": "loop", "time_s": 130.0, "loop": 1},
-    ]
-    draw_events([("a", timed), ("b", other)], events, origin_wall_s=100.0)
-    assert [s.x0 for s in timed.layout.shapes] == [0.0, 12.5, 30.0] and not other.layout.shapes
-    assert [a.text for a in timed.layout.annotations] == ["start", "speedup 20", "loop 1"]
-    draw_events([("a", other)], None, 100.0)  # a summary from before events: nothing drawn
-    assert not other.layout.shapes
-
-
 def test_every_row_of_the_table_is_an_attribute_of_its_kind():
     from prometheus_client import Counter, Gauge, Histogram, Info
 

@@ -79,6 +79,18 @@ def test_change_start_finds_the_knee():
     assert abs(change_start(long, np.where(long < 3000, 1.0, long - 2999.0)) - 3000) <= 10
 
 
+def test_one_outlying_window_does_not_move_where_a_trend_started():
+    # a drift from the first window; the next-to-last window's p90 a stall raised far above the
+    # line: fitted to the raw values, the best hinge is at the outlier (the start read as window 38)
+    t = np.arange(40.0)
+    y = 20.0 + 0.3 * t + np.where(np.arange(40) % 2 == 0, 0.5, -0.5)
+    y[38] = 71.0
+    assert change_start(t, y) <= 2
+    knee = np.where(t < 25, 5.0, 5.0 + (t - 25) * 2)
+    knee[10] = 60.0
+    assert abs(change_start(t, knee) - 25) <= 1
+
+
 def test_load_adjusted_takes_out_what_the_load_explains_and_keeps_the_drift():
     rng = np.random.default_rng(5)
     t = np.arange(60.0)

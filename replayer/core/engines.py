@@ -16,8 +16,9 @@ One ``EngineCaps`` per engine, read from the engine's OpenAI-compatible request 
   completions request (token-id prompts; usage on the last chunk).
 * ``llamacpp``: ``tools/server/README.md`` / ``server-common.cpp`` (``ignore_eos``; no
   ``min_tokens``; ``prompt`` may be token ids; usage and ``timings`` on the last chunk; an error
-  inside a stream is an SSE ``error:`` field, not ``data:``, so a client sees the stream end
-  without ``[DONE]``).
+  inside a stream is an SSE ``error:`` field, not ``data:`` (then ``[DONE]`` on its OpenAI
+  endpoints, nothing on its own), which the SSE grammar drops: ``replayer.http.sse`` keeps it;
+  later builds send ``data: {"error": {...}}``).
 
 Every engine answers in-band errors as a ``data:`` event holding ``{"error": ...}`` (an object
 with ``message``, or TGI's string), except llama.cpp (above).

@@ -28,7 +28,8 @@ definitions of ``shared/cases/client-faults.md`` ("Conventions used by the expec
   ``SSEDecoder.simple_event`` and whole bodies hand over undecoded);
 * a non-streaming body is one choice event at its arrival time; TPOT and ITL are not
   observable there (None / empty);
-* an error object of any shape anywhere fails the request (B06, B13); a response with neither
+* an error object of any shape anywhere fails the request (B06, B13), and so does llama.cpp's
+  in-band ``error: {...}`` line (``SSEDecoder.errors``, handed in by ``on_error_field``); a response with neither
   choices nor usage is a protocol failure (B13); a stream that ends without ``finish_reason``,
   ``[DONE]`` or usage is incomplete; token counts never come from request parameters.
 
@@ -166,6 +167,16 @@ class StreamAccumulator:
             self._protocol("SSE event is not a JSON object: " + snippet(data))
             return
         self._take(obj, t_ns)
+
+    def on_error_field(self, value: str) -> None:
+        """The value of an SSE ``error`` field (``SSEDecoder.errors``: llama.cpp's server reports a
+        failure mid-stream as ``error: {"code": 500, "message": ..., "type": "server_error"}``):
+        the request failed (``STREAM_ERROR``) with the server's message."""
+        try:
+            err: object = _loads(value)
+        except _JSONDecodeError:
+            err = value
+        self._stream_error({"error": err if err not in (None, "") else "SSE error field without a message"})
 
     def on_body(self, body: bytes, t_ns: int) -> None:
         """A whole non-streaming JSON response body (bytes) that arrived complete at ``t_ns``."""

@@ -123,6 +123,7 @@ def answered(
     (``retry_after_s``: -1.0 for the backoff), None when the outcome is final."""
     res.http_status = ex.status
     acc = ex.acc
+    _in_band_errors(ex)
     acc.finish()
     if ex.status != 200:
         text = b"".join(ex.body)[:ERROR_BODY_LIMIT]
@@ -147,6 +148,19 @@ def answered(
     return None
 
 
+def _in_band_errors(ex: Exchange) -> bool:
+    """Hand the stream's SSE ``error`` fields (``SSEDecoder.errors``: llama.cpp's in-band error,
+    which the decoder keeps out of the events) to its accumulator, once per response; whether
+    there were any."""
+    dec = ex.dec
+    if dec is None or not dec.errors:
+        return False
+    for value in dec.errors:
+        ex.acc.on_error_field(value)
+    dec.errors.clear()
+    return True
+
+
 def cut_short(res: RequestResult, ex: Exchange, t0_ns: int) -> None:
     """An exchange cut short after its request was sent (``res.sent_ns`` set): its status and what
     arrived measured, as partial output."""
@@ -165,6 +179,8 @@ def broken(
         res.http_status = ex.status or None
         if res.sent_ns is not None:
             cut_short(res, ex, t0_ns)
+        if _in_band_errors(ex):  # (the server said why before the stream broke: its message, not the break)
+            kind, message = ErrorKind.STREAM_ERROR, ex.acc.error or message
         if kind is ErrorKind.DISCONNECT and not ex.t_ns and reused:
             kind = ErrorKind.STALE_CONNECTION
             message = f"reused keep-alive connection closed before any response byte ({message})"

@@ -20,7 +20,11 @@ OpenAI chunks and measures the request.
       runs up to the first ``:`` and exactly one leading space of the value is removed (``data:x``
       and ``data: x`` are the same field, B09); a line without ``:`` is a field with an empty value;
     * ``data`` lines are joined with ``\\n``; ``event`` sets the type; ``id`` sets the last event ID
-      unless it contains NUL; ``retry`` is used only if it is ASCII digits; other fields are ignored;
+      unless it contains NUL; ``retry`` is used only if it is ASCII digits; other fields are ignored,
+      but ``error``: llama.cpp's server (before it sent ``data: {"error": ...}``) reports a failure
+      mid-stream as one ``error: {"code", "message", "type"}`` line, not an event, so the spec's
+      decoder would drop the server's message. Its value is kept in ``errors`` (no event is
+      dispatched for it: the stream's own events are unchanged);
     * a blank line dispatches the event, unless it has no ``data`` line at all (B10); an event still
       incomplete at EOF is discarded (``close()`` reports it).
 
@@ -74,7 +78,8 @@ class SSEDecoder:
     valid ``retry`` field) persist across events and across ``close()``, as an EventSource keeps
     them across reconnections; ``invalid_utf8`` (int) counts the invalid UTF-8 sequences decoded
     as U+FFFD (bytes handed out by ``simple_event`` are not decoded here: the accumulator counts
-    those).
+    those); ``errors`` (list[str]) the values of the stream's ``error`` fields, in order
+    (llama.cpp's in-band error; see the module docstring), kept by ``close()``.
     """
 
     __slots__ = (
@@ -88,12 +93,14 @@ class SSEDecoder:
         "last_event_id",
         "retry",
         "invalid_utf8",
+        "errors",
     )
 
     def __init__(self) -> None:
         self.last_event_id: str | None = None
         self.retry: int | None = None
         self.invalid_utf8 = 0  # invalid UTF-8 sequences replaced by U+FFFD so far (kept by close())
+        self.errors: list[str] = []  # values of ``error`` fields (llama.cpp's in-band error; kept by close())
         self._reset()
 
     def _reset(self) -> None:
@@ -227,6 +234,8 @@ class SSEDecoder:
             if value.isascii() and value.isdigit():
                 self._retry = self.retry = int(value)
                 self._pend = True
+        elif name == "error":  # (not a WHATWG field: llama.cpp's in-band error, kept, not dispatched)
+            self.errors.append(value)
 
     def close(self) -> bool:
         """End of stream. Discard any incomplete event or partial line (the spec's rule) and reset

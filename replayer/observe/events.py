@@ -135,25 +135,3 @@ class EventedControl:
 
     def stop(self) -> None:
         self._c.stop()
-
-
-#: the report's time axes: their titles end so (seconds from the report's origin)
-_TIME_AXES = ("time (s)", "since start (s)")
-
-
-def draw_events(figs: list[tuple[str, Any]], events: list[dict[str, Any]] | None, origin_wall_s: float | None) -> None:
-    """Mark each of ``events`` (``summary.json``'s) on the figures of ``figs`` (plotly, as
-    ``replayer.results.report.figures`` makes them) whose x axis is time from ``origin_wall_s``
-    (Unix s): a dotted vertical line titled with the event (its loop or new speed-up added)."""
-    if not events or origin_wall_s is None:
-        return
-    marks = []
-    for e in events:
-        label = e["event"] + "".join(f" {e[k]:g}" for k in ("loop", "speedup") if isinstance(e.get(k), int | float))
-        marks.append((e["time_s"] - origin_wall_s, label))
-    for _, fig in figs:
-        title = fig.layout.xaxis.title.text or ""
-        if not title.endswith(_TIME_AXES):
-            continue
-        for x, label in marks:
-            fig.add_vline(x=x, line_dash="dot", line_width=1, line_color="grey", annotation_text=label)

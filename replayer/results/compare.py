@@ -62,7 +62,7 @@ def _load_summary(path: str) -> dict:
 
             return {
                 **summarize_files(files),
-                **_setup_of(files[0]),
+                **setup_of(files[0]),
                 "stopped_early": True,
                 "stop_signal": "a kill (no summary.json)",
             }
@@ -74,7 +74,9 @@ def _load_summary(path: str) -> dict:
     except OSError as e:
         raise ValueError(f"{path}: cannot read: {e.strerror or e}") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ValueError(f"{path}: not a summary.json (not JSON)") from None
+        raise ValueError(
+            f"{path}: not a summary.json (not JSON): remove it and the run is summarized from its results files"
+        ) from None
     if not isinstance(s, dict) or not {"completed", "duration"} <= set(s):
         raise ValueError(f"{path}: not a replayer summary.json (no completed/duration)")
     return s
@@ -113,7 +115,7 @@ def compare(a: dict, b: dict) -> list[dict]:
     return rows
 
 
-def _setup_of(results_file: str) -> dict:
+def setup_of(results_file: str) -> dict:
     """The summary's setup fields (trace, speed-up, passes, shard, target, model) of the run that
     wrote ``results_file``, from its file metadata (``replayer.config``, ``replayer.target``,
     ``replayer.model``): what a killed run, which wrote no summary.json, still tells."""
@@ -146,8 +148,9 @@ SETUP_FIELDS = (
 
 def setup_differences(a: dict, b: dict) -> list[str]:
     """What makes runs ``a`` and ``b`` (``summary.json`` dicts) different experiments: one line
-    per differing ``SETUP_FIELDS`` entry (a different trace, size, speed-up, ...), so that a
-    latency change is not read as the server's."""
+    per differing ``SETUP_FIELDS`` entry (a different trace, size, speed-up, ...) and for other
+    ``--goodput`` bounds (the runs' goodput and SLO attainment then answer other questions), so
+    that a change is not read as the server's."""
     out = []
     for key, label in SETUP_FIELDS:
         va, vb = a.get(key), b.get(key)
@@ -157,6 +160,10 @@ def setup_differences(a: dict, b: dict) -> list[str]:
             if key == "synthetic_load":  # (None: a trace was replayed)
                 va, vb = (synthetic_text(v) if isinstance(v, dict) else "none" for v in (va, vb))
             out.append(f"{label}: {va} in A, {vb} in B")
+    bounds_a, bounds_b = a.get("goodput_slos_ms") or {}, b.get("goodput_slos_ms") or {}
+    if bounds_a != bounds_b:  # (each run's goodput and SLO attainment judged by its own bounds)
+        text_a, text_b = (" ".join(f"{k}:{v:g}" for k, v in x.items()) or "none" for x in (bounds_a, bounds_b))
+        out.append(f"--goodput bounds (ms): {text_a} in A, {text_b} in B")
     for name, s in (("A", a), ("B", b)):
         if s.get("stopped_early"):
             out.append(

@@ -4,16 +4,20 @@ The run is cut into windows of ``--drift-window`` seconds of trace position: a w
 (loop, position), a request belonging to the window its due time falls in, counted from its
 loop's first due time. Per window: TTFT, ITL, TPOT and E2E p10/p50/p90/p99, error rate, goodput
 (requests per second that met every ``--goodput`` bound), achieved rate (sent per second),
-offered rate (due per second), in flight (sum of E2E / window: Little's law), and the target's
-own signals where its ``/metrics`` was scraped (KV-cache usage, requests waiting, preemptions
-per second, process memory).
+the offered load (due requests, their prompt tokens and output tokens asked for, per second: the
+trace's, known before any response), in flight (sum of E2E / window: Little's law), and the
+target's own signals where its ``/metrics`` was scraped (KV-cache usage, requests waiting,
+preemptions per second, process memory).
 
 **Paired across loops** (``--loop``): each window's value minus that of the window at the same
 position in the first loop, over the time between them: the workload's own pattern (a burst at
 minute 7 of the trace) is in both and cancels. **Without loops**, each value has the part the
-load explains taken out first (``trend.load_adjusted``: least squares on in-flight requests and
-the offered rate, fitted jointly with time), so a quiet stretch of the trace is not read as a
-server that recovered.
+offered load explains taken out first (``trend.load_adjusted``: least squares on the offered
+requests, prompt tokens and output tokens per second, fitted jointly with time), so a quiet
+stretch of the trace is not read as a server that recovered. The requests in flight are not a
+covariate: they are the offered rate times the latency (Little's law), so a server getting
+slower raises them with its latency, and a fit on them takes the drift for load (or turns it
+around).
 
 A window whose dispatch lag p99 is above the fidelity bound is left out of the trends
 (``lagging``): the replayer's host was the bottleneck then, so its latencies measure the host.
@@ -29,15 +33,11 @@ than that in loops after the first).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from replayer.core.result import itl_samples
-from replayer.core.stats import Stat
+from replayer.results.driftwindows import LATENCIES, OFFERED, SERVER
 from replayer.results.numtext import count, plain
 from replayer.results.trend import MAX_PAIRS, change_start, load_adjusted, median_interval, theil_sen
 
@@ -45,20 +45,6 @@ from replayer.results.trend import MAX_PAIRS, change_start, load_adjusted, media
 MIN_WINDOWS = 6
 #: the confidence of each slope's interval (high: a dozen metrics are tested at once)
 CONFIDENCE = 0.99
-#: the latencies windowed, and their quantiles
-LATENCIES = ("ttft", "itl", "tpot", "e2e")
-QUANTILES = (10, 50, 90, 99)
-#: the server's own TTFT (``--server-timings``: vLLM's, from scheduling), windowed beside the
-#: client's: a drift in it is the server's, not the network's or the client host's
-SERVER = ("server_ttft",)
-#: each windowed statistic's results column (ITL: the lists, ``itl_samples``)
-_COLUMN_OF = {
-    "ttft": "ttft_ms",
-    "tpot": "tpot_ms",
-    "e2e": "e2e_ms",
-    "dispatch_lag": "dispatch_lag_ms",
-    "server_ttft": "server_time_to_first_token_ms",
-}
 #: the quantiles trended: p10 is the floor (the server's service time with the least queueing and
 #: the least delay of the client's host, whose scheduling noise is in p50 and p90 of every
 #: latency the client measures: on a busy host p10 follows a drift most closely; not ITL's, which
@@ -80,157 +66,6 @@ TRENDED: tuple[tuple[str, str, int], ...] = (
     ("preemptions_per_s", "1/s", 1),
     ("process_memory_bytes", "bytes", 1),
 )
-#: results columns the fold reads
-COLUMNS = (
-    "loop",
-    "due_ns",
-    "sent_ns",
-    "outcome",
-    "warmup",
-    "ttft_ms",
-    "tpot_ms",
-    "e2e_ms",
-    "dispatch_lag_ms",
-    "server_time_to_first_token_ms",
-    "itl_ms",
-    "itl_counts",
-    "slo_met",
-)
-#: the target's series: window field -> (sample names, how a window folds them)
-SIGNALS: dict[str, tuple[tuple[str, ...], str]] = {
-    "kv_cache_usage": (("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), "mean"),
-    "requests_waiting": (("vllm:num_requests_waiting",), "mean"),
-    "preemptions_per_s": (("vllm:num_preemptions_total",), "rate"),
-    "process_memory_bytes": (("process_resident_memory_bytes",), "mean"),
-}
-
-
-def loop_origins(batches: Iterable[pa.RecordBatch]) -> dict[int, int]:
-    """Each loop's first due time (ns on the run's axis), from batches of ``loop`` and ``due_ns``."""
-    out: dict[int, int] = {}
-    for b in batches:
-        if not b.num_rows:
-            continue
-        loops = b.column("loop").to_numpy(zero_copy_only=False)
-        due = pc.fill_null(b.column("due_ns"), 2**62).to_numpy(zero_copy_only=False)
-        for lp in np.unique(loops):
-            m = int(due[loops == lp].min())
-            out[int(lp)] = min(out.get(int(lp), m), m)
-    return out
-
-
-class _Window:
-    __slots__ = ("stats", "n")
-
-    def __init__(self) -> None:
-        # (sketched: a days-long soak has thousands of windows, their values would not fit)
-        self.stats = {m: Stat(exact=False) for m in (*LATENCIES, *SERVER, "dispatch_lag")}
-        self.n: dict[str, float] = dict.fromkeys(("due", "sent", "completed", "failed", "met", "e2e_sum"), 0)
-
-
-class DriftFold:
-    """Windows folded from results batches (``COLUMNS``) on one time axis; ``origins`` from
-    ``loop_origins`` over the same batches."""
-
-    def __init__(self, window_s: float, origins: dict[int, int]) -> None:
-        self.window_ns = max(1, int(window_s * 1e9))
-        self.window_s = window_s
-        self.origins = origins
-        self.windows: dict[tuple[int, int], _Window] = {}
-        self.signals: dict[tuple[int, int], dict[str, float]] = {}
-
-    def _keys(self, loops: np.ndarray, t_ns: np.ndarray) -> np.ndarray:
-        org = np.array([self.origins.get(int(lp), 0) for lp in loops], dtype=np.int64) if loops.size else loops
-        return (t_ns - org) // self.window_ns
-
-    def add(self, b: pa.RecordBatch | pa.Table) -> None:
-        if "warmup" in b.schema.names:
-            b = b.filter(pc.invert(pc.fill_null(b.column("warmup"), False)))
-        if not b.num_rows:
-            return
-        loops = b.column("loop").to_numpy(zero_copy_only=False).astype(np.int64)
-        pos = self._keys(loops, pc.fill_null(b.column("due_ns"), 0).to_numpy(zero_copy_only=False))
-        outcome = b.column("outcome")
-        sent = b.column("sent_ns").is_valid().to_numpy(zero_copy_only=False)
-        ok = pc.equal(outcome, "success").to_numpy(zero_copy_only=False)
-        failed = pc.equal(outcome, "failed").to_numpy(zero_copy_only=False)
-        met = (
-            pc.fill_null(b.column("slo_met"), False).to_numpy(zero_copy_only=False)
-            if "slo_met" in b.schema.names
-            else None
-        )
-        lat = {
-            m: pc.cast(b.column(col), pa.float64()).to_numpy(zero_copy_only=False)
-            for m, col in _COLUMN_OF.items()
-            if col in b.schema.names
-        }
-        pairs = np.unique(np.stack([loops, pos]), axis=1)
-        for lp, p in pairs.T:
-            sel = (loops == lp) & (pos == p)
-            w = self.windows.setdefault((int(lp), int(p)), _Window())
-            good = sel & ok
-            for m, v in lat.items():
-                w.stats[m].add(v[sel & sent] if m == "dispatch_lag" else v[good])
-            w.stats["itl"].add(itl_samples(b, good))
-            n = w.n
-            n["due"] += int(sel.sum())
-            n["sent"] += int((sel & sent).sum())
-            n["completed"] += int(good.sum())
-            n["failed"] += int((sel & failed).sum())
-            n["e2e_sum"] += float(np.nansum(lat["e2e"][sel & sent]))
-            if met is not None:
-                n["met"] += int((good & met).sum())
-
-    def add_samples(self, t: pa.Table) -> None:
-        """The target's scraped series (``replayer.observe.target_samples`` rows, ``t_ns`` on the
-        run's axis): each window's mean of the gauges, the counters' increase per second."""
-        if not self.origins:
-            return
-        starts = sorted(self.origins.items(), key=lambda kv: kv[1])
-        t_ns = t.column("t_ns").to_numpy(zero_copy_only=False)
-        names = t.column("metric")
-        for field, (accepted, how) in SIGNALS.items():
-            mask = pc.is_in(names, pa.array(list(accepted))).to_numpy(zero_copy_only=False)
-            if not mask.any():
-                continue
-            tt, vv = t_ns[mask], t.column("value").to_numpy(zero_copy_only=False)[mask]
-            idx = np.searchsorted([s for _, s in starts], tt, side="right") - 1
-            ok = idx >= 0
-            loops = np.array([starts[i][0] for i in idx[ok]], dtype=np.int64)
-            pos = self._keys(loops, tt[ok])
-            for lp, p in np.unique(np.stack([loops, pos]), axis=1).T:
-                sel = (loops == lp) & (pos == p)
-                v, ts = vv[ok][sel], tt[ok][sel]
-                if how == "mean":
-                    val = float(v.mean())
-                else:  # a counter: its increase over the window's span (sum over series: vLLM's per engine)
-                    span = (ts.max() - ts.min()) / 1e9
-                    val = float((v.max() - v.min()) / span) if span > 0 else float("nan")
-                self.signals.setdefault((int(lp), int(p)), {})[field] = val
-
-    def series(self) -> list[dict[str, Any]]:
-        """One dict per window, in time order: ``loop``, ``position``, ``t_s`` (its middle, s on the
-        run's axis), the latency quantiles, the rates, and the target's signals (absent: null)."""
-        out = []
-        for (lp, p), w in sorted(self.windows.items(), key=lambda kv: (self.origins.get(kv[0][0], 0), kv[0][1])):
-            n, ws = w.n, self.window_s
-            row: dict[str, Any] = {"loop": lp, "position": p}
-            row["t_s"] = (self.origins.get(lp, 0) + (p + 0.5) * self.window_ns) / 1e9
-            for m in (*LATENCIES, *SERVER):
-                for q in QUANTILES:
-                    row[f"{m}_p{q}_ms"] = w.stats[m].percentile(q)
-            ended = n["completed"] + n["failed"]
-            row["error_rate"] = n["failed"] / ended if ended else None
-            row["goodput_rps"] = n["met"] / ws
-            row["achieved_rps"] = n["sent"] / ws
-            row["offered_rps"] = n["due"] / ws
-            row["in_flight"] = n["e2e_sum"] / 1e3 / ws
-            row["requests"] = n["sent"]
-            row["dispatch_lag_p99_ms"] = w.stats["dispatch_lag"].percentile(99)
-            for field in SIGNALS:
-                row[field] = self.signals.get((lp, p), {}).get(field)
-            out.append(row)
-        return out
 
 
 def _values(series: list[dict[str, Any]], key: str) -> np.ndarray:
@@ -292,7 +127,7 @@ def _trend(
             return None
     else:
         t = np.array([r["t_s"] for r in series]) / 3600.0
-        y, _ = load_adjusted(t, _values(series, key), [_values(series, "in_flight"), _values(series, "offered_rps")])
+        y, _ = load_adjusted(t, _values(series, key), [_values(series, k) for k in OFFERED])
         idx = np.flatnonzero(~np.isnan(y))
         x, y = t[idx], y[idx]
         if x.size < MIN_WINDOWS:
@@ -433,4 +268,4 @@ def drift_lines(sec: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-__all__ = ["COLUMNS", "DriftFold", "drift_lines", "judge_drift", "loop_origins"]
+__all__ = ["drift_lines", "judge_drift"]

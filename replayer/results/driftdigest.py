@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 from replayer.core.stats import stat_from_json, stat_to_json
 from replayer.record.folder import open_file
-from replayer.results.drift import COLUMNS, DriftFold, _Window, loop_origins
+from replayer.results.driftwindows import COLUMNS, WINDOW_COUNTS, DriftFold, _Window, loop_origins
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ def digest_drift(path: str, prev: dict[str, Any] | None) -> dict[str, Any] | Non
         return prev
     anchor_ns = round(float(meta[b"replayer.t0_wall_s"]) * 1e9)
     window_s = float(prev["window_s"]) if prev else _window_s(meta)
-    table = pf.read(columns=[c for c in COLUMNS if c in pf.schema_arrow.names])
+    names = set(pf.schema_arrow.names)  # (the schema is built anew at each access)
+    table = pf.read(columns=[c for c in COLUMNS if c in names])
     origins = {int(k): v for k, v in (prev or {}).get("origins_ns", {}).items()}
     for lp, o in loop_origins(table.to_batches()).items():
         origins[lp] = min(origins.get(lp, o + anchor_ns), o + anchor_ns)
@@ -56,7 +58,7 @@ def digest_drift(path: str, prev: dict[str, Any] | None) -> dict[str, Any] | Non
         "window_s": window_s,
         "origins_ns": {str(lp): o for lp, o in origins.items()},
         "windows": [
-            [lp, p, {"stats": {m: stat_to_json(s) for m, s in w.stats.items()}, "n": w.n}]
+            [lp, p, {"stats": {m: stat_to_json(s) for m, s in w.stats.items()}, "n": _json_counts(w.n)}]
             for (lp, p), w in sorted(fold.windows.items())
         ],
     }
@@ -70,8 +72,14 @@ def seed_windows(fold: DriftFold, digest: dict[str, Any] | None) -> None:
         for m, sj in d["stats"].items():
             if m in w.stats:
                 w.stats[m].merge(stat_from_json(sj))
-        for k, v in d["n"].items():
-            w.n[k] = w.n.get(k, 0) + v
+        for k in WINDOW_COUNTS:  # (a count the digest lacks, or null in it: unknown, NaN)
+            v = d["n"].get(k)
+            w.n[k] = w.n.get(k, 0) + (float("nan") if v is None else v)
+
+
+def _json_counts(n: dict[str, float]) -> dict[str, float | None]:
+    """A window's counts for JSON: NaN (unknown) as null."""
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in n.items()}
 
 
 def digest_origins(digests: list[dict[str, Any]]) -> dict[int, int]:

@@ -8,9 +8,10 @@ from these figures of the requests sent (warm-up left out):
   (``--fidelity-max-lag``) is not faithful (the max is reported: one pause is not a pattern);
 - **inter-arrivals**: the gaps between consecutive sends against the trace's gaps at the run's
   speed-up (the due times, a session turn's moved to its release: that wait is the trace's own
-  dependency), each gap snapped to ``GAP_RESOLUTION_MS`` (traces stamp in ms: a burst of equal
-  stamps is gaps of 0, which a sender can only approach), compared by quantile deltas at
-  p10/p50/p90/p99 and by the two-sample Kolmogorov-Smirnov distance. Not faithful when the
+  dependency), each gap snapped to the grid of ``fidelitygaps`` (1 ms: traces stamp in ms, a
+  burst of equal stamps is gaps of 0, which a sender can only approach; 1 % steps above 1,024
+  ms), compared by quantile deltas at p10/p50/p90/p99 and by the two-sample Kolmogorov-Smirnov
+  distance, both from the gaps' histograms on that grid. Not faithful when the
   distance is above both ``max_ks`` (an effect large enough to matter) and the critical value
   at ``alpha`` (not noise of a small run): a significance test alone would fail a million-
   request run on a harmless 0.1 ms jitter;
@@ -24,8 +25,10 @@ from these figures of the requests sent (warm-up left out):
 - **affinity**: with several targets, turns sent to another target than their session's.
 
 ``FidelityFold`` folds results batch by batch (the inter-arrivals of the first
-``ARRIVALS_LIMIT`` sent requests); ``judge_fidelity`` is the rule over the figures, used by the
-summary and by the live watch (``replayer.results.verdictwatch``, without inter-arrivals).
+``ARRIVALS_LIMIT`` sent requests), and merges: with the digest of the results files retention
+removed (``fidelitydigest``), and fold with fold (the folders of a merge); ``judge_fidelity`` is
+the rule over the figures, used by the summary and by the live watch
+(``replayer.results.verdictwatch``, without inter-arrivals).
 """
 
 from __future__ import annotations
@@ -37,12 +40,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replayer.core.stats import Stat
+from replayer.core.stats import RELATIVE_ACCURACY, Stat
+from replayer.results.fidelitygaps import (
+    GAP_LINEAR_MS,
+    GAP_RELATIVE_STEP,
+    GAP_RESOLUTION_MS,
+    GapStream,
+    Hist,
+    hist_add,
+    hist_ks,
+    hist_of,
+    hist_percentile,
+)
 from replayer.results.numtext import count, plain
-from replayer.results.trend import ks_critical, ks_distance
+from replayer.results.trend import ks_critical
 
-#: inter-arrival gaps are compared on this grid, ms
-GAP_RESOLUTION_MS = 1.0
 #: the inter-arrivals are those of the first this many sent requests (memory: 16 bytes each)
 ARRIVALS_LIMIT = 2_000_000
 #: fewer requests sent than this: not judged
@@ -91,6 +103,13 @@ class FidelityFold:
         self._due: list[np.ndarray] = []
         self._sent: list[np.ndarray] = []
         self._kept = 0
+        #: the gap streams of removed files (due, sent; absolute ns), set with ``seed_streams``
+        self._streams: tuple[GapStream, GapStream] | None = None
+        self._origin_ns = 0
+        #: gap histograms (trace, achieved) and sends of the segments sealed (``seal``)
+        self._sealed: list[tuple[Hist, Hist, int]] = []
+        #: what the figures owe to the digest of removed files (``fidelitydigest``), None: nothing
+        self.removed: dict[str, Any] | None = None
 
     def add(self, b: pa.RecordBatch | pa.Table, *, lag_bound_ms: float = FidelityBounds.max_lag_ms) -> None:
         names = b.schema.names
@@ -131,32 +150,94 @@ class FidelityFold:
         self.n["prompt_off"] += int((judged & (inp != psent)).sum())
         self.n["output_off"] += int((judged & (out > 0) & (out != mt)).sum())
 
+    def seed_streams(self, due: GapStream, sent: GapStream, origin_ns: int) -> None:
+        """Continue the gap streams of removed files (``fidelitydigest``): the times added here
+        are ``origin_ns`` (Unix ns) less than the streams' (the axis of the files read)."""
+        self._streams, self._origin_ns = (due, sent), origin_ns
+
+    def times(self) -> tuple[np.ndarray, np.ndarray]:
+        """The due times (a session turn's at its release) and the send times of the sent
+        requests kept for the inter-arrivals, sorted, int64 ns."""
+        if not self._kept:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        due = np.rint(np.concatenate(self._due)).astype(np.int64)
+        sent = np.rint(np.concatenate(self._sent)).astype(np.int64)
+        return np.sort(due), np.sort(sent)
+
+    def seal(self) -> None:
+        """Close this fold's sequence of sends: its gaps (with the streams of removed files, if
+        seeded) into histograms; results added later start a new sequence."""
+        if not self._kept and self._streams is None:
+            return
+        due, sent = self.times()
+        if self._streams is None:
+            self._sealed.append((hist_of(due), hist_of(sent), int(sent.size)))
+        else:
+            sd, ss = self._streams
+            want, got = sd.finish(due + self._origin_ns), ss.finish(sent + self._origin_ns)
+            self._sealed.append((want, got, ss.n))
+            if self.removed is not None:
+                late = self.removed.setdefault("late", {"trace": 0, "achieved": 0})
+                late["trace"] += sd.late
+                late["achieved"] += ss.late
+            self._streams = None
+        self._due, self._sent, self._kept = [], [], 0
+
+    def merge(self, other: FidelityFold) -> None:
+        """Add ``other``'s figures (another folder's): counts and lags as one run; the
+        inter-arrivals of each fold are its own sends' (each sealed)."""
+        self.seal()
+        other.seal()
+        for k, v in other.n.items():
+            self.n[k] += v
+        self.lag.merge(other.lag)
+        self._sealed += other._sealed
+        if other.removed is not None:
+            mine = self.removed or {
+                "files": 0,
+                "requests": 0,
+                "late": {"trace": 0, "achieved": 0},
+                "lag_bound_ms": other.removed.get("lag_bound_ms"),
+            }
+            for k in ("files", "requests"):
+                mine[k] += other.removed.get(k, 0)
+            for k in ("trace", "achieved"):
+                mine["late"][k] += other.removed.get("late", {}).get(k, 0)
+            self.removed = mine
+
     def arrivals(self) -> dict[str, Any] | None:
         """The inter-arrival comparison (module docstring); None with fewer than 3 sends."""
-        if self._kept < 3:
+        self.seal()
+        requests = sum(s[2] for s in self._sealed)
+        if requests < 3:
             return None
-        due = np.sort(np.concatenate(self._due))
-        sent = np.sort(np.concatenate(self._sent))
-        want = np.round(np.diff(due) / 1e6 / GAP_RESOLUTION_MS) * GAP_RESOLUTION_MS
-        got = np.round(np.diff(sent) / 1e6 / GAP_RESOLUTION_MS) * GAP_RESOLUTION_MS
-        d = ks_distance(want, got)
-        out: dict[str, Any] = {"requests": int(sent.size), "resolution_ms": GAP_RESOLUTION_MS}
+        want, got = hist_add(*(s[0] for s in self._sealed)), hist_add(*(s[1] for s in self._sealed))
+        nw, ng = int(want[1].sum()), int(got[1].sum())
+        if not nw or not ng:
+            return None
+        out: dict[str, Any] = {
+            "requests": requests,
+            "resolution_ms": GAP_RESOLUTION_MS,
+            "relative_step": GAP_RELATIVE_STEP,
+            "relative_step_above_ms": GAP_LINEAR_MS * GAP_RESOLUTION_MS,
+        }
         for q in GAP_QUANTILES:
-            tq, aq = float(np.percentile(want, q)), float(np.percentile(got, q))
+            tq, aq = hist_percentile(want, q), hist_percentile(got, q)
             out[f"p{q}"] = {"trace_ms": tq, "achieved_ms": aq, "delta_ms": aq - tq}
-        out["ks_distance"] = d
-        out["ks_critical"] = ks_critical(want.size, got.size)
+        out["ks_distance"] = hist_ks(want, got)
+        out["ks_critical"] = ks_critical(nw, ng)
         return out
 
     def figures(self) -> dict[str, Any]:
         """Everything ``judge_fidelity`` reads, JSON-able."""
         n, sent = self.n, self.n["sent"]
-        return {
+        arrivals = self.arrivals()  # (first: it seals, which counts the late sends of removed files)
+        out = {
             "rows": n["rows"],
             "sent": sent,
             "unsent": n["unsent"],
             "dispatch_lag_ms": {"p99": self.lag.percentile(99), "max": self.lag.max if self.lag.count else None},
-            "inter_arrival": self.arrivals(),
+            "inter_arrival": arrivals,
             "held_back": {
                 "max_concurrency": n["queue_waited"],
                 "max_concurrency_beyond_bound": n["queue_held"],
@@ -169,6 +250,30 @@ class FidelityFold:
                 "prompt_differs": n["prompt_off"],
                 "output_differs": n["output_off"],
             },
+        }
+        if self.removed is not None:
+            out["from_digest"] = self._from_digest()
+        return out
+
+    def _from_digest(self) -> dict[str, Any]:
+        """Which figures come from the digest of removed results files, and how precise."""
+        r = self.removed or {}
+        late = r.get("late") or {"trace": 0, "achieved": 0}
+        return {
+            "files": r.get("files", 0),
+            "requests": r.get("requests", 0),
+            "counts": "exact (summed)",
+            "dispatch_lag_ms": {
+                "p99": f"DDSketch merged with the files kept: within {RELATIVE_ACCURACY:.1%} relative",
+                "max": "exact",
+            },
+            "inter_arrival": {
+                "estimate": "gap histograms on the comparison's grid, merged: quantiles and KS distance exact on it",
+                "late": late,
+                "approximate": bool(late["trace"] or late["achieved"]),
+                "per_folder": bool(r.get("per_folder")),
+            },
+            "max_concurrency_bound_ms": r.get("lag_bound_ms"),
         }
 
 
@@ -211,6 +316,8 @@ def judge_fidelity(
             f"{count(held['sessions'], 'session turn')} ({held['sessions_share']:.1%}) waited for their parent: "
             "the trace's own dependency (faithful)"
         )
+    if fig.get("from_digest"):
+        notes.append(digest_note(fig["from_digest"]))
     if fig.get("unsent"):
         (notes if stopped_early else reasons).append(
             f"{count(fig['unsent'], 'row')} scheduled {'was' if fig['unsent'] == 1 else 'were'} never sent"
@@ -230,6 +337,26 @@ def judge_fidelity(
             reasons.append(f"{count(target_switches, 'session turn')} went to another target than their session's")
     verdict = "not_faithful" if reasons else "faithful"
     return {"verdict": verdict, "reasons": reasons, "notes": notes, **section}
+
+
+def digest_note(dig: dict[str, Any]) -> str:
+    """The verdict's note on the figures that come from the digest of removed results files."""
+    ia = dig.get("inter_arrival") or {}
+    late = ia.get("late") or {}
+    text = (
+        f"{dig.get('files', 0)} results files retention removed ({dig.get('requests', 0)} requests sent) "
+        f"judged from their digest: counts exact, dispatch lag p99 within {RELATIVE_ACCURACY:.1%} (a sketch)"
+    )
+    if ia.get("approximate"):
+        text += (
+            f", inter-arrivals approximate ({late.get('trace', 0)} due and {late.get('achieved', 0)} send times "
+            "recorded after their place in the digest was folded, left out)"
+        )
+    else:
+        text += ", inter-arrivals exact on their grid"
+    if ia.get("per_folder"):
+        text += "; inter-arrivals are each folder's own sends"
+    return text
 
 
 #: the verdicts whose reasons are printed, and the word each reason line starts with
@@ -258,4 +385,4 @@ def fidelity_lines(sec: dict[str, Any] | None) -> list[str]:
     )
 
 
-__all__ = ["COLUMNS", "FidelityBounds", "FidelityFold", "fidelity_lines", "judge_fidelity"]
+__all__ = ["COLUMNS", "FidelityBounds", "FidelityFold", "digest_note", "fidelity_lines", "judge_fidelity"]

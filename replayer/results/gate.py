@@ -340,7 +340,7 @@ def guard(results: list[MetricResult], slowed: str | None) -> list[MetricResult]
         return results
     for r in results:
         if r.verdict == "regressed" and stall_prone(r.spec.quantile, r.spec.column):
-            r.verdict, r.reason = "not judged", f"{slowed}, and its tails measure that (change {r.change:+.1f}%)"
+            r.verdict, r.reason = "not judged", f"{slowed}, and its tails measure that; change {r.change:+.1f}%"
     return results
 
 

@@ -1,23 +1,31 @@
-"""``replayer compare BASELINE CANDIDATE --gate``: read both runs, judge the candidate
-(``replayer.results.gate``) and write what a person and a CI system read: the printed table,
-``--markdown FILE`` (a CI job summary), ``--junit FILE`` (one test case per metric: a regressed
-metric is a failure, a metric not judged is skipped) and ``--json``.
+"""``replayer compare BASELINE CANDIDATE --gate``: read both runs (``replayer.results.gateread``),
+judge the candidate (``replayer.results.gate``) and write what a person and a CI system read: the
+printed table, ``--markdown FILE`` (a CI job summary), ``--junit FILE`` (one test case per metric:
+a regressed metric is a failure, a metric not judged is skipped) and ``--json``. Every output is
+written whatever the verdict, "not compared" included (a CI step that appends the summary or
+uploads the JUnit finds this run's, never a stale one), and each carries the gate's warnings.
 
 Exit codes: 0 the gate held, ``EXIT_REGRESSED`` a metric regressed, 2 the runs cannot be compared
 (different traces, slices or schedules, too few requests, a run that was not faithful to its trace,
-a folder that is not a run: the message says which).
+a folder that is not a run or a damaged one, a bad gate file: the message says which), and
+``EXIT_WRITE_FAILED`` (5) when the gate held but an output asked for could not be written.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
 
-from replayer.results.gate import COLUMNS, MetricResult, NotComparable, block_count, judge, overall, pair
+from replayer.results.gate import MetricResult, NotComparable, block_count, judge, overall
+from replayer.results.gateread import (
+    bounds_text,
+    read_inputs,
+    unfaithful as unfaithful,  # (bench/bench_gate.py imports it from here)
+)
 from replayer.results.gatespec import GateSpec, default_spec, load_gate_file
-from replayer.results.gatestall import client_late
+from replayer.results.outfile import EXIT_WRITE_FAILED, OutputError, write_text
 
 #: ``replayer compare --gate``'s exit code when the candidate regressed
 EXIT_REGRESSED = 7
@@ -79,6 +87,26 @@ def format_table(results: list[MetricResult]) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class Outcome:
+    """What the gate found: its verdict (``held``, ``regressed`` or ``not_compared``, then with
+    ``reason``), the metrics' results, the paired requests, the settings, the goodput bounds
+    both runs were judged by and where from, and the warnings every output carries."""
+
+    verdict: str
+    gate: GateSpec | None = None
+    results: list[MetricResult] = field(default_factory=list)
+    n: int = 0
+    reason: str = ""
+    slos: dict[str, float] = field(default_factory=dict)
+    slos_from: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return {"held": 0, "regressed": EXIT_REGRESSED}.get(self.verdict, 2)
+
+
 def _intro(n: int, gate: GateSpec) -> str:
     return (
         f"{n} requests paired by trace position; {100 * gate.confidence:g}% intervals from a block "
@@ -86,38 +114,60 @@ def _intro(n: int, gate: GateSpec) -> str:
     )
 
 
-def markdown(results: list[MetricResult], base: str, cand: str, n: int, gate: GateSpec) -> str:
+def _goodput_line(o: Outcome) -> str:
+    if not o.slos:
+        return "goodput: no SLO bounds, not judged"
+    return f"goodput judged by {bounds_text(o.slos)} (ms) in both runs, from {o.slos_from}"
+
+
+def markdown(o: Outcome, base: str, cand: str) -> str:
     """The gate as a Markdown section (a CI job summary)."""
-    verdict = overall(results)
-    lines = [
-        f"## replayer gate: {'❌ regressed' if verdict == 'regressed' else '✅ held'}",
-        "",
-        f"Baseline `{base}`, candidate `{cand}`. {_intro(n, gate)}. A metric regresses when its whole interval "
-        "is past its minimum effect in the bad direction.",
+    title = {"regressed": "❌ regressed", "held": "✅ held"}.get(o.verdict, "⚠️ not compared")
+    lines = [f"## replayer gate: {title}", ""]
+    if o.verdict == "not_compared":
+        lines += [f"Baseline `{base}`, candidate `{cand}`: **not compared** (exit code 2): {o.reason}.", ""]
+    lines += [f"> ⚠️ **warning:** {w}" for w in o.warnings]
+    if o.verdict == "not_compared" or o.gate is None:
+        return "\n".join(lines).rstrip() + "\n"
+    lines += [
+        *([""] if o.warnings else []),
+        f"Baseline `{base}`, candidate `{cand}`. {_intro(o.n, o.gate)}; {_goodput_line(o)}. A metric regresses "
+        "when its whole interval is past its minimum effect in the bad direction.",
         "",
         "| " + " | ".join(HEAD) + " |",
         "| " + " | ".join(["---"] + ["---:"] * (len(HEAD) - 2) + ["---"]) + " |",
     ]
-    for r, row in zip(results, rows_of(results)):
+    for r, row in zip(o.results, rows_of(o.results)):
         lines.append("| " + " | ".join([*row[:-1], f"{_MARK[r.verdict]} {row[-1]}"]) + " |")
     return "\n".join(lines) + "\n"
 
 
-def junit(results: list[MetricResult], base: str, cand: str) -> str:
-    """The gate as JUnit XML: one test case per metric (regressed: a failure; not judged: skipped)."""
-    failures = sum(r.verdict == "regressed" for r in results)
-    skipped = sum(r.verdict == "not judged" for r in results)
+def junit(o: Outcome, base: str, cand: str) -> str:
+    """The gate as JUnit XML: one test case per metric (regressed: a failure; not judged:
+    skipped), or, not compared, one test case ``comparison`` in error naming why; the warnings
+    as properties and the suite's ``system-err``."""
+    results = o.results
     suite = ET.Element(
         "testsuite",
         name="replayer gate",
-        tests=str(len(results)),
-        failures=str(failures),
-        skipped=str(skipped),
-        errors="0",
+        tests=str(len(results) or 1),
+        failures=str(sum(r.verdict == "regressed" for r in results)),
+        skipped=str(sum(r.verdict == "not judged" for r in results)),
+        errors="1" if o.verdict == "not_compared" else "0",
     )
     props = ET.SubElement(suite, "properties")
     ET.SubElement(props, "property", name="baseline", value=base)
     ET.SubElement(props, "property", name="candidate", value=cand)
+    ET.SubElement(props, "property", name="verdict", value=o.verdict)
+    if o.verdict != "not_compared":
+        ET.SubElement(props, "property", name="goodput", value=_goodput_line(o))
+    for w in o.warnings:
+        ET.SubElement(props, "property", name="warning", value=w)
+    if o.verdict == "not_compared":
+        case = ET.SubElement(suite, "testcase", classname="replayer.gate", name="comparison")
+        ET.SubElement(
+            case, "error", message=f"not compared: {o.reason}"
+        ).text = f"baseline {base}, candidate {cand}: not compared (exit code 2): {o.reason}"
     for r, row in zip(results, rows_of(results)):
         case = ET.SubElement(suite, "testcase", classname="replayer.gate", name=r.spec.name)
         text = f"{r.spec.label}: {row[1]} -> {row[2]}, change {row[3]}, interval {row[4]}, fails past {row[5]}"
@@ -127,50 +177,56 @@ def junit(results: list[MetricResult], base: str, cand: str) -> str:
             ET.SubElement(case, "skipped", message=r.reason)
         else:
             ET.SubElement(case, "system-out").text = f"{r.verdict}: {text}"
+    if o.warnings:
+        ET.SubElement(suite, "system-err").text = "\n".join(f"warning: {w}" for w in o.warnings)
     ET.indent(suite)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
 
 
-def _read(path: str):
-    """A run's results (the gate's columns) and summary; ValueError for a path that is not a run."""
-    from replayer.results import read_results, read_summary
-
-    folder = path if os.path.isdir(path) else os.path.dirname(path) if path.endswith("summary.json") else path
-    if not os.path.isdir(folder):
-        raise ValueError(f"{path}: no such results folder")
-    from replayer.record.folder import result_files
-
-    if not result_files(folder):
-        raise ValueError(f"{path}: no results files (requests*.parquet): not a results folder")
-    t = read_results(folder)
-    return t.select([c for c in COLUMNS if c in t.column_names]), read_summary(folder)
-
-
-def unfaithful(name: str, s: dict, max_lag_ms: float = 25.0) -> str | None:
-    """Why run ``name`` (its summary) did not replay its trace faithfully, or None: its
-    ``fidelity`` verdict when it has one, else its dispatch lag p99 against ``max_lag_ms`` (a run
-    that fell behind measured the load generator's host as much as the server)."""
-    fid = s.get("fidelity")
-    if isinstance(fid, dict) and fid.get("verdict") == "not_faithful":
-        return f"the {name} was not faithful to its trace: {'; '.join(map(str, fid.get('reasons') or [])) or 'see its summary'}"
-    lag = s.get("dispatch_lag_p99_ms")
-    if not isinstance(fid, dict) and isinstance(lag, (int, float)) and lag > max_lag_ms:
-        return f"the {name} fell behind its trace: dispatch lag p99 {lag:.1f} ms (over {max_lag_ms:g} ms)"
-    return None
+def json_doc(o: Outcome, base: str, cand: str) -> dict:
+    """The gate as ``--json`` prints it (``verdict`` ``not_compared`` with its ``reason``, no
+    metrics, when the runs were not compared)."""
+    doc: dict = {"baseline": base, "candidate": cand, "verdict": o.verdict}
+    if o.verdict == "not_compared":
+        return {**doc, "reason": o.reason, "warnings": o.warnings, "metrics": []}
+    assert o.gate is not None
+    return {
+        **doc,
+        "warnings": o.warnings,
+        "paired_requests": o.n,
+        "confidence": o.gate.confidence,
+        "resamples": o.gate.resamples,
+        "blocks": block_count(o.n, o.gate),
+        "seed": o.gate.seed,
+        "settings": o.gate.source,
+        "goodput_slos_ms": o.slos or None,
+        "goodput_slos_from": o.slos_from,
+        "metrics": [r.as_dict() for r in o.results],
+    }
 
 
-def _slos(gate: GateSpec, sb: dict, sc: dict) -> dict[str, float]:
-    from replayer.results.verdict import parse_goodput
+def text(o: Outcome, base: str, cand: str) -> str:
+    """The gate as printed (stdout) when the runs were compared."""
+    assert o.gate is not None
+    bad = [r.spec.label for r in o.results if r.verdict == "regressed"]
+    return (
+        f"baseline  = {base}\ncandidate = {cand}\n{_intro(o.n, o.gate)}\n{_goodput_line(o)}\n\n"
+        f"{format_table(o.results)}\n\ngate: {o.verdict.upper()}" + (f" ({', '.join(bad)})" if bad else "")
+    )
 
-    if gate.goodput:
-        return parse_goodput(gate.goodput)
-    slos = sb.get("goodput_slos_ms") or sc.get("goodput_slos_ms") or {}
-    return {k: float(v) for k, v in slos.items()} if isinstance(slos, dict) else {}
 
-
-def _write(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+def evaluate(base: str, cand: str, gate_file: str | None = None) -> Outcome:
+    """The gate's outcome for ``cand`` against ``base``; the reason of one not compared (bad
+    gate file, a path that is not a readable run, runs that cannot be compared) in it."""
+    gate = None
+    warnings: list[str] = []
+    try:
+        gate = load_gate_file(gate_file) if gate_file else default_spec()
+        inputs = read_inputs(base, cand, gate, warnings)
+        results = judge(inputs.paired, gate, inputs.slos, "; ".join(inputs.slowed) or None)
+    except (NotComparable, OSError, ValueError) as e:
+        return Outcome("not_compared", gate, reason=str(e), warnings=warnings)
+    return Outcome(overall(results), gate, results, inputs.paired.n, "", inputs.slos, inputs.slos_from, inputs.warnings)
 
 
 def main_gate(
@@ -182,55 +238,23 @@ def main_gate(
     junit_file: str | None = None,
 ) -> int:
     """Judge ``cand`` against ``base`` (results folders), print the table (or JSON), write the
-    Markdown and JUnit files asked for; the exit code (module docstring)."""
-    try:
-        gate = load_gate_file(gate_file) if gate_file else default_spec()
-        (tb, sb), (tc, sc) = _read(base), _read(cand)
-        for key, label in (("speedup", "speed-ups"), ("model", "models")):
-            if key in sb and key in sc and sb[key] != sc[key]:
-                raise NotComparable(f"different {label}: {sb[key]} in the baseline, {sc[key]} in the candidate")
-        slowed = []
-        for name, summary in (("baseline", sb), ("candidate", sc)):
-            why = unfaithful(name, summary, gate.max_dispatch_lag_ms)
-            late = client_late(name, summary, gate.max_dispatch_lag_ms, gate.max_client_lag_ms) if why else None
-            if late:  # (judged, its tails not: gatestall)
-                slowed.append(late)
-                print(f"replayer compare --gate: note: {late}; its tails are not judged", file=sys.stderr)
-                continue
-            if why and gate.require_faithful:
-                raise NotComparable(why + " (require_faithful: false in a gate file compares it all the same)")
-            if why:
-                print(f"replayer compare --gate: warning: {why}", file=sys.stderr)
-        paired = pair(tb, tc)
-        results = judge(paired, gate, _slos(gate, sb, sc), "; ".join(slowed) or None)
-    except NotComparable as e:
-        print(f"replayer compare --gate: cannot compare: {e}", file=sys.stderr)
-        return 2
-    except (OSError, ValueError) as e:
-        print(f"replayer compare --gate: error: {e}", file=sys.stderr)
-        return 2
-    verdict = overall(results)
-    if markdown_file:
-        _write(markdown_file, markdown(results, base, cand, paired.n, gate))
-    if junit_file:
-        _write(junit_file, junit(results, base, cand))
+    Markdown and JUnit files asked for, whatever the verdict; the exit code (module docstring)."""
+    o = evaluate(base, cand, gate_file)
+    for w in o.warnings:
+        print(f"replayer compare --gate: warning: {w}", file=sys.stderr)
+    if o.verdict == "not_compared":
+        print(f"replayer compare --gate: cannot compare: {o.reason}", file=sys.stderr)
     if as_json:
-        doc = {
-            "baseline": base,
-            "candidate": cand,
-            "verdict": verdict,
-            "paired_requests": paired.n,
-            "confidence": gate.confidence,
-            "resamples": gate.resamples,
-            "blocks": block_count(paired.n, gate),
-            "seed": gate.seed,
-            "settings": gate.source,
-            "metrics": [r.as_dict() for r in results],
-        }
-        print(json.dumps(doc, indent=2))
-    else:
-        print(f"baseline  = {base}\ncandidate = {cand}\n{_intro(paired.n, gate)}\n")
-        print(format_table(results))
-        bad = [r.spec.label for r in results if r.verdict == "regressed"]
-        print(f"\ngate: {verdict.upper()}" + (f" ({', '.join(bad)})" if bad else ""))
-    return EXIT_REGRESSED if verdict == "regressed" else 0
+        print(json.dumps(json_doc(o, base, cand), indent=2))
+    elif o.verdict != "not_compared":
+        print(text(o, base, cand))
+    failed = False
+    for path, what, render in ((markdown_file, "Markdown", markdown), (junit_file, "JUnit XML", junit)):
+        if not path:
+            continue
+        try:
+            write_text(path, render(o, base, cand), what)
+        except OutputError as e:
+            print(f"replayer compare --gate: error: {e}", file=sys.stderr)
+            failed = True
+    return EXIT_WRITE_FAILED if failed and o.exit_code == 0 else o.exit_code

@@ -12,13 +12,13 @@ percent for both. A gate file::
     blocks: 40              # blocks of consecutive paired requests resampled together
     min_requests: 100       # fewer paired successful requests: not comparable (exit 2)
     seed: 0
-    goodput: "ttft:500,e2el:20000"   # SLO bounds for goodput (vllm's --goodput); unset = the runs'
+    goodput: "ttft:500,e2el:20000"   # SLO bounds for goodput (vllm's --goodput; or {ttft: 500, e2el: 20000}); unset = the runs'
     require_faithful: true  # a run not faithful to its trace is not compared (exit 2)
     max_dispatch_lag_ms: 25 # faithful, for a summary without a fidelity verdict: lag p99 at most this
     max_client_lag_ms: 1000 # a run late only by its own client (lag p99 up to this) is judged, its tails not
     metrics:
       ttft_p99: {min_effect: 15}     # percent
-      tpot_p50: off                  # not judged
+      tpot_p50: off                  # not judged (also {enabled: false})
       e2el_p90: {min_effect: 10}     # a metric more (lower is better, as every latency)
       error_rate: {min_effect: 0.5}  # percentage points
 """
@@ -200,8 +200,12 @@ def spec_from_dict(doc: Any, source: str) -> GateSpec:
         except ValueError as e:
             raise ValueError(str(e) if str(e).startswith(source) else f"{source}: metrics.{name}: {e}") from None
     goodput = doc.get("goodput")
+    if isinstance(goodput, dict):  # (the mapping form, as a --config file takes it: {ttft: 500, e2el: 20000})
+        goodput = ",".join(f"{k}:{v}" for k, v in goodput.items())
     if goodput is not None and not isinstance(goodput, str):
-        raise ValueError(f'{source}: goodput: expected bounds such as "ttft:500,e2el:20000", got {goodput!r}')
+        raise ValueError(
+            f'{source}: goodput: expected bounds such as "ttft:500,e2el:20000" or {{ttft: 500, e2el: 20000}}, got {goodput!r}'
+        )
     if goodput is not None:
         from replayer.results.verdict import parse_goodput
 
@@ -242,6 +246,8 @@ def load_gate_file(path: str) -> GateSpec:
             doc = yaml.safe_load(f)
     except OSError as e:
         raise ValueError(f"{path}: cannot read the gate file: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a gate file (not UTF-8 text: a binary file?)") from None
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: not YAML: {e}") from None
     return spec_from_dict(doc, path)

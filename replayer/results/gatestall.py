@@ -8,7 +8,8 @@ Two rules, both pure:
   only when the change is past its minimum effect in *both* halves of the paired requests (trace
   order is time order), not just over the whole run. A stall of the host is a transient: it hits
   the requests in flight in a second or two of one run, and a tail (a p99, most of all the token
-  gaps') moves in that half only. Such a change is held, and the reason says both halves.
+  gaps') moves in that half only. Such a change is held as a possible transient, and the reason
+  says both halves' changes (what was seen, not its cause, which the gate cannot know).
 - **A run the client slowed** (``client_late``): a run whose only fault is that the replayer sent
   late (its dispatch lag p99 over ``max_dispatch_lag_ms``, every other fidelity check passed) was
   slowed by its own host, and the same stalls that delayed its sends delayed its reads: its tails
@@ -47,7 +48,7 @@ def client_late(name: str, s: dict, max_lag_ms: float, max_client_lag_ms: float)
         lag = (fid.get("dispatch_lag_ms") or {}).get("p99", lag)
     if not isinstance(lag, (int, float)) or not max_lag_ms < lag <= max_client_lag_ms:
         return None
-    return f"the {name} fell behind its trace (dispatch lag p99 {lag:.1f} ms): its own host slowed it"
+    return f"the {name} fell behind its trace, dispatch lag p99 {lag:.1f} ms: its own host slowed it"
 
 
 def stall_prone(quantile: float | None, column: str | None) -> bool:
@@ -57,16 +58,21 @@ def stall_prone(quantile: float | None, column: str | None) -> bool:
 
 
 def transient(halves: tuple[float | None, float | None], min_effect: float, direction: str) -> str | None:
-    """Why a change past its minimum effect over the whole run is not one of the server's, or
-    None: a half of the run where it is not past the minimum effect (in ``direction``'s bad way)."""
+    """Why a change past its minimum effect over the whole run is held, or None: a half of the
+    run where it is not past the minimum effect (in ``direction``'s bad way). The reason says
+    what was observed, not a cause: a host's stall and a server slower only part of the time
+    look alike here."""
     sign = 1.0 if direction == "lower" else -1.0
     if any(h is None or math.isnan(h) for h in halves):
         return None
     first, second = halves
     assert first is not None and second is not None
-    if sign * first > min_effect and sign * second > min_effect:
+    past = [sign * first > min_effect, sign * second > min_effect]
+    if all(past):
         return None
+    where = "the first half only" if past[0] else "the second half only" if past[1] else "neither half alone"
+    bound = f"{'+' if direction == 'lower' else '-'}{min_effect:g}%"
     return (
-        f"not in both halves of the run (first {first:+.1f}%, second {second:+.1f}%): "
-        "a transient such as a stall of the host, not a slower server"
+        f"past the minimum effect {bound} in {where}: first half {first:+.1f}%, second half {second:+.1f}%; "
+        "held as a possible transient"
     )

@@ -5,7 +5,7 @@ and the ``fidelity`` and ``drift`` verdicts of summaries that have them). Printe
 JSON, and drawn over time as a self-contained HTML page (the report's plotly).
 
 A run's numbers come from its ``summary.json`` (from its results files when it has none, as a
-killed run leaves); a loop's from its requests (``replayer.results.read_results``), the
+killed run leaves; a damaged one is an error naming it, as in ``replayer compare``); a loop's from its requests (``replayer.results.read_results``), the
 percentiles by nearest rank as the summary's.
 """
 
@@ -75,10 +75,13 @@ def _verdict_of(section: object) -> str | None:
 def run_row(folder: str) -> tuple[dict, float | None]:
     """A run's history row (and its anchor's Unix time, for its loops)."""
     from replayer.record.folder import result_files
-    from replayer.results.summary import read_summary, summarize_files
+    from replayer.results.runread import summary_of
+    from replayer.results.summary import summarize_files
 
     files = result_files(folder)
-    s = read_summary(folder) or summarize_files(files)
+    s = summary_of(folder)  # (a damaged one is an error naming it, as in replayer compare)
+    if s is None:
+        s = summarize_files(files)
     t0 = _start_wall_s(files)
     judged = (s.get("completed") or 0) + (s.get("failed") or 0)
     row = {
@@ -253,19 +256,24 @@ def render_html(rows: list[dict]) -> str:
 
 
 def main_history(paths: list[str], html_file: str | None, as_json: bool, by_run: bool) -> int:
-    """``replayer history``: 0, or 2 for a path that is not a results folder."""
+    """``replayer history``: 0; 2 for a path that is not a results folder or a damaged
+    ``summary.json`` (named); ``EXIT_WRITE_FAILED`` (5) when the HTML page cannot be written (the
+    table is printed all the same)."""
+    from replayer.results.outfile import EXIT_WRITE_FAILED, OutputError, write_text
+
     try:
         rows = history(paths, by_run)
     except (OSError, ValueError) as e:
         print(f"replayer history: error: {e}", file=sys.stderr)
         return 2
-    if html_file:
-        with open(html_file, "w", encoding="utf-8") as f:
-            f.write(render_html(rows))
-    if as_json:
-        print(json.dumps(rows, indent=2))
-    else:
-        print(format_history(rows))
-        if html_file:
-            print(f"\nhistory drawn: {html_file}")
+    print(json.dumps(rows, indent=2) if as_json else format_history(rows))
+    if not html_file:
+        return 0
+    try:
+        write_text(html_file, render_html(rows), "HTML page")
+    except OutputError as e:
+        print(f"replayer history: error: {e}", file=sys.stderr)
+        return EXIT_WRITE_FAILED
+    if not as_json:
+        print(f"\nhistory drawn: {html_file}")
     return 0

@@ -6,7 +6,9 @@ files and parts, a resumed run's, or a ``--workers`` run's worker folders; schem
 the target's metric samples (``RESULTS/target_metrics.parquet`` and parts a run still going or
 killed left: ``replayer.observe.target_samples.read_samples``), and writes one self-contained HTML file (plotly.js inlined
 once; no network needed to view it) with: arrivals due vs sent vs completed over time, latency
-over time, latency CDFs, token throughput, dispatch lag, errors, and the target's metrics.
+over time, latency CDFs, token throughput, dispatch lag, errors, and the target's metrics; the
+run's events (loop boundaries, pauses, speed-up changes, ...) marked on every time axis
+(``replayer.results.reportmarks``).
 ``replayer.results.sweepreport`` draws a sweep's page with the same figures and page; ``replayer compare``
 is ``replayer.results.compare``'s.
 
@@ -31,16 +33,8 @@ import numpy as np
 import pandas as pd
 
 from replayer.results.reportdata import MAX_POINTS, ReportData, axis_origin_wall_s, load_results, report_files
-from replayer.results.reportparts import (
-    add_marks,
-    axis_layout,
-    drop_empty,
-    event_marks,
-    loop_marks,
-    number,
-    plotly_script,
-    verdict_line,
-)
+from replayer.results.reportmarks import add_marks, draw_marks, run_marks
+from replayer.results.reportparts import axis_layout, drop_empty, number, plotly_script, verdict_line
 from replayer.results.reportspans import span_specs, spans_section, write_split_csv
 from replayer.results.spanjoin import SpansError, SpanSplit, read_spans, split_spans, split_text
 from replayer.results.verdictreport import drift_specs, verdicts_html
@@ -139,7 +133,6 @@ def figure_specs(data: ReportData, target: pd.DataFrame | None = None, t0_wall_s
 
     if target is not None and len(target):
         specs.extend(drop_empty(target_specs(target, t0_wall_s)))  # (issue 47: only what the run had)
-    add_marks(specs, loop_marks(data.loop_starts) if len(data.loop_starts) > 1 else [])  # (issue 47)
     return specs
 
 
@@ -205,7 +198,8 @@ def figures(
 
 def draw(specs: list[dict]) -> list[tuple[str, Figure]]:
     """Plotly figures as (title, figure) of figure specs (``figure_specs``' shape; ``mode`` may
-    also be "lines+markers"; a series' optional ``color`` colours its markers)."""
+    also be "lines+markers"; a series' optional ``color`` colours its markers; a spec's optional
+    ``marks``, the run's events, drawn by ``replayer.results.reportmarks.draw_marks``)."""
     import plotly.graph_objects as go
 
     out = []
@@ -223,8 +217,7 @@ def draw(specs: list[dict]) -> list[tuple[str, Figure]]:
             yaxis={"title": sp["y_title"], **axis_layout(sp["y_type"])},
             showlegend=True,
         )
-        for x, label in sp.get("marks", ()):
-            f.add_vline(x=x, line_dash="dot", line_color="#888", annotation_text=label, annotation_position="top")
+        draw_marks(f, sp.get("marks", []))  # (the run's events: replayer.results.reportmarks)
         out.append((sp["title"], f))
     return out
 
@@ -326,7 +319,6 @@ def _warmup_text(n: int) -> str:
 def render_html(results_dir: str, spans: SpanSplit | None = None, asset_dir: str | None = None) -> str:
     """The report of ``results_dir`` as an HTML string (with ``spans``: the join with the
     server's spans, ``replayer.results.spanjoin``); plotly.js as ``_page`` loads it."""
-    from replayer.observe.events import draw_events
     from replayer.observe.target_samples import read_samples
 
     data, summary, meta = load_results(results_dir)
@@ -341,18 +333,17 @@ def render_html(results_dir: str, spans: SpanSplit | None = None, asset_dir: str
         f"{_peak_text(summary, origin)}; results folder "
         f"{html.escape(os.path.abspath(results_dir))}</p>\n" + _verdict_section(summary)
     )
-    specs = figure_specs(data, target, origin)
-    add_marks(specs, event_marks(summary))  # (issue 47: the run's speed-up changes on the time axes)
+    specs = figure_specs(data, target, origin) + drift_specs(summary)  # (issue 45: the drift windows)
+    marks = run_marks(summary, data.loop_starts, origin)  # the run's events, on every time axis
+    add_marks(specs, marks)
     figs = draw(specs)
-    # the run's other events (issue 46: start, warm-up end, pause, resume, target restart, stop;
-    # loops and speed-up changes are marked above)
-    events = [e for e in summary.get("events") or () if e.get("event") not in ("loop", "speedup")]
-    draw_events(figs, events, origin)
-    intro += verdicts_html(summary)  # (issue 45: the fidelity and drift verdicts, the drift windows)
-    figs += draw(drift_specs(summary))
+    intro += verdicts_html(summary)  # (issue 45: the fidelity and drift verdicts)
     if spans is not None:
         intro += spans_section(spans)
-        figs = draw(span_specs(spans)) + figs
+        split = span_specs(spans)
+        if origin is not None and spans.t0_ns is not None:  # (its axis starts at the first traced send)
+            add_marks(split, marks, spans.t0_ns / 1e9 - origin)
+        figs = draw(split) + figs
     return _page(
         f"replayer report: {os.path.basename(os.path.abspath(results_dir))}",
         "replayer report",

@@ -1,6 +1,7 @@
 """Parts of the HTML report that say what the run was at a glance (issue 47): the verdict line at
-the top, readable log axes, charts only for what the run had, loop boundaries on the time axes,
-and plotly.js written once beside the report instead of inlined in every page.
+the top, readable log axes, charts only for what the run had, and plotly.js written once beside
+the report instead of inlined in every page (the run's events on the time axes:
+``replayer.results.reportmarks``).
 
 Pure functions of the summary and the figure specs (``report.figure_specs``' shape), but
 ``plotly_script``, which writes the shared script file.
@@ -16,11 +17,8 @@ import numpy as np
 
 __all__ = [
     "PLOTLY_FILE",
-    "add_marks",
     "axis_layout",
     "drop_empty",
-    "event_marks",
-    "loop_marks",
     "plotly_script",
     "verdict_line",
 ]
@@ -98,31 +96,6 @@ def drop_empty(specs: list[dict]) -> list[dict]:
     run had (no image-cache chart of zeros for a text-only run). A zero series beside others stays
     (no request waiting is worth seeing beside those running)."""
     return [sp for sp in specs if not all(_zero(se) for se in sp["series"])]
-
-
-def loop_marks(loop_starts: dict[int, float]) -> list[tuple[float, str]]:
-    """(x, label) of the loop boundaries on the time axes: where each loop after the first
-    started (its first due time, seconds on the report's axis)."""
-    return [(x, f"loop {k}") for k, x in sorted(loop_starts.items()) if k > min(loop_starts)]
-
-
-def event_marks(summary: dict) -> list[tuple[float, str]]:
-    """(x, label) of the run's events on the time axes: each speed-up change (``POST /speedup``,
-    seconds after the run's anchor: the report's axis for a run of one anchor)."""
-    return [
-        (float(c["t_s"]), f"speed-up {c['speedup']:g}x")
-        for c in summary.get("speedup_changes") or ()
-        if isinstance(c, dict) and isinstance(c.get("t_s"), (int, float)) and isinstance(c.get("speedup"), (int, float))
-    ]
-
-
-def add_marks(specs: list[dict], marks: list[tuple[float, str]]) -> None:
-    """Add ``marks`` to the specs with a time axis (an ``x_title`` naming time)."""
-    if not marks:
-        return
-    for sp in specs:
-        if "time" in sp["x_title"]:
-            sp["marks"] = sorted([*sp.get("marks", []), *marks])
 
 
 def plotly_script(folder: str) -> str:

@@ -58,7 +58,8 @@ def fold_file(path: str, slos: dict[str, float] | None = None) -> SummaryFold | 
     if pf is None:
         return None
     fold = SummaryFold(slos)
-    columns = [c for c in COLUMNS if c in pf.schema_arrow.names]
+    names = set(pf.schema_arrow.names)  # (the schema is built anew on each access)
+    columns = [c for c in COLUMNS if c in names]
     try:
         for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=columns):
             fold.add(batch)

@@ -52,6 +52,8 @@ def _tie_term(v: np.ndarray) -> float:
 
 #: where a trend started is searched among at most this many points (evenly spaced)
 MAX_KNOTS = 500
+#: the points around each one that tell a lone spike from a trend (``despiked``)
+SMOOTH = 5
 #: more pairs of points than this and the slopes are those of this many pairs drawn at random
 MAX_PAIRS = 1_000_000
 
@@ -149,15 +151,17 @@ def ks_critical(n: int, m: int, alpha: float = 0.001) -> float:
 def change_start(x: np.ndarray, y: np.ndarray) -> int:
     """Index of the point where a trend started: the ``k`` whose hinge ``a + b * max(0, x -
     x[k])`` fits ``y`` with the least squared error (0: the trend runs from the first point).
-    ``x`` sorted ascending; NaN values of ``y`` are left out of the fit. Over ``MAX_KNOTS`` points,
-    the start is one of ``MAX_KNOTS`` evenly spaced ones (a month of 5-minute windows: 1 in 17)."""
+    ``x`` sorted ascending; NaN values of ``y`` are left out of the fit. The fit is to ``y``
+    without its lone spikes (``despiked``), so one outlying window (a p90 a stall raised) cannot
+    pull the start to itself. Over ``MAX_KNOTS`` points, the start is one of ``MAX_KNOTS`` evenly
+    spaced ones (a month of 5-minute windows: 1 in 17)."""
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     keep = ~np.isnan(y)
     idx = np.flatnonzero(keep)
     if idx.size < 3:
         return 0
-    xs, ys = x[keep], y[keep]
+    xs, ys = x[keep], despiked(y[keep])
     # candidate knots: every point, or ``MAX_KNOTS`` evenly spaced ones (memory: knots x points)
     knots = np.unique(np.linspace(0, xs.size - 2, min(xs.size - 1, MAX_KNOTS)).astype(np.int64))
     h = np.maximum(0.0, xs[None, :] - xs[knots, None])  # row k: the hinge at knot k
@@ -167,6 +171,26 @@ def change_start(x: np.ndarray, y: np.ndarray) -> int:
     shy = hc @ yc
     explained = np.where(shh > 0, shy * shy / np.where(shh > 0, shh, 1.0), 0.0)
     return int(idx[knots[int(np.argmax(explained))]])
+
+
+def despiked(y: np.ndarray, width: int = SMOOTH, k: float = 3.0) -> np.ndarray:
+    """``y`` with its lone outliers replaced by their neighbourhood's median (a Hampel filter):
+    a point further than ``k`` robust deviations (1.4826 x the median absolute deviation) from
+    the median of the ``width`` points around it (at the ends: the first or last ``width``). A
+    trend, a knee or a step keeps every point; a spike of one window does not."""
+    n = y.size
+    if n < width:
+        return y
+    half = width // 2
+    windows = np.lib.stride_tricks.sliding_window_view(y, width)  # (n - width + 1, width)
+    where = np.clip(np.arange(n) - half, 0, n - width)  # each point's window, full at the ends
+    med = np.median(windows, axis=1)
+    mad = np.median(np.abs(windows - med[:, None]), axis=1)
+    m, sigma = med[where], 1.4826 * mad[where]
+    out = y.copy()
+    spikes = np.abs(y - m) > k * sigma
+    out[spikes] = m[spikes]
+    return out
 
 
 def load_adjusted(t: np.ndarray, y: np.ndarray, loads: list[np.ndarray]) -> tuple[np.ndarray, list[float]]:

@@ -1,8 +1,9 @@
 """The report's verdicts (``replayer report``): the fidelity verdict and its reasons in words, and
 the drift windows drawn, one figure per metric that drifts (TTFT p50 when none does): each
-window's value over the run's time, the trend line (the Theil-Sen slope through the windows'
-median offset) and the loop boundaries (``--loop``: where each pass over the trace began).
-Pure: figure specs as ``report.figure_specs`` has them, drawn by ``report.draw``."""
+window's value over the run's time and the trend line (the Theil-Sen slope through the windows'
+median offset); the report marks the loop boundaries and the run's other events on them, as on
+its other time axes (``replayer.results.reportmarks``). Pure: figure specs as
+``report.figure_specs`` has them, drawn by ``report.draw``."""
 
 from __future__ import annotations
 
@@ -62,13 +63,6 @@ def drift_specs(summary: dict[str, Any]) -> list[dict]:
                     "y": offset + slope_s * t,
                 }
             )
-        starts = sorted({min(r["t_s"] for r in series if r["loop"] == lp) for lp in {r["loop"] for r in series}})
-        if len(starts) > 1:
-            lo, hi = float(np.nanmin(y)), float(np.nanmax(y))
-            half = drift.get("window_s", 0) / 2
-            xs = np.array([v for s in starts[1:] for v in (s - half, s - half, np.nan)])
-            ys = np.array([v for _ in starts[1:] for v in (lo, hi, np.nan)])
-            out.append({"name": "loop boundary", "mode": "lines", "line_shape": "linear", "x": xs, "y": ys})
         specs.append(
             {
                 "title": f"Drift: {key} per {drift.get('window_s', 0):g} s window",

@@ -1,8 +1,10 @@
 """The fidelity and drift verdicts of results folders (``summary.json``'s ``fidelity`` and
 ``drift``), read from the files themselves: so they cover a resumed run's earlier files and the
 shards of ``replayer merge`` (every file's times put on the axis of the earliest run anchor, as
-the merge does), and the drift windows of results files retention removed, from their digest
-(``driftdigest``; their fidelity figures are not kept: the fidelity verdict is of the files kept).
+the merge does), and the results files retention removed, from their digest (``removed.json``):
+their drift windows (``driftdigest``) and their fidelity figures (``fidelitydigest``). With a
+digest in any folder of a merge, each folder's inter-arrivals are its own sends' (a digest's
+gaps are of its folder's sends; the verdict says so); without, those of all the folders' sends.
 
 ``verdict_sections`` reads the folders' results files three times, a few columns each (loop
 origins, the fidelity figures, the drift windows), one batch in memory at a time, and the
@@ -20,26 +22,33 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replayer.record.folder import open_file, read_removed, report_damaged, result_files
-from replayer.results.drift import COLUMNS as DRIFT_COLUMNS, DriftFold, judge_drift, loop_origins
+from replayer.results.drift import judge_drift
 from replayer.results.driftdigest import digest_origins, seed_windows, usable
+from replayer.results.driftwindows import COLUMNS as DRIFT_COLUMNS, DriftFold, loop_origins
 from replayer.results.fidelity import COLUMNS as FIDELITY_COLUMNS, FidelityBounds, FidelityFold, judge_fidelity
+from replayer.results.fidelitydigest import seed_fidelity
 
 log = logging.getLogger(__name__)
 
 _TIME_COLUMNS = ("due_ns", "sent_ns", "first_token_ns", "last_token_ns", "end_ns")
 
 
-def _anchored(dirs: list[str]) -> list[tuple[str, float | None]]:
-    """(results file, its run's wall-clock anchor in Unix s or None) of every readable file."""
+def _anchored(d: str) -> list[tuple[str, float | None]]:
+    """(results file, its run's wall-clock anchor in Unix s or None) of every readable file of
+    the folder ``d``."""
     out = []
-    for d in dirs:
-        for f in result_files(d):
-            pf = open_file(f)
-            if pf is None:
-                continue
-            wall = (pf.schema_arrow.metadata or {}).get(b"replayer.t0_wall_s")
-            out.append((f, float(wall) if wall else None))
+    for f in result_files(d):
+        pf = open_file(f)
+        if pf is None:
+            continue
+        wall = (pf.schema_arrow.metadata or {}).get(b"replayer.t0_wall_s")
+        out.append((f, float(wall) if wall else None))
     return out
+
+
+def _ns(s: float) -> int:
+    """Unix s as Unix ns, rounded as every anchor is (so shifts between anchors are exact)."""
+    return round(s * 1e9)
 
 
 def _batches(
@@ -51,12 +60,13 @@ def _batches(
     if base is None:
         base = min(walls) if walls else None
     for f, wall in files:
-        shift = round((wall - base) * 1e9) if wall is not None and base is not None else 0
+        shift = _ns(wall) - _ns(base) if wall is not None and base is not None else 0
         pf = open_file(f)
         if pf is None:
             continue
         try:
-            for b in pf.iter_batches(batch_size=65_536, columns=[c for c in columns if c in pf.schema_arrow.names]):
+            names = set(pf.schema_arrow.names)  # (the schema is built anew at each access)
+            for b in pf.iter_batches(batch_size=65_536, columns=[c for c in columns if c in names]):
                 if shift:
                     b = pa.RecordBatch.from_arrays(
                         [
@@ -82,12 +92,41 @@ def _samples_on_axis(dirs: list[str], base: float | None) -> pa.Table | None:
     return t.set_column(t.schema.get_field_index("t_ns"), "t_ns", pa.array(t_ns))
 
 
+def _fidelity_fold(
+    per_dir: list[list[tuple[str, float | None]]], digests: list[dict | None], bound_ms: float
+) -> FidelityFold:
+    """The fidelity figures of the folders' files and of their removed files' digests: one
+    sequence of sends over every folder without a digest, each folder's own with one."""
+    files = [f for fs in per_dir for f in fs]
+    if not any(digests):
+        fold = FidelityFold()
+        for b in _batches(files, FIDELITY_COLUMNS):
+            fold.add(b, lag_bound_ms=bound_ms)
+        return fold
+    walls = [w for _, w in files if w is not None]
+    base = min(walls) if walls else 0.0
+    folds = []
+    for fs, digest in zip(per_dir, digests):
+        f = FidelityFold()
+        if digest:
+            seed_fidelity(f, digest, _ns(base))
+        for b in _batches(fs, FIDELITY_COLUMNS, base):
+            f.add(b, lag_bound_ms=bound_ms)
+        folds.append(f)
+    for f in folds[1:]:
+        folds[0].merge(f)
+    if len(folds) > 1 and folds[0].removed is not None:
+        folds[0].removed["per_folder"] = True
+    return folds[0]
+
+
 def _drift_fold(
-    dirs: list[str], files: list[tuple[str, float | None]], window_s: float
+    removed_folds: list[dict], files: list[tuple[str, float | None]], window_s: float
 ) -> tuple[DriftFold, float | None]:
-    """The drift windows of the files and of the removed files' digests, on the axis of the
-    earliest anchor among the files kept and the removed loops' origins; and that base (Unix s)."""
-    kept = [(r.fold_json or {}).get("drift") for r in (read_removed(d) for d in dirs) if r is not None]
+    """The drift windows of the files and of the removed files' digests (``removed_folds``: each
+    folder's ``removed.json`` fold), on the axis of the earliest anchor among the files kept and
+    the removed loops' origins; and that base (Unix s)."""
+    kept = [r.get("drift") for r in removed_folds]
     digests = usable([k for k in kept if k], window_s)
     removed = digest_origins(digests)
     walls = [w for _, w in files if w is not None] + [o / 1e9 for o in removed.values()]
@@ -118,10 +157,10 @@ def verdict_sections(
     of a merge); ``summary``: their summary so far (``stopped_early``, ``target_switches``);
     ``reference``: ``--drift-reference``."""
     bounds = bounds or FidelityBounds()
-    files = _anchored(dirs)
-    fold = FidelityFold()
-    for b in _batches(files, FIDELITY_COLUMNS):
-        fold.add(b, lag_bound_ms=bounds.max_lag_ms)
+    per_dir = [_anchored(d) for d in dirs]
+    files = [f for fs in per_dir for f in fs]
+    removed = [(r.fold_json or {}) if r is not None else {} for r in (read_removed(d) for d in dirs)]
+    fold = _fidelity_fold(per_dir, [r.get("fidelity") for r in removed], bounds.max_lag_ms)
     switches = summary.get("target_switches") if isinstance(summary.get("target"), list) else None
     fidelity = judge_fidelity(
         fold.figures(),
@@ -131,7 +170,13 @@ def verdict_sections(
         target_switches=switches,
     )
     fidelity["trace_rows_in_window"] = summary.get("scheduled")
-    drift_fold, base = _drift_fold(dirs, files, window_s)
+    older = [d for d, r in zip(dirs, removed) if r and not r.get("fidelity")]
+    if older:  # (a digest written before it kept them: said, not hidden)
+        fidelity.setdefault("notes", []).append(
+            f"the results files retention removed from {', '.join(older)} kept no fidelity figures "
+            "(an older replayer's digest): the fidelity verdict is of the files kept"
+        )
+    drift_fold, base = _drift_fold(removed, files, window_s)
     try:
         samples = _samples_on_axis(dirs, base)
     except (OSError, pa.ArrowException) as e:  # (the verdict goes on without the target's signals)

@@ -30,7 +30,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from replayer.core.result import RequestResult
 from replayer.core.stats import Stat
-from replayer.results.drift import LATENCIES, QUANTILES, SERVER, judge_drift
+from replayer.results.drift import judge_drift
+from replayer.results.driftwindows import LATENCIES, QUANTILES, SERVER
 from replayer.results.fidelity import FidelityBounds, judge_fidelity
 
 #: the live verdicts are judged when asked (a scrape of the gauges, ``/status``), at most once per
@@ -57,6 +58,8 @@ class _Open:
         "failed",
         "met",
         "e2e_sum",
+        "in_tokens",
+        "out_tokens",
     )
 
     def __init__(self) -> None:
@@ -68,11 +71,14 @@ class _Open:
         self.lag: list[float] = []
         self.due = self.sent = self.completed = self.failed = self.met = 0
         self.e2e_sum = 0.0
+        self.in_tokens = self.out_tokens = 0  # the trace's lengths of the requests due in it
 
     def add(self, res: RequestResult) -> None:
         """One result sent (its latencies only when it succeeded)."""
         self.due += 1
         self.sent += 1
+        self.in_tokens += res.input_length
+        self.out_tokens += res.output_length
         if res.dispatch_lag_ms is not None:
             self.lag.append(res.dispatch_lag_ms)
         if res.e2e_ms is not None:
@@ -196,6 +202,8 @@ class VerdictWatch(Collector):
             goodput_rps=w.met / ws,
             achieved_rps=w.sent / ws,
             offered_rps=w.due / ws,
+            offered_input_tps=w.in_tokens / ws,
+            offered_output_tps=w.out_tokens / ws,
             in_flight=w.e2e_sum / 1e3 / ws,
             requests=w.sent,
         )

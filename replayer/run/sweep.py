@@ -30,7 +30,8 @@ Points must not share prefix-cache state, or point k would be served from point 
 salted by the point's index, ``prompts.salted_seed``); ``reset`` keeps the prompts and calls
 the target's ``POST /reset_prefix_cache`` (vLLM's, in dev mode; the simulator's) before each
 point; ``warm`` does neither. Without ``--target`` the embedded simulator is started once and
-serves every point, as one server would. Each point is a run of its own, with a run id of its own
+serves every point, as one server would; the points' own checks of the trace and settings are
+made before it starts (``replayer.run.precheck``), so bad input starts nothing. Each point is a run of its own, with a run id of its own
 (``--run-id R``: ``R-01``, ``R-02``...), so request ids (``X-Request-Id``) never repeat across points.
 
 ``RESULTS/sweep.json`` is rewritten after each point (a killed sweep keeps the points it ran);
@@ -52,6 +53,7 @@ from replayer.payload.prompts import salted_seed
 from replayer.record.folder import new_results_dir
 from replayer.record.recorder import write_json
 from replayer.results.steady import MIN_ACHIEVED_FRACTION, TRANSIENT_FRACTION
+from replayer.run.precheck import input_problem
 from replayer.run.simproc import EMBEDDED_TARGET_ENV, PARENT_PID_ENV, ForwardStops, embedded_args, spawn_sim, stop_sim
 from replayer.run.sweeppoint import SweepError, point_line, point_record, reset_prefix_cache, run_point
 
@@ -169,6 +171,9 @@ def _check(cfg: RunConfig, prefix_cache: str) -> str:
         )
     if cfg.run_id and len(cfg.run_id) > 61:
         raise SweepError(f"--run-id {cfg.run_id!r}: at most 61 characters in a sweep (each point adds -NN)")
+    why = input_problem(cfg, [cfg.admin_port])  # (the points' own checks, before the simulator starts)
+    if why is not None:
+        raise SweepError(why)
     results = cfg.results or new_results_dir()
     if os.path.exists(os.path.join(results, "sweep.json")):
         raise SweepError(f"--results {results}: holds an earlier sweep (sweep.json); give another folder")

@@ -3,7 +3,9 @@
 ``run_workers`` starts N ``replayer run`` processes, one shard each (``--shard i/N``), all
 anchored at one wall-clock start time (``--start-at``), each writing ``RESULTS/worker-i/``; it
 forwards SIGTERM/SIGINT to them, waits, and writes one merged ``RESULTS/summary.json``
-(``replayer.results.merge``). With no ``--target`` it starts one embedded simulator for all of them. Each
+(``replayer.results.merge``). The workers' own checks of the trace and settings are made first
+(``replayer.run.precheck``): bad input starts nothing. With no ``--target`` it starts one embedded
+simulator for all of them. Each
 worker serves its own ``/metrics`` (``admin_port + i``; histograms, so Prometheus sums them into
 a merged view).
 
@@ -29,6 +31,7 @@ from replayer.config.model import RunConfig, new_run_id
 from replayer.record.folder import earlier_run, new_results_dir, result_files
 from replayer.record.recorder import write_json
 from replayer.results.merge import merge_results
+from replayer.run.precheck import input_problem
 from replayer.run.simproc import (
     EMBEDDED_TARGET_ENV,
     PARENT_PID_ENV,
@@ -170,6 +173,12 @@ def run_workers(cfg: RunConfig, argv_flags: list[str]) -> int:
         flags += ["--run-id", new_run_id()]  # (a resumed worker keeps its checkpoint's)
     if cfg.admin_port and cfg.admin_port + n - 1 > 65535:
         print(f"replayer run: --admin-port {cfg.admin_port} + {n} workers exceeds 65535", file=sys.stderr)
+        return 2
+    # the workers' own checks, before the simulator, the folder or any worker starts
+    ports = range(cfg.admin_port, cfg.admin_port + n) if cfg.admin_port else ()
+    why = input_problem(cfg, ports, quiet=True)  # (each worker logs the trace's warnings itself)
+    if why is not None:
+        print(f"replayer: error: {why}", file=sys.stderr)
         return 2
     results = _results_folder(cfg, n)
     if results is None:
