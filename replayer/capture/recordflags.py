@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from replayer.core.ports import port_number
+
 __all__ = ["add_record_parser"]
 
 
@@ -55,7 +57,7 @@ def add_record_parser(sub) -> None:
     )
     p.add_argument(
         "--admin-port",
-        type=int,
+        type=port_number,
         default=9401,
         metavar="P",
         help="/metrics, /healthz and /status on ADMIN_HOST:P (0 = a free port) [default: 9401]",

@@ -25,7 +25,7 @@ from replayer.cli.flags import (
 )
 from replayer.cli.gate import run_gate, run_history
 from replayer.cli.parser import FLAG_HINT_CUTOFF, build_parser, subcommands, unrecognized
-from replayer.config.model import ConfigError, RunConfig, flag_name, load_config
+from replayer.config.model import SIM_ONLY, ConfigError, RunConfig, flag_name, load_config
 
 __all__ = [
     "FLAG_HINT_CUTOFF",
@@ -113,7 +113,7 @@ def _main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
                     "from --speedups and starts a new run per point)"
                 )
             opts = sweep_options({k: getattr(args, k) for k in SWEEP_KEYS}, sweep_file)
-            _, code = run_sweep(cfg, flags_for(cfg, PER_POINT), **opts)
+            _, code = run_sweep(cfg, flags_for(cfg, PER_POINT | set(SIM_ONLY)), **opts)
         except SweepError as e:
             print(f"replayer sweep: {e}", file=sys.stderr)
             return 2
@@ -132,6 +132,7 @@ def _main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912
                 "quiet",
                 "config_file",
                 "max_error_ratio",
+                *SIM_ONLY,  # (the parent's embedded simulator takes them; the workers get its --target)
             }  # (checked on the merged summary)
             passthrough = flags_for(cfg, skip)
             return run_workers(cfg, passthrough)

@@ -10,6 +10,7 @@ import sys
 
 from replayer.cli.flags import add_config_flags, add_help_flags, join_pairs
 from replayer.cli.gate import add_gate_flags, add_history_parser
+from replayer.core.ports import port_number
 
 __all__ = ["FLAG_HINT_CUTOFF", "build_parser", "subcommands", "unrecognized"]
 
@@ -99,7 +100,9 @@ def _add_coordinate_parser(sub) -> None:
     )
     co.add_argument("--shards", type=int, required=True, metavar="N", help="how many shards make the fleet")
     co.add_argument("--host", default="127.0.0.1", help="address to listen on [default: 127.0.0.1]")
-    co.add_argument("--port", type=int, default=9500, help="port to listen on (0 = a free port) [default: 9500]")
+    co.add_argument(
+        "--port", type=port_number, default=9500, help="port to listen on (0 = a free port) [default: 9500]"
+    )
     co.add_argument(
         "--ready-timeout",
         type=float,

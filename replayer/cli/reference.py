@@ -33,6 +33,9 @@ as underscores, and `_s` appended for a setting in seconds (`--read-timeout` is 
 A config file (`--config FILE`, YAML) holds any of the keys; a flag given too overrides it.
 `replayer run --help` shows the settings marked **common** below, `--help-all` every one.
 `replayer sweep` takes every setting too (see its own flags below).
+A number must be finite: `inf` and `nan` are refused (exit 2, the setting named), but for
+`--request-rate` and `--burstiness`, whose `inf` is documented below. A port is 0 to 65535 (a URL's
+port 1 to 65535), in every command.
 """
 
 

@@ -135,6 +135,16 @@ class FieldChecks(BaseModel):
             raise ValueError("must be debug, info, warning or error")
         return v.lower()
 
+    @field_validator("coordinator", "metrics_push", "otlp_endpoint", check_fields=False)
+    @classmethod
+    def _url_port(cls, v: str | None) -> str | None:
+        from replayer.core.ports import url_port_problem
+
+        problem = url_port_problem(v) if v is not None else None
+        if problem:
+            raise ValueError(problem)
+        return v
+
     @field_validator("endpoint", check_fields=False)
     @classmethod
     def _endpoint(cls, v: str) -> str:

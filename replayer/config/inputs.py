@@ -66,6 +66,7 @@ class InputSettings(BaseModel):
     request_rate: float | None = Field(
         None,
         gt=0,
+        allow_inf_nan=True,  # (inf is a value; nan fails gt)
         description="a synthetic load instead of a trace (vllm bench serve's flag): requests per "
         "second, inf = all at once; its rows: --num-prompts, --input-len, --output-len, "
         "--prefix-len, --range-ratio, arrivals by --burstiness, seeded by --seed; none = replay TRACE",
@@ -73,6 +74,7 @@ class InputSettings(BaseModel):
     burstiness: float = Field(
         1.0,
         gt=0,
+        allow_inf_nan=True,  # (inf is a value; nan fails gt)
         description="synthetic load: the gamma shape of the gaps between requests (vLLM's): 1 = "
         "Poisson, < 1 burstier, > 1 more regular (coefficient of variation 1/sqrt(B)), inf = "
         "exactly 1/--request-rate apart",

@@ -31,11 +31,12 @@ from replayer.config.observability import ObservabilitySettings
 from replayer.config.outputs import OutputSettings
 from replayer.config.pacing import PacingSettings
 from replayer.config.target import TargetSettings
-from replayer.config.verdict import VerdictSettings
+from replayer.config.verdict import SIM_ONLY, VerdictSettings
 
 __all__ = [
     "RUN_ID",
     "SAME_ON_RESUME",
+    "SIM_ONLY",
     "SYNTHETIC_LOAD",
     "SYNTHETIC_ONLY",
     "ConfigError",
@@ -71,8 +72,10 @@ class RunConfig(
     listed last first: pydantic orders the fields from the last base, so ``model_fields`` holds the
     inputs' first, the observability settings last.)"""
 
-    # (an infinite --request-rate or --burstiness is written as "Infinity" in the results' config, not null)
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
+    # every number must be finite (an inf or nan setting is refused, naming it: a window of inf seconds
+    # is no window), but --request-rate and --burstiness, whose inf is a documented value (their
+    # fields allow it); theirs is written as "Infinity" in the results' config, not null
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, ser_json_inf_nan="strings")
 
     @model_validator(mode="before")
     @classmethod
@@ -139,6 +142,27 @@ class RunConfig(
             f"the control token (--control-token-file or ${self.control_token_env})": self.control_token(),
         }
 
+    def _verdict_problems(self) -> list[str]:
+        """A ``--drift-reference`` loop past ``--loop``'s last (known at start: issue 45), and the
+        embedded simulator's settings (``SIM_ONLY``) with ``--target``, which starts none."""
+        problems = []
+        ref, loops = self.drift_reference, self.loop
+        if ref.isdigit() and loops.isdigit() and int(ref) >= int(loops):  # (loops are numbered from 0)
+            span = "0" if loops == "1" else f"0 to {int(loops) - 1}"
+            problems.append(
+                f"drift_reference: --drift-reference {ref} is past the last loop (--loop {loops} runs "
+                f"{'loop' if loops == '1' else 'loops'} {span}, numbered from 0): give {span}, first or previous"
+            )
+        sim_only = [k for k in SIM_ONLY if getattr(self, k)]
+        if sim_only and self.target:
+            one = len(sim_only) == 1
+            problems.append(
+                f"{', '.join(sim_only)}: {' and '.join(map(flag_name, sim_only))} "
+                f"{'is a test aid' if one else 'are test aids'} of the embedded simulator, which a run with "
+                f"--target does not start: drop {'it' if one else 'them'} or --target"
+            )
+        return problems
+
     @model_validator(mode="after")
     def _modes(self) -> "RunConfig":
         problems = self._load_problems()
@@ -164,6 +188,7 @@ class RunConfig(
                 "retain_size/retain_age: retention removes rolled results files: give --roll-interval "
                 "or --roll-rows too (without them results are rolled only at the end)"
             )
+        problems += self._verdict_problems()
         if self.workers > 1 and self.shard != "0/1":
             problems.append(
                 "workers: --workers N splits the trace into its own N shards; it cannot be "

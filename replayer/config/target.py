@@ -13,6 +13,7 @@ import os
 
 from pydantic import BaseModel, Field, field_validator
 
+from replayer.core.ports import url_port_problem
 from replayer.http.tls import TLSOptions
 
 __all__ = ["TargetSettings"]
@@ -146,6 +147,8 @@ class TargetSettings(BaseModel):
         for u in urls:
             if not isinstance(u, str) or not u.startswith(("http://", "https://")):
                 raise ValueError(f"{u!r} must be an http:// or https:// URL, e.g. http://127.0.0.1:8000")
+            if problem := url_port_problem(u):
+                raise ValueError(problem)
             u = u.rstrip("/").removesuffix("/v1").rstrip("/")
             if u in out:
                 raise ValueError(f"target {u} is given twice")

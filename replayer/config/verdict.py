@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-__all__ = ["VerdictSettings"]
+__all__ = ["SIM_ONLY", "VerdictSettings"]
+
+#: the settings of the embedded simulator, which a run with ``--target`` does not start: refused
+#: with it (``RunConfig``), and not passed to a sweep's points or ``--workers``' processes (the
+#: parent starts the simulator and gives them its URL as their ``--target``)
+SIM_ONLY = ("sim_ttft_drift_ms_per_min", "sim_itl_drift_ms_per_min")
 
 
 class VerdictSettings(BaseModel):
@@ -74,17 +79,16 @@ class VerdictSettings(BaseModel):
         "position in the first loop (first), in the loop before its own (previous: a rolling reference) "
         "or in the loop of this index (0 = the first)",
     )
+    # (a negative drift is a server getting faster, the "improving" path; refused with --target: SIM_ONLY)
     sim_ttft_drift_ms_per_min: float = Field(
         0.0,
-        ge=0,
-        description="a test aid for the embedded simulator (no --target): its TTFT grows by this many ms per "
-        "minute (replayer sim --ttft-drift-ms-per-min)",
+        description="a test aid for the embedded simulator (refused with --target): its TTFT grows by this many "
+        "ms per minute, or shrinks when negative (replayer sim --ttft-drift-ms-per-min)",
     )
     sim_itl_drift_ms_per_min: float = Field(
         0.0,
-        ge=0,
-        description="a test aid for the embedded simulator (no --target): its token gaps grow by this many ms "
-        "per minute (replayer sim --itl-drift-ms-per-min)",
+        description="a test aid for the embedded simulator (refused with --target): its token gaps grow by this "
+        "many ms per minute, or shrink when negative (replayer sim --itl-drift-ms-per-min)",
     )
 
     @property

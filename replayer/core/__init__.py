@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from replayer.core.endpoints import Endpoint, endpoint_kind
     from replayer.core.errors import ErrorKind, Outcome
     from replayer.core.events import QUIET, Quiet, RequestEvents
+    from replayer.core.ports import port_number, url_port_problem
     from replayer.core.request import PreparedRequest
     from replayer.core.result import RequestResult
     from replayer.core.slo import judge_result, parse_goodput
@@ -38,6 +39,8 @@ __all__ = [
     "Stat",
     "parse_goodput",
     "judge_result",
+    "port_number",
+    "url_port_problem",
 ]
 __getattr__ = facade(
     __name__,
@@ -59,5 +62,7 @@ __getattr__ = facade(
         "Stat": ".stats",
         "parse_goodput": ".slo",
         "judge_result": ".slo",
+        "port_number": ".ports",
+        "url_port_problem": ".ports",
     },
 )

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from replayer.results.driftwindows import LATENCIES, OFFERED, SERVER
+from replayer.results.numtext import count, plain
 from replayer.results.trend import MAX_PAIRS, change_start, load_adjusted, median_interval, theil_sen
 
 #: fewer windows than this (paired: in the loops after the first) and the verdict is too_short
@@ -214,20 +215,19 @@ def judge_drift(
             sec["drifting"].append(key)
     if not sec["metrics"]:
         sec["verdict"] = "too_short"
-        sec["reason"] = (
-            f"{len(series)} windows of {window_s:g} s"
+        sec["reason"] = "; ".join(  # (printed in parentheses by drift_lines: none inside)
+            [f"{count(len(series), 'window')} of {plain(window_s)} s, at least {MIN_WINDOWS} are needed"]
             + (
-                f" (and {len(all_series) - len(series)} left out: the replay lagged)"
+                [f"{len(all_series) - len(series):,} more left out: the replay lagged"]
                 if len(all_series) > len(series)
-                else ""
+                else []
             )
-            + (" (paired: too few after the first loop)" if paired else "")
+            + (["paired across loops: too few after the first loop"] if paired else [])
             + (
-                f" (--drift-reference {reference}: no such loop)"
+                [f"--drift-reference {reference}: no such loop"]
                 if paired and reference.isdigit() and int(reference) not in loops
-                else ""
+                else []
             )
-            + f": at least {MIN_WINDOWS} are needed"
         )
     else:
         sec["verdict"] = "drifting" if sec["drifting"] else "stable"
@@ -237,10 +237,10 @@ def judge_drift(
 
 def _method(reference: str) -> str:
     if reference == "previous":
-        return "paired across loops (same trace position in the previous loop)"
+        return "paired across loops: same trace position in the previous loop"
     if reference == "first":
-        return "paired across loops (same trace position in the first loop)"
-    return f"paired across loops (same trace position in loop {reference})"
+        return "paired across loops: same trace position in the first loop"
+    return f"paired across loops: same trace position in loop {reference}"
 
 
 def drift_lines(sec: dict[str, Any] | None) -> list[str]:
@@ -251,7 +251,8 @@ def drift_lines(sec: dict[str, Any] | None) -> list[str]:
         return [f"Drift: too short ({sec.get('reason', '')})"]
     if "windows" not in sec:  # (the verdict could not be computed: its error)
         return [f"Drift: {sec['verdict'].replace('_', ' ')} ({sec.get('error', '')})"]
-    lines = [f"Drift: {sec['verdict']} ({sec['windows']} windows of {sec['window_s']:g} s, {sec['method']})"]
+    n, window_s = count(sec["windows"], "window"), plain(sec["window_s"])
+    lines = [f"Drift: {sec['verdict']} ({n} of {window_s} s, {sec['method']})"]
     if sec.get("improving"):
         lines.append(f"  improving (a trend for the better, not drift): {', '.join(sec['improving'])}")
     for key in sec.get("drifting", []):
@@ -259,8 +260,9 @@ def drift_lines(sec: dict[str, Any] | None) -> list[str]:
         lo, hi = m["interval_per_hour"]
         pct = m.get("slope_percent_per_hour")
         lines.append(
-            f"  {key}: {m['slope_per_hour']:+.4g} {m['unit']}/h [{lo:+.4g}, {hi:+.4g}]"
-            + (f" ({pct:+.1f} %/h)" if pct is not None else "")
+            f"  {key}: {plain(m['slope_per_hour'], signed=True)} {m['unit']}/h "
+            f"[{plain(lo, signed=True)}, {plain(hi, signed=True)}]"
+            + (f" ({pct:+,.1f} %/h)" if pct is not None else "")
             + f", {m['direction']}, from window {m['started_window']}"
         )
     return lines

@@ -52,6 +52,7 @@ from replayer.results.fidelitygaps import (
     hist_of,
     hist_percentile,
 )
+from replayer.results.numtext import count, plain
 from replayer.results.trend import ks_critical
 
 #: the inter-arrivals are those of the first this many sent requests (memory: 16 bytes each)
@@ -291,10 +292,11 @@ def judge_fidelity(
     sent = fig.get("sent") or 0
     section: dict[str, Any] = {"bounds": {"max_lag_ms": bounds.max_lag_ms, "max_ks": bounds.max_ks}, **fig}
     if sent < MIN_SENT:
-        return {"verdict": "not_judged", "reasons": [f"{sent} requests sent (fewer than {MIN_SENT})"], **section}
+        why = f"{count(sent, 'request')} sent, fewer than the {MIN_SENT} needed"
+        return {"verdict": "not_judged", "reasons": [why], **section}
     p99 = (fig.get("dispatch_lag_ms") or {}).get("p99")
     if p99 is not None and p99 > bounds.max_lag_ms:
-        reasons.append(f"dispatch lag p99 {p99:.1f} ms above the bound {bounds.max_lag_ms:g} ms")
+        reasons.append(f"dispatch lag p99 {p99:,.1f} ms above the bound {plain(bounds.max_lag_ms)} ms")
     ia = fig.get("inter_arrival")
     if ia and ia.get("ks_distance") is not None:
         d, crit = ia["ks_distance"], ia["ks_critical"]
@@ -306,19 +308,20 @@ def judge_fidelity(
     if held.get("max_concurrency_beyond_bound"):
         cap = f"--max-concurrency {max_concurrency}" if max_concurrency is not None else "--max-concurrency"
         reasons.append(
-            f"{cap} held back {held['max_concurrency']} requests ({held['max_concurrency_share']:.1%}): "
+            f"{cap} held back {count(held['max_concurrency'], 'request')} ({held['max_concurrency_share']:.1%}): "
             "the trace's arrivals were not sent"
         )
     if held.get("sessions"):
         notes.append(
-            f"{held['sessions']} session turns ({held['sessions_share']:.1%}) waited for their parent: "
+            f"{count(held['sessions'], 'session turn')} ({held['sessions_share']:.1%}) waited for their parent: "
             "the trace's own dependency (faithful)"
         )
     if fig.get("from_digest"):
         notes.append(digest_note(fig["from_digest"]))
     if fig.get("unsent"):
         (notes if stopped_early else reasons).append(
-            f"{fig['unsent']} rows scheduled were never sent" + (" (the run was stopped)" if stopped_early else "")
+            f"{count(fig['unsent'], 'row')} scheduled {'was' if fig['unsent'] == 1 else 'were'} never sent"
+            + ("; the run was stopped" if stopped_early else "")
         )
     lengths = fig.get("lengths") or {}
     judged = lengths.get("judged") or 0
@@ -326,12 +329,12 @@ def judge_fidelity(
         off = lengths.get(key) or 0
         if judged and off / judged > bounds.max_length_mismatch:
             reasons.append(
-                f"{off} of {judged} requests ({off / judged:.1%}) sent another {what} length than the trace's"
+                f"{off:,} of {count(judged, 'request')} ({off / judged:.1%}) sent another {what} length than the trace's"
             )
     if target_switches is not None:
         section["affinity_held"] = target_switches == 0
         if target_switches:
-            reasons.append(f"{target_switches} session turns went to another target than their session's")
+            reasons.append(f"{count(target_switches, 'session turn')} went to another target than their session's")
     verdict = "not_faithful" if reasons else "faithful"
     return {"verdict": verdict, "reasons": reasons, "notes": notes, **section}
 
@@ -356,6 +359,10 @@ def digest_note(dig: dict[str, Any]) -> str:
     return text
 
 
+#: the verdicts whose reasons are printed, and the word each reason line starts with
+_REASON_HEADS = {"not_faithful": "not faithful", "not_judged": "not judged"}
+
+
 def fidelity_lines(sec: dict[str, Any] | None) -> list[str]:
     """The verdict as printed at the end of a run: one line, and one per reason or note."""
     if not sec:
@@ -366,14 +373,14 @@ def fidelity_lines(sec: dict[str, Any] | None) -> list[str]:
     head = f"Fidelity: {sec['verdict'].replace('_', ' ')}"
     figs = []
     if p99 is not None:
-        figs.append(f"dispatch lag p99 {p99:.1f} ms")
+        figs.append(f"dispatch lag p99 {p99:,.1f} ms")
     if ks is not None:
         figs.append(f"inter-arrival KS {ks:.3f}")
     if figs:
         head += " (" + ", ".join(figs) + ")"
     return (
         [head]
-        + [f"  not faithful: {r}" for r in sec.get("reasons", []) if sec["verdict"] == "not_faithful"]
+        + [f"  {head_word}: {r}" for r in sec.get("reasons", []) if (head_word := _REASON_HEADS.get(sec["verdict"]))]
         + [f"  {n}" for n in sec.get("notes", [])]
     )
 

@@ -21,14 +21,15 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 
-#: the columns of a history row that are numbers (ms, or a share 0-1), in table order
+#: the columns of a history row that are numbers (ms, or a share 0-1), in table order, with their
+#: headers: a latency's unit in its header, a share's percent sign in each cell
 NUMBERS = (
-    ("median_ttft_ms", "TTFT p50"),
-    ("p99_ttft_ms", "TTFT p99"),
-    ("median_tpot_ms", "TPOT p50"),
-    ("p99_tpot_ms", "TPOT p99"),
-    ("median_e2el_ms", "E2E p50"),
-    ("p99_e2el_ms", "E2E p99"),
+    ("median_ttft_ms", "TTFT p50 (ms)"),
+    ("p99_ttft_ms", "TTFT p99 (ms)"),
+    ("median_tpot_ms", "TPOT p50 (ms)"),
+    ("p99_tpot_ms", "TPOT p99 (ms)"),
+    ("median_e2el_ms", "E2E p50 (ms)"),
+    ("p99_e2el_ms", "E2E p99 (ms)"),
     ("error_rate", "errors"),
     ("slo_attainment", "SLO met"),
 )

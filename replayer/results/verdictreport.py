@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from replayer.results.numtext import plain
+
 
 def verdicts_html(summary: dict[str, Any]) -> str:
     """One short section: each verdict, the fidelity reasons and notes, the drifting metrics."""
@@ -54,7 +56,7 @@ def drift_specs(summary: dict[str, Any]) -> list[dict]:
             offset = float(np.nanmedian(y - slope_s * t))
             out.append(
                 {
-                    "name": f"trend {fit['slope_per_hour']:+.4g} {fit['unit']}/h",
+                    "name": f"trend {plain(fit['slope_per_hour'], signed=True)} {fit['unit']}/h",
                     "mode": "lines",
                     "line_shape": "linear",
                     "x": t,

@@ -137,7 +137,11 @@ def run_sweep(
     try:
         targets = cfg.targets
         if not targets:
-            sim, embedded = spawn_sim(embedded_args(cfg.tokenizer))
+            sim, embedded = spawn_sim(
+                embedded_args(
+                    cfg.tokenizer, ttft_drift=cfg.sim_ttft_drift_ms_per_min, itl_drift=cfg.sim_itl_drift_ms_per_min
+                )
+            )
             targets = [embedded]
             sweep["target"] = embedded
         code = _points(cfg, run_flags, sweep, results, targets, embedded=sim is not None, stops=stops)

@@ -13,6 +13,7 @@ from dataclasses import fields
 from typing import get_args, get_type_hints
 
 from replayer.core.background import BackgroundTasks
+from replayer.core.ports import port_number
 from replayer.sim.config import ReceivedRequest, SimConfig
 from replayer.sim.server import SimServer
 
@@ -123,7 +124,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument(
-        "--port", type=int, default=8000, help="port to listen on (0 = a free port; the URL is printed at start)"
+        "--port",
+        type=port_number,
+        default=8000,
+        help="port to listen on (0 = a free port; the URL is printed at start)",
     )
     p.add_argument(
         "--record-requests",

@@ -3,7 +3,8 @@ request (:class:`ReceivedRequest`)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import orjson
@@ -110,13 +111,20 @@ class SimConfig:
     ttft_drift_ms_per_min: float = flag(
         0.0,
         "a test aid: every time to first token grows by this many ms per minute since the start (a server "
-        "that degrades, for the drift verdict)",
+        "that degrades, for the drift verdict; negative: one that gets faster, down to 0 ms)",
     )
     itl_drift_ms_per_min: float = flag(
-        0.0, "a test aid: every gap between tokens grows by this many ms per minute since the start"
+        0.0,
+        "a test aid: every gap between tokens grows by this many ms per minute since the start (negative: "
+        "shrinks, down to 0 ms)",
     )
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # (an inf or nan time is no time: refused, as replayer run refuses it)
+            v = getattr(self, f.name)
+            if isinstance(v, float) and not math.isfinite(v):
+                name = f.metadata.get("flags", (f"--{f.name.replace('_', '-')}",))[0]
+                raise ValueError(f"{name} must be a finite number, got {v}")
         if self.kv_block_size < 1 or self.embedding_dim < 1 or self.tokens_per_chunk < 1:
             raise ValueError("kv_block_size, embedding_dim and tokens_per_chunk must be >= 1")
         if self.score_usage not in SCORE_USAGE_MODES:

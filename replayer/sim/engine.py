@@ -138,8 +138,8 @@ class _Engine:
     def _step_s(self) -> float:
         c = self.config
         step_ms = c.itl_base_ms + c.itl_per_running_us * self._running / 1000.0
-        if c.itl_drift_ms_per_min:  # (--itl-drift-ms-per-min: degrading on purpose)
-            step_ms += c.itl_drift_ms_per_min * (time.perf_counter() - self.born_s) / 60.0
+        if c.itl_drift_ms_per_min:  # (--itl-drift-ms-per-min: degrading on purpose; negative: improving, to 0)
+            step_ms = max(0.0, step_ms + c.itl_drift_ms_per_min * (time.perf_counter() - self.born_s) / 60.0)
         return step_ms / 1000.0
 
     async def _engine_loop(self) -> None:
