@@ -198,6 +198,8 @@ def test_a_drift_slope_is_a_plain_number():
     (slope,) = [x for x in lines if x.startswith("  ttft_p50_ms:")]
     assert re.match(r"  ttft_p50_ms: \+37,\d{3} ms/h \[\+37,\d{3}, \+37,\d{3}\]", slope), slope
     assert "e+" not in "\n".join(lines)
+    # and when it started, on the run's clock (a window's middle), beside the window's index
+    assert re.search(r", worse, from window \d+ \(\d+(\.\d)? (s|min) into the run\)$", slope), slope
 
 
 def test_a_fidelity_not_judged_says_why_in_the_singular():

@@ -263,9 +263,19 @@ def drift_lines(sec: dict[str, Any] | None) -> list[str]:
             f"  {key}: {plain(m['slope_per_hour'], signed=True)} {m['unit']}/h "
             f"[{plain(lo, signed=True)}, {plain(hi, signed=True)}]"
             + (f" ({pct:+,.1f} %/h)" if pct is not None else "")
-            + f", {m['direction']}, from window {m['started_window']}"
+            + f", {m['direction']}, from window {m['started_window']}{_into_run(m.get('started_at_s'))}"
         )
     return lines
+
+
+def _into_run(t_s: float | None) -> str:
+    """`` (2.5 h into the run)``: when a window (its middle) was, on the run's time axis."""
+    if t_s is None:
+        return ""
+    for unit, size in (("h", 3600.0), ("min", 60.0)):
+        if t_s >= size:
+            return f" ({t_s / size:,.1f} {unit} into the run)"
+    return f" ({t_s:,.1f} s into the run)"
 
 
 __all__ = ["drift_lines", "judge_drift"]
