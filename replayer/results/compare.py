@@ -14,6 +14,7 @@ import sys
 import pyarrow.parquet as pq
 
 from replayer.results.reportdata import report_files
+from replayer.results.runread import read_json_file
 from replayer.results.summarytext import synthetic_text
 
 COMPARE_FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -67,16 +68,9 @@ def _load_summary(path: str) -> dict:
                 "stop_signal": "a kill (no summary.json)",
             }
     try:
-        with open(path, encoding="utf-8") as f:
-            s = json.load(f)
+        s = read_json_file(path)
     except FileNotFoundError:
         raise ValueError(f"{path}: no such results folder or summary.json") from None
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read: {e.strerror or e}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ValueError(
-            f"{path}: not a summary.json (not JSON): remove it and the run is summarized from its results files"
-        ) from None
     if not isinstance(s, dict) or not {"completed", "duration"} <= set(s):
         raise ValueError(f"{path}: not a replayer summary.json (no completed/duration)")
     return s

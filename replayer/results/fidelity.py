@@ -230,27 +230,9 @@ class FidelityFold:
 
     def figures(self) -> dict[str, Any]:
         """Everything ``judge_fidelity`` reads, JSON-able."""
-        n, sent = self.n, self.n["sent"]
+        n = self.n
         arrivals = self.arrivals()  # (first: it seals, which counts the late sends of removed files)
-        out = {
-            "rows": n["rows"],
-            "sent": sent,
-            "unsent": n["unsent"],
-            "dispatch_lag_ms": {"p99": self.lag.percentile(99), "max": self.lag.max if self.lag.count else None},
-            "inter_arrival": arrivals,
-            "held_back": {
-                "max_concurrency": n["queue_waited"],
-                "max_concurrency_beyond_bound": n["queue_held"],
-                "max_concurrency_share": n["queue_waited"] / sent if sent else None,
-                "sessions": n["session_waited"],
-                "sessions_share": n["session_waited"] / sent if sent else None,
-            },
-            "lengths": {
-                "judged": n["lengths"],
-                "prompt_differs": n["prompt_off"],
-                "output_differs": n["output_off"],
-            },
-        }
+        out = count_figures(n, self.lag, n["lengths"], arrivals)
         if self.removed is not None:
             out["from_digest"] = self._from_digest()
         return out
@@ -275,6 +257,28 @@ class FidelityFold:
             },
             "max_concurrency_bound_ms": r.get("lag_bound_ms"),
         }
+
+
+def count_figures(n: dict[str, Any], lag: Stat, judged: int, inter_arrival: dict[str, Any] | None) -> dict[str, Any]:
+    """The figures ``judge_fidelity`` reads, from a fold's counts ``n`` (rows, sent, unsent, the
+    requests the cap and sessions held back, lengths that differ), its dispatch lag and the
+    inter-arrival comparison (None: not compared, as live)."""
+    sent = n["sent"]
+    return {
+        "rows": n["rows"],
+        "sent": sent,
+        "unsent": n["unsent"],
+        "dispatch_lag_ms": {"p99": lag.percentile(99), "max": lag.max if lag.count else None},
+        "inter_arrival": inter_arrival,
+        "held_back": {
+            "max_concurrency": n["queue_waited"],
+            "max_concurrency_beyond_bound": n["queue_held"],
+            "max_concurrency_share": n["queue_waited"] / sent if sent else None,
+            "sessions": n["session_waited"],
+            "sessions_share": n["session_waited"] / sent if sent else None,
+        },
+        "lengths": {"judged": judged, "prompt_differs": n["prompt_off"], "output_differs": n["output_off"]},
+    }
 
 
 def judge_fidelity(

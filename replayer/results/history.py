@@ -171,20 +171,26 @@ def verdicts_text(r: dict) -> str:
     return ", ".join(parts) or "-"
 
 
+#: the history table's columns
+HEAD = ("start (UTC)", "run", "loop", "trace", "requests", *(label for _, label in NUMBERS), "verdicts")
+
+
+def _cells(r: dict) -> tuple[str, ...]:
+    """One row of the history table as text, a cell per column of ``HEAD``."""
+    return (
+        _when(r["start"]),
+        r["run"],
+        "-" if r["loop"] is None else str(r["loop"]),
+        r["trace"] or "n/a",
+        _cell("requests", r["requests"]),
+        *(_cell(k, r.get(k)) for k, _ in NUMBERS),
+        verdicts_text(r),
+    )
+
+
 def format_history(rows: list[dict]) -> str:
-    head = ("start (UTC)", "run", "loop", "trace", "requests", *(label for _, label in NUMBERS), "verdicts")
-    table = [head] + [
-        (
-            _when(r["start"]),
-            r["run"],
-            "-" if r["loop"] is None else str(r["loop"]),
-            r["trace"] or "n/a",
-            _cell("requests", r["requests"]),
-            *(_cell(k, r.get(k)) for k, _ in NUMBERS),
-            verdicts_text(r),
-        )
-        for r in rows
-    ]
+    head = HEAD
+    table = [head] + [_cells(r) for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     lines = [
         "  ".join(
@@ -232,24 +238,8 @@ def render_html(rows: list[dict]) -> str:
     """The history as one self-contained HTML page: the figures, then the table."""
     from replayer.results.report import _page, draw
 
-    head = ("start (UTC)", "run", "loop", "trace", "requests", *(label for _, label in NUMBERS), "verdicts")
-    body = "".join(
-        "<tr>"
-        + "".join(
-            f"<td>{html.escape(c)}</td>"
-            for c in (
-                _when(r["start"]),
-                r["run"],
-                "-" if r["loop"] is None else str(r["loop"]),
-                r["trace"] or "n/a",
-                _cell("requests", r["requests"]),
-                *(_cell(k, r.get(k)) for k, _ in NUMBERS),
-                verdicts_text(r),
-            )
-        )
-        + "</tr>"
-        for r in rows
-    )
+    head = HEAD
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(r)) + "</tr>" for r in rows)
     table = "<table class='summary'><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + f"</tr>{body}</table>"
     intro = f"<p>{len(rows)} rows (runs, or a run's loops), oldest first.</p>"
     return _page("replayer history", "replayer history", intro, draw(history_specs(rows)), table)

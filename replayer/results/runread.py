@@ -20,20 +20,28 @@ def summary_of(folder: str) -> dict | None:
     path = os.path.join(folder, "summary.json")
     if not os.path.exists(path):
         return None
+    s = read_json_file(path)
+    if not isinstance(s, dict):
+        raise ValueError(
+            f"{path}: not a summary.json (not a JSON object): remove it and the run is summarized from its results files"
+        )
+    return s
+
+
+def read_json_file(path: str) -> object:
+    """A summary.json file's JSON value. Raises ValueError naming the file when it cannot be
+    read (FileNotFoundError as it is) or is not JSON."""
     try:
         with open(path, encoding="utf-8") as f:
-            s = json.load(f)
+            return json.load(f)
+    except FileNotFoundError:
+        raise
     except OSError as e:
         raise ValueError(f"{path}: cannot read: {e.strerror or e}") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise ValueError(
             f"{path}: not a summary.json (not JSON): remove it and the run is summarized from its results files"
         ) from None
-    if not isinstance(s, dict):
-        raise ValueError(
-            f"{path}: not a summary.json (not a JSON object): remove it and the run is summarized from its results files"
-        )
-    return s
 
 
 def results_of(folder: str, columns: list[str], name: str = "run") -> pa.Table:

@@ -32,7 +32,7 @@ from replayer.core.result import RequestResult
 from replayer.core.stats import Stat
 from replayer.results.drift import judge_drift
 from replayer.results.driftwindows import LATENCIES, QUANTILES, SERVER
-from replayer.results.fidelity import FidelityBounds, judge_fidelity
+from replayer.results.fidelity import FidelityBounds, count_figures, judge_fidelity
 
 #: the live verdicts are judged when asked (a scrape of the gauges, ``/status``), at most once per
 #: this much due time: a judgement fits every metric's trend (~5 ms on 60 windows, a fraction of a
@@ -239,22 +239,7 @@ class VerdictWatch(Collector):
         if self._lags:
             self.lag.add(np.asarray(self._lags, dtype=np.float64))
             self._lags = []
-        n, sent = self.n, self.n["sent"]
-        fig = {
-            "rows": n["rows"],
-            "sent": sent,
-            "unsent": n["unsent"],
-            "dispatch_lag_ms": {"p99": self.lag.percentile(99), "max": self.lag.max if self.lag.count else None},
-            "inter_arrival": None,
-            "held_back": {
-                "max_concurrency": n["queue_waited"],
-                "max_concurrency_beyond_bound": n["queue_held"],
-                "max_concurrency_share": n["queue_waited"] / sent if sent else None,
-                "sessions": n["session_waited"],
-                "sessions_share": n["session_waited"] / sent if sent else None,
-            },
-            "lengths": {"judged": n["judged"], "prompt_differs": n["prompt_off"], "output_differs": n["output_off"]},
-        }
+        fig = count_figures(self.n, self.lag, self.n["judged"], None)
         self.fidelity = judge_fidelity(fig, self.bounds, max_concurrency=self.max_concurrency)
 
     def final(self, summary: dict[str, Any]) -> None:
